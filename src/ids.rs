@@ -1,0 +1,186 @@
+//! Identifiers that can only hold valid values ("parse, don't validate").
+
+use std::fmt;
+
+use rand::Rng;
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Rejects names that would be awkward in logs, URLs and environment variable names.
+fn parse_name(kind: &str, raw: &str) -> Result<String, String> {
+    let valid_char = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+    if raw.is_empty() {
+        return Err(format!("{kind} must not be empty"));
+    }
+    if raw.len() > MAX_NAME_LEN {
+        return Err(format!("{kind} '{raw}' is longer than {MAX_NAME_LEN} characters"));
+    }
+    if !raw.chars().all(valid_char) {
+        return Err(format!(
+            "{kind} '{raw}' may only contain ASCII letters, digits, '-' and '_'"
+        ));
+    }
+    Ok(raw.to_owned())
+}
+
+/// Long enough for any sensible name, short enough to read in a log line.
+const MAX_NAME_LEN: usize = 64;
+
+macro_rules! name_type {
+    ($(#[$doc:meta])* $name:ident, $kind:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn parse(raw: &str) -> Result<Self, String> {
+                parse_name($kind, raw).map(Self)
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let raw = String::deserialize(d)?;
+                Self::parse(&raw).map_err(serde::de::Error::custom)
+            }
+        }
+    };
+}
+
+name_type!(
+    /// The name of an agent, as declared by an `[agents.NAME]` table.
+    AgentName,
+    "agent name"
+);
+name_type!(
+    /// The name of a route, as declared by `[[routes]] name = …`.
+    RouteName,
+    "route name"
+);
+
+/// The stable id of an envelope: `env_` and ten lowercase letters or digits. Short enough
+/// for a model to copy without mistakes, long enough (36^10 ≈ 3.7e15) that collisions are
+/// a non-issue; the ledger's unique index catches the impossible case anyway.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct TraceId(String);
+
+const TRACE_PREFIX: &str = "env_";
+const TRACE_SUFFIX_LEN: usize = 10;
+const TRACE_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+
+impl TraceId {
+    pub fn generate() -> Self {
+        let mut rng = rand::rng();
+        let suffix: String = (0..TRACE_SUFFIX_LEN)
+            .map(|_| TRACE_ALPHABET[rng.random_range(0..TRACE_ALPHABET.len())] as char)
+            .collect();
+        Self(format!("{TRACE_PREFIX}{suffix}"))
+    }
+
+    /// Accepts what a model typed: surrounding whitespace is forgiven, anything else is not.
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let raw = raw.trim();
+        let suffix = raw
+            .strip_prefix(TRACE_PREFIX)
+            .ok_or_else(|| format!("'{raw}' is not a trace id (they look like env_k3x9q2m7ab)"))?;
+        let valid = suffix.len() == TRACE_SUFFIX_LEN
+            && suffix.bytes().all(|b| TRACE_ALPHABET.contains(&b));
+        if !valid {
+            return Err(format!(
+                "'{raw}' is not a trace id (they look like env_k3x9q2m7ab)"
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TraceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A secret read from the environment. Its `Debug` never shows the value, so a secret
+/// that ends up in a logged struct does not leak.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+
+    /// Compares in time independent of where the first difference is, so the local API
+    /// does not leak a secret byte by byte through response times.
+    pub fn matches(&self, candidate: &str) -> bool {
+        let (a, b) = (self.0.as_bytes(), candidate.as_bytes());
+        if a.len() != b.len() {
+            return false;
+        }
+        a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_trace_ids_parse_back() {
+        for _ in 0..100 {
+            let id = TraceId::generate();
+            assert_eq!(TraceId::parse(id.as_str()), Ok(id));
+        }
+    }
+
+    #[test]
+    fn trace_id_rejects_lookalikes() {
+        for bad in ["", "env_", "env_short", "ENV_abcdefghij", "env_ABCDEFGHIJ", "env_abcdefghijk", "msg_abcdefghij"] {
+            assert!(TraceId::parse(bad).is_err(), "{bad} should be rejected");
+        }
+        assert!(TraceId::parse("  env_abcdefghij\n").is_ok());
+    }
+
+    #[test]
+    fn names_reject_bad_characters() {
+        assert!(AgentName::parse("worker-1_a").is_ok());
+        assert!(AgentName::parse("").is_err());
+        assert!(AgentName::parse("has space").is_err());
+        assert!(RouteName::parse("ümlaut").is_err());
+        assert!(RouteName::parse(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn secret_debug_is_redacted_and_matching_is_exact() {
+        let s = Secret::new("hunter2".into());
+        assert_eq!(format!("{s:?}"), "Secret(***)");
+        assert!(s.matches("hunter2"));
+        assert!(!s.matches("hunter3"));
+        assert!(!s.matches("hunter22"));
+    }
+}

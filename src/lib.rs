@@ -1,0 +1,10 @@
+//! switchboard: connects Telegram conversations to AI agent sessions, durably and
+//! explicitly. Modules follow the path of a message (see DESIGN.md §1):
+//!
+//! poller → envelope → routes → ledger → bridge → api (local API) → channel (MCP plugin)
+//! and back: channel → api → resolver → outbound → Telegram.
+
+pub mod config;
+pub mod envelope;
+pub mod ids;
+pub mod routes;

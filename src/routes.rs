@@ -1,0 +1,251 @@
+//! The routes table: which agent a channel belongs to. Pure code over plain data.
+//!
+//! The most specific route wins: a chat and forum topic over a whole chat over the default
+//! route. Two routes with the same target would make that choice a guess, so building the
+//! table refuses them.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::ids::{AgentName, RouteName};
+
+/// Where a message was posted: a chat and, in a forum, a topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Channel {
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+}
+
+/// What a route matches, from most to least specific.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RouteTarget {
+    Topic { chat_id: i64, thread_id: i32 },
+    Chat { chat_id: i64 },
+    Default,
+}
+
+impl fmt::Display for RouteTarget {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RouteTarget::Topic { chat_id, thread_id } => write!(f, "chat {chat_id} topic {thread_id}"),
+            RouteTarget::Chat { chat_id } => write!(f, "chat {chat_id}"),
+            RouteTarget::Default => f.write_str("default (any chat)"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub name: RouteName,
+    pub target: RouteTarget,
+    pub agent: AgentName,
+}
+
+/// Why a set of routes cannot form a table. Indexes point into the list given to
+/// [`RoutesTable::new`], so configuration errors can name the offending `[[routes]]` entry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RoutesError {
+    #[error("routes[{second}] '{name}' repeats the name of routes[{first}]")]
+    DuplicateName { name: RouteName, first: usize, second: usize },
+    #[error(
+        "routes[{second}] '{second_name}' matches the same channel ({target}) as routes[{first}] '{first_name}'; one of them must go"
+    )]
+    SameTarget {
+        target: RouteTarget,
+        first: usize,
+        first_name: RouteName,
+        second: usize,
+        second_name: RouteName,
+    },
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RoutesTable {
+    /// In configuration order, for display.
+    routes: Vec<Route>,
+    /// Target → index into `routes`.
+    by_target: HashMap<RouteTarget, usize>,
+}
+
+impl RoutesTable {
+    pub fn new(routes: Vec<Route>) -> Result<Self, RoutesError> {
+        let mut by_target = HashMap::with_capacity(routes.len());
+        let mut by_name: HashMap<&RouteName, usize> = HashMap::with_capacity(routes.len());
+        for (index, route) in routes.iter().enumerate() {
+            if let Some(&first) = by_name.get(&route.name) {
+                return Err(RoutesError::DuplicateName { name: route.name.clone(), first, second: index });
+            }
+            by_name.insert(&route.name, index);
+            if let Some(&first) = by_target.get(&route.target) {
+                let first_route: &Route = &routes[first];
+                return Err(RoutesError::SameTarget {
+                    target: route.target,
+                    first,
+                    first_name: first_route.name.clone(),
+                    second: index,
+                    second_name: route.name.clone(),
+                });
+            }
+            by_target.insert(route.target, index);
+        }
+        Ok(Self { routes, by_target })
+    }
+
+    /// The route for a channel, most specific first; `None` when nothing matches.
+    pub fn route_for(&self, channel: Channel) -> Option<&Route> {
+        let topic = channel
+            .thread_id
+            .map(|thread_id| RouteTarget::Topic { chat_id: channel.chat_id, thread_id });
+        topic
+            .into_iter()
+            .chain([RouteTarget::Chat { chat_id: channel.chat_id }, RouteTarget::Default])
+            .find_map(|target| self.by_target.get(&target))
+            .map(|&index| &self.routes[index])
+    }
+
+    pub fn routes(&self) -> &[Route] {
+        &self.routes
+    }
+
+    pub fn by_name(&self, name: &str) -> Option<&Route> {
+        self.routes.iter().find(|route| route.name.as_str() == name)
+    }
+
+    /// Routes that name this chat, for telling an operator what to change when a group
+    /// migrates to a supergroup.
+    pub fn routes_for_chat(&self, chat_id: i64) -> impl Iterator<Item = &Route> {
+        self.routes.iter().filter(move |route| match route.target {
+            RouteTarget::Topic { chat_id: c, .. } | RouteTarget::Chat { chat_id: c } => c == chat_id,
+            RouteTarget::Default => false,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DM: i64 = 123_456_789;
+    const FORUM: i64 = -1_001_234_567_890;
+
+    fn route(name: &str, target: RouteTarget, agent: &str) -> Route {
+        Route {
+            name: RouteName::parse(name).unwrap(),
+            target,
+            agent: AgentName::parse(agent).unwrap(),
+        }
+    }
+
+    fn channel(chat_id: i64, thread_id: Option<i32>) -> Channel {
+        Channel { chat_id, thread_id }
+    }
+
+    fn full_table() -> RoutesTable {
+        RoutesTable::new(vec![
+            route("owner-dm", RouteTarget::Chat { chat_id: DM }, "orchestrator"),
+            route("ops-topic", RouteTarget::Topic { chat_id: FORUM, thread_id: 42 }, "worker"),
+            route("forum", RouteTarget::Chat { chat_id: FORUM }, "triage"),
+            route("fallback", RouteTarget::Default, "orchestrator"),
+        ])
+        .unwrap()
+    }
+
+    fn matched(table: &RoutesTable, channel: Channel) -> Option<&str> {
+        table.route_for(channel).map(|r| r.name.as_str())
+    }
+
+    #[test]
+    fn topic_route_beats_chat_route_beats_default() {
+        let table = full_table();
+        assert_eq!(matched(&table, channel(FORUM, Some(42))), Some("ops-topic"));
+        assert_eq!(matched(&table, channel(FORUM, Some(7))), Some("forum"));
+        assert_eq!(matched(&table, channel(FORUM, None)), Some("forum"));
+        assert_eq!(matched(&table, channel(DM, None)), Some("owner-dm"));
+        assert_eq!(matched(&table, channel(555, None)), Some("fallback"));
+        assert_eq!(matched(&table, channel(555, Some(42))), Some("fallback"));
+    }
+
+    #[test]
+    fn a_topic_id_never_matches_another_chats_topic_route() {
+        let table = RoutesTable::new(vec![route(
+            "ops-topic",
+            RouteTarget::Topic { chat_id: FORUM, thread_id: 42 },
+            "worker",
+        )])
+        .unwrap();
+        assert_eq!(matched(&table, channel(FORUM - 1, Some(42))), None);
+        assert_eq!(matched(&table, channel(FORUM, None)), None);
+        assert_eq!(matched(&table, channel(FORUM, Some(42))), Some("ops-topic"));
+    }
+
+    #[test]
+    fn without_a_default_unmatched_channels_are_unrouted() {
+        let table = RoutesTable::new(vec![route("owner-dm", RouteTarget::Chat { chat_id: DM }, "a")]).unwrap();
+        assert_eq!(matched(&table, channel(DM + 1, None)), None);
+        assert_eq!(matched(&RoutesTable::default(), channel(DM, None)), None);
+    }
+
+    #[test]
+    fn every_combination_of_route_kinds_picks_the_most_specific_present() {
+        // For each subset of {topic, chat, default} routes, a message in the topic must go
+        // to the most specific route present, and a message elsewhere in the chat must
+        // skip the topic route.
+        for mask in 0..8u8 {
+            let mut routes = Vec::new();
+            if mask & 1 != 0 {
+                routes.push(route("t", RouteTarget::Topic { chat_id: FORUM, thread_id: 1 }, "a"));
+            }
+            if mask & 2 != 0 {
+                routes.push(route("c", RouteTarget::Chat { chat_id: FORUM }, "a"));
+            }
+            if mask & 4 != 0 {
+                routes.push(route("d", RouteTarget::Default, "a"));
+            }
+            let table = RoutesTable::new(routes).unwrap();
+            let in_topic = ["t", "c", "d"].into_iter().enumerate().find(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n);
+            let in_other_topic = ["c", "d"].into_iter().enumerate().find(|(i, _)| mask & (2 << i) != 0).map(|(_, n)| n);
+            assert_eq!(matched(&table, channel(FORUM, Some(1))), in_topic, "mask {mask:03b}");
+            assert_eq!(matched(&table, channel(FORUM, Some(2))), in_other_topic, "mask {mask:03b}");
+        }
+    }
+
+    #[test]
+    fn same_target_twice_is_refused_naming_both_routes() {
+        let targets = [
+            RouteTarget::Topic { chat_id: FORUM, thread_id: 42 },
+            RouteTarget::Chat { chat_id: DM },
+            RouteTarget::Default,
+        ];
+        for target in targets {
+            let err = RoutesTable::new(vec![
+                route("first", target, "a"),
+                route("other", RouteTarget::Chat { chat_id: 1 }, "a"),
+                route("second", target, "b"),
+            ])
+            .unwrap_err();
+            assert!(matches!(err, RoutesError::SameTarget { first: 0, second: 2, .. }), "{err:?}");
+            let message = err.to_string();
+            assert!(message.contains("'first'") && message.contains("'second'"), "{message}");
+        }
+    }
+
+    #[test]
+    fn same_name_twice_is_refused() {
+        let err = RoutesTable::new(vec![
+            route("dup", RouteTarget::Chat { chat_id: 1 }, "a"),
+            route("dup", RouteTarget::Chat { chat_id: 2 }, "a"),
+        ])
+        .unwrap_err();
+        assert_eq!(
+            err,
+            RoutesError::DuplicateName { name: RouteName::parse("dup").unwrap(), first: 0, second: 1 }
+        );
+    }
+
+    #[test]
+    fn routes_for_chat_lists_chat_and_topic_routes_only() {
+        let table = full_table();
+        let names: Vec<_> = table.routes_for_chat(FORUM).map(|r| r.name.as_str()).collect();
+        assert_eq!(names, ["ops-topic", "forum"]);
+    }
+}
