@@ -337,12 +337,6 @@ impl Settings {
     pub fn agent_list(&self) -> String {
         join_names(self.agents.keys())
     }
-
-    /// Whether a sender may reach an agent.
-    pub fn sender_allowed(&self, user_id: Option<i64>) -> bool {
-        self.telegram.allowed_users.is_empty()
-            || user_id.is_some_and(|id| self.telegram.allowed_users.contains(&id))
-    }
 }
 
 /// Secrets read from the environment at start-up.
@@ -551,16 +545,5 @@ agent = "orchestrator"
         let e = settings.daemon_secrets().unwrap_err();
         assert_eq!(e.key, "telegram.token_env");
         assert!(e.problem.contains("SB_TEST_SURELY_UNSET is not set"), "{e}");
-    }
-
-    #[test]
-    fn allowlist_semantics() {
-        let mut settings = load_str(MINIMAL).unwrap();
-        assert!(settings.sender_allowed(Some(1)));
-        assert!(settings.sender_allowed(None));
-        settings.telegram.allowed_users = vec![7];
-        assert!(settings.sender_allowed(Some(7)));
-        assert!(!settings.sender_allowed(Some(8)));
-        assert!(!settings.sender_allowed(None));
     }
 }

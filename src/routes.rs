@@ -121,6 +121,32 @@ impl RoutesTable {
     }
 }
 
+/// What becomes of a message, decided from its channel and sender.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition<'a> {
+    /// Queue it for the route's agent.
+    Deliver(&'a Route),
+    /// No route matches its channel.
+    Unrouted,
+    /// A route matches but the sender is not on the allowlist.
+    Rejected(&'a Route),
+}
+
+/// Routes a message. `allowed_users` empty means every sender in a routed chat may speak;
+/// otherwise a sender must be on it (a message without a known sender never is).
+pub fn dispose<'a>(
+    table: &'a RoutesTable,
+    allowed_users: &[i64],
+    channel: Channel,
+    sender_id: Option<i64>,
+) -> Disposition<'a> {
+    let Some(route) = table.route_for(channel) else {
+        return Disposition::Unrouted;
+    };
+    let allowed = allowed_users.is_empty() || sender_id.is_some_and(|id| allowed_users.contains(&id));
+    if allowed { Disposition::Deliver(route) } else { Disposition::Rejected(route) }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +273,19 @@ mod tests {
         let table = full_table();
         let names: Vec<_> = table.routes_for_chat(FORUM).map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["ops-topic", "forum"]);
+    }
+
+    #[test]
+    fn dispose_routes_then_applies_the_allowlist() {
+        let table = full_table();
+        let dm = channel(DM, None);
+        assert!(matches!(dispose(&table, &[], dm, Some(1)), Disposition::Deliver(r) if r.name.as_str() == "owner-dm"));
+        assert!(matches!(dispose(&table, &[], dm, None), Disposition::Deliver(_)));
+        assert!(matches!(dispose(&table, &[1, 2], dm, Some(2)), Disposition::Deliver(_)));
+        assert!(matches!(dispose(&table, &[1, 2], dm, Some(3)), Disposition::Rejected(r) if r.name.as_str() == "owner-dm"));
+        assert!(matches!(dispose(&table, &[1, 2], dm, None), Disposition::Rejected(_)));
+        let nowhere = RoutesTable::default();
+        assert_eq!(dispose(&nowhere, &[1], dm, Some(3)), Disposition::Unrouted);
+        assert_eq!(dispose(&nowhere, &[], dm, Some(1)), Disposition::Unrouted);
     }
 }

@@ -1,0 +1,5 @@
+//! The daemon's local API for channel plugins (loopback HTTP).
+
+pub mod client;
+pub mod server;
+pub mod wire;

@@ -1,0 +1,142 @@
+//! Builds the daemon from its settings and supervises it: one root cancellation token,
+//! a task tracker to wait on, and a subsystem that dies takes the daemon down loudly
+//! instead of leaving it half-alive.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use teloxide::Bot;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::api;
+use crate::bridge::Bridge;
+use crate::config::{DaemonSecrets, Settings};
+use crate::ledger::Ledger;
+use crate::outbound::Outbound;
+use crate::poller::{self, Poller};
+
+/// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
+/// up, so a healthy long poll is never cut short by our own timeout.
+const POLL_HTTP_MARGIN: Duration = Duration::from_secs(10);
+
+/// Connecting to Telegram should be quick; a connect that never completes is a
+/// provably unsent request, so it may fail early.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+pub struct Daemon {
+    ledger: Ledger,
+    listener: TcpListener,
+    bridge: Bridge,
+    poller: Poller,
+    /// The root token: cancelled by a signal, or by a failing subsystem.
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl Daemon {
+    /// Opens the ledger, recovers interrupted sends, binds the local API and wires the
+    /// parts together. Nothing talks to Telegram yet.
+    pub async fn build(settings: Settings, secrets: DaemonSecrets, shutdown: CancellationToken) -> anyhow::Result<Self> {
+        let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
+        for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
+            tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
+        }
+        let listener = TcpListener::bind(settings.api.listen)
+            .await
+            .with_context(|| format!("binding the local API to {} (api.listen)", settings.api.listen))?;
+
+        let token = secrets.telegram.expose();
+        let bot_id = poller::bot_id_from_token(token).context(
+            "the bot token does not look like a Telegram token (NUMBER:SECRET); check telegram.token_env",
+        )?;
+        let telegram = &settings.telegram;
+        let poll_bot = bot(token, &telegram.api_url, telegram.poll_timeout + POLL_HTTP_MARGIN)?;
+        let send_bot = bot(token, &telegram.api_url, telegram.send_timeout)?;
+
+        let tasks = TaskTracker::new();
+        let outbound = Outbound::new(send_bot, ledger.clone(), shutdown.child_token());
+        let bridge = Bridge::new(ledger.clone(), outbound, secrets.agents, shutdown.child_token(), tasks.clone());
+        let poller = Poller::new(
+            poll_bot,
+            bot_id,
+            ledger.clone(),
+            settings.routes.clone(),
+            telegram.allowed_users.clone(),
+            bridge.clone(),
+            telegram.poll_timeout,
+        );
+        Ok(Self { ledger, listener, bridge, poller, shutdown, tasks })
+    }
+
+    /// Where the local API listens (useful when configured with port 0).
+    pub fn api_addr(&self) -> anyhow::Result<SocketAddr> {
+        Ok(self.listener.local_addr()?)
+    }
+
+    /// Runs until the root token is cancelled, then waits for every task: the poller
+    /// stops, in-flight replies finish and are recorded, session streams end.
+    pub async fn run(self) -> anyhow::Result<()> {
+        let Self { ledger, listener, bridge, poller, shutdown, tasks } = self;
+        tracing::info!(api = %listener.local_addr()?, "switchboard running");
+        let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+
+        let poller_stop = shutdown.child_token();
+        spawn_supervised(&tasks, &shutdown, &failure, "poller", poller.run(poller_stop));
+
+        let server_stop = shutdown.child_token();
+        let server = async move {
+            axum::serve(listener, api::server::router(bridge))
+                .with_graceful_shutdown(server_stop.cancelled_owned())
+                .await
+                .context("local API server")
+        };
+        spawn_supervised(&tasks, &shutdown, &failure, "local API", server);
+
+        shutdown.cancelled().await;
+        tracing::info!("stopping: waiting for in-flight work");
+        tasks.close();
+        tasks.wait().await;
+        ledger.close().await;
+        let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
+        match failed {
+            Some(e) => Err(e),
+            None => {
+                tracing::info!("stopped cleanly");
+                Ok(())
+            }
+        }
+    }
+}
+
+fn spawn_supervised(
+    tasks: &TaskTracker,
+    shutdown: &CancellationToken,
+    failure: &Arc<Mutex<Option<anyhow::Error>>>,
+    name: &'static str,
+    work: impl Future<Output = anyhow::Result<()>> + Send + 'static,
+) {
+    let shutdown = shutdown.clone();
+    let failure = Arc::clone(failure);
+    tasks.spawn(async move {
+        let result = work.await;
+        if !shutdown.is_cancelled() || result.is_err() {
+            let error = result.err().unwrap_or_else(|| anyhow::anyhow!("{name} ended unexpectedly"));
+            tracing::error!(subsystem = name, error = format!("{error:#}"), "subsystem failed: stopping the daemon");
+            failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error.context(name));
+            shutdown.cancel();
+        }
+    });
+}
+
+fn bot(token: &str, api_url: &reqwest::Url, timeout: Duration) -> anyhow::Result<Bot> {
+    let client = teloxide::net::default_reqwest_settings()
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(timeout)
+        .build()
+        .context("building the HTTP client for Telegram")?;
+    Ok(Bot::with_client(token, client).set_api_url(api_url.clone()))
+}

@@ -1,0 +1,295 @@
+//! The command line (DESIGN.md §7): `run`, `check`, `channel`, `ledger`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Args, Parser, Subcommand};
+use tokio_util::sync::CancellationToken;
+
+use crate::app::Daemon;
+use crate::config::{LogFormat, Settings};
+use crate::envelope::EnvelopeState;
+use crate::ids::AgentName;
+use crate::ledger::{Ledger, ListFilter, Reconciliation};
+use crate::routes::RouteTarget;
+use crate::{channel, telemetry};
+
+#[derive(Debug, Parser)]
+#[command(name = "switchboard", version, about = "Routes Telegram conversations to AI agent sessions")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the daemon: poll Telegram, route envelopes, serve channel plugins.
+    Run {
+        #[command(flatten)]
+        config: ConfigArg,
+        /// Log JSON lines instead of human-readable text.
+        #[arg(long)]
+        log_json: bool,
+    },
+    /// Validate a configuration (including its secret variables) and print the routes table.
+    Check {
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// The MCP channel plugin for one agent session (an agent such as Claude Code starts it).
+    Channel {
+        /// The agent this session speaks for (an `[agents.NAME]` table).
+        #[arg(long)]
+        agent: String,
+        #[command(flatten)]
+        config: ConfigArg,
+    },
+    /// Inspect envelopes and attempts; reconcile unresolved replies.
+    Ledger {
+        #[command(flatten)]
+        config: ConfigArg,
+        #[command(subcommand)]
+        command: LedgerCommand,
+    },
+}
+
+#[derive(Debug, Args)]
+pub struct ConfigArg {
+    /// The TOML configuration file.
+    #[arg(long, short = 'c', env = "SWITCHBOARD_CONFIG")]
+    pub config: PathBuf,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LedgerCommand {
+    /// List envelopes, oldest first (the newest LIMIT that match).
+    List {
+        #[arg(long)]
+        state: Option<EnvelopeState>,
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long)]
+        route: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// Show one envelope with its attempts and state history.
+    Show { trace_id: String },
+    /// Count envelopes by state.
+    Stats,
+    /// Settle an unresolved envelope with what you found in the chat.
+    Reconcile {
+        trace_id: String,
+        /// The reply did reach the chat: the envelope becomes acked.
+        #[arg(long, conflicts_with = "not_delivered", required_unless_present = "not_delivered")]
+        delivered: bool,
+        /// The reply did not reach the chat: the envelope is pending again, for its agent to answer.
+        #[arg(long)]
+        not_delivered: bool,
+        /// Why (kept in the ledger).
+        #[arg(long)]
+        reason: String,
+    },
+}
+
+impl std::str::FromStr for EnvelopeState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        EnvelopeState::parse(s)
+    }
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("switchboard: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(dispatch(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("switchboard: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn dispatch(command: Command) -> anyhow::Result<()> {
+    match command {
+        Command::Run { config, log_json } => run(&config.config, log_json).await,
+        Command::Check { config } => check(&config.config),
+        Command::Channel { agent, config } => {
+            let settings = Settings::load(&config.config)?;
+            let agent = AgentName::parse(&agent).map_err(anyhow::Error::msg)?;
+            let secret = settings.agent_secret(&agent)?;
+            telemetry::init(settings.log.format, &settings.log.filter, vec![secret.expose().to_owned()])?;
+            channel::run(settings, agent).await
+        }
+        Command::Ledger { config, command } => ledger(&config.config, command).await,
+    }
+}
+
+async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
+    let settings = Settings::load(path)?;
+    let secrets = settings.daemon_secrets()?;
+    let format = if log_json { LogFormat::Json } else { settings.log.format };
+    telemetry::init(format, &settings.log.filter, secrets.all().map(|s| s.expose().to_owned()).collect())?;
+    let shutdown = CancellationToken::new();
+    let daemon = Daemon::build(settings, secrets, shutdown.clone()).await?;
+    tokio::spawn(stop_on_signal(shutdown));
+    daemon.run().await
+}
+
+/// SIGTERM and SIGINT both stop the daemon gracefully.
+async fn stop_on_signal(shutdown: CancellationToken) {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        () = terminate => tracing::info!("SIGTERM received"),
+        () = shutdown.cancelled() => return,
+    }
+    shutdown.cancel();
+}
+
+fn check(path: &Path) -> anyhow::Result<()> {
+    let settings = Settings::load(path)?;
+    settings.daemon_secrets()?;
+    println!("{}: configuration is valid", path.display());
+    println!("telegram api: {}", settings.telegram.api_url);
+    println!("local api:    {}", settings.api.listen);
+    println!("database:     {}", settings.storage.database.display());
+    println!("agents:       {}", settings.agent_list());
+    if settings.telegram.allowed_users.is_empty() {
+        println!("senders:      everyone in a routed chat");
+    } else {
+        println!("senders:      only {:?}", settings.telegram.allowed_users);
+    }
+    println!();
+    print!("{}", routes_table(&settings));
+    Ok(())
+}
+
+/// The routes table, most specific first, as `check` prints it.
+pub fn routes_table(settings: &Settings) -> String {
+    let mut routes: Vec<_> = settings.routes.routes().iter().collect();
+    routes.sort_by_key(|route| match route.target {
+        RouteTarget::Topic { .. } => 0,
+        RouteTarget::Chat { .. } => 1,
+        RouteTarget::Default => 2,
+    });
+    let mut out = format!("{:<24} {:<22} {:<10} {}\n", "ROUTE", "CHAT", "TOPIC", "AGENT");
+    for route in routes {
+        let (chat, topic) = match route.target {
+            RouteTarget::Topic { chat_id, thread_id } => (chat_id.to_string(), thread_id.to_string()),
+            RouteTarget::Chat { chat_id } => (chat_id.to_string(), "*".to_owned()),
+            RouteTarget::Default => ("* (default)".to_owned(), "*".to_owned()),
+        };
+        out.push_str(&format!("{:<24} {:<22} {:<10} {}\n", route.name, chat, topic, route.agent));
+    }
+    if settings.routes.routes().is_empty() {
+        out.push_str("(no routes: every message will be recorded as unrouted)\n");
+    }
+    out
+}
+
+async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Result<()> {
+    let settings = Settings::load(path)?;
+    let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
+    let result = ledger_command(&ledger, command).await;
+    ledger.close().await;
+    result
+}
+
+async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Result<()> {
+    match command {
+        LedgerCommand::List { state, agent, route, limit } => {
+            let rows = ledger.list(&ListFilter { state, agent, route, limit }).await?;
+            println!("{:<15} {:<10} {:<14} {:<14} {:<16} {:<20} PREVIEW", "TRACE_ID", "STATE", "AGENT", "ROUTE", "CHAT", "USER");
+            for e in &rows {
+                let chat = match e.thread_id {
+                    Some(thread) => format!("{}/{thread}", e.chat_id),
+                    None => e.chat_id.to_string(),
+                };
+                println!(
+                    "{:<15} {:<10} {:<14} {:<14} {:<16} {:<20} {}",
+                    e.trace_id,
+                    e.state,
+                    e.agent.as_deref().unwrap_or("-"),
+                    e.route.as_deref().unwrap_or("-"),
+                    chat,
+                    e.user(),
+                    e.preview()
+                );
+            }
+            println!("({} envelope(s))", rows.len());
+        }
+        LedgerCommand::Show { trace_id } => {
+            let e = ledger.find(trace_id.trim()).await?.with_context(|| format!("no envelope has trace id {trace_id}"))?;
+            println!("trace_id:    {}", e.trace_id);
+            println!("state:       {} (since {})", e.state, e.state_changed_at);
+            println!("agent/route: {} / {}", e.agent.as_deref().unwrap_or("-"), e.route.as_deref().unwrap_or("-"));
+            println!("chat:        {} ({}{})", e.chat_id, e.chat_type, e.chat_title.as_deref().map(|t| format!(", {t}")).unwrap_or_default());
+            if let Some(thread) = e.thread_id {
+                println!("topic:       {thread}");
+            }
+            println!("message:     {} from {} (user id {}) at {}", e.message_id, e.user(), e.sender_id.map_or("-".into(), |id| id.to_string()), e.sent_at);
+            println!("update_id:   {} ({}), received {}", e.update_id, e.kind, e.received_at);
+            println!("deliveries:  {}", e.deliveries);
+            if let Some(note) = &e.note {
+                println!("note:        {note}");
+            }
+            println!("content:\n  {}", e.content.replace('\n', "\n  "));
+            let attempts = ledger.attempts_for(e.id).await?;
+            println!("attempts ({}):", attempts.len());
+            for a in attempts {
+                let reconciled = a
+                    .reconciled_outcome
+                    .as_ref()
+                    .map(|o| format!(" → reconciled {o} ({})", a.reconciled_reason.as_deref().unwrap_or("")))
+                    .unwrap_or_default();
+                println!(
+                    "  {} part {}/{} to {}{} → {}{}{}{}",
+                    a.op_id,
+                    a.chunk_index + 1,
+                    a.chunk_count,
+                    a.chat_id,
+                    a.thread_id.map(|t| format!("/{t}")).unwrap_or_default(),
+                    a.outcome,
+                    a.telegram_message_id.map(|m| format!(" (message {m})")).unwrap_or_default(),
+                    a.error.as_deref().map(|err| format!(": {err}")).unwrap_or_default(),
+                    reconciled
+                );
+            }
+            let events = ledger.events_for(e.id).await?;
+            println!("history ({}):", events.len());
+            for ev in events {
+                println!("  {} {} → {} by {}{}", ev.at, ev.from_state, ev.to_state, ev.actor, ev.reason.map(|r| format!(": {r}")).unwrap_or_default());
+            }
+        }
+        LedgerCommand::Stats => {
+            for (state, count) in ledger.count_by_state().await? {
+                println!("{state:<11} {count}");
+            }
+        }
+        LedgerCommand::Reconcile { trace_id, delivered, not_delivered: _, reason } => {
+            let finding = if delivered { Reconciliation::Delivered } else { Reconciliation::NotDelivered };
+            let state = ledger.reconcile(trace_id.trim(), finding, &reason).await?;
+            println!("{}: now {state}", trace_id.trim());
+        }
+    }
+    Ok(())
+}

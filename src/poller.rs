@@ -1,0 +1,258 @@
+//! The poller: the one `getUpdates` loop of the bot. It stores each batch's envelopes and
+//! the next offset in one ledger transaction before asking for more, so a crash never
+//! loses an update and a re-poll never stores one twice.
+
+use std::time::Duration;
+
+use teloxide::payloads::GetUpdatesSetters;
+use teloxide::prelude::*;
+use teloxide::{ApiError, RequestError};
+use tokio_util::sync::CancellationToken;
+
+use crate::bridge::Bridge;
+use crate::envelope::{self, EnvelopeState, Inbound};
+use crate::ledger::{Ledger, RoutedEnvelope};
+use crate::routes::{Disposition, RoutesTable, dispose};
+
+/// Telegram's maximum batch.
+const BATCH_LIMIT: u8 = 100;
+
+/// Backoff after failures: from the first step, doubling, to the cap.
+const BACKOFF_FIRST: Duration = Duration::from_millis(500);
+const BACKOFF_CAP: Duration = Duration::from_secs(30);
+
+/// Exponential backoff; reset by a success.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Backoff {
+    next: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self { next: BACKOFF_FIRST }
+    }
+}
+
+impl Backoff {
+    pub fn next_delay(&mut self) -> Duration {
+        let delay = self.next;
+        self.next = (self.next * 2).min(BACKOFF_CAP);
+        delay
+    }
+
+    pub fn reset(&mut self) {
+        *self = Self::default();
+    }
+}
+
+/// What one poll did; the loop around [`Poller::poll_once`] only sleeps on `Wait`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PollOutcome {
+    /// A batch was committed: how many updates came, how many envelopes were new.
+    Committed { updates: usize, new_envelopes: usize },
+    /// The long poll ended with nothing.
+    Empty,
+    /// Telegram or the network failed; wait this long before polling again.
+    Wait(Duration),
+}
+
+pub struct Poller {
+    /// A bot whose HTTP client outlives the long poll (see `app`).
+    bot: Bot,
+    /// Telegram's numeric bot id: the key of this bot's offset in the ledger.
+    bot_id: i64,
+    ledger: Ledger,
+    routes: RoutesTable,
+    allowed_users: Vec<i64>,
+    bridge: Bridge,
+    poll_timeout: Duration,
+    backoff: Backoff,
+}
+
+impl Poller {
+    pub fn new(
+        bot: Bot,
+        bot_id: i64,
+        ledger: Ledger,
+        routes: RoutesTable,
+        allowed_users: Vec<i64>,
+        bridge: Bridge,
+        poll_timeout: Duration,
+    ) -> Self {
+        Self { bot, bot_id, ledger, routes, allowed_users, bridge, poll_timeout, backoff: Backoff::default() }
+    }
+
+    /// Polls until `shutdown`. A poll in flight when the daemon stops is abandoned: its
+    /// updates were not committed, so Telegram sends them again next time.
+    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        tracing::info!(bot_id = self.bot_id, "poller started");
+        loop {
+            let outcome = tokio::select! {
+                outcome = self.poll_once() => outcome?,
+                () = shutdown.cancelled() => break,
+            };
+            if let PollOutcome::Wait(delay) = outcome {
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = shutdown.cancelled() => break,
+                }
+            }
+        }
+        tracing::info!("poller stopped");
+        Ok(())
+    }
+
+    /// One `getUpdates` call and the commit of its batch. Errors are only returned for the
+    /// ledger: without it nothing can be stored safely, and the daemon must stop loudly.
+    pub async fn poll_once(&mut self) -> anyhow::Result<PollOutcome> {
+        let offset = self.ledger.next_offset(self.bot_id).await?;
+        let mut request = self
+            .bot
+            .get_updates()
+            .timeout(u32::try_from(self.poll_timeout.as_secs()).unwrap_or(u32::MAX))
+            .limit(BATCH_LIMIT);
+        if let Some(offset) = offset {
+            request = request.offset(i32::try_from(offset).unwrap_or(i32::MAX));
+        }
+        let updates = match request.await {
+            Ok(updates) => updates,
+            Err(e) => return Ok(PollOutcome::Wait(self.failure_delay(&e))),
+        };
+        self.backoff.reset();
+        let Some(last) = updates.last() else {
+            return Ok(PollOutcome::Empty);
+        };
+        let next_offset = i64::from(last.id.0) + 1;
+
+        let mut batch = Vec::with_capacity(updates.len());
+        for update in &updates {
+            match envelope::classify(update) {
+                Inbound::Envelope(envelope) => batch.push(self.route(*envelope)),
+                Inbound::Migrated { update_id, from_chat_id, to_chat_id } => {
+                    self.report_migration(update_id, from_chat_id, to_chat_id)
+                }
+                Inbound::Ignored { update_id, kind } => {
+                    tracing::debug!(update_id, kind, "update of a kind switchboard does not route")
+                }
+                Inbound::Malformed { update_id } => {
+                    tracing::warn!(update_id, "malformed update skipped (Telegram sent something teloxide could not read)")
+                }
+            }
+        }
+        let inserted = self.ledger.record_batch(self.bot_id, next_offset, &batch).await?;
+        for routed in &inserted {
+            log_recorded(routed);
+            if let (EnvelopeState::Queued, Some(agent)) = (routed.state, &routed.agent) {
+                self.bridge.wake(agent);
+            }
+        }
+        Ok(PollOutcome::Committed { updates: updates.len(), new_envelopes: inserted.len() })
+    }
+
+    fn route(&self, envelope: envelope::Envelope) -> RoutedEnvelope {
+        let (state, route) = match dispose(&self.routes, &self.allowed_users, envelope.channel, envelope.sender.id) {
+            Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
+            Disposition::Unrouted => (EnvelopeState::Unrouted, None),
+            Disposition::Rejected(route) => (EnvelopeState::Rejected, Some(route)),
+        };
+        RoutedEnvelope {
+            state,
+            route: route.map(|r| r.name.clone()),
+            agent: route.map(|r| r.agent.clone()),
+            envelope,
+        }
+    }
+
+    fn report_migration(&self, update_id: i64, from_chat_id: i64, to_chat_id: i64) {
+        let routes: Vec<&str> = self.routes.routes_for_chat(from_chat_id).map(|r| r.name.as_str()).collect();
+        if routes.is_empty() {
+            tracing::warn!(update_id, from_chat_id, to_chat_id, "chat {from_chat_id} became supergroup {to_chat_id}; no route names it");
+        } else {
+            tracing::error!(
+                update_id, from_chat_id, to_chat_id, ?routes,
+                "chat {from_chat_id} became supergroup {to_chat_id}: change chat_id to {to_chat_id} in route(s) {} and restart, or its messages go unrouted",
+                routes.join(", ")
+            );
+        }
+    }
+
+    /// How long to wait after a failed poll, saying what is wrong at the right volume.
+    fn failure_delay(&mut self, error: &RequestError) -> Duration {
+        match error {
+            RequestError::RetryAfter(wait) => {
+                tracing::warn!(wait_secs = wait.seconds(), "Telegram rate limit on getUpdates: waiting");
+                wait.duration()
+            }
+            RequestError::Api(ApiError::TerminatedByOtherGetUpdates) => {
+                let delay = self.backoff.next_delay();
+                tracing::error!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "409 Conflict: another process is polling this bot token. Only one poller per token may run: stop the other one (another switchboard, or a plugin that calls getUpdates)"
+                );
+                delay
+            }
+            RequestError::Api(ApiError::InvalidToken) => {
+                let delay = self.backoff.next_delay();
+                tracing::error!(retry_in_ms = delay.as_millis() as u64, "Telegram refuses the bot token: check the variable telegram.token_env names");
+                delay
+            }
+            other => {
+                let delay = self.backoff.next_delay();
+                tracing::warn!(error = %other, retry_in_ms = delay.as_millis() as u64, "getUpdates failed; retrying");
+                delay
+            }
+        }
+    }
+}
+
+fn log_recorded(routed: &RoutedEnvelope) {
+    let e = &routed.envelope;
+    let span = tracing::info_span!("envelope", trace_id = %e.trace_id);
+    let _entered = span.enter();
+    let route = routed.route.as_ref().map(|r| r.as_str()).unwrap_or("-");
+    let agent = routed.agent.as_ref().map(|a| a.as_str()).unwrap_or("-");
+    match routed.state {
+        EnvelopeState::Unrouted => tracing::warn!(
+            update_id = e.update_id, chat_id = e.channel.chat_id, thread_id = e.channel.thread_id,
+            "no route matches this chat: recorded as unrouted"
+        ),
+        EnvelopeState::Rejected => tracing::warn!(
+            update_id = e.update_id, chat_id = e.channel.chat_id, sender_id = e.sender.id, route,
+            "sender is not on telegram.allowed_users: recorded as rejected"
+        ),
+        _ => tracing::info!(
+            update_id = e.update_id, chat_id = e.channel.chat_id, thread_id = e.channel.thread_id,
+            route, agent, kind = e.kind.as_str(), "envelope recorded"
+        ),
+    }
+    tracing::debug!(text = e.content(), "envelope content");
+}
+
+/// The numeric bot id is the part of the token before the colon.
+pub fn bot_id_from_token(token: &str) -> Option<i64> {
+    token.split_once(':').and_then(|(id, _)| id.parse().ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_to_its_cap_and_resets() {
+        let mut backoff = Backoff::default();
+        let delays: Vec<_> = (0..10).map(|_| backoff.next_delay()).collect();
+        assert_eq!(delays[0], BACKOFF_FIRST);
+        assert_eq!(delays[1], BACKOFF_FIRST * 2);
+        assert!(delays.windows(2).all(|w| w[1] >= w[0]));
+        assert_eq!(*delays.last().unwrap(), BACKOFF_CAP);
+        backoff.reset();
+        assert_eq!(backoff.next_delay(), BACKOFF_FIRST);
+    }
+
+    #[test]
+    fn bot_id_is_the_token_prefix() {
+        assert_eq!(bot_id_from_token("123456:ABC-def"), Some(123_456));
+        assert_eq!(bot_id_from_token("nonsense"), None);
+        assert_eq!(bot_id_from_token("abc:def"), None);
+    }
+}

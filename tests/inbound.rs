@@ -1,0 +1,222 @@
+//! The inbound path end to end: the real daemon polls a fake Telegram Bot API and every
+//! message lands in the ledger once, in the right state, with the right route.
+
+mod support;
+
+use std::time::Duration;
+
+use support::daemon::*;
+use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
+use switchboard::envelope::EnvelopeState;
+use switchboard::ledger::{ListFilter, StoredEnvelope};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn owner() -> UserSpec {
+    UserSpec::new(OWNER_ID, "Olga").with_username("olga")
+}
+
+async fn all_envelopes(daemon: &TestDaemon) -> Vec<StoredEnvelope> {
+    let ledger = daemon.ledger().await;
+    let rows = ledger.list(&ListFilter { limit: 100_000, ..Default::default() }).await.unwrap();
+    ledger.close().await;
+    rows
+}
+
+async fn wait_for_envelopes(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let rows = all_envelopes(daemon).await;
+        if rows.len() >= n {
+            return rows;
+        }
+        assert!(std::time::Instant::now() < deadline, "expected {n} envelopes, have {}:\n{}", rows.len(), daemon.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn private_group_and_topic_messages_are_routed_to_their_agents() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let forum = ChatSpec::forum(FORUM_CHAT, "Ops forum");
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hello from the owner");
+    fake.push_topic_text(&forum, OPS_TOPIC, UserSpec::new(7, "Ivan"), "deploy status?");
+    fake.push_topic_text(&forum, 99, UserSpec::new(7, "Ivan"), "other topic");
+    fake.push_text(ChatSpec::group(GROUP_CHAT, "Team"), UserSpec::new(8, "Mia"), "group hello");
+    fake.push_photo_with_caption(ChatSpec::private(OWNER_CHAT), owner(), Some("a photo"));
+    fake.push_text(ChatSpec::private(555), UserSpec::new(555, "Stranger"), "who are you");
+
+    let rows = wait_for_envelopes(&daemon, 6).await;
+    let summary: Vec<_> = rows
+        .iter()
+        .map(|e| (e.route.as_deref(), e.agent.as_deref(), e.state, e.thread_id))
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            (Some("owner-dm"), Some("orchestrator"), EnvelopeState::Queued, None),
+            (Some("ops-topic"), Some("worker"), EnvelopeState::Queued, Some(42)),
+            (Some("forum"), Some("orchestrator"), EnvelopeState::Queued, Some(99)),
+            (Some("team-group"), Some("worker"), EnvelopeState::Queued, None),
+            (Some("owner-dm"), Some("orchestrator"), EnvelopeState::Queued, None),
+            (None, None, EnvelopeState::Unrouted, None),
+        ]
+    );
+    assert_eq!(rows[0].content, "hello from the owner");
+    assert_eq!(rows[0].user(), "@olga");
+    assert!(rows[4].content.starts_with("a photo\n[photo: "), "{}", rows[4].content);
+    for row in &rows {
+        assert!(row.trace_id.starts_with("env_") && row.trace_id.len() == 14, "{}", row.trace_id);
+    }
+    daemon.wait_for_log("no route matches this chat", WAIT).await;
+}
+
+#[tokio::test]
+async fn senders_outside_the_allowlist_are_rejected_and_kept_for_audit() {
+    let fake = FakeTelegram::start().await;
+    let daemon =
+        TestDaemon::start(&fake.api_url(), &format!("allowed_users = [{OWNER_ID}]"), &default_routes());
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "from the owner");
+    fake.push_text(ChatSpec::group(GROUP_CHAT, "Team"), UserSpec::new(8, "Mia"), "from someone else");
+    let rows = wait_for_envelopes(&daemon, 2).await;
+    assert_eq!(rows[0].state, EnvelopeState::Queued);
+    assert_eq!(rows[1].state, EnvelopeState::Rejected);
+    assert_eq!(rows[1].route.as_deref(), Some("team-group"));
+    daemon.wait_for_log("recorded as rejected", WAIT).await;
+}
+
+#[tokio::test]
+async fn edits_and_textless_messages_are_envelopes_and_malformed_updates_do_not_stall() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dm = ChatSpec::private(OWNER_CHAT);
+    fake.push_text(&dm, owner(), "first version");
+    let malformed = fake.push_raw_update(serde_json::json!({"message": {"message_id": "not a number"}}));
+    fake.push_edited_text(&dm, owner(), 1, "second version");
+    fake.push_photo_with_caption(&dm, owner(), None);
+
+    let rows = wait_for_envelopes(&daemon, 3).await;
+    assert_eq!(rows[0].kind, "message");
+    assert_eq!(rows[1].kind, "edited_message");
+    assert_eq!(rows[1].content, "second version");
+    assert!(rows[2].text.is_none());
+    assert!(rows[2].content.starts_with("[photo: "), "{}", rows[2].content);
+    daemon.wait_for_log(&format!("update_id={malformed}"), WAIT).await;
+    assert!(daemon.logs().contains("malformed update skipped"));
+}
+
+#[tokio::test]
+async fn kill_9_during_a_burst_loses_nothing_and_duplicates_nothing() {
+    const BURST: usize = 300;
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let mut update_ids = Vec::new();
+    for i in 0..BURST / 2 {
+        update_ids.push(fake.push_text(&dm, owner(), &format!("burst {i}")));
+    }
+    // Kill as soon as the first envelopes are committed, while the rest are in flight.
+    wait_for_envelopes(&daemon, 1).await;
+    for i in BURST / 2..BURST {
+        update_ids.push(fake.push_text(&dm, owner(), &format!("burst {i}")));
+    }
+    daemon.kill9();
+    let before_restart = all_envelopes(&daemon).await.len();
+    daemon.restart();
+    let rows = wait_for_envelopes(&daemon, BURST).await;
+    // Give a re-poll the chance to duplicate something, then look again.
+    fake.wait_until_confirmed(*update_ids.last().unwrap(), WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rows_after = all_envelopes(&daemon).await;
+    assert_eq!(rows_after.len(), rows.len());
+    let mut stored: Vec<i64> = rows_after.iter().map(|e| e.update_id).collect();
+    stored.sort_unstable();
+    assert_eq!(stored, update_ids, "every update exactly once (had {before_restart} before the restart)");
+}
+
+#[tokio::test]
+async fn rate_limits_and_server_errors_are_waited_out() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_get_updates(Fault::TooManyRequests { retry_after: 1 });
+    fake.fail_get_updates(Fault::MalformedBody);
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "after the storm");
+    let rows = wait_for_envelopes(&daemon, 1).await;
+    assert_eq!(rows[0].content, "after the storm");
+    let logs = daemon.logs();
+    assert!(logs.contains("rate limit on getUpdates"), "{logs}");
+    assert!(logs.contains("getUpdates failed; retrying"), "{logs}");
+}
+
+#[tokio::test]
+async fn a_5xx_from_telegram_backs_off_and_recovers() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_get_updates(Fault::ServerError);
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "still here");
+    // teloxide itself pauses 10 s after a 5xx before reporting it.
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    loop {
+        if !all_envelopes(&daemon).await.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(daemon.logs().contains("getUpdates failed; retrying"));
+}
+
+#[tokio::test]
+async fn a_conflicting_poller_is_reported_loudly_and_repeatedly() {
+    let fake = FakeTelegram::start().await;
+    for _ in 0..3 {
+        fake.fail_get_updates(Fault::Conflict);
+    }
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let deadline = std::time::Instant::now() + WAIT;
+    while daemon.logs().matches("409 Conflict").count() < 2 {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(daemon.logs().contains("ERROR"), "a conflict is an error for the operator");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "after the conflict");
+    wait_for_envelopes(&daemon, 1).await;
+}
+
+#[tokio::test]
+async fn sigterm_stops_gracefully_and_the_offset_survives() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let first = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "one");
+    wait_for_envelopes(&daemon, 1).await;
+    let status = daemon.stop();
+    assert!(status.success(), "graceful stop exits 0: {status}\n{}", daemon.logs());
+    assert!(daemon.logs().contains("stopped cleanly"));
+    daemon.restart();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "two");
+    let rows = wait_for_envelopes(&daemon, 2).await;
+    assert_eq!(rows.len(), 2);
+    assert_eq!(rows[0].update_id, first);
+}
+
+#[tokio::test]
+async fn the_bot_token_never_appears_in_logs() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_get_updates(Fault::HangWithoutRecording(Duration::from_secs(30)));
+    // A poll timeout of 1 s gives the HTTP client 11 s: make the fake hang past it so
+    // reqwest reports a timeout error (whose text would carry the URL, token included).
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hi");
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    while all_envelopes(&daemon).await.is_empty() {
+        assert!(std::time::Instant::now() < deadline, "{}", daemon.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let logs = daemon.logs();
+    assert!(logs.contains("getUpdates failed"), "the failure must be logged: {logs}");
+    let secret_part = TEST_TOKEN.split_once(':').unwrap().1;
+    assert!(!logs.contains(secret_part), "the token leaked into the logs:\n{logs}");
+    assert!(!logs.contains(ORCHESTRATOR_SECRET) && !logs.contains(WORKER_SECRET));
+}

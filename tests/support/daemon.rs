@@ -1,0 +1,253 @@
+//! Runs the real `switchboard` binary for integration tests: writes a configuration
+//! into a fresh temporary directory (its own database), starts `switchboard run` with
+//! stderr captured to a file, and stops it with SIGTERM or SIGKILL.
+
+#![allow(dead_code)]
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use super::fake_telegram::TEST_TOKEN;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+pub const ORCHESTRATOR_SECRET: &str = "orchestrator-secret-0123456789";
+pub const WORKER_SECRET: &str = "worker-secret-9876543210";
+
+/// Chats the default configuration routes.
+pub const OWNER_CHAT: i64 = 111_222_333;
+pub const OWNER_ID: i64 = 111_222_333;
+pub const FORUM_CHAT: i64 = -1_001_234_567_890;
+pub const OPS_TOPIC: i32 = 42;
+pub const GROUP_CHAT: i64 = -4_000_111;
+
+/// How long the daemon may take to come up on a loaded CI machine.
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The configuration most tests use: an owner DM and a forum to the orchestrator, one
+/// forum topic and a plain group to the worker, no default route.
+pub fn default_routes() -> String {
+    format!(
+        r#"
+[[routes]]
+name = "owner-dm"
+chat_id = {OWNER_CHAT}
+agent = "orchestrator"
+
+[[routes]]
+name = "forum"
+chat_id = {FORUM_CHAT}
+agent = "orchestrator"
+
+[[routes]]
+name = "ops-topic"
+chat_id = {FORUM_CHAT}
+thread_id = {OPS_TOPIC}
+agent = "worker"
+
+[[routes]]
+name = "team-group"
+chat_id = {GROUP_CHAT}
+agent = "worker"
+"#
+    )
+}
+
+pub struct TestDaemon {
+    pub dir: tempfile::TempDir,
+    pub config_path: PathBuf,
+    pub api_addr: SocketAddr,
+    child: Option<Child>,
+    /// Each start appends to its own numbered log file, so restarts keep earlier logs.
+    starts: usize,
+}
+
+impl TestDaemon {
+    /// Writes the configuration (with `extra_telegram` lines added to `[telegram]` and
+    /// `routes` as the routes) and starts the daemon.
+    pub fn start(api_url: &str, extra_telegram: &str, routes: &str) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let api_addr = free_local_addr();
+        let config = format!(
+            r#"
+[telegram]
+token_env = "SB_TEST_BOT_TOKEN"
+api_url = "{api_url}"
+poll_timeout_secs = 1
+send_timeout_secs = 2
+{extra_telegram}
+
+[storage]
+database = "{db}"
+
+[api]
+listen = "{api_addr}"
+
+[log]
+filter = "info,switchboard=debug"
+
+[agents.orchestrator]
+token_env = "SB_TEST_ORCHESTRATOR_SECRET"
+
+[agents.worker]
+token_env = "SB_TEST_WORKER_SECRET"
+{routes}
+"#,
+            db = dir.path().join("ledger.db").display(),
+        );
+        let config_path = dir.path().join("switchboard.toml");
+        std::fs::write(&config_path, config).expect("write config");
+        let mut daemon = Self { dir, config_path, api_addr, child: None, starts: 0 };
+        daemon.spawn();
+        daemon
+    }
+
+    pub fn database(&self) -> PathBuf {
+        self.dir.path().join("ledger.db")
+    }
+
+    /// A command for the binary with this daemon's secrets in its environment.
+    pub fn command(&self) -> Command {
+        let mut command = Command::new(BIN);
+        command
+            .env("SB_TEST_BOT_TOKEN", TEST_TOKEN)
+            .env("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)
+            .env("SB_TEST_WORKER_SECRET", WORKER_SECRET)
+            .env_remove("RUST_LOG");
+        command
+    }
+
+    fn log_path(&self, start: usize) -> PathBuf {
+        self.dir.path().join(format!("daemon-{start}.log"))
+    }
+
+    fn spawn(&mut self) {
+        assert!(self.child.is_none(), "daemon already running");
+        self.starts += 1;
+        let log = std::fs::File::create(self.log_path(self.starts)).expect("log file");
+        let child = self
+            .command()
+            .args(["run", "--config"])
+            .arg(&self.config_path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn switchboard run");
+        self.child = Some(child);
+        self.wait_until_listening();
+    }
+
+    fn wait_until_listening(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if TcpStream::connect(self.api_addr).is_ok() {
+                return;
+            }
+            if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
+                panic!("switchboard exited during start-up ({status}):\n{}", self.logs());
+            }
+            assert!(Instant::now() < deadline, "switchboard did not start listening:\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every log line of every start so far.
+    pub fn logs(&self) -> String {
+        (1..=self.starts).map(|n| std::fs::read_to_string(self.log_path(n)).unwrap_or_default()).collect()
+    }
+
+    pub async fn wait_for_log(&self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.logs().contains(needle) {
+            assert!(Instant::now() < deadline, "no log line contains {needle:?}:\n{}", self.logs());
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// SIGTERM, then wait for a graceful exit.
+    pub fn stop(&mut self) -> ExitStatus {
+        let mut child = self.child.take().expect("daemon not running");
+        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill -TERM");
+        assert!(status.success());
+        wait_with_timeout(&mut child, START_TIMEOUT)
+    }
+
+    /// SIGKILL: no chance to clean up.
+    pub fn kill9(&mut self) {
+        let mut child = self.child.take().expect("daemon not running");
+        child.kill().expect("kill -9");
+        child.wait().expect("reap");
+    }
+
+    pub fn restart(&mut self) {
+        self.spawn();
+    }
+
+    /// Runs `switchboard ledger ARGS…` against this daemon's database; (success, stdout, stderr).
+    pub fn ledger_cli(&self, args: &[&str]) -> (bool, String, String) {
+        let output = self
+            .command()
+            .arg("ledger")
+            .arg("--config")
+            .arg(&self.config_path)
+            .args(args)
+            .output()
+            .expect("run switchboard ledger");
+        (
+            output.status.success(),
+            String::from_utf8_lossy(&output.stdout).into_owned(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    }
+
+    /// Opens the ledger database read-side for assertions.
+    pub async fn ledger(&self) -> switchboard::ledger::Ledger {
+        switchboard::ledger::Ledger::open(&self.database(), switchboard::config::Synchronous::Normal)
+            .await
+            .expect("open ledger")
+    }
+
+    pub fn config_path(&self) -> &Path {
+        &self.config_path
+    }
+}
+
+impl Drop for TestDaemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+fn wait_with_timeout(child: &mut Child, within: Duration) -> ExitStatus {
+    let deadline = Instant::now() + within;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("switchboard did not exit within {within:?} of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A loopback address with a port nobody listens on right now.
+pub fn free_local_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
+    listener.local_addr().expect("local addr")
+}
+
+/// Polls `check` until it holds or `within` passes.
+pub async fn eventually<F: FnMut() -> bool>(within: Duration, what: &str, mut check: F) {
+    let deadline = Instant::now() + within;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

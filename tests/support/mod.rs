@@ -1,0 +1,4 @@
+//! Shared test infrastructure: a fake Telegram Bot API, the real daemon binary, and a real MCP client.
+
+pub mod daemon;
+pub mod fake_telegram;
