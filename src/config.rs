@@ -223,7 +223,7 @@ impl Settings {
         // Parse once ourselves: toml's message carries the line and column of a syntax
         // error, which is what someone fixing the file needs first.
         if let Err(e) = text.parse::<toml::Table>() {
-            return Err(ConfigError::new(path, "(syntax)", toml_error_message(&e)));
+            return Err(ConfigError::new(path, "(syntax)", toml_error_message(&text, &e)));
         }
         let raw: RawSettings = config::Config::builder()
             .add_source(config::File::from_str(&text, config::FileFormat::Toml))
@@ -255,7 +255,10 @@ impl Settings {
         if raw.telegram.poll_timeout_secs > MAX_POLL_TIMEOUT_SECS {
             return Err(err(
                 "telegram.poll_timeout_secs",
-                format!("{} is above Telegram's maximum of {MAX_POLL_TIMEOUT_SECS}", raw.telegram.poll_timeout_secs),
+                format!(
+                    "{} is above Telegram's maximum of {MAX_POLL_TIMEOUT_SECS}",
+                    raw.telegram.poll_timeout_secs
+                ),
             ));
         }
         if raw.telegram.send_timeout_secs == 0 {
@@ -364,13 +367,18 @@ fn validate_route(
 
     let name = raw.name.ok_or_else(|| err("name", "every route needs a name".into()))?;
     let name = RouteName::parse(&name).map_err(|e| err("name", e))?;
-    let agent = raw
-        .agent
-        .ok_or_else(|| err("agent", format!("route '{name}' names no agent")))?;
+    let agent = raw.agent.ok_or_else(|| err("agent", format!("route '{name}' names no agent")))?;
     let agent = AgentName::parse(&agent).map_err(|e| err("agent", e))?;
     if !agents.contains_key(&agent) {
-        let declared = if agents.is_empty() { "none; add an [agents.NAME] table".to_owned() } else { join_names(agents.keys()) };
-        return Err(err("agent", format!("route '{name}' names unknown agent '{agent}' (declared: {declared})")));
+        let declared = if agents.is_empty() {
+            "none; add an [agents.NAME] table".to_owned()
+        } else {
+            join_names(agents.keys())
+        };
+        return Err(err(
+            "agent",
+            format!("route '{name}' names unknown agent '{agent}' (declared: {declared})"),
+        ));
     }
     let target = match (raw.chat_id, raw.thread_id) {
         (Some(0), _) => return Err(err("chat_id", format!("route '{name}': 0 is not a Telegram chat id"))),
@@ -410,9 +418,16 @@ fn join_names<T: fmt::Display>(names: impl Iterator<Item = T>) -> String {
     names.map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-fn toml_error_message(e: &toml::de::Error) -> String {
-    // toml's Display spans several lines with a source excerpt; keep it, on one line each.
-    e.to_string().trim_end().lines().map(str::trim_end).collect::<Vec<_>>().join(" | ")
+/// "line L, column C: what is wrong" — toml's own Display spans several lines.
+fn toml_error_message(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim();
+    let Some(span) = e.span() else {
+        return message.to_owned();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}: {message}")
 }
 
 /// Turns the `config` crate's error into ours, keeping the key it names when it names one.

@@ -327,29 +327,38 @@ impl Ledger {
 
     /// Moves the agent's oldest `queued` envelope to `pending` and returns it.
     pub async fn claim_next_queued(&self, agent: &AgentName) -> sqlx::Result<Option<StoredEnvelope>> {
-        let sql = concat!("UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
+        let sql = concat!(
+            "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
              WHERE id = (SELECT id FROM envelopes WHERE agent = ? AND state = 'queued' ORDER BY id LIMIT 1) \
-             RETURNING ", envelope_columns!(), "");
-        sqlx::query_as(sql)
-            .bind(now())
-            .bind(agent.as_str())
-            .fetch_optional(&self.pool)
-            .await
+             RETURNING ",
+            envelope_columns!(),
+            ""
+        );
+        sqlx::query_as(sql).bind(now()).bind(agent.as_str()).fetch_optional(&self.pool).await
     }
 
     /// The agent's `pending` envelopes, oldest first, counted as delivered once more: a new
     /// session gets them again, marked as redelivered.
     pub async fn take_pending_for_redelivery(&self, agent: &AgentName) -> sqlx::Result<Vec<StoredEnvelope>> {
-        let sql = concat!("UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = ? AND state = 'pending' \
-             RETURNING ", envelope_columns!(), "");
-        let mut rows: Vec<StoredEnvelope> = sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?;
+        let sql = concat!(
+            "UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = ? AND state = 'pending' \
+             RETURNING ",
+            envelope_columns!(),
+            ""
+        );
+        let mut rows: Vec<StoredEnvelope> =
+            sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?;
         // RETURNING gives no order guarantee.
         rows.sort_by_key(|row| row.id);
         Ok(rows)
     }
 
     pub async fn pending(&self, agent: &AgentName) -> sqlx::Result<Vec<StoredEnvelope>> {
-        let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE agent = ? AND state = 'pending' ORDER BY id");
+        let sql = concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM envelopes WHERE agent = ? AND state = 'pending' ORDER BY id"
+        );
         sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await
     }
 
@@ -358,7 +367,12 @@ impl Ledger {
         sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.pool).await
     }
 
-    pub async fn session_opened(&self, session_id: &str, agent: &AgentName, redelivered: usize) -> sqlx::Result<()> {
+    pub async fn session_opened(
+        &self,
+        session_id: &str,
+        agent: &AgentName,
+        redelivered: usize,
+    ) -> sqlx::Result<()> {
         sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES (?, ?, ?, ?)")
             .bind(session_id)
             .bind(agent.as_str())
@@ -402,13 +416,15 @@ impl Ledger {
             return Ok(false);
         }
         let at = now();
-        sqlx::query("UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) WHERE id = ?")
-            .bind(to.as_str())
-            .bind(&at)
-            .bind(reason)
-            .bind(envelope_id)
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(
+            "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) WHERE id = ?",
+        )
+        .bind(to.as_str())
+        .bind(&at)
+        .bind(reason)
+        .bind(envelope_id)
+        .execute(&mut *tx)
+        .await?;
         if current != to {
             sqlx::query(
                 "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) VALUES (?, ?, ?, ?, ?, ?)",
@@ -499,9 +515,13 @@ impl Ledger {
     // ---- inspection and reconciliation (`switchboard ledger`) ----
 
     pub async fn list(&self, filter: &ListFilter) -> sqlx::Result<Vec<StoredEnvelope>> {
-        let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes \
+        let sql = concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM envelopes \
              WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR agent = ?2) AND (?3 IS NULL OR route = ?3) \
-             ORDER BY id DESC LIMIT ?4");
+             ORDER BY id DESC LIMIT ?4"
+        );
         let mut rows: Vec<StoredEnvelope> = sqlx::query_as(sql)
             .bind(filter.state.map(EnvelopeState::as_str))
             .bind(&filter.agent)
@@ -547,17 +567,20 @@ impl Ledger {
         finding: Reconciliation,
         reason: &str,
     ) -> Result<EnvelopeState, ReconcileError> {
-        let envelope = self.find(trace_id).await?.ok_or_else(|| ReconcileError::Unknown(trace_id.to_owned()))?;
+        let envelope =
+            self.find(trace_id).await?.ok_or_else(|| ReconcileError::Unknown(trace_id.to_owned()))?;
         let (to, attempt_outcome) = match finding {
             Reconciliation::Delivered => (EnvelopeState::Acked, "sent"),
             Reconciliation::NotDelivered => (EnvelopeState::Pending, "not_sent"),
         };
         let reason = format!("reconciled: {reason}");
-        let moved = self
-            .transition(envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
-            .await?;
+        let moved =
+            self.transition(envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason)).await?;
         if !moved {
-            return Err(ReconcileError::NotUnresolved { trace_id: trace_id.to_owned(), state: envelope.state });
+            return Err(ReconcileError::NotUnresolved {
+                trace_id: trace_id.to_owned(),
+                state: envelope.state,
+            });
         }
         sqlx::query(
             "UPDATE attempts SET reconciled_outcome = ?, reconciled_reason = ?, reconciled_at = ? \
@@ -625,7 +648,15 @@ mod tests {
         let (_dir, ledger) = ledger().await;
         let agent = AgentName::parse("orch").unwrap();
         ledger
-            .record_batch(1, 4, &[routed(1, EnvelopeState::Queued), routed(2, EnvelopeState::Unrouted), routed(3, EnvelopeState::Queued)])
+            .record_batch(
+                1,
+                4,
+                &[
+                    routed(1, EnvelopeState::Queued),
+                    routed(2, EnvelopeState::Unrouted),
+                    routed(3, EnvelopeState::Queued),
+                ],
+            )
             .await
             .unwrap();
         let first = ledger.claim_next_queued(&agent).await.unwrap().unwrap();
@@ -642,8 +673,18 @@ mod tests {
         let (_dir, ledger) = ledger().await;
         ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
         let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
-        assert!(!ledger.transition(e.id, &[EnvelopeState::Queued], EnvelopeState::Acked, "agent:orch", None).await.unwrap());
-        assert!(ledger.transition(e.id, &[EnvelopeState::Pending], EnvelopeState::Acked, "agent:orch", Some("done")).await.unwrap());
+        assert!(
+            !ledger
+                .transition(e.id, &[EnvelopeState::Queued], EnvelopeState::Acked, "agent:orch", None)
+                .await
+                .unwrap()
+        );
+        assert!(
+            ledger
+                .transition(e.id, &[EnvelopeState::Pending], EnvelopeState::Acked, "agent:orch", Some("done"))
+                .await
+                .unwrap()
+        );
         let e = ledger.find(&e.trace_id).await.unwrap().unwrap();
         assert_eq!((e.state, e.note.as_deref()), (EnvelopeState::Acked, Some("done")));
         let events = ledger.events_for(e.id).await.unwrap();
@@ -667,11 +708,12 @@ mod tests {
             text: "hi",
         };
         ledger.begin_attempt(&attempt).await.unwrap();
-        assert_eq!(ledger.recover_in_flight().await.unwrap(), [e.trace_id.clone()]);
+        assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
         assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
         assert_eq!(ledger.attempts_for(e.id).await.unwrap()[0].outcome, "unknown");
 
-        let state = ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap();
+        let state =
+            ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap();
         assert_eq!(state, EnvelopeState::Pending);
         let attempts = ledger.attempts_for(e.id).await.unwrap();
         assert_eq!(attempts[0].reconciled_outcome.as_deref(), Some("not_sent"));

@@ -14,15 +14,21 @@ use crate::config::LogFormat;
 const REDACTED: &str = "[redacted]";
 
 /// Libraries whose debug output is noise for an operator (and may quote URLs).
-const QUIET_LIBRARIES: &[&str] = &["hyper=warn", "hyper_util=warn", "reqwest=warn", "sqlx=warn", "h2=warn", "rustls=warn"];
+const QUIET_LIBRARIES: &[&str] =
+    &["hyper=warn", "hyper_util=warn", "reqwest=warn", "sqlx=warn", "h2=warn", "rustls=warn"];
 
 /// Installs the global subscriber. `RUST_LOG` overrides `filter`.
 pub fn init(format: LogFormat, filter: &str, secrets: Vec<String>) -> anyhow::Result<()> {
     let base = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
-    let directives = std::iter::once(base.as_str()).chain(QUIET_LIBRARIES.iter().copied()).collect::<Vec<_>>().join(",");
-    let filter = EnvFilter::try_new(&directives).map_err(|e| anyhow::anyhow!("bad log filter '{base}': {e}"))?;
+    let directives =
+        std::iter::once(base.as_str()).chain(QUIET_LIBRARIES.iter().copied()).collect::<Vec<_>>().join(",");
+    let filter =
+        EnvFilter::try_new(&directives).map_err(|e| anyhow::anyhow!("bad log filter '{base}': {e}"))?;
     let writer = ScrubbingStderr::new(secrets);
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(writer).with_target(true)
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(writer)
+        .with_target(true)
         // Colours only for a person at a terminal; files and journald get plain text.
         .with_ansi(io::stderr().is_terminal());
     let result = match format {
@@ -89,8 +95,12 @@ mod tests {
     #[test]
     fn scrub_replaces_every_occurrence_of_every_secret() {
         let secrets = vec!["123456:AAAA-token".to_owned(), "agent-secret-1".to_owned()];
-        let line = "GET http://x/bot123456:AAAA-token/GetUpdates failed; agent-secret-1 and 123456:AAAA-token";
-        assert_eq!(scrub(line, &secrets), "GET http://x/bot[redacted]/GetUpdates failed; [redacted] and [redacted]");
+        let line =
+            "GET http://x/bot123456:AAAA-token/GetUpdates failed; agent-secret-1 and 123456:AAAA-token";
+        assert_eq!(
+            scrub(line, &secrets),
+            "GET http://x/bot[redacted]/GetUpdates failed; [redacted] and [redacted]"
+        );
     }
 
     #[test]

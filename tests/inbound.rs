@@ -30,7 +30,12 @@ async fn wait_for_envelopes(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope
         if rows.len() >= n {
             return rows;
         }
-        assert!(std::time::Instant::now() < deadline, "expected {n} envelopes, have {}:\n{}", rows.len(), daemon.logs());
+        assert!(
+            std::time::Instant::now() < deadline,
+            "expected {n} envelopes, have {}:\n{}",
+            rows.len(),
+            daemon.logs()
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -49,10 +54,8 @@ async fn private_group_and_topic_messages_are_routed_to_their_agents() {
     fake.push_text(ChatSpec::private(555), UserSpec::new(555, "Stranger"), "who are you");
 
     let rows = wait_for_envelopes(&daemon, 6).await;
-    let summary: Vec<_> = rows
-        .iter()
-        .map(|e| (e.route.as_deref(), e.agent.as_deref(), e.state, e.thread_id))
-        .collect();
+    let summary: Vec<_> =
+        rows.iter().map(|e| (e.route.as_deref(), e.agent.as_deref(), e.state, e.thread_id)).collect();
     assert_eq!(
         summary,
         [

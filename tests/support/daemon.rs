@@ -169,7 +169,8 @@ token_env = "SB_TEST_WORKER_SECRET"
     /// SIGTERM, then wait for a graceful exit.
     pub fn stop(&mut self) -> ExitStatus {
         let mut child = self.child.take().expect("daemon not running");
-        let status = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill -TERM");
+        let status =
+            Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill -TERM");
         assert!(status.success());
         wait_with_timeout(&mut child, START_TIMEOUT)
     }

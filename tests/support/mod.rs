@@ -2,3 +2,4 @@
 
 pub mod daemon;
 pub mod fake_telegram;
+pub mod mcp;

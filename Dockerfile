@@ -1,0 +1,31 @@
+# syntax=docker/dockerfile:1
+
+# ---- build ----
+FROM rust:1-slim-bookworm AS build
+WORKDIR /src
+# Dependencies first, so source edits do not rebuild them.
+COPY Cargo.toml Cargo.lock ./
+COPY benches benches
+RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+    && cargo build --release --locked \
+    && rm -rf src
+COPY src src
+COPY migrations migrations
+RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin switchboard
+
+# ---- run ----
+FROM debian:bookworm-slim
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends ca-certificates \
+    && rm -rf /var/lib/apt/lists/* \
+    && useradd --system --uid 10001 --home-dir /var/lib/switchboard --create-home switchboard
+COPY --from=build /src/target/release/switchboard /usr/local/bin/switchboard
+COPY config/switchboard.example.toml /etc/switchboard/switchboard.toml
+# The ledger lives here; mount a volume so it survives the container.
+VOLUME ["/var/lib/switchboard"]
+WORKDIR /var/lib/switchboard
+USER switchboard
+ENV SWITCHBOARD__STORAGE__DATABASE=/var/lib/switchboard/switchboard.db
+EXPOSE 7797
+ENTRYPOINT ["/usr/local/bin/switchboard"]
+CMD ["run", "--config", "/etc/switchboard/switchboard.toml"]

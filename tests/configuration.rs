@@ -1,0 +1,189 @@
+//! Bad configuration stops start-up with one clear message naming the file, the key and
+//! the problem, and a non-zero exit status; `check` prints the routes table.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+
+use support::daemon::{BIN, free_local_addr};
+
+const GOOD: &str = r#"
+[telegram]
+token_env = "SB_CFG_TOKEN"
+api_url = "http://127.0.0.1:9"
+
+[storage]
+database = "DB_PATH"
+
+[api]
+listen = "LISTEN"
+
+[agents.orchestrator]
+token_env = "SB_CFG_ORCH"
+
+[agents.worker]
+token_env = "SB_CFG_WORKER"
+
+[[routes]]
+name = "owner-dm"
+chat_id = 123456789
+agent = "orchestrator"
+
+[[routes]]
+name = "ops-topic"
+chat_id = -1001234567890
+thread_id = 42
+agent = "worker"
+
+[[routes]]
+name = "fallback"
+agent = "orchestrator"
+"#;
+
+fn config_text(dir: &Path) -> String {
+    GOOD.replace("DB_PATH", &dir.join("db.sqlite").display().to_string())
+        .replace("LISTEN", &free_local_addr().to_string())
+}
+
+fn switchboard(dir: &Path, command: &str, config: &str, env: &[(&str, &str)]) -> (Output, String) {
+    let path = dir.join("switchboard.toml");
+    std::fs::write(&path, config).unwrap();
+    let mut cmd = std::process::Command::new(BIN);
+    cmd.arg(command)
+        .arg("--config")
+        .arg(&path)
+        .env("SB_CFG_TOKEN", "123:abc-def-ghi")
+        .env("SB_CFG_ORCH", "orchestrator-secret")
+        .env("SB_CFG_WORKER", "worker-secret-xyz");
+    for (key, value) in env {
+        cmd.env(key, value);
+    }
+    let output = cmd.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    (output, stderr)
+}
+
+/// `run` with a bad configuration must fail before doing anything, naming file and key.
+fn refused(config: &str, env: &[(&str, &str)], key: &str, words: &[&str]) {
+    let dir = tempfile::tempdir().unwrap();
+    let (output, stderr) = switchboard(dir.path(), "run", config, env);
+    assert!(!output.status.success(), "a bad configuration must not start:\n{stderr}");
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("switchboard:"))
+        .unwrap_or_else(|| panic!("no error line:\n{stderr}"));
+    assert!(line.contains("switchboard.toml"), "the message names the file: {line}");
+    assert!(line.contains(key), "the message names the key {key}: {line}");
+    for word in words {
+        assert!(line.contains(word), "the message says {word:?}: {line}");
+    }
+    assert!(!dir.path().join("db.sqlite").exists(), "nothing was created");
+}
+
+#[test]
+fn check_prints_the_routes_table_most_specific_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let (output, stderr) = switchboard(dir.path(), "check", &config_text(dir.path()), &[]);
+    assert!(output.status.success(), "{stderr}");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("configuration is valid"), "{stdout}");
+    let table: Vec<&str> = stdout.lines().skip_while(|l| !l.starts_with("ROUTE")).collect();
+    assert!(
+        table[1].starts_with("ops-topic") && table[1].contains("42") && table[1].contains("worker"),
+        "{stdout}"
+    );
+    assert!(table[2].starts_with("owner-dm") && table[2].contains("123456789"), "{stdout}");
+    assert!(table[3].starts_with("fallback") && table[3].contains("default"), "{stdout}");
+}
+
+#[test]
+fn the_example_configuration_checks() {
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/switchboard.example.toml");
+    let output = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(&example)
+        .env("TELOXIDE_TOKEN", "123:abc")
+        .env("SWITCHBOARD_ORCHESTRATOR_SECRET", "s1-long-enough")
+        .env("SWITCHBOARD_WORKER_SECRET", "s2-long-enough")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+}
+
+#[test]
+fn malformed_toml_names_the_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = config_text(dir.path()).replace("name = \"ops-topic\"", "name = \"ops-topic");
+    refused(&broken, &[], "(syntax)", &["line 24, column 18"]);
+}
+
+#[test]
+fn unknown_agent_in_a_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = config_text(dir.path()).replace("agent = \"worker\"", "agent = \"ghost\"");
+    refused(&bad, &[], "routes[1].agent", &["unknown agent 'ghost'", "orchestrator, worker"]);
+}
+
+#[test]
+fn two_routes_for_the_same_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad =
+        config_text(dir.path()) + "\n[[routes]]\nname = \"again\"\nchat_id = 123456789\nagent = \"worker\"\n";
+    refused(&bad, &[], "routes[3]", &["'owner-dm'", "'again'", "same channel"]);
+}
+
+#[test]
+fn a_second_default_route() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = config_text(dir.path()) + "\n[[routes]]\nname = \"fallback2\"\nagent = \"worker\"\n";
+    refused(&bad, &[], "routes[3]", &["'fallback'", "'fallback2'"]);
+}
+
+#[test]
+fn a_route_without_an_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = config_text(dir.path())
+        .replace("name = \"fallback\"\nagent = \"orchestrator\"", "name = \"fallback\"");
+    refused(&bad, &[], "routes[2].agent", &["names no agent"]);
+}
+
+#[test]
+fn a_missing_secret_variable() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = config_text(dir.path()).replace("SB_CFG_WORKER", "SB_CFG_SURELY_UNSET_VARIABLE");
+    refused(&bad, &[], "agents.worker.token_env", &["SB_CFG_SURELY_UNSET_VARIABLE is not set"]);
+}
+
+#[test]
+fn a_bad_api_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = config_text(dir.path()).replace("http://127.0.0.1:9", "telegram.org");
+    refused(&bad, &[], "telegram.api_url", &["not a URL"]);
+}
+
+#[test]
+fn environment_overrides_are_applied_and_validated() {
+    let dir = tempfile::tempdir().unwrap();
+    refused(
+        &config_text(dir.path()),
+        &[("SWITCHBOARD__TELEGRAM__API_URL", "ftp://nowhere")],
+        "telegram.api_url",
+        &["http or https"],
+    );
+    let (output, stderr) = switchboard(
+        dir.path(),
+        "check",
+        &config_text(dir.path()),
+        &[("SWITCHBOARD__TELEGRAM__API_URL", "http://10.9.8.7:8081")],
+    );
+    assert!(output.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("http://10.9.8.7:8081"));
+}
+
+#[test]
+fn an_unknown_key_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let bad = config_text(dir.path()).replace("[api]", "[api]\nlisten_port = 1");
+    refused(&bad, &[], "api", &["listen_port"]);
+}

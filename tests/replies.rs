@@ -1,0 +1,309 @@
+//! The full path end to end: fake Telegram → real daemon → real `switchboard channel`
+//! driven by a real MCP client → reply tool → daemon → fake Telegram.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::daemon::*;
+use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, UserSpec};
+use support::mcp::{ChannelClient, ChannelNotification};
+use switchboard::envelope::EnvelopeState;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn owner() -> UserSpec {
+    UserSpec::new(OWNER_ID, "Olga").with_username("olga")
+}
+
+async fn session(daemon: &TestDaemon, agent: &str) -> ChannelClient {
+    let secret = if agent == "worker" { WORKER_SECRET } else { ORCHESTRATOR_SECRET };
+    let var = if agent == "worker" { "SB_TEST_WORKER_SECRET" } else { "SB_TEST_ORCHESTRATOR_SECRET" };
+    ChannelClient::start(daemon.config_path(), agent, &[(var, secret)]).await.expect("channel plugin starts")
+}
+
+async fn state_of(daemon: &TestDaemon, trace_id: &str) -> EnvelopeState {
+    let ledger = daemon.ledger().await;
+    let state = ledger.find(trace_id).await.unwrap().expect("envelope exists").state;
+    ledger.close().await;
+    state
+}
+
+fn trace_id(notification: &ChannelNotification) -> String {
+    notification.meta_str("trace_id").expect("meta.trace_id").to_owned()
+}
+
+#[tokio::test]
+async fn one_message_in_one_reply_out_in_the_right_chat_and_topic() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let worker = session(&daemon, "worker").await;
+
+    let forum = ChatSpec::forum(FORUM_CHAT, "Ops forum");
+    fake.push_topic_text(
+        &forum,
+        OPS_TOPIC,
+        UserSpec::new(7, "Ivan").with_username("ivan"),
+        "is the deploy done?",
+    );
+    let pushed = worker.wait_for_notifications(1, WAIT).await.unwrap();
+    let n = &pushed[0];
+    assert_eq!(n.content, "is the deploy done?");
+    for key in ["trace_id", "chat_id", "message_id", "user", "user_id", "ts", "route", "thread_id"] {
+        assert!(n.meta_str(key).is_some(), "meta.{key} must be a string: {:?}", n.meta);
+    }
+    assert_eq!(n.meta_str("chat_id"), Some(FORUM_CHAT.to_string().as_str()));
+    assert_eq!(n.meta_str("thread_id"), Some("42"));
+    assert_eq!(n.meta_str("user"), Some("@ivan"));
+    assert_eq!(n.meta_str("route"), Some("ops-topic"));
+    assert!(n.meta.get("redelivered").is_none());
+    assert!(n.meta.values().all(|v| v.is_string()), "meta values are strings: {:?}", n.meta);
+    let trace = trace_id(n);
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+
+    let (is_error, text) = worker.call_tool("reply", json!({"text": "yes, deployed"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert!(text.contains(&trace), "the answer says what was answered: {text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].chat_id, FORUM_CHAT);
+    assert_eq!(sent[0].message_thread_id, Some(OPS_TOPIC));
+    assert_eq!(sent[0].text, "yes, deployed");
+    assert_eq!(sent[0].reply_to_message_id, Some(n.meta_str("message_id").unwrap().parse().unwrap()));
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(worker.stdout_violations().is_empty(), "{:?}", worker.stdout_violations());
+}
+
+#[tokio::test]
+async fn two_waiting_chats_refuse_a_reply_without_trace_id_then_each_is_answered_by_name() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "question from the DM");
+    fake.push_text(
+        ChatSpec::forum(FORUM_CHAT, "Ops forum"),
+        UserSpec::new(7, "Ivan"),
+        "question from the forum",
+    );
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    let (dm, forum) = (trace_id(&pushed[0]), trace_id(&pushed[1]));
+
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "which one?"})).await.unwrap();
+    assert!(is_error, "an ambiguous reply must be refused: {text}");
+    for expected in [&dm, &forum] {
+        assert!(text.contains(expected.as_str()), "candidate {expected} listed: {text}");
+    }
+    assert!(text.contains("question from the DM") && text.contains("question from the forum"), "{text}");
+    assert!(fake.sent_messages().is_empty(), "a refusal sends nothing");
+    assert_eq!(state_of(&daemon, &dm).await, EnvelopeState::Pending, "a refusal changes nothing");
+    daemon.wait_for_log("reply refused", WAIT).await;
+
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "to the forum", "trace_id": forum})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "to the DM", "trace_id": dm})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(2, WAIT).await;
+    assert_eq!((sent[0].chat_id, sent[0].text.as_str()), (FORUM_CHAT, "to the forum"));
+    assert_eq!((sent[1].chat_id, sent[1].text.as_str()), (OWNER_CHAT, "to the DM"));
+
+    // Nothing is waiting now: a reply without trace_id is refused, not sent somewhere.
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "anyone?"})).await.unwrap();
+    assert!(is_error && text.contains("nothing is waiting"), "{text}");
+    // A further message in an answered thread is allowed when named.
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "one more thing", "trace_id": dm})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(3, WAIT).await;
+    assert_eq!(sent.len(), 3);
+    assert_eq!(sent[2].chat_id, OWNER_CHAT);
+}
+
+#[tokio::test]
+async fn no_agent_can_answer_or_ack_another_agents_envelope() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the orchestrator only");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+
+    let (is_error, text) =
+        worker.call_tool("reply", json!({"text": "hijack", "trace_id": trace})).await.unwrap();
+    assert!(is_error && text.contains("not one of yours"), "{text}");
+    let (is_error, text) = worker.call_tool("ack", json!({"trace_id": trace})).await.unwrap();
+    assert!(is_error && text.contains("not one of yours"), "{text}");
+    let (is_error, text) = worker.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error && !text.contains(&trace), "{text}");
+    let (is_error, text) =
+        worker.call_tool("reply", json!({"text": "x", "trace_id": "env_zzzzzzzzzz"})).await.unwrap();
+    assert!(is_error && text.contains("env_zzzzzzzzzz"), "{text}");
+    assert!(fake.sent_messages().is_empty());
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+
+    let (is_error, text) = orchestrator.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error && text.contains(&trace), "{text}");
+    let (is_error, text) = orchestrator
+        .call_tool("ack", json!({"trace_id": trace, "note": "seen, no answer needed"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(fake.sent_messages().is_empty(), "an ack sends nothing");
+}
+
+#[tokio::test]
+async fn a_second_session_for_the_same_agent_is_refused() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let first = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hello");
+    first.wait_for_notifications(1, WAIT).await.unwrap();
+    let second = session(&daemon, "orchestrator").await;
+    second.wait_for_stderr("already connected", WAIT).await.unwrap();
+    daemon.wait_for_log("refused a second session", WAIT).await;
+    assert!(second.notifications().is_empty());
+}
+
+#[tokio::test]
+async fn a_session_that_ends_leaves_its_envelopes_pending_for_the_next_one() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let first = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "unanswered");
+    let trace = trace_id(&first.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    assert!(first.close().await.unwrap().success());
+    daemon.wait_for_log("agent session disconnected", WAIT).await;
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending, "a disconnect proves nothing");
+
+    let second = session(&daemon, "orchestrator").await;
+    let again = second.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(trace_id(&again[0]), trace);
+    assert_eq!(again[0].meta_str("redelivered"), Some("true"));
+}
+
+#[tokio::test]
+async fn queued_envelopes_arrive_in_order_when_the_session_connects() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let last = (0..5).map(|i| fake.push_text(&dm, owner(), &format!("queued {i}"))).last().unwrap();
+    fake.wait_until_confirmed(last, WAIT).await;
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let pushed = orchestrator.wait_for_notifications(5, WAIT).await.unwrap();
+    let contents: Vec<_> = pushed.iter().map(|n| n.content.as_str()).collect();
+    assert_eq!(contents, ["queued 0", "queued 1", "queued 2", "queued 3", "queued 4"]);
+}
+
+#[tokio::test]
+async fn after_a_daemon_restart_a_pending_envelope_is_redelivered_and_answered_once() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "survive a restart");
+    let first = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let trace = trace_id(&first[0]);
+
+    daemon.kill9();
+    daemon.restart();
+    let again = orchestrator.wait_for_notifications(2, Duration::from_secs(40)).await.unwrap();
+    assert_eq!(trace_id(&again[1]), trace);
+    assert_eq!(again[1].meta_str("redelivered"), Some("true"));
+
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "answered once"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    fake.wait_for_sent(1, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(fake.sent_messages().len(), 1, "no duplicate message");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+}
+
+#[tokio::test]
+async fn a_send_that_hangs_after_telegram_recorded_it_becomes_unresolved_and_is_not_retried() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "will this arrive?");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+
+    // send_timeout_secs is 2 in the test configuration.
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(10)));
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "maybe"})).await.unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.contains("unresolved") && text.contains("Do not send it again"), "{text}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(fake.sent_messages().len(), 1, "Telegram got it once, and it was not sent again");
+
+    // Unresolved envelopes cannot be answered until an operator reconciles them.
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "again", "trace_id": trace})).await.unwrap();
+    assert!(is_error && text.contains("reconcile"), "{text}");
+    assert_eq!(fake.sent_messages().len(), 1);
+
+    let (ok, out, err) = daemon.ledger_cli(&["list", "--state", "unresolved"]);
+    assert!(ok && out.contains(&trace), "{out}{err}");
+    let (ok, out, err) = daemon.ledger_cli(&["show", &trace]);
+    assert!(ok && out.contains("unknown"), "{out}{err}");
+    let (ok, out, err) =
+        daemon.ledger_cli(&["reconcile", &trace, "--delivered", "--reason", "seen in the chat by the owner"]);
+    assert!(ok && out.contains("acked"), "{out}{err}");
+    let (_, out, _) = daemon.ledger_cli(&["show", &trace]);
+    assert!(out.contains("seen in the chat by the owner"), "the reason is kept: {out}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+}
+
+#[tokio::test]
+async fn a_rate_limited_reply_is_delivered_after_the_wait() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "busy bot");
+    orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 1 });
+    let started = std::time::Instant::now();
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "after the wait"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert!(started.elapsed() >= Duration::from_secs(1), "retry_after was waited out");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].text, "after the wait");
+    daemon.wait_for_log("rate limit: waiting", WAIT).await;
+}
+
+#[tokio::test]
+async fn a_long_reply_is_split_under_telegrams_limit() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "tell me everything");
+    orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let paragraph = "A sentence that goes on for a while. ".repeat(20);
+    let long = vec![paragraph; 12].join("\n\n");
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": long})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.sent_messages();
+    assert!(sent.len() >= 3, "{} chunks", sent.len());
+    for message in &sent {
+        assert!(message.text.encode_utf16().count() <= 4096);
+        assert_eq!(message.chat_id, OWNER_CHAT);
+    }
+    let squash = |s: &str| s.split_whitespace().collect::<String>();
+    assert_eq!(squash(&sent.iter().map(|m| m.text.as_str()).collect::<String>()), squash(&long));
+}
+
+#[tokio::test]
+async fn a_refused_send_leaves_the_envelope_pending() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hi");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    fake.fail_send_message(Fault::Forbidden("Forbidden: bot was blocked by the user".into()));
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
+    assert!(is_error && text.contains("did not take the reply"), "{text}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+}
