@@ -40,7 +40,11 @@ pub struct Daemon {
 impl Daemon {
     /// Opens the ledger, recovers interrupted sends, binds the local API and wires the
     /// parts together. Nothing talks to Telegram yet.
-    pub async fn build(settings: Settings, secrets: DaemonSecrets, shutdown: CancellationToken) -> anyhow::Result<Self> {
+    pub async fn build(
+        settings: Settings,
+        secrets: DaemonSecrets,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Self> {
         let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
@@ -59,7 +63,8 @@ impl Daemon {
 
         let tasks = TaskTracker::new();
         let outbound = Outbound::new(send_bot, ledger.clone(), shutdown.child_token());
-        let bridge = Bridge::new(ledger.clone(), outbound, secrets.agents, shutdown.child_token(), tasks.clone());
+        let bridge =
+            Bridge::new(ledger.clone(), outbound, secrets.agents, shutdown.child_token(), tasks.clone());
         let poller = Poller::new(
             poll_bot,
             bot_id,
@@ -125,7 +130,11 @@ fn spawn_supervised(
         let result = work.await;
         if !shutdown.is_cancelled() || result.is_err() {
             let error = result.err().unwrap_or_else(|| anyhow::anyhow!("{name} ended unexpectedly"));
-            tracing::error!(subsystem = name, error = format!("{error:#}"), "subsystem failed: stopping the daemon");
+            tracing::error!(
+                subsystem = name,
+                error = format!("{error:#}"),
+                "subsystem failed: stopping the daemon"
+            );
             failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error.context(name));
             shutdown.cancel();
         }

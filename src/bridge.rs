@@ -200,10 +200,19 @@ impl Bridge {
     }
 
     /// Writes one envelope to the session; false when the session is gone.
-    async fn hand_over(&self, tx: &mpsc::Sender<SessionEvent>, envelope: &StoredEnvelope, redelivered: bool) -> bool {
+    async fn hand_over(
+        &self,
+        tx: &mpsc::Sender<SessionEvent>,
+        envelope: &StoredEnvelope,
+        redelivered: bool,
+    ) -> bool {
         let span = tracing::info_span!("envelope", trace_id = %envelope.trace_id);
         let _entered = span.enter();
-        tracing::info!(agent = envelope.agent.as_deref().unwrap_or_default(), redelivered, "handed to agent session");
+        tracing::info!(
+            agent = envelope.agent.as_deref().unwrap_or_default(),
+            redelivered,
+            "handed to agent session"
+        );
         tx.send(SessionEvent::Envelope(envelope.delivered(redelivered))).await.is_ok()
     }
 
@@ -304,9 +313,10 @@ impl Bridge {
         let trace_id = TraceId::parse(&request.trace_id).map_err(|e| api_error(ErrorCode::BadRequest, e))?;
         let _turn = self.slot(agent).turn.lock().await;
         let found = self.inner.ledger.find(trace_id.as_str()).await.map_err(internal)?;
-        let envelope =
-            resolver::resolve_named(agent.as_str(), trace_id.as_str(), found).map_err(|r| refused(agent, r))?;
-        let reason = request.note.as_deref().map_or_else(|| "acked".to_owned(), |note| format!("acked: {note}"));
+        let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), found)
+            .map_err(|r| refused(agent, r))?;
+        let reason =
+            request.note.as_deref().map_or_else(|| "acked".to_owned(), |note| format!("acked: {note}"));
         let moved = self
             .inner
             .ledger
@@ -320,7 +330,10 @@ impl Bridge {
             .await
             .map_err(internal)?;
         if !moved {
-            return Err(api_error(ErrorCode::Internal, "the envelope changed state meanwhile; try again".into()));
+            return Err(api_error(
+                ErrorCode::Internal,
+                "the envelope changed state meanwhile; try again".into(),
+            ));
         }
         tracing::info!(%agent, trace_id = %trace_id, "envelope acked");
         Ok(AckReceipt { trace_id: trace_id.to_string(), state: EnvelopeState::Acked.to_string() })

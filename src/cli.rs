@@ -218,7 +218,10 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
     match command {
         LedgerCommand::List { state, agent, route, limit } => {
             let rows = ledger.list(&ListFilter { state, agent, route, limit }).await?;
-            println!("{:<15} {:<10} {:<14} {:<14} {:<16} {:<20} PREVIEW", "TRACE_ID", "STATE", "AGENT", "ROUTE", "CHAT", "USER");
+            println!(
+                "{:<15} {:<10} {:<14} {:<14} {:<16} {:<20} PREVIEW",
+                "TRACE_ID", "STATE", "AGENT", "ROUTE", "CHAT", "USER"
+            );
             for e in &rows {
                 let chat = match e.thread_id {
                     Some(thread) => format!("{}/{thread}", e.chat_id),
@@ -238,15 +241,33 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             println!("({} envelope(s))", rows.len());
         }
         LedgerCommand::Show { trace_id } => {
-            let e = ledger.find(trace_id.trim()).await?.with_context(|| format!("no envelope has trace id {trace_id}"))?;
+            let e = ledger
+                .find(trace_id.trim())
+                .await?
+                .with_context(|| format!("no envelope has trace id {trace_id}"))?;
             println!("trace_id:    {}", e.trace_id);
             println!("state:       {} (since {})", e.state, e.state_changed_at);
-            println!("agent/route: {} / {}", e.agent.as_deref().unwrap_or("-"), e.route.as_deref().unwrap_or("-"));
-            println!("chat:        {} ({}{})", e.chat_id, e.chat_type, e.chat_title.as_deref().map(|t| format!(", {t}")).unwrap_or_default());
+            println!(
+                "agent/route: {} / {}",
+                e.agent.as_deref().unwrap_or("-"),
+                e.route.as_deref().unwrap_or("-")
+            );
+            println!(
+                "chat:        {} ({}{})",
+                e.chat_id,
+                e.chat_type,
+                e.chat_title.as_deref().map(|t| format!(", {t}")).unwrap_or_default()
+            );
             if let Some(thread) = e.thread_id {
                 println!("topic:       {thread}");
             }
-            println!("message:     {} from {} (user id {}) at {}", e.message_id, e.user(), e.sender_id.map_or("-".into(), |id| id.to_string()), e.sent_at);
+            println!(
+                "message:     {} from {} (user id {}) at {}",
+                e.message_id,
+                e.user(),
+                e.sender_id.map_or("-".into(), |id| id.to_string()),
+                e.sent_at
+            );
             println!("update_id:   {} ({}), received {}", e.update_id, e.kind, e.received_at);
             println!("deliveries:  {}", e.deliveries);
             if let Some(note) = &e.note {
@@ -277,7 +298,14 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             let events = ledger.events_for(e.id).await?;
             println!("history ({}):", events.len());
             for ev in events {
-                println!("  {} {} → {} by {}{}", ev.at, ev.from_state, ev.to_state, ev.actor, ev.reason.map(|r| format!(": {r}")).unwrap_or_default());
+                println!(
+                    "  {} {} → {} by {}{}",
+                    ev.at,
+                    ev.from_state,
+                    ev.to_state,
+                    ev.actor,
+                    ev.reason.map(|r| format!(": {r}")).unwrap_or_default()
+                );
             }
         }
         LedgerCommand::Stats => {

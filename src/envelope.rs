@@ -31,14 +31,8 @@ pub enum EnvelopeState {
 }
 
 impl EnvelopeState {
-    pub const ALL: [EnvelopeState; 6] = [
-        Self::Queued,
-        Self::Pending,
-        Self::Acked,
-        Self::Unresolved,
-        Self::Unrouted,
-        Self::Rejected,
-    ];
+    pub const ALL: [EnvelopeState; 6] =
+        [Self::Queued, Self::Pending, Self::Acked, Self::Unresolved, Self::Unrouted, Self::Rejected];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -60,10 +54,9 @@ impl fmt::Display for EnvelopeState {
 
 impl EnvelopeState {
     pub fn parse(s: &str) -> Result<Self, String> {
-        Self::ALL
-            .into_iter()
-            .find(|state| state.as_str() == s)
-            .ok_or_else(|| format!("unknown state '{s}' (one of: queued, pending, acked, unresolved, unrouted, rejected)"))
+        Self::ALL.into_iter().find(|state| state.as_str() == s).ok_or_else(|| {
+            format!("unknown state '{s}' (one of: queued, pending, acked, unresolved, unrouted, rejected)")
+        })
     }
 }
 
@@ -145,11 +138,20 @@ impl Envelope {
 pub enum Inbound {
     Envelope(Box<Envelope>),
     /// A group became a supergroup: routes naming the old chat id must change.
-    Migrated { update_id: i64, from_chat_id: i64, to_chat_id: i64 },
+    Migrated {
+        update_id: i64,
+        from_chat_id: i64,
+        to_chat_id: i64,
+    },
     /// An update kind switchboard does not route (channel posts, reactions, …).
-    Ignored { update_id: i64, kind: &'static str },
+    Ignored {
+        update_id: i64,
+        kind: &'static str,
+    },
     /// Telegram sent something teloxide could not parse.
-    Malformed { update_id: i64 },
+    Malformed {
+        update_id: i64,
+    },
 }
 
 /// Telegram's forum General topic has id 1; it must be addressed without a thread id.
@@ -172,16 +174,19 @@ pub fn classify(update: &Update) -> Inbound {
 fn envelope_from_message(update_id: i64, kind: EnvelopeKind, message: &Message) -> Envelope {
     // Only forum topics define a channel; in other supergroups a thread id marks a reply
     // chain, which must not split one chat into many routes.
-    let thread_id = message
-        .thread_id
-        .filter(|_| message.is_topic_message)
-        .map(|thread| thread.0.0);
+    let thread_id = message.thread_id.filter(|_| message.is_topic_message).map(|thread| thread.0.0);
     let sender = match &message.from {
-        Some(user) => Sender { id: Some(user.id.0 as i64), username: user.username.clone(), name: user.full_name() },
+        Some(user) => {
+            Sender { id: Some(user.id.0 as i64), username: user.username.clone(), name: user.full_name() }
+        }
         None => Sender {
             id: message.sender_chat.as_ref().map(|chat| chat.id.0),
             username: message.sender_chat.as_ref().and_then(|chat| chat.username().map(str::to_owned)),
-            name: message.sender_chat.as_ref().and_then(chat_title).unwrap_or_else(|| "unknown sender".to_owned()),
+            name: message
+                .sender_chat
+                .as_ref()
+                .and_then(chat_title)
+                .unwrap_or_else(|| "unknown sender".to_owned()),
         },
     };
     Envelope {
@@ -214,9 +219,7 @@ fn chat_type(chat: &Chat) -> &'static str {
 }
 
 fn chat_title(chat: &Chat) -> Option<String> {
-    chat.title()
-        .map(str::to_owned)
-        .or_else(|| chat.first_name().map(str::to_owned))
+    chat.title().map(str::to_owned).or_else(|| chat.first_name().map(str::to_owned))
 }
 
 fn attachments(message: &Message) -> Vec<Attachment> {
@@ -383,7 +386,10 @@ mod tests {
             "message": {"message_id": 6, "date": 1_700_000_000, "chat": chat, "from": from(),
                         "migrate_to_chat_id": -1_000_000_000_555i64}
         })));
-        assert_eq!(inbound, Inbound::Migrated { update_id: 12, from_chat_id: -555, to_chat_id: -1_000_000_000_555 });
+        assert_eq!(
+            inbound,
+            Inbound::Migrated { update_id: 12, from_chat_id: -555, to_chat_id: -1_000_000_000_555 }
+        );
     }
 
     #[test]

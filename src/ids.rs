@@ -15,9 +15,7 @@ fn parse_name(kind: &str, raw: &str) -> Result<String, String> {
         return Err(format!("{kind} '{raw}' is longer than {MAX_NAME_LEN} characters"));
     }
     if !raw.chars().all(valid_char) {
-        return Err(format!(
-            "{kind} '{raw}' may only contain ASCII letters, digits, '-' and '_'"
-        ));
+        return Err(format!("{kind} '{raw}' may only contain ASCII letters, digits, '-' and '_'"));
     }
     Ok(raw.to_owned())
 }
@@ -94,12 +92,9 @@ impl TraceId {
         let suffix = raw
             .strip_prefix(TRACE_PREFIX)
             .ok_or_else(|| format!("'{raw}' is not a trace id (they look like env_k3x9q2m7ab)"))?;
-        let valid = suffix.len() == TRACE_SUFFIX_LEN
-            && suffix.bytes().all(|b| TRACE_ALPHABET.contains(&b));
+        let valid = suffix.len() == TRACE_SUFFIX_LEN && suffix.bytes().all(|b| TRACE_ALPHABET.contains(&b));
         if !valid {
-            return Err(format!(
-                "'{raw}' is not a trace id (they look like env_k3x9q2m7ab)"
-            ));
+            return Err(format!("'{raw}' is not a trace id (they look like env_k3x9q2m7ab)"));
         }
         Ok(Self(raw.to_owned()))
     }
@@ -160,7 +155,9 @@ mod tests {
 
     #[test]
     fn trace_id_rejects_lookalikes() {
-        for bad in ["", "env_", "env_short", "ENV_abcdefghij", "env_ABCDEFGHIJ", "env_abcdefghijk", "msg_abcdefghij"] {
+        for bad in
+            ["", "env_", "env_short", "ENV_abcdefghij", "env_ABCDEFGHIJ", "env_abcdefghijk", "msg_abcdefghij"]
+        {
             assert!(TraceId::parse(bad).is_err(), "{bad} should be rejected");
         }
         assert!(TraceId::parse("  env_abcdefghij\n").is_ok());

@@ -4,17 +4,17 @@
 //! poller → envelope → routes → ledger → bridge → api (local API) → channel (MCP plugin)
 //! and back: channel → api → resolver → outbound → Telegram.
 
+pub mod api;
+pub mod app;
+pub mod bridge;
+pub mod channel;
+pub mod cli;
 pub mod config;
 pub mod envelope;
 pub mod ids;
-pub mod routes;
-pub mod api;
 pub mod ledger;
-pub mod resolver;
 pub mod outbound;
-pub mod bridge;
 pub mod poller;
+pub mod resolver;
+pub mod routes;
 pub mod telemetry;
-pub mod app;
-pub mod cli;
-pub mod channel;

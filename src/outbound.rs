@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
+use teloxide::RequestError;
 use teloxide::prelude::*;
 use teloxide::types::{MessageId, ReplyParameters, ThreadId};
-use teloxide::RequestError;
 use tokio_util::sync::CancellationToken;
 
 use crate::envelope::GENERAL_TOPIC_ID;
@@ -237,10 +237,9 @@ impl Outbound {
                 text: chunk,
             })
             .await?;
-        let mut request = self
-            .bot
-            .send_message(ChatId(target.chat_id), chunk)
-            .reply_parameters(ReplyParameters::new(MessageId(target.reply_to_message_id)).allow_sending_without_reply());
+        let mut request = self.bot.send_message(ChatId(target.chat_id), chunk).reply_parameters(
+            ReplyParameters::new(MessageId(target.reply_to_message_id)).allow_sending_without_reply(),
+        );
         if let Some(thread_id) = thread_id {
             request = request.message_thread_id(ThreadId(MessageId(thread_id)));
         }
@@ -268,8 +267,8 @@ fn outcome_label(observed: &Observed) -> &'static str {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use teloxide::types::Seconds;
     use teloxide::ApiError;
+    use teloxide::types::Seconds;
 
     #[test]
     fn short_text_is_one_chunk() {
@@ -320,7 +319,9 @@ mod tests {
         let api = classify(&Err(RequestError::Api(ApiError::BotBlocked)));
         assert!(matches!(api, Observed::NotSent { retry_after: None, .. }), "{api:?}");
         let limited = classify(&Err(RequestError::RetryAfter(Seconds::from_seconds(3))));
-        assert!(matches!(limited, Observed::NotSent { retry_after: Some(d), .. } if d == Duration::from_secs(3)));
+        assert!(
+            matches!(limited, Observed::NotSent { retry_after: Some(d), .. } if d == Duration::from_secs(3))
+        );
         let migrated = classify(&Err(RequestError::MigrateToChatId(ChatId(-100))));
         assert!(matches!(migrated, Observed::NotSent { migrated_to: Some(-100), .. }));
         let garbled = classify(&Err(RequestError::InvalidJson {

@@ -135,7 +135,10 @@ impl Poller {
                     tracing::debug!(update_id, kind, "update of a kind switchboard does not route")
                 }
                 Inbound::Malformed { update_id } => {
-                    tracing::warn!(update_id, "malformed update skipped (Telegram sent something teloxide could not read)")
+                    tracing::warn!(
+                        update_id,
+                        "malformed update skipped (Telegram sent something teloxide could not read)"
+                    )
                 }
             }
         }
@@ -150,11 +153,12 @@ impl Poller {
     }
 
     fn route(&self, envelope: envelope::Envelope) -> RoutedEnvelope {
-        let (state, route) = match dispose(&self.routes, &self.allowed_users, envelope.channel, envelope.sender.id) {
-            Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
-            Disposition::Unrouted => (EnvelopeState::Unrouted, None),
-            Disposition::Rejected(route) => (EnvelopeState::Rejected, Some(route)),
-        };
+        let (state, route) =
+            match dispose(&self.routes, &self.allowed_users, envelope.channel, envelope.sender.id) {
+                Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
+                Disposition::Unrouted => (EnvelopeState::Unrouted, None),
+                Disposition::Rejected(route) => (EnvelopeState::Rejected, Some(route)),
+            };
         RoutedEnvelope {
             state,
             route: route.map(|r| r.name.clone()),
@@ -166,10 +170,18 @@ impl Poller {
     fn report_migration(&self, update_id: i64, from_chat_id: i64, to_chat_id: i64) {
         let routes: Vec<&str> = self.routes.routes_for_chat(from_chat_id).map(|r| r.name.as_str()).collect();
         if routes.is_empty() {
-            tracing::warn!(update_id, from_chat_id, to_chat_id, "chat {from_chat_id} became supergroup {to_chat_id}; no route names it");
+            tracing::warn!(
+                update_id,
+                from_chat_id,
+                to_chat_id,
+                "chat {from_chat_id} became supergroup {to_chat_id}; no route names it"
+            );
         } else {
             tracing::error!(
-                update_id, from_chat_id, to_chat_id, ?routes,
+                update_id,
+                from_chat_id,
+                to_chat_id,
+                ?routes,
                 "chat {from_chat_id} became supergroup {to_chat_id}: change chat_id to {to_chat_id} in route(s) {} and restart, or its messages go unrouted",
                 routes.join(", ")
             );
@@ -193,7 +205,10 @@ impl Poller {
             }
             RequestError::Api(ApiError::InvalidToken) => {
                 let delay = self.backoff.next_delay();
-                tracing::error!(retry_in_ms = delay.as_millis() as u64, "Telegram refuses the bot token: check the variable telegram.token_env names");
+                tracing::error!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "Telegram refuses the bot token: check the variable telegram.token_env names"
+                );
                 delay
             }
             other => {
@@ -213,16 +228,26 @@ fn log_recorded(routed: &RoutedEnvelope) {
     let agent = routed.agent.as_ref().map(|a| a.as_str()).unwrap_or("-");
     match routed.state {
         EnvelopeState::Unrouted => tracing::warn!(
-            update_id = e.update_id, chat_id = e.channel.chat_id, thread_id = e.channel.thread_id,
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            thread_id = e.channel.thread_id,
             "no route matches this chat: recorded as unrouted"
         ),
         EnvelopeState::Rejected => tracing::warn!(
-            update_id = e.update_id, chat_id = e.channel.chat_id, sender_id = e.sender.id, route,
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            sender_id = e.sender.id,
+            route,
             "sender is not on telegram.allowed_users: recorded as rejected"
         ),
         _ => tracing::info!(
-            update_id = e.update_id, chat_id = e.channel.chat_id, thread_id = e.channel.thread_id,
-            route, agent, kind = e.kind.as_str(), "envelope recorded"
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            thread_id = e.channel.thread_id,
+            route,
+            agent,
+            kind = e.kind.as_str(),
+            "envelope recorded"
         ),
     }
     tracing::debug!(text = e.content(), "envelope content");

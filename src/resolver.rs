@@ -161,7 +161,8 @@ mod tests {
             ],
         };
         assert!(ambiguous.to_string().contains("trace_id"));
-        let unresolved = ResolveError::NotAnswerable { trace_id: "env_u".into(), state: EnvelopeState::Unresolved };
+        let unresolved =
+            ResolveError::NotAnswerable { trace_id: "env_u".into(), state: EnvelopeState::Unresolved };
         assert!(unresolved.to_string().contains("reconcile"));
     }
 }

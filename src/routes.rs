@@ -93,9 +93,8 @@ impl RoutesTable {
 
     /// The route for a channel, most specific first; `None` when nothing matches.
     pub fn route_for(&self, channel: Channel) -> Option<&Route> {
-        let topic = channel
-            .thread_id
-            .map(|thread_id| RouteTarget::Topic { chat_id: channel.chat_id, thread_id });
+        let topic =
+            channel.thread_id.map(|thread_id| RouteTarget::Topic { chat_id: channel.chat_id, thread_id });
         topic
             .into_iter()
             .chain([RouteTarget::Chat { chat_id: channel.chat_id }, RouteTarget::Default])
@@ -155,11 +154,7 @@ mod tests {
     const FORUM: i64 = -1_001_234_567_890;
 
     fn route(name: &str, target: RouteTarget, agent: &str) -> Route {
-        Route {
-            name: RouteName::parse(name).unwrap(),
-            target,
-            agent: AgentName::parse(agent).unwrap(),
-        }
+        Route { name: RouteName::parse(name).unwrap(), target, agent: AgentName::parse(agent).unwrap() }
     }
 
     fn channel(chat_id: i64, thread_id: Option<i32>) -> Channel {
@@ -206,7 +201,8 @@ mod tests {
 
     #[test]
     fn without_a_default_unmatched_channels_are_unrouted() {
-        let table = RoutesTable::new(vec![route("owner-dm", RouteTarget::Chat { chat_id: DM }, "a")]).unwrap();
+        let table =
+            RoutesTable::new(vec![route("owner-dm", RouteTarget::Chat { chat_id: DM }, "a")]).unwrap();
         assert_eq!(matched(&table, channel(DM + 1, None)), None);
         assert_eq!(matched(&RoutesTable::default(), channel(DM, None)), None);
     }
@@ -228,8 +224,10 @@ mod tests {
                 routes.push(route("d", RouteTarget::Default, "a"));
             }
             let table = RoutesTable::new(routes).unwrap();
-            let in_topic = ["t", "c", "d"].into_iter().enumerate().find(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n);
-            let in_other_topic = ["c", "d"].into_iter().enumerate().find(|(i, _)| mask & (2 << i) != 0).map(|(_, n)| n);
+            let in_topic =
+                ["t", "c", "d"].into_iter().enumerate().find(|(i, _)| mask & (1 << i) != 0).map(|(_, n)| n);
+            let in_other_topic =
+                ["c", "d"].into_iter().enumerate().find(|(i, _)| mask & (2 << i) != 0).map(|(_, n)| n);
             assert_eq!(matched(&table, channel(FORUM, Some(1))), in_topic, "mask {mask:03b}");
             assert_eq!(matched(&table, channel(FORUM, Some(2))), in_other_topic, "mask {mask:03b}");
         }
@@ -279,10 +277,14 @@ mod tests {
     fn dispose_routes_then_applies_the_allowlist() {
         let table = full_table();
         let dm = channel(DM, None);
-        assert!(matches!(dispose(&table, &[], dm, Some(1)), Disposition::Deliver(r) if r.name.as_str() == "owner-dm"));
+        assert!(
+            matches!(dispose(&table, &[], dm, Some(1)), Disposition::Deliver(r) if r.name.as_str() == "owner-dm")
+        );
         assert!(matches!(dispose(&table, &[], dm, None), Disposition::Deliver(_)));
         assert!(matches!(dispose(&table, &[1, 2], dm, Some(2)), Disposition::Deliver(_)));
-        assert!(matches!(dispose(&table, &[1, 2], dm, Some(3)), Disposition::Rejected(r) if r.name.as_str() == "owner-dm"));
+        assert!(
+            matches!(dispose(&table, &[1, 2], dm, Some(3)), Disposition::Rejected(r) if r.name.as_str() == "owner-dm")
+        );
         assert!(matches!(dispose(&table, &[1, 2], dm, None), Disposition::Rejected(_)));
         let nowhere = RoutesTable::default();
         assert_eq!(dispose(&nowhere, &[1], dm, Some(3)), Disposition::Unrouted);

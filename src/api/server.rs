@@ -65,7 +65,11 @@ fn authenticate(bridge: &Bridge, agent: &str, headers: &HeaderMap) -> Result<Age
 /// A body the JSON extractor could not read answers in our error shape, not axum's text.
 fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Failure> {
     serde_json::from_slice(body).map_err(|e| {
-        Failure(ApiError { code: ErrorCode::BadRequest, message: format!("bad request body: {e}"), candidates: vec![] })
+        Failure(ApiError {
+            code: ErrorCode::BadRequest,
+            message: format!("bad request body: {e}"),
+            candidates: vec![],
+        })
     })
 }
 
