@@ -223,3 +223,27 @@ async fn the_bot_token_never_appears_in_logs() {
     assert!(!logs.contains(secret_part), "the token leaked into the logs:\n{logs}");
     assert!(!logs.contains(ORCHESTRATOR_SECRET) && !logs.contains(WORKER_SECRET));
 }
+
+#[tokio::test]
+async fn json_logs_carry_the_trace_id_of_each_envelope_and_no_message_text() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[("SWITCHBOARD__LOG__FORMAT", "json"), ("SWITCHBOARD__LOG__FILTER", "info")],
+    );
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "a private thought");
+    let rows = wait_for_envelopes(&daemon, 1).await;
+    daemon.wait_for_log("envelope recorded", WAIT).await;
+    let logs = daemon.logs();
+    let lines: Vec<serde_json::Value> = logs
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("not JSON ({e}): {line}")))
+        .collect();
+    let recorded =
+        lines.iter().find(|l| l["message"] == "envelope recorded").expect("envelope recorded line");
+    assert_eq!(recorded["span"]["trace_id"], rows[0].trace_id.as_str(), "{recorded}");
+    assert_eq!(recorded["route"], "owner-dm");
+    assert!(!logs.contains("a private thought"), "message bodies stay out of logs above debug");
+}

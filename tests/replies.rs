@@ -307,3 +307,18 @@ async fn a_refused_send_leaves_the_envelope_pending() {
     assert!(is_error && text.contains("did not take the reply"), "{text}");
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
 }
+
+#[tokio::test]
+async fn sigterm_with_a_connected_session_stops_promptly_and_keeps_the_envelope_pending() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "pending at shutdown");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let started = std::time::Instant::now();
+    let status = daemon.stop();
+    assert!(status.success(), "{status}\n{}", daemon.logs());
+    assert!(started.elapsed() < Duration::from_secs(5), "open session streams must not hold up a stop");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+    orchestrator.wait_for_stderr("not reachable", WAIT).await.unwrap();
+}

@@ -61,12 +61,19 @@ pub struct TestDaemon {
     child: Option<Child>,
     /// Each start appends to its own numbered log file, so restarts keep earlier logs.
     starts: usize,
+    /// Extra environment for the daemon process (e.g. `SWITCHBOARD__…` overrides).
+    env: Vec<(String, String)>,
 }
 
 impl TestDaemon {
     /// Writes the configuration (with `extra_telegram` lines added to `[telegram]` and
     /// `routes` as the routes) and starts the daemon.
     pub fn start(api_url: &str, extra_telegram: &str, routes: &str) -> Self {
+        Self::start_with_env(api_url, extra_telegram, routes, &[])
+    }
+
+    /// Like [`TestDaemon::start`], with extra environment variables for the daemon.
+    pub fn start_with_env(api_url: &str, extra_telegram: &str, routes: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let api_addr = free_local_addr();
         let config = format!(
@@ -98,7 +105,8 @@ token_env = "SB_TEST_WORKER_SECRET"
         );
         let config_path = dir.path().join("switchboard.toml");
         std::fs::write(&config_path, config).expect("write config");
-        let mut daemon = Self { dir, config_path, api_addr, child: None, starts: 0 };
+        let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        let mut daemon = Self { dir, config_path, api_addr, child: None, starts: 0, env };
         daemon.spawn();
         daemon
     }
@@ -130,6 +138,7 @@ token_env = "SB_TEST_WORKER_SECRET"
             .command()
             .args(["run", "--config"])
             .arg(&self.config_path)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
