@@ -250,7 +250,7 @@ impl Outbound {
             Observed::Unknown { error } => AttemptOutcome::Unknown { error: error.clone() },
         };
         self.ledger.finish_attempt(&op_id, &outcome).await?;
-        tracing::info!(trace_id = %target.trace_id, op_id, chunk = index + 1, of = count, outcome = ?outcome_label(&observed), "send attempt");
+        tracing::info!(trace_id = %target.trace_id, op_id, chunk = index + 1, of = count, outcome = outcome_label(&observed), "send attempt");
         Ok(observed)
     }
 }

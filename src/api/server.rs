@@ -2,8 +2,9 @@
 //! the bridge's answers to HTTP; every decision lives in the bridge and below.
 
 use axum::body::{Body, Bytes};
-use axum::extract::{Path, State};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::extract::{FromRequestParts, Path, State};
+use axum::http::request::Parts;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -51,15 +52,27 @@ impl From<ApiError> for Failure {
     }
 }
 
-fn authenticate(bridge: &Bridge, agent: &str, headers: &HeaderMap) -> Result<AgentName, Failure> {
-    let bearer = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.strip_prefix("Bearer "));
-    bridge.authenticate(agent, bearer).map_err(|e| {
-        tracing::warn!(agent, "local API request refused: bad credentials");
-        Failure(e)
-    })
+/// The agent a request speaks for, proven by its bearer secret. As an extractor it keeps
+/// authentication out of the handlers: a handler that takes it cannot run unauthenticated.
+struct Authenticated(AgentName);
+
+impl FromRequestParts<Bridge> for Authenticated {
+    type Rejection = Failure;
+
+    async fn from_request_parts(parts: &mut Parts, bridge: &Bridge) -> Result<Self, Self::Rejection> {
+        let Path(agent) = Path::<String>::from_request_parts(parts, bridge).await.map_err(|e| {
+            Failure(ApiError { code: ErrorCode::BadRequest, message: e.to_string(), candidates: vec![] })
+        })?;
+        let bearer = parts
+            .headers
+            .get(header::AUTHORIZATION)
+            .and_then(|value| value.to_str().ok())
+            .and_then(|value| value.strip_prefix("Bearer "));
+        bridge.authenticate(&agent, bearer).map(Authenticated).map_err(|e| {
+            tracing::warn!(agent, "local API request refused: bad credentials");
+            Failure(e)
+        })
+    }
 }
 
 /// A body the JSON extractor could not read answers in our error shape, not axum's text.
@@ -75,10 +88,8 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Failure
 
 async fn session(
     State(bridge): State<Bridge>,
-    Path(agent): Path<String>,
-    headers: HeaderMap,
+    Authenticated(agent): Authenticated,
 ) -> Result<Response, Failure> {
-    let agent = authenticate(&bridge, &agent, &headers)?;
     let events = bridge.open_session(&agent)?;
     // One JSON document per line. When the client goes away hyper drops this body, the
     // receiver with it, and the session task notices and frees the agent's slot.
@@ -93,31 +104,25 @@ async fn session(
 
 async fn pending(
     State(bridge): State<Bridge>,
-    Path(agent): Path<String>,
-    headers: HeaderMap,
+    Authenticated(agent): Authenticated,
 ) -> Result<Response, Failure> {
-    let agent = authenticate(&bridge, &agent, &headers)?;
     Ok(Json(bridge.pending(&agent).await?).into_response())
 }
 
 async fn reply(
     State(bridge): State<Bridge>,
-    Path(agent): Path<String>,
-    headers: HeaderMap,
+    Authenticated(agent): Authenticated,
     body: Bytes,
 ) -> Result<Response, Failure> {
-    let agent = authenticate(&bridge, &agent, &headers)?;
     let request: ReplyRequest = parse_body(&body)?;
     Ok(Json(bridge.reply(&agent, request).await?).into_response())
 }
 
 async fn ack(
     State(bridge): State<Bridge>,
-    Path(agent): Path<String>,
-    headers: HeaderMap,
+    Authenticated(agent): Authenticated,
     body: Bytes,
 ) -> Result<Response, Failure> {
-    let agent = authenticate(&bridge, &agent, &headers)?;
     let request: AckRequest = parse_body(&body)?;
     Ok(Json(bridge.ack(&agent, request).await?).into_response())
 }

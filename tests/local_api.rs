@@ -1,0 +1,50 @@
+//! The daemon's local API refuses requests without the agent's own secret.
+
+mod support;
+
+use support::daemon::*;
+use support::fake_telegram::FakeTelegram;
+use switchboard::api::wire::{ApiError, ErrorCode};
+
+#[tokio::test]
+async fn requests_without_the_agents_own_secret_are_refused() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let http = reqwest::Client::new();
+    let url = |agent: &str, route: &str| format!("http://{}/v1/agents/{agent}/{route}", daemon.api_addr);
+
+    let attempts = [
+        ("orchestrator", None),
+        ("orchestrator", Some("wrong-secret")),
+        ("orchestrator", Some(WORKER_SECRET)),
+        ("ghost", Some(ORCHESTRATOR_SECRET)),
+    ];
+    for (agent, secret) in attempts {
+        for route in ["pending", "session"] {
+            let mut request = http.get(url(agent, route));
+            if let Some(secret) = secret {
+                request = request.bearer_auth(secret);
+            }
+            let response = request.send().await.unwrap();
+            assert_eq!(response.status(), 401, "{agent} with {secret:?} on {route}");
+            let error: ApiError = response.json().await.unwrap();
+            assert_eq!(error.code, ErrorCode::Unauthorized);
+        }
+        let response =
+            http.post(url(agent, "reply")).json(&serde_json::json!({"text": "hi"})).send().await.unwrap();
+        assert_eq!(response.status(), 401);
+    }
+
+    let ok = http.get(url("orchestrator", "pending")).bearer_auth(ORCHESTRATOR_SECRET).send().await.unwrap();
+    assert_eq!(ok.status(), 200);
+    let bad_body = http
+        .post(url("orchestrator", "reply"))
+        .bearer_auth(ORCHESTRATOR_SECRET)
+        .body("{")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad_body.status(), 400);
+    assert_eq!(bad_body.json::<ApiError>().await.unwrap().code, ErrorCode::BadRequest);
+    assert!(fake.sent_messages().is_empty());
+}
