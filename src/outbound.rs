@@ -36,6 +36,14 @@ pub struct ReplyTarget {
     pub reply_to_message_id: i32,
 }
 
+/// One part of a reply that had to be split.
+struct Chunk<'a> {
+    text: &'a str,
+    /// 0-based position among `count` parts.
+    index: usize,
+    count: usize,
+}
+
 /// What a reply's delivery came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryOutcome {
@@ -168,8 +176,9 @@ impl Outbound {
     pub async fn deliver(&self, target: &ReplyTarget, text: &str) -> sqlx::Result<DeliveryOutcome> {
         let chunks = split_text(text, TELEGRAM_TEXT_LIMIT);
         let mut sent = Vec::with_capacity(chunks.len());
-        for (index, chunk) in chunks.iter().enumerate() {
-            match self.send_chunk(target, chunk, index, chunks.len()).await? {
+        for (index, text) in chunks.iter().enumerate() {
+            let chunk = Chunk { text, index, count: chunks.len() };
+            match self.send_chunk(target, &chunk).await? {
                 Observed::Sent { message_id } => sent.push(message_id),
                 Observed::NotSent { error, .. } => return Ok(DeliveryOutcome::NotSent { sent, error }),
                 Observed::Unknown { error } => return Ok(DeliveryOutcome::Unknown { sent, error }),
@@ -179,16 +188,10 @@ impl Outbound {
     }
 
     /// One chunk, waiting out rate limits: each try is its own recorded attempt.
-    async fn send_chunk(
-        &self,
-        target: &ReplyTarget,
-        chunk: &str,
-        index: usize,
-        count: usize,
-    ) -> sqlx::Result<Observed> {
+    async fn send_chunk(&self, target: &ReplyTarget, chunk: &Chunk<'_>) -> sqlx::Result<Observed> {
         let mut waits = 0;
         loop {
-            let observed = self.send_attempt(target, chunk, index, count).await?;
+            let observed = self.send_attempt(target, chunk).await?;
             match &observed {
                 Observed::NotSent { retry_after: Some(wait), .. } if waits < MAX_RATE_LIMIT_WAITS => {
                     waits += 1;
@@ -216,13 +219,7 @@ impl Outbound {
     }
 
     /// Records the attempt, makes the request, records what was observed.
-    async fn send_attempt(
-        &self,
-        target: &ReplyTarget,
-        chunk: &str,
-        index: usize,
-        count: usize,
-    ) -> sqlx::Result<Observed> {
+    async fn send_attempt(&self, target: &ReplyTarget, chunk: &Chunk<'_>) -> sqlx::Result<Observed> {
         let thread_id = telegram_thread(target.thread_id);
         let op_id = self
             .ledger
@@ -232,12 +229,12 @@ impl Outbound {
                 chat_id: target.chat_id,
                 thread_id,
                 reply_to_message_id: Some(target.reply_to_message_id),
-                chunk_index: index,
-                chunk_count: count,
-                text: chunk,
+                chunk_index: chunk.index,
+                chunk_count: chunk.count,
+                text: chunk.text,
             })
             .await?;
-        let mut request = self.bot.send_message(ChatId(target.chat_id), chunk).reply_parameters(
+        let mut request = self.bot.send_message(ChatId(target.chat_id), chunk.text).reply_parameters(
             ReplyParameters::new(MessageId(target.reply_to_message_id)).allow_sending_without_reply(),
         );
         if let Some(thread_id) = thread_id {
@@ -250,7 +247,7 @@ impl Outbound {
             Observed::Unknown { error } => AttemptOutcome::Unknown { error: error.clone() },
         };
         self.ledger.finish_attempt(&op_id, &outcome).await?;
-        tracing::info!(trace_id = %target.trace_id, op_id, chunk = index + 1, of = count, outcome = outcome_label(&observed), "send attempt");
+        tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
         Ok(observed)
     }
 }
