@@ -190,8 +190,8 @@ async fn queued_envelopes_arrive_in_order_when_the_session_connects() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
     let dm = ChatSpec::private(OWNER_CHAT);
-    let last = (0..5).map(|i| fake.push_text(&dm, owner(), &format!("queued {i}"))).last().unwrap();
-    fake.wait_until_confirmed(last, WAIT).await;
+    let update_ids: Vec<i64> = (0..5).map(|i| fake.push_text(&dm, owner(), &format!("queued {i}"))).collect();
+    fake.wait_until_confirmed(update_ids[4], WAIT).await;
     let orchestrator = session(&daemon, "orchestrator").await;
     let pushed = orchestrator.wait_for_notifications(5, WAIT).await.unwrap();
     let contents: Vec<_> = pushed.iter().map(|n| n.content.as_str()).collect();

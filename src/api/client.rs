@@ -1,0 +1,309 @@
+//! The channel plugin's client for the daemon's local API. The routes and shapes are in
+//! [`super::wire`]; this module adds what a caller needs to act on a failure: whether the
+//! request reached the daemon at all, whether its outcome is known, and what the daemon
+//! said when it refused.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use reqwest::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::wire::{
+    API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, PendingList,
+    ReplyReceipt, ReplyRequest, SessionEvent,
+};
+use crate::ids::{AgentName, Secret};
+
+/// The daemon listens on loopback: a connection it has not accepted by then is not coming.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Answers to `pending` and `ack` are a database read or write away.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A reply may legitimately take minutes: the daemon waits out Telegram's rate limits
+/// (`retry_after`) and sends a long text as several messages before it answers. Giving up
+/// early would turn a delivered reply into one whose outcome the agent cannot know.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// Three missed heartbeats: the daemon is gone even though the connection never closed
+/// (a suspended machine, a wedged process).
+const SESSION_IDLE_LIMIT: Duration = Duration::from_secs(3 * HEARTBEAT_INTERVAL_SECS);
+
+/// Far above any envelope (Telegram caps a text at 4096 characters); only a broken peer
+/// sends a line this long without a newline.
+const MAX_SESSION_LINE_BYTES: usize = 1024 * 1024;
+
+/// How much of an unexpected body to quote in an error message.
+const BODY_PREVIEW_CHARS: usize = 200;
+
+/// A failed call to the daemon, classified by what the caller may do next.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The request never reached the daemon, so nothing happened there; trying again is safe.
+    #[error("switchboard daemon at {address} is not reachable: {detail}; is `switchboard run` running?")]
+    Unreachable { address: SocketAddr, detail: String },
+    /// The request was sent but no complete answer came back: what the daemon did with it
+    /// is unknown.
+    #[error("the switchboard daemon at {address} did not answer: {detail}")]
+    NoAnswer { address: SocketAddr, detail: String },
+    /// The daemon refused the request; its message is written for the model.
+    #[error("{}", .error.message)]
+    Refused { status: StatusCode, error: ApiError },
+    /// The daemon answered something this client does not understand: another program on
+    /// that port, or a daemon of a different version.
+    #[error("the switchboard daemon at {address} sent an answer this plugin does not understand: {detail}")]
+    Protocol { address: SocketAddr, detail: String },
+}
+
+impl ClientError {
+    /// The daemon's error code, when it refused the request.
+    pub fn code(&self) -> Option<ErrorCode> {
+        match self {
+            Self::Refused { error, .. } => Some(error.code),
+            _ => None,
+        }
+    }
+}
+
+/// A client of the local API, authenticated as one agent. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct DaemonClient {
+    http: reqwest::Client,
+    /// Where the daemon listens; also named in every error, so an operator knows which
+    /// daemon the plugin was looking for.
+    address: SocketAddr,
+    agent: AgentName,
+    secret: Secret,
+}
+
+impl DaemonClient {
+    pub fn new(address: SocketAddr, agent: AgentName, secret: Secret) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(CONNECT_TIMEOUT)
+            // The daemon is local: a proxy from the environment must never see the secret.
+            .no_proxy()
+            .build()?;
+        Ok(Self { http, address, agent, secret })
+    }
+
+    pub fn address(&self) -> SocketAddr {
+        self.address
+    }
+
+    pub fn agent(&self) -> &AgentName {
+        &self.agent
+    }
+
+    /// Opens the agent's session stream and waits for the daemon's `Hello`, so a returned
+    /// stream is a registered session. Dropping it ends the session.
+    pub async fn open_session(&self) -> Result<SessionStream, ClientError> {
+        let request = self.http.get(self.url("session")).bearer_auth(self.secret.expose());
+        // No overall timeout: the stream is meant to stay open. Only the headers must come
+        // promptly; after that, `SessionStream` watches for missed heartbeats.
+        let response = tokio::time::timeout(QUERY_TIMEOUT, request.send())
+            .await
+            .map_err(|_| self.no_answer_within(QUERY_TIMEOUT))?
+            .map_err(|e| self.transport_error(&e))?;
+        let response = self.refusal_or(response).await?;
+        let mut stream =
+            SessionStream { response, buffer: Vec::new(), address: self.address, session_id: String::new() };
+        match stream.next_event().await? {
+            Some(SessionEvent::Hello { session_id, .. }) => {
+                stream.session_id = session_id;
+                Ok(stream)
+            }
+            Some(other) => {
+                Err(self.protocol(format!("the session stream began with {other:?} instead of hello")))
+            }
+            None => Err(self.no_answer("the daemon closed the session stream before saying hello".into())),
+        }
+    }
+
+    /// The agent's envelopes that wait for an answer.
+    pub async fn pending(&self) -> Result<PendingList, ClientError> {
+        let request = self.http.get(self.url("pending")).timeout(QUERY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// Asks the daemon to resolve the target (DESIGN.md §3) and deliver the reply (§4).
+    pub async fn reply(&self, reply: &ReplyRequest) -> Result<ReplyReceipt, ClientError> {
+        let request = self.http.post(self.url("reply")).json(reply).timeout(REPLY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// Marks an envelope handled without a reply.
+    pub async fn ack(&self, ack: &AckRequest) -> Result<AckReceipt, ClientError> {
+        let request = self.http.post(self.url("ack")).json(ack).timeout(QUERY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    fn url(&self, route: &str) -> String {
+        format!("http://{}{API_PREFIX}/{}/{route}", self.address, self.agent)
+    }
+
+    /// Sends an authenticated request and decodes a success body as `T`.
+    async fn exchange<T: DeserializeOwned>(
+        &self,
+        request: reqwest::RequestBuilder,
+    ) -> Result<T, ClientError> {
+        let response =
+            request.bearer_auth(self.secret.expose()).send().await.map_err(|e| self.transport_error(&e))?;
+        let response = self.refusal_or(response).await?;
+        let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
+        serde_json::from_slice(&body)
+            .map_err(|e| self.protocol(format!("{e} in the answer '{}'", preview(&body))))
+    }
+
+    /// Passes a success through; turns anything else into the daemon's refusal.
+    async fn refusal_or(&self, response: reqwest::Response) -> Result<reqwest::Response, ClientError> {
+        let status = response.status();
+        if status.is_success() {
+            return Ok(response);
+        }
+        let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
+        match serde_json::from_slice::<ApiError>(&body) {
+            Ok(error) => Err(ClientError::Refused { status, error }),
+            Err(_) => Err(self.protocol(format!(
+                "HTTP {status} with the body '{}' (is another program listening on {}?)",
+                preview(&body),
+                self.address
+            ))),
+        }
+    }
+
+    /// Classifies a reqwest failure: a connection that was never made means the request
+    /// did not reach the daemon; anything later leaves its outcome unknown.
+    fn transport_error(&self, error: &reqwest::Error) -> ClientError {
+        let detail = root_cause(error);
+        if error.is_connect() {
+            ClientError::Unreachable { address: self.address, detail }
+        } else if error.is_timeout() {
+            ClientError::NoAnswer { address: self.address, detail: "it did not answer in time".into() }
+        } else {
+            ClientError::NoAnswer { address: self.address, detail }
+        }
+    }
+
+    fn no_answer(&self, detail: String) -> ClientError {
+        ClientError::NoAnswer { address: self.address, detail }
+    }
+
+    fn no_answer_within(&self, limit: Duration) -> ClientError {
+        self.no_answer(format!("no answer within {}s", limit.as_secs()))
+    }
+
+    fn protocol(&self, detail: String) -> ClientError {
+        ClientError::Protocol { address: self.address, detail }
+    }
+}
+
+/// The agent's session: a stream of [`SessionEvent`]s, one JSON object per line.
+#[derive(Debug)]
+pub struct SessionStream {
+    response: reqwest::Response,
+    /// Bytes received after the last complete line.
+    buffer: Vec<u8>,
+    address: SocketAddr,
+    /// The daemon's id for this session, from its `Hello`.
+    pub session_id: String,
+}
+
+impl SessionStream {
+    /// The next event, or `None` once the daemon has closed the stream.
+    ///
+    /// A line that does not parse is consumed and reported as [`ClientError::Protocol`];
+    /// the stream stays usable, so the caller may log it and read on. Any other error
+    /// means the stream is dead.
+    pub async fn next_event(&mut self) -> Result<Option<SessionEvent>, ClientError> {
+        loop {
+            if let Some(newline) = self.buffer.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.buffer.drain(..=newline).collect();
+                let line = line.trim_ascii();
+                if line.is_empty() {
+                    continue;
+                }
+                return serde_json::from_slice(line).map(Some).map_err(|e| ClientError::Protocol {
+                    address: self.address,
+                    detail: format!("{e} in the session line '{}'", preview(line)),
+                });
+            }
+            if self.buffer.len() > MAX_SESSION_LINE_BYTES {
+                return Err(ClientError::Protocol {
+                    address: self.address,
+                    detail: format!("a session line longer than {MAX_SESSION_LINE_BYTES} bytes"),
+                });
+            }
+            let chunk = tokio::time::timeout(SESSION_IDLE_LIMIT, self.response.chunk())
+                .await
+                .map_err(|_| ClientError::NoAnswer {
+                    address: self.address,
+                    detail: format!(
+                        "no heartbeat on the session stream for {}s",
+                        SESSION_IDLE_LIMIT.as_secs()
+                    ),
+                })?
+                .map_err(|e| ClientError::NoAnswer { address: self.address, detail: root_cause(&e) })?;
+            match chunk {
+                Some(bytes) => self.buffer.extend_from_slice(&bytes),
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+/// The innermost cause of an error: "Connection refused (os error 111)" says more than
+/// reqwest's "error sending request for url (…)".
+fn root_cause(error: &reqwest::Error) -> String {
+    let mut cause: &dyn std::error::Error = error;
+    while let Some(source) = cause.source() {
+        cause = source;
+    }
+    cause.to_string()
+}
+
+fn preview(body: &[u8]) -> String {
+    let text = String::from_utf8_lossy(body);
+    let mut shown: String = text.chars().take(BODY_PREVIEW_CHARS).collect();
+    if shown.len() < text.len() {
+        shown.push('…');
+    }
+    shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn preview_shortens_long_bodies() {
+        assert_eq!(preview(b"short"), "short");
+        let long = "x".repeat(BODY_PREVIEW_CHARS + 10);
+        let shown = preview(long.as_bytes());
+        assert_eq!(shown.chars().count(), BODY_PREVIEW_CHARS + 1);
+        assert!(shown.ends_with('…'));
+    }
+
+    #[test]
+    fn unreachable_error_names_the_address_and_the_fix() {
+        let error = ClientError::Unreachable {
+            address: "127.0.0.1:7797".parse().unwrap(),
+            detail: "Connection refused (os error 111)".into(),
+        };
+        assert_eq!(
+            error.to_string(),
+            "switchboard daemon at 127.0.0.1:7797 is not reachable: Connection refused (os error 111); \
+             is `switchboard run` running?"
+        );
+    }
+
+    #[test]
+    fn refusal_shows_the_daemons_message() {
+        let error = ClientError::Refused {
+            status: StatusCode::CONFLICT,
+            error: ApiError { code: ErrorCode::Ambiguous, message: "two wait".into(), candidates: vec![] },
+        };
+        assert_eq!(error.to_string(), "two wait");
+        assert_eq!(error.code(), Some(ErrorCode::Ambiguous));
+    }
+}

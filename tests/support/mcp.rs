@@ -1,0 +1,390 @@
+//! A real MCP client driving `switchboard channel` as a child process, the way an agent
+//! session (Claude Code) does: it performs the `initialize` handshake, records every
+//! `notifications/claude/channel` notification, calls tools, and closes stdin to end the
+//! session.
+//!
+//! The child is spawned here rather than through rmcp's `TokioChildProcess` for two
+//! reasons: rmcp skips stdout lines that are not JSON, so only a tap on the raw stdout can
+//! prove the plugin writes nothing else there ([`ChannelClient::stdout_violations`]); and
+//! owning the `Child` gives [`ChannelClient::close`] the exit status.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{ExitStatus, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, CustomNotification, Implementation,
+    ProtocolVersion, ServerCapabilities, ServerPeerInfo, Tool,
+};
+use rmcp::service::{ClientLifecycleMode, ClientServiceExt as _, NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient};
+use serde_json::{Map, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, Command};
+use tokio::sync::watch;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+
+/// The notification that carries an envelope into the agent session.
+pub const CHANNEL_METHOD: &str = "notifications/claude/channel";
+
+/// The experimental capability that marks the server as a channel.
+pub const CHANNEL_CAPABILITY: &str = "claude/channel";
+
+/// How long the plugin may take to exit once its stdin is closed.
+const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the handshake may take on a loaded CI machine.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Lines of stderr quoted in a failure message.
+const STDERR_TAIL_LINES: usize = 40;
+
+/// One `notifications/claude/channel` notification as the agent session received it.
+#[derive(Debug, Clone)]
+pub struct ChannelNotification {
+    /// `params.content`; empty when absent (the test then fails on it, not here).
+    pub content: String,
+    /// `params.meta`, exactly as sent.
+    pub meta: Map<String, Value>,
+    /// The whole `params` object, for assertions on its shape.
+    pub params: Value,
+}
+
+impl ChannelNotification {
+    /// A meta value that is a string; `None` when missing or of another type.
+    pub fn meta_str(&self, key: &str) -> Option<&str> {
+        self.meta.get(key).and_then(Value::as_str)
+    }
+}
+
+/// Starts a `switchboard channel` child with an MCP client attached.
+pub struct ChannelClientBuilder {
+    config: PathBuf,
+    agent: String,
+    env: Vec<(String, String)>,
+    protocol_version: ProtocolVersion,
+    lifecycle: ClientLifecycleMode,
+}
+
+impl ChannelClientBuilder {
+    /// Adds an environment variable for the child (it also inherits the test's own).
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// The protocol revision the client asks for in `initialize`. Defaults to the newest
+    /// revision that still has an `initialize` handshake (2025-11-25).
+    pub fn protocol_version(mut self, version: ProtocolVersion) -> Self {
+        self.protocol_version = version;
+        self
+    }
+
+    /// Opens with `server/discover` as a 2026-07-28 client does, falling back to
+    /// `initialize` when the server answers as an older one.
+    pub fn discover_first(mut self) -> Self {
+        self.lifecycle = ClientLifecycleMode::Auto {
+            preferred_versions: vec![ProtocolVersion::V_2026_07_28, ProtocolVersion::V_2025_11_25],
+            legacy_version: None,
+        };
+        self
+    }
+
+    pub async fn start(self) -> anyhow::Result<ChannelClient> {
+        let mut child = Command::new(BIN)
+            .arg("channel")
+            .arg("--agent")
+            .arg(&self.agent)
+            .arg("--config")
+            .arg(&self.config)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .with_context(|| format!("cannot start {BIN}"))?;
+        let stdin = child.stdin.take().context("child stdin")?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let stderr = child.stderr.take().context("child stderr")?;
+
+        let (stderr_lines, _) = watch::channel(Vec::new());
+        let stderr_lines = Arc::new(stderr_lines);
+        tokio::spawn(collect_stderr(stderr, Arc::clone(&stderr_lines), self.agent.clone()));
+
+        let stdout_violations = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let (mcp_end, tap_end) = tokio::io::duplex(1 << 16);
+        tokio::spawn(tap_stdout(stdout, tap_end, Arc::clone(&stdout_violations)));
+
+        let (notifications, _) = watch::channel(Vec::new());
+        let notifications = Arc::new(notifications);
+        let recorder = Recorder {
+            config: ClientConfig::new(
+                ClientCapabilities::default(),
+                Implementation::new("switchboard-tests", env!("CARGO_PKG_VERSION")),
+            )
+            .with_protocol_version(self.protocol_version),
+            channel: Arc::clone(&notifications),
+            others: Arc::default(),
+        };
+        let others = Arc::clone(&recorder.others);
+
+        let handshake = tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            recorder.serve_with_lifecycle((mcp_end, stdin), self.lifecycle),
+        )
+        .await;
+        let client = match handshake {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => bail!("MCP handshake failed: {e}\nstderr:\n{}", tail(&stderr_lines.borrow())),
+            Err(_) => bail!(
+                "no MCP handshake within {HANDSHAKE_TIMEOUT:?}\nstderr:\n{}",
+                tail(&stderr_lines.borrow())
+            ),
+        };
+        Ok(ChannelClient { client, child, notifications, others, stderr_lines, stdout_violations })
+    }
+}
+
+/// An MCP client connected to a running `switchboard channel`.
+pub struct ChannelClient {
+    client: RunningService<RoleClient, Recorder>,
+    child: Child,
+    notifications: Arc<watch::Sender<Vec<ChannelNotification>>>,
+    /// Custom notifications with any other method.
+    others: Arc<std::sync::Mutex<Vec<CustomNotification>>>,
+    stderr_lines: Arc<watch::Sender<Vec<String>>>,
+    /// Lines on the child's stdout that are not JSON-RPC messages.
+    stdout_violations: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ChannelClient {
+    pub fn builder(config: impl AsRef<Path>, agent: &str) -> ChannelClientBuilder {
+        ChannelClientBuilder {
+            config: config.as_ref().to_path_buf(),
+            agent: agent.to_owned(),
+            env: Vec::new(),
+            protocol_version: ProtocolVersion::LATEST_WITH_INITIALIZE,
+            lifecycle: ClientLifecycleMode::Initialize,
+        }
+    }
+
+    /// Starts the plugin for `agent` with the given extra environment variables.
+    pub async fn start(config: impl AsRef<Path>, agent: &str, env: &[(&str, &str)]) -> anyhow::Result<Self> {
+        let mut builder = Self::builder(config, agent);
+        for (key, value) in env {
+            builder = builder.env(*key, *value);
+        }
+        builder.start().await
+    }
+
+    /// What the server answered to `initialize`, with the negotiated protocol version.
+    pub fn server_info(&self) -> Arc<ServerPeerInfo> {
+        self.client.peer_info().expect("peer info is set by the handshake")
+    }
+
+    pub fn protocol_version(&self) -> ProtocolVersion {
+        self.server_info().protocol_version.clone()
+    }
+
+    pub fn capabilities(&self) -> ServerCapabilities {
+        self.server_info().capabilities.clone()
+    }
+
+    pub fn instructions(&self) -> String {
+        self.server_info().instructions.clone().unwrap_or_default()
+    }
+
+    /// The value of the experimental `claude/channel` capability, when declared.
+    pub fn channel_capability(&self) -> Option<Map<String, Value>> {
+        self.capabilities().experimental?.get(CHANNEL_CAPABILITY).cloned()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Every channel notification received so far, in order.
+    pub fn notifications(&self) -> Vec<ChannelNotification> {
+        self.notifications.borrow().clone()
+    }
+
+    /// Waits until at least `n` channel notifications have arrived and returns all of them.
+    pub async fn wait_for_notifications(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<ChannelNotification>> {
+        let mut receiver = self.notifications.subscribe();
+        match tokio::time::timeout(timeout, receiver.wait_for(|received| received.len() >= n)).await {
+            Ok(Ok(received)) => Ok(received.clone()),
+            _ => bail!(
+                "expected {n} channel notifications within {timeout:?}, have {}: {:#?}\nstderr:\n{}",
+                self.notifications.borrow().len(),
+                self.notifications.borrow(),
+                self.stderr_tail()
+            ),
+        }
+    }
+
+    /// Custom notifications other than channel messages.
+    pub fn other_notifications(&self) -> Vec<CustomNotification> {
+        self.others.lock().unwrap().clone()
+    }
+
+    pub async fn list_tools(&self) -> anyhow::Result<Vec<Tool>> {
+        Ok(self.client.list_all_tools().await?)
+    }
+
+    /// Calls a tool and returns `(is_error, text)`, the text being every text block joined
+    /// by newlines. A JSON-RPC error (unknown tool, bad arguments) is an `Err`.
+    pub async fn call_tool(&self, name: &str, arguments: Value) -> anyhow::Result<(bool, String)> {
+        let Value::Object(arguments) = arguments else { bail!("tool arguments must be a JSON object") };
+        let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
+        let result = self
+            .client
+            .call_tool(params)
+            .await
+            .with_context(|| format!("tools/call {name} failed\nstderr:\n{}", self.stderr_tail()))?;
+        let text = result
+            .content
+            .iter()
+            .filter_map(|block| block.as_text().map(|text| text.text.as_str()))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Ok((result.is_error.unwrap_or(false), text))
+    }
+
+    /// Everything the plugin wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        self.stderr_lines.borrow().join("\n")
+    }
+
+    fn stderr_tail(&self) -> String {
+        tail(&self.stderr_lines.borrow())
+    }
+
+    /// Waits until a stderr line contains `needle`.
+    pub async fn wait_for_stderr(&self, needle: &str, timeout: Duration) -> anyhow::Result<String> {
+        let mut receiver = self.stderr_lines.subscribe();
+        let found = tokio::time::timeout(
+            timeout,
+            receiver.wait_for(|lines| lines.iter().any(|line| line.contains(needle))),
+        )
+        .await;
+        match found {
+            Ok(Ok(lines)) => Ok(lines.iter().find(|line| line.contains(needle)).cloned().unwrap_or_default()),
+            _ => bail!(
+                "no stderr line contains {needle:?} within {timeout:?}\nstderr:\n{}",
+                self.stderr_tail()
+            ),
+        }
+    }
+
+    /// Lines the plugin wrote to stdout that are not JSON-RPC 2.0 messages; must stay empty.
+    pub fn stdout_violations(&self) -> Vec<String> {
+        self.stdout_violations.lock().unwrap().clone()
+    }
+
+    /// Ends the agent session the way Claude Code does, by closing the plugin's stdin,
+    /// and returns the plugin's exit status. Kills it if it does not exit in time.
+    pub async fn close(self) -> anyhow::Result<ExitStatus> {
+        let Self { client, mut child, stderr_lines, .. } = self;
+        // Cancelling the client closes its transport, and with it the child's stdin.
+        let _ = client.cancel().await;
+        match tokio::time::timeout(EXIT_TIMEOUT, child.wait()).await {
+            Ok(status) => Ok(status?),
+            Err(_) => {
+                let _ = child.kill().await;
+                bail!(
+                    "the plugin did not exit within {EXIT_TIMEOUT:?} of its stdin closing\nstderr:\n{}",
+                    tail(&stderr_lines.borrow())
+                )
+            }
+        }
+    }
+}
+
+/// The client side of the MCP session: records what the server pushes.
+struct Recorder {
+    config: ClientConfig,
+    channel: Arc<watch::Sender<Vec<ChannelNotification>>>,
+    others: Arc<std::sync::Mutex<Vec<CustomNotification>>>,
+}
+
+impl ClientHandler for Recorder {
+    fn get_info(&self) -> ClientConfig {
+        self.config.clone()
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        if notification.method != CHANNEL_METHOD {
+            self.others.lock().unwrap().push(notification);
+            return;
+        }
+        let params = notification.params.unwrap_or(Value::Null);
+        let received = ChannelNotification {
+            content: params.get("content").and_then(Value::as_str).unwrap_or_default().to_owned(),
+            meta: params.get("meta").and_then(Value::as_object).cloned().unwrap_or_default(),
+            params,
+        };
+        self.channel.send_modify(|all| all.push(received));
+    }
+}
+
+/// Copies the child's stdout to the MCP client line by line, noting every line that is
+/// not a JSON-RPC 2.0 message.
+async fn tap_stdout(
+    stdout: tokio::process::ChildStdout,
+    mut to_client: tokio::io::DuplexStream,
+    violations: Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let mut reader = BufReader::new(stdout);
+    let mut line = Vec::new();
+    loop {
+        line.clear();
+        match reader.read_until(b'\n', &mut line).await {
+            Ok(0) | Err(_) => break,
+            Ok(_) => {}
+        }
+        let text = String::from_utf8_lossy(&line);
+        if !text.trim().is_empty() && !is_json_rpc(text.trim()) {
+            violations.lock().unwrap().push(text.trim_end().to_owned());
+        }
+        if to_client.write_all(&line).await.is_err() {
+            break;
+        }
+    }
+    // Dropping the duplex end tells the client the server is gone.
+}
+
+fn is_json_rpc(line: &str) -> bool {
+    serde_json::from_str::<Value>(line)
+        .is_ok_and(|message| message.get("jsonrpc").and_then(Value::as_str) == Some("2.0"))
+}
+
+/// Keeps the child's stderr for assertions and echoes it into the test's output.
+async fn collect_stderr(
+    stderr: tokio::process::ChildStderr,
+    lines: Arc<watch::Sender<Vec<String>>>,
+    agent: String,
+) {
+    let mut reader = BufReader::new(stderr).lines();
+    while let Ok(Some(line)) = reader.next_line().await {
+        eprintln!("[channel {agent}] {line}");
+        lines.send_modify(|all| all.push(line));
+    }
+}
+
+fn tail(lines: &[String]) -> String {
+    lines[lines.len().saturating_sub(STDERR_TAIL_LINES)..].join("\n")
+}
