@@ -446,14 +446,6 @@ fn session_problem(
                     refusal.message
                 ),
             ),
-            ErrorCode::UnknownAgent => (
-                Severity::Error,
-                format!(
-                    "the switchboard daemon at {address} does not know agent '{agent}': {}; check that the plugin \
-                     and the daemon use the same configuration (retrying every {retry_secs}s)",
-                    refusal.message
-                ),
-            ),
             _ => (
                 Severity::Warn,
                 format!(
@@ -645,10 +637,6 @@ fn describe_failure(tool: ToolName, error: &ClientError, agent: &AgentName, secr
                     "{name} was refused: {message}\n\nThe daemon did not accept this plugin's secret for agent \
                      '{agent}'. The operator must give the variable {secret_env} the same value for `switchboard \
                      channel` as for `switchboard run`. Nothing was changed."
-                ),
-                ErrorCode::UnknownAgent => format!(
-                    "{name} was refused: {message}\n\nThe daemon has no agent '{agent}': the plugin and the daemon \
-                     use different configurations. Nothing was changed."
                 ),
                 _ => format!("{name} was refused: {message}"),
             }

@@ -174,7 +174,7 @@ fn refuse_credentials(agent: &str, headers: &HeaderMap) -> Option<Response> {
         ));
     }
     if agent != AGENT {
-        return Some(refusal(StatusCode::NOT_FOUND, ErrorCode::UnknownAgent, "no such agent", vec![]));
+        return Some(refusal(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "invalid credentials", vec![]));
     }
     None
 }

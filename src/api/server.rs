@@ -30,7 +30,6 @@ impl IntoResponse for Failure {
     fn into_response(self) -> Response {
         let status = match self.0.code {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorCode::UnknownAgent => StatusCode::NOT_FOUND,
             ErrorCode::SessionConflict => StatusCode::CONFLICT,
             ErrorCode::BadRequest => StatusCode::BAD_REQUEST,
             ErrorCode::Ambiguous

@@ -114,8 +114,8 @@ pub struct AckReceipt {
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
+    /// No such agent, or not its secret: the two are not told apart.
     Unauthorized,
-    UnknownAgent,
     SessionConflict,
     BadRequest,
     /// Several envelopes wait; the reply must name one (`candidates` lists them).
