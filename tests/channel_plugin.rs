@@ -174,7 +174,12 @@ fn refuse_credentials(agent: &str, headers: &HeaderMap) -> Option<Response> {
         ));
     }
     if agent != AGENT {
-        return Some(refusal(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized, "invalid credentials", vec![]));
+        return Some(refusal(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::Unauthorized,
+            "invalid credentials",
+            vec![],
+        ));
     }
     None
 }
