@@ -245,6 +245,14 @@ impl Ledger {
         Ok(Self { pool })
     }
 
+    /// A transaction that takes SQLite's write lock at once. A read-then-write
+    /// transaction that started as a reader could fail with `SQLITE_BUSY` instead of
+    /// waiting when another writer commits in between; taking the lock up front makes
+    /// concurrent writers (the daemon and `switchboard ledger`) queue on the busy timeout.
+    async fn write_transaction(&self) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
@@ -271,7 +279,7 @@ impl Ledger {
         next_offset: i64,
         batch: &'a [RoutedEnvelope],
     ) -> sqlx::Result<Vec<&'a RoutedEnvelope>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_transaction().await?;
         let received_at = now();
         let mut inserted = Vec::with_capacity(batch.len());
         for routed in batch {
@@ -404,7 +412,7 @@ impl Ledger {
         actor: &str,
         reason: Option<&str>,
     ) -> sqlx::Result<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.write_transaction().await?;
         let current: Option<String> = sqlx::query_scalar("SELECT state FROM envelopes WHERE id = ?")
             .bind(envelope_id)
             .fetch_optional(&mut *tx)
