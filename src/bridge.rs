@@ -242,16 +242,10 @@ impl Bridge {
             thread_id: envelope.thread_id(),
             reply_to_message_id: i32::try_from(envelope.message_id).unwrap_or_default(),
         };
-        let actor = format!("agent:{agent}");
-        let answerable = [EnvelopeState::Pending, EnvelopeState::Acked];
         match self.inner.outbound.deliver(&target, &request.text).await.map_err(internal)? {
+            // The ledger settled the envelope with the attempt that decided it: acked by
+            // the last part confirmed sent, unresolved by an unknown outcome.
             DeliveryOutcome::Delivered { message_ids } => {
-                let reason = format!("replied: message ids {message_ids:?}");
-                self.inner
-                    .ledger
-                    .transition(envelope.id, &answerable, EnvelopeState::Acked, &actor, Some(&reason))
-                    .await
-                    .map_err(internal)?;
                 tracing::info!(%agent, chat_id = target.chat_id, ?message_ids, "reply delivered");
                 Ok(ReplyReceipt {
                     trace_id: target.trace_id,
@@ -277,12 +271,6 @@ impl Bridge {
                 ))
             }
             DeliveryOutcome::Unknown { sent, error } => {
-                let reason = format!("send outcome unknown: {error}");
-                self.inner
-                    .ledger
-                    .transition(envelope.id, &answerable, EnvelopeState::Unresolved, &actor, Some(&reason))
-                    .await
-                    .map_err(internal)?;
                 tracing::error!(%agent, %error, delivered_parts = sent.len(), "reply outcome unknown: envelope is unresolved until an operator reconciles it");
                 Err(api_error(
                     ErrorCode::Unresolved,

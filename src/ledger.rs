@@ -413,41 +413,9 @@ impl Ledger {
         reason: Option<&str>,
     ) -> sqlx::Result<bool> {
         let mut tx = self.write_transaction().await?;
-        let current: Option<String> = sqlx::query_scalar("SELECT state FROM envelopes WHERE id = ?")
-            .bind(envelope_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(current) = current.and_then(|s| EnvelopeState::parse(&s).ok()) else {
-            return Ok(false);
-        };
-        if !from.contains(&current) {
-            return Ok(false);
-        }
-        let at = now();
-        sqlx::query(
-            "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) WHERE id = ?",
-        )
-        .bind(to.as_str())
-        .bind(&at)
-        .bind(reason)
-        .bind(envelope_id)
-        .execute(&mut *tx)
-        .await?;
-        if current != to {
-            sqlx::query(
-                "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(envelope_id)
-            .bind(&at)
-            .bind(current.as_str())
-            .bind(to.as_str())
-            .bind(actor)
-            .bind(reason)
-            .execute(&mut *tx)
-            .await?;
-        }
+        let moved = transition_in(&mut tx, envelope_id, from, to, actor, reason).await?;
         tx.commit().await?;
-        Ok(true)
+        Ok(moved)
     }
 
     // ---- attempts ----
@@ -474,50 +442,72 @@ impl Ledger {
         Ok(op_id)
     }
 
-    pub async fn finish_attempt(&self, op_id: &str, outcome: &AttemptOutcome) -> sqlx::Result<()> {
+    /// Records what an attempt came to and, in the same transaction, what that proves
+    /// about its envelope: the last part of a reply confirmed sent answers it (`acked`);
+    /// an unknown outcome makes it `unresolved`. A crash can therefore never leave a
+    /// confirmed or unknown send beside an envelope that still looks unanswered.
+    pub async fn finish_attempt(
+        &self,
+        op_id: &str,
+        outcome: &AttemptOutcome,
+        actor: &str,
+    ) -> sqlx::Result<()> {
         let (label, message_id, error) = match outcome {
             AttemptOutcome::Sent { message_id } => ("sent", Some(*message_id), None),
             AttemptOutcome::NotSent { error } => ("not_sent", None, Some(error.as_str())),
             AttemptOutcome::Unknown { error } => ("unknown", None, Some(error.as_str())),
         };
-        sqlx::query(
-            "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ?",
+        let mut tx = self.write_transaction().await?;
+        let (envelope_id, chunk_index, chunk_count): (i64, i64, i64) = sqlx::query_as(
+            "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ? \
+             RETURNING envelope_id, chunk_index, chunk_count",
         )
         .bind(label)
         .bind(message_id)
         .bind(error)
         .bind(now())
         .bind(op_id)
-        .execute(&self.pool)
-        .await
-        .map(drop)
+        .fetch_one(&mut *tx)
+        .await?;
+        let answerable = [EnvelopeState::Pending, EnvelopeState::Acked];
+        match outcome {
+            AttemptOutcome::Sent { message_id } if chunk_index + 1 == chunk_count => {
+                let reason = format!("replied ({op_id}, Telegram message {message_id})");
+                transition_in(&mut tx, envelope_id, &answerable, EnvelopeState::Acked, actor, Some(&reason))
+                    .await?;
+            }
+            AttemptOutcome::Unknown { error } => {
+                let reason = format!("send outcome unknown ({op_id}): {error}");
+                transition_in(
+                    &mut tx,
+                    envelope_id,
+                    &answerable,
+                    EnvelopeState::Unresolved,
+                    actor,
+                    Some(&reason),
+                )
+                .await?;
+            }
+            _ => {}
+        }
+        tx.commit().await
     }
 
     /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have
     /// reached Telegram. They become `unknown` and their envelopes `unresolved`; an
     /// operator reconciles them. Returns the trace ids affected.
     pub async fn recover_in_flight(&self) -> sqlx::Result<Vec<String>> {
-        let stuck: Vec<(String, i64, String)> = sqlx::query_as(
-            "SELECT a.op_id, a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+        let stuck: Vec<(String, String)> = sqlx::query_as(
+            "SELECT a.op_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
              WHERE a.outcome = 'in_flight' ORDER BY a.id",
         )
         .fetch_all(&self.pool)
         .await?;
-        let mut affected = Vec::new();
-        for (op_id, envelope_id, trace_id) in stuck {
-            let error = "the daemon stopped while this send was in flight".to_owned();
-            self.finish_attempt(&op_id, &AttemptOutcome::Unknown { error: error.clone() }).await?;
-            self.transition(
-                envelope_id,
-                &[EnvelopeState::Pending, EnvelopeState::Acked],
-                EnvelopeState::Unresolved,
-                "daemon",
-                Some(&error),
-            )
-            .await?;
-            affected.push(trace_id);
+        let error = "the daemon stopped while this send was in flight".to_owned();
+        for (op_id, _) in &stuck {
+            self.finish_attempt(op_id, &AttemptOutcome::Unknown { error: error.clone() }, "daemon").await?;
         }
-        Ok(affected)
+        Ok(stuck.into_iter().map(|(_, trace_id)| trace_id).collect())
     }
 
     // ---- inspection and reconciliation (`switchboard ledger`) ----
@@ -582,8 +572,11 @@ impl Ledger {
             Reconciliation::NotDelivered => (EnvelopeState::Pending, "not_sent"),
         };
         let reason = format!("reconciled: {reason}");
+        // The envelope and its attempts are settled together or not at all.
+        let mut tx = self.write_transaction().await?;
         let moved =
-            self.transition(envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason)).await?;
+            transition_in(&mut tx, envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
+                .await?;
         if !moved {
             return Err(ReconcileError::NotUnresolved {
                 trace_id: trace_id.to_owned(),
@@ -598,10 +591,57 @@ impl Ledger {
         .bind(&reason)
         .bind(now())
         .bind(envelope.id)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
+        tx.commit().await?;
         Ok(to)
     }
+}
+
+/// The body of [`Ledger::transition`], inside a caller's write transaction.
+async fn transition_in(
+    tx: &mut sqlx::SqliteConnection,
+    envelope_id: i64,
+    from: &[EnvelopeState],
+    to: EnvelopeState,
+    actor: &str,
+    reason: Option<&str>,
+) -> sqlx::Result<bool> {
+    let current: Option<String> = sqlx::query_scalar("SELECT state FROM envelopes WHERE id = ?")
+        .bind(envelope_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(current) = current.and_then(|s| EnvelopeState::parse(&s).ok()) else {
+        return Ok(false);
+    };
+    if !from.contains(&current) {
+        return Ok(false);
+    }
+    let at = now();
+    sqlx::query(
+        "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) WHERE id = ?",
+    )
+    .bind(to.as_str())
+    .bind(&at)
+    .bind(reason)
+    .bind(envelope_id)
+    .execute(&mut *tx)
+    .await?;
+    if current != to {
+        sqlx::query(
+            "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(envelope_id)
+        .bind(&at)
+        .bind(current.as_str())
+        .bind(to.as_str())
+        .bind(actor)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(true)
 }
 
 #[cfg(test)]
@@ -701,6 +741,52 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn finishing_an_attempt_settles_its_envelope_in_the_same_step() {
+        let (_dir, ledger) = ledger().await;
+        ledger
+            .record_batch(1, 3, &[routed(1, EnvelopeState::Pending), routed(2, EnvelopeState::Pending)])
+            .await
+            .unwrap();
+        let rows = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
+        let attempt = |envelope_id, chunk_index| NewAttempt {
+            envelope_id,
+            agent: "orch",
+            chat_id: 42,
+            thread_id: None,
+            reply_to_message_id: Some(1),
+            chunk_index,
+            chunk_count: 2,
+            text: "part",
+        };
+        let state = |trace: String| {
+            let ledger = ledger.clone();
+            async move { ledger.find(&trace).await.unwrap().unwrap().state }
+        };
+
+        // Two parts: the first confirmed leaves the envelope pending, the last answers it.
+        let first = ledger.begin_attempt(&attempt(rows[0].id, 0)).await.unwrap();
+        ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 10 }, "agent:orch").await.unwrap();
+        assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Pending);
+        let last = ledger.begin_attempt(&attempt(rows[0].id, 1)).await.unwrap();
+        ledger.finish_attempt(&last, &AttemptOutcome::Sent { message_id: 11 }, "agent:orch").await.unwrap();
+        assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Acked);
+
+        // Not sent changes nothing; unknown makes the envelope unresolved.
+        let refused = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap();
+        ledger
+            .finish_attempt(&refused, &AttemptOutcome::NotSent { error: "400".into() }, "agent:orch")
+            .await
+            .unwrap();
+        assert_eq!(state(rows[1].trace_id.clone()).await, EnvelopeState::Pending);
+        let lost = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap();
+        ledger
+            .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+            .await
+            .unwrap();
+        assert_eq!(state(rows[1].trace_id.clone()).await, EnvelopeState::Unresolved);
+    }
+
+    #[tokio::test]
     async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled() {
         let (_dir, ledger) = ledger().await;
         ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
@@ -716,6 +802,7 @@ mod tests {
             text: "hi",
         };
         ledger.begin_attempt(&attempt).await.unwrap();
+        assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
         assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
         assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
         assert_eq!(ledger.attempts_for(e.id).await.unwrap()[0].outcome, "unknown");

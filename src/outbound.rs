@@ -246,7 +246,7 @@ impl Outbound {
             Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error: error.clone() },
             Observed::Unknown { error } => AttemptOutcome::Unknown { error: error.clone() },
         };
-        self.ledger.finish_attempt(&op_id, &outcome).await?;
+        self.ledger.finish_attempt(&op_id, &outcome, &format!("agent:{}", target.agent)).await?;
         tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
         Ok(observed)
     }
