@@ -1,1 +1,735 @@
-fn main() {}
+//! The pipeline benchmark: the real `switchboard run` binary against the in-process fake
+//! Bot API, with synthetic agents that speak the local API exactly as the channel plugin
+//! does (`DaemonClient`). It prints figures and asserts no timings:
+//!
+//! * inbound throughput: envelopes per second from `getUpdates` to committed ledger rows;
+//! * the latency of the inbound hop (update pushed to the fake → envelope on the agent's
+//!   session stream, which is where the channel plugin writes the MCP notification), of the
+//!   outbound hop (reply call → the fake received `sendMessage`) and of the whole reply
+//!   call (call → receipt), one message at a time, with a small and a large ledger;
+//! * the daemon's peak resident memory in each run.
+//!
+//! Run it with `cargo bench --bench pipeline`. `SWITCHBOARD_BENCH_QUICK=1` makes a smoke
+//! run with small numbers; `SWITCHBOARD_BENCH_UPDATES`, `SWITCHBOARD_BENCH_SAMPLES` and
+//! `SWITCHBOARD_BENCH_LEDGER_ROWS` (the large ledger) override single numbers. Command
+//! line arguments (cargo passes `--bench`) are ignored.
+
+#[path = "../tests/support/fake_telegram.rs"]
+mod fake_telegram;
+
+use std::fmt;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
+use switchboard::api::client::{DaemonClient, SessionStream};
+use switchboard::api::wire::{DeliveredEnvelope, ReplyRequest, SessionEvent};
+use switchboard::config::Synchronous;
+use switchboard::ids::{AgentName, Secret};
+use switchboard::ledger::Ledger;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+
+/// A few agents, like an orchestrator and its workers; every figure covers all of them.
+const AGENTS: usize = 4;
+
+/// 500 full `getUpdates` batches (Telegram and the fake return at most 100): enough that
+/// start-up effects vanish, few enough to take seconds.
+const THROUGHPUT_UPDATES: usize = 50_000;
+
+/// Round trips per ledger size: 20 samples lie above the p99, so it is not one outlier,
+/// and the run still takes only seconds.
+const LATENCY_SAMPLES: usize = 2_000;
+
+/// Untimed round trips first: they open the HTTP connections and warm SQLite's caches.
+const WARMUP_ROUND_TRIPS: usize = 20;
+
+/// The issue asks for reply latency with 1,000 and with 1,000,000 acked envelopes.
+const SMALL_LEDGER_ROWS: usize = 1_000;
+const LARGE_LEDGER_ROWS: usize = 1_000_000;
+
+/// `SWITCHBOARD_BENCH_QUICK=1`: each part still runs, in a few seconds altogether.
+const QUICK_UPDATES: usize = 2_000;
+const QUICK_SAMPLES: usize = 50;
+const QUICK_LARGE_LEDGER_ROWS: usize = 20_000;
+
+/// Agent `k` talks in the private chat `FIRST_CHAT_ID + k` (private chat ids are user ids,
+/// so they are positive).
+const FIRST_CHAT_ID: i64 = 500_000_001;
+
+/// How often the throughput run counts ledger rows: its end time is this precise, well
+/// under 1% of a run that takes seconds.
+const COUNT_POLL_INTERVAL: Duration = Duration::from_millis(5);
+
+/// How long the daemon may take to listen; a large ledger opens slower than an empty one.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Far beyond what any step of a healthy daemon takes: a stuck daemon fails the run with
+/// its log instead of hanging it.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+const THROUGHPUT_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How often to look for the daemon's listening socket or its exit.
+const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(10);
+
+/// How much of the daemon's log a failure shows.
+const LOG_TAIL_LINES: usize = 40;
+
+const TOKEN_ENV: &str = "SB_BENCH_BOT_TOKEN";
+
+fn main() {
+    let params = Params::from_env();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building the benchmark's tokio runtime");
+    runtime.block_on(run(&params));
+}
+
+/// Runs every scenario, then prints the report. The fake and the agents share one thread,
+/// so the benchmark itself competes as little as possible with the daemon for the cores.
+async fn run(params: &Params) {
+    let throughput = inbound_throughput(params).await;
+    let mut ledgers = Vec::new();
+    for rows in [SMALL_LEDGER_ROWS, params.large_ledger_rows] {
+        ledgers.push(round_trips(params, rows).await);
+    }
+    print_report(params, &throughput, &ledgers);
+}
+
+// ---------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------
+
+struct Params {
+    quick: bool,
+    updates: usize,
+    samples: usize,
+    large_ledger_rows: usize,
+}
+
+impl Params {
+    fn from_env() -> Self {
+        let quick = std::env::var("SWITCHBOARD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let (updates, samples, large) = if quick {
+            (QUICK_UPDATES, QUICK_SAMPLES, QUICK_LARGE_LEDGER_ROWS)
+        } else {
+            (THROUGHPUT_UPDATES, LATENCY_SAMPLES, LARGE_LEDGER_ROWS)
+        };
+        Self {
+            quick,
+            updates: env_count("SWITCHBOARD_BENCH_UPDATES", updates),
+            samples: env_count("SWITCHBOARD_BENCH_SAMPLES", samples),
+            large_ledger_rows: env_count("SWITCHBOARD_BENCH_LEDGER_ROWS", large),
+        }
+    }
+}
+
+fn env_count(var: &str, default: usize) -> usize {
+    match std::env::var(var) {
+        Ok(value) => match value.trim().parse() {
+            Ok(count) if count > 0 => count,
+            _ => panic!("{var}={value:?}: expected a positive whole number"),
+        },
+        Err(_) => default,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Scenario 1: inbound throughput
+// ---------------------------------------------------------------------------
+
+struct Throughput {
+    envelopes: usize,
+    elapsed: Duration,
+    get_updates_calls: usize,
+    peak_rss_kib: u64,
+}
+
+/// The daemon polls an empty fake; then every update is pushed at once, and the clock runs
+/// until the ledger holds them all. No session is connected, so they stay `queued` and the
+/// figure is the poller's alone: `getUpdates`, parse, route, commit.
+async fn inbound_throughput(params: &Params) -> Throughput {
+    eprintln!("inbound throughput: {} updates…", params.updates);
+    let fake = FakeTelegram::start().await;
+    let workdir = Workdir::new();
+    let mut daemon = Daemon::start(&workdir, &fake.api_url());
+    daemon.wait_until_listening().await;
+    fake.wait_for_get_updates_calls(1, STEP_TIMEOUT).await;
+    let ledger = workdir.open_ledger().await;
+    let polls_before = fake.get_updates_calls();
+
+    let speakers: Vec<Speaker> = (0..AGENTS).map(Speaker::new).collect();
+    for n in 0..params.updates {
+        let speaker = &speakers[n % AGENTS];
+        fake.push_text(&speaker.chat, &speaker.user, &format!("update {n}"));
+    }
+    // The waiting long poll runs only once this task yields, so the clock starts before
+    // the daemon can see the first update.
+    let started = Instant::now();
+    let deadline = started + THROUGHPUT_TIMEOUT;
+    while envelope_count(&ledger).await < params.updates {
+        if Instant::now() > deadline {
+            daemon.fail(&format!("the ledger did not reach {} envelopes", params.updates));
+        }
+        tokio::time::sleep(COUNT_POLL_INTERVAL).await;
+    }
+    let elapsed = started.elapsed();
+    let get_updates_calls = fake.get_updates_calls() - polls_before;
+    let peak_rss_kib = daemon.peak_rss_kib();
+    ledger.close().await;
+    daemon.stop().await;
+    Throughput { envelopes: params.updates, elapsed, get_updates_calls, peak_rss_kib }
+}
+
+async fn envelope_count(ledger: &Ledger) -> usize {
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes")
+        .fetch_one(ledger.pool())
+        .await
+        .expect("counting envelopes");
+    usize::try_from(count).expect("a count is never negative")
+}
+
+// ---------------------------------------------------------------------------
+// Scenario 2: round trips, one message at a time, over a small and a large ledger
+// ---------------------------------------------------------------------------
+
+struct RoundTrips {
+    ledger_rows: usize,
+    prepopulation: Duration,
+    inbound: Summary,
+    outbound: Summary,
+    reply_call: Summary,
+    peak_rss_kib: u64,
+}
+
+/// Fills a fresh ledger with `ledger_rows` answered envelopes, starts the daemon, connects
+/// one session per agent and times `params.samples` round trips, the agents taking turns.
+async fn round_trips(params: &Params, ledger_rows: usize) -> RoundTrips {
+    eprintln!("round trips over {ledger_rows} acked envelopes: filling the ledger…");
+    let fake = FakeTelegram::start().await;
+    let workdir = Workdir::new();
+    let prepopulation = prepopulate(&workdir.database(), ledger_rows).await;
+
+    eprintln!("round trips over {ledger_rows} acked envelopes: {} round trips…", params.samples);
+    let mut daemon = Daemon::start(&workdir, &fake.api_url());
+    daemon.wait_until_listening().await;
+    let mut agents = Vec::with_capacity(AGENTS);
+    for k in 0..AGENTS {
+        agents.push(Agent::connect(daemon.api_addr, k).await);
+    }
+
+    let mut samples = Samples::default();
+    for n in 0..WARMUP_ROUND_TRIPS + params.samples {
+        let agent = &mut agents[n % AGENTS];
+        let trip = tokio::time::timeout(STEP_TIMEOUT, round_trip(&fake, agent, n)).await;
+        let Ok(trip) = trip else {
+            daemon.fail(&format!("round trip {n} did not finish within {STEP_TIMEOUT:?}"));
+        };
+        if n >= WARMUP_ROUND_TRIPS {
+            samples.push(trip);
+        }
+    }
+    let peak_rss_kib = daemon.peak_rss_kib();
+    drop(agents);
+    daemon.stop().await;
+
+    // Not a timing: a check that the run did what it claims to have measured.
+    let answered = WARMUP_ROUND_TRIPS + params.samples;
+    let acked = acked_count(&workdir).await;
+    assert_eq!(acked, ledger_rows + answered, "every envelope, old and new, should be acked");
+
+    RoundTrips {
+        ledger_rows,
+        prepopulation,
+        inbound: Summary::of(samples.inbound),
+        outbound: Summary::of(samples.outbound),
+        reply_call: Summary::of(samples.reply_call),
+        peak_rss_kib,
+    }
+}
+
+/// The three hops of one round trip.
+struct RoundTrip {
+    /// Update pushed to the fake → envelope read from the agent's session stream.
+    inbound: Duration,
+    /// Reply call started → the fake received `sendMessage`.
+    outbound: Duration,
+    /// Reply call started → receipt returned.
+    reply_call: Duration,
+}
+
+#[derive(Default)]
+struct Samples {
+    inbound: Vec<Duration>,
+    outbound: Vec<Duration>,
+    reply_call: Vec<Duration>,
+}
+
+impl Samples {
+    fn push(&mut self, trip: RoundTrip) {
+        self.inbound.push(trip.inbound);
+        self.outbound.push(trip.outbound);
+        self.reply_call.push(trip.reply_call);
+    }
+}
+
+/// A user writes to the agent, the agent receives the envelope and answers it by name.
+async fn round_trip(fake: &FakeTelegram, agent: &mut Agent, n: usize) -> RoundTrip {
+    let pushed = Instant::now();
+    fake.push_text(&agent.speaker.chat, &agent.speaker.user, &format!("question {n}"));
+    let envelope = next_envelope(&mut agent.session).await;
+    let inbound = pushed.elapsed();
+
+    let request = ReplyRequest { text: format!("answer {n}"), trace_id: Some(envelope.trace_id) };
+    let called = Instant::now();
+    let receipt = agent.client.reply(&request).await.unwrap_or_else(|e| panic!("reply {n} failed: {e}"));
+    let reply_call = called.elapsed();
+
+    let message_id = receipt.message_ids[0];
+    let sent = fake
+        .sent_message(message_id)
+        .unwrap_or_else(|| panic!("the fake never received message {message_id} of the receipt"));
+    RoundTrip { inbound, outbound: sent.received_at.duration_since(called), reply_call }
+}
+
+async fn next_envelope(session: &mut SessionStream) -> DeliveredEnvelope {
+    loop {
+        match session.next_event().await {
+            Ok(Some(SessionEvent::Envelope(envelope))) => return envelope,
+            Ok(Some(SessionEvent::Heartbeat)) => continue,
+            Ok(Some(other)) => panic!("unexpected session event {other:?}"),
+            Ok(None) => panic!("the daemon closed the session stream"),
+            Err(e) => panic!("session stream failed: {e}"),
+        }
+    }
+}
+
+/// Fills a fresh ledger with `rows` envelopes as a real answered envelope leaves them: the
+/// envelope `acked`, its sent attempt and its state change, spread over the agents. Their
+/// ids stay clear of the run's: update ids are negative (the fake's start at 100000), and
+/// trace ids are `env_` and ten digits, which an id the daemon generates from 36 characters
+/// matches with a chance far below one in a billion. Returns how long it took.
+async fn prepopulate(database: &Path, rows: usize) -> Duration {
+    let started = Instant::now();
+    let ledger = Ledger::open(database, Synchronous::Normal).await.expect("creating the ledger");
+    let now = switchboard::ledger::now();
+    let mut tx = ledger.pool().begin().await.expect("beginning the pre-population");
+    sqlx::query(
+        "WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1) \
+         INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, chat_title, message_id, \
+         sender_id, sender_name, text, content, sent_at, received_at, route, agent, state, deliveries, \
+         state_changed_at, note) \
+         SELECT printf('env_%010d', n), -1 - n, 'message', ?2 + n % ?3, 'private', 'Bench user', n + 1, \
+         ?2 + n % ?3, 'Bench user', 'earlier question ' || n, 'earlier question ' || n, ?4, ?4, \
+         'dm-a' || (n % ?3), 'a' || (n % ?3), 'acked', 1, ?4, 'replied' \
+         FROM seq",
+    )
+    .bind(i64::try_from(rows).expect("row count fits i64"))
+    .bind(FIRST_CHAT_ID)
+    .bind(AGENTS as i64)
+    .bind(&now)
+    .execute(&mut *tx)
+    .await
+    .expect("inserting envelopes");
+    sqlx::query(
+        "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, reply_to_message_id, chunk_index, \
+         chunk_count, text, outcome, telegram_message_id, started_at, finished_at) \
+         SELECT printf('op_%010d', id), id, agent, chat_id, message_id, 0, 1, 'earlier answer', 'sent', \
+         message_id, ?1, ?1 FROM envelopes",
+    )
+    .bind(&now)
+    .execute(&mut *tx)
+    .await
+    .expect("inserting attempts");
+    sqlx::query(
+        "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+         SELECT id, ?1, 'pending', 'acked', 'agent:' || agent, 'replied' FROM envelopes",
+    )
+    .bind(&now)
+    .execute(&mut *tx)
+    .await
+    .expect("inserting events");
+    tx.commit().await.expect("committing the pre-population");
+    ledger.close().await;
+    started.elapsed()
+}
+
+async fn acked_count(workdir: &Workdir) -> usize {
+    let ledger = workdir.open_ledger().await;
+    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'")
+        .fetch_one(ledger.pool())
+        .await
+        .expect("counting acked envelopes");
+    ledger.close().await;
+    usize::try_from(count).expect("a count is never negative")
+}
+
+// ---------------------------------------------------------------------------
+// Synthetic agents
+// ---------------------------------------------------------------------------
+
+/// The person who writes to agent `k`, in the private chat its route names.
+struct Speaker {
+    chat: ChatSpec,
+    user: UserSpec,
+}
+
+impl Speaker {
+    fn new(k: usize) -> Self {
+        let id = chat_id(k);
+        let user = UserSpec::new(id, &format!("Bench user {k}"));
+        Self { chat: ChatSpec::private_with(&user), user }
+    }
+}
+
+/// An agent session as the channel plugin holds it: a client and an open session stream.
+struct Agent {
+    client: DaemonClient,
+    session: SessionStream,
+    speaker: Speaker,
+}
+
+impl Agent {
+    async fn connect(address: SocketAddr, k: usize) -> Self {
+        let name = AgentName::parse(&agent_name(k)).expect("a valid agent name");
+        let client = DaemonClient::new(address, name, Secret::new(agent_secret(k))).expect("HTTP client");
+        let session =
+            client.open_session().await.unwrap_or_else(|e| panic!("opening agent {k}'s session: {e}"));
+        Self { client, session, speaker: Speaker::new(k) }
+    }
+}
+
+fn chat_id(k: usize) -> i64 {
+    FIRST_CHAT_ID + k as i64
+}
+
+fn agent_name(k: usize) -> String {
+    format!("a{k}")
+}
+
+fn agent_secret(k: usize) -> String {
+    format!("bench-secret-of-agent-{k}")
+}
+
+fn agent_secret_env(k: usize) -> String {
+    format!("SB_BENCH_A{k}_SECRET")
+}
+
+// ---------------------------------------------------------------------------
+// The daemon process
+// ---------------------------------------------------------------------------
+
+/// A temporary directory holding one run's configuration, database and log.
+struct Workdir {
+    dir: tempfile::TempDir,
+}
+
+impl Workdir {
+    fn new() -> Self {
+        Self { dir: tempfile::tempdir().expect("creating a temporary directory") }
+    }
+
+    fn database(&self) -> PathBuf {
+        self.dir.path().join("ledger.db")
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("switchboard.toml")
+    }
+
+    fn log(&self) -> PathBuf {
+        self.dir.path().join("daemon.log")
+    }
+
+    /// Opens the ledger beside the daemon (SQLite in WAL mode lets it read meanwhile).
+    async fn open_ledger(&self) -> Ledger {
+        Ledger::open(&self.database(), Synchronous::Normal).await.expect("opening the ledger")
+    }
+}
+
+/// Agents `a0…` with their secrets in environment variables, each routed from its own
+/// private chat. The long poll is short as in the integration tests (a pushed update ends
+/// it at once, so this does not affect latency), and only warnings are logged, so logging
+/// does not dominate the figures.
+fn config_text(api_url: &str, database: &Path, listen: SocketAddr) -> String {
+    let mut text = format!(
+        r#"[telegram]
+token_env = "{TOKEN_ENV}"
+api_url = "{api_url}"
+poll_timeout_secs = 1
+
+[storage]
+database = "{database}"
+
+[api]
+listen = "{listen}"
+
+[log]
+filter = "warn"
+"#,
+        database = database.display(),
+    );
+    for k in 0..AGENTS {
+        text += &format!(
+            "\n[agents.{name}]\ntoken_env = \"{env}\"\n\n[[routes]]\nname = \"dm-{name}\"\nchat_id = {chat}\nagent = \"{name}\"\n",
+            name = agent_name(k),
+            env = agent_secret_env(k),
+            chat = chat_id(k),
+        );
+    }
+    text
+}
+
+/// A running `switchboard run`. Dropping it kills the process.
+struct Daemon {
+    child: Option<Child>,
+    api_addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Daemon {
+    /// Writes the configuration and starts the binary; it may not be listening yet.
+    fn start(workdir: &Workdir, api_url: &str) -> Self {
+        let api_addr = free_local_addr();
+        std::fs::write(workdir.config(), config_text(api_url, &workdir.database(), api_addr))
+            .expect("writing the configuration");
+        let log = std::fs::File::create(workdir.log()).expect("creating the daemon's log file");
+        let mut command = Command::new(BIN);
+        command
+            .args(["run", "--config"])
+            .arg(workdir.config())
+            .env(TOKEN_ENV, TEST_TOKEN)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log);
+        for k in 0..AGENTS {
+            command.env(agent_secret_env(k), agent_secret(k));
+        }
+        let child = command.spawn().expect("starting switchboard run");
+        Self { child: Some(child), api_addr, log: workdir.log() }
+    }
+
+    fn child(&mut self) -> &mut Child {
+        self.child.as_mut().expect("the daemon is running")
+    }
+
+    async fn wait_until_listening(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while TcpStream::connect(self.api_addr).is_err() {
+            if let Some(status) = self.child().try_wait().expect("checking the daemon") {
+                self.fail(&format!("the daemon exited during start-up ({status})"));
+            }
+            if Instant::now() > deadline {
+                self.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
+        }
+    }
+
+    /// The process's peak resident set size so far (`VmHWM`), in KiB.
+    fn peak_rss_kib(&mut self) -> u64 {
+        let pid = self.child().id();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmHWM:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no VmHWM line in /proc/{pid}/status"))
+    }
+
+    /// SIGTERM, then waits for the graceful exit the daemon promises.
+    async fn stop(&mut self) {
+        let mut child = self.child.take().expect("the daemon is running");
+        let pid = child.id().to_string();
+        let signalled = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
+        assert!(signalled.success(), "kill -TERM {pid} failed");
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            match child.try_wait().expect("waiting for the daemon") {
+                Some(status) if status.success() => return self.report_log(),
+                Some(status) => panic!("the daemon exited with {status} after SIGTERM\n{}", self.log_tail()),
+                None if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    panic!("the daemon did not stop within {STEP_TIMEOUT:?} of SIGTERM\n{}", self.log_tail());
+                }
+                None => tokio::time::sleep(PROCESS_POLL_INTERVAL).await,
+            }
+        }
+    }
+
+    /// The daemon logs only warnings and errors here: any at all make the figures suspect,
+    /// so they are shown beside them rather than lost with the temporary directory.
+    fn report_log(&self) {
+        let tail = self.log_tail();
+        if !tail.trim().is_empty() {
+            eprintln!("warning: the daemon logged warnings or errors during this run:\n{tail}");
+        }
+    }
+
+    /// Stops the benchmark with what went wrong and the end of the daemon's log.
+    fn fail(&self, problem: &str) -> ! {
+        panic!("{problem}\n--- daemon log (last {LOG_TAIL_LINES} lines) ---\n{}", self.log_tail())
+    }
+
+    fn log_tail(&self) -> String {
+        let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A loopback address with a port nobody listens on right now.
+fn free_local_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    listener.local_addr().expect("the ephemeral port's address")
+}
+
+// ---------------------------------------------------------------------------
+// Statistics and the report
+// ---------------------------------------------------------------------------
+
+struct Summary {
+    p50: Duration,
+    p99: Duration,
+    max: Duration,
+}
+
+impl Summary {
+    fn of(mut samples: Vec<Duration>) -> Self {
+        assert!(!samples.is_empty(), "no samples to summarise");
+        samples.sort_unstable();
+        Self {
+            p50: percentile(&samples, 50),
+            p99: percentile(&samples, 99),
+            max: *samples.last().expect("not empty"),
+        }
+    }
+}
+
+/// The nearest-rank percentile of sorted samples: the smallest sample that at least
+/// `p` percent of all samples do not exceed.
+fn percentile(sorted: &[Duration], p: usize) -> Duration {
+    let rank = (sorted.len() * p).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+/// A duration in milliseconds, right-aligned in a column.
+struct Millis(Duration);
+
+impl fmt::Display for Millis {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let text = format!("{:.2} ms", self.0.as_secs_f64() * 1e3);
+        f.pad(&text)
+    }
+}
+
+fn mib(kib: u64) -> String {
+    format!("{:.1} MiB", kib as f64 / 1024.0)
+}
+
+/// Row labels of the latency table, and the width of one ledger's three figures.
+const LABEL_WIDTH: usize = 16;
+const GROUP_WIDTH: usize = 31;
+
+/// The latency table's rows, in the order of [`RoundTrips::hops`].
+const HOPS: [&str; 3] = ["inbound hop (a)", "outbound hop (b)", "reply call (c)"];
+
+impl RoundTrips {
+    fn hops(&self) -> [&Summary; 3] {
+        [&self.inbound, &self.outbound, &self.reply_call]
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:>9}  {:>9}  {:>9}", Millis(self.p50), Millis(self.p99), Millis(self.max))
+    }
+}
+
+fn print_report(params: &Params, throughput: &Throughput, ledgers: &[RoundTrips]) {
+    print_header(params);
+    print_throughput(throughput);
+    print_latency(params, ledgers);
+    print_peak_rss(throughput, ledgers);
+}
+
+fn print_header(params: &Params) {
+    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    println!();
+    println!("switchboard pipeline benchmark ({profile}, {cores} cores)");
+    println!(
+        "parameters: {AGENTS} agents; {} updates for throughput; {} round trips per ledger \
+         (after {WARMUP_ROUND_TRIPS} untimed){}",
+        params.updates,
+        params.samples,
+        if params.quick { "; QUICK smoke run" } else { "" }
+    );
+    println!();
+}
+
+fn print_throughput(throughput: &Throughput) {
+    let seconds = throughput.elapsed.as_secs_f64();
+    println!(
+        "inbound throughput: {} envelopes in {seconds:.2} s = {:.0} envelopes/s \
+         (getUpdates → committed ledger rows; {} getUpdates calls)",
+        throughput.envelopes,
+        throughput.envelopes as f64 / seconds,
+        throughput.get_updates_calls
+    );
+    println!();
+}
+
+fn print_latency(params: &Params, ledgers: &[RoundTrips]) {
+    println!(
+        "latency, one message at a time, by envelopes already in the ledger ({} samples each):",
+        params.samples
+    );
+    table_row("", ledgers.iter().map(|l| format!("{} acked envelopes", l.ledger_rows)));
+    table_row("", ledgers.iter().map(|_| format!("{:>9}  {:>9}  {:>9}", "p50", "p99", "max")));
+    for (row, label) in HOPS.iter().enumerate() {
+        table_row(label, ledgers.iter().map(|l| l.hops()[row].to_string()));
+    }
+    println!("  (a) update pushed to the fake → envelope on the agent's session stream,");
+    println!("      the point where the channel plugin writes the MCP notification");
+    println!("  (b) reply call started → the fake received sendMessage");
+    println!("  (c) reply call started → receipt (resolve, record attempt, send, confirm, ack)");
+    for ledger in ledgers {
+        println!(
+            "  ledger of {} acked envelopes (each with its attempt and event) filled in {:.2} s",
+            ledger.ledger_rows,
+            ledger.prepopulation.as_secs_f64()
+        );
+    }
+    println!();
+}
+
+fn table_row(label: &str, groups: impl Iterator<Item = String>) {
+    let mut line = format!("{label:<LABEL_WIDTH$}");
+    for group in groups {
+        line += &format!("    {group:<GROUP_WIDTH$}");
+    }
+    println!("{}", line.trim_end());
+}
+
+fn print_peak_rss(throughput: &Throughput, ledgers: &[RoundTrips]) {
+    let mut peaks = vec![format!("{} (throughput run)", mib(throughput.peak_rss_kib))];
+    peaks.extend(
+        ledgers.iter().map(|l| format!("{} ({}-envelope ledger)", mib(l.peak_rss_kib), l.ledger_rows)),
+    );
+    println!("daemon peak RSS (VmHWM): {}", peaks.join(", "));
+}
