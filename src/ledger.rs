@@ -281,42 +281,42 @@ impl Ledger {
     ) -> sqlx::Result<Vec<&'a RoutedEnvelope>> {
         let mut tx = self.write_transaction().await?;
         let received_at = now();
-        let mut inserted = Vec::with_capacity(batch.len());
-        for routed in batch {
-            let e = &routed.envelope;
-            let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
-            let result = sqlx::query(
+        // One multi-row statement per batch: each statement is a round trip to sqlx's
+        // SQLite worker thread, and those hand-offs, not SQLite, bound inbound throughput.
+        let mut stored_update_ids = Vec::new();
+        if !batch.is_empty() {
+            let mut insert = sqlx::QueryBuilder::new(
                 "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, \
                  message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, \
-                 received_at, route, agent, state, state_changed_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) \
-                 ON CONFLICT (update_id) DO NOTHING",
-            )
-            .bind(e.trace_id.as_str())
-            .bind(e.update_id)
-            .bind(e.kind.as_str())
-            .bind(e.channel.chat_id)
-            .bind(e.channel.thread_id)
-            .bind(e.chat_type)
-            .bind(&e.chat_title)
-            .bind(e.message_id)
-            .bind(e.sender.id)
-            .bind(&e.sender.username)
-            .bind(&e.sender.name)
-            .bind(&e.text)
-            .bind(attachments)
-            .bind(e.content())
-            .bind(e.sent_at.to_rfc3339_opts(SecondsFormat::Secs, true))
-            .bind(&received_at)
-            .bind(routed.route.as_ref().map(RouteName::as_str))
-            .bind(routed.agent.as_ref().map(AgentName::as_str))
-            .bind(routed.state.as_str())
-            .bind(&received_at)
-            .execute(&mut *tx)
-            .await?;
-            if result.rows_affected() == 1 {
-                inserted.push(routed);
-            }
+                 received_at, route, agent, state, state_changed_at) ",
+            );
+            insert.push_values(batch, |mut row, routed| {
+                let e = &routed.envelope;
+                let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
+                row.push_bind(e.trace_id.as_str())
+                    .push_bind(e.update_id)
+                    .push_bind(e.kind.as_str())
+                    .push_bind(e.channel.chat_id)
+                    .push_bind(e.channel.thread_id)
+                    .push_bind(e.chat_type)
+                    .push_bind(e.chat_title.as_deref())
+                    .push_bind(e.message_id)
+                    .push_bind(e.sender.id)
+                    .push_bind(e.sender.username.as_deref())
+                    .push_bind(e.sender.name.as_str())
+                    .push_bind(e.text.as_deref())
+                    .push_bind(attachments)
+                    .push_bind(e.content())
+                    .push_bind(e.sent_at.to_rfc3339_opts(SecondsFormat::Secs, true))
+                    .push_bind(received_at.as_str())
+                    .push_bind(routed.route.as_ref().map(RouteName::as_str))
+                    .push_bind(routed.agent.as_ref().map(AgentName::as_str))
+                    .push_bind(routed.state.as_str())
+                    .push_bind(received_at.as_str());
+            });
+            // A re-polled update is already stored: skip it, and learn which rows are new.
+            insert.push(" ON CONFLICT (update_id) DO NOTHING RETURNING update_id");
+            stored_update_ids = insert.build_query_scalar::<i64>().fetch_all(&mut *tx).await?;
         }
         sqlx::query(
             "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
@@ -328,7 +328,7 @@ impl Ledger {
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        Ok(inserted)
+        Ok(batch.iter().filter(|routed| stored_update_ids.contains(&routed.envelope.update_id)).collect())
     }
 
     // ---- sessions ----
