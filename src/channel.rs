@@ -40,6 +40,7 @@ use crate::api::wire::{
     AckReceipt, AckRequest, DeliveredEnvelope, ErrorCode, PendingList, PendingSummary, ReplyReceipt,
     ReplyRequest, SessionEvent,
 };
+use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ids::{AgentName, TraceId};
 
@@ -383,18 +384,18 @@ impl SessionForwarder {
 /// Delays between attempts to open the session stream.
 #[derive(Debug)]
 struct Reconnect {
-    next_delay: Duration,
+    backoff: Backoff,
 }
 
 impl Default for Reconnect {
     fn default() -> Self {
-        Self { next_delay: FIRST_RECONNECT_DELAY }
+        Self { backoff: Backoff::new(FIRST_RECONNECT_DELAY, MAX_RECONNECT_DELAY) }
     }
 }
 
 impl Reconnect {
     fn connected(&mut self) {
-        self.next_delay = FIRST_RECONNECT_DELAY;
+        self.backoff.reset();
     }
 
     /// The wait before the next attempt. A refusal waits [`REFUSED_RETRY_DELAY`]; anything
@@ -403,9 +404,7 @@ impl Reconnect {
         if error.is_some_and(|e| matches!(e, ClientError::Refused { .. })) {
             return REFUSED_RETRY_DELAY;
         }
-        let delay = self.next_delay;
-        self.next_delay = (delay * 2).min(MAX_RECONNECT_DELAY);
-        delay
+        self.backoff.next_delay()
     }
 }
 

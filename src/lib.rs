@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod app;
+pub mod backoff;
 pub mod bridge;
 pub mod channel;
 pub mod cli;

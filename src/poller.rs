@@ -9,6 +9,7 @@ use teloxide::prelude::*;
 use teloxide::{ApiError, RequestError};
 use tokio_util::sync::CancellationToken;
 
+use crate::backoff::Backoff;
 use crate::bridge::Bridge;
 use crate::envelope::{self, EnvelopeState, Inbound};
 use crate::ledger::{Ledger, RoutedEnvelope};
@@ -17,33 +18,10 @@ use crate::routes::{Disposition, RoutesTable, dispose};
 /// Telegram's maximum batch.
 const BATCH_LIMIT: u8 = 100;
 
-/// Backoff after failures: from the first step, doubling, to the cap.
+/// Backoff after a failed poll: quick at first (a blip), capped so a long outage is
+/// still noticed within half a minute of its end.
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
-
-/// Exponential backoff; reset by a success.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Backoff {
-    next: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Self { next: BACKOFF_FIRST }
-    }
-}
-
-impl Backoff {
-    pub fn next_delay(&mut self) -> Duration {
-        let delay = self.next;
-        self.next = (self.next * 2).min(BACKOFF_CAP);
-        delay
-    }
-
-    pub fn reset(&mut self) {
-        *self = Self::default();
-    }
-}
 
 /// What one poll did; the loop around [`Poller::poll_once`] only sleeps on `Wait`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -79,7 +57,16 @@ impl Poller {
         bridge: Bridge,
         poll_timeout: Duration,
     ) -> Self {
-        Self { bot, bot_id, ledger, routes, allowed_users, bridge, poll_timeout, backoff: Backoff::default() }
+        Self {
+            bot,
+            bot_id,
+            ledger,
+            routes,
+            allowed_users,
+            bridge,
+            poll_timeout,
+            backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
+        }
     }
 
     /// Polls until `shutdown`. A poll in flight when the daemon stops is abandoned: its
@@ -261,18 +248,6 @@ pub fn bot_id_from_token(token: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_to_its_cap_and_resets() {
-        let mut backoff = Backoff::default();
-        let delays: Vec<_> = (0..10).map(|_| backoff.next_delay()).collect();
-        assert_eq!(delays[0], BACKOFF_FIRST);
-        assert_eq!(delays[1], BACKOFF_FIRST * 2);
-        assert!(delays.windows(2).all(|w| w[1] >= w[0]));
-        assert_eq!(*delays.last().unwrap(), BACKOFF_CAP);
-        backoff.reset();
-        assert_eq!(backoff.next_delay(), BACKOFF_FIRST);
-    }
 
     #[test]
     fn bot_id_is_the_token_prefix() {
