@@ -247,3 +247,16 @@ async fn json_logs_carry_the_trace_id_of_each_envelope_and_no_message_text() {
     assert_eq!(recorded["route"], "owner-dm");
     assert!(!logs.contains("a private thought"), "message bodies stay out of logs above debug");
 }
+
+#[tokio::test]
+async fn a_group_that_became_a_supergroup_names_the_route_to_change() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let new_chat_id = -1_009_999_000_111;
+    fake.push_migration(ChatSpec::group(GROUP_CHAT, "Team"), new_chat_id);
+    daemon.wait_for_log("became supergroup", WAIT).await;
+    let line = daemon.logs().lines().find(|l| l.contains("became supergroup")).unwrap().to_owned();
+    assert!(line.contains("ERROR"), "{line}");
+    assert!(line.contains("team-group") && line.contains(&new_chat_id.to_string()), "{line}");
+    assert!(all_envelopes(&daemon).await.is_empty(), "a migration notice is not a conversation");
+}

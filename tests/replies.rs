@@ -322,3 +322,17 @@ async fn sigterm_with_a_connected_session_stops_promptly_and_keeps_the_envelope_
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
     orchestrator.wait_for_stderr("not reachable", WAIT).await.unwrap();
 }
+
+#[tokio::test]
+async fn a_reply_into_a_migrated_group_says_which_route_to_change() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(ChatSpec::group(GROUP_CHAT, "Team"), UserSpec::new(8, "Mia"), "before the upgrade");
+    let trace = trace_id(&worker.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    fake.fail_send_message(Fault::MigrateTo(-1_009_999_000_222));
+    let (is_error, text) = worker.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
+    assert!(is_error && text.contains("-1009999000222"), "{text}");
+    daemon.wait_for_log("change chat_id of route 'team-group' to -1009999000222", WAIT).await;
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+}
