@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::api::wire::{
     AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, PendingList, ReplyReceipt,
@@ -206,13 +207,13 @@ impl Bridge {
         envelope: &StoredEnvelope,
         redelivered: bool,
     ) -> bool {
-        let span = tracing::info_span!("envelope", trace_id = %envelope.trace_id);
-        let _entered = span.enter();
-        tracing::info!(
-            agent = envelope.agent.as_deref().unwrap_or_default(),
-            redelivered,
-            "handed to agent session"
-        );
+        tracing::info_span!("envelope", trace_id = %envelope.trace_id).in_scope(|| {
+            tracing::info!(
+                agent = envelope.agent.as_deref().unwrap_or_default(),
+                redelivered,
+                "handed to agent session"
+            )
+        });
         tx.send(SessionEvent::Envelope(envelope.delivered(redelivered))).await.is_ok()
     }
 
@@ -232,7 +233,16 @@ impl Bridge {
         let _turn = self.slot(agent).turn.lock().await;
         let envelope = self.resolve(agent, request.trace_id.as_deref()).await?;
         let span = tracing::info_span!("envelope", trace_id = %envelope.trace_id);
-        let _entered = span.enter();
+        self.deliver_reply(agent, envelope, &request.text).instrument(span).await
+    }
+
+    /// Sends a resolved reply and tells the agent what came of it.
+    async fn deliver_reply(
+        &self,
+        agent: &AgentName,
+        envelope: StoredEnvelope,
+        text: &str,
+    ) -> Result<ReplyReceipt, ApiError> {
         let target = ReplyTarget {
             envelope_id: envelope.id,
             trace_id: envelope.trace_id.clone(),
@@ -242,7 +252,7 @@ impl Bridge {
             thread_id: envelope.thread_id(),
             reply_to_message_id: i32::try_from(envelope.message_id).unwrap_or_default(),
         };
-        match self.inner.outbound.deliver(&target, &request.text).await.map_err(internal)? {
+        match self.inner.outbound.deliver(&target, text).await.map_err(internal)? {
             // The ledger settled the envelope with the attempt that decided it: acked by
             // the last part confirmed sent, unresolved by an unknown outcome.
             DeliveryOutcome::Delivered { message_ids } => {
