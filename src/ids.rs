@@ -87,6 +87,14 @@ impl TraceId {
     }
 
     /// Accepts what a model typed: surrounding whitespace is forgiven, anything else is not.
+    ///
+    /// ```
+    /// use switchboard::ids::TraceId;
+    ///
+    /// assert!(TraceId::parse(" env_k3x9q2m7ab\n").is_ok());
+    /// assert!(TraceId::parse("k3x9q2m7ab").is_err());
+    /// assert!(TraceId::parse("env_K3X9Q2M7AB").is_err());
+    /// ```
     pub fn parse(raw: &str) -> Result<Self, String> {
         let raw = raw.trim();
         let suffix = raw

@@ -98,6 +98,13 @@ pub fn telegram_thread(thread_id: Option<i32>) -> Option<i32> {
 /// Splits text into chunks of at most `limit` UTF-16 code units, preferring paragraph,
 /// line, sentence and word boundaries, in that order. Whitespace at a break is dropped;
 /// nothing else is.
+///
+/// ```
+/// use switchboard::outbound::split_text;
+///
+/// let chunks = split_text("First paragraph.\n\nSecond one, a little longer.", 30);
+/// assert_eq!(chunks, ["First paragraph.", "Second one, a little longer."]);
+/// ```
 pub fn split_text(text: &str, limit: usize) -> Vec<String> {
     assert!(limit > 0, "a chunk limit of zero cannot hold any text");
     let mut chunks = Vec::new();
