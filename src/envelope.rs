@@ -88,10 +88,15 @@ pub struct Sender {
 impl Sender {
     /// How the model and the logs refer to the sender: @username, else their name.
     pub fn display(&self) -> String {
-        match &self.username {
-            Some(username) => format!("@{username}"),
-            None => self.name.clone(),
-        }
+        sender_display(self.username.as_deref(), &self.name)
+    }
+}
+
+/// @username when there is one, else the name: the `user` the model sees.
+pub fn sender_display(username: Option<&str>, name: &str) -> String {
+    match username {
+        Some(username) => format!("@{username}"),
+        None => name.to_owned(),
     }
 }
 

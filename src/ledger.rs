@@ -15,7 +15,7 @@ use sqlx::{FromRow, SqlitePool};
 
 use crate::api::wire::{DeliveredEnvelope, PendingSummary};
 use crate::config::Synchronous;
-use crate::envelope::{Envelope, EnvelopeState};
+use crate::envelope::{Envelope, EnvelopeState, sender_display};
 use crate::ids::{AgentName, RouteName, TraceId};
 
 /// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
@@ -84,10 +84,7 @@ impl TryFrom<String> for EnvelopeState {
 
 impl StoredEnvelope {
     pub fn user(&self) -> String {
-        match &self.sender_username {
-            Some(username) => format!("@{username}"),
-            None => self.sender_name.clone(),
-        }
+        sender_display(self.sender_username.as_deref(), &self.sender_name)
     }
 
     pub fn thread_id(&self) -> Option<i32> {
