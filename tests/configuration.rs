@@ -187,3 +187,16 @@ fn an_unknown_key_is_refused() {
     let bad = config_text(dir.path()).replace("[api]", "[api]\nlisten_port = 1");
     refused(&bad, &[], "api", &["listen_port"]);
 }
+
+#[test]
+fn the_allowlist_can_come_from_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let (output, stderr) = switchboard(
+        dir.path(),
+        "check",
+        &config_text(dir.path()),
+        &[("SWITCHBOARD__TELEGRAM__ALLOWED_USERS", "111,222")],
+    );
+    assert!(output.status.success(), "{stderr}");
+    assert!(String::from_utf8_lossy(&output.stdout).contains("only [111, 222]"));
+}
