@@ -42,7 +42,7 @@ macro_rules! name_type {
 
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str(&self.0)
+                f.pad(&self.0)
             }
         }
 
@@ -114,7 +114,7 @@ impl TraceId {
 
 impl fmt::Display for TraceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
+        f.pad(&self.0)
     }
 }
 
@@ -178,6 +178,12 @@ mod tests {
         assert!(AgentName::parse("has space").is_err());
         assert!(RouteName::parse("ümlaut").is_err());
         assert!(RouteName::parse(&"x".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn names_honour_width_so_tables_line_up() {
+        assert_eq!(format!("{:<8}|", RouteName::parse("dm").unwrap()), "dm      |");
+        assert_eq!(format!("{:>6}", AgentName::parse("ops").unwrap()), "   ops");
     }
 
     #[test]
