@@ -219,7 +219,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
         LedgerCommand::List { state, agent, route, limit } => {
             let rows = ledger.list(&ListFilter { state, agent, route, limit }).await?;
             println!(
-                "{:<15} {:<10} {:<14} {:<14} {:<16} {:<20} PREVIEW",
+                "{:<15} {:<11} {:<14} {:<14} {:<16} {:<20} PREVIEW",
                 "TRACE_ID", "STATE", "AGENT", "ROUTE", "CHAT", "USER"
             );
             for e in &rows {
@@ -228,7 +228,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                     None => e.chat_id.to_string(),
                 };
                 println!(
-                    "{:<15} {:<10} {:<14} {:<14} {:<16} {:<20} {}",
+                    "{:<15} {:<11} {:<14} {:<14} {:<16} {:<20} {}",
                     e.trace_id,
                     e.state,
                     e.agent.as_deref().unwrap_or("-"),

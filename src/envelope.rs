@@ -48,7 +48,7 @@ impl EnvelopeState {
 
 impl fmt::Display for EnvelopeState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 

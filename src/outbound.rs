@@ -85,6 +85,12 @@ pub fn classify(result: &Result<Message, RequestError>) -> Observed {
         Err(RequestError::Network(e)) if e.is_connect() || e.is_builder() => {
             not_sent(format!("could not reach Telegram: {e}"))
         }
+        Err(RequestError::Network(e)) if e.is_timeout() => Observed::Unknown {
+            error: "Telegram did not answer within telegram.send_timeout_secs".to_owned(),
+        },
+        Err(RequestError::Network(e)) => Observed::Unknown {
+            error: format!("the connection to Telegram failed after the request went out: {e}"),
+        },
         Err(other) => Observed::Unknown { error: other.to_string() },
     }
 }
