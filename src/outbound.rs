@@ -17,8 +17,10 @@ use crate::ledger::{AttemptOutcome, Ledger, NewAttempt};
 pub const TELEGRAM_TEXT_LIMIT: usize = 4096;
 
 /// A `429` is Telegram saying "not yet": the request did not take effect, so waiting and
-/// sending again is safe. After this many waits in a row the reply is reported as not sent.
-const MAX_RATE_LIMIT_WAITS: usize = 5;
+/// sending again is safe. One reply waits at most this long in all; a longer limit is
+/// reported as not sent. It stays well below the channel plugin's reply timeout, so the
+/// agent always learns the outcome instead of giving up on an answer still coming.
+pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(120);
 
 /// A break point this far into a chunk is good enough; earlier ones would make many small
 /// messages, so a hard cut is better there.
@@ -189,9 +191,10 @@ impl Outbound {
     pub async fn deliver(&self, target: &ReplyTarget, text: &str) -> sqlx::Result<DeliveryOutcome> {
         let chunks = split_text(text, TELEGRAM_TEXT_LIMIT);
         let mut sent = Vec::with_capacity(chunks.len());
+        let mut rate_limit_budget = MAX_RATE_LIMIT_WAIT;
         for (index, text) in chunks.iter().enumerate() {
             let chunk = Chunk { text, index, count: chunks.len() };
-            match self.send_chunk(target, &chunk).await? {
+            match self.send_chunk(target, &chunk, &mut rate_limit_budget).await? {
                 Observed::Sent { message_id } => sent.push(message_id),
                 Observed::NotSent { error, .. } => return Ok(DeliveryOutcome::NotSent { sent, error }),
                 Observed::Unknown { error } => return Ok(DeliveryOutcome::Unknown { sent, error }),
@@ -200,14 +203,19 @@ impl Outbound {
         Ok(DeliveryOutcome::Delivered { message_ids: sent })
     }
 
-    /// One chunk, waiting out rate limits: each try is its own recorded attempt.
-    async fn send_chunk(&self, target: &ReplyTarget, chunk: &Chunk<'_>) -> sqlx::Result<Observed> {
-        let mut waits = 0;
+    /// One chunk, waiting out rate limits within the reply's `budget`: each try is its
+    /// own recorded attempt.
+    async fn send_chunk(
+        &self,
+        target: &ReplyTarget,
+        chunk: &Chunk<'_>,
+        budget: &mut Duration,
+    ) -> sqlx::Result<Observed> {
         loop {
             let observed = self.send_attempt(target, chunk).await?;
             match &observed {
-                Observed::NotSent { retry_after: Some(wait), .. } if waits < MAX_RATE_LIMIT_WAITS => {
-                    waits += 1;
+                Observed::NotSent { retry_after: Some(wait), .. } if *wait <= *budget => {
+                    *budget -= *wait;
                     tracing::warn!(trace_id = %target.trace_id, wait_secs = wait.as_secs(), "Telegram rate limit: waiting before sending again");
                     tokio::select! {
                         () = tokio::time::sleep(*wait) => continue,

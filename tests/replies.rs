@@ -336,3 +336,17 @@ async fn a_reply_into_a_migrated_group_says_which_route_to_change() {
     daemon.wait_for_log("change chat_id of route 'team-group' to -1009999000222", WAIT).await;
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
 }
+
+#[tokio::test]
+async fn a_rate_limit_longer_than_the_reply_may_wait_is_reported_as_not_sent() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "busy bot");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 3600 });
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "later"})).await.unwrap();
+    assert!(is_error && text.contains("rate limited by Telegram for 3600s"), "{text}");
+    assert!(fake.sent_messages().is_empty());
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending, "not sent: the agent may try again");
+}
