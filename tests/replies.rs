@@ -30,6 +30,26 @@ async fn state_of(daemon: &TestDaemon, trace_id: &str) -> EnvelopeState {
     state
 }
 
+/// The usual opening: a daemon, the orchestrator's session, and one message from the
+/// owner's DM delivered to it and waiting for an answer.
+struct OwnerWaiting {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    orchestrator: ChannelClient,
+    trace: String,
+}
+
+async fn owner_waiting(text: &str) -> OwnerWaiting {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), text);
+    let delivered = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(delivered[0].content, text);
+    let trace = trace_id(&delivered[0]);
+    OwnerWaiting { fake, daemon, orchestrator, trace }
+}
+
 fn trace_id(notification: &ChannelNotification) -> String {
     notification.meta_str("trace_id").expect("meta.trace_id").to_owned()
 }
@@ -200,12 +220,7 @@ async fn queued_envelopes_arrive_in_order_when_the_session_connects() {
 
 #[tokio::test]
 async fn after_a_daemon_restart_a_pending_envelope_is_redelivered_and_answered_once() {
-    let fake = FakeTelegram::start().await;
-    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "survive a restart");
-    let first = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
-    let trace = trace_id(&first[0]);
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("survive a restart").await;
 
     daemon.kill9();
     daemon.restart();
@@ -223,11 +238,7 @@ async fn after_a_daemon_restart_a_pending_envelope_is_redelivered_and_answered_o
 
 #[tokio::test]
 async fn a_send_that_hangs_after_telegram_recorded_it_becomes_unresolved_and_is_not_retried() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "will this arrive?");
-    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("will this arrive?").await;
 
     // send_timeout_secs is 2 in the test configuration.
     fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(10)));
@@ -258,11 +269,7 @@ async fn a_send_that_hangs_after_telegram_recorded_it_becomes_unresolved_and_is_
 
 #[tokio::test]
 async fn a_rate_limited_reply_is_delivered_after_the_wait() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "busy bot");
-    orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let OwnerWaiting { fake, daemon, orchestrator, trace: _ } = owner_waiting("busy bot").await;
     fake.fail_send_message(Fault::TooManyRequests { retry_after: 1 });
     let started = std::time::Instant::now();
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "after the wait"})).await.unwrap();
@@ -276,11 +283,8 @@ async fn a_rate_limited_reply_is_delivered_after_the_wait() {
 
 #[tokio::test]
 async fn a_long_reply_is_split_under_telegrams_limit() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "tell me everything");
-    orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace: _ } =
+        owner_waiting("tell me everything").await;
     let paragraph = "A sentence that goes on for a while. ".repeat(20);
     let long = vec![paragraph; 12].join("\n\n");
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": long})).await.unwrap();
@@ -297,11 +301,7 @@ async fn a_long_reply_is_split_under_telegrams_limit() {
 
 #[tokio::test]
 async fn a_refused_send_leaves_the_envelope_pending() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hi");
-    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("hi").await;
     fake.fail_send_message(Fault::Forbidden("Forbidden: bot was blocked by the user".into()));
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
     assert!(is_error && text.contains("did not take the reply"), "{text}");
@@ -310,11 +310,8 @@ async fn a_refused_send_leaves_the_envelope_pending() {
 
 #[tokio::test]
 async fn sigterm_with_a_connected_session_stops_promptly_and_keeps_the_envelope_pending() {
-    let fake = FakeTelegram::start().await;
-    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "pending at shutdown");
-    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let OwnerWaiting { fake: _fake, mut daemon, orchestrator, trace } =
+        owner_waiting("pending at shutdown").await;
     let started = std::time::Instant::now();
     let status = daemon.stop();
     assert!(status.success(), "{status}\n{}", daemon.logs());
@@ -339,11 +336,7 @@ async fn a_reply_into_a_migrated_group_says_which_route_to_change() {
 
 #[tokio::test]
 async fn a_rate_limit_longer_than_the_reply_may_wait_is_reported_as_not_sent() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "busy bot");
-    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("busy bot").await;
     fake.fail_send_message(Fault::TooManyRequests { retry_after: 3600 });
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "later"})).await.unwrap();
     assert!(is_error && text.contains("rate limited by Telegram for 3600s"), "{text}");
