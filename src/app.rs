@@ -65,15 +65,7 @@ impl Daemon {
         let outbound = Outbound::new(send_bot, ledger.clone(), shutdown.child_token());
         let bridge =
             Bridge::new(ledger.clone(), outbound, secrets.agents, shutdown.child_token(), tasks.clone());
-        let poller = Poller::new(
-            poll_bot,
-            bot_id,
-            ledger.clone(),
-            settings.routes.clone(),
-            telegram.allowed_users.clone(),
-            bridge.clone(),
-            telegram.poll_timeout,
-        );
+        let poller = Poller::new(poll_bot, bot_id, ledger.clone(), bridge.clone(), &settings);
         Ok(Self { ledger, listener, bridge, poller, shutdown, tasks })
     }
 

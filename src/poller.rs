@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backoff::Backoff;
 use crate::bridge::Bridge;
+use crate::config::Settings;
 use crate::envelope::{self, EnvelopeState, Inbound};
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::routes::{Disposition, RoutesTable, dispose};
@@ -48,23 +49,16 @@ pub struct Poller {
 }
 
 impl Poller {
-    pub fn new(
-        bot: Bot,
-        bot_id: i64,
-        ledger: Ledger,
-        routes: RoutesTable,
-        allowed_users: Vec<i64>,
-        bridge: Bridge,
-        poll_timeout: Duration,
-    ) -> Self {
+    /// A poller for the bot behind `bot`, routing by `settings`' routes and allowlist.
+    pub fn new(bot: Bot, bot_id: i64, ledger: Ledger, bridge: Bridge, settings: &Settings) -> Self {
         Self {
             bot,
             bot_id,
             ledger,
-            routes,
-            allowed_users,
+            routes: settings.routes.clone(),
+            allowed_users: settings.telegram.allowed_users.clone(),
             bridge,
-            poll_timeout,
+            poll_timeout: settings.telegram.poll_timeout,
             backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
         }
     }
