@@ -184,6 +184,14 @@ impl Poller {
                 );
                 delay
             }
+            e if webhook_is_active(e) => {
+                let delay = self.backoff.next_delay();
+                tracing::error!(
+                    retry_in_ms = delay.as_millis() as u64,
+                    "a webhook is set for this bot, so Telegram refuses getUpdates: remove it (Bot API deleteWebhook) to let switchboard poll"
+                );
+                delay
+            }
             RequestError::Api(ApiError::InvalidToken) => {
                 let delay = self.backoff.next_delay();
                 tracing::error!(
@@ -234,6 +242,16 @@ fn log_recorded(routed: &RoutedEnvelope) {
     tracing::debug!(text = e.content(), "envelope content");
 }
 
+/// Telegram refuses `getUpdates` while a webhook is set. teloxide knows the bare message;
+/// Telegram's real one has a "Conflict: " prefix and a hint after it.
+fn webhook_is_active(error: &RequestError) -> bool {
+    match error {
+        RequestError::Api(ApiError::CantGetUpdates) => true,
+        RequestError::Api(ApiError::Unknown(description)) => description.contains("webhook is active"),
+        _ => false,
+    }
+}
+
 /// The numeric bot id is the part of the token before the colon.
 pub fn bot_id_from_token(token: &str) -> Option<i64> {
     token.split_once(':').and_then(|(id, _)| id.parse().ok())
@@ -242,6 +260,14 @@ pub fn bot_id_from_token(token: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_active_webhook_is_recognised_in_both_wordings() {
+        assert!(webhook_is_active(&RequestError::Api(ApiError::CantGetUpdates)));
+        let real = "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first";
+        assert!(webhook_is_active(&RequestError::Api(ApiError::Unknown(real.into()))));
+        assert!(!webhook_is_active(&RequestError::Api(ApiError::TerminatedByOtherGetUpdates)));
+    }
 
     #[test]
     fn bot_id_is_the_token_prefix() {

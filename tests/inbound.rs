@@ -260,3 +260,16 @@ async fn a_group_that_became_a_supergroup_names_the_route_to_change() {
     assert!(line.contains("team-group") && line.contains(&new_chat_id.to_string()), "{line}");
     assert!(all_envelopes(&daemon).await.is_empty(), "a migration notice is not a conversation");
 }
+
+#[tokio::test]
+async fn an_active_webhook_is_reported_as_the_operators_problem() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_get_updates(Fault::Raw {
+        status: 409,
+        body: r#"{"ok":false,"error_code":409,"description":"Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first"}"#.into(),
+    });
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    daemon.wait_for_log("a webhook is set for this bot", WAIT).await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "after the webhook is gone");
+    wait_for_envelopes(&daemon, 1).await;
+}
