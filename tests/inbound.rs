@@ -210,7 +210,8 @@ async fn the_bot_token_never_appears_in_logs() {
     fake.fail_get_updates(Fault::HangWithoutRecording(Duration::from_secs(30)));
     // A poll timeout of 1 s gives the HTTP client 11 s: make the fake hang past it so
     // reqwest reports a timeout error (whose text would carry the URL, token included).
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    // Everything is logged, libraries' trace output included.
+    let daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), &[("RUST_LOG", "trace")]);
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hi");
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
     while all_envelopes(&daemon).await.is_empty() {
