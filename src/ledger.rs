@@ -675,6 +675,19 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_database_uses_wal_and_the_configured_durability() {
+        for (setting, expected) in [(Synchronous::Normal, 1), (Synchronous::Full, 2)] {
+            let dir = tempfile::tempdir().unwrap();
+            let ledger = Ledger::open(&dir.path().join("ledger.db"), setting).await.unwrap();
+            let mode: String =
+                sqlx::query_scalar("PRAGMA journal_mode").fetch_one(ledger.pool()).await.unwrap();
+            assert_eq!(mode, "wal");
+            let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(ledger.pool()).await.unwrap();
+            assert_eq!(sync, expected, "{setting:?}");
+        }
+    }
+
+    #[tokio::test]
     async fn a_batch_and_its_offset_commit_together_and_replays_are_skipped() {
         let (_dir, ledger) = ledger().await;
         let batch = [routed(1, EnvelopeState::Queued), routed(2, EnvelopeState::Queued)];
