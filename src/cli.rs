@@ -93,13 +93,6 @@ pub enum LedgerCommand {
     },
 }
 
-impl std::str::FromStr for EnvelopeState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        EnvelopeState::parse(s)
-    }
-}
-
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Runtime::new() {

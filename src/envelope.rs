@@ -60,6 +60,22 @@ impl EnvelopeState {
     }
 }
 
+/// For clap (`ledger list --state`).
+impl std::str::FromStr for EnvelopeState {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+/// For sqlx, which reads the state column as text.
+impl TryFrom<String> for EnvelopeState {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Self::parse(&value)
+    }
+}
+
 /// A new message or an edit of an earlier one. Edits are recorded as envelopes of their
 /// own so later revision handling can relate them to the original message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -83,13 +99,6 @@ pub struct Sender {
     pub id: Option<i64>,
     pub username: Option<String>,
     pub name: String,
-}
-
-impl Sender {
-    /// How the model and the logs refer to the sender: @username, else their name.
-    pub fn display(&self) -> String {
-        sender_display(self.username.as_deref(), &self.name)
-    }
 }
 
 /// @username when there is one, else the name: the `user` the model sees.
@@ -317,7 +326,7 @@ mod tests {
         assert_eq!(e.channel, Channel { chat_id: 42, thread_id: None });
         assert_eq!(e.chat_type, "private");
         assert_eq!(e.message_id, 3);
-        assert_eq!(e.sender.display(), "@ann");
+        assert_eq!(sender_display(e.sender.username.as_deref(), &e.sender.name), "@ann");
         assert_eq!(e.sender.name, "Ann Lee");
         assert_eq!(e.content(), "hello");
         assert_eq!(e.sent_at.timestamp(), 1_700_000_000);

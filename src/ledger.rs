@@ -75,13 +75,6 @@ pub struct StoredEnvelope {
     pub note: Option<String>,
 }
 
-impl TryFrom<String> for EnvelopeState {
-    type Error = String;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        EnvelopeState::parse(&value)
-    }
-}
-
 impl StoredEnvelope {
     pub fn user(&self) -> String {
         sender_display(self.sender_username.as_deref(), &self.sender_name)

@@ -106,10 +106,6 @@ impl RoutesTable {
         &self.routes
     }
 
-    pub fn by_name(&self, name: &str) -> Option<&Route> {
-        self.routes.iter().find(|route| route.name.as_str() == name)
-    }
-
     /// Routes that name this chat, for telling an operator what to change when a group
     /// migrates to a supergroup.
     pub fn routes_for_chat(&self, chat_id: i64) -> impl Iterator<Item = &Route> {
