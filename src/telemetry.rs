@@ -21,8 +21,10 @@ const QUIET_LIBRARIES: &[&str] =
 /// Installs the global subscriber. `RUST_LOG` overrides `filter`.
 pub fn init(format: LogFormat, filter: &str, secrets: Vec<String>) -> anyhow::Result<()> {
     let base = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
+    // Defaults first: a later directive for the same target replaces an earlier one, so an
+    // operator who names a library (`RUST_LOG=hyper=debug`) gets what they asked for.
     let directives =
-        std::iter::once(base.as_str()).chain(QUIET_LIBRARIES.iter().copied()).collect::<Vec<_>>().join(",");
+        QUIET_LIBRARIES.iter().copied().chain(std::iter::once(base.as_str())).collect::<Vec<_>>().join(",");
     let filter =
         EnvFilter::try_new(&directives).map_err(|e| anyhow::anyhow!("bad log filter '{base}': {e}"))?;
     let writer = ScrubbingStderr::new(secrets);
