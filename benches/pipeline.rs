@@ -24,8 +24,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
-use switchboard::api::client::{DaemonClient, SessionStream};
-use switchboard::api::wire::{DeliveredEnvelope, ReplyRequest, SessionEvent};
+use switchboard::agents::api::client::{DaemonClient, SessionStream};
+use switchboard::agents::api::wire::{DeliveredEnvelope, ReplyRequest, SessionEvent};
 use switchboard::config::Synchronous;
 use switchboard::ids::{AgentName, Secret};
 use switchboard::ledger::Ledger;

@@ -12,12 +12,12 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::api;
-use crate::bridge::Bridge;
+use crate::agents::api;
+use crate::agents::bridge::Bridge;
 use crate::config::{DaemonSecrets, Settings};
 use crate::ledger::Ledger;
-use crate::outbound::Outbound;
-use crate::poller::{self, Poller};
+use crate::telegram::outbound::Outbound;
+use crate::telegram::poller::{self, Poller};
 
 /// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
 /// up, so a healthy long poll is never cut short by our own timeout.

@@ -7,13 +7,14 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
+use crate::agents::channel;
 use crate::app::Daemon;
 use crate::config::{LogFormat, Settings};
-use crate::envelope::EnvelopeState;
 use crate::ids::AgentName;
+use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, ListFilter, Reconciliation};
-use crate::routes::RouteTarget;
-use crate::{channel, telemetry};
+use crate::rules::routes::RouteTarget;
+use crate::telemetry;
 
 #[derive(Debug, Parser)]
 #[command(name = "switchboard", version, about = "Routes Telegram conversations to AI agent sessions")]

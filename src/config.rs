@@ -15,7 +15,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ids::{AgentName, RouteName, Secret};
-use crate::routes::{Route, RouteTarget, RoutesError, RoutesTable};
+use crate::rules::routes::{Route, RouteTarget, RoutesError, RoutesTable};
 
 /// Prefix and separator of environment overrides: `SWITCHBOARD__TELEGRAM__API_URL`.
 const ENV_PREFIX: &str = "SWITCHBOARD";

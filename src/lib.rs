@@ -1,21 +1,23 @@
 //! switchboard: connects Telegram conversations to AI agent sessions, durably and
-//! explicitly. Modules follow the path of a message (see DESIGN.md §1):
+//! explicitly. The modules follow the path of a message (DESIGN.md §1 and §13):
 //!
-//! poller → envelope → routes → ledger → bridge → api (local API) → channel (MCP plugin)
-//! and back: channel → api → resolver → outbound → Telegram.
+//! - [`telegram`]: the edge to Telegram — the poller turns updates into envelopes, and
+//!   outbound delivers replies as recorded attempts.
+//! - [`ledger`]: the SQLite ack ledger every hop writes through.
+//! - [`agents`]: the edge to agent sessions — the bridge, the local API and the MCP
+//!   channel plugin.
+//! - [`rules`]: the pure decisions (routes, the reply resolver): no I/O, no clock.
+//!
+//! Around them: [`config`], [`telemetry`], [`ids`], [`app`] (build and supervise the
+//! daemon) and [`cli`].
 
-pub mod api;
+pub mod agents;
 pub mod app;
 pub mod backoff;
-pub mod bridge;
-pub mod channel;
 pub mod cli;
 pub mod config;
-pub mod envelope;
 pub mod ids;
 pub mod ledger;
-pub mod outbound;
-pub mod poller;
-pub mod resolver;
-pub mod routes;
+pub mod rules;
+pub mod telegram;
 pub mod telemetry;

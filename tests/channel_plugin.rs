@@ -20,7 +20,7 @@ use futures::StreamExt as _;
 use rmcp::model::ProtocolVersion;
 use serde_json::json;
 use support::mcp::ChannelClient;
-use switchboard::api::wire::{
+use switchboard::agents::api::wire::{
     AckReceipt, AckRequest, ApiError, DeliveredEnvelope, ErrorCode, PendingList, PendingSummary,
     ReplyReceipt, ReplyRequest, SessionEvent,
 };

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
-use switchboard::envelope::EnvelopeState;
+use switchboard::ledger::EnvelopeState;
 use switchboard::ledger::{ListFilter, StoredEnvelope};
 
 const WAIT: Duration = Duration::from_secs(20);

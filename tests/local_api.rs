@@ -4,7 +4,7 @@ mod support;
 
 use support::daemon::*;
 use support::fake_telegram::FakeTelegram;
-use switchboard::api::wire::{ApiError, ErrorCode};
+use switchboard::agents::api::wire::{ApiError, ErrorCode};
 
 #[tokio::test]
 async fn requests_without_the_agents_own_secret_are_refused() {

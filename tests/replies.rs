@@ -9,7 +9,7 @@ use serde_json::json;
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, UserSpec};
 use support::mcp::{ChannelClient, ChannelNotification};
-use switchboard::envelope::EnvelopeState;
+use switchboard::ledger::EnvelopeState;
 
 const WAIT: Duration = Duration::from_secs(20);
 

@@ -15,15 +15,15 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::api::wire::{
+use crate::agents::api::wire::{
     AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, PendingList, ReplyReceipt,
     ReplyRequest, SessionEvent,
 };
-use crate::envelope::EnvelopeState;
 use crate::ids::{AgentName, Secret, TraceId};
+use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, StoredEnvelope};
-use crate::outbound::{DeliveryOutcome, Outbound, ReplyTarget};
-use crate::resolver::{self, ResolveError};
+use crate::rules::resolver::{self, ResolveError};
+use crate::telegram::outbound::{DeliveryOutcome, Outbound, ReplyTarget};
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
 /// session claims the next envelope only once the previous one was taken, so a vanished

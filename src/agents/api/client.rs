@@ -27,7 +27,8 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(15);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
 
 // The daemon's rate-limit waits must end well before the plugin stops waiting for them.
-const _: () = assert!(REPLY_TIMEOUT.as_secs() >= 2 * crate::outbound::MAX_RATE_LIMIT_WAIT.as_secs());
+const _: () =
+    assert!(REPLY_TIMEOUT.as_secs() >= 2 * crate::telegram::outbound::MAX_RATE_LIMIT_WAIT.as_secs());
 
 /// Three missed heartbeats: the daemon is gone even though the connection never closed
 /// (a suspended machine, a wedged process).

@@ -4,7 +4,7 @@
 //! them in; the resolver never guesses and "most recent" is never a fallback. A refusal
 //! changes nothing, so the agent can simply call again with a `trace_id`.
 
-use crate::envelope::EnvelopeState;
+use crate::ledger::EnvelopeState;
 use crate::ledger::StoredEnvelope;
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

@@ -3,78 +3,12 @@
 //! [`classify`] is the pure step from a teloxide `Update` to what the poller must do with
 //! it; it does no I/O, so every kind of update can be tested with plain values.
 
-use std::fmt;
-
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use teloxide::types::{Chat, Message, Update, UpdateKind};
 
 use crate::ids::TraceId;
-use crate::routes::Channel;
-
-/// The ledger states of DESIGN.md §2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EnvelopeState {
-    /// Stored; its agent's session has not taken it yet.
-    Queued,
-    /// Handed to the agent's session, not yet answered.
-    Pending,
-    /// Answered (delivery confirmed) or acked explicitly.
-    Acked,
-    /// A reply's outcome is unknown; an operator must reconcile it.
-    Unresolved,
-    /// No route matched its channel.
-    Unrouted,
-    /// Its sender is not on the allowlist.
-    Rejected,
-}
-
-impl EnvelopeState {
-    pub const ALL: [EnvelopeState; 6] =
-        [Self::Queued, Self::Pending, Self::Acked, Self::Unresolved, Self::Unrouted, Self::Rejected];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Queued => "queued",
-            Self::Pending => "pending",
-            Self::Acked => "acked",
-            Self::Unresolved => "unresolved",
-            Self::Unrouted => "unrouted",
-            Self::Rejected => "rejected",
-        }
-    }
-}
-
-impl fmt::Display for EnvelopeState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-impl EnvelopeState {
-    pub fn parse(s: &str) -> Result<Self, String> {
-        Self::ALL.into_iter().find(|state| state.as_str() == s).ok_or_else(|| {
-            format!("unknown state '{s}' (one of: queued, pending, acked, unresolved, unrouted, rejected)")
-        })
-    }
-}
-
-/// For clap (`ledger list --state`).
-impl std::str::FromStr for EnvelopeState {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::parse(s)
-    }
-}
-
-/// For sqlx, which reads the state column as text.
-impl TryFrom<String> for EnvelopeState {
-    type Error = String;
-    fn try_from(value: String) -> Result<Self, Self::Error> {
-        Self::parse(&value)
-    }
-}
+use crate::rules::routes::Channel;
 
 /// A new message or an edit of an earlier one. Edits are recorded as envelopes of their
 /// own so later revision handling can relate them to the original message.
@@ -413,13 +347,5 @@ mod tests {
         let post = update(json!({"update_id": 14, "channel_post": {"message_id": 1, "date": 1_700_000_000,
             "chat": {"id": -100, "type": "channel", "title": "News"}, "text": "hi"}}));
         assert_eq!(classify(&post), Inbound::Ignored { update_id: 14, kind: "channel_post" });
-    }
-
-    #[test]
-    fn states_round_trip_through_text() {
-        for state in EnvelopeState::ALL {
-            assert_eq!(EnvelopeState::parse(state.as_str()), Ok(state));
-        }
-        assert!(EnvelopeState::parse("done").is_err());
     }
 }

@@ -11,7 +11,7 @@ use axum::{Json, Router};
 use futures::stream;
 
 use super::wire::{AckRequest, ApiError, ErrorCode, ReplyRequest, SessionEvent};
-use crate::bridge::Bridge;
+use crate::agents::bridge::Bridge;
 use crate::ids::AgentName;
 
 pub fn router(bridge: Bridge) -> Router {

@@ -10,8 +10,8 @@ use teloxide::prelude::*;
 use teloxide::types::{MessageId, ReplyParameters, ThreadId};
 use tokio_util::sync::CancellationToken;
 
-use crate::envelope::GENERAL_TOPIC_ID;
 use crate::ledger::{AttemptOutcome, Ledger, NewAttempt};
+use crate::telegram::envelope::GENERAL_TOPIC_ID;
 
 /// Telegram's limit for one message, in UTF-16 code units (how Telegram counts).
 pub const TELEGRAM_TEXT_LIMIT: usize = 4096;
@@ -108,7 +108,7 @@ pub fn telegram_thread(thread_id: Option<i32>) -> Option<i32> {
 /// nothing else is.
 ///
 /// ```
-/// use switchboard::outbound::split_text;
+/// use switchboard::telegram::outbound::split_text;
 ///
 /// let chunks = split_text("First paragraph.\n\nSecond one, a little longer.", 30);
 /// assert_eq!(chunks, ["First paragraph.", "Second one, a little longer."]);

@@ -9,12 +9,13 @@ use teloxide::prelude::*;
 use teloxide::{ApiError, RequestError};
 use tokio_util::sync::CancellationToken;
 
+use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
-use crate::bridge::Bridge;
 use crate::config::Settings;
-use crate::envelope::{self, EnvelopeState, Inbound};
+use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, RoutedEnvelope};
-use crate::routes::{Disposition, RoutesTable, dispose};
+use crate::rules::routes::{Disposition, RoutesTable, dispose};
+use crate::telegram::envelope::{self, Inbound};
 
 /// Telegram's maximum batch.
 const BATCH_LIMIT: u8 = 100;

@@ -1,0 +1,271 @@
+//! The session stream: from the daemon's local API into the agent session, reconnecting
+//! with backoff while the daemon is away.
+
+use std::time::Duration;
+
+use rmcp::model::ServerNotification;
+use rmcp::{Peer, RoleServer};
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::api::client::{ClientError, DaemonClient};
+use crate::agents::api::wire::{ErrorCode, SessionEvent};
+use crate::backoff::Backoff;
+use crate::ids::AgentName;
+
+use super::texts::channel_notification;
+
+/// First wait before reopening the session stream after the daemon went away; it doubles
+/// up to [`MAX_RECONNECT_DELAY`], so a restarting daemon is found again within seconds.
+const FIRST_RECONNECT_DELAY: Duration = Duration::from_millis(500);
+const MAX_RECONNECT_DELAY: Duration = Duration::from_secs(5);
+
+/// Wait between attempts while the daemon refuses this session (another session of the
+/// agent is connected, or the secret is wrong): someone has to act first, and polling
+/// faster would only fight the other session.
+const REFUSED_RETRY_DELAY: Duration = Duration::from_secs(5);
+
+/// Feeds the daemon's session stream into the agent session, reconnecting until shutdown.
+pub(super) struct SessionForwarder {
+    pub(super) daemon: DaemonClient,
+    pub(super) secret_env: String,
+    pub(super) peer: Peer<RoleServer>,
+}
+
+/// Why one connection of the session stream ended.
+#[derive(Debug)]
+enum SessionEnd {
+    /// The daemon closed the stream (it is stopping, or it let this session go).
+    Closed,
+    /// Opening or reading the stream failed.
+    Failed(ClientError),
+    /// The agent session no longer takes notifications: it is ending.
+    AgentGone,
+}
+
+impl SessionForwarder {
+    pub(super) async fn run(self, shutdown: CancellationToken) {
+        let mut reconnect = Reconnect::default();
+        // The last problem logged, so a daemon that stays down is reported once, not every 5s.
+        let mut reported: Option<String> = None;
+        loop {
+            let end = tokio::select! {
+                () = shutdown.cancelled() => return,
+                end = self.stream_once(&mut reconnect, &mut reported) => end,
+            };
+            let delay = match &end {
+                SessionEnd::AgentGone => {
+                    tracing::debug!(
+                        "the agent session stopped taking notifications; stopping the session stream"
+                    );
+                    return;
+                }
+                SessionEnd::Closed => {
+                    tracing::info!(daemon = %self.daemon.address(), "the daemon closed the session stream; reconnecting");
+                    reconnect.after_failure(None)
+                }
+                SessionEnd::Failed(error) => {
+                    let problem =
+                        session_problem(error, self.daemon.agent(), &self.secret_env, self.daemon.address());
+                    if reported.as_deref() == Some(problem.text.as_str()) {
+                        tracing::debug!("{}", problem.text);
+                    } else {
+                        match problem.severity {
+                            Severity::Warn => tracing::warn!("{}", problem.text),
+                            Severity::Error => tracing::error!("{}", problem.text),
+                        }
+                        reported = Some(problem.text);
+                    }
+                    reconnect.after_failure(Some(error))
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    /// One connection: open the stream, push envelopes until it ends.
+    async fn stream_once(&self, reconnect: &mut Reconnect, reported: &mut Option<String>) -> SessionEnd {
+        let mut session = match self.daemon.open_session().await {
+            Ok(session) => session,
+            Err(error) => return SessionEnd::Failed(error),
+        };
+        reconnect.connected();
+        if reported.take().is_some() {
+            tracing::info!(daemon = %self.daemon.address(), session_id = %session.session_id, "connected to the switchboard daemon again");
+        } else {
+            tracing::info!(daemon = %self.daemon.address(), session_id = %session.session_id, "connected to the switchboard daemon");
+        }
+        loop {
+            match session.next_event().await {
+                Ok(Some(SessionEvent::Envelope(envelope))) => {
+                    let notification =
+                        ServerNotification::CustomNotification(channel_notification(&envelope));
+                    if self.peer.send_notification(notification).await.is_err() {
+                        return SessionEnd::AgentGone;
+                    }
+                    tracing::debug!(trace_id = %envelope.trace_id, redelivered = envelope.redelivered, "envelope pushed into the agent session");
+                }
+                Ok(Some(SessionEvent::Heartbeat)) => {}
+                Ok(Some(SessionEvent::Hello { .. })) => {
+                    tracing::warn!("the daemon said hello twice on one session stream; ignoring it");
+                }
+                Ok(None) => return SessionEnd::Closed,
+                // One bad line does not spoil the stream; its envelope stays pending in the
+                // ledger and is listed by `pending`.
+                Err(error @ ClientError::Protocol { .. }) => {
+                    tracing::warn!("skipping a session line: {error}")
+                }
+                Err(error) => return SessionEnd::Failed(error),
+            }
+        }
+    }
+}
+
+/// Delays between attempts to open the session stream.
+#[derive(Debug)]
+struct Reconnect {
+    backoff: Backoff,
+}
+
+impl Default for Reconnect {
+    fn default() -> Self {
+        Self { backoff: Backoff::new(FIRST_RECONNECT_DELAY, MAX_RECONNECT_DELAY) }
+    }
+}
+
+impl Reconnect {
+    fn connected(&mut self) {
+        self.backoff.reset();
+    }
+
+    /// The wait before the next attempt. A refusal waits [`REFUSED_RETRY_DELAY`]; anything
+    /// else backs off from [`FIRST_RECONNECT_DELAY`] to [`MAX_RECONNECT_DELAY`].
+    fn after_failure(&mut self, error: Option<&ClientError>) -> Duration {
+        if error.is_some_and(|e| matches!(e, ClientError::Refused { .. })) {
+            return REFUSED_RETRY_DELAY;
+        }
+        self.backoff.next_delay()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Severity {
+    Warn,
+    Error,
+}
+
+/// A session-stream failure as the operator reads it on stderr.
+#[derive(Debug, PartialEq, Eq)]
+struct SessionProblem {
+    severity: Severity,
+    text: String,
+}
+
+fn session_problem(
+    error: &ClientError,
+    agent: &AgentName,
+    secret_env: &str,
+    address: std::net::SocketAddr,
+) -> SessionProblem {
+    let retry_secs = REFUSED_RETRY_DELAY.as_secs();
+    let (severity, text) = match error {
+        ClientError::Refused { error: refusal, .. } => match refusal.code {
+            ErrorCode::SessionConflict => (
+                Severity::Error,
+                format!(
+                    "another session for agent '{agent}' is already connected to the switchboard daemon at \
+                     {address}; this one gets no messages until that one ends (checking again every {retry_secs}s)"
+                ),
+            ),
+            ErrorCode::Unauthorized => (
+                Severity::Error,
+                format!(
+                    "the switchboard daemon at {address} refused the secret of agent '{agent}' (from ${secret_env}): \
+                     {}; `switchboard run` and `switchboard channel` need the same value (retrying every {retry_secs}s)",
+                    refusal.message
+                ),
+            ),
+            _ => (
+                Severity::Warn,
+                format!(
+                    "the switchboard daemon at {address} refused the session stream: {} (retrying every {retry_secs}s)",
+                    refusal.message
+                ),
+            ),
+        },
+        ClientError::Unreachable { .. } => (Severity::Warn, format!("{error}; retrying until it is")),
+        ClientError::NoAnswer { .. } | ClientError::Protocol { .. } => {
+            (Severity::Warn, format!("lost the session stream: {error}; reconnecting"))
+        }
+    };
+    SessionProblem { severity, text }
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::StatusCode;
+
+    use super::*;
+    use crate::agents::api::wire::ApiError;
+
+    fn agent() -> AgentName {
+        AgentName::parse("worker").unwrap()
+    }
+
+    fn refused(code: ErrorCode, message: &str) -> ClientError {
+        ClientError::Refused {
+            status: StatusCode::CONFLICT,
+            error: ApiError { code, message: message.into(), candidates: vec![] },
+        }
+    }
+
+    fn unreachable() -> ClientError {
+        ClientError::Unreachable {
+            address: "127.0.0.1:7797".parse().unwrap(),
+            detail: "Connection refused (os error 111)".into(),
+        }
+    }
+
+    #[test]
+    fn reconnect_backs_off_to_a_cap_and_resets_on_success() {
+        let mut reconnect = Reconnect::default();
+        let delays: Vec<_> = (0..6).map(|_| reconnect.after_failure(Some(&unreachable()))).collect();
+        let millis: Vec<_> = delays.iter().map(Duration::as_millis).collect();
+        assert_eq!(millis, [500, 1000, 2000, 4000, 5000, 5000]);
+        reconnect.connected();
+        assert_eq!(reconnect.after_failure(None), FIRST_RECONNECT_DELAY);
+    }
+
+    #[test]
+    fn refusals_retry_slowly() {
+        let mut reconnect = Reconnect::default();
+        let conflict = refused(ErrorCode::SessionConflict, "taken");
+        assert_eq!(reconnect.after_failure(Some(&conflict)), REFUSED_RETRY_DELAY);
+        assert_eq!(reconnect.after_failure(Some(&conflict)), REFUSED_RETRY_DELAY);
+    }
+
+    #[test]
+    fn session_problems_say_what_is_wrong() {
+        let address = "127.0.0.1:7797".parse().unwrap();
+        let conflict = session_problem(&refused(ErrorCode::SessionConflict, "taken"), &agent(), "S", address);
+        assert_eq!(conflict.severity, Severity::Error);
+        assert!(
+            conflict.text.starts_with("another session for agent 'worker' is already connected"),
+            "{conflict:?}"
+        );
+
+        let secret =
+            session_problem(&refused(ErrorCode::Unauthorized, "no"), &agent(), "WORKER_SECRET", address);
+        assert_eq!(secret.severity, Severity::Error);
+        assert!(
+            secret.text.contains("refused the secret of agent 'worker' (from $WORKER_SECRET)"),
+            "{secret:?}"
+        );
+
+        let down = session_problem(&unreachable(), &agent(), "S", address);
+        assert_eq!(down.severity, Severity::Warn);
+        assert!(down.text.contains("127.0.0.1:7797 is not reachable"), "{down:?}");
+    }
+}

@@ -1,0 +1,258 @@
+//! `switchboard channel --agent NAME`: the MCP channel plugin an agent session starts
+//! (DESIGN.md §5).
+//!
+//! It speaks MCP over stdio to the agent session (Claude Code) and HTTP to the daemon's
+//! local API ([`crate::agents::api::client`]). Once the session has finished its handshake, the
+//! plugin opens the agent's session stream and pushes every envelope into the session as a
+//! `notifications/claude/channel` notification; the `reply`, `pending` and `ack` tools
+//! call the daemon back. stdout carries MCP messages only; logs go to stderr.
+//!
+//! The plugin outlives the daemon: while it is unreachable, or refuses this session, the
+//! MCP side keeps working (tools answer with what is wrong) and the session stream is
+//! retried until the daemon is back. That includes a refused secret (401): the fix may be
+//! on the daemon's side (it reads the secret at start-up), so the plugin keeps checking
+//! every few seconds and says on stderr and in every tool answer what is wrong, instead of
+//! exiting and taking its tools and messages out of the agent session.
+
+use std::borrow::Cow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    DiscoverRequestMethod, DiscoverResult, ExperimentalCapabilities, Implementation, JsonObject,
+    ProtocolVersion, ServerCapabilities, ServerConfig,
+};
+use rmcp::service::{NotificationContext, RequestContext, ServerInitializeError};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::agents::api::client::{ClientError, DaemonClient};
+use crate::agents::api::wire::{AckRequest, ReplyRequest};
+use crate::config::Settings;
+use crate::ids::AgentName;
+
+mod forwarder;
+mod texts;
+
+use forwarder::SessionForwarder;
+use texts::{
+    ToolName, describe_ack, describe_failure, describe_pending, describe_receipt, instructions,
+    optional_trace_id, parse_trace_id,
+};
+
+/// The experimental capability that makes Claude Code treat this server as a channel.
+pub const CHANNEL_CAPABILITY: &str = "claude/channel";
+
+/// The notification that carries one envelope into the agent session.
+pub const CHANNEL_NOTIFICATION_METHOD: &str = "notifications/claude/channel";
+
+/// Claude Code registers channels on the `initialize` lifecycle, which ends with this
+/// revision; a client asking for anything newer is answered with it.
+const MAX_PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// How long the session-stream task may take to stop once the agent session has ended.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Runs the channel plugin for `agent` until the agent session closes stdin.
+///
+/// Fails only when it cannot start: the agent's secret is missing, or the MCP handshake
+/// fails. A daemon that is unreachable or refuses the session, even with 401 for a wrong
+/// secret, is not a reason to exit: the plugin says so on stderr and in every tool answer
+/// and keeps retrying (see the module documentation for why).
+pub async fn run(settings: Settings, agent: AgentName) -> anyhow::Result<()> {
+    let secret = settings
+        .agent_secret(&agent)
+        .with_context(|| format!("the channel plugin for agent '{agent}' cannot authenticate"))?;
+    let secret_env = settings.agents.get(&agent).map(|a| a.token_env.clone()).unwrap_or_default();
+    let daemon = DaemonClient::new(settings.api.listen, agent.clone(), secret)
+        .context("cannot build the HTTP client for the daemon's local API")?;
+    tracing::info!(%agent, daemon = %settings.api.listen, "channel plugin starting");
+
+    let shutdown = CancellationToken::new();
+    let tasks = TaskTracker::new();
+    let plugin = ChannelPlugin::new(daemon, secret_env, shutdown.clone(), tasks.clone());
+    let service = match plugin.serve(rmcp::transport::stdio()).await {
+        Ok(service) => service,
+        Err(ServerInitializeError::ConnectionClosed(_)) => {
+            tracing::info!("the agent session closed stdin before the MCP handshake; exiting");
+            return Ok(());
+        }
+        Err(e) => return Err(e).context("MCP handshake with the agent session failed"),
+    };
+
+    let quit = service.waiting().await;
+    tracing::info!("agent session ended; closing the daemon session");
+    // Dropping the session stream tells the daemon this agent's slot is free again.
+    shutdown.cancel();
+    tasks.close();
+    if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait()).await.is_err() {
+        tracing::warn!("the session stream did not stop within {SHUTDOWN_GRACE:?}; exiting anyway");
+    }
+    quit.context("the MCP service task failed")?;
+    Ok(())
+}
+
+/// The MCP server half of the plugin.
+struct ChannelPlugin {
+    daemon: DaemonClient,
+    /// The variable that holds the agent's secret, named in messages about a refused secret.
+    secret_env: String,
+    instructions: String,
+    tool_router: ToolRouter<Self>,
+    /// Stops the session-stream task when the agent session ends.
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+    /// Set once the session stream is started, so a repeated `initialized` starts no second one.
+    stream_started: AtomicBool,
+}
+
+/// Arguments of the `reply` tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct ReplyArgs {
+    /// The message to send, as plain text. Long texts are split into several messages for you.
+    text: String,
+    /// The trace_id (env_…) of the message you are answering, from its <channel> meta.
+    /// Required when more than one conversation is waiting.
+    #[serde(default)]
+    trace_id: Option<String>,
+}
+
+/// Arguments of the `ack` tool.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct AckArgs {
+    /// The trace_id (env_…) of the message you handled without replying.
+    trace_id: String,
+    /// Why no reply is needed, for the operator's record.
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// The tools, named in failure messages.
+#[tool_router]
+impl ChannelPlugin {
+    fn new(
+        daemon: DaemonClient,
+        secret_env: String,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Self {
+        let instructions = instructions(daemon.agent());
+        Self {
+            daemon,
+            secret_env,
+            instructions,
+            tool_router: Self::tool_router(),
+            shutdown,
+            tasks,
+            stream_started: AtomicBool::new(false),
+        }
+    }
+
+    #[tool(
+        description = "Send a reply to the Telegram conversation a <channel> message came from. \
+                       Name the message with trace_id whenever more than one conversation is waiting; \
+                       without it the reply is refused and the waiting conversations are listed.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = true
+        )
+    )]
+    async fn reply(&self, Parameters(args): Parameters<ReplyArgs>) -> Result<String, String> {
+        if args.text.trim().is_empty() {
+            return Err("text is empty: there is nothing to send. Nothing was sent.".into());
+        }
+        let trace_id = optional_trace_id(args.trace_id.as_deref())?;
+        let request = ReplyRequest { text: args.text, trace_id: trace_id.map(|id| id.to_string()) };
+        match self.daemon.reply(&request).await {
+            Ok(receipt) => Ok(describe_receipt(&receipt)),
+            Err(error) => Err(self.tool_failure(ToolName::Reply, &error)),
+        }
+    }
+
+    #[tool(
+        description = "List the conversations waiting for an answer: trace_id, chat, topic, sender and the \
+                       start of each message.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn pending(&self) -> Result<String, String> {
+        match self.daemon.pending().await {
+            Ok(list) => Ok(describe_pending(&list)),
+            Err(error) => Err(self.tool_failure(ToolName::Pending, &error)),
+        }
+    }
+
+    #[tool(
+        description = "Mark a message as handled without replying to it (for example when it needs no answer). \
+                       Nothing is sent to Telegram.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn ack(&self, Parameters(args): Parameters<AckArgs>) -> Result<String, String> {
+        let trace_id = parse_trace_id(&args.trace_id)?;
+        let note = args.note.filter(|note| !note.trim().is_empty());
+        let noted = note.is_some();
+        match self.daemon.ack(&AckRequest { trace_id: trace_id.to_string(), note }).await {
+            Ok(receipt) => Ok(describe_ack(&receipt, noted)),
+            Err(error) => Err(self.tool_failure(ToolName::Ack, &error)),
+        }
+    }
+}
+
+impl ChannelPlugin {
+    /// The failure text for the model; the failure is logged for the operator too.
+    fn tool_failure(&self, tool: ToolName, error: &ClientError) -> String {
+        let text = describe_failure(tool, error, self.daemon.agent(), &self.secret_env);
+        tracing::warn!(tool = tool.as_str(), code = ?error.code(), "tool call failed: {error}");
+        text
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for ChannelPlugin {
+    fn get_info(&self) -> ServerConfig {
+        let mut experimental = ExperimentalCapabilities::new();
+        experimental.insert(CHANNEL_CAPABILITY.to_owned(), JsonObject::new());
+        ServerConfig::new(
+            ServerCapabilities::builder().enable_experimental_with(experimental).enable_tools().build(),
+        )
+        .with_server_info(Implementation::new("switchboard", env!("CARGO_PKG_VERSION")))
+        .with_protocol_version(MAX_PROTOCOL_VERSION)
+        .with_instructions(self.instructions.clone())
+    }
+
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(&MAX_PROTOCOL_VERSION))
+    }
+
+    /// `server/discover` opens the 2026-07-28 lifecycle, which has no `initialize` and so
+    /// no `initialized` to start the session stream on. Answering as a server that predates
+    /// it makes a client fall back to `initialize`.
+    async fn discover(&self, _context: RequestContext<RoleServer>) -> Result<DiscoverResult, ErrorData> {
+        Err(ErrorData::method_not_found::<DiscoverRequestMethod>())
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        if self.stream_started.swap(true, Ordering::SeqCst) {
+            tracing::debug!("repeated initialized notification ignored");
+            return;
+        }
+        let forwarder = SessionForwarder {
+            daemon: self.daemon.clone(),
+            secret_env: self.secret_env.clone(),
+            peer: context.peer,
+        };
+        self.tasks.spawn(forwarder.run(self.shutdown.clone()));
+    }
+}

@@ -1,0 +1,472 @@
+//! What the model reads: the instructions, the notification meta, and every tool's
+//! answer and failure, written so a model can act on them. Pure functions.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use rmcp::model::CustomNotification;
+use serde_json::json;
+
+use crate::agents::api::client::ClientError;
+use crate::agents::api::wire::{
+    AckReceipt, DeliveredEnvelope, ErrorCode, PendingList, PendingSummary, ReplyReceipt,
+};
+use crate::ids::{AgentName, TraceId};
+
+use super::CHANNEL_NOTIFICATION_METHOD;
+
+/// The tools, named in failure messages.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ToolName {
+    Reply,
+    Pending,
+    Ack,
+}
+
+impl ToolName {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Reply => "reply",
+            Self::Pending => "pending",
+            Self::Ack => "ack",
+        }
+    }
+}
+
+/// The instructions the agent session shows the model.
+pub(super) fn instructions(agent: &AgentName) -> String {
+    format!(
+        "Telegram conversations reach you through switchboard (you are its agent '{agent}').\n\
+         \n\
+         - Each incoming message arrives as a <channel> notification. Its meta says where it came from: \
+         trace_id (env_…, identifies this message), chat_id, chat_type, chat_title, thread_id (forum topic), \
+         message_id, user, user_id, ts, route; redelivered=\"true\" marks a message an earlier session \
+         received but never answered, edited=\"true\" an edit of an earlier message.\n\
+         - Answer with the `reply` tool. It goes back to the chat and topic of the message, threaded to it. \
+         When more than one conversation is waiting, name the one you answer with trace_id (always safe to \
+         pass); without it the reply is refused and the waiting conversations are listed.\n\
+         - `pending` lists the conversations still waiting for an answer.\n\
+         - `ack` marks a message handled without replying (when it needs no answer); add a short note.\n\
+         - A failed tool says what to do next. If a reply's delivery is reported as unresolved or unknown, \
+         do NOT send it again, not even reworded: it may already have been delivered, and an operator \
+         reconciles it."
+    )
+}
+
+/// The `meta` of a channel notification: a flat map of string values under identifier
+/// keys, which Claude Code shows as attributes of the `<channel>` tag.
+pub(super) fn channel_meta(envelope: &DeliveredEnvelope) -> BTreeMap<&'static str, String> {
+    let mut meta = BTreeMap::from([
+        ("trace_id", envelope.trace_id.clone()),
+        ("chat_id", envelope.chat_id.to_string()),
+        ("chat_type", envelope.chat_type.clone()),
+        ("message_id", envelope.message_id.to_string()),
+        ("user", envelope.user.clone()),
+        ("user_id", envelope.user_id.to_string()),
+        ("ts", envelope.ts.clone()),
+        ("route", envelope.route.clone()),
+    ]);
+    if let Some(thread_id) = envelope.thread_id {
+        meta.insert("thread_id", thread_id.to_string());
+    }
+    if let Some(title) = envelope.chat_title.as_ref().filter(|title| !title.is_empty()) {
+        meta.insert("chat_title", title.clone());
+    }
+    if envelope.redelivered {
+        meta.insert("redelivered", "true".to_owned());
+    }
+    if envelope.edited {
+        meta.insert("edited", "true".to_owned());
+    }
+    meta
+}
+
+pub(super) fn channel_notification(envelope: &DeliveredEnvelope) -> CustomNotification {
+    let params = json!({ "content": envelope.content, "meta": channel_meta(envelope) });
+    CustomNotification::new(CHANNEL_NOTIFICATION_METHOD, Some(params))
+}
+
+pub(super) fn parse_trace_id(raw: &str) -> Result<TraceId, String> {
+    TraceId::parse(raw).map_err(|problem| {
+        format!("{problem}. Call `pending` to see the trace ids of the waiting conversations. Nothing was changed.")
+    })
+}
+
+/// A blank trace id counts as none: the daemon then picks the only waiting conversation
+/// or refuses, it never guesses.
+pub(super) fn optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, String> {
+    match raw.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(raw) => parse_trace_id(raw).map(Some),
+    }
+}
+
+/// "chat -1001234 "Ops", topic 42"
+pub(super) fn describe_place(chat_id: i64, chat_title: Option<&str>, thread_id: Option<i32>) -> String {
+    let mut place = format!("chat {chat_id}");
+    if let Some(title) = chat_title.filter(|title| !title.is_empty()) {
+        let _ = write!(place, " \"{title}\"");
+    }
+    if let Some(thread_id) = thread_id {
+        let _ = write!(place, ", topic {thread_id}");
+    }
+    place
+}
+
+pub(super) fn describe_receipt(receipt: &ReplyReceipt) -> String {
+    let place = describe_place(receipt.chat_id, None, receipt.thread_id);
+    let ids = receipt.message_ids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+    let messages = match receipt.message_ids.len() {
+        1 => format!("Telegram message id {ids}"),
+        n => format!("{n} messages, Telegram message ids {ids}"),
+    };
+    format!(
+        "Reply delivered to {place} (route {}), answering {}: {messages}.",
+        receipt.route, receipt.trace_id
+    )
+}
+
+pub(super) fn describe_ack(receipt: &AckReceipt, noted: bool) -> String {
+    let note = if noted { " Your note was recorded." } else { "" };
+    format!(
+        "{} is marked as handled without a reply (state: {}); nothing was sent to Telegram.{note}",
+        receipt.trace_id, receipt.state
+    )
+}
+
+/// One line per waiting conversation: everything needed to pick it and answer it.
+pub(super) fn describe_candidate(candidate: &PendingSummary) -> String {
+    let place = describe_place(candidate.chat_id, candidate.chat_title.as_deref(), candidate.thread_id);
+    format!(
+        "- trace_id {}: {place}, from {}, at {} (route {}): \"{}\"",
+        candidate.trace_id, candidate.user, candidate.ts, candidate.route, candidate.preview
+    )
+}
+
+pub(super) fn describe_candidates(candidates: &[PendingSummary]) -> String {
+    candidates.iter().map(describe_candidate).collect::<Vec<_>>().join("\n")
+}
+
+pub(super) fn describe_pending(list: &PendingList) -> String {
+    match list.pending.len() {
+        0 => "No conversation is waiting for an answer.".to_owned(),
+        n => {
+            let waiting =
+                if n == 1 { "1 conversation is".to_owned() } else { format!("{n} conversations are") };
+            format!(
+                "{waiting} waiting for an answer:\n{}\n\nAnswer one with `reply` (trace_id set to it), or mark it \
+                 handled with `ack`.",
+                describe_candidates(&list.pending)
+            )
+        }
+    }
+}
+
+/// What a failed tool call tells the model: what happened, and what to do about it.
+pub(super) fn describe_failure(
+    tool: ToolName,
+    error: &ClientError,
+    agent: &AgentName,
+    secret_env: &str,
+) -> String {
+    let name = tool.as_str();
+    match error {
+        ClientError::Unreachable { .. } => match tool {
+            ToolName::Reply => format!("{error} Nothing was sent; call reply again once the daemon is back."),
+            ToolName::Ack => format!("{error} Nothing was changed; call ack again once the daemon is back."),
+            ToolName::Pending => format!("{error} Try again once the daemon is back."),
+        },
+        ClientError::NoAnswer { .. } => match tool {
+            ToolName::Reply => format!(
+                "{error}. The reply may or may not have been delivered: do NOT send it again. Tell the operator; \
+                 `switchboard ledger` shows what happened."
+            ),
+            ToolName::Ack => format!(
+                "{error}. The ack may or may not have been recorded: call `pending` once the daemon answers and ack \
+                 again only if the message is still listed."
+            ),
+            ToolName::Pending => format!("{error}. Try again in a moment."),
+        },
+        ClientError::Protocol { .. } => {
+            let outcome = match tool {
+                ToolName::Reply => " Whether the reply was delivered is unknown: do NOT send it again.",
+                ToolName::Ack | ToolName::Pending => "",
+            };
+            format!("{error}. The plugin and the daemon may be different versions of switchboard.{outcome}")
+        }
+        ClientError::Refused { error: refusal, .. } => {
+            let message = &refusal.message;
+            match refusal.code {
+                ErrorCode::Ambiguous => format!(
+                    "{name} was refused: {message}\n\nWaiting conversations:\n{}\n\nNothing was sent: call reply \
+                     again with trace_id set to one of these.",
+                    describe_candidates(&refusal.candidates)
+                ),
+                ErrorCode::Unresolved => format!(
+                    "{name} failed: {message}\n\nDo NOT send this reply again, not even reworded: it may already \
+                     have been delivered. The message stays unresolved until an operator reconciles it with \
+                     `switchboard ledger`."
+                ),
+                ErrorCode::Unauthorized => format!(
+                    "{name} was refused: {message}\n\nThe daemon did not accept this plugin's secret for agent \
+                     '{agent}'. The operator must give the variable {secret_env} the same value for `switchboard \
+                     channel` as for `switchboard run`. Nothing was changed."
+                ),
+                _ => format!("{name} was refused: {message}"),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use reqwest::StatusCode;
+
+    use super::*;
+    use crate::agents::api::wire::ApiError;
+
+    fn envelope() -> DeliveredEnvelope {
+        DeliveredEnvelope {
+            trace_id: "env_abcdefghij".into(),
+            content: "hello there".into(),
+            chat_id: -1001234567890,
+            thread_id: None,
+            chat_type: "supergroup".into(),
+            chat_title: None,
+            message_id: 77,
+            user: "@ann".into(),
+            user_id: 42,
+            ts: "2025-01-02T03:04:05Z".into(),
+            route: "ops".into(),
+            redelivered: false,
+            edited: false,
+        }
+    }
+
+    fn candidate(trace_id: &str, thread_id: Option<i32>, preview: &str) -> PendingSummary {
+        PendingSummary {
+            trace_id: trace_id.into(),
+            chat_id: -100777,
+            thread_id,
+            chat_title: Some("Ops".into()),
+            user: "@bob".into(),
+            route: "ops-topic".into(),
+            ts: "2025-01-02T03:04:05Z".into(),
+            preview: preview.into(),
+        }
+    }
+
+    fn agent() -> AgentName {
+        AgentName::parse("worker").unwrap()
+    }
+
+    fn refused(code: ErrorCode, message: &str, candidates: Vec<PendingSummary>) -> ClientError {
+        ClientError::Refused {
+            status: StatusCode::CONFLICT,
+            error: ApiError { code, message: message.into(), candidates },
+        }
+    }
+
+    fn unreachable() -> ClientError {
+        ClientError::Unreachable {
+            address: "127.0.0.1:7797".parse().unwrap(),
+            detail: "Connection refused (os error 111)".into(),
+        }
+    }
+
+    #[test]
+    fn meta_has_the_required_keys_as_strings() {
+        let meta = channel_meta(&envelope());
+        let expected = BTreeMap::from([
+            ("trace_id", "env_abcdefghij".to_owned()),
+            ("chat_id", "-1001234567890".to_owned()),
+            ("chat_type", "supergroup".to_owned()),
+            ("message_id", "77".to_owned()),
+            ("user", "@ann".to_owned()),
+            ("user_id", "42".to_owned()),
+            ("ts", "2025-01-02T03:04:05Z".to_owned()),
+            ("route", "ops".to_owned()),
+        ]);
+        assert_eq!(meta, expected);
+    }
+
+    #[test]
+    fn meta_adds_optional_keys_only_when_they_apply() {
+        let envelope = DeliveredEnvelope {
+            thread_id: Some(42),
+            chat_title: Some("Ops room".into()),
+            redelivered: true,
+            edited: true,
+            ..envelope()
+        };
+        let meta = channel_meta(&envelope);
+        assert_eq!(meta["thread_id"], "42");
+        assert_eq!(meta["chat_title"], "Ops room");
+        assert_eq!(meta["redelivered"], "true");
+        assert_eq!(meta["edited"], "true");
+
+        let untitled = DeliveredEnvelope { chat_title: Some(String::new()), ..envelope };
+        assert!(!channel_meta(&untitled).contains_key("chat_title"));
+    }
+
+    #[test]
+    fn meta_keys_are_identifiers() {
+        let envelope = DeliveredEnvelope {
+            thread_id: Some(1),
+            chat_title: Some("t".into()),
+            redelivered: true,
+            edited: true,
+            ..envelope()
+        };
+        for key in channel_meta(&envelope).keys() {
+            let mut chars = key.chars();
+            let first = chars.next().unwrap();
+            assert!(first.is_ascii_lowercase(), "{key}");
+            assert!(chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'), "{key}");
+        }
+    }
+
+    #[test]
+    fn notification_carries_content_and_flat_string_meta() {
+        let notification = channel_notification(&DeliveredEnvelope { thread_id: Some(9), ..envelope() });
+        assert_eq!(notification.method, "notifications/claude/channel");
+        let params = notification.params.unwrap();
+        assert_eq!(params["content"], "hello there");
+        let meta = params["meta"].as_object().unwrap();
+        assert!(meta.values().all(serde_json::Value::is_string));
+        assert_eq!(meta["thread_id"], "9");
+        assert_eq!(params.as_object().unwrap().len(), 2, "only content and meta: {params}");
+    }
+
+    #[test]
+    fn trace_ids_are_checked_before_asking_the_daemon() {
+        assert_eq!(optional_trace_id(None), Ok(None));
+        assert_eq!(optional_trace_id(Some("  ")), Ok(None));
+        assert_eq!(optional_trace_id(Some(" env_abcdefghij\n")).unwrap().unwrap().as_str(), "env_abcdefghij");
+        let error = optional_trace_id(Some("latest")).unwrap_err();
+        assert!(error.contains("'latest' is not a trace id"), "{error}");
+        assert!(error.contains("`pending`"), "{error}");
+    }
+
+    #[test]
+    fn receipt_says_what_was_sent_where() {
+        let receipt = ReplyReceipt {
+            trace_id: "env_abcdefghij".into(),
+            chat_id: -100777,
+            thread_id: Some(42),
+            route: "ops-topic".into(),
+            message_ids: vec![501, 502],
+        };
+        assert_eq!(
+            describe_receipt(&receipt),
+            "Reply delivered to chat -100777, topic 42 (route ops-topic), answering env_abcdefghij: \
+             2 messages, Telegram message ids 501, 502."
+        );
+        let single = ReplyReceipt { thread_id: None, message_ids: vec![9], ..receipt };
+        assert_eq!(
+            describe_receipt(&single),
+            "Reply delivered to chat -100777 (route ops-topic), answering env_abcdefghij: Telegram message id 9."
+        );
+    }
+
+    #[test]
+    fn pending_lists_every_conversation() {
+        assert_eq!(
+            describe_pending(&PendingList { pending: vec![] }),
+            "No conversation is waiting for an answer."
+        );
+        let text = describe_pending(&PendingList {
+            pending: vec![
+                candidate("env_aaaaaaaaaa", Some(42), "first"),
+                candidate("env_bbbbbbbbbb", None, "second"),
+            ],
+        });
+        assert!(text.starts_with("2 conversations are waiting for an answer:\n"), "{text}");
+        assert!(
+            text.contains(
+                "- trace_id env_aaaaaaaaaa: chat -100777 \"Ops\", topic 42, from @bob, at 2025-01-02T03:04:05Z \
+                 (route ops-topic): \"first\""
+            ),
+            "{text}"
+        );
+        assert!(text.contains("- trace_id env_bbbbbbbbbb: chat -100777 \"Ops\", from @bob"), "{text}");
+    }
+
+    #[test]
+    fn ambiguous_reply_lists_every_candidate_and_asks_for_a_trace_id() {
+        let error = refused(
+            ErrorCode::Ambiguous,
+            "2 conversations are waiting",
+            vec![candidate("env_aaaaaaaaaa", Some(42), "first"), candidate("env_bbbbbbbbbb", None, "second")],
+        );
+        let text = describe_failure(ToolName::Reply, &error, &agent(), "WORKER_SECRET");
+        assert!(text.starts_with("reply was refused: 2 conversations are waiting"), "{text}");
+        assert!(
+            text.contains("trace_id env_aaaaaaaaaa: chat -100777 \"Ops\", topic 42, from @bob"),
+            "{text}"
+        );
+        assert!(text.contains("\"first\""), "{text}");
+        assert!(text.contains("trace_id env_bbbbbbbbbb"), "{text}");
+        assert!(text.contains("\"second\""), "{text}");
+        assert!(text.contains("Nothing was sent"), "{text}");
+        assert!(text.ends_with("call reply again with trace_id set to one of these."), "{text}");
+    }
+
+    #[test]
+    fn unresolved_reply_forbids_a_retry() {
+        let error = refused(ErrorCode::Unresolved, "the send timed out", vec![]);
+        let text = describe_failure(ToolName::Reply, &error, &agent(), "WORKER_SECRET");
+        assert!(text.contains("the send timed out"), "{text}");
+        assert!(text.contains("Do NOT send this reply again"), "{text}");
+    }
+
+    #[test]
+    fn unreachable_daemon_is_named_with_its_address() {
+        let text = describe_failure(ToolName::Pending, &unreachable(), &agent(), "WORKER_SECRET");
+        assert!(
+            text.starts_with("switchboard daemon at 127.0.0.1:7797 is not reachable: Connection refused"),
+            "{text}"
+        );
+        assert!(text.contains("is `switchboard run` running?"), "{text}");
+        let reply = describe_failure(ToolName::Reply, &unreachable(), &agent(), "WORKER_SECRET");
+        assert!(reply.contains("Nothing was sent"), "{reply}");
+    }
+
+    #[test]
+    fn lost_answer_to_a_reply_is_not_retried() {
+        let error = ClientError::NoAnswer {
+            address: "127.0.0.1:7797".parse().unwrap(),
+            detail: "connection reset".into(),
+        };
+        let text = describe_failure(ToolName::Reply, &error, &agent(), "WORKER_SECRET");
+        assert!(text.contains("may or may not have been delivered: do NOT send it again"), "{text}");
+    }
+
+    #[test]
+    fn refused_secret_names_the_variable() {
+        let error = refused(ErrorCode::Unauthorized, "bad credentials", vec![]);
+        let text = describe_failure(ToolName::Ack, &error, &agent(), "WORKER_SECRET");
+        assert!(text.contains("bad credentials"), "{text}");
+        assert!(text.contains("WORKER_SECRET"), "{text}");
+        assert!(text.contains("'worker'"), "{text}");
+    }
+
+    #[test]
+    fn other_refusals_pass_the_daemons_message_on() {
+        let error = refused(ErrorCode::NotYours, "env_abcdefghij belongs to another agent", vec![]);
+        assert_eq!(
+            describe_failure(ToolName::Reply, &error, &agent(), "S"),
+            "reply was refused: env_abcdefghij belongs to another agent"
+        );
+    }
+
+    #[test]
+    fn instructions_explain_the_protocol() {
+        let text = instructions(&agent());
+        for needle in
+            ["<channel>", "trace_id", "`reply`", "`pending`", "`ack`", "do NOT send it again", "'worker'"]
+        {
+            assert!(text.contains(needle), "instructions lack {needle}: {text}");
+        }
+    }
+}

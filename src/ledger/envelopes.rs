@@ -1,0 +1,207 @@
+//! Envelopes: one row each, in one state (DESIGN.md §2), and the audited transitions
+//! between states.
+
+use crate::agents::api::wire::{DeliveredEnvelope, PendingSummary};
+use crate::ledger::EnvelopeState;
+use crate::telegram::envelope::{Envelope, sender_display};
+use sqlx::FromRow;
+
+use super::{Ledger, now};
+use crate::ids::{AgentName, RouteName};
+
+/// How many characters of a message identify it in a candidate list or a listing.
+const PREVIEW_CHARS: usize = 80;
+
+#[derive(Debug, Clone)]
+pub struct RoutedEnvelope {
+    pub envelope: Envelope,
+    pub state: EnvelopeState,
+    pub route: Option<RouteName>,
+    pub agent: Option<AgentName>,
+}
+
+/// An envelope as stored.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredEnvelope {
+    pub id: i64,
+    pub trace_id: String,
+    pub update_id: i64,
+    pub kind: String,
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub chat_type: String,
+    pub chat_title: Option<String>,
+    pub message_id: i64,
+    pub sender_id: Option<i64>,
+    pub sender_username: Option<String>,
+    pub sender_name: String,
+    pub text: Option<String>,
+    pub attachments: String,
+    pub content: String,
+    pub sent_at: String,
+    pub received_at: String,
+    pub route: Option<String>,
+    pub agent: Option<String>,
+    #[sqlx(try_from = "String")]
+    pub state: EnvelopeState,
+    pub deliveries: i64,
+    pub state_changed_at: String,
+    pub note: Option<String>,
+}
+
+impl StoredEnvelope {
+    pub fn user(&self) -> String {
+        sender_display(self.sender_username.as_deref(), &self.sender_name)
+    }
+
+    pub fn thread_id(&self) -> Option<i32> {
+        self.thread_id.and_then(|t| i32::try_from(t).ok())
+    }
+
+    pub fn preview(&self) -> String {
+        let mut preview: String = self.content.chars().take(PREVIEW_CHARS).collect();
+        if self.content.chars().count() > PREVIEW_CHARS {
+            preview.push('…');
+        }
+        preview.replace('\n', " ")
+    }
+
+    pub fn summary(&self) -> PendingSummary {
+        PendingSummary {
+            trace_id: self.trace_id.clone(),
+            chat_id: self.chat_id,
+            thread_id: self.thread_id(),
+            chat_title: self.chat_title.clone(),
+            user: self.user(),
+            route: self.route.clone().unwrap_or_default(),
+            ts: self.sent_at.clone(),
+            preview: self.preview(),
+        }
+    }
+
+    pub fn delivered(&self, redelivered: bool) -> DeliveredEnvelope {
+        DeliveredEnvelope {
+            trace_id: self.trace_id.clone(),
+            content: self.content.clone(),
+            chat_id: self.chat_id,
+            thread_id: self.thread_id(),
+            chat_type: self.chat_type.clone(),
+            chat_title: self.chat_title.clone(),
+            message_id: i32::try_from(self.message_id).unwrap_or_default(),
+            user: self.user(),
+            user_id: self.sender_id.unwrap_or_default(),
+            ts: self.sent_at.clone(),
+            route: self.route.clone().unwrap_or_default(),
+            redelivered,
+            edited: self.kind == "edited_message",
+        }
+    }
+}
+
+impl Ledger {
+    /// Moves the agent's oldest `queued` envelope to `pending` and returns it.
+    pub async fn claim_next_queued(&self, agent: &AgentName) -> sqlx::Result<Option<StoredEnvelope>> {
+        let sql = concat!(
+            "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
+             WHERE id = (SELECT id FROM envelopes WHERE agent = ? AND state = 'queued' ORDER BY id LIMIT 1) \
+             RETURNING ",
+            envelope_columns!(),
+            ""
+        );
+        sqlx::query_as(sql).bind(now()).bind(agent.as_str()).fetch_optional(&self.pool).await
+    }
+
+    /// The agent's `pending` envelopes, oldest first, counted as delivered once more: a new
+    /// session gets them again, marked as redelivered.
+    pub async fn take_pending_for_redelivery(&self, agent: &AgentName) -> sqlx::Result<Vec<StoredEnvelope>> {
+        let sql = concat!(
+            "UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = ? AND state = 'pending' \
+             RETURNING ",
+            envelope_columns!(),
+            ""
+        );
+        let mut rows: Vec<StoredEnvelope> =
+            sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?;
+        // RETURNING gives no order guarantee.
+        rows.sort_by_key(|row| row.id);
+        Ok(rows)
+    }
+
+    pub async fn pending(&self, agent: &AgentName) -> sqlx::Result<Vec<StoredEnvelope>> {
+        let sql = concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM envelopes WHERE agent = ? AND state = 'pending' ORDER BY id"
+        );
+        sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await
+    }
+
+    pub async fn find(&self, trace_id: &str) -> sqlx::Result<Option<StoredEnvelope>> {
+        let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = ?");
+        sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.pool).await
+    }
+
+    // ---- state transitions ----
+
+    /// Moves an envelope to `to` if it is in one of `from`, recording who did it and why.
+    /// Returns false (and changes nothing) when the envelope was not in an allowed state.
+    pub async fn transition(
+        &self,
+        envelope_id: i64,
+        from: &[EnvelopeState],
+        to: EnvelopeState,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> sqlx::Result<bool> {
+        let mut tx = self.write_transaction().await?;
+        let moved = transition_in(&mut tx, envelope_id, from, to, actor, reason).await?;
+        tx.commit().await?;
+        Ok(moved)
+    }
+}
+
+/// The body of [`Ledger::transition`], inside a caller's write transaction.
+pub(super) async fn transition_in(
+    tx: &mut sqlx::SqliteConnection,
+    envelope_id: i64,
+    from: &[EnvelopeState],
+    to: EnvelopeState,
+    actor: &str,
+    reason: Option<&str>,
+) -> sqlx::Result<bool> {
+    let current: Option<String> = sqlx::query_scalar("SELECT state FROM envelopes WHERE id = ?")
+        .bind(envelope_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    let Some(current) = current.and_then(|s| EnvelopeState::parse(&s).ok()) else {
+        return Ok(false);
+    };
+    if !from.contains(&current) {
+        return Ok(false);
+    }
+    let at = now();
+    sqlx::query(
+        "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) WHERE id = ?",
+    )
+    .bind(to.as_str())
+    .bind(&at)
+    .bind(reason)
+    .bind(envelope_id)
+    .execute(&mut *tx)
+    .await?;
+    if current != to {
+        sqlx::query(
+            "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(envelope_id)
+        .bind(&at)
+        .bind(current.as_str())
+        .bind(to.as_str())
+        .bind(actor)
+        .bind(reason)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(true)
+}

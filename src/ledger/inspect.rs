@@ -1,0 +1,132 @@
+//! What `switchboard ledger` reads and the one change it makes: reconciliation.
+
+use super::envelopes::transition_in;
+use super::{StoredAttempt, StoredEnvelope};
+use crate::ledger::EnvelopeState;
+use sqlx::FromRow;
+
+use super::{Ledger, now};
+
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredEvent {
+    pub at: String,
+    pub from_state: String,
+    pub to_state: String,
+    pub actor: String,
+    pub reason: Option<String>,
+}
+
+/// Filters of `switchboard ledger list`.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<EnvelopeState>,
+    pub agent: Option<String>,
+    pub route: Option<String>,
+    pub limit: i64,
+}
+
+/// What an operator found out about an unresolved reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconciliation {
+    /// The reply did reach the chat: the envelope is answered.
+    Delivered,
+    /// It did not: the envelope goes back to `pending` so its agent can answer again.
+    NotDelivered,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("no envelope has trace id {0}")]
+    Unknown(String),
+    #[error("{trace_id} is {state}, not unresolved: there is nothing to reconcile")]
+    NotUnresolved { trace_id: String, state: EnvelopeState },
+    #[error(transparent)]
+    Db(#[from] sqlx::Error),
+}
+
+impl Ledger {
+    pub async fn list(&self, filter: &ListFilter) -> sqlx::Result<Vec<StoredEnvelope>> {
+        let sql = concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM envelopes \
+             WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR agent = ?2) AND (?3 IS NULL OR route = ?3) \
+             ORDER BY id DESC LIMIT ?4"
+        );
+        let mut rows: Vec<StoredEnvelope> = sqlx::query_as(sql)
+            .bind(filter.state.map(EnvelopeState::as_str))
+            .bind(&filter.agent)
+            .bind(&filter.route)
+            .bind(filter.limit)
+            .fetch_all(&self.pool)
+            .await?;
+        rows.reverse();
+        Ok(rows)
+    }
+
+    pub async fn count_by_state(&self) -> sqlx::Result<Vec<(String, i64)>> {
+        sqlx::query_as("SELECT state, COUNT(*) FROM envelopes GROUP BY state ORDER BY state")
+            .fetch_all(&self.pool)
+            .await
+    }
+
+    pub async fn attempts_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredAttempt>> {
+        sqlx::query_as(
+            "SELECT op_id, chat_id, thread_id, reply_to_message_id, chunk_index, chunk_count, text, outcome, \
+             telegram_message_id, error, started_at, finished_at, reconciled_outcome, reconciled_reason \
+             FROM attempts WHERE envelope_id = ? ORDER BY id",
+        )
+        .bind(envelope_id)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    pub async fn events_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredEvent>> {
+        sqlx::query_as(
+            "SELECT at, from_state, to_state, actor, reason FROM envelope_events WHERE envelope_id = ? ORDER BY id",
+        )
+        .bind(envelope_id)
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    /// Settles an unresolved envelope with what the operator found out; the reason is
+    /// kept on the envelope, its unknown attempts and its event history.
+    pub async fn reconcile(
+        &self,
+        trace_id: &str,
+        finding: Reconciliation,
+        reason: &str,
+    ) -> Result<EnvelopeState, ReconcileError> {
+        let envelope =
+            self.find(trace_id).await?.ok_or_else(|| ReconcileError::Unknown(trace_id.to_owned()))?;
+        let (to, attempt_outcome) = match finding {
+            Reconciliation::Delivered => (EnvelopeState::Acked, "sent"),
+            Reconciliation::NotDelivered => (EnvelopeState::Pending, "not_sent"),
+        };
+        let reason = format!("reconciled: {reason}");
+        // The envelope and its attempts are settled together or not at all.
+        let mut tx = self.write_transaction().await?;
+        let moved =
+            transition_in(&mut tx, envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
+                .await?;
+        if !moved {
+            return Err(ReconcileError::NotUnresolved {
+                trace_id: trace_id.to_owned(),
+                state: envelope.state,
+            });
+        }
+        sqlx::query(
+            "UPDATE attempts SET reconciled_outcome = ?, reconciled_reason = ?, reconciled_at = ? \
+             WHERE envelope_id = ? AND outcome = 'unknown' AND reconciled_outcome IS NULL",
+        )
+        .bind(attempt_outcome)
+        .bind(&reason)
+        .bind(now())
+        .bind(envelope.id)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(to)
+    }
+}

@@ -1,0 +1,98 @@
+//! The ack ledger: SQLite through sqlx. Every envelope, every send attempt and the poller's
+//! offset live here, so nothing is lost when the daemon dies and nothing is done twice
+//! when it starts again.
+//!
+//! The ledger only stores and transitions; what a transition *means* is decided by the
+//! pure code in `routes`, `resolver` and `outbound`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{SecondsFormat, Utc};
+use sqlx::SqlitePool;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+use crate::config::Synchronous;
+
+/// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
+/// daemon runs) before giving up. Ledger transactions are short, so this is generous.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// SQLite allows one writer at a time; a handful of connections serves concurrent readers.
+const MAX_CONNECTIONS: u32 = 8;
+
+pub fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    pool: SqlitePool,
+}
+
+/// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals
+/// (sqlx refuses SQL assembled at run time unless it is audited).
+macro_rules! envelope_columns {
+    () => {
+        "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
+         sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
+         state, deliveries, state_changed_at, note"
+    };
+}
+
+mod attempts;
+mod envelopes;
+mod inspect;
+mod intake;
+mod sessions;
+mod states;
+
+pub use attempts::{AttemptOutcome, NewAttempt, StoredAttempt};
+pub use envelopes::{RoutedEnvelope, StoredEnvelope};
+pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
+pub use states::EnvelopeState;
+
+impl Ledger {
+    /// Opens (creating if needed) the database and applies pending migrations.
+    pub async fn open(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(match synchronous {
+                Synchronous::Normal => SqliteSynchronous::Normal,
+                Synchronous::Full => SqliteSynchronous::Full,
+            })
+            .foreign_keys(true)
+            .busy_timeout(BUSY_TIMEOUT);
+        let pool = SqlitePoolOptions::new()
+            .max_connections(MAX_CONNECTIONS)
+            .connect_with(options)
+            .await
+            .with_context(|| format!("opening the ledger database {}", path.display()))?;
+        sqlx::migrate!("./migrations")
+            .run(&pool)
+            .await
+            .with_context(|| format!("applying migrations to {}", path.display()))?;
+        Ok(Self { pool })
+    }
+
+    /// A transaction that takes SQLite's write lock at once. A read-then-write
+    /// transaction that started as a reader could fail with `SQLITE_BUSY` instead of
+    /// waiting when another writer commits in between; taking the lock up front makes
+    /// concurrent writers (the daemon and `switchboard ledger`) queue on the busy timeout.
+    async fn write_transaction(&self) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        self.pool.begin_with("BEGIN IMMEDIATE").await
+    }
+
+    pub fn pool(&self) -> &SqlitePool {
+        &self.pool
+    }
+
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+}
+
+#[cfg(test)]
+mod tests;

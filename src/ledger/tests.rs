@@ -1,0 +1,187 @@
+use super::*;
+use chrono::Utc;
+
+use crate::ids::{AgentName, RouteName, TraceId};
+use crate::ledger::EnvelopeState;
+use crate::rules::routes::Channel;
+use crate::telegram::envelope::{Envelope, EnvelopeKind, Sender};
+
+async fn ledger() -> (tempfile::TempDir, Ledger) {
+    let dir = tempfile::tempdir().unwrap();
+    let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+    (dir, ledger)
+}
+
+fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
+    RoutedEnvelope {
+        envelope: Envelope {
+            trace_id: TraceId::generate(),
+            update_id,
+            kind: EnvelopeKind::Message,
+            channel: Channel { chat_id: 42, thread_id: None },
+            chat_type: "private",
+            chat_title: Some("Ann".into()),
+            message_id: update_id as i32,
+            sender: Sender { id: Some(42), username: Some("ann".into()), name: "Ann".into() },
+            text: Some(format!("message {update_id}")),
+            attachments: vec![],
+            sent_at: Utc::now(),
+        },
+        state,
+        route: Some(RouteName::parse("dm").unwrap()),
+        agent: Some(AgentName::parse("orch").unwrap()),
+    }
+}
+
+#[tokio::test]
+async fn the_database_uses_wal_and_the_configured_durability() {
+    for (setting, expected) in [(Synchronous::Normal, 1), (Synchronous::Full, 2)] {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.db"), setting).await.unwrap();
+        let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(ledger.pool()).await.unwrap();
+        assert_eq!(mode, "wal");
+        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(ledger.pool()).await.unwrap();
+        assert_eq!(sync, expected, "{setting:?}");
+    }
+}
+
+#[tokio::test]
+async fn a_batch_and_its_offset_commit_together_and_replays_are_skipped() {
+    let (_dir, ledger) = ledger().await;
+    let batch = [routed(1, EnvelopeState::Queued), routed(2, EnvelopeState::Queued)];
+    assert_eq!(ledger.record_batch(7, 3, &batch).await.unwrap().len(), 2);
+    assert_eq!(ledger.next_offset(7).await.unwrap(), Some(3));
+    // The same updates polled again (new trace ids, same update ids) are not stored twice.
+    let replay = [routed(2, EnvelopeState::Queued), routed(3, EnvelopeState::Queued)];
+    let inserted = ledger.record_batch(7, 4, &replay).await.unwrap();
+    assert_eq!(inserted.iter().map(|r| r.envelope.update_id).collect::<Vec<_>>(), [3]);
+    let all = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [1, 2, 3]);
+}
+
+#[tokio::test]
+async fn claims_go_oldest_first_and_redelivery_counts() {
+    let (_dir, ledger) = ledger().await;
+    let agent = AgentName::parse("orch").unwrap();
+    ledger
+        .record_batch(
+            1,
+            4,
+            &[
+                routed(1, EnvelopeState::Queued),
+                routed(2, EnvelopeState::Unrouted),
+                routed(3, EnvelopeState::Queued),
+            ],
+        )
+        .await
+        .unwrap();
+    let first = ledger.claim_next_queued(&agent).await.unwrap().unwrap();
+    assert_eq!((first.update_id, first.state, first.deliveries), (1, EnvelopeState::Pending, 1));
+    let second = ledger.claim_next_queued(&agent).await.unwrap().unwrap();
+    assert_eq!(second.update_id, 3);
+    assert!(ledger.claim_next_queued(&agent).await.unwrap().is_none());
+    let again = ledger.take_pending_for_redelivery(&agent).await.unwrap();
+    assert_eq!(again.iter().map(|e| (e.update_id, e.deliveries)).collect::<Vec<_>>(), [(1, 2), (3, 2)]);
+}
+
+#[tokio::test]
+async fn transitions_only_from_allowed_states_and_are_audited() {
+    let (_dir, ledger) = ledger().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    assert!(
+        !ledger
+            .transition(e.id, &[EnvelopeState::Queued], EnvelopeState::Acked, "agent:orch", None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        ledger
+            .transition(e.id, &[EnvelopeState::Pending], EnvelopeState::Acked, "agent:orch", Some("done"))
+            .await
+            .unwrap()
+    );
+    let e = ledger.find(&e.trace_id).await.unwrap().unwrap();
+    assert_eq!((e.state, e.note.as_deref()), (EnvelopeState::Acked, Some("done")));
+    let events = ledger.events_for(e.id).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].from_state.as_str(), events[0].to_state.as_str()), ("pending", "acked"));
+}
+
+#[tokio::test]
+async fn finishing_an_attempt_settles_its_envelope_in_the_same_step() {
+    let (_dir, ledger) = ledger().await;
+    ledger
+        .record_batch(1, 3, &[routed(1, EnvelopeState::Pending), routed(2, EnvelopeState::Pending)])
+        .await
+        .unwrap();
+    let rows = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
+    let attempt = |envelope_id, chunk_index| NewAttempt {
+        envelope_id,
+        agent: "orch",
+        chat_id: 42,
+        thread_id: None,
+        reply_to_message_id: Some(1),
+        chunk_index,
+        chunk_count: 2,
+        text: "part",
+    };
+    let state = |trace: String| {
+        let ledger = ledger.clone();
+        async move { ledger.find(&trace).await.unwrap().unwrap().state }
+    };
+
+    // Two parts: the first confirmed leaves the envelope pending, the last answers it.
+    let first = ledger.begin_attempt(&attempt(rows[0].id, 0)).await.unwrap();
+    ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 10 }, "agent:orch").await.unwrap();
+    assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Pending);
+    let last = ledger.begin_attempt(&attempt(rows[0].id, 1)).await.unwrap();
+    ledger.finish_attempt(&last, &AttemptOutcome::Sent { message_id: 11 }, "agent:orch").await.unwrap();
+    assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Acked);
+
+    // Not sent changes nothing; unknown makes the envelope unresolved.
+    let refused = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap();
+    ledger
+        .finish_attempt(&refused, &AttemptOutcome::NotSent { error: "400".into() }, "agent:orch")
+        .await
+        .unwrap();
+    assert_eq!(state(rows[1].trace_id.clone()).await, EnvelopeState::Pending);
+    let lost = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap();
+    ledger
+        .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+    assert_eq!(state(rows[1].trace_id.clone()).await, EnvelopeState::Unresolved);
+}
+
+#[tokio::test]
+async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled() {
+    let (_dir, ledger) = ledger().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let attempt = NewAttempt {
+        envelope_id: e.id,
+        agent: "orch",
+        chat_id: 42,
+        thread_id: None,
+        reply_to_message_id: Some(1),
+        chunk_index: 0,
+        chunk_count: 1,
+        text: "hi",
+    };
+    ledger.begin_attempt(&attempt).await.unwrap();
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
+    assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
+    assert_eq!(ledger.attempts_for(e.id).await.unwrap()[0].outcome, "unknown");
+
+    let state = ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap();
+    assert_eq!(state, EnvelopeState::Pending);
+    let attempts = ledger.attempts_for(e.id).await.unwrap();
+    assert_eq!(attempts[0].reconciled_outcome.as_deref(), Some("not_sent"));
+    assert!(attempts[0].reconciled_reason.as_deref().unwrap().contains("not in the chat"));
+    assert!(matches!(
+        ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
+        Err(ReconcileError::NotUnresolved { .. })
+    ));
+}

@@ -1,0 +1,5 @@
+//! The pure rules: plain data in, decisions out. Nothing here touches a socket, a
+//! database or the clock, so every rule is a unit test away.
+
+pub mod resolver;
+pub mod routes;
