@@ -283,7 +283,7 @@ async fn round_trip(fake: &FakeTelegram, agent: &mut Agent, n: usize) -> RoundTr
     let envelope = next_envelope(&mut agent.session).await;
     let inbound = pushed.elapsed();
 
-    let request = ReplyRequest { text: format!("answer {n}"), trace_id: Some(envelope.trace_id) };
+    let request = ReplyRequest::new(format!("answer {n}"), Some(envelope.trace_id));
     let called = Instant::now();
     let receipt = agent.client.reply(&request).await.unwrap_or_else(|e| panic!("reply {n} failed: {e}"));
     let reply_call = called.elapsed();

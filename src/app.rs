@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
-use crate::agents::bridge::Bridge;
+use crate::agents::bridge::{Bridge, ReplyLimits};
 use crate::config::{DaemonSecrets, Settings};
 use crate::ledger::Ledger;
 use crate::telegram::outbound::Outbound;
@@ -63,8 +63,15 @@ impl Daemon {
 
         let tasks = TaskTracker::new();
         let outbound = Outbound::new(send_bot, ledger.clone(), shutdown.child_token());
-        let bridge =
-            Bridge::new(ledger.clone(), outbound, secrets.agents, shutdown.child_token(), tasks.clone());
+        let limits = ReplyLimits { max_reply_parts: settings.outbound.max_reply_parts };
+        let bridge = Bridge::new(
+            ledger.clone(),
+            outbound,
+            secrets.agents,
+            limits,
+            shutdown.child_token(),
+            tasks.clone(),
+        );
         let poller = Poller::new(poll_bot, bot_id, ledger.clone(), bridge.clone(), &settings);
         Ok(Self { ledger, listener, bridge, poller, shutdown, tasks })
     }

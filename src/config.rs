@@ -66,6 +66,7 @@ pub struct Settings {
     pub storage: StorageSettings,
     pub api: ApiSettings,
     pub log: LogSettings,
+    pub outbound: OutboundSettings,
     pub agents: BTreeMap<AgentName, AgentSettings>,
     pub routes: RoutesTable,
 }
@@ -93,6 +94,13 @@ pub struct ApiSettings {
 }
 
 #[derive(Debug, Clone)]
+pub struct OutboundSettings {
+    /// A reply that would need more Telegram messages than this is refused before
+    /// anything is sent: a runaway agent must not flood a chat.
+    pub max_reply_parts: usize,
+}
+
+#[derive(Debug, Clone)]
 pub struct LogSettings {
     pub format: LogFormat,
     /// An `EnvFilter` directive; `RUST_LOG` overrides it.
@@ -116,6 +124,8 @@ struct RawSettings {
     api: RawApi,
     #[serde(default)]
     log: RawLog,
+    #[serde(default)]
+    outbound: RawOutbound,
     #[serde(default)]
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
@@ -151,6 +161,13 @@ struct RawStorage {
 struct RawApi {
     #[serde(default = "default_listen")]
     listen: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOutbound {
+    #[serde(default = "default_max_reply_parts")]
+    max_reply_parts: usize,
 }
 
 #[derive(Debug, Deserialize)]
@@ -195,6 +212,10 @@ fn default_database() -> PathBuf {
 fn default_listen() -> String {
     "127.0.0.1:7797".into()
 }
+/// Ten messages of 4096 characters: a long answer fits, a runaway one does not.
+fn default_max_reply_parts() -> usize {
+    10
+}
 fn default_filter() -> String {
     "info".into()
 }
@@ -207,6 +228,11 @@ impl Default for RawStorage {
 impl Default for RawApi {
     fn default() -> Self {
         Self { listen: default_listen() }
+    }
+}
+impl Default for RawOutbound {
+    fn default() -> Self {
+        Self { max_reply_parts: default_max_reply_parts() }
     }
 }
 impl Default for RawLog {
@@ -270,6 +296,10 @@ impl Settings {
             err("api.listen", format!("'{}' is not an address like 127.0.0.1:7797", raw.api.listen))
         })?;
 
+        if raw.outbound.max_reply_parts == 0 {
+            return Err(err("outbound.max_reply_parts", "must be at least 1".into()));
+        }
+
         tracing_subscriber::EnvFilter::try_new(&raw.log.filter)
             .map_err(|e| err("log.filter", format!("'{}' is not a log filter: {e}", raw.log.filter)))?;
 
@@ -304,6 +334,7 @@ impl Settings {
             storage: StorageSettings { database: raw.storage.database, synchronous: raw.storage.synchronous },
             api: ApiSettings { listen },
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
+            outbound: OutboundSettings { max_reply_parts: raw.outbound.max_reply_parts },
             agents,
             routes,
         })

@@ -77,13 +77,15 @@ const TRACE_PREFIX: &str = "env_";
 const TRACE_SUFFIX_LEN: usize = 10;
 const TRACE_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 
+/// `len` random characters of [`TRACE_ALPHABET`]: the tail of every generated id.
+pub fn random_suffix(len: usize) -> String {
+    let mut rng = rand::rng();
+    (0..len).map(|_| TRACE_ALPHABET[rng.random_range(0..TRACE_ALPHABET.len())] as char).collect()
+}
+
 impl TraceId {
     pub fn generate() -> Self {
-        let mut rng = rand::rng();
-        let suffix: String = (0..TRACE_SUFFIX_LEN)
-            .map(|_| TRACE_ALPHABET[rng.random_range(0..TRACE_ALPHABET.len())] as char)
-            .collect();
-        Self(format!("{TRACE_PREFIX}{suffix}"))
+        Self(format!("{TRACE_PREFIX}{}", random_suffix(TRACE_SUFFIX_LEN)))
     }
 
     /// Accepts what a model typed: surrounding whitespace is forgiven, anything else is not.
@@ -115,6 +117,53 @@ impl TraceId {
 impl fmt::Display for TraceId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.pad(&self.0)
+    }
+}
+
+/// The id a channel plugin gives one `reply` request: `req_` and 8 to 32 lowercase letters
+/// or digits. The daemon records it with the request's attempts, so a repeated request
+/// returns the first one's outcome instead of sending again, and a plugin whose
+/// connection broke can ask what became of it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(transparent)]
+pub struct RequestId(String);
+
+const REQUEST_PREFIX: &str = "req_";
+const REQUEST_SUFFIX_LEN: std::ops::RangeInclusive<usize> = 8..=32;
+/// What [`RequestId::generate`] uses: 36^16 ≈ 8e24 ids, so two plugins never collide.
+const GENERATED_REQUEST_SUFFIX_LEN: usize = 16;
+
+impl RequestId {
+    pub fn generate() -> Self {
+        Self(format!("{REQUEST_PREFIX}{}", random_suffix(GENERATED_REQUEST_SUFFIX_LEN)))
+    }
+
+    pub fn parse(raw: &str) -> Result<Self, String> {
+        let valid = raw.strip_prefix(REQUEST_PREFIX).is_some_and(|suffix| {
+            REQUEST_SUFFIX_LEN.contains(&suffix.len()) && suffix.bytes().all(|b| TRACE_ALPHABET.contains(&b))
+        });
+        if valid {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(format!("'{raw}' is not a request id (req_ and 8 to 32 lowercase letters or digits)"))
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RequestId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for RequestId {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(d)?;
+        Self::parse(&raw).map_err(serde::de::Error::custom)
     }
 }
 
@@ -169,6 +218,18 @@ mod tests {
             assert!(TraceId::parse(bad).is_err(), "{bad} should be rejected");
         }
         assert!(TraceId::parse("  env_abcdefghij\n").is_ok());
+    }
+
+    #[test]
+    fn request_ids_parse_back_and_reject_lookalikes() {
+        let id = RequestId::generate();
+        assert_eq!(RequestId::parse(id.as_str()), Ok(id));
+        for bad in
+            ["", "req_", "req_short", "req_ABCDEFGHIJ", "env_abcdefghij", &format!("req_{}", "a".repeat(33))]
+        {
+            assert!(RequestId::parse(bad).is_err(), "{bad} should be rejected");
+        }
+        assert!(RequestId::parse("req_abcdefgh").is_ok());
     }
 
     #[test]

@@ -22,7 +22,7 @@ use serde_json::json;
 use support::mcp::ChannelClient;
 use switchboard::agents::api::wire::{
     AckReceipt, AckRequest, ApiError, DeliveredEnvelope, ErrorCode, PendingList, PendingSummary,
-    ReplyReceipt, ReplyRequest, SessionEvent,
+    ReplyReceipt, ReplyRequest, SESSION_HEADER, SessionEvent, ShownReceipt, ShownRequest,
 };
 use tokio::sync::watch;
 
@@ -104,6 +104,8 @@ struct FakeState {
     open_sessions: watch::Sender<usize>,
     replies: Mutex<Vec<ReplyRequest>>,
     acks: Mutex<Vec<AckRequest>>,
+    /// Trace ids the plugin confirmed it pushed into the agent session.
+    shown: Mutex<Vec<String>>,
 }
 
 /// A fake of the daemon's local API for the `worker` agent.
@@ -125,10 +127,12 @@ impl FakeDaemon {
             open_sessions: watch::channel(0).0,
             replies: Mutex::default(),
             acks: Mutex::default(),
+            shown: Mutex::default(),
         });
         let app = axum::Router::new()
             .route("/v1/agents/{agent}/session", get(session))
             .route("/v1/agents/{agent}/pending", get(pending))
+            .route("/v1/agents/{agent}/shown", post(shown))
             .route("/v1/agents/{agent}/reply", post(reply))
             .route("/v1/agents/{agent}/ack", post(ack))
             .with_state(Arc::clone(&state));
@@ -158,7 +162,8 @@ impl Drop for FakeDaemon {
 }
 
 fn refusal(status: StatusCode, code: ErrorCode, message: &str, candidates: Vec<PendingSummary>) -> Response {
-    (status, Json(ApiError { code, message: message.into(), candidates })).into_response()
+    (status, Json(ApiError { code, message: message.into(), candidates_total: candidates.len(), candidates }))
+        .into_response()
 }
 
 /// The fake's authentication: the refusal for anything but the right agent with its
@@ -182,6 +187,22 @@ fn refuse_credentials(agent: &str, headers: &HeaderMap) -> Option<Response> {
         ));
     }
     None
+}
+
+/// The token the fake's sessions hand out in their hello.
+const SESSION_TOKEN: &str = "tok_fake_session";
+
+/// The fake's session binding: tool calls must carry the live session's token.
+fn refuse_session(headers: &HeaderMap) -> Option<Response> {
+    if headers.get(SESSION_HEADER).and_then(|v| v.to_str().ok()) == Some(SESSION_TOKEN) {
+        return None;
+    }
+    Some(refusal(
+        StatusCode::CONFLICT,
+        ErrorCode::SessionConflict,
+        "this plugin's session is not the connected session of agent 'worker'",
+        vec![],
+    ))
 }
 
 /// Counts an open session stream for as long as its body lives.
@@ -224,7 +245,11 @@ async fn session(
         );
     }
     let opening = [
-        SessionEvent::Hello { agent: agent.clone(), session_id: "ses_fake".into() },
+        SessionEvent::Hello {
+            agent: agent.clone(),
+            session_id: "ses_fake".into(),
+            session_token: SESSION_TOKEN.into(),
+        },
         SessionEvent::Envelope(topic_envelope()),
         SessionEvent::Envelope(group_envelope()),
     ]
@@ -242,7 +267,10 @@ async fn pending(State(_): State<Arc<FakeState>>, Path(agent): Path<String>, hea
     if let Some(refused) = refuse_credentials(&agent, &headers) {
         return refused;
     }
-    Json(PendingList { pending: vec![summary(&topic_envelope()), summary(&group_envelope())] })
+    if let Some(refused) = refuse_session(&headers) {
+        return refused;
+    }
+    Json(PendingList { pending: vec![summary(&topic_envelope()), summary(&group_envelope())], total: 2 })
         .into_response()
 }
 
@@ -252,7 +280,7 @@ async fn reply(
     headers: HeaderMap,
     Json(request): Json<ReplyRequest>,
 ) -> Response {
-    if let Some(refused) = refuse_credentials(&agent, &headers) {
+    if let Some(refused) = refuse_credentials(&agent, &headers).or_else(|| refuse_session(&headers)) {
         return refused;
     }
     state.replies.lock().unwrap().push(request.clone());
@@ -289,11 +317,24 @@ async fn ack(
     headers: HeaderMap,
     Json(request): Json<AckRequest>,
 ) -> Response {
-    if let Some(refused) = refuse_credentials(&agent, &headers) {
+    if let Some(refused) = refuse_credentials(&agent, &headers).or_else(|| refuse_session(&headers)) {
         return refused;
     }
     state.acks.lock().unwrap().push(request.clone());
     Json(AckReceipt { trace_id: request.trace_id, state: "acked".into() }).into_response()
+}
+
+async fn shown(
+    State(state): State<Arc<FakeState>>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+    Json(request): Json<ShownRequest>,
+) -> Response {
+    if let Some(refused) = refuse_credentials(&agent, &headers).or_else(|| refuse_session(&headers)) {
+        return refused;
+    }
+    state.shown.lock().unwrap().push(request.trace_id);
+    Json(ShownReceipt { marked: true }).into_response()
 }
 
 /// A configuration for the plugin that points at `daemon`.
@@ -384,6 +425,12 @@ async fn plugin_declares_a_channel_and_pushes_every_envelope() {
     assert_eq!(group.meta_str("redelivered"), Some("true"));
 
     assert!(plugin.other_notifications().is_empty(), "{:?}", plugin.other_notifications());
+    // Each pushed envelope is confirmed as shown, so an unnamed reply may resolve to it.
+    support::daemon::eventually(WAIT, "both envelopes confirmed shown", || {
+        daemon.state.shown.lock().unwrap().len() == 2
+    })
+    .await;
+    assert_eq!(daemon.state.shown.lock().unwrap().clone(), [TOPIC_TRACE, GROUP_TRACE]);
     assert_eq!(plugin.stdout_violations(), Vec::<String>::new());
     daemon.wait_for_open_sessions(1).await;
 
@@ -468,13 +515,12 @@ async fn reply_without_trace_id_is_refused_with_every_candidate_when_ambiguous()
     assert!(text.contains("9001, 9002"), "{text}");
 
     let replies = daemon.state.replies.lock().unwrap().clone();
-    assert_eq!(
-        replies,
-        [
-            ReplyRequest { text: "on it".into(), trace_id: None },
-            ReplyRequest { text: "deploy is done".into(), trace_id: Some(TOPIC_TRACE.into()) },
-        ]
-    );
+    let sent: Vec<(&str, Option<&str>)> =
+        replies.iter().map(|r| (r.text.as_str(), r.trace_id.as_deref())).collect();
+    assert_eq!(sent, [("on it", None), ("deploy is done", Some(TOPIC_TRACE))]);
+    // Every request carries its own id, so the daemon can tell a repeat from a new reply.
+    assert!(replies.iter().all(|r| r.request_id.starts_with("req_")), "{replies:?}");
+    assert_ne!(replies[0].request_id, replies[1].request_id);
 
     // A malformed trace id never reaches the daemon.
     let (is_error, text) =
@@ -547,9 +593,18 @@ async fn a_second_session_is_refused_and_does_not_fight() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(daemon.session_attempts(), 1);
     assert!(plugin.notifications().is_empty());
-    // Its tools still work.
-    let (is_error, text) = plugin.call_tool("pending", json!({})).await.unwrap();
-    assert!(!is_error, "{text}");
+    // Its tools answer, but act on nothing: every call is refused as not the live session.
+    for (tool, arguments) in [
+        ("pending", json!({})),
+        ("reply", json!({ "text": "hi", "trace_id": TOPIC_TRACE })),
+        ("ack", json!({ "trace_id": TOPIC_TRACE })),
+    ] {
+        let (is_error, text) = plugin.call_tool(tool, arguments).await.unwrap();
+        assert!(is_error, "{tool}: {text}");
+        assert!(text.contains("not the connected session"), "{tool}: {text}");
+    }
+    assert!(daemon.state.replies.lock().unwrap().is_empty());
+    assert!(daemon.state.acks.lock().unwrap().is_empty());
     plugin.close().await.unwrap();
 }
 

@@ -35,8 +35,12 @@ async fn requests_without_the_agents_own_secret_are_refused() {
         assert_eq!(response.status(), 401);
     }
 
-    let ok = http.get(url("orchestrator", "pending")).bearer_auth(ORCHESTRATOR_SECRET).send().await.unwrap();
-    assert_eq!(ok.status(), 200);
+    // The right secret without the live session's token is not enough: tool calls are
+    // bound to the session that reads the agent's stream.
+    let unbound =
+        http.get(url("orchestrator", "pending")).bearer_auth(ORCHESTRATOR_SECRET).send().await.unwrap();
+    assert_eq!(unbound.status(), 409);
+    assert_eq!(unbound.json::<ApiError>().await.unwrap().code, ErrorCode::SessionConflict);
     let bad_body = http
         .post(url("orchestrator", "reply"))
         .bearer_auth(ORCHESTRATOR_SECRET)

@@ -132,7 +132,7 @@ async fn two_waiting_chats_refuse_a_reply_without_trace_id_then_each_is_answered
 
     // Nothing is waiting now: a reply without trace_id is refused, not sent somewhere.
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "anyone?"})).await.unwrap();
-    assert!(is_error && text.contains("nothing is waiting"), "{text}");
+    assert!(is_error && text.contains("nothing you have been shown is waiting"), "{text}");
     // A further message in an answered thread is allowed when named.
     let (is_error, text) =
         orchestrator.call_tool("reply", json!({"text": "one more thing", "trace_id": dm})).await.unwrap();

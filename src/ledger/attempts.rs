@@ -8,10 +8,13 @@ use sqlx::FromRow;
 use super::{Ledger, now};
 use crate::ids::TraceId;
 
+/// What a send attempt is about to do, recorded before the request is made.
 #[derive(Debug, Clone)]
 pub struct NewAttempt<'a> {
     pub envelope_id: i64,
     pub agent: &'a str,
+    /// The `reply` request this attempt belongs to (chosen by the channel plugin).
+    pub request_id: Option<&'a str>,
     pub chat_id: i64,
     pub thread_id: Option<i32>,
     pub reply_to_message_id: Option<i32>,
@@ -28,22 +31,155 @@ pub enum AttemptOutcome {
     Unknown { error: String },
 }
 
+impl AttemptOutcome {
+    pub fn state(&self) -> AttemptState {
+        match self {
+            Self::Sent { .. } => AttemptState::Sent,
+            Self::NotSent { .. } => AttemptState::NotSent,
+            Self::Unknown { .. } => AttemptState::Unknown,
+        }
+    }
+}
+
+/// The `outcome` column of an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum AttemptState {
+    /// Recorded; the request may be on its way. A daemon that dies leaves it so, and
+    /// start-up turns it into `Unknown`.
+    InFlight,
+    Sent,
+    NotSent,
+    Unknown,
+}
+
+impl AttemptState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Sent => "sent",
+            Self::NotSent => "not_sent",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl std::fmt::Display for ReconciledOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(match self {
+            Self::Sent => "sent",
+            Self::NotSent => "not_sent",
+        })
+    }
+}
+
+impl std::fmt::Display for AttemptState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// What an operator found out about an attempt whose outcome was unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum ReconciledOutcome {
+    Sent,
+    NotSent,
+}
+
 #[derive(Debug, Clone, PartialEq, FromRow)]
 pub struct StoredAttempt {
     pub op_id: String,
+    pub request_id: Option<String>,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub reply_to_message_id: Option<i64>,
     pub chunk_index: i64,
     pub chunk_count: i64,
     pub text: String,
-    pub outcome: String,
+    pub outcome: AttemptState,
     pub telegram_message_id: Option<i64>,
     pub error: Option<String>,
     pub started_at: String,
     pub finished_at: Option<String>,
-    pub reconciled_outcome: Option<String>,
+    pub reconciled_outcome: Option<ReconciledOutcome>,
     pub reconciled_reason: Option<String>,
+}
+
+/// What the attempts of one `reply` request add up to, as the ledger tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedReply {
+    pub envelope_id: i64,
+    pub trace_id: String,
+    /// Parts confirmed sent, by part index, with Telegram's message id.
+    pub sent: Vec<(usize, i32)>,
+    pub parts: usize,
+    pub verdict: ReplyVerdict,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyVerdict {
+    /// Every part confirmed sent.
+    Delivered,
+    /// A part was provably not sent and none is unknown: the request is over.
+    NotSent { error: String },
+    /// A part may or may not have arrived (or is still on its way after a crash, before
+    /// start-up recovery ran): the envelope needs reconciling.
+    Unknown { error: String },
+    /// A part is still in flight in this daemon.
+    InFlight,
+}
+
+impl RecordedReply {
+    /// Sums up the attempts of one request, oldest first. Retries of a rate-limited part
+    /// are attempts of their own: a part counts as sent once any of its attempts was.
+    pub fn from_attempts(envelope_id: i64, trace_id: String, attempts: &[StoredAttempt]) -> Option<Self> {
+        let parts = usize::try_from(attempts.first()?.chunk_count).unwrap_or(0);
+        let mut sent: Vec<(usize, i32)> = Vec::new();
+        let mut verdict = None;
+        let mut last_error = None;
+        for attempt in attempts {
+            let index = usize::try_from(attempt.chunk_index).unwrap_or(0);
+            let effective = match attempt.reconciled_outcome {
+                Some(ReconciledOutcome::Sent) => AttemptState::Sent,
+                Some(ReconciledOutcome::NotSent) => AttemptState::NotSent,
+                None => attempt.outcome,
+            };
+            match effective {
+                AttemptState::Sent => {
+                    let id = attempt.telegram_message_id.and_then(|id| i32::try_from(id).ok()).unwrap_or(0);
+                    if !sent.iter().any(|(i, _)| *i == index) {
+                        sent.push((index, id));
+                    }
+                }
+                AttemptState::InFlight => verdict = Some(ReplyVerdict::InFlight),
+                AttemptState::Unknown => {
+                    if verdict != Some(ReplyVerdict::InFlight) {
+                        verdict =
+                            Some(ReplyVerdict::Unknown { error: attempt.error.clone().unwrap_or_default() });
+                    }
+                }
+                AttemptState::NotSent => last_error = attempt.error.clone(),
+            }
+        }
+        sent.sort_unstable();
+        let verdict = verdict.unwrap_or_else(|| {
+            if sent.len() == parts {
+                ReplyVerdict::Delivered
+            } else {
+                ReplyVerdict::NotSent { error: last_error.unwrap_or_default() }
+            }
+        });
+        Some(Self { envelope_id, trace_id, sent, parts, verdict })
+    }
+}
+
+/// The columns of [`StoredAttempt`].
+macro_rules! attempt_columns {
+    () => {
+        "op_id, request_id, chat_id, thread_id, reply_to_message_id, chunk_index, chunk_count, text, outcome, \
+         telegram_message_id, error, started_at, finished_at, reconciled_outcome, reconciled_reason"
+    };
 }
 
 impl Ledger {
@@ -51,12 +187,13 @@ impl Ledger {
     pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> sqlx::Result<String> {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
         sqlx::query(
-            "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, thread_id, reply_to_message_id, \
-             chunk_index, chunk_count, text, outcome, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'in_flight', ?)",
+            "INSERT INTO attempts (op_id, envelope_id, agent, request_id, chat_id, thread_id, reply_to_message_id, \
+             chunk_index, chunk_count, text, outcome, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'in_flight', ?)",
         )
         .bind(&op_id)
         .bind(attempt.envelope_id)
         .bind(attempt.agent)
+        .bind(attempt.request_id)
         .bind(attempt.chat_id)
         .bind(attempt.thread_id)
         .bind(attempt.reply_to_message_id)
@@ -71,25 +208,29 @@ impl Ledger {
 
     /// Records what an attempt came to and, in the same transaction, what that proves
     /// about its envelope: the last part of a reply confirmed sent answers it (`acked`);
-    /// an unknown outcome makes it `unresolved`. A crash can therefore never leave a
-    /// confirmed or unknown send beside an envelope that still looks unanswered.
+    /// an unknown outcome makes a `pending` envelope `unresolved`. A crash can therefore
+    /// never leave a confirmed or unknown send beside an envelope that still looks
+    /// unanswered. An envelope already `acked` stays acked when a later follow-up's
+    /// outcome is unknown: the envelope was answered, and the follow-up attempt is what
+    /// needs reconciling.
     pub async fn finish_attempt(
         &self,
         op_id: &str,
         outcome: &AttemptOutcome,
         actor: &str,
     ) -> sqlx::Result<()> {
-        let (label, message_id, error) = match outcome {
-            AttemptOutcome::Sent { message_id } => ("sent", Some(*message_id), None),
-            AttemptOutcome::NotSent { error } => ("not_sent", None, Some(error.as_str())),
-            AttemptOutcome::Unknown { error } => ("unknown", None, Some(error.as_str())),
+        let (message_id, error) = match outcome {
+            AttemptOutcome::Sent { message_id } => (Some(*message_id), None),
+            AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => {
+                (None, Some(error.as_str()))
+            }
         };
         let mut tx = self.write_transaction().await?;
         let (envelope_id, chunk_index, chunk_count): (i64, i64, i64) = sqlx::query_as(
             "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ? \
              RETURNING envelope_id, chunk_index, chunk_count",
         )
-        .bind(label)
+        .bind(outcome.state())
         .bind(message_id)
         .bind(error)
         .bind(now())
@@ -108,7 +249,7 @@ impl Ledger {
                 transition_in(
                     &mut tx,
                     envelope_id,
-                    &answerable,
+                    &[EnvelopeState::Pending],
                     EnvelopeState::Unresolved,
                     actor,
                     Some(&reason),
@@ -135,5 +276,72 @@ impl Ledger {
             self.finish_attempt(op_id, &AttemptOutcome::Unknown { error: error.clone() }, "daemon").await?;
         }
         Ok(stuck.into_iter().map(|(_, trace_id)| trace_id).collect())
+    }
+
+    /// The attempts made for one `reply` request of `agent`, summed up; `None` when no
+    /// attempt carries that id (the request was never acted on).
+    pub async fn recorded_reply(&self, agent: &str, request_id: &str) -> sqlx::Result<Option<RecordedReply>> {
+        let envelope: Option<(i64, String)> = sqlx::query_as(
+            "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+             WHERE a.agent = ? AND a.request_id = ? LIMIT 1",
+        )
+        .bind(agent)
+        .bind(request_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some((envelope_id, trace_id)) = envelope else { return Ok(None) };
+        let sql = concat!(
+            "SELECT ",
+            attempt_columns!(),
+            " FROM attempts WHERE agent = ? AND request_id = ? ORDER BY id"
+        );
+        let attempts: Vec<StoredAttempt> =
+            sqlx::query_as(sql).bind(agent).bind(request_id).fetch_all(&self.pool).await?;
+        Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
+    }
+
+    /// The most recent `reply` request made for an envelope, summed up: what a repeated
+    /// reply with the same text may build on (parts already delivered are not sent again).
+    pub async fn last_reply_for(
+        &self,
+        envelope_id: i64,
+    ) -> sqlx::Result<Option<(String, Vec<StoredAttempt>)>> {
+        let request_id: Option<String> = sqlx::query_scalar(
+            "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL ORDER BY id DESC LIMIT 1",
+        )
+        .bind(envelope_id)
+        .fetch_optional(&self.pool)
+        .await?;
+        let Some(request_id) = request_id else { return Ok(None) };
+        let sql = concat!(
+            "SELECT ",
+            attempt_columns!(),
+            " FROM attempts WHERE envelope_id = ? AND request_id = ? ORDER BY id"
+        );
+        let attempts = sqlx::query_as(sql).bind(envelope_id).bind(&request_id).fetch_all(&self.pool).await?;
+        Ok(Some((request_id, attempts)))
+    }
+
+    /// Of these envelopes, the ones with an attempt whose outcome is unknown and not yet
+    /// reconciled: nothing more may be sent for them until an operator has looked.
+    pub async fn awaiting_reconciliation(&self, envelope_ids: &[i64]) -> sqlx::Result<Vec<i64>> {
+        if envelope_ids.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut query = sqlx::QueryBuilder::new(
+            "SELECT DISTINCT envelope_id FROM attempts WHERE outcome IN ('unknown', 'in_flight') \
+             AND reconciled_outcome IS NULL AND envelope_id IN (",
+        );
+        let mut ids = query.separated(", ");
+        for id in envelope_ids {
+            ids.push_bind(*id);
+        }
+        query.push(")");
+        query.build_query_scalar().fetch_all(&self.pool).await
+    }
+
+    pub async fn attempts_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredAttempt>> {
+        let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
+        sqlx::query_as(sql).bind(envelope_id).fetch_all(&self.pool).await
     }
 }

@@ -1,7 +1,7 @@
 //! What `switchboard ledger` reads and the one change it makes: reconciliation.
 
 use super::envelopes::transition_in;
-use super::{StoredAttempt, StoredEnvelope};
+use super::{ReconciledOutcome, StoredEnvelope};
 use crate::ledger::EnvelopeState;
 use sqlx::FromRow;
 
@@ -70,17 +70,6 @@ impl Ledger {
             .await
     }
 
-    pub async fn attempts_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredAttempt>> {
-        sqlx::query_as(
-            "SELECT op_id, chat_id, thread_id, reply_to_message_id, chunk_index, chunk_count, text, outcome, \
-             telegram_message_id, error, started_at, finished_at, reconciled_outcome, reconciled_reason \
-             FROM attempts WHERE envelope_id = ? ORDER BY id",
-        )
-        .bind(envelope_id)
-        .fetch_all(&self.pool)
-        .await
-    }
-
     pub async fn events_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredEvent>> {
         sqlx::query_as(
             "SELECT at, from_state, to_state, actor, reason FROM envelope_events WHERE envelope_id = ? ORDER BY id",
@@ -90,8 +79,11 @@ impl Ledger {
         .await
     }
 
-    /// Settles an unresolved envelope with what the operator found out; the reason is
-    /// kept on the envelope, its unknown attempts and its event history.
+    /// Settles an envelope's unknown attempts with what the operator found out; the reason
+    /// is kept on the envelope, its attempts and its event history. An `unresolved`
+    /// envelope becomes `acked` (delivered) or `pending` again (not delivered, so its
+    /// agent may answer again). An `acked` envelope whose later follow-up was unknown
+    /// stays `acked`: only the follow-up's attempts are settled.
     pub async fn reconcile(
         &self,
         trace_id: &str,
@@ -101,22 +93,13 @@ impl Ledger {
         let envelope =
             self.find(trace_id).await?.ok_or_else(|| ReconcileError::Unknown(trace_id.to_owned()))?;
         let (to, attempt_outcome) = match finding {
-            Reconciliation::Delivered => (EnvelopeState::Acked, "sent"),
-            Reconciliation::NotDelivered => (EnvelopeState::Pending, "not_sent"),
+            Reconciliation::Delivered => (EnvelopeState::Acked, ReconciledOutcome::Sent),
+            Reconciliation::NotDelivered => (EnvelopeState::Pending, ReconciledOutcome::NotSent),
         };
         let reason = format!("reconciled: {reason}");
         // The envelope and its attempts are settled together or not at all.
         let mut tx = self.write_transaction().await?;
-        let moved =
-            transition_in(&mut tx, envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
-                .await?;
-        if !moved {
-            return Err(ReconcileError::NotUnresolved {
-                trace_id: trace_id.to_owned(),
-                state: envelope.state,
-            });
-        }
-        sqlx::query(
+        let settled = sqlx::query(
             "UPDATE attempts SET reconciled_outcome = ?, reconciled_reason = ?, reconciled_at = ? \
              WHERE envelope_id = ? AND outcome = 'unknown' AND reconciled_outcome IS NULL",
         )
@@ -125,8 +108,33 @@ impl Ledger {
         .bind(now())
         .bind(envelope.id)
         .execute(&mut *tx)
-        .await?;
+        .await?
+        .rows_affected();
+        let moved =
+            transition_in(&mut tx, envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
+                .await?;
+        let state = match (moved, envelope.state) {
+            (true, _) => to,
+            (false, EnvelopeState::Acked) if settled > 0 => EnvelopeState::Acked,
+            _ => {
+                return Err(ReconcileError::NotUnresolved {
+                    trace_id: trace_id.to_owned(),
+                    state: envelope.state,
+                });
+            }
+        };
         tx.commit().await?;
-        Ok(to)
+        Ok(state)
+    }
+
+    /// Attempts whose outcome is unknown and that no operator has reconciled yet,
+    /// with their envelope's trace id: `ledger stats` counts them, since an `acked`
+    /// envelope can carry one (a follow-up whose outcome is unknown).
+    pub async fn unreconciled_attempts(&self) -> sqlx::Result<i64> {
+        sqlx::query_scalar(
+            "SELECT COUNT(*) FROM attempts WHERE outcome = 'unknown' AND reconciled_outcome IS NULL",
+        )
+        .fetch_one(&self.pool)
+        .await
     }
 }

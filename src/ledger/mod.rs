@@ -36,7 +36,7 @@ macro_rules! envelope_columns {
     () => {
         "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
          sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
-         state, deliveries, state_changed_at, note"
+         state, deliveries, state_changed_at, note, shown_session"
     };
 }
 
@@ -47,7 +47,9 @@ mod intake;
 mod sessions;
 mod states;
 
-pub use attempts::{AttemptOutcome, NewAttempt, StoredAttempt};
+pub use attempts::{
+    AttemptOutcome, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict, StoredAttempt,
+};
 pub use envelopes::{RoutedEnvelope, StoredEnvelope};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use states::EnvelopeState;

@@ -119,6 +119,7 @@ async fn finishing_an_attempt_settles_its_envelope_in_the_same_step() {
     let attempt = |envelope_id, chunk_index| NewAttempt {
         envelope_id,
         agent: "orch",
+        request_id: None,
         chat_id: 42,
         thread_id: None,
         reply_to_message_id: Some(1),
@@ -162,6 +163,7 @@ async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled() {
     let attempt = NewAttempt {
         envelope_id: e.id,
         agent: "orch",
+        request_id: None,
         chat_id: 42,
         thread_id: None,
         reply_to_message_id: Some(1),
@@ -173,15 +175,101 @@ async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled() {
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
     assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
-    assert_eq!(ledger.attempts_for(e.id).await.unwrap()[0].outcome, "unknown");
+    assert_eq!(ledger.attempts_for(e.id).await.unwrap()[0].outcome, AttemptState::Unknown);
 
     let state = ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap();
     assert_eq!(state, EnvelopeState::Pending);
     let attempts = ledger.attempts_for(e.id).await.unwrap();
-    assert_eq!(attempts[0].reconciled_outcome.as_deref(), Some("not_sent"));
+    assert_eq!(attempts[0].reconciled_outcome, Some(ReconciledOutcome::NotSent));
     assert!(attempts[0].reconciled_reason.as_deref().unwrap().contains("not in the chat"));
     assert!(matches!(
         ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
         Err(ReconcileError::NotUnresolved { .. })
     ));
+}
+
+fn reply_attempt(
+    envelope_id: i64,
+    request_id: &'static str,
+    chunk_index: usize,
+    chunk_count: usize,
+) -> NewAttempt<'static> {
+    NewAttempt {
+        envelope_id,
+        agent: "orch",
+        request_id: Some(request_id),
+        chat_id: 42,
+        thread_id: None,
+        reply_to_message_id: Some(1),
+        chunk_index,
+        chunk_count,
+        text: "part",
+    }
+}
+
+#[tokio::test]
+async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone() {
+    let (_dir, ledger) = ledger().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_aaaaaaaa", 0, 1)).await.unwrap();
+    ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    let follow_up = ledger.begin_attempt(&reply_attempt(e.id, "req_bbbbbbbb", 0, 1)).await.unwrap();
+    ledger
+        .finish_attempt(&follow_up, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
+    assert_eq!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap(), [e.id]);
+    assert_eq!(ledger.unreconciled_attempts().await.unwrap(), 1);
+
+    assert_eq!(
+        ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap(),
+        EnvelopeState::Acked
+    );
+    assert!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap().is_empty());
+    assert!(matches!(
+        ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
+        Err(ReconcileError::NotUnresolved { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_reply_request_is_summed_up_from_its_attempts() {
+    let (_dir, ledger) = ledger().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    assert_eq!(ledger.recorded_reply("orch", "req_cccccccc").await.unwrap(), None);
+
+    // Part 1 sent; part 2 rate-limited once, then refused.
+    let first = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 0, 2)).await.unwrap();
+    ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 5 }, "agent:orch").await.unwrap();
+    let in_flight = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 1, 2)).await.unwrap();
+    let recorded = ledger.recorded_reply("orch", "req_cccccccc").await.unwrap().unwrap();
+    assert_eq!(recorded.verdict, ReplyVerdict::InFlight);
+    ledger
+        .finish_attempt(&in_flight, &AttemptOutcome::NotSent { error: "400".into() }, "agent:orch")
+        .await
+        .unwrap();
+
+    let recorded = ledger.recorded_reply("orch", "req_cccccccc").await.unwrap().unwrap();
+    assert_eq!((recorded.trace_id.as_str(), recorded.parts), (e.trace_id.as_str(), 2));
+    assert_eq!(recorded.sent, [(0, 5)]);
+    assert_eq!(recorded.verdict, ReplyVerdict::NotSent { error: "400".into() });
+    // Another agent cannot read it.
+    assert_eq!(ledger.recorded_reply("worker", "req_cccccccc").await.unwrap(), None);
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
+}
+
+#[tokio::test]
+async fn only_the_agents_own_pending_envelopes_can_be_marked_shown() {
+    let (_dir, ledger) = ledger().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let worker = AgentName::parse("worker").unwrap();
+    assert!(!ledger.mark_shown(&worker, &e.trace_id, "ses_x").await.unwrap());
+    let orch = AgentName::parse("orch").unwrap();
+    assert!(ledger.mark_shown(&orch, &e.trace_id, "ses_x").await.unwrap());
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().shown_session.as_deref(), Some("ses_x"));
 }

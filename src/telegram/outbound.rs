@@ -3,14 +3,18 @@
 //! waited out. Every send is an attempt recorded before it is made and classified after:
 //! sent, not sent, or unknown. An unknown attempt is never retried.
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use teloxide::RequestError;
-use teloxide::prelude::*;
-use teloxide::types::{MessageId, ReplyParameters, ThreadId};
+use serde::Deserialize;
+use serde_json::json;
+use teloxide::Bot;
 use tokio_util::sync::CancellationToken;
 
+use super::bot_api::{Answer, BotApi, Exchange};
+use crate::backoff::Backoff;
 use crate::ledger::{AttemptOutcome, Ledger, NewAttempt};
+use crate::rules::pacing::ChatPacer;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
 
 /// Telegram's limit for one message, in UTF-16 code units (how Telegram counts).
@@ -38,6 +42,17 @@ pub struct ReplyTarget {
     pub reply_to_message_id: i32,
 }
 
+/// A reply ready to go: its target, the request it answers, its parts, and the parts an
+/// earlier, interrupted request with the same text already delivered (never sent again).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyPlan {
+    pub target: ReplyTarget,
+    pub request_id: String,
+    pub parts: Vec<String>,
+    /// (part index, Telegram message id) of parts already confirmed sent.
+    pub already_sent: Vec<(usize, i32)>,
+}
+
 /// One part of a reply that had to be split.
 struct Chunk<'a> {
     text: &'a str,
@@ -46,15 +61,16 @@ struct Chunk<'a> {
     count: usize,
 }
 
-/// What a reply's delivery came to.
+/// What a reply's delivery came to. `sent` lists (part index, message id) of every part
+/// confirmed sent, earlier requests' included.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DeliveryOutcome {
-    /// Every chunk confirmed sent.
+    /// Every part confirmed sent.
     Delivered { message_ids: Vec<i32> },
-    /// A chunk was provably not sent; `sent` lists the chunks that were, before it.
-    NotSent { sent: Vec<i32>, error: String },
-    /// A chunk may or may not have arrived; `sent` lists the confirmed ones before it.
-    Unknown { sent: Vec<i32>, error: String },
+    /// A part was provably not sent; nothing after it was tried.
+    NotSent { sent: Vec<(usize, i32)>, parts: usize, error: String },
+    /// A part may or may not have arrived; nothing after it was tried.
+    Unknown { sent: Vec<(usize, i32)>, parts: usize, error: String },
 }
 
 /// How one request ended, from what was observed.
@@ -65,35 +81,54 @@ pub enum Observed {
     Unknown { error: String },
 }
 
-/// Classifies a `sendMessage` result. Only what proves the request had no effect counts
-/// as not sent: an answer from Telegram that is an error, or a connection that was never
-/// made. Anything after the request may have left (timeouts, broken connections,
-/// unreadable answers) is unknown.
-pub fn classify(result: &Result<Message, RequestError>) -> Observed {
+#[derive(Debug, Deserialize)]
+struct SentMessage {
+    message_id: i32,
+}
+
+/// Classifies a `sendMessage` exchange. Only what proves the request had no effect counts
+/// as not sent: a connection that was never made, or Telegram's own refusal (a 4xx answer
+/// with `ok: false`). Anything after the request may have left is unknown: a timeout, a
+/// broken connection, a 5xx (Telegram or a proxy failed somewhere, possibly after posting),
+/// an answer that cannot be read.
+pub fn classify(exchange: &Exchange) -> Observed {
     let not_sent = |error: String| Observed::NotSent { error, retry_after: None, migrated_to: None };
-    match result {
-        Ok(message) => Observed::Sent { message_id: message.id.0 },
-        Err(RequestError::Api(api)) => not_sent(format!("Telegram refused it: {api}")),
-        Err(RequestError::RetryAfter(wait)) => Observed::NotSent {
-            error: format!("rate limited by Telegram for {}s", wait.seconds()),
-            retry_after: Some(wait.duration()),
-            migrated_to: None,
-        },
-        Err(RequestError::MigrateToChatId(to)) => Observed::NotSent {
-            error: format!("the group became supergroup {}", to.0),
-            retry_after: None,
-            migrated_to: Some(to.0),
-        },
-        Err(RequestError::Network(e)) if e.is_connect() || e.is_builder() => {
-            not_sent(format!("could not reach Telegram: {e}"))
+    let (status, body) = match exchange {
+        Exchange::NotConnected(detail) => return not_sent(format!("could not reach Telegram: {detail}")),
+        Exchange::NoAnswer(detail) => return Observed::Unknown { error: detail.clone() },
+        Exchange::Answered { status, body } => (*status, body),
+    };
+    if status >= 500 {
+        return Observed::Unknown {
+            error: format!("Telegram answered HTTP {status}, so the message may or may not have been posted"),
+        };
+    }
+    let Ok(answer) = serde_json::from_slice::<Answer<SentMessage>>(body) else {
+        return Observed::Unknown { error: format!("Telegram's answer (HTTP {status}) could not be read") };
+    };
+    match answer {
+        Answer { ok: true, result: Some(sent), .. } => Observed::Sent { message_id: sent.message_id },
+        Answer { ok: true, result: None, .. } => {
+            Observed::Unknown { error: "Telegram answered ok without the message".to_owned() }
         }
-        Err(RequestError::Network(e)) if e.is_timeout() => Observed::Unknown {
-            error: "Telegram did not answer within telegram.send_timeout_secs".to_owned(),
-        },
-        Err(RequestError::Network(e)) => Observed::Unknown {
-            error: format!("the connection to Telegram failed after the request went out: {e}"),
-        },
-        Err(other) => Observed::Unknown { error: other.to_string() },
+        Answer { ok: false, error_code, description, parameters, .. } => {
+            let description =
+                description.unwrap_or_else(|| format!("error {}", error_code.unwrap_or(status)));
+            let parameters = parameters.unwrap_or_default();
+            match (parameters.retry_after, parameters.migrate_to_chat_id) {
+                (Some(seconds), _) => Observed::NotSent {
+                    error: format!("rate limited by Telegram for {seconds}s"),
+                    retry_after: Some(Duration::from_secs(seconds)),
+                    migrated_to: None,
+                },
+                (None, Some(to)) => Observed::NotSent {
+                    error: format!("the group became supergroup {to}"),
+                    retry_after: None,
+                    migrated_to: Some(to),
+                },
+                (None, None) => not_sent(format!("Telegram refused it: {description}")),
+            }
+        }
     }
 }
 
@@ -170,61 +205,77 @@ fn best_break(window: &str) -> Option<(usize, usize)> {
         })
 }
 
+/// A ledger write that failed for a passing reason (busy, disk full) is tried again at
+/// these intervals: an attempt's outcome, once observed, must reach the ledger.
+const LEDGER_RETRY_FIRST: Duration = Duration::from_millis(100);
+const LEDGER_RETRY_CAP: Duration = Duration::from_secs(5);
+
 /// Sends replies to Telegram, recording every attempt.
 #[derive(Clone)]
 pub struct Outbound {
-    /// A bot whose HTTP client times out after `telegram.send_timeout`: a send slower
-    /// than that has an unknown outcome.
-    bot: Bot,
+    /// Calls `sendMessage` with a client that times out after `telegram.send_timeout`: a
+    /// send slower than that has an unknown outcome.
+    api: BotApi,
     ledger: Ledger,
-    /// Ends rate-limit waits when the daemon stops.
+    /// Spaces sends to one chat at Telegram's per-chat rates.
+    pacer: Arc<Mutex<ChatPacer>>,
+    /// Ends rate-limit and pacing waits when the daemon stops.
     shutdown: CancellationToken,
 }
 
 impl Outbound {
     pub fn new(bot: Bot, ledger: Ledger, shutdown: CancellationToken) -> Self {
-        Self { bot, ledger, shutdown }
+        Self { api: BotApi::from_bot(&bot), ledger, pacer: Arc::default(), shutdown }
     }
 
-    /// Delivers `text` as a reply to `target`, chunk by chunk. Stops at the first chunk
-    /// that is not confirmed sent.
-    pub async fn deliver(&self, target: &ReplyTarget, text: &str) -> sqlx::Result<DeliveryOutcome> {
-        let chunks = split_text(text, TELEGRAM_TEXT_LIMIT);
-        let mut sent = Vec::with_capacity(chunks.len());
+    /// Delivers a planned reply part by part, skipping the parts already delivered. Stops
+    /// at the first part that is not confirmed sent.
+    pub async fn deliver(&self, plan: &ReplyPlan) -> DeliveryOutcome {
+        let count = plan.parts.len();
+        let mut sent = plan.already_sent.clone();
         let mut rate_limit_budget = MAX_RATE_LIMIT_WAIT;
-        for (index, text) in chunks.iter().enumerate() {
-            let chunk = Chunk { text, index, count: chunks.len() };
-            match self.send_chunk(target, &chunk, &mut rate_limit_budget).await? {
-                Observed::Sent { message_id } => sent.push(message_id),
-                Observed::NotSent { error, .. } => return Ok(DeliveryOutcome::NotSent { sent, error }),
-                Observed::Unknown { error } => return Ok(DeliveryOutcome::Unknown { sent, error }),
+        for (index, text) in plan.parts.iter().enumerate() {
+            if sent.iter().any(|(done, _)| *done == index) {
+                continue;
+            }
+            let chunk = Chunk { text, index, count };
+            match self.send_chunk(plan, &chunk, &mut rate_limit_budget).await {
+                Observed::Sent { message_id } => sent.push((index, message_id)),
+                Observed::NotSent { error, .. } => {
+                    return DeliveryOutcome::NotSent { sent, parts: count, error };
+                }
+                Observed::Unknown { error } => return DeliveryOutcome::Unknown { sent, parts: count, error },
             }
         }
-        Ok(DeliveryOutcome::Delivered { message_ids: sent })
+        sent.sort_unstable();
+        DeliveryOutcome::Delivered { message_ids: sent.into_iter().map(|(_, id)| id).collect() }
     }
 
-    /// One chunk, waiting out rate limits within the reply's `budget`: each try is its
-    /// own recorded attempt.
-    async fn send_chunk(
-        &self,
-        target: &ReplyTarget,
-        chunk: &Chunk<'_>,
-        budget: &mut Duration,
-    ) -> sqlx::Result<Observed> {
+    /// One part, paced to the chat and waiting out rate limits within the reply's
+    /// `budget`: each try is its own recorded attempt.
+    async fn send_chunk(&self, plan: &ReplyPlan, chunk: &Chunk<'_>, budget: &mut Duration) -> Observed {
+        let target = &plan.target;
         loop {
-            let observed = self.send_attempt(target, chunk).await?;
+            let pace = self
+                .pacer
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .reserve(target.chat_id, std::time::Instant::now());
+            if !pace.is_zero() {
+                tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to this chat");
+                if !self.wait(pace).await {
+                    return stopping();
+                }
+            }
+            let observed = self.send_attempt(plan, chunk).await;
             match &observed {
                 Observed::NotSent { retry_after: Some(wait), .. } if *wait <= *budget => {
                     *budget -= *wait;
                     tracing::warn!(trace_id = %target.trace_id, wait_secs = wait.as_secs(), "Telegram rate limit: waiting before sending again");
-                    tokio::select! {
-                        () = tokio::time::sleep(*wait) => continue,
-                        () = self.shutdown.cancelled() => return Ok(Observed::NotSent {
-                            error: "the daemon is stopping; the reply was not sent".into(),
-                            retry_after: None,
-                            migrated_to: None,
-                        }),
+                    if self.wait(*wait).await {
+                        continue;
                     }
+                    return stopping();
                 }
                 Observed::NotSent { migrated_to: Some(new_chat), .. } => {
                     tracing::error!(
@@ -235,41 +286,82 @@ impl Outbound {
                 }
                 _ => {}
             }
-            return Ok(observed);
+            return observed;
         }
     }
 
-    /// Records the attempt, makes the request, records what was observed.
-    async fn send_attempt(&self, target: &ReplyTarget, chunk: &Chunk<'_>) -> sqlx::Result<Observed> {
-        let thread_id = telegram_thread(target.thread_id);
-        let op_id = self
-            .ledger
-            .begin_attempt(&NewAttempt {
-                envelope_id: target.envelope_id,
-                agent: &target.agent,
-                chat_id: target.chat_id,
-                thread_id,
-                reply_to_message_id: Some(target.reply_to_message_id),
-                chunk_index: chunk.index,
-                chunk_count: chunk.count,
-                text: chunk.text,
-            })
-            .await?;
-        let mut request = self.bot.send_message(ChatId(target.chat_id), chunk.text).reply_parameters(
-            ReplyParameters::new(MessageId(target.reply_to_message_id)).allow_sending_without_reply(),
-        );
-        if let Some(thread_id) = thread_id {
-            request = request.message_thread_id(ThreadId(MessageId(thread_id)));
+    /// Sleeps, unless the daemon stops first; false when it does.
+    async fn wait(&self, duration: Duration) -> bool {
+        tokio::select! {
+            () = tokio::time::sleep(duration) => true,
+            () = self.shutdown.cancelled() => false,
         }
-        let observed = classify(&request.await);
+    }
+
+    /// Records the attempt, makes the request, records what was observed. A ledger that
+    /// cannot record the attempt means nothing is sent; a ledger that cannot record the
+    /// outcome is tried again until it can, or until the daemon stops — then the attempt
+    /// stays `in_flight` and start-up recovery makes it `unknown`, which is what the agent
+    /// is told here too.
+    async fn send_attempt(&self, plan: &ReplyPlan, chunk: &Chunk<'_>) -> Observed {
+        let target = &plan.target;
+        let thread_id = telegram_thread(target.thread_id);
+        let attempt = NewAttempt {
+            envelope_id: target.envelope_id,
+            agent: &target.agent,
+            request_id: Some(&plan.request_id),
+            chat_id: target.chat_id,
+            thread_id,
+            reply_to_message_id: Some(target.reply_to_message_id),
+            chunk_index: chunk.index,
+            chunk_count: chunk.count,
+            text: chunk.text,
+        };
+        let op_id = match self.ledger.begin_attempt(&attempt).await {
+            Ok(op_id) => op_id,
+            Err(e) => {
+                tracing::error!(trace_id = %target.trace_id, error = %e, "could not record a send attempt: not sending");
+                return Observed::NotSent {
+                    error: format!("the switchboard ledger could not record the send ({e})"),
+                    retry_after: None,
+                    migrated_to: None,
+                };
+            }
+        };
+        let mut params = json!({
+            "chat_id": target.chat_id,
+            "text": chunk.text,
+            "reply_parameters": {"message_id": target.reply_to_message_id, "allow_sending_without_reply": true},
+        });
+        if let Some(thread_id) = thread_id {
+            params["message_thread_id"] = json!(thread_id);
+        }
+        let observed = classify(&self.api.call("sendMessage", &params).await);
         let outcome = match &observed {
             Observed::Sent { message_id } => AttemptOutcome::Sent { message_id: *message_id },
             Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error: error.clone() },
             Observed::Unknown { error } => AttemptOutcome::Unknown { error: error.clone() },
         };
-        self.ledger.finish_attempt(&op_id, &outcome, &format!("agent:{}", target.agent)).await?;
+        let actor = format!("agent:{}", target.agent);
+        let mut retry = Backoff::new(LEDGER_RETRY_FIRST, LEDGER_RETRY_CAP);
+        while let Err(e) = self.ledger.finish_attempt(&op_id, &outcome, &actor).await {
+            tracing::error!(trace_id = %target.trace_id, op_id, error = %e, "could not record a send's outcome; trying again");
+            if !self.wait(retry.next_delay()).await {
+                return Observed::Unknown {
+                    error: format!("the daemon stopped before it could record this send's outcome ({e})"),
+                };
+            }
+        }
         tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
-        Ok(observed)
+        observed
+    }
+}
+
+fn stopping() -> Observed {
+    Observed::NotSent {
+        error: "the daemon is stopping; the rest of the reply was not sent".into(),
+        retry_after: None,
+        migrated_to: None,
     }
 }
 
@@ -284,9 +376,6 @@ fn outcome_label(observed: &Observed) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::Arc;
-    use teloxide::ApiError;
-    use teloxide::types::Seconds;
 
     #[test]
     fn short_text_is_one_chunk() {
@@ -332,22 +421,46 @@ mod tests {
         assert_eq!(telegram_thread(Some(42)), Some(42));
     }
 
+    fn answered(status: u16, body: &str) -> Exchange {
+        Exchange::Answered { status, body: bytes::Bytes::from(body.to_owned()) }
+    }
+
     #[test]
-    fn telegram_errors_are_not_sent_and_unreadable_answers_are_unknown() {
-        let api = classify(&Err(RequestError::Api(ApiError::BotBlocked)));
-        assert!(matches!(api, Observed::NotSent { retry_after: None, .. }), "{api:?}");
-        let limited = classify(&Err(RequestError::RetryAfter(Seconds::from_seconds(3))));
+    fn telegram_refusals_are_not_sent_and_everything_after_the_request_left_is_unknown() {
+        let sent =
+            classify(&answered(200, r#"{"ok":true,"result":{"message_id":77,"date":0,"chat":{"id":1}}}"#));
+        assert_eq!(sent, Observed::Sent { message_id: 77 });
+        let refused = classify(&answered(
+            403,
+            r#"{"ok":false,"error_code":403,"description":"Forbidden: bot was blocked by the user"}"#,
+        ));
+        assert!(
+            matches!(&refused, Observed::NotSent { retry_after: None, error, .. } if error.contains("blocked")),
+            "{refused:?}"
+        );
+        let limited = classify(&answered(
+            429,
+            r#"{"ok":false,"error_code":429,"description":"Too Many Requests: retry after 3","parameters":{"retry_after":3}}"#,
+        ));
         assert!(
             matches!(limited, Observed::NotSent { retry_after: Some(d), .. } if d == Duration::from_secs(3))
         );
-        let migrated = classify(&Err(RequestError::MigrateToChatId(ChatId(-100))));
+        let migrated = classify(&answered(
+            400,
+            r#"{"ok":false,"error_code":400,"description":"Bad Request: group chat was upgraded to a supergroup chat","parameters":{"migrate_to_chat_id":-100}}"#,
+        ));
         assert!(matches!(migrated, Observed::NotSent { migrated_to: Some(-100), .. }));
-        let garbled = classify(&Err(RequestError::InvalidJson {
-            source: Arc::new(serde_json::from_str::<u8>("x").unwrap_err()),
-            raw: "<html>".into(),
-        }));
-        assert!(matches!(garbled, Observed::Unknown { .. }), "{garbled:?}");
-        let io = classify(&Err(RequestError::Io(Arc::new(std::io::Error::other("reset")))));
-        assert!(matches!(io, Observed::Unknown { .. }));
+        assert!(matches!(classify(&Exchange::NotConnected("refused".into())), Observed::NotSent { .. }));
+
+        // A 5xx may come after Telegram posted the message: never "you may send again".
+        for body in [
+            r#"{"ok":false,"error_code":500,"description":"Internal Server Error"}"#,
+            "<html>bad gateway</html>",
+        ] {
+            assert!(matches!(classify(&answered(502, body)), Observed::Unknown { .. }), "{body}");
+        }
+        assert!(matches!(classify(&answered(200, "<html>")), Observed::Unknown { .. }));
+        assert!(matches!(classify(&answered(200, r#"{"ok":true}"#)), Observed::Unknown { .. }));
+        assert!(matches!(classify(&Exchange::NoAnswer("timeout".into())), Observed::Unknown { .. }));
     }
 }

@@ -4,14 +4,19 @@
 //! said when it refused.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use futures::{StreamExt, TryStreamExt};
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
+use tokio_util::io::StreamReader;
 
 use super::wire::{
     API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, PendingList,
-    ReplyReceipt, ReplyRequest, SessionEvent,
+    ReplyReceipt, ReplyRequest, SESSION_HEADER, SessionEvent, ShownReceipt, ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -70,7 +75,8 @@ impl ClientError {
     }
 }
 
-/// A client of the local API, authenticated as one agent. Cheap to clone.
+/// A client of the local API, authenticated as one agent. Cheap to clone: clones share
+/// the session, so the tools of a plugin speak for the session its stream opened.
 #[derive(Debug, Clone)]
 pub struct DaemonClient {
     http: reqwest::Client,
@@ -79,6 +85,9 @@ pub struct DaemonClient {
     address: SocketAddr,
     agent: AgentName,
     secret: Secret,
+    /// The live session's token (from its `Hello`), sent with every call; `None` while no
+    /// session stream of this client is open.
+    session: Arc<watch::Sender<Option<String>>>,
 }
 
 impl DaemonClient {
@@ -88,7 +97,13 @@ impl DaemonClient {
             // The daemon is local: a proxy from the environment must never see the secret.
             .no_proxy()
             .build()?;
-        Ok(Self { http, address, agent, secret })
+        Ok(Self { http, address, agent, secret, session: Arc::new(watch::Sender::new(None)) })
+    }
+
+    /// Waits up to `within` for a session stream of this client to be open; true when one is.
+    pub async fn wait_for_session(&self, within: Duration) -> bool {
+        let mut session = self.session.subscribe();
+        tokio::time::timeout(within, session.wait_for(Option::is_some)).await.is_ok_and(|found| found.is_ok())
     }
 
     pub fn address(&self) -> SocketAddr {
@@ -100,7 +115,8 @@ impl DaemonClient {
     }
 
     /// Opens the agent's session stream and waits for the daemon's `Hello`, so a returned
-    /// stream is a registered session. Dropping it ends the session.
+    /// stream is a registered session; from then on this client's calls speak for it.
+    /// Dropping the stream ends the session.
     pub async fn open_session(&self) -> Result<SessionStream, ClientError> {
         let request = self.http.get(self.url("session")).bearer_auth(self.secret.expose());
         // No overall timeout: the stream is meant to stay open. Only the headers must come
@@ -110,11 +126,21 @@ impl DaemonClient {
             .map_err(|_| self.no_answer_within(QUERY_TIMEOUT))?
             .map_err(|e| self.transport_error(&e))?;
         let response = self.refusal_or(response).await?;
-        let mut stream =
-            SessionStream { response, buffer: Vec::new(), address: self.address, session_id: String::new() };
+        let body = response.bytes_stream().map_err(std::io::Error::other);
+        let lines =
+            FramedRead::new(StreamReader::new(body), LinesCodec::new_with_max_length(MAX_SESSION_LINE_BYTES));
+        let mut stream = SessionStream {
+            lines: lines.boxed(),
+            address: self.address,
+            session_id: String::new(),
+            token: String::new(),
+            session: Arc::clone(&self.session),
+        };
         match stream.next_event().await? {
-            Some(SessionEvent::Hello { session_id, .. }) => {
+            Some(SessionEvent::Hello { session_id, session_token, .. }) => {
                 stream.session_id = session_id;
+                stream.token = session_token.clone();
+                self.session.send_replace(Some(session_token));
                 Ok(stream)
             }
             Some(other) => {
@@ -122,6 +148,14 @@ impl DaemonClient {
             }
             None => Err(self.no_answer("the daemon closed the session stream before saying hello".into())),
         }
+    }
+
+    /// Tells the daemon that an envelope was pushed into the agent's context, so an unnamed
+    /// reply may resolve to it.
+    pub async fn shown(&self, trace_id: &str) -> Result<ShownReceipt, ClientError> {
+        let body = ShownRequest { trace_id: trace_id.to_owned() };
+        let request = self.http.post(self.url("shown")).json(&body).timeout(QUERY_TIMEOUT);
+        self.exchange(request).await
     }
 
     /// The agent's envelopes that wait for an answer.
@@ -133,6 +167,13 @@ impl DaemonClient {
     /// Asks the daemon to resolve the target (DESIGN.md §3) and deliver the reply (§4).
     pub async fn reply(&self, reply: &ReplyRequest) -> Result<ReplyReceipt, ClientError> {
         let request = self.http.post(self.url("reply")).json(reply).timeout(REPLY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// What became of a reply request: its receipt, or the refusal `reply` gave (or would
+    /// give); `unknown_request` when the daemon never acted on it.
+    pub async fn reply_outcome(&self, request_id: &str) -> Result<ReplyReceipt, ClientError> {
+        let request = self.http.get(self.url(&format!("replies/{request_id}"))).timeout(REPLY_TIMEOUT);
         self.exchange(request).await
     }
 
@@ -151,8 +192,11 @@ impl DaemonClient {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<T, ClientError> {
-        let response =
-            request.bearer_auth(self.secret.expose()).send().await.map_err(|e| self.transport_error(&e))?;
+        let mut request = request.bearer_auth(self.secret.expose());
+        if let Some(token) = self.session.borrow().as_deref() {
+            request = request.header(SESSION_HEADER, token);
+        }
+        let response = request.send().await.map_err(|e| self.transport_error(&e))?;
         let response = self.refusal_or(response).await?;
         let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
         serde_json::from_slice(&body)
@@ -203,14 +247,37 @@ impl DaemonClient {
 }
 
 /// The agent's session: a stream of [`SessionEvent`]s, one JSON object per line.
-#[derive(Debug)]
 pub struct SessionStream {
-    response: reqwest::Response,
-    /// Bytes received after the last complete line.
-    buffer: Vec<u8>,
+    lines: futures::stream::BoxStream<'static, Result<String, LinesCodecError>>,
     address: SocketAddr,
     /// The daemon's id for this session, from its `Hello`.
     pub session_id: String,
+    /// This session's token, cleared from the client when the stream is dropped.
+    token: String,
+    session: Arc<watch::Sender<Option<String>>>,
+}
+
+impl std::fmt::Debug for SessionStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SessionStream")
+            .field("address", &self.address)
+            .field("session_id", &self.session_id)
+            .finish()
+    }
+}
+
+impl Drop for SessionStream {
+    fn drop(&mut self) {
+        // Calls made after the stream ended must not carry a token the daemon already
+        // forgot: they wait for the next session instead (see `wait_for_session`).
+        self.session.send_if_modified(|current| {
+            let ours = current.as_deref() == Some(self.token.as_str());
+            if ours {
+                *current = None;
+            }
+            ours
+        });
+    }
 }
 
 impl SessionStream {
@@ -221,45 +288,44 @@ impl SessionStream {
     /// means the stream is dead.
     pub async fn next_event(&mut self) -> Result<Option<SessionEvent>, ClientError> {
         loop {
-            if let Some(newline) = self.buffer.iter().position(|&b| b == b'\n') {
-                let line: Vec<u8> = self.buffer.drain(..=newline).collect();
-                let line = line.trim_ascii();
-                if line.is_empty() {
-                    continue;
-                }
-                return serde_json::from_slice(line).map(Some).map_err(|e| ClientError::Protocol {
-                    address: self.address,
-                    detail: format!("{e} in the session line '{}'", preview(line)),
-                });
-            }
-            if self.buffer.len() > MAX_SESSION_LINE_BYTES {
-                return Err(ClientError::Protocol {
-                    address: self.address,
-                    detail: format!("a session line longer than {MAX_SESSION_LINE_BYTES} bytes"),
-                });
-            }
-            let chunk = tokio::time::timeout(SESSION_IDLE_LIMIT, self.response.chunk())
-                .await
-                .map_err(|_| ClientError::NoAnswer {
+            let line = tokio::time::timeout(SESSION_IDLE_LIMIT, self.lines.next()).await.map_err(|_| {
+                ClientError::NoAnswer {
                     address: self.address,
                     detail: format!(
                         "no heartbeat on the session stream for {}s",
                         SESSION_IDLE_LIMIT.as_secs()
                     ),
-                })?
-                .map_err(|e| ClientError::NoAnswer { address: self.address, detail: root_cause(&e) })?;
-            match chunk {
-                Some(bytes) => self.buffer.extend_from_slice(&bytes),
+                }
+            })?;
+            let line = match line {
                 None => return Ok(None),
+                Some(Ok(line)) => line,
+                Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
+                    return Err(ClientError::Protocol {
+                        address: self.address,
+                        detail: format!("a session line longer than {MAX_SESSION_LINE_BYTES} bytes"),
+                    });
+                }
+                Some(Err(LinesCodecError::Io(e))) => {
+                    return Err(ClientError::NoAnswer { address: self.address, detail: root_cause(&e) });
+                }
+            };
+            let line = line.trim();
+            if line.is_empty() {
+                continue;
             }
+            return serde_json::from_str(line).map(Some).map_err(|e| ClientError::Protocol {
+                address: self.address,
+                detail: format!("{e} in the session line '{}'", preview(line.as_bytes())),
+            });
         }
     }
 }
 
 /// The innermost cause of an error: "Connection refused (os error 111)" says more than
 /// reqwest's "error sending request for url (…)".
-fn root_cause(error: &reqwest::Error) -> String {
-    let mut cause: &dyn std::error::Error = error;
+fn root_cause(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut cause = error;
     while let Some(source) = cause.source() {
         cause = source;
     }
@@ -305,7 +371,7 @@ mod tests {
     fn refusal_shows_the_daemons_message() {
         let error = ClientError::Refused {
             status: StatusCode::CONFLICT,
-            error: ApiError { code: ErrorCode::Ambiguous, message: "two wait".into(), candidates: vec![] },
+            error: ApiError::new(ErrorCode::Ambiguous, "two wait"),
         };
         assert_eq!(error.to_string(), "two wait");
         assert_eq!(error.code(), Some(ErrorCode::Ambiguous));

@@ -6,10 +6,18 @@
 //!
 //! | method | path        | body            | answer                                   |
 //! |--------|-------------|-----------------|------------------------------------------|
-//! | GET    | `session`   | —               | NDJSON stream of [`SessionEvent`]         |
-//! | GET    | `pending`   | —               | [`PendingList`]                           |
-//! | POST   | `reply`     | [`ReplyRequest`] | [`ReplyReceipt`]                         |
-//! | POST   | `ack`       | [`AckRequest`]  | [`AckReceipt`]                            |
+//! | method | path                    | body              | answer                              |
+//! |--------|-------------------------|-------------------|-------------------------------------|
+//! | GET    | `session`               | —                 | NDJSON stream of [`SessionEvent`]    |
+//! | POST   | `shown`                 | [`ShownRequest`]  | [`ShownReceipt`]                     |
+//! | GET    | `pending`               | —                 | [`PendingList`]                      |
+//! | POST   | `reply`                 | [`ReplyRequest`]  | [`ReplyReceipt`]                     |
+//! | GET    | `replies/{request_id}`  | —                 | what a reply request came to: the same answer `reply` gave (or would give) |
+//! | POST   | `ack`                   | [`AckRequest`]    | [`AckReceipt`]                       |
+//!
+//! Every route but `session` also needs the [`SESSION_HEADER`] carrying the token of the
+//! agent's live session (from its `Hello`): a second session using the same secret, or a
+//! session that was replaced, is refused with `session_conflict` on every call.
 //!
 //! Failures answer with a non-2xx status and an [`ApiError`] body.
 
@@ -17,6 +25,13 @@ use serde::{Deserialize, Serialize};
 
 /// Path prefix of every local API route.
 pub const API_PREFIX: &str = "/v1/agents";
+
+/// The header that binds a tool call to the agent's live session.
+pub const SESSION_HEADER: &str = "x-switchboard-session";
+
+/// At most this many envelopes are listed by `pending` and in a refusal's candidates; the
+/// total is always given, so an agent knows when a list was cut.
+pub const MAX_LISTED: usize = 20;
 
 /// How often an idle session stream carries a heartbeat line. It keeps idle connections
 /// from being reaped by anything in between and lets the daemon notice a vanished client
@@ -27,8 +42,9 @@ pub const HEARTBEAT_INTERVAL_SECS: u64 = 15;
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum SessionEvent {
-    /// The first line: the session is registered and owns the agent's inbox.
-    Hello { agent: String, session_id: String },
+    /// The first line: the session is registered and owns the agent's inbox. Tool calls
+    /// carry `session_token` in [`SESSION_HEADER`].
+    Hello { agent: String, session_id: String, session_token: String },
     /// An envelope handed to the session; its ledger row is now `pending`.
     Envelope(DeliveredEnvelope),
     /// Nothing new; the daemon is alive.
@@ -75,7 +91,23 @@ pub struct PendingSummary {
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct PendingList {
+    /// The oldest [`MAX_LISTED`] pending envelopes.
     pub pending: Vec<PendingSummary>,
+    /// How many are pending in all.
+    pub total: usize,
+}
+
+/// The plugin pushed this envelope into the agent's context: an unnamed reply may now
+/// resolve to it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ShownRequest {
+    pub trace_id: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ShownReceipt {
+    /// False when the envelope was no longer pending for this agent (nothing to mark).
+    pub marked: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -83,6 +115,17 @@ pub struct ReplyRequest {
     pub text: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_id: Option<String>,
+    /// Chosen by the caller, unique per request (`req_…`). A repeated request with the same
+    /// id returns the first one's outcome instead of sending again; `replies/{request_id}`
+    /// tells what became of it.
+    pub request_id: String,
+}
+
+impl ReplyRequest {
+    /// A request with a fresh request id.
+    pub fn new(text: impl Into<String>, trace_id: Option<String>) -> Self {
+        Self { text: text.into(), trace_id, request_id: crate::ids::RequestId::generate().to_string() }
+    }
 }
 
 /// What a confirmed reply did.
@@ -121,10 +164,18 @@ pub enum ErrorCode {
     /// Several envelopes wait; the reply must name one (`candidates` lists them).
     Ambiguous,
     NothingPending,
+    /// No such envelope among the caller's (whether it does not exist or is another
+    /// agent's is deliberately not told apart).
     UnknownTraceId,
-    NotYours,
-    /// The named envelope is in a state that cannot be answered.
+    /// The named envelope is in a state that cannot be answered, or an earlier reply's
+    /// outcome is unknown and awaits reconciliation.
     NotAnswerable,
+    /// A reply to that envelope is being delivered right now.
+    ReplyInProgress,
+    /// The reply would need more messages than `outbound.max_reply_parts`.
+    ReplyTooLong,
+    /// No reply request with that id was ever acted on: nothing was sent for it.
+    UnknownRequest,
     /// Telegram refused the send: nothing was delivered (or only the chunks listed).
     NotSent,
     /// The send's outcome is unknown; the envelope is `unresolved` until an operator
@@ -137,6 +188,20 @@ pub enum ErrorCode {
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+    /// At most [`MAX_LISTED`] candidates …
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub candidates: Vec<PendingSummary>,
+    /// … of this many.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub candidates_total: usize,
+}
+
+impl ApiError {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into(), candidates: Vec::new(), candidates_total: 0 }
+    }
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }

@@ -1,6 +1,8 @@
 //! The session stream: from the daemon's local API into the agent session, reconnecting
 //! with backoff while the daemon is away.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rmcp::model::ServerNotification;
@@ -29,6 +31,8 @@ pub(super) struct SessionForwarder {
     pub(super) daemon: DaemonClient,
     pub(super) secret_env: String,
     pub(super) peer: Peer<RoleServer>,
+    /// Whether the daemon refuses the stream right now (see `ChannelPlugin::stream_refused`).
+    pub(super) refused: Arc<AtomicBool>,
 }
 
 /// Why one connection of the session stream ended.
@@ -64,6 +68,7 @@ impl SessionForwarder {
                     reconnect.after_failure(None)
                 }
                 SessionEnd::Failed(error) => {
+                    self.refused.store(matches!(error, ClientError::Refused { .. }), Ordering::SeqCst);
                     let problem =
                         session_problem(error, self.daemon.agent(), &self.secret_env, self.daemon.address());
                     if reported.as_deref() == Some(problem.text.as_str()) {
@@ -92,6 +97,7 @@ impl SessionForwarder {
             Err(error) => return SessionEnd::Failed(error),
         };
         reconnect.connected();
+        self.refused.store(false, Ordering::SeqCst);
         if reported.take().is_some() {
             tracing::info!(daemon = %self.daemon.address(), session_id = %session.session_id, "connected to the switchboard daemon again");
         } else {
@@ -100,6 +106,12 @@ impl SessionForwarder {
         loop {
             match session.next_event().await {
                 Ok(Some(SessionEvent::Envelope(envelope))) => {
+                    // Confirmed before the push, so no tool call about it can overtake the
+                    // confirmation: from here an unnamed reply may resolve to it. Should the
+                    // push fail, the agent session is ending and this session with it.
+                    if let Err(error) = self.daemon.shown(&envelope.trace_id).await {
+                        tracing::warn!(trace_id = %envelope.trace_id, "could not confirm an envelope as shown ({error}); replies to it must name its trace_id");
+                    }
                     let notification =
                         ServerNotification::CustomNotification(channel_notification(&envelope));
                     if self.peer.send_notification(notification).await.is_err() {
@@ -215,10 +227,7 @@ mod tests {
     }
 
     fn refused(code: ErrorCode, message: &str) -> ClientError {
-        ClientError::Refused {
-            status: StatusCode::CONFLICT,
-            error: ApiError { code, message: message.into(), candidates: vec![] },
-        }
+        ClientError::Refused { status: StatusCode::CONFLICT, error: ApiError::new(code, message) }
     }
 
     fn unreachable() -> ClientError {

@@ -15,6 +15,7 @@
 //! exiting and taking its tools and messages out of the agent session.
 
 use std::borrow::Cow;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -33,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api::client::{ClientError, DaemonClient};
-use crate::agents::api::wire::{AckRequest, ReplyRequest};
+use crate::agents::api::wire::{AckRequest, ErrorCode, ReplyRequest};
 use crate::config::Settings;
 use crate::ids::AgentName;
 
@@ -42,8 +43,8 @@ mod texts;
 
 use forwarder::SessionForwarder;
 use texts::{
-    ToolName, describe_ack, describe_failure, describe_pending, describe_receipt, instructions,
-    optional_trace_id, parse_trace_id,
+    ToolName, describe_ack, describe_failure, describe_pending, describe_receipt, describe_recovered_receipt,
+    instructions, never_acted_on, optional_trace_id, outcome_not_known_yet, parse_trace_id,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -58,6 +59,17 @@ const MAX_PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
 
 /// How long the session-stream task may take to stop once the agent session has ended.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// A tool call made while the session stream is (re)connecting waits this long for it:
+/// calls are bound to the live session, and a restarting daemon is back within seconds.
+const SESSION_WAIT: Duration = Duration::from_secs(3);
+
+/// After the connection broke during a `reply`, how long the plugin keeps asking the
+/// daemon what became of it before telling the agent the outcome is not known yet.
+const OUTCOME_RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+
+/// Pause between two questions about a reply's outcome while the daemon is away.
+const OUTCOME_RETRY_DELAY: Duration = Duration::from_millis(500);
 
 /// Runs the channel plugin for `agent` until the agent session closes stdin.
 ///
@@ -110,6 +122,9 @@ struct ChannelPlugin {
     tasks: TaskTracker,
     /// Set once the session stream is started, so a repeated `initialized` starts no second one.
     stream_started: AtomicBool,
+    /// Set while the daemon refuses this plugin's session stream (another session is
+    /// connected, or the secret is wrong): tool calls then need not wait for a session.
+    stream_refused: Arc<AtomicBool>,
 }
 
 /// Arguments of the `reply` tool.
@@ -151,6 +166,7 @@ impl ChannelPlugin {
             shutdown,
             tasks,
             stream_started: AtomicBool::new(false),
+            stream_refused: Arc::default(),
         }
     }
 
@@ -170,9 +186,15 @@ impl ChannelPlugin {
             return Err("text is empty: there is nothing to send. Nothing was sent.".into());
         }
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
-        let request = ReplyRequest { text: args.text, trace_id: trace_id.map(|id| id.to_string()) };
+        let request = ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()));
+        self.wait_for_session().await;
         match self.daemon.reply(&request).await {
             Ok(receipt) => Ok(describe_receipt(&receipt)),
+            // The request may have reached the daemon: ask it what it did, never guess.
+            Err(error @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
+                tracing::warn!(request_id = %request.request_id, "the connection broke during a reply ({error}); asking the daemon what became of it");
+                self.recover_reply_outcome(&request).await
+            }
             Err(error) => Err(self.tool_failure(ToolName::Reply, &error)),
         }
     }
@@ -183,6 +205,7 @@ impl ChannelPlugin {
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn pending(&self) -> Result<String, String> {
+        self.wait_for_session().await;
         match self.daemon.pending().await {
             Ok(list) => Ok(describe_pending(&list)),
             Err(error) => Err(self.tool_failure(ToolName::Pending, &error)),
@@ -203,6 +226,7 @@ impl ChannelPlugin {
         let trace_id = parse_trace_id(&args.trace_id)?;
         let note = args.note.filter(|note| !note.trim().is_empty());
         let noted = note.is_some();
+        self.wait_for_session().await;
         match self.daemon.ack(&AckRequest { trace_id: trace_id.to_string(), note }).await {
             Ok(receipt) => Ok(describe_ack(&receipt, noted)),
             Err(error) => Err(self.tool_failure(ToolName::Ack, &error)),
@@ -211,6 +235,45 @@ impl ChannelPlugin {
 }
 
 impl ChannelPlugin {
+    /// Tool calls are bound to the live session: one made while the stream (re)connects
+    /// waits a moment for it, unless the daemon is refusing the stream outright.
+    async fn wait_for_session(&self) {
+        if !self.stream_refused.load(Ordering::SeqCst) {
+            self.daemon.wait_for_session(SESSION_WAIT).await;
+        }
+    }
+
+    /// Asks the daemon (once it answers again) what became of a reply whose answer was
+    /// lost, and tells the agent exactly that: delivered, not sent (so it may reply
+    /// again), or unknown (unresolved in the ledger, for an operator to reconcile).
+    async fn recover_reply_outcome(&self, request: &ReplyRequest) -> Result<String, String> {
+        let deadline = tokio::time::Instant::now() + OUTCOME_RECOVERY_LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                tracing::error!(request_id = %request.request_id, "the daemon did not answer about a reply's outcome");
+                return Err(outcome_not_known_yet(&request.request_id, OUTCOME_RECOVERY_LIMIT));
+            }
+            self.daemon.wait_for_session(left).await;
+            match self.daemon.reply_outcome(&request.request_id).await {
+                Ok(receipt) => return Ok(describe_recovered_receipt(&receipt)),
+                Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::UnknownRequest => {
+                    return Err(never_acted_on(&request.request_id));
+                }
+                // The session is being replaced (the daemon restarted): ask again under the new one.
+                Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::SessionConflict => {}
+                Err(error @ ClientError::Refused { .. }) => {
+                    return Err(format!(
+                        "The connection to the daemon broke during the reply; the daemon says what became of it:\n{}",
+                        self.tool_failure(ToolName::Reply, &error)
+                    ));
+                }
+                Err(_) => {}
+            }
+            tokio::time::sleep(OUTCOME_RETRY_DELAY.min(left)).await;
+        }
+    }
+
     /// The failure text for the model; the failure is logged for the operator too.
     fn tool_failure(&self, tool: ToolName, error: &ClientError) -> String {
         let text = describe_failure(tool, error, self.daemon.agent(), &self.secret_env);
@@ -252,6 +315,7 @@ impl ServerHandler for ChannelPlugin {
             daemon: self.daemon.clone(),
             secret_env: self.secret_env.clone(),
             peer: context.peer,
+            refused: Arc::clone(&self.stream_refused),
         };
         self.tasks.spawn(forwarder.run(self.shutdown.clone()));
     }

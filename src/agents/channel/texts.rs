@@ -126,6 +126,33 @@ pub(super) fn describe_receipt(receipt: &ReplyReceipt) -> String {
     )
 }
 
+/// A reply whose answer was lost on the way back, found delivered afterwards.
+pub(super) fn describe_recovered_receipt(receipt: &ReplyReceipt) -> String {
+    format!(
+        "The connection to the daemon broke during the reply, but the daemon confirms it: {}",
+        describe_receipt(receipt)
+    )
+}
+
+/// A reply the daemon never acted on: nothing was sent, so replying again is safe.
+pub(super) fn never_acted_on(request_id: &str) -> String {
+    format!(
+        "The connection to the switchboard daemon broke before it acted on this reply ({request_id}): nothing was \
+         sent. You may call reply again."
+    )
+}
+
+/// The daemon did not come back in time to say what became of a reply.
+pub(super) fn outcome_not_known_yet(request_id: &str, waited: std::time::Duration) -> String {
+    format!(
+        "The connection to the switchboard daemon broke during this reply ({request_id}) and the daemon has not \
+         answered for {}s, so whether the reply was delivered is not known yet. Do NOT send it again now: once the \
+         daemon is back, `pending` shows whether the conversation still waits (if it is listed as waiting and not \
+         unresolved, nothing was delivered and you may reply again).",
+        waited.as_secs()
+    )
+}
+
 pub(super) fn describe_ack(receipt: &AckReceipt, noted: bool) -> String {
     let note = if noted { " Your note was recorded." } else { "" };
     format!(
@@ -148,18 +175,24 @@ pub(super) fn describe_candidates(candidates: &[PendingSummary]) -> String {
 }
 
 pub(super) fn describe_pending(list: &PendingList) -> String {
-    match list.pending.len() {
+    match list.total.max(list.pending.len()) {
         0 => "No conversation is waiting for an answer.".to_owned(),
         n => {
             let waiting =
                 if n == 1 { "1 conversation is".to_owned() } else { format!("{n} conversations are") };
             format!(
-                "{waiting} waiting for an answer:\n{}\n\nAnswer one with `reply` (trace_id set to it), or mark it \
-                 handled with `ack`.",
+                "{waiting} waiting for an answer{}:\n{}\n\nAnswer one with `reply` (trace_id set to it), or mark \
+                 it handled with `ack`.",
+                cut_note(list.pending.len(), n),
                 describe_candidates(&list.pending)
             )
         }
     }
+}
+
+/// " (the oldest 20 are listed)" when a list was cut.
+fn cut_note(listed: usize, total: usize) -> String {
+    if listed < total { format!(" (the oldest {listed} are listed)") } else { String::new() }
 }
 
 /// What a failed tool call tells the model: what happened, and what to do about it.
@@ -178,8 +211,8 @@ pub(super) fn describe_failure(
         },
         ClientError::NoAnswer { .. } => match tool {
             ToolName::Reply => format!(
-                "{error}. The reply may or may not have been delivered: do NOT send it again. Tell the operator; \
-                 `switchboard ledger` shows what happened."
+                "{error}. The reply may or may not have been delivered: do NOT send it again. Call `pending`: if the \
+                 conversation is listed as waiting, nothing was delivered."
             ),
             ToolName::Ack => format!(
                 "{error}. The ack may or may not have been recorded: call `pending` once the daemon answers and ack \
@@ -198,8 +231,9 @@ pub(super) fn describe_failure(
             let message = &refusal.message;
             match refusal.code {
                 ErrorCode::Ambiguous => format!(
-                    "{name} was refused: {message}\n\nWaiting conversations:\n{}\n\nNothing was sent: call reply \
+                    "{name} was refused: {message}\n\nWaiting conversations{}:\n{}\n\nNothing was sent: call reply \
                      again with trace_id set to one of these.",
+                    cut_note(refusal.candidates.len(), refusal.candidates_total),
                     describe_candidates(&refusal.candidates)
                 ),
                 ErrorCode::Unresolved => format!(
@@ -263,7 +297,7 @@ mod tests {
     fn refused(code: ErrorCode, message: &str, candidates: Vec<PendingSummary>) -> ClientError {
         ClientError::Refused {
             status: StatusCode::CONFLICT,
-            error: ApiError { code, message: message.into(), candidates },
+            error: ApiError { code, message: message.into(), candidates_total: candidates.len(), candidates },
         }
     }
 
@@ -372,7 +406,7 @@ mod tests {
     #[test]
     fn pending_lists_every_conversation() {
         assert_eq!(
-            describe_pending(&PendingList { pending: vec![] }),
+            describe_pending(&PendingList { pending: vec![], total: 0 }),
             "No conversation is waiting for an answer."
         );
         let text = describe_pending(&PendingList {
@@ -380,8 +414,17 @@ mod tests {
                 candidate("env_aaaaaaaaaa", Some(42), "first"),
                 candidate("env_bbbbbbbbbb", None, "second"),
             ],
+            total: 2,
         });
         assert!(text.starts_with("2 conversations are waiting for an answer:\n"), "{text}");
+        let cut = describe_pending(&PendingList {
+            pending: vec![candidate("env_aaaaaaaaaa", None, "first")],
+            total: 35,
+        });
+        assert!(
+            cut.starts_with("35 conversations are waiting for an answer (the oldest 1 are listed):\n"),
+            "{cut}"
+        );
         assert!(
             text.contains(
                 "- trace_id env_aaaaaaaaaa: chat -100777 \"Ops\", topic 42, from @bob, at 2025-01-02T03:04:05Z \
@@ -453,7 +496,7 @@ mod tests {
 
     #[test]
     fn other_refusals_pass_the_daemons_message_on() {
-        let error = refused(ErrorCode::NotYours, "env_abcdefghij belongs to another agent", vec![]);
+        let error = refused(ErrorCode::UnknownTraceId, "env_abcdefghij belongs to another agent", vec![]);
         assert_eq!(
             describe_failure(ToolName::Reply, &error, &agent(), "S"),
             "reply was refused: env_abcdefghij belongs to another agent"

@@ -1,0 +1,162 @@
+//! What the bridge's operations can come to when they do not succeed. These are domain
+//! errors: `api::server` maps them to status codes and wire bodies. Their texts are written
+//! for the model that reads them: what happened, and what to do next.
+
+use std::sync::Arc;
+
+use crate::rules::resolver::ResolveError;
+
+/// No such agent, or not its secret: deliberately one answer for both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("unknown agent or wrong secret")]
+pub struct Unauthorized;
+
+/// A second session for an agent that has one.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "agent '{agent}' already has a connected session ({existing}); only one session per agent may be connected — \
+     close the other one first"
+)]
+pub struct SessionConflict {
+    pub agent: String,
+    pub existing: String,
+}
+
+/// A tool call that did not do what it asked.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ToolError {
+    /// The call itself is malformed; nothing was done.
+    #[error("{0}")]
+    Invalid(String),
+    /// The call does not come from the agent's live session: a second session using the
+    /// same secret, a session that was replaced, or one not connected yet.
+    #[error(
+        "this plugin's session is not the connected session of agent '{agent}' (another session is connected, or \
+         this one was replaced or has not connected yet); nothing was done"
+    )]
+    NotLiveSession { agent: String },
+    /// The resolver would not pick an envelope; nothing was sent or changed.
+    #[error(transparent)]
+    Refused(#[from] ResolveError),
+    #[error(
+        "the reply would need {parts} Telegram messages, and at most {max} are allowed (outbound.max_reply_parts); \
+         nothing was sent: shorten it, or split it into several replies"
+    )]
+    TooLong { parts: usize, max: usize },
+    #[error("no reply with request id {0} was ever attempted: nothing was sent for it")]
+    UnknownRequest(String),
+    /// Telegram provably did not take (the rest of) the reply.
+    #[error("{}", not_sent_message(trace_id, error, sent, *parts))]
+    NotSent { trace_id: String, error: String, sent: Vec<(usize, i32)>, parts: usize },
+    /// A part may or may not have arrived.
+    #[error("{}", unknown_message(trace_id, error, sent, *parts, *stays_answered))]
+    Unknown {
+        trace_id: String,
+        error: String,
+        sent: Vec<(usize, i32)>,
+        parts: usize,
+        /// The envelope was answered before this (follow-up) reply, and stays `acked`.
+        stays_answered: bool,
+    },
+    #[error("the switchboard ledger failed ({0}); nothing was changed, try again in a moment")]
+    Ledger(Arc<sqlx::Error>),
+}
+
+impl From<sqlx::Error> for ToolError {
+    fn from(e: sqlx::Error) -> Self {
+        tracing::error!(error = %e, "ledger error");
+        Self::Ledger(Arc::new(e))
+    }
+}
+
+/// "parts 1–2 of 3 (message ids 10, 11)"
+fn delivered_parts(sent: &[(usize, i32)], parts: usize) -> String {
+    let numbers: Vec<String> = sent.iter().map(|(i, _)| (i + 1).to_string()).collect();
+    let ids: Vec<String> = sent.iter().map(|(_, id)| id.to_string()).collect();
+    format!("part(s) {} of {parts} (Telegram message ids {})", numbers.join(", "), ids.join(", "))
+}
+
+fn not_sent_message(trace_id: &str, error: &str, sent: &[(usize, i32)], parts: usize) -> String {
+    if sent.is_empty() {
+        format!(
+            "Telegram did not take the reply to {trace_id}: {error}. Nothing of it was delivered; you may reply again."
+        )
+    } else {
+        format!(
+            "the reply to {trace_id} was cut off: {} were delivered, the rest was not ({error}). Call reply again \
+             with the same text and trace_id {trace_id} to send only the missing part(s): parts already delivered \
+             are never sent again.",
+            delivered_parts(sent, parts)
+        )
+    }
+}
+
+fn unknown_message(
+    trace_id: &str,
+    error: &str,
+    sent: &[(usize, i32)],
+    parts: usize,
+    stays_answered: bool,
+) -> String {
+    let delivered = if sent.is_empty() {
+        String::new()
+    } else {
+        format!(" Before that, {} were delivered.", delivered_parts(sent, parts))
+    };
+    let state = if stays_answered {
+        format!("{trace_id} stays answered; this follow-up is marked for an operator to reconcile")
+    } else {
+        format!("{trace_id} is marked unresolved until an operator reconciles it")
+    };
+    format!(
+        "the reply to {trace_id} may or may not have reached the chat ({error}).{delivered} {state} with \
+         `switchboard ledger`. Do not send it again."
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reply_cut_off_part_way_says_which_parts_went_out_and_how_to_finish() {
+        let text = ToolError::NotSent {
+            trace_id: "env_abcdefghij".into(),
+            error: "Telegram refused it: Bad Request".into(),
+            sent: vec![(0, 10), (1, 11)],
+            parts: 3,
+        }
+        .to_string();
+        assert!(text.contains("part(s) 1, 2 of 3 (Telegram message ids 10, 11)"), "{text}");
+        assert!(text.contains("same text"), "{text}");
+        assert!(text.contains("never sent again"), "{text}");
+
+        let nothing =
+            ToolError::NotSent { trace_id: "env_x".into(), error: "no".into(), sent: vec![], parts: 1 };
+        assert!(nothing.to_string().contains("you may reply again"), "{nothing}");
+    }
+
+    #[test]
+    fn an_unknown_outcome_forbids_a_retry_and_says_what_the_envelope_became() {
+        let unresolved = ToolError::Unknown {
+            trace_id: "env_x".into(),
+            error: "timeout".into(),
+            sent: vec![],
+            parts: 1,
+            stays_answered: false,
+        }
+        .to_string();
+        assert!(unresolved.contains("Do not send it again"), "{unresolved}");
+        assert!(unresolved.contains("marked unresolved"), "{unresolved}");
+        let follow_up = ToolError::Unknown {
+            trace_id: "env_x".into(),
+            error: "timeout".into(),
+            sent: vec![(0, 5)],
+            parts: 2,
+            stays_answered: true,
+        }
+        .to_string();
+        assert!(follow_up.contains("stays answered"), "{follow_up}");
+        assert!(follow_up.contains("part(s) 1 of 2"), "{follow_up}");
+    }
+}

@@ -1,0 +1,136 @@
+//! The bridge between the ledger and agent sessions: each agent's inbox, its one live
+//! session, and the tools the local API exposes (`pending`, `reply`, `ack`).
+//!
+//! Delivery to sessions is driven by the ledger, not by in-memory queues: a session claims
+//! the agent's oldest `queued` envelope, marks it `pending` and writes it to the session
+//! stream, and the poller only rings a bell (`Notify`) when it stored something. So an
+//! envelope is never in memory only, and a crash at any point leaves it `queued` or
+//! `pending`.
+//!
+//! Replies are decided and delivered in two steps. The decision (which envelope, which
+//! parts) is serialised per agent and takes no Telegram I/O; the delivery then runs as a
+//! task of its own that the request only awaits, so a caller that goes away (a cancelled
+//! tool call, a dead plugin) cannot interrupt a send between its attempt and its outcome.
+
+mod error;
+mod reply;
+mod session;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use futures::future::{BoxFuture, Shared};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+pub use error::{SessionConflict, ToolError, Unauthorized};
+pub use session::OpenedSession;
+
+use crate::agents::api::wire::ReplyReceipt;
+use crate::ids::{AgentName, Secret};
+use crate::ledger::Ledger;
+use crate::telegram::outbound::Outbound;
+
+/// Limits a reply must respect, from the configuration.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplyLimits {
+    /// `outbound.max_reply_parts`.
+    pub max_reply_parts: usize,
+}
+
+#[derive(Clone)]
+pub struct Bridge {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ledger: Ledger,
+    outbound: Outbound,
+    agents: HashMap<AgentName, AgentSlot>,
+    limits: ReplyLimits,
+    /// Stops session streams when the daemon stops.
+    shutdown: CancellationToken,
+    /// Session tasks and reply deliveries, so the daemon can wait for them to finish.
+    tasks: TaskTracker,
+}
+
+/// A reply being delivered; every request with its id awaits the same outcome.
+type RunningReply = Shared<BoxFuture<'static, Result<ReplyReceipt, ToolError>>>;
+
+struct AgentSlot {
+    secret: Secret,
+    /// Rung when something was queued for this agent.
+    wake: Notify,
+    /// The connected session, if any: at most one per agent.
+    session: Mutex<Option<session::LiveSession>>,
+    /// Serialises this agent's decisions (resolving a reply's envelope and claiming it, an
+    /// ack), so two concurrent calls cannot both resolve to the same pending envelope.
+    /// Never held across Telegram I/O: a rate-limit wait must not block `ack`.
+    decisions: tokio::sync::Mutex<()>,
+    /// Replies being delivered right now.
+    running: Mutex<RunningReplies>,
+}
+
+#[derive(Default)]
+struct RunningReplies {
+    by_request: HashMap<String, RunningReply>,
+    /// The envelopes those replies answer: nothing else may be sent for them meanwhile.
+    envelopes: HashSet<i64>,
+}
+
+impl AgentSlot {
+    fn running(&self) -> MutexGuard<'_, RunningReplies> {
+        self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+impl Bridge {
+    pub fn new(
+        ledger: Ledger,
+        outbound: Outbound,
+        secrets: BTreeMap<AgentName, Secret>,
+        limits: ReplyLimits,
+        shutdown: CancellationToken,
+        tasks: TaskTracker,
+    ) -> Self {
+        let agents = secrets
+            .into_iter()
+            .map(|(name, secret)| {
+                let slot = AgentSlot {
+                    secret,
+                    wake: Notify::new(),
+                    session: Mutex::new(None),
+                    decisions: tokio::sync::Mutex::new(()),
+                    running: Mutex::default(),
+                };
+                (name, slot)
+            })
+            .collect();
+        Self { inner: Arc::new(Inner { ledger, outbound, agents, limits, shutdown, tasks }) }
+    }
+
+    /// Tells an agent's session that something was queued for it.
+    pub fn wake(&self, agent: &AgentName) {
+        if let Some(slot) = self.inner.agents.get(agent) {
+            // notify_one keeps a permit when nobody waits, so a wake-up between the
+            // session's ledger check and its wait is not lost.
+            slot.wake.notify_one();
+        }
+    }
+
+    /// Checks an agent's credentials. Unknown agents and wrong secrets get the same answer.
+    pub fn authenticate(&self, agent: &str, bearer: Option<&str>) -> Result<AgentName, Unauthorized> {
+        let name = AgentName::parse(agent).map_err(|_| Unauthorized)?;
+        let slot = self.inner.agents.get(&name).ok_or(Unauthorized)?;
+        match bearer {
+            Some(token) if slot.secret.matches(token) => Ok(name),
+            _ => Err(Unauthorized),
+        }
+    }
+
+    fn slot(&self, agent: &AgentName) -> &AgentSlot {
+        // Only authenticated names reach here, and they come from this map.
+        &self.inner.agents[agent]
+    }
+}

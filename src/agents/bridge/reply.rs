@@ -1,0 +1,456 @@
+//! The tools: `pending`, `reply` (resolve, plan, deliver), what became of a reply request,
+//! and `ack`.
+
+use futures::FutureExt;
+use tracing::Instrument;
+
+use super::{AgentSlot, Bridge, RunningReply, ToolError};
+use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
+use crate::ids::{AgentName, RequestId, TraceId};
+use crate::ledger::{
+    AttemptState, EnvelopeState, RecordedReply, ReplyVerdict, StoredAttempt, StoredEnvelope,
+};
+use crate::rules::resolver::{self, Blocked, Candidate, ResolveError};
+use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
+
+/// What the ledger and memory know of a request id seen before.
+enum Repeat {
+    /// Still being delivered: await the same outcome.
+    Running(RunningReply),
+    /// Over: its outcome, as the ledger tells it.
+    Recorded(Result<ReplyReceipt, ToolError>),
+}
+
+impl Bridge {
+    pub async fn pending(&self, agent: &AgentName, token: Option<&str>) -> Result<PendingList, ToolError> {
+        self.live_session(agent, token)?;
+        let pending = self.inner.ledger.pending(agent).await?;
+        Ok(PendingList {
+            total: pending.len(),
+            pending: pending.iter().take(MAX_LISTED).map(StoredEnvelope::summary).collect(),
+        })
+    }
+
+    /// Resolves the envelope a reply answers (refusing rather than guessing), then
+    /// delivers it as a task of its own and awaits the outcome. A request id seen before
+    /// gets the first request's outcome: nothing is sent twice for one request.
+    pub async fn reply(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        request: ReplyRequest,
+    ) -> Result<ReplyReceipt, ToolError> {
+        let session = self.live_session(agent, token)?;
+        let request_id = RequestId::parse(&request.request_id).map_err(ToolError::Invalid)?;
+        if request.text.trim().is_empty() {
+            return Err(ToolError::Invalid("the reply text is empty; nothing was sent".into()));
+        }
+        let trace_id = parse_optional_trace_id(request.trace_id.as_deref())?;
+        let parts = split_text(&request.text, TELEGRAM_TEXT_LIMIT);
+        let max = self.inner.limits.max_reply_parts;
+        if parts.len() > max {
+            tracing::warn!(%agent, parts = parts.len(), max, "reply refused: too long");
+            return Err(ToolError::TooLong { parts: parts.len(), max });
+        }
+        let slot = self.slot(agent);
+        let running = {
+            let _decide = slot.decisions.lock().await;
+            match self.repeat_of(agent, &request_id).await? {
+                Some(Repeat::Running(running)) => running,
+                Some(Repeat::Recorded(outcome)) => return outcome,
+                None => {
+                    let envelope = self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
+                    let plan = self.plan(agent, envelope, request_id, parts).await?;
+                    self.start_delivery(agent, plan)
+                }
+            }
+        };
+        running.await
+    }
+
+    /// What became of a reply request: its outcome once it is over (awaited while it
+    /// runs), or [`ToolError::UnknownRequest`] when it was never acted on — then nothing
+    /// was sent, and the agent may reply again.
+    pub async fn reply_outcome(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        request_id: &str,
+    ) -> Result<ReplyReceipt, ToolError> {
+        self.live_session(agent, token)?;
+        let request_id = RequestId::parse(request_id).map_err(ToolError::Invalid)?;
+        match self.repeat_of(agent, &request_id).await? {
+            Some(Repeat::Running(running)) => running.await,
+            Some(Repeat::Recorded(outcome)) => outcome,
+            None => Err(ToolError::UnknownRequest(request_id.to_string())),
+        }
+    }
+
+    async fn repeat_of(
+        &self,
+        agent: &AgentName,
+        request_id: &RequestId,
+    ) -> Result<Option<Repeat>, ToolError> {
+        if let Some(running) = self.slot(agent).running().by_request.get(request_id.as_str()) {
+            return Ok(Some(Repeat::Running(running.clone())));
+        }
+        let Some(recorded) = self.inner.ledger.recorded_reply(agent.as_str(), request_id.as_str()).await?
+        else {
+            return Ok(None);
+        };
+        let envelope = self.inner.ledger.find(&recorded.trace_id).await?;
+        Ok(Some(Repeat::Recorded(recorded_outcome(&recorded, envelope.as_ref()))))
+    }
+
+    /// Picks the envelope a reply (or a handoff, later) acts for: the named one, or the
+    /// only pending one this session was shown.
+    async fn resolve(
+        &self,
+        agent: &AgentName,
+        slot: &AgentSlot,
+        session: &str,
+        trace_id: Option<&TraceId>,
+    ) -> Result<StoredEnvelope, ToolError> {
+        let ledger = &self.inner.ledger;
+        let resolved = match trace_id {
+            Some(trace_id) => {
+                let found = ledger.find(trace_id.as_str()).await?;
+                let candidates = self.candidates(slot, found.into_iter().collect()).await?;
+                resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidates.into_iter().next())
+            }
+            None => {
+                let (shown, not_shown): (Vec<_>, Vec<_>) = ledger
+                    .pending(agent)
+                    .await?
+                    .into_iter()
+                    .partition(|envelope| envelope.shown_session.as_deref() == Some(session));
+                resolver::resolve_unnamed(self.candidates(slot, shown).await?, not_shown.len())
+            }
+        };
+        resolved.map_err(|refusal| refused("reply", agent, refusal))
+    }
+
+    /// The envelopes with what blocks sending for them: a reply being delivered (known in
+    /// memory) or an unknown outcome not yet reconciled (known to the ledger).
+    async fn candidates(
+        &self,
+        slot: &AgentSlot,
+        envelopes: Vec<StoredEnvelope>,
+    ) -> Result<Vec<Candidate>, ToolError> {
+        let ids: Vec<i64> = envelopes.iter().map(|e| e.id).collect();
+        let unreconciled = self.inner.ledger.awaiting_reconciliation(&ids).await?;
+        let running = slot.running();
+        Ok(envelopes
+            .into_iter()
+            .map(|envelope| {
+                let blocked = if running.envelopes.contains(&envelope.id) {
+                    Some(Blocked::ReplyInProgress)
+                } else if unreconciled.contains(&envelope.id) {
+                    Some(Blocked::AwaitingReconciliation)
+                } else {
+                    None
+                };
+                Candidate { envelope, blocked }
+            })
+            .collect())
+    }
+
+    /// The parts to send, and those an interrupted earlier request with the same text
+    /// already delivered.
+    async fn plan(
+        &self,
+        agent: &AgentName,
+        envelope: StoredEnvelope,
+        request_id: RequestId,
+        parts: Vec<String>,
+    ) -> Result<ReplyPlan, ToolError> {
+        let already_sent = match self.inner.ledger.last_reply_for(envelope.id).await? {
+            Some((_, attempts)) => parts_already_delivered(&attempts, &parts),
+            None => Vec::new(),
+        };
+        if !already_sent.is_empty() {
+            tracing::info!(trace_id = %envelope.trace_id, already_sent = already_sent.len(), "resuming a reply that was cut off: delivered parts are not sent again");
+        }
+        let target = ReplyTarget {
+            envelope_id: envelope.id,
+            trace_id: envelope.trace_id.clone(),
+            agent: agent.to_string(),
+            route: envelope.route.clone().unwrap_or_default(),
+            chat_id: envelope.chat_id,
+            thread_id: envelope.thread_id(),
+            reply_to_message_id: i32::try_from(envelope.message_id).unwrap_or_default(),
+        };
+        Ok(ReplyPlan { target, request_id: request_id.to_string(), parts, already_sent })
+    }
+
+    /// Starts delivering as a task the daemon waits for on shutdown; the returned future
+    /// only observes it. Registered as running before the task can finish, so a repeated
+    /// request always finds it (running, or recorded in the ledger).
+    fn start_delivery(&self, agent: &AgentName, plan: ReplyPlan) -> RunningReply {
+        let slot = self.slot(agent);
+        let mut running = slot.running();
+        let span = tracing::info_span!("envelope", trace_id = %plan.target.trace_id);
+        let done = Finished { bridge: self.clone(), agent: agent.clone(), plan: plan.clone() };
+        let bridge = self.clone();
+        let task = self.inner.tasks.spawn(
+            async move {
+                let outcome = bridge.inner.outbound.deliver(&done.plan).await;
+                bridge.settle(&done.plan, outcome).await
+            }
+            .instrument(span),
+        );
+        let trace_id = plan.target.trace_id.clone();
+        let observed: RunningReply = async move {
+            task.await.unwrap_or_else(|failure| {
+                tracing::error!(%trace_id, error = %failure, "a reply delivery task failed");
+                Err(ToolError::Unknown {
+                    trace_id,
+                    error: format!("the delivery task failed: {failure}"),
+                    sent: Vec::new(),
+                    parts: 0,
+                    stays_answered: false,
+                })
+            })
+        }
+        .boxed()
+        .shared();
+        running.by_request.insert(plan.request_id.clone(), observed.clone());
+        running.envelopes.insert(plan.target.envelope_id);
+        observed
+    }
+
+    /// Turns a delivery's outcome into what the agent is told; the ledger already
+    /// settled the envelope with the attempt that decided it.
+    async fn settle(&self, plan: &ReplyPlan, outcome: DeliveryOutcome) -> Result<ReplyReceipt, ToolError> {
+        let target = &plan.target;
+        let agent = &target.agent;
+        match outcome {
+            DeliveryOutcome::Delivered { message_ids } => {
+                tracing::info!(%agent, chat_id = target.chat_id, ?message_ids, "reply delivered");
+                Ok(receipt(target, message_ids))
+            }
+            DeliveryOutcome::NotSent { sent, parts, error } => {
+                tracing::warn!(%agent, %error, delivered_parts = sent.len(), "reply not sent");
+                Err(ToolError::NotSent { trace_id: target.trace_id.clone(), error, sent, parts })
+            }
+            DeliveryOutcome::Unknown { sent, parts, error } => {
+                let state = self.inner.ledger.find(&target.trace_id).await.ok().flatten().map(|e| e.state);
+                let stays_answered = state == Some(EnvelopeState::Acked);
+                tracing::error!(%agent, %error, delivered_parts = sent.len(), stays_answered, "reply outcome unknown: an operator must reconcile it");
+                Err(ToolError::Unknown {
+                    trace_id: target.trace_id.clone(),
+                    error,
+                    sent,
+                    parts,
+                    stays_answered,
+                })
+            }
+        }
+    }
+
+    /// Marks an envelope handled without a reply.
+    pub async fn ack(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        request: AckRequest,
+    ) -> Result<AckReceipt, ToolError> {
+        self.live_session(agent, token)?;
+        let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
+        let slot = self.slot(agent);
+        let _decide = slot.decisions.lock().await;
+        let found = self.inner.ledger.find(trace_id.as_str()).await?;
+        let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
+        let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidate)
+            .map_err(|refusal| refused("ack", agent, refusal))?;
+        let reason =
+            request.note.as_deref().map_or_else(|| "acked".to_owned(), |note| format!("acked: {note}"));
+        let moved = self
+            .inner
+            .ledger
+            .transition(
+                envelope.id,
+                &[EnvelopeState::Pending, EnvelopeState::Acked],
+                EnvelopeState::Acked,
+                &format!("agent:{agent}"),
+                Some(&reason),
+            )
+            .await?;
+        if !moved {
+            return Err(ToolError::Invalid(
+                "the envelope changed state meanwhile; call `pending` and try again".into(),
+            ));
+        }
+        tracing::info!(%agent, trace_id = %trace_id, "envelope acked");
+        Ok(AckReceipt { trace_id: trace_id.to_string(), state: EnvelopeState::Acked.to_string() })
+    }
+}
+
+/// Removes a delivery from the running set when its task ends, however it ends (a panic
+/// included), so the envelope is never blocked for good.
+struct Finished {
+    bridge: Bridge,
+    agent: AgentName,
+    plan: ReplyPlan,
+}
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        let mut running = self.bridge.slot(&self.agent).running();
+        running.by_request.remove(&self.plan.request_id);
+        running.envelopes.remove(&self.plan.target.envelope_id);
+    }
+}
+
+fn parse_optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, ToolError> {
+    match raw.map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(raw) => TraceId::parse(raw).map(Some).map_err(ToolError::Invalid),
+    }
+}
+
+fn receipt(target: &ReplyTarget, message_ids: Vec<i32>) -> ReplyReceipt {
+    ReplyReceipt {
+        trace_id: target.trace_id.clone(),
+        chat_id: target.chat_id,
+        thread_id: target.thread_id,
+        route: target.route.clone(),
+        message_ids,
+    }
+}
+
+/// A request's outcome as the ledger tells it, for a repeated request or a status query.
+fn recorded_outcome(
+    recorded: &RecordedReply,
+    envelope: Option<&StoredEnvelope>,
+) -> Result<ReplyReceipt, ToolError> {
+    let trace_id = recorded.trace_id.clone();
+    let (sent, parts) = (recorded.sent.clone(), recorded.parts);
+    match &recorded.verdict {
+        ReplyVerdict::Delivered => Ok(ReplyReceipt {
+            trace_id,
+            chat_id: envelope.map_or(0, |e| e.chat_id),
+            thread_id: envelope.and_then(StoredEnvelope::thread_id),
+            route: envelope.and_then(|e| e.route.clone()).unwrap_or_default(),
+            message_ids: sent.iter().map(|(_, id)| *id).collect(),
+        }),
+        ReplyVerdict::NotSent { error } => {
+            Err(ToolError::NotSent { trace_id, error: error.clone(), sent, parts })
+        }
+        // In flight in the ledger but not running here: the daemon that made it stopped.
+        ReplyVerdict::Unknown { error } => Err(ToolError::Unknown {
+            trace_id,
+            error: error.clone(),
+            sent,
+            parts,
+            stays_answered: envelope.is_some_and(|e| e.state == EnvelopeState::Acked),
+        }),
+        ReplyVerdict::InFlight => Err(ToolError::Unknown {
+            trace_id,
+            error: "the daemon stopped while this reply was in flight".into(),
+            sent,
+            parts,
+            stays_answered: envelope.is_some_and(|e| e.state == EnvelopeState::Acked),
+        }),
+    }
+}
+
+/// The parts of `parts` that the envelope's last reply request already delivered, when
+/// that request was cut off part-way and had exactly these parts: sending the same text
+/// again then only sends what is missing. Anything else starts from scratch.
+pub fn parts_already_delivered(last_request: &[StoredAttempt], parts: &[String]) -> Vec<(usize, i32)> {
+    let Some(summary) = RecordedReply::from_attempts(0, String::new(), last_request) else {
+        return Vec::new();
+    };
+    let cut_off = matches!(summary.verdict, ReplyVerdict::NotSent { .. }) && !summary.sent.is_empty();
+    if !cut_off || summary.parts != parts.len() {
+        return Vec::new();
+    }
+    let same_text = |index: usize| {
+        last_request.iter().any(|a| {
+            a.outcome == AttemptState::Sent
+                && usize::try_from(a.chunk_index) == Ok(index)
+                && a.text == parts[index]
+        })
+    };
+    if summary.sent.iter().all(|(index, _)| same_text(*index)) { summary.sent } else { Vec::new() }
+}
+
+/// A refusal: nothing is sent and nothing changes; logged at warn with its candidates so
+/// an operator watching the logs sees it.
+fn refused(tool: &str, agent: &AgentName, refusal: ResolveError) -> ToolError {
+    let listed: Vec<String> = match &refusal {
+        ResolveError::Ambiguous { candidates } => candidates
+            .iter()
+            .take(MAX_LISTED)
+            .map(|c| format!("{} ({} in chat {})", c.trace_id, c.user(), c.chat_id))
+            .collect(),
+        _ => Vec::new(),
+    };
+    tracing::warn!(%agent, candidates = ?listed, "{tool} refused: {refusal}");
+    ToolError::Refused(refusal)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attempt(
+        index: i64,
+        count: i64,
+        text: &str,
+        outcome: AttemptState,
+        message_id: Option<i64>,
+    ) -> StoredAttempt {
+        StoredAttempt {
+            op_id: format!("op_{index}"),
+            request_id: Some("req_abcdefgh".into()),
+            chat_id: 1,
+            thread_id: None,
+            reply_to_message_id: Some(1),
+            chunk_index: index,
+            chunk_count: count,
+            text: text.into(),
+            outcome,
+            telegram_message_id: message_id,
+            error: None,
+            started_at: String::new(),
+            finished_at: None,
+            reconciled_outcome: None,
+            reconciled_reason: None,
+        }
+    }
+
+    fn parts(texts: &[&str]) -> Vec<String> {
+        texts.iter().map(|t| (*t).to_owned()).collect()
+    }
+
+    #[test]
+    fn a_reply_cut_off_part_way_resumes_after_the_delivered_parts() {
+        let last = [
+            attempt(0, 3, "one", AttemptState::Sent, Some(10)),
+            attempt(1, 3, "two", AttemptState::Sent, Some(11)),
+            attempt(2, 3, "three", AttemptState::NotSent, None),
+        ];
+        assert_eq!(parts_already_delivered(&last, &parts(&["one", "two", "three"])), [(0, 10), (1, 11)]);
+        // Different text, or a different split: start from scratch.
+        assert!(parts_already_delivered(&last, &parts(&["one", "TWO", "three"])).is_empty());
+        assert!(parts_already_delivered(&last, &parts(&["one", "two"])).is_empty());
+    }
+
+    #[test]
+    fn only_a_reply_that_was_cut_off_is_resumed() {
+        // Fully delivered: the same text again is a new message (an agent may say "OK" twice).
+        let delivered = [attempt(0, 1, "OK", AttemptState::Sent, Some(10))];
+        assert!(parts_already_delivered(&delivered, &parts(&["OK"])).is_empty());
+        // Unknown: never built on (the resolver refuses it until reconciled anyway).
+        let unknown = [
+            attempt(0, 2, "a", AttemptState::Sent, Some(10)),
+            attempt(1, 2, "b", AttemptState::Unknown, None),
+        ];
+        assert!(parts_already_delivered(&unknown, &parts(&["a", "b"])).is_empty());
+        // Nothing delivered: nothing to skip.
+        let refused = [attempt(0, 2, "a", AttemptState::NotSent, None)];
+        assert!(parts_already_delivered(&refused, &parts(&["a", "b"])).is_empty());
+    }
+}

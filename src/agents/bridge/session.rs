@@ -1,0 +1,182 @@
+//! Agent sessions: at most one live session per agent, fed from the ledger, and the token
+//! that binds every tool call to it.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+
+use super::{Bridge, SessionConflict, ToolError};
+use crate::agents::api::wire::{HEARTBEAT_INTERVAL_SECS, SessionEvent, ShownReceipt, ShownRequest};
+use crate::ids::{AgentName, TraceId, random_suffix};
+use crate::ledger::StoredEnvelope;
+
+/// Room for one envelope in flight between the session task and the HTTP body: the
+/// session claims the next envelope only once the previous one was taken, so a vanished
+/// client leaves at most one envelope `pending` (and it is redelivered).
+const SESSION_BUFFER: usize = 1;
+
+/// Long enough that a token cannot be guessed by another local client that has the
+/// agent's secret but not the session stream.
+const SESSION_TOKEN_LEN: usize = 32;
+
+/// The agent's connected session.
+pub(super) struct LiveSession {
+    /// Named in logs and the audit table.
+    id: String,
+    /// Known only to whoever reads the session stream; never logged.
+    token: String,
+}
+
+/// A session the daemon registered: its hello and the stream of events that follows.
+pub struct OpenedSession {
+    pub events: mpsc::Receiver<SessionEvent>,
+}
+
+/// Holds an agent's session slot; dropping it frees the slot.
+struct SessionGuard {
+    bridge: Bridge,
+    agent: AgentName,
+    session_id: String,
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if let Some(slot) = self.bridge.inner.agents.get(&self.agent) {
+            let mut session = slot.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            if session.as_ref().is_some_and(|live| live.id == self.session_id) {
+                *session = None;
+            }
+        }
+        tracing::info!(agent = %self.agent, session_id = %self.session_id, "agent session disconnected");
+        let ledger = self.bridge.inner.ledger.clone();
+        let session_id = std::mem::take(&mut self.session_id);
+        self.bridge.inner.tasks.spawn(async move {
+            if let Err(e) = ledger.session_closed(&session_id).await {
+                tracing::warn!(error = %e, "could not record the end of a session");
+            }
+        });
+    }
+}
+
+impl Bridge {
+    /// Opens the agent's session, refusing a second one, and returns the stream of
+    /// events to send to it. The stream ends when the client goes away or the daemon stops.
+    pub fn open_session(&self, agent: &AgentName) -> Result<OpenedSession, SessionConflict> {
+        let session_id = format!("ses_{}", &TraceId::generate().as_str()[4..]);
+        let token = random_suffix(SESSION_TOKEN_LEN);
+        {
+            let mut session = self.slot(agent).session.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(existing) = session.as_ref() {
+                tracing::warn!(%agent, existing = %existing.id, "refused a second session for the agent");
+                return Err(SessionConflict { agent: agent.to_string(), existing: existing.id.clone() });
+            }
+            *session = Some(LiveSession { id: session_id.clone(), token: token.clone() });
+        }
+        let guard = SessionGuard { bridge: self.clone(), agent: agent.clone(), session_id };
+        let (tx, rx) = mpsc::channel(SESSION_BUFFER);
+        let bridge = self.clone();
+        self.inner.tasks.spawn(async move {
+            let agent = guard.agent.clone();
+            if let Err(e) = bridge.run_session(&guard, token, tx).await {
+                tracing::error!(%agent, error = %e, "agent session failed");
+            }
+            drop(guard);
+        });
+        Ok(OpenedSession { events: rx })
+    }
+
+    /// The live session's id when `token` is its token; every tool call goes through here.
+    pub(super) fn live_session(&self, agent: &AgentName, token: Option<&str>) -> Result<String, ToolError> {
+        let session = self.slot(agent).session.lock().unwrap_or_else(|p| p.into_inner());
+        match (session.as_ref(), token) {
+            (Some(live), Some(token)) if live.token == token => Ok(live.id.clone()),
+            _ => {
+                tracing::warn!(%agent, "tool call refused: not from the agent's live session");
+                Err(ToolError::NotLiveSession { agent: agent.to_string() })
+            }
+        }
+    }
+
+    /// Checks that a call comes from the agent's live session (for calls that need
+    /// nothing else from it).
+    pub fn check_session(&self, agent: &AgentName, token: Option<&str>) -> Result<(), ToolError> {
+        self.live_session(agent, token).map(drop)
+    }
+
+    /// The plugin pushed an envelope into the agent's context.
+    pub async fn shown(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        request: ShownRequest,
+    ) -> Result<ShownReceipt, ToolError> {
+        let session = self.live_session(agent, token)?;
+        let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
+        let marked = self.inner.ledger.mark_shown(agent, trace_id.as_str(), &session).await?;
+        Ok(ShownReceipt { marked })
+    }
+
+    /// Feeds one session: first the envelopes a previous session left pending (marked
+    /// redelivered), then every queued envelope as it arrives, oldest first.
+    async fn run_session(
+        &self,
+        guard: &SessionGuard,
+        session_token: String,
+        tx: mpsc::Sender<SessionEvent>,
+    ) -> sqlx::Result<()> {
+        let agent = &guard.agent;
+        let ledger = &self.inner.ledger;
+        let slot = self.slot(agent);
+        let hello = SessionEvent::Hello {
+            agent: agent.to_string(),
+            session_id: guard.session_id.clone(),
+            session_token,
+        };
+        if tx.send(hello).await.is_err() {
+            return Ok(());
+        }
+        let redelivered = ledger.take_pending_for_redelivery(agent).await?;
+        ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
+        tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), "agent session connected");
+        for envelope in redelivered {
+            if !self.hand_over(&tx, &envelope, true).await {
+                return Ok(());
+            }
+        }
+        let heartbeat = Duration::from_secs(HEARTBEAT_INTERVAL_SECS);
+        loop {
+            while let Some(envelope) = ledger.claim_next_queued(agent).await? {
+                if !self.hand_over(&tx, &envelope, false).await {
+                    return Ok(());
+                }
+            }
+            tokio::select! {
+                () = slot.wake.notified() => {}
+                () = tokio::time::sleep(heartbeat) => {
+                    if tx.send(SessionEvent::Heartbeat).await.is_err() {
+                        return Ok(());
+                    }
+                }
+                () = tx.closed() => return Ok(()),
+                () = self.inner.shutdown.cancelled() => return Ok(()),
+            }
+        }
+    }
+
+    /// Writes one envelope to the session; false when the session is gone.
+    async fn hand_over(
+        &self,
+        tx: &mpsc::Sender<SessionEvent>,
+        envelope: &StoredEnvelope,
+        redelivered: bool,
+    ) -> bool {
+        tracing::info_span!("envelope", trace_id = %envelope.trace_id).in_scope(|| {
+            tracing::info!(
+                agent = envelope.agent.as_deref().unwrap_or_default(),
+                redelivered,
+                "handed to agent session"
+            )
+        });
+        tx.send(SessionEvent::Envelope(envelope.delivered(redelivered))).await.is_ok()
+    }
+}
