@@ -306,6 +306,9 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             for (state, count) in ledger.count_by_state().await? {
                 println!("{state:<11} {count}");
             }
+            // An acked envelope can carry a follow-up whose outcome is unknown: it is
+            // not counted as unresolved above, but it waits for an operator all the same.
+            println!("unreconciled attempts: {}", ledger.unreconciled_attempts().await?);
         }
         LedgerCommand::Reconcile { trace_id, delivered, not_delivered: _, reason } => {
             let finding = if delivered { Reconciliation::Delivered } else { Reconciliation::NotDelivered };

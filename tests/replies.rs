@@ -6,53 +6,10 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
+use support::agents::*;
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, UserSpec};
-use support::mcp::{ChannelClient, ChannelNotification};
 use switchboard::ledger::EnvelopeState;
-
-const WAIT: Duration = Duration::from_secs(20);
-
-fn owner() -> UserSpec {
-    UserSpec::new(OWNER_ID, "Olga").with_username("olga")
-}
-
-async fn session(daemon: &TestDaemon, agent: &str) -> ChannelClient {
-    let secret = if agent == "worker" { WORKER_SECRET } else { ORCHESTRATOR_SECRET };
-    let var = if agent == "worker" { "SB_TEST_WORKER_SECRET" } else { "SB_TEST_ORCHESTRATOR_SECRET" };
-    ChannelClient::start(daemon.config_path(), agent, &[(var, secret)]).await.expect("channel plugin starts")
-}
-
-async fn state_of(daemon: &TestDaemon, trace_id: &str) -> EnvelopeState {
-    let ledger = daemon.ledger().await;
-    let state = ledger.find(trace_id).await.unwrap().expect("envelope exists").state;
-    ledger.close().await;
-    state
-}
-
-/// The usual opening: a daemon, the orchestrator's session, and one message from the
-/// owner's DM delivered to it and waiting for an answer.
-struct OwnerWaiting {
-    fake: FakeTelegram,
-    daemon: TestDaemon,
-    orchestrator: ChannelClient,
-    trace: String,
-}
-
-async fn owner_waiting(text: &str) -> OwnerWaiting {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), text);
-    let delivered = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
-    assert_eq!(delivered[0].content, text);
-    let trace = trace_id(&delivered[0]);
-    OwnerWaiting { fake, daemon, orchestrator, trace }
-}
-
-fn trace_id(notification: &ChannelNotification) -> String {
-    notification.meta_str("trace_id").expect("meta.trace_id").to_owned()
-}
 
 #[tokio::test]
 async fn one_message_in_one_reply_out_in_the_right_chat_and_topic() {

@@ -191,6 +191,17 @@ token_env = "SB_TEST_WORKER_SECRET"
         child.wait().expect("reap");
     }
 
+    /// Sends a signal (`"STOP"`, `"CONT"`, `"HUP"`, …) to the running daemon.
+    pub fn signal(&self, signal: &str) {
+        let child = self.child.as_ref().expect("daemon not running");
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(child.id().to_string())
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{signal} failed");
+    }
+
     pub fn restart(&mut self) {
         self.spawn();
     }

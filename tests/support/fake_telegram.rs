@@ -215,6 +215,12 @@ pub enum Fault {
     HangWithoutRecording(Duration),
     /// 200 with an HTML body, as from a misbehaving proxy.
     MalformedBody,
+    /// No fault: the request is performed and answered normally. Queue it before another
+    /// fault to make a later request fail (the second part of a split reply, say).
+    Pass,
+    /// Perform the request for real, then answer 500: Telegram (or a proxy in front of
+    /// it) failed after the message was posted.
+    RecordThenServerError,
     /// Any other response, verbatim. Sent as JSON if `body` parses as JSON.
     Raw { status: u16, body: String },
 }
@@ -811,6 +817,11 @@ async fn handle_request(
             shared.hang(delay).await;
             response
         }
+        Some(Fault::Pass) => dispatch(&shared, &method, &params).await,
+        Some(Fault::RecordThenServerError) => {
+            let _performed = dispatch(&shared, &method, &params).await;
+            api_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", None)
+        }
         Some(fault) => {
             // A faulted getUpdates still reached Telegram, so it terminates
             // any long poll that is waiting, as a real one would.
@@ -877,7 +888,9 @@ async fn fault_response(shared: &Shared, fault: Fault) -> Response {
             (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
         }
         // Handled by the caller, which has to perform the request first.
-        Fault::RecordThenHang(_) => unreachable!("RecordThenHang is handled by handle_request"),
+        Fault::RecordThenHang(_) | Fault::Pass | Fault::RecordThenServerError => {
+            unreachable!("faults that perform the request are handled by handle_request")
+        }
     }
 }
 

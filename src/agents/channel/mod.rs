@@ -181,21 +181,24 @@ impl ChannelPlugin {
             open_world_hint = true
         )
     )]
-    async fn reply(&self, Parameters(args): Parameters<ReplyArgs>) -> Result<String, String> {
+    async fn reply(
+        &self,
+        Parameters(args): Parameters<ReplyArgs>,
+        cancelled: CancellationToken,
+    ) -> Result<String, String> {
         if args.text.trim().is_empty() {
             return Err("text is empty: there is nothing to send. Nothing was sent.".into());
         }
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
         let request = ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()));
-        self.wait_for_session().await;
-        match self.daemon.reply(&request).await {
-            Ok(receipt) => Ok(describe_receipt(&receipt)),
-            // The request may have reached the daemon: ask it what it did, never guess.
-            Err(error @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
-                tracing::warn!(request_id = %request.request_id, "the connection broke during a reply ({error}); asking the daemon what became of it");
-                self.recover_reply_outcome(&request).await
+        tokio::select! {
+            outcome = self.send_reply(&request) => outcome,
+            // The agent session gave up on the call (the user pressed Esc). Stop waiting:
+            // the daemon delivers or records the reply on its own, whatever happens here.
+            () = cancelled.cancelled() => {
+                tracing::info!(request_id = %request.request_id, "reply cancelled by the agent session; the daemon settles it on its own");
+                Err(format!("The reply call was cancelled ({}); the daemon still settles it.", request.request_id))
             }
-            Err(error) => Err(self.tool_failure(ToolName::Reply, &error)),
         }
     }
 
@@ -235,6 +238,19 @@ impl ChannelPlugin {
 }
 
 impl ChannelPlugin {
+    async fn send_reply(&self, request: &ReplyRequest) -> Result<String, String> {
+        self.wait_for_session().await;
+        match self.daemon.reply(request).await {
+            Ok(receipt) => Ok(describe_receipt(&receipt)),
+            // The request may have reached the daemon: ask it what it did, never guess.
+            Err(error @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
+                tracing::warn!(request_id = %request.request_id, "the connection broke during a reply ({error}); asking the daemon what became of it");
+                self.recover_reply_outcome(request).await
+            }
+            Err(error) => Err(self.tool_failure(ToolName::Reply, &error)),
+        }
+    }
+
     /// Tool calls are bound to the live session: one made while the stream (re)connects
     /// waits a moment for it, unless the daemon is refusing the stream outright.
     async fn wait_for_session(&self) {

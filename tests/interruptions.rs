@@ -1,0 +1,357 @@
+//! The reply path's contract under interruption (issue 6): a reply's outcome never
+//! depends on its caller staying connected, the agent's account and the ledger always
+//! agree, one session per agent, unnamed replies only among envelopes the agent was
+//! shown, and the bounds on what one reply may do.
+//!
+//! Each test starts the real daemon against the fake Bot API; the agent side is the real
+//! `switchboard channel` plugin driven by a real MCP client, or the raw local API client
+//! where a test needs to see what a plugin hides (request ids, unshown envelopes).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::agents::*;
+use support::daemon::*;
+use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
+use switchboard::agents::api::client::ClientError;
+use switchboard::agents::api::wire::{ErrorCode, ReplyRequest};
+use switchboard::ledger::{AttemptState, EnvelopeState};
+
+/// Telegram takes this long to answer a send that it performs: longer than the tests
+/// need to interrupt the caller, shorter than `send_timeout_secs` (2 in the test config).
+const SLOW_SEND: Duration = Duration::from_millis(1500);
+
+/// A message of `n` parts once split under Telegram's 4096-character limit.
+fn text_of_parts(n: usize) -> String {
+    (0..n).map(|i| format!("part {i} ") + &"x".repeat(3900)).collect::<Vec<_>>().join("\n\n")
+}
+
+/// Waits until the envelope is in `state`.
+async fn wait_for_state(daemon: &TestDaemon, trace: &str, state: EnvelopeState) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let now = state_of(daemon, trace).await;
+        if now == state {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{trace} stayed {now}, expected {state}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn refusal_code(error: &ClientError) -> Option<ErrorCode> {
+    error.code()
+}
+
+#[tokio::test]
+async fn a_reply_cancelled_mid_send_is_delivered_once_and_settles_its_envelope() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("cancel me").await;
+    fake.fail_send_message(Fault::RecordThenHang(SLOW_SEND));
+
+    // The user presses Esc while the send is on its way to Telegram.
+    orchestrator
+        .call_tool_and_cancel("reply", json!({"text": "on its way"}), Duration::from_millis(300))
+        .await
+        .unwrap();
+    orchestrator.wait_for_stderr("reply cancelled by the agent session", WAIT).await.unwrap();
+
+    wait_for_state(&daemon, &trace, EnvelopeState::Acked).await;
+    let attempts = attempts_of(&daemon, &trace).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].outcome, AttemptState::Sent);
+    assert_eq!(fake.sent_messages().len(), 1);
+
+    // A clean restart finds nothing in flight: the confirmed envelope stays acked.
+    assert!(daemon.stop().success());
+    daemon.restart();
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(!daemon.logs().contains("marked unresolved"), "{}", daemon.logs());
+}
+
+#[tokio::test]
+async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("are you there?").await;
+    fake.fail_send_message(Fault::RecordThenHang(SLOW_SEND));
+
+    let pid = orchestrator.pid().expect("plugin pid");
+    let call = tokio::spawn(async move {
+        let _ = orchestrator.call_tool("reply", json!({"text": "yes"})).await;
+        orchestrator
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    let _ = call.await;
+
+    wait_for_state(&daemon, &trace, EnvelopeState::Acked).await;
+    assert_eq!(fake.sent_messages().len(), 1);
+
+    // The next session of the agent gets nothing again, and an unnamed reply has nothing
+    // to answer: the first answer is the only one.
+    let next = session(&daemon, "orchestrator").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(next.notifications().is_empty(), "{:?}", next.notifications());
+    let (is_error, text) = next.call_tool("reply", json!({"text": "yes again"})).await.unwrap();
+    assert!(is_error && text.contains("nothing you have been shown"), "{text}");
+    assert_eq!(fake.sent_messages().len(), 1, "no second answer");
+}
+
+#[tokio::test]
+async fn a_request_lost_in_a_dead_daemons_socket_is_reported_as_not_sent() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("hello?").await;
+
+    // The daemon freezes; the reply request reaches its socket but is never read.
+    daemon.signal("STOP");
+    let call = tokio::spawn(async move {
+        let outcome = orchestrator.call_tool("reply", json!({"text": "hi", "trace_id": trace.clone()})).await;
+        (orchestrator, outcome)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    daemon.kill9();
+    daemon.restart();
+
+    let (orchestrator, outcome) = call.await.unwrap();
+    let (is_error, text) = outcome.unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.contains("nothing was sent") && text.contains("You may call reply again"), "{text}");
+    let trace = trace_id(&orchestrator.notifications()[0]);
+    // The ledger tells the same story: no attempt, the envelope still waits.
+    assert!(attempts_of(&daemon, &trace).await.is_empty());
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+    assert!(fake.sent_messages().is_empty());
+
+    // So replying again is right, and goes out once.
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "hi", "trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(1, WAIT).await.len(), 1);
+}
+
+#[tokio::test]
+async fn a_5xx_from_telegram_is_unknown_and_never_sent_again() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("important").await;
+    // Telegram posts the message, then something in front of it answers 500.
+    fake.fail_send_message(Fault::RecordThenServerError);
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "done"})).await.unwrap();
+    assert!(is_error && text.contains("Do not send it again") && text.contains("HTTP 500"), "{text}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "done", "trace_id": trace})).await.unwrap();
+    assert!(is_error && text.contains("reconcile"), "{text}");
+    assert_eq!(fake.sent_messages().len(), 1, "the one Telegram posted, and no other");
+}
+
+#[tokio::test]
+async fn a_reply_cut_off_part_way_resumes_without_resending_the_delivered_parts() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("the long story").await;
+    let text = text_of_parts(3);
+    fake.fail_send_message(Fault::Pass);
+    fake.fail_send_message(Fault::BadRequest("Bad Request: message thread not found".into()));
+
+    let (is_error, answer) =
+        orchestrator.call_tool("reply", json!({"text": text, "trace_id": trace})).await.unwrap();
+    assert!(is_error, "{answer}");
+    assert!(answer.contains("part(s) 1 of 3") && answer.contains("same text"), "{answer}");
+    assert_eq!(fake.sent_messages().len(), 1);
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+
+    let (is_error, answer) =
+        orchestrator.call_tool("reply", json!({"text": text, "trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{answer}");
+    assert!(answer.contains("3 messages"), "the receipt names every part: {answer}");
+    let sent = fake.wait_for_sent(3, WAIT).await;
+    let starts: Vec<&str> = sent.iter().map(|m| &m.text[..6]).collect();
+    assert_eq!(starts, ["part 0", "part 1", "part 2"], "each part exactly once, in order");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+}
+
+#[tokio::test]
+async fn a_follow_up_whose_outcome_is_unknown_leaves_the_answer_acked() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("status?").await;
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "all good"})).await.unwrap();
+    assert!(!is_error, "{text}");
+
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(5)));
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "one more thing", "trace_id": trace})).await.unwrap();
+    assert!(is_error && text.contains("stays answered"), "{text}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+
+    // Nothing more goes to that envelope until the follow-up is reconciled.
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "and another", "trace_id": trace})).await.unwrap();
+    assert!(is_error && text.contains("reconcile"), "{text}");
+    let (ok, out, err) = daemon.ledger_cli(&["stats"]);
+    assert!(ok && out.contains("unreconciled attempts: 1"), "{out}{err}");
+    let (ok, out, err) =
+        daemon.ledger_cli(&["reconcile", &trace, "--delivered", "--reason", "it is in the chat"]);
+    assert!(ok && out.contains("acked"), "{out}{err}");
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "and another", "trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(3, WAIT).await.len(), 3);
+}
+
+#[tokio::test]
+async fn a_second_session_with_the_same_secret_acts_on_nothing() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let first = session(&daemon, "orchestrator").await;
+    let second = session(&daemon, "orchestrator").await;
+    second.wait_for_stderr("already connected", WAIT).await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the first session");
+    let trace = trace_id(&first.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+
+    for (tool, arguments) in [
+        ("pending", json!({})),
+        ("reply", json!({"text": "hijack", "trace_id": trace})),
+        ("reply", json!({"text": "hijack"})),
+        ("ack", json!({"trace_id": trace})),
+    ] {
+        let (is_error, text) = second.call_tool(tool, arguments).await.unwrap();
+        assert!(is_error && text.contains("not the connected session"), "{tool}: {text}");
+    }
+    assert!(fake.sent_messages().is_empty());
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+    let (is_error, text) = first.call_tool("reply", json!({"text": "mine"})).await.unwrap();
+    assert!(!is_error, "{text}");
+}
+
+#[tokio::test]
+async fn an_unnamed_reply_resolves_only_among_envelopes_the_session_was_shown() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let client = api_client(&daemon, "orchestrator");
+    let mut stream = client.open_session().await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "not read yet");
+    let envelope = next_envelope(&mut stream).await;
+
+    // Handed to the session, but the plugin never confirmed the agent saw it.
+    let refused = client.reply(&ReplyRequest::new("blind answer", None)).await.unwrap_err();
+    assert_eq!(refusal_code(&refused), Some(ErrorCode::NothingPending), "{refused}");
+    assert!(refused.to_string().contains("1 message is on its way"), "{refused}");
+    assert!(fake.sent_messages().is_empty());
+    // Named, it may be answered at once.
+    let named = client.reply(&ReplyRequest::new("named answer", Some(envelope.trace_id.clone()))).await;
+    assert!(named.is_ok(), "{named:?}");
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "read this one");
+    let second = next_envelope(&mut stream).await;
+    assert!(client.shown(&second.trace_id).await.unwrap().marked);
+    let receipt = client.reply(&ReplyRequest::new("seen answer", None)).await.unwrap();
+    assert_eq!(receipt.trace_id, second.trace_id);
+}
+
+#[tokio::test]
+async fn a_repeated_request_returns_the_first_outcome_and_sends_once() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let client = api_client(&daemon, "orchestrator");
+    let mut stream = client.open_session().await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "once please");
+    let envelope = next_envelope(&mut stream).await;
+
+    let request = ReplyRequest::new("only once", Some(envelope.trace_id.clone()));
+    let (first, second) = tokio::join!(client.reply(&request), client.reply(&request));
+    let (first, second) = (first.unwrap(), second.unwrap());
+    assert_eq!(first, second);
+    assert_eq!(client.reply(&request).await.unwrap(), first);
+    assert_eq!(client.reply_outcome(&request.request_id).await.unwrap(), first);
+    assert_eq!(fake.sent_messages().len(), 1);
+
+    let never = client.reply_outcome("req_neverseenbefore").await.unwrap_err();
+    assert_eq!(refusal_code(&never), Some(ErrorCode::UnknownRequest), "{never}");
+    assert!(never.to_string().contains("nothing was sent"), "{never}");
+}
+
+#[tokio::test]
+async fn a_reply_above_the_part_limit_is_refused_and_sends_nothing() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[("SWITCHBOARD__OUTBOUND__MAX_REPLY_PARTS", "2")],
+    );
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "tell me everything");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": text_of_parts(3)})).await.unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.contains("3 Telegram messages") && text.contains("at most 2"), "{text}");
+    let megabyte = "word ".repeat(200_000);
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": megabyte})).await.unwrap();
+    assert!(is_error && text.contains("outbound.max_reply_parts"), "{text}");
+    assert!(fake.sent_messages().is_empty());
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+}
+
+#[tokio::test]
+async fn sends_to_one_chat_are_paced_instead_of_bursting() {
+    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace: _ } = owner_waiting("a lot to say").await;
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": text_of_parts(5)})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(5, WAIT).await;
+    // A burst of three, then about one a second in a private chat. Only lower bounds: a
+    // loaded machine may be slower, never faster.
+    for later in 3..5 {
+        let gap = sent[later].received_at.duration_since(sent[later - 1].received_at);
+        assert!(gap >= Duration::from_millis(900), "part {later} followed after {gap:?}");
+    }
+}
+
+#[tokio::test]
+async fn an_ack_is_not_held_up_by_another_replys_rate_limit_wait() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "first");
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), owner(), "second");
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    let (first, second) = (trace_id(&pushed[0]), trace_id(&pushed[1]));
+
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 3 });
+    let orchestrator = std::sync::Arc::new(orchestrator);
+    let replying = {
+        let orchestrator = std::sync::Arc::clone(&orchestrator);
+        let first = first.clone();
+        tokio::spawn(async move {
+            orchestrator.call_tool("reply", json!({"text": "later", "trace_id": first})).await
+        })
+    };
+    daemon.wait_for_log("rate limit: waiting", WAIT).await;
+    let (is_error, text) = orchestrator.call_tool("ack", json!({"trace_id": second})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert!(!replying.is_finished(), "the ack came back while the reply still waited out the rate limit");
+    assert_eq!(state_of(&daemon, &second).await, EnvelopeState::Acked);
+    let (is_error, text) = replying.await.unwrap().unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(state_of(&daemon, &first).await, EnvelopeState::Acked);
+}
+
+#[tokio::test]
+async fn candidate_lists_are_capped_and_say_how_many_wait() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let client = api_client(&daemon, "orchestrator");
+    let mut stream = client.open_session().await.unwrap();
+    for i in 0..25 {
+        fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), &format!("message {i}"));
+    }
+    for _ in 0..25 {
+        let envelope = next_envelope(&mut stream).await;
+        client.shown(&envelope.trace_id).await.unwrap();
+    }
+    let Err(ClientError::Refused { error, .. }) = client.reply(&ReplyRequest::new("which?", None)).await
+    else {
+        panic!("an ambiguous reply must be refused");
+    };
+    assert_eq!(error.code, ErrorCode::Ambiguous);
+    assert_eq!((error.candidates.len(), error.candidates_total), (20, 25));
+    let pending = client.pending().await.unwrap();
+    assert_eq!((pending.pending.len(), pending.total), (20, 25));
+    assert!(fake.sent_messages().is_empty());
+}

@@ -1,0 +1,92 @@
+//! The usual cast of the end-to-end tests: the owner, agent sessions driven by a real MCP
+//! client, and the opening in which one message waits for the orchestrator's answer.
+
+#![allow(dead_code)]
+
+use std::time::Duration;
+
+use switchboard::agents::api::client::{DaemonClient, SessionStream};
+use switchboard::agents::api::wire::{DeliveredEnvelope, SessionEvent};
+use switchboard::ids::{AgentName, Secret};
+use switchboard::ledger::{EnvelopeState, StoredAttempt};
+
+use super::daemon::{ORCHESTRATOR_SECRET, OWNER_CHAT, OWNER_ID, TestDaemon, WORKER_SECRET, default_routes};
+use super::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
+use super::mcp::{ChannelClient, ChannelNotification};
+
+pub const WAIT: Duration = Duration::from_secs(20);
+
+pub fn owner() -> UserSpec {
+    UserSpec::new(OWNER_ID, "Olga").with_username("olga")
+}
+
+fn secret_of(agent: &str) -> (&'static str, &'static str) {
+    if agent == "worker" {
+        ("SB_TEST_WORKER_SECRET", WORKER_SECRET)
+    } else {
+        ("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)
+    }
+}
+
+/// A `switchboard channel` plugin for `agent`, driven by a real MCP client.
+pub async fn session(daemon: &TestDaemon, agent: &str) -> ChannelClient {
+    let (var, secret) = secret_of(agent);
+    ChannelClient::start(daemon.config_path(), agent, &[(var, secret)]).await.expect("channel plugin starts")
+}
+
+/// A raw local API client for `agent`, for what an MCP client cannot show (request ids,
+/// envelopes handed over but not yet shown).
+pub fn api_client(daemon: &TestDaemon, agent: &str) -> DaemonClient {
+    let (_, secret) = secret_of(agent);
+    DaemonClient::new(daemon.api_addr, AgentName::parse(agent).unwrap(), Secret::new(secret.into())).unwrap()
+}
+
+/// The next envelope on a raw session stream (heartbeats skipped).
+pub async fn next_envelope(stream: &mut SessionStream) -> DeliveredEnvelope {
+    loop {
+        match tokio::time::timeout(WAIT, stream.next_event()).await.expect("an envelope in time").unwrap() {
+            Some(SessionEvent::Envelope(envelope)) => return envelope,
+            Some(_) => {}
+            None => panic!("the session stream ended"),
+        }
+    }
+}
+
+pub async fn state_of(daemon: &TestDaemon, trace_id: &str) -> EnvelopeState {
+    let ledger = daemon.ledger().await;
+    let state = ledger.find(trace_id).await.unwrap().expect("envelope exists").state;
+    ledger.close().await;
+    state
+}
+
+pub async fn attempts_of(daemon: &TestDaemon, trace_id: &str) -> Vec<StoredAttempt> {
+    let ledger = daemon.ledger().await;
+    let envelope = ledger.find(trace_id).await.unwrap().expect("envelope exists");
+    let attempts = ledger.attempts_for(envelope.id).await.unwrap();
+    ledger.close().await;
+    attempts
+}
+
+pub fn trace_id(notification: &ChannelNotification) -> String {
+    notification.meta_str("trace_id").expect("meta.trace_id").to_owned()
+}
+
+/// The usual opening: a daemon, the orchestrator's session, and one message from the
+/// owner's DM delivered to it and waiting for an answer.
+pub struct OwnerWaiting {
+    pub fake: FakeTelegram,
+    pub daemon: TestDaemon,
+    pub orchestrator: ChannelClient,
+    pub trace: String,
+}
+
+pub async fn owner_waiting(text: &str) -> OwnerWaiting {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), text);
+    let delivered = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(delivered[0].content, text);
+    let trace = trace_id(&delivered[0]);
+    OwnerWaiting { fake, daemon, orchestrator, trace }
+}
