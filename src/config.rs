@@ -67,6 +67,7 @@ pub struct Settings {
     pub api: ApiSettings,
     pub log: LogSettings,
     pub outbound: OutboundSettings,
+    pub handoffs: HandoffSettings,
     pub agents: BTreeMap<AgentName, AgentSettings>,
     pub routes: RoutesTable,
 }
@@ -101,6 +102,15 @@ pub struct OutboundSettings {
 }
 
 #[derive(Debug, Clone)]
+pub struct HandoffSettings {
+    /// How deep a chain of handoffs may go: a handoff made for a handoff envelope is one
+    /// level deeper than it. Stops two agents from bouncing work forever.
+    pub max_depth: u32,
+    /// A route whose chat receives a copy of every instruction and answer, best-effort.
+    pub audit_route: Option<RouteName>,
+}
+
+#[derive(Debug, Clone)]
 pub struct LogSettings {
     pub format: LogFormat,
     /// An `EnvFilter` directive; `RUST_LOG` overrides it.
@@ -126,6 +136,8 @@ struct RawSettings {
     log: RawLog,
     #[serde(default)]
     outbound: RawOutbound,
+    #[serde(default)]
+    handoffs: RawHandoffs,
     #[serde(default)]
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
@@ -168,6 +180,14 @@ struct RawApi {
 struct RawOutbound {
     #[serde(default = "default_max_reply_parts")]
     max_reply_parts: usize,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHandoffs {
+    #[serde(default = "default_max_depth")]
+    max_depth: u32,
+    audit_route: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -216,6 +236,10 @@ fn default_listen() -> String {
 fn default_max_reply_parts() -> usize {
     10
 }
+/// Three levels: an orchestrator, a worker, and a helper the worker asks.
+fn default_max_depth() -> u32 {
+    3
+}
 fn default_filter() -> String {
     "info".into()
 }
@@ -233,6 +257,11 @@ impl Default for RawApi {
 impl Default for RawOutbound {
     fn default() -> Self {
         Self { max_reply_parts: default_max_reply_parts() }
+    }
+}
+impl Default for RawHandoffs {
+    fn default() -> Self {
+        Self { max_depth: default_max_depth(), audit_route: None }
     }
 }
 impl Default for RawLog {
@@ -322,6 +351,26 @@ impl Settings {
             err(&format!("routes[{index}]"), e.to_string())
         })?;
 
+        if raw.handoffs.max_depth == 0 {
+            return Err(err("handoffs.max_depth", "must be at least 1".into()));
+        }
+        let audit_route = match raw.handoffs.audit_route {
+            None => None,
+            Some(name) => {
+                let route = routes.routes().iter().find(|route| route.name.as_str() == name).ok_or_else(|| {
+                    err("handoffs.audit_route", format!("no route is named '{name}'"))
+                })?;
+                if !matches!(route.target, RouteTarget::Chat { .. } | RouteTarget::Topic { .. }) {
+                    return Err(err(
+                        "handoffs.audit_route",
+                        format!("route '{name}' is the default route: the audit copy needs a chat"),
+                    ));
+                }
+                Some(route.name.clone())
+            }
+        };
+        let handoffs = HandoffSettings { max_depth: raw.handoffs.max_depth, audit_route };
+
         Ok(Settings {
             source: path.to_path_buf(),
             telegram: TelegramSettings {
@@ -335,6 +384,7 @@ impl Settings {
             api: ApiSettings { listen },
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
             outbound: OutboundSettings { max_reply_parts: raw.outbound.max_reply_parts },
+            handoffs,
             agents,
             routes,
         })
