@@ -45,12 +45,14 @@ mod envelopes;
 pub mod files;
 mod inspect;
 mod intake;
+mod lock;
 mod sessions;
 mod states;
 
 pub use attempts::{AttemptOutcome, NewAttempt, StoredAttempt};
 pub use envelopes::{RoutedEnvelope, StoredEnvelope};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
+pub use lock::{LedgerLock, LockError};
 pub use states::EnvelopeState;
 
 impl Ledger {
