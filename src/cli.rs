@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::channel;
 use crate::app::Daemon;
-use crate::config::{LogFormat, Settings};
+use crate::config::{ConfigError, LogFormat, Settings};
 use crate::ids::AgentName;
 use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, ListFilter, Reconciliation};
@@ -202,10 +202,39 @@ pub fn routes_table(settings: &Settings) -> String {
 
 async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Result<()> {
     let settings = Settings::load(path)?;
-    let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
+    let database = &settings.storage.database;
+    // Only the daemon creates a ledger: here a missing file is a mistyped path (or the
+    // wrong working directory), and an empty ledger would only hide that.
+    let exists = database
+        .try_exists()
+        .with_context(|| format!("cannot look for the ledger database {}", database.display()))?;
+    if !exists {
+        return Err(missing_ledger(&settings).into());
+    }
+    let ledger = Ledger::open_existing(database, settings.storage.synchronous).await?;
     let result = ledger_command(&ledger, command).await;
     ledger.close().await;
     result
+}
+
+fn missing_ledger(settings: &Settings) -> ConfigError {
+    let database = &settings.storage.database;
+    let relative = if database.is_relative() {
+        std::env::current_dir()
+            .map(|dir| format!(" (relative to the working directory {})", dir.display()))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    ConfigError {
+        file: settings.source.display().to_string(),
+        key: "storage.database".into(),
+        problem: format!(
+            "the ledger {}{relative} does not exist; check the path (only `switchboard run` \
+             creates a ledger)",
+            database.display()
+        ),
+    }
 }
 
 async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Result<()> {

@@ -65,6 +65,13 @@ impl Ledger {
         Self::connect(path, synchronous, true).await
     }
 
+    /// Opens a database that must already exist, and applies pending migrations. For
+    /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
+    pub async fn open_existing(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
+        tighten_and_warn(path);
+        Self::connect(path, synchronous, false).await
+    }
+
     async fn connect(path: &Path, synchronous: Synchronous, create: bool) -> anyhow::Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)

@@ -61,6 +61,17 @@ async fn the_database_and_its_wal_files_are_private() {
 }
 
 #[tokio::test]
+async fn open_existing_refuses_a_missing_database_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("mistyped.db");
+    assert!(Ledger::open_existing(&database, Synchronous::Normal).await.is_err());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was created");
+
+    Ledger::open(&database, Synchronous::Normal).await.unwrap().close().await;
+    Ledger::open_existing(&database, Synchronous::Normal).await.unwrap().close().await;
+}
+
+#[tokio::test]
 async fn a_batch_and_its_offset_commit_together_and_replays_are_skipped() {
     let (_dir, ledger) = ledger().await;
     let batch = [routed(1, EnvelopeState::Queued), routed(2, EnvelopeState::Queued)];
