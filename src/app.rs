@@ -48,6 +48,9 @@ impl Daemon {
         secrets: DaemonSecrets,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
+        for warning in settings.warnings() {
+            tracing::warn!("{}: {warning}", settings.source.display());
+        }
         // Before the ledger is even opened: a second daemon must not migrate, recover or
         // bind anything while the first one runs.
         let lock = LedgerLock::acquire(&settings.storage.database)?;

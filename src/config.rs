@@ -39,6 +39,14 @@ impl ConfigError {
     }
 }
 
+/// A setting that is allowed but risky: `check` prints it and `run` logs it at `warn`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigWarning {
+    pub key: String,
+    pub problem: String,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -346,6 +354,24 @@ impl Settings {
         Ok(DaemonSecrets { telegram, agents })
     }
 
+    /// What is allowed but risky in these settings. Pure: file permissions are checked
+    /// where the files are (`ledger::loose_files`).
+    pub fn warnings(&self) -> Vec<ConfigWarning> {
+        let mut warnings = Vec::new();
+        let listen = self.api.listen;
+        if !listen.ip().is_loopback() {
+            warnings.push(ConfigWarning {
+                key: "api.listen".into(),
+                problem: format!(
+                    "{listen} is not a loopback address: the local API has no TLS and every \
+                     request carries an agent's secret, readable by anyone on the network path; \
+                     listen on 127.0.0.1 unless a TLS tunnel or a private network protects it"
+                ),
+            });
+        }
+        warnings
+    }
+
     pub fn agent_list(&self) -> String {
         join_names(self.agents.keys())
     }
@@ -587,6 +613,24 @@ agent = "orchestrator"
     fn wrong_types_name_the_key() {
         let e = problem(&MINIMAL.replace("[telegram]", "[telegram]\npoll_timeout_secs = \"soon\""));
         assert!(e.to_string().contains("poll_timeout_secs"), "{e}");
+    }
+
+    #[test]
+    fn only_a_non_loopback_listen_address_is_a_warning() {
+        assert_eq!(load_str(MINIMAL).unwrap().warnings(), []);
+        let ipv6 = MINIMAL.replace("[telegram]", "[api]\nlisten = \"[::1]:7797\"\n[telegram]");
+        assert_eq!(load_str(&ipv6).unwrap().warnings(), []);
+        for open in ["0.0.0.0:7797", "192.168.1.5:7797", "[::]:7797"] {
+            let text = MINIMAL.replace("[telegram]", &format!("[api]\nlisten = \"{open}\"\n[telegram]"));
+            let warnings = load_str(&text).unwrap().warnings();
+            assert_eq!(warnings.len(), 1, "{open}");
+            assert_eq!(warnings[0].key, "api.listen");
+            assert!(
+                warnings[0].problem.contains(open) && warnings[0].problem.contains("no TLS"),
+                "{}",
+                warnings[0]
+            );
+        }
     }
 
     #[test]
