@@ -15,7 +15,7 @@ use tokio_util::task::TaskTracker;
 use crate::agents::api;
 use crate::agents::bridge::{Bridge, ReplyLimits};
 use crate::config::{DaemonSecrets, Settings};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, LedgerLock};
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller};
 
@@ -28,6 +28,9 @@ const POLL_HTTP_MARGIN: Duration = Duration::from_secs(10);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 pub struct Daemon {
+    /// One daemon per ledger: held from before the ledger is opened until after it is
+    /// closed, so no second daemon can recover (or send) beside this one.
+    lock: LedgerLock,
     ledger: Ledger,
     listener: TcpListener,
     bridge: Bridge,
@@ -38,13 +41,19 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Opens the ledger, recovers interrupted sends, binds the local API and wires the
-    /// parts together. Nothing talks to Telegram yet.
+    /// Takes the ledger lock, opens the ledger, recovers interrupted sends, binds the local
+    /// API and wires the parts together. Nothing talks to Telegram yet.
     pub async fn build(
         settings: Settings,
         secrets: DaemonSecrets,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
+        for warning in settings.warnings() {
+            tracing::warn!("{}: {warning}", settings.source.display());
+        }
+        // Before the ledger is even opened: a second daemon must not migrate, recover or
+        // bind anything while the first one runs.
+        let lock = LedgerLock::acquire(&settings.storage.database)?;
         let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
@@ -73,7 +82,7 @@ impl Daemon {
             tasks.clone(),
         );
         let poller = Poller::new(poll_bot, bot_id, ledger.clone(), bridge.clone(), &settings);
-        Ok(Self { ledger, listener, bridge, poller, shutdown, tasks })
+        Ok(Self { lock, ledger, listener, bridge, poller, shutdown, tasks })
     }
 
     /// Where the local API listens (useful when configured with port 0).
@@ -84,7 +93,7 @@ impl Daemon {
     /// Runs until the root token is cancelled, then waits for every task: the poller
     /// stops, in-flight replies finish and are recorded, session streams end.
     pub async fn run(self) -> anyhow::Result<()> {
-        let Self { ledger, listener, bridge, poller, shutdown, tasks } = self;
+        let Self { lock, ledger, listener, bridge, poller, shutdown, tasks } = self;
         tracing::info!(api = %listener.local_addr()?, "switchboard running");
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
 
@@ -105,6 +114,7 @@ impl Daemon {
         tasks.close();
         tasks.wait().await;
         ledger.close().await;
+        drop(lock);
         let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
         match failed {
             Some(e) => Err(e),

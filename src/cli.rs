@@ -9,10 +9,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::channel;
 use crate::app::Daemon;
-use crate::config::{LogFormat, Settings};
+use crate::config::{ConfigError, ConfigWarning, LogFormat, Settings};
 use crate::ids::AgentName;
 use crate::ledger::EnvelopeState;
-use crate::ledger::{Ledger, ListFilter, Reconciliation};
+use crate::ledger::{Ledger, ListFilter, Reconciliation, files};
 use crate::rules::routes::RouteTarget;
 use crate::telemetry;
 
@@ -162,6 +162,9 @@ async fn stop_on_signal(shutdown: CancellationToken) {
 fn check(path: &Path) -> anyhow::Result<()> {
     let settings = Settings::load(path)?;
     settings.daemon_secrets()?;
+    for warning in check_warnings(&settings) {
+        eprintln!("switchboard: warning: {}: {warning}", path.display());
+    }
     println!("{}: configuration is valid", path.display());
     println!("telegram api: {}", settings.telegram.api_url);
     println!("local api:    {}", settings.api.listen);
@@ -175,6 +178,28 @@ fn check(path: &Path) -> anyhow::Result<()> {
     println!();
     print!("{}", routes_table(&settings));
     Ok(())
+}
+
+/// What `check` warns about: the settings' own warnings, and ledger files that other
+/// users could read (reported, not changed: `run` tightens them).
+fn check_warnings(settings: &Settings) -> Vec<ConfigWarning> {
+    let mut warnings = settings.warnings();
+    match files::loose_files(&settings.storage.database) {
+        Ok(loose) => warnings.extend(loose.into_iter().map(|file| ConfigWarning {
+            key: "storage.database".into(),
+            problem: format!(
+                "{} has mode {:04o}, open to other users; `switchboard run` tightens it to {:04o}",
+                file.path.display(),
+                file.mode,
+                files::PRIVATE_MODE
+            ),
+        })),
+        Err(e) => warnings.push(ConfigWarning {
+            key: "storage.database".into(),
+            problem: format!("cannot check the permissions of {}: {e}", settings.storage.database.display()),
+        }),
+    }
+    warnings
 }
 
 /// The routes table, most specific first, as `check` prints it.
@@ -202,10 +227,39 @@ pub fn routes_table(settings: &Settings) -> String {
 
 async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Result<()> {
     let settings = Settings::load(path)?;
-    let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
+    let database = &settings.storage.database;
+    // Only the daemon creates a ledger: here a missing file is a mistyped path (or the
+    // wrong working directory), and an empty ledger would only hide that.
+    let exists = database
+        .try_exists()
+        .with_context(|| format!("cannot look for the ledger database {}", database.display()))?;
+    if !exists {
+        return Err(missing_ledger(&settings).into());
+    }
+    let ledger = Ledger::open_existing(database, settings.storage.synchronous).await?;
     let result = ledger_command(&ledger, command).await;
     ledger.close().await;
     result
+}
+
+fn missing_ledger(settings: &Settings) -> ConfigError {
+    let database = &settings.storage.database;
+    let relative = if database.is_relative() {
+        std::env::current_dir()
+            .map(|dir| format!(" (relative to the working directory {})", dir.display()))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    ConfigError {
+        file: settings.source.display().to_string(),
+        key: "storage.database".into(),
+        problem: format!(
+            "the ledger {}{relative} does not exist; check the path (only `switchboard run` \
+             creates a ledger)",
+            database.display()
+        ),
+    }
 }
 
 async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Result<()> {

@@ -39,6 +39,14 @@ impl ConfigError {
     }
 }
 
+/// A setting that is allowed but risky: `check` prints it and `run` logs it at `warn`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigWarning {
+    pub key: String,
+    pub problem: String,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum LogFormat {
@@ -408,14 +416,41 @@ impl Settings {
     }
 
     /// Every secret the daemon needs, so a missing one stops start-up before anything runs.
+    ///
+    /// Two agents with the same secret (whether they name one variable or two that hold
+    /// the same value) are refused: the local API knows an agent only by its secret, so
+    /// either could act as the other.
     pub fn daemon_secrets(&self) -> Result<DaemonSecrets, ConfigError> {
         let telegram = self.telegram_token()?;
         let agents = self
             .agents
             .keys()
             .map(|agent| Ok((agent.clone(), self.agent_secret(agent)?)))
-            .collect::<Result<_, ConfigError>>()?;
+            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
+        let named = agents
+            .iter()
+            .map(|(agent, secret)| (agent, self.agents[agent].token_env.as_str(), secret))
+            .collect::<Vec<_>>();
+        check_distinct_secrets(&self.source, &named)?;
         Ok(DaemonSecrets { telegram, agents })
+    }
+
+    /// What is allowed but risky in these settings. Pure: file permissions are checked
+    /// where the files are (`ledger::loose_files`).
+    pub fn warnings(&self) -> Vec<ConfigWarning> {
+        let mut warnings = Vec::new();
+        let listen = self.api.listen;
+        if !listen.ip().is_loopback() {
+            warnings.push(ConfigWarning {
+                key: "api.listen".into(),
+                problem: format!(
+                    "{listen} is not a loopback address: the local API has no TLS and every \
+                     request carries an agent's secret, readable by anyone on the network path; \
+                     listen on 127.0.0.1 unless a TLS tunnel or a private network protects it"
+                ),
+            });
+        }
+        warnings
     }
 
     pub fn agent_list(&self) -> String {
@@ -474,6 +509,32 @@ fn validate_route(
         (None, None) => RouteTarget::Default,
     };
     Ok(Route { name, target, agent })
+}
+
+/// Refuses two agents that share a secret, naming both agents' keys and never the value.
+/// `agents` is (agent, the variable its `token_env` names, the secret read from it).
+fn check_distinct_secrets(path: &Path, agents: &[(&AgentName, &str, &Secret)]) -> Result<(), ConfigError> {
+    for (later, &(agent, var, secret)) in agents.iter().enumerate() {
+        for &(earlier, earlier_var, earlier_secret) in &agents[..later] {
+            let key = format!("agents.{agent}.token_env");
+            let problem = if var == earlier_var {
+                format!(
+                    "names the same variable as agents.{earlier}.token_env ({var}); \
+                     each agent needs a secret of its own, or either could act as the other"
+                )
+            } else if secret.matches(earlier_secret.expose()) {
+                format!(
+                    "holds the same secret as agents.{earlier}.token_env ({var} and {earlier_var} \
+                     have the same value); each agent needs a secret of its own, or either could \
+                     act as the other"
+                )
+            } else {
+                continue;
+            };
+            return Err(ConfigError::new(path, key, problem));
+        }
+    }
+    Ok(())
 }
 
 fn check_env_name(path: &Path, key: &str, name: &str) -> Result<(), ConfigError> {
@@ -633,6 +694,46 @@ agent = "orchestrator"
     fn wrong_types_name_the_key() {
         let e = problem(&MINIMAL.replace("[telegram]", "[telegram]\npoll_timeout_secs = \"soon\""));
         assert!(e.to_string().contains("poll_timeout_secs"), "{e}");
+    }
+
+    #[test]
+    fn only_a_non_loopback_listen_address_is_a_warning() {
+        assert_eq!(load_str(MINIMAL).unwrap().warnings(), []);
+        let ipv6 = MINIMAL.replace("[telegram]", "[api]\nlisten = \"[::1]:7797\"\n[telegram]");
+        assert_eq!(load_str(&ipv6).unwrap().warnings(), []);
+        for open in ["0.0.0.0:7797", "192.168.1.5:7797", "[::]:7797"] {
+            let text = MINIMAL.replace("[telegram]", &format!("[api]\nlisten = \"{open}\"\n[telegram]"));
+            let warnings = load_str(&text).unwrap().warnings();
+            assert_eq!(warnings.len(), 1, "{open}");
+            assert_eq!(warnings[0].key, "api.listen");
+            assert!(
+                warnings[0].problem.contains(open) && warnings[0].problem.contains("no TLS"),
+                "{}",
+                warnings[0]
+            );
+        }
+    }
+
+    #[test]
+    fn agents_sharing_a_secret_are_refused_naming_both_keys_but_not_the_value() {
+        let path = Path::new("switchboard.toml");
+        let (orch, worker) = (AgentName::parse("orch").unwrap(), AgentName::parse("worker").unwrap());
+        let (one, other) = (Secret::new("s3cret-value-1".into()), Secret::new("s3cret-value-2".into()));
+
+        let distinct = [(&orch, "ORCH", &one), (&worker, "WORKER", &other)];
+        assert_eq!(check_distinct_secrets(path, &distinct), Ok(()));
+
+        let same_value = [(&orch, "ORCH", &one), (&worker, "WORKER", &one.clone())];
+        let e = check_distinct_secrets(path, &same_value).unwrap_err();
+        assert_eq!(e.key, "agents.worker.token_env");
+        assert!(e.problem.contains("agents.orch.token_env") && e.problem.contains("same secret"), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "the value is never shown: {e}");
+
+        let same_variable = [(&orch, "SHARED", &one), (&worker, "SHARED", &one.clone())];
+        let e = check_distinct_secrets(path, &same_variable).unwrap_err();
+        assert_eq!(e.key, "agents.worker.token_env");
+        assert!(e.problem.contains("agents.orch.token_env") && e.problem.contains("SHARED"), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
     }
 
     #[test]

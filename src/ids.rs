@@ -4,6 +4,7 @@ use std::fmt;
 
 use rand::Rng;
 use serde::{Deserialize, Deserializer, Serialize};
+use subtle::ConstantTimeEq;
 
 /// Rejects names that would be awkward in logs, URLs and environment variable names.
 fn parse_name(kind: &str, raw: &str) -> Result<String, String> {
@@ -182,13 +183,10 @@ impl Secret {
     }
 
     /// Compares in time independent of where the first difference is, so the local API
-    /// does not leak a secret byte by byte through response times.
+    /// does not leak a secret byte by byte through response times. Only the length may
+    /// show, which tells an attacker nothing they can build on.
     pub fn matches(&self, candidate: &str) -> bool {
-        let (a, b) = (self.0.as_bytes(), candidate.as_bytes());
-        if a.len() != b.len() {
-            return false;
-        }
-        a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+        self.0.as_bytes().ct_eq(candidate.as_bytes()).into()
     }
 }
 
@@ -254,5 +252,7 @@ mod tests {
         assert!(s.matches("hunter2"));
         assert!(!s.matches("hunter3"));
         assert!(!s.matches("hunter22"));
+        assert!(!s.matches("hunter"));
+        assert!(!s.matches(""));
     }
 }

@@ -42,8 +42,10 @@ macro_rules! envelope_columns {
 
 mod attempts;
 mod envelopes;
+pub mod files;
 mod inspect;
 mod intake;
+mod lock;
 mod sessions;
 mod states;
 
@@ -52,14 +54,30 @@ pub use attempts::{
 };
 pub use envelopes::{RoutedEnvelope, StoredEnvelope};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
+pub use lock::{LedgerLock, LockError};
 pub use states::EnvelopeState;
 
 impl Ledger {
-    /// Opens (creating if needed) the database and applies pending migrations.
+    /// Opens the database, creating it (mode `0600`) if needed, and applies pending
+    /// migrations. The daemon's way in.
     pub async fn open(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
+        files::create_private(path)
+            .with_context(|| format!("creating the ledger database {} (mode 0600)", path.display()))?;
+        tighten_and_warn(path);
+        Self::connect(path, synchronous, true).await
+    }
+
+    /// Opens a database that must already exist, and applies pending migrations. For
+    /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
+    pub async fn open_existing(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
+        tighten_and_warn(path);
+        Self::connect(path, synchronous, false).await
+    }
+
+    async fn connect(path: &Path, synchronous: Synchronous, create: bool) -> anyhow::Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)
-            .create_if_missing(true)
+            .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(match synchronous {
                 Synchronous::Normal => SqliteSynchronous::Normal,
@@ -93,6 +111,29 @@ impl Ledger {
 
     pub async fn close(&self) {
         self.pool.close().await;
+    }
+}
+
+/// Tightens ledger files that group or others could read, saying so: a warning, not a
+/// failure, because the daemon can still work (and the operator can fix it) when it is
+/// not allowed to change a mode.
+fn tighten_and_warn(database: &Path) {
+    match files::tighten(database) {
+        Ok(tightened) => {
+            for file in tightened {
+                tracing::warn!(
+                    "ledger file {} had mode {:04o}, open to other users: tightened to {:04o}",
+                    file.path.display(),
+                    file.mode,
+                    files::PRIVATE_MODE
+                );
+            }
+        }
+        Err(e) => tracing::warn!(
+            "cannot restrict the ledger files of {} to their owner (mode {:04o}): {e}",
+            database.display(),
+            files::PRIVATE_MODE
+        ),
     }
 }
 

@@ -46,6 +46,32 @@ async fn the_database_uses_wal_and_the_configured_durability() {
 }
 
 #[tokio::test]
+async fn the_database_and_its_wal_files_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("ledger.db");
+    let ledger = Ledger::open(&database, Synchronous::Normal).await.unwrap();
+    // A write makes sure SQLite has created the -wal and -shm files.
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
+    for path in files::database_files(&database) {
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, files::PRIVATE_MODE, "{} has mode {mode:o}", path.display());
+    }
+    ledger.close().await;
+}
+
+#[tokio::test]
+async fn open_existing_refuses_a_missing_database_and_creates_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("mistyped.db");
+    assert!(Ledger::open_existing(&database, Synchronous::Normal).await.is_err());
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was created");
+
+    Ledger::open(&database, Synchronous::Normal).await.unwrap().close().await;
+    Ledger::open_existing(&database, Synchronous::Normal).await.unwrap().close().await;
+}
+
+#[tokio::test]
 async fn a_batch_and_its_offset_commit_together_and_replays_are_skipped() {
     let (_dir, ledger) = ledger().await;
     let batch = [routed(1, EnvelopeState::Queued), routed(2, EnvelopeState::Queued)];

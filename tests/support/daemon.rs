@@ -74,6 +74,14 @@ impl TestDaemon {
 
     /// Like [`TestDaemon::start`], with extra environment variables for the daemon.
     pub fn start_with_env(api_url: &str, extra_telegram: &str, routes: &str, env: &[(&str, &str)]) -> Self {
+        let mut daemon = Self::configure(api_url, extra_telegram, routes, env);
+        daemon.spawn();
+        daemon
+    }
+
+    /// Writes the configuration like [`TestDaemon::start_with_env`] but starts nothing:
+    /// for tests of what happens before the first start. [`TestDaemon::launch`] starts it.
+    pub fn configure(api_url: &str, extra_telegram: &str, routes: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let api_addr = free_local_addr();
         let config = format!(
@@ -106,9 +114,36 @@ token_env = "SB_TEST_WORKER_SECRET"
         let config_path = dir.path().join("switchboard.toml");
         std::fs::write(&config_path, config).expect("write config");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        let mut daemon = Self { dir, config_path, api_addr, child: None, starts: 0, env };
-        daemon.spawn();
-        daemon
+        Self { dir, config_path, api_addr, child: None, starts: 0, env }
+    }
+
+    /// Starts a daemon made with [`TestDaemon::configure`] and waits until it listens.
+    pub fn launch(&mut self) {
+        self.spawn();
+    }
+
+    /// Adds an environment variable for every later start and [`TestDaemon::subcommand`].
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// The running daemon's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    /// `switchboard SUBCOMMAND --config FILE` with this daemon's secrets and extra
+    /// environment, not yet run: e.g. a second `run` beside this one, or `check`.
+    pub fn subcommand(&self, subcommand: &str) -> Command {
+        let mut command = self.command();
+        command
+            .arg(subcommand)
+            .arg("--config")
+            .arg(&self.config_path)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stdin(Stdio::null());
+        command
     }
 
     pub fn database(&self) -> PathBuf {
