@@ -365,9 +365,11 @@ impl Settings {
         let audit_route = match raw.handoffs.audit_route {
             None => None,
             Some(name) => {
-                let route = routes.routes().iter().find(|route| route.name.as_str() == name).ok_or_else(|| {
-                    err("handoffs.audit_route", format!("no route is named '{name}'"))
-                })?;
+                let route = routes
+                    .routes()
+                    .iter()
+                    .find(|route| route.name.as_str() == name)
+                    .ok_or_else(|| err("handoffs.audit_route", format!("no route is named '{name}'")))?;
                 if !matches!(route.target, RouteTarget::Chat { .. } | RouteTarget::Topic { .. }) {
                     return Err(err(
                         "handoffs.audit_route",

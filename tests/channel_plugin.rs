@@ -40,6 +40,8 @@ const GROUP_TRACE: &str = "env_group00002";
 
 fn topic_envelope() -> DeliveredEnvelope {
     DeliveredEnvelope {
+        kind: "message".into(),
+        extra: Default::default(),
         trace_id: TOPIC_TRACE.into(),
         content: "deploy status?".into(),
         chat_id: -1_001_234_567_890,
@@ -58,6 +60,8 @@ fn topic_envelope() -> DeliveredEnvelope {
 
 fn group_envelope() -> DeliveredEnvelope {
     DeliveredEnvelope {
+        kind: "message".into(),
+        extra: Default::default(),
         trace_id: GROUP_TRACE.into(),
         content: "is the build green?".into(),
         chat_id: -4_000_111,
@@ -300,6 +304,7 @@ async fn reply(
             thread_id: envelope.thread_id,
             route: envelope.route.clone(),
             message_ids: vec![9001, 9002],
+            answered_handoff: None,
         })
         .into_response(),
         None => refusal(

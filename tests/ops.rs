@@ -54,7 +54,8 @@ fn mode(path: &Path) -> u32 {
 async fn ledger_story(daemon: &TestDaemon, trace_id: &str) -> (Vec<String>, EnvelopeState, usize) {
     let ledger = daemon.ledger().await;
     let envelope = ledger.find(trace_id).await.unwrap().expect("envelope exists");
-    let outcomes = ledger.attempts_for(envelope.id).await.unwrap().into_iter().map(|a| a.outcome.to_string()).collect();
+    let outcomes =
+        ledger.attempts_for(envelope.id).await.unwrap().into_iter().map(|a| a.outcome.to_string()).collect();
     let events = ledger.events_for(envelope.id).await.unwrap().len();
     ledger.close().await;
     (outcomes, envelope.state, events)

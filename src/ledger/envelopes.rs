@@ -84,6 +84,8 @@ impl StoredEnvelope {
     pub fn delivered(&self, redelivered: bool) -> DeliveredEnvelope {
         DeliveredEnvelope {
             trace_id: self.trace_id.clone(),
+            kind: "message".to_owned(),
+            extra: std::collections::BTreeMap::new(),
             content: self.content.clone(),
             chat_id: self.chat_id,
             thread_id: self.thread_id(),

@@ -15,8 +15,9 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::io::StreamReader;
 
 use super::wire::{
-    API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, PendingList,
-    ReplyReceipt, ReplyRequest, SESSION_HEADER, SessionEvent, ShownReceipt, ShownRequest,
+    API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, HandoffReceipt,
+    HandoffRequest, PendingList, ReplyReceipt, ReplyRequest, SESSION_HEADER, SessionEvent, ShownReceipt,
+    ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -174,6 +175,12 @@ impl DaemonClient {
     /// give); `unknown_request` when the daemon never acted on it.
     pub async fn reply_outcome(&self, request_id: &str) -> Result<ReplyReceipt, ClientError> {
         let request = self.http.get(self.url(&format!("replies/{request_id}"))).timeout(REPLY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// Hands an instruction to another agent (DESIGN.md §9).
+    pub async fn handoff(&self, handoff: &HandoffRequest) -> Result<HandoffReceipt, ClientError> {
+        let request = self.http.post(self.url("handoffs")).json(handoff).timeout(QUERY_TIMEOUT);
         self.exchange(request).await
     }
 

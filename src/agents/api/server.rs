@@ -44,7 +44,13 @@ impl IntoResponse for Failure {
             | ErrorCode::NothingPending
             | ErrorCode::UnknownTraceId
             | ErrorCode::NotAnswerable
-            | ErrorCode::ReplyInProgress => StatusCode::UNPROCESSABLE_ENTITY,
+            | ErrorCode::ReplyInProgress
+            | ErrorCode::NoConversation
+            | ErrorCode::AlreadyDelegated
+            | ErrorCode::AlreadyRunning
+            | ErrorCode::DepthLimit
+            | ErrorCode::UnknownAgent
+            | ErrorCode::SelfHandoff => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::NotSent => StatusCode::BAD_GATEWAY,
             ErrorCode::Unresolved => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,

@@ -14,12 +14,15 @@
 //! | POST   | `reply`                 | [`ReplyRequest`]  | [`ReplyReceipt`]                     |
 //! | GET    | `replies/{request_id}`  | —                 | what a reply request came to: the same answer `reply` gave (or would give) |
 //! | POST   | `ack`                   | [`AckRequest`]    | [`AckReceipt`]                       |
+//! | POST   | `handoffs`              | [`HandoffRequest`] | [`HandoffReceipt`]                  |
 //!
 //! Every route but `session` also needs the [`SESSION_HEADER`] carrying the token of the
 //! agent's live session (from its `Hello`): a second session using the same secret, or a
 //! session that was replaced, is refused with `session_conflict` on every call.
 //!
 //! Failures answer with a non-2xx status and an [`ApiError`] body.
+
+use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -55,6 +58,13 @@ pub enum SessionEvent {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeliveredEnvelope {
     pub trace_id: String,
+    /// `message`, `handoff`, `handoff_answer`, … (DESIGN.md §8). The Telegram fields below
+    /// are meaningful for `message` only.
+    #[serde(default = "message_kind")]
+    pub kind: String,
+    /// Meta that belongs to the kind (`handoff_id`, `from_agent`, `depth`, …), as strings.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, String>,
     /// What the model reads: the text, or the caption and a line per attachment.
     pub content: String,
     pub chat_id: i64,
@@ -73,6 +83,10 @@ pub struct DeliveredEnvelope {
     pub redelivered: bool,
     /// True when the envelope records an edit of an earlier message.
     pub edited: bool,
+}
+
+fn message_kind() -> String {
+    "message".to_owned()
 }
 
 /// An entry of [`PendingList`], and a candidate in an ambiguity refusal.
@@ -137,6 +151,51 @@ pub struct ReplyReceipt {
     pub route: String,
     /// Telegram's ids of the messages sent, one per chunk.
     pub message_ids: Vec<i32>,
+    /// Set when the reply answered a handoff: it went to this agent, not to Telegram.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub answered_handoff: Option<AnsweredHandoff>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct AnsweredHandoff {
+    pub handoff_id: String,
+    /// The delegating agent, who receives the answer.
+    pub to_agent: String,
+}
+
+/// `send_to_agent` and `call_agent`: hand an instruction to another agent (DESIGN.md §9).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HandoffRequest {
+    /// The target agent, as the model wrote it (compared trimmed, case-insensitively).
+    pub to: String,
+    pub text: String,
+    /// The envelope this handoff is made for (its cause); resolved like a reply's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_id: Option<String>,
+    /// Must be a JSON boolean; anything else is refused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub followup: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent: Option<String>,
+    /// As for replies: a repeated request returns the first one's handoff.
+    pub request_id: String,
+}
+
+/// A handoff that was recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct HandoffReceipt {
+    pub handoff_id: String,
+    /// The target's configured name.
+    pub to: String,
+    /// True when the target has a connected session (the envelope is on its way); false
+    /// when it is queued until the target connects.
+    pub delivered: bool,
+    /// The cause envelope, when there is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_behalf_of: Option<String>,
+    pub depth: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub followup_of: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -176,6 +235,16 @@ pub enum ErrorCode {
     ReplyTooLong,
     /// No reply request with that id was ever acted on: nothing was sent for it.
     UnknownRequest,
+    /// The answer to an unprompted handoff has no conversation to reply into.
+    NoConversation,
+    /// Handoffs (DESIGN.md §9): the first instruction to that agent in this turn stands.
+    AlreadyDelegated,
+    /// An earlier handoff to that agent is still open.
+    AlreadyRunning,
+    /// The chain of handoffs would be deeper than `handoffs.max_depth`.
+    DepthLimit,
+    UnknownAgent,
+    SelfHandoff,
     /// Telegram refused the send: nothing was delivered (or only the chunks listed).
     NotSent,
     /// The send's outcome is unknown; the envelope is `unresolved` until an operator

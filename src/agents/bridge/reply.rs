@@ -316,6 +316,7 @@ fn receipt(target: &ReplyTarget, message_ids: Vec<i32>) -> ReplyReceipt {
         thread_id: target.thread_id,
         route: target.route.clone(),
         message_ids,
+        answered_handoff: None,
     }
 }
 
@@ -333,6 +334,7 @@ fn recorded_outcome(
             thread_id: envelope.and_then(StoredEnvelope::thread_id),
             route: envelope.and_then(|e| e.route.clone()).unwrap_or_default(),
             message_ids: sent.iter().map(|(_, id)| *id).collect(),
+            answered_handoff: None,
         }),
         ReplyVerdict::NotSent { error } => {
             Err(ToolError::NotSent { trace_id, error: error.clone(), sent, parts })

@@ -14,6 +14,7 @@ use crate::agents::api::wire::{ErrorCode, SessionEvent};
 use crate::backoff::Backoff;
 use crate::ids::AgentName;
 
+use super::calls::WaitingCalls;
 use super::texts::channel_notification;
 
 /// First wait before reopening the session stream after the daemon went away; it doubles
@@ -33,6 +34,8 @@ pub(super) struct SessionForwarder {
     pub(super) peer: Peer<RoleServer>,
     /// Whether the daemon refuses the stream right now (see `ChannelPlugin::stream_refused`).
     pub(super) refused: Arc<AtomicBool>,
+    /// `call_agent` calls waiting for a `handoff_answer`.
+    pub(super) calls: WaitingCalls,
 }
 
 /// Why one connection of the session stream ended.
@@ -106,6 +109,15 @@ impl SessionForwarder {
         loop {
             match session.next_event().await {
                 Ok(Some(SessionEvent::Envelope(envelope))) => {
+                    // An answer a `call_agent` waits for is its result, not a notification.
+                    let envelope = if envelope.kind == "handoff_answer" {
+                        match self.calls.deliver(envelope).await {
+                            Some(envelope) => envelope,
+                            None => continue,
+                        }
+                    } else {
+                        envelope
+                    };
                     // Confirmed before the push, so no tool call about it can overtake the
                     // confirmation: from here an unnamed reply may resolve to it. Should the
                     // push fail, the agent session is ending and this session with it.

@@ -34,17 +34,19 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api::client::{ClientError, DaemonClient};
-use crate::agents::api::wire::{AckRequest, ErrorCode, ReplyRequest};
+use crate::agents::api::wire::{AckRequest, ErrorCode, HandoffReceipt, HandoffRequest, ReplyRequest};
 use crate::config::Settings;
-use crate::ids::AgentName;
+use crate::ids::{AgentName, RequestId};
 
+mod calls;
 mod forwarder;
 mod texts;
 
 use forwarder::SessionForwarder;
 use texts::{
-    ToolName, describe_ack, describe_failure, describe_pending, describe_receipt, describe_recovered_receipt,
-    instructions, never_acted_on, optional_trace_id, outcome_not_known_yet, parse_trace_id,
+    ToolName, describe_ack, describe_call_answer, describe_call_timeout, describe_failure,
+    describe_handoff_receipt, describe_pending, describe_receipt, describe_recovered_receipt, instructions,
+    never_acted_on, optional_trace_id, outcome_not_known_yet, parse_trace_id,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -67,6 +69,11 @@ const SESSION_WAIT: Duration = Duration::from_secs(3);
 /// After the connection broke during a `reply`, how long the plugin keeps asking the
 /// daemon what became of it before telling the agent the outcome is not known yet.
 const OUTCOME_RECOVERY_LIMIT: Duration = Duration::from_secs(60);
+
+/// `call_agent` waits this long for the answer unless told otherwise, and at most
+/// [`MAX_CALL_TIMEOUT_SECS`] (DESIGN.md §9).
+const DEFAULT_CALL_TIMEOUT_SECS: u64 = 120;
+const MAX_CALL_TIMEOUT_SECS: u64 = 600;
 
 /// Pause between two questions about a reply's outcome while the daemon is away.
 const OUTCOME_RETRY_DELAY: Duration = Duration::from_millis(500);
@@ -125,6 +132,8 @@ struct ChannelPlugin {
     /// Set while the daemon refuses this plugin's session stream (another session is
     /// connected, or the secret is wrong): tool calls then need not wait for a session.
     stream_refused: Arc<AtomicBool>,
+    /// `call_agent` calls waiting for their answer; shared with the session forwarder.
+    calls: calls::WaitingCalls,
 }
 
 /// Arguments of the `reply` tool.
@@ -148,6 +157,50 @@ struct AckArgs {
     note: Option<String>,
 }
 
+/// Arguments of `send_to_agent`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct SendArgs {
+    /// The agent to hand the work to.
+    agent: String,
+    /// The instruction, as you would write it to a colleague.
+    text: String,
+    /// The trace_id (env_…) of the message this work is for. Required when more than one
+    /// conversation is waiting.
+    #[serde(default)]
+    trace_id: Option<String>,
+    /// true (a JSON boolean) when this changes an instruction you already gave that agent.
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    followup: Option<serde_json::Value>,
+    /// With followup: "extends" (adds to the earlier instruction) or "replaces" (supersedes it).
+    #[serde(default)]
+    intent: Option<String>,
+}
+
+/// Arguments of `call_agent`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct CallArgs {
+    #[serde(flatten)]
+    handoff: SendArgs,
+    /// How long to wait for the answer, in seconds (default 120, at most 600).
+    #[serde(default)]
+    timeout_secs: Option<u64>,
+}
+
+impl SendArgs {
+    fn request(self) -> Result<HandoffRequest, String> {
+        let trace_id = optional_trace_id(self.trace_id.as_deref())?;
+        Ok(HandoffRequest {
+            to: self.agent,
+            text: self.text,
+            trace_id: trace_id.map(|id| id.to_string()),
+            followup: self.followup,
+            intent: self.intent,
+            request_id: RequestId::generate().to_string(),
+        })
+    }
+}
+
 /// The tools, named in failure messages.
 #[tool_router]
 impl ChannelPlugin {
@@ -167,6 +220,7 @@ impl ChannelPlugin {
             tasks,
             stream_started: AtomicBool::new(false),
             stream_refused: Arc::default(),
+            calls: calls::WaitingCalls::default(),
         }
     }
 
@@ -235,9 +289,133 @@ impl ChannelPlugin {
             Err(error) => Err(self.tool_failure(ToolName::Ack, &error)),
         }
     }
+
+    #[tool(
+        description = "Hand an instruction to another agent and return at once. Its answer arrives later as a \
+                       handoff_answer message. The first instruction to an agent in one turn stands: to change \
+                       it, call again with followup: true and intent \"extends\" or \"replaces\".",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn send_to_agent(&self, Parameters(args): Parameters<SendArgs>) -> Result<String, String> {
+        let request = args.request()?;
+        let receipt = self.hand_over(ToolName::SendToAgent, &request).await?;
+        Ok(describe_handoff_receipt(&receipt))
+    }
+
+    #[tool(
+        description = "Hand an instruction to another agent and wait for its answer (timeout_secs, default 120, \
+                       at most 600). On timeout the answer arrives later as a handoff_answer message. The same \
+                       guard as send_to_agent applies.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn call_agent(
+        &self,
+        Parameters(args): Parameters<CallArgs>,
+        cancelled: CancellationToken,
+    ) -> Result<String, String> {
+        let timeout_secs = args.timeout_secs.unwrap_or(DEFAULT_CALL_TIMEOUT_SECS);
+        if !(1..=MAX_CALL_TIMEOUT_SECS).contains(&timeout_secs) {
+            return Err(format!(
+                "timeout_secs must be between 1 and {MAX_CALL_TIMEOUT_SECS}, not {timeout_secs}; nothing was handed over."
+            ));
+        }
+        let request = args.handoff.request()?;
+        self.wait_for_session().await;
+        let registration = self.calls.begin().await;
+        let receipt = match self.daemon.handoff(&request).await {
+            Ok(receipt) => receipt,
+            Err(error @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
+                drop(registration);
+                tracing::warn!(request_id = %request.request_id, "the connection broke during a handoff ({error}); asking again");
+                let receipt = self.recover_handoff(ToolName::CallAgent, &request).await?;
+                // The answer may already be on its way as a notification: do not wait for it.
+                return Ok(describe_handoff_receipt(&receipt));
+            }
+            Err(error) => return Err(self.tool_failure(ToolName::CallAgent, &error)),
+        };
+        let answer = registration.register(&receipt.handoff_id);
+        let waited = Duration::from_secs(timeout_secs);
+        let mut answer = std::pin::pin!(answer);
+        let outcome = tokio::select! {
+            answer = &mut answer => answer.ok(),
+            () = tokio::time::sleep(waited) => None,
+            () = cancelled.cancelled() => None,
+        };
+        let answer = match outcome {
+            Some(answer) => answer,
+            // Still registered: nothing was handed over, and the answer will arrive as an
+            // envelope. Otherwise the forwarder just handed it over: take it.
+            None if self.calls.give_up(&receipt.handoff_id).await => {
+                return Ok(describe_call_timeout(&receipt, waited));
+            }
+            None => match answer.await {
+                Ok(answer) => answer,
+                Err(_) => return Ok(describe_call_timeout(&receipt, waited)),
+            },
+        };
+        // Returned as this call's result: the answer envelope is handled.
+        let ack = AckRequest {
+            trace_id: answer.trace_id.clone(),
+            note: Some(format!("returned to call_agent ({})", receipt.handoff_id)),
+        };
+        if let Err(error) = self.daemon.ack(&ack).await {
+            tracing::warn!(trace_id = %answer.trace_id, "could not ack an answer returned to call_agent ({error}); it stays pending");
+        }
+        Ok(describe_call_answer(&receipt, &answer))
+    }
 }
 
 impl ChannelPlugin {
+    /// Hands an instruction over; after a broken connection, asks again with the same
+    /// request id, which the daemon answers with the handoff it recorded (if it did).
+    async fn hand_over(&self, tool: ToolName, request: &HandoffRequest) -> Result<HandoffReceipt, String> {
+        self.wait_for_session().await;
+        match self.daemon.handoff(request).await {
+            Ok(receipt) => Ok(receipt),
+            Err(error @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
+                tracing::warn!(request_id = %request.request_id, "the connection broke during a handoff ({error}); asking again");
+                self.recover_handoff(tool, request).await
+            }
+            Err(error) => Err(self.tool_failure(tool, &error)),
+        }
+    }
+
+    async fn recover_handoff(
+        &self,
+        tool: ToolName,
+        request: &HandoffRequest,
+    ) -> Result<HandoffReceipt, String> {
+        let deadline = tokio::time::Instant::now() + OUTCOME_RECOVERY_LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                let error = ClientError::NoAnswer {
+                    address: self.daemon.address(),
+                    detail: format!("no answer for {}s", OUTCOME_RECOVERY_LIMIT.as_secs()),
+                };
+                return Err(self.tool_failure(tool, &error));
+            }
+            self.daemon.wait_for_session(left).await;
+            match self.daemon.handoff(request).await {
+                Ok(receipt) => return Ok(receipt),
+                Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::SessionConflict => {}
+                Err(error @ ClientError::Refused { .. }) => return Err(self.tool_failure(tool, &error)),
+                Err(_) => {}
+            }
+            tokio::time::sleep(OUTCOME_RETRY_DELAY.min(left)).await;
+        }
+    }
+
     async fn send_reply(&self, request: &ReplyRequest) -> Result<String, String> {
         self.wait_for_session().await;
         match self.daemon.reply(request).await {
@@ -332,6 +510,7 @@ impl ServerHandler for ChannelPlugin {
             secret_env: self.secret_env.clone(),
             peer: context.peer,
             refused: Arc::clone(&self.stream_refused),
+            calls: self.calls.clone(),
         };
         self.tasks.spawn(forwarder.run(self.shutdown.clone()));
     }

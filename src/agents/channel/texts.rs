@@ -9,7 +9,8 @@ use serde_json::json;
 
 use crate::agents::api::client::ClientError;
 use crate::agents::api::wire::{
-    AckReceipt, DeliveredEnvelope, ErrorCode, PendingList, PendingSummary, ReplyReceipt,
+    AckReceipt, AnsweredHandoff, DeliveredEnvelope, ErrorCode, HandoffReceipt, PendingList, PendingSummary,
+    ReplyReceipt,
 };
 use crate::ids::{AgentName, TraceId};
 
@@ -21,6 +22,8 @@ pub(super) enum ToolName {
     Reply,
     Pending,
     Ack,
+    SendToAgent,
+    CallAgent,
 }
 
 impl ToolName {
@@ -29,6 +32,8 @@ impl ToolName {
             Self::Reply => "reply",
             Self::Pending => "pending",
             Self::Ack => "ack",
+            Self::SendToAgent => "send_to_agent",
+            Self::CallAgent => "call_agent",
         }
     }
 }
@@ -49,34 +54,51 @@ pub(super) fn instructions(agent: &AgentName) -> String {
          - `ack` marks a message handled without replying (when it needs no answer); add a short note.\n\
          - A failed tool says what to do next. If a reply's delivery is reported as unresolved or unknown, \
          do NOT send it again, not even reworded: it may already have been delivered, and an operator \
-         reconciles it."
+         reconciles it.\n\
+         - Other agents: `send_to_agent` hands an instruction to another agent and returns at once; \
+         `call_agent` does the same and waits for the answer. A handoff is made on behalf of the message you \
+         are handling (trace_id, named like for `reply`). The first instruction to an agent in one turn \
+         stands: a second one is refused (already_delegated) unless you mark it followup: true with intent \
+         \"extends\" or \"replaces\". Work handed to you arrives with kind=\"handoff\": answer it with \
+         `reply` (the answer goes to the agent who asked, not to Telegram). An answer to your handoff arrives \
+         with kind=\"handoff_answer\" and on_behalf_of (the conversation it belongs to): answer the human \
+         with one `reply` naming either envelope."
     )
 }
 
 /// The `meta` of a channel notification: a flat map of string values under identifier
 /// keys, which Claude Code shows as attributes of the `<channel>` tag.
-pub(super) fn channel_meta(envelope: &DeliveredEnvelope) -> BTreeMap<&'static str, String> {
+pub(super) fn channel_meta(envelope: &DeliveredEnvelope) -> BTreeMap<String, String> {
     let mut meta = BTreeMap::from([
-        ("trace_id", envelope.trace_id.clone()),
-        ("chat_id", envelope.chat_id.to_string()),
-        ("chat_type", envelope.chat_type.clone()),
-        ("message_id", envelope.message_id.to_string()),
-        ("user", envelope.user.clone()),
-        ("user_id", envelope.user_id.to_string()),
-        ("ts", envelope.ts.clone()),
-        ("route", envelope.route.clone()),
+        ("trace_id".to_owned(), envelope.trace_id.clone()),
+        ("kind".to_owned(), envelope.kind.clone()),
+        ("ts".to_owned(), envelope.ts.clone()),
     ]);
-    if let Some(thread_id) = envelope.thread_id {
-        meta.insert("thread_id", thread_id.to_string());
-    }
-    if let Some(title) = envelope.chat_title.as_ref().filter(|title| !title.is_empty()) {
-        meta.insert("chat_title", title.clone());
+    // Only a Telegram message has a chat, a sender and a route.
+    if envelope.kind == "message" {
+        meta.extend([
+            ("chat_id".to_owned(), envelope.chat_id.to_string()),
+            ("chat_type".to_owned(), envelope.chat_type.clone()),
+            ("message_id".to_owned(), envelope.message_id.to_string()),
+            ("user".to_owned(), envelope.user.clone()),
+            ("user_id".to_owned(), envelope.user_id.to_string()),
+            ("route".to_owned(), envelope.route.clone()),
+        ]);
+        if let Some(thread_id) = envelope.thread_id {
+            meta.insert("thread_id".to_owned(), thread_id.to_string());
+        }
+        if let Some(title) = envelope.chat_title.as_ref().filter(|title| !title.is_empty()) {
+            meta.insert("chat_title".to_owned(), title.clone());
+        }
+        if envelope.edited {
+            meta.insert("edited".to_owned(), "true".to_owned());
+        }
     }
     if envelope.redelivered {
-        meta.insert("redelivered", "true".to_owned());
+        meta.insert("redelivered".to_owned(), "true".to_owned());
     }
-    if envelope.edited {
-        meta.insert("edited", "true".to_owned());
+    for (key, value) in &envelope.extra {
+        meta.entry(key.clone()).or_insert_with(|| value.clone());
     }
     meta
 }
@@ -114,6 +136,9 @@ pub(super) fn describe_place(chat_id: i64, chat_title: Option<&str>, thread_id: 
 }
 
 pub(super) fn describe_receipt(receipt: &ReplyReceipt) -> String {
+    if let Some(answered) = &receipt.answered_handoff {
+        return describe_answered_handoff(receipt, answered);
+    }
     let place = describe_place(receipt.chat_id, None, receipt.thread_id);
     let ids = receipt.message_ids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
     let messages = match receipt.message_ids.len() {
@@ -123,6 +148,62 @@ pub(super) fn describe_receipt(receipt: &ReplyReceipt) -> String {
     format!(
         "Reply delivered to {place} (route {}), answering {}: {messages}.",
         receipt.route, receipt.trace_id
+    )
+}
+
+/// "handed to 'worker' as hof_x (delivered to its session), on behalf of env_y"
+fn describe_handoff(receipt: &HandoffReceipt) -> String {
+    let where_ = if receipt.delivered { "delivered to its session" } else { "queued until it connects" };
+    let mut text = format!("Handed to '{}' as {} ({where_}", receipt.to, receipt.handoff_id);
+    if let Some(cause) = &receipt.on_behalf_of {
+        let _ = write!(text, ", on behalf of {cause}");
+    }
+    if let Some(earlier) = &receipt.followup_of {
+        let _ = write!(text, ", a follow-up of {earlier}");
+    }
+    text.push(')');
+    text
+}
+
+/// What `send_to_agent` answers.
+pub(super) fn describe_handoff_receipt(receipt: &HandoffReceipt) -> String {
+    let answer_to = receipt.on_behalf_of.as_ref().map_or_else(String::new, |cause| {
+        format!("; answer the human with one `reply` naming either it or {cause}")
+    });
+    format!(
+        "{}. Its answer will arrive as a handoff_answer envelope (meta handoff_id={}){answer_to}.",
+        describe_handoff(receipt),
+        receipt.handoff_id
+    )
+}
+
+/// What `call_agent` answers when the answer came in time.
+pub(super) fn describe_call_answer(receipt: &HandoffReceipt, answer: &DeliveredEnvelope) -> String {
+    let from = answer.extra.get("from_agent").map_or(receipt.to.as_str(), String::as_str);
+    let next = receipt.on_behalf_of.as_ref().map_or_else(
+        || "This handoff was unprompted: there is no conversation to answer.".to_owned(),
+        |cause| format!("Answer the human with `reply` and trace_id {cause}."),
+    );
+    format!("{}. '{from}' answered:\n\n{}\n\n{next}", describe_handoff(receipt), answer.content)
+}
+
+/// What `call_agent` answers when the wait ran out.
+pub(super) fn describe_call_timeout(receipt: &HandoffReceipt, waited: std::time::Duration) -> String {
+    format!(
+        "{}. '{}' has not answered within {}s. Its answer will arrive later as a handoff_answer envelope (meta \
+         handoff_id={}); nothing more to do now.",
+        describe_handoff(receipt),
+        receipt.to,
+        waited.as_secs(),
+        receipt.handoff_id
+    )
+}
+
+/// What a reply that answered a handoff says.
+fn describe_answered_handoff(receipt: &ReplyReceipt, answered: &AnsweredHandoff) -> String {
+    format!(
+        "Answer delivered to agent '{}' for handoff {} (answering {}); nothing was sent to Telegram.",
+        answered.to_agent, answered.handoff_id, receipt.trace_id
     )
 }
 
@@ -208,6 +289,9 @@ pub(super) fn describe_failure(
             ToolName::Reply => format!("{error} Nothing was sent; call reply again once the daemon is back."),
             ToolName::Ack => format!("{error} Nothing was changed; call ack again once the daemon is back."),
             ToolName::Pending => format!("{error} Try again once the daemon is back."),
+            ToolName::SendToAgent | ToolName::CallAgent => {
+                format!("{error} Nothing was handed over; call {name} again once the daemon is back.")
+            }
         },
         ClientError::NoAnswer { .. } => match tool {
             ToolName::Reply => format!(
@@ -219,11 +303,17 @@ pub(super) fn describe_failure(
                  again only if the message is still listed."
             ),
             ToolName::Pending => format!("{error}. Try again in a moment."),
+            // The plugin asks again with the same request id before it gets here, which
+            // records the handoff at most once.
+            ToolName::SendToAgent | ToolName::CallAgent => format!(
+                "{error}. Whether the handoff was recorded is not known yet: call `pending` later, or {name} again \
+                 with followup: true and intent \"replaces\" if it matters."
+            ),
         },
         ClientError::Protocol { .. } => {
             let outcome = match tool {
                 ToolName::Reply => " Whether the reply was delivered is unknown: do NOT send it again.",
-                ToolName::Ack | ToolName::Pending => "",
+                ToolName::Ack | ToolName::Pending | ToolName::SendToAgent | ToolName::CallAgent => "",
             };
             format!("{error}. The plugin and the daemon may be different versions of switchboard.{outcome}")
         }
@@ -231,7 +321,7 @@ pub(super) fn describe_failure(
             let message = &refusal.message;
             match refusal.code {
                 ErrorCode::Ambiguous => format!(
-                    "{name} was refused: {message}\n\nWaiting conversations{}:\n{}\n\nNothing was sent: call reply \
+                    "{name} was refused: {message}\n\nWaiting conversations{}:\n{}\n\nNothing was sent: call {name} \
                      again with trace_id set to one of these.",
                     cut_note(refusal.candidates.len(), refusal.candidates_total),
                     describe_candidates(&refusal.candidates)
@@ -262,6 +352,8 @@ mod tests {
     fn envelope() -> DeliveredEnvelope {
         DeliveredEnvelope {
             trace_id: "env_abcdefghij".into(),
+            kind: "message".into(),
+            extra: BTreeMap::new(),
             content: "hello there".into(),
             chat_id: -1001234567890,
             thread_id: None,
@@ -313,6 +405,7 @@ mod tests {
         let meta = channel_meta(&envelope());
         let expected = BTreeMap::from([
             ("trace_id", "env_abcdefghij".to_owned()),
+            ("kind", "message".to_owned()),
             ("chat_id", "-1001234567890".to_owned()),
             ("chat_type", "supergroup".to_owned()),
             ("message_id", "77".to_owned()),
@@ -320,7 +413,10 @@ mod tests {
             ("user_id", "42".to_owned()),
             ("ts", "2025-01-02T03:04:05Z".to_owned()),
             ("route", "ops".to_owned()),
-        ]);
+        ])
+        .into_iter()
+        .map(|(key, value)| (key.to_owned(), value))
+        .collect::<BTreeMap<_, _>>();
         assert_eq!(meta, expected);
     }
 
@@ -390,6 +486,7 @@ mod tests {
             thread_id: Some(42),
             route: "ops-topic".into(),
             message_ids: vec![501, 502],
+            answered_handoff: None,
         };
         assert_eq!(
             describe_receipt(&receipt),
