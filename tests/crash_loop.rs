@@ -82,12 +82,9 @@ async fn kill_9_under_load_with_agents_that_take_an_unknown_outcome_as_final() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// fails until the reply-path fix lands: a reply whose HTTP answer is lost to the kill after
-// the daemon confirmed it is sent again on retry, and today the daemon accepts a named reply
-// to an acked envelope as a further message, so the envelope is answered twice (about half
-// of the 50-cycle runs). Request ids that make a repeated reply return the first outcome
-// (issue 6) fix it; the retry below must then carry the first request's id.
-#[ignore = "fails until the reply-path fix lands (request ids)"]
+// A reply whose HTTP answer is lost to the kill after the daemon confirmed it is sent again
+// with the same request id: the daemon returns the first outcome instead of sending twice.
+// (Before request ids, about half of the 50-cycle runs answered an envelope twice.)
 async fn kill_9_under_load_with_agents_that_resend_a_reply_whose_outcome_they_did_not_learn() {
     crash_loop(Caller::ResendsUnknown, cycles(DEFAULT_CYCLES)).await;
 }
@@ -99,9 +96,7 @@ async fn kill_9_under_load_for_hundreds_of_cycles() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-// fails until the reply-path fix lands: see
-// kill_9_under_load_with_agents_that_resend_a_reply_whose_outcome_they_did_not_learn.
-#[ignore = "long run; fails until the reply-path fix lands (request ids)"]
+#[ignore = "long run: cargo test --test crash_loop -- --ignored"]
 async fn kill_9_under_load_for_hundreds_of_cycles_with_agents_that_resend() {
     crash_loop(Caller::ResendsUnknown, cycles(LONG_CYCLES)).await;
 }
@@ -164,7 +159,17 @@ async fn crash_loop(caller: Caller, cycles: usize) {
     let load_rng = StdRng::seed_from_u64(seed.wrapping_add(1));
 
     let fake = Arc::new(FakeTelegram::start().await);
-    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    // The load is far above Telegram's per-chat limits; the fake has none, so sends are not
+    // paced here (pacing has its own test).
+    let mut daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[
+            ("SWITCHBOARD__OUTBOUND__PRIVATE_CHAT_INTERVAL_MS", "0"),
+            ("SWITCHBOARD__OUTBOUND__GROUP_CHAT_INTERVAL_MS", "0"),
+        ],
+    );
     let stop_load = CancellationToken::new();
     let stop_agents = CancellationToken::new();
     let pushed: Arc<Mutex<Vec<Pushed>>> = Arc::default();
@@ -352,7 +357,9 @@ async fn answer_everything(
                 stats.lock().unwrap().already_answered += 1;
                 continue;
             }
-            let reply = ReplyRequest { text: format!("{REPLY_PREFIX}{trace}"), trace_id: Some(trace) };
+            // A resend carries the same request (and request id): the daemon then returns
+            // the first request's outcome instead of sending again.
+            let reply = ReplyRequest::new(format!("{REPLY_PREFIX}{trace}"), Some(trace));
             if !send_reply(&client, caller, reply, &mut answered, &mut unsettled, &stats, &stop).await {
                 return;
             }

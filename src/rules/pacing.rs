@@ -20,9 +20,18 @@ pub const PRIVATE_INTERVAL: Duration = Duration::from_secs(1);
 pub const GROUP_INTERVAL: Duration = Duration::from_secs(3);
 
 /// How the chats' buckets stand.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct ChatPacer {
+    /// The spacing of sends to a private chat and to a group; zero turns pacing off.
+    private: Duration,
+    group: Duration,
     buckets: HashMap<i64, Bucket>,
+}
+
+impl Default for ChatPacer {
+    fn default() -> Self {
+        Self::new(PRIVATE_INTERVAL, GROUP_INTERVAL)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -32,12 +41,16 @@ struct Bucket {
     at: Instant,
 }
 
-/// Private chats have positive ids (the user's id); groups and channels negative ones.
-pub fn interval_for(chat_id: i64) -> Duration {
-    if chat_id > 0 { PRIVATE_INTERVAL } else { GROUP_INTERVAL }
-}
-
 impl ChatPacer {
+    pub fn new(private: Duration, group: Duration) -> Self {
+        Self { private, group, buckets: HashMap::new() }
+    }
+
+    /// Private chats have positive ids (the user's id); groups and channels negative ones.
+    fn interval_for(&self, chat_id: i64) -> Duration {
+        if chat_id > 0 { self.private } else { self.group }
+    }
+
     /// Reserves one send to `chat_id` and returns how long to wait before making it.
     /// Reservations queue: three sends reserved at once past the burst wait one, two and
     /// three intervals.
@@ -45,7 +58,10 @@ impl ChatPacer {
         if self.buckets.len() > PRUNE_ABOVE {
             self.prune(now);
         }
-        let interval = interval_for(chat_id).as_secs_f64();
+        let interval = self.interval_for(chat_id).as_secs_f64();
+        if interval == 0.0 {
+            return Duration::ZERO;
+        }
         let bucket = self.buckets.entry(chat_id).or_insert(Bucket { tokens: BURST, at: now });
         let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed / interval).min(BURST) - 1.0;
@@ -56,8 +72,10 @@ impl ChatPacer {
     /// Forgets chats whose bucket has refilled: they would start from a full burst anyway,
     /// so memory stays bounded by the chats active within the last few seconds.
     fn prune(&mut self, now: Instant) {
+        let (private, group) = (self.private, self.group);
         self.buckets.retain(|&chat_id, bucket| {
-            let full_after = interval_for(chat_id).mul_f64((BURST - bucket.tokens).max(0.0));
+            let interval = if chat_id > 0 { private } else { group };
+            let full_after = interval.mul_f64((BURST - bucket.tokens).max(0.0));
             now.saturating_duration_since(bucket.at) < full_after
         });
     }
@@ -121,6 +139,14 @@ mod tests {
         assert_eq!(pacer.reserve(DM + 1, t0), Duration::ZERO);
         assert_eq!(pacer.reserve(GROUP, t0), Duration::ZERO);
         assert_eq!(pacer.reserve(DM, t0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_zero_interval_turns_pacing_off() {
+        let mut pacer = ChatPacer::new(Duration::ZERO, Duration::ZERO);
+        let t0 = Instant::now();
+        assert!((0..100).all(|_| pacer.reserve(GROUP, t0).is_zero()));
+        assert_eq!(pacer.tracked_chats(), 0);
     }
 
     #[test]
