@@ -13,9 +13,11 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
-use crate::agents::bridge::{Bridge, ReplyLimits};
+use crate::agents::bridge::{AuditChat, Bridge, HandoffRules, ReplyLimits};
 use crate::config::{DaemonSecrets, Settings};
 use crate::ledger::{Ledger, LedgerLock};
+use crate::rules::pacing::ChatPacer;
+use crate::rules::routes::RouteTarget;
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller};
 
@@ -71,13 +73,19 @@ impl Daemon {
         let send_bot = bot(token, &telegram.api_url, telegram.send_timeout)?;
 
         let tasks = TaskTracker::new();
-        let outbound = Outbound::new(send_bot, ledger.clone(), shutdown.child_token());
+        let outbound = Outbound::new(
+            send_bot,
+            ledger.clone(),
+            ChatPacer::new(settings.outbound.private_chat_interval, settings.outbound.group_chat_interval),
+            shutdown.child_token(),
+        );
         let limits = ReplyLimits { max_reply_parts: settings.outbound.max_reply_parts };
         let bridge = Bridge::new(
             ledger.clone(),
             outbound,
             secrets.agents,
             limits,
+            handoff_rules(&settings),
             shutdown.child_token(),
             tasks.clone(),
         );
@@ -148,6 +156,21 @@ fn spawn_supervised(
             shutdown.cancel();
         }
     });
+}
+
+/// The handoff settings, with the audit route resolved to its chat.
+fn handoff_rules(settings: &Settings) -> HandoffRules {
+    let audit = settings.handoffs.audit_route.as_ref().and_then(|name| {
+        let route = settings.routes.routes().iter().find(|route| &route.name == name)?;
+        let chat = match route.target {
+            RouteTarget::Topic { chat_id, thread_id } => AuditChat { chat_id, thread_id: Some(thread_id) },
+            RouteTarget::Chat { chat_id } => AuditChat { chat_id, thread_id: None },
+            // Refused when the configuration is loaded.
+            RouteTarget::Default => return None,
+        };
+        Some((name.to_string(), chat))
+    });
+    HandoffRules { max_depth: settings.handoffs.max_depth, audit }
 }
 
 fn bot(token: &str, api_url: &reqwest::Url, timeout: Duration) -> anyhow::Result<Bot> {

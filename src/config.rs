@@ -107,6 +107,10 @@ pub struct OutboundSettings {
     /// A reply that would need more Telegram messages than this is refused before
     /// anything is sent: a runaway agent must not flood a chat.
     pub max_reply_parts: usize,
+    /// The spacing of sends to one private chat and to one group (Telegram's per-chat
+    /// limits); zero turns pacing off for that kind of chat.
+    pub private_chat_interval: Duration,
+    pub group_chat_interval: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -188,6 +192,10 @@ struct RawApi {
 struct RawOutbound {
     #[serde(default = "default_max_reply_parts")]
     max_reply_parts: usize,
+    #[serde(default = "default_private_chat_interval_ms")]
+    private_chat_interval_ms: u64,
+    #[serde(default = "default_group_chat_interval_ms")]
+    group_chat_interval_ms: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -244,6 +252,14 @@ fn default_listen() -> String {
 fn default_max_reply_parts() -> usize {
     10
 }
+/// Telegram: about one message a second to one chat.
+fn default_private_chat_interval_ms() -> u64 {
+    crate::rules::pacing::PRIVATE_INTERVAL.as_millis() as u64
+}
+/// Telegram: at most twenty messages a minute to one group.
+fn default_group_chat_interval_ms() -> u64 {
+    crate::rules::pacing::GROUP_INTERVAL.as_millis() as u64
+}
 /// Three levels: an orchestrator, a worker, and a helper the worker asks.
 fn default_max_depth() -> u32 {
     3
@@ -264,7 +280,11 @@ impl Default for RawApi {
 }
 impl Default for RawOutbound {
     fn default() -> Self {
-        Self { max_reply_parts: default_max_reply_parts() }
+        Self {
+            max_reply_parts: default_max_reply_parts(),
+            private_chat_interval_ms: default_private_chat_interval_ms(),
+            group_chat_interval_ms: default_group_chat_interval_ms(),
+        }
     }
 }
 impl Default for RawHandoffs {
@@ -393,7 +413,11 @@ impl Settings {
             storage: StorageSettings { database: raw.storage.database, synchronous: raw.storage.synchronous },
             api: ApiSettings { listen },
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
-            outbound: OutboundSettings { max_reply_parts: raw.outbound.max_reply_parts },
+            outbound: OutboundSettings {
+                max_reply_parts: raw.outbound.max_reply_parts,
+                private_chat_interval: Duration::from_millis(raw.outbound.private_chat_interval_ms),
+                group_chat_interval: Duration::from_millis(raw.outbound.group_chat_interval_ms),
+            },
             handoffs,
             agents,
             routes,

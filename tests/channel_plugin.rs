@@ -397,12 +397,18 @@ async fn plugin_declares_a_channel_and_pushes_every_envelope() {
     let tools = plugin.list_tools().await.unwrap();
     let mut names: Vec<_> = tools.iter().map(|tool| tool.name.to_string()).collect();
     names.sort();
-    assert_eq!(names, ["ack", "pending", "reply"]);
+    assert_eq!(names, ["ack", "call_agent", "pending", "reply", "send_to_agent"]);
     for tool in &tools {
         assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{tool:?}");
     }
     let reply_schema = &tools.iter().find(|tool| tool.name == "reply").unwrap().input_schema;
     assert_eq!(reply_schema.get("required"), Some(&json!(["text"])), "{reply_schema:?}");
+    for handoff_tool in ["send_to_agent", "call_agent"] {
+        let schema = &tools.iter().find(|tool| tool.name == handoff_tool).unwrap().input_schema;
+        let required = schema.get("required").and_then(|r| r.as_array()).cloned().unwrap_or_default();
+        assert!(required.contains(&json!("agent")) && required.contains(&json!("text")), "{schema:?}");
+        assert_eq!(schema["properties"]["followup"]["type"], json!(["boolean", "null"]), "{schema:?}");
+    }
 
     let received = plugin.wait_for_notifications(2, WAIT).await.unwrap();
     assert_eq!(received.len(), 2, "{received:#?}");

@@ -15,6 +15,7 @@ pub struct NewAttempt<'a> {
     pub agent: &'a str,
     /// The `reply` request this attempt belongs to (chosen by the channel plugin).
     pub request_id: Option<&'a str>,
+    pub purpose: AttemptPurpose,
     pub chat_id: i64,
     pub thread_id: Option<i32>,
     pub reply_to_message_id: Option<i32>,
@@ -39,6 +40,17 @@ impl AttemptOutcome {
             Self::Unknown { .. } => AttemptState::Unknown,
         }
     }
+}
+
+/// Why a send is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum AttemptPurpose {
+    /// A reply to an envelope: its outcome settles the envelope.
+    Reply,
+    /// A best-effort copy (the handoff audit route): it settles nothing and never waits
+    /// for reconciliation.
+    Audit,
 }
 
 /// The `outcome` column of an attempt.
@@ -187,13 +199,15 @@ impl Ledger {
     pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> sqlx::Result<String> {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
         sqlx::query(
-            "INSERT INTO attempts (op_id, envelope_id, agent, request_id, chat_id, thread_id, reply_to_message_id, \
-             chunk_index, chunk_count, text, outcome, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'in_flight', ?)",
+            "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
+             reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'in_flight', ?)",
         )
         .bind(&op_id)
         .bind(attempt.envelope_id)
         .bind(attempt.agent)
         .bind(attempt.request_id)
+        .bind(attempt.purpose)
         .bind(attempt.chat_id)
         .bind(attempt.thread_id)
         .bind(attempt.reply_to_message_id)
@@ -226,9 +240,9 @@ impl Ledger {
             }
         };
         let mut tx = self.write_transaction().await?;
-        let (envelope_id, chunk_index, chunk_count): (i64, i64, i64) = sqlx::query_as(
+        let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, AttemptPurpose) = sqlx::query_as(
             "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ? \
-             RETURNING envelope_id, chunk_index, chunk_count",
+             RETURNING envelope_id, chunk_index, chunk_count, purpose",
         )
         .bind(outcome.state())
         .bind(message_id)
@@ -237,12 +251,18 @@ impl Ledger {
         .bind(op_id)
         .fetch_one(&mut *tx)
         .await?;
+        if purpose == AttemptPurpose::Audit {
+            return tx.commit().await;
+        }
         let answerable = [EnvelopeState::Pending, EnvelopeState::Acked];
         match outcome {
             AttemptOutcome::Sent { message_id } if chunk_index + 1 == chunk_count => {
                 let reason = format!("replied ({op_id}, Telegram message {message_id})");
                 transition_in(&mut tx, envelope_id, &answerable, EnvelopeState::Acked, actor, Some(&reason))
                     .await?;
+                // The answers of handoffs made for this conversation are answered too.
+                let reason = format!("answered with the reply {op_id} to its conversation");
+                super::handoffs::settle_answers_for(&mut tx, envelope_id, actor, &reason).await?;
             }
             AttemptOutcome::Unknown { error } => {
                 let reason = format!("send outcome unknown ({op_id}): {error}");
@@ -330,7 +350,7 @@ impl Ledger {
         }
         let mut query = sqlx::QueryBuilder::new(
             "SELECT DISTINCT envelope_id FROM attempts WHERE outcome IN ('unknown', 'in_flight') \
-             AND reconciled_outcome IS NULL AND envelope_id IN (",
+             AND reconciled_outcome IS NULL AND purpose = 'reply' AND envelope_id IN (",
         );
         let mut ids = query.separated(", ");
         for id in envelope_ids {

@@ -84,7 +84,10 @@ impl StoredEnvelope {
     pub fn delivered(&self, redelivered: bool) -> DeliveredEnvelope {
         DeliveredEnvelope {
             trace_id: self.trace_id.clone(),
-            kind: "message".to_owned(),
+            kind: match self.kind.as_str() {
+                "edited_message" => "message".to_owned(),
+                other => other.to_owned(),
+            },
             extra: std::collections::BTreeMap::new(),
             content: self.content.clone(),
             chat_id: self.chat_id,

@@ -43,6 +43,7 @@ macro_rules! envelope_columns {
 mod attempts;
 mod envelopes;
 pub mod files;
+mod handoffs;
 mod inspect;
 mod intake;
 mod lock;
@@ -50,9 +51,11 @@ mod sessions;
 mod states;
 
 pub use attempts::{
-    AttemptOutcome, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict, StoredAttempt,
+    AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict,
+    StoredAttempt,
 };
 pub use envelopes::{RoutedEnvelope, StoredEnvelope};
+pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use lock::{LedgerLock, LockError};
 pub use states::EnvelopeState;

@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::bot_api::{Answer, BotApi, Exchange};
 use crate::backoff::Backoff;
-use crate::ledger::{AttemptOutcome, Ledger, NewAttempt};
+use crate::ledger::{AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::rules::pacing::ChatPacer;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
 
@@ -39,7 +39,8 @@ pub struct ReplyTarget {
     pub route: String,
     pub chat_id: i64,
     pub thread_id: Option<i32>,
-    pub reply_to_message_id: i32,
+    /// The message this one answers, threaded to it; none for a copy that answers nothing.
+    pub reply_to_message_id: Option<i32>,
 }
 
 /// A reply ready to go: its target, the request it answers, its parts, and the parts an
@@ -47,7 +48,9 @@ pub struct ReplyTarget {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyPlan {
     pub target: ReplyTarget,
-    pub request_id: String,
+    /// The `reply` request it answers; none for an audit copy.
+    pub request_id: Option<String>,
+    pub purpose: AttemptPurpose,
     pub parts: Vec<String>,
     /// (part index, Telegram message id) of parts already confirmed sent.
     pub already_sent: Vec<(usize, i32)>,
@@ -224,8 +227,8 @@ pub struct Outbound {
 }
 
 impl Outbound {
-    pub fn new(bot: Bot, ledger: Ledger, shutdown: CancellationToken) -> Self {
-        Self { api: BotApi::from_bot(&bot), ledger, pacer: Arc::default(), shutdown }
+    pub fn new(bot: Bot, ledger: Ledger, pacer: ChatPacer, shutdown: CancellationToken) -> Self {
+        Self { api: BotApi::from_bot(&bot), ledger, pacer: Arc::new(Mutex::new(pacer)), shutdown }
     }
 
     /// Delivers a planned reply part by part, skipping the parts already delivered. Stops
@@ -309,10 +312,11 @@ impl Outbound {
         let attempt = NewAttempt {
             envelope_id: target.envelope_id,
             agent: &target.agent,
-            request_id: Some(&plan.request_id),
+            request_id: plan.request_id.as_deref(),
+            purpose: plan.purpose,
             chat_id: target.chat_id,
             thread_id,
-            reply_to_message_id: Some(target.reply_to_message_id),
+            reply_to_message_id: target.reply_to_message_id,
             chunk_index: chunk.index,
             chunk_count: chunk.count,
             text: chunk.text,
@@ -328,11 +332,10 @@ impl Outbound {
                 };
             }
         };
-        let mut params = json!({
-            "chat_id": target.chat_id,
-            "text": chunk.text,
-            "reply_parameters": {"message_id": target.reply_to_message_id, "allow_sending_without_reply": true},
-        });
+        let mut params = json!({ "chat_id": target.chat_id, "text": chunk.text });
+        if let Some(reply_to) = target.reply_to_message_id {
+            params["reply_parameters"] = json!({"message_id": reply_to, "allow_sending_without_reply": true});
+        }
         if let Some(thread_id) = thread_id {
             params["message_thread_id"] = json!(thread_id);
         }

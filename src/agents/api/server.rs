@@ -12,11 +12,13 @@ use axum::{Json, Router};
 use futures::stream;
 
 use super::wire::{
-    AckRequest, ApiError, ErrorCode, MAX_LISTED, ReplyRequest, SESSION_HEADER, SessionEvent, ShownRequest,
+    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, ReplyRequest, SESSION_HEADER, SessionEvent,
+    ShownRequest,
 };
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
 use crate::ids::AgentName;
 use crate::ledger::StoredEnvelope;
+use crate::rules::guard;
 use crate::rules::resolver::ResolveError;
 
 pub fn router(bridge: Bridge) -> Router {
@@ -27,6 +29,7 @@ pub fn router(bridge: Bridge) -> Router {
         .route("/v1/agents/{agent}/reply", post(reply))
         .route("/v1/agents/{agent}/replies/{request_id}", get(reply_outcome))
         .route("/v1/agents/{agent}/ack", post(ack))
+        .route("/v1/agents/{agent}/handoffs", post(handoff))
         .with_state(bridge)
 }
 
@@ -70,6 +73,15 @@ impl From<ToolError> for Failure {
             ToolError::NotSent { .. } => ErrorCode::NotSent,
             ToolError::Unknown { .. } => ErrorCode::Unresolved,
             ToolError::Ledger(_) => ErrorCode::Internal,
+            ToolError::NoConversation { .. } => ErrorCode::NoConversation,
+            ToolError::Handoff(refusal) => match refusal {
+                guard::Refusal::Invalid(_) | guard::Refusal::EmptyText => ErrorCode::BadRequest,
+                guard::Refusal::SelfHandoff { .. } => ErrorCode::SelfHandoff,
+                guard::Refusal::UnknownAgent { .. } => ErrorCode::UnknownAgent,
+                guard::Refusal::DepthLimit { .. } => ErrorCode::DepthLimit,
+                guard::Refusal::AlreadyDelegated { .. } => ErrorCode::AlreadyDelegated,
+                guard::Refusal::AlreadyRunning { .. } => ErrorCode::AlreadyRunning,
+            },
             ToolError::Refused(refusal) => match refusal {
                 ResolveError::Ambiguous { candidates } => {
                     return Self(ApiError {
@@ -178,4 +190,9 @@ async fn reply_outcome(
 async fn ack(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
     let request: AckRequest = parse_body(&body)?;
     Ok(Json(bridge.ack(&caller.agent, caller.token(), request).await?).into_response())
+}
+
+async fn handoff(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
+    let request: HandoffRequest = parse_body(&body)?;
+    Ok(Json(bridge.handoff(&caller.agent, caller.token(), request).await?).into_response())
 }

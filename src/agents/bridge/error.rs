@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::rules::guard;
 use crate::rules::resolver::ResolveError;
 
 /// No such agent, or not its secret: deliberately one answer for both.
@@ -45,6 +46,14 @@ pub enum ToolError {
     TooLong { parts: usize, max: usize },
     #[error("no reply with request id {0} was ever attempted: nothing was sent for it")]
     UnknownRequest(String),
+    /// The delegation guard (or what it checks first) refused a handoff.
+    #[error(transparent)]
+    Handoff(guard::Refusal),
+    #[error(
+        "{trace_id} answers an unprompted handoff: it belongs to no conversation, so there is nobody to reply \
+         to. Ack it instead; nothing was sent"
+    )]
+    NoConversation { trace_id: String },
     /// Telegram provably did not take (the rest of) the reply.
     #[error("{}", not_sent_message(trace_id, error, sent, *parts))]
     NotSent { trace_id: String, error: String, sent: Vec<(usize, i32)>, parts: usize },

@@ -13,6 +13,7 @@
 //! tool call, a dead plugin) cannot interrupt a send between its attempt and its outcome.
 
 mod error;
+mod handoff;
 mod reply;
 mod session;
 
@@ -25,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 pub use error::{SessionConflict, ToolError, Unauthorized};
+pub use handoff::{AuditChat, HandoffRules};
 pub use session::OpenedSession;
 
 use crate::agents::api::wire::ReplyReceipt;
@@ -49,6 +51,7 @@ struct Inner {
     outbound: Outbound,
     agents: HashMap<AgentName, AgentSlot>,
     limits: ReplyLimits,
+    handoff_rules: HandoffRules,
     /// Stops session streams when the daemon stops.
     shutdown: CancellationToken,
     /// Session tasks and reply deliveries, so the daemon can wait for them to finish.
@@ -91,6 +94,7 @@ impl Bridge {
         outbound: Outbound,
         secrets: BTreeMap<AgentName, Secret>,
         limits: ReplyLimits,
+        handoff_rules: HandoffRules,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
@@ -107,7 +111,7 @@ impl Bridge {
                 (name, slot)
             })
             .collect();
-        Self { inner: Arc::new(Inner { ledger, outbound, agents, limits, shutdown, tasks }) }
+        Self { inner: Arc::new(Inner { ledger, outbound, agents, limits, handoff_rules, shutdown, tasks }) }
     }
 
     /// Tells an agent's session that something was queued for it.

@@ -8,7 +8,7 @@ use super::{AgentSlot, Bridge, RunningReply, ToolError};
 use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
-    AttemptState, EnvelopeState, RecordedReply, ReplyVerdict, StoredAttempt, StoredEnvelope,
+    AttemptPurpose, AttemptState, EnvelopeState, RecordedReply, ReplyVerdict, StoredAttempt, StoredEnvelope,
 };
 use crate::rules::resolver::{self, Blocked, Candidate, ResolveError};
 use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
@@ -60,7 +60,15 @@ impl Bridge {
                 Some(Repeat::Recorded(outcome)) => return outcome,
                 None => {
                     let envelope = self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
-                    let plan = self.plan(agent, envelope, request_id, parts).await?;
+                    let conversation = match envelope.kind.as_str() {
+                        // An answer to a handoff goes to the agent that asked, not Telegram.
+                        "handoff" => {
+                            return self.answer_handoff(agent, &envelope, &request.text, &request_id).await;
+                        }
+                        "handoff_answer" => self.conversation_of_answer(agent, slot, &envelope).await?,
+                        _ => envelope,
+                    };
+                    let plan = self.plan(agent, conversation, request_id, parts).await?;
                     self.start_delivery(agent, plan)
                 }
             }
@@ -93,6 +101,9 @@ impl Bridge {
     ) -> Result<Option<Repeat>, ToolError> {
         if let Some(running) = self.slot(agent).running().by_request.get(request_id.as_str()) {
             return Ok(Some(Repeat::Running(running.clone())));
+        }
+        if let Some(answered) = self.recorded_answer(agent, request_id).await? {
+            return Ok(Some(Repeat::Recorded(Ok(answered))));
         }
         let Some(recorded) = self.inner.ledger.recorded_reply(agent.as_str(), request_id.as_str()).await?
         else {
@@ -128,6 +139,28 @@ impl Bridge {
             }
         };
         resolved.map_err(|refusal| refused("reply", agent, refusal))
+    }
+
+    /// The conversation a reply to a `handoff_answer` goes to: the envelope the handoff was
+    /// made for, checked like a named reply's target.
+    async fn conversation_of_answer(
+        &self,
+        agent: &AgentName,
+        slot: &AgentSlot,
+        answer: &StoredEnvelope,
+    ) -> Result<StoredEnvelope, ToolError> {
+        let ledger = &self.inner.ledger;
+        let cause = match ledger.handoff_of_envelope(answer.id).await? {
+            Some(handoff) => handoff.cause_trace_id,
+            None => None,
+        };
+        let Some(cause) = cause else {
+            return Err(ToolError::NoConversation { trace_id: answer.trace_id.clone() });
+        };
+        let found = ledger.find(&cause).await?;
+        let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
+        resolver::resolve_named(agent.as_str(), &cause, candidate)
+            .map_err(|refusal| refused("reply", agent, refusal))
     }
 
     /// The envelopes with what blocks sending for them: a reply being delivered (known in
@@ -178,9 +211,15 @@ impl Bridge {
             route: envelope.route.clone().unwrap_or_default(),
             chat_id: envelope.chat_id,
             thread_id: envelope.thread_id(),
-            reply_to_message_id: i32::try_from(envelope.message_id).unwrap_or_default(),
+            reply_to_message_id: i32::try_from(envelope.message_id).ok(),
         };
-        Ok(ReplyPlan { target, request_id: request_id.to_string(), parts, already_sent })
+        Ok(ReplyPlan {
+            target,
+            request_id: Some(request_id.to_string()),
+            purpose: AttemptPurpose::Reply,
+            parts,
+            already_sent,
+        })
     }
 
     /// Starts delivering as a task the daemon waits for on shutdown; the returned future
@@ -214,7 +253,7 @@ impl Bridge {
         }
         .boxed()
         .shared();
-        running.by_request.insert(plan.request_id.clone(), observed.clone());
+        running.by_request.insert(plan.request_id.clone().unwrap_or_default(), observed.clone());
         running.envelopes.insert(plan.target.envelope_id);
         observed
     }
@@ -263,6 +302,15 @@ impl Bridge {
         let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
         let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidate)
             .map_err(|refusal| refused("ack", agent, refusal))?;
+        if envelope.kind == "handoff" {
+            // Closing a handoff tells the delegator, with the note.
+            self.close_handoff(agent, &envelope, request.note.as_deref()).await?;
+            tracing::info!(%agent, trace_id = %trace_id, "handoff closed without an answer");
+            return Ok(AckReceipt {
+                trace_id: trace_id.to_string(),
+                state: EnvelopeState::Acked.to_string(),
+            });
+        }
         let reason =
             request.note.as_deref().map_or_else(|| "acked".to_owned(), |note| format!("acked: {note}"));
         let moved = self
@@ -297,12 +345,12 @@ struct Finished {
 impl Drop for Finished {
     fn drop(&mut self) {
         let mut running = self.bridge.slot(&self.agent).running();
-        running.by_request.remove(&self.plan.request_id);
+        running.by_request.remove(self.plan.request_id.as_deref().unwrap_or_default());
         running.envelopes.remove(&self.plan.target.envelope_id);
     }
 }
 
-fn parse_optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, ToolError> {
+pub(super) fn parse_optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, ToolError> {
     match raw.map(str::trim) {
         None | Some("") => Ok(None),
         Some(raw) => TraceId::parse(raw).map(Some).map_err(ToolError::Invalid),

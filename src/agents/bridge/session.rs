@@ -177,6 +177,15 @@ impl Bridge {
                 "handed to agent session"
             )
         });
-        tx.send(SessionEvent::Envelope(envelope.delivered(redelivered))).await.is_ok()
+        let mut delivered = envelope.delivered(redelivered);
+        if delivered.kind != "message" {
+            match self.handoff_meta(envelope).await {
+                Ok(extra) => delivered.extra = extra,
+                Err(e) => {
+                    tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read the handoff of an envelope")
+                }
+            }
+        }
+        tx.send(SessionEvent::Envelope(delivered)).await.is_ok()
     }
 }

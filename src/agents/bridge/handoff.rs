@@ -1,0 +1,338 @@
+//! Handoffs between agents (DESIGN.md §9): `send_to_agent` (and `call_agent`, which the
+//! plugin builds on it), the answer a target gives with `reply` or `ack`, and the meta
+//! that tells each side what a handoff envelope is.
+//!
+//! The guard's decision and the recording of what it admits happen under the delegating
+//! agent's decision lock, so two calls in one turn cannot both pass.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::{Bridge, ToolError};
+use crate::agents::api::wire::{AnsweredHandoff, HandoffReceipt, HandoffRequest, ReplyReceipt};
+use crate::ids::{AgentName, RequestId, TraceId};
+use crate::ledger::{
+    AttemptPurpose, EnvelopeState, HandoffEnd, HandoffState, NewHandoff, StoredEnvelope, StoredHandoff,
+};
+use crate::rules::guard::{self, HandoffAsk, PriorHandoff, Situation};
+use crate::rules::resolver;
+use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
+
+/// Where `[handoffs] audit_route` copies go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AuditChat {
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+}
+
+/// The handoff settings the bridge applies.
+#[derive(Debug, Clone)]
+pub struct HandoffRules {
+    pub max_depth: u32,
+    pub audit: Option<(String, AuditChat)>,
+}
+
+impl Bridge {
+    /// Hands an instruction to another agent, or refuses and records nothing.
+    pub async fn handoff(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        request: HandoffRequest,
+    ) -> Result<HandoffReceipt, ToolError> {
+        let session = self.live_session(agent, token)?;
+        let request_id = RequestId::parse(&request.request_id).map_err(ToolError::Invalid)?;
+        let followup = guard::parse_followup(request.followup.as_ref(), request.intent.as_deref())
+            .map_err(|refusal| guard_refused(agent, refusal))?;
+        let trace_id = super::reply::parse_optional_trace_id(request.trace_id.as_deref())?;
+        let ledger = &self.inner.ledger;
+        let slot = self.slot(agent);
+        let _decide = slot.decisions.lock().await;
+        if let Some(recorded) = ledger.handoff_by_request(agent, request_id.as_str()).await? {
+            return Ok(self.receipt(&recorded));
+        }
+        let cause = self.cause_of_handoff(agent, &session, trace_id.as_ref()).await?;
+        let cause_depth = match &cause {
+            Some(cause) => Some(self.depth_of(cause).await?),
+            None => None,
+        };
+        let now = Utc::now();
+        let this_turn = match &cause {
+            Some(cause) => priors(ledger.handoffs_for_cause(cause.id).await?, now),
+            None => Vec::new(),
+        };
+        let open = priors(ledger.open_handoffs_from(agent).await?, now);
+        let agents: Vec<AgentName> = self.inner.agents.keys().cloned().collect();
+        let ask = HandoffAsk { from: agent, to: &request.to, text: &request.text, followup };
+        let situation = Situation {
+            agents: &agents,
+            max_depth: self.inner.handoff_rules.max_depth,
+            cause_depth,
+            this_turn: &this_turn,
+            open: &open,
+        };
+        let admitted = guard::admit(ask, situation).map_err(|refusal| guard_refused(agent, refusal))?;
+        let handoff = ledger
+            .record_handoff(&NewHandoff {
+                from: agent,
+                to: &admitted.target,
+                instruction: request.text.trim(),
+                cause: cause.as_ref(),
+                depth: admitted.depth,
+                followup_of: admitted.followup_of.as_deref(),
+                intent: admitted.intent,
+                request_id: request_id.as_str(),
+            })
+            .await?;
+        tracing::info!(
+            from = %agent, to = %admitted.target, handoff_id = %handoff.handoff_id, depth = admitted.depth,
+            followup_of = admitted.followup_of.as_deref(), "handoff recorded"
+        );
+        self.wake(&admitted.target);
+        self.copy_to_audit(&handoff, agent.as_str(), handoff.to_agent.as_str(), &handoff.instruction);
+        Ok(self.receipt(&handoff))
+    }
+
+    fn receipt(&self, handoff: &StoredHandoff) -> HandoffReceipt {
+        let delivered = AgentName::parse(&handoff.to_agent)
+            .ok()
+            .and_then(|target| self.inner.agents.get(&target))
+            .is_some_and(|slot| slot.session.lock().unwrap_or_else(|p| p.into_inner()).is_some());
+        HandoffReceipt {
+            handoff_id: handoff.handoff_id.clone(),
+            to: handoff.to_agent.clone(),
+            delivered,
+            on_behalf_of: handoff.cause_trace_id.clone(),
+            depth: u32::try_from(handoff.depth).unwrap_or_default(),
+            followup_of: handoff.followup_of.clone(),
+        }
+    }
+
+    /// The envelope a handoff is made for: the named one (the caller's own pending
+    /// envelope) or the only pending one this session was shown; none makes it unprompted.
+    async fn cause_of_handoff(
+        &self,
+        agent: &AgentName,
+        session: &str,
+        trace_id: Option<&TraceId>,
+    ) -> Result<Option<StoredEnvelope>, ToolError> {
+        let ledger = &self.inner.ledger;
+        match trace_id {
+            Some(trace_id) => {
+                let found = ledger.find(trace_id.as_str()).await?.map(resolver::Candidate::free);
+                let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), found)?;
+                if envelope.state != EnvelopeState::Pending {
+                    return Err(ToolError::Refused(resolver::ResolveError::NotAnswerable {
+                        trace_id: trace_id.to_string(),
+                        state: envelope.state,
+                    }));
+                }
+                Ok(Some(envelope))
+            }
+            None => {
+                let (shown, not_shown): (Vec<_>, Vec<_>) = ledger
+                    .pending(agent)
+                    .await?
+                    .into_iter()
+                    .partition(|envelope| envelope.shown_session.as_deref() == Some(session));
+                let candidates = shown.into_iter().map(resolver::Candidate::free).collect();
+                match resolver::resolve_unnamed(candidates, not_shown.len()) {
+                    Ok(cause) => Ok(Some(cause)),
+                    Err(resolver::ResolveError::NothingPending { .. }) => Ok(None),
+                    Err(refusal) => {
+                        tracing::warn!(%agent, "handoff refused: {refusal}");
+                        Err(ToolError::Refused(refusal))
+                    }
+                }
+            }
+        }
+    }
+
+    /// How deep an envelope sits in a chain of handoffs: a Telegram message is 0, a
+    /// handoff envelope its handoff's depth, an answer the depth of the turn it answers.
+    async fn depth_of(&self, envelope: &StoredEnvelope) -> Result<u32, ToolError> {
+        let ledger = &self.inner.ledger;
+        let Some(handoff) = ledger.handoff_of_envelope(envelope.id).await? else { return Ok(0) };
+        if handoff.envelope_id == envelope.id {
+            return Ok(u32::try_from(handoff.depth).unwrap_or(u32::MAX));
+        }
+        // An answer: its depth is that of the delegator's cause.
+        let Some(cause) = handoff.cause_envelope_id else { return Ok(0) };
+        match ledger.handoff_of_envelope(cause).await? {
+            Some(outer) if outer.envelope_id == cause => Ok(u32::try_from(outer.depth).unwrap_or(u32::MAX)),
+            _ => Ok(0),
+        }
+    }
+
+    /// A target's `reply` to its handoff envelope: the answer goes to the delegator.
+    pub(super) async fn answer_handoff(
+        &self,
+        agent: &AgentName,
+        envelope: &StoredEnvelope,
+        text: &str,
+        request_id: &RequestId,
+    ) -> Result<ReplyReceipt, ToolError> {
+        let handoff = self.open_handoff_of(envelope).await?;
+        let end = HandoffEnd::Answered { text: text.trim(), request_id: Some(request_id.as_str()) };
+        let ended = self.end(agent, &handoff, end).await?;
+        self.copy_to_audit(&ended, ended.to_agent.as_str(), ended.from_agent.as_str(), text.trim());
+        Ok(answered_receipt(&ended, &envelope.trace_id))
+    }
+
+    /// A target's `ack` of its handoff envelope: closed without an answer.
+    pub(super) async fn close_handoff(
+        &self,
+        agent: &AgentName,
+        envelope: &StoredEnvelope,
+        note: Option<&str>,
+    ) -> Result<(), ToolError> {
+        let handoff = self.open_handoff_of(envelope).await?;
+        self.end(agent, &handoff, HandoffEnd::Closed { note }).await.map(drop)
+    }
+
+    async fn open_handoff_of(&self, envelope: &StoredEnvelope) -> Result<StoredHandoff, ToolError> {
+        let handoff = self.inner.ledger.handoff_of_envelope(envelope.id).await?.ok_or_else(|| {
+            ToolError::Invalid(format!("{} carries no handoff; nothing was changed", envelope.trace_id))
+        })?;
+        if handoff.state != HandoffState::Open {
+            return Err(ToolError::Invalid(format!(
+                "handoff {} is already {}; nothing was changed",
+                handoff.handoff_id, handoff.state
+            )));
+        }
+        Ok(handoff)
+    }
+
+    async fn end(
+        &self,
+        agent: &AgentName,
+        handoff: &StoredHandoff,
+        end: HandoffEnd<'_>,
+    ) -> Result<StoredHandoff, ToolError> {
+        let ended =
+            self.inner.ledger.end_handoff(handoff, end, &format!("agent:{agent}")).await?.ok_or_else(
+                || {
+                    ToolError::Invalid(format!(
+                        "handoff {} changed meanwhile; nothing was changed",
+                        handoff.handoff_id
+                    ))
+                },
+            )?;
+        tracing::info!(handoff_id = %ended.handoff_id, from = %ended.to_agent, to = %ended.from_agent, state = %ended.state, "handoff answered");
+        if let Ok(delegator) = AgentName::parse(&ended.from_agent) {
+            self.wake(&delegator);
+        }
+        Ok(ended)
+    }
+
+    /// The receipt a repeated answer request gets.
+    pub(super) async fn recorded_answer(
+        &self,
+        agent: &AgentName,
+        request_id: &RequestId,
+    ) -> Result<Option<ReplyReceipt>, ToolError> {
+        let Some(handoff) = self.inner.ledger.handoff_by_answer_request(agent, request_id.as_str()).await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(answered_receipt(&handoff, &handoff.envelope_trace_id)))
+    }
+
+    /// The meta a handoff or answer envelope carries, beside the common keys.
+    pub(super) async fn handoff_meta(
+        &self,
+        envelope: &StoredEnvelope,
+    ) -> sqlx::Result<BTreeMap<String, String>> {
+        let mut meta = BTreeMap::new();
+        let Some(handoff) = self.inner.ledger.handoff_of_envelope(envelope.id).await? else {
+            return Ok(meta);
+        };
+        meta.insert("handoff_id".to_owned(), handoff.handoff_id.clone());
+        if handoff.envelope_id == envelope.id {
+            meta.insert("from_agent".to_owned(), handoff.from_agent.clone());
+            meta.insert("depth".to_owned(), handoff.depth.to_string());
+            if let Some(earlier) = &handoff.followup_of {
+                meta.insert("followup_of".to_owned(), earlier.clone());
+            }
+            if let Some(intent) = &handoff.intent {
+                meta.insert("intent".to_owned(), intent.clone());
+            }
+        } else {
+            meta.insert("from_agent".to_owned(), handoff.to_agent.clone());
+            if let Some(cause) = &handoff.cause_trace_id {
+                meta.insert("on_behalf_of".to_owned(), cause.clone());
+            }
+            if handoff.state == HandoffState::Closed {
+                meta.insert("closed".to_owned(), "true".to_owned());
+            }
+        }
+        Ok(meta)
+    }
+
+    /// Posts `from → to: text` to the audit route's chat, best-effort: an ordinary outbound
+    /// attempt that settles nothing.
+    fn copy_to_audit(&self, handoff: &StoredHandoff, from: &str, to: &str, text: &str) {
+        let Some((route, chat)) = self.inner.handoff_rules.audit.clone() else { return };
+        let copy = format!("{from} → {to}: {text}");
+        let mut parts = split_text(&copy, TELEGRAM_TEXT_LIMIT);
+        parts.truncate(self.inner.limits.max_reply_parts);
+        let plan = ReplyPlan {
+            target: ReplyTarget {
+                envelope_id: handoff.envelope_id,
+                trace_id: handoff.envelope_trace_id.clone(),
+                agent: from.to_owned(),
+                route,
+                chat_id: chat.chat_id,
+                thread_id: chat.thread_id,
+                reply_to_message_id: None,
+            },
+            request_id: None,
+            purpose: AttemptPurpose::Audit,
+            parts,
+            already_sent: Vec::new(),
+        };
+        let outbound = self.inner.outbound.clone();
+        let handoff_id = handoff.handoff_id.clone();
+        self.inner.tasks.spawn(async move {
+            let outcome = outbound.deliver(&plan).await;
+            tracing::debug!(%handoff_id, ?outcome, "handoff copied to the audit route");
+        });
+    }
+}
+
+/// The guard's refusals are logged at warn, like the resolver's.
+fn guard_refused(agent: &AgentName, refusal: guard::Refusal) -> ToolError {
+    tracing::warn!(%agent, code = refusal.code(), "handoff refused: {refusal}");
+    ToolError::Handoff(refusal)
+}
+
+fn priors(handoffs: Vec<StoredHandoff>, now: DateTime<Utc>) -> Vec<PriorHandoff> {
+    handoffs
+        .into_iter()
+        .filter_map(|handoff| {
+            let opened = DateTime::parse_from_rfc3339(&handoff.opened_at).ok()?.with_timezone(&Utc);
+            Some(PriorHandoff {
+                handoff_id: handoff.handoff_id,
+                to: AgentName::parse(&handoff.to_agent).ok()?,
+                instruction: handoff.instruction,
+                age: (now - opened).to_std().unwrap_or(Duration::ZERO),
+            })
+        })
+        .collect()
+}
+
+fn answered_receipt(handoff: &StoredHandoff, trace_id: &str) -> ReplyReceipt {
+    ReplyReceipt {
+        trace_id: trace_id.to_owned(),
+        chat_id: 0,
+        thread_id: None,
+        route: String::new(),
+        message_ids: Vec::new(),
+        answered_handoff: Some(AnsweredHandoff {
+            handoff_id: handoff.handoff_id.clone(),
+            to_agent: handoff.from_agent.clone(),
+        }),
+    }
+}

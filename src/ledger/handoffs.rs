@@ -1,0 +1,338 @@
+//! Handoffs between agents (DESIGN.md §9): one row per handoff, and the envelopes that
+//! carry its instruction to the target and its answer back to the delegator. Each change
+//! is one transaction, so a handoff and its envelopes never disagree.
+
+use sqlx::FromRow;
+
+use super::envelopes::transition_in;
+use super::{EnvelopeState, Ledger, StoredEnvelope, now};
+use crate::ids::{AgentName, TraceId};
+use crate::rules::guard::Intent;
+
+/// The `state` column of a handoff.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum HandoffState {
+    /// Waiting for the target's answer.
+    Open,
+    Answered,
+    /// The target acked it without an answer.
+    Closed,
+    /// A change to the task made it obsolete (DESIGN.md §11).
+    Superseded,
+}
+
+impl HandoffState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Answered => "answered",
+            Self::Closed => "closed",
+            Self::Superseded => "superseded",
+        }
+    }
+}
+
+impl std::fmt::Display for HandoffState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// A handoff as stored, with the trace ids of its envelopes.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredHandoff {
+    pub id: i64,
+    pub handoff_id: String,
+    pub from_agent: String,
+    pub to_agent: String,
+    pub instruction: String,
+    pub cause_envelope_id: Option<i64>,
+    /// The cause's trace id, when there is a cause.
+    pub cause_trace_id: Option<String>,
+    pub depth: i64,
+    pub followup_of: Option<String>,
+    pub intent: Option<String>,
+    pub request_id: Option<String>,
+    pub envelope_id: i64,
+    /// The target's `handoff` envelope.
+    pub envelope_trace_id: String,
+    pub answer_envelope_id: Option<i64>,
+    pub answer_trace_id: Option<String>,
+    pub answer_request_id: Option<String>,
+    pub state: HandoffState,
+    pub opened_at: String,
+    pub closed_at: Option<String>,
+    pub note: Option<String>,
+}
+
+/// The columns of [`StoredHandoff`], joined with the envelopes it names.
+macro_rules! handoff_select {
+    () => {
+        "SELECT h.id, h.handoff_id, h.from_agent, h.to_agent, h.instruction, h.cause_envelope_id, \
+         c.trace_id AS cause_trace_id, h.depth, h.followup_of, h.intent, h.request_id, h.envelope_id, \
+         t.trace_id AS envelope_trace_id, h.answer_envelope_id, a.trace_id AS answer_trace_id, \
+         h.answer_request_id, h.state, h.opened_at, h.closed_at, h.note \
+         FROM handoffs h JOIN envelopes t ON t.id = h.envelope_id \
+         LEFT JOIN envelopes c ON c.id = h.cause_envelope_id \
+         LEFT JOIN envelopes a ON a.id = h.answer_envelope_id "
+    };
+}
+
+/// A handoff the guard admitted, to record.
+#[derive(Debug, Clone)]
+pub struct NewHandoff<'a> {
+    pub from: &'a AgentName,
+    pub to: &'a AgentName,
+    pub instruction: &'a str,
+    pub cause: Option<&'a StoredEnvelope>,
+    pub depth: u32,
+    pub followup_of: Option<&'a str>,
+    pub intent: Option<Intent>,
+    pub request_id: &'a str,
+}
+
+/// How a handoff ends.
+#[derive(Debug, Clone, Copy)]
+pub enum HandoffEnd<'a> {
+    /// The target replied: the text goes to the delegator.
+    Answered { text: &'a str, request_id: Option<&'a str> },
+    /// The target acked it without an answer.
+    Closed { note: Option<&'a str> },
+}
+
+/// Envelope kinds made by agents rather than Telegram.
+const HANDOFF_KIND: &str = "handoff";
+const ANSWER_KIND: &str = "handoff_answer";
+
+/// Inserts an envelope an agent made: no Telegram fields, queued for `agent`.
+async fn insert_agent_envelope(
+    tx: &mut sqlx::SqliteConnection,
+    kind: &str,
+    agent: &str,
+    from_agent: &str,
+    content: &str,
+    route: Option<&str>,
+) -> sqlx::Result<(i64, String)> {
+    let trace_id = TraceId::generate().to_string();
+    let at = now();
+    let id = sqlx::query_scalar(
+        "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
+         sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
+         state, state_changed_at) \
+         VALUES (?, NULL, ?, 0, NULL, 'agent', NULL, 0, NULL, NULL, ?, ?, '[]', ?, ?, ?, ?, ?, 'queued', ?) RETURNING id",
+    )
+    .bind(&trace_id)
+    .bind(kind)
+    .bind(from_agent)
+    .bind(content)
+    .bind(content)
+    .bind(&at)
+    .bind(&at)
+    .bind(route)
+    .bind(agent)
+    .bind(&at)
+    .fetch_one(&mut *tx)
+    .await?;
+    Ok((id, trace_id))
+}
+
+impl Ledger {
+    /// Records an admitted handoff and queues its envelope for the target, together.
+    pub async fn record_handoff(&self, new: &NewHandoff<'_>) -> sqlx::Result<StoredHandoff> {
+        let handoff_id = format!("hof_{}", &TraceId::generate().as_str()[4..]);
+        let mut tx = self.write_transaction().await?;
+        let route = new.cause.and_then(|cause| cause.route.as_deref());
+        let (envelope_id, _) = insert_agent_envelope(
+            &mut tx,
+            HANDOFF_KIND,
+            new.to.as_str(),
+            new.from.as_str(),
+            new.instruction,
+            route,
+        )
+        .await?;
+        sqlx::query(
+            "INSERT INTO handoffs (handoff_id, from_agent, to_agent, instruction, cause_envelope_id, depth, \
+             followup_of, intent, request_id, envelope_id, state, opened_at) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)",
+        )
+        .bind(&handoff_id)
+        .bind(new.from.as_str())
+        .bind(new.to.as_str())
+        .bind(new.instruction)
+        .bind(new.cause.map(|cause| cause.id))
+        .bind(i64::from(new.depth))
+        .bind(new.followup_of)
+        .bind(new.intent.map(Intent::as_str))
+        .bind(new.request_id)
+        .bind(envelope_id)
+        .bind(now())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.handoff(&handoff_id).await?.ok_or(sqlx::Error::RowNotFound)
+    }
+
+    /// Ends an open handoff: its envelope is acked, and an answer envelope is queued for
+    /// the delegator (the answer, or word that it was closed). Returns the handoff as it
+    /// now stands; `None` when it was no longer open (nothing changed).
+    pub async fn end_handoff(
+        &self,
+        handoff: &StoredHandoff,
+        end: HandoffEnd<'_>,
+        actor: &str,
+    ) -> sqlx::Result<Option<StoredHandoff>> {
+        let mut tx = self.write_transaction().await?;
+        let (state, content, reason, note) = match end {
+            HandoffEnd::Answered { text, .. } => {
+                (HandoffState::Answered, text.to_owned(), format!("answered ({})", handoff.handoff_id), None)
+            }
+            HandoffEnd::Closed { note } => {
+                let said = note.map_or_else(String::new, |note| format!(": {note}"));
+                (
+                    HandoffState::Closed,
+                    format!(
+                        "'{}' closed handoff {} without an answer{said}",
+                        handoff.to_agent, handoff.handoff_id
+                    ),
+                    format!("closed without an answer ({}){said}", handoff.handoff_id),
+                    note,
+                )
+            }
+        };
+        let route: Option<String> = match handoff.cause_envelope_id {
+            Some(cause) => {
+                sqlx::query_scalar("SELECT route FROM envelopes WHERE id = ?")
+                    .bind(cause)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+            None => None,
+        };
+        let (answer_id, _) = insert_agent_envelope(
+            &mut tx,
+            ANSWER_KIND,
+            &handoff.from_agent,
+            &handoff.to_agent,
+            &content,
+            route.as_deref(),
+        )
+        .await?;
+        let request_id = match end {
+            HandoffEnd::Answered { request_id, .. } => request_id,
+            HandoffEnd::Closed { .. } => None,
+        };
+        let ended = sqlx::query(
+            "UPDATE handoffs SET state = ?, answer_envelope_id = ?, answer_request_id = ?, closed_at = ?, note = ? \
+             WHERE id = ? AND state = 'open'",
+        )
+        .bind(state)
+        .bind(answer_id)
+        .bind(request_id)
+        .bind(now())
+        .bind(note)
+        .bind(handoff.id)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if ended == 0 {
+            // Dropping the transaction rolls the answer envelope back.
+            return Ok(None);
+        }
+        transition_in(
+            &mut tx,
+            handoff.envelope_id,
+            &[EnvelopeState::Pending, EnvelopeState::Queued],
+            EnvelopeState::Acked,
+            actor,
+            Some(&reason),
+        )
+        .await?;
+        tx.commit().await?;
+        self.handoff(&handoff.handoff_id).await
+    }
+
+    pub async fn handoff(&self, handoff_id: &str) -> sqlx::Result<Option<StoredHandoff>> {
+        let sql = concat!(handoff_select!(), "WHERE h.handoff_id = ?");
+        sqlx::query_as(sql).bind(handoff_id).fetch_optional(&self.pool).await
+    }
+
+    /// The handoff an envelope carries: as its instruction or as its answer.
+    pub async fn handoff_of_envelope(&self, envelope_id: i64) -> sqlx::Result<Option<StoredHandoff>> {
+        let sql = concat!(handoff_select!(), "WHERE h.envelope_id = ?1 OR h.answer_envelope_id = ?1");
+        sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.pool).await
+    }
+
+    /// The handoff a request of `from` recorded, if it did.
+    pub async fn handoff_by_request(
+        &self,
+        from: &AgentName,
+        request_id: &str,
+    ) -> sqlx::Result<Option<StoredHandoff>> {
+        let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.request_id = ?");
+        sqlx::query_as(sql).bind(from.as_str()).bind(request_id).fetch_optional(&self.pool).await
+    }
+
+    /// The handoff a `reply` request of `agent` answered, if it did.
+    pub async fn handoff_by_answer_request(
+        &self,
+        agent: &AgentName,
+        request_id: &str,
+    ) -> sqlx::Result<Option<StoredHandoff>> {
+        let sql = concat!(handoff_select!(), "WHERE h.to_agent = ? AND h.answer_request_id = ?");
+        sqlx::query_as(sql).bind(agent.as_str()).bind(request_id).fetch_optional(&self.pool).await
+    }
+
+    /// The handoffs made on behalf of one envelope: a turn's instructions, oldest first.
+    pub async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> sqlx::Result<Vec<StoredHandoff>> {
+        let sql = concat!(handoff_select!(), "WHERE h.cause_envelope_id = ? ORDER BY h.id");
+        sqlx::query_as(sql).bind(cause_envelope_id).fetch_all(&self.pool).await
+    }
+
+    /// `from`'s handoffs still open, oldest first.
+    pub async fn open_handoffs_from(&self, from: &AgentName) -> sqlx::Result<Vec<StoredHandoff>> {
+        let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.state = 'open' ORDER BY h.id");
+        sqlx::query_as(sql).bind(from.as_str()).fetch_all(&self.pool).await
+    }
+
+    /// For `switchboard ledger handoffs`: newest last.
+    pub async fn list_handoffs(
+        &self,
+        open_only: bool,
+        agent: Option<&str>,
+        limit: i64,
+    ) -> sqlx::Result<Vec<StoredHandoff>> {
+        let sql = concat!(
+            handoff_select!(),
+            "WHERE (?1 = 0 OR h.state = 'open') AND (?2 IS NULL OR h.from_agent = ?2 OR h.to_agent = ?2) \
+             ORDER BY h.id DESC LIMIT ?3"
+        );
+        let mut rows: Vec<StoredHandoff> =
+            sqlx::query_as(sql).bind(open_only).bind(agent).bind(limit).fetch_all(&self.pool).await?;
+        rows.reverse();
+        Ok(rows)
+    }
+}
+
+/// Settles, inside a reply's transaction, the pending answers made on behalf of the
+/// envelope the reply answered: one reply to the human answers them all.
+pub(super) async fn settle_answers_for(
+    tx: &mut sqlx::SqliteConnection,
+    cause_envelope_id: i64,
+    actor: &str,
+    reason: &str,
+) -> sqlx::Result<()> {
+    let answers: Vec<i64> = sqlx::query_scalar(
+        "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
+         WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
+    )
+    .bind(cause_envelope_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    for answer in answers {
+        transition_in(tx, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))
+            .await?;
+    }
+    Ok(())
+}
