@@ -268,6 +268,9 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 println!("note:        {note}");
             }
             println!("content:\n  {}", e.content.replace('\n', "\n  "));
+            if let Some(raw) = ledger.raw_update(&e.trace_id).await? {
+                println!("raw update (as Telegram sent it):\n  {raw}");
+            }
             let attempts = ledger.attempts_for(e.id).await?;
             println!("attempts ({}):", attempts.len());
             for a in attempts {

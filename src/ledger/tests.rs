@@ -4,7 +4,7 @@ use chrono::Utc;
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::EnvelopeState;
 use crate::rules::routes::Channel;
-use crate::telegram::envelope::{Envelope, EnvelopeKind, Sender};
+use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
 
 async fn ledger() -> (tempfile::TempDir, Ledger) {
     let dir = tempfile::tempdir().unwrap();
@@ -19,7 +19,7 @@ fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
             update_id,
             kind: EnvelopeKind::Message,
             channel: Channel { chat_id: 42, thread_id: None },
-            chat_type: "private",
+            chat_type: ChatType::Private,
             chat_title: Some("Ann".into()),
             message_id: update_id as i32,
             sender: Sender { id: Some(42), username: Some("ann".into()), name: "Ann".into() },
@@ -30,6 +30,9 @@ fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
         state,
         route: Some(RouteName::parse("dm").unwrap()),
         agent: Some(AgentName::parse("orch").unwrap()),
+        update_digest: format!("digest of update {update_id}"),
+        note: None,
+        raw_update: None,
     }
 }
 
@@ -184,4 +187,126 @@ async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled() {
         ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
         Err(ReconcileError::NotUnresolved { .. })
     ));
+}
+
+#[tokio::test]
+async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
+    let (_dir, ledger) = ledger().await;
+    let first = routed(5, EnvelopeState::Queued);
+    assert_eq!(ledger.record_batch(1, 6, std::slice::from_ref(&first)).await.unwrap().len(), 1);
+    // Telegram reuses id 5 for another update after a week of silence: a new row.
+    let mut reused = routed(5, EnvelopeState::Queued);
+    reused.update_digest = "digest of another update".into();
+    // A re-poll of the first one (new trace id, same id and digest), twice in one batch.
+    let repoll = [routed(5, EnvelopeState::Queued), reused.clone(), routed(5, EnvelopeState::Queued)];
+    let inserted = ledger.record_batch(1, 6, &repoll).await.unwrap();
+    assert_eq!(
+        inserted.iter().map(|r| r.envelope.trace_id.as_str()).collect::<Vec<_>>(),
+        [reused.envelope.trace_id.as_str()]
+    );
+    let all = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [5, 5]);
+}
+
+#[tokio::test]
+async fn audit_rows_keep_their_note_and_raw_update_and_states_kinds_are_stored_by_name() {
+    let (_dir, ledger) = ledger().await;
+    let mut undecodable = routed(1, EnvelopeState::Undecodable);
+    undecodable.envelope.kind = EnvelopeKind::Unknown;
+    undecodable.envelope.chat_type = ChatType::Unknown;
+    undecodable.note = Some("teloxide cannot read it".into());
+    undecodable.raw_update = Some(r#"{"update_id":1,"message":{"text":"\ud800"}}"#.into());
+    let mut ignored = routed(2, EnvelopeState::Ignored);
+    ignored.note = Some("service message: pinned_message".into());
+    ledger.record_batch(1, 3, &[undecodable.clone(), ignored]).await.unwrap();
+
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|e| e.state).collect::<Vec<_>>(),
+        [EnvelopeState::Undecodable, EnvelopeState::Ignored]
+    );
+    assert_eq!(rows[0].kind, EnvelopeKind::Unknown);
+    assert_eq!(rows[1].note.as_deref(), Some("service message: pinned_message"));
+    let trace_id = undecodable.envelope.trace_id.as_str();
+    assert_eq!(ledger.raw_update(trace_id).await.unwrap(), undecodable.raw_update);
+    assert_eq!(ledger.raw_update(&rows[1].trace_id).await.unwrap(), None);
+    // The columns hold the names `as_str` gives, which the CLI and SQL filters use.
+    let stored: (String, String, String) =
+        sqlx::query_as("SELECT state, kind, chat_type FROM envelopes WHERE trace_id = ?")
+            .bind(trace_id)
+            .fetch_one(ledger.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored, ("undecodable".into(), "unknown".into(), "unknown".into()));
+    let filtered = ledger
+        .list(&ListFilter { state: Some(EnvelopeState::Ignored), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(filtered.len(), 1);
+}
+
+#[tokio::test]
+async fn the_intake_migration_keeps_every_row_and_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    // A ledger as the previous release left it: only the first migration applied.
+    let options =
+        sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true).foreign_keys(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    sqlx::migrate!("./migrations").run_to(1, &pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+         sent_at, received_at, state, deliveries, state_changed_at) VALUES \
+         ('env_old1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
+         ('env_old2', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', 't', 't', 'pending', 1, 't')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
+         VALUES ('op_1', 1, 'orch', 42, 0, 1, 'hello', 'sent', 't')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (1, 't', 'pending', 'acked', 'daemon')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|e| (e.id, e.trace_id.as_str(), e.kind, e.state)).collect::<Vec<_>>(),
+        [
+            (1, "env_old1", EnvelopeKind::Message, EnvelopeState::Acked),
+            (2, "env_old2", EnvelopeKind::EditedMessage, EnvelopeState::Pending)
+        ]
+    );
+    assert_eq!(ledger.attempts_for(1).await.unwrap().len(), 1);
+    assert_eq!(ledger.events_for(1).await.unwrap().len(), 1);
+    let broken: Vec<(String,)> = sqlx::query_as("SELECT \"table\" FROM pragma_foreign_key_check")
+        .fetch_all(ledger.pool())
+        .await
+        .unwrap();
+    assert!(broken.is_empty(), "{broken:?}");
+    let fks: i64 = sqlx::query_scalar("PRAGMA foreign_keys").fetch_one(ledger.pool()).await.unwrap();
+    assert_eq!(fks, 1, "foreign keys are on again after the rebuild");
+    // References still point at `envelopes`, and new rows continue the ids.
+    let schema: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'attempts'")
+        .fetch_one(ledger.pool())
+        .await
+        .unwrap();
+    assert!(schema.contains("REFERENCES envelopes"), "{schema}");
+    ledger.record_batch(1, 12, &[routed(11, EnvelopeState::Queued)]).await.unwrap();
+    let newest = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        (newest[0].id, newest[0].update_id),
+        (3, 11),
+        "an old row without a digest never blocks a new one"
+    );
 }

@@ -1,6 +1,6 @@
-//! The edge to Telegram: updates come in through the [`poller`] and become
-//! [`envelope`]s; replies go out through [`outbound`] as recorded attempts.
-//! [`updates`] fetches `getUpdates` raw, so each update can be decoded on its own.
+//! The edge to Telegram: the [`poller`] fetches updates raw through [`updates`] and each
+//! becomes an [`envelope`] (or an audit row, when it is no work or cannot be decoded);
+//! replies go out through [`outbound`] as recorded attempts.
 
 pub mod envelope;
 pub mod lenient;

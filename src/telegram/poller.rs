@@ -1,12 +1,14 @@
-//! The poller: the one `getUpdates` loop of the bot. It stores each batch's envelopes and
-//! the next offset in one ledger transaction before asking for more, so a crash never
-//! loses an update and a re-poll never stores one twice.
+//! The poller: the one `getUpdates` loop of the bot. It stores each batch's rows and the
+//! next offset in one ledger transaction before asking for more, so a crash never loses an
+//! update and a re-poll never stores one twice.
+//!
+//! Each update is decoded on its own: one that cannot be decoded (or makes the decoder
+//! panic) is recorded raw as `undecodable` and confirmed with its batch, so intake never
+//! stalls on it.
 
 use std::time::Duration;
 
-use teloxide::payloads::GetUpdatesSetters;
-use teloxide::prelude::*;
-use teloxide::{ApiError, RequestError};
+use teloxide::Bot;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::bridge::Bridge;
@@ -16,6 +18,7 @@ use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::rules::routes::{Disposition, RoutesTable, dispose};
 use crate::telegram::envelope::{self, Inbound};
+use crate::telegram::updates::{FetchError, RawUpdate, UpdatesClient};
 
 /// Telegram's maximum batch.
 const BATCH_LIMIT: u8 = 100;
@@ -28,7 +31,7 @@ const BACKOFF_CAP: Duration = Duration::from_secs(30);
 /// What one poll did; the loop around [`Poller::poll_once`] only sleeps on `Wait`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PollOutcome {
-    /// A batch was committed: how many updates came, how many envelopes were new.
+    /// A batch was committed: how many updates came, how many rows were new.
     Committed { updates: usize, new_envelopes: usize },
     /// The long poll ended with nothing.
     Empty,
@@ -37,8 +40,9 @@ pub enum PollOutcome {
 }
 
 pub struct Poller {
-    /// A bot whose HTTP client outlives the long poll (see `app`).
-    bot: Bot,
+    /// `getUpdates` through the bot's HTTP client, whose timeout outlives the long poll
+    /// (see `app`).
+    updates: UpdatesClient,
     /// Telegram's numeric bot id: the key of this bot's offset in the ledger.
     bot_id: i64,
     ledger: Ledger,
@@ -53,7 +57,7 @@ impl Poller {
     /// A poller for the bot behind `bot`, routing by `settings`' routes and allowlist.
     pub fn new(bot: Bot, bot_id: i64, ledger: Ledger, bridge: Bridge, settings: &Settings) -> Self {
         Self {
-            bot,
+            updates: UpdatesClient::new(&bot),
             bot_id,
             ledger,
             routes: settings.routes.clone(),
@@ -88,42 +92,27 @@ impl Poller {
     /// ledger: without it nothing can be stored safely, and the daemon must stop loudly.
     pub async fn poll_once(&mut self) -> anyhow::Result<PollOutcome> {
         let offset = self.ledger.next_offset(self.bot_id).await?;
-        let mut request = self
-            .bot
-            .get_updates()
-            .timeout(u32::try_from(self.poll_timeout.as_secs()).unwrap_or(u32::MAX))
-            .limit(BATCH_LIMIT);
-        if let Some(offset) = offset {
-            request = request.offset(i32::try_from(offset).unwrap_or(i32::MAX));
-        }
-        let updates = match request.await {
+        let updates = match self.updates.get_updates(offset, self.poll_timeout, BATCH_LIMIT).await {
             Ok(updates) => updates,
             Err(e) => return Ok(PollOutcome::Wait(self.failure_delay(&e))),
         };
         self.backoff.reset();
-        let Some(last) = updates.last() else {
+        if updates.is_empty() {
             return Ok(PollOutcome::Empty);
-        };
-        let next_offset = i64::from(last.id.0) + 1;
-
-        let mut batch = Vec::with_capacity(updates.len());
-        for update in &updates {
-            match envelope::classify(update) {
-                Inbound::Envelope(envelope) => batch.push(self.route(*envelope)),
-                Inbound::Migrated { update_id, from_chat_id, to_chat_id } => {
-                    self.report_migration(update_id, from_chat_id, to_chat_id)
-                }
-                Inbound::Ignored { update_id, kind } => {
-                    tracing::debug!(update_id, kind, "update of a kind switchboard does not route")
-                }
-                Inbound::Malformed { update_id } => {
-                    tracing::warn!(
-                        update_id,
-                        "malformed update skipped (Telegram sent something teloxide could not read)"
-                    )
-                }
-            }
         }
+        // Telegram confirms every update below the offset: one past the last update.
+        let Some(next_offset) = updates.iter().rev().find_map(|update| update.update_id).map(|id| id + 1)
+        else {
+            let delay = self.backoff.next_delay();
+            tracing::warn!(
+                updates = updates.len(),
+                retry_in_ms = delay.as_millis() as u64,
+                "getUpdates failed; retrying: no update of the batch has a readable update_id"
+            );
+            return Ok(PollOutcome::Wait(delay));
+        };
+
+        let batch: Vec<RoutedEnvelope> = updates.iter().filter_map(|raw| self.row(raw)).collect();
         let inserted = self.ledger.record_batch(self.bot_id, next_offset, &batch).await?;
         for routed in &inserted {
             log_recorded(routed);
@@ -134,7 +123,30 @@ impl Poller {
         Ok(PollOutcome::Committed { updates: updates.len(), new_envelopes: inserted.len() })
     }
 
-    fn route(&self, envelope: envelope::Envelope) -> RoutedEnvelope {
+    /// What one update becomes in the ledger, if anything.
+    fn row(&self, raw: &RawUpdate) -> Option<RoutedEnvelope> {
+        let digest = raw.digest();
+        match envelope::read(raw) {
+            Inbound::Envelope(envelope) => Some(self.route(*envelope, digest)),
+            Inbound::Ignored { envelope, reason } => {
+                Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            }
+            Inbound::Migrated { envelope, reason, to_chat_id } => {
+                self.report_migration(envelope.update_id, envelope.channel.chat_id, to_chat_id);
+                Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            }
+            Inbound::NotAMessage { update_id, kind } => {
+                tracing::debug!(update_id, kind, "update of a kind switchboard does not route");
+                None
+            }
+            Inbound::Undecodable { update_id, reason } => {
+                let envelope = envelope::undecodable_envelope(raw, update_id);
+                Some(audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone())))
+            }
+        }
+    }
+
+    fn route(&self, envelope: envelope::Envelope, update_digest: String) -> RoutedEnvelope {
         let (state, route) =
             match dispose(&self.routes, &self.allowed_users, envelope.channel, envelope.sender.id) {
                 Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
@@ -146,6 +158,9 @@ impl Poller {
             route: route.map(|r| r.name.clone()),
             agent: route.map(|r| r.agent.clone()),
             envelope,
+            update_digest,
+            note: None,
+            raw_update: None,
         }
     }
 
@@ -171,13 +186,13 @@ impl Poller {
     }
 
     /// How long to wait after a failed poll, saying what is wrong at the right volume.
-    fn failure_delay(&mut self, error: &RequestError) -> Duration {
+    fn failure_delay(&mut self, error: &FetchError) -> Duration {
         match error {
-            RequestError::RetryAfter(wait) => {
-                tracing::warn!(wait_secs = wait.seconds(), "Telegram rate limit on getUpdates: waiting");
-                wait.duration()
+            FetchError::RetryAfter(wait) => {
+                tracing::warn!(wait_secs = wait.as_secs(), "Telegram rate limit on getUpdates: waiting");
+                *wait
             }
-            RequestError::Api(ApiError::TerminatedByOtherGetUpdates) => {
+            FetchError::Conflict => {
                 let delay = self.backoff.next_delay();
                 tracing::error!(
                     retry_in_ms = delay.as_millis() as u64,
@@ -185,7 +200,7 @@ impl Poller {
                 );
                 delay
             }
-            e if webhook_is_active(e) => {
+            FetchError::WebhookActive => {
                 let delay = self.backoff.next_delay();
                 tracing::error!(
                     retry_in_ms = delay.as_millis() as u64,
@@ -193,7 +208,7 @@ impl Poller {
                 );
                 delay
             }
-            RequestError::Api(ApiError::InvalidToken) => {
+            FetchError::Unauthorized { .. } => {
                 let delay = self.backoff.next_delay();
                 tracing::error!(
                     retry_in_ms = delay.as_millis() as u64,
@@ -208,6 +223,17 @@ impl Poller {
             }
         }
     }
+}
+
+/// A row kept for audit, handed to no agent.
+fn audit_row(
+    envelope: envelope::Envelope,
+    state: EnvelopeState,
+    update_digest: String,
+    note: String,
+    raw_update: Option<String>,
+) -> RoutedEnvelope {
+    RoutedEnvelope { envelope, state, route: None, agent: None, update_digest, note: Some(note), raw_update }
 }
 
 fn log_recorded(routed: &RoutedEnvelope) {
@@ -230,6 +256,26 @@ fn log_recorded(routed: &RoutedEnvelope) {
             route,
             "sender is not on telegram.allowed_users: recorded as rejected"
         ),
+        EnvelopeState::Ignored => tracing::info!(
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            reason = routed.note.as_deref().unwrap_or_default(),
+            "no work for an agent: recorded as ignored"
+        ),
+        EnvelopeState::Undecodable => {
+            // The update id only: the raw text carries the message, and the reason may
+            // quote it.
+            tracing::warn!(
+                update_id = e.update_id,
+                "undecodable update recorded raw and confirmed (Telegram sent something teloxide could not read): see `switchboard ledger show` for this trace id"
+            );
+            tracing::debug!(
+                reason = routed.note.as_deref().unwrap_or_default(),
+                raw = routed.raw_update.as_deref().unwrap_or_default(),
+                "undecodable update"
+            );
+            return;
+        }
         _ => tracing::info!(
             update_id = e.update_id,
             chat_id = e.channel.chat_id,
@@ -243,16 +289,6 @@ fn log_recorded(routed: &RoutedEnvelope) {
     tracing::debug!(text = e.content(), "envelope content");
 }
 
-/// Telegram refuses `getUpdates` while a webhook is set. teloxide knows the bare message;
-/// Telegram's real one has a "Conflict: " prefix and a hint after it.
-fn webhook_is_active(error: &RequestError) -> bool {
-    match error {
-        RequestError::Api(ApiError::CantGetUpdates) => true,
-        RequestError::Api(ApiError::Unknown(description)) => description.contains("webhook is active"),
-        _ => false,
-    }
-}
-
 /// The numeric bot id is the part of the token before the colon.
 pub fn bot_id_from_token(token: &str) -> Option<i64> {
     token.split_once(':').and_then(|(id, _)| id.parse().ok())
@@ -261,14 +297,6 @@ pub fn bot_id_from_token(token: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_active_webhook_is_recognised_in_both_wordings() {
-        assert!(webhook_is_active(&RequestError::Api(ApiError::CantGetUpdates)));
-        let real = "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first";
-        assert!(webhook_is_active(&RequestError::Api(ApiError::Unknown(real.into()))));
-        assert!(!webhook_is_active(&RequestError::Api(ApiError::TerminatedByOtherGetUpdates)));
-    }
 
     #[test]
     fn bot_id_is_the_token_prefix() {
