@@ -1,13 +1,16 @@
 //! Intake that never stops (issue 6), against the real daemon and the fake Bot API: every
 //! update is decoded on its own, what cannot be decoded is kept raw, service messages are
-//! no work, and a reused update id is not a duplicate.
+//! no work, a reused update id is not a duplicate, a busy ledger or a full disk is waited
+//! out, and a token Telegram keeps refusing stops the daemon loudly.
 
 mod support;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
+use sqlx::Connection;
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
 use support::mcp::ChannelClient;
@@ -269,4 +272,135 @@ async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     assert_eq!(summary(&rows_after), summary(&rows));
     assert_eq!(rows_after.iter().map(|e| e.update_id).collect::<Vec<_>>(), [id, id, marker]);
     assert_eq!(fake.pending_update_count(), 0);
+}
+
+#[tokio::test]
+async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dm = ChatSpec::private(OWNER_CHAT);
+    fake.push_text(&dm, owner(), "before the lock");
+    wait_for_rows(&daemon, 1).await;
+
+    // Another process takes the write lock and keeps it past the daemon's 10 s busy
+    // timeout (e.g. an operator's sqlite3 shell left in a transaction).
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(daemon.database());
+    let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+    let during = fake.push_text(&dm, owner(), "while the ledger is locked");
+    daemon.wait_for_log("the ledger is locked by another connection", Duration::from_secs(30)).await;
+    assert!(daemon.is_running(), "a busy ledger is no reason to stop:\n{}", daemon.logs());
+    let line = daemon.logs().lines().find(|l| l.contains("the ledger is locked")).unwrap().to_owned();
+    assert_eq!(level(&line), "ERROR", "{line}");
+    assert!(fake.pending_update_count() > 0, "the offset did not move");
+
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    holder.close().await.unwrap();
+    let rows = wait_for_rows(&daemon, 2).await;
+    assert_eq!(rows[1].update_id, during);
+    assert!(daemon.is_running());
+}
+
+/// `launcher` runs the daemon in a mount namespace of its own, on a 4 MB tmpfs at `disk`.
+fn tmpfs_launcher(disk: &Path) -> Vec<String> {
+    let script = r#"mount -t tmpfs -o size=4m switchboard-test "$0" && exec "$@""#;
+    ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
+        .iter()
+        .map(|arg| arg.to_string())
+        .chain(std::iter::once(disk.display().to_string()))
+        .collect()
+}
+
+/// Whether this machine lets an unprivileged process mount a tmpfs in a namespace of its
+/// own (user namespaces may be disabled, e.g. in some CI containers).
+fn private_tmpfs_available() -> bool {
+    let probe = tempfile::tempdir().unwrap();
+    let mut launcher = tmpfs_launcher(probe.path());
+    launcher.push("true".into());
+    Command::new(&launcher[0]).args(&launcher[1..]).status().is_ok_and(|status| status.success())
+}
+
+#[tokio::test]
+async fn a_full_disk_is_waited_out() {
+    if !private_tmpfs_available() {
+        eprintln!(
+            "skipped: cannot mount a private tmpfs (unshare --user --mount); ledger::tests covers SQLITE_FULL"
+        );
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let disk = tempfile::tempdir().unwrap();
+    let database = disk.path().join("ledger.db");
+    let launcher = tmpfs_launcher(disk.path());
+    let launcher: Vec<&str> = launcher.iter().map(String::as_str).collect();
+    let mut daemon = TestDaemon::start_launched(
+        &launcher,
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[("SWITCHBOARD__STORAGE__DATABASE", &database.display().to_string())],
+    );
+    // The tmpfs exists only in the daemon's namespace; /proc/PID/root is the way in for
+    // plain files. (SQLite resolves that link to a path in this namespace, so the ledger
+    // itself is watched through the daemon's log and the offsets it confirms.)
+    let pid = daemon.pid().expect("running");
+    let filler = PathBuf::from(format!("/proc/{pid}/root{}", disk.path().join("filler").display()));
+    let recorded = |update_id: i64| format!("envelope recorded update_id={update_id}");
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let before = fake.push_text(&dm, owner(), "before the disk filled up");
+    daemon.wait_for_log(&recorded(before), WAIT).await;
+
+    fill(&filler);
+    let during = fake.push_text(&dm, owner(), "while the disk is full");
+    daemon.wait_for_log("the disk holding the ledger is full", WAIT).await;
+    assert!(daemon.is_running(), "a full disk is no reason to stop:\n{}", daemon.logs());
+    let line = daemon.logs().lines().find(|l| l.contains("is full")).unwrap().to_owned();
+    assert_eq!(level(&line), "ERROR", "{line}");
+    assert!(!daemon.logs().contains(&recorded(during)));
+    assert!(fake.pending_update_count() > 0, "the offset did not move");
+
+    std::fs::remove_file(&filler).unwrap();
+    daemon.wait_for_log(&recorded(during), Duration::from_secs(40)).await;
+    fake.wait_until_confirmed(during, WAIT).await;
+    assert!(daemon.is_running());
+    let status = daemon.stop();
+    assert!(status.success(), "{status}\n{}", daemon.logs());
+    assert_eq!(daemon.logs().matches("envelope recorded").count(), 2, "each message once");
+}
+
+/// Writes `path` until the file system says it is full.
+fn fill(path: &Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.write_all(&chunk).and_then(|()| file.sync_all()) {
+            Ok(()) => continue,
+            Err(e) if e.raw_os_error() == Some(28) => return, // ENOSPC
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_token_refused_for_too_long_stops_the_daemon_with_an_error() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[
+            ("SB_TEST_BOT_TOKEN", "123456:a-revoked-token-for-this-test"),
+            ("SWITCHBOARD__TELEGRAM__UNAUTHORIZED_EXIT_SECS", "2"),
+        ],
+    );
+    let status = daemon.wait_for_exit(Duration::from_secs(30)).await;
+    let logs = daemon.logs();
+    assert!(!status.success(), "a refused token is a failure: {status}\n{logs}");
+    let refusals: Vec<_> = logs.lines().filter(|l| l.contains("Telegram refuses the bot token")).collect();
+    assert!(refusals.len() >= 2, "every retry is an error:\n{logs}");
+    assert!(refusals.iter().all(|l| level(l) == "ERROR"), "{logs}");
+    let last = logs.lines().rfind(|l| l.contains("has refused the bot token for 2 s")).expect("a final line");
+    assert_eq!(level(last), "ERROR", "{last}");
+    assert!(fake.unauthorized_requests() >= 2);
 }

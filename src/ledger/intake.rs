@@ -1,5 +1,7 @@
 //! The poller's side: a batch of envelopes and the offset that confirms it, committed
-//! together.
+//! together; and which ledger errors intake waits out instead of stopping.
+
+use std::fmt;
 
 use super::RoutedEnvelope;
 use chrono::SecondsFormat;
@@ -7,6 +9,50 @@ use sqlx::{Connection, SqliteConnection};
 
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
+
+/// SQLite's primary result codes (the low byte of an extended code) that mean "not now"
+/// rather than "wrong": https://www.sqlite.org/rescode.html
+const SQLITE_BUSY: i64 = 5;
+const SQLITE_LOCKED: i64 = 6;
+const SQLITE_FULL: i64 = 13;
+
+/// A ledger error that passes by itself: intake waits it out (offset not moved, nothing
+/// recorded) instead of stopping the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerCongestion {
+    /// Another connection holds the write lock past the busy timeout (`SQLITE_BUSY`,
+    /// `SQLITE_LOCKED`), or every pooled connection is waiting for it.
+    Busy,
+    /// The disk (or SQLite's page limit) is full (`SQLITE_FULL`).
+    DiskFull,
+}
+
+impl LedgerCongestion {
+    /// Whether `error` is one intake waits out; any other ledger error is fatal.
+    pub fn of(error: &sqlx::Error) -> Option<Self> {
+        match error {
+            sqlx::Error::Database(db) => {
+                let code: i64 = db.code()?.parse().ok()?;
+                match code & 0xff {
+                    SQLITE_BUSY | SQLITE_LOCKED => Some(Self::Busy),
+                    SQLITE_FULL => Some(Self::DiskFull),
+                    _ => None,
+                }
+            }
+            sqlx::Error::PoolTimedOut => Some(Self::Busy),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for LedgerCongestion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Busy => "the ledger is locked by another connection",
+            Self::DiskFull => "the disk holding the ledger is full",
+        })
+    }
+}
 
 impl Ledger {
     pub async fn next_offset(&self, bot_id: i64) -> sqlx::Result<Option<i64>> {
@@ -30,7 +76,14 @@ impl Ledger {
         let mut connection = self.pool.acquire().await?;
         let stored_trace_ids = match insert_batch(&mut connection, bot_id, next_offset, batch).await {
             Ok(stored) => stored,
-            Err(e) => return Err(e),
+            Err(e) => {
+                // SQLite rolls a transaction back by itself on some errors (a full disk,
+                // for one); sqlx's own ROLLBACK then fails, and the connection would go
+                // back to the pool believing it is still inside a transaction, refusing
+                // every later BEGIN. Close it instead: the pool opens a fresh one.
+                connection.close_on_drop();
+                return Err(e);
+            }
         };
         Ok(batch
             .iter()

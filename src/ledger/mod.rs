@@ -50,6 +50,7 @@ mod states;
 pub use attempts::{AttemptOutcome, NewAttempt, StoredAttempt};
 pub use envelopes::{RoutedEnvelope, StoredEnvelope};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
+pub use intake::LedgerCongestion;
 pub use states::EnvelopeState;
 
 impl Ledger {

@@ -310,3 +310,75 @@ async fn the_intake_migration_keeps_every_row_and_reference() {
         "an old row without a digest never blocks a new one"
     );
 }
+
+#[tokio::test]
+async fn a_busy_lock_and_a_full_disk_are_congestion_and_other_errors_are_not() {
+    let (dir, ledger) = ledger().await;
+    let path = dir.path().join("ledger.db");
+    let other = |busy_timeout: std::time::Duration| {
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).busy_timeout(busy_timeout);
+        sqlx::pool::PoolOptions::<sqlx::Sqlite>::new().max_connections(1).connect_with(options)
+    };
+
+    // Another process holds the write lock: SQLITE_BUSY.
+    let holder = other(std::time::Duration::ZERO).await.unwrap();
+    let mut lock = holder.begin_with("BEGIN EXCLUSIVE").await.unwrap();
+    sqlx::query("UPDATE poller_offsets SET next_offset = 0").execute(&mut *lock).await.unwrap();
+    let impatient = other(std::time::Duration::ZERO).await.unwrap();
+    let busy =
+        sqlx::query("INSERT INTO poller_offsets VALUES (1, 1, 't')").execute(&impatient).await.unwrap_err();
+    assert_eq!(LedgerCongestion::of(&busy), Some(LedgerCongestion::Busy), "{busy}");
+    lock.rollback().await.unwrap();
+
+    // No more room: SQLITE_FULL. `max_page_count` caps this one connection's database size.
+    let cramped = other(std::time::Duration::ZERO).await.unwrap();
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&cramped).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
+        .execute(&cramped)
+        .await
+        .unwrap();
+    let full = sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at) VALUES (?, 'orch', 't')")
+        .bind("x".repeat(64 * 1024))
+        .execute(&cramped)
+        .await
+        .unwrap_err();
+    assert_eq!(LedgerCongestion::of(&full), Some(LedgerCongestion::DiskFull), "{full}");
+    // Once there is room again, the same write goes through.
+    sqlx::query("PRAGMA max_page_count = 1073741823").execute(&cramped).await.unwrap();
+    sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at) VALUES ('s', 'orch', 't')")
+        .execute(&cramped)
+        .await
+        .unwrap();
+
+    // A constraint violation is a bug, not congestion.
+    let first = routed(1, EnvelopeState::Queued);
+    ledger.record_batch(1, 2, std::slice::from_ref(&first)).await.unwrap();
+    let mut same_trace = routed(2, EnvelopeState::Queued);
+    same_trace.envelope.trace_id = first.envelope.trace_id.clone();
+    let violation = ledger.record_batch(1, 3, &[same_trace]).await.unwrap_err();
+    assert_eq!(LedgerCongestion::of(&violation), None, "{violation}");
+    assert_eq!(LedgerCongestion::of(&sqlx::Error::RowNotFound), None);
+}
+
+#[tokio::test]
+async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_through() {
+    let (dir, _) = ledger().await;
+    // One connection, whose page cap stands for a full disk.
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("ledger.db"));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+    let ledger = Ledger { pool };
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(ledger.pool()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
+        .execute(ledger.pool())
+        .await
+        .unwrap();
+    let mut big = routed(1, EnvelopeState::Queued);
+    big.envelope.text = Some("x".repeat(256 * 1024));
+    let full = ledger.record_batch(1, 2, &[big]).await.unwrap_err();
+    assert_eq!(LedgerCongestion::of(&full), Some(LedgerCongestion::DiskFull), "{full}");
+    assert_eq!(ledger.next_offset(1).await.unwrap(), None, "nothing recorded, the offset not moved");
+    // Room again (on whichever connection the pool now holds).
+    sqlx::query("PRAGMA max_page_count = 1073741823").execute(ledger.pool()).await.unwrap();
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
+    assert_eq!(ledger.next_offset(1).await.unwrap(), Some(2));
+}

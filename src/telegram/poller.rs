@@ -4,17 +4,19 @@
 //!
 //! Each update is decoded on its own: one that cannot be decoded (or makes the decoder
 //! panic) is recorded raw as `undecodable` and confirmed with its batch, so intake never
-//! stalls on it.
+//! stalls on it. A ledger that is busy or a disk that is full is waited out; a token that
+//! Telegram keeps refusing stops the daemon after `telegram.unauthorized_exit_secs`.
 
 use std::time::Duration;
 
 use teloxide::Bot;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
 use crate::config::Settings;
-use crate::ledger::EnvelopeState;
+use crate::ledger::{EnvelopeState, LedgerCongestion};
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::rules::routes::{Disposition, RoutesTable, dispose};
 use crate::telegram::envelope::{self, Inbound};
@@ -24,7 +26,8 @@ use crate::telegram::updates::{FetchError, RawUpdate, UpdatesClient};
 const BATCH_LIMIT: u8 = 100;
 
 /// Backoff after a failed poll: quick at first (a blip), capped so a long outage is
-/// still noticed within half a minute of its end.
+/// still noticed within half a minute of its end. The ledger's waits (busy, disk full)
+/// use the same curve on a backoff of their own, since a poll can succeed in between.
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 
@@ -35,7 +38,7 @@ pub enum PollOutcome {
     Committed { updates: usize, new_envelopes: usize },
     /// The long poll ended with nothing.
     Empty,
-    /// Telegram or the network failed; wait this long before polling again.
+    /// Telegram, the network or the ledger failed; wait this long before polling again.
     Wait(Duration),
 }
 
@@ -50,7 +53,14 @@ pub struct Poller {
     allowed_users: Vec<i64>,
     bridge: Bridge,
     poll_timeout: Duration,
+    /// Between failed calls to Telegram.
     backoff: Backoff,
+    /// Between batches the ledger could not take.
+    ledger_backoff: Backoff,
+    /// How long Telegram may refuse the token before the poller gives up.
+    unauthorized_exit: Duration,
+    /// Since when Telegram has refused the token, with no successful call since.
+    refused_since: Option<Instant>,
 }
 
 impl Poller {
@@ -65,6 +75,9 @@ impl Poller {
             bridge,
             poll_timeout: settings.telegram.poll_timeout,
             backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
+            ledger_backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
+            unauthorized_exit: settings.telegram.unauthorized_exit,
+            refused_since: None,
         }
     }
 
@@ -88,15 +101,20 @@ impl Poller {
         Ok(())
     }
 
-    /// One `getUpdates` call and the commit of its batch. Errors are only returned for the
-    /// ledger: without it nothing can be stored safely, and the daemon must stop loudly.
+    /// One `getUpdates` call and the commit of its batch. Errors are returned only when
+    /// the daemon must stop: a ledger error other than a busy lock or a full disk
+    /// (nothing could be stored safely), or a token refused for too long.
     pub async fn poll_once(&mut self) -> anyhow::Result<PollOutcome> {
-        let offset = self.ledger.next_offset(self.bot_id).await?;
+        let offset = match self.ledger.next_offset(self.bot_id).await {
+            Ok(offset) => offset,
+            Err(e) => return self.ledger_trouble(e, "reading the poll offset"),
+        };
         let updates = match self.updates.get_updates(offset, self.poll_timeout, BATCH_LIMIT).await {
             Ok(updates) => updates,
-            Err(e) => return Ok(PollOutcome::Wait(self.failure_delay(&e))),
+            Err(e) => return self.fetch_failed(&e).map(PollOutcome::Wait),
         };
         self.backoff.reset();
+        self.refused_since = None;
         if updates.is_empty() {
             return Ok(PollOutcome::Empty);
         }
@@ -113,7 +131,11 @@ impl Poller {
         };
 
         let batch: Vec<RoutedEnvelope> = updates.iter().filter_map(|raw| self.row(raw)).collect();
-        let inserted = self.ledger.record_batch(self.bot_id, next_offset, &batch).await?;
+        let inserted = match self.ledger.record_batch(self.bot_id, next_offset, &batch).await {
+            Ok(inserted) => inserted,
+            Err(e) => return self.ledger_trouble(e, "recording a batch"),
+        };
+        self.ledger_backoff.reset();
         for routed in &inserted {
             log_recorded(routed);
             if let (EnvelopeState::Queued, Some(agent)) = (routed.state, &routed.agent) {
@@ -185,9 +207,24 @@ impl Poller {
         }
     }
 
-    /// How long to wait after a failed poll, saying what is wrong at the right volume.
-    fn failure_delay(&mut self, error: &FetchError) -> Duration {
-        match error {
+    /// A ledger error: waited out when it passes by itself (busy, disk full), else fatal.
+    fn ledger_trouble(&mut self, error: sqlx::Error, doing: &str) -> anyhow::Result<PollOutcome> {
+        let Some(congestion) = LedgerCongestion::of(&error) else {
+            return Err(anyhow::Error::new(error).context(format!("{doing} in the ledger")));
+        };
+        let delay = self.ledger_backoff.next_delay();
+        tracing::error!(
+            error = %error,
+            retry_in_ms = delay.as_millis() as u64,
+            "{congestion} ({doing}): nothing recorded and the offset not moved, so Telegram keeps the updates; retrying"
+        );
+        Ok(PollOutcome::Wait(delay))
+    }
+
+    /// How long to wait after a failed poll, saying what is wrong at the right volume; an
+    /// error when the token has been refused for `telegram.unauthorized_exit_secs`.
+    fn fetch_failed(&mut self, error: &FetchError) -> anyhow::Result<Duration> {
+        let delay = match error {
             FetchError::RetryAfter(wait) => {
                 tracing::warn!(wait_secs = wait.as_secs(), "Telegram rate limit on getUpdates: waiting");
                 *wait
@@ -208,20 +245,38 @@ impl Poller {
                 );
                 delay
             }
-            FetchError::Unauthorized { .. } => {
-                let delay = self.backoff.next_delay();
-                tracing::error!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "Telegram refuses the bot token: check the variable telegram.token_env names"
-                );
-                delay
-            }
+            FetchError::Unauthorized { .. } => return self.token_refused(),
             other => {
                 let delay = self.backoff.next_delay();
                 tracing::warn!(error = %other, retry_in_ms = delay.as_millis() as u64, "getUpdates failed; retrying");
                 delay
             }
+        };
+        Ok(delay)
+    }
+
+    /// A 401 is an error on every retry; once it has lasted `unauthorized_exit`, the
+    /// poller gives up and the daemon stops with a non-zero exit.
+    fn token_refused(&mut self) -> anyhow::Result<Duration> {
+        let refused_for = self.refused_since.get_or_insert_with(Instant::now).elapsed();
+        let limit_secs = self.unauthorized_exit.as_secs();
+        if refused_for >= self.unauthorized_exit {
+            tracing::error!(
+                refused_for_secs = refused_for.as_secs(),
+                "Telegram has refused the bot token for {limit_secs} s (telegram.unauthorized_exit_secs): stopping the daemon. The token was revoked or is wrong: put a valid one in the variable telegram.token_env names"
+            );
+            anyhow::bail!(
+                "Telegram refused the bot token for {limit_secs} s (telegram.unauthorized_exit_secs)"
+            );
         }
+        let remaining = self.unauthorized_exit - refused_for;
+        let delay = self.backoff.next_delay().min(remaining);
+        tracing::error!(
+            retry_in_ms = delay.as_millis() as u64,
+            stopping_in_secs = remaining.as_secs(),
+            "Telegram refuses the bot token: check the variable telegram.token_env names"
+        );
+        Ok(delay)
     }
 }
 
