@@ -134,6 +134,9 @@ impl Daemon {
     }
 }
 
+/// Runs `work` as a task of its own and watches it: an error, a panic, or an end before
+/// shutdown is logged at error naming the subsystem and stops the daemon, which then exits
+/// non-zero. Nothing can leave a half-alive process behind.
 fn spawn_supervised(
     tasks: &TaskTracker,
     shutdown: &CancellationToken,
@@ -143,8 +146,23 @@ fn spawn_supervised(
 ) {
     let shutdown = shutdown.clone();
     let failure = Arc::clone(failure);
+    // The work gets a task of its own so that a panic in it ends that task, not the
+    // watcher: awaiting its handle observes the panic.
+    let running = tasks.spawn(work);
     tasks.spawn(async move {
-        let result = work.await;
+        let result = match running.await {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => {
+                let payload = e.into_panic();
+                let message = payload
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| payload.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "(no message)".to_owned());
+                Err(anyhow::anyhow!("{name} panicked: {message}"))
+            }
+            Err(e) => Err(anyhow::anyhow!("{name} was cancelled: {e}")),
+        };
         if !shutdown.is_cancelled() || result.is_err() {
             let error = result.err().unwrap_or_else(|| anyhow::anyhow!("{name} ended unexpectedly"));
             tracing::error!(
@@ -180,4 +198,58 @@ fn bot(token: &str, api_url: &reqwest::Url, timeout: Duration) -> anyhow::Result
         .build()
         .context("building the HTTP client for Telegram")?;
     Ok(Bot::with_client(token, client).set_api_url(api_url.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A subsystem that panics stops the daemon with its failure recorded, which makes
+    /// `Daemon::run` return an error and the process exit non-zero.
+    #[tokio::test]
+    async fn a_panicking_subsystem_stops_the_daemon_with_a_failure() {
+        let tasks = TaskTracker::new();
+        let shutdown = CancellationToken::new();
+        let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+        let healthy = shutdown.child_token();
+        spawn_supervised(&tasks, &shutdown, &failure, "healthy", async move {
+            healthy.cancelled().await;
+            Ok(())
+        });
+        spawn_supervised(&tasks, &shutdown, &failure, "poller", async {
+            tokio::task::yield_now().await;
+            panic!("decoder bug");
+        });
+        tokio::time::timeout(Duration::from_secs(5), shutdown.cancelled()).await.expect("the daemon stops");
+        tasks.close();
+        tokio::time::timeout(Duration::from_secs(5), tasks.wait()).await.expect("every task ends");
+        let failed = failure.lock().unwrap().take().expect("the panic is the daemon's failure");
+        let text = format!("{failed:#}");
+        assert!(text.starts_with("poller: poller panicked: decoder bug"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_subsystem_that_ends_early_stops_the_daemon_and_one_that_stops_on_shutdown_does_not() {
+        let tasks = TaskTracker::new();
+        let shutdown = CancellationToken::new();
+        let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+        spawn_supervised(&tasks, &shutdown, &failure, "server", async { Ok(()) });
+        tokio::time::timeout(Duration::from_secs(5), shutdown.cancelled()).await.expect("the daemon stops");
+        tasks.close();
+        tasks.wait().await;
+        let failed = failure.lock().unwrap().take().expect("an early end is a failure");
+        assert!(format!("{failed:#}").contains("server ended unexpectedly"), "{failed:#}");
+
+        let tasks = TaskTracker::new();
+        let shutdown = CancellationToken::new();
+        let stop = shutdown.child_token();
+        spawn_supervised(&tasks, &shutdown, &failure, "poller", async move {
+            stop.cancelled().await;
+            Ok(())
+        });
+        shutdown.cancel();
+        tasks.close();
+        tasks.wait().await;
+        assert!(failure.lock().unwrap().is_none(), "a clean stop is no failure");
+    }
 }

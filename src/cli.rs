@@ -316,12 +316,20 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 e.sender_id.map_or("-".into(), |id| id.to_string()),
                 e.sent_at
             );
-            println!("update_id:   {} ({}), received {}", e.update_id, e.kind, e.received_at);
+            match e.update_id {
+                Some(update_id) => {
+                    println!("update_id:   {update_id} ({}), received {}", e.kind, e.received_at)
+                }
+                None => println!("kind:        {}, made {}", e.kind, e.received_at),
+            }
             println!("deliveries:  {}", e.deliveries);
             if let Some(note) = &e.note {
                 println!("note:        {note}");
             }
             println!("content:\n  {}", e.content.replace('\n', "\n  "));
+            if let Some(raw) = ledger.raw_update(&e.trace_id).await? {
+                println!("raw update (as Telegram sent it):\n  {raw}");
+            }
             let attempts = ledger.attempts_for(e.id).await?;
             println!("attempts ({}):", attempts.len());
             for a in attempts {

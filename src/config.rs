@@ -89,6 +89,9 @@ pub struct TelegramSettings {
     pub send_timeout: Duration,
     /// Sender ids allowed to reach an agent; empty means everyone in a routed chat.
     pub allowed_users: Vec<i64>,
+    /// How long Telegram may refuse the bot token (401) before the daemon stops: a
+    /// revoked token must not leave a daemon that silently polls forever.
+    pub unauthorized_exit: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -169,6 +172,8 @@ struct RawTelegram {
     send_timeout_secs: u64,
     #[serde(default)]
     allowed_users: Vec<i64>,
+    #[serde(default = "default_unauthorized_exit")]
+    unauthorized_exit_secs: u64,
 }
 
 #[derive(Debug, Deserialize)]
@@ -241,6 +246,11 @@ fn default_poll_timeout() -> u64 {
 }
 fn default_send_timeout() -> u64 {
     15
+}
+/// Five minutes: long enough to ride out a token being swapped, short enough that a
+/// revoked token is noticed (the exit status) the same hour.
+fn default_unauthorized_exit() -> u64 {
+    300
 }
 fn default_database() -> PathBuf {
     "switchboard.db".into()
@@ -409,6 +419,7 @@ impl Settings {
                 poll_timeout: Duration::from_secs(raw.telegram.poll_timeout_secs),
                 send_timeout: Duration::from_secs(raw.telegram.send_timeout_secs),
                 allowed_users: raw.telegram.allowed_users,
+                unauthorized_exit: Duration::from_secs(raw.telegram.unauthorized_exit_secs),
             },
             storage: StorageSettings { database: raw.storage.database, synchronous: raw.storage.synchronous },
             api: ApiSettings { listen },
@@ -644,6 +655,7 @@ agent = "orchestrator"
         let settings = load_str(MINIMAL).unwrap();
         assert_eq!(settings.telegram.api_url.as_str(), "https://api.telegram.org/");
         assert_eq!(settings.telegram.poll_timeout, Duration::from_secs(10));
+        assert_eq!(settings.telegram.unauthorized_exit, Duration::from_secs(300));
         assert_eq!(settings.api.listen.to_string(), "127.0.0.1:7797");
         assert_eq!(settings.storage.synchronous, Synchronous::Normal);
         assert_eq!(settings.routes.routes().len(), 1);

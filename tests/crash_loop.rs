@@ -446,7 +446,7 @@ fn check_invariants(
     // No update lost, none duplicated.
     let mut by_update: HashMap<i64, Vec<&StoredEnvelope>> = HashMap::new();
     for envelope in envelopes {
-        by_update.entry(envelope.update_id).or_default().push(envelope);
+        by_update.entry(envelope.update_id.unwrap_or_default()).or_default().push(envelope);
     }
     for p in pushed {
         match by_update.get(&p.update_id).map(Vec::as_slice).unwrap_or_default() {
@@ -470,10 +470,14 @@ fn check_invariants(
         }
     }
     let pushed_ids: std::collections::HashSet<i64> = pushed.iter().map(|p| p.update_id).collect();
-    for envelope in envelopes.iter().filter(|e| !pushed_ids.contains(&e.update_id)) {
+    for envelope in envelopes.iter().filter(|e| !pushed_ids.contains(&e.update_id.unwrap_or_default())) {
         violation(
             "none duplicated",
-            format!("{} records update {}, never pushed", envelope.trace_id, envelope.update_id),
+            format!(
+                "{} records update {}, never pushed",
+                envelope.trace_id,
+                envelope.update_id.unwrap_or_default()
+            ),
         );
     }
 

@@ -358,6 +358,45 @@ async fn malformed_updates_reach_teloxide_as_update_kind_error() {
     assert_eq!(message_of(&updates[1]).text(), Some("fine"));
 }
 
+/// The raw text of a `getUpdates` answer with `offset`.
+async fn get_updates_text(fake: &FakeTelegram, offset: i64) -> String {
+    let url = format!("{}/bot{TEST_TOKEN}/getUpdates", fake.api_url());
+    let response = reqwest::Client::new().post(url).json(&json!({ "offset": offset })).send().await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    response.text().await.unwrap()
+}
+
+#[tokio::test]
+async fn raw_update_text_is_served_verbatim_beside_ordinary_updates() {
+    let fake = FakeTelegram::start().await;
+    let good = fake.push_text(ChatSpec::private(42), ann(), "fine");
+    let surrogate = fake.push_raw_update_text(r#"{"message": {"text": "\ud800"}}"#);
+    let body = get_updates_text(&fake, 0).await;
+    assert!(
+        body.contains(&format!(r#"{{"update_id":{surrogate},"message": {{"text": "\ud800"}}}}"#)),
+        "{body}"
+    );
+    assert!(body.contains(&format!(r#""update_id":{good}"#)), "{body}");
+    // Not JSON that serde_json accepts, as with the real thing.
+    assert!(serde_json::from_str::<Value>(&body).is_err());
+}
+
+#[tokio::test]
+async fn a_reused_update_id_is_served_again_until_confirmed() {
+    let fake = FakeTelegram::start().await;
+    let first = fake.push_raw_update_text(r#"{"message": {"text": "one"}}"#);
+    let later = fake.push_text(ChatSpec::private(42), ann(), "two");
+    assert!(get_updates_text(&fake, 0).await.contains(r#""text": "one""#));
+    assert!(!get_updates_text(&fake, later + 1).await.contains("update_id"), "all confirmed");
+
+    fake.reuse_update_id(first, r#"{"message": {"text": "three"}}"#);
+    let body = get_updates_text(&fake, later + 1).await;
+    assert!(body.contains(&format!(r#"{{"update_id":{first},"message": {{"text": "three"}}}}"#)), "{body}");
+    assert_eq!(fake.pending_update_count(), 1);
+    get_updates_text(&fake, first + 1).await;
+    assert_eq!(fake.pending_update_count(), 0, "confirmed by an offset above it, sent after serving it");
+}
+
 #[tokio::test]
 async fn send_message_validates_text_like_telegram() {
     let fake = FakeTelegram::start().await;

@@ -9,6 +9,7 @@ use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
 use switchboard::ledger::EnvelopeState;
 use switchboard::ledger::{ListFilter, StoredEnvelope};
+use switchboard::telegram::envelope::EnvelopeKind;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -100,14 +101,18 @@ async fn edits_and_textless_messages_are_envelopes_and_malformed_updates_do_not_
     fake.push_edited_text(&dm, owner(), 1, "second version");
     fake.push_photo_with_caption(&dm, owner(), None);
 
-    let rows = wait_for_envelopes(&daemon, 3).await;
-    assert_eq!(rows[0].kind, "message");
-    assert_eq!(rows[1].kind, "edited_message");
+    // The malformed update is kept for audit (issue 6), not skipped.
+    let all = wait_for_envelopes(&daemon, 4).await;
+    let (undecodable, rows): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|e| e.state == EnvelopeState::Undecodable);
+    assert_eq!(undecodable.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(malformed)]);
+    assert_eq!(rows[0].kind, EnvelopeKind::Message);
+    assert_eq!(rows[1].kind, EnvelopeKind::EditedMessage);
     assert_eq!(rows[1].content, "second version");
     assert!(rows[2].text.is_none());
     assert!(rows[2].content.starts_with("[photo: "), "{}", rows[2].content);
     daemon.wait_for_log(&format!("update_id={malformed}"), WAIT).await;
-    assert!(daemon.logs().contains("malformed update skipped"));
+    assert!(daemon.logs().contains("undecodable update recorded raw"));
 }
 
 #[tokio::test]
@@ -134,7 +139,7 @@ async fn kill_9_during_a_burst_loses_nothing_and_duplicates_nothing() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     let rows_after = all_envelopes(&daemon).await;
     assert_eq!(rows_after.len(), rows.len());
-    let mut stored: Vec<i64> = rows_after.iter().map(|e| e.update_id).collect();
+    let mut stored: Vec<i64> = rows_after.iter().filter_map(|e| e.update_id).collect();
     stored.sort_unstable();
     assert_eq!(stored, update_ids, "every update exactly once (had {before_restart} before the restart)");
 }
@@ -201,7 +206,7 @@ async fn sigterm_stops_gracefully_and_the_offset_survives() {
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "two");
     let rows = wait_for_envelopes(&daemon, 2).await;
     assert_eq!(rows.len(), 2);
-    assert_eq!(rows[0].update_id, first);
+    assert_eq!(rows[0].update_id, Some(first));
 }
 
 #[tokio::test]
@@ -259,7 +264,10 @@ async fn a_group_that_became_a_supergroup_names_the_route_to_change() {
     let line = daemon.logs().lines().find(|l| l.contains("became supergroup")).unwrap().to_owned();
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("team-group") && line.contains(&new_chat_id.to_string()), "{line}");
-    assert!(all_envelopes(&daemon).await.is_empty(), "a migration notice is not a conversation");
+    // A migration notice is not a conversation: it is kept as an ignored service message.
+    let rows = wait_for_envelopes(&daemon, 1).await;
+    assert_eq!(rows.iter().map(|e| e.state).collect::<Vec<_>>(), [EnvelopeState::Ignored]);
+    assert_eq!(rows[0].note.as_deref(), Some("service message: migrate_to_chat_id"));
 }
 
 #[tokio::test]

@@ -3,7 +3,7 @@
 
 use crate::agents::api::wire::{DeliveredEnvelope, PendingSummary};
 use crate::ledger::EnvelopeState;
-use crate::telegram::envelope::{Envelope, sender_display};
+use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
 use sqlx::FromRow;
 
 use super::{Ledger, now};
@@ -12,12 +12,21 @@ use crate::ids::{AgentName, RouteName};
 /// How many characters of a message identify it in a candidate list or a listing.
 const PREVIEW_CHARS: usize = 80;
 
+/// A row the poller records: a routed message, or an audit row (an ignored message, an
+/// undecodable update).
 #[derive(Debug, Clone)]
 pub struct RoutedEnvelope {
     pub envelope: Envelope,
     pub state: EnvelopeState,
     pub route: Option<RouteName>,
     pub agent: Option<AgentName>,
+    /// The digest of the update's raw JSON (see `RawUpdate::digest`): with the update id,
+    /// what makes a re-polled update the same one.
+    pub update_digest: String,
+    /// Why an ignored or undecodable row is no work.
+    pub note: Option<String>,
+    /// An undecodable update as received.
+    pub raw_update: Option<String>,
 }
 
 /// An envelope as stored.
@@ -25,11 +34,12 @@ pub struct RoutedEnvelope {
 pub struct StoredEnvelope {
     pub id: i64,
     pub trace_id: String,
-    pub update_id: i64,
-    pub kind: String,
+    /// None for an envelope an agent made.
+    pub update_id: Option<i64>,
+    pub kind: EnvelopeKind,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
-    pub chat_type: String,
+    pub chat_type: ChatType,
     pub chat_title: Option<String>,
     pub message_id: i64,
     pub sender_id: Option<i64>,
@@ -42,7 +52,6 @@ pub struct StoredEnvelope {
     pub received_at: String,
     pub route: Option<String>,
     pub agent: Option<String>,
-    #[sqlx(try_from = "String")]
     pub state: EnvelopeState,
     pub deliveries: i64,
     pub state_changed_at: String,
@@ -84,15 +93,12 @@ impl StoredEnvelope {
     pub fn delivered(&self, redelivered: bool) -> DeliveredEnvelope {
         DeliveredEnvelope {
             trace_id: self.trace_id.clone(),
-            kind: match self.kind.as_str() {
-                "edited_message" => "message".to_owned(),
-                other => other.to_owned(),
-            },
+            kind: self.kind.meta_kind().to_owned(),
             extra: std::collections::BTreeMap::new(),
             content: self.content.clone(),
             chat_id: self.chat_id,
             thread_id: self.thread_id(),
-            chat_type: self.chat_type.clone(),
+            chat_type: self.chat_type.to_string(),
             chat_title: self.chat_title.clone(),
             message_id: i32::try_from(self.message_id).unwrap_or_default(),
             user: self.user(),
@@ -100,7 +106,7 @@ impl StoredEnvelope {
             ts: self.sent_at.clone(),
             route: self.route.clone().unwrap_or_default(),
             redelivered,
-            edited: self.kind == "edited_message",
+            edited: self.kind == EnvelopeKind::EditedMessage,
         }
     }
 }

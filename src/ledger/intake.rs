@@ -1,11 +1,58 @@
 //! The poller's side: a batch of envelopes and the offset that confirms it, committed
-//! together.
+//! together; and which ledger errors intake waits out instead of stopping.
+
+use std::fmt;
 
 use super::RoutedEnvelope;
 use chrono::SecondsFormat;
+use sqlx::{Connection, SqliteConnection};
 
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
+
+/// SQLite's primary result codes (the low byte of an extended code) that mean "not now"
+/// rather than "wrong": https://www.sqlite.org/rescode.html
+const SQLITE_BUSY: i64 = 5;
+const SQLITE_LOCKED: i64 = 6;
+const SQLITE_FULL: i64 = 13;
+
+/// A ledger error that passes by itself: intake waits it out (offset not moved, nothing
+/// recorded) instead of stopping the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LedgerCongestion {
+    /// Another connection holds the write lock past the busy timeout (`SQLITE_BUSY`,
+    /// `SQLITE_LOCKED`), or every pooled connection is waiting for it.
+    Busy,
+    /// The disk (or SQLite's page limit) is full (`SQLITE_FULL`).
+    DiskFull,
+}
+
+impl LedgerCongestion {
+    /// Whether `error` is one intake waits out; any other ledger error is fatal.
+    pub fn of(error: &sqlx::Error) -> Option<Self> {
+        match error {
+            sqlx::Error::Database(db) => {
+                let code: i64 = db.code()?.parse().ok()?;
+                match code & 0xff {
+                    SQLITE_BUSY | SQLITE_LOCKED => Some(Self::Busy),
+                    SQLITE_FULL => Some(Self::DiskFull),
+                    _ => None,
+                }
+            }
+            sqlx::Error::PoolTimedOut => Some(Self::Busy),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for LedgerCongestion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Busy => "the ledger is locked by another connection",
+            Self::DiskFull => "the disk holding the ledger is full",
+        })
+    }
+}
 
 impl Ledger {
     pub async fn next_offset(&self, bot_id: i64) -> sqlx::Result<Option<i64>> {
@@ -15,64 +62,106 @@ impl Ledger {
             .await
     }
 
-    /// Stores a batch of envelopes and advances the offset in one transaction: either both
+    /// Stores a batch of rows and advances the offset in one transaction: either both
     /// happen or neither does, so a crash can neither lose nor duplicate an update.
-    /// Returns the envelopes that were new (a re-polled update is skipped).
+    /// Returns the rows that were new: an update already stored with the same id and the
+    /// same digest (a re-poll) is skipped; the same id with other content (Telegram reuses
+    /// ids after a week of silence) is a new row.
     pub async fn record_batch<'a>(
         &self,
         bot_id: i64,
         next_offset: i64,
         batch: &'a [RoutedEnvelope],
     ) -> sqlx::Result<Vec<&'a RoutedEnvelope>> {
-        let mut tx = self.write_transaction().await?;
-        let received_at = now();
-        // One multi-row statement per batch: each statement is a round trip to sqlx's
-        // SQLite worker thread, and those hand-offs, not SQLite, bound inbound throughput.
-        let mut stored_update_ids = Vec::new();
-        if !batch.is_empty() {
-            let mut insert = sqlx::QueryBuilder::new(
-                "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, \
-                 message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, \
-                 received_at, route, agent, state, state_changed_at) ",
-            );
-            insert.push_values(batch, |mut row, routed| {
-                let e = &routed.envelope;
-                let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
-                row.push_bind(e.trace_id.as_str())
-                    .push_bind(e.update_id)
-                    .push_bind(e.kind.as_str())
-                    .push_bind(e.channel.chat_id)
-                    .push_bind(e.channel.thread_id)
-                    .push_bind(e.chat_type)
-                    .push_bind(e.chat_title.as_deref())
-                    .push_bind(e.message_id)
-                    .push_bind(e.sender.id)
-                    .push_bind(e.sender.username.as_deref())
-                    .push_bind(e.sender.name.as_str())
-                    .push_bind(e.text.as_deref())
-                    .push_bind(attachments)
-                    .push_bind(e.content())
-                    .push_bind(e.sent_at.to_rfc3339_opts(SecondsFormat::Secs, true))
-                    .push_bind(received_at.as_str())
-                    .push_bind(routed.route.as_ref().map(RouteName::as_str))
-                    .push_bind(routed.agent.as_ref().map(AgentName::as_str))
-                    .push_bind(routed.state.as_str())
-                    .push_bind(received_at.as_str());
-            });
-            // A re-polled update is already stored: skip it, and learn which rows are new.
-            insert.push(" ON CONFLICT (update_id) DO NOTHING RETURNING update_id");
-            stored_update_ids = insert.build_query_scalar::<i64>().fetch_all(&mut *tx).await?;
-        }
-        sqlx::query(
-            "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
-             ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",
-        )
-        .bind(bot_id)
-        .bind(next_offset)
-        .bind(&received_at)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(batch.iter().filter(|routed| stored_update_ids.contains(&routed.envelope.update_id)).collect())
+        let mut connection = self.pool.acquire().await?;
+        let stored_trace_ids = match insert_batch(&mut connection, bot_id, next_offset, batch).await {
+            Ok(stored) => stored,
+            Err(e) => {
+                // SQLite rolls a transaction back by itself on some errors (a full disk,
+                // for one); sqlx's own ROLLBACK then fails, and the connection would go
+                // back to the pool believing it is still inside a transaction, refusing
+                // every later BEGIN. Close it instead: the pool opens a fresh one.
+                connection.close_on_drop();
+                return Err(e);
+            }
+        };
+        Ok(batch
+            .iter()
+            .filter(|routed| {
+                stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str())
+            })
+            .collect())
     }
+
+    /// The raw text of an undecodable update, by its envelope's trace id.
+    pub async fn raw_update(&self, trace_id: &str) -> sqlx::Result<Option<String>> {
+        sqlx::query_scalar("SELECT raw_update FROM envelopes WHERE trace_id = ?")
+            .bind(trace_id)
+            .fetch_optional(&self.pool)
+            .await
+            .map(Option::flatten)
+    }
+}
+
+/// The transaction of [`Ledger::record_batch`]; returns the trace ids of the new rows.
+async fn insert_batch(
+    connection: &mut SqliteConnection,
+    bot_id: i64,
+    next_offset: i64,
+    batch: &[RoutedEnvelope],
+) -> sqlx::Result<Vec<String>> {
+    // The write lock up front, as `Ledger::write_transaction` takes it.
+    let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
+    let received_at = now();
+    // One multi-row statement per batch: each statement is a round trip to sqlx's SQLite
+    // worker thread, and those hand-offs, not SQLite, bound inbound throughput.
+    let mut stored_trace_ids = Vec::new();
+    if !batch.is_empty() {
+        let mut insert = sqlx::QueryBuilder::new(
+            "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
+             chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
+             sent_at, received_at, route, agent, state, state_changed_at, note, raw_update) ",
+        );
+        insert.push_values(batch, |mut row, routed| {
+            let e = &routed.envelope;
+            let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
+            row.push_bind(e.trace_id.as_str())
+                .push_bind(e.update_id)
+                .push_bind(routed.update_digest.as_str())
+                .push_bind(e.kind)
+                .push_bind(e.channel.chat_id)
+                .push_bind(e.channel.thread_id)
+                .push_bind(e.chat_type)
+                .push_bind(e.chat_title.as_deref())
+                .push_bind(e.message_id)
+                .push_bind(e.sender.id)
+                .push_bind(e.sender.username.as_deref())
+                .push_bind(e.sender.name.as_str())
+                .push_bind(e.text.as_deref())
+                .push_bind(attachments)
+                .push_bind(e.content())
+                .push_bind(e.sent_at.to_rfc3339_opts(SecondsFormat::Secs, true))
+                .push_bind(received_at.as_str())
+                .push_bind(routed.route.as_ref().map(RouteName::as_str))
+                .push_bind(routed.agent.as_ref().map(AgentName::as_str))
+                .push_bind(routed.state)
+                .push_bind(received_at.as_str())
+                .push_bind(routed.note.as_deref())
+                .push_bind(routed.raw_update.as_deref());
+        });
+        // A re-polled update is already stored: skip it, and learn which rows are new.
+        insert.push(" ON CONFLICT (update_id, update_digest) DO NOTHING RETURNING trace_id");
+        stored_trace_ids = insert.build_query_scalar::<String>().fetch_all(&mut *tx).await?;
+    }
+    sqlx::query(
+        "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
+         ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",
+    )
+    .bind(bot_id)
+    .bind(next_offset)
+    .bind(&received_at)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(stored_trace_ids)
 }

@@ -57,8 +57,9 @@ pub use attempts::{
 pub use envelopes::{RoutedEnvelope, StoredEnvelope};
 pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
+pub use intake::LedgerCongestion;
 pub use lock::{LedgerLock, LockError};
-pub use states::EnvelopeState;
+pub use states::{EnvelopeKind, EnvelopeState};
 
 impl Ledger {
     /// Opens the database, creating it (mode `0600`) if needed, and applies pending

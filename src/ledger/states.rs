@@ -4,9 +4,10 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-/// The ledger states of DESIGN.md §2.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+/// The ledger states of DESIGN.md §2. Stored as their snake_case names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum EnvelopeState {
     /// Stored; its agent's session has not taken it yet.
     Queued,
@@ -20,11 +21,25 @@ pub enum EnvelopeState {
     Unrouted,
     /// Its sender is not on the allowlist.
     Rejected,
+    /// A service message (a pin, a new member, a topic event, …) or a live-location edit:
+    /// kept for audit, never work for an agent. Its note says which.
+    Ignored,
+    /// An update that could not be decoded or converted: kept raw for audit, never work
+    /// for an agent.
+    Undecodable,
 }
 
 impl EnvelopeState {
-    pub const ALL: [EnvelopeState; 6] =
-        [Self::Queued, Self::Pending, Self::Acked, Self::Unresolved, Self::Unrouted, Self::Rejected];
+    pub const ALL: [EnvelopeState; 8] = [
+        Self::Queued,
+        Self::Pending,
+        Self::Acked,
+        Self::Unresolved,
+        Self::Unrouted,
+        Self::Rejected,
+        Self::Ignored,
+        Self::Undecodable,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -34,6 +49,8 @@ impl EnvelopeState {
             Self::Unresolved => "unresolved",
             Self::Unrouted => "unrouted",
             Self::Rejected => "rejected",
+            Self::Ignored => "ignored",
+            Self::Undecodable => "undecodable",
         }
     }
 }
@@ -47,7 +64,8 @@ impl fmt::Display for EnvelopeState {
 impl EnvelopeState {
     pub fn parse(s: &str) -> Result<Self, String> {
         Self::ALL.into_iter().find(|state| state.as_str() == s).ok_or_else(|| {
-            format!("unknown state '{s}' (one of: queued, pending, acked, unresolved, unrouted, rejected)")
+            let known: Vec<&str> = Self::ALL.iter().map(|state| state.as_str()).collect();
+            format!("unknown state '{s}' (one of: {})", known.join(", "))
         })
     }
 }
@@ -60,11 +78,59 @@ impl std::str::FromStr for EnvelopeState {
     }
 }
 
-/// For sqlx, which reads the state column as text.
+/// For code that reads the state column as text.
 impl TryFrom<String> for EnvelopeState {
     type Error = String;
     fn try_from(value: String) -> Result<Self, Self::Error> {
         Self::parse(&value)
+    }
+}
+
+/// What an envelope is (DESIGN.md §8): a Telegram message (new or edited), or something
+/// an agent or the switchboard made. `meta.kind` shows it, with an edit shown as a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum EnvelopeKind {
+    Message,
+    /// An edit of an earlier message, recorded as an envelope of its own.
+    EditedMessage,
+    /// An undecodable update: what it was could not be read.
+    Unknown,
+    /// Another agent's instruction (§9).
+    Handoff,
+    /// The answer to a handoff this agent made (§9).
+    HandoffAnswer,
+}
+
+impl EnvelopeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Message => "message",
+            Self::EditedMessage => "edited_message",
+            Self::Unknown => "unknown",
+            Self::Handoff => "handoff",
+            Self::HandoffAnswer => "handoff_answer",
+        }
+    }
+
+    /// The kind the agent sees: an edit is a message (marked `edited`).
+    pub fn meta_kind(self) -> &'static str {
+        match self {
+            Self::EditedMessage => Self::Message.as_str(),
+            other => other.as_str(),
+        }
+    }
+
+    /// Whether it came from Telegram (and has a chat, a sender and a message id).
+    pub fn is_telegram(self) -> bool {
+        matches!(self, Self::Message | Self::EditedMessage | Self::Unknown)
+    }
+}
+
+impl fmt::Display for EnvelopeKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
     }
 }
 
@@ -78,5 +144,6 @@ mod tests {
             assert_eq!(EnvelopeState::parse(state.as_str()), Ok(state));
         }
         assert!(EnvelopeState::parse("done").is_err());
+        assert!(EnvelopeState::parse("done").unwrap_err().contains("ignored, undecodable"));
     }
 }

@@ -4,7 +4,7 @@ use chrono::Utc;
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::EnvelopeState;
 use crate::rules::routes::Channel;
-use crate::telegram::envelope::{Envelope, EnvelopeKind, Sender};
+use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
 
 async fn ledger() -> (tempfile::TempDir, Ledger) {
     let dir = tempfile::tempdir().unwrap();
@@ -19,7 +19,7 @@ fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
             update_id,
             kind: EnvelopeKind::Message,
             channel: Channel { chat_id: 42, thread_id: None },
-            chat_type: "private",
+            chat_type: ChatType::Private,
             chat_title: Some("Ann".into()),
             message_id: update_id as i32,
             sender: Sender { id: Some(42), username: Some("ann".into()), name: "Ann".into() },
@@ -30,6 +30,9 @@ fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
         state,
         route: Some(RouteName::parse("dm").unwrap()),
         agent: Some(AgentName::parse("orch").unwrap()),
+        update_digest: format!("digest of update {update_id}"),
+        note: None,
+        raw_update: None,
     }
 }
 
@@ -82,7 +85,7 @@ async fn a_batch_and_its_offset_commit_together_and_replays_are_skipped() {
     let inserted = ledger.record_batch(7, 4, &replay).await.unwrap();
     assert_eq!(inserted.iter().map(|r| r.envelope.update_id).collect::<Vec<_>>(), [3]);
     let all = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
-    assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(1), Some(2), Some(3)]);
 }
 
 #[tokio::test]
@@ -102,12 +105,15 @@ async fn claims_go_oldest_first_and_redelivery_counts() {
         .await
         .unwrap();
     let first = ledger.claim_next_queued(&agent).await.unwrap().unwrap();
-    assert_eq!((first.update_id, first.state, first.deliveries), (1, EnvelopeState::Pending, 1));
+    assert_eq!((first.update_id, first.state, first.deliveries), (Some(1), EnvelopeState::Pending, 1));
     let second = ledger.claim_next_queued(&agent).await.unwrap().unwrap();
-    assert_eq!(second.update_id, 3);
+    assert_eq!(second.update_id, Some(3));
     assert!(ledger.claim_next_queued(&agent).await.unwrap().is_none());
     let again = ledger.take_pending_for_redelivery(&agent).await.unwrap();
-    assert_eq!(again.iter().map(|e| (e.update_id, e.deliveries)).collect::<Vec<_>>(), [(1, 2), (3, 2)]);
+    assert_eq!(
+        again.iter().map(|e| (e.update_id, e.deliveries)).collect::<Vec<_>>(),
+        [(Some(1), 2), (Some(3), 2)]
+    );
 }
 
 #[tokio::test]
@@ -301,4 +307,198 @@ async fn only_the_agents_own_pending_envelopes_can_be_marked_shown() {
     let orch = AgentName::parse("orch").unwrap();
     assert!(ledger.mark_shown(&orch, &e.trace_id, "ses_x").await.unwrap());
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().shown_session.as_deref(), Some("ses_x"));
+}
+
+#[tokio::test]
+async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
+    let (_dir, ledger) = ledger().await;
+    let first = routed(5, EnvelopeState::Queued);
+    assert_eq!(ledger.record_batch(1, 6, std::slice::from_ref(&first)).await.unwrap().len(), 1);
+    // Telegram reuses id 5 for another update after a week of silence: a new row.
+    let mut reused = routed(5, EnvelopeState::Queued);
+    reused.update_digest = "digest of another update".into();
+    // A re-poll of the first one (new trace id, same id and digest), twice in one batch.
+    let repoll = [routed(5, EnvelopeState::Queued), reused.clone(), routed(5, EnvelopeState::Queued)];
+    let inserted = ledger.record_batch(1, 6, &repoll).await.unwrap();
+    assert_eq!(
+        inserted.iter().map(|r| r.envelope.trace_id.as_str()).collect::<Vec<_>>(),
+        [reused.envelope.trace_id.as_str()]
+    );
+    let all = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(5), Some(5)]);
+}
+
+#[tokio::test]
+async fn audit_rows_keep_their_note_and_raw_update_and_states_kinds_are_stored_by_name() {
+    let (_dir, ledger) = ledger().await;
+    let mut undecodable = routed(1, EnvelopeState::Undecodable);
+    undecodable.envelope.kind = EnvelopeKind::Unknown;
+    undecodable.envelope.chat_type = ChatType::Unknown;
+    undecodable.note = Some("teloxide cannot read it".into());
+    undecodable.raw_update = Some(r#"{"update_id":1,"message":{"text":"\ud800"}}"#.into());
+    let mut ignored = routed(2, EnvelopeState::Ignored);
+    ignored.note = Some("service message: pinned_message".into());
+    ledger.record_batch(1, 3, &[undecodable.clone(), ignored]).await.unwrap();
+
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|e| e.state).collect::<Vec<_>>(),
+        [EnvelopeState::Undecodable, EnvelopeState::Ignored]
+    );
+    assert_eq!(rows[0].kind, EnvelopeKind::Unknown);
+    assert_eq!(rows[1].note.as_deref(), Some("service message: pinned_message"));
+    let trace_id = undecodable.envelope.trace_id.as_str();
+    assert_eq!(ledger.raw_update(trace_id).await.unwrap(), undecodable.raw_update);
+    assert_eq!(ledger.raw_update(&rows[1].trace_id).await.unwrap(), None);
+    // The columns hold the names `as_str` gives, which the CLI and SQL filters use.
+    let stored: (String, String, String) =
+        sqlx::query_as("SELECT state, kind, chat_type FROM envelopes WHERE trace_id = ?")
+            .bind(trace_id)
+            .fetch_one(ledger.pool())
+            .await
+            .unwrap();
+    assert_eq!(stored, ("undecodable".into(), "unknown".into(), "unknown".into()));
+    let filtered = ledger
+        .list(&ListFilter { state: Some(EnvelopeState::Ignored), limit: 10, ..Default::default() })
+        .await
+        .unwrap();
+    assert_eq!(filtered.len(), 1);
+}
+
+#[tokio::test]
+async fn the_intake_migration_keeps_every_row_and_reference() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    // A ledger as the previous release left it: only the first migration applied.
+    let options =
+        sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true).foreign_keys(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    sqlx::migrate!("./migrations").run_to(1, &pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+         sent_at, received_at, state, deliveries, state_changed_at) VALUES \
+         ('env_old1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
+         ('env_old2', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', 't', 't', 'pending', 1, 't')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
+         VALUES ('op_1', 1, 'orch', 42, 0, 1, 'hello', 'sent', 't')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (1, 't', 'pending', 'acked', 'daemon')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+
+    let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|e| (e.id, e.trace_id.as_str(), e.kind, e.state)).collect::<Vec<_>>(),
+        [
+            (1, "env_old1", EnvelopeKind::Message, EnvelopeState::Acked),
+            (2, "env_old2", EnvelopeKind::EditedMessage, EnvelopeState::Pending)
+        ]
+    );
+    assert_eq!(ledger.attempts_for(1).await.unwrap().len(), 1);
+    assert_eq!(ledger.events_for(1).await.unwrap().len(), 1);
+    let broken: Vec<(String,)> = sqlx::query_as("SELECT \"table\" FROM pragma_foreign_key_check")
+        .fetch_all(ledger.pool())
+        .await
+        .unwrap();
+    assert!(broken.is_empty(), "{broken:?}");
+    let fks: i64 = sqlx::query_scalar("PRAGMA foreign_keys").fetch_one(ledger.pool()).await.unwrap();
+    assert_eq!(fks, 1, "foreign keys are on again after the rebuild");
+    // References still point at `envelopes`, and new rows continue the ids.
+    let schema: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'attempts'")
+        .fetch_one(ledger.pool())
+        .await
+        .unwrap();
+    assert!(schema.contains("REFERENCES envelopes"), "{schema}");
+    ledger.record_batch(1, 12, &[routed(11, EnvelopeState::Queued)]).await.unwrap();
+    let newest = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        (newest[0].id, newest[0].update_id),
+        (3, Some(11)),
+        "an old row without a digest never blocks a new one"
+    );
+}
+
+#[tokio::test]
+async fn a_busy_lock_and_a_full_disk_are_congestion_and_other_errors_are_not() {
+    let (dir, ledger) = ledger().await;
+    let path = dir.path().join("ledger.db");
+    let other = |busy_timeout: std::time::Duration| {
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).busy_timeout(busy_timeout);
+        sqlx::pool::PoolOptions::<sqlx::Sqlite>::new().max_connections(1).connect_with(options)
+    };
+
+    // Another process holds the write lock: SQLITE_BUSY.
+    let holder = other(std::time::Duration::ZERO).await.unwrap();
+    let mut lock = holder.begin_with("BEGIN EXCLUSIVE").await.unwrap();
+    sqlx::query("UPDATE poller_offsets SET next_offset = 0").execute(&mut *lock).await.unwrap();
+    let impatient = other(std::time::Duration::ZERO).await.unwrap();
+    let busy =
+        sqlx::query("INSERT INTO poller_offsets VALUES (1, 1, 't')").execute(&impatient).await.unwrap_err();
+    assert_eq!(LedgerCongestion::of(&busy), Some(LedgerCongestion::Busy), "{busy}");
+    lock.rollback().await.unwrap();
+
+    // No more room: SQLITE_FULL. `max_page_count` caps this one connection's database size.
+    let cramped = other(std::time::Duration::ZERO).await.unwrap();
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&cramped).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
+        .execute(&cramped)
+        .await
+        .unwrap();
+    let full = sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at) VALUES (?, 'orch', 't')")
+        .bind("x".repeat(64 * 1024))
+        .execute(&cramped)
+        .await
+        .unwrap_err();
+    assert_eq!(LedgerCongestion::of(&full), Some(LedgerCongestion::DiskFull), "{full}");
+    // Once there is room again, the same write goes through.
+    sqlx::query("PRAGMA max_page_count = 1073741823").execute(&cramped).await.unwrap();
+    sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at) VALUES ('s', 'orch', 't')")
+        .execute(&cramped)
+        .await
+        .unwrap();
+
+    // A constraint violation is a bug, not congestion.
+    let first = routed(1, EnvelopeState::Queued);
+    ledger.record_batch(1, 2, std::slice::from_ref(&first)).await.unwrap();
+    let mut same_trace = routed(2, EnvelopeState::Queued);
+    same_trace.envelope.trace_id = first.envelope.trace_id.clone();
+    let violation = ledger.record_batch(1, 3, &[same_trace]).await.unwrap_err();
+    assert_eq!(LedgerCongestion::of(&violation), None, "{violation}");
+    assert_eq!(LedgerCongestion::of(&sqlx::Error::RowNotFound), None);
+}
+
+#[tokio::test]
+async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_through() {
+    let (dir, _) = ledger().await;
+    // One connection, whose page cap stands for a full disk.
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("ledger.db"));
+    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
+    let ledger = Ledger { pool };
+    let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(ledger.pool()).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
+        .execute(ledger.pool())
+        .await
+        .unwrap();
+    let mut big = routed(1, EnvelopeState::Queued);
+    big.envelope.text = Some("x".repeat(256 * 1024));
+    let full = ledger.record_batch(1, 2, &[big]).await.unwrap_err();
+    assert_eq!(LedgerCongestion::of(&full), Some(LedgerCongestion::DiskFull), "{full}");
+    assert_eq!(ledger.next_offset(1).await.unwrap(), None, "nothing recorded, the offset not moved");
+    // Room again (on whichever connection the pool now holds).
+    sqlx::query("PRAGMA max_page_count = 1073741823").execute(ledger.pool()).await.unwrap();
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
+    assert_eq!(ledger.next_offset(1).await.unwrap(), Some(2));
 }

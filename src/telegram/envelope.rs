@@ -1,30 +1,84 @@
 //! Envelopes: what a Telegram update becomes before it enters the ledger.
 //!
-//! [`classify`] is the pure step from a teloxide `Update` to what the poller must do with
-//! it; it does no I/O, so every kind of update can be tested with plain values.
+//! [`read`] takes one update as raw JSON and decodes it on its own, so an update teloxide
+//! cannot decode (or panics on) is kept as [`Inbound::Undecodable`] instead of taking its
+//! batch or the poller down. [`classify`] is the pure step from a decoded `Update` to what
+//! the poller must do with it; neither does I/O, so every kind of update can be tested with
+//! plain values.
+
+use std::any::Any;
+use std::cell::Cell;
+use std::fmt;
+use std::panic::{self, UnwindSafe};
+use std::sync::Once;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use teloxide::types::{Chat, Message, Update, UpdateKind};
+use teloxide::types::{Chat, ChatMigration, Message, MessageKind, Update, UpdateKind};
 
 use crate::ids::TraceId;
 use crate::rules::routes::Channel;
+use crate::telegram::lenient;
+use crate::telegram::updates::RawUpdate;
 
-/// A new message or an edit of an earlier one. Edits are recorded as envelopes of their
-/// own so later revision handling can relate them to the original message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub use crate::ledger::EnvelopeKind;
+
+/// The kind of chat a message came from, as Telegram names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
 #[serde(rename_all = "snake_case")]
-pub enum EnvelopeKind {
-    Message,
-    EditedMessage,
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum ChatType {
+    Private,
+    Group,
+    Supergroup,
+    Channel,
+    /// Not known: a chat teloxide could not classify, or an undecodable update.
+    Unknown,
+    /// No chat at all: an envelope an agent made (a handoff or its answer).
+    Agent,
 }
 
-impl EnvelopeKind {
+impl ChatType {
     pub fn as_str(self) -> &'static str {
         match self {
-            Self::Message => "message",
-            Self::EditedMessage => "edited_message",
+            Self::Private => "private",
+            Self::Group => "group",
+            Self::Supergroup => "supergroup",
+            Self::Channel => "channel",
+            Self::Unknown => "unknown",
+            Self::Agent => "agent",
         }
+    }
+
+    fn of(chat: &Chat) -> Self {
+        if chat.is_private() {
+            Self::Private
+        } else if chat.is_supergroup() {
+            Self::Supergroup
+        } else if chat.is_group() {
+            Self::Group
+        } else if chat.is_channel() {
+            Self::Channel
+        } else {
+            Self::Unknown
+        }
+    }
+
+    /// From the Bot API's `Chat.type`.
+    fn from_api(name: &str) -> Self {
+        match name {
+            "private" => Self::Private,
+            "group" => Self::Group,
+            "supergroup" => Self::Supergroup,
+            "channel" => Self::Channel,
+            _ => Self::Unknown,
+        }
+    }
+}
+
+impl fmt::Display for ChatType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.pad(self.as_str())
     }
 }
 
@@ -59,7 +113,7 @@ pub struct Envelope {
     pub update_id: i64,
     pub kind: EnvelopeKind,
     pub channel: Channel,
-    pub chat_type: &'static str,
+    pub chat_type: ChatType,
     pub chat_title: Option<String>,
     pub message_id: i32,
     pub sender: Sender,
@@ -84,39 +138,215 @@ impl Envelope {
 /// What the poller does with one update.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Inbound {
+    /// A message, to be routed.
     Envelope(Box<Envelope>),
-    /// A group became a supergroup: routes naming the old chat id must change.
-    Migrated {
-        update_id: i64,
-        from_chat_id: i64,
-        to_chat_id: i64,
-    },
-    /// An update kind switchboard does not route (channel posts, reactions, …).
-    Ignored {
-        update_id: i64,
-        kind: &'static str,
-    },
-    /// Telegram sent something teloxide could not parse.
-    Malformed {
-        update_id: i64,
-    },
+    /// A message kept for audit that is no work for an agent: a service message or a
+    /// live-location edit. `reason` says which.
+    Ignored { envelope: Box<Envelope>, reason: String },
+    /// A group became a supergroup: routes naming the old chat id must change. The service
+    /// message itself is kept like any other ignored one.
+    Migrated { envelope: Box<Envelope>, reason: String, to_chat_id: i64 },
+    /// An update that is not a message (channel posts, reactions, callback queries, …):
+    /// switchboard does not record these.
+    NotAMessage { update_id: i64, kind: &'static str },
+    /// An update that could not be decoded or converted; it is kept raw. `update_id` is
+    /// `None` when not even that could be read.
+    Undecodable { update_id: Option<i64>, reason: String },
 }
 
 /// Telegram's forum General topic has id 1; it must be addressed without a thread id.
 pub const GENERAL_TOPIC_ID: i32 = 1;
+
+/// Decodes one raw update and classifies it. A decoder that fails or panics, and a
+/// conversion that panics, make it [`Inbound::Undecodable`]; nothing here can fail the
+/// batch or the poller.
+pub fn read(raw: &RawUpdate) -> Inbound {
+    let update_id = raw.update_id;
+    let update = match catching_panics(|| serde_json::from_str::<Update>(&raw.text)) {
+        Ok(Ok(update)) => update,
+        Ok(Err(e)) => {
+            return Inbound::Undecodable { update_id, reason: format!("teloxide cannot read it: {e}") };
+        }
+        Err(panic) => {
+            return Inbound::Undecodable {
+                update_id,
+                reason: format!("teloxide panicked reading it: {panic}"),
+            };
+        }
+    };
+    match catching_panics(|| classify(&update)) {
+        Ok(inbound) => inbound,
+        Err(panic) => Inbound::Undecodable {
+            update_id: Some(i64::from(update.id.0)),
+            reason: format!("converting it panicked: {panic}"),
+        },
+    }
+}
 
 pub fn classify(update: &Update) -> Inbound {
     let update_id = i64::from(update.id.0);
     let (message, kind) = match &update.kind {
         UpdateKind::Message(m) => (m, EnvelopeKind::Message),
         UpdateKind::EditedMessage(m) => (m, EnvelopeKind::EditedMessage),
-        UpdateKind::Error(_) => return Inbound::Malformed { update_id },
-        other => return Inbound::Ignored { update_id, kind: update_kind_name(other) },
+        UpdateKind::Error(_) => {
+            return Inbound::Undecodable {
+                update_id: Some(update_id),
+                reason: "teloxide cannot read it: a malformed update, or a kind it does not know".into(),
+            };
+        }
+        other => return Inbound::NotAMessage { update_id, kind: update_kind_name(other) },
     };
+    let envelope = Box::new(envelope_from_message(update_id, kind, message));
     if let Some(to) = message.migrate_to_chat_id() {
-        return Inbound::Migrated { update_id, from_chat_id: message.chat.id.0, to_chat_id: to.0 };
+        return Inbound::Migrated {
+            envelope,
+            reason: "service message: migrate_to_chat_id".into(),
+            to_chat_id: to.0,
+        };
     }
-    Inbound::Envelope(Box::new(envelope_from_message(update_id, kind, message)))
+    if let Some(service) = service_kind(message) {
+        return Inbound::Ignored { envelope, reason: format!("service message: {service}") };
+    }
+    // Telegram reports every move of a live location as an edit of its message.
+    if kind == EnvelopeKind::EditedMessage && message.location().is_some() {
+        return Inbound::Ignored { envelope, reason: "live location update".into() };
+    }
+    Inbound::Envelope(envelope)
+}
+
+/// The Bot API field that makes `message` a service message, or `None` for ordinary
+/// content (text, media, a dice throw). A `match` without a wildcard: a new kind in a
+/// teloxide upgrade must be decided here.
+fn service_kind(message: &Message) -> Option<&'static str> {
+    use MessageKind as K;
+    let name = match &message.kind {
+        K::Common(_) => {
+            return match message.chat_migration() {
+                Some(ChatMigration::From { .. }) => Some("migrate_from_chat_id"),
+                Some(ChatMigration::To { .. }) => Some("migrate_to_chat_id"),
+                None => None,
+            };
+        }
+        K::Dice(_) => return None,
+        K::NewChatMembers(_) => "new_chat_members",
+        K::LeftChatMember(_) => "left_chat_member",
+        K::NewChatTitle(_) => "new_chat_title",
+        K::NewChatPhoto(_) => "new_chat_photo",
+        K::DeleteChatPhoto(_) => "delete_chat_photo",
+        K::GroupChatCreated(_) => "group_chat_created",
+        K::SupergroupChatCreated(_) => "supergroup_chat_created",
+        K::ChannelChatCreated(_) => "channel_chat_created",
+        K::MessageAutoDeleteTimerChanged(_) => "message_auto_delete_timer_changed",
+        K::Pinned(_) => "pinned_message",
+        K::ChatShared(_) => "chat_shared",
+        K::UsersShared(_) => "users_shared",
+        K::Invoice(_) => "invoice",
+        K::SuccessfulPayment(_) => "successful_payment",
+        K::RefundedPayment(_) => "refunded_payment",
+        K::ConnectedWebsite(_) => "connected_website",
+        K::WriteAccessAllowed(_) => "write_access_allowed",
+        K::PassportData(_) => "passport_data",
+        K::ProximityAlertTriggered(_) => "proximity_alert_triggered",
+        K::ChatBoostAdded(_) => "boost_added",
+        K::ChatBackground(_) => "chat_background_set",
+        K::ChecklistTasksDone(_) => "checklist_tasks_done",
+        K::ChecklistTasksAdded(_) => "checklist_tasks_added",
+        K::DirectMessagePriceChanged(_) => "direct_message_price_changed",
+        K::ForumTopicCreated(_) => "forum_topic_created",
+        K::ForumTopicEdited(_) => "forum_topic_edited",
+        K::ForumTopicClosed(_) => "forum_topic_closed",
+        K::ForumTopicReopened(_) => "forum_topic_reopened",
+        K::GeneralForumTopicHidden(_) => "general_forum_topic_hidden",
+        K::GeneralForumTopicUnhidden(_) => "general_forum_topic_unhidden",
+        K::Giveaway(_) => "giveaway",
+        K::GiveawayCompleted(_) => "giveaway_completed",
+        K::GiveawayCreated(_) => "giveaway_created",
+        K::GiveawayWinners(_) => "giveaway_winners",
+        K::PaidMessagePriceChanged(_) => "paid_message_price_changed",
+        K::GiftInfo(_) => "gift",
+        K::UniqueGiftInfo(_) => "unique_gift",
+        K::VideoChatScheduled(_) => "video_chat_scheduled",
+        K::VideoChatStarted(_) => "video_chat_started",
+        K::VideoChatEnded(_) => "video_chat_ended",
+        K::VideoChatParticipantsInvited(_) => "video_chat_participants_invited",
+        K::WebAppData(_) => "web_app_data",
+        K::Empty {} => "an empty message",
+    };
+    Some(name)
+}
+
+/// The audit row of an update that could not be decoded: whatever can still be read of it
+/// leniently (its kind, chat, message id, sender and date), the rest left blank. Its raw
+/// text is stored beside it.
+pub fn undecodable_envelope(raw: &RawUpdate, update_id: Option<i64>) -> Envelope {
+    let members = lenient::members(&raw.text).unwrap_or_default();
+    // The member that is not `update_id` names the kind of update and holds its object.
+    let body = members.iter().find(|(key, _)| *key != "update_id").map(|(_, value)| *value);
+    let field = |key: &str| body.and_then(|body| lenient::member(body, key));
+    let chat = field("chat");
+    let chat_member = |key: &str| chat.and_then(|chat| lenient::member(chat, key));
+    let sender_id = field("from").or_else(|| field("user")).and_then(|user| lenient::member(user, "id"));
+    Envelope {
+        trace_id: TraceId::generate(),
+        update_id: update_id.unwrap_or_default(),
+        kind: EnvelopeKind::Unknown,
+        channel: Channel {
+            chat_id: chat_member("id").and_then(lenient::integer).unwrap_or_default(),
+            thread_id: None,
+        },
+        chat_type: chat_member("type")
+            .and_then(lenient::plain_string)
+            .map_or(ChatType::Unknown, ChatType::from_api),
+        chat_title: None,
+        message_id: field("message_id")
+            .and_then(lenient::integer)
+            .and_then(|id| i32::try_from(id).ok())
+            .unwrap_or_default(),
+        sender: Sender {
+            id: sender_id.and_then(lenient::integer),
+            username: None,
+            name: "unknown sender".into(),
+        },
+        text: None,
+        attachments: Vec::new(),
+        sent_at: field("date")
+            .and_then(lenient::integer)
+            .and_then(|secs| DateTime::from_timestamp(secs, 0))
+            .unwrap_or_else(Utc::now),
+    }
+}
+
+thread_local! {
+    /// Set while [`catching_panics`] runs on this thread.
+    static EXPECTING_PANIC: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic into its message. Such a panic is a decoder's bug on odd input
+/// that the caller reports with the update id, so the process's panic hook (which would
+/// print it to stderr) is kept quiet for it; every other panic is reported as before.
+/// (With `panic = "abort"` nothing could be caught; the profiles keep unwinding.)
+fn catching_panics<T>(f: impl FnOnce() -> T + UnwindSafe) -> Result<T, String> {
+    static QUIET_HOOK: Once = Once::new();
+    QUIET_HOOK.call_once(|| {
+        let previous = panic::take_hook();
+        panic::set_hook(Box::new(move |info| {
+            if !EXPECTING_PANIC.with(Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    EXPECTING_PANIC.with(|expecting| expecting.set(true));
+    let result = panic::catch_unwind(f);
+    EXPECTING_PANIC.with(|expecting| expecting.set(false));
+    result.map_err(|payload| panic_message(payload.as_ref()))
+}
+
+fn panic_message(payload: &(dyn Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "(no message)".to_owned())
 }
 
 fn envelope_from_message(update_id: i64, kind: EnvelopeKind, message: &Message) -> Envelope {
@@ -142,27 +372,13 @@ fn envelope_from_message(update_id: i64, kind: EnvelopeKind, message: &Message) 
         update_id,
         kind,
         channel: Channel { chat_id: message.chat.id.0, thread_id },
-        chat_type: chat_type(&message.chat),
+        chat_type: ChatType::of(&message.chat),
         chat_title: chat_title(&message.chat),
         message_id: message.id.0,
         sender,
         text: message.text().or_else(|| message.caption()).map(str::to_owned),
         attachments: attachments(message),
         sent_at: message.date,
-    }
-}
-
-fn chat_type(chat: &Chat) -> &'static str {
-    if chat.is_private() {
-        "private"
-    } else if chat.is_supergroup() {
-        "supergroup"
-    } else if chat.is_group() {
-        "group"
-    } else if chat.is_channel() {
-        "channel"
-    } else {
-        "unknown"
     }
 }
 
@@ -203,6 +419,9 @@ fn attachments(message: &Message) -> Vec<Attachment> {
     }
     if let Some(location) = message.location() {
         push("location", None, format!("{}, {}", location.latitude, location.longitude));
+    }
+    if let Some(dice) = message.dice() {
+        push("dice", None, format!("{:?} {}", dice.emoji, dice.value));
     }
     if let Some(contact) = message.contact() {
         push("contact", None, contact.first_name.clone());
@@ -258,7 +477,7 @@ mod tests {
         assert_eq!(e.update_id, 7);
         assert_eq!(e.kind, EnvelopeKind::Message);
         assert_eq!(e.channel, Channel { chat_id: 42, thread_id: None });
-        assert_eq!(e.chat_type, "private");
+        assert_eq!(e.chat_type, ChatType::Private);
         assert_eq!(e.message_id, 3);
         assert_eq!(sender_display(e.sender.username.as_deref(), &e.sender.name), "@ann");
         assert_eq!(e.sender.name, "Ann Lee");
@@ -275,7 +494,7 @@ mod tests {
                         "chat": chat, "from": from(), "text": "deploy?"}
         }))));
         assert_eq!(e.channel, Channel { chat_id: -100123, thread_id: Some(42) });
-        assert_eq!(e.chat_type, "supergroup");
+        assert_eq!(e.chat_type, ChatType::Supergroup);
         assert_eq!(e.chat_title.as_deref(), Some("Ops"));
     }
 
@@ -327,25 +546,152 @@ mod tests {
     }
 
     #[test]
-    fn migration_is_reported_not_enveloped() {
+    fn migration_is_reported_and_kept_as_a_service_message() {
         let chat = json!({"id": -555, "type": "group", "title": "Old"});
         let inbound = classify(&update(json!({
             "update_id": 12,
             "message": {"message_id": 6, "date": 1_700_000_000, "chat": chat, "from": from(),
                         "migrate_to_chat_id": -1_000_000_000_555i64}
         })));
-        assert_eq!(
-            inbound,
-            Inbound::Migrated { update_id: 12, from_chat_id: -555, to_chat_id: -1_000_000_000_555 }
-        );
+        let Inbound::Migrated { envelope, reason, to_chat_id } = inbound else { panic!("{inbound:?}") };
+        assert_eq!((envelope.channel.chat_id, to_chat_id), (-555, -1_000_000_000_555));
+        assert_eq!(reason, "service message: migrate_to_chat_id");
+        let arrived = classify(&update(json!({
+            "update_id": 13,
+            "message": {"message_id": 1, "date": 1_700_000_000, "from": from(),
+                        "chat": {"id": -1_000_000_000_555i64, "type": "supergroup", "title": "New"},
+                        "migrate_from_chat_id": -555}
+        })));
+        assert_eq!(ignored_reason(arrived), "service message: migrate_from_chat_id");
+    }
+
+    fn ignored_reason(inbound: Inbound) -> String {
+        match inbound {
+            Inbound::Ignored { reason, .. } => reason,
+            other => panic!("expected an ignored message, got {other:?}"),
+        }
     }
 
     #[test]
-    fn malformed_and_foreign_updates_are_named() {
-        let malformed = update(json!({"update_id": 13, "message": {"nonsense": true}}));
-        assert_eq!(classify(&malformed), Inbound::Malformed { update_id: 13 });
+    fn service_messages_are_ignored_with_their_reason() {
+        let chat = json!({"id": -100123, "type": "supergroup", "title": "Ops", "is_forum": true});
+        let message = |extra: serde_json::Value| {
+            let mut message = json!({"message_id": 20, "date": 1_700_000_000, "chat": chat, "from": from()});
+            message.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            update(json!({"update_id": 30, "message": message}))
+        };
+        let cases = [
+            (json!({"new_chat_members": [from()]}), "new_chat_members"),
+            (json!({"left_chat_member": from()}), "left_chat_member"),
+            (json!({"new_chat_title": "Renamed"}), "new_chat_title"),
+            (
+                json!({"pinned_message": {"message_id": 3, "date": 1_700_000_000, "chat": chat, "text": "pin me"}}),
+                "pinned_message",
+            ),
+            (
+                json!({"forum_topic_created": {"name": "Deploys", "icon_color": 7322096}}),
+                "forum_topic_created",
+            ),
+            (json!({"forum_topic_closed": {}}), "forum_topic_closed"),
+        ];
+        for (extra, name) in cases {
+            let inbound = classify(&message(extra));
+            assert_eq!(ignored_reason(inbound), format!("service message: {name}"));
+        }
+        // Ordinary content stays work, a dice throw included.
+        assert!(matches!(classify(&message(json!({"text": "hi"}))), Inbound::Envelope(_)));
+        let dice = envelope(classify(&message(json!({"dice": {"emoji": "🎲", "value": 4}}))));
+        assert_eq!(dice.content(), "[dice: Dice 4]");
+    }
+
+    #[test]
+    fn live_location_edits_are_ignored_but_a_shared_location_is_work() {
+        let location = json!({"latitude": 1.5, "longitude": 2.5, "live_period": 900});
+        let edit = classify(&update(json!({
+            "update_id": 40,
+            "edited_message": {"message_id": 5, "date": 1_700_000_000, "edit_date": 1_700_000_060,
+                               "chat": private_chat(), "from": from(), "location": location}
+        })));
+        assert_eq!(ignored_reason(edit), "live location update");
+        let shared = classify(&update(json!({
+            "update_id": 41,
+            "message": {"message_id": 5, "date": 1_700_000_000, "chat": private_chat(), "from": from(), "location": location}
+        })));
+        assert!(matches!(shared, Inbound::Envelope(_)));
+    }
+
+    #[test]
+    fn foreign_updates_are_named_and_not_recorded() {
         let post = update(json!({"update_id": 14, "channel_post": {"message_id": 1, "date": 1_700_000_000,
             "chat": {"id": -100, "type": "channel", "title": "News"}, "text": "hi"}}));
-        assert_eq!(classify(&post), Inbound::Ignored { update_id: 14, kind: "channel_post" });
+        assert_eq!(classify(&post), Inbound::NotAMessage { update_id: 14, kind: "channel_post" });
+    }
+
+    fn undecodable_reason(inbound: Inbound) -> (Option<i64>, String) {
+        match inbound {
+            Inbound::Undecodable { update_id, reason } => (update_id, reason),
+            other => panic!("expected an undecodable update, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_update_teloxide_cannot_read_is_undecodable() {
+        let malformed = RawUpdate::new(r#"{"update_id": 13, "message": {"nonsense": true}}"#);
+        let (update_id, reason) = undecodable_reason(read(&malformed));
+        assert_eq!(update_id, Some(13));
+        assert!(reason.contains("teloxide cannot read it"), "{reason}");
+    }
+
+    #[test]
+    fn a_lone_surrogate_makes_only_its_own_update_undecodable() {
+        let raw = RawUpdate::new(
+            r#"{"update_id": 15, "message": {"message_id": 9, "date": 1700000000, "from": {"id": 42, "is_bot": false, "first_name": "Ann"}, "chat": {"id": 42, "type": "private", "first_name": "Ann"}, "text": "\ud800"}}"#,
+        );
+        let (update_id, reason) = undecodable_reason(read(&raw));
+        assert_eq!(update_id, Some(15));
+        assert!(reason.contains("teloxide cannot read it") && reason.contains("hex escape"), "{reason}");
+        // The audit row still names what can be read.
+        let e = undecodable_envelope(&raw, update_id);
+        assert_eq!(
+            (e.update_id, e.kind, e.channel.chat_id, e.chat_type),
+            (15, EnvelopeKind::Unknown, 42, ChatType::Private)
+        );
+        assert_eq!((e.message_id, e.sender.id, e.sent_at.timestamp()), (9, Some(42), 1_700_000_000));
+        assert_eq!(e.text, None);
+    }
+
+    #[test]
+    fn a_reaction_without_an_actor_panics_teloxide_and_becomes_undecodable() {
+        let raw = RawUpdate::new(
+            r#"{"update_id": 16, "message_reaction": {"chat": {"id": -100, "type": "supergroup", "title": "Ops"}, "message_id": 3, "date": 1700000000, "old_reaction": [], "new_reaction": [{"type": "emoji", "emoji": "👍"}]}}"#,
+        );
+        let (update_id, reason) = undecodable_reason(read(&raw));
+        assert_eq!(update_id, Some(16));
+        assert!(reason.contains("panicked"), "{reason}");
+        let e = undecodable_envelope(&raw, update_id);
+        assert_eq!((e.channel.chat_id, e.message_id, e.chat_type), (-100, 3, ChatType::Supergroup));
+    }
+
+    #[test]
+    fn an_update_that_is_not_even_json_keeps_what_can_be_read() {
+        let raw = RawUpdate::new(
+            "{\"update_id\": 17, \"message\": {\"chat\": {\"id\": 5}, \"text\": \"bad \\q\"}}",
+        );
+        assert_eq!(raw.update_id, Some(17));
+        let (update_id, _) = undecodable_reason(read(&raw));
+        assert_eq!(undecodable_envelope(&raw, update_id).channel.chat_id, 5);
+        let nothing = RawUpdate::new("[not an update");
+        let (update_id, _) = undecodable_reason(read(&nothing));
+        assert_eq!(update_id, None);
+        assert_eq!(undecodable_envelope(&nothing, None).update_id, 0);
+    }
+
+    #[test]
+    fn kinds_and_chat_types_are_named_as_telegram_names_them() {
+        assert_eq!(EnvelopeKind::EditedMessage.to_string(), "edited_message");
+        assert_eq!(ChatType::Supergroup.to_string(), "supergroup");
+        for name in ["private", "group", "supergroup", "channel"] {
+            assert_eq!(ChatType::from_api(name).as_str(), name);
+        }
     }
 }

@@ -1,7 +1,10 @@
-//! The edge to Telegram: updates come in through the [`poller`] and become
-//! [`envelope`]s; replies go out through [`outbound`] as recorded attempts.
+//! The edge to Telegram: the [`poller`] fetches updates raw through [`updates`] and each
+//! becomes an [`envelope`] (or an audit row, when it is no work or cannot be decoded);
+//! replies go out through [`outbound`] as recorded attempts.
 
 pub mod bot_api;
 pub mod envelope;
+pub mod lenient;
 pub mod outbound;
 pub mod poller;
+pub mod updates;

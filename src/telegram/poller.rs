@@ -1,44 +1,51 @@
-//! The poller: the one `getUpdates` loop of the bot. It stores each batch's envelopes and
-//! the next offset in one ledger transaction before asking for more, so a crash never
-//! loses an update and a re-poll never stores one twice.
+//! The poller: the one `getUpdates` loop of the bot. It stores each batch's rows and the
+//! next offset in one ledger transaction before asking for more, so a crash never loses an
+//! update and a re-poll never stores one twice.
+//!
+//! Each update is decoded on its own: one that cannot be decoded (or makes the decoder
+//! panic) is recorded raw as `undecodable` and confirmed with its batch, so intake never
+//! stalls on it. A ledger that is busy or a disk that is full is waited out; a token that
+//! Telegram keeps refusing stops the daemon after `telegram.unauthorized_exit_secs`.
 
 use std::time::Duration;
 
-use teloxide::payloads::GetUpdatesSetters;
-use teloxide::prelude::*;
-use teloxide::{ApiError, RequestError};
+use teloxide::Bot;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
 use crate::config::Settings;
-use crate::ledger::EnvelopeState;
+use crate::ledger::{EnvelopeState, LedgerCongestion};
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::rules::routes::{Disposition, RoutesTable, dispose};
 use crate::telegram::envelope::{self, Inbound};
+use crate::telegram::updates::{FetchError, RawUpdate, UpdatesClient};
 
 /// Telegram's maximum batch.
 const BATCH_LIMIT: u8 = 100;
 
 /// Backoff after a failed poll: quick at first (a blip), capped so a long outage is
-/// still noticed within half a minute of its end.
+/// still noticed within half a minute of its end. The ledger's waits (busy, disk full)
+/// use the same curve on a backoff of their own, since a poll can succeed in between.
 const BACKOFF_FIRST: Duration = Duration::from_millis(500);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);
 
 /// What one poll did; the loop around [`Poller::poll_once`] only sleeps on `Wait`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PollOutcome {
-    /// A batch was committed: how many updates came, how many envelopes were new.
+    /// A batch was committed: how many updates came, how many rows were new.
     Committed { updates: usize, new_envelopes: usize },
     /// The long poll ended with nothing.
     Empty,
-    /// Telegram or the network failed; wait this long before polling again.
+    /// Telegram, the network or the ledger failed; wait this long before polling again.
     Wait(Duration),
 }
 
 pub struct Poller {
-    /// A bot whose HTTP client outlives the long poll (see `app`).
-    bot: Bot,
+    /// `getUpdates` through the bot's HTTP client, whose timeout outlives the long poll
+    /// (see `app`).
+    updates: UpdatesClient,
     /// Telegram's numeric bot id: the key of this bot's offset in the ledger.
     bot_id: i64,
     ledger: Ledger,
@@ -46,14 +53,21 @@ pub struct Poller {
     allowed_users: Vec<i64>,
     bridge: Bridge,
     poll_timeout: Duration,
+    /// Between failed calls to Telegram.
     backoff: Backoff,
+    /// Between batches the ledger could not take.
+    ledger_backoff: Backoff,
+    /// How long Telegram may refuse the token before the poller gives up.
+    unauthorized_exit: Duration,
+    /// Since when Telegram has refused the token, with no successful call since.
+    refused_since: Option<Instant>,
 }
 
 impl Poller {
     /// A poller for the bot behind `bot`, routing by `settings`' routes and allowlist.
     pub fn new(bot: Bot, bot_id: i64, ledger: Ledger, bridge: Bridge, settings: &Settings) -> Self {
         Self {
-            bot,
+            updates: UpdatesClient::new(&bot),
             bot_id,
             ledger,
             routes: settings.routes.clone(),
@@ -61,6 +75,9 @@ impl Poller {
             bridge,
             poll_timeout: settings.telegram.poll_timeout,
             backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
+            ledger_backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
+            unauthorized_exit: settings.telegram.unauthorized_exit,
+            refused_since: None,
         }
     }
 
@@ -84,47 +101,41 @@ impl Poller {
         Ok(())
     }
 
-    /// One `getUpdates` call and the commit of its batch. Errors are only returned for the
-    /// ledger: without it nothing can be stored safely, and the daemon must stop loudly.
+    /// One `getUpdates` call and the commit of its batch. Errors are returned only when
+    /// the daemon must stop: a ledger error other than a busy lock or a full disk
+    /// (nothing could be stored safely), or a token refused for too long.
     pub async fn poll_once(&mut self) -> anyhow::Result<PollOutcome> {
-        let offset = self.ledger.next_offset(self.bot_id).await?;
-        let mut request = self
-            .bot
-            .get_updates()
-            .timeout(u32::try_from(self.poll_timeout.as_secs()).unwrap_or(u32::MAX))
-            .limit(BATCH_LIMIT);
-        if let Some(offset) = offset {
-            request = request.offset(i32::try_from(offset).unwrap_or(i32::MAX));
-        }
-        let updates = match request.await {
+        let offset = match self.ledger.next_offset(self.bot_id).await {
+            Ok(offset) => offset,
+            Err(e) => return self.ledger_trouble(e, "reading the poll offset"),
+        };
+        let updates = match self.updates.get_updates(offset, self.poll_timeout, BATCH_LIMIT).await {
             Ok(updates) => updates,
-            Err(e) => return Ok(PollOutcome::Wait(self.failure_delay(&e))),
+            Err(e) => return self.fetch_failed(&e).map(PollOutcome::Wait),
         };
         self.backoff.reset();
-        let Some(last) = updates.last() else {
+        self.refused_since = None;
+        if updates.is_empty() {
             return Ok(PollOutcome::Empty);
-        };
-        let next_offset = i64::from(last.id.0) + 1;
-
-        let mut batch = Vec::with_capacity(updates.len());
-        for update in &updates {
-            match envelope::classify(update) {
-                Inbound::Envelope(envelope) => batch.push(self.route(*envelope)),
-                Inbound::Migrated { update_id, from_chat_id, to_chat_id } => {
-                    self.report_migration(update_id, from_chat_id, to_chat_id)
-                }
-                Inbound::Ignored { update_id, kind } => {
-                    tracing::debug!(update_id, kind, "update of a kind switchboard does not route")
-                }
-                Inbound::Malformed { update_id } => {
-                    tracing::warn!(
-                        update_id,
-                        "malformed update skipped (Telegram sent something teloxide could not read)"
-                    )
-                }
-            }
         }
-        let inserted = self.ledger.record_batch(self.bot_id, next_offset, &batch).await?;
+        // Telegram confirms every update below the offset: one past the last update.
+        let Some(next_offset) = updates.iter().rev().find_map(|update| update.update_id).map(|id| id + 1)
+        else {
+            let delay = self.backoff.next_delay();
+            tracing::warn!(
+                updates = updates.len(),
+                retry_in_ms = delay.as_millis() as u64,
+                "getUpdates failed; retrying: no update of the batch has a readable update_id"
+            );
+            return Ok(PollOutcome::Wait(delay));
+        };
+
+        let batch: Vec<RoutedEnvelope> = updates.iter().filter_map(|raw| self.row(raw)).collect();
+        let inserted = match self.ledger.record_batch(self.bot_id, next_offset, &batch).await {
+            Ok(inserted) => inserted,
+            Err(e) => return self.ledger_trouble(e, "recording a batch"),
+        };
+        self.ledger_backoff.reset();
         for routed in &inserted {
             log_recorded(routed);
             if let (EnvelopeState::Queued, Some(agent)) = (routed.state, &routed.agent) {
@@ -134,7 +145,30 @@ impl Poller {
         Ok(PollOutcome::Committed { updates: updates.len(), new_envelopes: inserted.len() })
     }
 
-    fn route(&self, envelope: envelope::Envelope) -> RoutedEnvelope {
+    /// What one update becomes in the ledger, if anything.
+    fn row(&self, raw: &RawUpdate) -> Option<RoutedEnvelope> {
+        let digest = raw.digest();
+        match envelope::read(raw) {
+            Inbound::Envelope(envelope) => Some(self.route(*envelope, digest)),
+            Inbound::Ignored { envelope, reason } => {
+                Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            }
+            Inbound::Migrated { envelope, reason, to_chat_id } => {
+                self.report_migration(envelope.update_id, envelope.channel.chat_id, to_chat_id);
+                Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            }
+            Inbound::NotAMessage { update_id, kind } => {
+                tracing::debug!(update_id, kind, "update of a kind switchboard does not route");
+                None
+            }
+            Inbound::Undecodable { update_id, reason } => {
+                let envelope = envelope::undecodable_envelope(raw, update_id);
+                Some(audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone())))
+            }
+        }
+    }
+
+    fn route(&self, envelope: envelope::Envelope, update_digest: String) -> RoutedEnvelope {
         let (state, route) =
             match dispose(&self.routes, &self.allowed_users, envelope.channel, envelope.sender.id) {
                 Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
@@ -146,6 +180,9 @@ impl Poller {
             route: route.map(|r| r.name.clone()),
             agent: route.map(|r| r.agent.clone()),
             envelope,
+            update_digest,
+            note: None,
+            raw_update: None,
         }
     }
 
@@ -170,14 +207,29 @@ impl Poller {
         }
     }
 
-    /// How long to wait after a failed poll, saying what is wrong at the right volume.
-    fn failure_delay(&mut self, error: &RequestError) -> Duration {
-        match error {
-            RequestError::RetryAfter(wait) => {
-                tracing::warn!(wait_secs = wait.seconds(), "Telegram rate limit on getUpdates: waiting");
-                wait.duration()
+    /// A ledger error: waited out when it passes by itself (busy, disk full), else fatal.
+    fn ledger_trouble(&mut self, error: sqlx::Error, doing: &str) -> anyhow::Result<PollOutcome> {
+        let Some(congestion) = LedgerCongestion::of(&error) else {
+            return Err(anyhow::Error::new(error).context(format!("{doing} in the ledger")));
+        };
+        let delay = self.ledger_backoff.next_delay();
+        tracing::error!(
+            error = %error,
+            retry_in_ms = delay.as_millis() as u64,
+            "{congestion} ({doing}): nothing recorded and the offset not moved, so Telegram keeps the updates; retrying"
+        );
+        Ok(PollOutcome::Wait(delay))
+    }
+
+    /// How long to wait after a failed poll, saying what is wrong at the right volume; an
+    /// error when the token has been refused for `telegram.unauthorized_exit_secs`.
+    fn fetch_failed(&mut self, error: &FetchError) -> anyhow::Result<Duration> {
+        let delay = match error {
+            FetchError::RetryAfter(wait) => {
+                tracing::warn!(wait_secs = wait.as_secs(), "Telegram rate limit on getUpdates: waiting");
+                *wait
             }
-            RequestError::Api(ApiError::TerminatedByOtherGetUpdates) => {
+            FetchError::Conflict => {
                 let delay = self.backoff.next_delay();
                 tracing::error!(
                     retry_in_ms = delay.as_millis() as u64,
@@ -185,7 +237,7 @@ impl Poller {
                 );
                 delay
             }
-            e if webhook_is_active(e) => {
+            FetchError::WebhookActive => {
                 let delay = self.backoff.next_delay();
                 tracing::error!(
                     retry_in_ms = delay.as_millis() as u64,
@@ -193,21 +245,50 @@ impl Poller {
                 );
                 delay
             }
-            RequestError::Api(ApiError::InvalidToken) => {
-                let delay = self.backoff.next_delay();
-                tracing::error!(
-                    retry_in_ms = delay.as_millis() as u64,
-                    "Telegram refuses the bot token: check the variable telegram.token_env names"
-                );
-                delay
-            }
+            FetchError::Unauthorized { .. } => return self.token_refused(),
             other => {
                 let delay = self.backoff.next_delay();
                 tracing::warn!(error = %other, retry_in_ms = delay.as_millis() as u64, "getUpdates failed; retrying");
                 delay
             }
-        }
+        };
+        Ok(delay)
     }
+
+    /// A 401 is an error on every retry; once it has lasted `unauthorized_exit`, the
+    /// poller gives up and the daemon stops with a non-zero exit.
+    fn token_refused(&mut self) -> anyhow::Result<Duration> {
+        let refused_for = self.refused_since.get_or_insert_with(Instant::now).elapsed();
+        let limit_secs = self.unauthorized_exit.as_secs();
+        if refused_for >= self.unauthorized_exit {
+            tracing::error!(
+                refused_for_secs = refused_for.as_secs(),
+                "Telegram has refused the bot token for {limit_secs} s (telegram.unauthorized_exit_secs): stopping the daemon. The token was revoked or is wrong: put a valid one in the variable telegram.token_env names"
+            );
+            anyhow::bail!(
+                "Telegram refused the bot token for {limit_secs} s (telegram.unauthorized_exit_secs)"
+            );
+        }
+        let remaining = self.unauthorized_exit - refused_for;
+        let delay = self.backoff.next_delay().min(remaining);
+        tracing::error!(
+            retry_in_ms = delay.as_millis() as u64,
+            stopping_in_secs = remaining.as_secs(),
+            "Telegram refuses the bot token: check the variable telegram.token_env names"
+        );
+        Ok(delay)
+    }
+}
+
+/// A row kept for audit, handed to no agent.
+fn audit_row(
+    envelope: envelope::Envelope,
+    state: EnvelopeState,
+    update_digest: String,
+    note: String,
+    raw_update: Option<String>,
+) -> RoutedEnvelope {
+    RoutedEnvelope { envelope, state, route: None, agent: None, update_digest, note: Some(note), raw_update }
 }
 
 fn log_recorded(routed: &RoutedEnvelope) {
@@ -230,6 +311,26 @@ fn log_recorded(routed: &RoutedEnvelope) {
             route,
             "sender is not on telegram.allowed_users: recorded as rejected"
         ),
+        EnvelopeState::Ignored => tracing::info!(
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            reason = routed.note.as_deref().unwrap_or_default(),
+            "no work for an agent: recorded as ignored"
+        ),
+        EnvelopeState::Undecodable => {
+            // The update id only: the raw text carries the message, and the reason may
+            // quote it.
+            tracing::warn!(
+                update_id = e.update_id,
+                "undecodable update recorded raw and confirmed (Telegram sent something teloxide could not read): see `switchboard ledger show` for this trace id"
+            );
+            tracing::debug!(
+                reason = routed.note.as_deref().unwrap_or_default(),
+                raw = routed.raw_update.as_deref().unwrap_or_default(),
+                "undecodable update"
+            );
+            return;
+        }
         _ => tracing::info!(
             update_id = e.update_id,
             chat_id = e.channel.chat_id,
@@ -243,16 +344,6 @@ fn log_recorded(routed: &RoutedEnvelope) {
     tracing::debug!(text = e.content(), "envelope content");
 }
 
-/// Telegram refuses `getUpdates` while a webhook is set. teloxide knows the bare message;
-/// Telegram's real one has a "Conflict: " prefix and a hint after it.
-fn webhook_is_active(error: &RequestError) -> bool {
-    match error {
-        RequestError::Api(ApiError::CantGetUpdates) => true,
-        RequestError::Api(ApiError::Unknown(description)) => description.contains("webhook is active"),
-        _ => false,
-    }
-}
-
 /// The numeric bot id is the part of the token before the colon.
 pub fn bot_id_from_token(token: &str) -> Option<i64> {
     token.split_once(':').and_then(|(id, _)| id.parse().ok())
@@ -261,14 +352,6 @@ pub fn bot_id_from_token(token: &str) -> Option<i64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_active_webhook_is_recognised_in_both_wordings() {
-        assert!(webhook_is_active(&RequestError::Api(ApiError::CantGetUpdates)));
-        let real = "Conflict: can't use getUpdates method while webhook is active; use deleteWebhook to delete the webhook first";
-        assert!(webhook_is_active(&RequestError::Api(ApiError::Unknown(real.into()))));
-        assert!(!webhook_is_active(&RequestError::Api(ApiError::TerminatedByOtherGetUpdates)));
-    }
 
     #[test]
     fn bot_id_is_the_token_prefix() {

@@ -63,6 +63,9 @@ pub struct TestDaemon {
     starts: usize,
     /// Extra environment for the daemon process (e.g. `SWITCHBOARD__…` overrides).
     env: Vec<(String, String)>,
+    /// A program (and its arguments) that runs the daemon's command line, e.g. in a
+    /// namespace of its own; empty to run the binary directly.
+    launcher: Vec<String>,
 }
 
 impl TestDaemon {
@@ -75,6 +78,21 @@ impl TestDaemon {
     /// Like [`TestDaemon::start`], with extra environment variables for the daemon.
     pub fn start_with_env(api_url: &str, extra_telegram: &str, routes: &str, env: &[(&str, &str)]) -> Self {
         let mut daemon = Self::configure(api_url, extra_telegram, routes, env);
+        daemon.spawn();
+        daemon
+    }
+
+    /// Like [`TestDaemon::start_with_env`], with the daemon started by `launcher`, which is
+    /// given the binary and its arguments to run (`launcher… BIN run --config FILE`).
+    pub fn start_launched(
+        launcher: &[&str],
+        api_url: &str,
+        extra_telegram: &str,
+        routes: &str,
+        env: &[(&str, &str)],
+    ) -> Self {
+        let mut daemon = Self::configure(api_url, extra_telegram, routes, env);
+        daemon.launcher = launcher.iter().map(|arg| arg.to_string()).collect();
         daemon.spawn();
         daemon
     }
@@ -114,7 +132,7 @@ token_env = "SB_TEST_WORKER_SECRET"
         let config_path = dir.path().join("switchboard.toml");
         std::fs::write(&config_path, config).expect("write config");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self { dir, config_path, api_addr, child: None, starts: 0, env }
+        Self { dir, config_path, api_addr, child: None, starts: 0, env, launcher: Vec::new() }
     }
 
     /// Starts a daemon made with [`TestDaemon::configure`] and waits until it listens.
@@ -152,7 +170,10 @@ token_env = "SB_TEST_WORKER_SECRET"
 
     /// A command for the binary with this daemon's secrets in its environment.
     pub fn command(&self) -> Command {
-        let mut command = Command::new(BIN);
+        self.command_for(Command::new(BIN))
+    }
+
+    fn command_for(&self, mut command: Command) -> Command {
         command
             .env("SB_TEST_BOT_TOKEN", TEST_TOKEN)
             .env("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)
@@ -169,8 +190,16 @@ token_env = "SB_TEST_WORKER_SECRET"
         assert!(self.child.is_none(), "daemon already running");
         self.starts += 1;
         let log = std::fs::File::create(self.log_path(self.starts)).expect("log file");
+        let program = match self.launcher.split_first() {
+            Some((launcher, args)) => {
+                let mut command = Command::new(launcher);
+                command.args(args).arg(BIN);
+                command
+            }
+            None => Command::new(BIN),
+        };
         let child = self
-            .command()
+            .command_for(program)
             .args(["run", "--config"])
             .arg(&self.config_path)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -239,6 +268,31 @@ token_env = "SB_TEST_WORKER_SECRET"
 
     pub fn restart(&mut self) {
         self.spawn();
+    }
+
+    /// Whether the daemon process is still running.
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| child.try_wait().expect("try_wait").is_none())
+    }
+
+    /// Waits for the daemon to exit by itself; panics with the logs if it does not within
+    /// `within`. Async, so a fake server on the test's runtime keeps answering meanwhile.
+    pub async fn wait_for_exit(&mut self, within: Duration) -> ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) =
+                self.child.as_mut().expect("daemon not running").try_wait().expect("try_wait")
+            {
+                self.child = None;
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "switchboard did not exit within {within:?}:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     /// Runs `switchboard ledger ARGS…` against this daemon's database; (success, stdout, stderr).

@@ -14,6 +14,11 @@
 //! * an update stays pending until a `getUpdates` call sends an `offset`
 //!   greater than its id, so a client that crashes between receiving and
 //!   confirming sees the update again;
+//! * updates are served as JSON text, so a test can serve one that is not
+//!   valid JSON or that `serde_json::Value` cannot hold
+//!   ([`FakeTelegram::push_raw_update_text`]), and an id can come back with
+//!   other content, as after a week without updates
+//!   ([`FakeTelegram::reuse_update_id`]);
 //! * long polls wake as soon as an update is pushed, and a newer `getUpdates`
 //!   terminates an older one still waiting with the real 409 "Conflict";
 //! * once a group has migrated ([`FakeTelegram::push_migration`]) `sendMessage`
@@ -399,11 +404,42 @@ impl FakeTelegram {
             let mut state = self.shared.lock();
             let id = state.take_update_id();
             object.insert("update_id".to_owned(), json!(id));
-            state.updates.push_back(PendingUpdate { id, json: update });
+            state.updates.push_back(PendingUpdate::new(id, update.to_string()));
             id
         };
         self.shared.changed.notify_waiters();
         id
+    }
+
+    /// Queues an update given as JSON text and serves it verbatim, including
+    /// text that is not valid JSON or that `serde_json::Value` cannot hold,
+    /// such as a lone UTF-16 surrogate escape (`"\ud800"`). `text` is the
+    /// update without its `update_id`: an object, after whose opening `{` the
+    /// fake writes `"update_id":<id>,`. Returns the id.
+    pub fn push_raw_update_text(&self, text: &str) -> i64 {
+        let id = {
+            let mut state = self.shared.lock();
+            let id = state.take_update_id();
+            state.updates.push_back(PendingUpdate::new(id, with_update_id(id, text)));
+            id
+        };
+        self.shared.changed.notify_waiters();
+        id
+    }
+
+    /// Queues `text` (as for [`FakeTelegram::push_raw_update_text`]) under an
+    /// id that was used before. Telegram picks update ids afresh after a week
+    /// without updates, so an id can come back with other content; the fake
+    /// serves this update even though its id was confirmed earlier, and
+    /// forgets it at the first offset above its id sent after serving it.
+    pub fn reuse_update_id(&self, update_id: i64, text: &str) {
+        {
+            let mut state = self.shared.lock();
+            let mut update = PendingUpdate::new(update_id, with_update_id(update_id, text));
+            update.reused = true;
+            state.updates.push_back(update);
+        }
+        self.shared.changed.notify_waiters();
     }
 
     fn push_message(
@@ -431,7 +467,7 @@ impl FakeTelegram {
 
             let id = state.take_update_id();
             let update = json!({ "update_id": id, update_kind: message });
-            state.updates.push_back(PendingUpdate { id, json: update });
+            state.updates.push_back(PendingUpdate::new(id, update.to_string()));
             id
         };
         self.shared.changed.notify_waiters();
@@ -629,11 +665,34 @@ struct Shared {
 
 struct PendingUpdate {
     id: i64,
-    json: Value,
+    /// The update's JSON text, served verbatim.
+    text: String,
+    /// Pushed by [`FakeTelegram::reuse_update_id`]: served whatever was
+    /// confirmed before, until confirmed after it was served.
+    reused: bool,
+    served: bool,
+}
+
+impl PendingUpdate {
+    fn new(id: i64, text: String) -> Self {
+        Self { id, text, reused: false, served: false }
+    }
+
+    /// Whether a `getUpdates` with this offset serves this update.
+    fn is_served_from(&self, offset: i64) -> bool {
+        self.id >= offset || (self.reused && !self.served)
+    }
+}
+
+/// `text` (an update object without its id) with `"update_id":id` first.
+fn with_update_id(id: i64, text: &str) -> String {
+    let rest = text.trim_start().strip_prefix('{').expect("an update must be a JSON object");
+    let separator = if rest.trim_start().starts_with('}') { "" } else { "," };
+    format!("{{\"update_id\":{id}{separator}{rest}")
 }
 
 struct State {
-    /// Unconfirmed updates, ascending by id.
+    /// Unconfirmed updates, ascending by id (apart from reused ids).
     updates: VecDeque<PendingUpdate>,
     next_update_id: i64,
     next_message_id: i32,
@@ -706,9 +765,7 @@ impl State {
         } else {
             return;
         };
-        while self.updates.front().is_some_and(|update| update.id < watermark) {
-            self.updates.pop_front();
-        }
+        self.updates.retain(|update| update.is_served_from(watermark));
         // Confirmation is permanent: a later, lower offset cannot resurrect
         // forgotten updates, so the watermark only moves up.
         self.confirmed_offset = Some(self.confirmed_offset.map_or(watermark, |c| c.max(watermark)));
@@ -927,7 +984,7 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
     shared.changed.notify_waiters();
 
     enum Outcome {
-        Updates(Vec<Value>),
+        Updates(Vec<(i64, String)>),
         Superseded,
         Empty,
     }
@@ -940,13 +997,13 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
             if state.poll_generation != generation {
                 return Some(Outcome::Superseded);
             }
-            let batch: Vec<Value> = state
+            let batch: Vec<(i64, String)> = state
                 .updates
                 .iter()
                 // Only matters if the client jumped ahead of existing ids.
-                .filter(|update| update.id >= offset)
+                .filter(|update| update.is_served_from(offset))
                 .take(limit)
-                .map(|update| update.json.clone())
+                .map(|update| (update.id, update.text.clone()))
                 .collect();
             (!batch.is_empty()).then_some(Outcome::Updates(batch))
         })
@@ -954,7 +1011,16 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
         .unwrap_or(Outcome::Empty);
 
     match outcome {
-        Outcome::Updates(batch) => ok(Value::Array(batch)),
+        Outcome::Updates(batch) => {
+            let mut state = shared.lock();
+            for update in
+                state.updates.iter_mut().filter(|update| batch.iter().any(|(id, _)| *id == update.id))
+            {
+                update.served = true;
+            }
+            let texts: Vec<String> = batch.into_iter().map(|(_, text)| text).collect();
+            ok_raw(&texts.join(","))
+        }
         Outcome::Empty => ok(json!([])),
         Outcome::Superseded => api_error(StatusCode::CONFLICT, CONFLICT_DESCRIPTION, None),
     }
@@ -1169,6 +1235,12 @@ fn obj_param(params: &Map<String, Value>, name: &str) -> Result<Option<Map<Strin
 
 fn ok(result: Value) -> Response {
     Json(json!({ "ok": true, "result": result })).into_response()
+}
+
+/// A successful response whose `result` is the JSON text `result`, verbatim.
+fn ok_raw(result: &str) -> Response {
+    let body = format!("{{\"ok\":true,\"result\":[{result}]}}");
+    (StatusCode::OK, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
 /// A Telegram-shaped error. teloxide ignores the status and `error_code` and

@@ -8,7 +8,8 @@ use super::{AgentSlot, Bridge, RunningReply, ToolError};
 use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
-    AttemptPurpose, AttemptState, EnvelopeState, RecordedReply, ReplyVerdict, StoredAttempt, StoredEnvelope,
+    AttemptPurpose, AttemptState, EnvelopeKind, EnvelopeState, RecordedReply, ReplyVerdict, StoredAttempt,
+    StoredEnvelope,
 };
 use crate::rules::resolver::{self, Blocked, Candidate, ResolveError};
 use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
@@ -302,7 +303,7 @@ impl Bridge {
         let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
         let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidate)
             .map_err(|refusal| refused("ack", agent, refusal))?;
-        if envelope.kind == "handoff" {
+        if envelope.kind == EnvelopeKind::Handoff {
             // Closing a handoff tells the delegator, with the note.
             self.close_handoff(agent, &envelope, request.note.as_deref()).await?;
             tracing::info!(%agent, trace_id = %trace_id, "handoff closed without an answer");

@@ -1,0 +1,409 @@
+//! Intake that never stops (issue 6), against the real daemon and the fake Bot API: every
+//! update is decoded on its own, what cannot be decoded is kept raw, service messages are
+//! no work, a reused update id is not a duplicate, a busy ledger or a full disk is waited
+//! out, and a token Telegram keeps refusing stops the daemon loudly.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::json;
+use sqlx::Connection;
+use support::daemon::*;
+use support::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
+use support::mcp::ChannelClient;
+use switchboard::config::Synchronous;
+use switchboard::ledger::{EnvelopeState, Ledger, ListFilter, StoredEnvelope};
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn owner() -> UserSpec {
+    UserSpec::new(OWNER_ID, "Olga").with_username("olga")
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_secs() as i64
+}
+
+/// A message object from the owner in their DM, as JSON text, with `content` spliced in
+/// verbatim (so it may hold what `serde_json::Value` cannot).
+fn owner_message(message_id: i32, content: &str) -> String {
+    format!(
+        r#"{{"message": {{"message_id": {message_id}, "date": {now}, "chat": {{"id": {OWNER_CHAT}, "type": "private", "first_name": "Olga"}}, "from": {{"id": {OWNER_ID}, "is_bot": false, "first_name": "Olga", "username": "olga"}}, {content}}}}}"#,
+        now = unix_now()
+    )
+}
+
+async fn rows_in(database: &Path) -> Vec<StoredEnvelope> {
+    let ledger = Ledger::open(database, Synchronous::Normal).await.expect("open ledger");
+    let rows = ledger.list(&ListFilter { limit: 100_000, ..Default::default() }).await.unwrap();
+    ledger.close().await;
+    rows
+}
+
+async fn wait_for_rows_in(database: &Path, n: usize, logs: impl Fn() -> String) -> Vec<StoredEnvelope> {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let rows = rows_in(database).await;
+        if rows.len() >= n {
+            return rows;
+        }
+        assert!(std::time::Instant::now() < deadline, "expected {n} rows, have {}:\n{}", rows.len(), logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn wait_for_rows(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope> {
+    wait_for_rows_in(&daemon.database(), n, || daemon.logs()).await
+}
+
+async fn raw_update(daemon: &TestDaemon, trace_id: &str) -> Option<String> {
+    let ledger = daemon.ledger().await;
+    let raw = ledger.raw_update(trace_id).await.unwrap();
+    ledger.close().await;
+    raw
+}
+
+fn summary(rows: &[StoredEnvelope]) -> Vec<(i64, EnvelopeState)> {
+    rows.iter().map(|e| (e.update_id.unwrap_or_default(), e.state)).collect()
+}
+
+/// The level of a text log line (`2026-… DEBUG target: message`).
+fn level(line: &str) -> &str {
+    line.split_whitespace().nth(1).unwrap_or_default()
+}
+
+/// Every log line that contains `needle` is at debug or trace.
+fn only_at_debug(logs: &str, needle: &str) {
+    for line in logs.lines().filter(|line| line.contains(needle)) {
+        assert!(matches!(level(line), "DEBUG" | "TRACE"), "{needle:?} logged above debug:\n{line}");
+    }
+}
+
+#[tokio::test]
+async fn a_reaction_that_makes_teloxide_panic_is_recorded_and_intake_goes_on() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let before = fake.push_text(&dm, owner(), "before the reaction");
+    // Neither `user` nor `actor_chat`: teloxide 0.17 unwraps a None decoding it.
+    let reaction = fake.push_raw_update(json!({"message_reaction": {
+        "chat": {"id": FORUM_CHAT, "type": "supergroup", "title": "Ops forum", "is_forum": true},
+        "message_id": 7, "date": unix_now(),
+        "old_reaction": [], "new_reaction": [{"type": "emoji", "emoji": "👍"}],
+    }}));
+    let after = fake.push_text(&dm, owner(), "after the reaction");
+
+    let rows = wait_for_rows(&daemon, 3).await;
+    // Undecodable rather than ignored: teloxide could not read it, and switchboard does not
+    // guess from raw JSON what an update would have been; the raw text keeps it all.
+    assert_eq!(
+        summary(&rows),
+        [
+            (before, EnvelopeState::Queued),
+            (reaction, EnvelopeState::Undecodable),
+            (after, EnvelopeState::Queued)
+        ]
+    );
+    assert_eq!((rows[1].chat_id, rows[1].message_id, rows[1].agent.as_deref()), (FORUM_CHAT, 7, None));
+    let raw = raw_update(&daemon, &rows[1].trace_id).await.expect("the raw update is kept");
+    assert!(raw.contains("message_reaction") && raw.contains(&reaction.to_string()), "{raw}");
+    let (ok, out, err) = daemon.ledger_cli(&["list", "--state", "undecodable"]);
+    assert!(ok && out.contains(&rows[1].trace_id) && out.contains("(1 envelope(s))"), "{out}{err}");
+    let (ok, out, err) = daemon.ledger_cli(&["show", &rows[1].trace_id]);
+    assert!(
+        ok && out.contains("raw update (as Telegram sent it):") && out.contains("\"message_reaction\""),
+        "{out}{err}"
+    );
+    fake.wait_until_confirmed(after, WAIT).await;
+
+    // A restart neither panics nor records the reaction again.
+    let status = daemon.stop();
+    assert!(status.success(), "{status}\n{}", daemon.logs());
+    daemon.restart();
+    let next = fake.push_text(&dm, owner(), "after the restart");
+    let rows = wait_for_rows(&daemon, 4).await;
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows[3].update_id, Some(next));
+    let logs = daemon.logs();
+    // The decoder's panic is caught quietly: no panic report, no failed subsystem.
+    assert!(!logs.contains("panicked at") && !logs.contains("subsystem failed"), "{logs}");
+    assert!(logs.contains(&format!("update_id={reaction}")), "{logs}");
+}
+
+#[tokio::test]
+async fn undecodable_updates_are_kept_raw_beside_their_batch_and_no_text_is_logged_above_debug() {
+    let fake = FakeTelegram::start().await;
+    let dm = ChatSpec::private(OWNER_CHAT);
+    // One batch: the daemon starts after everything is queued.
+    let good = fake.push_text(&dm, owner(), "good message one");
+    let surrogate =
+        fake.push_raw_update_text(&owner_message(900, r#""text": "secret surrogate text \ud800""#));
+    let broken = fake.push_raw_update_text(&owner_message(901, r#""text": "secret broken text \q""#));
+    let also_good = fake.push_text(&dm, owner(), "good message two");
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+
+    let rows = wait_for_rows(&daemon, 4).await;
+    assert_eq!(
+        summary(&rows),
+        [
+            (good, EnvelopeState::Queued),
+            (surrogate, EnvelopeState::Undecodable),
+            (broken, EnvelopeState::Undecodable),
+            (also_good, EnvelopeState::Queued),
+        ]
+    );
+    assert_eq!((rows[1].chat_id, rows[1].message_id), (OWNER_CHAT, 900), "what can be read is kept");
+    let raw = raw_update(&daemon, &rows[1].trace_id).await.expect("raw text");
+    assert!(raw.contains(r#""secret surrogate text \ud800""#), "{raw}");
+    let raw = raw_update(&daemon, &rows[2].trace_id).await.expect("raw text");
+    assert!(raw.contains(r#""secret broken text \q""#), "{raw}");
+    fake.wait_until_confirmed(also_good, WAIT).await;
+
+    daemon.wait_for_log(&format!("update_id={broken}"), WAIT).await;
+    let logs = daemon.logs();
+    for id in [surrogate, broken] {
+        let warned = logs.lines().any(|l| level(l) == "WARN" && l.contains(&format!("update_id={id}")));
+        assert!(warned, "the warn line names update {id}:\n{logs}");
+    }
+    // The test's log filter includes switchboard's debug output, so the texts do reach the
+    // log, at debug only.
+    assert!(logs.lines().any(|l| level(l) == "DEBUG" && l.contains("secret surrogate text")), "{logs}");
+    for text in ["secret surrogate text", "secret broken text", "good message"] {
+        only_at_debug(&logs, text);
+    }
+}
+
+#[tokio::test]
+async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_to_an_agent() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = ChannelClient::start(
+        daemon.config_path(),
+        "orchestrator",
+        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)],
+    )
+    .await
+    .expect("channel plugin starts");
+    let now = unix_now();
+    let forum = json!({"id": FORUM_CHAT, "type": "supergroup", "title": "Ops forum", "is_forum": true});
+    let dm = json!({"id": OWNER_CHAT, "type": "private", "first_name": "Olga"});
+    let olga = json!({"id": OWNER_ID, "is_bot": false, "first_name": "Olga"});
+    let ivan = json!({"id": 7, "is_bot": false, "first_name": "Ivan"});
+    let location = json!({"latitude": 52.52, "longitude": 13.40, "live_period": 900});
+
+    let joined = fake.push_raw_update(json!({"message": {
+        "message_id": 50, "date": now, "chat": forum, "from": ivan, "new_chat_members": [ivan]}}));
+    let pinned = fake.push_raw_update(json!({"message": {
+        "message_id": 51, "date": now, "chat": dm, "from": olga,
+        "pinned_message": {"message_id": 49, "date": now, "chat": dm, "text": "remember this"}}}));
+    let shared = fake.push_raw_update(json!({"message": {
+        "message_id": 52, "date": now, "chat": dm, "from": olga, "location": location}}));
+    let moved = fake.push_raw_update(json!({"edited_message": {
+        "message_id": 52, "date": now, "edit_date": now + 30, "chat": dm, "from": olga, "location": location}}));
+    let text = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "where are you?");
+
+    // The agent gets the two messages that are work, and nothing else.
+    let delivered = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    assert!(delivered[0].content.starts_with("[location: "), "{}", delivered[0].content);
+    assert_eq!(delivered[1].content, "where are you?");
+    let rows = wait_for_rows(&daemon, 5).await;
+    assert_eq!(
+        summary(&rows),
+        [
+            (joined, EnvelopeState::Ignored),
+            (pinned, EnvelopeState::Ignored),
+            (shared, EnvelopeState::Pending),
+            (moved, EnvelopeState::Ignored),
+            (text, EnvelopeState::Pending),
+        ]
+    );
+    let notes: Vec<_> = rows.iter().map(|e| e.note.as_deref()).collect();
+    assert_eq!(
+        notes,
+        [
+            Some("service message: new_chat_members"),
+            Some("service message: pinned_message"),
+            None,
+            Some("live location update"),
+            None
+        ]
+    );
+    for ignored in rows.iter().filter(|e| e.state == EnvelopeState::Ignored) {
+        assert_eq!((ignored.route.as_deref(), ignored.agent.as_deref(), ignored.deliveries), (None, None, 0));
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(orchestrator.notifications().len(), 2);
+    orchestrator.close().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let first = owner_message(60, r#""text": "first under this id""#);
+    let second = owner_message(61, r#""text": "second under this id""#);
+    let id = fake.push_raw_update_text(&first);
+    wait_for_rows(&daemon, 1).await;
+    fake.wait_until_confirmed(id, WAIT).await;
+
+    // After a week of silence Telegram may start again from an id it used before.
+    fake.reuse_update_id(id, &second);
+    let rows = wait_for_rows(&daemon, 2).await;
+    let contents: Vec<_> = rows.iter().map(|e| (e.update_id, e.content.as_str(), e.state)).collect();
+    assert_eq!(
+        contents,
+        [
+            (Some(id), "first under this id", EnvelopeState::Queued),
+            (Some(id), "second under this id", EnvelopeState::Queued)
+        ]
+    );
+
+    // The very same updates served again are re-polls: stored once already.
+    fake.reuse_update_id(id, &first);
+    fake.reuse_update_id(id, &second);
+    let marker = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    let rows = wait_for_rows(&daemon, 3).await;
+    fake.wait_until_confirmed(marker, WAIT).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let rows_after = rows_in(&daemon.database()).await;
+    assert_eq!(summary(&rows_after), summary(&rows));
+    assert_eq!(
+        rows_after.iter().map(|e| e.update_id).collect::<Vec<_>>(),
+        [Some(id), Some(id), Some(marker)]
+    );
+    assert_eq!(fake.pending_update_count(), 0);
+}
+
+#[tokio::test]
+async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dm = ChatSpec::private(OWNER_CHAT);
+    fake.push_text(&dm, owner(), "before the lock");
+    wait_for_rows(&daemon, 1).await;
+
+    // Another process takes the write lock and keeps it past the daemon's 10 s busy
+    // timeout (e.g. an operator's sqlite3 shell left in a transaction).
+    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(daemon.database());
+    let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+    sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+    let during = fake.push_text(&dm, owner(), "while the ledger is locked");
+    daemon.wait_for_log("the ledger is locked by another connection", Duration::from_secs(30)).await;
+    assert!(daemon.is_running(), "a busy ledger is no reason to stop:\n{}", daemon.logs());
+    let line = daemon.logs().lines().find(|l| l.contains("the ledger is locked")).unwrap().to_owned();
+    assert_eq!(level(&line), "ERROR", "{line}");
+    assert!(fake.pending_update_count() > 0, "the offset did not move");
+
+    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+    holder.close().await.unwrap();
+    let rows = wait_for_rows(&daemon, 2).await;
+    assert_eq!(rows[1].update_id, Some(during));
+    assert!(daemon.is_running());
+}
+
+/// `launcher` runs the daemon in a mount namespace of its own, on a 4 MB tmpfs at `disk`.
+fn tmpfs_launcher(disk: &Path) -> Vec<String> {
+    let script = r#"mount -t tmpfs -o size=4m switchboard-test "$0" && exec "$@""#;
+    ["unshare", "--user", "--map-root-user", "--mount", "sh", "-c", script]
+        .iter()
+        .map(|arg| arg.to_string())
+        .chain(std::iter::once(disk.display().to_string()))
+        .collect()
+}
+
+/// Whether this machine lets an unprivileged process mount a tmpfs in a namespace of its
+/// own (user namespaces may be disabled, e.g. in some CI containers).
+fn private_tmpfs_available() -> bool {
+    let probe = tempfile::tempdir().unwrap();
+    let mut launcher = tmpfs_launcher(probe.path());
+    launcher.push("true".into());
+    Command::new(&launcher[0]).args(&launcher[1..]).status().is_ok_and(|status| status.success())
+}
+
+#[tokio::test]
+async fn a_full_disk_is_waited_out() {
+    if !private_tmpfs_available() {
+        eprintln!(
+            "skipped: cannot mount a private tmpfs (unshare --user --mount); ledger::tests covers SQLITE_FULL"
+        );
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let disk = tempfile::tempdir().unwrap();
+    let database = disk.path().join("ledger.db");
+    let launcher = tmpfs_launcher(disk.path());
+    let launcher: Vec<&str> = launcher.iter().map(String::as_str).collect();
+    let mut daemon = TestDaemon::start_launched(
+        &launcher,
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[("SWITCHBOARD__STORAGE__DATABASE", &database.display().to_string())],
+    );
+    // The tmpfs exists only in the daemon's namespace; /proc/PID/root is the way in for
+    // plain files. (SQLite resolves that link to a path in this namespace, so the ledger
+    // itself is watched through the daemon's log and the offsets it confirms.)
+    let pid = daemon.pid().expect("running");
+    let filler = PathBuf::from(format!("/proc/{pid}/root{}", disk.path().join("filler").display()));
+    let recorded = |update_id: i64| format!("envelope recorded update_id={update_id}");
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let before = fake.push_text(&dm, owner(), "before the disk filled up");
+    daemon.wait_for_log(&recorded(before), WAIT).await;
+
+    fill(&filler);
+    let during = fake.push_text(&dm, owner(), "while the disk is full");
+    daemon.wait_for_log("the disk holding the ledger is full", WAIT).await;
+    assert!(daemon.is_running(), "a full disk is no reason to stop:\n{}", daemon.logs());
+    let line = daemon.logs().lines().find(|l| l.contains("is full")).unwrap().to_owned();
+    assert_eq!(level(&line), "ERROR", "{line}");
+    assert!(!daemon.logs().contains(&recorded(during)));
+    assert!(fake.pending_update_count() > 0, "the offset did not move");
+
+    std::fs::remove_file(&filler).unwrap();
+    daemon.wait_for_log(&recorded(during), Duration::from_secs(40)).await;
+    fake.wait_until_confirmed(during, WAIT).await;
+    assert!(daemon.is_running());
+    let status = daemon.stop();
+    assert!(status.success(), "{status}\n{}", daemon.logs());
+    assert_eq!(daemon.logs().matches("envelope recorded").count(), 2, "each message once");
+}
+
+/// Writes `path` until the file system says it is full.
+fn fill(path: &Path) {
+    use std::io::Write;
+    let mut file = std::fs::File::create(path).unwrap();
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.write_all(&chunk).and_then(|()| file.sync_all()) {
+            Ok(()) => continue,
+            Err(e) if e.raw_os_error() == Some(28) => return, // ENOSPC
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_token_refused_for_too_long_stops_the_daemon_with_an_error() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[
+            ("SB_TEST_BOT_TOKEN", "123456:a-revoked-token-for-this-test"),
+            ("SWITCHBOARD__TELEGRAM__UNAUTHORIZED_EXIT_SECS", "2"),
+        ],
+    );
+    let status = daemon.wait_for_exit(Duration::from_secs(30)).await;
+    let logs = daemon.logs();
+    assert!(!status.success(), "a refused token is a failure: {status}\n{logs}");
+    let refusals: Vec<_> = logs.lines().filter(|l| l.contains("Telegram refuses the bot token")).collect();
+    assert!(refusals.len() >= 2, "every retry is an error:\n{logs}");
+    assert!(refusals.iter().all(|l| level(l) == "ERROR"), "{logs}");
+    let last = logs.lines().rfind(|l| l.contains("has refused the bot token for 2 s")).expect("a final line");
+    assert_eq!(level(last), "ERROR", "{last}");
+    assert!(fake.unauthorized_requests() >= 2);
+}
