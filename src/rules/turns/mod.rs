@@ -1,10 +1,51 @@
 //! Group rooms (DESIGN.md §10): who a room message summons, and who has the floor.
 //!
 //! Pure: plain data in, decisions out, no clock and no I/O. [`RoomRoster`] is built once
-//! per room from the configuration and says whom a message mentions.
+//! per room from the configuration; [`Cascade`] is one exchange's state, which the caller
+//! stores (it is serde data) after every step and drives one step at a time:
+//!
+//! ```
+//! use std::num::NonZeroU32;
+//! use switchboard::ids::{AgentName, TraceId};
+//! use switchboard::rules::turns::*;
+//!
+//! let agent = |name| AgentName::parse(name).unwrap();
+//! let roster = RoomRoster::new(vec![
+//!     RoomMember::new(agent("builder")).with_display_name("Builder"),
+//!     RoomMember::new(agent("reviewer")).with_display_name("Reviewer"),
+//! ])
+//! .unwrap();
+//! let message = HumanMessage {
+//!     author: "ana".into(),
+//!     text: "@builder explain the parser change".into(),
+//!     trace_id: TraceId::parse("env_0000000001").unwrap(),
+//! };
+//! let mut cascade = Cascade::start(&roster, message, NonZeroU32::new(10).unwrap());
+//!
+//! let Next::Speak(turn) = cascade.next_speaker() else { unreachable!() };
+//! assert_eq!((turn.speaker, turn.agent.as_str(), turn.summoned_by.name()), (1, "builder", "ana"));
+//! // … send Builder a room_turn envelope with cascade.transcript_text(&roster); it answers:
+//! let reply = TurnEnd::Replied {
+//!     text: "done; @reviewer check the edge cases".into(),
+//!     trace_id: TraceId::parse("env_0000000002").unwrap(),
+//! };
+//! let ended = cascade.end_turn(&roster, turn.speaker, reply).unwrap();
+//! assert_eq!(ended.queued, [agent("reviewer")]);
+//!
+//! let Next::Speak(turn) = cascade.next_speaker() else { unreachable!() };
+//! assert_eq!((turn.speaker, turn.summoned_by.name()), (2, "builder"));
+//! cascade.end_turn(&roster, turn.speaker, TurnEnd::Passed).unwrap();
+//! assert!(matches!(cascade.next_speaker(), Next::Over(Outcome::Completed { turns_used: 2, replies: 1 })));
+//! ```
 
+mod cascade;
 mod mentions;
 
+pub use cascade::{
+    BudgetReport, Cascade, CascadeState, Evidence, HumanMessage, Line, Next, OpenQuestion, Outcome,
+    Participant, Queued, StopRecord, StopRefused, StopReport, Stopping, Turn, TurnEnd, TurnEnded, TurnError,
+    TurnRecord,
+};
 pub use mentions::{RoomMember, RoomRoster, RosterError, mention_tokens, mentions, normalise};
 
 /// `[rooms] cascade_limit` when none is configured: agent turns per human message.
