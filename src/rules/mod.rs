@@ -5,3 +5,4 @@ pub mod guard;
 pub mod pacing;
 pub mod resolver;
 pub mod routes;
+pub mod turns;
