@@ -353,7 +353,11 @@ impl Drop for Finished {
 
 pub(super) fn parse_optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, ToolError> {
     match raw.map(str::trim) {
-        None | Some("") => Ok(None),
+        None => Ok(None),
+        // Refused, not read as none: the caller meant to name an envelope.
+        Some("") => Err(ToolError::Invalid(
+            "trace_id is empty: name the envelope (env_…) or leave trace_id out; nothing was done".into(),
+        )),
         Some(raw) => TraceId::parse(raw).map(Some).map_err(ToolError::Invalid),
     }
 }
