@@ -61,13 +61,17 @@ impl Bridge {
                 Some(Repeat::Recorded(outcome)) => return outcome,
                 None => {
                     let envelope = self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
-                    let conversation = match envelope.kind.as_str() {
+                    let conversation = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
-                        "handoff" => {
+                        EnvelopeKind::Handoff => {
                             return self.answer_handoff(agent, &envelope, &request.text, &request_id).await;
                         }
-                        "handoff_answer" => self.conversation_of_answer(agent, slot, &envelope).await?,
-                        _ => envelope,
+                        EnvelopeKind::HandoffAnswer => {
+                            self.conversation_of_answer(agent, slot, &envelope).await?
+                        }
+                        EnvelopeKind::Message | EnvelopeKind::EditedMessage | EnvelopeKind::Unknown => {
+                            envelope
+                        }
                     };
                     let plan = self.plan(agent, conversation, request_id, parts).await?;
                     self.start_delivery(agent, plan)
