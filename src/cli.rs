@@ -13,7 +13,7 @@ use crate::config::{ConfigError, ConfigWarning, LogFormat, Settings};
 use crate::ids::AgentName;
 use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, ListFilter, Reconciliation, files};
-use crate::rules::routes::RouteTarget;
+use crate::rules::routes::{Audience, RouteTarget};
 use crate::telemetry;
 
 #[derive(Debug, Parser)]
@@ -228,12 +228,72 @@ pub fn routes_table(settings: &Settings) -> String {
             RouteTarget::Chat { chat_id } => (chat_id.to_string(), "*".to_owned()),
             RouteTarget::Default => ("* (default)".to_owned(), "*".to_owned()),
         };
-        out.push_str(&format!("{:<24} {:<22} {:<10} {}\n", route.name, chat, topic, route.agent));
+        let audience = match &route.audience {
+            Audience::Agent(agent) => agent.to_string(),
+            Audience::Room(agents) => format!("room: {}", join(agents)),
+        };
+        out.push_str(&format!("{:<24} {:<22} {:<10} {}\n", route.name, chat, topic, audience));
     }
     if settings.routes.routes().is_empty() {
         out.push_str("(no routes: every message will be recorded as unrouted)\n");
     }
+    out.push_str(&rooms_table(settings));
     out
+}
+
+/// The group rooms, as `check` prints them: each room's members in room order with the
+/// names they answer to, and its limits with what one human message can cost.
+pub fn rooms_table(settings: &Settings) -> String {
+    let mut out = String::new();
+    for route in settings.routes.routes() {
+        let Some(room) = settings.rooms.get(&route.name) else { continue };
+        let limits = room.limits;
+        let place = match room.thread_id {
+            Some(thread) => format!("chat {} topic {thread}", room.chat_id),
+            None => format!("chat {}", room.chat_id),
+        };
+        out.push_str(&format!(
+            "\nroom {} ({place}): cascade_limit {}, max_iters {}, speaker_timeout {}s; one human message costs at \
+             most {} × {} = {} tool iterations\n",
+            room.route,
+            limits.cascade_limit,
+            limits.max_iters,
+            limits.speaker_timeout.as_secs(),
+            limits.cascade_limit,
+            limits.max_iters,
+            u64::from(limits.cascade_limit.get()) * u64::from(limits.max_iters),
+        ));
+        for (position, member) in room.roster.members().iter().enumerate() {
+            let answers_to: Vec<String> = answers_to(member);
+            out.push_str(&format!(
+                "  {}. {:<20} shown as \"{}\"; answers to {}{}\n",
+                position + 1,
+                member.name,
+                member.display_name(),
+                answers_to.join(" "),
+                if position == 0 { " (speaks first when nobody is mentioned)" } else { "" }
+            ));
+        }
+    }
+    out
+}
+
+/// The `@` names a room member answers to, each once (compared as mentions compare).
+fn answers_to(member: &crate::rules::turns::RoomMember) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut shown = Vec::new();
+    for form in member.alias_forms() {
+        let key = crate::rules::turns::normalise(&form);
+        if !seen.contains(&key) && !form.contains(char::is_whitespace) {
+            seen.push(key);
+            shown.push(format!("@{form}"));
+        }
+    }
+    shown
+}
+
+fn join<T: std::fmt::Display>(items: &[T]) -> String {
+    items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Result<()> {

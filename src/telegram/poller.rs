@@ -178,7 +178,8 @@ impl Poller {
         RoutedEnvelope {
             state,
             route: route.map(|r| r.name.clone()),
-            agent: route.map(|r| r.agent.clone()),
+            // A room's messages belong to the room, not to one of its agents.
+            agent: route.and_then(|r| r.agent().cloned()),
             envelope,
             update_digest,
             note: None,
