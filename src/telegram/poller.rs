@@ -138,8 +138,10 @@ impl Poller {
         self.ledger_backoff.reset();
         for routed in &inserted {
             log_recorded(routed);
-            if let (EnvelopeState::Queued, Some(agent)) = (routed.state, &routed.agent) {
-                self.bridge.wake(agent);
+            match (routed.state, &routed.agent) {
+                (EnvelopeState::Queued, Some(agent)) => self.bridge.wake(agent),
+                (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
+                _ => {}
             }
         }
         Ok(PollOutcome::Committed { updates: updates.len(), new_envelopes: inserted.len() })

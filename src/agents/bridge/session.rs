@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use super::{Bridge, SessionConflict, ToolError};
 use crate::agents::api::wire::{HEARTBEAT_INTERVAL_SECS, SessionEvent, ShownReceipt, ShownRequest};
 use crate::ids::{AgentName, TraceId, random_suffix};
-use crate::ledger::StoredEnvelope;
+use crate::ledger::{EnvelopeKind, StoredEnvelope};
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
 /// session claims the next envelope only once the previous one was taken, so a vanished
@@ -150,6 +150,11 @@ impl Bridge {
                     return Ok(());
                 }
             }
+            while let Some(notice) = slot.take_notice() {
+                if tx.send(SessionEvent::Notice(notice)).await.is_err() {
+                    return Ok(());
+                }
+            }
             tokio::select! {
                 () = slot.wake.notified() => {}
                 () = tokio::time::sleep(heartbeat) => {
@@ -178,12 +183,15 @@ impl Bridge {
             )
         });
         let mut delivered = envelope.delivered(redelivered);
-        if delivered.kind != "message" {
-            match self.handoff_meta(envelope).await {
-                Ok(extra) => delivered.extra = extra,
-                Err(e) => {
-                    tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read the handoff of an envelope")
-                }
+        let extra = match envelope.kind {
+            EnvelopeKind::Handoff | EnvelopeKind::HandoffAnswer => self.handoff_meta(envelope).await,
+            EnvelopeKind::RoomTurn => self.room_meta(envelope).await,
+            _ => Ok(Default::default()),
+        };
+        match extra {
+            Ok(extra) => delivered.extra = extra,
+            Err(e) => {
+                tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read what an envelope belongs to")
             }
         }
         tx.send(SessionEvent::Envelope(delivered)).await.is_ok()
