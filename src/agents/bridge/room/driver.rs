@@ -185,7 +185,7 @@ impl RoomDriver {
         if me.can_read_all_group_messages == Some(false) {
             tracing::warn!(
                 bot = %name,
-                "privacy mode is on for @{name}: in a group it only sees commands, replies to its own messages and messages that mention it, unless it is an admin there. Group rooms need to see every message: turn privacy mode off (@BotFather, /setprivacy, Disable; then remove and re-add the bot to the group) or make the bot an admin of each room's group"
+                "privacy mode is on for @{name}: in a group it only sees commands meant for it and replies to its own messages, unless it is an admin there, so ordinary room messages never arrive. Group rooms need to see every message: turn privacy mode off (@BotFather, /setprivacy, Disable; then remove the bot from the group and add it again) or make the bot an admin of each room's group"
             );
         }
         self.bot_username = me.username;
