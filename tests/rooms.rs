@@ -584,3 +584,36 @@ async fn a_speaker_may_consult_another_agent_and_still_answers_the_room_once() {
     assert!(is_error && text.contains("already ended"), "{text}");
     assert_eq!(fake.sent_messages().len(), 1);
 }
+
+#[tokio::test]
+async fn a_damaged_exchange_stalls_only_its_own_room() {
+    let Room { fake, daemon, builder, reviewer: _reviewer } = room("").await;
+    let critic = agent(&daemon, CRITIC).await;
+
+    say(&fake, "@builder something long");
+    let turn = nth(&builder, 1).await;
+    // The stored state is damaged (a botched hand edit, a bad disk).
+    let ledger = daemon.ledger().await;
+    sqlx::query("UPDATE cascades SET cascade = '{not json' WHERE cascade_id = ?")
+        .bind(meta(&turn, "cascade_id"))
+        .execute(ledger.pool())
+        .await
+        .unwrap();
+    ledger.close().await;
+
+    say(&fake, "/stop");
+    let texts = posted(&fake, 1).await;
+    assert!(
+        texts[0].contains("cannot be read") && texts[0].contains(meta(&turn, "cascade_id")),
+        "{}",
+        texts[0]
+    );
+
+    // Another room is not held up by it.
+    fake.push_text(ChatSpec::supergroup(OPS_CHAT, "Ops room"), owner(), "status please");
+    let ops_turn = nth(&critic, 1).await;
+    assert!(!reply(&critic, &ops_turn, "All quiet.").await.0);
+    wait_for_state(&daemon, meta(&ops_turn, "cascade_id"), RoomCascadeState::Completed).await;
+    assert!(fake.sent_messages().iter().any(|m| m.text == "Critic: All quiet."));
+    daemon.wait_for_log("a stored exchange cannot be read", WAIT).await;
+}

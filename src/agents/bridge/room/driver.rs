@@ -113,6 +113,8 @@ pub struct RoomDriver {
     posting: Arc<Mutex<HashSet<String>>>,
     /// Routes with exchanges that are no room in the configuration, reported once each.
     reported_missing: HashSet<String>,
+    /// Exchanges whose stored state cannot be read, reported once each.
+    reported_damaged: HashSet<String>,
 }
 
 impl Bridge {
@@ -124,6 +126,7 @@ impl Bridge {
             bot_username: None,
             posting: Arc::default(),
             reported_missing: HashSet::new(),
+            reported_damaged: HashSet::new(),
         }
     }
 }
@@ -192,22 +195,44 @@ impl RoomDriver {
     }
 
     /// One pass over the inbox, the busy rooms and the owed posts. Returns how long until a
-    /// speaker's time runs out, if one is waited for.
+    /// speaker's time runs out, if one is waited for. A room whose step fails does not hold
+    /// up the others: the pass carries on and then reports the first failure (the run loop
+    /// retries with backoff). The inbox stops at a message that cannot be taken, so room
+    /// messages are never taken out of order.
     pub async fn pass(&mut self) -> anyhow::Result<Option<Duration>> {
         let ledger = self.bridge.inner.ledger.clone();
         let rooms = self.bridge.rooms();
         let mut next: Option<Duration> = None;
+        let mut failure: Option<anyhow::Error> = None;
         for envelope in ledger.room_inbox().await.context("reading the room inbox")? {
             let route = envelope.route.clone().unwrap_or_default();
-            self.take(&rooms, &envelope).await?;
+            if let Err(e) = self.take(&rooms, &envelope).await {
+                failure = Some(e.context(format!("taking {} in room '{route}'", envelope.trace_id)));
+                break;
+            }
             // Before the next message: a `/stop` right after a message stops its exchange.
-            earliest(&mut next, self.advance(&rooms, &route).await?);
+            match self.advance(&rooms, &route).await {
+                Ok(wait) => earliest(&mut next, wait),
+                Err(e) => {
+                    failure.get_or_insert(e.context(format!("moving room '{route}' on")));
+                }
+            }
         }
         for route in ledger.busy_rooms().await.context("reading the busy rooms")? {
-            earliest(&mut next, self.advance(&rooms, &route).await?);
+            match self.advance(&rooms, &route).await {
+                Ok(wait) => earliest(&mut next, wait),
+                Err(e) => {
+                    failure.get_or_insert(e.context(format!("moving room '{route}' on")));
+                }
+            }
         }
-        self.post_owed().await?;
-        Ok(next)
+        if let Err(e) = self.post_owed().await {
+            failure.get_or_insert(e);
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(next),
+        }
     }
 
     fn room<'r>(&mut self, rooms: &'r Rooms, route: &str) -> Option<&'r RoomSettings> {
@@ -306,7 +331,25 @@ impl RoomDriver {
             ledger.apply_room_step(&step).await?;
             return Ok(());
         };
-        let mut cascade = stored.cascade().context("reading a stored cascade")?;
+        let mut cascade = match stored.cascade() {
+            Ok(cascade) => cascade,
+            Err(e) => {
+                // `advance` reports the damaged exchange; the stop is answered, not lost.
+                tracing::error!(cascade_id = %stored.cascade_id, error = %e, "/stop: the running exchange cannot be read");
+                let text = format!(
+                    "The running exchange ({}) cannot be read, so it cannot be stopped from here; an operator must \
+                     look at it with `switchboard ledger show {}`.",
+                    stored.cascade_id, stored.cascade_id
+                );
+                let step = RoomStep {
+                    settle: Some((envelope, format!("/stop: {} cannot be read: {e}", stored.cascade_id))),
+                    posts: vec![stop_post(text)],
+                    ..RoomStep::default()
+                };
+                ledger.apply_room_step(&step).await?;
+                return Ok(());
+            }
+        };
         let at = now();
         let stopping = match cascade.stop(by.clone(), at) {
             Ok(stopping) => stopping,
@@ -413,7 +456,9 @@ impl RoomDriver {
             let cascade = match stored.cascade() {
                 Ok(cascade) => cascade,
                 Err(e) => {
-                    tracing::error!(cascade_id = %stored.cascade_id, error = %e, "a stored cascade cannot be read: its room is stuck until an operator repairs it");
+                    if self.reported_damaged.insert(stored.cascade_id.clone()) {
+                        tracing::error!(cascade_id = %stored.cascade_id, route, error = %e, "a stored exchange cannot be read: its room stands still (other rooms go on) until an operator repairs it");
+                    }
                     return Ok(None);
                 }
             };
