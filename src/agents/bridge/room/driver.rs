@@ -401,9 +401,12 @@ impl RoomDriver {
             ..RoomStep::default()
         };
         if ledger.apply_room_step(&step).await?.is_none() {
-            // The exchange moved on meanwhile: the /stop is still in the inbox; take it again.
-            self.bridge.wake_rooms();
-            return Ok(());
+            // Only this driver writes exchanges, so this is not expected. The /stop stays in
+            // the inbox, and the inbox stops here so that nothing behind it overtakes it.
+            anyhow::bail!(
+                "{} changed while a /stop was applied to it; taking the /stop again",
+                stored.cascade_id
+            );
         }
         tracing::info!(%by, cascade_id = %stored.cascade_id, state = %cascade.state(), "room exchange stopped");
         if let Some(current) = current
@@ -463,7 +466,7 @@ impl RoomDriver {
                 }
             };
             let Some(current) = cascade.current() else {
-                self.give_floor(room, &stored, cascade, None, Vec::new()).await?;
+                self.give_floor(room, &stored, cascade).await?;
                 continue;
             };
             let turn = ledger.turns_of(stored.id).await?.into_iter().find(|t| t.speaker() == current.speaker);
@@ -584,11 +587,9 @@ impl RoomDriver {
         room: &RoomSettings,
         stored: &StoredCascade,
         cascade: Cascade,
-        close: Option<TurnClose<'_>>,
-        posts: Vec<NewPost<'_>>,
     ) -> anyhow::Result<()> {
         let message = self.message_of(stored).await?;
-        self.step(room, stored, &message, cascade, close, posts).await
+        self.step(room, stored, &message, cascade, None, Vec::new()).await
     }
 
     /// Decides what follows the cascade's state and applies it with `close` and `posts`.
