@@ -7,11 +7,15 @@
 //!   session stream, which is where the channel plugin writes the MCP notification), of the
 //!   outbound hop (reply call → the fake received `sendMessage`) and of the whole reply
 //!   call (call → receipt), one message at a time, with a small and a large ledger;
+//! * the cost of a speaker hand-over in a group room: a speaker's reply call → the next
+//!   speaker's `room_turn` envelope on its session stream (post, confirm, end the turn,
+//!   give the floor, hand over), over exchanges of the default ten turns;
 //! * the daemon's peak resident memory in each run.
 //!
 //! Run it with `cargo bench --bench pipeline`. `SWITCHBOARD_BENCH_QUICK=1` makes a smoke
-//! run with small numbers; `SWITCHBOARD_BENCH_UPDATES`, `SWITCHBOARD_BENCH_SAMPLES` and
-//! `SWITCHBOARD_BENCH_LEDGER_ROWS` (the large ledger) override single numbers. Command
+//! run with small numbers; `SWITCHBOARD_BENCH_UPDATES`, `SWITCHBOARD_BENCH_SAMPLES`,
+//! `SWITCHBOARD_BENCH_LEDGER_ROWS` (the large ledger) and `SWITCHBOARD_BENCH_HANDOVERS`
+//! (room hand-overs; default: as many as round trips) override single numbers. Command
 //! line arguments (cargo passes `--bench`) are ignored.
 
 #[path = "../tests/support/fake_telegram.rs"]
@@ -97,7 +101,8 @@ async fn run(params: &Params) {
         ledgers.push(round_trips(params, rows).await);
     }
     let handoffs = handoff_round_trips(params).await;
-    print_report(params, &throughput, &ledgers);
+    let handovers = room_handovers(params).await;
+    print_report(params, &throughput, &ledgers, &handovers);
     print_handoffs(params, &handoffs);
 }
 
@@ -110,6 +115,7 @@ struct Params {
     updates: usize,
     samples: usize,
     large_ledger_rows: usize,
+    handovers: usize,
 }
 
 impl Params {
@@ -120,11 +126,13 @@ impl Params {
         } else {
             (THROUGHPUT_UPDATES, LATENCY_SAMPLES, LARGE_LEDGER_ROWS)
         };
+        let samples = env_count("SWITCHBOARD_BENCH_SAMPLES", samples);
         Self {
             quick,
             updates: env_count("SWITCHBOARD_BENCH_UPDATES", updates),
-            samples: env_count("SWITCHBOARD_BENCH_SAMPLES", samples),
+            samples,
             large_ledger_rows: env_count("SWITCHBOARD_BENCH_LEDGER_ROWS", large),
+            handovers: env_count("SWITCHBOARD_BENCH_HANDOVERS", samples),
         }
     }
 }
@@ -435,6 +443,98 @@ async fn acked_count(workdir: &Workdir) -> usize {
 }
 
 // ---------------------------------------------------------------------------
+// Scenario 3: speaker hand-overs in a group room
+// ---------------------------------------------------------------------------
+
+/// The room's chat: agents `a0` and `a1`, in that order.
+const ROOM_CHAT_ID: i64 = -1_000_500_000_001;
+
+/// Turns per exchange: `[rooms] cascade_limit`'s default, so the transcript each speaker
+/// gets (and the stored cascade) is as long as a real exchange's can be.
+const ROOM_TURNS: usize = 10;
+
+/// The room, for the room run only: its route, and group pacing off, so the figure is
+/// the switchboard's own cost rather than Telegram's per-group limit (one post every 3 s).
+fn room_config() -> String {
+    format!(
+        "\n[outbound]\ngroup_chat_interval_ms = 0\n\n[[routes]]\nname = \"bench-room\"\nchat_id = {ROOM_CHAT_ID}\nagents = [\"{}\", \"{}\"]\n",
+        agent_name(0),
+        agent_name(1),
+    )
+}
+
+/// The fake reports the bot in privacy mode, which the room driver warns about at
+/// start-up; that warning says nothing about this run.
+const ROOM_LOG_FILTER: &str = "warn,switchboard::agents::bridge::room::driver=error";
+
+struct Handovers {
+    exchanges: usize,
+    samples: usize,
+    handover: Summary,
+    peak_rss_kib: u64,
+}
+
+/// Exchanges of [`ROOM_TURNS`] turns between `a0` and `a1`, each reply mentioning the other
+/// (the last mentions nobody, so the exchange completes). A sample is one hand-over: the
+/// speaker's reply call started → the next speaker's `room_turn` envelope read from its
+/// session stream.
+async fn room_handovers(params: &Params) -> Handovers {
+    let per_exchange = ROOM_TURNS - 1;
+    let exchanges = (WARMUP_ROUND_TRIPS + params.handovers).div_ceil(per_exchange);
+    eprintln!("room hand-overs: {exchanges} exchanges of {ROOM_TURNS} turns…");
+    let fake = FakeTelegram::start().await;
+    let workdir = Workdir::new();
+    let mut daemon = Daemon::start_with(&workdir, &fake.api_url(), ROOM_LOG_FILTER, &room_config());
+    daemon.wait_until_listening().await;
+    let mut agents = [Agent::connect(daemon.api_addr, 0).await, Agent::connect(daemon.api_addr, 1).await];
+    let room = ChatSpec::supergroup(ROOM_CHAT_ID, "Bench room");
+    let human = UserSpec::new(FIRST_CHAT_ID, "Bench owner");
+
+    let mut samples = Vec::new();
+    let mut taken = 0;
+    for exchange in 0..exchanges {
+        fake.push_text(&room, &human, &format!("@{} start exchange {exchange}", agent_name(0)));
+        let mut turn = next_envelope(&mut agents[0].session).await;
+        for speaker in 1..=ROOM_TURNS {
+            let (current, next) = ((speaker - 1) % 2, speaker % 2);
+            let text = if speaker < ROOM_TURNS {
+                format!("@{} turn {speaker} of exchange {exchange}", agent_name(next))
+            } else {
+                format!("done with exchange {exchange}")
+            };
+            let request = ReplyRequest::new(text, Some(turn.trace_id.clone()));
+            let called = Instant::now();
+            let reply = tokio::time::timeout(STEP_TIMEOUT, agents[current].client.reply(&request)).await;
+            match reply {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => {
+                    daemon.fail(&format!("room reply {speaker} of exchange {exchange} failed: {e}"))
+                }
+                Err(_) => daemon.fail(&format!("room reply {speaker} of exchange {exchange} took too long")),
+            }
+            if speaker == ROOM_TURNS {
+                break;
+            }
+            let handed = tokio::time::timeout(STEP_TIMEOUT, next_envelope(&mut agents[next].session)).await;
+            let Ok(envelope) = handed else {
+                daemon.fail(&format!("speaker {} of exchange {exchange} never got the floor", speaker + 1));
+            };
+            if taken >= WARMUP_ROUND_TRIPS {
+                samples.push(called.elapsed());
+            }
+            taken += 1;
+            turn = envelope;
+        }
+    }
+    let peak_rss_kib = daemon.peak_rss_kib();
+    drop(agents);
+    daemon.stop().await;
+    let posts = fake.sent_messages().len();
+    assert_eq!(posts, exchanges * ROOM_TURNS, "every reply posted once, nothing else posted");
+    Handovers { exchanges, samples: samples.len(), handover: Summary::of(samples), peak_rss_kib }
+}
+
+// ---------------------------------------------------------------------------
 // Synthetic agents
 // ---------------------------------------------------------------------------
 
@@ -521,7 +621,7 @@ impl Workdir {
 /// private chat. The long poll is short as in the integration tests (a pushed update ends
 /// it at once, so this does not affect latency), and only warnings are logged, so logging
 /// does not dominate the figures.
-fn config_text(api_url: &str, database: &Path, listen: SocketAddr) -> String {
+fn config_text(api_url: &str, database: &Path, listen: SocketAddr, log_filter: &str, extra: &str) -> String {
     let mut text = format!(
         r#"[telegram]
 token_env = "{TOKEN_ENV}"
@@ -541,7 +641,7 @@ private_chat_interval_ms = 0
 group_chat_interval_ms = 0
 
 [log]
-filter = "warn"
+filter = "{log_filter}"
 "#,
         database = database.display(),
     );
@@ -553,7 +653,7 @@ filter = "warn"
             chat = chat_id(k),
         );
     }
-    text
+    text + extra
 }
 
 /// A running `switchboard run`. Dropping it kills the process.
@@ -566,9 +666,14 @@ struct Daemon {
 impl Daemon {
     /// Writes the configuration and starts the binary; it may not be listening yet.
     fn start(workdir: &Workdir, api_url: &str) -> Self {
+        Self::start_with(workdir, api_url, "warn", "")
+    }
+
+    /// Like [`Daemon::start`], with this log filter and `extra` added to the configuration.
+    fn start_with(workdir: &Workdir, api_url: &str, log_filter: &str, extra: &str) -> Self {
         let api_addr = free_local_addr();
-        std::fs::write(workdir.config(), config_text(api_url, &workdir.database(), api_addr))
-            .expect("writing the configuration");
+        let config = config_text(api_url, &workdir.database(), api_addr, log_filter, extra);
+        std::fs::write(workdir.config(), config).expect("writing the configuration");
         let log = std::fs::File::create(workdir.log()).expect("creating the daemon's log file");
         let mut command = Command::new(BIN);
         command
@@ -733,11 +838,25 @@ impl fmt::Display for Summary {
     }
 }
 
-fn print_report(params: &Params, throughput: &Throughput, ledgers: &[RoundTrips]) {
+fn print_report(params: &Params, throughput: &Throughput, ledgers: &[RoundTrips], handovers: &Handovers) {
     print_header(params);
     print_throughput(throughput);
     print_latency(params, ledgers);
-    print_peak_rss(throughput, ledgers);
+    print_handovers(handovers);
+    print_peak_rss(throughput, ledgers, handovers);
+}
+
+fn print_handovers(handovers: &Handovers) {
+    println!(
+        "group room, {} hand-overs in {} exchanges of {ROOM_TURNS} turns (after {WARMUP_ROUND_TRIPS} untimed):",
+        handovers.samples, handovers.exchanges
+    );
+    table_row("", std::iter::once(format!("{:>9}  {:>9}  {:>9}", "p50", "p99", "max")));
+    table_row("hand-over (d)", std::iter::once(handovers.handover.to_string()));
+    println!("  (d) a speaker's reply call started → the next speaker's room_turn envelope on its");
+    println!("      session stream: claim the turn, post \"Name: text\" and confirm it, end the turn,");
+    println!("      give the floor (one transaction), hand the envelope over (group pacing off)");
+    println!();
 }
 
 fn print_header(params: &Params) {
@@ -799,10 +918,11 @@ fn table_row(label: &str, groups: impl Iterator<Item = String>) {
     println!("{}", line.trim_end());
 }
 
-fn print_peak_rss(throughput: &Throughput, ledgers: &[RoundTrips]) {
+fn print_peak_rss(throughput: &Throughput, ledgers: &[RoundTrips], handovers: &Handovers) {
     let mut peaks = vec![format!("{} (throughput run)", mib(throughput.peak_rss_kib))];
     peaks.extend(
         ledgers.iter().map(|l| format!("{} ({}-envelope ledger)", mib(l.peak_rss_kib), l.ledger_rows)),
     );
+    peaks.push(format!("{} (room run)", mib(handovers.peak_rss_kib)));
     println!("daemon peak RSS (VmHWM): {}", peaks.join(", "));
 }

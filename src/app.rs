@@ -13,11 +13,12 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
-use crate::agents::bridge::{AuditChat, Bridge, HandoffRules, ReplyLimits};
+use crate::agents::bridge::{AuditChat, Bridge, HandoffRules, ReplyLimits, RoomDriver};
 use crate::config::{DaemonSecrets, Settings};
 use crate::ledger::{Ledger, LedgerLock};
 use crate::rules::pacing::ChatPacer;
 use crate::rules::routes::RouteTarget;
+use crate::telegram::bot_api::BotApi;
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller};
 
@@ -37,6 +38,8 @@ pub struct Daemon {
     listener: TcpListener,
     bridge: Bridge,
     poller: Poller,
+    /// Runs the group rooms' exchanges (DESIGN.md §10).
+    rooms: RoomDriver,
     /// The root token: cancelled by a signal, or by a failing subsystem.
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -71,6 +74,7 @@ impl Daemon {
         let telegram = &settings.telegram;
         let poll_bot = bot(token, &telegram.api_url, telegram.poll_timeout + POLL_HTTP_MARGIN)?;
         let send_bot = bot(token, &telegram.api_url, telegram.send_timeout)?;
+        let room_api = BotApi::from_bot(&send_bot);
 
         let tasks = TaskTracker::new();
         let outbound = Outbound::new(
@@ -90,7 +94,9 @@ impl Daemon {
             tasks.clone(),
         );
         let poller = Poller::new(poll_bot, bot_id, ledger.clone(), bridge.clone(), &settings);
-        Ok(Self { lock, ledger, listener, bridge, poller, shutdown, tasks })
+        bridge.set_rooms(settings.rooms.clone());
+        let rooms = bridge.room_driver(room_api);
+        Ok(Self { lock, ledger, listener, bridge, poller, rooms, shutdown, tasks })
     }
 
     /// Where the local API listens (useful when configured with port 0).
@@ -101,12 +107,13 @@ impl Daemon {
     /// Runs until the root token is cancelled, then waits for every task: the poller
     /// stops, in-flight replies finish and are recorded, session streams end.
     pub async fn run(self) -> anyhow::Result<()> {
-        let Self { lock, ledger, listener, bridge, poller, shutdown, tasks } = self;
+        let Self { lock, ledger, listener, bridge, poller, rooms, shutdown, tasks } = self;
         tracing::info!(api = %listener.local_addr()?, "switchboard running");
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
 
         let poller_stop = shutdown.child_token();
         spawn_supervised(&tasks, &shutdown, &failure, "poller", poller.run(poller_stop));
+        spawn_supervised(&tasks, &shutdown, &failure, "rooms", rooms.run(shutdown.child_token()));
 
         let server_stop = shutdown.child_token();
         let server = async move {

@@ -12,8 +12,8 @@ use crate::app::Daemon;
 use crate::config::{ConfigError, ConfigWarning, LogFormat, Settings};
 use crate::ids::AgentName;
 use crate::ledger::EnvelopeState;
-use crate::ledger::{Ledger, ListFilter, Reconciliation, files};
-use crate::rules::routes::RouteTarget;
+use crate::ledger::{Ledger, ListFilter, Reconciliation, StoredCascade, TurnEnding, files};
+use crate::rules::routes::{Audience, RouteTarget};
 use crate::telemetry;
 
 #[derive(Debug, Parser)]
@@ -75,7 +75,8 @@ pub enum LedgerCommand {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
-    /// Show one envelope with its attempts and state history.
+    /// Show one envelope (env_…) with its attempts and state history, or one room exchange
+    /// (cas_…) with its speakers in order and how it ended.
     Show { trace_id: String },
     /// Count envelopes by state.
     Stats,
@@ -87,6 +88,14 @@ pub enum LedgerCommand {
         /// Only handoffs from or to this agent.
         #[arg(long)]
         agent: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
+    /// List group-room exchanges (cascades), oldest first (the newest LIMIT that match).
+    Cascades {
+        /// Only the exchanges of this room route.
+        #[arg(long)]
+        room: Option<String>,
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
@@ -228,12 +237,72 @@ pub fn routes_table(settings: &Settings) -> String {
             RouteTarget::Chat { chat_id } => (chat_id.to_string(), "*".to_owned()),
             RouteTarget::Default => ("* (default)".to_owned(), "*".to_owned()),
         };
-        out.push_str(&format!("{:<24} {:<22} {:<10} {}\n", route.name, chat, topic, route.agent));
+        let audience = match &route.audience {
+            Audience::Agent(agent) => agent.to_string(),
+            Audience::Room(agents) => format!("room: {}", join(agents)),
+        };
+        out.push_str(&format!("{:<24} {:<22} {:<10} {}\n", route.name, chat, topic, audience));
     }
     if settings.routes.routes().is_empty() {
         out.push_str("(no routes: every message will be recorded as unrouted)\n");
     }
+    out.push_str(&rooms_table(settings));
     out
+}
+
+/// The group rooms, as `check` prints them: each room's members in room order with the
+/// names they answer to, and its limits with what one human message can cost.
+pub fn rooms_table(settings: &Settings) -> String {
+    let mut out = String::new();
+    for route in settings.routes.routes() {
+        let Some(room) = settings.rooms.get(&route.name) else { continue };
+        let limits = room.limits;
+        let place = match room.thread_id {
+            Some(thread) => format!("chat {} topic {thread}", room.chat_id),
+            None => format!("chat {}", room.chat_id),
+        };
+        out.push_str(&format!(
+            "\nroom {} ({place}): cascade_limit {}, max_iters {}, speaker_timeout {}s; one human message costs at \
+             most {} × {} = {} tool iterations\n",
+            room.route,
+            limits.cascade_limit,
+            limits.max_iters,
+            limits.speaker_timeout.as_secs(),
+            limits.cascade_limit,
+            limits.max_iters,
+            u64::from(limits.cascade_limit.get()) * u64::from(limits.max_iters),
+        ));
+        for (position, member) in room.roster.members().iter().enumerate() {
+            let answers_to: Vec<String> = answers_to(member);
+            out.push_str(&format!(
+                "  {}. {:<20} shown as \"{}\"; answers to {}{}\n",
+                position + 1,
+                member.name,
+                member.display_name(),
+                answers_to.join(" "),
+                if position == 0 { " (speaks first when nobody is mentioned)" } else { "" }
+            ));
+        }
+    }
+    out
+}
+
+/// The `@` names a room member answers to, each once (compared as mentions compare).
+fn answers_to(member: &crate::rules::turns::RoomMember) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut shown = Vec::new();
+    for form in member.alias_forms() {
+        let key = crate::rules::turns::normalise(&form);
+        if !seen.contains(&key) && !form.contains(char::is_whitespace) {
+            seen.push(key);
+            shown.push(format!("@{form}"));
+        }
+    }
+    shown
+}
+
+fn join<T: std::fmt::Display>(items: &[T]) -> String {
+    items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
 }
 
 async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Result<()> {
@@ -318,6 +387,36 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 );
             }
         }
+        LedgerCommand::Cascades { room, limit } => {
+            let cascades = ledger.list_cascades(room.as_deref(), limit).await?;
+            if cascades.is_empty() {
+                println!("no room exchanges");
+            }
+            for c in cascades {
+                let turns = ledger.turns_of(c.id).await?;
+                let replies = turns.iter().filter(|t| t.ending == Some(TurnEnding::Replied)).count();
+                let speakers: Vec<&str> = turns.iter().map(|t| t.agent.as_str()).collect();
+                let started = c.cascade().map(|cascade| cascade.message().text.clone()).unwrap_or_default();
+                println!(
+                    "{}  {:<16}  {:<16}  {} turn(s), {replies} repl{}  [{}]  {}  \"{}\"",
+                    c.cascade_id,
+                    c.route,
+                    c.state,
+                    turns.len(),
+                    if replies == 1 { "y" } else { "ies" },
+                    speakers.join(" → "),
+                    c.created_at,
+                    preview(&started)
+                );
+            }
+        }
+        LedgerCommand::Show { trace_id } if trace_id.trim().starts_with("cas_") => {
+            let cascade = ledger
+                .cascade(trace_id.trim())
+                .await?
+                .with_context(|| format!("no room exchange has id {}", trace_id.trim()))?;
+            print_cascade(ledger, &cascade).await?;
+        }
         LedgerCommand::Show { trace_id } => {
             let e = ledger
                 .find(trace_id.trim())
@@ -359,6 +458,19 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             println!("content:\n  {}", e.content.replace('\n', "\n  "));
             if let Some(handoff) = ledger.handoff_of_envelope(e.id).await? {
                 print_handoff(&handoff);
+            }
+            if let Some(cascade) = ledger.cascade_of_message(e.id).await? {
+                println!("room:        started exchange {} ({})", cascade.cascade_id, cascade.state);
+            }
+            if let Some((turn, cascade)) = ledger.turn_of_envelope(e.id).await? {
+                println!(
+                    "room turn:   speaker {} of {} ({}), summoned by {}{}",
+                    turn.speaker,
+                    cascade.cascade_id,
+                    cascade.route,
+                    turn.summoned_by,
+                    turn.ending.map(|ending| format!(", {}", ending.as_str())).unwrap_or_default()
+                );
             }
             if let Some(raw) = ledger.raw_update(&e.trace_id).await? {
                 println!("raw update (as Telegram sent it):\n  {raw}");
@@ -409,6 +521,92 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             let finding = if delivered { Reconciliation::Delivered } else { Reconciliation::NotDelivered };
             let state = ledger.reconcile(trace_id.trim(), finding, &reason).await?;
             println!("{}: now {state}", trace_id.trim());
+        }
+    }
+    Ok(())
+}
+
+/// One room exchange: what started it, its speakers in order, and how it ended (who
+/// stopped it, or what the ceiling left open).
+async fn print_cascade(ledger: &Ledger, c: &StoredCascade) -> anyhow::Result<()> {
+    let cascade = c.cascade().context("reading the stored exchange")?;
+    println!("cascade:     {}", c.cascade_id);
+    println!(
+        "room:        {} (chat {}{})",
+        c.route,
+        c.chat_id,
+        c.thread_id.map(|t| format!(", topic {t}")).unwrap_or_default()
+    );
+    println!("state:       {} (since {})", c.state, c.updated_at);
+    println!(
+        "started by:  {} with {} at {}",
+        cascade.message().author,
+        c.message_trace_id,
+        c.started_at.as_deref().unwrap_or("(not yet: waiting for the room)")
+    );
+    println!("message:     {}", preview(&cascade.message().text));
+    println!(
+        "limits:      cascade_limit {}, max_iters {}, speaker_timeout {}s; {} of {} turns used",
+        cascade.cascade_limit(),
+        c.max_iters,
+        c.speaker_timeout_secs,
+        cascade.turns_used(),
+        cascade.cascade_limit()
+    );
+    let turns = ledger.turns_of(c.id).await?;
+    println!("speakers ({}):", turns.len());
+    for t in &turns {
+        let ending = match (t.ending, &t.reply_text) {
+            (Some(TurnEnding::Replied), Some(text)) => format!("replied \"{}\"", preview(text)),
+            (Some(ending), _) => ending.as_str().to_owned(),
+            (None, Some(_)) => "has the floor; its reply is being posted".to_owned(),
+            (None, None) => format!("has the floor since {}", t.started_at),
+        };
+        println!(
+            "  {}. {:<16} summoned by {:<16} {} ({})",
+            t.speaker, t.agent, t.summoned_by, ending, t.envelope_trace_id
+        );
+    }
+    if !cascade.queue().is_empty() {
+        let queued: Vec<&str> = cascade.queue().iter().map(|q| q.agent.as_str()).collect();
+        println!("queued:      {}", queued.join(", "));
+    }
+    if let Some(stop) = cascade.stop_record() {
+        let still: Vec<&str> = stop.still_queued.iter().map(|a| a.as_str()).collect();
+        println!(
+            "stop:        by {} at {}{}; still queued then: {}",
+            stop.by,
+            stop.at,
+            stop.during.map(|s| format!(", during speaker {s}")).unwrap_or_default(),
+            if still.is_empty() { "nobody".to_owned() } else { still.join(", ") }
+        );
+    }
+    match &c.outcome_text {
+        Some(text) => println!("outcome:\n  {}", text.replace('\n', "\n  ")),
+        None if c.ended_at.is_some() => {
+            println!(
+                "outcome:     {} after {} turn(s), {} repl(ies); nothing was posted",
+                c.state,
+                cascade.turns_used(),
+                cascade.replies()
+            )
+        }
+        None => {}
+    }
+    let posts = ledger.posts_of(c.id).await?;
+    if !posts.is_empty() {
+        println!("posts ({}):", posts.len());
+        for p in posts {
+            println!(
+                "  {} {}: \"{}\"",
+                p.key,
+                if p.made {
+                    format!("made {}", p.made_at.as_deref().unwrap_or(""))
+                } else {
+                    "owed".to_owned()
+                },
+                preview(&p.text)
+            );
         }
     }
     Ok(())

@@ -9,13 +9,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::ids::{AgentName, RouteName, Secret};
-use crate::rules::routes::{Route, RouteTarget, RoutesError, RoutesTable};
+use crate::rules::routes::{Audience, Route, RouteTarget, RoutesError, RoutesTable};
+use crate::rules::turns::{self, RoomMember, RoomRoster, RosterError};
 
 /// Prefix and separator of environment overrides: `SWITCHBOARD__TELEGRAM__API_URL`.
 const ENV_PREFIX: &str = "SWITCHBOARD";
@@ -78,6 +80,10 @@ pub struct Settings {
     pub handoffs: HandoffSettings,
     pub agents: BTreeMap<AgentName, AgentSettings>,
     pub routes: RoutesTable,
+    /// `[rooms]`: the limits of a room route that does not set its own.
+    pub room_defaults: RoomLimits,
+    /// Every room route (DESIGN.md §10), by route name.
+    pub rooms: BTreeMap<RouteName, RoomSettings>,
 }
 
 #[derive(Debug, Clone)]
@@ -135,6 +141,43 @@ pub struct LogSettings {
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
     pub token_env: String,
+    /// How rooms show the agent (`Builder: …`); `None` shows its name.
+    pub display_name: Option<String>,
+    /// Extra `@` names it answers to in rooms, without the `@`.
+    pub aliases: Vec<String>,
+}
+
+/// The limits of one room's exchanges (`[rooms]`, or a room route's own keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoomLimits {
+    /// Agent turns one human message may use.
+    pub cascade_limit: NonZeroU32,
+    /// The tool-loop budget each speaker is told (`group_max_iters`; 0 or negative
+    /// selects [`turns::DEFAULT_GROUP_MAX_ITERS`]). The switchboard cannot enforce it.
+    pub max_iters: u32,
+    /// A speaker that neither replies nor acks by then loses the floor.
+    pub speaker_timeout: Duration,
+}
+
+impl Default for RoomLimits {
+    fn default() -> Self {
+        Self {
+            cascade_limit: NonZeroU32::new(turns::DEFAULT_CASCADE_LIMIT).expect("the default is not zero"),
+            max_iters: turns::DEFAULT_GROUP_MAX_ITERS,
+            speaker_timeout: Duration::from_secs(turns::DEFAULT_SPEAKER_TIMEOUT_SECS),
+        }
+    }
+}
+
+/// A room route: its chat, its agents in room order with the names they answer to, and
+/// its limits.
+#[derive(Debug, Clone)]
+pub struct RoomSettings {
+    pub route: RouteName,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    pub roster: RoomRoster,
+    pub limits: RoomLimits,
 }
 
 // ---- raw, as written in the file ----
@@ -153,6 +196,8 @@ struct RawSettings {
     outbound: RawOutbound,
     #[serde(default)]
     handoffs: RawHandoffs,
+    #[serde(default)]
+    rooms: RawRooms,
     #[serde(default)]
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
@@ -222,8 +267,22 @@ struct RawLog {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct RawRooms {
+    #[serde(default = "default_cascade_limit")]
+    cascade_limit: u32,
+    #[serde(default = "default_group_max_iters")]
+    group_max_iters: i64,
+    #[serde(default = "default_speaker_timeout")]
+    speaker_timeout_secs: u64,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct RawAgent {
     token_env: String,
+    display_name: Option<String>,
+    #[serde(default)]
+    aliases: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -233,6 +292,12 @@ struct RawRoute {
     chat_id: Option<i64>,
     thread_id: Option<i32>,
     agent: Option<String>,
+    /// A room: several agents, in room order.
+    agents: Option<Vec<String>>,
+    /// A room's own limits, over `[rooms]`.
+    cascade_limit: Option<u32>,
+    group_max_iters: Option<i64>,
+    speaker_timeout_secs: Option<u64>,
 }
 
 fn default_token_env() -> String {
@@ -276,6 +341,25 @@ fn default_max_depth() -> u32 {
 }
 fn default_filter() -> String {
     "info".into()
+}
+fn default_cascade_limit() -> u32 {
+    turns::DEFAULT_CASCADE_LIMIT
+}
+fn default_group_max_iters() -> i64 {
+    i64::from(turns::DEFAULT_GROUP_MAX_ITERS)
+}
+fn default_speaker_timeout() -> u64 {
+    turns::DEFAULT_SPEAKER_TIMEOUT_SECS
+}
+
+impl Default for RawRooms {
+    fn default() -> Self {
+        Self {
+            cascade_limit: default_cascade_limit(),
+            group_max_iters: default_group_max_iters(),
+            speaker_timeout_secs: default_speaker_timeout(),
+        }
+    }
 }
 
 impl Default for RawStorage {
@@ -375,12 +459,26 @@ impl Settings {
             let key = format!("agents.{name}");
             let parsed = AgentName::parse(&name).map_err(|e| err(&key, e))?;
             check_env_name(path, &format!("{key}.token_env"), &agent.token_env)?;
-            agents.insert(parsed, AgentSettings { token_env: agent.token_env });
+            agents.insert(parsed, validate_agent(path, &key, agent)?);
         }
 
+        let room_defaults = RoomLimits {
+            cascade_limit: cascade_limit(path, "rooms.cascade_limit", raw.rooms.cascade_limit)?,
+            max_iters: turns::effective_max_iters(raw.rooms.group_max_iters),
+            speaker_timeout: speaker_timeout(
+                path,
+                "rooms.speaker_timeout_secs",
+                raw.rooms.speaker_timeout_secs,
+            )?,
+        };
         let mut routes = Vec::with_capacity(raw.routes.len());
+        let mut rooms = BTreeMap::new();
         for (index, route) in raw.routes.into_iter().enumerate() {
-            routes.push(validate_route(path, index, route, &agents)?);
+            let (route, room) = validate_route(path, index, route, &agents, room_defaults)?;
+            if let Some(room) = room {
+                rooms.insert(route.name.clone(), room);
+            }
+            routes.push(route);
         }
         let routes = RoutesTable::new(routes).map_err(|e| {
             let index = match &e {
@@ -432,6 +530,8 @@ impl Settings {
             handoffs,
             agents,
             routes,
+            room_defaults,
+            rooms,
         })
     }
 
@@ -514,25 +614,48 @@ fn validate_route(
     index: usize,
     raw: RawRoute,
     agents: &BTreeMap<AgentName, AgentSettings>,
-) -> Result<Route, ConfigError> {
+    room_defaults: RoomLimits,
+) -> Result<(Route, Option<RoomSettings>), ConfigError> {
     let key = |field: &str| format!("routes[{index}].{field}");
     let err = |field: &str, problem: String| ConfigError::new(path, key(field), problem);
 
     let name = raw.name.ok_or_else(|| err("name", "every route needs a name".into()))?;
     let name = RouteName::parse(&name).map_err(|e| err("name", e))?;
-    let agent = raw.agent.ok_or_else(|| err("agent", format!("route '{name}' names no agent")))?;
-    let agent = AgentName::parse(&agent).map_err(|e| err("agent", e))?;
-    if !agents.contains_key(&agent) {
+    let known = |field: &str, agent: &str| -> Result<AgentName, ConfigError> {
+        let agent = AgentName::parse(agent).map_err(|e| err(field, e))?;
+        if agents.contains_key(&agent) {
+            return Ok(agent);
+        }
         let declared = if agents.is_empty() {
             "none; add an [agents.NAME] table".to_owned()
         } else {
             join_names(agents.keys())
         };
-        return Err(err(
-            "agent",
-            format!("route '{name}' names unknown agent '{agent}' (declared: {declared})"),
-        ));
-    }
+        Err(err(field, format!("route '{name}' names unknown agent '{agent}' (declared: {declared})")))
+    };
+    let audience = match (raw.agent, raw.agents) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "agents",
+                format!(
+                    "route '{name}' has both `agent` and `agents`: a route belongs to one agent (`agent`) or is \
+                     a room of several (`agents`), not both"
+                ),
+            ));
+        }
+        (None, None) => {
+            return Err(err(
+                "agent",
+                format!("route '{name}' names no agent (set `agent`, or `agents` for a group room)"),
+            ));
+        }
+        (Some(agent), None) => Audience::Agent(known("agent", &agent)?),
+        (None, Some(members)) => {
+            let members =
+                members.iter().map(|agent| known("agents", agent)).collect::<Result<Vec<_>, _>>()?;
+            Audience::Room(members)
+        }
+    };
     let target = match (raw.chat_id, raw.thread_id) {
         (Some(0), _) => return Err(err("chat_id", format!("route '{name}': 0 is not a Telegram chat id"))),
         (Some(chat_id), Some(thread_id)) if thread_id > 0 => RouteTarget::Topic { chat_id, thread_id },
@@ -545,7 +668,125 @@ fn validate_route(
         }
         (None, None) => RouteTarget::Default,
     };
-    Ok(Route { name, target, agent })
+    let room = match &audience {
+        Audience::Agent(_) => {
+            let room_keys = [
+                ("cascade_limit", raw.cascade_limit.is_some()),
+                ("group_max_iters", raw.group_max_iters.is_some()),
+                ("speaker_timeout_secs", raw.speaker_timeout_secs.is_some()),
+            ];
+            if let Some((field, _)) = room_keys.iter().find(|(_, set)| *set) {
+                return Err(err(
+                    field,
+                    format!("route '{name}' is not a room: only a route with `agents = [...]` takes {field}"),
+                ));
+            }
+            None
+        }
+        Audience::Room(members) => {
+            let (chat_id, thread_id) = match target {
+                RouteTarget::Topic { chat_id, thread_id } => (chat_id, Some(thread_id)),
+                RouteTarget::Chat { chat_id } => (chat_id, None),
+                RouteTarget::Default => {
+                    return Err(err(
+                        "chat_id",
+                        format!(
+                            "route '{name}' is a room and needs a chat_id: a room is one group or forum topic, \
+                             not the default route"
+                        ),
+                    ));
+                }
+            };
+            let roster =
+                room_roster(members, agents).map_err(|e| err("agents", format!("route '{name}': {e}")))?;
+            let limits = RoomLimits {
+                cascade_limit: match raw.cascade_limit {
+                    Some(limit) => cascade_limit(path, &key("cascade_limit"), limit)?,
+                    None => room_defaults.cascade_limit,
+                },
+                max_iters: raw.group_max_iters.map_or(room_defaults.max_iters, turns::effective_max_iters),
+                speaker_timeout: match raw.speaker_timeout_secs {
+                    Some(secs) => speaker_timeout(path, &key("speaker_timeout_secs"), secs)?,
+                    None => room_defaults.speaker_timeout,
+                },
+            };
+            Some(RoomSettings { route: name.clone(), chat_id, thread_id, roster, limits })
+        }
+    };
+    Ok((Route { name, target, audience }, room))
+}
+
+/// A room's members with their display names and aliases, checked by the pure core.
+fn room_roster(
+    members: &[AgentName],
+    agents: &BTreeMap<AgentName, AgentSettings>,
+) -> Result<RoomRoster, RosterError> {
+    RoomRoster::new(
+        members
+            .iter()
+            .map(|name| {
+                let settings = &agents[name];
+                let mut member = RoomMember::new(name.clone()).with_aliases(settings.aliases.iter().cloned());
+                if let Some(display_name) = &settings.display_name {
+                    member = member.with_display_name(display_name.clone());
+                }
+                member
+            })
+            .collect(),
+    )
+}
+
+/// An agent's table: its display name must show something, and each alias must be
+/// something a room message can `@`-mention.
+fn validate_agent(path: &Path, key: &str, raw: RawAgent) -> Result<AgentSettings, ConfigError> {
+    let display_name = match raw.display_name.as_deref().map(str::trim) {
+        None => None,
+        Some("") => {
+            return Err(ConfigError::new(
+                path,
+                format!("{key}.display_name"),
+                "is empty; leave it out to show the agent's name",
+            ));
+        }
+        Some(shown) => Some(shown.to_owned()),
+    };
+    let mut aliases = Vec::with_capacity(raw.aliases.len());
+    for alias in &raw.aliases {
+        let bare = alias.trim().trim_start_matches('@');
+        if turns::mention_tokens(&format!("@{bare}")) != [turns::normalise(bare)] {
+            return Err(ConfigError::new(
+                path,
+                format!("{key}.aliases"),
+                format!(
+                    "'{alias}' cannot be mentioned: an alias is one word of letters, digits, '_' or '-' (a room \
+                     message mentions it as @{bare})"
+                ),
+            ));
+        }
+        aliases.push(bare.to_owned());
+    }
+    Ok(AgentSettings { token_env: raw.token_env, display_name, aliases })
+}
+
+fn cascade_limit(path: &Path, key: &str, limit: u32) -> Result<NonZeroU32, ConfigError> {
+    NonZeroU32::new(limit).ok_or_else(|| {
+        ConfigError::new(
+            path,
+            key,
+            "must be at least 1: it is how many agent turns one human message may use",
+        )
+    })
+}
+
+fn speaker_timeout(path: &Path, key: &str, secs: u64) -> Result<Duration, ConfigError> {
+    if secs == 0 {
+        return Err(ConfigError::new(
+            path,
+            key,
+            "must be at least 1 (seconds a speaker has to reply or ack)",
+        ));
+    }
+    Ok(Duration::from_secs(secs))
 }
 
 /// Refuses two agents that share a secret, naming both agents' keys and never the value.
@@ -665,7 +906,8 @@ agent = "orchestrator"
     fn the_example_file_is_valid() {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/switchboard.example.toml");
         let settings = Settings::load(&path).unwrap();
-        assert_eq!(settings.routes.routes().len(), 3);
+        assert_eq!(settings.routes.routes().len(), 4);
+        assert_eq!(settings.rooms.len(), 1);
     }
 
     fn problem(text: &str) -> ConfigError {
@@ -772,6 +1014,113 @@ agent = "orchestrator"
         assert_eq!(e.key, "agents.worker.token_env");
         assert!(e.problem.contains("agents.orch.token_env") && e.problem.contains("SHARED"), "{e}");
         assert!(!e.to_string().contains("s3cret"), "{e}");
+    }
+
+    const ROOM: &str = r#"
+[telegram]
+token_env = "SB_TEST_TOKEN"
+
+[agents.builder]
+token_env = "SB_TEST_BUILDER"
+display_name = "Builder"
+aliases = ["bob", "@bobby"]
+
+[agents.reviewer]
+token_env = "SB_TEST_REVIEWER"
+
+[[routes]]
+name = "dev-room"
+chat_id = -1001
+agents = ["builder", "reviewer"]
+"#;
+
+    #[test]
+    fn a_room_route_takes_its_agents_in_order_and_the_room_defaults() {
+        let settings = load_str(ROOM).unwrap();
+        let route = &settings.routes.routes()[0];
+        assert!(route.is_room());
+        assert_eq!(route.agent(), None);
+        let room = &settings.rooms[&route.name];
+        let names: Vec<&str> = room.roster.members().iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["builder", "reviewer"]);
+        assert_eq!((room.chat_id, room.thread_id), (-1001, None));
+        assert_eq!(room.roster.first().display_name(), "Builder");
+        assert_eq!(room.roster.members()[0].aliases, ["bob", "bobby"], "a leading @ is forgiven");
+        assert_eq!(room.roster.members()[1].display_name(), "reviewer");
+        assert_eq!(room.limits, RoomLimits::default());
+        assert_eq!(room.limits.cascade_limit.get(), 10);
+        assert_eq!(room.limits.max_iters, 50);
+        assert_eq!(room.limits.speaker_timeout, Duration::from_secs(600));
+    }
+
+    #[test]
+    fn a_room_route_may_override_the_room_defaults() {
+        let text = ROOM.replace(
+            "[[routes]]",
+            "[rooms]\ncascade_limit = 4\ngroup_max_iters = 30\nspeaker_timeout_secs = 120\n\n[[routes]]",
+        ) + "cascade_limit = 2\nspeaker_timeout_secs = 5\n";
+        let settings = load_str(&text).unwrap();
+        assert_eq!(settings.room_defaults.cascade_limit.get(), 4);
+        let room = settings.rooms.values().next().unwrap();
+        assert_eq!(room.limits.cascade_limit.get(), 2);
+        assert_eq!(room.limits.max_iters, 30, "from [rooms]");
+        assert_eq!(room.limits.speaker_timeout, Duration::from_secs(5));
+        for (configured, told) in [("0", 50), ("-3", 50), ("7", 7)] {
+            let text = ROOM.replace("agents = [", &format!("group_max_iters = {configured}\nagents = ["));
+            assert_eq!(load_str(&text).unwrap().rooms.values().next().unwrap().limits.max_iters, told);
+        }
+    }
+
+    #[test]
+    fn room_configuration_errors_name_the_key() {
+        let cases = [
+            (ROOM.replace("agents = [", "agent = \"builder\"\nagents = ["), "routes[0].agents", "both"),
+            (ROOM.replace("[\"builder\", \"reviewer\"]", "[]"), "routes[0].agents", "at least one agent"),
+            (ROOM.replace("\"reviewer\"]", "\"builder\"]"), "routes[0].agents", "listed twice"),
+            (ROOM.replace("\"reviewer\"]", "\"ghost\"]"), "routes[0].agents", "unknown agent 'ghost'"),
+            (ROOM.replace("\"bob\"", "\"reviewer\""), "routes[0].agents", "name of agent 'reviewer'"),
+            (
+                ROOM.replace("display_name = \"Builder\"", "display_name = \"Reviewer\""),
+                "routes[0].agents",
+                "same room",
+            ),
+            (ROOM.replace("\"bob\"", "\"bob smith\""), "agents.builder.aliases", "cannot be mentioned"),
+            (
+                ROOM.replace("display_name = \"Builder\"", "display_name = \" \""),
+                "agents.builder.display_name",
+                "empty",
+            ),
+            (ROOM.replace("chat_id = -1001\n", ""), "routes[0].chat_id", "needs a chat_id"),
+            (
+                ROOM.replace("agents = [", "cascade_limit = 0\nagents = ["),
+                "routes[0].cascade_limit",
+                "at least 1",
+            ),
+            (
+                ROOM.replace("agents = [", "speaker_timeout_secs = 0\nagents = ["),
+                "routes[0].speaker_timeout_secs",
+                "at least 1",
+            ),
+            (
+                ROOM.replace("[[routes]]", "[rooms]\ncascade_limit = 0\n[[routes]]"),
+                "rooms.cascade_limit",
+                "at least 1",
+            ),
+            (
+                ROOM.replace(
+                    "agents = [\"builder\", \"reviewer\"]",
+                    "agent = \"builder\"\ncascade_limit = 3",
+                ),
+                "routes[0].cascade_limit",
+                "not a room",
+            ),
+            (ROOM.replace("agents = [\"builder\", \"reviewer\"]", ""), "routes[0].agent", "names no agent"),
+        ];
+        for (text, key, says) in cases {
+            let e = problem(&text);
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains(says), "{says:?} not in: {e}");
+        }
     }
 
     #[test]

@@ -305,6 +305,7 @@ async fn reply(
             route: envelope.route.clone(),
             message_ids: vec![9001, 9002],
             answered_handoff: None,
+            room_turn: None,
         })
         .into_response(),
         None => refusal(

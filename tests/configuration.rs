@@ -106,9 +106,25 @@ fn the_example_configuration_checks() {
         .env("TELOXIDE_TOKEN", "123:abc")
         .env("SWITCHBOARD_ORCHESTRATOR_SECRET", "s1-long-enough")
         .env("SWITCHBOARD_WORKER_SECRET", "s2-long-enough")
+        .env("SWITCHBOARD_BUILDER_SECRET", "s3-long-enough")
+        .env("SWITCHBOARD_REVIEWER_SECRET", "s4-long-enough")
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    // The example's room, with its members in room order and what one message can cost.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let room = stdout.lines().find(|l| l.starts_with("dev-room")).unwrap_or_default();
+    assert!(room.contains("room: builder, reviewer"), "{stdout}");
+    assert!(
+        stdout.contains("room dev-room (chat -1009876543210): cascade_limit 6, max_iters 50"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("6 × 50 = 300 tool iterations"), "{stdout}");
+    assert!(
+        stdout.contains("1. builder") && stdout.contains("shown as \"Builder\"") && stdout.contains("@bob"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("2. reviewer"), "{stdout}");
 }
 
 #[test]

@@ -47,6 +47,7 @@ mod handoffs;
 mod inspect;
 mod intake;
 mod lock;
+mod rooms;
 mod sessions;
 mod states;
 
@@ -59,6 +60,10 @@ pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;
 pub use lock::{LedgerLock, LockError};
+pub use rooms::{
+    AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
+    StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
+};
 pub use states::{EnvelopeKind, EnvelopeState};
 
 impl Ledger {

@@ -101,6 +101,8 @@ pub enum EnvelopeKind {
     Handoff,
     /// The answer to a handoff this agent made (§9).
     HandoffAnswer,
+    /// A group room giving this agent the floor (§10): its content is the exchange so far.
+    RoomTurn,
 }
 
 impl EnvelopeKind {
@@ -111,6 +113,7 @@ impl EnvelopeKind {
             Self::Unknown => "unknown",
             Self::Handoff => "handoff",
             Self::HandoffAnswer => "handoff_answer",
+            Self::RoomTurn => "room_turn",
         }
     }
 

@@ -1,4 +1,5 @@
-//! The routes table: which agent a channel belongs to. Pure code over plain data.
+//! The routes table: which agent (or group room) a channel belongs to. Pure code over
+//! plain data.
 //!
 //! The most specific route wins: a chat and forum topic over a whole chat over the default
 //! route. Two routes with the same target would make that choice a guess, so building the
@@ -34,11 +35,44 @@ impl fmt::Display for RouteTarget {
     }
 }
 
+/// Who a route's messages are for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Audience {
+    /// One agent answers every message (`agent = "…"`).
+    Agent(AgentName),
+    /// A group room (DESIGN.md §10, `agents = […]`): these agents, in room order, take the
+    /// floor one at a time. Never empty.
+    Room(Vec<AgentName>),
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Route {
     pub name: RouteName,
     pub target: RouteTarget,
-    pub agent: AgentName,
+    pub audience: Audience,
+}
+
+impl Route {
+    /// The one agent of a single-agent route; `None` for a room, whose messages belong to
+    /// the room rather than to any of its agents.
+    pub fn agent(&self) -> Option<&AgentName> {
+        match &self.audience {
+            Audience::Agent(agent) => Some(agent),
+            Audience::Room(_) => None,
+        }
+    }
+
+    pub fn is_room(&self) -> bool {
+        matches!(self.audience, Audience::Room(_))
+    }
+
+    /// The agents it names: its agent, or the room's members in room order.
+    pub fn agents(&self) -> &[AgentName] {
+        match &self.audience {
+            Audience::Agent(agent) => std::slice::from_ref(agent),
+            Audience::Room(agents) => agents,
+        }
+    }
 }
 
 /// Why a set of routes cannot form a table. Indexes point into the list given to
@@ -119,7 +153,7 @@ impl RoutesTable {
 /// What becomes of a message, decided from its channel and sender.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Disposition<'a> {
-    /// Queue it for the route's agent.
+    /// Queue it for the route's agent, or its room.
     Deliver(&'a Route),
     /// No route matches its channel.
     Unrouted,
@@ -150,7 +184,11 @@ mod tests {
     const FORUM: i64 = -1_001_234_567_890;
 
     fn route(name: &str, target: RouteTarget, agent: &str) -> Route {
-        Route { name: RouteName::parse(name).unwrap(), target, agent: AgentName::parse(agent).unwrap() }
+        Route {
+            name: RouteName::parse(name).unwrap(),
+            target,
+            audience: Audience::Agent(AgentName::parse(agent).unwrap()),
+        }
     }
 
     fn channel(chat_id: i64, thread_id: Option<i32>) -> Channel {
@@ -260,6 +298,23 @@ mod tests {
             err,
             RoutesError::DuplicateName { name: RouteName::parse("dup").unwrap(), first: 0, second: 1 }
         );
+    }
+
+    #[test]
+    fn a_room_route_names_its_agents_and_no_single_agent() {
+        let agents = vec![AgentName::parse("builder").unwrap(), AgentName::parse("reviewer").unwrap()];
+        let room = Route {
+            name: RouteName::parse("dev-room").unwrap(),
+            target: RouteTarget::Chat { chat_id: FORUM },
+            audience: Audience::Room(agents.clone()),
+        };
+        assert!(room.is_room());
+        assert_eq!(room.agent(), None);
+        assert_eq!(room.agents(), agents);
+        let single = route("dm", RouteTarget::Chat { chat_id: DM }, "orchestrator");
+        assert!(!single.is_room());
+        assert_eq!(single.agent().map(AgentName::as_str), Some("orchestrator"));
+        assert_eq!(single.agents().len(), 1);
     }
 
     #[test]

@@ -138,8 +138,10 @@ impl Poller {
         self.ledger_backoff.reset();
         for routed in &inserted {
             log_recorded(routed);
-            if let (EnvelopeState::Queued, Some(agent)) = (routed.state, &routed.agent) {
-                self.bridge.wake(agent);
+            match (routed.state, &routed.agent) {
+                (EnvelopeState::Queued, Some(agent)) => self.bridge.wake(agent),
+                (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
+                _ => {}
             }
         }
         Ok(PollOutcome::Committed { updates: updates.len(), new_envelopes: inserted.len() })
@@ -178,7 +180,8 @@ impl Poller {
         RoutedEnvelope {
             state,
             route: route.map(|r| r.name.clone()),
-            agent: route.map(|r| r.agent.clone()),
+            // A room's messages belong to the room, not to one of its agents.
+            agent: route.and_then(|r| r.agent().cloned()),
             envelope,
             update_digest,
             note: None,

@@ -82,6 +82,13 @@ impl TestDaemon {
         daemon
     }
 
+    /// Starts a daemon whose configuration ends with `config`: any tables the usual file
+    /// does not already have (more agents, `[rooms]`, `[outbound]`, routes). The usual
+    /// orchestrator and worker agents stay declared; no route is added besides `config`'s.
+    pub fn start_with_config(api_url: &str, config: &str, env: &[(&str, &str)]) -> Self {
+        Self::start_with_env(api_url, "", config, env)
+    }
+
     /// Like [`TestDaemon::start_with_env`], with the daemon started by `launcher`, which is
     /// given the binary and its arguments to run (`launcher… BIN run --config FILE`).
     pub fn start_launched(

@@ -53,7 +53,8 @@ impl IntoResponse for Failure {
             | ErrorCode::AlreadyRunning
             | ErrorCode::DepthLimit
             | ErrorCode::UnknownAgent
-            | ErrorCode::SelfHandoff => StatusCode::UNPROCESSABLE_ENTITY,
+            | ErrorCode::SelfHandoff
+            | ErrorCode::TurnOver => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::NotSent => StatusCode::BAD_GATEWAY,
             ErrorCode::Unresolved => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -74,6 +75,7 @@ impl From<ToolError> for Failure {
             ToolError::Unknown { .. } => ErrorCode::Unresolved,
             ToolError::Ledger(_) => ErrorCode::Internal,
             ToolError::NoConversation { .. } => ErrorCode::NoConversation,
+            ToolError::TurnOver(_) => ErrorCode::TurnOver,
             ToolError::Handoff(refusal) => match refusal {
                 guard::Refusal::Invalid(_) | guard::Refusal::EmptyText => ErrorCode::BadRequest,
                 guard::Refusal::SelfHandoff { .. } => ErrorCode::SelfHandoff,

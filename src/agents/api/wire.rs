@@ -50,8 +50,27 @@ pub enum SessionEvent {
     Hello { agent: String, session_id: String, session_token: String },
     /// An envelope handed to the session; its ledger row is now `pending`.
     Envelope(DeliveredEnvelope),
+    /// A notice (DESIGN.md §8) about an envelope the session already has: not an envelope
+    /// of its own, nothing to answer.
+    Notice(DeliveredNotice),
     /// Nothing new; the daemon is alive.
     Heartbeat,
+}
+
+/// A notice about a pending envelope: `stop` (a room's exchange ends after this turn).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeliveredNotice {
+    /// The envelope it is about.
+    pub trace_id: String,
+    /// What it says: `stop`, later `pause` and `resume` (DESIGN.md §11).
+    pub kind: String,
+    /// What the model reads.
+    pub content: String,
+    /// When it was made, RFC 3339 in UTC.
+    pub ts: String,
+    /// Meta that belongs to the notice (`cascade_id`, `stopped_by`, …).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub extra: BTreeMap<String, String>,
 }
 
 /// An envelope as the agent's session sees it.
@@ -154,6 +173,18 @@ pub struct ReplyReceipt {
     /// Set when the reply answered a handoff: it went to this agent, not to Telegram.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub answered_handoff: Option<AnsweredHandoff>,
+    /// Set when the reply was a turn in a group room: posted under the agent's name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub room_turn: Option<RoomReply>,
+}
+
+/// A reply posted to a group room (DESIGN.md §10): it ended the speaker's turn.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RoomReply {
+    pub cascade_id: String,
+    pub speaker: u32,
+    /// The name the room saw before the text (`Builder`).
+    pub posted_as: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -245,6 +276,8 @@ pub enum ErrorCode {
     DepthLimit,
     UnknownAgent,
     SelfHandoff,
+    /// A group room's turn is over (one reply per turn): nothing was posted.
+    TurnOver,
     /// Telegram refused the send: nothing was delivered (or only the chunks listed).
     NotSent,
     /// The send's outcome is unknown; the envelope is `unresolved` until an operator

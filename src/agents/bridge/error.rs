@@ -54,6 +54,10 @@ pub enum ToolError {
          to. Ack it instead; nothing was sent"
     )]
     NoConversation { trace_id: String },
+    /// A reply to a group room's turn that is over, or already has its reply: nothing was
+    /// posted. The message says why (one reply per turn).
+    #[error("{0}")]
+    TurnOver(String),
     /// Telegram provably did not take (the rest of) the reply.
     #[error("{}", not_sent_message(trace_id, error, sent, *parts))]
     NotSent { trace_id: String, error: String, sent: Vec<(usize, i32)>, parts: usize },

@@ -335,5 +335,6 @@ fn answered_receipt(handoff: &StoredHandoff, trace_id: &str) -> ReplyReceipt {
             handoff_id: handoff.handoff_id.clone(),
             to_agent: handoff.from_agent.clone(),
         }),
+        room_turn: None,
     }
 }

@@ -15,6 +15,7 @@
 mod error;
 mod handoff;
 mod reply;
+mod room;
 mod session;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -27,6 +28,7 @@ use tokio_util::task::TaskTracker;
 
 pub use error::{SessionConflict, ToolError, Unauthorized};
 pub use handoff::{AuditChat, HandoffRules};
+pub use room::{RoomDriver, Rooms};
 pub use session::OpenedSession;
 
 use crate::agents::api::wire::ReplyReceipt;
@@ -52,6 +54,8 @@ struct Inner {
     agents: HashMap<AgentName, AgentSlot>,
     limits: ReplyLimits,
     handoff_rules: HandoffRules,
+    /// Group rooms: their configuration and the bell of the room driver.
+    rooms: room::RoomHub,
     /// Stops session streams when the daemon stops.
     shutdown: CancellationToken,
     /// Session tasks and reply deliveries, so the daemon can wait for them to finish.
@@ -73,6 +77,8 @@ struct AgentSlot {
     decisions: tokio::sync::Mutex<()>,
     /// Replies being delivered right now.
     running: Mutex<RunningReplies>,
+    /// Notices (DESIGN.md §8) for the live session, about envelopes it already has.
+    notices: Mutex<std::collections::VecDeque<crate::agents::api::wire::DeliveredNotice>>,
 }
 
 #[derive(Default)]
@@ -107,11 +113,25 @@ impl Bridge {
                     session: Mutex::new(None),
                     decisions: tokio::sync::Mutex::new(()),
                     running: Mutex::default(),
+                    notices: Mutex::default(),
                 };
                 (name, slot)
             })
             .collect();
-        Self { inner: Arc::new(Inner { ledger, outbound, agents, limits, handoff_rules, shutdown, tasks }) }
+        // No rooms until `set_rooms`: a bridge without them is a bridge of single-agent routes.
+        let rooms = room::RoomHub::new(Rooms::new());
+        Self {
+            inner: Arc::new(Inner {
+                ledger,
+                outbound,
+                agents,
+                limits,
+                handoff_rules,
+                rooms,
+                shutdown,
+                tasks,
+            }),
+        }
     }
 
     /// Tells an agent's session that something was queued for it.

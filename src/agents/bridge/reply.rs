@@ -59,7 +59,7 @@ impl Bridge {
             match self.repeat_of(agent, &request_id).await? {
                 Some(Repeat::Running(running)) => running,
                 Some(Repeat::Recorded(outcome)) => return outcome,
-                None => {
+                None => 'decided: {
                     let envelope = self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
                     let conversation = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
@@ -69,10 +69,17 @@ impl Bridge {
                         EnvelopeKind::HandoffAnswer => {
                             self.conversation_of_answer(agent, slot, &envelope).await?
                         }
-                        EnvelopeKind::Message | EnvelopeKind::EditedMessage | EnvelopeKind::Unknown => {
-                            envelope
-                        }
+                        EnvelopeKind::Message
+                        | EnvelopeKind::EditedMessage
+                        | EnvelopeKind::Unknown
+                        | EnvelopeKind::RoomTurn => envelope,
                     };
+                    if conversation.kind == EnvelopeKind::RoomTurn {
+                        // A room turn's one reply goes to the room under the agent's name.
+                        break 'decided self
+                            .room_reply(agent, &conversation, &request.text, request_id)
+                            .await?;
+                    }
                     let plan = self.plan(agent, conversation, request_id, parts).await?;
                     self.start_delivery(agent, plan)
                 }
@@ -195,7 +202,7 @@ impl Bridge {
 
     /// The parts to send, and those an interrupted earlier request with the same text
     /// already delivered.
-    async fn plan(
+    pub(super) async fn plan(
         &self,
         agent: &AgentName,
         envelope: StoredEnvelope,
@@ -230,7 +237,7 @@ impl Bridge {
     /// Starts delivering as a task the daemon waits for on shutdown; the returned future
     /// only observes it. Registered as running before the task can finish, so a repeated
     /// request always finds it (running, or recorded in the ledger).
-    fn start_delivery(&self, agent: &AgentName, plan: ReplyPlan) -> RunningReply {
+    pub(super) fn start_delivery(&self, agent: &AgentName, plan: ReplyPlan) -> RunningReply {
         let slot = self.slot(agent);
         let mut running = slot.running();
         let span = tracing::info_span!("envelope", trace_id = %plan.target.trace_id);
@@ -334,6 +341,10 @@ impl Bridge {
                 "the envelope changed state meanwhile; call `pending` and try again".into(),
             ));
         }
+        if envelope.kind == EnvelopeKind::RoomTurn {
+            // The speaker passes: the room driver ends its turn.
+            self.wake_rooms();
+        }
         tracing::info!(%agent, trace_id = %trace_id, "envelope acked");
         Ok(AckReceipt { trace_id: trace_id.to_string(), state: EnvelopeState::Acked.to_string() })
     }
@@ -374,6 +385,7 @@ fn receipt(target: &ReplyTarget, message_ids: Vec<i32>) -> ReplyReceipt {
         route: target.route.clone(),
         message_ids,
         answered_handoff: None,
+        room_turn: None,
     }
 }
 
@@ -392,6 +404,7 @@ fn recorded_outcome(
             route: envelope.and_then(|e| e.route.clone()).unwrap_or_default(),
             message_ids: sent.iter().map(|(_, id)| *id).collect(),
             answered_handoff: None,
+            room_turn: None,
         }),
         ReplyVerdict::NotSent { error } => {
             Err(ToolError::NotSent { trace_id, error: error.clone(), sent, parts })

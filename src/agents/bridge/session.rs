@@ -150,6 +150,11 @@ impl Bridge {
                     return Ok(());
                 }
             }
+            while let Some(notice) = slot.take_notice() {
+                if tx.send(SessionEvent::Notice(notice)).await.is_err() {
+                    return Ok(());
+                }
+            }
             tokio::select! {
                 () = slot.wake.notified() => {}
                 () = tokio::time::sleep(heartbeat) => {
@@ -178,12 +183,15 @@ impl Bridge {
             )
         });
         let mut delivered = envelope.delivered(redelivered);
-        if matches!(envelope.kind, EnvelopeKind::Handoff | EnvelopeKind::HandoffAnswer) {
-            match self.handoff_meta(envelope).await {
-                Ok(extra) => delivered.extra = extra,
-                Err(e) => {
-                    tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read the handoff of an envelope")
-                }
+        let extra = match envelope.kind {
+            EnvelopeKind::Handoff | EnvelopeKind::HandoffAnswer => self.handoff_meta(envelope).await,
+            EnvelopeKind::RoomTurn => self.room_meta(envelope).await,
+            _ => Ok(Default::default()),
+        };
+        match extra {
+            Ok(extra) => delivered.extra = extra,
+            Err(e) => {
+                tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read what an envelope belongs to")
             }
         }
         tx.send(SessionEvent::Envelope(delivered)).await.is_ok()

@@ -16,7 +16,7 @@ use crate::ids::AgentName;
 
 use super::calls::WaitingCalls;
 use super::shown::Confirmations;
-use super::texts::channel_notification;
+use super::texts::{channel_notification, notice_notification};
 
 /// First wait before reopening the session stream after the daemon went away; it doubles
 /// up to [`MAX_RECONNECT_DELAY`], so a restarting daemon is found again within seconds.
@@ -136,6 +136,14 @@ impl SessionForwarder {
                         return SessionEnd::AgentGone;
                     }
                     tracing::debug!(trace_id = %envelope.trace_id, redelivered = envelope.redelivered, "envelope pushed into the agent session");
+                }
+                Ok(Some(SessionEvent::Notice(notice))) => {
+                    // About an envelope the session already has: nothing to confirm.
+                    let notification = ServerNotification::CustomNotification(notice_notification(&notice));
+                    if self.peer.send_notification(notification).await.is_err() {
+                        return SessionEnd::AgentGone;
+                    }
+                    tracing::debug!(trace_id = %notice.trace_id, kind = %notice.kind, "notice pushed into the agent session");
                 }
                 Ok(Some(SessionEvent::Heartbeat)) => {}
                 Ok(Some(SessionEvent::Hello { .. })) => {

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use crate::agents::api::client::ClientError;
 use crate::agents::api::wire::{
-    AckReceipt, AnsweredHandoff, DeliveredEnvelope, ErrorCode, HandoffReceipt, PendingList, PendingSummary,
-    ReplyReceipt,
+    AckReceipt, AnsweredHandoff, DeliveredEnvelope, DeliveredNotice, ErrorCode, HandoffReceipt, PendingList,
+    PendingSummary, ReplyReceipt,
 };
 use crate::ids::{AgentName, TraceId};
 
@@ -62,7 +62,14 @@ pub(super) fn instructions(agent: &AgentName) -> String {
          \"extends\" or \"replaces\". Work handed to you arrives with kind=\"handoff\": answer it with \
          `reply` (the answer goes to the agent who asked, not to Telegram). An answer to your handoff arrives \
          with kind=\"handoff_answer\" and on_behalf_of (the conversation it belongs to): answer the human \
-         with one `reply` naming either envelope."
+         with one `reply` naming either envelope.\n\
+         - Group rooms: several agents share one chat and take the floor one at a time. Your turn arrives as \
+         kind=\"room_turn\": its content is the exchange so far, its meta has cascade_id, speaker, cascade_limit, \
+         summoned_by and max_iters (your tool-loop budget for this turn: stay within it). Answer with ONE `reply`: \
+         it is posted to the room as \"<your display name>: <text>\" and ends your turn; @mention an agent in it \
+         to give it the floor next. `ack` the turn to pass without posting. A turn you neither reply to nor ack \
+         within the room's time limit is lost. A notice with kind=\"stop\" means a human stopped the exchange: \
+         finish or ack your turn; nobody speaks after you."
     )
 }
 
@@ -108,6 +115,21 @@ pub(super) fn channel_notification(envelope: &DeliveredEnvelope) -> CustomNotifi
     CustomNotification::new(CHANNEL_NOTIFICATION_METHOD, Some(params))
 }
 
+/// A notice (DESIGN.md §8) as a channel notification: the envelope it is about, `kind`
+/// naming the notice, and the notice's own meta.
+pub(super) fn notice_notification(notice: &DeliveredNotice) -> CustomNotification {
+    let mut meta = BTreeMap::from([
+        ("trace_id".to_owned(), notice.trace_id.clone()),
+        ("kind".to_owned(), notice.kind.clone()),
+        ("ts".to_owned(), notice.ts.clone()),
+    ]);
+    for (key, value) in &notice.extra {
+        meta.entry(key.clone()).or_insert_with(|| value.clone());
+    }
+    let params = json!({ "content": notice.content, "meta": meta });
+    CustomNotification::new(CHANNEL_NOTIFICATION_METHOD, Some(params))
+}
+
 pub(super) fn parse_trace_id(raw: &str) -> Result<TraceId, String> {
     TraceId::parse(raw).map_err(|problem| {
         format!("{problem}. Call `pending` to see the trace ids of the waiting conversations. Nothing was changed.")
@@ -143,6 +165,14 @@ pub(super) fn describe_place(chat_id: i64, chat_title: Option<&str>, thread_id: 
 pub(super) fn describe_receipt(receipt: &ReplyReceipt) -> String {
     if let Some(answered) = &receipt.answered_handoff {
         return describe_answered_handoff(receipt, answered);
+    }
+    if let Some(room) = &receipt.room_turn {
+        let ids = receipt.message_ids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
+        return format!(
+            "Posted to room {} as {} (Telegram message id {ids}), answering {}. Your turn (speaker {} of {}) is \
+             over: the agents you mentioned get the floor next, and you get it again only if someone mentions you.",
+            receipt.route, room.posted_as, receipt.trace_id, room.speaker, room.cascade_id
+        );
     }
     let place = describe_place(receipt.chat_id, None, receipt.thread_id);
     let ids = receipt.message_ids.iter().map(i32::to_string).collect::<Vec<_>>().join(", ");
@@ -492,6 +522,7 @@ mod tests {
             route: "ops-topic".into(),
             message_ids: vec![501, 502],
             answered_handoff: None,
+            room_turn: None,
         };
         assert_eq!(
             describe_receipt(&receipt),

@@ -39,6 +39,7 @@
 //! ```
 
 mod cascade;
+mod command;
 mod mentions;
 
 pub use cascade::{
@@ -46,6 +47,7 @@ pub use cascade::{
     Participant, Queued, StopRecord, StopRefused, StopReport, Stopping, Turn, TurnEnd, TurnEnded, TurnError,
     TurnRecord,
 };
+pub use command::{RoomInput, room_input};
 pub use mentions::{RoomMember, RoomRoster, RosterError, mention_tokens, mentions, normalise};
 
 /// `[rooms] cascade_limit` when none is configured: agent turns per human message.

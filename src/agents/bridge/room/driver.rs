@@ -1,0 +1,798 @@
+//! The room driver: one task that runs every room's exchanges (DESIGN.md §10).
+//!
+//! Each pass ([`RoomDriver::pass`]) reads facts from the ledger and applies the steps they
+//! call for, each in one transaction with what it causes:
+//!
+//! 1. the room inbox: a human message becomes a `waiting` cascade, a `/stop` stops the
+//!    room's running exchange (or says why it cannot);
+//! 2. every busy room: a waiting exchange starts when the room is free; the current
+//!    speaker's turn ends when its envelope says so (a confirmed or unknown reply, an ack)
+//!    or its time is up; then the next speaker gets a `room_turn` envelope, or the
+//!    exchange is over and its outcome is recorded with the post that tells the room;
+//! 3. posts owed to rooms go out, one at a time per room, each as an ordinary attempt.
+//!
+//! Nothing is kept in memory that the ledger does not also say, so after a restart the
+//! first pass simply carries on: the open turn's envelope is redelivered by the session
+//! like any pending envelope, its timer counts from the stored turn start, and a post
+//! whose attempt exists is never made again.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Context;
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::Rooms;
+use crate::agents::api::wire::DeliveredNotice;
+use crate::agents::bridge::Bridge;
+use crate::backoff::Backoff;
+use crate::config::RoomSettings;
+use crate::ids::{AgentName, RouteName, TraceId};
+use crate::ledger::{
+    AttemptPurpose, CascadeUpdate, EnvelopeKind, EnvelopeState, NewCascade, NewPost, ReplyVerdict, RoomStep,
+    StoredCascade, StoredEnvelope, StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen, now,
+};
+use crate::rules::turns::{Cascade, HumanMessage, Next, Outcome, RoomInput, Stopping, TurnEnd, room_input};
+use crate::telegram::bot_api::{Answer, BotApi, Exchange};
+use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
+
+/// Steps one room may take in one pass. A live exchange takes one or two; the cap only
+/// stops a guard that keeps failing from spinning the driver.
+const MAX_STEPS_PER_ROOM: usize = 64;
+
+/// With nothing scheduled, a pass still runs this often: a safety net under the bell, which
+/// is cheap because a pass over idle rooms is two small queries.
+const IDLE_RECHECK: Duration = Duration::from_secs(30);
+
+/// After a failed pass (a busy or failing ledger), the next one waits this long, doubling.
+const RETRY_FIRST: Duration = Duration::from_millis(200);
+const RETRY_CAP: Duration = Duration::from_secs(10);
+
+/// The attempts of the switchboard's own room posts carry this agent name.
+const POSTER: &str = "switchboard";
+
+/// What the current speaker's turn comes to, from the facts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Judgement {
+    /// Its reply was posted (or may have been: an unknown outcome): the turn is over.
+    Replied,
+    /// It acked its turn envelope: it passes.
+    Passed,
+    /// Its reply is claimed and its envelope still pending: being posted, or the post
+    /// died with its delivery (the driver checks which).
+    Posting,
+    /// Neither a reply nor an ack in time: it loses the floor.
+    TimedOut,
+    /// Nothing yet: look again by then.
+    WaitUntil(DateTime<Utc>),
+}
+
+/// Judges the open turn from its envelope's state, whether a reply is claimed, when the
+/// turn started and how long a speaker has. Pure.
+pub(crate) fn judge_turn(
+    envelope: EnvelopeState,
+    claimed: bool,
+    started_at: DateTime<Utc>,
+    timeout: Duration,
+    now: DateTime<Utc>,
+) -> Judgement {
+    match (envelope, claimed) {
+        // A confirmed post acks the envelope; an unknown one makes it unresolved. Either
+        // way the words are out (or may be), and nothing more is sent for this turn.
+        (EnvelopeState::Acked | EnvelopeState::Unresolved, true) => Judgement::Replied,
+        (EnvelopeState::Pending | EnvelopeState::Queued, true) => Judgement::Posting,
+        (EnvelopeState::Pending | EnvelopeState::Queued, false) => {
+            let deadline = started_at + chrono::Duration::from_std(timeout).unwrap_or(chrono::TimeDelta::MAX);
+            if now >= deadline { Judgement::TimedOut } else { Judgement::WaitUntil(deadline) }
+        }
+        // Acked without a reply: a pass. Nothing else can happen to a room_turn envelope
+        // without a reply; should it, the speaker has had its turn.
+        _ => Judgement::Passed,
+    }
+}
+
+/// Who this bot is, from `getMe`.
+#[derive(Debug, Deserialize)]
+struct Me {
+    username: Option<String>,
+    can_read_all_group_messages: Option<bool>,
+}
+
+/// Runs the rooms. Built by [`Bridge::room_driver`]; [`RoomDriver::run`] is its loop.
+pub struct RoomDriver {
+    bridge: Bridge,
+    /// For `getMe`: this bot's username tells `/stop@thisbot` from `/stop@otherbot`.
+    api: BotApi,
+    bot_username: Option<String>,
+    /// Rooms with a post on its way: one at a time per room, so they arrive in order.
+    posting: Arc<Mutex<HashSet<String>>>,
+    /// Routes with exchanges that are no room in the configuration, reported once each.
+    reported_missing: HashSet<String>,
+    /// Exchanges whose stored state cannot be read, reported once each.
+    reported_damaged: HashSet<String>,
+}
+
+impl Bridge {
+    /// The room driver for this bridge; `api` reaches the bot (for `getMe`).
+    pub fn room_driver(&self, api: BotApi) -> RoomDriver {
+        RoomDriver {
+            bridge: self.clone(),
+            api,
+            bot_username: None,
+            posting: Arc::default(),
+            reported_missing: HashSet::new(),
+            reported_damaged: HashSet::new(),
+        }
+    }
+}
+
+impl RoomDriver {
+    /// Runs passes until `shutdown`: at once (resuming whatever a previous daemon left),
+    /// then whenever the bell rings, a speaker's time runs out, or [`IDLE_RECHECK`] passes.
+    /// Failures are logged and retried; they never stop the daemon, and nothing is lost
+    /// meanwhile (room messages wait in the ledger).
+    pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
+        if !self.bridge.rooms().is_empty() {
+            self.identify().await;
+        }
+        let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
+        loop {
+            let wait = match self.pass().await {
+                Ok(next) => {
+                    retry.reset();
+                    next.unwrap_or(IDLE_RECHECK).min(IDLE_RECHECK)
+                }
+                Err(e) => {
+                    let delay = retry.next_delay();
+                    tracing::error!(
+                        error = format!("{e:#}"),
+                        retry_in_ms = delay.as_millis() as u64,
+                        "room driver: a pass failed; retrying"
+                    );
+                    delay
+                }
+            };
+            tokio::select! {
+                () = self.bridge.inner.rooms.wake.notified() => {}
+                () = tokio::time::sleep(wait) => {}
+                () = shutdown.cancelled() => break,
+            }
+        }
+        tracing::debug!("room driver stopped");
+        Ok(())
+    }
+
+    /// Asks Telegram who this bot is: its username (for `/stop@name`) and whether it can
+    /// see ordinary group messages at all. Best-effort: without an answer, any
+    /// `/stop@name` counts as a stop.
+    async fn identify(&mut self) {
+        let exchange = self.api.call("getMe", &json!({})).await;
+        let me = match &exchange {
+            Exchange::Answered { body, .. } => {
+                serde_json::from_slice::<Answer<Me>>(body).ok().and_then(|a| a.result)
+            }
+            _ => None,
+        };
+        let Some(me) = me else {
+            tracing::warn!(
+                "could not ask Telegram who this bot is (getMe): in rooms, /stop@NAME counts as a stop whatever NAME is"
+            );
+            return;
+        };
+        let name = me.username.clone().unwrap_or_default();
+        if me.can_read_all_group_messages == Some(false) {
+            tracing::warn!(
+                bot = %name,
+                "privacy mode is on for @{name}: in a group it only sees commands meant for it and replies to its own messages, unless it is an admin there, so ordinary room messages never arrive. Group rooms need to see every message: turn privacy mode off (@BotFather, /setprivacy, Disable; then remove the bot from the group and add it again) or make the bot an admin of each room's group"
+            );
+        }
+        self.bot_username = me.username;
+    }
+
+    /// One pass over the inbox, the busy rooms and the owed posts. Returns how long until a
+    /// speaker's time runs out, if one is waited for. A room whose step fails does not hold
+    /// up the others: the pass carries on and then reports the first failure (the run loop
+    /// retries with backoff). The inbox stops at a message that cannot be taken, so room
+    /// messages are never taken out of order.
+    pub async fn pass(&mut self) -> anyhow::Result<Option<Duration>> {
+        let ledger = self.bridge.inner.ledger.clone();
+        let rooms = self.bridge.rooms();
+        let mut next: Option<Duration> = None;
+        let mut failure: Option<anyhow::Error> = None;
+        for envelope in ledger.room_inbox().await.context("reading the room inbox")? {
+            let route = envelope.route.clone().unwrap_or_default();
+            if let Err(e) = self.take(&rooms, &envelope).await {
+                failure = Some(e.context(format!("taking {} in room '{route}'", envelope.trace_id)));
+                break;
+            }
+            // Before the next message: a `/stop` right after a message stops its exchange.
+            match self.advance(&rooms, &route).await {
+                Ok(wait) => earliest(&mut next, wait),
+                Err(e) => {
+                    failure.get_or_insert(e.context(format!("moving room '{route}' on")));
+                }
+            }
+        }
+        for route in ledger.busy_rooms().await.context("reading the busy rooms")? {
+            match self.advance(&rooms, &route).await {
+                Ok(wait) => earliest(&mut next, wait),
+                Err(e) => {
+                    failure.get_or_insert(e.context(format!("moving room '{route}' on")));
+                }
+            }
+        }
+        if let Err(e) = self.post_owed().await {
+            failure.get_or_insert(e);
+        }
+        match failure {
+            Some(e) => Err(e),
+            None => Ok(next),
+        }
+    }
+
+    fn room<'r>(&mut self, rooms: &'r Rooms, route: &str) -> Option<&'r RoomSettings> {
+        let room = RouteName::parse(route).ok().and_then(|name| rooms.get(&name));
+        if room.is_none() && self.reported_missing.insert(route.to_owned()) {
+            tracing::error!(
+                route,
+                "exchanges wait in route '{route}', which is no room in the configuration: they stay as they are until it is one again"
+            );
+        }
+        room
+    }
+
+    // ---- the inbox ----
+
+    /// Takes one room message or command out of the inbox.
+    async fn take(&mut self, rooms: &Rooms, envelope: &StoredEnvelope) -> anyhow::Result<()> {
+        let span = tracing::info_span!("envelope", trace_id = %envelope.trace_id);
+        self.take_in_span(rooms, envelope).instrument(span).await
+    }
+
+    async fn take_in_span(&mut self, rooms: &Rooms, envelope: &StoredEnvelope) -> anyhow::Result<()> {
+        let route = envelope.route.clone().unwrap_or_default();
+        let Some(room) = RouteName::parse(&route).ok().and_then(|name| rooms.get(&name)) else {
+            return self
+                .settle(envelope, format!("route '{route}' is no room (any more): nothing to do"))
+                .await;
+        };
+        if envelope.kind == EnvelopeKind::EditedMessage {
+            return self
+                .settle(envelope, "an edit in a room starts no exchange and changes none".into())
+                .await;
+        }
+        let text = envelope.text.as_deref().unwrap_or_default();
+        match room_input(text, self.bot_username.as_deref()) {
+            RoomInput::Stop => self.stop(room, envelope).await,
+            RoomInput::ForAnotherBot(bot) => {
+                let note = format!("a command for @{bot}, not for this bot");
+                self.settle(envelope, note).await
+            }
+            RoomInput::Message => self.record(room, envelope).await,
+        }
+    }
+
+    /// Leaves an inbox envelope that asks nothing of the room.
+    async fn settle(&self, envelope: &StoredEnvelope, note: String) -> anyhow::Result<()> {
+        tracing::info!(note = %note, "room message needs nothing");
+        let step = RoomStep { settle: Some((envelope, note)), ..RoomStep::default() };
+        self.bridge.inner.ledger.apply_room_step(&step).await.context("settling a room message")?;
+        Ok(())
+    }
+
+    /// A human message: its exchange waits for the room (and starts at once if it is free).
+    async fn record(&self, room: &RoomSettings, envelope: &StoredEnvelope) -> anyhow::Result<()> {
+        let message = HumanMessage {
+            author: envelope.user(),
+            text: envelope.content.clone(),
+            trace_id: TraceId::parse(&envelope.trace_id).map_err(anyhow::Error::msg)?,
+        };
+        let cascade = Cascade::start(&room.roster, message, room.limits.cascade_limit);
+        let seeded: Vec<&str> = cascade.queue().iter().map(|q| q.agent.as_str()).collect();
+        let new = NewCascade {
+            message: envelope,
+            cascade: &cascade,
+            max_iters: room.limits.max_iters,
+            speaker_timeout_secs: room.limits.speaker_timeout.as_secs(),
+        };
+        let recorded = self
+            .bridge
+            .inner
+            .ledger
+            .record_cascade(&new, "room message: exchange {cascade}")
+            .await
+            .context("recording a room exchange")?;
+        if let Some(cascade_id) = recorded {
+            tracing::info!(route = %room.route, %cascade_id, ?seeded, "room message recorded as an exchange");
+        }
+        Ok(())
+    }
+
+    /// `/stop`: the room's running exchange ends before its next speaker.
+    async fn stop(&self, room: &RoomSettings, envelope: &StoredEnvelope) -> anyhow::Result<()> {
+        let ledger = &self.bridge.inner.ledger;
+        let by = envelope.user();
+        let stop_post =
+            |text: String| NewPost { key: format!("{}/stop", envelope.trace_id), answers: envelope, text };
+        let Some(stored) = ledger.active_cascade(room.route.as_str()).await? else {
+            tracing::info!(%by, route = %room.route, "/stop with nothing running");
+            let step = RoomStep {
+                settle: Some((envelope, "/stop: nothing was running".into())),
+                posts: vec![stop_post(
+                    "Nothing is running in this room: there is no exchange to stop.".into(),
+                )],
+                ..RoomStep::default()
+            };
+            ledger.apply_room_step(&step).await?;
+            return Ok(());
+        };
+        let mut cascade = match stored.cascade() {
+            Ok(cascade) => cascade,
+            Err(e) => {
+                // `advance` reports the damaged exchange; the stop is answered, not lost.
+                tracing::error!(cascade_id = %stored.cascade_id, error = %e, "/stop: the running exchange cannot be read");
+                let text = format!(
+                    "The running exchange ({}) cannot be read, so it cannot be stopped from here; an operator must \
+                     look at it with `switchboard ledger show {}`.",
+                    stored.cascade_id, stored.cascade_id
+                );
+                let step = RoomStep {
+                    settle: Some((envelope, format!("/stop: {} cannot be read: {e}", stored.cascade_id))),
+                    posts: vec![stop_post(text)],
+                    ..RoomStep::default()
+                };
+                ledger.apply_room_step(&step).await?;
+                return Ok(());
+            }
+        };
+        let at = now();
+        let stopping = match cascade.stop(by.clone(), at) {
+            Ok(stopping) => stopping,
+            Err(refused) => {
+                tracing::info!(%by, cascade_id = %stored.cascade_id, "/stop changed nothing: {refused}");
+                let step = RoomStep {
+                    settle: Some((envelope, format!("/stop changed nothing: {refused}"))),
+                    posts: vec![stop_post(format!("{}.", capitalised(&refused.to_string())))],
+                    ..RoomStep::default()
+                };
+                ledger.apply_room_step(&step).await?;
+                return Ok(());
+            }
+        };
+        let message = self.message_of(&stored).await?;
+        let mut update = CascadeUpdate {
+            id: stored.id,
+            decided_on: &stored.updated_at,
+            cascade: &cascade,
+            stop_by: Some(&by),
+            outcome: None,
+        };
+        let note = format!("/stop: {} stopped", stored.cascade_id);
+        let (post, current) = match &stopping {
+            Stopping::Requested { current } => {
+                let still = cascade.stop_record().map(|s| labels(room, &s.still_queued)).unwrap_or_default();
+                let queued =
+                    if still.is_empty() { String::new() } else { format!(" (still queued: {still})") };
+                let text = format!(
+                    "Stopping: {by} asked to stop. {} may finish its turn; nobody else will speak{queued}.",
+                    room.roster.label(&current.agent)
+                );
+                (
+                    NewPost { key: format!("{}/stop", envelope.trace_id), answers: envelope, text },
+                    Some(current),
+                )
+            }
+            Stopping::Stopped(report) => {
+                let text = report.render(&room.roster);
+                let outcome = Outcome::Stopped(report.clone());
+                update.outcome = Some((serde_json::to_string(&outcome)?, Some(text.clone())));
+                (NewPost { key: format!("{}/outcome", stored.cascade_id), answers: &message, text }, None)
+            }
+        };
+        let step = RoomStep {
+            cascade: Some(update),
+            posts: vec![post],
+            settle: Some((envelope, note)),
+            ..RoomStep::default()
+        };
+        if ledger.apply_room_step(&step).await?.is_none() {
+            // Only this driver writes exchanges, so this is not expected. The /stop stays in
+            // the inbox, and the inbox stops here so that nothing behind it overtakes it.
+            anyhow::bail!(
+                "{} changed while a /stop was applied to it; taking the /stop again",
+                stored.cascade_id
+            );
+        }
+        tracing::info!(%by, cascade_id = %stored.cascade_id, state = %cascade.state(), "room exchange stopped");
+        if let Some(current) = current
+            && let Some(turn) =
+                ledger.turns_of(stored.id).await?.into_iter().find(|t| t.speaker() == current.speaker)
+        {
+            self.send_stop_notice(room, &stored, &turn, &by);
+        }
+        Ok(())
+    }
+
+    fn send_stop_notice(&self, room: &RoomSettings, stored: &StoredCascade, turn: &StoredTurn, by: &str) {
+        let Ok(agent) = AgentName::parse(&turn.agent) else { return };
+        let content = format!(
+            "{by} sent /stop in room {}: this exchange ends with your turn (speaker {}). You may still finish your \
+             reply to {} — it is posted, but mentions in it queue nobody — or ack it to pass.",
+            room.route, turn.speaker, turn.envelope_trace_id
+        );
+        let extra = BTreeMap::from([
+            ("cascade_id".to_owned(), stored.cascade_id.clone()),
+            ("stopped_by".to_owned(), by.to_owned()),
+            ("route".to_owned(), room.route.to_string()),
+            ("speaker".to_owned(), turn.speaker.to_string()),
+        ]);
+        let notice = DeliveredNotice {
+            trace_id: turn.envelope_trace_id.clone(),
+            kind: "stop".into(),
+            content,
+            ts: now(),
+            extra,
+        };
+        self.bridge.notify(&agent, notice);
+    }
+
+    // ---- a room's exchange ----
+
+    /// Takes the room's steps until it waits for someone. Returns how long until the
+    /// current speaker's time runs out, if it is waited for.
+    async fn advance(&mut self, rooms: &Rooms, route: &str) -> anyhow::Result<Option<Duration>> {
+        let ledger = self.bridge.inner.ledger.clone();
+        for _ in 0..MAX_STEPS_PER_ROOM {
+            let stored = match ledger.active_cascade(route).await? {
+                Some(active) => active,
+                None => match ledger.next_waiting_cascade(route).await? {
+                    Some(waiting) => waiting,
+                    None => return Ok(None),
+                },
+            };
+            let Some(room) = self.room(rooms, route) else { return Ok(None) };
+            let cascade = match stored.cascade() {
+                Ok(cascade) => cascade,
+                Err(e) => {
+                    if self.reported_damaged.insert(stored.cascade_id.clone()) {
+                        tracing::error!(cascade_id = %stored.cascade_id, route, error = %e, "a stored exchange cannot be read: its room stands still (other rooms go on) until an operator repairs it");
+                    }
+                    return Ok(None);
+                }
+            };
+            let Some(current) = cascade.current() else {
+                self.give_floor(room, &stored, cascade).await?;
+                continue;
+            };
+            let turn = ledger.turns_of(stored.id).await?.into_iter().find(|t| t.speaker() == current.speaker);
+            let Some(turn) = turn else {
+                tracing::error!(cascade_id = %stored.cascade_id, speaker = current.speaker, "a cascade's open turn has no turn row: its room is stuck until an operator repairs it");
+                return Ok(None);
+            };
+            let started = DateTime::parse_from_rfc3339(&turn.started_at)
+                .map(|t| t.with_timezone(&Utc))
+                .unwrap_or_else(|_| Utc::now());
+            let timeout = Duration::from_secs(u64::try_from(stored.speaker_timeout_secs).unwrap_or(0));
+            let now = Utc::now();
+            match judge_turn(turn.envelope_state, turn.reply_text.is_some(), started, timeout, now) {
+                Judgement::WaitUntil(deadline) => {
+                    return Ok(Some((deadline - now).to_std().unwrap_or_default()));
+                }
+                Judgement::Posting => {
+                    if !self.release_dead_claim(&turn).await? {
+                        // Being posted: its outcome rings the bell.
+                        return Ok(None);
+                    }
+                }
+                Judgement::Replied if !self.reply_went_out(&turn).await? => {
+                    // Acked by the speaker after a post that was refused: a pass.
+                    self.end_turn(room, &stored, cascade, &turn, TurnEnd::Passed).await?;
+                }
+                Judgement::Replied => {
+                    let end = TurnEnd::Replied {
+                        text: turn.reply_text.clone().unwrap_or_default(),
+                        trace_id: TraceId::parse(&turn.envelope_trace_id).map_err(anyhow::Error::msg)?,
+                    };
+                    self.end_turn(room, &stored, cascade, &turn, end).await?;
+                }
+                Judgement::Passed => self.end_turn(room, &stored, cascade, &turn, TurnEnd::Passed).await?,
+                Judgement::TimedOut => {
+                    self.end_turn(room, &stored, cascade, &turn, TurnEnd::TimedOut).await?
+                }
+            }
+        }
+        tracing::warn!(route, "a room took {MAX_STEPS_PER_ROOM} steps in one pass; carrying on shortly");
+        Ok(Some(RETRY_FIRST))
+    }
+
+    /// Whether the turn's claimed reply was posted, or may have been (its attempts say
+    /// sent, unknown or in flight), rather than refused before its envelope was acked.
+    async fn reply_went_out(&self, turn: &StoredTurn) -> anyhow::Result<bool> {
+        let Some(request_id) = &turn.reply_request_id else { return Ok(false) };
+        let recorded = self.bridge.inner.ledger.recorded_reply(&turn.agent, request_id).await?;
+        Ok(recorded.is_some_and(|reply| {
+            !reply.sent.is_empty() || !matches!(reply.verdict, ReplyVerdict::NotSent { .. })
+        }))
+    }
+
+    /// A claimed reply whose envelope is still pending while no delivery runs for it died
+    /// with its delivery (not sent, or the daemon stopped before sending): the speaker
+    /// gets its turn back. Checked under the agent's decision lock, which a reply holds
+    /// from its claim until its delivery is running. Returns whether it was released.
+    async fn release_dead_claim(&self, turn: &StoredTurn) -> anyhow::Result<bool> {
+        let slot = AgentName::parse(&turn.agent).ok().and_then(|agent| self.bridge.inner.agents.get(&agent));
+        let _decide = match slot {
+            Some(slot) => {
+                let decide = slot.decisions.lock().await;
+                if slot.running().envelopes.contains(&turn.envelope_id) {
+                    return Ok(false);
+                }
+                Some(decide)
+            }
+            None => None,
+        };
+        let released = self.bridge.inner.ledger.release_room_reply(turn.id).await?;
+        if released {
+            tracing::info!(agent = %turn.agent, trace_id = %turn.envelope_trace_id, "a room reply that was never posted gave its turn back");
+        }
+        Ok(released)
+    }
+
+    /// Ends the open turn and, in the same step, gives the floor to the next speaker or
+    /// records how the exchange ended.
+    async fn end_turn(
+        &self,
+        room: &RoomSettings,
+        stored: &StoredCascade,
+        mut cascade: Cascade,
+        turn: &StoredTurn,
+        end: TurnEnd,
+    ) -> anyhow::Result<()> {
+        let ending = match &end {
+            TurnEnd::Replied { .. } => TurnEnding::Replied,
+            TurnEnd::Passed => TurnEnding::Passed,
+            TurnEnd::TimedOut => TurnEnding::TimedOut,
+        };
+        let ended = cascade.end_turn(&room.roster, turn.speaker(), end).context("ending a room turn")?;
+        tracing::info!(cascade_id = %stored.cascade_id, speaker = turn.speaker, agent = %turn.agent, ending = ending.as_str(), queued = ?ended.queued, "room turn ended");
+        let label =
+            AgentName::parse(&turn.agent).map(|a| room.roster.label(&a).to_owned()).unwrap_or_default();
+        let mut posts = Vec::new();
+        let secs = stored.speaker_timeout_secs;
+        let reason = format!("speaker timeout: no reply or ack within {secs}s; the floor passed on");
+        let message = self.message_of(stored).await?;
+        if ending == TurnEnding::TimedOut {
+            posts.push(NewPost {
+                key: format!("{}/timeout/{}", stored.cascade_id, turn.speaker),
+                answers: &message,
+                text: format!("{label} did not answer within {secs}s and lost the floor."),
+            });
+        }
+        let close = TurnClose {
+            turn,
+            ending,
+            timed_out: (ending == TurnEnding::TimedOut).then_some(reason.as_str()),
+        };
+        self.step(room, stored, &message, cascade, Some(close), posts).await
+    }
+
+    /// Nobody has the floor: the next speaker gets it, or the exchange is over.
+    async fn give_floor(
+        &self,
+        room: &RoomSettings,
+        stored: &StoredCascade,
+        cascade: Cascade,
+    ) -> anyhow::Result<()> {
+        let message = self.message_of(stored).await?;
+        self.step(room, stored, &message, cascade, None, Vec::new()).await
+    }
+
+    /// Decides what follows the cascade's state and applies it with `close` and `posts`.
+    async fn step(
+        &self,
+        room: &RoomSettings,
+        stored: &StoredCascade,
+        message: &StoredEnvelope,
+        mut cascade: Cascade,
+        close: Option<TurnClose<'_>>,
+        mut posts: Vec<NewPost<'_>>,
+    ) -> anyhow::Result<()> {
+        let ledger = &self.bridge.inner.ledger;
+        match cascade.next_speaker() {
+            Next::Speak(turn) => {
+                let content = cascade.transcript_text(&room.roster);
+                let summoned_by = turn.summoned_by.name().to_owned();
+                let step = RoomStep {
+                    cascade: Some(CascadeUpdate {
+                        id: stored.id,
+                        decided_on: &stored.updated_at,
+                        cascade: &cascade,
+                        stop_by: None,
+                        outcome: None,
+                    }),
+                    close,
+                    open: Some(TurnOpen {
+                        speaker: turn.speaker,
+                        agent: &turn.agent,
+                        summoned_by: &summoned_by,
+                        message,
+                        content: &content,
+                    }),
+                    posts,
+                    settle: None,
+                };
+                if let Some(applied) = ledger.apply_room_step(&step).await? {
+                    let trace_id = applied.opened.map(|(_, trace_id)| trace_id).unwrap_or_default();
+                    tracing::info!(cascade_id = %stored.cascade_id, speaker = turn.speaker, agent = %turn.agent, %summoned_by, %trace_id, "room: the floor goes to the next speaker");
+                    self.bridge.wake(&turn.agent);
+                }
+            }
+            Next::Speaking(turn) => {
+                // Only reached with a turn still open, which `advance` judges instead.
+                tracing::debug!(cascade_id = %stored.cascade_id, speaker = turn.speaker, "the speaker still has the floor");
+            }
+            Next::Over(outcome) => {
+                let text = match &outcome {
+                    Outcome::Completed { .. } => None,
+                    Outcome::Stopped(report) => Some(report.render(&room.roster)),
+                    Outcome::BudgetExhausted(report) => Some(report.render(&room.roster)),
+                };
+                if let Some(text) = &text {
+                    posts.push(NewPost {
+                        key: format!("{}/outcome", stored.cascade_id),
+                        answers: message,
+                        text: text.clone(),
+                    });
+                }
+                let step = RoomStep {
+                    cascade: Some(CascadeUpdate {
+                        id: stored.id,
+                        decided_on: &stored.updated_at,
+                        cascade: &cascade,
+                        stop_by: None,
+                        outcome: Some((serde_json::to_string(&outcome)?, text)),
+                    }),
+                    close,
+                    open: None,
+                    posts,
+                    settle: None,
+                };
+                if ledger.apply_room_step(&step).await?.is_some() {
+                    tracing::info!(cascade_id = %stored.cascade_id, state = %cascade.state(), turns = cascade.turns_used(), replies = cascade.replies(), "room exchange over");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The human message an exchange answers.
+    async fn message_of(&self, stored: &StoredCascade) -> anyhow::Result<StoredEnvelope> {
+        self.bridge
+            .inner
+            .ledger
+            .find(&stored.message_trace_id)
+            .await?
+            .with_context(|| format!("the message of {} is missing from the ledger", stored.cascade_id))
+    }
+
+    // ---- posts ----
+
+    /// Starts the owed posts: the oldest of each room whose previous post is done.
+    async fn post_owed(&self) -> anyhow::Result<()> {
+        let ledger = &self.bridge.inner.ledger;
+        for post in ledger.owed_room_posts().await.context("reading owed room posts")? {
+            if !self.posting.lock().unwrap_or_else(|p| p.into_inner()).insert(post.route.clone()) {
+                continue;
+            }
+            if ledger.room_post_attempted(&post.key).await? {
+                // Attempted before a restart: made, whatever came of it. Never twice.
+                ledger.mark_room_post_made(post.id).await?;
+                self.posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
+                continue;
+            }
+            self.spawn_post(post);
+        }
+        Ok(())
+    }
+
+    fn spawn_post(&self, post: StoredPost) {
+        let mut parts = split_text(&post.text, TELEGRAM_TEXT_LIMIT);
+        parts.truncate(self.bridge.inner.limits.max_reply_parts);
+        let plan = ReplyPlan {
+            target: ReplyTarget {
+                envelope_id: post.envelope_id,
+                trace_id: post.envelope_trace_id.clone(),
+                agent: POSTER.to_owned(),
+                route: post.route.clone(),
+                chat_id: post.chat_id,
+                thread_id: post.thread_id.and_then(|t| i32::try_from(t).ok()),
+                reply_to_message_id: post.reply_to_message_id.and_then(|m| i32::try_from(m).ok()),
+            },
+            request_id: Some(post.key.clone()),
+            // It answers nothing an agent waits on: it settles no envelope.
+            purpose: AttemptPurpose::Audit,
+            parts,
+            already_sent: Vec::new(),
+        };
+        let bridge = self.bridge.clone();
+        let posting = Arc::clone(&self.posting);
+        self.bridge.inner.tasks.spawn(async move {
+            let outcome = bridge.inner.outbound.deliver(&plan).await;
+            tracing::info!(key = %post.key, route = %post.route, ?outcome, "room post");
+            let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
+            while let Err(e) = bridge.inner.ledger.mark_room_post_made(post.id).await {
+                tracing::error!(key = %post.key, error = %e, "could not record a room post as made; trying again");
+                tokio::select! {
+                    () = tokio::time::sleep(retry.next_delay()) => {}
+                    // Its attempt is recorded: the next daemon marks it made without posting.
+                    () = bridge.inner.shutdown.cancelled() => break,
+                }
+            }
+            posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
+            bridge.wake_rooms();
+        });
+    }
+}
+
+fn earliest(next: &mut Option<Duration>, candidate: Option<Duration>) {
+    if let Some(candidate) = candidate {
+        *next = Some(next.map_or(candidate, |current| current.min(candidate)));
+    }
+}
+
+fn labels(room: &RoomSettings, agents: &[AgentName]) -> String {
+    agents.iter().map(|a| room.roster.label(a)).collect::<Vec<_>>().join(", ")
+}
+
+fn capitalised(text: &str) -> String {
+    let mut chars = text.chars();
+    chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(1_800_000_000 + secs, 0).unwrap()
+    }
+
+    const TIMEOUT: Duration = Duration::from_secs(600);
+
+    #[test]
+    fn a_posted_or_possibly_posted_reply_ends_the_turn() {
+        for state in [EnvelopeState::Acked, EnvelopeState::Unresolved] {
+            assert_eq!(judge_turn(state, true, at(0), TIMEOUT, at(1)), Judgement::Replied, "{state}");
+            // Even after the deadline: the reply came in time.
+            assert_eq!(judge_turn(state, true, at(0), TIMEOUT, at(10_000)), Judgement::Replied, "{state}");
+        }
+    }
+
+    #[test]
+    fn an_ack_without_a_reply_is_a_pass() {
+        assert_eq!(judge_turn(EnvelopeState::Acked, false, at(0), TIMEOUT, at(1)), Judgement::Passed);
+    }
+
+    #[test]
+    fn a_reply_on_its_way_is_never_timed_out() {
+        for state in [EnvelopeState::Pending, EnvelopeState::Queued] {
+            assert_eq!(judge_turn(state, true, at(0), TIMEOUT, at(1)), Judgement::Posting);
+            assert_eq!(judge_turn(state, true, at(0), TIMEOUT, at(10_000)), Judgement::Posting);
+        }
+    }
+
+    #[test]
+    fn silence_waits_until_the_deadline_counted_from_the_turn_start() {
+        for state in [EnvelopeState::Pending, EnvelopeState::Queued] {
+            assert_eq!(judge_turn(state, false, at(0), TIMEOUT, at(599)), Judgement::WaitUntil(at(600)));
+            assert_eq!(judge_turn(state, false, at(0), TIMEOUT, at(600)), Judgement::TimedOut);
+            // A restart long after the turn started: the stored start counts, not the restart.
+            assert_eq!(judge_turn(state, false, at(0), TIMEOUT, at(3_600)), Judgement::TimedOut);
+        }
+    }
+}

@@ -1,0 +1,938 @@
+//! Group rooms (DESIGN.md §10): each exchange (`cascades`), the turns its speakers were
+//! given (`cascade_turns`) and what the switchboard says in the room (`room_posts`). See
+//! `migrations/0005_rooms.sql` for what each table holds and why.
+//!
+//! The room driver decides; the ledger applies a decided step — the cascade's new state and
+//! everything the step causes — in one transaction, and only if the facts it was decided on
+//! still hold (a guard per fact). A step whose guard fails changes nothing and is decided
+//! again from the new facts.
+
+use sqlx::FromRow;
+
+use super::envelopes::transition_in;
+use super::{EnvelopeState, Ledger, StoredEnvelope, now};
+use crate::ids::{AgentName, TraceId};
+use crate::rules::turns::{Cascade, CascadeState};
+
+/// The `state` column of a cascade: `waiting` behind the room's running exchange, then the
+/// states of [`CascadeState`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum RoomCascadeState {
+    Waiting,
+    Running,
+    StopRequested,
+    Stopped,
+    Completed,
+    BudgetExhausted,
+}
+
+impl RoomCascadeState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Waiting => "waiting",
+            Self::Running => "running",
+            Self::StopRequested => "stop_requested",
+            Self::Stopped => "stopped",
+            Self::Completed => "completed",
+            Self::BudgetExhausted => "budget_exhausted",
+        }
+    }
+
+    /// Still to run, or running: the room is busy until it is over.
+    pub fn is_live(self) -> bool {
+        matches!(self, Self::Waiting | Self::Running | Self::StopRequested)
+    }
+}
+
+impl From<CascadeState> for RoomCascadeState {
+    fn from(state: CascadeState) -> Self {
+        match state {
+            CascadeState::Running => Self::Running,
+            CascadeState::StopRequested => Self::StopRequested,
+            CascadeState::Stopped => Self::Stopped,
+            CascadeState::Completed => Self::Completed,
+            CascadeState::BudgetExhausted => Self::BudgetExhausted,
+        }
+    }
+}
+
+impl std::fmt::Display for RoomCascadeState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// How a turn ended (the `ending` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+pub enum TurnEnding {
+    Replied,
+    Passed,
+    TimedOut,
+}
+
+impl TurnEnding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Replied => "replied",
+            Self::Passed => "passed",
+            Self::TimedOut => "timed out",
+        }
+    }
+}
+
+/// A cascade as stored, with its human message's trace id and Telegram message id.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredCascade {
+    pub id: i64,
+    pub cascade_id: String,
+    pub route: String,
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub message_envelope_id: i64,
+    pub message_trace_id: String,
+    pub message_id: i64,
+    pub state: RoomCascadeState,
+    /// The serialised [`Cascade`]; [`StoredCascade::cascade`] reads it.
+    pub cascade: String,
+    pub max_iters: i64,
+    pub speaker_timeout_secs: i64,
+    pub stop_by: Option<String>,
+    pub stop_requested_at: Option<String>,
+    pub outcome: Option<String>,
+    pub outcome_text: Option<String>,
+    pub created_at: String,
+    pub started_at: Option<String>,
+    pub ended_at: Option<String>,
+    pub updated_at: String,
+}
+
+impl StoredCascade {
+    pub fn cascade(&self) -> Result<Cascade, serde_json::Error> {
+        serde_json::from_str(&self.cascade)
+    }
+
+    pub fn thread_id(&self) -> Option<i32> {
+        self.thread_id.and_then(|t| i32::try_from(t).ok())
+    }
+}
+
+/// A turn as stored, with its room_turn envelope's trace id and state.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredTurn {
+    pub id: i64,
+    /// The cascade's row id.
+    pub cascade_row: i64,
+    pub speaker: i64,
+    pub agent: String,
+    pub summoned_by: String,
+    pub envelope_id: i64,
+    pub envelope_trace_id: String,
+    pub envelope_state: EnvelopeState,
+    pub started_at: String,
+    pub reply_text: Option<String>,
+    pub reply_request_id: Option<String>,
+    pub ended_at: Option<String>,
+    pub ending: Option<TurnEnding>,
+}
+
+impl StoredTurn {
+    pub fn speaker(&self) -> u32 {
+        u32::try_from(self.speaker).unwrap_or_default()
+    }
+}
+
+/// Something the switchboard says in a room.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredPost {
+    pub id: i64,
+    pub key: String,
+    pub envelope_id: i64,
+    pub envelope_trace_id: String,
+    pub route: String,
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub reply_to_message_id: Option<i64>,
+    pub text: String,
+    pub made: bool,
+    pub created_at: String,
+    pub made_at: Option<String>,
+}
+
+macro_rules! cascade_select {
+    () => {
+        "SELECT c.id, c.cascade_id, c.route, c.chat_id, c.thread_id, c.message_envelope_id, \
+         m.trace_id AS message_trace_id, m.message_id, c.state, c.cascade, c.max_iters, c.speaker_timeout_secs, \
+         c.stop_by, c.stop_requested_at, c.outcome, c.outcome_text, c.created_at, c.started_at, c.ended_at, \
+         c.updated_at FROM cascades c JOIN envelopes m ON m.id = c.message_envelope_id "
+    };
+}
+
+macro_rules! turn_select {
+    () => {
+        "SELECT t.id, t.cascade_id AS cascade_row, t.speaker, t.agent, t.summoned_by, t.envelope_id, \
+         e.trace_id AS envelope_trace_id, e.state AS envelope_state, t.started_at, t.reply_text, \
+         t.reply_request_id, t.ended_at, t.ending FROM cascade_turns t JOIN envelopes e ON e.id = t.envelope_id "
+    };
+}
+
+macro_rules! post_select {
+    () => {
+        "SELECT p.id, p.key, p.envelope_id, e.trace_id AS envelope_trace_id, p.route, p.chat_id, p.thread_id, \
+         p.reply_to_message_id, p.text, p.state = 'made' AS made, p.created_at, p.made_at \
+         FROM room_posts p JOIN envelopes e ON e.id = p.envelope_id "
+    };
+}
+
+/// A human message made into a cascade: it waits until the room is free.
+#[derive(Debug, Clone)]
+pub struct NewCascade<'a> {
+    pub message: &'a StoredEnvelope,
+    pub cascade: &'a Cascade,
+    pub max_iters: u32,
+    pub speaker_timeout_secs: u64,
+}
+
+/// The cascade row after a step.
+#[derive(Debug, Clone)]
+pub struct CascadeUpdate<'a> {
+    pub id: i64,
+    /// The `updated_at` the step was decided on: another writer in between fails the step.
+    pub decided_on: &'a str,
+    pub cascade: &'a Cascade,
+    /// A `/stop` this step recorded: who sent it.
+    pub stop_by: Option<&'a str>,
+    /// Set once the cascade is over: the outcome (JSON) and what the room was told.
+    pub outcome: Option<(String, Option<String>)>,
+}
+
+/// A turn this step ends.
+#[derive(Debug, Clone)]
+pub struct TurnClose<'a> {
+    pub turn: &'a StoredTurn,
+    pub ending: TurnEnding,
+    /// For a timeout: the reason its still-open room_turn envelope is acked by the daemon.
+    pub timed_out: Option<&'a str>,
+}
+
+/// A speaker this step gives the floor to: a room_turn envelope queued for it.
+#[derive(Debug, Clone)]
+pub struct TurnOpen<'a> {
+    pub speaker: u32,
+    pub agent: &'a AgentName,
+    pub summoned_by: &'a str,
+    /// The human message the exchange answers (chat, topic, sender, message id).
+    pub message: &'a StoredEnvelope,
+    /// The exchange so far: the envelope's content.
+    pub content: &'a str,
+}
+
+/// Something the switchboard will say in the room, recorded with the step that causes it.
+#[derive(Debug, Clone)]
+pub struct NewPost<'a> {
+    /// Unique: the request id of its attempts, so it is never posted twice.
+    pub key: String,
+    /// The envelope it answers (the human message, or a `/stop`): its chat and message.
+    pub answers: &'a StoredEnvelope,
+    pub text: String,
+}
+
+/// One decided step of a room, applied together or not at all.
+#[derive(Debug, Clone, Default)]
+pub struct RoomStep<'a> {
+    pub cascade: Option<CascadeUpdate<'a>>,
+    pub close: Option<TurnClose<'a>>,
+    pub open: Option<TurnOpen<'a>>,
+    pub posts: Vec<NewPost<'a>>,
+    /// An inbox envelope (a human message or command in the room) this step handled:
+    /// it leaves `queued` for `acked`, with this note.
+    pub settle: Option<(&'a StoredEnvelope, String)>,
+}
+
+/// What an applied step made.
+#[derive(Debug, Clone, Default)]
+pub struct AppliedStep {
+    /// The room_turn envelope of the speaker given the floor: (row id, trace id).
+    pub opened: Option<(i64, String)>,
+}
+
+/// Why a reply could not claim its turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimRefused {
+    /// The envelope is no room_turn envelope of any turn.
+    NoTurn,
+    /// The turn already ended.
+    Ended(TurnEnding),
+    /// A reply was already claimed for this turn (by this request id).
+    AlreadyReplied { request_id: Option<String> },
+    /// The turn envelope is not pending (acked: the turn is ending).
+    NotPending(EnvelopeState),
+}
+
+impl Ledger {
+    /// Room messages and commands not yet taken by the room driver, oldest first.
+    pub async fn room_inbox(&self) -> sqlx::Result<Vec<StoredEnvelope>> {
+        let sql = concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM envelopes WHERE state = 'queued' AND agent IS NULL AND route IS NOT NULL ORDER BY id"
+        );
+        sqlx::query_as(sql).fetch_all(&self.pool).await
+    }
+
+    /// Records a human message's cascade (`waiting`) and moves the message from `queued`
+    /// to `acked`, together. Returns the cascade id; `None` if the message was already
+    /// taken (nothing changed).
+    pub async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> sqlx::Result<Option<String>> {
+        let cascade_id = format!("cas_{}", &TraceId::generate().as_str()[4..]);
+        let json = serde_json::to_string(new.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let mut tx = self.write_transaction().await?;
+        let note = note.replace("{cascade}", &cascade_id);
+        let moved = transition_in(
+            &mut tx,
+            new.message.id,
+            &[EnvelopeState::Queued],
+            EnvelopeState::Acked,
+            "daemon",
+            Some(&note),
+        )
+        .await?;
+        if !moved {
+            return Ok(None);
+        }
+        let at = now();
+        sqlx::query(
+            "INSERT INTO cascades (cascade_id, route, chat_id, thread_id, message_envelope_id, state, cascade, \
+             max_iters, speaker_timeout_secs, created_at, updated_at) \
+             VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?, ?, ?)",
+        )
+        .bind(&cascade_id)
+        .bind(new.message.route.as_deref().unwrap_or_default())
+        .bind(new.message.chat_id)
+        .bind(new.message.thread_id)
+        .bind(new.message.id)
+        .bind(json)
+        .bind(i64::from(new.max_iters))
+        .bind(i64::try_from(new.speaker_timeout_secs).unwrap_or(i64::MAX))
+        .bind(&at)
+        .bind(&at)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(Some(cascade_id))
+    }
+
+    /// Applies a decided step of a room if every fact it was decided on still holds.
+    /// `None`: a guard failed, nothing changed; decide again.
+    pub async fn apply_room_step(&self, step: &RoomStep<'_>) -> sqlx::Result<Option<AppliedStep>> {
+        let mut tx = self.write_transaction().await?;
+        let at = now();
+        let mut applied = AppliedStep::default();
+        if let Some((envelope, note)) = &step.settle {
+            let moved = transition_in(
+                &mut tx,
+                envelope.id,
+                &[EnvelopeState::Queued],
+                EnvelopeState::Acked,
+                "daemon",
+                Some(note),
+            )
+            .await?;
+            if !moved {
+                return Ok(None);
+            }
+        }
+        if let Some(close) = &step.close {
+            // A pass or a timeout needs the turn to have no reply; any end needs it open.
+            let ended = sqlx::query(
+                "UPDATE cascade_turns SET ended_at = ?, ending = ? \
+                 WHERE id = ? AND ended_at IS NULL AND (? OR reply_text IS NULL)",
+            )
+            .bind(&at)
+            .bind(close.ending)
+            .bind(close.turn.id)
+            .bind(close.ending == TurnEnding::Replied)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if ended == 0 {
+                return Ok(None);
+            }
+            if let Some(reason) = close.timed_out {
+                let moved = transition_in(
+                    &mut tx,
+                    close.turn.envelope_id,
+                    &[EnvelopeState::Pending, EnvelopeState::Queued],
+                    EnvelopeState::Acked,
+                    "daemon",
+                    Some(reason),
+                )
+                .await?;
+                if !moved {
+                    return Ok(None);
+                }
+            }
+        }
+        if let Some(update) = &step.cascade {
+            let json = serde_json::to_string(update.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+            let state = RoomCascadeState::from(update.cascade.state());
+            let (outcome, outcome_text) = match &update.outcome {
+                Some((outcome, text)) => (Some(outcome.as_str()), text.as_deref()),
+                None => (None, None),
+            };
+            let updated = sqlx::query(
+                "UPDATE cascades SET state = ?, cascade = ?, updated_at = ?, \
+                 started_at = COALESCE(started_at, ?), \
+                 stop_by = COALESCE(?, stop_by), \
+                 stop_requested_at = CASE WHEN ? IS NULL THEN stop_requested_at ELSE ? END, \
+                 outcome = COALESCE(?, outcome), outcome_text = COALESCE(?, outcome_text), \
+                 ended_at = CASE WHEN ? THEN ? ELSE ended_at END \
+                 WHERE id = ? AND updated_at = ?",
+            )
+            .bind(state)
+            .bind(json)
+            .bind(&at)
+            .bind(&at)
+            .bind(update.stop_by)
+            .bind(update.stop_by)
+            .bind(&at)
+            .bind(outcome)
+            .bind(outcome_text)
+            .bind(update.cascade.state().is_over())
+            .bind(&at)
+            .bind(update.id)
+            .bind(update.decided_on)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if updated == 0 {
+                return Ok(None);
+            }
+        }
+        if let Some(open) = &step.open {
+            let cascade_row = step.cascade.as_ref().map(|c| c.id).ok_or(sqlx::Error::RowNotFound)?;
+            let opened = insert_turn(&mut tx, cascade_row, open, &at).await?;
+            applied.opened = Some(opened);
+        }
+        for post in &step.posts {
+            let e = post.answers;
+            sqlx::query(
+                "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, \
+                 reply_to_message_id, text, state, created_at) \
+                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owed', ?) ON CONFLICT (key) DO NOTHING",
+            )
+            .bind(&post.key)
+            .bind(step.cascade.as_ref().map(|c| c.id))
+            .bind(e.id)
+            .bind(e.route.as_deref().unwrap_or_default())
+            .bind(e.chat_id)
+            .bind(e.thread_id)
+            .bind(e.message_id)
+            .bind(&post.text)
+            .bind(&at)
+            .execute(&mut *tx)
+            .await?;
+        }
+        tx.commit().await?;
+        Ok(Some(applied))
+    }
+
+    /// The room's exchange that has (or is about to give) the floor, if any.
+    pub async fn active_cascade(&self, route: &str) -> sqlx::Result<Option<StoredCascade>> {
+        let sql = concat!(
+            cascade_select!(),
+            "WHERE c.route = ? AND c.state IN ('running', 'stop_requested') ORDER BY c.id LIMIT 1"
+        );
+        sqlx::query_as(sql).bind(route).fetch_optional(&self.pool).await
+    }
+
+    /// The room's oldest exchange waiting for the room to be free.
+    pub async fn next_waiting_cascade(&self, route: &str) -> sqlx::Result<Option<StoredCascade>> {
+        let sql =
+            concat!(cascade_select!(), "WHERE c.route = ? AND c.state = 'waiting' ORDER BY c.id LIMIT 1");
+        sqlx::query_as(sql).bind(route).fetch_optional(&self.pool).await
+    }
+
+    /// How many exchanges wait in the room.
+    pub async fn waiting_cascades(&self, route: &str) -> sqlx::Result<i64> {
+        sqlx::query_scalar("SELECT COUNT(*) FROM cascades WHERE route = ? AND state = 'waiting'")
+            .bind(route)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    /// Rooms with an exchange waiting or running.
+    pub async fn busy_rooms(&self) -> sqlx::Result<Vec<String>> {
+        sqlx::query_scalar(
+            "SELECT DISTINCT route FROM cascades WHERE state IN ('waiting', 'running', 'stop_requested') \
+             ORDER BY route",
+        )
+        .fetch_all(&self.pool)
+        .await
+    }
+
+    pub async fn cascade(&self, cascade_id: &str) -> sqlx::Result<Option<StoredCascade>> {
+        let sql = concat!(cascade_select!(), "WHERE c.cascade_id = ?");
+        sqlx::query_as(sql).bind(cascade_id).fetch_optional(&self.pool).await
+    }
+
+    /// The cascade a human message made, if it made one.
+    pub async fn cascade_of_message(&self, envelope_id: i64) -> sqlx::Result<Option<StoredCascade>> {
+        let sql = concat!(cascade_select!(), "WHERE c.message_envelope_id = ?");
+        sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.pool).await
+    }
+
+    /// For `switchboard ledger cascades`: newest last.
+    pub async fn list_cascades(&self, route: Option<&str>, limit: i64) -> sqlx::Result<Vec<StoredCascade>> {
+        let sql =
+            concat!(cascade_select!(), "WHERE (?1 IS NULL OR c.route = ?1) ORDER BY c.id DESC LIMIT ?2");
+        let mut rows: Vec<StoredCascade> =
+            sqlx::query_as(sql).bind(route).bind(limit).fetch_all(&self.pool).await?;
+        rows.reverse();
+        Ok(rows)
+    }
+
+    /// Every turn of a cascade, in order.
+    pub async fn turns_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredTurn>> {
+        let sql = concat!(turn_select!(), "WHERE t.cascade_id = ? ORDER BY t.speaker");
+        sqlx::query_as(sql).bind(cascade_row).fetch_all(&self.pool).await
+    }
+
+    /// The turn a room_turn envelope gives, with its cascade.
+    pub async fn turn_of_envelope(
+        &self,
+        envelope_id: i64,
+    ) -> sqlx::Result<Option<(StoredTurn, StoredCascade)>> {
+        let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
+        let Some(turn): Option<StoredTurn> =
+            sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.pool).await?
+        else {
+            return Ok(None);
+        };
+        let sql = concat!(cascade_select!(), "WHERE c.id = ?");
+        let cascade: StoredCascade = sqlx::query_as(sql).bind(turn.cascade_row).fetch_one(&self.pool).await?;
+        Ok(Some((turn, cascade)))
+    }
+
+    /// Claims the one reply of the turn `envelope_id` gives, before it is posted. Refused
+    /// when the turn ended, already has its reply, or its envelope is no longer pending.
+    pub async fn claim_room_reply(
+        &self,
+        envelope_id: i64,
+        text: &str,
+        request_id: &str,
+    ) -> sqlx::Result<Result<StoredTurn, ClaimRefused>> {
+        let mut tx = self.write_transaction().await?;
+        let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
+        let Some(turn): Option<StoredTurn> =
+            sqlx::query_as(sql).bind(envelope_id).fetch_optional(&mut *tx).await?
+        else {
+            return Ok(Err(ClaimRefused::NoTurn));
+        };
+        if let Some(ending) = turn.ending {
+            return Ok(Err(ClaimRefused::Ended(ending)));
+        }
+        if turn.reply_text.is_some() {
+            return Ok(Err(ClaimRefused::AlreadyReplied { request_id: turn.reply_request_id }));
+        }
+        if turn.envelope_state != EnvelopeState::Pending {
+            return Ok(Err(ClaimRefused::NotPending(turn.envelope_state)));
+        }
+        sqlx::query("UPDATE cascade_turns SET reply_text = ?, reply_request_id = ? WHERE id = ?")
+            .bind(text)
+            .bind(request_id)
+            .bind(turn.id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Ok(StoredTurn {
+            reply_text: Some(text.to_owned()),
+            reply_request_id: Some(request_id.to_owned()),
+            ..turn
+        }))
+    }
+
+    /// Gives a turn's claimed reply back when it was not posted and is not being posted
+    /// (its envelope is still pending): the speaker may reply again, or time out.
+    pub async fn release_room_reply(&self, turn_id: i64) -> sqlx::Result<bool> {
+        let released = sqlx::query(
+            "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
+             WHERE id = ? AND ended_at IS NULL AND reply_text IS NOT NULL \
+             AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending'",
+        )
+        .bind(turn_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(released.rows_affected() == 1)
+    }
+
+    /// Posts not yet made, oldest first.
+    pub async fn owed_room_posts(&self) -> sqlx::Result<Vec<StoredPost>> {
+        let sql = concat!(post_select!(), "WHERE p.state = 'owed' ORDER BY p.id");
+        sqlx::query_as(sql).fetch_all(&self.pool).await
+    }
+
+    /// The posts of a cascade, in order.
+    pub async fn posts_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredPost>> {
+        let sql = concat!(post_select!(), "WHERE p.cascade_id = ? ORDER BY p.id");
+        sqlx::query_as(sql).bind(cascade_row).fetch_all(&self.pool).await
+    }
+
+    /// Whether a post was already attempted: any attempt carries its key.
+    pub async fn room_post_attempted(&self, key: &str) -> sqlx::Result<bool> {
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM attempts WHERE request_id = ?)")
+            .bind(key)
+            .fetch_one(&self.pool)
+            .await
+    }
+
+    pub async fn mark_room_post_made(&self, post_id: i64) -> sqlx::Result<()> {
+        sqlx::query("UPDATE room_posts SET state = 'made', made_at = ? WHERE id = ? AND state = 'owed'")
+            .bind(now())
+            .bind(post_id)
+            .execute(&self.pool)
+            .await
+            .map(drop)
+    }
+}
+
+/// Queues a room_turn envelope for the speaker (in the room's chat and topic, answering the
+/// human message) and records its turn.
+async fn insert_turn(
+    tx: &mut sqlx::SqliteConnection,
+    cascade_row: i64,
+    open: &TurnOpen<'_>,
+    at: &str,
+) -> sqlx::Result<(i64, String)> {
+    let trace_id = TraceId::generate().to_string();
+    let m = open.message;
+    let envelope_id: i64 = sqlx::query_scalar(
+        "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
+         sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
+         state, state_changed_at) \
+         VALUES (?, NULL, 'room_turn', ?, ?, ?, ?, ?, ?, ?, ?, NULL, '[]', ?, ?, ?, ?, ?, 'queued', ?) RETURNING id",
+    )
+    .bind(&trace_id)
+    .bind(m.chat_id)
+    .bind(m.thread_id)
+    .bind(m.chat_type)
+    .bind(m.chat_title.as_deref())
+    .bind(m.message_id)
+    .bind(m.sender_id)
+    .bind(m.sender_username.as_deref())
+    .bind(&m.sender_name)
+    .bind(open.content)
+    .bind(at)
+    .bind(at)
+    .bind(m.route.as_deref())
+    .bind(open.agent.as_str())
+    .bind(at)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO cascade_turns (cascade_id, speaker, agent, summoned_by, envelope_id, started_at) \
+         VALUES (?, ?, ?, ?, ?, ?)",
+    )
+    .bind(cascade_row)
+    .bind(i64::from(open.speaker))
+    .bind(open.agent.as_str())
+    .bind(open.summoned_by)
+    .bind(envelope_id)
+    .bind(at)
+    .execute(&mut *tx)
+    .await?;
+    Ok((envelope_id, trace_id))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::num::NonZeroU32;
+
+    use chrono::Utc;
+
+    use super::*;
+    use crate::config::Synchronous;
+    use crate::ids::RouteName;
+    use crate::ledger::RoutedEnvelope;
+    use crate::rules::routes::Channel;
+    use crate::rules::turns::{HumanMessage, Next, RoomMember, RoomRoster, TurnEnd};
+    use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
+
+    const ROOM_CHAT: i64 = -100_777;
+
+    async fn ledger() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        (dir, ledger)
+    }
+
+    fn agent(name: &str) -> AgentName {
+        AgentName::parse(name).unwrap()
+    }
+
+    fn roster() -> RoomRoster {
+        RoomRoster::new(vec![
+            RoomMember::new(agent("builder")).with_display_name("Builder"),
+            RoomMember::new(agent("reviewer")),
+        ])
+        .unwrap()
+    }
+
+    /// A human message in the room, as the poller stores it: the room's, no agent's.
+    async fn room_message(ledger: &Ledger, update_id: i64, text: &str) -> StoredEnvelope {
+        let routed = RoutedEnvelope {
+            envelope: Envelope {
+                trace_id: TraceId::generate(),
+                update_id,
+                kind: EnvelopeKind::Message,
+                channel: Channel { chat_id: ROOM_CHAT, thread_id: Some(7) },
+                chat_type: ChatType::Supergroup,
+                chat_title: Some("Dev".into()),
+                message_id: 40 + update_id as i32,
+                sender: Sender { id: Some(9), username: Some("olga".into()), name: "Olga".into() },
+                text: Some(text.into()),
+                attachments: vec![],
+                sent_at: Utc::now(),
+            },
+            state: EnvelopeState::Queued,
+            route: Some(RouteName::parse("dev-room").unwrap()),
+            agent: None,
+            update_digest: format!("digest {update_id}"),
+            note: None,
+            raw_update: None,
+        };
+        ledger.record_batch(1, update_id + 1, &[routed]).await.unwrap();
+        let inbox = ledger.room_inbox().await.unwrap();
+        inbox.into_iter().find(|e| e.message_id == 40 + update_id).expect("in the room inbox")
+    }
+
+    fn cascade_for(message: &StoredEnvelope, limit: u32) -> Cascade {
+        let human = HumanMessage {
+            author: message.user(),
+            text: message.content.clone(),
+            trace_id: TraceId::parse(&message.trace_id).unwrap(),
+        };
+        Cascade::start(&roster(), human, NonZeroU32::new(limit).unwrap())
+    }
+
+    async fn recorded(ledger: &Ledger, message: &StoredEnvelope) -> StoredCascade {
+        let cascade = cascade_for(message, 10);
+        let new = NewCascade { message, cascade: &cascade, max_iters: 50, speaker_timeout_secs: 600 };
+        let id = ledger.record_cascade(&new, "room message: exchange {cascade}").await.unwrap().unwrap();
+        ledger.cascade(&id).await.unwrap().unwrap()
+    }
+
+    /// Gives the floor to the cascade's next speaker; returns the stored cascade after.
+    async fn open_next(ledger: &Ledger, stored: &StoredCascade, message: &StoredEnvelope) -> StoredCascade {
+        let mut cascade = stored.cascade().unwrap();
+        let Next::Speak(turn) = cascade.next_speaker() else { panic!("nobody to speak") };
+        let content = cascade.transcript_text(&roster());
+        let step = RoomStep {
+            cascade: Some(CascadeUpdate {
+                id: stored.id,
+                decided_on: &stored.updated_at,
+                cascade: &cascade,
+                stop_by: None,
+                outcome: None,
+            }),
+            open: Some(TurnOpen {
+                speaker: turn.speaker,
+                agent: &turn.agent,
+                summoned_by: turn.summoned_by.name(),
+                message,
+                content: &content,
+            }),
+            ..RoomStep::default()
+        };
+        ledger.apply_room_step(&step).await.unwrap().expect("the step applies");
+        ledger.cascade(&stored.cascade_id).await.unwrap().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_room_message_becomes_a_waiting_cascade_once_and_leaves_the_inbox_acked() {
+        let (_dir, ledger) = ledger().await;
+        let message = room_message(&ledger, 1, "@builder hi").await;
+        assert_eq!((message.state, message.agent.as_deref()), (EnvelopeState::Queued, None));
+        let stored = recorded(&ledger, &message).await;
+        assert_eq!(stored.state, RoomCascadeState::Waiting);
+        assert_eq!((stored.chat_id, stored.thread_id, stored.message_id), (ROOM_CHAT, Some(7), 41));
+        let message = ledger.find(&message.trace_id).await.unwrap().unwrap();
+        assert_eq!(message.state, EnvelopeState::Acked);
+        assert_eq!(message.note, Some(format!("room message: exchange {}", stored.cascade_id)));
+        assert!(ledger.room_inbox().await.unwrap().is_empty());
+        assert_eq!(ledger.pending(&agent("builder")).await.unwrap(), vec![], "no agent's work");
+
+        // Taken twice (a pass that raced a restart): the second changes nothing.
+        let cascade = cascade_for(&message, 10);
+        let again =
+            NewCascade { message: &message, cascade: &cascade, max_iters: 50, speaker_timeout_secs: 600 };
+        assert_eq!(ledger.record_cascade(&again, "again").await.unwrap(), None);
+        assert_eq!(ledger.list_cascades(Some("dev-room"), 10).await.unwrap().len(), 1);
+        assert_eq!(ledger.busy_rooms().await.unwrap(), ["dev-room"]);
+    }
+
+    #[tokio::test]
+    async fn giving_the_floor_queues_a_room_turn_in_the_rooms_chat_and_a_stale_step_changes_nothing() {
+        let (_dir, ledger) = ledger().await;
+        let message = room_message(&ledger, 1, "@builder hi").await;
+        let waiting = recorded(&ledger, &message).await;
+        let running = open_next(&ledger, &waiting, &message).await;
+        assert_eq!(running.state, RoomCascadeState::Running);
+        assert!(running.started_at.is_some());
+        assert_eq!(ledger.active_cascade("dev-room").await.unwrap().unwrap().id, running.id);
+
+        let turns = ledger.turns_of(running.id).await.unwrap();
+        assert_eq!(turns.len(), 1);
+        let turn = &turns[0];
+        assert_eq!((turn.speaker, turn.agent.as_str(), turn.summoned_by.as_str()), (1, "builder", "@olga"));
+        assert_eq!(turn.envelope_state, EnvelopeState::Queued);
+        let envelope = ledger.find(&turn.envelope_trace_id).await.unwrap().unwrap();
+        assert_eq!(envelope.kind, EnvelopeKind::RoomTurn);
+        assert_eq!(envelope.agent.as_deref(), Some("builder"));
+        assert_eq!((envelope.chat_id, envelope.thread_id, envelope.message_id), (ROOM_CHAT, Some(7), 41));
+        assert_eq!(envelope.content, "@olga: @builder hi");
+        assert_eq!(envelope.update_id, None);
+        let (found, of) = ledger.turn_of_envelope(envelope.id).await.unwrap().unwrap();
+        assert_eq!((found.id, of.id), (turn.id, running.id));
+
+        // A step decided on the waiting state is stale now: refused, nothing written.
+        let cascade = waiting.cascade().unwrap();
+        let stale = RoomStep {
+            cascade: Some(CascadeUpdate {
+                id: waiting.id,
+                decided_on: &waiting.updated_at,
+                cascade: &cascade,
+                stop_by: Some("someone"),
+                outcome: None,
+            }),
+            ..RoomStep::default()
+        };
+        assert!(ledger.apply_room_step(&stale).await.unwrap().is_none());
+        assert_eq!(ledger.cascade(&running.cascade_id).await.unwrap().unwrap(), running);
+    }
+
+    #[tokio::test]
+    async fn one_reply_per_turn_is_claimed_only_while_the_turn_envelope_is_pending() {
+        let (_dir, ledger) = ledger().await;
+        let message = room_message(&ledger, 1, "@builder hi").await;
+        let waiting = recorded(&ledger, &message).await;
+        let running = open_next(&ledger, &waiting, &message).await;
+        let turn = ledger.turns_of(running.id).await.unwrap().remove(0);
+
+        // Not handed to a session yet.
+        let refused = ledger.claim_room_reply(turn.envelope_id, "hi", "req_aaaaaaaa").await.unwrap();
+        assert_eq!(refused.unwrap_err(), ClaimRefused::NotPending(EnvelopeState::Queued));
+        ledger.claim_next_queued(&agent("builder")).await.unwrap().unwrap();
+
+        let claimed = ledger.claim_room_reply(turn.envelope_id, "hi", "req_aaaaaaaa").await.unwrap().unwrap();
+        assert_eq!(claimed.reply_text.as_deref(), Some("hi"));
+        let second = ledger.claim_room_reply(turn.envelope_id, "more", "req_bbbbbbbb").await.unwrap();
+        assert_eq!(
+            second.unwrap_err(),
+            ClaimRefused::AlreadyReplied { request_id: Some("req_aaaaaaaa".into()) }
+        );
+
+        // A pass or a timeout cannot end a turn that has its reply.
+        let pass = RoomStep {
+            close: Some(TurnClose { turn: &turn, ending: TurnEnding::TimedOut, timed_out: Some("late") }),
+            ..RoomStep::default()
+        };
+        assert!(ledger.apply_room_step(&pass).await.unwrap().is_none());
+        assert_eq!(
+            ledger.find(&turn.envelope_trace_id).await.unwrap().unwrap().state,
+            EnvelopeState::Pending
+        );
+
+        // A post that was refused gives the turn back.
+        assert!(ledger.release_room_reply(turn.id).await.unwrap());
+        assert!(!ledger.release_room_reply(turn.id).await.unwrap(), "once");
+        ledger.claim_room_reply(turn.envelope_id, "again", "req_cccccccc").await.unwrap().unwrap();
+        assert!(ledger.release_room_reply(turn.id).await.unwrap());
+
+        // Now the timeout goes through: the turn ends and its envelope is acked by the daemon.
+        assert!(ledger.apply_room_step(&pass).await.unwrap().is_some());
+        let envelope = ledger.find(&turn.envelope_trace_id).await.unwrap().unwrap();
+        assert_eq!((envelope.state, envelope.note.as_deref()), (EnvelopeState::Acked, Some("late")));
+        let ended = ledger.claim_room_reply(turn.envelope_id, "too late", "req_dddddddd").await.unwrap();
+        assert_eq!(ended.unwrap_err(), ClaimRefused::Ended(TurnEnding::TimedOut));
+        assert!(ledger.apply_room_step(&pass).await.unwrap().is_none(), "a turn ends once");
+    }
+
+    #[tokio::test]
+    async fn a_timeout_decided_before_an_ack_changes_nothing() {
+        let (_dir, ledger) = ledger().await;
+        let message = room_message(&ledger, 1, "hi").await;
+        let waiting = recorded(&ledger, &message).await;
+        let running = open_next(&ledger, &waiting, &message).await;
+        let turn = ledger.turns_of(running.id).await.unwrap().remove(0);
+        ledger.claim_next_queued(&agent("builder")).await.unwrap().unwrap();
+        // The speaker acks between the driver's look and its write.
+        ledger
+            .transition(
+                turn.envelope_id,
+                &[EnvelopeState::Pending],
+                EnvelopeState::Acked,
+                "agent:builder",
+                None,
+            )
+            .await
+            .unwrap();
+        let mut cascade = running.cascade().unwrap();
+        cascade.end_turn(&roster(), 1, TurnEnd::TimedOut).unwrap();
+        let timeout = RoomStep {
+            cascade: Some(CascadeUpdate {
+                id: running.id,
+                decided_on: &running.updated_at,
+                cascade: &cascade,
+                stop_by: None,
+                outcome: None,
+            }),
+            close: Some(TurnClose { turn: &turn, ending: TurnEnding::TimedOut, timed_out: Some("late") }),
+            ..RoomStep::default()
+        };
+        assert!(ledger.apply_room_step(&timeout).await.unwrap().is_none());
+        assert_eq!(ledger.turns_of(running.id).await.unwrap()[0].ending, None);
+        assert_eq!(ledger.cascade(&running.cascade_id).await.unwrap().unwrap(), running);
+    }
+
+    #[tokio::test]
+    async fn a_post_is_owed_with_its_step_and_made_once() {
+        let (_dir, ledger) = ledger().await;
+        let stop = room_message(&ledger, 1, "/stop").await;
+        let step = RoomStep {
+            posts: vec![NewPost {
+                key: format!("{}/stop", stop.trace_id),
+                answers: &stop,
+                text: "Nothing.".into(),
+            }],
+            settle: Some((&stop, "/stop: nothing was running".into())),
+            ..RoomStep::default()
+        };
+        ledger.apply_room_step(&step).await.unwrap().unwrap();
+        assert!(ledger.apply_room_step(&step).await.unwrap().is_none(), "the /stop was taken once");
+        let owed = ledger.owed_room_posts().await.unwrap();
+        assert_eq!(owed.len(), 1);
+        let post = &owed[0];
+        assert_eq!((post.chat_id, post.thread_id, post.reply_to_message_id), (ROOM_CHAT, Some(7), Some(41)));
+        assert!(!ledger.room_post_attempted(&post.key).await.unwrap());
+        ledger
+            .begin_attempt(&crate::ledger::NewAttempt {
+                envelope_id: post.envelope_id,
+                agent: "switchboard",
+                request_id: Some(&post.key),
+                purpose: crate::ledger::AttemptPurpose::Audit,
+                chat_id: post.chat_id,
+                thread_id: Some(7),
+                reply_to_message_id: Some(41),
+                chunk_index: 0,
+                chunk_count: 1,
+                text: &post.text,
+            })
+            .await
+            .unwrap();
+        assert!(ledger.room_post_attempted(&post.key).await.unwrap(), "attempted: never posted again");
+        ledger.mark_room_post_made(post.id).await.unwrap();
+        assert!(ledger.owed_room_posts().await.unwrap().is_empty());
+    }
+}

@@ -1,0 +1,619 @@
+//! Group rooms (DESIGN.md §10), end to end: the real daemon, the fake Bot API, and a real
+//! `switchboard channel` plugin per agent driven by a real MCP client.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::agents::{WAIT, owner, trace_id};
+use support::daemon::*;
+use support::fake_telegram::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
+use support::mcp::{ChannelClient, ChannelNotification};
+use switchboard::ledger::{EnvelopeState, RoomCascadeState, StoredCascade};
+
+const ROOM_CHAT: i64 = -1_009_876_543_210;
+const OPS_CHAT: i64 = -1_005_555_000_111;
+
+/// The agents of the rooms: name, secret variable, secret.
+const BUILDER: (&str, &str, &str) = ("builder", "SB_TEST_BUILDER_SECRET", "builder-secret-0123456789");
+const REVIEWER: (&str, &str, &str) = ("reviewer", "SB_TEST_REVIEWER_SECRET", "reviewer-secret-0123456789");
+const CRITIC: (&str, &str, &str) = ("critic", "SB_TEST_CRITIC_SECRET", "critic-secret-0123456789");
+
+/// How long a test waits to be sure something does not happen.
+const QUIET: Duration = Duration::from_millis(700);
+
+/// Two rooms: `dev-room` (builder, reviewer; `dev_room_keys` adds its own limits) and
+/// `ops-room` (critic). Group pacing is off so posts are not spaced seconds apart.
+fn rooms_config(dev_room_keys: &str) -> String {
+    format!(
+        r#"
+[outbound]
+group_chat_interval_ms = 0
+
+[agents.builder]
+token_env = "{builder_env}"
+display_name = "Builder"
+aliases = ["bob"]
+
+[agents.reviewer]
+token_env = "{reviewer_env}"
+display_name = "Reviewer"
+
+[agents.critic]
+token_env = "{critic_env}"
+display_name = "Critic"
+
+[[routes]]
+name = "dev-room"
+chat_id = {ROOM_CHAT}
+agents = ["builder", "reviewer"]
+{dev_room_keys}
+
+[[routes]]
+name = "ops-room"
+chat_id = {OPS_CHAT}
+agents = ["critic"]
+"#,
+        builder_env = BUILDER.1,
+        reviewer_env = REVIEWER.1,
+        critic_env = CRITIC.1,
+    )
+}
+
+fn start_daemon(fake: &FakeTelegram, dev_room_keys: &str) -> TestDaemon {
+    let secrets = [(BUILDER.1, BUILDER.2), (REVIEWER.1, REVIEWER.2), (CRITIC.1, CRITIC.2)];
+    TestDaemon::start_with_config(&fake.api_url(), &rooms_config(dev_room_keys), &secrets)
+}
+
+async fn agent(daemon: &TestDaemon, (name, var, secret): (&str, &str, &str)) -> ChannelClient {
+    ChannelClient::start(daemon.config_path(), name, &[(var, secret)]).await.expect("channel plugin starts")
+}
+
+/// The daemon, the fake, and the sessions of the dev room's two agents.
+struct Room {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    builder: ChannelClient,
+    reviewer: ChannelClient,
+}
+
+async fn room(dev_room_keys: &str) -> Room {
+    let fake = FakeTelegram::start().await;
+    let daemon = start_daemon(&fake, dev_room_keys);
+    let builder = agent(&daemon, BUILDER).await;
+    let reviewer = agent(&daemon, REVIEWER).await;
+    Room { fake, daemon, builder, reviewer }
+}
+
+fn dev_room() -> ChatSpec {
+    ChatSpec::supergroup(ROOM_CHAT, "Dev room")
+}
+
+/// The owner writes in the dev room.
+fn say(fake: &FakeTelegram, text: &str) {
+    fake.push_text(dev_room(), owner(), text);
+}
+
+/// The `n`th notification of a client (1-based), once it arrived.
+async fn nth(client: &ChannelClient, n: usize) -> ChannelNotification {
+    client.wait_for_notifications(n, WAIT).await.unwrap().swap_remove(n - 1)
+}
+
+fn meta<'a>(notification: &'a ChannelNotification, key: &str) -> &'a str {
+    notification.meta_str(key).unwrap_or_else(|| panic!("meta.{key} missing: {:?}", notification.meta))
+}
+
+async fn reply(client: &ChannelClient, turn: &ChannelNotification, text: &str) -> (bool, String) {
+    client.call_tool("reply", json!({"text": text, "trace_id": trace_id(turn)})).await.unwrap()
+}
+
+/// The texts of the first `n` messages the bot posted, once they are there.
+async fn posted(fake: &FakeTelegram, n: usize) -> Vec<String> {
+    fake.wait_for_sent(n, WAIT).await.into_iter().map(|m| m.text).collect()
+}
+
+async fn cascade(daemon: &TestDaemon, cascade_id: &str) -> StoredCascade {
+    let ledger = daemon.ledger().await;
+    let cascade = ledger.cascade(cascade_id).await.unwrap().expect("the cascade exists");
+    ledger.close().await;
+    cascade
+}
+
+async fn wait_for_state(daemon: &TestDaemon, cascade_id: &str, state: RoomCascadeState) {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let now = cascade(daemon, cascade_id).await.state;
+        if now == state {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{cascade_id} is {now}, not {state}:\n{}",
+            daemon.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn state_of(daemon: &TestDaemon, trace_id: &str) -> (EnvelopeState, Option<String>) {
+    let ledger = daemon.ledger().await;
+    let envelope = ledger.find(trace_id).await.unwrap().expect("envelope exists");
+    ledger.close().await;
+    (envelope.state, envelope.agent)
+}
+
+fn in_room(sent: &SentMessage) -> bool {
+    sent.chat_id == ROOM_CHAT
+}
+
+#[tokio::test]
+async fn two_speakers_take_turns_and_an_unmentioned_message_goes_to_the_first_agent() {
+    let Room { fake, daemon, builder, reviewer } = room("").await;
+
+    say(&fake, "@builder explain the parser change");
+    let turn = nth(&builder, 1).await;
+    assert_eq!(meta(&turn, "kind"), "room_turn");
+    assert_eq!(turn.content, "@olga: @builder explain the parser change");
+    assert_eq!(meta(&turn, "speaker"), "1");
+    assert_eq!(meta(&turn, "cascade_limit"), "10");
+    assert_eq!(meta(&turn, "max_iters"), "50");
+    assert_eq!(meta(&turn, "summoned_by"), "@olga");
+    assert_eq!(meta(&turn, "route"), "dev-room");
+    assert_eq!(meta(&turn, "chat_id"), ROOM_CHAT.to_string());
+    let cascade_id = meta(&turn, "cascade_id").to_owned();
+    assert!(cascade_id.starts_with("cas_"), "{cascade_id}");
+
+    let (is_error, text) = reply(&builder, &turn, "done; @reviewer check the edge cases").await;
+    assert!(!is_error, "{text}");
+    assert!(text.contains("Posted to room dev-room as Builder") && text.contains("turn"), "{text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent[0].text, "Builder: done; @reviewer check the edge cases");
+    assert!(in_room(&sent[0]));
+    let stored = cascade(&daemon, &cascade_id).await;
+    assert_eq!(sent[0].reply_to_message_id, Some(stored.message_id as i32), "threaded to the human message");
+
+    // One reply per turn: a second one is refused and nothing is posted.
+    let (is_error, text) = reply(&builder, &turn, "and one more thing").await;
+    assert!(is_error && text.contains("already ended") && text.contains("One reply per turn"), "{text}");
+
+    let second = nth(&reviewer, 1).await;
+    assert_eq!(meta(&second, "kind"), "room_turn");
+    assert_eq!(meta(&second, "speaker"), "2");
+    assert_eq!(meta(&second, "summoned_by"), "builder");
+    assert_eq!(meta(&second, "cascade_id"), cascade_id);
+    assert_eq!(
+        second.content,
+        "@olga: @builder explain the parser change\n\nBuilder: done; @reviewer check the edge cases"
+    );
+    let (is_error, text) = reply(&reviewer, &second, "Edge cases covered.").await;
+    assert!(!is_error, "{text}");
+    assert_eq!(posted(&fake, 2).await[1], "Reviewer: Edge cases covered.");
+    wait_for_state(&daemon, &cascade_id, RoomCascadeState::Completed).await;
+    assert_eq!(fake.sent_messages().len(), 2, "a completed exchange posts nothing of its own");
+
+    // The human message is the room's: acked by the switchboard, no agent's pending work.
+    assert_eq!(state_of(&daemon, &stored.message_trace_id).await, (EnvelopeState::Acked, None));
+    assert_eq!(state_of(&daemon, &trace_id(&turn)).await.0, EnvelopeState::Acked);
+
+    // Without a mention the first agent of the room answers; an ack passes, posting nothing.
+    say(&fake, "what is next?");
+    let third = nth(&builder, 2).await;
+    assert_eq!((meta(&third, "speaker"), meta(&third, "summoned_by")), ("1", "@olga"));
+    assert_eq!(third.content, "@olga: what is next?", "a new exchange starts from its own message");
+    let next_id = meta(&third, "cascade_id").to_owned();
+    assert_ne!(next_id, cascade_id);
+    let (is_error, text) = builder
+        .call_tool("ack", json!({"trace_id": trace_id(&third), "note": "nothing to add"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    wait_for_state(&daemon, &next_id, RoomCascadeState::Completed).await;
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(fake.sent_messages().len(), 2, "a pass posts nothing");
+    assert_eq!(reviewer.notifications().len(), 1, "nobody was mentioned: nobody else speaks");
+
+    let (ok, out, err) = daemon.ledger_cli(&["cascades", "--room", "dev-room"]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&cascade_id) && out.contains("completed") && out.contains("builder → reviewer"),
+        "{out}"
+    );
+    assert!(out.contains(&next_id) && out.contains("0 replies"), "{out}");
+    let (ok, out, err) = daemon.ledger_cli(&["show", &cascade_id]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("1. builder") && out.contains("summoned by @olga") && out.contains("replied"),
+        "{out}"
+    );
+    assert!(out.contains("2. reviewer") && out.contains("summoned by builder"), "{out}");
+    let (ok, out, _) = daemon.ledger_cli(&["show", &next_id]);
+    assert!(ok && out.contains("passed"), "{out}");
+}
+
+#[tokio::test]
+async fn the_ceiling_ends_a_ping_pong_with_a_budget_exhausted_post_made_once() {
+    let Room { fake, mut daemon, builder, reviewer } = room("cascade_limit = 3").await;
+
+    say(&fake, "@builder @reviewer settle this between you");
+    let first = nth(&builder, 1).await;
+    let cascade_id = meta(&first, "cascade_id").to_owned();
+    assert_eq!(meta(&first, "cascade_limit"), "3");
+    assert!(!reply(&builder, &first, "@reviewer your call").await.0);
+    let second = nth(&reviewer, 1).await;
+    assert!(!reply(&reviewer, &second, "@builder no, yours").await.0);
+    let third = nth(&builder, 2).await;
+    assert_eq!(meta(&third, "speaker"), "3");
+    assert!(!reply(&builder, &third, "@reviewer definitely yours").await.0);
+
+    let texts = posted(&fake, 4).await;
+    let report = &texts[3];
+    assert!(report.starts_with("Budget exhausted: 3 of 3 agent turns used (3 replies)."), "{report}");
+    assert!(
+        report.contains("Open question, from Builder") && report.contains("definitely yours"),
+        "{report}"
+    );
+    assert!(report.contains("asked for Reviewer, who did not get the floor"), "{report}");
+    for turn in [&first, &second, &third] {
+        assert!(report.contains(&trace_id(turn)), "evidence cites {}: {report}", trace_id(turn));
+    }
+    assert!(report.ends_with("Over to you, @olga."), "{report}");
+    wait_for_state(&daemon, &cascade_id, RoomCascadeState::BudgetExhausted).await;
+    let stored = cascade(&daemon, &cascade_id).await;
+    assert_eq!(stored.outcome_text.as_deref(), Some(report.as_str()), "the ledger records what was posted");
+    assert!(
+        stored.outcome.as_deref().is_some_and(|o| o.contains("budget_exhausted")),
+        "{:?}",
+        stored.outcome
+    );
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(reviewer.notifications().len(), 1, "no fourth turn");
+
+    // The outcome post is recorded as made: a restart does not post it again.
+    daemon.kill9();
+    daemon.restart();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(fake.sent_messages().len(), 4, "{:#?}", fake.sent_messages());
+    let (ok, out, _) = daemon.ledger_cli(&["show", &cascade_id]);
+    assert!(ok && out.contains("Budget exhausted") && out.contains("/outcome made"), "{out}");
+}
+
+#[tokio::test]
+async fn stop_during_the_first_speaker_lets_it_finish_and_nobody_else_start() {
+    let Room { fake, daemon, builder, reviewer } = room("").await;
+
+    say(&fake, "@builder @reviewer review the release");
+    let turn = nth(&builder, 1).await;
+    let cascade_id = meta(&turn, "cascade_id").to_owned();
+
+    // A command for another bot is none of ours.
+    say(&fake, "/stop@some_other_bot");
+    say(&fake, &format!("/stop@{BOT_USERNAME}"));
+    let stopping = posted(&fake, 1).await;
+    assert_eq!(
+        stopping[0],
+        "Stopping: @olga asked to stop. Builder may finish its turn; nobody else will speak (still queued: Reviewer)."
+    );
+    wait_for_state(&daemon, &cascade_id, RoomCascadeState::StopRequested).await;
+    let notice = nth(&builder, 2).await;
+    assert_eq!(meta(&notice, "kind"), "stop");
+    assert_eq!(meta(&notice, "trace_id"), trace_id(&turn), "a notice about the turn envelope");
+    assert_eq!(meta(&notice, "cascade_id"), cascade_id);
+    assert!(notice.content.contains("/stop"), "{}", notice.content);
+
+    // A second /stop says so.
+    say(&fake, "/stop");
+    let texts = posted(&fake, 2).await;
+    assert!(
+        texts[1].contains("already asked to stop") && texts[1].contains("finishing its turn"),
+        "{}",
+        texts[1]
+    );
+
+    // The speaker may still finish; its mentions queue nobody.
+    let (is_error, text) = reply(&builder, &turn, "Last words: @reviewer please look at the tag").await;
+    assert!(!is_error, "{text}");
+    let texts = posted(&fake, 4).await;
+    assert_eq!(texts[2], "Builder: Last words: @reviewer please look at the tag");
+    assert_eq!(texts[3], "Stopped by @olga after 1 reply; still queued: Reviewer.");
+    wait_for_state(&daemon, &cascade_id, RoomCascadeState::Stopped).await;
+    tokio::time::sleep(QUIET).await;
+    assert!(
+        reviewer.notifications().is_empty(),
+        "nobody starts after a stop: {:?}",
+        reviewer.notifications()
+    );
+
+    // With nothing running, /stop says that too.
+    say(&fake, "/cancel");
+    assert!(posted(&fake, 5).await[4].starts_with("Nothing is running in this room"));
+    assert_eq!(fake.sent_messages().len(), 5, "the command for another bot got no answer");
+
+    let stored = cascade(&daemon, &cascade_id).await;
+    assert_eq!(stored.stop_by.as_deref(), Some("@olga"));
+    let (ok, out, _) = daemon.ledger_cli(&["show", &cascade_id]);
+    assert!(
+        ok && out.contains("stop:        by @olga") && out.contains("still queued then: reviewer"),
+        "{out}"
+    );
+}
+
+#[tokio::test]
+async fn a_second_message_waits_for_the_running_exchange() {
+    let Room { fake, daemon, builder, reviewer } = room("").await;
+
+    say(&fake, "@builder first question");
+    let first = nth(&builder, 1).await;
+    say(&fake, "@reviewer second question");
+    // Recorded at once, waiting: the reviewer does not get the floor meanwhile.
+    let ledger = daemon.ledger().await;
+    let mut waiting = None;
+    for _ in 0..100 {
+        let all = ledger.list_cascades(Some("dev-room"), 10).await.unwrap();
+        if all.len() == 2 {
+            waiting = Some(all[1].clone());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ledger.close().await;
+    let waiting = waiting.expect("the second message is recorded at once");
+    assert_eq!(waiting.state, RoomCascadeState::Waiting);
+    assert_eq!(state_of(&daemon, &waiting.message_trace_id).await, (EnvelopeState::Acked, None));
+    tokio::time::sleep(QUIET).await;
+    assert!(reviewer.notifications().is_empty(), "exchanges never interleave");
+
+    assert!(!reply(&builder, &first, "Answer to the first.").await.0);
+    let turn = nth(&reviewer, 1).await;
+    assert_eq!(meta(&turn, "cascade_id"), waiting.cascade_id);
+    assert_eq!(turn.content, "@olga: @reviewer second question");
+    assert_eq!(meta(&turn, "speaker"), "1");
+    wait_for_state(&daemon, meta(&first, "cascade_id"), RoomCascadeState::Completed).await;
+    assert!(!reply(&reviewer, &turn, "Answer to the second.").await.0);
+    let texts = posted(&fake, 2).await;
+    assert_eq!(texts, ["Builder: Answer to the first.", "Reviewer: Answer to the second."]);
+    wait_for_state(&daemon, &waiting.cascade_id, RoomCascadeState::Completed).await;
+}
+
+#[tokio::test]
+async fn a_silent_speaker_loses_the_floor_and_the_exchange_goes_on() {
+    let Room { fake, daemon, builder, reviewer } = room("speaker_timeout_secs = 2").await;
+
+    say(&fake, "@bob @reviewer thoughts?");
+    let silent = nth(&builder, 1).await;
+    assert_eq!(meta(&silent, "summoned_by"), "@olga", "@bob is an alias of builder");
+    let started = std::time::Instant::now();
+    let texts = posted(&fake, 1).await;
+    assert_eq!(texts[0], "Builder did not answer within 2s and lost the floor.");
+    assert!(started.elapsed() >= Duration::from_millis(1500), "not before its time: {:?}", started.elapsed());
+    let turn = nth(&reviewer, 1).await;
+    assert_eq!(meta(&turn, "speaker"), "2");
+    assert_eq!(meta(&turn, "summoned_by"), "@olga");
+
+    // The floor is gone: the late reply is refused and posts nothing.
+    assert_eq!(state_of(&daemon, &trace_id(&silent)).await.0, EnvelopeState::Acked);
+    let (is_error, text) = reply(&builder, &silent, "sorry, I was away").await;
+    assert!(is_error && text.contains("timed out"), "{text}");
+
+    assert!(!reply(&reviewer, &turn, "Looks fine.").await.0);
+    assert_eq!(posted(&fake, 2).await[1], "Reviewer: Looks fine.");
+    wait_for_state(&daemon, meta(&turn, "cascade_id"), RoomCascadeState::Completed).await;
+    let (ok, out, _) = daemon.ledger_cli(&["show", meta(&turn, "cascade_id")]);
+    assert!(ok && out.contains("1. builder") && out.contains("timed out"), "{out}");
+}
+
+#[tokio::test]
+async fn kill_9_mid_exchange_resumes_from_the_ledger_and_posts_nothing_twice() {
+    let Room { fake, mut daemon, builder, reviewer } = room("").await;
+
+    say(&fake, "@builder start the migration");
+    let first = nth(&builder, 1).await;
+    let cascade_id = meta(&first, "cascade_id").to_owned();
+    assert!(!reply(&builder, &first, "Step one done. @reviewer continue").await.0);
+    let second = nth(&reviewer, 1).await;
+    assert_eq!(meta(&second, "speaker"), "2");
+    let started_before = {
+        let ledger = daemon.ledger().await;
+        let turns = ledger.turns_of(cascade(&daemon, &cascade_id).await.id).await.unwrap();
+        ledger.close().await;
+        turns[1].started_at.clone()
+    };
+
+    daemon.kill9();
+    daemon.restart();
+
+    // The reviewer's plugin reconnects and its turn is redelivered, the exchange intact.
+    let redelivered = nth(&reviewer, 2).await;
+    assert_eq!(trace_id(&redelivered), trace_id(&second));
+    assert_eq!(meta(&redelivered, "redelivered"), "true");
+    assert_eq!(meta(&redelivered, "speaker"), "2");
+    assert_eq!(redelivered.content, second.content);
+    let ledger = daemon.ledger().await;
+    let turns = ledger.turns_of(cascade(&daemon, &cascade_id).await.id).await.unwrap();
+    ledger.close().await;
+    assert_eq!(turns[1].started_at, started_before, "the turn's timer counts from its stored start");
+
+    assert!(!reply(&reviewer, &redelivered, "Step two done. @builder finish it").await.0);
+    let third = nth(&builder, 2).await;
+    assert_eq!(meta(&third, "speaker"), "3");
+    assert!(third.content.contains("Step two done"), "{}", third.content);
+    assert!(!reply(&builder, &third, "Finished.").await.0);
+    wait_for_state(&daemon, &cascade_id, RoomCascadeState::Completed).await;
+    let texts = posted(&fake, 3).await;
+    assert_eq!(
+        texts,
+        [
+            "Builder: Step one done. @reviewer continue",
+            "Reviewer: Step two done. @builder finish it",
+            "Builder: Finished.",
+        ]
+    );
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(fake.sent_messages().len(), 3, "nothing posted twice");
+    let stored = cascade(&daemon, &cascade_id).await;
+    assert_eq!(stored.cascade().unwrap().turns_used(), 3);
+}
+
+#[tokio::test]
+async fn a_stop_in_one_room_leaves_the_other_running() {
+    let Room { fake, daemon, builder, reviewer: _reviewer } = room("").await;
+    let critic = agent(&daemon, CRITIC).await;
+    let ops_room = ChatSpec::supergroup(OPS_CHAT, "Ops room");
+
+    say(&fake, "@builder long task");
+    let dev_turn = nth(&builder, 1).await;
+    fake.push_text(ops_room.clone(), owner(), "status please");
+    let ops_turn = nth(&critic, 1).await;
+    assert_eq!(meta(&ops_turn, "route"), "ops-room");
+
+    fake.push_text(ops_room.clone(), owner(), "/stop");
+    let stopping = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(stopping[0].chat_id, OPS_CHAT);
+    assert!(
+        stopping[0].text.starts_with("Stopping: @olga asked to stop. Critic may finish"),
+        "{}",
+        stopping[0].text
+    );
+    wait_for_state(&daemon, meta(&ops_turn, "cascade_id"), RoomCascadeState::StopRequested).await;
+    assert_eq!(
+        cascade(&daemon, meta(&dev_turn, "cascade_id")).await.state,
+        RoomCascadeState::Running,
+        "the dev room runs on"
+    );
+
+    assert!(!reply(&builder, &dev_turn, "Task done.").await.0);
+    assert!(!critic.call_tool("ack", json!({"trace_id": trace_id(&ops_turn)})).await.unwrap().0);
+    wait_for_state(&daemon, meta(&dev_turn, "cascade_id"), RoomCascadeState::Completed).await;
+    wait_for_state(&daemon, meta(&ops_turn, "cascade_id"), RoomCascadeState::Stopped).await;
+    let sent = fake.wait_for_sent(3, WAIT).await;
+    let dev: Vec<&str> = sent.iter().filter(|m| in_room(m)).map(|m| m.text.as_str()).collect();
+    let ops: Vec<&str> = sent.iter().filter(|m| m.chat_id == OPS_CHAT).map(|m| m.text.as_str()).collect();
+    assert_eq!(dev, ["Builder: Task done."]);
+    assert_eq!(ops.len(), 2, "{ops:?}");
+    assert_eq!(ops[1], "Stopped by @olga after 0 replies; nobody was waiting.");
+}
+
+#[tokio::test]
+async fn a_refused_post_gives_the_turn_back_and_an_unknown_one_ends_it_without_a_retry() {
+    let Room { fake, daemon, builder, reviewer } = room("").await;
+
+    say(&fake, "@builder @reviewer go");
+    let turn = nth(&builder, 1).await;
+
+    // Telegram provably refused it: nothing was posted, the speaker keeps the floor.
+    fake.fail_send_message(Fault::Forbidden("Forbidden: bot is not a member of the supergroup chat".into()));
+    let (is_error, text) = reply(&builder, &turn, "first try").await;
+    assert!(is_error && text.contains("you may reply again"), "{text}");
+    tokio::time::sleep(QUIET).await;
+    assert!(reviewer.notifications().is_empty(), "the turn stays with the builder");
+    let (is_error, text) = reply(&builder, &turn, "second try").await;
+    assert!(!is_error, "{text}");
+    let second = nth(&reviewer, 1).await;
+    assert!(second.content.ends_with("Builder: second try") && !second.content.contains("first try"));
+
+    // The outcome is unknown: the words may be out, the turn is over, nothing is resent.
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(5)));
+    let (is_error, text) = reply(&reviewer, &second, "@builder over to you").await;
+    assert!(is_error && text.contains("Do NOT send"), "{text}");
+    assert_eq!(state_of(&daemon, &trace_id(&second)).await.0, EnvelopeState::Unresolved);
+    let third = nth(&builder, 2).await;
+    assert_eq!(meta(&third, "speaker"), "3");
+    assert!(third.content.ends_with("Reviewer: @builder over to you"), "{}", third.content);
+    assert!(!builder.call_tool("ack", json!({"trace_id": trace_id(&third)})).await.unwrap().0);
+    wait_for_state(&daemon, meta(&turn, "cascade_id"), RoomCascadeState::Completed).await;
+    let texts: Vec<String> = fake.sent_messages().into_iter().map(|m| m.text).collect();
+    assert_eq!(texts, ["Builder: second try", "Reviewer: @builder over to you"], "each once");
+}
+
+#[tokio::test]
+async fn a_restart_keeps_the_speakers_clock() {
+    let Room { fake, mut daemon, builder, reviewer } = room("speaker_timeout_secs = 4").await;
+
+    say(&fake, "@builder @reviewer quick one");
+    let turn = nth(&builder, 1).await;
+    daemon.kill9();
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let restarted = std::time::Instant::now();
+    daemon.restart();
+
+    // The turn started before the crash: its time runs out 4 s after that, not after the
+    // restart.
+    let texts = posted(&fake, 1).await;
+    assert_eq!(texts[0], "Builder did not answer within 4s and lost the floor.");
+    assert!(restarted.elapsed() < Duration::from_millis(3500), "{:?} after the restart", restarted.elapsed());
+    let next = nth(&reviewer, 1).await;
+    assert_eq!(meta(&next, "speaker"), "2");
+    assert_eq!(state_of(&daemon, &trace_id(&turn)).await.0, EnvelopeState::Acked);
+}
+
+#[tokio::test]
+async fn a_speaker_may_consult_another_agent_and_still_answers_the_room_once() {
+    let Room { fake, daemon, builder, reviewer: _reviewer } = room("").await;
+    let worker = support::agents::session(&daemon, "worker").await;
+
+    say(&fake, "@builder is staging healthy?");
+    let turn = nth(&builder, 1).await;
+    let (is_error, text) = builder
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "worker", "text": "check staging", "trace_id": trace_id(&turn)}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let handoff = nth(&worker, 1).await;
+    let (is_error, text) = worker
+        .call_tool("reply", json!({"text": "all green", "trace_id": trace_id(&handoff)}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let answer = nth(&builder, 2).await;
+    assert_eq!(meta(&answer, "kind"), "handoff_answer");
+    assert_eq!(meta(&answer, "on_behalf_of"), trace_id(&turn));
+
+    // Replying to the answer answers the room: under the speaker's name, as its one reply.
+    let (is_error, text) = builder
+        .call_tool("reply", json!({"text": "Staging is healthy.", "trace_id": trace_id(&answer)}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(posted(&fake, 1).await[0], "Builder: Staging is healthy.");
+    wait_for_state(&daemon, meta(&turn, "cascade_id"), RoomCascadeState::Completed).await;
+    assert_eq!(state_of(&daemon, &trace_id(&answer)).await.0, EnvelopeState::Acked);
+    let (is_error, text) = reply(&builder, &turn, "also this").await;
+    assert!(is_error && text.contains("already ended"), "{text}");
+    assert_eq!(fake.sent_messages().len(), 1);
+}
+
+#[tokio::test]
+async fn a_damaged_exchange_stalls_only_its_own_room() {
+    let Room { fake, daemon, builder, reviewer: _reviewer } = room("").await;
+    let critic = agent(&daemon, CRITIC).await;
+
+    say(&fake, "@builder something long");
+    let turn = nth(&builder, 1).await;
+    // The stored state is damaged (a botched hand edit, a bad disk).
+    let ledger = daemon.ledger().await;
+    sqlx::query("UPDATE cascades SET cascade = '{not json' WHERE cascade_id = ?")
+        .bind(meta(&turn, "cascade_id"))
+        .execute(ledger.pool())
+        .await
+        .unwrap();
+    ledger.close().await;
+
+    say(&fake, "/stop");
+    let texts = posted(&fake, 1).await;
+    assert!(
+        texts[0].contains("cannot be read") && texts[0].contains(meta(&turn, "cascade_id")),
+        "{}",
+        texts[0]
+    );
+
+    // Another room is not held up by it.
+    fake.push_text(ChatSpec::supergroup(OPS_CHAT, "Ops room"), owner(), "status please");
+    let ops_turn = nth(&critic, 1).await;
+    assert!(!reply(&critic, &ops_turn, "All quiet.").await.0);
+    wait_for_state(&daemon, meta(&ops_turn, "cascade_id"), RoomCascadeState::Completed).await;
+    assert!(fake.sent_messages().iter().any(|m| m.text == "Critic: All quiet."));
+    daemon.wait_for_log("a stored exchange cannot be read", WAIT).await;
+}
