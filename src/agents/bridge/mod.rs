@@ -18,7 +18,7 @@ mod reply;
 mod session;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use futures::future::{BoxFuture, Shared};
 use tokio::sync::Notify;
@@ -50,8 +50,10 @@ struct Inner {
     ledger: Ledger,
     outbound: Outbound,
     agents: HashMap<AgentName, AgentSlot>,
-    limits: ReplyLimits,
-    handoff_rules: HandoffRules,
+    /// Replaced by a configuration reload (SIGHUP); read through `limits()`.
+    limits: RwLock<ReplyLimits>,
+    /// Replaced by a configuration reload; read through `handoff_rules()`.
+    handoff_rules: RwLock<HandoffRules>,
     /// Stops session streams when the daemon stops.
     shutdown: CancellationToken,
     /// Session tasks and reply deliveries, so the daemon can wait for them to finish.
@@ -111,7 +113,24 @@ impl Bridge {
                 (name, slot)
             })
             .collect();
+        let (limits, handoff_rules) = (RwLock::new(limits), RwLock::new(handoff_rules));
         Self { inner: Arc::new(Inner { ledger, outbound, agents, limits, handoff_rules, shutdown, tasks }) }
+    }
+
+    /// The reply limits in effect.
+    fn limits(&self) -> ReplyLimits {
+        *self.inner.limits.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The handoff rules in effect.
+    fn handoff_rules(&self) -> HandoffRules {
+        self.inner.handoff_rules.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// A configuration reload: later decisions use these limits and rules.
+    pub fn reload_rules(&self, limits: ReplyLimits, handoff_rules: HandoffRules) {
+        *self.inner.limits.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = limits;
+        *self.inner.handoff_rules.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = handoff_rules;
     }
 
     /// Tells an agent's session that something was queued for it.
