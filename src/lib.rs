@@ -16,6 +16,7 @@ pub mod app;
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod ids;
 pub mod ledger;
 pub mod operate;

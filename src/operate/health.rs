@@ -12,7 +12,7 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
 use crate::ledger::LedgerProbe;
@@ -134,14 +134,14 @@ pub struct PollFacts {
 
 /// One reason not to be ready. `code` is stable, for machines; `detail` is for people and
 /// never holds message content or secrets.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NotReady {
-    pub code: &'static str,
+    pub code: String,
     pub detail: String,
 }
 
 /// The body of `/readyz`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Readiness {
     pub ready: bool,
     pub reasons: Vec<NotReady>,
@@ -153,7 +153,7 @@ pub struct Readiness {
 pub fn assess(ledger: Result<(), String>, poll: PollFacts, poll_timeout: Duration) -> Readiness {
     let mut reasons = Vec::new();
     if let Err(problem) = ledger {
-        reasons.push(NotReady { code: "ledger_not_writable", detail: problem });
+        reasons.push(NotReady { code: "ledger_not_writable".into(), detail: problem });
     }
     if let Some((refusal, lasting)) = poll.refusal {
         let secs = lasting.as_secs();
@@ -179,7 +179,7 @@ pub fn assess(ledger: Result<(), String>, poll: PollFacts, poll_timeout: Duratio
                 ),
             ),
         };
-        reasons.push(NotReady { code, detail });
+        reasons.push(NotReady { code: code.into(), detail });
     }
     let stale_after = poll_timeout * 2 + STALE_MARGIN;
     if poll.since_success > stale_after {
@@ -192,7 +192,7 @@ pub fn assess(ledger: Result<(), String>, poll: PollFacts, poll_timeout: Duratio
                 stale_after.as_secs()
             )
         };
-        reasons.push(NotReady { code: "polling_stale", detail });
+        reasons.push(NotReady { code: "polling_stale".into(), detail });
     }
     Readiness {
         ready: reasons.is_empty(),
@@ -236,8 +236,8 @@ mod tests {
         }
     }
 
-    fn codes(readiness: &Readiness) -> Vec<&'static str> {
-        readiness.reasons.iter().map(|r| r.code).collect()
+    fn codes(readiness: &Readiness) -> Vec<&str> {
+        readiness.reasons.iter().map(|r| r.code.as_str()).collect()
     }
 
     #[test]

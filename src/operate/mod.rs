@@ -3,5 +3,6 @@
 //! the local API (`agents::api::server`); the demo is `crate::demo`.
 
 pub mod health;
+pub mod healthcheck;
 pub mod metrics;
 pub mod reload;
