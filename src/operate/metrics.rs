@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::ledger::{AttemptState, EnvelopeState, HandoffState, StoredEnvelope};
+use crate::ledger::{AttemptState, EnvelopeKind, EnvelopeState, HandoffState};
 
 pub const ENVELOPES: &str = "switchboard_envelopes";
 pub const ENVELOPES_RECORDED: &str = "switchboard_envelopes_recorded_total";
@@ -132,11 +132,12 @@ pub fn attempt_finished(outcome: AttemptState, elapsed: Duration) {
     histogram!(OUTBOUND_HOP).record(elapsed.as_secs_f64());
 }
 
-/// An envelope was handed to its agent's session for the first time.
-pub fn envelope_handed_over(envelope: &StoredEnvelope) {
-    let Ok(recorded) = DateTime::parse_from_rfc3339(&envelope.received_at) else { return };
+/// An envelope of `kind`, recorded at `received_at` (the ledger's RFC 3339 time), was
+/// handed to its agent's session for the first time.
+pub fn envelope_handed_over(kind: EnvelopeKind, received_at: &str) {
+    let Ok(recorded) = DateTime::parse_from_rfc3339(received_at) else { return };
     let waited = (Utc::now() - recorded.with_timezone(&Utc)).to_std().unwrap_or(Duration::ZERO);
-    histogram!(INBOUND_HOP, "kind" => envelope.kind.as_str()).record(waited.as_secs_f64());
+    histogram!(INBOUND_HOP, "kind" => kind.as_str()).record(waited.as_secs_f64());
 }
 
 /// A Bot API call failed; `kind` is a closed set per method (see the callers).

@@ -185,7 +185,7 @@ impl Bridge {
             )
         });
         if !redelivered {
-            crate::operate::metrics::envelope_handed_over(envelope);
+            crate::operate::metrics::envelope_handed_over(envelope.kind, &envelope.received_at);
         }
         let mut delivered = envelope.delivered(redelivered);
         if delivered.kind != "message" {
