@@ -27,9 +27,13 @@ const LOG_TAIL_LINES: usize = 30;
 
 pub struct DemoDaemon {
     config: PathBuf,
+    /// Every start appends to it, so the log of the killed daemon stays readable.
     log: PathBuf,
+    /// Where the daemon listens once it is up.
     api: SocketAddr,
+    /// The secrets, given to the daemon only.
     env: Vec<(String, String)>,
+    /// The running daemon, if any.
     child: Option<Child>,
 }
 

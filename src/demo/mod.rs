@@ -106,11 +106,15 @@ pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
 
 /// Everything the steps act on.
 pub(crate) struct Demo {
+    /// The Telegram the users write in and the bot answers to.
     fake: FakeTelegram,
+    /// `switchboard run`, killed and restarted by the last steps.
     daemon: DemoDaemon,
     /// The demo's own reading connection to the daemon's ledger (SQLite allows both).
     ledger: Ledger,
+    /// The daemon's configuration, for the operator's `switchboard ledger` commands.
     config: PathBuf,
+    /// The local API, where the agents and the health routes are.
     api: SocketAddr,
     orchestrator: Agent,
     worker: Agent,
@@ -118,8 +122,11 @@ pub(crate) struct Demo {
 
 /// A scripted agent: what the channel plugin does, step by step, on the local API.
 pub(crate) struct Agent {
+    /// Its `[agents.NAME]`, for the narration.
     name: &'static str,
+    /// Authenticated with the agent's secret; speaks for the session `stream` opened.
     client: DaemonClient,
+    /// The open session, while there is one.
     stream: Option<SessionStream>,
 }
 
