@@ -47,6 +47,8 @@ pub struct Daemon {
     operations: Operations,
     /// Applies the configuration file again on SIGHUP.
     reloader: Reloader,
+    /// SIGHUP, caught from before the local API listens.
+    hangups: Option<tokio::signal::unix::Signal>,
     /// The root token: cancelled by a signal, or by a failing subsystem.
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -70,6 +72,7 @@ impl Daemon {
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
         }
+        let hangups = reload::catch_hangups();
         let listener = TcpListener::bind(settings.api.listen)
             .await
             .with_context(|| format!("binding the local API to {} (api.listen)", settings.api.listen))?;
@@ -115,7 +118,7 @@ impl Daemon {
         let health = Health::new(poll_health, probe, settings.telegram.poll_timeout);
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);
-        Ok(Self { lock, ledger, listener, bridge, poller, operations, reloader, shutdown, tasks })
+        Ok(Self { lock, ledger, listener, bridge, poller, operations, reloader, hangups, shutdown, tasks })
     }
 
     /// Where the local API listens (useful when configured with port 0).
@@ -126,7 +129,8 @@ impl Daemon {
     /// Runs until the root token is cancelled, then waits for every task: the poller
     /// stops, in-flight replies finish and are recorded, session streams end.
     pub async fn run(self) -> anyhow::Result<()> {
-        let Self { lock, ledger, listener, bridge, poller, operations, reloader, shutdown, tasks } = self;
+        let Self { lock, ledger, listener, bridge, poller, operations, reloader, hangups, shutdown, tasks } =
+            self;
         tracing::info!(api = %listener.local_addr()?, "switchboard running");
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
 
@@ -142,7 +146,7 @@ impl Daemon {
                 .context("local API server")
         };
         spawn_supervised(&tasks, &shutdown, &failure, "local API", server);
-        tasks.spawn(reload::reload_on_sighup(reloader, shutdown.child_token()));
+        tasks.spawn(reload::reload_on_sighup(reloader, hangups, shutdown.child_token()));
         tasks.spawn(upkeep);
 
         shutdown.cancelled().await;

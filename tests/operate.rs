@@ -307,7 +307,11 @@ fn rewrite_config(daemon: &TestDaemon, edit: impl FnOnce(String) -> String) {
 async fn sighup_applies_a_good_file_and_keeps_the_running_configuration_on_a_bad_one() {
     const NEW_CHAT: i64 = -4_000_222;
     let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    // A SIGHUP as soon as the daemon answers is a reload, never the signal's default end.
+    daemon.signal("HUP");
+    daemon.wait_for_log("nothing that applies in place changed", WAIT).await;
+    assert!(daemon.is_running(), "{}", daemon.logs());
     let chat = ChatSpec::group(NEW_CHAT, "Late team");
     let user = UserSpec::new(88, "Lena");
     fake.push_text(&chat, &user, "before the reload");
@@ -320,9 +324,9 @@ async fn sighup_applies_a_good_file_and_keeps_the_running_configuration_on_a_bad
             + &format!("\n[[routes]]\nname = \"late-team\"\nchat_id = {NEW_CHAT}\nagent = \"worker\"\n")
     });
     daemon.signal("HUP");
-    daemon.wait_for_log("configuration reloaded", WAIT).await;
+    daemon.wait_for_log("route 'late-team' added: chat -4000222 → worker", WAIT).await;
     let logs = daemon.logs();
-    assert!(logs.contains("route 'late-team' added: chat -4000222 → worker"), "{logs}");
+    assert!(logs.contains("configuration reloaded: route 'late-team' added"), "{logs}");
     assert!(logs.contains("api.listen") && logs.contains("needs a restart"), "{logs}");
     fake.push_text(&chat, &user, "after the reload");
 

@@ -18,6 +18,7 @@ use std::fmt::Display;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
@@ -255,15 +256,22 @@ impl Reloader {
     }
 }
 
-/// Reloads on every SIGHUP until `shutdown`.
-pub async fn reload_on_sighup(reloader: Reloader, shutdown: CancellationToken) {
-    let mut hangups = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(signal) => signal,
+/// Starts catching SIGHUP, whose default action would end the process: called before the
+/// daemon listens, so a reload sent as soon as it answers is never fatal. `None` (logged)
+/// when the signal cannot be caught.
+pub fn catch_hangups() -> Option<Signal> {
+    match signal(SignalKind::hangup()) {
+        Ok(hangups) => Some(hangups),
         Err(e) => {
             tracing::warn!(error = %e, "cannot listen for SIGHUP: configuration reload is off");
-            return;
+            None
         }
-    };
+    }
+}
+
+/// Reloads on every SIGHUP until `shutdown`.
+pub async fn reload_on_sighup(reloader: Reloader, hangups: Option<Signal>, shutdown: CancellationToken) {
+    let Some(mut hangups) = hangups else { return };
     loop {
         tokio::select! {
             received = hangups.recv() => {
