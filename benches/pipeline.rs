@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 
 use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::agents::api::client::{DaemonClient, SessionStream};
-use switchboard::agents::api::wire::{DeliveredEnvelope, ReplyRequest, SessionEvent};
+use switchboard::agents::api::wire::{DeliveredEnvelope, HandoffRequest, ReplyRequest, SessionEvent};
 use switchboard::config::Synchronous;
-use switchboard::ids::{AgentName, Secret};
+use switchboard::ids::{AgentName, RequestId, Secret};
 use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState, Ledger};
 use switchboard::operate::metrics;
 
@@ -100,8 +100,10 @@ async fn run(params: &Params) {
     for rows in [SMALL_LEDGER_ROWS, params.large_ledger_rows] {
         ledgers.push(round_trips(params, rows).await);
     }
+    let handoffs = handoff_round_trips(params).await;
     let metrics = metrics_cost(params);
     print_report(params, &throughput, &ledgers);
+    print_handoffs(params, &handoffs);
     print_metrics_cost(&metrics, &ledgers[0]);
 }
 
@@ -370,6 +372,71 @@ async fn round_trip(fake: &FakeTelegram, agent: &mut Agent, n: usize) -> RoundTr
     RoundTrip { inbound, outbound: sent.received_at.duration_since(called), reply_call }
 }
 
+/// Handoff round trips (DESIGN.md §9), both agents on the local API.
+struct HandoffTrips {
+    /// send_to_agent called → the target's session stream carries the handoff.
+    to_target: Summary,
+    /// send_to_agent called → the delegator's session stream carries the answer, the
+    /// target having replied as soon as it read the handoff.
+    round_trip: Summary,
+}
+
+/// Agent a0 hands an instruction to a1, which answers at once; timed `params.samples`
+/// times on a fresh daemon.
+async fn handoff_round_trips(params: &Params) -> HandoffTrips {
+    eprintln!("handoff round trips: {} round trips…", params.samples);
+    let fake = FakeTelegram::start().await;
+    let workdir = Workdir::new();
+    let mut daemon = Daemon::start(&workdir, &fake.api_url());
+    daemon.wait_until_listening().await;
+    let mut delegator = Agent::connect(daemon.api_addr, 0).await;
+    let mut target = Agent::connect(daemon.api_addr, 1).await;
+    let (mut to_target, mut round_trip) = (Vec::new(), Vec::new());
+    for n in 0..WARMUP_ROUND_TRIPS + params.samples {
+        let trip = async {
+            // Unprompted (the delegator has nothing pending it was shown): each handoff is
+            // its own turn, and the previous one is answered, so the guard lets it through.
+            let request = HandoffRequest {
+                to: agent_name(1),
+                text: format!("task {n}"),
+                trace_id: None,
+                followup: None,
+                intent: None,
+                request_id: RequestId::generate().to_string(),
+            };
+            let called = Instant::now();
+            delegator.client.handoff(&request).await.unwrap_or_else(|e| panic!("handoff {n} failed: {e}"));
+            let handoff = next_envelope(&mut target.session).await;
+            let reached = called.elapsed();
+            let answer = ReplyRequest::new(format!("done {n}"), Some(handoff.trace_id));
+            target.client.reply(&answer).await.unwrap_or_else(|e| panic!("answer {n} failed: {e}"));
+            let answered = next_envelope(&mut delegator.session).await;
+            assert_eq!(answered.kind, "handoff_answer", "the delegator hears the answer");
+            (reached, called.elapsed())
+        };
+        let Ok((reached, total)) = tokio::time::timeout(STEP_TIMEOUT, trip).await else {
+            daemon.fail(&format!("handoff round trip {n} did not finish within {STEP_TIMEOUT:?}"));
+        };
+        if n >= WARMUP_ROUND_TRIPS {
+            to_target.push(reached);
+            round_trip.push(total);
+        }
+    }
+    drop((delegator, target));
+    daemon.stop().await;
+    HandoffTrips { to_target: Summary::of(to_target), round_trip: Summary::of(round_trip) }
+}
+
+fn print_handoffs(params: &Params, handoffs: &HandoffTrips) {
+    println!();
+    println!("handoff round trip ({} samples):", params.samples);
+    table_row("", std::iter::once(format!("{:>9}  {:>9}  {:>9}", "p50", "p99", "max")));
+    table_row("to the target (d)", std::iter::once(handoffs.to_target.to_string()));
+    table_row("round trip (e)", std::iter::once(handoffs.round_trip.to_string()));
+    println!("  (d) send_to_agent called → the handoff envelope on the target's session stream");
+    println!("  (e) send_to_agent called → the target's answer on the delegator's session stream");
+}
+
 async fn next_envelope(session: &mut SessionStream) -> DeliveredEnvelope {
     loop {
         match session.next_event().await {
@@ -541,6 +608,12 @@ database = "{database}"
 
 [api]
 listen = "{listen}"
+
+# The fake has no per-chat limits, and the benchmark writes to each chat every few
+# milliseconds: pacing would measure Telegram's rules, not the hot path.
+[outbound]
+private_chat_interval_ms = 0
+group_chat_interval_ms = 0
 
 [log]
 filter = "warn"

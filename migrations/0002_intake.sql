@@ -54,7 +54,9 @@ CREATE TABLE envelopes_rebuilt (
     received_at       TEXT    NOT NULL,
     route             TEXT,                               -- NULL when unrouted, ignored or undecodable
     agent             TEXT,                               -- NULL when unrouted, ignored or undecodable
-    state             TEXT    NOT NULL CHECK (state IN ('queued', 'pending', 'acked', 'unresolved', 'unrouted', 'rejected', 'ignored', 'undecodable')),
+    -- 'superseded' (DESIGN.md §11: an envelope of a task revision a correction replaced) is
+    -- admitted now so that tasks need no rebuild of this table.
+    state             TEXT    NOT NULL CHECK (state IN ('queued', 'pending', 'acked', 'unresolved', 'unrouted', 'rejected', 'ignored', 'undecodable', 'superseded')),
     deliveries        INTEGER NOT NULL DEFAULT 0,         -- times handed to a session; > 1 means redelivered
     state_changed_at  TEXT    NOT NULL,
     note              TEXT,                               -- the latest ack note or reconciliation reason; why ignored or undecodable

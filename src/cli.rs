@@ -98,6 +98,17 @@ pub enum LedgerCommand {
     Show { trace_id: String },
     /// Count envelopes by state.
     Stats,
+    /// List handoffs between agents, oldest first (the newest LIMIT that match).
+    Handoffs {
+        /// Only handoffs still waiting for their answer.
+        #[arg(long)]
+        open: bool,
+        /// Only handoffs from or to this agent.
+        #[arg(long)]
+        agent: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
     /// Settle an unresolved envelope with what you found in the chat.
     Reconcile {
         trace_id: String,
@@ -316,6 +327,25 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             }
             println!("({} envelope(s))", rows.len());
         }
+        LedgerCommand::Handoffs { open, agent, limit } => {
+            let handoffs = ledger.list_handoffs(open, agent.as_deref(), limit).await?;
+            if handoffs.is_empty() {
+                println!("no handoffs");
+            }
+            for h in handoffs {
+                println!(
+                    "{}  {:<10}  {} → {}  depth {}  for {}  {}  \"{}\"",
+                    h.handoff_id,
+                    h.state,
+                    h.from_agent,
+                    h.to_agent,
+                    h.depth,
+                    h.cause_trace_id.as_deref().unwrap_or("(unprompted)"),
+                    h.opened_at,
+                    preview(&h.instruction)
+                );
+            }
+        }
         LedgerCommand::Show { trace_id } => {
             let e = ledger
                 .find(trace_id.trim())
@@ -355,6 +385,9 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 println!("note:        {note}");
             }
             println!("content:\n  {}", e.content.replace('\n', "\n  "));
+            if let Some(handoff) = ledger.handoff_of_envelope(e.id).await? {
+                print_handoff(&handoff);
+            }
             if let Some(raw) = ledger.raw_update(&e.trace_id).await? {
                 println!("raw update (as Telegram sent it):\n  {raw}");
             }
@@ -407,4 +440,36 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
         }
     }
     Ok(())
+}
+
+/// The handoff an envelope carries: who asked whom, for which conversation, and its answer.
+fn print_handoff(h: &crate::ledger::StoredHandoff) {
+    println!(
+        "handoff:     {} ({}), {} → {}, depth {}",
+        h.handoff_id, h.state, h.from_agent, h.to_agent, h.depth
+    );
+    println!("  cause:     {}", h.cause_trace_id.as_deref().unwrap_or("none (unprompted)"));
+    if let (Some(earlier), Some(intent)) = (&h.followup_of, &h.intent) {
+        println!("  follow-up: {intent} {earlier}");
+    }
+    println!("  instruction envelope: {}", h.envelope_trace_id);
+    println!("  instruction: {}", preview(&h.instruction));
+    match &h.answer_trace_id {
+        Some(answer) => println!(
+            "  answer:    {answer} at {}{}",
+            h.closed_at.as_deref().unwrap_or("-"),
+            h.note.as_deref().map(|note| format!(" (note: {note})")).unwrap_or_default()
+        ),
+        None => println!("  answer:    none yet (opened {})", h.opened_at),
+    }
+}
+
+/// The start of a text on one line.
+fn preview(text: &str) -> String {
+    const CHARS: usize = 60;
+    let mut shown: String = text.chars().take(CHARS).collect::<String>().replace('\n', " ");
+    if text.chars().count() > CHARS {
+        shown.push('…');
+    }
+    shown
 }

@@ -228,6 +228,10 @@ async fn an_unnamed_reply_resolves_only_among_envelopes_the_session_was_shown() 
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "not read yet");
     let envelope = next_envelope(&mut stream).await;
 
+    // A blank trace id is not "no trace id": it is refused.
+    let blank = ReplyRequest { trace_id: Some(String::new()), ..ReplyRequest::new("blank", None) };
+    assert_eq!(refusal_code(&client.reply(&blank).await.unwrap_err()), Some(ErrorCode::BadRequest));
+
     // Handed to the session, but the plugin never confirmed the agent saw it.
     let refused = client.reply(&ReplyRequest::new("blind answer", None)).await.unwrap_err();
     assert_eq!(refusal_code(&refused), Some(ErrorCode::NothingPending), "{refused}");

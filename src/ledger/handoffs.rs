@@ -5,7 +5,7 @@
 use sqlx::FromRow;
 
 use super::envelopes::transition_in;
-use super::{EnvelopeState, Ledger, StoredEnvelope, now};
+use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::guard::Intent;
 
@@ -101,14 +101,10 @@ pub enum HandoffEnd<'a> {
     Closed { note: Option<&'a str> },
 }
 
-/// Envelope kinds made by agents rather than Telegram.
-const HANDOFF_KIND: &str = "handoff";
-const ANSWER_KIND: &str = "handoff_answer";
-
 /// Inserts an envelope an agent made: no Telegram fields, queued for `agent`.
 async fn insert_agent_envelope(
     tx: &mut sqlx::SqliteConnection,
-    kind: &str,
+    kind: EnvelopeKind,
     agent: &str,
     from_agent: &str,
     content: &str,
@@ -145,7 +141,7 @@ impl Ledger {
         let route = new.cause.and_then(|cause| cause.route.as_deref());
         let (envelope_id, _) = insert_agent_envelope(
             &mut tx,
-            HANDOFF_KIND,
+            EnvelopeKind::Handoff,
             new.to.as_str(),
             new.from.as_str(),
             new.instruction,
@@ -212,7 +208,7 @@ impl Ledger {
         };
         let (answer_id, _) = insert_agent_envelope(
             &mut tx,
-            ANSWER_KIND,
+            EnvelopeKind::HandoffAnswer,
             &handoff.from_agent,
             &handoff.to_agent,
             &content,

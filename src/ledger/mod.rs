@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use chrono::{SecondsFormat, Utc};
-use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::{Connection as _, SqlitePool};
 
 use crate::config::Synchronous;
 
@@ -93,6 +93,14 @@ impl Ledger {
             .busy_timeout(BUSY_TIMEOUT);
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
+            // SQLite rolls a transaction back by itself on some errors (a full disk, for
+            // one); sqlx's ROLLBACK then fails and the connection would go back to the pool
+            // believing it is still inside a transaction, refusing every later BEGIN. Such
+            // a connection is closed instead, and the pool opens a fresh one.
+            .after_release(|connection, _| {
+                let healthy = !connection.is_in_transaction();
+                Box::pin(async move { Ok(healthy) })
+            })
             .connect_with(options)
             .await
             .with_context(|| format!("opening the ledger database {}", path.display()))?;

@@ -4,4 +4,6 @@
 pub mod guard;
 pub mod pacing;
 pub mod resolver;
+pub mod revisions;
 pub mod routes;
+pub mod turns;

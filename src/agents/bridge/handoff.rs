@@ -64,7 +64,8 @@ impl Bridge {
             None => Vec::new(),
         };
         let open = priors(ledger.open_handoffs_from(agent).await?, now);
-        let agents: Vec<AgentName> = self.inner.agents.keys().cloned().collect();
+        let mut agents: Vec<AgentName> = self.inner.agents.keys().cloned().collect();
+        agents.sort();
         let ask = HandoffAsk { from: agent, to: &request.to, text: &request.text, followup };
         let situation = Situation {
             agents: &agents,

@@ -61,13 +61,17 @@ impl Bridge {
                 Some(Repeat::Recorded(outcome)) => return outcome,
                 None => {
                     let envelope = self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
-                    let conversation = match envelope.kind.as_str() {
+                    let conversation = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
-                        "handoff" => {
+                        EnvelopeKind::Handoff => {
                             return self.answer_handoff(agent, &envelope, &request.text, &request_id).await;
                         }
-                        "handoff_answer" => self.conversation_of_answer(agent, slot, &envelope).await?,
-                        _ => envelope,
+                        EnvelopeKind::HandoffAnswer => {
+                            self.conversation_of_answer(agent, slot, &envelope).await?
+                        }
+                        EnvelopeKind::Message | EnvelopeKind::EditedMessage | EnvelopeKind::Unknown => {
+                            envelope
+                        }
                     };
                     let plan = self.plan(agent, conversation, request_id, parts).await?;
                     self.start_delivery(agent, plan)
@@ -353,7 +357,11 @@ impl Drop for Finished {
 
 pub(super) fn parse_optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, ToolError> {
     match raw.map(str::trim) {
-        None | Some("") => Ok(None),
+        None => Ok(None),
+        // Refused, not read as none: the caller meant to name an envelope.
+        Some("") => Err(ToolError::Invalid(
+            "trace_id is empty: name the envelope (env_…) or leave trace_id out; nothing was done".into(),
+        )),
         Some(raw) => TraceId::parse(raw).map(Some).map_err(ToolError::Invalid),
     }
 }

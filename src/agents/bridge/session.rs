@@ -8,7 +8,7 @@ use tokio::sync::mpsc;
 use super::{Bridge, SessionConflict, ToolError};
 use crate::agents::api::wire::{HEARTBEAT_INTERVAL_SECS, SessionEvent, ShownReceipt, ShownRequest};
 use crate::ids::{AgentName, TraceId, random_suffix};
-use crate::ledger::StoredEnvelope;
+use crate::ledger::{EnvelopeKind, StoredEnvelope};
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
 /// session claims the next envelope only once the previous one was taken, so a vanished
@@ -188,7 +188,7 @@ impl Bridge {
             crate::operate::metrics::envelope_handed_over(envelope.kind, &envelope.received_at);
         }
         let mut delivered = envelope.delivered(redelivered);
-        if delivered.kind != "message" {
+        if matches!(envelope.kind, EnvelopeKind::Handoff | EnvelopeKind::HandoffAnswer) {
             match self.handoff_meta(envelope).await {
                 Ok(extra) => delivered.extra = extra,
                 Err(e) => {

@@ -15,6 +15,7 @@ use crate::backoff::Backoff;
 use crate::ids::AgentName;
 
 use super::calls::WaitingCalls;
+use super::shown::Confirmations;
 use super::texts::channel_notification;
 
 /// First wait before reopening the session stream after the daemon went away; it doubles
@@ -36,6 +37,8 @@ pub(super) struct SessionForwarder {
     pub(super) refused: Arc<AtomicBool>,
     /// `call_agent` calls waiting for a `handoff_answer`.
     pub(super) calls: WaitingCalls,
+    /// Confirmations that envelopes were shown, on their way to the daemon.
+    pub(super) confirmations: Confirmations,
 }
 
 /// Why one connection of the session stream ended.
@@ -118,12 +121,15 @@ impl SessionForwarder {
                     } else {
                         envelope
                     };
-                    // Confirmed before the push, so no tool call about it can overtake the
-                    // confirmation: from here an unnamed reply may resolve to it. Should the
-                    // push fail, the agent session is ending and this session with it.
-                    if let Err(error) = self.daemon.shown(&envelope.trace_id).await {
-                        tracing::warn!(trace_id = %envelope.trace_id, "could not confirm an envelope as shown ({error}); replies to it must name its trace_id");
-                    }
+                    // Confirmed alongside the push: tool calls wait for confirmations in
+                    // flight (see `shown`), so none about this envelope can overtake it.
+                    let daemon = self.daemon.clone();
+                    let trace_id = envelope.trace_id.clone();
+                    self.confirmations.start(async move {
+                        if let Err(error) = daemon.shown(&trace_id).await {
+                            tracing::warn!(%trace_id, "could not confirm an envelope as shown ({error}); replies to it must name its trace_id");
+                        }
+                    });
                     let notification =
                         ServerNotification::CustomNotification(channel_notification(&envelope));
                     if self.peer.send_notification(notification).await.is_err() {

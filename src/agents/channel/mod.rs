@@ -40,6 +40,7 @@ use crate::ids::{AgentName, RequestId};
 
 mod calls;
 mod forwarder;
+mod shown;
 mod texts;
 
 use forwarder::SessionForwarder;
@@ -134,6 +135,8 @@ struct ChannelPlugin {
     stream_refused: Arc<AtomicBool>,
     /// `call_agent` calls waiting for their answer; shared with the session forwarder.
     calls: calls::WaitingCalls,
+    /// Shown-confirmations in flight; every tool call waits for them first.
+    confirmations: shown::Confirmations,
 }
 
 /// Arguments of the `reply` tool.
@@ -221,6 +224,7 @@ impl ChannelPlugin {
             stream_started: AtomicBool::new(false),
             stream_refused: Arc::default(),
             calls: calls::WaitingCalls::default(),
+            confirmations: shown::Confirmations::default(),
         }
     }
 
@@ -395,21 +399,37 @@ impl ChannelPlugin {
         tool: ToolName,
         request: &HandoffRequest,
     ) -> Result<HandoffReceipt, String> {
-        let deadline = tokio::time::Instant::now() + OUTCOME_RECOVERY_LIMIT;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
+        match self.once_the_daemon_answers(|| self.daemon.handoff(request)).await {
+            Some(Ok(receipt)) => Ok(receipt),
+            Some(Err(refusal)) => Err(self.tool_failure(tool, &refusal)),
+            None => {
                 let error = ClientError::NoAnswer {
                     address: self.daemon.address(),
                     detail: format!("no answer for {}s", OUTCOME_RECOVERY_LIMIT.as_secs()),
                 };
-                return Err(self.tool_failure(tool, &error));
+                Err(self.tool_failure(tool, &error))
+            }
+        }
+    }
+
+    /// Asks the daemon again (through `ask`) until it answers, within
+    /// [`OUTCOME_RECOVERY_LIMIT`]: waits for the session stream to reconnect, and asks again
+    /// under the new session while the old one is being replaced. `Some` holds the
+    /// daemon's answer (a success or a refusal); `None` means it did not answer in time.
+    async fn once_the_daemon_answers<T, F>(&self, ask: impl Fn() -> F) -> Option<Result<T, ClientError>>
+    where
+        F: Future<Output = Result<T, ClientError>>,
+    {
+        let deadline = tokio::time::Instant::now() + OUTCOME_RECOVERY_LIMIT;
+        loop {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return None;
             }
             self.daemon.wait_for_session(left).await;
-            match self.daemon.handoff(request).await {
-                Ok(receipt) => return Ok(receipt),
+            match ask().await {
                 Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::SessionConflict => {}
-                Err(error @ ClientError::Refused { .. }) => return Err(self.tool_failure(tool, &error)),
+                answer @ (Ok(_) | Err(ClientError::Refused { .. })) => return Some(answer),
                 Err(_) => {}
             }
             tokio::time::sleep(OUTCOME_RETRY_DELAY.min(left)).await;
@@ -431,40 +451,32 @@ impl ChannelPlugin {
 
     /// Tool calls are bound to the live session: one made while the stream (re)connects
     /// waits a moment for it, unless the daemon is refusing the stream outright.
+    /// Also waits for the shown-confirmations on their way, so the daemon knows every
+    /// envelope the agent has seen before it acts on this call.
     async fn wait_for_session(&self) {
         if !self.stream_refused.load(Ordering::SeqCst) {
             self.daemon.wait_for_session(SESSION_WAIT).await;
         }
+        self.confirmations.settled().await;
     }
 
     /// Asks the daemon (once it answers again) what became of a reply whose answer was
     /// lost, and tells the agent exactly that: delivered, not sent (so it may reply
     /// again), or unknown (unresolved in the ledger, for an operator to reconcile).
     async fn recover_reply_outcome(&self, request: &ReplyRequest) -> Result<String, String> {
-        let deadline = tokio::time::Instant::now() + OUTCOME_RECOVERY_LIMIT;
-        loop {
-            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-            if left.is_zero() {
+        match self.once_the_daemon_answers(|| self.daemon.reply_outcome(&request.request_id)).await {
+            Some(Ok(receipt)) => Ok(describe_recovered_receipt(&receipt)),
+            Some(Err(ClientError::Refused { error, .. })) if error.code == ErrorCode::UnknownRequest => {
+                Err(never_acted_on(&request.request_id))
+            }
+            Some(Err(error)) => Err(format!(
+                "The connection to the daemon broke during the reply; the daemon says what became of it:\n{}",
+                self.tool_failure(ToolName::Reply, &error)
+            )),
+            None => {
                 tracing::error!(request_id = %request.request_id, "the daemon did not answer about a reply's outcome");
-                return Err(outcome_not_known_yet(&request.request_id, OUTCOME_RECOVERY_LIMIT));
+                Err(outcome_not_known_yet(&request.request_id, OUTCOME_RECOVERY_LIMIT))
             }
-            self.daemon.wait_for_session(left).await;
-            match self.daemon.reply_outcome(&request.request_id).await {
-                Ok(receipt) => return Ok(describe_recovered_receipt(&receipt)),
-                Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::UnknownRequest => {
-                    return Err(never_acted_on(&request.request_id));
-                }
-                // The session is being replaced (the daemon restarted): ask again under the new one.
-                Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::SessionConflict => {}
-                Err(error @ ClientError::Refused { .. }) => {
-                    return Err(format!(
-                        "The connection to the daemon broke during the reply; the daemon says what became of it:\n{}",
-                        self.tool_failure(ToolName::Reply, &error)
-                    ));
-                }
-                Err(_) => {}
-            }
-            tokio::time::sleep(OUTCOME_RETRY_DELAY.min(left)).await;
         }
     }
 
@@ -511,6 +523,7 @@ impl ServerHandler for ChannelPlugin {
             peer: context.peer,
             refused: Arc::clone(&self.stream_refused),
             calls: self.calls.clone(),
+            confirmations: self.confirmations.clone(),
         };
         self.tasks.spawn(forwarder.run(self.shutdown.clone()));
     }

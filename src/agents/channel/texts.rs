@@ -114,14 +114,19 @@ pub(super) fn parse_trace_id(raw: &str) -> Result<TraceId, String> {
     })
 }
 
-/// A blank trace id counts as none: the daemon then picks the only waiting conversation
-/// or refuses, it never guesses.
+/// No trace id lets the daemon pick the only waiting conversation (or refuse); a blank one
+/// is refused rather than read as none: an agent that meant to name a message must not
+/// have its reply resolved for it.
 pub(super) fn optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, String> {
     match raw.map(str::trim) {
-        None | Some("") => Ok(None),
+        None => Ok(None),
+        Some("") => Err(BLANK_TRACE_ID.to_owned()),
         Some(raw) => parse_trace_id(raw).map(Some),
     }
 }
+
+pub(super) const BLANK_TRACE_ID: &str = "trace_id is empty: pass the trace id (env_…) of the message you mean, or leave \
+     trace_id out. Nothing was sent.";
 
 /// "chat -1001234 "Ops", topic 42"
 pub(super) fn describe_place(chat_id: i64, chat_title: Option<&str>, thread_id: Option<i32>) -> String {
@@ -471,7 +476,7 @@ mod tests {
     #[test]
     fn trace_ids_are_checked_before_asking_the_daemon() {
         assert_eq!(optional_trace_id(None), Ok(None));
-        assert_eq!(optional_trace_id(Some("  ")), Ok(None));
+        assert_eq!(optional_trace_id(Some("  ")), Err(BLANK_TRACE_ID.to_owned()));
         assert_eq!(optional_trace_id(Some(" env_abcdefghij\n")).unwrap().unwrap().as_str(), "env_abcdefghij");
         let error = optional_trace_id(Some("latest")).unwrap_err();
         assert!(error.contains("'latest' is not a trace id"), "{error}");

@@ -1,0 +1,351 @@
+//! Handoffs between agents (DESIGN.md §9), end to end: the real daemon, the fake Bot API,
+//! and a real `switchboard channel` plugin per agent driven by a real MCP client.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::agents::*;
+use support::daemon::*;
+use support::fake_telegram::{ChatSpec, FakeTelegram};
+use support::mcp::{ChannelClient, ChannelNotification};
+use switchboard::ledger::{EnvelopeState, HandoffState};
+
+/// The orchestrator's session, the worker's, and one owner message waiting for the
+/// orchestrator.
+struct Team {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    orchestrator: ChannelClient,
+    worker: ChannelClient,
+    question: String,
+}
+
+async fn team(env: &[(&str, &str)]) -> Team {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), env);
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "Is staging healthy?");
+    let question = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    Team { fake, daemon, orchestrator, worker, question }
+}
+
+/// The `n`th notification of a client, once it arrived.
+async fn nth(client: &ChannelClient, n: usize) -> ChannelNotification {
+    client.wait_for_notifications(n, WAIT).await.unwrap().swap_remove(n - 1)
+}
+
+fn meta<'a>(notification: &'a ChannelNotification, key: &str) -> &'a str {
+    notification.meta_str(key).unwrap_or_else(|| panic!("meta.{key} missing: {:?}", notification.meta))
+}
+
+async fn handoff_state(daemon: &TestDaemon, handoff_id: &str) -> HandoffState {
+    let ledger = daemon.ledger().await;
+    let state = ledger.handoff(handoff_id).await.unwrap().expect("handoff exists").state;
+    ledger.close().await;
+    state
+}
+
+#[tokio::test]
+async fn a_handoff_is_answered_and_one_reply_answers_the_human() {
+    let Team { fake, daemon, orchestrator, worker, question } = team(&[]).await;
+
+    let (is_error, text) = orchestrator
+        .call_tool("send_to_agent", json!({"agent": "worker", "text": "Check staging health and report"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert!(text.contains("delivered to its session") && text.contains(&question), "{text}");
+
+    let handoff = nth(&worker, 1).await;
+    assert_eq!(handoff.content, "Check staging health and report");
+    assert_eq!(meta(&handoff, "kind"), "handoff");
+    assert_eq!(meta(&handoff, "from_agent"), "orchestrator");
+    assert_eq!(meta(&handoff, "depth"), "1");
+    assert!(handoff.meta_str("chat_id").is_none(), "a handoff has no chat: {:?}", handoff.meta);
+    let handoff_id = meta(&handoff, "handoff_id").to_owned();
+    assert!(handoff_id.starts_with("hof_"));
+
+    let (is_error, text) = worker.call_tool("reply", json!({"text": "All 12 checks green"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert!(text.contains("agent 'orchestrator'") && text.contains("nothing was sent to Telegram"), "{text}");
+    assert!(fake.sent_messages().is_empty(), "an answer to an agent never reaches Telegram");
+
+    let answer = nth(&orchestrator, 2).await;
+    assert_eq!(answer.content, "All 12 checks green");
+    assert_eq!(meta(&answer, "kind"), "handoff_answer");
+    assert_eq!(meta(&answer, "from_agent"), "worker");
+    assert_eq!(meta(&answer, "on_behalf_of"), question);
+    assert_eq!(meta(&answer, "handoff_id"), handoff_id);
+    assert_eq!(handoff_state(&daemon, &handoff_id).await, HandoffState::Answered);
+
+    // Both the question and the answer wait: an unnamed reply is refused, listing both.
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "Yes"})).await.unwrap();
+    assert!(is_error && text.contains(&question) && text.contains(&trace_id(&answer)), "{text}");
+
+    // Naming the answer goes to its conversation, and settles both.
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "Yes, staging is healthy", "trace_id": trace_id(&answer)}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent[0].chat_id, OWNER_CHAT);
+    assert_eq!(sent[0].text, "Yes, staging is healthy");
+    assert_eq!(state_of(&daemon, &question).await, EnvelopeState::Acked);
+    assert_eq!(state_of(&daemon, &trace_id(&answer)).await, EnvelopeState::Acked);
+    assert_eq!(state_of(&daemon, meta(&handoff, "trace_id")).await, EnvelopeState::Acked);
+
+    let (ok, out, err) = daemon.ledger_cli(&["handoffs"]);
+    assert!(
+        ok && out.contains(&handoff_id) && out.contains("answered") && out.contains("orchestrator → worker"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = daemon.ledger_cli(&["show", meta(&handoff, "trace_id")]);
+    assert!(
+        ok && out.contains(&handoff_id) && out.contains(&question) && out.contains(&trace_id(&answer)),
+        "{out}{err}"
+    );
+}
+
+#[tokio::test]
+async fn call_agent_returns_the_answer_or_says_it_will_come_later() {
+    let Team { fake: _fake, daemon, orchestrator, worker, question } = team(&[]).await;
+    let orchestrator = std::sync::Arc::new(orchestrator);
+
+    let calling = {
+        let orchestrator = std::sync::Arc::clone(&orchestrator);
+        tokio::spawn(async move {
+            orchestrator.call_tool("call_agent", json!({"agent": "worker", "text": "How many checks?"})).await
+        })
+    };
+    let handoff = nth(&worker, 1).await;
+    let (is_error, text) = worker.call_tool("reply", json!({"text": "Twelve"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let (is_error, text) = calling.await.unwrap().unwrap();
+    assert!(!is_error, "{text}");
+    assert!(
+        text.contains("'worker' answered:") && text.contains("Twelve") && text.contains(&question),
+        "{text}"
+    );
+    // The answer was the call's result, not a notification, and it is handled.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(orchestrator.notifications().len(), 1, "{:?}", orchestrator.notifications());
+    let answered = daemon.ledger().await.handoff(meta(&handoff, "handoff_id")).await.unwrap().unwrap();
+    let answer_trace = answered.answer_trace_id.expect("an answer envelope");
+    assert_eq!(state_of(&daemon, &answer_trace).await, EnvelopeState::Acked);
+
+    // A call that times out says the answer will come later, and it does, as an envelope.
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "call_agent",
+            json!({"agent": "worker", "text": "And the disk usage?", "timeout_secs": 1, "followup": true, "intent": "extends"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert!(text.contains("has not answered within 1s") && text.contains("arrive later"), "{text}");
+    let second = nth(&worker, 2).await;
+    assert_eq!(meta(&second, "followup_of"), meta(&handoff, "handoff_id"));
+    assert_eq!(meta(&second, "intent"), "extends");
+    worker.call_tool("reply", json!({"text": "40%", "trace_id": trace_id(&second)})).await.unwrap();
+    let late = nth(&orchestrator, 2).await;
+    assert_eq!((late.content.as_str(), meta(&late, "kind")), ("40%", "handoff_answer"));
+
+    let (is_error, text) = orchestrator
+        .call_tool("call_agent", json!({"agent": "worker", "text": "x", "timeout_secs": 601}))
+        .await
+        .unwrap();
+    assert!(is_error && text.contains("at most") || text.contains("between 1 and 600"), "{text}");
+}
+
+#[tokio::test]
+async fn the_first_instruction_stands_and_a_follow_up_passes() {
+    let Team { fake: _fake, daemon, orchestrator, worker, question } = team(&[]).await;
+    let (is_error, text) = orchestrator
+        .call_tool("send_to_agent", json!({"agent": "worker", "text": "schedule it, do NOT publish"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let first = nth(&worker, 1).await;
+
+    // The other tool, another spelling of the name: still the same target, same turn.
+    let (is_error, text) = orchestrator
+        .call_tool("call_agent", json!({"agent": " Worker ", "text": "publish it NOW", "timeout_secs": 1}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.contains("already_delegated") && text.contains("do NOT publish"), "{text}");
+    daemon.wait_for_log("handoff refused", WAIT).await;
+
+    // A string is not a boolean; a follow-up needs an intent.
+    for arguments in [
+        json!({"agent": "worker", "text": "publish it NOW", "followup": "true", "intent": "replaces"}),
+        json!({"agent": "worker", "text": "publish it NOW", "followup": true}),
+    ] {
+        let (is_error, text) = orchestrator.call_tool("send_to_agent", arguments.clone()).await.unwrap();
+        assert!(is_error, "{arguments}: {text}");
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(worker.notifications().len(), 1, "nothing refused reached the worker");
+
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "worker", "text": "publish it NOW", "followup": true, "intent": "replaces"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let follow_up = nth(&worker, 2).await;
+    assert_eq!(meta(&follow_up, "followup_of"), meta(&first, "handoff_id"));
+    assert_eq!(meta(&follow_up, "intent"), "replaces");
+
+    // A later turn starts fresh for the guard, but the first handoff is still open.
+    let owner_chat = ChatSpec::private(OWNER_CHAT);
+    let fake2 = _fake;
+    fake2.push_text(&owner_chat, owner(), "And production?");
+    let next_turn = trace_id(&nth(&orchestrator, 2).await);
+    let (is_error, text) = orchestrator
+        .call_tool("send_to_agent", json!({"agent": "worker", "text": "check prod", "trace_id": next_turn}))
+        .await
+        .unwrap();
+    // It names the latest open instruction to that agent: the follow-up, which now stands.
+    assert!(is_error && text.contains("already_running"), "{text}");
+    assert!(text.contains(meta(&follow_up, "handoff_id")) && text.contains("publish it NOW"), "{text}");
+    assert_ne!(next_turn, question);
+}
+
+#[tokio::test]
+async fn refusals_before_the_guard_record_nothing() {
+    let Team { fake: _fake, daemon, orchestrator, worker, question: _ } = team(&[]).await;
+    for (arguments, code) in [
+        (json!({"agent": "ORCHESTRATOR", "text": "me"}), "is you"),
+        (json!({"agent": "ghost", "text": "boo"}), "orchestrator, worker"),
+        (json!({"agent": "worker", "text": "  "}), "empty"),
+    ] {
+        let (is_error, text) = orchestrator.call_tool("send_to_agent", arguments.clone()).await.unwrap();
+        assert!(is_error && text.contains(code), "{arguments}: {text}");
+    }
+    let (ok, out, _) = daemon.ledger_cli(&["handoffs"]);
+    assert!(ok && out.contains("no handoffs"), "{out}");
+    // The corrected call goes through.
+    let (is_error, text) = orchestrator
+        .call_tool("send_to_agent", json!({"agent": "worker", "text": "now really"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(nth(&worker, 1).await.content, "now really");
+}
+
+#[tokio::test]
+async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
+    let helper_secret = "helper-secret-5555555555";
+    let Team { fake: _fake, daemon, orchestrator, worker, question: _ } = team(&[
+        ("SWITCHBOARD__AGENTS__HELPER__TOKEN_ENV", "SB_TEST_HELPER_SECRET"),
+        ("SB_TEST_HELPER_SECRET", helper_secret),
+        ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
+    ])
+    .await;
+    let helper = ChannelClient::start(
+        daemon.config_path(),
+        "helper",
+        &[
+            ("SWITCHBOARD__AGENTS__HELPER__TOKEN_ENV", "SB_TEST_HELPER_SECRET"),
+            ("SB_TEST_HELPER_SECRET", helper_secret),
+            ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
+        ],
+    )
+    .await
+    .unwrap();
+
+    orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": "level one"})).await.unwrap();
+    let one = nth(&worker, 1).await;
+    let (is_error, text) = worker
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "helper", "text": "level two", "trace_id": trace_id(&one)}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let two = nth(&helper, 1).await;
+    assert_eq!(meta(&two, "depth"), "2");
+    let (is_error, text) = helper
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "orchestrator", "text": "level three", "trace_id": trace_id(&two)}),
+        )
+        .await
+        .unwrap();
+    assert!(is_error && text.contains("handoffs.max_depth (2)"), "{text}");
+    // The helper answers instead; the chain unwinds.
+    helper.call_tool("reply", json!({"text": "done at two", "trace_id": trace_id(&two)})).await.unwrap();
+    let back = nth(&worker, 2).await;
+    assert_eq!((meta(&back, "kind"), back.content.as_str()), ("handoff_answer", "done at two"));
+    assert_eq!(meta(&back, "on_behalf_of"), trace_id(&one));
+}
+
+#[tokio::test]
+async fn a_handoff_waits_for_a_target_that_connects_later_and_survives_kill_9() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "Ask the worker");
+    let question = trace_id(&nth(&orchestrator, 1).await);
+
+    let (is_error, text) = orchestrator
+        .call_tool("send_to_agent", json!({"agent": "worker", "text": "when you are back"}))
+        .await
+        .unwrap();
+    assert!(!is_error && text.contains("queued until it connects"), "{text}");
+
+    daemon.kill9();
+    daemon.restart();
+    let worker = session(&daemon, "worker").await;
+    let handoff = nth(&worker, 1).await;
+    assert_eq!(handoff.content, "when you are back");
+
+    // The delegator goes away; its answer waits for it, across another kill -9.
+    assert!(orchestrator.close().await.unwrap().success());
+    worker.call_tool("reply", json!({"text": "back and done"})).await.unwrap();
+    daemon.kill9();
+    daemon.restart();
+    assert_eq!(handoff_state(&daemon, meta(&handoff, "handoff_id")).await, HandoffState::Answered);
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let pushed = orchestrator.wait_for_notifications(2, Duration::from_secs(40)).await.unwrap();
+    let answer = pushed.iter().find(|n| meta(n, "kind") == "handoff_answer").expect("the answer arrives");
+    assert_eq!(answer.content, "back and done");
+    assert_eq!(meta(answer, "on_behalf_of"), question);
+}
+
+#[tokio::test]
+async fn closing_a_handoff_tells_the_delegator_and_the_audit_route_reads_along() {
+    let Team { fake, daemon: _daemon, orchestrator, worker, question: _ } =
+        team(&[("SWITCHBOARD__HANDOFFS__AUDIT_ROUTE", "team-group")]).await;
+    orchestrator
+        .call_tool("send_to_agent", json!({"agent": "worker", "text": "tidy the logs"}))
+        .await
+        .unwrap();
+    let handoff = nth(&worker, 1).await;
+    let (is_error, text) = worker
+        .call_tool("ack", json!({"trace_id": trace_id(&handoff), "note": "nothing to tidy"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let closed = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&closed, "kind"), "handoff_answer");
+    assert_eq!(meta(&closed, "closed"), "true");
+    assert!(
+        closed.content.contains("without an answer") && closed.content.contains("nothing to tidy"),
+        "{}",
+        closed.content
+    );
+
+    let copies = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(copies[0].chat_id, GROUP_CHAT);
+    assert_eq!(copies[0].text, "orchestrator → worker: tidy the logs");
+    assert!(copies.iter().all(|m| m.chat_id == GROUP_CHAT), "audit copies go to the audit route only");
+}
