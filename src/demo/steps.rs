@@ -21,6 +21,8 @@ const STREAM: usize = 8;
 const STREAM_FIRST: usize = 5;
 /// Replies Telegram answers in the crash step before it holds one on the wire.
 const ANSWERED_BEFORE_THE_KILL: usize = 2;
+/// The demo's ledger holds a few dozen envelopes: a listing this long holds them all.
+const LIST_LIMIT: i64 = 10_000;
 
 pub(super) async fn all(demo: &mut Demo) -> anyhow::Result<()> {
     ready(demo).await?;
@@ -52,7 +54,7 @@ impl Demo {
         let ids: BTreeSet<i64> = updates.iter().map(|pushed| pushed.update_id).collect();
         let all = self
             .ledger
-            .list(&ListFilter { limit: 10_000, ..ListFilter::default() })
+            .list(&ListFilter { limit: LIST_LIMIT, ..ListFilter::default() })
             .await
             .map_err(|e| Broken(format!("reading the ledger: {e}")))?;
         let mut by_update: BTreeMap<i64, Vec<StoredEnvelope>> = BTreeMap::new();
@@ -364,18 +366,26 @@ async fn delegation(demo: &mut Demo) -> Result<(), Broken> {
         said("ledger", format!("handoff {} {}", handoff.handoff_id, handoff.state));
     }
     let cause_now = demo.envelope(&cause.trace_id).await?;
-    let mut answers = Vec::new();
-    for handoff in &handoffs {
-        if let Some(id) = handoff.answer_envelope_id {
-            let answer = demo
-                .ledger
-                .list(&ListFilter { limit: 10_000, ..ListFilter::default() })
-                .await
-                .map_err(|e| Broken(e.to_string()))?;
-            answers.extend(answer.into_iter().filter(|e| e.id == id).map(|e| e.state));
-        }
-    }
-    said("ledger", format!("{} {}; the answers made for it: {answers:?}", cause.trace_id, cause_now.state));
+    let answer_ids: Vec<i64> = handoffs.iter().filter_map(|handoff| handoff.answer_envelope_id).collect();
+    let answers: Vec<EnvelopeState> = demo
+        .ledger
+        .list(&ListFilter { limit: LIST_LIMIT, ..ListFilter::default() })
+        .await
+        .map_err(|e| Broken(e.to_string()))?
+        .into_iter()
+        .filter(|envelope| answer_ids.contains(&envelope.id))
+        .map(|envelope| envelope.state)
+        .collect();
+    let answer_states: Vec<&str> = answers.iter().map(|state| state.as_str()).collect();
+    said(
+        "ledger",
+        format!(
+            "{} {}; the answers made for it: {}",
+            cause.trace_id,
+            cause_now.state,
+            answer_states.join(", ")
+        ),
+    );
     let states: Vec<HandoffState> = handoffs.iter().map(|h| h.state).collect();
     check(
         states == [HandoffState::Closed, HandoffState::Answered]
