@@ -27,5 +27,10 @@ WORKDIR /var/lib/switchboard
 USER switchboard
 ENV SWITCHBOARD__STORAGE__DATABASE=/var/lib/switchboard/switchboard.db
 EXPOSE 7797
+# Ready: the ledger takes writes and Telegram serves the poller (GET /readyz). The image
+# has no curl: the binary asks its own daemon, at the address the configuration (and its
+# SWITCHBOARD__API__LISTEN override) names.
+HEALTHCHECK --interval=30s --timeout=15s --start-period=30s --retries=3 \
+    CMD ["/usr/local/bin/switchboard", "healthcheck", "--config", "/etc/switchboard/switchboard.toml"]
 ENTRYPOINT ["/usr/local/bin/switchboard"]
 CMD ["run", "--config", "/etc/switchboard/switchboard.toml"]

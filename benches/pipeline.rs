@@ -10,7 +10,10 @@
 //! * the cost of a speaker hand-over in a group room: a speaker's reply call → the next
 //!   speaker's `room_turn` envelope on its session stream (post, confirm, end the turn,
 //!   give the floor, hand over), over exchanges of the default ten turns;
-//! * the daemon's peak resident memory in each run.
+//! * the daemon's peak resident memory in each run;
+//! * the cost of metrics on the hot path: what the daemon records for one round trip,
+//!   timed in this process without a recorder and with the Prometheus recorder installed,
+//!   next to the round trip it rides on.
 //!
 //! Run it with `cargo bench --bench pipeline`. `SWITCHBOARD_BENCH_QUICK=1` makes a smoke
 //! run with small numbers; `SWITCHBOARD_BENCH_UPDATES`, `SWITCHBOARD_BENCH_SAMPLES`,
@@ -32,7 +35,8 @@ use switchboard::agents::api::client::{DaemonClient, SessionStream};
 use switchboard::agents::api::wire::{DeliveredEnvelope, HandoffRequest, ReplyRequest, SessionEvent};
 use switchboard::config::Synchronous;
 use switchboard::ids::{AgentName, RequestId, Secret};
-use switchboard::ledger::Ledger;
+use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState, Ledger};
+use switchboard::operate::metrics;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 
@@ -102,8 +106,79 @@ async fn run(params: &Params) {
     }
     let handoffs = handoff_round_trips(params).await;
     let handovers = room_handovers(params).await;
+    let metrics = metrics_cost(params);
     print_report(params, &throughput, &ledgers, &handovers);
     print_handoffs(params, &handoffs);
+    print_metrics_cost(&metrics, &ledgers[0]);
+}
+
+// ---------------------------------------------------------------------------
+// Metrics on the hot path
+// ---------------------------------------------------------------------------
+
+/// Round trips' worth of metrics timed in a row: enough that the clock's resolution is
+/// far below the figure.
+const METRICS_ITERATIONS: usize = 200_000;
+const QUICK_METRICS_ITERATIONS: usize = 20_000;
+
+/// What the daemon records for one envelope's round trip: the envelope counted when it is
+/// recorded, its inbound hop when it is handed over, the attempt and its outbound hop.
+fn record_round_trip_metrics(received_at: &str) {
+    metrics::envelope_recorded(EnvelopeState::Queued);
+    metrics::envelope_handed_over(EnvelopeKind::Message, received_at);
+    metrics::attempt_finished(AttemptState::Sent, Duration::from_millis(3));
+}
+
+struct MetricsCost {
+    iterations: usize,
+    /// Per round trip, with no recorder (the `metrics` facade's no-op).
+    without: Duration,
+    /// Per round trip, with the Prometheus recorder the daemon installs.
+    with: Duration,
+    /// One render of the resulting series, as `/metrics` does per scrape.
+    render: Duration,
+}
+
+fn metrics_cost(params: &Params) -> MetricsCost {
+    let iterations = if params.quick { QUICK_METRICS_ITERATIONS } else { METRICS_ITERATIONS };
+    let received_at = switchboard::ledger::now();
+    let per_round_trip = || {
+        let started = Instant::now();
+        for _ in 0..iterations {
+            record_round_trip_metrics(std::hint::black_box(&received_at));
+        }
+        started.elapsed() / u32::try_from(iterations).expect("iterations fit a u32")
+    };
+    // The global recorder cannot be taken out again: first without, then with.
+    let without = per_round_trip();
+    let handle = metrics::install();
+    let with = per_round_trip();
+    let started = Instant::now();
+    let text = std::hint::black_box(handle.render());
+    let render = started.elapsed();
+    assert!(text.contains(metrics::ATTEMPTS), "the recorder rendered what was recorded");
+    MetricsCost { iterations, without, with, render }
+}
+
+fn print_metrics_cost(cost: &MetricsCost, ledger: &RoundTrips) {
+    let reply = ledger.reply_call.p50;
+    let extra = cost.with.saturating_sub(cost.without);
+    println!();
+    println!(
+        "metrics on the hot path (per round trip: 2 counters and 2 histogram samples; {} in a row):",
+        cost.iterations
+    );
+    println!(
+        "  without a recorder {} ns, with the Prometheus recorder {} ns: {:.4}% of the p50 reply call ({})",
+        cost.without.as_nanos(),
+        cost.with.as_nanos(),
+        100.0 * extra.as_secs_f64() / reply.as_secs_f64(),
+        Millis(reply)
+    );
+    println!(
+        "  one render of those series (a /metrics scrape, state gauges aside): {} µs",
+        cost.render.as_micros()
+    );
 }
 
 // ---------------------------------------------------------------------------

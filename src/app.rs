@@ -7,15 +7,21 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use metrics_exporter_prometheus::PrometheusHandle;
 use teloxide::Bot;
 use tokio::net::TcpListener;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
+use crate::agents::api::server::Operations;
 use crate::agents::bridge::{AuditChat, Bridge, HandoffRules, ReplyLimits, RoomDriver};
 use crate::config::{DaemonSecrets, Settings};
-use crate::ledger::{Ledger, LedgerLock};
+use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
+use crate::operate::health::{Health, PollHealth};
+use crate::operate::metrics;
+use crate::operate::reload::{self, Reloader, Routing};
 use crate::rules::pacing::ChatPacer;
 use crate::rules::routes::RouteTarget;
 use crate::telegram::bot_api::BotApi;
@@ -40,6 +46,12 @@ pub struct Daemon {
     poller: Poller,
     /// Runs the group rooms' exchanges (DESIGN.md §10).
     rooms: RoomDriver,
+    /// What `/healthz`, `/readyz` and `/metrics` read.
+    operations: Operations,
+    /// Applies the configuration file again on SIGHUP.
+    reloader: Reloader,
+    /// SIGHUP, caught from before the local API listens.
+    hangups: Option<tokio::signal::unix::Signal>,
     /// The root token: cancelled by a signal, or by a failing subsystem.
     shutdown: CancellationToken,
     tasks: TaskTracker,
@@ -63,6 +75,7 @@ impl Daemon {
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
         }
+        let hangups = reload::catch_hangups();
         let listener = TcpListener::bind(settings.api.listen)
             .await
             .with_context(|| format!("binding the local API to {} (api.listen)", settings.api.listen))?;
@@ -76,6 +89,7 @@ impl Daemon {
         let send_bot = bot(token, &telegram.api_url, telegram.send_timeout)?;
         let room_api = BotApi::from_bot(&send_bot);
 
+        let metrics = metrics::install();
         let tasks = TaskTracker::new();
         let outbound = Outbound::new(
             send_bot,
@@ -86,17 +100,43 @@ impl Daemon {
         let limits = ReplyLimits { max_reply_parts: settings.outbound.max_reply_parts };
         let bridge = Bridge::new(
             ledger.clone(),
-            outbound,
+            outbound.clone(),
             secrets.agents,
             limits,
             handoff_rules(&settings),
             shutdown.child_token(),
             tasks.clone(),
         );
-        let poller = Poller::new(poll_bot, bot_id, ledger.clone(), bridge.clone(), &settings);
+        let (routing, routing_now) = watch::channel(Arc::new(Routing::of(&settings)));
+        let poll_health = PollHealth::new();
+        let poller = Poller::new(
+            poll_bot,
+            bot_id,
+            ledger.clone(),
+            bridge.clone(),
+            &settings,
+            routing_now,
+            poll_health.clone(),
+        );
+        let probe = LedgerProbe::new(settings.storage.database.clone());
+        let health = Health::new(poll_health, probe, settings.telegram.poll_timeout);
+        let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
         let rooms = bridge.room_driver(room_api);
-        Ok(Self { lock, ledger, listener, bridge, poller, rooms, shutdown, tasks })
+        let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);
+        Ok(Self {
+            lock,
+            ledger,
+            listener,
+            bridge,
+            poller,
+            rooms,
+            operations,
+            reloader,
+            hangups,
+            shutdown,
+            tasks,
+        })
     }
 
     /// Where the local API listens (useful when configured with port 0).
@@ -107,7 +147,19 @@ impl Daemon {
     /// Runs until the root token is cancelled, then waits for every task: the poller
     /// stops, in-flight replies finish and are recorded, session streams end.
     pub async fn run(self) -> anyhow::Result<()> {
-        let Self { lock, ledger, listener, bridge, poller, rooms, shutdown, tasks } = self;
+        let Self {
+            lock,
+            ledger,
+            listener,
+            bridge,
+            poller,
+            rooms,
+            operations,
+            reloader,
+            hangups,
+            shutdown,
+            tasks,
+        } = self;
         tracing::info!(api = %listener.local_addr()?, "switchboard running");
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
 
@@ -116,13 +168,16 @@ impl Daemon {
         spawn_supervised(&tasks, &shutdown, &failure, "rooms", rooms.run(shutdown.child_token()));
 
         let server_stop = shutdown.child_token();
+        let upkeep = metrics_upkeep(operations.metrics.clone(), shutdown.child_token());
         let server = async move {
-            axum::serve(listener, api::server::router(bridge))
+            axum::serve(listener, api::server::router(bridge, operations))
                 .with_graceful_shutdown(server_stop.cancelled_owned())
                 .await
                 .context("local API server")
         };
         spawn_supervised(&tasks, &shutdown, &failure, "local API", server);
+        tasks.spawn(reload::reload_on_sighup(reloader, hangups, shutdown.child_token()));
+        tasks.spawn(upkeep);
 
         shutdown.cancelled().await;
         tracing::info!("stopping: waiting for in-flight work");
@@ -183,8 +238,19 @@ fn spawn_supervised(
     });
 }
 
+/// Tidies the metrics recorder's histogram buffers until `shutdown`: without an exporter
+/// thread of its own, the recorder relies on its owner for that.
+async fn metrics_upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(metrics::UPKEEP_INTERVAL) => handle.run_upkeep(),
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
 /// The handoff settings, with the audit route resolved to its chat.
-fn handoff_rules(settings: &Settings) -> HandoffRules {
+pub fn handoff_rules(settings: &Settings) -> HandoffRules {
     let audit = settings.handoffs.audit_route.as_ref().and_then(|name| {
         let route = settings.routes.routes().iter().find(|route| &route.name == name)?;
         let chat = match route.target {

@@ -1,5 +1,6 @@
 //! The command line (DESIGN.md §7): `run`, `check`, `channel`, `ledger`.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -45,6 +46,24 @@ pub enum Command {
         agent: String,
         #[command(flatten)]
         config: ConfigArg,
+    },
+    /// Run the daemon against a fake Telegram inside this process, with scripted agents,
+    /// and narrate what happens: no token, no configuration, no network needed.
+    Demo {
+        /// Leave the ledger and a configuration in DIR (new or empty), for
+        /// `switchboard ledger --config DIR/switchboard.toml list`.
+        #[arg(long, value_name = "DIR")]
+        keep: Option<PathBuf>,
+    },
+    /// Ask a running daemon whether it is ready (`GET /readyz`); exit 0 only when it is.
+    /// For container health checks, where no curl is at hand.
+    Healthcheck {
+        /// The daemon's configuration: its `api.listen` is asked (0.0.0.0 on loopback).
+        #[arg(long, short = 'c', env = "SWITCHBOARD_CONFIG", required_unless_present = "address")]
+        config: Option<PathBuf>,
+        /// Ask this address (host:port) instead.
+        #[arg(long)]
+        address: Option<SocketAddr>,
     },
     /// Inspect envelopes and attempts; reconcile unresolved replies.
     Ledger {
@@ -144,6 +163,15 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
             channel::run(settings, agent).await
         }
         Command::Ledger { config, command } => ledger(&config.config, command).await,
+        Command::Demo { keep } => crate::demo::run(keep).await,
+        Command::Healthcheck { config, address } => {
+            let address = match (address, config) {
+                (Some(address), _) => address,
+                (None, Some(config)) => Settings::load(&config)?.api.listen,
+                (None, None) => anyhow::bail!("give --config FILE or --address HOST:PORT"),
+            };
+            crate::operate::healthcheck::check(crate::operate::healthcheck::address_to_ask(address)).await
+        }
     }
 }
 

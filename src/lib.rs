@@ -9,15 +9,17 @@
 //! - [`rules`]: the pure decisions (routes, the reply resolver): no I/O, no clock.
 //!
 //! Around them: [`config`], [`telemetry`], [`ids`], [`app`] (build and supervise the
-//! daemon) and [`cli`].
+//! daemon), [`operate`] (readiness, metrics, reload) and [`cli`].
 
 pub mod agents;
 pub mod app;
 pub mod backoff;
 pub mod cli;
 pub mod config;
+pub mod demo;
 pub mod ids;
 pub mod ledger;
+pub mod operate;
 pub mod rules;
 pub mod telegram;
 pub mod telemetry;

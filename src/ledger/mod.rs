@@ -47,6 +47,7 @@ mod handoffs;
 mod inspect;
 mod intake;
 mod lock;
+mod probe;
 mod rooms;
 mod sessions;
 mod states;
@@ -60,6 +61,7 @@ pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;
 pub use lock::{LedgerLock, LockError};
+pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,

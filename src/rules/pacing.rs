@@ -46,6 +46,12 @@ impl ChatPacer {
         Self { private, group, buckets: HashMap::new() }
     }
 
+    /// New spacings (a configuration reload); the chats' buckets carry over.
+    pub fn set_intervals(&mut self, private: Duration, group: Duration) {
+        self.private = private;
+        self.group = group;
+    }
+
     /// Private chats have positive ids (the user's id); groups and channels negative ones.
     fn interval_for(&self, chat_id: i64) -> Duration {
         if chat_id > 0 { self.private } else { self.group }

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::bot_api::{Answer, BotApi, Exchange};
 use crate::backoff::Backoff;
 use crate::ledger::{AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
+use crate::operate::metrics;
 use crate::rules::pacing::ChatPacer;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
 
@@ -135,6 +136,25 @@ pub fn classify(exchange: &Exchange) -> Observed {
     }
 }
 
+/// The kind of Bot API failure an exchange was, for `switchboard_bot_api_errors_total`;
+/// none when Telegram returned the message.
+pub fn error_kind(exchange: &Exchange, observed: &Observed) -> Option<&'static str> {
+    let status = match exchange {
+        Exchange::NotConnected(_) => return Some("connect"),
+        Exchange::NoAnswer(_) => return Some("no_answer"),
+        Exchange::Answered { status, .. } => *status,
+    };
+    Some(match observed {
+        Observed::Sent { .. } => return None,
+        Observed::Unknown { .. } if status >= 500 => "server",
+        Observed::Unknown { .. } => "malformed",
+        Observed::NotSent { retry_after: Some(_), .. } => "rate_limited",
+        Observed::NotSent { migrated_to: Some(_), .. } => "migrated",
+        Observed::NotSent { .. } if status == 401 => "unauthorized",
+        Observed::NotSent { .. } => "refused",
+    })
+}
+
 /// The thread id to send with: none outside topics, and none for the General topic,
 /// which Telegram refuses to be addressed by id.
 pub fn telegram_thread(thread_id: Option<i32>) -> Option<i32> {
@@ -231,6 +251,11 @@ impl Outbound {
         Self { api: BotApi::from_bot(&bot), ledger, pacer: Arc::new(Mutex::new(pacer)), shutdown }
     }
 
+    /// New spacings of sends to one chat (a configuration reload).
+    pub fn set_pacing(&self, private: Duration, group: Duration) {
+        self.pacer.lock().unwrap_or_else(|p| p.into_inner()).set_intervals(private, group);
+    }
+
     /// Delivers a planned reply part by part, skipping the parts already delivered. Stops
     /// at the first part that is not confirmed sent.
     pub async fn deliver(&self, plan: &ReplyPlan) -> DeliveryOutcome {
@@ -274,6 +299,7 @@ impl Outbound {
             match &observed {
                 Observed::NotSent { retry_after: Some(wait), .. } if *wait <= *budget => {
                     *budget -= *wait;
+                    metrics::rate_limit_wait("sendMessage", *wait);
                     tracing::warn!(trace_id = %target.trace_id, wait_secs = wait.as_secs(), "Telegram rate limit: waiting before sending again");
                     if self.wait(*wait).await {
                         continue;
@@ -339,7 +365,13 @@ impl Outbound {
         if let Some(thread_id) = thread_id {
             params["message_thread_id"] = json!(thread_id);
         }
-        let observed = classify(&self.api.call("sendMessage", &params).await);
+        let started = std::time::Instant::now();
+        let exchange = self.api.call("sendMessage", &params).await;
+        let elapsed = started.elapsed();
+        let observed = classify(&exchange);
+        if let Some(kind) = error_kind(&exchange, &observed) {
+            metrics::bot_api_error("sendMessage", kind);
+        }
         let outcome = match &observed {
             Observed::Sent { message_id } => AttemptOutcome::Sent { message_id: *message_id },
             Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error: error.clone() },
@@ -355,6 +387,7 @@ impl Outbound {
                 };
             }
         }
+        metrics::attempt_finished(outcome.state(), elapsed);
         tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
         observed
     }

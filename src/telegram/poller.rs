@@ -7,9 +7,11 @@
 //! stalls on it. A ledger that is busy or a disk that is full is waited out; a token that
 //! Telegram keeps refusing stops the daemon after `telegram.unauthorized_exit_secs`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use teloxide::Bot;
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -18,7 +20,9 @@ use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ledger::{EnvelopeState, LedgerCongestion};
 use crate::ledger::{Ledger, RoutedEnvelope};
-use crate::rules::routes::{Disposition, RoutesTable, dispose};
+use crate::operate::health::PollHealth;
+use crate::operate::{metrics, reload::Routing};
+use crate::rules::routes::{Disposition, dispose};
 use crate::telegram::envelope::{self, Inbound};
 use crate::telegram::updates::{FetchError, RawUpdate, UpdatesClient};
 
@@ -49,8 +53,11 @@ pub struct Poller {
     /// Telegram's numeric bot id: the key of this bot's offset in the ledger.
     bot_id: i64,
     ledger: Ledger,
-    routes: RoutesTable,
-    allowed_users: Vec<i64>,
+    /// The routes and the allowlist; a configuration reload replaces them, and each batch
+    /// is routed with one snapshot.
+    routing: watch::Receiver<Arc<Routing>>,
+    /// What `/readyz` learns from the polls: the last success, a lasting refusal.
+    health: PollHealth,
     bridge: Bridge,
     poll_timeout: Duration,
     /// Between failed calls to Telegram.
@@ -64,14 +71,23 @@ pub struct Poller {
 }
 
 impl Poller {
-    /// A poller for the bot behind `bot`, routing by `settings`' routes and allowlist.
-    pub fn new(bot: Bot, bot_id: i64, ledger: Ledger, bridge: Bridge, settings: &Settings) -> Self {
+    /// A poller for the bot behind `bot`, routing by `routing` (which a reload may replace)
+    /// and reporting to `health`.
+    pub fn new(
+        bot: Bot,
+        bot_id: i64,
+        ledger: Ledger,
+        bridge: Bridge,
+        settings: &Settings,
+        routing: watch::Receiver<Arc<Routing>>,
+        health: PollHealth,
+    ) -> Self {
         Self {
             updates: UpdatesClient::new(&bot),
             bot_id,
             ledger,
-            routes: settings.routes.clone(),
-            allowed_users: settings.telegram.allowed_users.clone(),
+            routing,
+            health,
             bridge,
             poll_timeout: settings.telegram.poll_timeout,
             backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
@@ -111,8 +127,12 @@ impl Poller {
         };
         let updates = match self.updates.get_updates(offset, self.poll_timeout, BATCH_LIMIT).await {
             Ok(updates) => updates,
-            Err(e) => return self.fetch_failed(&e).map(PollOutcome::Wait),
+            Err(e) => {
+                self.health.failed(&e);
+                return self.fetch_failed(&e).map(PollOutcome::Wait);
+            }
         };
+        self.health.succeeded();
         self.backoff.reset();
         self.refused_since = None;
         if updates.is_empty() {
@@ -130,7 +150,8 @@ impl Poller {
             return Ok(PollOutcome::Wait(delay));
         };
 
-        let batch: Vec<RoutedEnvelope> = updates.iter().filter_map(|raw| self.row(raw)).collect();
+        let routing = Arc::clone(&self.routing.borrow());
+        let batch: Vec<RoutedEnvelope> = updates.iter().filter_map(|raw| self.row(raw, &routing)).collect();
         let inserted = match self.ledger.record_batch(self.bot_id, next_offset, &batch).await {
             Ok(inserted) => inserted,
             Err(e) => return self.ledger_trouble(e, "recording a batch"),
@@ -138,6 +159,7 @@ impl Poller {
         self.ledger_backoff.reset();
         for routed in &inserted {
             log_recorded(routed);
+            metrics::envelope_recorded(routed.state);
             match (routed.state, &routed.agent) {
                 (EnvelopeState::Queued, Some(agent)) => self.bridge.wake(agent),
                 (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
@@ -148,15 +170,15 @@ impl Poller {
     }
 
     /// What one update becomes in the ledger, if anything.
-    fn row(&self, raw: &RawUpdate) -> Option<RoutedEnvelope> {
+    fn row(&self, raw: &RawUpdate, routing: &Routing) -> Option<RoutedEnvelope> {
         let digest = raw.digest();
         match envelope::read(raw) {
-            Inbound::Envelope(envelope) => Some(self.route(*envelope, digest)),
+            Inbound::Envelope(envelope) => Some(self.route(*envelope, digest, routing)),
             Inbound::Ignored { envelope, reason } => {
                 Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
             }
             Inbound::Migrated { envelope, reason, to_chat_id } => {
-                self.report_migration(envelope.update_id, envelope.channel.chat_id, to_chat_id);
+                self.report_migration(routing, envelope.update_id, envelope.channel.chat_id, to_chat_id);
                 Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
             }
             Inbound::NotAMessage { update_id, kind } => {
@@ -170,9 +192,14 @@ impl Poller {
         }
     }
 
-    fn route(&self, envelope: envelope::Envelope, update_digest: String) -> RoutedEnvelope {
+    fn route(
+        &self,
+        envelope: envelope::Envelope,
+        update_digest: String,
+        routing: &Routing,
+    ) -> RoutedEnvelope {
         let (state, route) =
-            match dispose(&self.routes, &self.allowed_users, envelope.channel, envelope.sender.id) {
+            match dispose(&routing.routes, &routing.allowed_users, envelope.channel, envelope.sender.id) {
                 Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
                 Disposition::Unrouted => (EnvelopeState::Unrouted, None),
                 Disposition::Rejected(route) => (EnvelopeState::Rejected, Some(route)),
@@ -189,8 +216,9 @@ impl Poller {
         }
     }
 
-    fn report_migration(&self, update_id: i64, from_chat_id: i64, to_chat_id: i64) {
-        let routes: Vec<&str> = self.routes.routes_for_chat(from_chat_id).map(|r| r.name.as_str()).collect();
+    fn report_migration(&self, routing: &Routing, update_id: i64, from_chat_id: i64, to_chat_id: i64) {
+        let routes: Vec<&str> =
+            routing.routes.routes_for_chat(from_chat_id).map(|r| r.name.as_str()).collect();
         if routes.is_empty() {
             tracing::warn!(
                 update_id,

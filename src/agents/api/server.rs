@@ -1,6 +1,10 @@
 //! The local API server (axum over loopback HTTP). Thin: it authenticates, parses, and maps
 //! the bridge's domain answers and errors to HTTP; every decision lives in the bridge and
 //! below.
+//!
+//! Beside the agents' routes it serves the operator's, without credentials and without any
+//! message content: `GET /healthz` (alive), `GET /readyz` (ready, or 503 with the reasons)
+//! and `GET /metrics` (Prometheus text).
 
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, State};
@@ -10,6 +14,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::stream;
+use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::wire::{
     AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, ReplyRequest, SESSION_HEADER, SessionEvent,
@@ -17,11 +22,27 @@ use super::wire::{
 };
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
 use crate::ids::AgentName;
-use crate::ledger::StoredEnvelope;
+use crate::ledger::{Ledger, StoredEnvelope};
+use crate::operate::health::Health;
+use crate::operate::metrics::{self, StateGauges};
 use crate::rules::guard;
 use crate::rules::resolver::ResolveError;
 
-pub fn router(bridge: Bridge) -> Router {
+/// What the operator's routes read.
+#[derive(Clone)]
+pub struct Operations {
+    pub bridge: Bridge,
+    pub ledger: Ledger,
+    pub health: Health,
+    pub metrics: PrometheusHandle,
+}
+
+pub fn router(bridge: Bridge, operations: Operations) -> Router {
+    let operator = Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics_text))
+        .with_state(operations);
     Router::new()
         .route("/v1/agents/{agent}/session", get(session))
         .route("/v1/agents/{agent}/shown", post(shown))
@@ -31,6 +52,83 @@ pub fn router(bridge: Bridge) -> Router {
         .route("/v1/agents/{agent}/ack", post(ack))
         .route("/v1/agents/{agent}/handoffs", post(handoff))
         .with_state(bridge)
+        .merge(operator)
+}
+
+/// Alive: the process answers HTTP.
+async fn healthz() -> Response {
+    Json(serde_json::json!({"alive": true})).into_response()
+}
+
+/// Ready: 200, or 503 with the reasons (`operate::health`).
+async fn readyz(State(operations): State<Operations>) -> Response {
+    let readiness = operations.health.readiness().await;
+    let status = if readiness.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    (status, Json(readiness)).into_response()
+}
+
+/// Prometheus text; the state gauges are read from the ledger and the bridge now.
+async fn metrics_text(State(operations): State<Operations>) -> Response {
+    let Operations { bridge, ledger, health, metrics: handle } = operations;
+    let ready = health.readiness().await.ready;
+    let read = async {
+        Ok::<_, sqlx::Error>(StateGauges {
+            envelopes: ledger.count_by_state().await?,
+            handoffs: ledger.count_handoffs_by_state().await?,
+            unreconciled_attempts: ledger.unreconciled_attempts().await?,
+            sessions_connected: bridge.connected_sessions(),
+            ready,
+        })
+    };
+    match read.await {
+        Ok(gauges) => {
+            let text = metrics::render(&handle, &gauges);
+            ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response()
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "/metrics could not read the ledger");
+            let message = format!("the ledger could not be read: {e}");
+            Failure(ApiError::new(ErrorCode::Internal, message)).into_response()
+        }
+    }
+}
+
+/// A tool's failure as HTTP, counted in `switchboard_refusals_total` when it is a refusal.
+fn tool_failure(tool: &'static str) -> impl Fn(ToolError) -> Failure {
+    move |error| {
+        let failure = Failure::from(error);
+        if let Some(reason) = refusal_reason(failure.0.code) {
+            metrics::refusal(tool, reason);
+        }
+        failure
+    }
+}
+
+/// The codes that mean "refused, nothing done" (the resolver's, the guard's and the reply
+/// limit's), by their wire names; `None` for failures of another kind.
+fn refusal_reason(code: ErrorCode) -> Option<&'static str> {
+    Some(match code {
+        ErrorCode::Ambiguous => "ambiguous",
+        ErrorCode::NothingPending => "nothing_pending",
+        ErrorCode::UnknownTraceId => "unknown_trace_id",
+        ErrorCode::NotAnswerable => "not_answerable",
+        ErrorCode::ReplyInProgress => "reply_in_progress",
+        ErrorCode::ReplyTooLong => "reply_too_long",
+        ErrorCode::NoConversation => "no_conversation",
+        ErrorCode::AlreadyDelegated => "already_delegated",
+        ErrorCode::AlreadyRunning => "already_running",
+        ErrorCode::DepthLimit => "depth_limit",
+        ErrorCode::UnknownAgent => "unknown_agent",
+        ErrorCode::SelfHandoff => "self_handoff",
+        ErrorCode::TurnOver => "turn_over",
+        ErrorCode::Unauthorized
+        | ErrorCode::SessionConflict
+        | ErrorCode::BadRequest
+        | ErrorCode::UnknownRequest
+        | ErrorCode::NotSent
+        | ErrorCode::Unresolved
+        | ErrorCode::Internal => return None,
+    })
 }
 
 /// An [`ApiError`] with the HTTP status that matches its code.
@@ -178,7 +276,9 @@ async fn pending(State(bridge): State<Bridge>, caller: Caller) -> Result<Respons
 
 async fn reply(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
     let request: ReplyRequest = parse_body(&body)?;
-    Ok(Json(bridge.reply(&caller.agent, caller.token(), request).await?).into_response())
+    let receipt =
+        bridge.reply(&caller.agent, caller.token(), request).await.map_err(tool_failure("reply"))?;
+    Ok(Json(receipt).into_response())
 }
 
 async fn reply_outcome(
@@ -191,10 +291,27 @@ async fn reply_outcome(
 
 async fn ack(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
     let request: AckRequest = parse_body(&body)?;
-    Ok(Json(bridge.ack(&caller.agent, caller.token(), request).await?).into_response())
+    let receipt = bridge.ack(&caller.agent, caller.token(), request).await.map_err(tool_failure("ack"))?;
+    Ok(Json(receipt).into_response())
 }
 
 async fn handoff(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
     let request: HandoffRequest = parse_body(&body)?;
-    Ok(Json(bridge.handoff(&caller.agent, caller.token(), request).await?).into_response())
+    let receipt =
+        bridge.handoff(&caller.agent, caller.token(), request).await.map_err(tool_failure("handoff"))?;
+    Ok(Json(receipt).into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusal_reasons_are_the_wire_codes() {
+        for code in [ErrorCode::Ambiguous, ErrorCode::AlreadyDelegated, ErrorCode::ReplyTooLong] {
+            let wire = serde_json::to_value(code).unwrap();
+            assert_eq!(refusal_reason(code), wire.as_str());
+        }
+        assert_eq!(refusal_reason(ErrorCode::Internal), None);
+    }
 }

@@ -69,7 +69,7 @@ impl Bridge {
         let ask = HandoffAsk { from: agent, to: &request.to, text: &request.text, followup };
         let situation = Situation {
             agents: &agents,
-            max_depth: self.inner.handoff_rules.max_depth,
+            max_depth: self.handoff_rules().max_depth,
             cause_depth,
             this_turn: &this_turn,
             open: &open,
@@ -275,10 +275,10 @@ impl Bridge {
     /// Posts `from → to: text` to the audit route's chat, best-effort: an ordinary outbound
     /// attempt that settles nothing.
     fn copy_to_audit(&self, handoff: &StoredHandoff, from: &str, to: &str, text: &str) {
-        let Some((route, chat)) = self.inner.handoff_rules.audit.clone() else { return };
+        let Some((route, chat)) = self.handoff_rules().audit else { return };
         let copy = format!("{from} → {to}: {text}");
         let mut parts = split_text(&copy, TELEGRAM_TEXT_LIMIT);
-        parts.truncate(self.inner.limits.max_reply_parts);
+        parts.truncate(self.limits().max_reply_parts);
         let plan = ReplyPlan {
             target: ReplyTarget {
                 envelope_id: handoff.envelope_id,

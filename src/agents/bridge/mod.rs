@@ -19,7 +19,7 @@ mod room;
 mod session;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use futures::future::{BoxFuture, Shared};
 use tokio::sync::Notify;
@@ -52,8 +52,10 @@ struct Inner {
     ledger: Ledger,
     outbound: Outbound,
     agents: HashMap<AgentName, AgentSlot>,
-    limits: ReplyLimits,
-    handoff_rules: HandoffRules,
+    /// Replaced by a configuration reload (SIGHUP); read through `limits()`.
+    limits: RwLock<ReplyLimits>,
+    /// Replaced by a configuration reload; read through `handoff_rules()`.
+    handoff_rules: RwLock<HandoffRules>,
     /// Group rooms: their configuration and the bell of the room driver.
     rooms: room::RoomHub,
     /// Stops session streams when the daemon stops.
@@ -118,6 +120,7 @@ impl Bridge {
                 (name, slot)
             })
             .collect();
+        let (limits, handoff_rules) = (RwLock::new(limits), RwLock::new(handoff_rules));
         // No rooms until `set_rooms`: a bridge without them is a bridge of single-agent routes.
         let rooms = room::RoomHub::new(Rooms::new());
         Self {
@@ -132,6 +135,22 @@ impl Bridge {
                 tasks,
             }),
         }
+    }
+
+    /// The reply limits in effect.
+    fn limits(&self) -> ReplyLimits {
+        *self.inner.limits.read().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The handoff rules in effect.
+    fn handoff_rules(&self) -> HandoffRules {
+        self.inner.handoff_rules.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// A configuration reload: later decisions use these limits and rules.
+    pub fn reload_rules(&self, limits: ReplyLimits, handoff_rules: HandoffRules) {
+        *self.inner.limits.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = limits;
+        *self.inner.handoff_rules.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = handoff_rules;
     }
 
     /// Tells an agent's session that something was queued for it.

@@ -48,7 +48,7 @@ impl Bridge {
         }
         let trace_id = parse_optional_trace_id(request.trace_id.as_deref())?;
         let parts = split_text(&request.text, TELEGRAM_TEXT_LIMIT);
-        let max = self.inner.limits.max_reply_parts;
+        let max = self.limits().max_reply_parts;
         if parts.len() > max {
             tracing::warn!(%agent, parts = parts.len(), max, "reply refused: too long");
             return Err(ToolError::TooLong { parts: parts.len(), max });

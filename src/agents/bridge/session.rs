@@ -85,6 +85,13 @@ impl Bridge {
         Ok(OpenedSession { events: rx })
     }
 
+    /// How many agents have a connected session now (for `/metrics`).
+    pub fn connected_sessions(&self) -> usize {
+        let connected =
+            |slot: &super::AgentSlot| slot.session.lock().unwrap_or_else(|p| p.into_inner()).is_some();
+        self.inner.agents.values().filter(|slot| connected(slot)).count()
+    }
+
     /// The live session's id when `token` is its token; every tool call goes through here.
     pub(super) fn live_session(&self, agent: &AgentName, token: Option<&str>) -> Result<String, ToolError> {
         let session = self.slot(agent).session.lock().unwrap_or_else(|p| p.into_inner());
@@ -182,6 +189,9 @@ impl Bridge {
                 "handed to agent session"
             )
         });
+        if !redelivered {
+            crate::operate::metrics::envelope_handed_over(envelope.kind, &envelope.received_at);
+        }
         let mut delivered = envelope.delivered(redelivered);
         let extra = match envelope.kind {
             EnvelopeKind::Handoff | EnvelopeKind::HandoffAnswer => self.handoff_meta(envelope).await,

@@ -702,7 +702,7 @@ impl RoomDriver {
 
     fn spawn_post(&self, post: StoredPost) {
         let mut parts = split_text(&post.text, TELEGRAM_TEXT_LIMIT);
-        parts.truncate(self.bridge.inner.limits.max_reply_parts);
+        parts.truncate(self.bridge.limits().max_reply_parts);
         let plan = ReplyPlan {
             target: ReplyTarget {
                 envelope_id: post.envelope_id,

@@ -42,7 +42,7 @@ impl Bridge {
             .and_then(|route| self.rooms().get(&route).map(|room| room.roster.label(agent).to_owned()))
             .unwrap_or_else(|| agent.to_string());
         let parts = split_text(&format!("{posted_as}: {text}"), TELEGRAM_TEXT_LIMIT);
-        let max = self.inner.limits.max_reply_parts;
+        let max = self.limits().max_reply_parts;
         if parts.len() > max {
             tracing::warn!(%agent, parts = parts.len(), max, "room reply refused: too long");
             return Err(ToolError::TooLong { parts: parts.len(), max });

@@ -1,0 +1,302 @@
+//! Readiness (DESIGN.md §12): is this daemon doing its job right now? Three facts decide
+//! it, each from where it is known:
+//!
+//! - the ledger takes a write (probed when asked, see [`LedgerProbe`]);
+//! - the last successful `getUpdates` is recent: no older than twice the poll timeout plus
+//!   a margin, since a healthy long poll answers at least once per poll timeout;
+//! - Telegram is not refusing the poller: a 401 (token revoked or wrong) or a 409 (another
+//!   poller on the token, or a webhook) lasts until a `getUpdates` succeeds again.
+//!
+//! The poller publishes its side through [`PollHealth`]; [`assess`] is the pure decision.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::ledger::LedgerProbe;
+use crate::operate::metrics;
+use crate::telegram::updates::FetchError;
+
+/// Beyond two poll timeouts, a poll may take this much longer before it counts as stale:
+/// the HTTP client's own allowance over the long poll (see `app`), so one slow answer is
+/// not an outage.
+pub const STALE_MARGIN: Duration = Duration::from_secs(10);
+
+/// Why Telegram will not serve this poller, until a `getUpdates` succeeds again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TelegramRefusal {
+    /// 401: the token was revoked or is wrong.
+    Unauthorized,
+    /// 409: another process polls this token.
+    Conflict,
+    /// 409: a webhook is set.
+    WebhookActive,
+}
+
+/// What the poller has seen, shared with the health routes.
+#[derive(Debug, Clone)]
+pub struct PollHealth {
+    inner: Arc<Mutex<PollState>>,
+}
+
+#[derive(Debug)]
+struct PollState {
+    /// When the poller was made: before its first success, staleness counts from here.
+    started: Instant,
+    last_success: Option<Instant>,
+    refusal: Option<(TelegramRefusal, Instant)>,
+}
+
+impl Default for PollHealth {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PollHealth {
+    pub fn new() -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(PollState {
+                started: Instant::now(),
+                last_success: None,
+                refusal: None,
+            })),
+        }
+    }
+
+    fn state(&self) -> MutexGuard<'_, PollState> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// A `getUpdates` call succeeded: Telegram serves this poller.
+    pub fn succeeded(&self) {
+        let mut state = self.state();
+        state.last_success = Some(Instant::now());
+        state.refusal = None;
+    }
+
+    /// A `getUpdates` call failed; counted by kind, and remembered when it is a refusal.
+    pub fn failed(&self, error: &FetchError) {
+        metrics::bot_api_error("getUpdates", fetch_error_kind(error));
+        if let FetchError::RetryAfter(wait) = error {
+            metrics::rate_limit_wait("getUpdates", *wait);
+        }
+        let refusal = match error {
+            FetchError::Unauthorized { .. } => TelegramRefusal::Unauthorized,
+            FetchError::Conflict => TelegramRefusal::Conflict,
+            FetchError::WebhookActive => TelegramRefusal::WebhookActive,
+            _ => return,
+        };
+        let mut state = self.state();
+        let since = match state.refusal {
+            Some((same, since)) if same == refusal => since,
+            _ => Instant::now(),
+        };
+        state.refusal = Some((refusal, since));
+    }
+
+    /// The poller's side of readiness, as of `now`.
+    pub fn facts(&self, now: Instant) -> PollFacts {
+        let state = self.state();
+        PollFacts {
+            since_success: now.saturating_duration_since(state.last_success.unwrap_or(state.started)),
+            ever_succeeded: state.last_success.is_some(),
+            refusal: state.refusal.map(|(refusal, since)| (refusal, now.saturating_duration_since(since))),
+        }
+    }
+}
+
+/// The metric label of a `getUpdates` failure.
+pub fn fetch_error_kind(error: &FetchError) -> &'static str {
+    match error {
+        FetchError::Unauthorized { .. } => "unauthorized",
+        FetchError::Conflict => "conflict",
+        FetchError::WebhookActive => "webhook_active",
+        FetchError::RetryAfter(_) => "rate_limited",
+        FetchError::MigrateToChatId(_) => "migrated",
+        FetchError::Server { .. } => "server",
+        FetchError::Api { .. } => "refused",
+        FetchError::Network(_) => "network",
+        FetchError::Malformed { .. } => "malformed",
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PollFacts {
+    /// Since the last successful `getUpdates` (or since start, before the first).
+    pub since_success: Duration,
+    pub ever_succeeded: bool,
+    /// A refusal that lasts, and for how long.
+    pub refusal: Option<(TelegramRefusal, Duration)>,
+}
+
+/// One reason not to be ready. `code` is stable, for machines; `detail` is for people and
+/// never holds message content or secrets.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NotReady {
+    pub code: String,
+    pub detail: String,
+}
+
+/// The body of `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Readiness {
+    pub ready: bool,
+    pub reasons: Vec<NotReady>,
+    /// Seconds since the last successful `getUpdates`; none before the first.
+    pub last_poll_success_secs: Option<u64>,
+}
+
+/// The decision, from the facts.
+pub fn assess(ledger: Result<(), String>, poll: PollFacts, poll_timeout: Duration) -> Readiness {
+    let mut reasons = Vec::new();
+    if let Err(problem) = ledger {
+        reasons.push(NotReady { code: "ledger_not_writable".into(), detail: problem });
+    }
+    if let Some((refusal, lasting)) = poll.refusal {
+        let secs = lasting.as_secs();
+        let (code, detail) = match refusal {
+            TelegramRefusal::Unauthorized => (
+                "telegram_unauthorized",
+                format!(
+                    "Telegram has refused the bot token (401) for {secs}s: it was revoked or is wrong; check the \
+                     variable telegram.token_env names"
+                ),
+            ),
+            TelegramRefusal::Conflict => (
+                "telegram_conflict",
+                format!(
+                    "Telegram answers 409 Conflict for {secs}s: another process polls this bot token; stop it"
+                ),
+            ),
+            TelegramRefusal::WebhookActive => (
+                "telegram_webhook_active",
+                format!(
+                    "Telegram answers 409 for {secs}s because a webhook is set for this bot; remove it \
+                     (deleteWebhook) so switchboard can poll"
+                ),
+            ),
+        };
+        reasons.push(NotReady { code: code.into(), detail });
+    }
+    let stale_after = poll_timeout * 2 + STALE_MARGIN;
+    if poll.since_success > stale_after {
+        let since = poll.since_success.as_secs();
+        let detail = if poll.ever_succeeded {
+            format!("the last successful getUpdates was {since}s ago (more than {}s)", stale_after.as_secs())
+        } else {
+            format!(
+                "no getUpdates has succeeded in the {since}s since start (allowed: {}s)",
+                stale_after.as_secs()
+            )
+        };
+        reasons.push(NotReady { code: "polling_stale".into(), detail });
+    }
+    Readiness {
+        ready: reasons.is_empty(),
+        reasons,
+        last_poll_success_secs: poll.ever_succeeded.then_some(poll.since_success.as_secs()),
+    }
+}
+
+/// Everything the health routes need: the poller's facts, the ledger probe and the poll
+/// timeout the staleness limit derives from.
+#[derive(Debug, Clone)]
+pub struct Health {
+    pub poll: PollHealth,
+    probe: Arc<LedgerProbe>,
+    poll_timeout: Duration,
+}
+
+impl Health {
+    pub fn new(poll: PollHealth, probe: LedgerProbe, poll_timeout: Duration) -> Self {
+        Self { poll, probe: Arc::new(probe), poll_timeout }
+    }
+
+    /// Probes the ledger and assesses readiness now.
+    pub async fn readiness(&self) -> Readiness {
+        let ledger = self.probe.check().await;
+        assess(ledger, self.poll.facts(Instant::now()), self.poll_timeout)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const POLL_TIMEOUT: Duration = Duration::from_secs(10);
+
+    fn facts(since_success: u64, refusal: Option<TelegramRefusal>) -> PollFacts {
+        PollFacts {
+            since_success: Duration::from_secs(since_success),
+            ever_succeeded: true,
+            refusal: refusal.map(|r| (r, Duration::from_secs(3))),
+        }
+    }
+
+    fn codes(readiness: &Readiness) -> Vec<&str> {
+        readiness.reasons.iter().map(|r| r.code.as_str()).collect()
+    }
+
+    #[test]
+    fn a_writable_ledger_and_a_recent_poll_are_ready() {
+        let readiness = assess(Ok(()), facts(5, None), POLL_TIMEOUT);
+        assert!(readiness.ready);
+        assert_eq!(readiness.last_poll_success_secs, Some(5));
+    }
+
+    #[test]
+    fn each_cause_is_named_and_they_add_up() {
+        assert_eq!(
+            codes(&assess(Err("read-only".into()), facts(1, None), POLL_TIMEOUT)),
+            ["ledger_not_writable"]
+        );
+        assert_eq!(
+            codes(&assess(Ok(()), facts(1, Some(TelegramRefusal::Unauthorized)), POLL_TIMEOUT)),
+            ["telegram_unauthorized"]
+        );
+        assert_eq!(
+            codes(&assess(Ok(()), facts(1, Some(TelegramRefusal::Conflict)), POLL_TIMEOUT)),
+            ["telegram_conflict"]
+        );
+        assert_eq!(
+            codes(&assess(Ok(()), facts(1, Some(TelegramRefusal::WebhookActive)), POLL_TIMEOUT)),
+            ["telegram_webhook_active"]
+        );
+        let all = assess(Err("full".into()), facts(60, Some(TelegramRefusal::Unauthorized)), POLL_TIMEOUT);
+        assert!(!all.ready);
+        assert_eq!(codes(&all), ["ledger_not_writable", "telegram_unauthorized", "polling_stale"]);
+    }
+
+    #[test]
+    fn a_poll_is_stale_past_two_timeouts_and_the_margin() {
+        // 2 × 10 s + 10 s.
+        assert!(assess(Ok(()), facts(30, None), POLL_TIMEOUT).ready);
+        let stale = assess(Ok(()), facts(31, None), POLL_TIMEOUT);
+        assert_eq!(codes(&stale), ["polling_stale"]);
+        assert!(stale.reasons[0].detail.contains("31s ago"), "{:?}", stale.reasons);
+        let never = PollFacts { ever_succeeded: false, ..facts(31, None) };
+        let stale = assess(Ok(()), never, POLL_TIMEOUT);
+        assert!(stale.reasons[0].detail.contains("since start"), "{:?}", stale.reasons);
+        assert_eq!(stale.last_poll_success_secs, None);
+    }
+
+    #[test]
+    fn a_refusal_lasts_until_a_poll_succeeds_and_keeps_its_start() {
+        let health = PollHealth::new();
+        health.failed(&FetchError::Unauthorized { status: 401 });
+        let first = health.facts(Instant::now()).refusal.unwrap();
+        assert_eq!(first.0, TelegramRefusal::Unauthorized);
+        // A network error in between is no news about the token.
+        health.failed(&FetchError::Malformed { status: 502, detail: String::new() });
+        assert_eq!(health.facts(Instant::now()).refusal.map(|r| r.0), Some(TelegramRefusal::Unauthorized));
+        health.failed(&FetchError::Conflict);
+        assert_eq!(health.facts(Instant::now()).refusal.map(|r| r.0), Some(TelegramRefusal::Conflict));
+        health.succeeded();
+        let facts = health.facts(Instant::now());
+        assert_eq!(facts.refusal, None);
+        assert!(facts.ever_succeeded);
+    }
+}

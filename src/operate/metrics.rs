@@ -1,0 +1,199 @@
+//! Prometheus metrics (DESIGN.md §12) through the `metrics` facade and its Prometheus
+//! recorder. The recorder has no listener of its own: `GET /metrics` on the local API
+//! renders it ([`render`]).
+//!
+//! Two kinds of figures:
+//! - **events**, counted where they happen (envelopes recorded, send attempts, Bot API
+//!   errors, rate-limit waits, refusals) and the two hop latencies. Counters start at zero
+//!   with the process, as Prometheus expects; `rate()` and `increase()` handle restarts.
+//! - **states**, read at scrape time from their source of truth (envelopes and handoffs by
+//!   state from the ledger, connected sessions from the bridge, readiness), so they can
+//!   never drift from what `switchboard ledger stats` says.
+//!
+//! Nothing here carries message content: labels are closed sets (states, outcomes, error
+//! kinds, refusal codes, tool names).
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+
+use crate::ledger::{AttemptState, EnvelopeKind, EnvelopeState, HandoffState};
+
+pub const ENVELOPES: &str = "switchboard_envelopes";
+pub const ENVELOPES_RECORDED: &str = "switchboard_envelopes_recorded_total";
+pub const ATTEMPTS: &str = "switchboard_attempts_total";
+pub const UNRECONCILED_ATTEMPTS: &str = "switchboard_unreconciled_attempts";
+pub const INBOUND_HOP: &str = "switchboard_inbound_hop_seconds";
+pub const OUTBOUND_HOP: &str = "switchboard_outbound_hop_seconds";
+pub const BOT_API_ERRORS: &str = "switchboard_bot_api_errors_total";
+pub const RATE_LIMIT_WAITS: &str = "switchboard_rate_limit_waits_total";
+pub const RATE_LIMIT_WAIT_SECONDS: &str = "switchboard_rate_limit_wait_seconds_total";
+pub const SESSIONS_CONNECTED: &str = "switchboard_sessions_connected";
+pub const REFUSALS: &str = "switchboard_refusals_total";
+pub const HANDOFFS: &str = "switchboard_handoffs";
+pub const READY: &str = "switchboard_ready";
+pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
+
+/// Bucket bounds of both hop histograms, in seconds: a local hop takes milliseconds, a
+/// send to Telegram tens to hundreds of them, and an envelope that waited for its agent's
+/// session to connect minutes. Beyond five minutes only the count matters.
+const HOP_BUCKETS: &[f64] =
+    &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
+
+/// How often the recorder must be tidied when nobody scrapes: its histograms buffer
+/// samples until then. The exporter's own default.
+pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The tools whose refusals are counted, and the reasons they can give (the wire codes).
+pub const REFUSAL_TOOLS: &[&str] = &["reply", "ack", "handoff"];
+
+/// Installs the Prometheus recorder as the process's global recorder, once; later calls
+/// return the same handle. A process that already has another recorder (a test harness,
+/// say) still gets a handle, which then renders only what was described here.
+pub fn install() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_hop_seconds".into()), HOP_BUCKETS)
+                .expect("the hop buckets are not empty")
+                .build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!(
+                    "a metrics recorder was already installed: /metrics will miss switchboard's events"
+                );
+            }
+            describe();
+            handle
+        })
+        .clone()
+}
+
+fn describe() {
+    describe_gauge!(ENVELOPES, "Envelopes in the ledger, by state (read from the ledger at scrape time).");
+    describe_counter!(ENVELOPES_RECORDED, "Envelopes recorded by the poller since start, by initial state.");
+    describe_counter!(
+        ATTEMPTS,
+        "Send attempts to Telegram since start, by outcome (sent, not_sent, unknown)."
+    );
+    describe_gauge!(
+        UNRECONCILED_ATTEMPTS,
+        "Attempts whose outcome is unknown and that no operator has reconciled (from the ledger)."
+    );
+    describe_histogram!(
+        INBOUND_HOP,
+        Unit::Seconds,
+        "From an envelope's recording in the ledger to its hand-over to the agent's session (includes time queued \
+         while the agent had no session)."
+    );
+    describe_histogram!(
+        OUTBOUND_HOP,
+        Unit::Seconds,
+        "One sendMessage exchange with Telegram: from the request to its answer (or failure)."
+    );
+    describe_counter!(BOT_API_ERRORS, "Bot API calls that failed, by method and kind.");
+    describe_counter!(RATE_LIMIT_WAITS, "429 retry_after waits, by method.");
+    describe_counter!(
+        RATE_LIMIT_WAIT_SECONDS,
+        Unit::Seconds,
+        "Seconds spent in 429 retry_after waits, by method."
+    );
+    describe_gauge!(SESSIONS_CONNECTED, "Agent sessions connected now.");
+    describe_counter!(
+        REFUSALS,
+        "Tool calls refused by the reply resolver or the delegation guard, by tool and reason (the error code)."
+    );
+    describe_gauge!(HANDOFFS, "Handoffs in the ledger, by state (read from the ledger at scrape time).");
+    describe_gauge!(READY, "1 when /readyz answers 200, else 0.");
+    describe_counter!(CONFIG_RELOADS, "SIGHUP reloads, by result (applied, refused).");
+
+    // The series alerts look at exist from the start, at zero, so `rate()` and `> 0`
+    // rules see them before the first event.
+    for outcome in [AttemptState::Sent, AttemptState::NotSent, AttemptState::Unknown] {
+        counter!(ATTEMPTS, "outcome" => outcome.as_str()).increment(0);
+    }
+    for tool in REFUSAL_TOOLS {
+        counter!(REFUSALS, "tool" => *tool, "reason" => "ambiguous").increment(0);
+    }
+}
+
+/// The poller recorded a new envelope in `state`.
+pub fn envelope_recorded(state: EnvelopeState) {
+    counter!(ENVELOPES_RECORDED, "state" => state.as_str()).increment(1);
+}
+
+/// A send attempt ended with `outcome` after `elapsed` on the wire.
+pub fn attempt_finished(outcome: AttemptState, elapsed: Duration) {
+    counter!(ATTEMPTS, "outcome" => outcome.as_str()).increment(1);
+    histogram!(OUTBOUND_HOP).record(elapsed.as_secs_f64());
+}
+
+/// An envelope of `kind`, recorded at `received_at` (the ledger's RFC 3339 time), was
+/// handed to its agent's session for the first time.
+pub fn envelope_handed_over(kind: EnvelopeKind, received_at: &str) {
+    let Ok(recorded) = DateTime::parse_from_rfc3339(received_at) else { return };
+    let waited = (Utc::now() - recorded.with_timezone(&Utc)).to_std().unwrap_or(Duration::ZERO);
+    histogram!(INBOUND_HOP, "kind" => kind.as_str()).record(waited.as_secs_f64());
+}
+
+/// A Bot API call failed; `kind` is a closed set per method (see the callers).
+pub fn bot_api_error(method: &'static str, kind: &'static str) {
+    counter!(BOT_API_ERRORS, "method" => method, "kind" => kind).increment(1);
+}
+
+/// Telegram asked to wait (429 `retry_after`), and the daemon does.
+pub fn rate_limit_wait(method: &'static str, wait: Duration) {
+    counter!(RATE_LIMIT_WAITS, "method" => method).increment(1);
+    counter!(RATE_LIMIT_WAIT_SECONDS, "method" => method).increment(wait.as_secs());
+}
+
+/// A tool call was refused with `reason` (its wire code).
+pub fn refusal(tool: &'static str, reason: &'static str) {
+    counter!(REFUSALS, "tool" => tool, "reason" => reason).increment(1);
+}
+
+/// A SIGHUP reload was applied or refused.
+pub fn config_reload(applied: bool) {
+    counter!(CONFIG_RELOADS, "result" => if applied { "applied" } else { "refused" }).increment(1);
+}
+
+/// What the scrape reads from its sources of truth.
+#[derive(Debug, Clone, Default)]
+pub struct StateGauges {
+    pub envelopes: Vec<(String, i64)>,
+    pub handoffs: Vec<(String, i64)>,
+    pub unreconciled_attempts: i64,
+    pub sessions_connected: usize,
+    pub ready: bool,
+}
+
+/// Sets the state gauges (every known state, zero when absent, so an alert on
+/// `switchboard_envelopes{state="unresolved"} > 0` always has a series) and renders.
+pub fn render(handle: &PrometheusHandle, gauges: &StateGauges) -> String {
+    let envelope_states = EnvelopeState::ALL.map(EnvelopeState::as_str);
+    set_by_state(ENVELOPES, &envelope_states, &gauges.envelopes);
+    let handoff_states =
+        [HandoffState::Open, HandoffState::Answered, HandoffState::Closed, HandoffState::Superseded]
+            .map(HandoffState::as_str);
+    set_by_state(HANDOFFS, &handoff_states, &gauges.handoffs);
+    gauge!(UNRECONCILED_ATTEMPTS).set(gauges.unreconciled_attempts as f64);
+    gauge!(SESSIONS_CONNECTED).set(gauges.sessions_connected as f64);
+    gauge!(READY).set(if gauges.ready { 1.0 } else { 0.0 });
+    handle.render()
+}
+
+/// Every known state at its count (zero when the ledger has none), and any state the
+/// ledger knows that this list does not.
+fn set_by_state(name: &'static str, known: &[&'static str], counts: &[(String, i64)]) {
+    for state in known {
+        let count = counts.iter().find(|(s, _)| s == state).map_or(0, |(_, n)| *n);
+        gauge!(name, "state" => *state).set(count as f64);
+    }
+    for (state, count) in counts.iter().filter(|(s, _)| !known.contains(&s.as_str())) {
+        gauge!(name, "state" => state.clone()).set(*count as f64);
+    }
+}

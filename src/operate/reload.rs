@@ -1,0 +1,381 @@
+//! SIGHUP re-reads the configuration file (DESIGN.md §12).
+//!
+//! A file that loads and validates replaces, in one step under the reload lock, what the
+//! running daemon can change in place: the routes and the allowlist (the poller routes each
+//! batch with one snapshot of both), the reply and handoff limits, and the pacing of sends.
+//! Everything is logged with what changed. A file that does not load is logged with the
+//! usual one-line error and changes nothing.
+//!
+//! Some settings are fixed for the life of the process: the bot token, Telegram's URL and
+//! timeouts, the ledger, the local API's address, the log setup, and the agents (each has a
+//! session slot and a secret read from the environment at start). A change to any of them
+//! is logged as needing a restart and the running value stays. A route that names an agent
+//! the daemon was not started with refuses the whole reload: its messages would queue for
+//! an agent that cannot connect.
+
+use std::collections::BTreeMap;
+use std::fmt::Display;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::signal::unix::{Signal, SignalKind, signal};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use crate::agents::bridge::{Bridge, ReplyLimits};
+use crate::config::Settings;
+use crate::ids::AgentName;
+use crate::operate::metrics;
+use crate::rules::routes::{Route, RouteTarget, RoutesTable};
+use crate::telegram::outbound::Outbound;
+
+/// What the poller routes with: one snapshot per batch.
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    pub routes: RoutesTable,
+    /// Sender ids allowed to reach an agent; empty means everyone in a routed chat.
+    pub allowed_users: Vec<i64>,
+}
+
+impl Routing {
+    pub fn of(settings: &Settings) -> Self {
+        Self { routes: settings.routes.clone(), allowed_users: settings.telegram.allowed_users.clone() }
+    }
+}
+
+/// What a new file changes, sorted by whether the running daemon can apply it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReloadPlan {
+    /// Applied now, one line each.
+    pub changes: Vec<String>,
+    /// Kept at the running value until a restart, one line each.
+    pub needs_restart: Vec<String>,
+}
+
+/// Compares the running settings with a new file's. Refuses (with the reason) a file whose
+/// routes name an agent the daemon is not running.
+pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
+    for (index, route) in new.routes.routes().iter().enumerate() {
+        if let Some(agent) = route.agents().iter().find(|agent| !running.agents.contains_key(*agent)) {
+            return Err(format!(
+                "routes[{index}] ('{}') names agent '{agent}', which this daemon was not started with: adding an \
+                 agent needs a restart",
+                route.name
+            ));
+        }
+    }
+    let mut plan = ReloadPlan::default();
+    route_changes(running.routes.routes(), new.routes.routes(), &mut plan.changes);
+    let mut applied = |key: &str, old: &dyn Display, new: &dyn Display| {
+        if old.to_string() != new.to_string() {
+            plan.changes.push(format!("{key}: {old} → {new}"));
+        }
+    };
+    applied(
+        "telegram.allowed_users",
+        &users(&running.telegram.allowed_users),
+        &users(&new.telegram.allowed_users),
+    );
+    applied("outbound.max_reply_parts", &running.outbound.max_reply_parts, &new.outbound.max_reply_parts);
+    applied(
+        "outbound.private_chat_interval_ms",
+        &running.outbound.private_chat_interval.as_millis(),
+        &new.outbound.private_chat_interval.as_millis(),
+    );
+    applied(
+        "outbound.group_chat_interval_ms",
+        &running.outbound.group_chat_interval.as_millis(),
+        &new.outbound.group_chat_interval.as_millis(),
+    );
+    applied("handoffs.max_depth", &running.handoffs.max_depth, &new.handoffs.max_depth);
+    applied(
+        "handoffs.audit_route",
+        &optional(&running.handoffs.audit_route),
+        &optional(&new.handoffs.audit_route),
+    );
+
+    let mut fixed = |key: &str, old: &dyn Display, new: &dyn Display| {
+        if old.to_string() != new.to_string() {
+            plan.needs_restart.push(format!("{key}: {old} → {new} needs a restart; {old} stays in effect"));
+        }
+    };
+    let (old, new_t) = (&running.telegram, &new.telegram);
+    fixed("telegram.token_env", &old.token_env, &new_t.token_env);
+    fixed("telegram.api_url", &old.api_url, &new_t.api_url);
+    fixed("telegram.poll_timeout_secs", &old.poll_timeout.as_secs(), &new_t.poll_timeout.as_secs());
+    fixed("telegram.send_timeout_secs", &old.send_timeout.as_secs(), &new_t.send_timeout.as_secs());
+    fixed(
+        "telegram.unauthorized_exit_secs",
+        &old.unauthorized_exit.as_secs(),
+        &new_t.unauthorized_exit.as_secs(),
+    );
+    fixed("storage.database", &running.storage.database.display(), &new.storage.database.display());
+    fixed(
+        "storage.synchronous",
+        &format!("{:?}", running.storage.synchronous).to_lowercase(),
+        &format!("{:?}", new.storage.synchronous).to_lowercase(),
+    );
+    fixed("api.listen", &running.api.listen, &new.api.listen);
+    fixed(
+        "log.format",
+        &format!("{:?}", running.log.format).to_lowercase(),
+        &format!("{:?}", new.log.format).to_lowercase(),
+    );
+    fixed("log.filter", &running.log.filter, &new.log.filter);
+    let mut agents = Vec::new();
+    for (agent, settings) in &running.agents {
+        match new.agents.get(agent) {
+            None => agents.push(format!(
+                "agents.{agent} was removed: removing an agent needs a restart; it stays connectable until then"
+            )),
+            Some(new) if new.token_env != settings.token_env => agents.push(format!(
+                "agents.{agent}.token_env: {} → {} needs a restart; {} stays in effect",
+                settings.token_env, new.token_env, settings.token_env
+            )),
+            Some(_) => {}
+        }
+    }
+    for agent in new.agents.keys().filter(|agent| !running.agents.contains_key(*agent)) {
+        agents.push(format!("agents.{agent} was added: adding an agent needs a restart"));
+    }
+    plan.needs_restart.extend(agents);
+    Ok(plan)
+}
+
+fn route_changes(old: &[Route], new: &[Route], changes: &mut Vec<String>) {
+    let by_name = |routes: &[Route]| -> BTreeMap<String, Route> {
+        routes.iter().map(|route| (route.name.to_string(), route.clone())).collect()
+    };
+    let (old, new) = (by_name(old), by_name(new));
+    for (name, route) in &new {
+        match old.get(name) {
+            None => changes.push(format!("route '{name}' added: {}", describe(route))),
+            Some(before) if before != route => {
+                changes.push(format!("route '{name}' changed: {} → {}", describe(before), describe(route)));
+            }
+            Some(_) => {}
+        }
+    }
+    for (name, route) in old.iter().filter(|(name, _)| !new.contains_key(*name)) {
+        changes.push(format!("route '{name}' removed (was {})", describe(route)));
+    }
+}
+
+fn describe(route: &Route) -> String {
+    let target = match route.target {
+        RouteTarget::Topic { chat_id, thread_id } => format!("chat {chat_id} topic {thread_id}"),
+        RouteTarget::Chat { chat_id } => format!("chat {chat_id}"),
+        RouteTarget::Default => "every other chat".to_owned(),
+    };
+    let agents: Vec<&str> = route.agents().iter().map(AgentName::as_str).collect();
+    if route.is_room() {
+        format!("{target} → room [{}]", agents.join(", "))
+    } else {
+        format!("{target} → {}", agents.join(", "))
+    }
+}
+
+fn users(ids: &[i64]) -> String {
+    if ids.is_empty() { "everyone".to_owned() } else { format!("{ids:?}") }
+}
+
+fn optional(value: &Option<impl Display>) -> String {
+    value.as_ref().map_or_else(|| "none".to_owned(), ToString::to_string)
+}
+
+/// Applies a reloaded configuration to the running parts.
+pub struct Reloader {
+    path: PathBuf,
+    /// The settings in effect, as far as reloads change them.
+    running: Mutex<Settings>,
+    routing: watch::Sender<Arc<Routing>>,
+    bridge: Bridge,
+    outbound: Outbound,
+}
+
+impl Reloader {
+    pub fn new(
+        settings: Settings,
+        routing: watch::Sender<Arc<Routing>>,
+        bridge: Bridge,
+        outbound: Outbound,
+    ) -> Self {
+        Self { path: settings.source.clone(), running: Mutex::new(settings), routing, bridge, outbound }
+    }
+
+    fn running(&self) -> MutexGuard<'_, Settings> {
+        self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Re-reads the file and applies it, or refuses it; logs either way. True when applied.
+    pub fn reload(&self) -> bool {
+        let new = match Settings::load(&self.path) {
+            Ok(new) => new,
+            Err(e) => {
+                tracing::error!("configuration reload refused: {e}; the running configuration stays");
+                metrics::config_reload(false);
+                return false;
+            }
+        };
+        let mut running = self.running();
+        let plan = match plan(&running, &new) {
+            Ok(plan) => plan,
+            Err(reason) => {
+                tracing::error!(
+                    "configuration reload refused: {}: {reason}; the running configuration stays",
+                    self.path.display()
+                );
+                metrics::config_reload(false);
+                return false;
+            }
+        };
+        for warning in new.warnings() {
+            tracing::warn!("{}: {warning}", self.path.display());
+        }
+        for line in &plan.needs_restart {
+            tracing::warn!("configuration reload: {line}");
+        }
+        // Only what can change in place; the fixed settings keep their running values.
+        running.routes = new.routes.clone();
+        running.telegram.allowed_users = new.telegram.allowed_users.clone();
+        running.outbound = new.outbound.clone();
+        running.handoffs = new.handoffs.clone();
+        running.rooms = new.rooms.clone();
+        self.routing.send_replace(Arc::new(Routing::of(&running)));
+        // Room routes come with their members and limits: the room driver reads them anew.
+        self.bridge.set_rooms(running.rooms.clone());
+        self.bridge.reload_rules(
+            ReplyLimits { max_reply_parts: running.outbound.max_reply_parts },
+            crate::app::handoff_rules(&running),
+        );
+        self.outbound
+            .set_pacing(running.outbound.private_chat_interval, running.outbound.group_chat_interval);
+        if plan.changes.is_empty() {
+            tracing::info!(file = %self.path.display(), "configuration reloaded: nothing that applies in place changed");
+        } else {
+            tracing::info!(
+                file = %self.path.display(),
+                changes = plan.changes.len(),
+                "configuration reloaded: {}",
+                plan.changes.join("; ")
+            );
+        }
+        metrics::config_reload(true);
+        true
+    }
+}
+
+/// Starts catching SIGHUP, whose default action would end the process: called before the
+/// daemon listens, so a reload sent as soon as it answers is never fatal. `None` (logged)
+/// when the signal cannot be caught.
+pub fn catch_hangups() -> Option<Signal> {
+    match signal(SignalKind::hangup()) {
+        Ok(hangups) => Some(hangups),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot listen for SIGHUP: configuration reload is off");
+            None
+        }
+    }
+}
+
+/// Reloads on every SIGHUP until `shutdown`.
+pub async fn reload_on_sighup(reloader: Reloader, hangups: Option<Signal>, shutdown: CancellationToken) {
+    let Some(mut hangups) = hangups else { return };
+    loop {
+        tokio::select! {
+            received = hangups.recv() => {
+                if received.is_none() {
+                    return;
+                }
+                tracing::info!(file = %reloader.path.display(), "SIGHUP received: reloading the configuration");
+                reloader.reload();
+            }
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    const BASE: &str = r#"
+[telegram]
+token_env = "SB_RELOAD_TOKEN"
+allowed_users = [1]
+
+[agents.orchestrator]
+token_env = "SB_RELOAD_ORCH"
+
+[agents.worker]
+token_env = "SB_RELOAD_WORKER"
+
+[[routes]]
+name = "dm"
+chat_id = 42
+agent = "orchestrator"
+"#;
+
+    fn load(text: &str) -> Settings {
+        let mut file = tempfile::NamedTempFile::new().unwrap();
+        file.write_all(text.as_bytes()).unwrap();
+        Settings::load(file.path()).unwrap()
+    }
+
+    #[test]
+    fn nothing_changed_is_an_empty_plan() {
+        assert_eq!(plan(&load(BASE), &load(BASE)), Ok(ReloadPlan::default()));
+    }
+
+    #[test]
+    fn routes_allowlist_and_limits_apply_in_place() {
+        let new = BASE
+            .replace("allowed_users = [1]", "allowed_users = []")
+            .replace("chat_id = 42", "chat_id = 43")
+            + "\n[[routes]]\nname = \"ops\"\nchat_id = -100\nagent = \"worker\"\n[outbound]\nmax_reply_parts = 3\n";
+        let plan = plan(&load(BASE), &load(&new)).unwrap();
+        assert_eq!(
+            plan.changes,
+            [
+                "route 'dm' changed: chat 42 → orchestrator → chat 43 → orchestrator",
+                "route 'ops' added: chat -100 → worker",
+                "telegram.allowed_users: [1] → everyone",
+                "outbound.max_reply_parts: 10 → 3",
+            ]
+        );
+        assert!(plan.needs_restart.is_empty(), "{:?}", plan.needs_restart);
+    }
+
+    #[test]
+    fn fixed_settings_are_reported_as_needing_a_restart() {
+        let new = BASE.replace(
+            "[telegram]",
+            "[api]\nlisten = \"127.0.0.1:9999\"\n[storage]\ndatabase = \"other.db\"\n[telegram]",
+        );
+        let plan = plan(&load(BASE), &load(&new)).unwrap();
+        assert!(plan.changes.is_empty(), "{:?}", plan.changes);
+        assert_eq!(plan.needs_restart.len(), 2, "{:?}", plan.needs_restart);
+        assert!(
+            plan.needs_restart[0].starts_with("storage.database: switchboard.db → other.db needs a restart")
+        );
+        assert!(
+            plan.needs_restart[1].starts_with("api.listen: 127.0.0.1:7797 → 127.0.0.1:9999 needs a restart")
+        );
+    }
+
+    #[test]
+    fn a_route_to_an_agent_the_daemon_does_not_run_refuses_the_reload() {
+        let new = BASE.to_owned()
+            + "\n[agents.helper]\ntoken_env = \"SB_RELOAD_HELPER\"\n[[routes]]\nname = \"h\"\nchat_id = 7\nagent = \"helper\"\n";
+        let refused = plan(&load(BASE), &load(&new)).unwrap_err();
+        assert!(
+            refused.contains("routes[1] ('h') names agent 'helper'") && refused.contains("restart"),
+            "{refused}"
+        );
+        // Declared but not routed to: applied, with the agent reported.
+        let unused = BASE.to_owned() + "\n[agents.helper]\ntoken_env = \"SB_RELOAD_HELPER\"\n";
+        let plan = plan(&load(BASE), &load(&unused)).unwrap();
+        assert_eq!(plan.needs_restart, ["agents.helper was added: adding an agent needs a restart"]);
+    }
+}
