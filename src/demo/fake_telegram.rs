@@ -1,7 +1,8 @@
 //! The demo's Telegram: a small Bot API server inside the demo process, on loopback. It
 //! serves what the daemon calls (`getUpdates` with Telegram's offset and long-poll rules,
-//! `sendMessage`) and lets the demo push messages, see every message the bot sent, and
-//! hold one send on the wire (recorded, never answered) to crash the daemon mid-send.
+//! `sendMessage`, and `getMe` for rooms) and lets the demo push messages into private chats,
+//! groups and supergroups, see every message the bot sent, and hold one send
+//! on the wire (recorded, never answered) to crash the daemon mid-send.
 //!
 //! The test suite has a fuller fake with fault injection (`tests/support/fake_telegram.rs`);
 //! this one is deliberately small, and lives in the binary so `switchboard demo` needs
@@ -24,6 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 /// The only token the fake accepts. The bot's id (its prefix) keys the poll offset.
 pub const TOKEN: &str = "4242424242:demo-token-of-the-embedded-fake-telegram";
+/// Who the bot is, for `getMe`: the id of [`TOKEN`], and a username.
+const BOT_ID: i64 = 4_242_424_242;
+const BOT_USERNAME: &str = "switchboard_demo_bot";
 
 /// Update ids and message ids come from counters far apart, so the narration never
 /// confuses them.
@@ -37,6 +41,8 @@ const MAX_LONG_POLL: Duration = Duration::from_secs(50);
 #[derive(Debug, Clone)]
 pub struct Chat {
     pub id: i64,
+    /// Telegram's chat type: `private`, `group` or `supergroup`.
+    pub kind: &'static str,
     /// A group's title; a private chat has none.
     pub title: Option<&'static str>,
 }
@@ -149,8 +155,8 @@ impl FakeTelegram {
         state.next_update_id += 1;
         state.next_message_id += 1;
         let chat_json = match chat.title {
-            Some(title) => json!({"id": chat.id, "type": "group", "title": title}),
-            None => json!({"id": chat.id, "type": "private", "first_name": from.first_name}),
+            Some(title) => json!({"id": chat.id, "type": chat.kind, "title": title}),
+            None => json!({"id": chat.id, "type": chat.kind, "first_name": from.first_name}),
         };
         let update = json!({
             "update_id": update_id,
@@ -207,6 +213,7 @@ async fn handle(State(shared): State<Arc<Shared>>, uri: Uri, body: Bytes) -> Res
     match method.to_ascii_lowercase().as_str() {
         "getupdates" => get_updates(&shared, &params).await,
         "sendmessage" => send_message(&shared, &params).await,
+        "getme" => ok(bot_me()),
         _ => error(StatusCode::NOT_FOUND, &format!("Not Found: the demo's Telegram has no method {method}")),
     }
 }
@@ -292,6 +299,19 @@ async fn send_message(shared: &Shared, params: &Value) -> Response {
     ok(message)
 }
 
+/// The bot, with privacy mode off: it sees every message in its groups, as rooms need.
+fn bot_me() -> Value {
+    json!({
+        "id": BOT_ID,
+        "is_bot": true,
+        "first_name": "Switchboard demo",
+        "username": BOT_USERNAME,
+        "can_join_groups": true,
+        "can_read_all_group_messages": true,
+        "supports_inline_queries": false,
+    })
+}
+
 fn ok(result: Value) -> Response {
     axum::Json(json!({"ok": true, "result": result})).into_response()
 }
@@ -312,7 +332,7 @@ pub mod cast {
     pub const OLGA: Person = Person { id: 111_222_333, first_name: "Olga", username: "olga" };
     pub const PRIYA: Person = Person { id: 222_333_444, first_name: "Priya", username: "priya" };
     /// Olga's direct line with the bot.
-    pub const OWNER_DM: Chat = Chat { id: 111_222_333, title: None };
+    pub const OWNER_DM: Chat = Chat { id: 111_222_333, kind: "private", title: None };
     /// A team group.
-    pub const OPS_GROUP: Chat = Chat { id: -4_000_111, title: Some("Ops team") };
+    pub const OPS_GROUP: Chat = Chat { id: -4_000_111, kind: "group", title: Some("Ops team") };
 }
