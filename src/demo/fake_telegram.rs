@@ -1,7 +1,7 @@
 //! The demo's Telegram: a small Bot API server inside the demo process, on loopback. It
 //! serves what the daemon calls (`getUpdates` with Telegram's offset and long-poll rules,
 //! `sendMessage`, and `getMe` for rooms) and lets the demo push messages into private chats,
-//! groups and supergroups, see every message the bot sent, and hold one send
+//! groups and supergroups, see every message the bot sent, wait for one, and hold one send
 //! on the wire (recorded, never answered) to crash the daemon mid-send.
 //!
 //! The test suite has a fuller fake with fault injection (`tests/support/fake_telegram.rs`);
@@ -179,6 +179,13 @@ impl FakeTelegram {
         self.shared.lock().sent.clone()
     }
 
+    /// Waits until the bot sent a message `wanted` picks; the first such message.
+    pub async fn wait_for_sent(&self, within: Duration, wanted: impl Fn(&Sent) -> bool) -> Option<Sent> {
+        self.shared
+            .wait_for(Instant::now() + within, |state| state.sent.iter().find(|m| wanted(m)).cloned())
+            .await
+    }
+
     /// Answers `answered` more sends normally, then records the next one as sent (it
     /// reaches the chat) and never answers it: the daemon cannot know it arrived.
     pub fn hold_send_after(&self, answered: usize) {
@@ -335,4 +342,6 @@ pub mod cast {
     pub const OWNER_DM: Chat = Chat { id: 111_222_333, kind: "private", title: None };
     /// A team group.
     pub const OPS_GROUP: Chat = Chat { id: -4_000_111, kind: "group", title: Some("Ops team") };
+    /// A group room: Olga with the builder and the reviewer.
+    pub const DEV_ROOM: Chat = Chat { id: -1_004_000_222_333, kind: "supergroup", title: Some("Dev room") };
 }

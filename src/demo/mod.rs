@@ -33,6 +33,12 @@ const WAIT: Duration = Duration::from_secs(20);
 const TOKEN_ENV: &str = "SWITCHBOARD_DEMO_BOT_TOKEN";
 const ORCHESTRATOR: &str = "orchestrator";
 const WORKER: &str = "worker";
+/// The room's agents, in room order, and the names the room shows them by.
+const BUILDER: (&str, &str) = ("builder", "Builder");
+const REVIEWER: (&str, &str) = ("reviewer", "Reviewer");
+/// The room's own ceiling: short, so the exchange that runs into it stays short.
+const ROOM_CASCADE_LIMIT: u32 = 4;
+const ROOM_ROUTE: &str = "dev-room";
 
 /// Runs the demo; an error when a step did not behave as narrated (or the demo could not
 /// run at all).
@@ -40,7 +46,12 @@ pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
     let workdir = Workdir::new(keep)?;
     let fake = FakeTelegram::start().await.context("starting the demo's fake Telegram")?;
     let api = free_local_addr()?;
-    let secrets = [(ORCHESTRATOR, random_secret()), (WORKER, random_secret())];
+    let secrets = [
+        (ORCHESTRATOR, random_secret()),
+        (WORKER, random_secret()),
+        (BUILDER.0, random_secret()),
+        (REVIEWER.0, random_secret()),
+    ];
     let config = workdir.path().join("switchboard.toml");
     std::fs::write(&config, config_text(&fake.api_url(), &workdir.path().join("ledger.db"), api))
         .with_context(|| format!("writing {}", config.display()))?;
@@ -65,6 +76,8 @@ pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
     let mut demo = Demo {
         orchestrator: agent(ORCHESTRATOR, &secrets[0].1)?,
         worker: agent(WORKER, &secrets[1].1)?,
+        builder: agent(BUILDER.0, &secrets[2].1)?,
+        reviewer: agent(REVIEWER.0, &secrets[3].1)?,
         fake,
         daemon,
         ledger,
@@ -74,6 +87,8 @@ pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
     let outcome = steps::all(&mut demo).await;
     demo.orchestrator.stream = None;
     demo.worker.stream = None;
+    demo.builder.stream = None;
+    demo.reviewer.stream = None;
     demo.ledger.close().await;
     if let Err(e) = &outcome {
         println!();
@@ -118,6 +133,9 @@ pub(crate) struct Demo {
     api: SocketAddr,
     orchestrator: Agent,
     worker: Agent,
+    /// The room's agents.
+    builder: Agent,
+    reviewer: Agent,
 }
 
 /// A scripted agent: what the channel plugin does, step by step, on the local API.
@@ -236,7 +254,11 @@ fn free_local_addr() -> anyhow::Result<SocketAddr> {
 }
 
 fn config_text(api_url: &str, database: &Path, listen: SocketAddr) -> String {
-    let (owner, group) = (fake_telegram::cast::OWNER_DM.id, fake_telegram::cast::OPS_GROUP.id);
+    let (owner, group, room) = (
+        fake_telegram::cast::OWNER_DM.id,
+        fake_telegram::cast::OPS_GROUP.id,
+        fake_telegram::cast::DEV_ROOM.id,
+    );
     format!(
         r#"# Written by `switchboard demo`. Its Telegram ({api_url}) lived inside the demo and is
 # gone, and its secrets were random: `switchboard ledger --config THIS_FILE list` works on
@@ -266,6 +288,14 @@ token_env = "{orchestrator_secret}"
 [agents.{WORKER}]
 token_env = "{worker_secret}"
 
+[agents.{builder}]
+token_env = "{builder_secret}"
+display_name = "{builder_display}"
+
+[agents.{reviewer}]
+token_env = "{reviewer_secret}"
+display_name = "{reviewer_display}"
+
 [[routes]]
 name = "owner-dm"
 chat_id = {owner}
@@ -275,10 +305,22 @@ agent = "{ORCHESTRATOR}"
 name = "ops-group"
 chat_id = {group}
 agent = "{ORCHESTRATOR}"
+
+[[routes]]
+name = "{ROOM_ROUTE}"
+chat_id = {room}
+agents = ["{builder}", "{reviewer}"]
+cascade_limit = {ROOM_CASCADE_LIMIT}                     # the demo's room runs into its ceiling quickly (default 10)
 "#,
         database = database.display(),
         orchestrator_secret = secret_env(ORCHESTRATOR),
         worker_secret = secret_env(WORKER),
+        builder = BUILDER.0,
+        builder_secret = secret_env(BUILDER.0),
+        builder_display = BUILDER.1,
+        reviewer = REVIEWER.0,
+        reviewer_secret = secret_env(REVIEWER.0),
+        reviewer_display = REVIEWER.1,
     )
 }
 
@@ -296,8 +338,10 @@ mod tests {
         )
         .unwrap();
         let settings = crate::config::Settings::load(&path).unwrap();
-        assert_eq!(settings.routes.routes().len(), 2);
-        assert_eq!(settings.agents.len(), 2);
+        assert_eq!(settings.routes.routes().len(), 3);
+        assert_eq!(settings.agents.len(), 4);
+        let room = settings.rooms.values().next().unwrap();
+        assert_eq!((room.route.as_str(), room.limits.cascade_limit.get()), (ROOM_ROUTE, ROOM_CASCADE_LIMIT));
     }
 
     #[test]

@@ -5,14 +5,17 @@
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::fake_telegram::cast::{OLGA, OPS_GROUP, OWNER_DM, PRIYA};
+use super::fake_telegram::cast::{DEV_ROOM, OLGA, OPS_GROUP, OWNER_DM, PRIYA};
 use super::fake_telegram::{Pushed, Sent};
 use super::narrate::{self, Broken, check, gist, more, said};
-use super::{Demo, WAIT, WORKER, must};
+use super::{BUILDER, Demo, REVIEWER, ROOM_CASCADE_LIMIT, ROOM_ROUTE, WAIT, WORKER, must};
 use crate::agents::api::client::{ClientError, DaemonClient, SessionStream};
 use crate::agents::api::wire::{AckRequest, ErrorCode, HandoffRequest, ReplyRequest, SessionEvent};
 use crate::ids::RequestId;
-use crate::ledger::{AttemptState, EnvelopeState, HandoffState, ListFilter, StoredAttempt, StoredEnvelope};
+use crate::ledger::{
+    AttemptState, EnvelopeState, HandoffState, ListFilter, RoomCascadeState, StoredAttempt, StoredEnvelope,
+    TurnEnding,
+};
 
 /// Messages of the crash step: enough that some are answered, one is on the wire, some
 /// wait in the ledger and some in Telegram when the daemon dies.
@@ -23,13 +26,24 @@ const STREAM_FIRST: usize = 5;
 const ANSWERED_BEFORE_THE_KILL: usize = 2;
 /// The demo's ledger holds a few dozen envelopes: a listing this long holds them all.
 const LIST_LIMIT: i64 = 10_000;
+/// What Olga asks in the room.
+const ROOM_ASK: &str = "@builder add input validation to the signup form";
+/// The room's replies, turn by turn: the builder speaks first (Olga mentioned it), then
+/// each reply mentions the other agent, so the exchange would ping-pong for ever; the
+/// room's ceiling ends it with the builder still asked for.
+const ROOM_REPLIES: [&str; ROOM_CASCADE_LIMIT as usize] = [
+    "Validation is in: email and name are checked. @reviewer check the edge cases",
+    "An empty email still passes, and so does a 300-character name. @builder fix them",
+    "Fixed: empty emails are refused, names stop at 100 characters. @reviewer check the edge cases",
+    "Names with accents are refused now (José fails). @builder fix them",
+];
 
 pub(super) async fn all(demo: &mut Demo) -> anyhow::Result<()> {
     ready(demo).await?;
     message_in_reply_out(demo).await?;
     two_chats_waiting(demo).await?;
     delegation(demo).await?;
-    room_exchange();
+    room_exchange(demo).await?;
     correction();
     crash_and_restart(demo).await?;
     ledger_stats(demo).await?;
@@ -399,11 +413,152 @@ async fn delegation(demo: &mut Demo) -> Result<(), Broken> {
     )
 }
 
-/// DESIGN.md §10 — a room exchange that ends in "budget exhausted" — runs here once group
-/// rooms are built.
-fn room_exchange() {
+/// DESIGN.md §10: Olga asks the builder in a room; builder and reviewer pull each other in
+/// by @mention until the room's `cascade_limit` is used, and the room is told so.
+async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     narrate::step("4", "A room exchange that runs out of budget");
-    narrate::not_yet("group rooms (DESIGN.md §10) are being built; this step runs here when they land");
+    let room_title = DEV_ROOM.title.unwrap_or_default();
+    said(
+        "room",
+        format!(
+            "\"{room_title}\" is route {ROOM_ROUTE}: {} (\"{}\") and {} (\"{}\"), cascade_limit {ROOM_CASCADE_LIMIT}",
+            BUILDER.0, BUILDER.1, REVIEWER.0, REVIEWER.1
+        ),
+    );
+    demo.builder.connect().await?;
+    demo.reviewer.connect().await?;
+    said("agents", "builder and reviewer connect their sessions");
+    let owner = format!("@{}", OLGA.username);
+    let pushed = demo.fake.push_text(&DEV_ROOM, &OLGA, ROOM_ASK);
+    said("Telegram", format!("{owner} in \"{room_title}\": \"{ROOM_ASK}\" (message {})", pushed.message_id));
+
+    // Each turn as it comes: the speaker the mentions call, answering its room_turn.
+    let mut cascade_id = String::new();
+    let mut given = Vec::new();
+    for (n, text) in ROOM_REPLIES.into_iter().enumerate() {
+        let speaker = n + 1;
+        let ((agent, display), summoned_by) = match n {
+            0 => ((&mut demo.builder, BUILDER.1), owner.as_str()),
+            _ if n % 2 == 0 => ((&mut demo.builder, BUILDER.1), REVIEWER.0),
+            _ => ((&mut demo.reviewer, REVIEWER.1), BUILDER.0),
+        };
+        let turn = agent.next().await?;
+        let meta = |key: &str| turn.extra.get(key).cloned().unwrap_or_default();
+        if n == 0 {
+            cascade_id = meta("cascade_id");
+            let state = match demo.ledger.cascade(&cascade_id).await {
+                Ok(Some(stored)) => stored.state.to_string(),
+                Ok(None) => "missing".to_owned(),
+                Err(e) => return Err(Broken(format!("reading the ledger: {e}"))),
+            };
+            said("ledger", format!("the message starts exchange {cascade_id}, {state}"));
+        }
+        said(
+            agent.name,
+            format!(
+                "speaker {} of {}: receives {} {}, summoned by {}",
+                meta("speaker"),
+                meta("cascade_limit"),
+                turn.kind,
+                turn.trace_id,
+                meta("summoned_by")
+            ),
+        );
+        said(agent.name, format!("reply \"{text}\" (trace_id {})", turn.trace_id));
+        let receipt =
+            must("reply", agent.client.reply(&ReplyRequest::new(text, Some(turn.trace_id.clone()))).await)?;
+        let sent = sent_as(&demo.fake.sent(), &receipt.message_ids);
+        for message in &sent {
+            said("Telegram", describe_sent(message));
+            more(format!("the room reads \"{}\"", message.text));
+        }
+        let posted = format!("{display}: {text}");
+        check(
+            turn.kind == "room_turn"
+                && meta("speaker") == speaker.to_string()
+                && meta("cascade_limit") == ROOM_CASCADE_LIMIT.to_string()
+                && meta("cascade_id") == cascade_id
+                && meta("summoned_by") == summoned_by
+                && receipt.room_turn.as_ref().is_some_and(|room| room.posted_as == display)
+                && sent.len() == 1
+                && sent[0].chat_id == DEV_ROOM.id
+                && sent[0].reply_to_message_id == Some(pushed.message_id)
+                && sent[0].text == posted,
+            &format!(
+                "turn {speaker}: the floor as the mentions said, the reply posted as {display}, threaded to {owner}'s message"
+            ),
+            || format!("{turn:?} {receipt:?} {sent:?}"),
+        )?;
+        given.push((agent.name, turn.trace_id, posted));
+    }
+
+    // The last reply asked for the builder: no turn is left, so the exchange ends and says so.
+    let report = demo
+        .fake
+        .wait_for_sent(WAIT, |m| m.chat_id == DEV_ROOM.id && m.text.starts_with("Budget exhausted"))
+        .await
+        .ok_or_else(|| Broken(format!("the room got no \"Budget exhausted\" post within {WAIT:?}")))?;
+    let reply_to =
+        report.reply_to_message_id.map(|id| format!(", replying to message {id}")).unwrap_or_default();
+    said("Telegram", format!("the bot posts in the room{reply_to} → message {}:", report.message_id));
+    for line in report.text.lines() {
+        more(line);
+    }
+    let read = |e: sqlx::Error| Broken(format!("reading the ledger: {e}"));
+    let stored = demo
+        .ledger
+        .cascade(&cascade_id)
+        .await
+        .map_err(read)?
+        .ok_or_else(|| Broken(format!("the ledger has no exchange {cascade_id}")))?;
+    let turns = demo.ledger.turns_of(stored.id).await.map_err(read)?;
+    let speakers: Vec<&str> = turns.iter().map(|turn| turn.agent.as_str()).collect();
+    said(
+        "ledger",
+        format!("{cascade_id} {}: {} turns given, [{}]", stored.state, turns.len(), speakers.join(" → ")),
+    );
+    let expected: Vec<(&str, &str)> =
+        given.iter().map(|(agent, trace, _)| (*agent, trace.as_str())).collect();
+    let recorded: Vec<(&str, &str)> =
+        turns.iter().map(|turn| (turn.agent.as_str(), turn.envelope_trace_id.as_str())).collect();
+    check(
+        stored.state == RoomCascadeState::BudgetExhausted
+            && recorded == expected
+            && turns.iter().all(|turn| turn.ending == Some(TurnEnding::Replied)),
+        &format!(
+            "exactly {ROOM_CASCADE_LIMIT} turns were given, each ended by its reply, and the exchange is budget_exhausted"
+        ),
+        || format!("{} {recorded:?} {turns:?}", stored.state),
+    )?;
+    let in_room: Vec<Sent> = demo.fake.sent().into_iter().filter(|m| m.chat_id == DEV_ROOM.id).collect();
+    let twice: Vec<&str> = given
+        .iter()
+        .map(|(_, _, posted)| posted.as_str())
+        .filter(|posted| in_room.iter().filter(|m| m.text == *posted).count() != 1)
+        .collect();
+    check(
+        twice.is_empty() && in_room.len() == ROOM_REPLIES.len() + 1,
+        "the room shows each reply once and the ceiling's post once, nothing else",
+        || format!("not exactly once: {twice:?}; in the room: {in_room:?}"),
+    )?;
+    check(
+        report.reply_to_message_id == Some(pushed.message_id)
+            && report.text.starts_with(&format!(
+                "Budget exhausted: {ROOM_CASCADE_LIMIT} of {ROOM_CASCADE_LIMIT} agent turns used"
+            ))
+            && given.iter().all(|(_, trace, _)| report.text.contains(trace.as_str()))
+            && report.text.ends_with(&format!("Over to you, {owner}."))
+            && stored.outcome_text.as_deref() == Some(report.text.as_str()),
+        &format!(
+            "the room is told the budget is exhausted, with each reply's trace id, and {owner} is the next owner; the ledger records the same text"
+        ),
+        || format!("{report:?}; the ledger's outcome: {:?}", stored.outcome_text),
+    )?;
+    said("operator", format!("switchboard ledger cascades --room {ROOM_ROUTE}"));
+    for line in demo.ledger_command(&["cascades", "--room", ROOM_ROUTE])?.lines() {
+        more(line);
+    }
+    Ok(())
 }
 
 /// DESIGN.md §11 — a correction that refuses a superseded reply — runs here once tasks and
