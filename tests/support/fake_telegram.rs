@@ -487,6 +487,15 @@ impl FakeTelegram {
         self.shared.lock().sent.iter().rev().find(|sent| sent.message_id == message_id).cloned()
     }
 
+    /// Waits until at least `n` (≥ 1) messages have been accepted and returns the
+    /// `n`th, without copying the others (a benchmark waits for thousands in a
+    /// row). `None` if `within` elapses first.
+    pub async fn wait_for_nth_sent(&self, n: usize, within: Duration) -> Option<SentMessage> {
+        assert!(n >= 1, "messages are counted from 1");
+        let deadline = Instant::now() + within;
+        self.shared.wait_for(Some(deadline), |state| state.sent.get(n - 1).cloned()).await
+    }
+
     /// Waits until at least `n` messages have been accepted and returns all of
     /// them. Panics with the fake's observations if `within` elapses first.
     pub async fn wait_for_sent(&self, n: usize, within: Duration) -> Vec<SentMessage> {

@@ -1,0 +1,1012 @@
+//! The hot path against its floors (issue 11), measured side by side in one run on the
+//! same fake Bot API (`tests/support/fake_telegram.rs`):
+//!
+//! * **one message at a time**: a user writes, the reply arrives at the fake, the next
+//!   message goes out. The floor is a bare teloxide echo bot (a long `getUpdates` poll and
+//!   one `sendMessage` per message, nothing else), run as a process of its own: this
+//!   benchmark executes itself again with [`ECHO_ROLE_ENV`] set. switchboard is the release
+//!   daemon plus a real `switchboard channel` child process, driven over stdio by a real
+//!   rmcp MCP client that answers every `notifications/claude/channel` with the `reply`
+//!   tool, as an agent session does.
+//! * **durable ingest**: `getUpdates` → committed envelopes, against a raw batched insert
+//!   loop of the same rows into a ledger with the same pragmas (WAL, `synchronous =
+//!   normal`), through the same SQLite driver, 100 rows (one full `getUpdates` batch) per
+//!   transaction.
+//!
+//! Every figure is printed beside its floor, with the ratio and the issue's goal. CPU is
+//! read from `/proc/<pid>/stat` (utime + stime of every process on the serving side:
+//! the echo bot; the daemon and the plugin), memory from `/proc/<pid>/status` (VmRSS, once
+//! warmed up and idle). The scenarios run [`REPETITIONS`] times, interleaved, and each
+//! figure is the median of its repetitions, so a noisy neighbour on a shared machine
+//! skews one repetition rather than one side.
+//!
+//! Run it with `cargo bench --bench hot_path`; `SWITCHBOARD_BENCH_QUICK=1` makes a smoke
+//! run of a few seconds. `SWITCHBOARD_BENCH_MESSAGES` (one-at-a-time messages per
+//! repetition), `SWITCHBOARD_BENCH_UPDATES` (ingest) and `SWITCHBOARD_BENCH_REPETITIONS`
+//! override single numbers; `SWITCHBOARD_BENCH_BIN` runs another `switchboard` binary (an
+//! older build, or a wrapper that profiles it). The daemon runs with its default settings (log level `info`,
+//! `synchronous = normal`) except per-chat pacing, which is off: the fake has no per-chat
+//! limits and the echo bot does not pace either.
+
+#[path = "../tests/support/fake_telegram.rs"]
+mod fake_telegram;
+
+use std::fmt;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
+use rmcp::model::{
+    CallToolRequestParams, ClientCapabilities, ClientConfig, CustomNotification, Implementation,
+    ProtocolVersion,
+};
+use rmcp::service::{NotificationContext, RunningService};
+use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
+use serde_json::{Value, json};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+use sqlx::{Connection as _, SqliteConnection};
+use switchboard::config::Synchronous;
+use switchboard::ledger::Ledger;
+use tokio::sync::mpsc;
+
+const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
+
+/// Runs another `switchboard` binary than the one this benchmark was built with (an older
+/// build to compare against, or a wrapper that profiles it).
+const BIN_ENV: &str = "SWITCHBOARD_BENCH_BIN";
+
+fn switchboard_bin() -> PathBuf {
+    std::env::var_os(BIN_ENV).map_or_else(|| PathBuf::from(BIN), PathBuf::from)
+}
+
+/// Set (to the fake's URL) in the environment of this benchmark's own child: it then runs
+/// the teloxide echo bot instead of the benchmark.
+const ECHO_ROLE_ENV: &str = "SB_HOT_PATH_ECHO_API_URL";
+
+/// Interleaved repetitions; every figure is the median of its repetitions.
+const REPETITIONS: usize = 3;
+
+/// One-at-a-time messages per repetition and system: enough that the CPU figure (read in
+/// clock ticks of 10 ms) is precise to a few percent even for the echo bot.
+const MESSAGES: usize = 2_000;
+
+/// Updates per ingest repetition: 200 full `getUpdates` batches.
+const INGEST_UPDATES: usize = 20_000;
+
+/// `SWITCHBOARD_BENCH_QUICK=1`: each part still runs, in seconds.
+const QUICK_MESSAGES: usize = 100;
+const QUICK_INGEST_UPDATES: usize = 2_000;
+const QUICK_REPETITIONS: usize = 1;
+
+/// Untimed messages first: they open every connection and warm every cache.
+const WARMUP_MESSAGES: usize = 20;
+
+/// After the warm-up, how long the serving side is left alone before its idle memory is
+/// read: long enough for deferred work (a WAL checkpoint, a closed task) to end.
+const IDLE_SETTLE: Duration = Duration::from_millis(300);
+
+/// The CPU figure is given per this many messages, as in the issue.
+const CPU_PER_MESSAGES: usize = 200;
+
+/// Rows per raw-insert transaction: one full `getUpdates` batch, as the daemon commits.
+const RAW_BATCH: usize = 100;
+
+/// Far beyond what a healthy step takes: a stuck run fails with a log instead of hanging.
+const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+const START_TIMEOUT: Duration = Duration::from_secs(30);
+const INGEST_TIMEOUT: Duration = Duration::from_secs(300);
+const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(2);
+const LOG_TAIL_LINES: usize = 40;
+
+/// The notification that carries an envelope into the agent session (DESIGN.md §5).
+const CHANNEL_METHOD: &str = "notifications/claude/channel";
+
+/// The one agent, its secret, and the private chat its route names.
+const AGENT: &str = "a0";
+const AGENT_SECRET: &str = "bench-secret-of-agent-a0";
+const AGENT_SECRET_ENV: &str = "SB_HOT_PATH_A0_SECRET";
+const TOKEN_ENV: &str = "SB_HOT_PATH_BOT_TOKEN";
+const CHAT_ID: i64 = 500_000_001;
+
+/// What the agent answers to every message.
+const AGENT_ANSWER: &str = "the answer";
+
+fn main() {
+    if let Ok(api_url) = std::env::var(ECHO_ROLE_ENV) {
+        echo_bot(&api_url);
+        return;
+    }
+    let params = Params::from_env();
+    // The fake and the MCP client share one thread, so the benchmark competes as little as
+    // possible with the processes it measures for the two cores.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("building the benchmark's tokio runtime");
+    runtime.block_on(run(&params));
+}
+
+// ---------------------------------------------------------------------------
+// The floor: a bare teloxide echo bot
+// ---------------------------------------------------------------------------
+
+/// teloxide's echo example: its dispatcher's default long poll, and one `sendMessage` per
+/// text message. Runs until killed.
+fn echo_bot(api_url: &str) {
+    use teloxide::prelude::*;
+
+    let runtime = tokio::runtime::Runtime::new().expect("building the echo bot's runtime");
+    runtime.block_on(async {
+        let bot = Bot::new(TEST_TOKEN).set_api_url(api_url.parse().expect("the fake's URL"));
+        let handler = Update::filter_message().endpoint(|bot: Bot, message: Message| async move {
+            if let Some(text) = message.text() {
+                bot.send_message(message.chat.id, text).await?;
+            }
+            respond(())
+        });
+        Dispatcher::builder(bot, handler).build().dispatch().await;
+    });
+}
+
+// ---------------------------------------------------------------------------
+// Parameters
+// ---------------------------------------------------------------------------
+
+struct Params {
+    quick: bool,
+    messages: usize,
+    updates: usize,
+    repetitions: usize,
+}
+
+impl Params {
+    fn from_env() -> Self {
+        let quick = std::env::var("SWITCHBOARD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let (messages, updates, repetitions) = if quick {
+            (QUICK_MESSAGES, QUICK_INGEST_UPDATES, QUICK_REPETITIONS)
+        } else {
+            (MESSAGES, INGEST_UPDATES, REPETITIONS)
+        };
+        Self {
+            quick,
+            messages: env_count("SWITCHBOARD_BENCH_MESSAGES", messages),
+            updates: env_count("SWITCHBOARD_BENCH_UPDATES", updates),
+            repetitions: env_count("SWITCHBOARD_BENCH_REPETITIONS", repetitions),
+        }
+    }
+}
+
+fn env_count(var: &str, default: usize) -> usize {
+    match std::env::var(var) {
+        Ok(value) => match value.trim().parse() {
+            Ok(count) if count > 0 => count,
+            _ => panic!("{var}={value:?}: expected a positive whole number"),
+        },
+        Err(_) => default,
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The run
+// ---------------------------------------------------------------------------
+
+#[derive(Default)]
+struct Results {
+    echo: Vec<LoopRun>,
+    switchboard: Vec<LoopRun>,
+    raw_insert: Vec<Duration>,
+    ingest: Vec<Duration>,
+}
+
+async fn run(params: &Params) {
+    let mut results = Results::default();
+    for repetition in 1..=params.repetitions {
+        eprintln!("repetition {repetition}/{}: echo floor…", params.repetitions);
+        results.echo.push(echo_run(params).await);
+        eprintln!("repetition {repetition}/{}: switchboard…", params.repetitions);
+        results.switchboard.push(switchboard_run(params).await);
+        eprintln!("repetition {repetition}/{}: raw SQLite insert…", params.repetitions);
+        results.raw_insert.push(raw_insert_run(params).await);
+        eprintln!("repetition {repetition}/{}: durable ingest…", params.repetitions);
+        results.ingest.push(ingest_run(params).await);
+    }
+    print_report(params, &results);
+}
+
+/// What one system did with one message at a time.
+struct LoopRun {
+    /// Spawned → the fake saw its first `getUpdates`.
+    spawn_to_poll: Duration,
+    /// Message pushed at the fake → reply received by the fake, per message.
+    loops: Vec<Duration>,
+    /// Push → notification at the MCP client, and `reply` call → result (switchboard only).
+    notification: Vec<Duration>,
+    reply_call: Vec<Duration>,
+    /// Wall time of the timed messages, one after the other.
+    elapsed: Duration,
+    /// CPU seconds of each serving process over the timed messages.
+    cpu: Vec<(&'static str, f64)>,
+    /// Each serving process's VmRSS in KiB, warmed up and idle.
+    idle_rss_kib: Vec<(&'static str, u64)>,
+}
+
+impl LoopRun {
+    fn cpu_total(&self) -> f64 {
+        self.cpu.iter().map(|(_, seconds)| seconds).sum()
+    }
+}
+
+/// The person who writes to the bot.
+struct Speaker {
+    chat: ChatSpec,
+    user: UserSpec,
+}
+
+impl Speaker {
+    fn new() -> Self {
+        let user = UserSpec::new(CHAT_ID, "Bench user");
+        Self { chat: ChatSpec::private_with(&user), user }
+    }
+}
+
+/// Pushes one message and waits for the fake to receive the `count`th reply; returns the
+/// time from the push to that reply.
+async fn one_message(fake: &FakeTelegram, speaker: &Speaker, n: usize, count: usize) -> Option<Duration> {
+    let question = format!("question {n}");
+    let pushed = Instant::now();
+    fake.push_text(&speaker.chat, &speaker.user, &question);
+    let sent = fake.wait_for_nth_sent(count, STEP_TIMEOUT).await?;
+    // Not a timing: the reply answers this message (the echo bot repeats it).
+    assert!(sent.text == question || sent.text == AGENT_ANSWER, "an unexpected reply: {:?}", sent.text);
+    assert_eq!(sent.chat_id, CHAT_ID, "a reply to another chat");
+    Some(sent.received_at.duration_since(pushed))
+}
+
+async fn echo_run(params: &Params) -> LoopRun {
+    let fake = FakeTelegram::start().await;
+    let speaker = Speaker::new();
+    let spawned = Instant::now();
+    let child = Command::new(std::env::current_exe().expect("the benchmark's own path"))
+        .env(ECHO_ROLE_ENV, fake.api_url())
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting the echo bot");
+    let echo = Process::new("echo bot", child, None);
+    fake.wait_for_get_updates_calls(1, START_TIMEOUT).await;
+    let spawn_to_poll = spawned.elapsed();
+
+    let mut count = 0;
+    for n in 0..WARMUP_MESSAGES {
+        count += 1;
+        if one_message(&fake, &speaker, n, count).await.is_none() {
+            echo.fail(&format!("warm-up message {n} got no echo"));
+        }
+    }
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let idle_rss_kib = vec![("echo bot", echo.rss_kib())];
+
+    let cpu_before = echo.cpu_seconds();
+    let started = Instant::now();
+    let mut loops = Vec::with_capacity(params.messages);
+    for n in 0..params.messages {
+        count += 1;
+        match one_message(&fake, &speaker, WARMUP_MESSAGES + n, count).await {
+            Some(took) => loops.push(took),
+            None => echo.fail(&format!("message {n} got no echo")),
+        }
+    }
+    let elapsed = started.elapsed();
+    let cpu = vec![("echo bot", echo.cpu_seconds() - cpu_before)];
+    drop(echo);
+    fake.shutdown().await;
+    LoopRun {
+        spawn_to_poll,
+        loops,
+        notification: Vec::new(),
+        reply_call: Vec::new(),
+        elapsed,
+        cpu,
+        idle_rss_kib,
+    }
+}
+
+async fn switchboard_run(params: &Params) -> LoopRun {
+    let fake = FakeTelegram::start().await;
+    let speaker = Speaker::new();
+    let workdir = Workdir::new(&fake.api_url());
+    let spawned = Instant::now();
+    let mut daemon = workdir.start_daemon();
+    fake.wait_for_get_updates_calls(1, START_TIMEOUT).await;
+    let spawn_to_poll = spawned.elapsed();
+    workdir.wait_until_listening(&daemon).await;
+
+    let mut agent = AgentSession::start(&workdir).await;
+    let mut count = 0;
+    for n in 0..WARMUP_MESSAGES {
+        count += 1;
+        if one_message(&fake, &speaker, n, count).await.is_none() {
+            daemon.fail(&format!("warm-up message {n} got no reply"));
+        }
+    }
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let idle_rss_kib = vec![("daemon", daemon.rss_kib()), ("plugin", agent.plugin.rss_kib())];
+    let answered_before = count;
+
+    let cpu_before = (daemon.cpu_seconds(), agent.plugin.cpu_seconds());
+    let started = Instant::now();
+    let mut pushes = Vec::with_capacity(params.messages);
+    let mut loops = Vec::with_capacity(params.messages);
+    for n in 0..params.messages {
+        count += 1;
+        pushes.push(Instant::now());
+        match one_message(&fake, &speaker, WARMUP_MESSAGES + n, count).await {
+            Some(took) => loops.push(took),
+            None => daemon.fail(&format!("message {n} got no reply")),
+        }
+    }
+    let elapsed = started.elapsed();
+    let cpu = vec![
+        ("daemon", daemon.cpu_seconds() - cpu_before.0),
+        ("plugin", agent.plugin.cpu_seconds() - cpu_before.1),
+    ];
+
+    let timings = agent.collect_timings(answered_before + params.messages).await;
+    let timed = &timings[answered_before..];
+    let notification =
+        timed.iter().zip(&pushes).map(|(t, pushed)| t.notified.duration_since(*pushed)).collect();
+    let reply_call = timed.iter().map(|t| t.returned.duration_since(t.called)).collect();
+
+    agent.close().await;
+    daemon.stop();
+    fake.shutdown().await;
+    LoopRun { spawn_to_poll, loops, notification, reply_call, elapsed, cpu, idle_rss_kib }
+}
+
+// ---------------------------------------------------------------------------
+// The agent side: a real plugin process and a real MCP client
+// ---------------------------------------------------------------------------
+
+/// When the client saw a notification, and when its `reply` call left and came back.
+struct AgentTiming {
+    notified: Instant,
+    called: Instant,
+    returned: Instant,
+}
+
+/// A `switchboard channel` child and the MCP client that answers every notification.
+struct AgentSession {
+    plugin: Process,
+    client: RunningService<RoleClient, Answerer>,
+    timings: Vec<AgentTiming>,
+    timings_rx: mpsc::UnboundedReceiver<AgentTiming>,
+}
+
+/// Records channel notifications as they arrive; a task of its own answers them, so the
+/// client's read loop never waits for a tool call.
+struct Answerer {
+    notifications: mpsc::UnboundedSender<(Instant, String)>,
+}
+
+impl ClientHandler for Answerer {
+    fn get_info(&self) -> ClientConfig {
+        ClientConfig::new(
+            ClientCapabilities::default(),
+            Implementation::new("switchboard-hot-path-bench", env!("CARGO_PKG_VERSION")),
+        )
+        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
+    }
+
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let notified = Instant::now();
+        if notification.method != CHANNEL_METHOD {
+            return;
+        }
+        let trace_id = notification
+            .params
+            .as_ref()
+            .and_then(|params| params.pointer("/meta/trace_id"))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned();
+        let _ = self.notifications.send((notified, trace_id));
+    }
+}
+
+impl AgentSession {
+    async fn start(workdir: &Workdir) -> Self {
+        let mut child = tokio::process::Command::new(switchboard_bin())
+            .args(["channel", "--agent", AGENT, "--config"])
+            .arg(workdir.config())
+            .env(AGENT_SECRET_ENV, AGENT_SECRET)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(workdir.plugin_log()).expect("creating the plugin's log"))
+            .kill_on_drop(true)
+            .spawn()
+            .expect("starting switchboard channel");
+        let stdin = child.stdin.take().expect("the plugin's stdin");
+        let stdout = child.stdout.take().expect("the plugin's stdout");
+        let (notifications, mut incoming) = mpsc::unbounded_channel();
+        let client = tokio::time::timeout(START_TIMEOUT, Answerer { notifications }.serve((stdout, stdin)))
+            .await
+            .expect("the MCP handshake within the start timeout")
+            .expect("the MCP handshake");
+
+        // Answers each notification by name, one after the other, as an agent would.
+        let peer = client.peer().clone();
+        let (timings_tx, timings_rx) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some((notified, trace_id)) = incoming.recv().await {
+                let mut arguments = serde_json::Map::new();
+                arguments.insert("text".into(), json!(AGENT_ANSWER));
+                arguments.insert("trace_id".into(), json!(trace_id));
+                let called = Instant::now();
+                let result =
+                    peer.call_tool(CallToolRequestParams::new("reply").with_arguments(arguments)).await;
+                let returned = Instant::now();
+                match result {
+                    Ok(result) if !result.is_error.unwrap_or(false) => {}
+                    // Reported by the missing timing (and the missing reply at the fake).
+                    failed => {
+                        eprintln!("the reply to {trace_id} failed: {failed:?}");
+                        break;
+                    }
+                }
+                if timings_tx.send(AgentTiming { notified, called, returned }).is_err() {
+                    break;
+                }
+            }
+        });
+        let plugin = Process::new("plugin", Spawned::from_tokio(child), Some(workdir.plugin_log()));
+        Self { plugin, client, timings: Vec::new(), timings_rx }
+    }
+
+    /// Waits for the timings of the first `count` answered notifications.
+    async fn collect_timings(&mut self, count: usize) -> Vec<AgentTiming> {
+        while self.timings.len() < count {
+            match tokio::time::timeout(STEP_TIMEOUT, self.timings_rx.recv()).await {
+                Ok(Some(timing)) => self.timings.push(timing),
+                _ => self.plugin.fail("the agent did not answer every notification"),
+            }
+        }
+        std::mem::take(&mut self.timings)
+    }
+
+    /// Ends the agent session as Claude Code does, by closing the plugin's stdin, and
+    /// gives the plugin a moment to exit by itself.
+    async fn close(self) {
+        let Self { mut plugin, client, .. } = self;
+        let _ = client.cancel().await;
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while !plugin.exited() && Instant::now() < deadline {
+            tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Durable ingest and its floor
+// ---------------------------------------------------------------------------
+
+/// The daemon polls an empty fake with no session connected; every update is pushed at
+/// once, and the clock runs until the fake sees the offset that confirms the last one (the
+/// offset is committed in the transaction that stores its batch).
+async fn ingest_run(params: &Params) -> Duration {
+    let fake = FakeTelegram::start().await;
+    let speaker = Speaker::new();
+    let workdir = Workdir::new(&fake.api_url());
+    let mut daemon = workdir.start_daemon();
+    fake.wait_for_get_updates_calls(1, START_TIMEOUT).await;
+    workdir.wait_until_listening(&daemon).await;
+
+    let mut last = 0;
+    for n in 0..params.updates {
+        last = fake.push_text(&speaker.chat, &speaker.user, &format!("update {n}"));
+    }
+    // The waiting long poll runs only once this task yields: the clock starts first.
+    let started = Instant::now();
+    tokio::time::timeout(INGEST_TIMEOUT, fake.wait_until_confirmed(last, INGEST_TIMEOUT))
+        .await
+        .unwrap_or_else(|_| daemon.fail("the daemon did not confirm every update"));
+    let elapsed = started.elapsed();
+    daemon.stop();
+    fake.shutdown().await;
+
+    // Not a timing: a check that the run stored what it claims to have measured.
+    let ledger = Ledger::open(&workdir.database(), Synchronous::Normal).await.expect("opening the ledger");
+    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'queued'")
+        .fetch_one(ledger.pool())
+        .await
+        .expect("counting envelopes");
+    ledger.close().await;
+    assert_eq!(stored, params.updates as i64, "every update should be a queued envelope");
+    elapsed
+}
+
+/// One envelope row as the poller writes it.
+struct Row {
+    trace_id: String,
+    update_id: i64,
+    digest: String,
+    content: String,
+}
+
+/// The same rows inserted straight into a migrated ledger, [`RAW_BATCH`] per transaction,
+/// with the pragmas the daemon uses. The rows are made before the clock starts.
+async fn raw_insert_run(params: &Params) -> Duration {
+    let dir = tempfile::tempdir().expect("creating a temporary directory");
+    let path = dir.path().join("raw.db");
+    Ledger::open(&path, Synchronous::Normal).await.expect("creating the ledger").close().await;
+    let options = SqliteConnectOptions::new()
+        .filename(&path)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Normal)
+        .foreign_keys(true);
+    let mut connection = SqliteConnection::connect_with(&options).await.expect("opening the raw connection");
+    let rows: Vec<Row> = (0..params.updates)
+        .map(|n| Row {
+            trace_id: format!("env_{n:010}"),
+            update_id: 100_000 + n as i64,
+            digest: format!("{:064x}", n as u128 * 0x9E37_79B9_7F4A_7C15),
+            content: format!("update {n}"),
+        })
+        .collect();
+    let now = "2026-01-01T00:00:00.000Z";
+
+    let started = Instant::now();
+    for batch in rows.chunks(RAW_BATCH) {
+        let mut tx = connection.begin_with("BEGIN IMMEDIATE").await.expect("BEGIN");
+        let mut insert = sqlx::QueryBuilder::new(
+            "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
+             chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
+             sent_at, received_at, route, agent, state, state_changed_at, note, raw_update) ",
+        );
+        insert.push_values(batch, |mut values, row| {
+            values
+                .push_bind(row.trace_id.as_str())
+                .push_bind(row.update_id)
+                .push_bind(row.digest.as_str())
+                .push_bind("message")
+                .push_bind(CHAT_ID)
+                .push_bind(None::<i64>)
+                .push_bind("private")
+                .push_bind(None::<&str>)
+                .push_bind(row.update_id)
+                .push_bind(CHAT_ID)
+                .push_bind(None::<&str>)
+                .push_bind("Bench user")
+                .push_bind(row.content.as_str())
+                .push_bind("[]")
+                .push_bind(row.content.as_str())
+                .push_bind(now)
+                .push_bind(now)
+                .push_bind("dm-a0")
+                .push_bind(AGENT)
+                .push_bind("queued")
+                .push_bind(now)
+                .push_bind(None::<&str>)
+                .push_bind(None::<&str>);
+        });
+        insert.build().execute(&mut *tx).await.expect("inserting a batch");
+        tx.commit().await.expect("COMMIT");
+    }
+    let elapsed = started.elapsed();
+    connection.close().await.expect("closing the raw connection");
+    elapsed
+}
+
+// ---------------------------------------------------------------------------
+// Processes
+// ---------------------------------------------------------------------------
+
+/// A child process whose CPU time and memory are read from /proc. Dropping it kills it.
+struct Process {
+    name: &'static str,
+    child: Option<Spawned>,
+    log: Option<PathBuf>,
+}
+
+/// A child process started through std or tokio.
+enum Spawned {
+    Std(std::process::Child),
+    Tokio(tokio::process::Child),
+}
+
+impl Spawned {
+    fn from_tokio(child: tokio::process::Child) -> Self {
+        Self::Tokio(child)
+    }
+
+    fn id(&self) -> u32 {
+        match self {
+            Self::Std(child) => child.id(),
+            Self::Tokio(child) => child.id().expect("a running child has a pid"),
+        }
+    }
+
+    fn exited(&mut self) -> bool {
+        match self {
+            Self::Std(child) => child.try_wait().is_ok_and(|status| status.is_some()),
+            Self::Tokio(child) => child.try_wait().is_ok_and(|status| status.is_some()),
+        }
+    }
+
+    fn kill(&mut self) {
+        match self {
+            Self::Std(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
+            Self::Tokio(child) => {
+                let _ = child.start_kill();
+            }
+        }
+    }
+}
+
+impl Process {
+    fn new(name: &'static str, child: impl Into<Spawned>, log: Option<PathBuf>) -> Self {
+        Self { name, child: Some(child.into()), log }
+    }
+
+    fn exited(&mut self) -> bool {
+        self.child.as_mut().is_none_or(Spawned::exited)
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the process is running").id()
+    }
+
+    /// utime + stime of the whole process (every thread), in seconds.
+    fn cpu_seconds(&self) -> f64 {
+        let pid = self.pid();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .unwrap_or_else(|e| panic!("reading /proc/{pid}/stat: {e}"));
+        // The command name may hold spaces: the fields that follow it come after its ')'.
+        let fields: Vec<&str> = stat.rsplit_once(')').expect("a stat line").1.split_whitespace().collect();
+        // Fields 14 and 15 of stat(5); the first field after ')' is field 3.
+        let ticks: u64 =
+            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+        ticks as f64 / clock_ticks_per_second()
+    }
+
+    fn rss_kib(&self) -> u64 {
+        let pid = self.pid();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+        status
+            .lines()
+            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or_else(|| panic!("no VmRSS line in /proc/{pid}/status"))
+    }
+
+    /// SIGTERM, then waits for the graceful exit the daemon promises.
+    fn stop(&mut self) {
+        let Some(Spawned::Std(mut child)) = self.child.take() else {
+            panic!("{} is not a std child", self.name);
+        };
+        let pid = child.id().to_string();
+        let signalled = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
+        assert!(signalled.success(), "kill -TERM {pid} failed");
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            match child.try_wait().expect("waiting for the process") {
+                Some(status) if status.success() => return,
+                Some(status) => {
+                    panic!("{} exited with {status} after SIGTERM\n{}", self.name, self.log_tail())
+                }
+                None if Instant::now() > deadline => {
+                    let _ = child.kill();
+                    panic!(
+                        "{} did not stop within {STEP_TIMEOUT:?} of SIGTERM\n{}",
+                        self.name,
+                        self.log_tail()
+                    );
+                }
+                None => std::thread::sleep(PROCESS_POLL_INTERVAL),
+            }
+        }
+    }
+
+    fn fail(&self, problem: &str) -> ! {
+        panic!("{problem}\n--- {} log (last {LOG_TAIL_LINES} lines) ---\n{}", self.name, self.log_tail())
+    }
+
+    fn log_tail(&self) -> String {
+        let Some(log) = &self.log else { return "(no log)".into() };
+        let log = std::fs::read_to_string(log).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
+    }
+}
+
+impl From<std::process::Child> for Spawned {
+    fn from(child: std::process::Child) -> Self {
+        Self::Std(child)
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill();
+        }
+    }
+}
+
+fn clock_ticks_per_second() -> f64 {
+    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *TICKS.get_or_init(|| {
+        let output = Command::new("getconf").arg("CLK_TCK").output().expect("running getconf CLK_TCK");
+        String::from_utf8_lossy(&output.stdout).trim().parse().expect("CLK_TCK is a number")
+    })
+}
+
+/// A temporary directory with one run's configuration, ledger and logs.
+struct Workdir {
+    dir: tempfile::TempDir,
+    listen: SocketAddr,
+}
+
+impl Workdir {
+    fn new(api_url: &str) -> Self {
+        let dir = tempfile::tempdir().expect("creating a temporary directory");
+        let listen = free_local_addr();
+        let workdir = Self { dir, listen };
+        std::fs::write(workdir.config(), config_text(api_url, &workdir.database(), listen))
+            .expect("writing the configuration");
+        workdir
+    }
+
+    fn database(&self) -> PathBuf {
+        self.dir.path().join("ledger.db")
+    }
+
+    fn config(&self) -> PathBuf {
+        self.dir.path().join("switchboard.toml")
+    }
+
+    fn plugin_log(&self) -> PathBuf {
+        self.dir.path().join("plugin.log")
+    }
+
+    fn daemon_log(&self) -> PathBuf {
+        self.dir.path().join("daemon.log")
+    }
+
+    fn start_daemon(&self) -> Process {
+        let log = std::fs::File::create(self.daemon_log()).expect("creating the daemon's log");
+        let child = Command::new(switchboard_bin())
+            .args(["run", "--config"])
+            .arg(self.config())
+            .env(TOKEN_ENV, TEST_TOKEN)
+            .env(AGENT_SECRET_ENV, AGENT_SECRET)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("starting switchboard run");
+        Process::new("daemon", child, Some(self.daemon_log()))
+    }
+
+    async fn wait_until_listening(&self, daemon: &Process) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        while TcpStream::connect(self.listen).is_err() {
+            if Instant::now() > deadline {
+                daemon.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
+        }
+    }
+}
+
+/// The defaults an operator runs with (log level info, `synchronous = normal`), one agent
+/// routed from one private chat, and no per-chat pacing (see the module documentation).
+fn config_text(api_url: &str, database: &Path, listen: SocketAddr) -> String {
+    format!(
+        r#"[telegram]
+token_env = "{TOKEN_ENV}"
+api_url = "{api_url}"
+
+[storage]
+database = "{database}"
+
+[api]
+listen = "{listen}"
+
+[outbound]
+private_chat_interval_ms = 0
+group_chat_interval_ms = 0
+
+[agents.{AGENT}]
+token_env = "{AGENT_SECRET_ENV}"
+
+[[routes]]
+name = "dm-{AGENT}"
+chat_id = {CHAT_ID}
+agent = "{AGENT}"
+"#,
+        database = database.display(),
+    )
+}
+
+fn free_local_addr() -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
+    listener.local_addr().expect("the ephemeral port's address")
+}
+
+// ---------------------------------------------------------------------------
+// Statistics and the report
+// ---------------------------------------------------------------------------
+
+/// The nearest-rank percentile: the smallest sample that at least `p` percent of all
+/// samples do not exceed.
+fn percentile(samples: &[Duration], p: usize) -> Duration {
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    let rank = (sorted.len() * p).div_ceil(100).max(1);
+    sorted[rank - 1]
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let mid = values.len() / 2;
+    if values.len() % 2 == 1 { values[mid] } else { (values[mid - 1] + values[mid]) / 2.0 }
+}
+
+/// The median over repetitions of a figure of each.
+fn across<T>(runs: &[T], figure: impl Fn(&T) -> f64) -> f64 {
+    median(runs.iter().map(figure).collect())
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// One row of the report: a figure, its floor, the ratio and the goal.
+struct Line {
+    label: &'static str,
+    floor: String,
+    ours: String,
+    ratio: Option<f64>,
+    goal: &'static str,
+}
+
+impl fmt::Display for Line {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let ratio = self.ratio.map_or_else(|| "—".to_owned(), |r| format!("{r:.2}×"));
+        write!(f, "{:<44} {:>14} {:>30} {:>8}  {}", self.label, self.floor, self.ours, ratio, self.goal)
+    }
+}
+
+fn print_report(params: &Params, results: &Results) {
+    let profile = if cfg!(debug_assertions) { "debug" } else { "release" };
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let (echo, ours) = (&results.echo, &results.switchboard);
+    println!();
+    println!("switchboard hot path against its floors ({profile}, {cores} cores)");
+    println!(
+        "{} repetitions, interleaved, medians; {} one-at-a-time messages each (after {WARMUP_MESSAGES} \
+         untimed); {} updates ingested each{}",
+        params.repetitions,
+        params.messages,
+        params.updates,
+        if params.quick { "; QUICK smoke run" } else { "" }
+    );
+    println!();
+    println!(
+        "{:<44} {:>14} {:>30} {:>8}  goal",
+        "one message at a time", "echo floor", "switchboard", "ratio"
+    );
+
+    let p = |runs: &[LoopRun], pct| across(runs, |r| millis(percentile(&r.loops, pct)));
+    let (floor_p50, ours_p50) = (p(echo, 50), p(ours, 50));
+    let (floor_p99, ours_p99) = (p(echo, 99), p(ours, 99));
+    let rate = |runs: &[LoopRun]| across(runs, |r| r.loops.len() as f64 / r.elapsed.as_secs_f64());
+    let (floor_rate, ours_rate) = (rate(echo), rate(ours));
+    let per = CPU_PER_MESSAGES as f64;
+    let cpu = |runs: &[LoopRun], name: Option<&str>| {
+        across(runs, |r| {
+            let seconds = match name {
+                None => r.cpu_total(),
+                Some(name) => r.cpu.iter().filter(|(n, _)| *n == name).map(|(_, s)| s).sum(),
+            };
+            seconds * per / r.loops.len() as f64
+        })
+    };
+    let (floor_cpu, ours_cpu) = (cpu(echo, None), cpu(ours, None));
+    let rss = |runs: &[LoopRun], name: &str| {
+        across(runs, |r| r.idle_rss_kib.iter().find(|(n, _)| *n == name).map_or(0.0, |(_, k)| *k as f64))
+            / 1024.0
+    };
+    let spawn = |runs: &[LoopRun]| across(runs, |r| millis(r.spawn_to_poll));
+
+    let lines = [
+        Line {
+            label: "loop p50 (message at the fake → reply there)",
+            floor: format!("{floor_p50:.2} ms"),
+            ours: format!("{ours_p50:.2} ms"),
+            ratio: Some(ours_p50 / floor_p50),
+            goal: "≤ 2.0×",
+        },
+        Line {
+            label: "loop p99",
+            floor: format!("{floor_p99:.2} ms"),
+            ours: format!("{ours_p99:.2} ms"),
+            ratio: Some(ours_p99 / floor_p99),
+            goal: "",
+        },
+        Line {
+            label: "messages per second, one at a time",
+            floor: format!("{floor_rate:.0}"),
+            ours: format!("{ours_rate:.0}"),
+            ratio: Some(ours_rate / floor_rate),
+            goal: "≥ 0.6×",
+        },
+        Line {
+            label: "CPU seconds per 200 messages",
+            floor: format!("{floor_cpu:.3}"),
+            ours: format!(
+                "{ours_cpu:.3} (daemon {:.3}, plugin {:.3})",
+                cpu(ours, Some("daemon")),
+                cpu(ours, Some("plugin"))
+            ),
+            ratio: Some(ours_cpu / floor_cpu),
+            goal: "≤ 3×",
+        },
+        Line {
+            label: "idle RSS (VmRSS)",
+            floor: format!("{:.1} MiB", rss(echo, "echo bot")),
+            ours: format!("daemon {:.1} / plugin {:.1} MiB", rss(ours, "daemon"), rss(ours, "plugin")),
+            ratio: None,
+            goal: "daemon ≤ 12, plugin ≤ 8 MiB",
+        },
+        Line {
+            label: "spawn → first getUpdates",
+            floor: format!("{:.0} ms", spawn(echo)),
+            ours: format!("{:.0} ms", spawn(ours)),
+            ratio: Some(spawn(ours) / spawn(echo)),
+            goal: "",
+        },
+    ];
+    for line in &lines {
+        println!("{line}");
+    }
+    let hop = |pick: fn(&LoopRun) -> &Vec<Duration>, pct| across(ours, |r| millis(percentile(pick(r), pct)));
+    println!(
+        "  at the MCP client: message at the fake → notification {:.2} / {:.2} ms (p50 / p99); \
+         reply call → result {:.2} / {:.2} ms",
+        hop(|r| &r.notification, 50),
+        hop(|r| &r.notification, 99),
+        hop(|r| &r.reply_call, 50),
+        hop(|r| &r.reply_call, 99),
+    );
+    println!();
+
+    let per_second =
+        |runs: &[Duration]| median(runs.iter().map(|d| params.updates as f64 / d.as_secs_f64()).collect());
+    let (raw, ingest) = (per_second(&results.raw_insert), per_second(&results.ingest));
+    println!("{:<44} {:>14} {:>30} {:>8}  goal", "durable ingest", "raw SQLite", "switchboard", "ratio");
+    println!(
+        "{}",
+        Line {
+            label: "envelopes per second (getUpdates → committed)",
+            floor: format!("{raw:.0}"),
+            ours: format!("{ingest:.0}"),
+            ratio: Some(ingest / raw),
+            goal: "≥ 0.8×",
+        }
+    );
+}
