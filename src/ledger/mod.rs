@@ -98,6 +98,11 @@ impl Ledger {
             .busy_timeout(BUSY_TIMEOUT);
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
+            // sqlx pings a pooled connection before every use by default, for servers that
+            // may have hung up. A SQLite connection is a file handle in this process; the
+            // ping was a round trip to its worker thread before every statement, and a
+            // broken connection is still closed on release (below).
+            .test_before_acquire(false)
             // SQLite rolls a transaction back by itself on some errors (a full disk, for
             // one); sqlx's ROLLBACK then fails and the connection would go back to the pool
             // believing it is still inside a transaction, refusing every later BEGIN. Such
