@@ -388,7 +388,13 @@ impl Outbound {
             }
         }
         metrics::attempt_finished(outcome.state(), elapsed);
-        tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
+        // A confirmed send is per-message chatter (the reply's `reply delivered` line says
+        // it); any other outcome names its op id for whoever reconciles it.
+        if matches!(observed, Observed::Sent { .. }) {
+            tracing::debug!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
+        } else {
+            tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
+        }
         observed
     }
 }

@@ -182,8 +182,10 @@ impl Bridge {
         envelope: &StoredEnvelope,
         redelivered: bool,
     ) -> bool {
-        tracing::info_span!("envelope", trace_id = %envelope.trace_id).in_scope(|| {
-            tracing::info!(
+        // Per-message chatter: an operator follows a message by its `envelope recorded` and
+        // `reply delivered` lines (and a redelivery by the session's `connected` line).
+        tracing::debug_span!("envelope", trace_id = %envelope.trace_id).in_scope(|| {
+            tracing::debug!(
                 agent = envelope.agent.as_deref().unwrap_or_default(),
                 redelivered,
                 "handed to agent session"
