@@ -135,7 +135,7 @@ pub enum LedgerCommand {
 
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Runtime::new() {
+    let runtime = match runtime_for(&cli.command) {
         Ok(runtime) => runtime,
         Err(e) => {
             eprintln!("switchboard: cannot start the async runtime: {e}");
@@ -148,6 +148,17 @@ pub fn main() -> ExitCode {
             eprintln!("switchboard: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The daemon serves many tasks at once (the poller, sessions, deliveries, the local API)
+/// and gets a worker thread per core. The channel plugin relays one session between stdio
+/// and the daemon: a single thread does that with less memory and without waking a second
+/// worker for every message it passes on.
+fn runtime_for(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    match command {
+        Command::Channel { .. } => tokio::runtime::Builder::new_current_thread().enable_all().build(),
+        _ => tokio::runtime::Runtime::new(),
     }
 }
 
