@@ -68,6 +68,9 @@ pub struct Poller {
     unauthorized_exit: Duration,
     /// Since when Telegram has refused the token, with no successful call since.
     refused_since: Option<Instant>,
+    /// The offset as committed: read from the ledger once, then kept in step with each
+    /// batch this poller commits (nothing else writes it), so a poll costs no read.
+    offset: Option<Option<i64>>,
 }
 
 impl Poller {
@@ -94,6 +97,7 @@ impl Poller {
             ledger_backoff: Backoff::new(BACKOFF_FIRST, BACKOFF_CAP),
             unauthorized_exit: settings.telegram.unauthorized_exit,
             refused_since: None,
+            offset: None,
         }
     }
 
@@ -121,9 +125,12 @@ impl Poller {
     /// the daemon must stop: a ledger error other than a busy lock or a full disk
     /// (nothing could be stored safely), or a token refused for too long.
     pub async fn poll_once(&mut self) -> anyhow::Result<PollOutcome> {
-        let offset = match self.ledger.next_offset(self.bot_id).await {
-            Ok(offset) => offset,
-            Err(e) => return self.ledger_trouble(e, "reading the poll offset"),
+        let offset = match self.offset {
+            Some(offset) => offset,
+            None => match self.ledger.next_offset(self.bot_id).await {
+                Ok(offset) => *self.offset.insert(offset),
+                Err(e) => return self.ledger_trouble(e, "reading the poll offset"),
+            },
         };
         let updates = match self.updates.get_updates(offset, self.poll_timeout, BATCH_LIMIT).await {
             Ok(updates) => updates,
@@ -157,6 +164,7 @@ impl Poller {
             Err(e) => return self.ledger_trouble(e, "recording a batch"),
         };
         self.ledger_backoff.reset();
+        self.offset = Some(Some(next_offset));
         for routed in &inserted {
             log_recorded(routed);
             metrics::envelope_recorded(routed.state);
