@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use axum::serve::ListenerExt as _;
 use metrics_exporter_prometheus::PrometheusHandle;
 use teloxide::Bot;
 use tokio::net::TcpListener;
@@ -170,6 +171,13 @@ impl Daemon {
         let server_stop = shutdown.child_token();
         let upkeep = metrics_upkeep(operations.metrics.clone(), shutdown.child_token());
         let server = async move {
+            // Each session line is a small write of its own: sent at once, not held
+            // back by Nagle's algorithm until the previous one is acknowledged.
+            let listener = listener.tap_io(|tcp| {
+                if let Err(e) = tcp.set_nodelay(true) {
+                    tracing::debug!(error = %e, "could not set TCP_NODELAY on a local API connection");
+                }
+            });
             axum::serve(listener, api::server::router(bridge, operations))
                 .with_graceful_shutdown(server_stop.cancelled_owned())
                 .await
