@@ -392,7 +392,7 @@ impl Ledger {
             )
             .bind(state)
             .bind(json)
-            .bind(&at)
+            .bind(version_after(update.decided_on, &at))
             .bind(&at)
             .bind(update.stop_by)
             .bind(update.stop_by)
@@ -934,5 +934,31 @@ mod tests {
         assert!(ledger.room_post_attempted(&post.key).await.unwrap(), "attempted: never posted again");
         ledger.mark_room_post_made(post.id).await.unwrap();
         assert!(ledger.owed_room_posts().await.unwrap().is_empty());
+    }
+}
+
+/// The `updated_at` a step writes: its time, but always later than the value it was
+/// decided on. `updated_at` is also the cascade's version (a step applies only where it
+/// still holds the value it was decided on), so two steps within one millisecond must not
+/// write the same value, or a stale step could pass.
+fn version_after(decided_on: &str, at: &str) -> String {
+    use chrono::{DateTime, Duration, SecondsFormat, Utc};
+    let parse = |text: &str| DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc));
+    match (parse(decided_on), parse(at)) {
+        (Some(before), Some(now)) if now <= before => {
+            (before + Duration::milliseconds(1)).to_rfc3339_opts(SecondsFormat::Millis, true)
+        }
+        _ => at.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod version_tests {
+    #[test]
+    fn a_step_never_writes_the_version_it_was_decided_on() {
+        let at = "2026-11-30T12:00:00.005Z";
+        assert_eq!(super::version_after(at, at), "2026-11-30T12:00:00.006Z");
+        assert_eq!(super::version_after("2026-11-30T12:00:00.009Z", at), "2026-11-30T12:00:00.010Z");
+        assert_eq!(super::version_after("2026-11-30T12:00:00.001Z", at), at);
     }
 }
