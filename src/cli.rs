@@ -191,31 +191,38 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
     let secrets = settings.daemon_secrets()?;
     let format = if log_json { LogFormat::Json } else { settings.log.format };
     telemetry::init(format, &settings.log.filter, secrets.all().map(|s| s.expose().to_owned()).collect())?;
+    // The handlers are installed before anything listens: once the local API
+    // accepts a connection, a SIGTERM is a graceful stop, never the default
+    // action that kills the process with the signal.
+    let stop_signals = StopSignals::install()?;
     let shutdown = CancellationToken::new();
     let daemon = Daemon::build(settings, secrets, shutdown.clone()).await?;
-    tokio::spawn(stop_on_signal(shutdown));
+    tokio::spawn(stop_signals.stop_on_signal(shutdown));
     daemon.run().await
 }
 
 /// SIGTERM and SIGINT both stop the daemon gracefully.
-async fn stop_on_signal(shutdown: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        () = terminate => tracing::info!("SIGTERM received"),
-        () = shutdown.cancelled() => return,
+struct StopSignals {
+    terminate: tokio::signal::unix::Signal,
+    interrupt: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    fn install() -> anyhow::Result<Self> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
+        let interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
+        Ok(Self { terminate, interrupt })
     }
-    shutdown.cancel();
+
+    async fn stop_on_signal(mut self, shutdown: CancellationToken) {
+        tokio::select! {
+            _ = self.interrupt.recv() => tracing::info!("SIGINT received"),
+            _ = self.terminate.recv() => tracing::info!("SIGTERM received"),
+            () = shutdown.cancelled() => return,
+        }
+        shutdown.cancel();
+    }
 }
 
 fn check(path: &Path) -> anyhow::Result<()> {
