@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use super::RoutedEnvelope;
+use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
 use sqlx::{Connection, SqliteConnection};
 
@@ -73,8 +73,24 @@ impl Ledger {
         next_offset: i64,
         batch: &'a [RoutedEnvelope],
     ) -> sqlx::Result<Vec<&'a RoutedEnvelope>> {
+        Ok(self.record_batch_handing_over(bot_id, next_offset, batch, &[]).await?.0)
+    }
+
+    /// [`Self::record_batch`], and in the same transaction every `queued` envelope of the
+    /// agents in `claim_for` (the batch's and any older ones) moves to `pending`, handed
+    /// to their live sessions: those rows are returned, oldest first, for the caller to
+    /// pass on. The ledger says `pending` before any session sees them, and a crash
+    /// leaves them `pending`, so they are redelivered.
+    pub async fn record_batch_handing_over<'a>(
+        &self,
+        bot_id: i64,
+        next_offset: i64,
+        batch: &'a [RoutedEnvelope],
+        claim_for: &[&AgentName],
+    ) -> sqlx::Result<(Vec<&'a RoutedEnvelope>, Vec<StoredEnvelope>)> {
         let mut connection = self.pool.acquire().await?;
-        let stored_trace_ids = match insert_batch(&mut connection, bot_id, next_offset, batch).await {
+        let recorded = insert_batch(&mut connection, bot_id, next_offset, batch, claim_for).await;
+        let (stored_trace_ids, mut claimed) = match recorded {
             Ok(stored) => stored,
             Err(e) => {
                 // SQLite rolls a transaction back by itself on some errors (a full disk,
@@ -85,12 +101,15 @@ impl Ledger {
                 return Err(e);
             }
         };
-        Ok(batch
+        let inserted = batch
             .iter()
             .filter(|routed| {
                 stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str())
             })
-            .collect())
+            .collect();
+        // RETURNING gives no order guarantee.
+        claimed.sort_by_key(|row| row.id);
+        Ok((inserted, claimed))
     }
 
     /// The raw text of an undecodable update, by its envelope's trace id.
@@ -103,13 +122,15 @@ impl Ledger {
     }
 }
 
-/// The transaction of [`Ledger::record_batch`]; returns the trace ids of the new rows.
+/// The transaction of [`Ledger::record_batch_handing_over`]; returns the trace ids of the
+/// new rows and the rows claimed for `claim_for`.
 async fn insert_batch(
     connection: &mut SqliteConnection,
     bot_id: i64,
     next_offset: i64,
     batch: &[RoutedEnvelope],
-) -> sqlx::Result<Vec<String>> {
+    claim_for: &[&AgentName],
+) -> sqlx::Result<(Vec<String>, Vec<StoredEnvelope>)> {
     // The write lock up front, as `Ledger::write_transaction` takes it.
     let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
     let received_at = now();
@@ -162,6 +183,17 @@ async fn insert_batch(
     .bind(&received_at)
     .execute(&mut *tx)
     .await?;
+    let mut claimed = Vec::new();
+    for agent in claim_for {
+        let sql = concat!(
+            "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
+             WHERE agent = ? AND state = 'queued' RETURNING ",
+            envelope_columns!()
+        );
+        let rows: Vec<StoredEnvelope> =
+            sqlx::query_as(sql).bind(&received_at).bind(agent.as_str()).fetch_all(&mut *tx).await?;
+        claimed.extend(rows);
+    }
     tx.commit().await?;
-    Ok(stored_trace_ids)
+    Ok((stored_trace_ids, claimed))
 }

@@ -49,6 +49,27 @@ async fn the_database_uses_wal_and_the_configured_durability() {
 }
 
 #[tokio::test]
+async fn a_batch_handed_over_is_pending_when_committed_with_the_older_queued_envelopes_first() {
+    let (_dir, ledger) = ledger().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
+    let mut other = routed(2, EnvelopeState::Queued);
+    other.agent = Some(AgentName::parse("worker").unwrap());
+    let batch = [routed(3, EnvelopeState::Queued), other, routed(4, EnvelopeState::Queued)];
+    let (inserted, handed) = ledger.record_batch_handing_over(1, 5, &batch, &[&orch]).await.unwrap();
+    assert_eq!(inserted.len(), 3);
+    // Every queued envelope of the agent, the one recorded earlier first; none of another.
+    let handed_updates: Vec<_> = handed.iter().map(|e| e.update_id).collect();
+    assert_eq!(handed_updates, [Some(1), Some(3), Some(4)]);
+    assert!(handed.iter().all(|e| e.state == EnvelopeState::Pending && e.deliveries == 1), "{handed:?}");
+    // The ledger says so, and nothing is left for a claim.
+    assert_eq!(ledger.pending(&orch).await.unwrap(), handed);
+    assert_eq!(ledger.claim_next_queued(&orch).await.unwrap(), None);
+    let worker = AgentName::parse("worker").unwrap();
+    assert_eq!(ledger.claim_next_queued(&worker).await.unwrap().and_then(|e| e.update_id), Some(2));
+}
+
+#[tokio::test]
 async fn the_database_and_its_wal_files_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();

@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
 use crate::config::Settings;
+use crate::ids::AgentName;
 use crate::ledger::{EnvelopeState, LedgerCongestion};
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::operate::health::PollHealth;
@@ -159,17 +160,25 @@ impl Poller {
 
         let routing = Arc::clone(&self.routing.borrow());
         let batch: Vec<RoutedEnvelope> = updates.iter().filter_map(|raw| self.row(raw, &routing)).collect();
-        let inserted = match self.ledger.record_batch(self.bot_id, next_offset, &batch).await {
-            Ok(inserted) => inserted,
+        // Agents with a live session get their envelopes handed over by this commit (see
+        // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
+        let bridge = self.bridge.clone();
+        let inboxes = bridge.open_inboxes(batch.iter().filter_map(queued_for)).await;
+        let handed = inboxes.agents();
+        let recorded = self.ledger.record_batch_handing_over(self.bot_id, next_offset, &batch, &handed).await;
+        let (inserted, claimed) = match recorded {
+            Ok(recorded) => recorded,
             Err(e) => return self.ledger_trouble(e, "recording a batch"),
         };
+        let handed: Vec<AgentName> = handed.into_iter().cloned().collect();
+        inboxes.hand_over(claimed);
         self.ledger_backoff.reset();
         self.offset = Some(Some(next_offset));
         for routed in &inserted {
             log_recorded(routed);
             metrics::envelope_recorded(routed.state);
             match (routed.state, &routed.agent) {
-                (EnvelopeState::Queued, Some(agent)) => self.bridge.wake(agent),
+                (EnvelopeState::Queued, Some(agent)) if !handed.contains(agent) => self.bridge.wake(agent),
                 (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
                 _ => {}
             }
@@ -317,6 +326,11 @@ impl Poller {
         );
         Ok(delay)
     }
+}
+
+/// The agent a row is work for, if it is.
+fn queued_for(routed: &RoutedEnvelope) -> Option<&AgentName> {
+    routed.agent.as_ref().filter(|_| routed.state == EnvelopeState::Queued)
 }
 
 /// A row kept for audit, handed to no agent.

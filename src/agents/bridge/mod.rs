@@ -1,11 +1,13 @@
 //! The bridge between the ledger and agent sessions: each agent's inbox, its one live
 //! session, and the tools the local API exposes (`pending`, `reply`, `ack`).
 //!
-//! Delivery to sessions is driven by the ledger, not by in-memory queues: a session claims
-//! the agent's oldest `queued` envelope, marks it `pending` and writes it to the session
-//! stream, and the poller only rings a bell (`Notify`) when it stored something. So an
-//! envelope is never in memory only, and a crash at any point leaves it `queued` or
-//! `pending`.
+//! Delivery to sessions is driven by the ledger: a session claims the agent's oldest
+//! `queued` envelope, marks it `pending` and writes it to the session stream, and whoever
+//! queued something rings a bell (`Notify`). Intake takes a shorter way to a session that
+//! is connected: the transaction that records a batch also marks the agent's queued
+//! envelopes `pending`, and once it committed they are handed to the session from memory
+//! (see `AgentSlot::inbox`). Either way an envelope is never in memory only, and a crash
+//! at any point leaves it `queued` or `pending`.
 //!
 //! Replies are decided and delivered in two steps. The decision (which envelope, which
 //! parts) is serialised per agent and takes no Telegram I/O; the delivery then runs as a
@@ -22,7 +24,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 
 use futures::future::{BoxFuture, Shared};
-use tokio::sync::Notify;
+use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -33,7 +35,7 @@ pub use session::OpenedSession;
 
 use crate::agents::api::wire::ReplyReceipt;
 use crate::ids::{AgentName, Secret};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, StoredEnvelope};
 use crate::telegram::outbound::Outbound;
 
 /// Limits a reply must respect, from the configuration.
@@ -73,6 +75,12 @@ struct AgentSlot {
     wake: Notify,
     /// The connected session, if any: at most one per agent.
     session: Mutex<Option<session::LiveSession>>,
+    /// The live session's direct inbox, once it has taken over the envelopes a previous
+    /// session left pending: intake passes it the envelopes it marked `pending` in the
+    /// transaction that recorded them. The lock is held around every claim of this
+    /// agent's envelopes (the session's, and intake's from before its transaction until
+    /// after the hand-over), so the session gets them oldest first from either path.
+    inbox: tokio::sync::Mutex<Option<mpsc::UnboundedSender<StoredEnvelope>>>,
     /// Serialises this agent's decisions (resolving a reply's envelope and claiming it, an
     /// ack), so two concurrent calls cannot both resolve to the same pending envelope.
     /// Never held across Telegram I/O: a rate-limit wait must not block `ack`.
@@ -113,6 +121,7 @@ impl Bridge {
                     secret,
                     wake: Notify::new(),
                     session: Mutex::new(None),
+                    inbox: tokio::sync::Mutex::new(None),
                     decisions: tokio::sync::Mutex::new(()),
                     running: Mutex::default(),
                     notices: Mutex::default(),
@@ -162,6 +171,23 @@ impl Bridge {
         }
     }
 
+    /// Locks the inboxes of those `agents` whose live session takes envelopes from intake
+    /// (see `AgentSlot::inbox`); the others get theirs through the ledger and a wake-up.
+    pub async fn open_inboxes<'a>(&'a self, agents: impl IntoIterator<Item = &'a AgentName>) -> Inboxes<'a> {
+        // In name order, as any two lockers of several inboxes must take them.
+        let agents: std::collections::BTreeSet<&AgentName> = agents.into_iter().collect();
+        let mut open = Vec::new();
+        for agent in agents {
+            let Some(slot) = self.inner.agents.get(agent) else { continue };
+            let inbox = slot.inbox.lock().await;
+            // A session that ended leaves a closed inbox until the next one registers.
+            if inbox.as_ref().is_some_and(|sender| !sender.is_closed()) {
+                open.push((agent, inbox));
+            }
+        }
+        Inboxes { open }
+    }
+
     /// Checks an agent's credentials. Unknown agents and wrong secrets get the same answer.
     pub fn authenticate(&self, agent: &str, bearer: Option<&str>) -> Result<AgentName, Unauthorized> {
         let name = AgentName::parse(agent).map_err(|_| Unauthorized)?;
@@ -175,5 +201,29 @@ impl Bridge {
     fn slot(&self, agent: &AgentName) -> &AgentSlot {
         // Only authenticated names reach here, and they come from this map.
         &self.inner.agents[agent]
+    }
+}
+
+/// Locked inboxes of live sessions, between intake's claim and its hand-over.
+pub struct Inboxes<'a> {
+    open: Vec<(&'a AgentName, tokio::sync::MutexGuard<'a, Option<mpsc::UnboundedSender<StoredEnvelope>>>)>,
+}
+
+impl Inboxes<'_> {
+    /// The agents whose queued envelopes intake may claim for their sessions.
+    pub fn agents(&self) -> Vec<&AgentName> {
+        self.open.iter().map(|(agent, _)| *agent).collect()
+    }
+
+    /// Hands the claimed envelopes (oldest first) to their sessions, then unlocks. A
+    /// session that ended meanwhile leaves its envelopes `pending`: the next one gets them
+    /// as redelivered.
+    pub fn hand_over(self, envelopes: Vec<StoredEnvelope>) {
+        for envelope in envelopes {
+            let inbox = self.open.iter().find(|(agent, _)| envelope.agent.as_deref() == Some(agent.as_str()));
+            if let Some(sender) = inbox.and_then(|(_, inbox)| inbox.as_ref()) {
+                let _ = sender.send(envelope);
+            }
+        }
     }
 }

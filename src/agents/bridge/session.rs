@@ -11,8 +11,9 @@ use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, StoredEnvelope};
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
-/// session claims the next envelope only once the previous one was taken, so a vanished
-/// client leaves at most one envelope `pending` (and it is redelivered).
+/// session claims the next queued envelope only once the previous one was taken. (Intake
+/// may have marked more `pending` for a connected session; a vanished client leaves them
+/// `pending`, and they are redelivered.)
 const SESSION_BUFFER: usize = 1;
 
 /// Long enough that a token cannot be guessed by another local client that has the
@@ -142,7 +143,16 @@ impl Bridge {
         if tx.send(hello).await.is_err() {
             return Ok(());
         }
-        let redelivered = ledger.take_pending_for_redelivery(agent).await?;
+        // Under the inbox lock, so intake claims nothing for this agent between taking the
+        // pending envelopes back and registering the inbox: whatever it claimed before is
+        // pending now and redelivered here; whatever it claims after comes through the inbox.
+        let (inbox, mut direct) = mpsc::unbounded_channel();
+        let redelivered = {
+            let mut registered = slot.inbox.lock().await;
+            let redelivered = ledger.take_pending_for_redelivery(agent).await?;
+            *registered = Some(inbox);
+            redelivered
+        };
         ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
         tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), "agent session connected");
         for envelope in redelivered {
@@ -151,19 +161,41 @@ impl Bridge {
             }
         }
         let heartbeat = Duration::from_secs(HEARTBEAT_INTERVAL_SECS);
+        // Whether queued envelopes may wait in the ledger: at first, and after each wake-up.
+        let mut look_in_ledger = true;
         loop {
-            while let Some(envelope) = ledger.claim_next_queued(agent).await? {
+            // Intake's envelopes first: its claim took every queued envelope of the agent,
+            // so any still queued is younger.
+            let next = {
+                let _claiming = slot.inbox.lock().await;
+                match direct.try_recv() {
+                    Ok(envelope) => Some(envelope),
+                    Err(_) if look_in_ledger => ledger.claim_next_queued(agent).await?,
+                    Err(_) => None,
+                }
+            };
+            if let Some(envelope) = next {
                 if !self.hand_over(&tx, &envelope, false).await {
                     return Ok(());
                 }
+                continue;
             }
+            look_in_ledger = false;
             while let Some(notice) = slot.take_notice() {
                 if tx.send(SessionEvent::Notice(notice)).await.is_err() {
                     return Ok(());
                 }
             }
             tokio::select! {
-                () = slot.wake.notified() => {}
+                biased;
+                envelope = direct.recv() => {
+                    // The sender stays in the slot until the next session replaces it.
+                    let Some(envelope) = envelope else { return Ok(()) };
+                    if !self.hand_over(&tx, &envelope, false).await {
+                        return Ok(());
+                    }
+                }
+                () = slot.wake.notified() => look_in_ledger = true,
                 () = tokio::time::sleep(heartbeat) => {
                     if tx.send(SessionEvent::Heartbeat).await.is_err() {
                         return Ok(());
