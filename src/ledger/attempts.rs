@@ -298,6 +298,20 @@ impl Ledger {
         Ok(stuck.into_iter().map(|(_, trace_id)| trace_id).collect())
     }
 
+    /// Whether `agent` made a `reply` request with this id before: it left attempts, or it
+    /// answered a handoff. One statement, so a new request (nearly every one) costs no
+    /// more; [`Self::recorded_reply`] and `handoff_by_answer_request` tell what it came to.
+    pub async fn reply_request_seen(&self, agent: &str, request_id: &str) -> sqlx::Result<bool> {
+        sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ?1 AND request_id = ?2) \
+             OR EXISTS (SELECT 1 FROM handoffs WHERE to_agent = ?1 AND answer_request_id = ?2)",
+        )
+        .bind(agent)
+        .bind(request_id)
+        .fetch_one(&self.pool)
+        .await
+    }
+
     /// The attempts made for one `reply` request of `agent`, summed up; `None` when no
     /// attempt carries that id (the request was never acted on).
     pub async fn recorded_reply(&self, agent: &str, request_id: &str) -> sqlx::Result<Option<RecordedReply>> {

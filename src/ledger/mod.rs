@@ -68,7 +68,7 @@ pub use attempts::{
     AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict,
     StoredAttempt,
 };
-pub use envelopes::{RoutedEnvelope, StoredEnvelope};
+pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
 pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;

@@ -268,8 +268,12 @@ async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_rec
     let (_dir, ledger) = ledger().await;
     ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
     let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let facts = |found: Option<FoundForReply>| found.map(|f| (f.awaiting_reconciliation, f.replied_before));
+    assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, false)));
+    assert_eq!(ledger.find_for_reply("env_nonesuchxx").await.unwrap(), None);
     let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_aaaaaaaa", 0, 1)).await.unwrap();
     ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, true)));
     let follow_up = ledger.begin_attempt(&reply_attempt(e.id, "req_bbbbbbbb", 0, 1)).await.unwrap();
     ledger
         .finish_attempt(&follow_up, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
@@ -278,6 +282,9 @@ async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_rec
 
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
     assert_eq!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap(), [e.id]);
+    let found = ledger.find_for_reply(&e.trace_id).await.unwrap().unwrap();
+    assert_eq!((found.awaiting_reconciliation, found.replied_before), (true, true));
+    assert_eq!(Some(found.envelope), ledger.find(&e.trace_id).await.unwrap());
     assert_eq!(ledger.unreconciled_attempts().await.unwrap(), 1);
 
     assert_eq!(
@@ -285,6 +292,7 @@ async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_rec
         EnvelopeState::Acked
     );
     assert!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap().is_empty());
+    assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, true)));
     assert!(matches!(
         ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
         Err(ReconcileError::NotUnresolved { .. })
@@ -297,6 +305,7 @@ async fn a_reply_request_is_summed_up_from_its_attempts() {
     ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
     let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
     assert_eq!(ledger.recorded_reply("orch", "req_cccccccc").await.unwrap(), None);
+    assert!(!ledger.reply_request_seen("orch", "req_cccccccc").await.unwrap());
 
     // Part 1 sent; part 2 rate-limited once, then refused.
     let first = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 0, 2)).await.unwrap();
@@ -313,8 +322,10 @@ async fn a_reply_request_is_summed_up_from_its_attempts() {
     assert_eq!((recorded.trace_id.as_str(), recorded.parts), (e.trace_id.as_str(), 2));
     assert_eq!(recorded.sent, [(0, 5)]);
     assert_eq!(recorded.verdict, ReplyVerdict::NotSent { error: "400".into() });
+    assert!(ledger.reply_request_seen("orch", "req_cccccccc").await.unwrap());
     // Another agent cannot read it.
     assert_eq!(ledger.recorded_reply("worker", "req_cccccccc").await.unwrap(), None);
+    assert!(!ledger.reply_request_seen("worker", "req_cccccccc").await.unwrap());
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
 }
 

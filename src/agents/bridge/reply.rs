@@ -60,19 +60,20 @@ impl Bridge {
                 Some(Repeat::Running(running)) => running,
                 Some(Repeat::Recorded(outcome)) => return outcome,
                 None => 'decided: {
-                    let envelope = self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
-                    let conversation = match envelope.kind {
+                    let (envelope, replied_before) =
+                        self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
+                    let (conversation, replied_before) = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
                         EnvelopeKind::Handoff => {
                             return self.answer_handoff(agent, &envelope, &request.text, &request_id).await;
                         }
                         EnvelopeKind::HandoffAnswer => {
-                            self.conversation_of_answer(agent, slot, &envelope).await?
+                            (self.conversation_of_answer(agent, slot, &envelope).await?, None)
                         }
                         EnvelopeKind::Message
                         | EnvelopeKind::EditedMessage
                         | EnvelopeKind::Unknown
-                        | EnvelopeKind::RoomTurn => envelope,
+                        | EnvelopeKind::RoomTurn => (envelope, replied_before),
                     };
                     if conversation.kind == EnvelopeKind::RoomTurn {
                         // A room turn's one reply goes to the room under the agent's name.
@@ -80,7 +81,7 @@ impl Bridge {
                             .room_reply(agent, &conversation, &request.text, request_id)
                             .await?;
                     }
-                    let plan = self.plan(agent, conversation, request_id, parts).await?;
+                    let plan = self.plan(agent, conversation, replied_before, request_id, parts).await?;
                     self.start_delivery(agent, plan)
                 }
             }
@@ -114,6 +115,9 @@ impl Bridge {
         if let Some(running) = self.slot(agent).running().by_request.get(request_id.as_str()) {
             return Ok(Some(Repeat::Running(running.clone())));
         }
+        if !self.inner.ledger.reply_request_seen(agent.as_str(), request_id.as_str()).await? {
+            return Ok(None);
+        }
         if let Some(answered) = self.recorded_answer(agent, request_id).await? {
             return Ok(Some(Repeat::Recorded(Ok(answered))));
         }
@@ -125,21 +129,28 @@ impl Bridge {
         Ok(Some(Repeat::Recorded(recorded_outcome(&recorded, envelope.as_ref()))))
     }
 
-    /// Picks the envelope a reply (or a handoff, later) acts for: the named one, or the
-    /// only pending one this session was shown.
+    /// Picks the envelope a reply acts for: the named one, or the only pending one this
+    /// session was shown. With it, whether a reply request was made for it before, when
+    /// that came with the lookup (`None`: not known yet).
     async fn resolve(
         &self,
         agent: &AgentName,
         slot: &AgentSlot,
         session: &str,
         trace_id: Option<&TraceId>,
-    ) -> Result<StoredEnvelope, ToolError> {
+    ) -> Result<(StoredEnvelope, Option<bool>), ToolError> {
         let ledger = &self.inner.ledger;
         let resolved = match trace_id {
             Some(trace_id) => {
-                let found = ledger.find(trace_id.as_str()).await?;
-                let candidates = self.candidates(slot, found.into_iter().collect()).await?;
-                resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidates.into_iter().next())
+                let found = ledger.find_for_reply(trace_id.as_str()).await?;
+                let replied_before = found.as_ref().map(|found| found.replied_before);
+                let candidate = found.map(|found| {
+                    let unreconciled =
+                        if found.awaiting_reconciliation { vec![found.envelope.id] } else { Vec::new() };
+                    blocked_by(slot, vec![found.envelope], &unreconciled).remove(0)
+                });
+                resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidate)
+                    .map(|envelope| (envelope, replied_before))
             }
             None => {
                 let (shown, not_shown): (Vec<_>, Vec<_>) = ledger
@@ -148,6 +159,7 @@ impl Bridge {
                     .into_iter()
                     .partition(|envelope| envelope.shown_session.as_deref() == Some(session));
                 resolver::resolve_unnamed(self.candidates(slot, shown).await?, not_shown.len())
+                    .map(|envelope| (envelope, None))
             }
         };
         resolved.map_err(|refusal| refused("reply", agent, refusal))
@@ -184,32 +196,24 @@ impl Bridge {
     ) -> Result<Vec<Candidate>, ToolError> {
         let ids: Vec<i64> = envelopes.iter().map(|e| e.id).collect();
         let unreconciled = self.inner.ledger.awaiting_reconciliation(&ids).await?;
-        let running = slot.running();
-        Ok(envelopes
-            .into_iter()
-            .map(|envelope| {
-                let blocked = if running.envelopes.contains(&envelope.id) {
-                    Some(Blocked::ReplyInProgress)
-                } else if unreconciled.contains(&envelope.id) {
-                    Some(Blocked::AwaitingReconciliation)
-                } else {
-                    None
-                };
-                Candidate { envelope, blocked }
-            })
-            .collect())
+        Ok(blocked_by(slot, envelopes, &unreconciled))
     }
 
     /// The parts to send, and those an interrupted earlier request with the same text
-    /// already delivered.
+    /// already delivered (nothing to look up when no request was made for it before).
     pub(super) async fn plan(
         &self,
         agent: &AgentName,
         envelope: StoredEnvelope,
+        replied_before: Option<bool>,
         request_id: RequestId,
         parts: Vec<String>,
     ) -> Result<ReplyPlan, ToolError> {
-        let already_sent = match self.inner.ledger.last_reply_for(envelope.id).await? {
+        let last_reply = match replied_before {
+            Some(false) => None,
+            Some(true) | None => self.inner.ledger.last_reply_for(envelope.id).await?,
+        };
+        let already_sent = match last_reply {
             Some((_, attempts)) => parts_already_delivered(&attempts, &parts),
             None => Vec::new(),
         };
@@ -348,6 +352,25 @@ impl Bridge {
         tracing::info!(%agent, trace_id = %trace_id, "envelope acked");
         Ok(AckReceipt { trace_id: trace_id.to_string(), state: EnvelopeState::Acked.to_string() })
     }
+}
+
+/// The envelopes with what blocks sending for them: a reply being delivered (known in
+/// memory) or an unknown outcome not yet reconciled (`unreconciled`, from the ledger).
+fn blocked_by(slot: &AgentSlot, envelopes: Vec<StoredEnvelope>, unreconciled: &[i64]) -> Vec<Candidate> {
+    let running = slot.running();
+    envelopes
+        .into_iter()
+        .map(|envelope| {
+            let blocked = if running.envelopes.contains(&envelope.id) {
+                Some(Blocked::ReplyInProgress)
+            } else if unreconciled.contains(&envelope.id) {
+                Some(Blocked::AwaitingReconciliation)
+            } else {
+                None
+            };
+            Candidate { envelope, blocked }
+        })
+        .collect()
 }
 
 /// Removes a delivery from the running set when its task ends, however it ends (a panic
