@@ -48,6 +48,7 @@ use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Connection as _, SqliteConnection};
 use switchboard::config::Synchronous;
+use switchboard::ids::TraceId;
 use switchboard::ledger::Ledger;
 use tokio::sync::mpsc;
 
@@ -555,7 +556,9 @@ async fn raw_insert_run(params: &Params) -> Duration {
     let mut connection = SqliteConnection::connect_with(&options).await.expect("opening the raw connection");
     let rows: Vec<Row> = (0..params.updates)
         .map(|n| Row {
-            trace_id: format!("env_{n:010}"),
+            // Random, as the poller's: the unique index on trace ids takes each row on
+            // a leaf of its own, which a sequence would not.
+            trace_id: TraceId::generate().to_string(),
             update_id: 100_000 + n as i64,
             digest: format!("{:064x}", n as u128 * 0x9E37_79B9_7F4A_7C15),
             content: format!("update {n}"),
