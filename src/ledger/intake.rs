@@ -170,9 +170,23 @@ async fn insert_batch(
                 .push_bind(routed.note.as_deref())
                 .push_bind(routed.raw_update.as_deref());
         });
-        // A re-polled update is already stored: skip it, and learn which rows are new.
-        insert.push(" ON CONFLICT (update_id, update_digest) DO NOTHING RETURNING trace_id");
-        stored_trace_ids = insert.build_query_scalar::<String>().fetch_all(&mut *tx).await?;
+        // A re-polled update is already stored: skip it.
+        insert.push(" ON CONFLICT (update_id, update_digest) DO NOTHING");
+        let stored = insert.build().execute(&mut *tx).await?.rows_affected();
+        stored_trace_ids = if usize::try_from(stored) == Ok(batch.len()) {
+            // Every row is new (nearly always): no need to hand each trace id back from
+            // SQLite's thread, as `RETURNING` would.
+            batch.iter().map(|routed| routed.envelope.trace_id.to_string()).collect()
+        } else {
+            // A re-poll: the new rows are those whose fresh trace ids were stored.
+            let mut query = sqlx::QueryBuilder::new("SELECT trace_id FROM envelopes WHERE trace_id IN (");
+            let mut ids = query.separated(", ");
+            for routed in batch {
+                ids.push_bind(routed.envelope.trace_id.as_str());
+            }
+            query.push(")");
+            query.build_query_scalar::<String>().fetch_all(&mut *tx).await?
+        };
     }
     sqlx::query(
         "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
