@@ -6,6 +6,7 @@
 //! pure code in `routes`, `resolver` and `outbound`.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -14,6 +15,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Connection as _, SqlitePool};
 
 use crate::config::Synchronous;
+use checkpoint::Checkpointer;
 
 /// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
 /// daemon runs) before giving up. Ledger transactions are short, so this is generous.
@@ -40,6 +42,9 @@ pub fn now() -> String {
 #[derive(Debug, Clone)]
 pub struct Ledger {
     pool: SqlitePool,
+    /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
+    /// `switchboard ledger` leaves that to SQLite.
+    checkpointer: Option<Arc<Checkpointer>>,
 }
 
 /// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals
@@ -53,6 +58,7 @@ macro_rules! envelope_columns {
 }
 
 mod attempts;
+mod checkpoint;
 mod envelopes;
 pub mod files;
 mod handoffs;
@@ -87,17 +93,22 @@ impl Ledger {
         files::create_private(path)
             .with_context(|| format!("creating the ledger database {} (mode 0600)", path.display()))?;
         tighten_and_warn(path);
-        Self::connect(path, synchronous, true).await
+        Self::connect(path, synchronous, true, Some(Checkpointer::new())).await
     }
 
     /// Opens a database that must already exist, and applies pending migrations. For
     /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
     pub async fn open_existing(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
         tighten_and_warn(path);
-        Self::connect(path, synchronous, false).await
+        Self::connect(path, synchronous, false, None).await
     }
 
-    async fn connect(path: &Path, synchronous: Synchronous, create: bool) -> anyhow::Result<Self> {
+    async fn connect(
+        path: &Path,
+        synchronous: Synchronous,
+        create: bool,
+        checkpointer: Option<Checkpointer>,
+    ) -> anyhow::Result<Self> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(create)
@@ -108,6 +119,12 @@ impl Ledger {
             })
             .foreign_keys(true)
             .busy_timeout(BUSY_TIMEOUT);
+        let checkpointer = checkpointer.map(Arc::new);
+        let options = match &checkpointer {
+            Some(_) => options.pragma("wal_autocheckpoint", checkpoint::BACKSTOP_PAGES.to_string()),
+            None => options,
+        };
+        let hook = checkpointer.clone();
         let pool = SqlitePoolOptions::new()
             .max_connections(MAX_CONNECTIONS)
             // sqlx pings a pooled connection before every use by default, for servers that
@@ -123,14 +140,30 @@ impl Ledger {
                 let healthy = !connection.is_in_transaction();
                 Box::pin(async move { Ok(healthy) })
             })
-            .connect_with(options)
+            // Every commit tells the checkpointer there is something to checkpoint.
+            .after_connect(move |connection, _| {
+                let on_commit = hook.as_ref().map(|checkpointer| checkpointer.on_commit());
+                Box::pin(async move {
+                    if let Some(on_commit) = on_commit {
+                        connection.lock_handle().await?.set_commit_hook(on_commit);
+                    }
+                    Ok(())
+                })
+            })
+            .connect_with(options.clone())
             .await
             .with_context(|| format!("opening the ledger database {}", path.display()))?;
         sqlx::migrate!("./migrations")
             .run(&pool)
             .await
             .with_context(|| format!("applying migrations to {}", path.display()))?;
-        Ok(Self { pool })
+        if let Some(checkpointer) = &checkpointer {
+            checkpointer
+                .start(&options)
+                .await
+                .with_context(|| format!("opening a checkpointing connection to {}", path.display()))?;
+        }
+        Ok(Self { pool, checkpointer })
     }
 
     /// A transaction that takes SQLite's write lock at once. A read-then-write
@@ -146,6 +179,9 @@ impl Ledger {
     }
 
     pub async fn close(&self) {
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.stop().await;
+        }
         self.pool.close().await;
     }
 }

@@ -70,6 +70,29 @@ async fn a_batch_handed_over_is_pending_when_committed_with_the_older_queued_env
 }
 
 #[tokio::test]
+async fn commits_reach_the_database_file_a_moment_later_without_waiting_for_a_full_wal() {
+    let dir = tempfile::tempdir().unwrap();
+    let database = dir.path().join("ledger.db");
+    let ledger = Ledger::open(&database, Synchronous::Normal).await.unwrap();
+    let backstop: i64 =
+        sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(ledger.pool()).await.unwrap();
+    assert_eq!(backstop, i64::from(checkpoint::BACKSTOP_PAGES));
+    let size = || std::fs::metadata(&database).unwrap().len();
+    // The migrations' own commits are checkpointed first.
+    tokio::time::sleep(3 * checkpoint::CHECKPOINT_DELAY).await;
+    let before = size();
+    // Far fewer pages than the backstop: only the checkpointer moves them into the file.
+    let batch: Vec<_> = (1..=300).map(|id| routed(id, EnvelopeState::Queued)).collect();
+    ledger.record_batch(1, 301, &batch).await.unwrap();
+    let deadline = std::time::Instant::now() + 20 * checkpoint::CHECKPOINT_DELAY;
+    while size() == before {
+        assert!(std::time::Instant::now() < deadline, "no checkpoint after the commit");
+        tokio::time::sleep(checkpoint::CHECKPOINT_DELAY / 4).await;
+    }
+    ledger.close().await;
+}
+
+#[tokio::test]
 async fn the_database_and_its_wal_files_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
@@ -518,7 +541,7 @@ async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_t
     // One connection, whose page cap stands for a full disk.
     let options = sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("ledger.db"));
     let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
-    let ledger = Ledger { pool };
+    let ledger = Ledger { pool, checkpointer: None };
     let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(ledger.pool()).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
         .execute(ledger.pool())
