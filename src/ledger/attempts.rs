@@ -308,7 +308,7 @@ impl Ledger {
         )
         .bind(agent)
         .bind(request_id)
-        .fetch_one(&self.pool)
+        .fetch_one(&self.reader)
         .await
     }
 
@@ -321,7 +321,7 @@ impl Ledger {
         )
         .bind(agent)
         .bind(request_id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reader)
         .await?;
         let Some((envelope_id, trace_id)) = envelope else { return Ok(None) };
         let sql = concat!(
@@ -330,7 +330,7 @@ impl Ledger {
             " FROM attempts WHERE agent = ? AND request_id = ? ORDER BY id"
         );
         let attempts: Vec<StoredAttempt> =
-            sqlx::query_as(sql).bind(agent).bind(request_id).fetch_all(&self.pool).await?;
+            sqlx::query_as(sql).bind(agent).bind(request_id).fetch_all(&self.reader).await?;
         Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
     }
 
@@ -344,7 +344,7 @@ impl Ledger {
             "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL ORDER BY id DESC LIMIT 1",
         )
         .bind(envelope_id)
-        .fetch_optional(&self.pool)
+        .fetch_optional(&self.reader)
         .await?;
         let Some(request_id) = request_id else { return Ok(None) };
         let sql = concat!(
@@ -352,7 +352,8 @@ impl Ledger {
             attempt_columns!(),
             " FROM attempts WHERE envelope_id = ? AND request_id = ? ORDER BY id"
         );
-        let attempts = sqlx::query_as(sql).bind(envelope_id).bind(&request_id).fetch_all(&self.pool).await?;
+        let attempts =
+            sqlx::query_as(sql).bind(envelope_id).bind(&request_id).fetch_all(&self.reader).await?;
         Ok(Some((request_id, attempts)))
     }
 
@@ -371,11 +372,11 @@ impl Ledger {
             ids.push_bind(*id);
         }
         query.push(")");
-        query.build_query_scalar().fetch_all(&self.pool).await
+        query.build_query_scalar().fetch_all(&self.reader).await
     }
 
     pub async fn attempts_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredAttempt>> {
         let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
-        sqlx::query_as(sql).bind(envelope_id).fetch_all(&self.pool).await
+        sqlx::query_as(sql).bind(envelope_id).fetch_all(&self.reader).await
     }
 }

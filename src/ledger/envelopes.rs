@@ -172,12 +172,12 @@ impl Ledger {
             envelope_columns!(),
             " FROM envelopes WHERE agent = ? AND state = 'pending' ORDER BY id"
         );
-        sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await
+        sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.reader).await
     }
 
     pub async fn find(&self, trace_id: &str) -> sqlx::Result<Option<StoredEnvelope>> {
         let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = ?");
-        sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.pool).await
+        sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.reader).await
     }
 
     /// [`Self::find`] for a reply that names its envelope, with what the envelope's
@@ -194,7 +194,7 @@ impl Ledger {
                  AND a.request_id IS NOT NULL) AS replied_before \
              FROM envelopes WHERE trace_id = ?"
         );
-        sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.pool).await
+        sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.reader).await
     }
 
     // ---- state transitions ----

@@ -251,13 +251,13 @@ impl Ledger {
 
     pub async fn handoff(&self, handoff_id: &str) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.handoff_id = ?");
-        sqlx::query_as(sql).bind(handoff_id).fetch_optional(&self.pool).await
+        sqlx::query_as(sql).bind(handoff_id).fetch_optional(&self.reader).await
     }
 
     /// The handoff an envelope carries: as its instruction or as its answer.
     pub async fn handoff_of_envelope(&self, envelope_id: i64) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.envelope_id = ?1 OR h.answer_envelope_id = ?1");
-        sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.pool).await
+        sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.reader).await
     }
 
     /// The handoff a request of `from` recorded, if it did.
@@ -267,7 +267,7 @@ impl Ledger {
         request_id: &str,
     ) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.request_id = ?");
-        sqlx::query_as(sql).bind(from.as_str()).bind(request_id).fetch_optional(&self.pool).await
+        sqlx::query_as(sql).bind(from.as_str()).bind(request_id).fetch_optional(&self.reader).await
     }
 
     /// The handoff a `reply` request of `agent` answered, if it did.
@@ -277,19 +277,19 @@ impl Ledger {
         request_id: &str,
     ) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.to_agent = ? AND h.answer_request_id = ?");
-        sqlx::query_as(sql).bind(agent.as_str()).bind(request_id).fetch_optional(&self.pool).await
+        sqlx::query_as(sql).bind(agent.as_str()).bind(request_id).fetch_optional(&self.reader).await
     }
 
     /// The handoffs made on behalf of one envelope: a turn's instructions, oldest first.
     pub async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> sqlx::Result<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.cause_envelope_id = ? ORDER BY h.id");
-        sqlx::query_as(sql).bind(cause_envelope_id).fetch_all(&self.pool).await
+        sqlx::query_as(sql).bind(cause_envelope_id).fetch_all(&self.reader).await
     }
 
     /// `from`'s handoffs still open, oldest first.
     pub async fn open_handoffs_from(&self, from: &AgentName) -> sqlx::Result<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.state = 'open' ORDER BY h.id");
-        sqlx::query_as(sql).bind(from.as_str()).fetch_all(&self.pool).await
+        sqlx::query_as(sql).bind(from.as_str()).fetch_all(&self.reader).await
     }
 
     /// For `switchboard ledger handoffs`: newest last.

@@ -36,12 +36,22 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// pool's acquire timeout.
 const MAX_CONNECTIONS: u32 = 1;
 
+/// Readers beside the writer: two, so that one's release ping overlaps with the next
+/// read; a reply's or a handoff's lookups come one after another, not many at once.
+const READERS: u32 = 2;
+
 pub fn now() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 #[derive(Debug, Clone)]
 pub struct Ledger {
+    /// The one connection every write goes through (see [`MAX_CONNECTIONS`]), and every
+    /// read that is not on a hot path.
     pool: SqlitePool,
+    /// Connections for the reads on the path of a message (resolving a reply, the guard of
+    /// a handoff): they never wait for the writer in WAL mode, and sqlx's ping on every
+    /// release overlaps with the next read instead of delaying it. Nothing writes here.
+    reader: SqlitePool,
     /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
     /// `switchboard ledger` leaves that to SQLite.
     checkpointer: Option<Arc<Checkpointer>>,
@@ -157,13 +167,19 @@ impl Ledger {
             .run(&pool)
             .await
             .with_context(|| format!("applying migrations to {}", path.display()))?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(READERS)
+            .test_before_acquire(false)
+            .connect_with(options.clone())
+            .await
+            .with_context(|| format!("opening the ledger database {} for reading", path.display()))?;
         if let Some(checkpointer) = &checkpointer {
             checkpointer
                 .start(&options)
                 .await
                 .with_context(|| format!("opening a checkpointing connection to {}", path.display()))?;
         }
-        Ok(Self { pool, checkpointer })
+        Ok(Self { pool, reader, checkpointer })
     }
 
     /// A transaction that takes SQLite's write lock at once. A read-then-write
@@ -182,6 +198,7 @@ impl Ledger {
         if let Some(checkpointer) = &self.checkpointer {
             checkpointer.stop().await;
         }
+        self.reader.close().await;
         self.pool.close().await;
     }
 }
