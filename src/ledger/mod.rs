@@ -21,14 +21,15 @@ use checkpoint::Checkpointer;
 /// daemon runs) before giving up. Ledger transactions are short, so this is generous.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One connection, and every statement of the process queues for it. SQLite allows one
-/// writer at a time, and two connections of this process that write at once do not queue:
-/// the second gets `SQLITE_BUSY` and SQLite's busy handler sleeps (1 ms, 2 ms, 5 ms, …)
-/// before trying again. On every message the session's next claim and the plugin's
-/// `shown` met that way, which cost a millisecond or more on the reply's path. One
-/// connection also keeps its page cache (WAL resets a connection's cache whenever another
-/// one has written) and its worker thread warm. Statements are short, and the ledger
-/// never holds the connection across other I/O.
+/// One writer connection, and every write of the process queues for it. SQLite allows
+/// one writer at a time, and two connections of this process that write at once do not
+/// queue: the second gets `SQLITE_BUSY` and SQLite's busy handler sleeps (1 ms, 2 ms,
+/// 5 ms, …) before trying again. On every message the session's next claim and the
+/// plugin's `shown` met that way, which cost a millisecond or more on the reply's path.
+/// One connection also keeps its page cache (WAL resets a connection's cache whenever
+/// another one has written) and its worker thread warm. Statements are short, and the
+/// ledger never holds the connection across other I/O. (Hot-path reads have connections
+/// of their own: `Ledger::reader`.)
 ///
 /// The rule that comes with it: code holding a transaction (or an acquired connection)
 /// must run everything through it (`&mut SqliteConnection` helpers such as
