@@ -118,6 +118,18 @@ pub enum LedgerCommand {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
+    /// Show a task (task_…): where it stands, every revision with what was done and
+    /// running at that moment, and its predecessor and successor. With --stopped, record
+    /// that a cancelled task has stopped.
+    Task {
+        task_id: String,
+        /// Confirm that the cancelled task has stopped (when its agent cannot ack).
+        #[arg(long, requires = "reason")]
+        stopped: bool,
+        /// Why (kept in the ledger); required with --stopped.
+        #[arg(long)]
+        reason: Option<String>,
+    },
     /// Settle an unresolved envelope with what you found in the chat.
     Reconcile {
         trace_id: String,
@@ -209,7 +221,7 @@ struct StopSignals {
 
 impl StopSignals {
     fn install() -> anyhow::Result<Self> {
-        use tokio::signal::unix::{signal, SignalKind};
+        use tokio::signal::unix::{SignalKind, signal};
         let terminate = signal(SignalKind::terminate()).context("cannot listen for SIGTERM")?;
         let interrupt = signal(SignalKind::interrupt()).context("cannot listen for SIGINT")?;
         Ok(Self { terminate, interrupt })
@@ -563,11 +575,59 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             // not counted as unresolved above, but it waits for an operator all the same.
             println!("unreconciled attempts: {}", ledger.unreconciled_attempts().await?);
         }
+        LedgerCommand::Task { task_id, stopped, reason } => {
+            let task_id = task_id.trim();
+            if stopped {
+                let reason = reason.unwrap_or_default();
+                ledger.mark_task_stopped(task_id, reason.trim()).await?;
+                println!("{task_id}: now stopped");
+            }
+            print_task(ledger, task_id).await?;
+        }
         LedgerCommand::Reconcile { trace_id, delivered, not_delivered: _, reason } => {
             let finding = if delivered { Reconciliation::Delivered } else { Reconciliation::NotDelivered };
             let state = ledger.reconcile(trace_id.trim(), finding, &reason).await?;
             println!("{}: now {state}", trace_id.trim());
         }
+    }
+    Ok(())
+}
+
+/// A task, its revisions, and the tasks before and after it.
+async fn print_task(ledger: &Ledger, task_id: &str) -> anyhow::Result<()> {
+    let Some((task, revisions, effects)) = ledger.task(task_id).await? else {
+        anyhow::bail!("no task has id {task_id}");
+    };
+    println!("{}", crate::ledger::describe_task(&task, &effects));
+    println!(
+        "conversation: {} chat {}{} → agent {}",
+        task.route,
+        task.chat_id,
+        task.thread_id.map(|t| format!(" topic {t}")).unwrap_or_default(),
+        task.agent
+    );
+    println!(
+        "opened {}{}",
+        task.opened_at,
+        task.closed_at.as_ref().map(|c| format!(", closed {c}")).unwrap_or_default()
+    );
+    println!();
+    println!("revisions:");
+    for r in revisions {
+        println!(
+            "  r{:<3} {:<14} {:<8} {:<24} {}  {}{}",
+            r.revision,
+            r.kind,
+            r.source,
+            r.actor,
+            r.at,
+            r.summary,
+            r.envelope_trace_id.as_ref().map(|t| format!(" [{t}]")).unwrap_or_default()
+        );
+        if let Some(text) = &r.text {
+            println!("        text: {}", preview(text));
+        }
+        println!("        at that moment: {}", r.snapshot);
     }
     Ok(())
 }

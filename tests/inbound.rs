@@ -107,8 +107,10 @@ async fn edits_and_textless_messages_are_envelopes_and_malformed_updates_do_not_
         all.into_iter().partition(|e| e.state == EnvelopeState::Undecodable);
     assert_eq!(undecodable.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(malformed)]);
     assert_eq!(rows[0].kind, EnvelopeKind::Message);
-    assert_eq!(rows[1].kind, EnvelopeKind::EditedMessage);
-    assert_eq!(rows[1].content, "second version");
+    // An edit of the message that started the task corrects it (DESIGN.md §11).
+    assert_eq!(rows[1].kind, EnvelopeKind::Revision);
+    assert_eq!(rows[1].text.as_deref(), Some("second version"));
+    assert!(rows[1].content.contains("The instruction is now:\nsecond version"), "{}", rows[1].content);
     assert!(rows[2].text.is_none());
     assert!(rows[2].content.starts_with("[photo: "), "{}", rows[2].content);
     daemon.wait_for_log(&format!("update_id={malformed}"), WAIT).await;

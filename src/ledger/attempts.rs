@@ -7,6 +7,7 @@ use sqlx::FromRow;
 
 use super::{Ledger, now};
 use crate::ids::TraceId;
+use crate::rules::revisions::Refusal;
 
 /// What a send attempt is about to do, recorded before the request is made.
 #[derive(Debug, Clone)]
@@ -195,9 +196,18 @@ macro_rules! attempt_columns {
 }
 
 impl Ledger {
-    /// Records an attempt before its request is made; returns its operation id.
-    pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> sqlx::Result<String> {
+    /// Records an attempt before its request is made; returns its operation id. A reply's
+    /// attempt is admitted against its envelope's task first, in the same transaction
+    /// (DESIGN.md §11): once a change is recorded, no part of a reply made for what it
+    /// superseded, paused or cancelled goes out. A refusal records nothing.
+    pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> sqlx::Result<Result<String, Refusal>> {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
+        let mut tx = self.write_transaction().await?;
+        if attempt.purpose == AttemptPurpose::Reply
+            && let Err(refusal) = super::tasks::admission_in(&mut tx, attempt.envelope_id).await?
+        {
+            return Ok(Err(refusal));
+        }
         sqlx::query(
             "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
              reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at) \
@@ -215,9 +225,10 @@ impl Ledger {
         .bind(attempt.chunk_count as i64)
         .bind(attempt.text)
         .bind(now())
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await?;
-        Ok(op_id)
+        tx.commit().await?;
+        Ok(Ok(op_id))
     }
 
     /// Records what an attempt came to and, in the same transaction, what that proves

@@ -58,6 +58,11 @@ pub struct StoredEnvelope {
     pub note: Option<String>,
     /// The session that confirmed pushing it into the agent's context, if any.
     pub shown_session: Option<String>,
+    /// The task and revision it was made under (DESIGN.md §11), if it belongs to one.
+    pub task_id: Option<String>,
+    pub revision: Option<i64>,
+    /// Extra meta for the agent, a JSON object (a revision envelope's change and texts).
+    pub meta: Option<String>,
 }
 
 /// An envelope a reply names, with what its attempts say (see [`Ledger::find_for_reply`]).
@@ -88,6 +93,28 @@ impl StoredEnvelope {
         preview.replace('\n', " ")
     }
 
+    /// `task`, `revision`, and the extra meta stored with it, as the agent sees them.
+    pub fn task_meta(&self) -> std::collections::BTreeMap<String, String> {
+        let mut meta = std::collections::BTreeMap::new();
+        if let (Some(task), Some(revision)) = (&self.task_id, self.revision) {
+            meta.insert("task".to_owned(), task.clone());
+            meta.insert("revision".to_owned(), revision.to_string());
+        }
+        let stored = self.meta.as_deref().and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok());
+        if let Some(serde_json::Value::Object(stored)) = stored {
+            for (key, value) in stored {
+                let value = match value {
+                    serde_json::Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                if !value.is_empty() {
+                    meta.insert(key, value);
+                }
+            }
+        }
+        meta
+    }
+
     pub fn summary(&self) -> PendingSummary {
         PendingSummary {
             trace_id: self.trace_id.clone(),
@@ -105,7 +132,7 @@ impl StoredEnvelope {
         DeliveredEnvelope {
             trace_id: self.trace_id.clone(),
             kind: self.kind.meta_kind().to_owned(),
-            extra: std::collections::BTreeMap::new(),
+            extra: self.task_meta(),
             content: self.content.clone(),
             chat_id: self.chat_id,
             thread_id: self.thread_id(),

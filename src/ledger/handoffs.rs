@@ -8,6 +8,9 @@ use super::envelopes::transition_in;
 use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::guard::Intent;
+use crate::rules::revisions::Refusal;
+
+use super::tasks;
 
 /// The `state` column of a handoff.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
@@ -133,11 +136,51 @@ async fn insert_agent_envelope(
     Ok((id, trace_id))
 }
 
+/// Records the task and revision a handoff (and its envelope) was made under.
+async fn tag_with_task(
+    tx: &mut sqlx::SqliteConnection,
+    envelope_id: i64,
+    handoff_id: Option<&str>,
+    (task_id, revision): &(Option<String>, Option<i64>),
+) -> sqlx::Result<()> {
+    if task_id.is_none() {
+        return Ok(());
+    }
+    sqlx::query("UPDATE envelopes SET task_id = ?, revision = ? WHERE id = ?")
+        .bind(task_id)
+        .bind(revision)
+        .bind(envelope_id)
+        .execute(&mut *tx)
+        .await?;
+    if let Some(handoff_id) = handoff_id {
+        sqlx::query("UPDATE handoffs SET task_id = ?, revision = ? WHERE handoff_id = ?")
+            .bind(task_id)
+            .bind(revision)
+            .bind(handoff_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}
+
 impl Ledger {
     /// Records an admitted handoff and queues its envelope for the target, together.
-    pub async fn record_handoff(&self, new: &NewHandoff<'_>) -> sqlx::Result<StoredHandoff> {
+    /// A handoff made for an envelope of a task is admitted against that task first and
+    /// records the task and revision it is made under (DESIGN.md §11); a refusal records
+    /// nothing.
+    pub async fn record_handoff(&self, new: &NewHandoff<'_>) -> sqlx::Result<Result<StoredHandoff, Refusal>> {
         let handoff_id = format!("hof_{}", &TraceId::generate().as_str()[4..]);
         let mut tx = self.write_transaction().await?;
+        let mut task: (Option<String>, Option<i64>) = (None, None);
+        if let Some(cause) = new.cause {
+            if let Err(refusal) = tasks::admission_in(&mut tx, cause.id).await? {
+                return Ok(Err(refusal));
+            }
+            task = sqlx::query_as("SELECT task_id, revision FROM envelopes WHERE id = ?")
+                .bind(cause.id)
+                .fetch_one(&mut *tx)
+                .await?;
+        }
         let route = new.cause.and_then(|cause| cause.route.as_deref());
         let (envelope_id, _) = insert_agent_envelope(
             &mut tx,
@@ -166,8 +209,9 @@ impl Ledger {
         .bind(now())
         .execute(&mut *tx)
         .await?;
+        tag_with_task(&mut tx, envelope_id, Some(&handoff_id), &task).await?;
         tx.commit().await?;
-        self.handoff(&handoff_id).await?.ok_or(sqlx::Error::RowNotFound)
+        self.handoff(&handoff_id).await?.ok_or(sqlx::Error::RowNotFound).map(Ok)
     }
 
     /// Ends an open handoff: its envelope is acked, and an answer envelope is queued for
@@ -178,8 +222,14 @@ impl Ledger {
         handoff: &StoredHandoff,
         end: HandoffEnd<'_>,
         actor: &str,
-    ) -> sqlx::Result<Option<StoredHandoff>> {
+    ) -> sqlx::Result<Result<Option<StoredHandoff>, Refusal>> {
         let mut tx = self.write_transaction().await?;
+        // An answer is an action for the task the handoff was made under (DESIGN.md §11).
+        if let HandoffEnd::Answered { .. } = end
+            && let Err(refusal) = tasks::admission_in(&mut tx, handoff.envelope_id).await?
+        {
+            return Ok(Err(refusal));
+        }
         let (state, content, reason, note) = match end {
             HandoffEnd::Answered { text, .. } => {
                 (HandoffState::Answered, text.to_owned(), format!("answered ({})", handoff.handoff_id), None)
@@ -234,8 +284,15 @@ impl Ledger {
         .rows_affected();
         if ended == 0 {
             // Dropping the transaction rolls the answer envelope back.
-            return Ok(None);
+            return Ok(Ok(None));
         }
+        // The delegator's answer belongs to the task the handoff was made for.
+        let task: (Option<String>, Option<i64>) =
+            sqlx::query_as("SELECT task_id, revision FROM handoffs WHERE id = ?")
+                .bind(handoff.id)
+                .fetch_one(&mut *tx)
+                .await?;
+        tag_with_task(&mut tx, answer_id, None, &task).await?;
         transition_in(
             &mut tx,
             handoff.envelope_id,
@@ -246,7 +303,29 @@ impl Ledger {
         )
         .await?;
         tx.commit().await?;
-        self.handoff(&handoff.handoff_id).await
+        self.handoff(&handoff.handoff_id).await.map(Ok)
+    }
+
+    /// A child's answer to a handoff a change superseded: kept as a late result, never
+    /// delivered to the delegator as an answer (DESIGN.md §11). Returns whether one was
+    /// kept (the first answer is; later ones leave it).
+    pub async fn keep_late_result(
+        &self,
+        agent: &AgentName,
+        trace_id: &str,
+        text: &str,
+    ) -> sqlx::Result<bool> {
+        let kept = sqlx::query(
+            "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
+             AND to_agent = ? AND envelope_id = (SELECT id FROM envelopes WHERE trace_id = ?)",
+        )
+        .bind(text)
+        .bind(now())
+        .bind(agent.as_str())
+        .bind(trace_id)
+        .execute(&self.pool)
+        .await?;
+        Ok(kept.rows_affected() == 1)
     }
 
     pub async fn handoff(&self, handoff_id: &str) -> sqlx::Result<Option<StoredHandoff>> {

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use super::tasks::{self, TaskEffect};
 use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
 use sqlx::{Connection, SqliteConnection};
@@ -73,7 +74,7 @@ impl Ledger {
         next_offset: i64,
         batch: &'a [RoutedEnvelope],
     ) -> sqlx::Result<Vec<&'a RoutedEnvelope>> {
-        Ok(self.record_batch_handing_over(bot_id, next_offset, batch, &[]).await?.0)
+        Ok(self.record_batch_handing_over(bot_id, next_offset, batch, &[], None).await?.inserted)
     }
 
     /// [`Self::record_batch`], and in the same transaction every `queued` envelope of the
@@ -87,10 +88,12 @@ impl Ledger {
         next_offset: i64,
         batch: &'a [RoutedEnvelope],
         claim_for: &[&AgentName],
-    ) -> sqlx::Result<(Vec<&'a RoutedEnvelope>, Vec<StoredEnvelope>)> {
+        bot_username: Option<&str>,
+    ) -> sqlx::Result<RecordedBatch<'a>> {
         let mut connection = self.pool.acquire().await?;
-        let recorded = insert_batch(&mut connection, bot_id, next_offset, batch, claim_for).await;
-        let (stored_trace_ids, mut claimed) = match recorded {
+        let recorded =
+            insert_batch(&mut connection, bot_id, next_offset, batch, claim_for, bot_username).await;
+        let (stored_trace_ids, mut claimed, task_effects) = match recorded {
             Ok(stored) => stored,
             Err(e) => {
                 // SQLite rolls a transaction back by itself on some errors (a full disk,
@@ -109,7 +112,7 @@ impl Ledger {
             .collect();
         // RETURNING gives no order guarantee.
         claimed.sort_by_key(|row| row.id);
-        Ok((inserted, claimed))
+        Ok(RecordedBatch { inserted, claimed, task_effects })
     }
 
     /// The raw text of an undecodable update, by its envelope's trace id.
@@ -122,15 +125,28 @@ impl Ledger {
     }
 }
 
+/// What [`Ledger::record_batch_handing_over`] committed.
+#[derive(Debug)]
+pub struct RecordedBatch<'a> {
+    /// The rows that were new.
+    pub inserted: Vec<&'a RoutedEnvelope>,
+    /// The envelopes handed to live sessions, oldest first.
+    pub claimed: Vec<StoredEnvelope>,
+    /// What the batch's task changes ask of the switchboard now that they are recorded:
+    /// the bot's acknowledgements, notices, wake-ups (DESIGN.md §11).
+    pub task_effects: Vec<TaskEffect>,
+}
+
 /// The transaction of [`Ledger::record_batch_handing_over`]; returns the trace ids of the
-/// new rows and the rows claimed for `claim_for`.
+/// new rows, the rows claimed for `claim_for`, and what the task changes ask for.
 async fn insert_batch(
     connection: &mut SqliteConnection,
     bot_id: i64,
     next_offset: i64,
     batch: &[RoutedEnvelope],
     claim_for: &[&AgentName],
-) -> sqlx::Result<(Vec<String>, Vec<StoredEnvelope>)> {
+    bot_username: Option<&str>,
+) -> sqlx::Result<(Vec<String>, Vec<StoredEnvelope>, Vec<TaskEffect>)> {
     // The write lock up front, as `Ledger::write_transaction` takes it.
     let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
     let received_at = now();
@@ -188,6 +204,14 @@ async fn insert_batch(
             query.build_query_scalar::<String>().fetch_all(&mut *tx).await?
         };
     }
+    // Each human message joins its conversation's task or changes it, in arrival order
+    // and in this transaction: a change and the messages around it are serialised.
+    let mut task_effects = Vec::new();
+    for routed in batch.iter().filter(|routed| tasks::belongs_to_a_task(routed)) {
+        if stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str()) {
+            task_effects.extend(tasks::take_in(&mut tx, routed, bot_username).await?);
+        }
+    }
     sqlx::query(
         "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
          ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",
@@ -209,5 +233,5 @@ async fn insert_batch(
         claimed.extend(rows);
     }
     tx.commit().await?;
-    Ok((stored_trace_ids, claimed))
+    Ok((stored_trace_ids, claimed, task_effects))
 }

@@ -64,7 +64,7 @@ macro_rules! envelope_columns {
     () => {
         "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
          sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
-         state, deliveries, state_changed_at, note, shown_session"
+         state, deliveries, state_changed_at, note, shown_session, task_id, revision, meta"
     };
 }
 
@@ -80,6 +80,7 @@ mod probe;
 mod rooms;
 mod sessions;
 mod states;
+mod tasks;
 
 pub use attempts::{
     AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict,
@@ -89,6 +90,7 @@ pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
 pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;
+pub use intake::RecordedBatch;
 pub use lock::{LedgerLock, LockError};
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use rooms::{
@@ -96,6 +98,10 @@ pub use rooms::{
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
 };
 pub use states::{EnvelopeKind, EnvelopeState};
+pub use tasks::{
+    BotPost, DeclareError, DeclareTaskError, DeclaredRevision, StoredRevision, StoredTask, TaskEffect,
+    TaskEffects, describe as describe_task,
+};
 
 impl Ledger {
     /// Opens the database, creating it (mode `0600`) if needed, and applies pending

@@ -930,6 +930,7 @@ mod tests {
                 text: &post.text,
             })
             .await
+            .unwrap()
             .unwrap();
         assert!(ledger.room_post_attempted(&post.key).await.unwrap(), "attempted: never posted again");
         ledger.mark_room_post_made(post.id).await.unwrap();

@@ -27,10 +27,14 @@ pub enum EnvelopeState {
     /// An update that could not be decoded or converted: kept raw for audit, never work
     /// for an agent.
     Undecodable,
+    /// A correction, a new objective or a cancel replaced the instruction it was made
+    /// under (DESIGN.md §11): kept for audit, no longer work; the task's `revision`
+    /// envelope is the one to act on.
+    Superseded,
 }
 
 impl EnvelopeState {
-    pub const ALL: [EnvelopeState; 8] = [
+    pub const ALL: [EnvelopeState; 9] = [
         Self::Queued,
         Self::Pending,
         Self::Acked,
@@ -39,6 +43,7 @@ impl EnvelopeState {
         Self::Rejected,
         Self::Ignored,
         Self::Undecodable,
+        Self::Superseded,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -51,6 +56,7 @@ impl EnvelopeState {
             Self::Rejected => "rejected",
             Self::Ignored => "ignored",
             Self::Undecodable => "undecodable",
+            Self::Superseded => "superseded",
         }
     }
 }
@@ -103,6 +109,9 @@ pub enum EnvelopeKind {
     HandoffAnswer,
     /// A group room giving this agent the floor (§10): its content is the exchange so far.
     RoomTurn,
+    /// A change to the task the agent works on (§11): a correction, a new objective, a
+    /// cancel; for a child, word that its handoff no longer stands.
+    Revision,
 }
 
 impl EnvelopeKind {
@@ -114,6 +123,7 @@ impl EnvelopeKind {
             Self::Handoff => "handoff",
             Self::HandoffAnswer => "handoff_answer",
             Self::RoomTurn => "room_turn",
+            Self::Revision => "revision",
         }
     }
 

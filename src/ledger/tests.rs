@@ -56,7 +56,8 @@ async fn a_batch_handed_over_is_pending_when_committed_with_the_older_queued_env
     let mut other = routed(2, EnvelopeState::Queued);
     other.agent = Some(AgentName::parse("worker").unwrap());
     let batch = [routed(3, EnvelopeState::Queued), other, routed(4, EnvelopeState::Queued)];
-    let (inserted, handed) = ledger.record_batch_handing_over(1, 5, &batch, &[&orch]).await.unwrap();
+    let recorded = ledger.record_batch_handing_over(1, 5, &batch, &[&orch], None).await.unwrap();
+    let (inserted, handed) = (recorded.inserted, recorded.claimed);
     assert_eq!(inserted.len(), 3);
     // Every queued envelope of the agent, the one recorded earlier first; none of another.
     let handed_updates: Vec<_> = handed.iter().map(|e| e.update_id).collect();
@@ -210,21 +211,21 @@ async fn finishing_an_attempt_settles_its_envelope_in_the_same_step() {
     };
 
     // Two parts: the first confirmed leaves the envelope pending, the last answers it.
-    let first = ledger.begin_attempt(&attempt(rows[0].id, 0)).await.unwrap();
+    let first = ledger.begin_attempt(&attempt(rows[0].id, 0)).await.unwrap().unwrap();
     ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 10 }, "agent:orch").await.unwrap();
     assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Pending);
-    let last = ledger.begin_attempt(&attempt(rows[0].id, 1)).await.unwrap();
+    let last = ledger.begin_attempt(&attempt(rows[0].id, 1)).await.unwrap().unwrap();
     ledger.finish_attempt(&last, &AttemptOutcome::Sent { message_id: 11 }, "agent:orch").await.unwrap();
     assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Acked);
 
     // Not sent changes nothing; unknown makes the envelope unresolved.
-    let refused = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap();
+    let refused = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap().unwrap();
     ledger
         .finish_attempt(&refused, &AttemptOutcome::NotSent { error: "400".into() }, "agent:orch")
         .await
         .unwrap();
     assert_eq!(state(rows[1].trace_id.clone()).await, EnvelopeState::Pending);
-    let lost = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap();
+    let lost = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap().unwrap();
     ledger
         .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
         .await
@@ -249,7 +250,7 @@ async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled() {
         chunk_count: 1,
         text: "hi",
     };
-    ledger.begin_attempt(&attempt).await.unwrap();
+    ledger.begin_attempt(&attempt).await.unwrap().unwrap();
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
     assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
@@ -294,10 +295,10 @@ async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_rec
     let facts = |found: Option<FoundForReply>| found.map(|f| (f.awaiting_reconciliation, f.replied_before));
     assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, false)));
     assert_eq!(ledger.find_for_reply("env_nonesuchxx").await.unwrap(), None);
-    let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_aaaaaaaa", 0, 1)).await.unwrap();
+    let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_aaaaaaaa", 0, 1)).await.unwrap().unwrap();
     ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
     assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, true)));
-    let follow_up = ledger.begin_attempt(&reply_attempt(e.id, "req_bbbbbbbb", 0, 1)).await.unwrap();
+    let follow_up = ledger.begin_attempt(&reply_attempt(e.id, "req_bbbbbbbb", 0, 1)).await.unwrap().unwrap();
     ledger
         .finish_attempt(&follow_up, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
         .await
@@ -331,9 +332,9 @@ async fn a_reply_request_is_summed_up_from_its_attempts() {
     assert!(!ledger.reply_request_seen("orch", "req_cccccccc").await.unwrap());
 
     // Part 1 sent; part 2 rate-limited once, then refused.
-    let first = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 0, 2)).await.unwrap();
+    let first = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 0, 2)).await.unwrap().unwrap();
     ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 5 }, "agent:orch").await.unwrap();
-    let in_flight = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 1, 2)).await.unwrap();
+    let in_flight = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 1, 2)).await.unwrap().unwrap();
     let recorded = ledger.recorded_reply("orch", "req_cccccccc").await.unwrap().unwrap();
     assert_eq!(recorded.verdict, ReplyVerdict::InFlight);
     ledger

@@ -146,6 +146,9 @@ mod tests {
             state_changed_at: "2026-01-01T00:00:00Z".into(),
             note: None,
             shown_session: None,
+            task_id: None,
+            revision: None,
+            meta: None,
         }
     }
 

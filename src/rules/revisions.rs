@@ -111,7 +111,8 @@ pub fn parse_command(text: &str, bot_username: &str) -> Option<Command> {
         None => (rest, ""),
     };
     let name = match word.split_once('@') {
-        Some((name, bot)) if bot.eq_ignore_ascii_case(bot_username) => name,
+        // Without the bot's username (Telegram did not say), any `@name` counts as ours.
+        Some((name, bot)) if bot_username.is_empty() || bot.eq_ignore_ascii_case(bot_username) => name,
         // Addressed to another bot in the group: not ours.
         Some(_) => return None,
         None => word,

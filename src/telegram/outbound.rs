@@ -348,7 +348,16 @@ impl Outbound {
             text: chunk.text,
         };
         let op_id = match self.ledger.begin_attempt(&attempt).await {
-            Ok(op_id) => op_id,
+            Ok(Ok(op_id)) => op_id,
+            Ok(Err(refusal)) => {
+                // A change to the task landed after the reply was resolved (DESIGN.md §11).
+                tracing::warn!(trace_id = %target.trace_id, code = refusal.code(), "send refused at the moment of sending: {refusal}");
+                return Observed::NotSent {
+                    error: refusal.to_string(),
+                    retry_after: None,
+                    migrated_to: None,
+                };
+            }
             Err(e) => {
                 tracing::error!(trace_id = %target.trace_id, error = %e, "could not record a send attempt: not sending");
                 return Observed::NotSent {

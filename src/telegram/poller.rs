@@ -165,15 +165,20 @@ impl Poller {
         let bridge = self.bridge.clone();
         let inboxes = bridge.open_inboxes(batch.iter().filter_map(queued_for)).await;
         let handed = inboxes.agents();
-        let recorded = self.ledger.record_batch_handing_over(self.bot_id, next_offset, &batch, &handed).await;
-        let (inserted, claimed) = match recorded {
+        let bot_username = bridge.bot_username();
+        let recorded = self
+            .ledger
+            .record_batch_handing_over(self.bot_id, next_offset, &batch, &handed, bot_username.as_deref())
+            .await;
+        let recorded = match recorded {
             Ok(recorded) => recorded,
             Err(e) => return self.ledger_trouble(e, "recording a batch"),
         };
         let handed: Vec<AgentName> = handed.into_iter().cloned().collect();
-        inboxes.hand_over(claimed);
+        inboxes.hand_over(recorded.claimed);
         self.ledger_backoff.reset();
         self.offset = Some(Some(next_offset));
+        let inserted = recorded.inserted;
         for routed in &inserted {
             log_recorded(routed);
             metrics::envelope_recorded(routed.state);
@@ -183,6 +188,8 @@ impl Poller {
                 _ => {}
             }
         }
+        // Task changes (DESIGN.md §11) are recorded: now the chat and the agents hear of them.
+        self.bridge.carry_out(recorded.task_effects);
         Ok(PollOutcome::Committed { updates: updates.len(), new_envelopes: inserted.len() })
     }
 

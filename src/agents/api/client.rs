@@ -16,8 +16,8 @@ use tokio_util::io::StreamReader;
 
 use super::wire::{
     API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, HandoffReceipt,
-    HandoffRequest, PendingList, ReplyReceipt, ReplyRequest, SESSION_HEADER, SessionEvent, ShownReceipt,
-    ShownRequest,
+    HandoffRequest, PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest,
+    SESSION_HEADER, SessionEvent, ShownReceipt, ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -181,6 +181,12 @@ impl DaemonClient {
     /// Hands an instruction to another agent (DESIGN.md §9).
     pub async fn handoff(&self, handoff: &HandoffRequest) -> Result<HandoffReceipt, ClientError> {
         let request = self.http.post(self.url("handoffs")).json(handoff).timeout(QUERY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// `revise_task`: declares that an envelope changes the agent's task.
+    pub async fn revise_task(&self, revision: &RevisionRequest) -> Result<RevisionReceipt, ClientError> {
+        let request = self.http.post(self.url("revisions")).json(revision).timeout(QUERY_TIMEOUT);
         self.exchange(request).await
     }
 

@@ -17,16 +17,16 @@ use futures::stream;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::wire::{
-    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, ReplyRequest, SESSION_HEADER, SessionEvent,
-    ShownRequest,
+    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, ReplyRequest, RevisionRequest,
+    SESSION_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
 use crate::ids::AgentName;
 use crate::ledger::{Ledger, StoredEnvelope};
 use crate::operate::health::Health;
 use crate::operate::metrics::{self, StateGauges};
-use crate::rules::guard;
 use crate::rules::resolver::ResolveError;
+use crate::rules::{guard, revisions};
 
 /// What the operator's routes read.
 #[derive(Clone)]
@@ -51,6 +51,7 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/replies/{request_id}", get(reply_outcome))
         .route("/v1/agents/{agent}/ack", post(ack))
         .route("/v1/agents/{agent}/handoffs", post(handoff))
+        .route("/v1/agents/{agent}/revisions", post(revise_task))
         .with_state(bridge)
         .merge(operator)
 }
@@ -121,6 +122,10 @@ fn refusal_reason(code: ErrorCode) -> Option<&'static str> {
         ErrorCode::UnknownAgent => "unknown_agent",
         ErrorCode::SelfHandoff => "self_handoff",
         ErrorCode::TurnOver => "turn_over",
+        ErrorCode::Superseded => "superseded",
+        ErrorCode::Paused => "paused",
+        ErrorCode::Cancelled => "cancelled",
+        ErrorCode::NoRevision => "no_revision",
         ErrorCode::Unauthorized
         | ErrorCode::SessionConflict
         | ErrorCode::BadRequest
@@ -152,7 +157,11 @@ impl IntoResponse for Failure {
             | ErrorCode::DepthLimit
             | ErrorCode::UnknownAgent
             | ErrorCode::SelfHandoff
-            | ErrorCode::TurnOver => StatusCode::UNPROCESSABLE_ENTITY,
+            | ErrorCode::TurnOver
+            | ErrorCode::NoRevision => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::Superseded | ErrorCode::Paused | ErrorCode::Cancelled => {
+                StatusCode::UNPROCESSABLE_ENTITY
+            }
             ErrorCode::NotSent => StatusCode::BAD_GATEWAY,
             ErrorCode::Unresolved => StatusCode::GATEWAY_TIMEOUT,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
@@ -174,6 +183,12 @@ impl From<ToolError> for Failure {
             ToolError::Ledger(_) => ErrorCode::Internal,
             ToolError::NoConversation { .. } => ErrorCode::NoConversation,
             ToolError::TurnOver(_) => ErrorCode::TurnOver,
+            ToolError::NoRevision(_) => ErrorCode::NoRevision,
+            ToolError::Task(refusal) => match refusal {
+                revisions::Refusal::Superseded { .. } => ErrorCode::Superseded,
+                revisions::Refusal::Paused { .. } => ErrorCode::Paused,
+                revisions::Refusal::Cancelled { .. } => ErrorCode::Cancelled,
+            },
             ToolError::Handoff(refusal) => match refusal {
                 guard::Refusal::Invalid(_) | guard::Refusal::EmptyText => ErrorCode::BadRequest,
                 guard::Refusal::SelfHandoff { .. } => ErrorCode::SelfHandoff,
@@ -299,6 +314,15 @@ async fn handoff(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> R
     let request: HandoffRequest = parse_body(&body)?;
     let receipt =
         bridge.handoff(&caller.agent, caller.token(), request).await.map_err(tool_failure("handoff"))?;
+    Ok(Json(receipt).into_response())
+}
+
+async fn revise_task(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
+    let request: RevisionRequest = parse_body(&body)?;
+    let receipt = bridge
+        .revise_task(&caller.agent, caller.token(), request)
+        .await
+        .map_err(tool_failure("revise_task"))?;
     Ok(Json(receipt).into_response())
 }
 

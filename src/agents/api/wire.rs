@@ -194,6 +194,31 @@ pub struct AnsweredHandoff {
     pub to_agent: String,
 }
 
+/// `revise_task`: the agent declares that a message it received changes its task
+/// (DESIGN.md §11).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RevisionRequest {
+    /// The pending envelope that carries the change.
+    pub trace_id: String,
+    /// `correction`, `new_objective`, `pause` or `cancel`.
+    pub kind: String,
+    /// What changed, in a few words, for the lineage and the chat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
+/// A change `revise_task` recorded.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RevisionReceipt {
+    pub task: String,
+    pub revision: u32,
+    pub change: String,
+    /// The envelope to act on from now on.
+    pub act_on: String,
+    /// What to do next, for the model.
+    pub next: String,
+}
+
 /// `send_to_agent` and `call_agent`: hand an instruction to another agent (DESIGN.md §9).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct HandoffRequest {
@@ -278,6 +303,15 @@ pub enum ErrorCode {
     SelfHandoff,
     /// A group room's turn is over (one reply per turn): nothing was posted.
     TurnOver,
+    /// Tasks (DESIGN.md §11): a correction or a new objective superseded the envelope;
+    /// the message names the envelope to act on. Nothing was sent.
+    Superseded,
+    /// The task is paused: nothing of it is sent until it is resumed.
+    Paused,
+    /// The task was cancelled (stop requested or stopped): nothing of it is sent.
+    Cancelled,
+    /// `revise_task` recorded nothing; the message says why.
+    NoRevision,
     /// Telegram refused the send: nothing was delivered (or only the chunks listed).
     NotSent,
     /// The send's outcome is unknown; the envelope is `unresolved` until an operator

@@ -4,8 +4,8 @@
 
 use std::sync::Arc;
 
-use crate::rules::guard;
 use crate::rules::resolver::ResolveError;
+use crate::rules::{guard, revisions};
 
 /// No such agent, or not its secret: deliberately one answer for both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
@@ -71,6 +71,14 @@ pub enum ToolError {
         /// The envelope was answered before this (follow-up) reply, and stays `acked`.
         stays_answered: bool,
     },
+    /// The task the action acts for changed (DESIGN.md §11): a correction or a new
+    /// objective superseded it, it is paused, or it was cancelled. Nothing was sent.
+    #[error(transparent)]
+    Task(#[from] revisions::Refusal),
+    /// `revise_task` recorded nothing (the envelope is not pending, belongs to no task, or
+    /// the change does not apply now).
+    #[error("{0}")]
+    NoRevision(String),
     #[error("the switchboard ledger failed ({0}); nothing was changed, try again in a moment")]
     Ledger(Arc<sqlx::Error>),
 }

@@ -54,6 +54,9 @@ impl Bridge {
             return Ok(self.receipt(&recorded));
         }
         let cause = self.cause_of_handoff(agent, &session, trace_id.as_ref()).await?;
+        if let Some(cause) = &cause {
+            self.admit(cause).await?;
+        }
         let cause_depth = match &cause {
             Some(cause) => Some(self.depth_of(cause).await?),
             None => None,
@@ -86,7 +89,11 @@ impl Bridge {
                 intent: admitted.intent,
                 request_id: request_id.as_str(),
             })
-            .await?;
+            .await?
+            .map_err(|refusal| {
+                tracing::warn!(from = %agent, code = refusal.code(), "handoff refused: {refusal}");
+                ToolError::Task(refusal)
+            })?;
         tracing::info!(
             from = %agent, to = %admitted.target, handoff_id = %handoff.handoff_id, depth = admitted.depth,
             followup_of = admitted.followup_of.as_deref(), "handoff recorded"
@@ -122,7 +129,14 @@ impl Bridge {
         let ledger = &self.inner.ledger;
         match trace_id {
             Some(trace_id) => {
-                let found = ledger.find(trace_id.as_str()).await?.map(resolver::Candidate::free);
+                let found = ledger.find(trace_id.as_str()).await?;
+                // A superseded, paused or cancelled task refuses first, naming what to act on.
+                if let Some(found) =
+                    found.as_ref().filter(|found| found.agent.as_deref() == Some(agent.as_str()))
+                {
+                    self.admit(found).await?;
+                }
+                let found = found.map(resolver::Candidate::free);
                 let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), found)?;
                 if envelope.state != EnvelopeState::Pending {
                     return Err(ToolError::Refused(resolver::ResolveError::NotAnswerable {
@@ -212,15 +226,18 @@ impl Bridge {
         handoff: &StoredHandoff,
         end: HandoffEnd<'_>,
     ) -> Result<StoredHandoff, ToolError> {
-        let ended =
-            self.inner.ledger.end_handoff(handoff, end, &format!("agent:{agent}")).await?.ok_or_else(
-                || {
-                    ToolError::Invalid(format!(
-                        "handoff {} changed meanwhile; nothing was changed",
-                        handoff.handoff_id
-                    ))
-                },
-            )?;
+        let ended = self
+            .inner
+            .ledger
+            .end_handoff(handoff, end, &format!("agent:{agent}"))
+            .await?
+            .map_err(ToolError::Task)?
+            .ok_or_else(|| {
+                ToolError::Invalid(format!(
+                    "handoff {} changed meanwhile; nothing was changed",
+                    handoff.handoff_id
+                ))
+            })?;
         tracing::info!(handoff_id = %ended.handoff_id, from = %ended.to_agent, to = %ended.from_agent, state = %ended.state, "handoff answered");
         if let Ok(delegator) = AgentName::parse(&ended.from_agent) {
             self.wake(&delegator);

@@ -19,6 +19,7 @@ mod handoff;
 mod reply;
 mod room;
 mod session;
+mod tasks;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -64,6 +65,9 @@ struct Inner {
     shutdown: CancellationToken,
     /// Session tasks and reply deliveries, so the daemon can wait for them to finish.
     tasks: TaskTracker,
+    /// This bot's username, once Telegram told it (`getMe`): `/pause@thisbot` is ours,
+    /// `/pause@otherbot` is not.
+    bot_username: std::sync::OnceLock<String>,
 }
 
 /// A reply being delivered; every request with its id awaits the same outcome.
@@ -142,8 +146,19 @@ impl Bridge {
                 rooms,
                 shutdown,
                 tasks,
+                bot_username: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// This bot's username, if Telegram has told it.
+    pub fn bot_username(&self) -> Option<String> {
+        self.inner.bot_username.get().cloned()
+    }
+
+    /// Records this bot's username, from `getMe`.
+    pub fn set_bot_username(&self, username: String) {
+        let _ = self.inner.bot_username.set(username);
     }
 
     /// The reply limits in effect.

@@ -12,6 +12,7 @@ use crate::ledger::{
     StoredEnvelope,
 };
 use crate::rules::resolver::{self, Blocked, Candidate, ResolveError};
+use crate::telegram::envelope::ChatType;
 use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
 
 /// What the ledger and memory know of a request id seen before.
@@ -60,8 +61,21 @@ impl Bridge {
                 Some(Repeat::Running(running)) => running,
                 Some(Repeat::Recorded(outcome)) => return outcome,
                 None => 'decided: {
-                    let (envelope, replied_before) =
-                        self.resolve(agent, slot, &session, trace_id.as_ref()).await?;
+                    let resolved = self.resolve(agent, slot, &session, trace_id.as_ref()).await;
+                    let (envelope, replied_before) = match (resolved, &trace_id) {
+                        // A child answering a handoff a change superseded: its answer is
+                        // kept as a late result and goes nowhere (DESIGN.md §11).
+                        (Err(ToolError::Task(refusal)), Some(trace_id)) => {
+                            let ledger = &self.inner.ledger;
+                            if ledger.keep_late_result(agent, trace_id.as_str(), request.text.trim()).await? {
+                                tracing::info!(%agent, %trace_id, "late result kept: its handoff was superseded");
+                            }
+                            return Err(ToolError::Task(refusal));
+                        }
+                        (resolved, _) => resolved?,
+                    };
+                    // The task it acts for must still stand (DESIGN.md §11).
+                    self.admit(&envelope).await?;
                     let (conversation, replied_before) = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
                         EnvelopeKind::Handoff => {
@@ -70,9 +84,18 @@ impl Bridge {
                         EnvelopeKind::HandoffAnswer => {
                             (self.conversation_of_answer(agent, slot, &envelope).await?, None)
                         }
+                        // A child's word that its handoff no longer stands answers nobody.
+                        EnvelopeKind::Revision if envelope.chat_type == ChatType::Agent => {
+                            return Err(ToolError::Invalid(format!(
+                                "{} only tells you that a handoff no longer stands: it has no reply. Ack it; \
+                                 nothing was sent",
+                                envelope.trace_id
+                            )));
+                        }
                         EnvelopeKind::Message
                         | EnvelopeKind::EditedMessage
                         | EnvelopeKind::Unknown
+                        | EnvelopeKind::Revision
                         | EnvelopeKind::RoomTurn => (envelope, replied_before),
                     };
                     if conversation.kind == EnvelopeKind::RoomTurn {
@@ -143,6 +166,13 @@ impl Bridge {
         let resolved = match trace_id {
             Some(trace_id) => {
                 let found = ledger.find_for_reply(trace_id.as_str()).await?;
+                // An envelope a change superseded is refused by its task, which names the
+                // envelope to act on, before the resolver calls it unanswerable.
+                if let Some(found) =
+                    found.as_ref().filter(|found| found.envelope.agent.as_deref() == Some(agent.as_str()))
+                {
+                    self.admit(&found.envelope).await?;
+                }
                 let replied_before = found.as_ref().map(|found| found.replied_before);
                 let candidate = found.map(|found| {
                     let unreconciled =

@@ -233,7 +233,7 @@ impl Bridge {
             _ => Ok(Default::default()),
         };
         match extra {
-            Ok(extra) => delivered.extra = extra,
+            Ok(extra) => delivered.extra.extend(extra),
             Err(e) => {
                 tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read what an envelope belongs to")
             }

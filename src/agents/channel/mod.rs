@@ -34,7 +34,9 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api::client::{ClientError, DaemonClient};
-use crate::agents::api::wire::{AckRequest, ErrorCode, HandoffReceipt, HandoffRequest, ReplyRequest};
+use crate::agents::api::wire::{
+    AckRequest, ErrorCode, HandoffReceipt, HandoffRequest, ReplyRequest, RevisionRequest,
+};
 use crate::config::Settings;
 use crate::ids::{AgentName, RequestId};
 
@@ -46,8 +48,9 @@ mod texts;
 use forwarder::SessionForwarder;
 use texts::{
     ToolName, describe_ack, describe_call_answer, describe_call_timeout, describe_failure,
-    describe_handoff_receipt, describe_pending, describe_receipt, describe_recovered_receipt, instructions,
-    never_acted_on, optional_trace_id, outcome_not_known_yet, parse_trace_id,
+    describe_handoff_receipt, describe_pending, describe_receipt, describe_recovered_receipt,
+    describe_revision, instructions, never_acted_on, optional_trace_id, outcome_not_known_yet,
+    parse_trace_id,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -158,6 +161,18 @@ struct AckArgs {
     /// Why no reply is needed, for the operator's record.
     #[serde(default)]
     note: Option<String>,
+}
+
+/// Arguments of `revise_task`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct ReviseArgs {
+    /// The trace_id (env_…) of the message that changes the task.
+    trace_id: String,
+    /// "correction", "new_objective", "pause" or "cancel".
+    kind: String,
+    /// What changed, in a few words (shown in the task's lineage).
+    #[serde(default)]
+    summary: Option<String>,
 }
 
 /// Arguments of `send_to_agent`.
@@ -291,6 +306,29 @@ impl ChannelPlugin {
         match self.daemon.ack(&AckRequest { trace_id: trace_id.to_string(), note }).await {
             Ok(receipt) => Ok(describe_ack(&receipt, noted)),
             Err(error) => Err(self.tool_failure(ToolName::Ack, &error)),
+        }
+    }
+
+    #[tool(
+        description = "Declare that a message you received changes the task it belongs to: kind \"correction\" \
+                       (it corrects the instruction: act on this message from now on), \"new_objective\" (it \
+                       replaces the task with a new one), \"pause\" or \"cancel\". Recorded and acknowledged \
+                       in the chat like the user's own /pause, /cancel or /new.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn revise_task(&self, Parameters(args): Parameters<ReviseArgs>) -> Result<String, String> {
+        let trace_id = parse_trace_id(&args.trace_id)?;
+        self.wait_for_session().await;
+        let request =
+            RevisionRequest { trace_id: trace_id.to_string(), kind: args.kind, summary: args.summary };
+        match self.daemon.revise_task(&request).await {
+            Ok(receipt) => Ok(describe_revision(&receipt)),
+            Err(error) => Err(self.tool_failure(ToolName::ReviseTask, &error)),
         }
     }
 

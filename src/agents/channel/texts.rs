@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::agents::api::client::ClientError;
 use crate::agents::api::wire::{
     AckReceipt, AnsweredHandoff, DeliveredEnvelope, DeliveredNotice, ErrorCode, HandoffReceipt, PendingList,
-    PendingSummary, ReplyReceipt,
+    PendingSummary, ReplyReceipt, RevisionReceipt,
 };
 use crate::ids::{AgentName, TraceId};
 
@@ -24,6 +24,7 @@ pub(super) enum ToolName {
     Ack,
     SendToAgent,
     CallAgent,
+    ReviseTask,
 }
 
 impl ToolName {
@@ -34,6 +35,7 @@ impl ToolName {
             Self::Ack => "ack",
             Self::SendToAgent => "send_to_agent",
             Self::CallAgent => "call_agent",
+            Self::ReviseTask => "revise_task",
         }
     }
 }
@@ -69,7 +71,15 @@ pub(super) fn instructions(agent: &AgentName) -> String {
          it is posted to the room as \"<your display name>: <text>\" and ends your turn; @mention an agent in it \
          to give it the floor next. `ack` the turn to pass without posting. A turn you neither reply to nor ack \
          within the room's time limit is lost. A notice with kind=\"stop\" means a human stopped the exchange: \
-         finish or ack your turn; nobody speaks after you."
+         finish or ack your turn; nobody speaks after you.\n\
+         - Tasks: a conversation's messages belong to a task (meta task, revision). When the user corrects \
+         it, replaces it (/new), pauses or cancels it, you get kind=\"revision\" (meta change: correction, \
+         new_objective or cancel; text and old_text for a correction): act on that envelope, since anything \
+         made for the task's older envelopes is refused (superseded). A notice with kind=\"pause\" or \
+         \"resume\" pauses or resumes the task: while paused, replies and handoffs for it are refused \
+         (paused). After a cancel they are refused (cancelled): stop, then ack the cancel envelope — the \
+         task counts as stopped only then. When a plain message changes the task, declare it with \
+         `revise_task` (its trace_id, kind correction, new_objective, pause or cancel, and a summary)."
     )
 }
 
@@ -277,6 +287,14 @@ pub(super) fn describe_ack(receipt: &AckReceipt, noted: bool) -> String {
     )
 }
 
+/// What the model reads after `revise_task`.
+pub(super) fn describe_revision(receipt: &RevisionReceipt) -> String {
+    format!(
+        "Recorded: {} is at revision {} ({}); the user was told. Next: {}.",
+        receipt.task, receipt.revision, receipt.change, receipt.next
+    )
+}
+
 /// One line per waiting conversation: everything needed to pick it and answer it.
 pub(super) fn describe_candidate(candidate: &PendingSummary) -> String {
     let place = describe_place(candidate.chat_id, candidate.chat_title.as_deref(), candidate.thread_id);
@@ -327,6 +345,9 @@ pub(super) fn describe_failure(
             ToolName::SendToAgent | ToolName::CallAgent => {
                 format!("{error} Nothing was handed over; call {name} again once the daemon is back.")
             }
+            ToolName::ReviseTask => {
+                format!("{error} Nothing was recorded; call revise_task again once the daemon is back.")
+            }
         },
         ClientError::NoAnswer { .. } => match tool {
             ToolName::Reply => format!(
@@ -344,11 +365,19 @@ pub(super) fn describe_failure(
                 "{error}. Whether the handoff was recorded is not known yet: call `pending` later, or {name} again \
                  with followup: true and intent \"replaces\" if it matters."
             ),
+            ToolName::ReviseTask => format!(
+                "{error}. Whether the change was recorded is not known yet: the chat shows the switchboard's \
+                 acknowledgement if it was; call revise_task again only if none appears."
+            ),
         },
         ClientError::Protocol { .. } => {
             let outcome = match tool {
                 ToolName::Reply => " Whether the reply was delivered is unknown: do NOT send it again.",
-                ToolName::Ack | ToolName::Pending | ToolName::SendToAgent | ToolName::CallAgent => "",
+                ToolName::Ack
+                | ToolName::Pending
+                | ToolName::SendToAgent
+                | ToolName::CallAgent
+                | ToolName::ReviseTask => "",
             };
             format!("{error}. The plugin and the daemon may be different versions of switchboard.{outcome}")
         }

@@ -191,6 +191,9 @@ impl RoomDriver {
                 "privacy mode is on for @{name}: in a group it only sees commands meant for it and replies to its own messages, unless it is an admin there, so ordinary room messages never arrive. Group rooms need to see every message: turn privacy mode off (@BotFather, /setprivacy, Disable; then remove the bot from the group and add it again) or make the bot an admin of each room's group"
             );
         }
+        if let Some(username) = &me.username {
+            self.bridge.set_bot_username(username.clone());
+        }
         self.bot_username = me.username;
     }
 

@@ -1,0 +1,136 @@
+//! Tasks and revisions at the bridge (DESIGN.md §11): carrying out what a recorded change
+//! asks for (the bot's acknowledgement in the chat, a pause or resume notice, waking a
+//! child), admission's early answer to a tool, and the `revise_task` tool.
+
+use std::collections::BTreeMap;
+
+use super::{Bridge, ToolError};
+use crate::agents::api::wire::{DeliveredNotice, RevisionReceipt, RevisionRequest};
+use crate::ids::{AgentName, TraceId};
+use crate::ledger::{AttemptPurpose, BotPost, DeclareTaskError, StoredEnvelope, TaskEffect, now};
+use crate::rules::revisions::ChangeKind;
+use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
+
+/// Who the bot's own posts about tasks are recorded as.
+const SWITCHBOARD: &str = "switchboard";
+
+impl Bridge {
+    /// What a committed change asks for. Best-effort and after the commit: the change is
+    /// recorded whether or not the chat hears of it.
+    pub fn carry_out(&self, effects: Vec<TaskEffect>) {
+        for effect in effects {
+            match effect {
+                TaskEffect::Say(post) => self.say(post),
+                TaskEffect::Notice { agent, trace_id, kind, task_id, revision } => {
+                    let Ok(agent) = AgentName::parse(&agent) else { continue };
+                    let content = match kind {
+                        ChangeKind::Pause => format!(
+                            "{task_id} is paused (revision {revision}): nothing of it is sent until the user \
+                             resumes it. Replies and handoffs for it are refused with `paused` meanwhile."
+                        ),
+                        _ => format!("{task_id} is resumed (revision {revision}): carry on with {trace_id}."),
+                    };
+                    let extra = BTreeMap::from([
+                        ("task".to_owned(), task_id),
+                        ("revision".to_owned(), revision.to_string()),
+                    ]);
+                    let notice = DeliveredNotice {
+                        trace_id,
+                        kind: kind.as_str().to_owned(),
+                        content,
+                        ts: now(),
+                        extra,
+                    };
+                    self.notify(&agent, notice);
+                }
+                TaskEffect::Wake(agent) => {
+                    if let Ok(agent) = AgentName::parse(&agent) {
+                        self.wake(&agent);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Posts the switchboard's own message in a task's conversation: an ordinary outbound
+    /// attempt, recorded as audit against the envelope it is about, settling nothing.
+    fn say(&self, post: BotPost) {
+        let mut parts = split_text(&post.text, TELEGRAM_TEXT_LIMIT);
+        parts.truncate(self.limits().max_reply_parts);
+        let plan = ReplyPlan {
+            target: ReplyTarget {
+                envelope_id: post.envelope_id,
+                trace_id: post.trace_id.clone(),
+                agent: SWITCHBOARD.to_owned(),
+                route: post.route.clone(),
+                chat_id: post.chat_id,
+                thread_id: post.thread_id.and_then(|t| i32::try_from(t).ok()),
+                reply_to_message_id: post.reply_to_message_id.and_then(|m| i32::try_from(m).ok()),
+            },
+            request_id: None,
+            purpose: AttemptPurpose::Audit,
+            parts,
+            already_sent: Vec::new(),
+        };
+        let outbound = self.inner.outbound.clone();
+        self.inner.tasks.spawn(async move {
+            let outcome = outbound.deliver(&plan).await;
+            tracing::info!(trace_id = %post.trace_id, ?outcome, "task acknowledgement posted");
+        });
+    }
+
+    /// Admission's early answer for a tool (DESIGN.md §11): refused when the envelope's task
+    /// has moved on. The ledger checks again in the transaction that records the action.
+    pub(super) async fn admit(&self, envelope: &StoredEnvelope) -> Result<(), ToolError> {
+        if envelope.task_id.is_none() {
+            return Ok(());
+        }
+        self.inner.ledger.admission(envelope.id).await?.map_err(|refusal| {
+            tracing::warn!(trace_id = %envelope.trace_id, code = refusal.code(), "action refused: {refusal}");
+            ToolError::Task(refusal)
+        })
+    }
+
+    /// `revise_task`: the agent declares that a plain message it received changes its task.
+    pub async fn revise_task(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        request: RevisionRequest,
+    ) -> Result<RevisionReceipt, ToolError> {
+        self.live_session(agent, token)?;
+        let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
+        let kind = ChangeKind::parse_declared(&request.kind).ok_or_else(|| {
+            ToolError::Invalid(format!(
+                "kind must be one of correction, new_objective, pause, cancel (got {:?}); nothing changed",
+                request.kind
+            ))
+        })?;
+        let slot = self.slot(agent);
+        let _decide = slot.decisions.lock().await;
+        let declared = self
+            .inner
+            .ledger
+            .declare_revision(agent, trace_id.as_str(), kind, request.summary.as_deref().unwrap_or_default())
+            .await;
+        let (declared, effects) = match declared {
+            Ok(declared) => declared,
+            Err(DeclareTaskError::Ledger(e)) => return Err(e.into()),
+            Err(DeclareTaskError::Declined(crate::ledger::DeclareError::Refused(refusal))) => {
+                return Err(ToolError::Task(refusal));
+            }
+            Err(DeclareTaskError::Declined(declined)) => {
+                return Err(ToolError::NoRevision(declined.to_string()));
+            }
+        };
+        tracing::info!(%agent, task = %declared.task_id, revision = declared.revision, change = %kind, "task revised by its agent");
+        self.carry_out(effects);
+        Ok(RevisionReceipt {
+            task: declared.task_id,
+            revision: declared.revision,
+            change: kind.as_str().to_owned(),
+            act_on: declared.act_on,
+            next: declared.next,
+        })
+    }
+}

@@ -1,0 +1,1115 @@
+//! Tasks and revisions (DESIGN.md §11), as the ledger keeps them: which task each human
+//! message belongs to, each change as the task's next revision together with what it does
+//! to the task's envelopes and handoffs, and admission of outbound actions — all inside
+//! the write transactions that record them, so a change and an action are serialised and
+//! a correction that lands while a reply is being resolved cannot let the old reply out.
+//!
+//! The decisions are pure and live in `rules::revisions`; this module reads the plain data
+//! they need and applies what they decide.
+
+use serde_json::json;
+use sqlx::{FromRow, SqliteConnection};
+
+use super::envelopes::transition_in;
+use super::{EnvelopeKind, EnvelopeState, Ledger, RoutedEnvelope, now};
+use crate::ids::{AgentName, TraceId, random_suffix};
+use crate::rules::revisions::{
+    self, ChangeKind, HumanUpdate, InstructionChange, Meaning, OpenTask, Refusal, TaskNow, TaskState,
+};
+
+/// A task as stored.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredTask {
+    pub task_id: String,
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub agent: String,
+    pub route: String,
+    pub state: String,
+    pub revision: i64,
+    pub objective: String,
+    pub predecessor: Option<String>,
+    pub successor: Option<String>,
+    pub instruction_revision: Option<i64>,
+    pub instruction_kind: Option<String>,
+    /// The trace id of the envelope that carries the current instruction.
+    pub act_on: Option<String>,
+    pub stop_requested_by: Option<String>,
+    pub stop_requested_at: Option<String>,
+    pub stopped_at: Option<String>,
+    pub stop_reason: Option<String>,
+    pub opened_at: String,
+    pub updated_at: String,
+    pub closed_at: Option<String>,
+}
+
+macro_rules! task_select {
+    () => {
+        "SELECT t.task_id, t.chat_id, t.thread_id, t.agent, t.route, t.state, t.revision, t.objective, \
+         t.predecessor, t.successor, t.instruction_revision, t.instruction_kind, a.trace_id AS act_on, \
+         t.stop_requested_by, t.stop_requested_at, t.stopped_at, t.stop_reason, t.opened_at, t.updated_at, \
+         t.closed_at FROM tasks t LEFT JOIN envelopes a ON a.id = t.act_on_envelope_id "
+    };
+}
+
+impl StoredTask {
+    pub fn state(&self) -> TaskState {
+        parse_state(&self.state)
+    }
+
+    /// What admission needs to know of it.
+    fn now(&self) -> TaskNow {
+        let instruction_change = match (self.instruction_kind.as_deref(), self.instruction_revision) {
+            (Some(kind), Some(revision)) => Some(InstructionChange {
+                kind: if kind == "new_objective" { ChangeKind::NewObjective } else { ChangeKind::Correction },
+                revision: to_u32(revision),
+                act_on: self.act_on.clone().unwrap_or_default(),
+            }),
+            _ => None,
+        };
+        TaskNow {
+            task_id: self.task_id.clone(),
+            revision: to_u32(self.revision),
+            state: self.state(),
+            instruction_change,
+        }
+    }
+}
+
+/// One revision of a task, as `switchboard ledger task` shows it.
+#[derive(Debug, Clone, PartialEq, FromRow)]
+pub struct StoredRevision {
+    pub revision: i64,
+    pub kind: String,
+    pub source: String,
+    pub actor: String,
+    pub at: String,
+    pub summary: String,
+    pub text: Option<String>,
+    pub envelope_trace_id: Option<String>,
+    pub snapshot: String,
+}
+
+/// What a task has done and has running, at one moment: `/status`, and each revision's
+/// snapshot.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct TaskEffects {
+    /// Confirmed sends: `op_…` and the Telegram message id.
+    pub confirmed: Vec<(String, i64)>,
+    /// Sends whose outcome is unknown and not yet reconciled: never retried.
+    pub unresolved: Vec<String>,
+    /// Open handoffs: `hof_…` and the agent working on it.
+    pub open_handoffs: Vec<(String, String)>,
+}
+
+impl TaskEffects {
+    fn to_json(&self) -> String {
+        json!({
+            "confirmed": self.confirmed.iter().map(|(op, message)| json!({"op_id": op, "message_id": message})).collect::<Vec<_>>(),
+            "unresolved": self.unresolved,
+            "open_handoffs": self.open_handoffs.iter().map(|(id, to)| json!({"handoff_id": id, "to": to})).collect::<Vec<_>>(),
+        })
+        .to_string()
+    }
+}
+
+/// What the switchboard does once a transaction that changed tasks has committed.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TaskEffect {
+    /// The bot says something in the conversation: an acknowledgement, an answer to
+    /// `/status`, or why nothing changed.
+    Say(BotPost),
+    /// A `pause` or `resume` notice to the agent, about its latest pending envelope of the
+    /// task.
+    Notice { agent: String, trace_id: String, kind: ChangeKind, task_id: String, revision: u32 },
+    /// An envelope was queued for this agent (a child's revision envelope).
+    Wake(String),
+}
+
+/// A message the bot posts in a conversation on the switchboard's behalf.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BotPost {
+    /// The envelope it is about (its attempts are recorded against it, as audit).
+    pub envelope_id: i64,
+    pub trace_id: String,
+    pub agent: String,
+    pub route: String,
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub reply_to_message_id: Option<i64>,
+    pub text: String,
+}
+
+/// Who made a change, and how.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    Edit,
+    Command,
+    Agent,
+}
+
+impl Source {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Edit => "edit",
+            Self::Command => "command",
+            Self::Agent => "agent",
+        }
+    }
+}
+
+/// What `revise_task` recorded.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredRevision {
+    pub task_id: String,
+    pub revision: u32,
+    pub kind: ChangeKind,
+    /// The envelope to act on from now on (the declared message itself, unless the change
+    /// closed the task's admission).
+    pub act_on: String,
+    /// What the agent should do next.
+    pub next: String,
+}
+
+/// Why `revise_task` recorded nothing.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum DeclareError {
+    #[error("no pending envelope of this agent has trace id {0}; nothing changed")]
+    NotPending(String),
+    #[error("{0} belongs to no task (only messages of single-agent routes do); nothing changed")]
+    NoTask(String),
+    #[error("{0}; nothing changed")]
+    NotNow(String),
+    #[error(transparent)]
+    Refused(#[from] Refusal),
+}
+
+/// The envelope a change came with: turned into the task's `revision` envelope (a human
+/// message or edit), or kept as it is and re-tagged (an agent's declaration about it).
+#[derive(Debug, Clone)]
+struct Carrier {
+    id: i64,
+    trace_id: String,
+    message_id: Option<i64>,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    route: String,
+    agent: String,
+    /// Whether the carrier becomes a `revision` envelope (a human's command or edit).
+    rewrite: bool,
+}
+
+/// The envelope a `revise_task` declaration is about.
+#[derive(Debug, FromRow)]
+struct DeclaredFor {
+    id: i64,
+    task_id: Option<String>,
+    revision: Option<i64>,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    route: Option<String>,
+    text: Option<String>,
+    message_id: i64,
+}
+
+/// A change to record.
+#[derive(Debug, Clone)]
+struct Change<'a> {
+    kind: ChangeKind,
+    text: Option<&'a str>,
+    source: Source,
+    actor: &'a str,
+    summary: String,
+}
+
+// ---- intake ----
+
+/// Whether a newly stored row is a human message of a single-agent conversation, which
+/// belongs to a task.
+pub(super) fn belongs_to_a_task(routed: &RoutedEnvelope) -> bool {
+    routed.state == EnvelopeState::Queued
+        && routed.agent.is_some()
+        && matches!(routed.envelope.kind, EnvelopeKind::Message | EnvelopeKind::EditedMessage)
+}
+
+/// Gives a newly stored human message its task, or applies the change it makes; inside the
+/// batch's transaction. Returns what to do once it commits.
+pub(super) async fn take_in(
+    tx: &mut SqliteConnection,
+    routed: &RoutedEnvelope,
+    bot_username: Option<&str>,
+) -> sqlx::Result<Vec<TaskEffect>> {
+    let e = &routed.envelope;
+    let (Some(agent), Some(route)) = (routed.agent.as_ref(), routed.route.as_ref()) else {
+        return Ok(vec![]);
+    };
+    let id: i64 = sqlx::query_scalar("SELECT id FROM envelopes WHERE trace_id = ?")
+        .bind(e.trace_id.as_str())
+        .fetch_one(&mut *tx)
+        .await?;
+    let carrier = Carrier {
+        id,
+        trace_id: e.trace_id.to_string(),
+        message_id: Some(i64::from(e.message_id)),
+        chat_id: e.channel.chat_id,
+        thread_id: e.channel.thread_id.map(i64::from),
+        route: route.to_string(),
+        agent: agent.to_string(),
+        rewrite: true,
+    };
+    let open = open_task(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await?;
+    let text = e.text.clone().unwrap_or_else(|| e.content());
+    let update = match e.kind {
+        EnvelopeKind::EditedMessage => HumanUpdate::Edit { message_id: e.message_id, text: &text },
+        _ => HumanUpdate::Message { text: &text },
+    };
+    let open_view = match &open {
+        Some(task) => Some(open_view(tx, task).await?),
+        None => None,
+    };
+    let username = bot_username.unwrap_or_default();
+    let meaning = revisions::classify(update, open_view.as_ref(), username);
+    let who = e.sender.username.as_ref().map_or_else(|| e.sender.name.clone(), |u| format!("@{u}"));
+    match (meaning, open) {
+        // A message after `/cancel` is new work, not part of the task being stopped.
+        (Meaning::Work, Some(task)) if task.state() == TaskState::StopRequested => {
+            start_task(tx, &carrier, &text, None, Source::Command, &who, "message").await?;
+            Ok(vec![])
+        }
+        (Meaning::Work, Some(task)) => {
+            tag(tx, id, &task.task_id, task.revision, None).await?;
+            Ok(vec![])
+        }
+        (Meaning::Work, None) => {
+            let objective = match revisions::parse_command(&text, username) {
+                // `/new <text>` with nothing open: the text is the objective.
+                Some(revisions::Command::New(objective)) => objective,
+                _ => text.clone(),
+            };
+            start_task(tx, &carrier, &objective, None, Source::Command, &who, "message").await?;
+            Ok(vec![])
+        }
+        (Meaning::Status, Some(task)) => {
+            let status = status_text(tx, &task).await?;
+            settle_carrier(tx, &carrier, "switchboard: /status answered").await?;
+            Ok(vec![TaskEffect::Say(post(&carrier, status))])
+        }
+        (Meaning::Status, None) => {
+            let why = "there is no open task here";
+            settle_carrier(tx, &carrier, &format!("switchboard: nothing changed ({why})")).await?;
+            Ok(vec![TaskEffect::Say(post(&carrier, format!("Nothing changed: {why}.")))])
+        }
+        (Meaning::Ask(why), _) => {
+            settle_carrier(tx, &carrier, &format!("switchboard: nothing changed ({why})")).await?;
+            Ok(vec![TaskEffect::Say(post(&carrier, format!("Nothing changed: {why}.")))])
+        }
+        (Meaning::Change { .. }, None) => {
+            // `classify` asks when nothing is open; kept total all the same.
+            settle_carrier(tx, &carrier, "switchboard: nothing changed (no open task)").await?;
+            Ok(vec![TaskEffect::Say(post(&carrier, "Nothing changed: there is no open task here.".into()))])
+        }
+        (Meaning::Change { kind, text: new_text }, Some(task)) => {
+            let source = if e.kind == EnvelopeKind::EditedMessage { Source::Edit } else { Source::Command };
+            let summary = match (kind, source) {
+                (ChangeKind::Correction, _) => format!("{who} edited the instruction"),
+                (_, _) => format!("{who} sent /{}", command_name(kind)),
+            };
+            let change = Change { kind, text: new_text.as_deref(), source, actor: &who, summary };
+            apply_change(tx, &task, &carrier, &change).await
+        }
+    }
+}
+
+fn command_name(kind: ChangeKind) -> &'static str {
+    match kind {
+        ChangeKind::NewObjective => "new",
+        ChangeKind::Pause => "pause",
+        ChangeKind::Resume => "resume",
+        ChangeKind::Cancel => "cancel",
+        ChangeKind::Correction => "correction",
+    }
+}
+
+/// The conversation's open task, if any. An `open` task with nothing left queued,
+/// pending, unresolved or handed off is `done` from now on: the next message starts a new
+/// one. (A paused or cancelled task stays open until it is resumed or stopped.)
+async fn open_task(
+    tx: &mut SqliteConnection,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    agent: &str,
+) -> sqlx::Result<Option<StoredTask>> {
+    let sql = concat!(
+        task_select!(),
+        "WHERE t.chat_id = ? AND t.agent = ? AND t.thread_id IS ? ORDER BY t.id DESC LIMIT 1"
+    );
+    let Some(task) = sqlx::query_as::<_, StoredTask>(sql)
+        .bind(chat_id)
+        .bind(agent)
+        .bind(thread_id)
+        .fetch_optional(&mut *tx)
+        .await?
+    else {
+        return Ok(None);
+    };
+    match task.state() {
+        TaskState::Open => {
+            // An envelope whose reply's outcome is unknown (`unresolved`) keeps its task
+            // open: it is not known to be done, and a correction must still reach it.
+            let busy: bool = sqlx::query_scalar(
+                "SELECT EXISTS (SELECT 1 FROM envelopes WHERE task_id = ?1 AND state IN ('queued', 'pending', 'unresolved')) \
+                 OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ?1 AND state = 'open')",
+            )
+            .bind(&task.task_id)
+            .fetch_one(&mut *tx)
+            .await?;
+            if busy {
+                return Ok(Some(task));
+            }
+            let at = now();
+            sqlx::query("UPDATE tasks SET state = 'done', updated_at = ?, closed_at = ? WHERE task_id = ?")
+                .bind(&at)
+                .bind(&at)
+                .bind(&task.task_id)
+                .execute(&mut *tx)
+                .await?;
+            Ok(None)
+        }
+        TaskState::Paused | TaskState::StopRequested => Ok(Some(task)),
+        TaskState::Stopped | TaskState::Done | TaskState::Replaced => Ok(None),
+    }
+}
+
+async fn open_view(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<OpenTask> {
+    let messages: Vec<i64> = sqlx::query_scalar(
+        "SELECT message_id FROM task_revisions WHERE task_id = ? AND message_id IS NOT NULL \
+         AND kind IN ('start', 'correction', 'new_objective')",
+    )
+    .bind(&task.task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(OpenTask {
+        task_id: task.task_id.clone(),
+        revision: to_u32(task.revision),
+        state: task.state(),
+        instruction_messages: messages.into_iter().filter_map(|m| i32::try_from(m).ok()).collect(),
+    })
+}
+
+/// Starts a task with `carrier` as its first envelope (revision 1).
+async fn start_task(
+    tx: &mut SqliteConnection,
+    carrier: &Carrier,
+    objective: &str,
+    predecessor: Option<&str>,
+    source: Source,
+    actor: &str,
+    how: &str,
+) -> sqlx::Result<String> {
+    let task_id = format!("task_{}", random_suffix(8));
+    let at = now();
+    sqlx::query(
+        "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, predecessor, \
+         opened_at, updated_at) VALUES (?, ?, ?, ?, ?, 'open', 1, ?, ?, ?, ?)",
+    )
+    .bind(&task_id)
+    .bind(carrier.chat_id)
+    .bind(carrier.thread_id)
+    .bind(&carrier.agent)
+    .bind(&carrier.route)
+    .bind(objective)
+    .bind(predecessor)
+    .bind(&at)
+    .bind(&at)
+    .execute(&mut *tx)
+    .await?;
+    let source = if predecessor.is_some() { source.as_str() } else { "message" };
+    let summary = match predecessor {
+        Some(old) => format!("{actor} replaced {old} with a new objective"),
+        None => format!("{actor} started it ({how})"),
+    };
+    record_revision(
+        tx,
+        &task_id,
+        1,
+        "start",
+        source,
+        actor,
+        &summary,
+        Some(objective),
+        carrier,
+        &TaskEffects::default(),
+    )
+    .await?;
+    tag(tx, carrier.id, &task_id, 1, None).await?;
+    Ok(task_id)
+}
+
+/// Records the task and revision an envelope was made under (and its extra meta).
+async fn tag(
+    tx: &mut SqliteConnection,
+    envelope_id: i64,
+    task_id: &str,
+    revision: i64,
+    meta: Option<&serde_json::Value>,
+) -> sqlx::Result<()> {
+    sqlx::query("UPDATE envelopes SET task_id = ?, revision = ?, meta = COALESCE(?, meta) WHERE id = ?")
+        .bind(task_id)
+        .bind(revision)
+        .bind(meta.map(ToString::to_string))
+        .bind(envelope_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn record_revision(
+    tx: &mut SqliteConnection,
+    task_id: &str,
+    revision: i64,
+    kind: &str,
+    source: &str,
+    actor: &str,
+    summary: &str,
+    text: Option<&str>,
+    carrier: &Carrier,
+    effects: &TaskEffects,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, text, message_id, \
+         envelope_id, snapshot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(task_id)
+    .bind(revision)
+    .bind(kind)
+    .bind(source)
+    .bind(actor)
+    .bind(now())
+    .bind(summary)
+    .bind(text)
+    .bind(carrier.message_id)
+    .bind(carrier.id)
+    .bind(effects.to_json())
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// A handled command or edit: acked by the switchboard, never work for the agent.
+async fn settle_carrier(tx: &mut SqliteConnection, carrier: &Carrier, note: &str) -> sqlx::Result<()> {
+    transition_in(
+        tx,
+        carrier.id,
+        &[EnvelopeState::Queued, EnvelopeState::Pending],
+        EnvelopeState::Acked,
+        "switchboard",
+        Some(note),
+    )
+    .await?;
+    Ok(())
+}
+
+fn post(carrier: &Carrier, text: String) -> BotPost {
+    BotPost {
+        envelope_id: carrier.id,
+        trace_id: carrier.trace_id.clone(),
+        agent: carrier.agent.clone(),
+        route: carrier.route.clone(),
+        chat_id: carrier.chat_id,
+        thread_id: carrier.thread_id,
+        reply_to_message_id: carrier.message_id.filter(|_| carrier.rewrite),
+        text,
+    }
+}
+
+// ---- changes ----
+
+/// Records `change` as the task's next revision and does what it means to the task's
+/// envelopes and handoffs, in the caller's transaction.
+async fn apply_change(
+    tx: &mut SqliteConnection,
+    task: &StoredTask,
+    carrier: &Carrier,
+    change: &Change<'_>,
+) -> sqlx::Result<Vec<TaskEffect>> {
+    let revision = task.revision + 1;
+    let at = now();
+    let snapshot = effects_of(tx, &task.task_id).await?;
+    let mut effects = Vec::new();
+    let kind = change.kind;
+    let old_text =
+        last_instruction(tx, &task.task_id, carrier.message_id.filter(|_| carrier.rewrite)).await?;
+    // A change of instruction or a cancel retires what was made under older revisions.
+    let superseded_handoffs = if kind.supersedes() || kind == ChangeKind::Cancel {
+        supersede(tx, task, revision, carrier, kind, &mut effects).await?
+    } else {
+        Vec::new()
+    };
+    let handoff_list = superseded_handoffs.join(", ");
+    record_revision(
+        tx,
+        &task.task_id,
+        revision,
+        kind.as_str(),
+        change.source.as_str(),
+        change.actor,
+        &change.summary,
+        change.text,
+        carrier,
+        &snapshot,
+    )
+    .await?;
+    let task_id = &task.task_id;
+    let ack = match kind {
+        ChangeKind::Correction => {
+            let new_text = change.text.unwrap_or_default();
+            sqlx::query(
+                "UPDATE tasks SET revision = ?, instruction_revision = ?, instruction_kind = 'correction', \
+                 act_on_envelope_id = ?, updated_at = ? WHERE task_id = ?",
+            )
+            .bind(revision)
+            .bind(revision)
+            .bind(carrier.id)
+            .bind(&at)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+            let meta = json!({
+                "change": "correction",
+                "text": new_text,
+                "old_text": old_text.clone().unwrap_or_default(),
+                "superseded_handoffs": handoff_list,
+            });
+            if carrier.rewrite {
+                let content = revision_content(
+                    task_id,
+                    revision,
+                    &format!(
+                        "correction. The instruction is now:\n{new_text}\n\nIt was:\n{}",
+                        old_text.as_deref().unwrap_or("(unknown)")
+                    ),
+                    &superseded_handoffs,
+                    "Act on this envelope: replies to the task's older envelopes are refused (superseded).",
+                );
+                make_revision_envelope(tx, carrier.id, &content).await?;
+            }
+            tag(tx, carrier.id, task_id, revision, Some(&meta)).await?;
+            format!("{task_id} revision {revision}: correction accepted")
+        }
+        ChangeKind::NewObjective => {
+            let objective = change.text.unwrap_or_default();
+            let successor =
+                start_task(tx, carrier, objective, Some(task_id), change.source, change.actor, "").await?;
+            sqlx::query(
+                "UPDATE tasks SET state = 'replaced', revision = ?, successor = ?, instruction_revision = ?, \
+                 instruction_kind = 'new_objective', act_on_envelope_id = ?, updated_at = ?, closed_at = ? \
+                 WHERE task_id = ?",
+            )
+            .bind(revision)
+            .bind(&successor)
+            .bind(revision)
+            .bind(carrier.id)
+            .bind(&at)
+            .bind(&at)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+            let meta = json!({
+                "change": "new_objective",
+                "text": objective,
+                "predecessor": task_id,
+                "superseded_handoffs": handoff_list,
+            });
+            if carrier.rewrite {
+                let content = revision_content(
+                    &successor,
+                    1,
+                    &format!("new objective, replacing {task_id}:\n{objective}"),
+                    &superseded_handoffs,
+                    &format!("Work on this now; everything of {task_id} is refused (superseded)."),
+                );
+                make_revision_envelope(tx, carrier.id, &content).await?;
+            }
+            tag(tx, carrier.id, &successor, 1, Some(&meta)).await?;
+            format!("{task_id} revision {revision}: new objective accepted; it continues as {successor}")
+        }
+        ChangeKind::Pause | ChangeKind::Resume => {
+            let state = if kind == ChangeKind::Pause { "paused" } else { "open" };
+            sqlx::query("UPDATE tasks SET state = ?, revision = ?, updated_at = ? WHERE task_id = ?")
+                .bind(state)
+                .bind(revision)
+                .bind(&at)
+                .bind(task_id)
+                .execute(&mut *tx)
+                .await?;
+            settle_carrier(tx, carrier, &format!("switchboard: {task_id} revision {revision} ({kind})"))
+                .await?;
+            if let Some(about) = latest_pending(tx, task_id, carrier.id).await? {
+                effects.push(TaskEffect::Notice {
+                    agent: task.agent.clone(),
+                    trace_id: about,
+                    kind,
+                    task_id: task_id.clone(),
+                    revision: to_u32(revision),
+                });
+            }
+            if kind == ChangeKind::Pause {
+                format!("{task_id} revision {revision}: paused; nothing of it is sent until /resume")
+            } else {
+                format!("{task_id} revision {revision}: resumed")
+            }
+        }
+        ChangeKind::Cancel => {
+            sqlx::query(
+                "UPDATE tasks SET state = 'stop_requested', revision = ?, cancel_envelope_id = ?, \
+                 stop_requested_by = ?, stop_requested_at = ?, updated_at = ? WHERE task_id = ?",
+            )
+            .bind(revision)
+            .bind(carrier.id)
+            .bind(change.actor)
+            .bind(&at)
+            .bind(&at)
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+            let meta = json!({ "change": "cancel", "superseded_handoffs": handoff_list });
+            if carrier.rewrite {
+                let content = revision_content(
+                    task_id,
+                    revision,
+                    &format!("cancelled by {}.", change.actor),
+                    &superseded_handoffs,
+                    "Stop working on it, then ack this envelope: the task counts as stopped only once you do. \
+                     Nothing more of it is sent.",
+                );
+                make_revision_envelope(tx, carrier.id, &content).await?;
+            }
+            tag(tx, carrier.id, task_id, revision, Some(&meta)).await?;
+            format!(
+                "{task_id} revision {revision}: cancel accepted; stop requested (it is stopped once the agent confirms)"
+            )
+        }
+    };
+    effects.push(TaskEffect::Say(post(carrier, ack)));
+    Ok(effects)
+}
+
+fn revision_content(task_id: &str, revision: i64, what: &str, handoffs: &[String], then: &str) -> String {
+    let mut content = format!("{task_id} revision {revision}: {what}");
+    if !handoffs.is_empty() {
+        content.push_str(&format!(
+            "\n\nHandoffs made for the old instruction no longer stand (their answers are refused): {}. \
+             Send a follow-up (followup: true, intent: \"replaces\") if the new instruction still needs them.",
+            handoffs.join(", ")
+        ));
+    }
+    content.push_str("\n\n");
+    content.push_str(then);
+    content
+}
+
+async fn make_revision_envelope(tx: &mut SqliteConnection, id: i64, content: &str) -> sqlx::Result<()> {
+    sqlx::query("UPDATE envelopes SET kind = 'revision', content = ? WHERE id = ?")
+        .bind(content)
+        .bind(id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The instruction as it stood: the text of `message_id`'s latest revision (an edit), or
+/// the task's latest instruction.
+async fn last_instruction(
+    tx: &mut SqliteConnection,
+    task_id: &str,
+    message_id: Option<i64>,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar(
+        "SELECT text FROM task_revisions WHERE task_id = ?1 AND text IS NOT NULL \
+         AND kind IN ('start', 'correction', 'new_objective') AND (?2 IS NULL OR message_id = ?2) \
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(task_id)
+    .bind(message_id)
+    .fetch_optional(&mut *tx)
+    .await
+    .map(Option::flatten)
+}
+
+/// The task's queued and pending envelopes made under revisions before `revision` become
+/// `superseded` (the carrier excepted), and so do its open handoffs, whose children are
+/// sent a `revision` envelope each. Returns the superseded handoffs' ids.
+async fn supersede(
+    tx: &mut SqliteConnection,
+    task: &StoredTask,
+    revision: i64,
+    carrier: &Carrier,
+    kind: ChangeKind,
+    effects: &mut Vec<TaskEffect>,
+) -> sqlx::Result<Vec<String>> {
+    let task_id = &task.task_id;
+    let stale: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM envelopes WHERE task_id = ? AND revision < ? AND state IN ('queued', 'pending') AND id <> ?",
+    )
+    .bind(task_id)
+    .bind(revision)
+    .bind(carrier.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let reason = format!("{task_id} revision {revision} ({kind}) superseded it");
+    for id in stale {
+        let from = [EnvelopeState::Queued, EnvelopeState::Pending];
+        transition_in(tx, id, &from, EnvelopeState::Superseded, "switchboard", Some(&reason)).await?;
+    }
+    let handoffs: Vec<(i64, String, String, String)> = sqlx::query_as(
+        "SELECT id, handoff_id, to_agent, from_agent FROM handoffs WHERE task_id = ? AND state = 'open' \
+         AND revision < ? ORDER BY id",
+    )
+    .bind(task_id)
+    .bind(revision)
+    .fetch_all(&mut *tx)
+    .await?;
+    let at = now();
+    let mut superseded = Vec::new();
+    for (id, handoff_id, to_agent, from_agent) in handoffs {
+        sqlx::query("UPDATE handoffs SET state = 'superseded', closed_at = ?, note = ? WHERE id = ?")
+            .bind(&at)
+            .bind(&reason)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        let instruction: i64 = sqlx::query_scalar("SELECT envelope_id FROM handoffs WHERE id = ?")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        let from = [EnvelopeState::Queued, EnvelopeState::Pending];
+        transition_in(tx, instruction, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))
+            .await?;
+        let content = format!(
+            "{handoff_id} from '{from_agent}' no longer stands: {task_id} changed ({kind}, revision {revision}). \
+             Stop working on it; an answer to it would be refused and kept only as a late result. \
+             Ack this envelope; it has no reply."
+        );
+        let meta = json!({ "change": kind.as_str(), "handoff_id": handoff_id, "superseded": "true" });
+        let trace_id = TraceId::generate().to_string();
+        sqlx::query(
+            "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
+             sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, \
+             agent, state, state_changed_at, task_id, revision, meta) \
+             VALUES (?, NULL, 'revision', 0, NULL, 'agent', NULL, 0, NULL, NULL, 'switchboard', NULL, '[]', ?, ?, ?, \
+             ?, ?, 'queued', ?, ?, ?, ?)",
+        )
+        .bind(&trace_id)
+        .bind(&content)
+        .bind(&at)
+        .bind(&at)
+        .bind(&carrier.route)
+        .bind(&to_agent)
+        .bind(&at)
+        .bind(task_id)
+        .bind(revision)
+        .bind(meta.to_string())
+        .execute(&mut *tx)
+        .await?;
+        effects.push(TaskEffect::Wake(to_agent));
+        superseded.push(handoff_id);
+    }
+    Ok(superseded)
+}
+
+async fn latest_pending(
+    tx: &mut SqliteConnection,
+    task_id: &str,
+    except: i64,
+) -> sqlx::Result<Option<String>> {
+    sqlx::query_scalar(
+        "SELECT trace_id FROM envelopes WHERE task_id = ? AND state = 'pending' AND id <> ? ORDER BY id DESC LIMIT 1",
+    )
+    .bind(task_id)
+    .bind(except)
+    .fetch_optional(&mut *tx)
+    .await
+}
+
+/// Confirmed sends, unresolved attempts and open handoffs of a task.
+async fn effects_of(tx: &mut SqliteConnection, task_id: &str) -> sqlx::Result<TaskEffects> {
+    let confirmed = sqlx::query_as(
+        "SELECT a.op_id, a.telegram_message_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+         WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome = 'sent' ORDER BY a.id",
+    )
+    .bind(task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let unresolved = sqlx::query_scalar(
+        "SELECT a.op_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+         WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome IN ('unknown', 'in_flight') \
+         AND a.reconciled_outcome IS NULL ORDER BY a.id",
+    )
+    .bind(task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let open_handoffs = sqlx::query_as(
+        "SELECT handoff_id, to_agent FROM handoffs WHERE task_id = ? AND state = 'open' ORDER BY id",
+    )
+    .bind(task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(TaskEffects { confirmed, unresolved, open_handoffs })
+}
+
+/// What `/status` answers.
+async fn status_text(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<String> {
+    let effects = effects_of(tx, &task.task_id).await?;
+    Ok(describe(task, &effects))
+}
+
+/// A task in a few lines: where it stands and what it has done.
+pub fn describe(task: &StoredTask, effects: &TaskEffects) -> String {
+    let mut lines = vec![format!("{} (revision {}): {}", task.task_id, task.revision, task.state)];
+    lines.push(format!("objective: {}", one_line(&task.objective)));
+    match task.state() {
+        TaskState::StopRequested => lines.push(format!(
+            "stop requested by {} at {}: not stopped yet (the agent has not confirmed)",
+            task.stop_requested_by.as_deref().unwrap_or("?"),
+            task.stop_requested_at.as_deref().unwrap_or("?")
+        )),
+        TaskState::Stopped => lines.push(format!(
+            "stopped at {} ({})",
+            task.stopped_at.as_deref().unwrap_or("?"),
+            task.stop_reason.as_deref().unwrap_or("")
+        )),
+        _ => {}
+    }
+    let confirmed: Vec<String> =
+        effects.confirmed.iter().map(|(op, m)| format!("{op} (message {m})")).collect();
+    lines.push(format!("confirmed sends: {}", list_or_none(&confirmed)));
+    lines.push(format!("unresolved attempts (never retried): {}", list_or_none(&effects.unresolved)));
+    let handoffs: Vec<String> =
+        effects.open_handoffs.iter().map(|(id, to)| format!("{id} to {to}")).collect();
+    lines.push(format!("open handoffs: {}", list_or_none(&handoffs)));
+    if let Some(predecessor) = &task.predecessor {
+        lines.push(format!("replaces: {predecessor}"));
+    }
+    if let Some(successor) = &task.successor {
+        lines.push(format!("replaced by: {successor}"));
+    }
+    lines.join("\n")
+}
+
+fn list_or_none(items: &[String]) -> String {
+    if items.is_empty() { "none".to_owned() } else { items.join(", ") }
+}
+
+fn one_line(text: &str) -> String {
+    let line: String = text.chars().take(120).collect::<String>().replace('\n', " ");
+    if text.chars().count() > 120 { format!("{line}…") } else { line }
+}
+
+// ---- admission ----
+
+/// Whether an outbound action made for `envelope_id` may go out now (DESIGN.md §11), read
+/// inside the caller's transaction, so it is decided in the same serialised order as the
+/// changes. An envelope of no task is always admitted.
+pub(super) async fn admission_in(
+    tx: &mut SqliteConnection,
+    envelope_id: i64,
+) -> sqlx::Result<Result<(), Refusal>> {
+    let revision: Option<(Option<String>, Option<i64>)> =
+        sqlx::query_as("SELECT task_id, revision FROM envelopes WHERE id = ?")
+            .bind(envelope_id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some((Some(task_id), Some(revision))) = revision else { return Ok(Ok(())) };
+    let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+    let task: Option<StoredTask> = sqlx::query_as(sql).bind(&task_id).fetch_optional(&mut *tx).await?;
+    Ok(match task {
+        Some(task) => revisions::admit(to_u32(revision), &task.now()),
+        None => Ok(()),
+    })
+}
+
+impl Ledger {
+    /// [`admission_in`] on its own, for a tool's early answer; the check that counts is
+    /// made again in the transaction that records the action.
+    pub async fn admission(&self, envelope_id: i64) -> sqlx::Result<Result<(), Refusal>> {
+        let mut connection = self.reader.acquire().await?;
+        admission_in(&mut connection, envelope_id).await
+    }
+
+    /// `revise_task`: the agent declares that its pending envelope `trace_id` changes its
+    /// task. Recorded like a command, in one transaction.
+    pub async fn declare_revision(
+        &self,
+        agent: &AgentName,
+        trace_id: &str,
+        kind: ChangeKind,
+        summary: &str,
+    ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
+        let mut tx = self.write_transaction().await?;
+        let row: Option<DeclaredFor> = sqlx::query_as(
+            "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
+             WHERE trace_id = ? AND agent = ? AND state = 'pending'",
+        )
+        .bind(trace_id)
+        .bind(agent.as_str())
+        .fetch_optional(&mut *tx)
+        .await?;
+        let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
+        else {
+            return Err(DeclareError::NotPending(trace_id.to_owned()).into());
+        };
+        let (Some(task_id), Some(revision)) = (task_id, revision) else {
+            return Err(DeclareError::NoTask(trace_id.to_owned()).into());
+        };
+        let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+        let task: StoredTask = sqlx::query_as(sql).bind(&task_id).fetch_one(&mut *tx).await?;
+        // The declaration is itself an action for that envelope: a superseded or cancelled
+        // one cannot change the task.
+        match (kind, revisions::admit(to_u32(revision), &task.now())) {
+            (_, Ok(())) => {}
+            (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
+            (_, Err(refusal)) => return Err(DeclareError::Refused(refusal).into()),
+        }
+        if kind == ChangeKind::Pause && task.state() != TaskState::Open {
+            return Err(DeclareError::NotNow(format!("{task_id} is {}", task.state)).into());
+        }
+        let carrier = Carrier {
+            id,
+            trace_id: trace_id.to_owned(),
+            message_id: Some(message_id),
+            chat_id,
+            thread_id,
+            route: route.unwrap_or_default(),
+            agent: agent.to_string(),
+            rewrite: false,
+        };
+        let actor = format!("agent:{agent}");
+        let change = Change {
+            kind,
+            text: text.as_deref(),
+            source: Source::Agent,
+            actor: &actor,
+            summary: if summary.trim().is_empty() {
+                format!("{actor} declared a {kind}")
+            } else {
+                summary.to_owned()
+            },
+        };
+        let effects = apply_change(&mut tx, &task, &carrier, &change).await?;
+        let now_task: String = sqlx::query_scalar("SELECT task_id FROM envelopes WHERE id = ?")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        let next = match kind {
+            ChangeKind::Correction => format!("act on {trace_id}: it carries the corrected instruction"),
+            ChangeKind::NewObjective => format!("act on {trace_id}: it starts {now_task}"),
+            ChangeKind::Pause => {
+                "the task is paused: nothing of it is sent until the user resumes it".to_owned()
+            }
+            ChangeKind::Resume => "the task runs again".to_owned(),
+            ChangeKind::Cancel => {
+                format!("stop working on the task, then ack {trace_id}: it is stopped once you do")
+            }
+        };
+        // A new objective starts the successor at revision 1; any other change is the
+        // task's next revision.
+        let revision = if kind == ChangeKind::NewObjective { 1 } else { to_u32(task.revision + 1) };
+        let declared =
+            DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_owned(), next };
+        Ok((declared, effects))
+    }
+
+    /// A task and its revisions, oldest first.
+    pub async fn task(
+        &self,
+        task_id: &str,
+    ) -> sqlx::Result<Option<(StoredTask, Vec<StoredRevision>, TaskEffects)>> {
+        let mut connection = self.pool.acquire().await?;
+        let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+        let Some(task) =
+            sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&mut *connection).await?
+        else {
+            return Ok(None);
+        };
+        let revisions = sqlx::query_as(
+            "SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id AS envelope_trace_id, \
+             r.snapshot FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id \
+             WHERE r.task_id = ? ORDER BY r.id",
+        )
+        .bind(task_id)
+        .fetch_all(&mut *connection)
+        .await?;
+        let effects = effects_of(&mut connection, task_id).await?;
+        Ok(Some((task, revisions, effects)))
+    }
+
+    /// `switchboard ledger task ID --stopped --reason …`: an operator confirms that a
+    /// cancelled task has stopped. Only a task whose stop was requested can be.
+    pub async fn mark_task_stopped(&self, task_id: &str, reason: &str) -> Result<(), DeclareTaskError> {
+        let mut tx = self.write_transaction().await?;
+        let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+        let Some(task) = sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&mut *tx).await?
+        else {
+            return Err(DeclareError::NotNow(format!("no task has id {task_id}")).into());
+        };
+        if task.state() != TaskState::StopRequested {
+            return Err(DeclareError::NotNow(format!(
+                "{task_id} is {}, not stop_requested: only a cancelled task can be marked stopped",
+                task.state
+            ))
+            .into());
+        }
+        let at = now();
+        sqlx::query(
+            "UPDATE tasks SET state = 'stopped', stopped_at = ?, stop_reason = ?, updated_at = ?, closed_at = ? \
+             WHERE task_id = ?",
+        )
+        .bind(&at)
+        .bind(reason)
+        .bind(&at)
+        .bind(&at)
+        .bind(task_id)
+        .execute(&mut *tx)
+        .await?;
+        let effects = effects_of(&mut tx, task_id).await?;
+        sqlx::query(
+            "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, snapshot) \
+             VALUES (?, ?, 'stopped', 'operator', 'operator', ?, ?, ?)",
+        )
+        .bind(task_id)
+        .bind(task.revision)
+        .bind(&at)
+        .bind(format!("an operator confirmed it stopped: {reason}"))
+        .bind(effects.to_json())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+}
+
+/// [`DeclareError`] or the ledger failing.
+#[derive(Debug, thiserror::Error)]
+pub enum DeclareTaskError {
+    #[error(transparent)]
+    Declined(#[from] DeclareError),
+    #[error(transparent)]
+    Ledger(#[from] sqlx::Error),
+}
+
+fn parse_state(raw: &str) -> TaskState {
+    match raw {
+        "paused" => TaskState::Paused,
+        "stop_requested" => TaskState::StopRequested,
+        "stopped" => TaskState::Stopped,
+        "done" => TaskState::Done,
+        "replaced" => TaskState::Replaced,
+        _ => TaskState::Open,
+    }
+}
+
+fn to_u32(value: i64) -> u32 {
+    u32::try_from(value).unwrap_or(u32::MAX)
+}

@@ -1,0 +1,361 @@
+//! Tasks and revisions (DESIGN.md §11), end to end: the real daemon, the fake Bot API
+//! (which can record a send and delay its answer past `send_timeout_secs`), and a real
+//! `switchboard channel` plugin per agent driven by a real MCP client (a worker agent that
+//! answers after it was redirected).
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::json;
+use support::agents::*;
+use support::daemon::*;
+use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
+use support::mcp::{ChannelClient, ChannelNotification};
+use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState, StoredTask};
+
+/// Long enough for something that should not happen to show.
+const QUIET: Duration = Duration::from_millis(700);
+
+fn owner_chat() -> ChatSpec {
+    ChatSpec::private(OWNER_CHAT)
+}
+
+/// The `n`th notification of a client, once it arrived.
+async fn nth(client: &ChannelClient, n: usize) -> ChannelNotification {
+    client.wait_for_notifications(n, WAIT).await.unwrap().swap_remove(n - 1)
+}
+
+fn meta<'a>(notification: &'a ChannelNotification, key: &str) -> &'a str {
+    notification.meta_str(key).unwrap_or_else(|| panic!("meta.{key} missing: {:?}", notification.meta))
+}
+
+async fn task(daemon: &TestDaemon, task_id: &str) -> StoredTask {
+    let ledger = daemon.ledger().await;
+    let (task, _, _) = ledger.task(task_id).await.unwrap().expect("the task exists");
+    ledger.close().await;
+    task
+}
+
+/// The texts the bot posted, once there are `n`.
+async fn posted(fake: &FakeTelegram, n: usize) -> Vec<String> {
+    fake.wait_for_sent(n, WAIT).await.into_iter().map(|sent| sent.text).collect()
+}
+
+async fn reply(client: &ChannelClient, trace_id: &str, text: &str) -> (bool, String) {
+    client.call_tool("reply", json!({"text": text, "trace_id": trace_id})).await.unwrap()
+}
+
+/// 1. A reply whose outcome is unknown, then the user edits the instruction: the attempt
+///    stays unknown and is never retried, the task is at revision 2, `/status` lists the
+///    unresolved attempt, and a reply to the old envelope is refused as superseded.
+#[tokio::test]
+async fn an_edit_after_an_unknown_send_supersedes_the_old_envelope_and_status_lists_the_unknown_attempt() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("Book the room for Monday").await;
+    let first = nth(&orchestrator, 1).await;
+    let task_id = meta(&first, "task").to_owned();
+    assert!(task_id.starts_with("task_"), "{task_id}");
+    assert_eq!(meta(&first, "revision"), "1");
+    let message_id: i32 = meta(&first, "message_id").parse().unwrap();
+
+    // Telegram records the reply but answers only after send_timeout_secs (2 s here).
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(4)));
+    let (is_error, text) = reply(&orchestrator, &trace, "Booked for Monday").await;
+    assert!(is_error && text.contains("Do not send it again"), "{text}");
+    let attempts = attempts_of(&daemon, &trace).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!(attempts[0].outcome, AttemptState::Unknown);
+    let unknown_op = attempts[0].op_id.clone();
+
+    fake.push_edited_text(owner_chat(), owner(), message_id, "Book the room for Friday");
+    let revision = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&revision, "kind"), "revision");
+    assert_eq!((meta(&revision, "task"), meta(&revision, "revision")), (task_id.as_str(), "2"));
+    assert_eq!(meta(&revision, "change"), "correction");
+    assert_eq!(meta(&revision, "text"), "Book the room for Friday");
+    assert_eq!(meta(&revision, "old_text"), "Book the room for Monday");
+    assert!(
+        revision.content.contains("Friday") && revision.content.contains("Monday"),
+        "{}",
+        revision.content
+    );
+    let texts = posted(&fake, 2).await;
+    assert_eq!(texts[1], format!("{task_id} revision 2: correction accepted"));
+    assert_eq!(task(&daemon, &task_id).await.revision, 2);
+
+    fake.push_text(owner_chat(), owner(), "/status");
+    let texts = posted(&fake, 3).await;
+    assert!(texts[2].contains(&format!("{task_id} (revision 2): open")), "{}", texts[2]);
+    assert!(texts[2].contains(&format!("unresolved attempts (never retried): {unknown_op}")), "{}", texts[2]);
+
+    let (is_error, text) = reply(&orchestrator, &trace, "Booked for Monday (again)").await;
+    assert!(is_error && text.contains("superseded"), "{text}");
+    assert!(text.contains(&trace_id(&revision)), "names the envelope to act on: {text}");
+    let attempts = attempts_of(&daemon, &trace).await;
+    assert_eq!(attempts.len(), 1, "the unknown send is never retried: {attempts:?}");
+    assert_eq!(attempts[0].outcome, AttemptState::Unknown);
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved, "kept for the operator");
+
+    // The revision envelope is the one to act on.
+    let (is_error, text) = reply(&orchestrator, &trace_id(&revision), "Booked for Friday").await;
+    assert!(!is_error, "{text}");
+    assert_eq!(posted(&fake, 4).await[3], "Booked for Friday");
+}
+
+/// 2. The orchestrator hands work to a worker, the user corrects the task, the worker then
+///    answers the old handoff: refused, kept as a late result, never an answer to the
+///    orchestrator; its follow-up under revision 2 reaches the worker.
+#[tokio::test]
+async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow_up_reaches_it() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
+    let question = nth(&orchestrator, 1).await;
+    let task_id = meta(&question, "task").to_owned();
+
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "worker", "text": "List the changes in 1.4", "trace_id": trace_id(&question)}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let handoff = nth(&worker, 1).await;
+    let handoff_id = meta(&handoff, "handoff_id").to_owned();
+    assert_eq!((meta(&handoff, "task"), meta(&handoff, "revision")), (task_id.as_str(), "1"));
+
+    let message_id: i32 = meta(&question, "message_id").parse().unwrap();
+    fake.push_edited_text(owner_chat(), owner(), message_id, "Draft the release notes for 1.5");
+    let revision = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&revision, "change"), "correction");
+    assert_eq!(meta(&revision, "superseded_handoffs"), handoff_id);
+    let told = nth(&worker, 2).await;
+    assert_eq!(meta(&told, "kind"), "revision");
+    assert_eq!(meta(&told, "handoff_id"), handoff_id);
+    assert!(told.content.contains("no longer stands"), "{}", told.content);
+
+    let (is_error, text) = reply(&worker, &trace_id(&handoff), "1.4: three fixes").await;
+    assert!(is_error && text.contains("superseded"), "{text}");
+    let ledger = daemon.ledger().await;
+    let stored = ledger.handoff(&handoff_id).await.unwrap().unwrap();
+    assert_eq!(stored.state, HandoffState::Superseded);
+    assert_eq!(stored.answer_envelope_id, None, "never an answer");
+    let late: Option<String> = sqlx::query_scalar("SELECT late_result FROM handoffs WHERE handoff_id = ?")
+        .bind(&handoff_id)
+        .fetch_one(ledger.pool())
+        .await
+        .unwrap();
+    ledger.close().await;
+    assert_eq!(late.as_deref(), Some("1.4: three fixes"));
+    tokio::time::sleep(QUIET).await;
+    assert!(
+        orchestrator.notifications().iter().all(|n| meta(n, "kind") != "handoff_answer"),
+        "{:?}",
+        orchestrator.notifications()
+    );
+    // The worker's word about the old handoff has no reply; it is acked.
+    let (is_error, text) = reply(&worker, &trace_id(&told), "ok").await;
+    assert!(is_error && text.contains("Ack it"), "{text}");
+    let (is_error, text) = worker.call_tool("ack", json!({"trace_id": trace_id(&told)})).await.unwrap();
+    assert!(!is_error, "{text}");
+
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "worker", "text": "List the changes in 1.5", "trace_id": trace_id(&revision),
+                   "followup": true, "intent": "replaces"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let follow_up = nth(&worker, 3).await;
+    assert_eq!(follow_up.content, "List the changes in 1.5");
+    assert_eq!((meta(&follow_up, "task"), meta(&follow_up, "revision")), (task_id.as_str(), "2"));
+    let (is_error, text) = reply(&worker, &trace_id(&follow_up), "1.5: two features").await;
+    assert!(!is_error, "{text}");
+    let answer = nth(&orchestrator, 3).await;
+    assert_eq!((meta(&answer, "kind"), answer.content.as_str()), ("handoff_answer", "1.5: two features"));
+}
+
+/// 3. `/pause`, then a reply: refused as paused, nothing sent; `/resume`, then the reply
+///    goes out.
+#[tokio::test]
+async fn a_paused_task_sends_nothing_until_it_is_resumed() {
+    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace } =
+        owner_waiting("Summarise the incident").await;
+    let task_id = meta(&nth(&orchestrator, 1).await, "task").to_owned();
+
+    fake.push_text(owner_chat(), owner(), "/pause");
+    let notice = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&notice, "kind"), "pause");
+    assert_eq!(meta(&notice, "trace_id"), trace, "a notice about the task's pending envelope");
+    assert_eq!(
+        posted(&fake, 1).await[0],
+        format!("{task_id} revision 2: paused; nothing of it is sent until /resume")
+    );
+
+    let (is_error, text) = reply(&orchestrator, &trace, "The incident was…").await;
+    assert!(is_error && text.contains("paused"), "{text}");
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(fake.sent_messages().len(), 1, "only the acknowledgement");
+
+    fake.push_text(owner_chat(), owner(), "/resume");
+    assert_eq!(meta(&nth(&orchestrator, 3).await, "kind"), "resume");
+    assert_eq!(posted(&fake, 2).await[1], format!("{task_id} revision 3: resumed"));
+    let (is_error, text) = reply(&orchestrator, &trace, "The incident was a full disk").await;
+    assert!(!is_error, "{text}");
+    assert_eq!(posted(&fake, 3).await[2], "The incident was a full disk");
+}
+
+/// 4. `/cancel`: admission closes, the task is `stop_requested` until the agent acks the
+///    cancel envelope, then `stopped`; an operator can confirm a stop the agent cannot.
+#[tokio::test]
+async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("Migrate the database").await;
+    let task_id = meta(&nth(&orchestrator, 1).await, "task").to_owned();
+
+    fake.push_text(owner_chat(), owner(), "/cancel");
+    let cancel = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&cancel, "kind"), meta(&cancel, "change")), ("revision", "cancel"));
+    assert!(posted(&fake, 1).await[0].contains("stop requested"));
+    assert_eq!(task(&daemon, &task_id).await.state, "stop_requested");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Superseded);
+
+    let (is_error, text) = reply(&orchestrator, &trace, "Migrating now").await;
+    assert!(is_error && text.contains("cancelled"), "{text}");
+    let (is_error, text) = reply(&orchestrator, &trace_id(&cancel), "OK, stopping").await;
+    assert!(is_error && text.contains("cancelled"), "{text}");
+
+    fake.push_text(owner_chat(), owner(), "/status");
+    let status = posted(&fake, 2).await.remove(1);
+    assert!(status.contains("stop_requested") && status.contains("not stopped yet"), "{status}");
+
+    let (is_error, text) =
+        orchestrator.call_tool("ack", json!({"trace_id": trace_id(&cancel)})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let stopped = task(&daemon, &task_id).await;
+    assert_eq!(stopped.state, "stopped");
+    assert!(stopped.stopped_at.is_some());
+    assert_eq!(fake.sent_messages().len(), 2, "nothing of the task was sent");
+
+    // An agent that cannot ack: the operator confirms the stop.
+    fake.push_text(owner_chat(), owner(), "Migrate the other database");
+    let second = nth(&orchestrator, 3).await;
+    let second_task = meta(&second, "task").to_owned();
+    assert_ne!(second_task, task_id, "a stopped task never restarts");
+    fake.push_text(owner_chat(), owner(), "/cancel");
+    nth(&orchestrator, 4).await;
+    let (ok, out, err) = daemon.ledger_cli(&["task", &task_id, "--stopped", "--reason", "again"]);
+    assert!(!ok && err.contains("not stop_requested"), "{out}{err}");
+    let (ok, out, err) =
+        daemon.ledger_cli(&["task", &second_task, "--stopped", "--reason", "the agent crashed"]);
+    assert!(ok && out.contains("stopped") && out.contains("the agent crashed"), "{out}{err}");
+    assert_eq!(task(&daemon, &second_task).await.state, "stopped");
+}
+
+/// 5. `/new <text>` while a task is open: a successor task, the lineage visible both ways,
+///    the old envelopes no longer answerable.
+#[tokio::test]
+async fn new_replaces_the_open_task_with_a_successor_and_the_old_envelopes_are_not_answerable() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } =
+        owner_waiting("Write the quarterly report").await;
+    let old_task = meta(&nth(&orchestrator, 1).await, "task").to_owned();
+
+    fake.push_text(owner_chat(), owner(), "/new write the hiring plan instead");
+    let revision = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&revision, "kind"), meta(&revision, "change")), ("revision", "new_objective"));
+    assert_eq!(meta(&revision, "predecessor"), old_task);
+    assert_eq!(meta(&revision, "revision"), "1");
+    let new_task = meta(&revision, "task").to_owned();
+    assert_ne!(new_task, old_task);
+    assert!(posted(&fake, 1).await[0].contains(&format!("it continues as {new_task}")));
+
+    let (is_error, text) = reply(&orchestrator, &trace, "Here is the quarterly report").await;
+    assert!(is_error && text.contains("superseded") && text.contains(&trace_id(&revision)), "{text}");
+
+    let (ok, out, err) = daemon.ledger_cli(&["task", &old_task]);
+    assert!(
+        ok && out.contains("replaced") && out.contains(&format!("replaced by: {new_task}")),
+        "{out}{err}"
+    );
+    assert!(out.contains("new_objective") && out.contains("start"), "{out}");
+    let (ok, out, err) = daemon.ledger_cli(&["task", &new_task]);
+    assert!(
+        ok && out.contains(&format!("replaces: {old_task}")) && out.contains("hiring plan"),
+        "{out}{err}"
+    );
+
+    let (is_error, text) = reply(&orchestrator, &trace_id(&revision), "Here is the hiring plan").await;
+    assert!(!is_error, "{text}");
+    assert_eq!(posted(&fake, 2).await[1], "Here is the hiring plan");
+}
+
+/// 6. `kill -9` between a change and the agent's next action: the revision survives, and
+///    admission still refuses the superseded action.
+#[tokio::test]
+async fn a_correction_survives_kill_9_and_still_refuses_the_superseded_reply() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("Order 10 chairs").await;
+    let first = nth(&orchestrator, 1).await;
+    let task_id = meta(&first, "task").to_owned();
+    let message_id: i32 = meta(&first, "message_id").parse().unwrap();
+    fake.push_edited_text(owner_chat(), owner(), message_id, "Order 12 chairs");
+    let revision = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&revision, "revision"), "2");
+
+    daemon.kill9();
+    daemon.restart();
+    let again = orchestrator.wait_for_notifications(3, Duration::from_secs(40)).await.unwrap();
+    assert_eq!(trace_id(&again[2]), trace_id(&revision), "the revision envelope is redelivered");
+    assert_eq!(task(&daemon, &task_id).await.revision, 2);
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Superseded);
+
+    let (is_error, text) = reply(&orchestrator, &trace, "Ordered 10 chairs").await;
+    assert!(is_error && text.contains("superseded"), "{text}");
+    let (is_error, text) = reply(&orchestrator, &trace_id(&revision), "Ordered 12 chairs").await;
+    assert!(!is_error, "{text}");
+    let texts = posted(&fake, 2).await;
+    assert_eq!(texts, [format!("{task_id} revision 2: correction accepted"), "Ordered 12 chairs".to_owned()]);
+}
+
+/// The agent declares a correction with `revise_task`; an edit of a message no open task
+/// started asks and changes nothing.
+#[tokio::test]
+async fn an_agent_declares_a_correction_and_an_unclear_edit_changes_nothing() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("Plan the offsite in May").await;
+    let task_id = meta(&nth(&orchestrator, 1).await, "task").to_owned();
+    fake.push_text(owner_chat(), owner(), "actually, make it June");
+    let correction = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&correction, "task"), task_id, "a plain message joins the open task");
+
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "revise_task",
+            json!({"trace_id": trace_id(&correction), "kind": "correction", "summary": "June, not May"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error && text.contains("revision 2") && text.contains(&trace_id(&correction)), "{text}");
+    assert_eq!(posted(&fake, 1).await[0], format!("{task_id} revision 2: correction accepted"));
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Superseded);
+    let (is_error, text) = reply(&orchestrator, &trace, "Planned for May").await;
+    assert!(is_error && text.contains("superseded"), "{text}");
+    let (is_error, text) = reply(&orchestrator, &trace_id(&correction), "Planned for June").await;
+    assert!(!is_error, "{text}");
+
+    let (is_error, text) = orchestrator
+        .call_tool("revise_task", json!({"trace_id": trace_id(&correction), "kind": "sideways"}))
+        .await
+        .unwrap();
+    assert!(is_error && text.contains("kind must be one of"), "{text}");
+
+    // The task is done; an edit of its message is no change anyone can be sure of.
+    let message_id: i32 = meta(&correction, "message_id").parse().unwrap();
+    fake.push_edited_text(owner_chat(), owner(), message_id, "actually, make it July");
+    let texts = posted(&fake, 3).await;
+    assert!(texts[2].starts_with("Nothing changed:"), "{}", texts[2]);
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(orchestrator.notifications().len(), 2, "{:?}", orchestrator.notifications());
+}
