@@ -558,3 +558,98 @@ async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_t
     ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
     assert_eq!(ledger.next_offset(1).await.unwrap(), Some(2));
 }
+
+/// The check that counts is the one inside the attempt's transaction: a reply resolved
+/// before a correction, whose first attempt is recorded after it, is refused there and
+/// records nothing (DESIGN.md §11: admission at the moment of sending).
+#[tokio::test]
+async fn a_correction_recorded_between_resolving_and_sending_refuses_the_attempt() {
+    let (_dir, ledger) = ledger().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger.record_batch_handing_over(1, 2, &[routed(1, EnvelopeState::Queued)], &[&orch], None).await.unwrap();
+    let instruction = ledger.pending(&orch).await.unwrap().remove(0);
+    let task_id = instruction.task_id.clone().expect("a human message belongs to a task");
+    assert_eq!(instruction.revision, Some(1));
+    let attempt = |envelope_id| NewAttempt {
+        envelope_id,
+        agent: "orch",
+        request_id: Some("req_aaaaaaaa"),
+        purpose: AttemptPurpose::Reply,
+        chat_id: 42,
+        thread_id: None,
+        reply_to_message_id: Some(1),
+        chunk_index: 0,
+        chunk_count: 1,
+        text: "for Monday",
+    };
+    // The reply was resolved to `instruction` (pending, admitted); now the user edits it.
+    assert_eq!(ledger.admission(instruction.id).await.unwrap(), Ok(()));
+    let mut edit = routed(2, EnvelopeState::Queued);
+    edit.envelope.kind = EnvelopeKind::EditedMessage;
+    edit.envelope.message_id = 1;
+    edit.envelope.text = Some("for Friday".into());
+    let batch = [edit];
+    let recorded = ledger.record_batch_handing_over(2, 3, &batch, &[&orch], None).await.unwrap();
+    assert!(
+        matches!(&recorded.task_effects[..], [TaskEffect::Say(post)] if post.text == format!("{task_id} revision 2: correction accepted")),
+        "{:?}",
+        recorded.task_effects
+    );
+    let revision = recorded.claimed.into_iter().next().expect("the revision envelope is handed over");
+    assert_eq!((revision.kind, revision.revision), (EnvelopeKind::Revision, Some(2)));
+
+    let refused = ledger.begin_attempt(&attempt(instruction.id)).await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), "superseded");
+    assert!(refused.to_string().contains(&revision.trace_id), "{refused}");
+    assert!(ledger.attempts_for(instruction.id).await.unwrap().is_empty(), "nothing recorded, nothing sent");
+    assert_eq!(ledger.find(&instruction.trace_id).await.unwrap().unwrap().state, EnvelopeState::Superseded);
+    // The revision envelope is admitted.
+    ledger.begin_attempt(&attempt(revision.id)).await.unwrap().unwrap();
+
+    // Audit posts (the bot's own acknowledgements) are never refused.
+    let mut audit = attempt(instruction.id);
+    audit.purpose = AttemptPurpose::Audit;
+    audit.request_id = None;
+    ledger.begin_attempt(&audit).await.unwrap().unwrap();
+}
+
+/// A pause and a cancel close admission for every envelope of the task, the current one
+/// included; a resume opens it again. A task's lineage keeps every revision.
+#[tokio::test]
+async fn pause_resume_and_cancel_are_revisions_that_close_and_open_admission() {
+    let (_dir, ledger) = ledger().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger.record_batch_handing_over(1, 2, &[routed(1, EnvelopeState::Queued)], &[&orch], None).await.unwrap();
+    let work = ledger.pending(&orch).await.unwrap().remove(0);
+    let task_id = work.task_id.clone().unwrap();
+    let command = |update_id: i64, text: &str| {
+        let mut row = routed(update_id, EnvelopeState::Queued);
+        row.envelope.text = Some(text.into());
+        row
+    };
+    let code = |admitted: Result<(), crate::rules::revisions::Refusal>| admitted.err().map(|r| r.code());
+
+    ledger.record_batch(2, 3, &[command(2, "/pause")]).await.unwrap();
+    assert_eq!(code(ledger.admission(work.id).await.unwrap()), Some("paused"));
+    ledger.record_batch(3, 4, &[command(3, "/resume")]).await.unwrap();
+    assert_eq!(code(ledger.admission(work.id).await.unwrap()), None);
+    ledger.record_batch(4, 5, &[command(4, "/cancel")]).await.unwrap();
+    assert_eq!(code(ledger.admission(work.id).await.unwrap()), Some("cancelled"));
+    // A second /cancel asks; nothing changes.
+    ledger.record_batch(5, 6, &[command(5, "/cancel")]).await.unwrap();
+
+    let (task, revisions, _) = ledger.task(&task_id).await.unwrap().unwrap();
+    assert_eq!((task.state.as_str(), task.revision), ("stop_requested", 4));
+    let kinds: Vec<&str> = revisions.iter().map(|r| r.kind.as_str()).collect();
+    assert_eq!(kinds, ["start", "pause", "resume", "cancel"]);
+    // The commands were handled by the switchboard, never work for the agent.
+    let pending: Vec<String> = ledger.pending(&orch).await.unwrap().into_iter().map(|e| e.content).collect();
+    assert!(pending.is_empty(), "{pending:?}");
+    let queued = ledger.claim_next_queued(&orch).await.unwrap().expect("the cancel envelope");
+    assert_eq!(queued.kind, EnvelopeKind::Revision);
+    assert!(ledger.claim_next_queued(&orch).await.unwrap().is_none(), "the second /cancel is no work");
+
+    // Acking the cancel envelope stops the task.
+    ledger.transition(queued.id, &[EnvelopeState::Pending], EnvelopeState::Acked, "agent:orch", None).await.unwrap();
+    assert_eq!(ledger.task(&task_id).await.unwrap().unwrap().0.state, "stopped");
+}
