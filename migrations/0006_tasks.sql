@@ -11,6 +11,11 @@
 -- and the envelope that carries it. An action made for an envelope of an older revision
 -- is refused with `superseded`, naming that envelope.
 --
+-- What the bot says about a change (`task_7 revision 2: correction accepted`), an answer
+-- to `/status`, or why nothing changed, is owed in `room_posts` (with no cascade) in the
+-- transaction that records the change, and posted like a room's own posts: once, never
+-- twice, across restarts.
+--
 -- `cancel_envelope_id`: the envelope whose ack turns `stop_requested` into `stopped`
 -- (the trigger below), however the ack is made — the `ack` tool or an operator.
 

@@ -150,24 +150,47 @@ impl FakeTelegram {
 
     /// A text message from `from` in `chat`, as the next update.
     pub fn push_text(&self, chat: &Chat, from: &Person, text: &str) -> Pushed {
+        self.push_message(chat, from, None, text)
+    }
+
+    /// `from` edits their message `message_id` in `chat` to `text`, as the next update.
+    pub fn push_edit(&self, chat: &Chat, from: &Person, message_id: i32, text: &str) -> Pushed {
+        self.push_message(chat, from, Some(message_id), text)
+    }
+
+    /// A new message, or with `edited` an edit of that earlier one.
+    fn push_message(&self, chat: &Chat, from: &Person, edited: Option<i32>, text: &str) -> Pushed {
         let mut state = self.shared.lock();
-        let (update_id, message_id) = (state.next_update_id, state.next_message_id);
+        let update_id = state.next_update_id;
         state.next_update_id += 1;
-        state.next_message_id += 1;
+        let message_id = match edited {
+            Some(message_id) => message_id,
+            None => {
+                state.next_message_id += 1;
+                state.next_message_id - 1
+            }
+        };
         let chat_json = match chat.title {
             Some(title) => json!({"id": chat.id, "type": chat.kind, "title": title}),
             None => json!({"id": chat.id, "type": chat.kind, "first_name": from.first_name}),
         };
-        let update = json!({
-            "update_id": update_id,
-            "message": {
-                "message_id": message_id,
-                "date": unix_now(),
-                "chat": chat_json,
-                "from": {"id": from.id, "is_bot": false, "first_name": from.first_name, "username": from.username},
-                "text": text,
-            }
+        let mut message = json!({
+            "message_id": message_id,
+            "date": unix_now(),
+            "chat": chat_json,
+            "from": {"id": from.id, "is_bot": false, "first_name": from.first_name, "username": from.username},
+            "text": text,
         });
+        let kind = match edited {
+            Some(_) => {
+                // The original predates its edit.
+                message["date"] = json!(unix_now() - 60);
+                message["edit_date"] = json!(unix_now());
+                "edited_message"
+            }
+            None => "message",
+        };
+        let update = json!({ "update_id": update_id, kind: message });
         state.updates.push_back((update_id, update.to_string()));
         drop(state);
         self.shared.changed.notify_waiters();

@@ -40,11 +40,6 @@ pub fn check(holds: bool, claim: &str, found: impl FnOnce() -> String) -> Result
     }
 }
 
-/// A step that is not built yet: said plainly, never faked.
-pub fn not_yet(what: &str) {
-    println!("  (not built yet) {what}");
-}
-
 /// The first line of a long text, cut for one line of narration.
 pub fn gist(text: &str, max: usize) -> String {
     let line = text.lines().next().unwrap_or_default();

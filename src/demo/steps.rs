@@ -44,7 +44,7 @@ pub(super) async fn all(demo: &mut Demo) -> anyhow::Result<()> {
     two_chats_waiting(demo).await?;
     delegation(demo).await?;
     room_exchange(demo).await?;
-    correction();
+    correction(demo).await?;
     crash_and_restart(demo).await?;
     ledger_stats(demo).await?;
     Ok(())
@@ -561,13 +561,85 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     Ok(())
 }
 
-/// DESIGN.md §11 — a correction that refuses a superseded reply — runs here once tasks and
-/// revisions are built.
-fn correction() {
+/// DESIGN.md §11: Olga corrects her instruction while the agent's reply is being written;
+/// the reply made for the old instruction is refused, the one for the revision goes out.
+async fn correction(demo: &mut Demo) -> Result<(), Broken> {
     narrate::step("5", "A correction that refuses a superseded reply");
-    narrate::not_yet(
-        "tasks and revisions (DESIGN.md §11) are being built; this step runs here when they land",
+    let ask = "Book the meeting room for Monday.";
+    let pushed = demo.fake.push_text(&OWNER_DM, &OLGA, ask);
+    said("Telegram", format!("@olga: \"{ask}\""));
+    let first = demo.orchestrator.next().await?;
+    let task = first.extra.get("task").cloned().unwrap_or_default();
+    said("ledger", format!("{} pending with the orchestrator: {task} revision 1", first.trace_id));
+
+    let fixed = "Book the meeting room for Friday.";
+    demo.fake.push_edit(&OWNER_DM, &OLGA, pushed.message_id, fixed);
+    said("Telegram", format!("@olga edits her message: \"{fixed}\""));
+    let revision = demo.orchestrator.next().await?;
+    said(
+        "orchestrator",
+        format!(
+            "← kind={} {} change={} revision={}",
+            revision.kind,
+            revision.trace_id,
+            revision.extra.get("change").map_or("-", String::as_str),
+            revision.extra.get("revision").map_or("-", String::as_str)
+        ),
     );
+    let acknowledged = demo.fake.wait_for_sent(WAIT, |sent| sent.text.contains("correction accepted")).await;
+    if let Some(sent) = &acknowledged {
+        said("Telegram", describe_sent(sent));
+    }
+    let original = demo.envelope(&first.trace_id).await?;
+    check(
+        revision.kind == "revision"
+            && revision.extra.get("old_text").map(String::as_str) == Some(ask)
+            && revision.extra.get("text").map(String::as_str) == Some(fixed)
+            && original.state == EnvelopeState::Superseded
+            && acknowledged.is_some(),
+        "the edit is revision 2: the agent gets the new and the old text, the old envelope is superseded, and the bot says so",
+        || format!("{revision:?}; {original:?}; {acknowledged:?}"),
+    )?;
+
+    let late = "Booked for Monday.";
+    said(
+        "orchestrator",
+        format!("reply \"{late}\" (trace_id {}), written before it saw the edit", first.trace_id),
+    );
+    let refusal =
+        match demo.orchestrator.client.reply(&ReplyRequest::new(late, Some(first.trace_id.clone()))).await {
+            Err(ClientError::Refused { error, .. }) => error,
+            other => return Err(Broken(format!("the superseded reply was not refused: {other:?}"))),
+        };
+    said("switchboard", format!("refused: {}", gist(&refusal.message, 110)));
+    let attempts = demo.attempts(&original).await?;
+    check(
+        refusal.code == ErrorCode::Superseded
+            && refusal.message.contains(&revision.trace_id)
+            && attempts.is_empty()
+            && !demo.fake.sent().iter().any(|sent| sent.text == late),
+        "refused with superseded, naming the envelope to act on; nothing attempted, nothing sent",
+        || format!("{refusal:?}; {attempts:?}"),
+    )?;
+
+    let answer = "Booked for Friday, 10:00 in room 2.";
+    said("orchestrator", format!("reply \"{answer}\" (trace_id {})", revision.trace_id));
+    let receipt = must(
+        "reply",
+        demo.orchestrator.client.reply(&ReplyRequest::new(answer, Some(revision.trace_id.clone()))).await,
+    )?;
+    let sent = sent_as(&demo.fake.sent(), &receipt.message_ids);
+    for message in &sent {
+        said("Telegram", describe_sent(message));
+    }
+    check(sent.len() == 1 && sent[0].text == answer, "the reply to the revision goes out", || {
+        format!("{sent:?}")
+    })?;
+    said("operator", format!("switchboard ledger task {task}"));
+    for line in demo.ledger_command(&["task", &task])?.lines() {
+        more(line);
+    }
+    Ok(())
 }
 
 async fn crash_and_restart(demo: &mut Demo) -> Result<(), Broken> {

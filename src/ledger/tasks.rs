@@ -116,14 +116,16 @@ impl TaskEffects {
 /// What the switchboard does once a transaction that changed tasks has committed.
 #[derive(Debug, Clone, PartialEq)]
 pub enum TaskEffect {
-    /// The bot says something in the conversation: an acknowledgement, an answer to
-    /// `/status`, or why nothing changed.
+    /// The bot owes a post in the conversation (recorded with the change): an
+    /// acknowledgement, an answer to `/status`, or why nothing changed.
     Say(BotPost),
     /// A `pause` or `resume` notice to the agent, about its latest pending envelope of the
     /// task.
     Notice { agent: String, trace_id: String, kind: ChangeKind, task_id: String, revision: u32 },
     /// An envelope was queued for this agent (a child's revision envelope).
     Wake(String),
+    /// A change was recorded (for the metrics).
+    Recorded(ChangeKind),
 }
 
 /// A message the bot posts in a conversation on the switchboard's behalf.
@@ -292,21 +294,22 @@ pub(super) async fn take_in(
         (Meaning::Status, Some(task)) => {
             let status = status_text(tx, &task).await?;
             settle_carrier(tx, &carrier, "switchboard: /status answered").await?;
-            Ok(vec![TaskEffect::Say(post(&carrier, status))])
+            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), status).await?])
         }
         (Meaning::Status, None) => {
             let why = "there is no open task here";
             settle_carrier(tx, &carrier, &format!("switchboard: nothing changed ({why})")).await?;
-            Ok(vec![TaskEffect::Say(post(&carrier, format!("Nothing changed: {why}.")))])
+            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), format!("Nothing changed: {why}.")).await?])
         }
         (Meaning::Ask(why), _) => {
             settle_carrier(tx, &carrier, &format!("switchboard: nothing changed ({why})")).await?;
-            Ok(vec![TaskEffect::Say(post(&carrier, format!("Nothing changed: {why}.")))])
+            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), format!("Nothing changed: {why}.")).await?])
         }
         (Meaning::Change { .. }, None) => {
             // `classify` asks when nothing is open; kept total all the same.
             settle_carrier(tx, &carrier, "switchboard: nothing changed (no open task)").await?;
-            Ok(vec![TaskEffect::Say(post(&carrier, "Nothing changed: there is no open task here.".into()))])
+            let text = "Nothing changed: there is no open task here.".to_owned();
+            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), text).await?])
         }
         (Meaning::Change { kind, text: new_text }, Some(task)) => {
             let source = if e.kind == EnvelopeKind::EditedMessage { Source::Edit } else { Source::Command };
@@ -353,31 +356,37 @@ async fn open_task(
         return Ok(None);
     };
     match task.state() {
-        TaskState::Open => {
-            // An envelope whose reply's outcome is unknown (`unresolved`) keeps its task
-            // open: it is not known to be done, and a correction must still reach it.
-            let busy: bool = sqlx::query_scalar(
-                "SELECT EXISTS (SELECT 1 FROM envelopes WHERE task_id = ?1 AND state IN ('queued', 'pending', 'unresolved')) \
-                 OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ?1 AND state = 'open')",
-            )
-            .bind(&task.task_id)
-            .fetch_one(&mut *tx)
-            .await?;
-            if busy {
-                return Ok(Some(task));
-            }
-            let at = now();
-            sqlx::query("UPDATE tasks SET state = 'done', updated_at = ?, closed_at = ? WHERE task_id = ?")
-                .bind(&at)
-                .bind(&at)
-                .bind(&task.task_id)
-                .execute(&mut *tx)
-                .await?;
-            Ok(None)
-        }
-        TaskState::Paused | TaskState::StopRequested => Ok(Some(task)),
+        TaskState::Open if close_if_done(tx, &task).await? => Ok(None),
+        TaskState::Open | TaskState::Paused | TaskState::StopRequested => Ok(Some(task)),
         TaskState::Stopped | TaskState::Done | TaskState::Replaced => Ok(None),
     }
+}
+
+/// An `open` task with nothing left queued, pending or unresolved and no open handoff is
+/// `done`; returns whether it was closed now. An envelope whose reply's outcome is unknown
+/// (`unresolved`) keeps its task open: it is not known to be done, and a correction must
+/// still reach it.
+async fn close_if_done(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<bool> {
+    let busy: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM envelopes WHERE task_id = ?1 AND state IN ('queued', 'pending', 'unresolved')) \
+         OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ?1 AND state = 'open')",
+    )
+    .bind(&task.task_id)
+    .fetch_one(&mut *tx)
+    .await?;
+    if busy {
+        return Ok(false);
+    }
+    let at = now();
+    sqlx::query(
+        "UPDATE tasks SET state = 'done', updated_at = ?, closed_at = ? WHERE task_id = ? AND state = 'open'",
+    )
+    .bind(&at)
+    .bind(&at)
+    .bind(&task.task_id)
+    .execute(&mut *tx)
+    .await?;
+    Ok(true)
 }
 
 async fn open_view(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<OpenTask> {
@@ -510,8 +519,16 @@ async fn settle_carrier(tx: &mut SqliteConnection, carrier: &Carrier, note: &str
     Ok(())
 }
 
-fn post(carrier: &Carrier, text: String) -> BotPost {
-    BotPost {
+/// What the bot says about a change or a question, owed in the same transaction: a post
+/// in `room_posts` (no cascade), which the room driver makes once and never twice, across
+/// restarts, like a room's own posts. `key` names it among the switchboard's posts.
+async fn owe_post(
+    tx: &mut SqliteConnection,
+    carrier: &Carrier,
+    key: String,
+    text: String,
+) -> sqlx::Result<TaskEffect> {
+    let post = BotPost {
         envelope_id: carrier.id,
         trace_id: carrier.trace_id.clone(),
         agent: carrier.agent.clone(),
@@ -520,7 +537,27 @@ fn post(carrier: &Carrier, text: String) -> BotPost {
         thread_id: carrier.thread_id,
         reply_to_message_id: carrier.message_id.filter(|_| carrier.rewrite),
         text,
-    }
+    };
+    sqlx::query(
+        "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, reply_to_message_id, text, \
+         state, created_at) VALUES (?, NULL, ?, ?, ?, ?, ?, ?, 'owed', ?)",
+    )
+    .bind(key)
+    .bind(post.envelope_id)
+    .bind(&post.route)
+    .bind(post.chat_id)
+    .bind(post.thread_id)
+    .bind(post.reply_to_message_id)
+    .bind(&post.text)
+    .bind(now())
+    .execute(&mut *tx)
+    .await?;
+    Ok(TaskEffect::Say(post))
+}
+
+/// The key of the bot's answer to a message (a `/status`, or why nothing changed).
+fn answer_key(carrier: &Carrier) -> String {
+    format!("{}/answer", carrier.trace_id)
 }
 
 // ---- changes ----
@@ -536,7 +573,7 @@ async fn apply_change(
     let revision = task.revision + 1;
     let at = now();
     let snapshot = effects_of(tx, &task.task_id).await?;
-    let mut effects = Vec::new();
+    let mut effects = vec![TaskEffect::Recorded(change.kind)];
     let kind = change.kind;
     let old_text =
         last_instruction(tx, &task.task_id, carrier.message_id.filter(|_| carrier.rewrite)).await?;
@@ -691,7 +728,8 @@ async fn apply_change(
             )
         }
     };
-    effects.push(TaskEffect::Say(post(carrier, ack)));
+    let key = format!("{}/r{revision}", task.task_id);
+    effects.push(owe_post(tx, carrier, key, ack).await?);
     Ok(effects)
 }
 
@@ -1028,11 +1066,15 @@ impl Ledger {
     ) -> sqlx::Result<Option<(StoredTask, Vec<StoredRevision>, TaskEffects)>> {
         let mut connection = self.pool.acquire().await?;
         let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-        let Some(task) =
+        let Some(mut task) =
             sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&mut *connection).await?
         else {
             return Ok(None);
         };
+        // A task that has finished says so, as it would to the next message.
+        if task.state() == TaskState::Open && close_if_done(&mut connection, &task).await? {
+            task = sqlx::query_as(sql).bind(task_id).fetch_one(&mut *connection).await?;
+        }
         let revisions = sqlx::query_as(
             "SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id AS envelope_trace_id, \
              r.snapshot FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id \

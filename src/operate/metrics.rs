@@ -36,6 +36,7 @@ pub const REFUSALS: &str = "switchboard_refusals_total";
 pub const HANDOFFS: &str = "switchboard_handoffs";
 pub const READY: &str = "switchboard_ready";
 pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
+pub const TASK_REVISIONS: &str = "switchboard_task_revisions_total";
 
 /// Bucket bounds of both hop histograms, in seconds: a local hop takes milliseconds, a
 /// send to Telegram tens to hundreds of them, and an envelope that waited for its agent's
@@ -110,6 +111,10 @@ fn describe() {
     describe_gauge!(HANDOFFS, "Handoffs in the ledger, by state (read from the ledger at scrape time).");
     describe_gauge!(READY, "1 when /readyz answers 200, else 0.");
     describe_counter!(CONFIG_RELOADS, "SIGHUP reloads, by result (applied, refused).");
+    describe_counter!(
+        TASK_REVISIONS,
+        "Changes recorded to tasks (DESIGN.md §11), by change (correction, new_objective, pause, resume, cancel)."
+    );
 
     // The series alerts look at exist from the start, at zero, so `rate()` and `> 0`
     // rules see them before the first event.
@@ -154,6 +159,11 @@ pub fn rate_limit_wait(method: &'static str, wait: Duration) {
 /// A tool call was refused with `reason` (its wire code).
 pub fn refusal(tool: &'static str, reason: &'static str) {
     counter!(REFUSALS, "tool" => tool, "reason" => reason).increment(1);
+}
+
+/// A change to a task was recorded.
+pub fn task_revision(change: &'static str) {
+    counter!(TASK_REVISIONS, "change" => change).increment(1);
 }
 
 /// A SIGHUP reload was applied or refused.

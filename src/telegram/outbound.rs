@@ -16,6 +16,7 @@ use crate::backoff::Backoff;
 use crate::ledger::{AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::pacing::ChatPacer;
+use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
 
 /// Telegram's limit for one message, in UTF-16 code units (how Telegram counts).
@@ -75,6 +76,9 @@ pub enum DeliveryOutcome {
     NotSent { sent: Vec<(usize, i32)>, parts: usize, error: String },
     /// A part may or may not have arrived; nothing after it was tried.
     Unknown { sent: Vec<(usize, i32)>, parts: usize, error: String },
+    /// The task the reply acts for changed before a part went out (DESIGN.md §11): that
+    /// part and the rest were not sent.
+    Refused { sent: Vec<(usize, i32)>, refusal: Refusal },
 }
 
 /// How one request ended, from what was observed.
@@ -268,11 +272,14 @@ impl Outbound {
             }
             let chunk = Chunk { text, index, count };
             match self.send_chunk(plan, &chunk, &mut rate_limit_budget).await {
-                Observed::Sent { message_id } => sent.push((index, message_id)),
-                Observed::NotSent { error, .. } => {
+                Ok(Observed::Sent { message_id }) => sent.push((index, message_id)),
+                Ok(Observed::NotSent { error, .. }) => {
                     return DeliveryOutcome::NotSent { sent, parts: count, error };
                 }
-                Observed::Unknown { error } => return DeliveryOutcome::Unknown { sent, parts: count, error },
+                Ok(Observed::Unknown { error }) => {
+                    return DeliveryOutcome::Unknown { sent, parts: count, error };
+                }
+                Err(refusal) => return DeliveryOutcome::Refused { sent, refusal },
             }
         }
         sent.sort_unstable();
@@ -280,8 +287,14 @@ impl Outbound {
     }
 
     /// One part, paced to the chat and waiting out rate limits within the reply's
-    /// `budget`: each try is its own recorded attempt.
-    async fn send_chunk(&self, plan: &ReplyPlan, chunk: &Chunk<'_>, budget: &mut Duration) -> Observed {
+    /// `budget`: each try is its own recorded attempt. Refused when the reply's task no
+    /// longer admits it (DESIGN.md §11); then nothing was attempted.
+    async fn send_chunk(
+        &self,
+        plan: &ReplyPlan,
+        chunk: &Chunk<'_>,
+        budget: &mut Duration,
+    ) -> Result<Observed, Refusal> {
         let target = &plan.target;
         loop {
             let pace = self
@@ -292,10 +305,10 @@ impl Outbound {
             if !pace.is_zero() {
                 tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to this chat");
                 if !self.wait(pace).await {
-                    return stopping();
+                    return Ok(stopping());
                 }
             }
-            let observed = self.send_attempt(plan, chunk).await;
+            let observed = self.send_attempt(plan, chunk).await?;
             match &observed {
                 Observed::NotSent { retry_after: Some(wait), .. } if *wait <= *budget => {
                     *budget -= *wait;
@@ -304,7 +317,7 @@ impl Outbound {
                     if self.wait(*wait).await {
                         continue;
                     }
-                    return stopping();
+                    return Ok(stopping());
                 }
                 Observed::NotSent { migrated_to: Some(new_chat), .. } => {
                     tracing::error!(
@@ -315,7 +328,7 @@ impl Outbound {
                 }
                 _ => {}
             }
-            return observed;
+            return Ok(observed);
         }
     }
 
@@ -332,7 +345,7 @@ impl Outbound {
     /// outcome is tried again until it can, or until the daemon stops — then the attempt
     /// stays `in_flight` and start-up recovery makes it `unknown`, which is what the agent
     /// is told here too.
-    async fn send_attempt(&self, plan: &ReplyPlan, chunk: &Chunk<'_>) -> Observed {
+    async fn send_attempt(&self, plan: &ReplyPlan, chunk: &Chunk<'_>) -> Result<Observed, Refusal> {
         let target = &plan.target;
         let thread_id = telegram_thread(target.thread_id);
         let attempt = NewAttempt {
@@ -352,19 +365,15 @@ impl Outbound {
             Ok(Err(refusal)) => {
                 // A change to the task landed after the reply was resolved (DESIGN.md §11).
                 tracing::warn!(trace_id = %target.trace_id, code = refusal.code(), "send refused at the moment of sending: {refusal}");
-                return Observed::NotSent {
-                    error: refusal.to_string(),
-                    retry_after: None,
-                    migrated_to: None,
-                };
+                return Err(refusal);
             }
             Err(e) => {
                 tracing::error!(trace_id = %target.trace_id, error = %e, "could not record a send attempt: not sending");
-                return Observed::NotSent {
+                return Ok(Observed::NotSent {
                     error: format!("the switchboard ledger could not record the send ({e})"),
                     retry_after: None,
                     migrated_to: None,
-                };
+                });
             }
         };
         let mut params = json!({ "chat_id": target.chat_id, "text": chunk.text });
@@ -391,9 +400,9 @@ impl Outbound {
         while let Err(e) = self.ledger.finish_attempt(&op_id, &outcome, &actor).await {
             tracing::error!(trace_id = %target.trace_id, op_id, error = %e, "could not record a send's outcome; trying again");
             if !self.wait(retry.next_delay()).await {
-                return Observed::Unknown {
+                return Ok(Observed::Unknown {
                     error: format!("the daemon stopped before it could record this send's outcome ({e})"),
-                };
+                });
             }
         }
         metrics::attempt_finished(outcome.state(), elapsed);
@@ -404,7 +413,7 @@ impl Outbound {
         } else {
             tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
         }
-        observed
+        Ok(observed)
     }
 }
 

@@ -318,6 +318,10 @@ impl Bridge {
                 tracing::warn!(%agent, %error, delivered_parts = sent.len(), "reply not sent");
                 Err(ToolError::NotSent { trace_id: target.trace_id.clone(), error, sent, parts })
             }
+            DeliveryOutcome::Refused { sent, refusal } => {
+                tracing::warn!(%agent, delivered_parts = sent.len(), code = refusal.code(), "reply refused at the moment of sending: {refusal}");
+                Err(ToolError::Task(refusal))
+            }
             DeliveryOutcome::Unknown { sent, parts, error } => {
                 let state = self.inner.ledger.find(&target.trace_id).await.ok().flatten().map(|e| e.state);
                 let stays_answered = state == Some(EnvelopeState::Acked);

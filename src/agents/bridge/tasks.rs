@@ -7,12 +7,8 @@ use std::collections::BTreeMap;
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::{DeliveredNotice, RevisionReceipt, RevisionRequest};
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::{AttemptPurpose, BotPost, DeclareTaskError, StoredEnvelope, TaskEffect, now};
+use crate::ledger::{DeclareTaskError, StoredEnvelope, TaskEffect, now};
 use crate::rules::revisions::ChangeKind;
-use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
-
-/// Who the bot's own posts about tasks are recorded as.
-const SWITCHBOARD: &str = "switchboard";
 
 impl Bridge {
     /// What a committed change asks for. Best-effort and after the commit: the change is
@@ -20,7 +16,11 @@ impl Bridge {
     pub fn carry_out(&self, effects: Vec<TaskEffect>) {
         for effect in effects {
             match effect {
-                TaskEffect::Say(post) => self.say(post),
+                // Owed in the ledger with the change; the room driver posts what is owed.
+                TaskEffect::Say(post) => {
+                    tracing::debug!(trace_id = %post.trace_id, "the switchboard owes a post about a task");
+                    self.wake_rooms();
+                }
                 TaskEffect::Notice { agent, trace_id, kind, task_id, revision } => {
                     let Ok(agent) = AgentName::parse(&agent) else { continue };
                     let content = match kind {
@@ -43,6 +43,7 @@ impl Bridge {
                     };
                     self.notify(&agent, notice);
                 }
+                TaskEffect::Recorded(kind) => crate::operate::metrics::task_revision(kind.as_str()),
                 TaskEffect::Wake(agent) => {
                     if let Ok(agent) = AgentName::parse(&agent) {
                         self.wake(&agent);
@@ -50,33 +51,6 @@ impl Bridge {
                 }
             }
         }
-    }
-
-    /// Posts the switchboard's own message in a task's conversation: an ordinary outbound
-    /// attempt, recorded as audit against the envelope it is about, settling nothing.
-    fn say(&self, post: BotPost) {
-        let mut parts = split_text(&post.text, TELEGRAM_TEXT_LIMIT);
-        parts.truncate(self.limits().max_reply_parts);
-        let plan = ReplyPlan {
-            target: ReplyTarget {
-                envelope_id: post.envelope_id,
-                trace_id: post.trace_id.clone(),
-                agent: SWITCHBOARD.to_owned(),
-                route: post.route.clone(),
-                chat_id: post.chat_id,
-                thread_id: post.thread_id.and_then(|t| i32::try_from(t).ok()),
-                reply_to_message_id: post.reply_to_message_id.and_then(|m| i32::try_from(m).ok()),
-            },
-            request_id: None,
-            purpose: AttemptPurpose::Audit,
-            parts,
-            already_sent: Vec::new(),
-        };
-        let outbound = self.inner.outbound.clone();
-        self.inner.tasks.spawn(async move {
-            let outcome = outbound.deliver(&plan).await;
-            tracing::info!(trace_id = %post.trace_id, ?outcome, "task acknowledgement posted");
-        });
     }
 
     /// Admission's early answer for a tool (DESIGN.md §11): refused when the envelope's task

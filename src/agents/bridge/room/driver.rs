@@ -137,9 +137,9 @@ impl RoomDriver {
     /// Failures are logged and retried; they never stop the daemon, and nothing is lost
     /// meanwhile (room messages wait in the ledger).
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        if !self.bridge.rooms().is_empty() {
-            self.identify().await;
-        }
+        // The bot's username tells `/stop@thisbot` (rooms) and `/pause@thisbot` (tasks)
+        // from a command for another bot.
+        self.identify().await;
         let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
         loop {
             let wait = match self.pass().await {
@@ -180,12 +180,12 @@ impl RoomDriver {
         };
         let Some(me) = me else {
             tracing::warn!(
-                "could not ask Telegram who this bot is (getMe): in rooms, /stop@NAME counts as a stop whatever NAME is"
+                "could not ask Telegram who this bot is (getMe): a command addressed as /stop@NAME or /pause@NAME counts as ours whatever NAME is"
             );
             return;
         };
         let name = me.username.clone().unwrap_or_default();
-        if me.can_read_all_group_messages == Some(false) {
+        if me.can_read_all_group_messages == Some(false) && !self.bridge.rooms().is_empty() {
             tracing::warn!(
                 bot = %name,
                 "privacy mode is on for @{name}: in a group it only sees commands meant for it and replies to its own messages, unless it is an admin there, so ordinary room messages never arrive. Group rooms need to see every message: turn privacy mode off (@BotFather, /setprivacy, Disable; then remove the bot from the group and add it again) or make the bot an admin of each room's group"
