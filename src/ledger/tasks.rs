@@ -43,12 +43,35 @@ pub struct StoredTask {
     pub closed_at: Option<String>,
 }
 
-macro_rules! task_select {
+/// The columns of [`StoredTask`] (`t` the task, `a` the envelope to act on), and where
+/// they come from.
+macro_rules! task_columns {
     () => {
-        "SELECT t.task_id, t.chat_id, t.thread_id, t.agent, t.route, t.state, t.revision, t.objective, \
+        "t.task_id, t.chat_id, t.thread_id, t.agent, t.route, t.state, t.revision, t.objective, \
          t.predecessor, t.successor, t.instruction_revision, t.instruction_kind, a.trace_id AS act_on, \
          t.stop_requested_by, t.stop_requested_at, t.stopped_at, t.stop_reason, t.opened_at, t.updated_at, \
-         t.closed_at FROM tasks t LEFT JOIN envelopes a ON a.id = t.act_on_envelope_id "
+         t.closed_at"
+    };
+}
+
+macro_rules! task_from {
+    () => {
+        " FROM tasks t LEFT JOIN envelopes a ON a.id = t.act_on_envelope_id "
+    };
+}
+
+macro_rules! task_select {
+    () => {
+        concat!("SELECT ", task_columns!(), task_from!())
+    };
+}
+
+/// Whether anything of task `t` still runs: an envelope queued, pending or unresolved, or
+/// an open handoff.
+macro_rules! busy_select {
+    () => {
+        "(EXISTS (SELECT 1 FROM envelopes WHERE task_id = t.task_id AND state IN ('queued', 'pending', 'unresolved')) \
+         OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = t.task_id AND state = 'open')) AS busy"
     };
 }
 
@@ -265,9 +288,17 @@ pub(super) async fn take_in(
         EnvelopeKind::EditedMessage => HumanUpdate::Edit { message_id: e.message_id, text: &text },
         _ => HumanUpdate::Message { text: &text },
     };
-    let open_view = match &open {
-        Some(task) => Some(open_view(tx, task).await?),
-        None => None,
+    // Which messages carry the instruction matters to an edit only: a new message is
+    // classified by its text.
+    let open_view = match (&open, update) {
+        (Some(task), HumanUpdate::Edit { .. }) => Some(open_view(tx, task).await?),
+        (Some(task), HumanUpdate::Message { .. }) => Some(OpenTask {
+            task_id: task.task_id.clone(),
+            revision: to_u32(task.revision),
+            state: task.state(),
+            instruction_messages: Vec::new(),
+        }),
+        (None, _) => None,
     };
     let username = bot_username.unwrap_or_default();
     let meaning = revisions::classify(update, open_view.as_ref(), username);
@@ -342,11 +373,17 @@ async fn open_task(
     thread_id: Option<i64>,
     agent: &str,
 ) -> sqlx::Result<Option<StoredTask>> {
+    // The latest task of the conversation, and whether anything of it is still running, in
+    // one statement: this runs for every human message.
     let sql = concat!(
-        task_select!(),
+        "SELECT ",
+        busy_select!(),
+        ", ",
+        task_columns!(),
+        task_from!(),
         "WHERE t.chat_id = ? AND t.agent = ? AND t.thread_id IS ? ORDER BY t.id DESC LIMIT 1"
     );
-    let Some(task) = sqlx::query_as::<_, StoredTask>(sql)
+    let Some(LatestTask { task, busy }) = sqlx::query_as::<_, LatestTask>(sql)
         .bind(chat_id)
         .bind(agent)
         .bind(thread_id)
@@ -356,10 +393,21 @@ async fn open_task(
         return Ok(None);
     };
     match task.state() {
-        TaskState::Open if close_if_done(tx, &task).await? => Ok(None),
+        TaskState::Open if !busy => {
+            mark_done(tx, &task.task_id).await?;
+            Ok(None)
+        }
         TaskState::Open | TaskState::Paused | TaskState::StopRequested => Ok(Some(task)),
         TaskState::Stopped | TaskState::Done | TaskState::Replaced => Ok(None),
     }
+}
+
+/// A task with whether any of it is still running (see [`close_if_done`]).
+#[derive(Debug, FromRow)]
+struct LatestTask {
+    busy: bool,
+    #[sqlx(flatten)]
+    task: StoredTask,
 }
 
 /// An `open` task with nothing left queued, pending or unresolved and no open handoff is
@@ -367,26 +415,29 @@ async fn open_task(
 /// (`unresolved`) keeps its task open: it is not known to be done, and a correction must
 /// still reach it.
 async fn close_if_done(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<bool> {
-    let busy: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM envelopes WHERE task_id = ?1 AND state IN ('queued', 'pending', 'unresolved')) \
-         OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ?1 AND state = 'open')",
-    )
-    .bind(&task.task_id)
-    .fetch_one(&mut *tx)
-    .await?;
+    let busy: bool =
+        sqlx::query_scalar(concat!("SELECT ", busy_select!(), " FROM tasks t WHERE t.task_id = ?"))
+            .bind(&task.task_id)
+            .fetch_one(&mut *tx)
+            .await?;
     if busy {
         return Ok(false);
     }
+    mark_done(tx, &task.task_id).await?;
+    Ok(true)
+}
+
+async fn mark_done(tx: &mut SqliteConnection, task_id: &str) -> sqlx::Result<()> {
     let at = now();
     sqlx::query(
         "UPDATE tasks SET state = 'done', updated_at = ?, closed_at = ? WHERE task_id = ? AND state = 'open'",
     )
     .bind(&at)
     .bind(&at)
-    .bind(&task.task_id)
+    .bind(task_id)
     .execute(&mut *tx)
     .await?;
-    Ok(true)
+    Ok(())
 }
 
 async fn open_view(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<OpenTask> {
@@ -953,18 +1004,26 @@ pub(super) async fn admission_in(
     tx: &mut SqliteConnection,
     envelope_id: i64,
 ) -> sqlx::Result<Result<(), Refusal>> {
-    let revision: Option<(Option<String>, Option<i64>)> =
-        sqlx::query_as("SELECT task_id, revision FROM envelopes WHERE id = ?")
-            .bind(envelope_id)
-            .fetch_optional(&mut *tx)
-            .await?;
-    let Some((Some(task_id), Some(revision))) = revision else { return Ok(Ok(())) };
-    let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-    let task: Option<StoredTask> = sqlx::query_as(sql).bind(&task_id).fetch_optional(&mut *tx).await?;
-    Ok(match task {
-        Some(task) => revisions::admit(to_u32(revision), &task.now()),
+    let sql = concat!(
+        "SELECT e.revision AS acted_on, ",
+        task_columns!(),
+        task_from!(),
+        "JOIN envelopes e ON e.task_id = t.task_id WHERE e.id = ?"
+    );
+    let row: Option<ActedFor> = sqlx::query_as(sql).bind(envelope_id).fetch_optional(&mut *tx).await?;
+    Ok(match row {
+        Some(ActedFor { acted_on, task }) => revisions::admit(to_u32(acted_on), &task.now()),
+        // An envelope of no task.
         None => Ok(()),
     })
+}
+
+/// An envelope's revision with its task.
+#[derive(Debug, FromRow)]
+struct ActedFor {
+    acted_on: i64,
+    #[sqlx(flatten)]
+    task: StoredTask,
 }
 
 impl Ledger {
