@@ -9,7 +9,7 @@ use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram};
-use support::mcp::{ChannelClient, ChannelNotification};
+use support::mcp::ChannelClient;
 use switchboard::ledger::{EnvelopeState, HandoffState};
 
 /// The orchestrator's session, the worker's, and one owner message waiting for the
@@ -30,15 +30,6 @@ async fn team(env: &[(&str, &str)]) -> Team {
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "Is staging healthy?");
     let question = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
     Team { fake, daemon, orchestrator, worker, question }
-}
-
-/// The `n`th notification of a client, once it arrived.
-async fn nth(client: &ChannelClient, n: usize) -> ChannelNotification {
-    client.wait_for_notifications(n, WAIT).await.unwrap().swap_remove(n - 1)
-}
-
-fn meta<'a>(notification: &'a ChannelNotification, key: &str) -> &'a str {
-    notification.meta_str(key).unwrap_or_else(|| panic!("meta.{key} missing: {:?}", notification.meta))
 }
 
 async fn handoff_state(daemon: &TestDaemon, handoff_id: &str) -> HandoffState {

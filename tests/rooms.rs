@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::json;
-use support::agents::{WAIT, owner, trace_id};
+use support::agents::{WAIT, meta, nth, owner, posted, trace_id};
 use support::daemon::*;
 use support::fake_telegram::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
 use support::mcp::{ChannelClient, ChannelNotification};
@@ -95,22 +95,8 @@ fn say(fake: &FakeTelegram, text: &str) {
     fake.push_text(dev_room(), owner(), text);
 }
 
-/// The `n`th notification of a client (1-based), once it arrived.
-async fn nth(client: &ChannelClient, n: usize) -> ChannelNotification {
-    client.wait_for_notifications(n, WAIT).await.unwrap().swap_remove(n - 1)
-}
-
-fn meta<'a>(notification: &'a ChannelNotification, key: &str) -> &'a str {
-    notification.meta_str(key).unwrap_or_else(|| panic!("meta.{key} missing: {:?}", notification.meta))
-}
-
 async fn reply(client: &ChannelClient, turn: &ChannelNotification, text: &str) -> (bool, String) {
     client.call_tool("reply", json!({"text": text, "trace_id": trace_id(turn)})).await.unwrap()
-}
-
-/// The texts of the first `n` messages the bot posted, once they are there.
-async fn posted(fake: &FakeTelegram, n: usize) -> Vec<String> {
-    fake.wait_for_sent(n, WAIT).await.into_iter().map(|m| m.text).collect()
 }
 
 async fn cascade(daemon: &TestDaemon, cascade_id: &str) -> StoredCascade {

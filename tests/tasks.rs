@@ -11,7 +11,7 @@ use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
-use support::mcp::{ChannelClient, ChannelNotification};
+use support::mcp::ChannelClient;
 use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState, StoredTask};
 
 /// Long enough for something that should not happen to show.
@@ -21,25 +21,11 @@ fn owner_chat() -> ChatSpec {
     ChatSpec::private(OWNER_CHAT)
 }
 
-/// The `n`th notification of a client, once it arrived.
-async fn nth(client: &ChannelClient, n: usize) -> ChannelNotification {
-    client.wait_for_notifications(n, WAIT).await.unwrap().swap_remove(n - 1)
-}
-
-fn meta<'a>(notification: &'a ChannelNotification, key: &str) -> &'a str {
-    notification.meta_str(key).unwrap_or_else(|| panic!("meta.{key} missing: {:?}", notification.meta))
-}
-
 async fn task(daemon: &TestDaemon, task_id: &str) -> StoredTask {
     let ledger = daemon.ledger().await;
     let (task, _, _) = ledger.task(task_id).await.unwrap().expect("the task exists");
     ledger.close().await;
     task
-}
-
-/// The texts the bot posted, once there are `n`.
-async fn posted(fake: &FakeTelegram, n: usize) -> Vec<String> {
-    fake.wait_for_sent(n, WAIT).await.into_iter().map(|sent| sent.text).collect()
 }
 
 async fn reply(client: &ChannelClient, trace_id: &str, text: &str) -> (bool, String) {

@@ -197,38 +197,51 @@ macro_rules! attempt_columns {
 
 impl Ledger {
     /// Records an attempt before its request is made; returns its operation id. A reply's
-    /// attempt is admitted against its envelope's task first, in the same transaction
-    /// (DESIGN.md §11): once a change is recorded, no part of a reply made for what it
+    /// attempt is admitted against its envelope's task in the same statement that records
+    /// it (DESIGN.md §11): once a change is recorded, no part of a reply made for what it
     /// superseded, paused or cancelled goes out. A refusal records nothing.
     pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> sqlx::Result<Result<String, Refusal>> {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
-        let mut tx = self.write_transaction().await?;
-        if attempt.purpose == AttemptPurpose::Reply
-            && let Err(refusal) = super::tasks::admission_in(&mut tx, attempt.envelope_id).await?
-        {
-            return Ok(Err(refusal));
-        }
-        sqlx::query(
+        // One statement, so no transaction of its own: it is on the path of every reply.
+        let sql = concat!(
             "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
              reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'in_flight', ?)",
-        )
-        .bind(&op_id)
-        .bind(attempt.envelope_id)
-        .bind(attempt.agent)
-        .bind(attempt.request_id)
-        .bind(attempt.purpose)
-        .bind(attempt.chat_id)
-        .bind(attempt.thread_id)
-        .bind(attempt.reply_to_message_id)
-        .bind(attempt.chunk_index as i64)
-        .bind(attempt.chunk_count as i64)
-        .bind(attempt.text)
-        .bind(now())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(Ok(op_id))
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'in_flight', ?12 \
+             WHERE ?5 = 'audit' OR NOT EXISTS (",
+            refused_for_envelope!(),
+            ")"
+        );
+        // A refusal is explained by `admit`; should the task have been resumed meanwhile,
+        // the insert is tried again. A few tries: the two rules are kept in step by a test.
+        for _ in 0..3 {
+            let recorded = sqlx::query(sql)
+                .bind(&op_id)
+                .bind(attempt.envelope_id)
+                .bind(attempt.agent)
+                .bind(attempt.request_id)
+                .bind(attempt.purpose)
+                .bind(attempt.chat_id)
+                .bind(attempt.thread_id)
+                .bind(attempt.reply_to_message_id)
+                .bind(attempt.chunk_index as i64)
+                .bind(attempt.chunk_count as i64)
+                .bind(attempt.text)
+                .bind(now())
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            if recorded == 1 {
+                return Ok(Ok(op_id));
+            }
+            let mut connection = self.pool.acquire().await?;
+            if let Err(refusal) = super::tasks::admission_in(&mut connection, attempt.envelope_id).await? {
+                return Ok(Err(refusal));
+            }
+        }
+        Err(sqlx::Error::Protocol(format!(
+            "the admission of a reply to envelope {} disagrees with itself; nothing was sent",
+            attempt.envelope_id
+        )))
     }
 
     /// Records what an attempt came to and, in the same transaction, what that proves

@@ -153,13 +153,15 @@ async fn insert_batch(
     // One multi-row statement per batch: each statement is a round trip to sqlx's SQLite
     // worker thread, and those hand-offs, not SQLite, bound inbound throughput.
     let mut stored_trace_ids = Vec::new();
+    // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
+    let tasks = tasks::plan_batch(&mut tx, batch, bot_username).await?;
     if !batch.is_empty() {
         let mut insert = sqlx::QueryBuilder::new(
             "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
              chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
-             sent_at, received_at, route, agent, state, state_changed_at, note, raw_update) ",
+             sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision) ",
         );
-        insert.push_values(batch, |mut row, routed| {
+        insert.push_values(batch.iter().zip(&tasks.tags), |mut row, (routed, task)| {
             let e = &routed.envelope;
             let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
             row.push_bind(e.trace_id.as_str())
@@ -184,7 +186,9 @@ async fn insert_batch(
                 .push_bind(routed.state)
                 .push_bind(received_at.as_str())
                 .push_bind(routed.note.as_deref())
-                .push_bind(routed.raw_update.as_deref());
+                .push_bind(routed.raw_update.as_deref())
+                .push_bind(task.as_ref().map(|(task_id, _)| task_id.clone()))
+                .push_bind(task.as_ref().map(|(_, revision)| *revision));
         });
         // A re-polled update is already stored: skip it.
         insert.push(" ON CONFLICT (update_id, update_digest) DO NOTHING");
@@ -204,14 +208,13 @@ async fn insert_batch(
             query.build_query_scalar::<String>().fetch_all(&mut *tx).await?
         };
     }
-    // Each human message joins its conversation's task or changes it, in arrival order
-    // and in this transaction: a change and the messages around it are serialised.
-    let mut task_effects = Vec::new();
-    for routed in batch.iter().filter(|routed| tasks::belongs_to_a_task(routed)) {
-        if stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str()) {
-            task_effects.extend(tasks::take_in(&mut tx, routed, bot_username).await?);
-        }
-    }
+    // The tasks the batch starts, then its commands and edits in arrival order, in this
+    // transaction: a change and the messages around it are serialised.
+    let new_rows: Vec<bool> = batch
+        .iter()
+        .map(|routed| stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str()))
+        .collect();
+    let task_effects = tasks::record_batch_tasks(&mut tx, batch, &tasks, &new_rows, bot_username).await?;
     sqlx::query(
         "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
          ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",

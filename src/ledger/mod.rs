@@ -68,6 +68,18 @@ macro_rules! envelope_columns {
     };
 }
 
+/// A row when an action for envelope `?2` may not go out: the SQL of
+/// [`crate::rules::revisions::admit`], for statements that record an action and decide its admission in
+/// one step (`Ledger::begin_attempt`). `tests::the_admission_in_sql_agrees_with_admit`
+/// keeps the two in step.
+macro_rules! refused_for_envelope {
+    () => {
+        "SELECT 1 FROM envelopes e JOIN tasks t ON t.task_id = e.task_id WHERE e.id = ?2 \
+         AND (t.state IN ('paused', 'stop_requested', 'stopped', 'replaced') \
+              OR e.revision < COALESCE(t.instruction_revision, 0))"
+    };
+}
+
 mod attempts;
 mod checkpoint;
 mod envelopes;

@@ -7,6 +7,8 @@
 //! The decisions are pure and live in `rules::revisions`; this module reads the plain data
 //! they need and applies what they decide.
 
+use std::collections::{HashMap, HashSet};
+
 use serde_json::json;
 use sqlx::{FromRow, SqliteConnection};
 
@@ -257,6 +259,138 @@ pub(super) fn belongs_to_a_task(routed: &RoutedEnvelope) -> bool {
         && matches!(routed.envelope.kind, EnvelopeKind::Message | EnvelopeKind::EditedMessage)
 }
 
+/// The tasks of a batch's human messages, decided before its rows are inserted so that
+/// each plain message is stored with its task in the batch's one insert: a conversation's
+/// open task is read once per batch, not once per message. A conversation whose part of
+/// the batch holds a command or an edit is left to [`take_in`], message by message, after
+/// the insert (`later`), since each of those may change the task the next one joins.
+#[derive(Debug, Default)]
+pub(super) struct BatchTasks {
+    /// Per row of the batch: the task and revision it is stored with.
+    pub tags: Vec<Option<(String, i64)>>,
+    /// Tasks the batch starts: the task id and the row that starts it.
+    starts: Vec<(String, usize)>,
+    /// Rows for [`take_in`], in order.
+    later: Vec<usize>,
+}
+
+/// A conversation: chat, topic, agent.
+type Conversation = (i64, Option<i64>, String);
+
+/// Whether a human message is plainly work: not an edit and not a command. Work joins the
+/// conversation's open task or starts one, whatever that task's state.
+fn plain_work(routed: &RoutedEnvelope, bot_username: Option<&str>) -> bool {
+    let e = &routed.envelope;
+    let text = e.text.as_deref().unwrap_or_default();
+    e.kind == EnvelopeKind::Message
+        && revisions::parse_command(text, bot_username.unwrap_or_default()).is_none()
+}
+
+/// Plans [`BatchTasks`] for `batch`; reads each conversation's open task once (and marks
+/// a finished one `done`).
+pub(super) async fn plan_batch(
+    tx: &mut SqliteConnection,
+    batch: &[RoutedEnvelope],
+    bot_username: Option<&str>,
+) -> sqlx::Result<BatchTasks> {
+    let mut plan = BatchTasks { tags: vec![None; batch.len()], ..BatchTasks::default() };
+    let mut current: HashMap<Conversation, (String, i64)> = HashMap::new();
+    let mut one_by_one: HashSet<Conversation> = HashSet::new();
+    for (index, routed) in batch.iter().enumerate() {
+        let Some(agent) = routed.agent.as_ref().filter(|_| belongs_to_a_task(routed)) else { continue };
+        let channel = routed.envelope.channel;
+        let conversation: Conversation =
+            (channel.chat_id, channel.thread_id.map(i64::from), agent.to_string());
+        if one_by_one.contains(&conversation) || !plain_work(routed, bot_username) {
+            one_by_one.insert(conversation);
+            plan.later.push(index);
+            continue;
+        }
+        if let Some(task) = current.get(&conversation) {
+            plan.tags[index] = Some(task.clone());
+            continue;
+        }
+        let (chat_id, thread_id, agent) = &conversation;
+        let task = match open_task(tx, *chat_id, *thread_id, agent).await? {
+            // A message after `/cancel` is new work, not part of the task being stopped.
+            Some(task) if task.state() != TaskState::StopRequested => (task.task_id, task.revision),
+            _ => {
+                let task_id = new_task_id();
+                plan.starts.push((task_id.clone(), index));
+                (task_id, 1)
+            }
+        };
+        plan.tags[index] = Some(task.clone());
+        current.insert(conversation, task);
+    }
+    Ok(plan)
+}
+
+/// After the batch's insert: records the tasks its plain messages start, then takes in
+/// its commands and edits one by one. When a row of the batch was already stored (a
+/// re-polled update), the plan may count on rows that were not inserted: every new human
+/// row is then taken in one by one instead.
+pub(super) async fn record_batch_tasks(
+    tx: &mut SqliteConnection,
+    batch: &[RoutedEnvelope],
+    plan: &BatchTasks,
+    new_rows: &[bool],
+    bot_username: Option<&str>,
+) -> sqlx::Result<Vec<TaskEffect>> {
+    let mut effects = Vec::new();
+    if !new_rows.iter().all(|new| *new) {
+        for (routed, _) in
+            batch.iter().zip(new_rows).filter(|(routed, new)| **new && belongs_to_a_task(routed))
+        {
+            sqlx::query("UPDATE envelopes SET task_id = NULL, revision = NULL WHERE trace_id = ?")
+                .bind(routed.envelope.trace_id.as_str())
+                .execute(&mut *tx)
+                .await?;
+            effects.extend(take_in(tx, routed, bot_username).await?);
+        }
+        return Ok(effects);
+    }
+    for (task_id, index) in &plan.starts {
+        let routed = &batch[*index];
+        let id: i64 = sqlx::query_scalar("SELECT id FROM envelopes WHERE trace_id = ?")
+            .bind(routed.envelope.trace_id.as_str())
+            .fetch_one(&mut *tx)
+            .await?;
+        let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
+        let carrier = carrier_of(routed, id);
+        insert_task(tx, task_id, &carrier, &text, None, Source::Command, &sender_of(routed), "message")
+            .await?;
+    }
+    for index in &plan.later {
+        effects.extend(take_in(tx, &batch[*index], bot_username).await?);
+    }
+    Ok(effects)
+}
+
+fn new_task_id() -> String {
+    format!("task_{}", random_suffix(8))
+}
+
+/// The sender as the lineage names them: @username, else their name.
+fn sender_of(routed: &RoutedEnvelope) -> String {
+    let sender = &routed.envelope.sender;
+    sender.username.as_ref().map_or_else(|| sender.name.clone(), |u| format!("@{u}"))
+}
+
+fn carrier_of(routed: &RoutedEnvelope, id: i64) -> Carrier {
+    let e = &routed.envelope;
+    Carrier {
+        id,
+        trace_id: e.trace_id.to_string(),
+        message_id: Some(i64::from(e.message_id)),
+        chat_id: e.channel.chat_id,
+        thread_id: e.channel.thread_id.map(i64::from),
+        route: routed.route.as_ref().map(ToString::to_string).unwrap_or_default(),
+        agent: routed.agent.as_ref().map(ToString::to_string).unwrap_or_default(),
+        rewrite: true,
+    }
+}
+
 /// Gives a newly stored human message its task, or applies the change it makes; inside the
 /// batch's transaction. Returns what to do once it commits.
 pub(super) async fn take_in(
@@ -265,23 +399,12 @@ pub(super) async fn take_in(
     bot_username: Option<&str>,
 ) -> sqlx::Result<Vec<TaskEffect>> {
     let e = &routed.envelope;
-    let (Some(agent), Some(route)) = (routed.agent.as_ref(), routed.route.as_ref()) else {
-        return Ok(vec![]);
-    };
+    let Some(agent) = routed.agent.as_ref() else { return Ok(vec![]) };
     let id: i64 = sqlx::query_scalar("SELECT id FROM envelopes WHERE trace_id = ?")
         .bind(e.trace_id.as_str())
         .fetch_one(&mut *tx)
         .await?;
-    let carrier = Carrier {
-        id,
-        trace_id: e.trace_id.to_string(),
-        message_id: Some(i64::from(e.message_id)),
-        chat_id: e.channel.chat_id,
-        thread_id: e.channel.thread_id.map(i64::from),
-        route: route.to_string(),
-        agent: agent.to_string(),
-        rewrite: true,
-    };
+    let carrier = carrier_of(routed, id);
     let open = open_task(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await?;
     let text = e.text.clone().unwrap_or_else(|| e.content());
     let update = match e.kind {
@@ -302,7 +425,7 @@ pub(super) async fn take_in(
     };
     let username = bot_username.unwrap_or_default();
     let meaning = revisions::classify(update, open_view.as_ref(), username);
-    let who = e.sender.username.as_ref().map_or_else(|| e.sender.name.clone(), |u| format!("@{u}"));
+    let who = sender_of(routed);
     match (meaning, open) {
         // A message after `/cancel` is new work, not part of the task being stopped.
         (Meaning::Work, Some(task)) if task.state() == TaskState::StopRequested => {
@@ -466,13 +589,30 @@ async fn start_task(
     actor: &str,
     how: &str,
 ) -> sqlx::Result<String> {
-    let task_id = format!("task_{}", random_suffix(8));
+    let task_id = new_task_id();
+    insert_task(tx, &task_id, carrier, objective, predecessor, source, actor, how).await?;
+    tag(tx, carrier.id, &task_id, 1, None).await?;
+    Ok(task_id)
+}
+
+/// The task's row and its first revision; tagging its first envelope is the caller's.
+#[allow(clippy::too_many_arguments)]
+async fn insert_task(
+    tx: &mut SqliteConnection,
+    task_id: &str,
+    carrier: &Carrier,
+    objective: &str,
+    predecessor: Option<&str>,
+    source: Source,
+    actor: &str,
+    how: &str,
+) -> sqlx::Result<()> {
     let at = now();
     sqlx::query(
         "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, predecessor, \
          opened_at, updated_at) VALUES (?, ?, ?, ?, ?, 'open', 1, ?, ?, ?, ?)",
     )
-    .bind(&task_id)
+    .bind(task_id)
     .bind(carrier.chat_id)
     .bind(carrier.thread_id)
     .bind(&carrier.agent)
@@ -490,7 +630,7 @@ async fn start_task(
     };
     record_revision(
         tx,
-        &task_id,
+        task_id,
         1,
         "start",
         source,
@@ -500,9 +640,7 @@ async fn start_task(
         carrier,
         &TaskEffects::default(),
     )
-    .await?;
-    tag(tx, carrier.id, &task_id, 1, None).await?;
-    Ok(task_id)
+    .await
 }
 
 /// Records the task and revision an envelope was made under (and its extra meta).

@@ -664,3 +664,67 @@ async fn pause_resume_and_cancel_are_revisions_that_close_and_open_admission() {
         .unwrap();
     assert_eq!(ledger.task(&task_id).await.unwrap().unwrap().0.state, "stopped");
 }
+
+/// `Ledger::begin_attempt` decides admission in SQL, in the statement that records the
+/// attempt; `rules::revisions::admit` explains a refusal. They must agree on every task.
+#[tokio::test]
+async fn the_admission_in_sql_agrees_with_admit() {
+    let (_dir, ledger) = ledger().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger
+        .record_batch_handing_over(1, 2, &[routed(1, EnvelopeState::Queued)], &[&orch], None)
+        .await
+        .unwrap();
+    let envelope = ledger.pending(&orch).await.unwrap().remove(0);
+    let task_id = envelope.task_id.clone().unwrap();
+    let mut checked = 0;
+    for state in ["open", "paused", "stop_requested", "stopped", "done", "replaced"] {
+        for instruction in [None, Some(1), Some(2), Some(3)] {
+            for revision in 1..=3 {
+                let updated = sqlx::query(
+                    "UPDATE tasks SET state = ?, revision = 3, instruction_revision = ?, instruction_kind = ?, \
+                     act_on_envelope_id = ? WHERE task_id = ?",
+                )
+                .bind(state)
+                .bind(instruction)
+                .bind(instruction.map(|_| "correction"))
+                .bind(envelope.id)
+                .bind(&task_id)
+                .execute(ledger.pool())
+                .await
+                .unwrap();
+                assert_eq!(updated.rows_affected(), 1);
+                sqlx::query("UPDATE envelopes SET revision = ? WHERE id = ?")
+                    .bind(revision)
+                    .bind(envelope.id)
+                    .execute(ledger.pool())
+                    .await
+                    .unwrap();
+                let explained = ledger.admission(envelope.id).await.unwrap();
+                let attempt = NewAttempt {
+                    envelope_id: envelope.id,
+                    agent: "orch",
+                    request_id: None,
+                    purpose: AttemptPurpose::Reply,
+                    chat_id: 42,
+                    thread_id: None,
+                    reply_to_message_id: None,
+                    chunk_index: 0,
+                    chunk_count: 1,
+                    text: "x",
+                };
+                let recorded = ledger.begin_attempt(&attempt).await.unwrap();
+                assert_eq!(
+                    recorded.is_ok(),
+                    explained.is_ok(),
+                    "{state}, instruction {instruction:?}, envelope revision {revision}: {recorded:?} vs {explained:?}"
+                );
+                if let Err(refusal) = recorded {
+                    assert_eq!(Err(refusal), explained);
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert_eq!(checked, 72);
+}

@@ -67,6 +67,21 @@ pub async fn attempts_of(daemon: &TestDaemon, trace_id: &str) -> Vec<StoredAttem
     attempts
 }
 
+/// The `n`th notification of a client (1-based), once it arrived.
+pub async fn nth(client: &ChannelClient, n: usize) -> ChannelNotification {
+    client.wait_for_notifications(n, WAIT).await.unwrap().swap_remove(n - 1)
+}
+
+/// A meta key the notification must have.
+pub fn meta<'a>(notification: &'a ChannelNotification, key: &str) -> &'a str {
+    notification.meta_str(key).unwrap_or_else(|| panic!("meta.{key} missing: {:?}", notification.meta))
+}
+
+/// The texts of the first `n` messages the bot posted, once they are there.
+pub async fn posted(fake: &FakeTelegram, n: usize) -> Vec<String> {
+    fake.wait_for_sent(n, WAIT).await.into_iter().map(|m| m.text).collect()
+}
+
 pub fn trace_id(notification: &ChannelNotification) -> String {
     notification.meta_str("trace_id").expect("meta.trace_id").to_owned()
 }
