@@ -443,6 +443,9 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                     h.opened_at,
                     preview(&h.instruction)
                 );
+                if let Some(late) = &h.late_result {
+                    println!("    late result (never delivered): \"{}\"", preview(late));
+                }
             }
         }
         LedgerCommand::Cascades { room, limit } => {

@@ -136,6 +136,12 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
         .unwrap();
     ledger.close().await;
     assert_eq!(late.as_deref(), Some("1.4: three fixes"));
+    let (ok, out, err) = daemon.ledger_cli(&["handoffs"]);
+    assert!(
+        ok && out.contains("superseded")
+            && out.contains("late result (never delivered): \"1.4: three fixes\""),
+        "{out}{err}"
+    );
     tokio::time::sleep(QUIET).await;
     assert!(
         orchestrator.notifications().iter().all(|n| meta(n, "kind") != "handoff_answer"),
@@ -290,6 +296,7 @@ async fn a_correction_survives_kill_9_and_still_refuses_the_superseded_reply() {
     fake.push_edited_text(owner_chat(), owner(), message_id, "Order 12 chairs");
     let revision = nth(&orchestrator, 2).await;
     assert_eq!(meta(&revision, "revision"), "2");
+    assert_eq!(posted(&fake, 1).await, [format!("{task_id} revision 2: correction accepted")]);
 
     daemon.kill9();
     daemon.restart();
@@ -304,6 +311,12 @@ async fn a_correction_survives_kill_9_and_still_refuses_the_superseded_reply() {
     assert!(!is_error, "{text}");
     let texts = posted(&fake, 2).await;
     assert_eq!(texts, [format!("{task_id} revision 2: correction accepted"), "Ordered 12 chairs".to_owned()]);
+    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        fake.sent_messages().len(),
+        2,
+        "the acknowledgement is posted once, not again after the restart"
+    );
 }
 
 /// The agent declares a correction with `revise_task`; an edit of a message no open task

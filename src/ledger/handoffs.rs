@@ -67,6 +67,10 @@ pub struct StoredHandoff {
     pub opened_at: String,
     pub closed_at: Option<String>,
     pub note: Option<String>,
+    /// The task the handoff was made for (DESIGN.md §11), if any.
+    pub task_id: Option<String>,
+    /// The child's answer after a change superseded the handoff: kept, never delivered.
+    pub late_result: Option<String>,
 }
 
 /// The columns of [`StoredHandoff`], joined with the envelopes it names.
@@ -75,7 +79,7 @@ macro_rules! handoff_select {
         "SELECT h.id, h.handoff_id, h.from_agent, h.to_agent, h.instruction, h.cause_envelope_id, \
          c.trace_id AS cause_trace_id, h.depth, h.followup_of, h.intent, h.request_id, h.envelope_id, \
          t.trace_id AS envelope_trace_id, h.answer_envelope_id, a.trace_id AS answer_trace_id, \
-         h.answer_request_id, h.state, h.opened_at, h.closed_at, h.note \
+         h.answer_request_id, h.state, h.opened_at, h.closed_at, h.note, h.task_id, h.late_result \
          FROM handoffs h JOIN envelopes t ON t.id = h.envelope_id \
          LEFT JOIN envelopes c ON c.id = h.cause_envelope_id \
          LEFT JOIN envelopes a ON a.id = h.answer_envelope_id "

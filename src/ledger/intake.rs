@@ -153,6 +153,7 @@ async fn insert_batch(
     // One multi-row statement per batch: each statement is a round trip to sqlx's SQLite
     // worker thread, and those hand-offs, not SQLite, bound inbound throughput.
     let mut stored_trace_ids = Vec::new();
+    let mut first_id = 0;
     // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
     let tasks = tasks::plan_batch(&mut tx, batch, bot_username).await?;
     if !batch.is_empty() {
@@ -192,7 +193,10 @@ async fn insert_batch(
         });
         // A re-polled update is already stored: skip it.
         insert.push(" ON CONFLICT (update_id, update_digest) DO NOTHING");
-        let stored = insert.build().execute(&mut *tx).await?.rows_affected();
+        let inserted = insert.build().execute(&mut *tx).await?;
+        let stored = inserted.rows_affected();
+        // One statement inserts its rows with consecutive ids.
+        first_id = inserted.last_insert_rowid() - i64::try_from(batch.len()).unwrap_or(i64::MAX) + 1;
         stored_trace_ids = if usize::try_from(stored) == Ok(batch.len()) {
             // Every row is new (nearly always): no need to hand each trace id back from
             // SQLite's thread, as `RETURNING` would.
@@ -214,7 +218,8 @@ async fn insert_batch(
         .iter()
         .map(|routed| stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str()))
         .collect();
-    let task_effects = tasks::record_batch_tasks(&mut tx, batch, &tasks, &new_rows, bot_username).await?;
+    let task_effects =
+        tasks::record_batch_tasks(&mut tx, batch, &tasks, &new_rows, first_id, bot_username).await?;
     sqlx::query(
         "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
          ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",

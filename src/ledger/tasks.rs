@@ -326,8 +326,9 @@ pub(super) async fn plan_batch(
     Ok(plan)
 }
 
-/// After the batch's insert: records the tasks its plain messages start, then takes in
-/// its commands and edits one by one. When a row of the batch was already stored (a
+/// After the batch's insert (whose rows have the ids `first_id`, `first_id + 1`, … when
+/// every row was new): records the tasks its plain messages start, then takes in its
+/// commands and edits one by one. When a row of the batch was already stored (a
 /// re-polled update), the plan may count on rows that were not inserted: every new human
 /// row is then taken in one by one instead.
 pub(super) async fn record_batch_tasks(
@@ -335,6 +336,7 @@ pub(super) async fn record_batch_tasks(
     batch: &[RoutedEnvelope],
     plan: &BatchTasks,
     new_rows: &[bool],
+    first_id: i64,
     bot_username: Option<&str>,
 ) -> sqlx::Result<Vec<TaskEffect>> {
     let mut effects = Vec::new();
@@ -352,10 +354,8 @@ pub(super) async fn record_batch_tasks(
     }
     for (task_id, index) in &plan.starts {
         let routed = &batch[*index];
-        let id: i64 = sqlx::query_scalar("SELECT id FROM envelopes WHERE trace_id = ?")
-            .bind(routed.envelope.trace_id.as_str())
-            .fetch_one(&mut *tx)
-            .await?;
+        // Every row was new, so the batch's rows have consecutive ids from `first_id`.
+        let id = first_id + i64::try_from(*index).unwrap_or(i64::MAX);
         let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
         let carrier = carrier_of(routed, id);
         insert_task(tx, task_id, &carrier, &text, None, Source::Command, &sender_of(routed), "message")

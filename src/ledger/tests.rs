@@ -728,3 +728,32 @@ async fn the_admission_in_sql_agrees_with_admit() {
     }
     assert_eq!(checked, 72);
 }
+
+/// A batch's plain messages are stored with their tasks in its one insert: one task per
+/// conversation, its first revision pointing at the message that started it.
+#[tokio::test]
+async fn a_batch_starts_one_task_per_conversation_at_the_message_that_started_it() {
+    let (_dir, ledger) = ledger().await;
+    let in_chat = |update_id: i64, chat_id: i64| {
+        let mut row = routed(update_id, EnvelopeState::Queued);
+        row.envelope.channel.chat_id = chat_id;
+        row
+    };
+    // An audit row first, so the human rows do not start at the batch's first id.
+    let batch =
+        [routed(1, EnvelopeState::Ignored), in_chat(2, 7), in_chat(3, 8), in_chat(4, 7), in_chat(5, 9)];
+    ledger.record_batch(1, 6, &batch).await.unwrap();
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(rows[0].task_id, None, "an audit row belongs to no task");
+    assert_eq!(rows[1].task_id, rows[3].task_id, "one conversation, one task");
+    assert_ne!(rows[1].task_id, rows[2].task_id);
+    assert_ne!(rows[2].task_id, rows[4].task_id);
+    for starter in [&rows[1], &rows[2], &rows[4]] {
+        let (task, revisions, _) = ledger.task(starter.task_id.as_deref().unwrap()).await.unwrap().unwrap();
+        assert_eq!(task.chat_id, starter.chat_id);
+        assert_eq!(revisions.len(), 1);
+        assert_eq!(revisions[0].kind, "start");
+        assert_eq!(revisions[0].envelope_trace_id.as_deref(), Some(starter.trace_id.as_str()));
+        assert_eq!(revisions[0].text.as_deref(), starter.text.as_deref());
+    }
+}

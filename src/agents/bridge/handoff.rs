@@ -54,9 +54,6 @@ impl Bridge {
             return Ok(self.receipt(&recorded));
         }
         let cause = self.cause_of_handoff(agent, &session, trace_id.as_ref()).await?;
-        if let Some(cause) = &cause {
-            self.admit(cause).await?;
-        }
         let cause_depth = match &cause {
             Some(cause) => Some(self.depth_of(cause).await?),
             None => None,
@@ -130,10 +127,11 @@ impl Bridge {
         match trace_id {
             Some(trace_id) => {
                 let found = ledger.find(trace_id.as_str()).await?;
-                // A superseded, paused or cancelled task refuses first, naming what to act on.
-                if let Some(found) =
-                    found.as_ref().filter(|found| found.agent.as_deref() == Some(agent.as_str()))
-                {
+                // An envelope a change superseded is refused by its task, naming what to act
+                // on; a pending one is admitted where the handoff is recorded.
+                if let Some(found) = found.as_ref().filter(|found| {
+                    found.agent.as_deref() == Some(agent.as_str()) && found.state != EnvelopeState::Pending
+                }) {
                     self.admit(found).await?;
                 }
                 let found = found.map(resolver::Candidate::free);

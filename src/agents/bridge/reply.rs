@@ -74,8 +74,6 @@ impl Bridge {
                         }
                         (resolved, _) => resolved?,
                     };
-                    // The task it acts for must still stand (DESIGN.md §11).
-                    self.admit(&envelope).await?;
                     let (conversation, replied_before) = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
                         EnvelopeKind::Handoff => {
@@ -166,11 +164,14 @@ impl Bridge {
         let resolved = match trace_id {
             Some(trace_id) => {
                 let found = ledger.find_for_reply(trace_id.as_str()).await?;
-                // An envelope a change superseded is refused by its task, which names the
-                // envelope to act on, before the resolver calls it unanswerable.
-                if let Some(found) =
-                    found.as_ref().filter(|found| found.envelope.agent.as_deref() == Some(agent.as_str()))
-                {
+                // An envelope a change superseded (or one of a cancelled task) is refused by
+                // its task, which names the envelope to act on, before the resolver calls it
+                // unanswerable. A pending one is admitted where its attempt is recorded
+                // (`Ledger::begin_attempt`), at the moment of sending.
+                if let Some(found) = found.as_ref().filter(|found| {
+                    found.envelope.agent.as_deref() == Some(agent.as_str())
+                        && found.envelope.state != EnvelopeState::Pending
+                }) {
                     self.admit(&found.envelope).await?;
                 }
                 let replied_before = found.as_ref().map(|found| found.replied_before);

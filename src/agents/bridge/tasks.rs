@@ -53,8 +53,9 @@ impl Bridge {
         }
     }
 
-    /// Admission's early answer for a tool (DESIGN.md §11): refused when the envelope's task
-    /// has moved on. The ledger checks again in the transaction that records the action.
+    /// Admission's answer for an envelope the resolver would refuse anyway (superseded, or
+    /// unresolved in a task that moved on): the task's refusal says what to act on instead.
+    /// A pending envelope is admitted where its action is recorded.
     pub(super) async fn admit(&self, envelope: &StoredEnvelope) -> Result<(), ToolError> {
         if envelope.task_id.is_none() {
             return Ok(());
