@@ -513,6 +513,9 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 None => println!("kind:        {}, made {}", e.kind, e.received_at),
             }
             println!("deliveries:  {}", e.deliveries);
+            if let (Some(task), Some(revision)) = (&e.task_id, e.revision) {
+                println!("task:        {task} revision {revision} (switchboard ledger task {task})");
+            }
             if let Some(note) = &e.note {
                 println!("note:        {note}");
             }

@@ -268,6 +268,11 @@ async fn new_replaces_the_open_task_with_a_successor_and_the_old_envelopes_are_n
     let (is_error, text) = reply(&orchestrator, &trace, "Here is the quarterly report").await;
     assert!(is_error && text.contains("superseded") && text.contains(&trace_id(&revision)), "{text}");
 
+    let (ok, out, err) = daemon.ledger_cli(&["show", &trace]);
+    assert!(
+        ok && out.contains(&format!("task:        {old_task} revision 1")) && out.contains("superseded"),
+        "{out}{err}"
+    );
     let (ok, out, err) = daemon.ledger_cli(&["task", &old_task]);
     assert!(
         ok && out.contains("replaced") && out.contains(&format!("replaced by: {new_task}")),
