@@ -2,7 +2,8 @@
 --
 -- A task is the work one conversation (chat + topic) gives one agent on a single-agent
 -- route. Each change to it — a correction, a new objective, a pause, a resume, a cancel —
--- is the next revision, one row of `task_revisions`, recorded in the same transaction as
+-- is the next revision (revision 1 being the task's start, kept in `tasks`), one row of
+-- `task_revisions`, recorded in the same transaction as
 -- what it does to the task's envelopes and handoffs. Nothing is deleted: the revisions
 -- are the task's lineage.
 --
@@ -29,6 +30,11 @@ CREATE TABLE tasks (
     state                TEXT    NOT NULL CHECK (state IN ('open', 'paused', 'stop_requested', 'stopped', 'done', 'replaced')),
     revision             INTEGER NOT NULL,
     objective            TEXT    NOT NULL,
+    -- Revision 1 is the task itself: the message that started it, who sent it, how
+    -- (`message`, or `command` / `agent` for a new objective's successor).
+    first_envelope_id    INTEGER NOT NULL REFERENCES envelopes (id),
+    started_by           TEXT    NOT NULL,
+    started_source       TEXT    NOT NULL CHECK (started_source IN ('message', 'command', 'agent')),
     predecessor          TEXT,                                      -- the task this one replaced
     successor            TEXT,                                      -- the task that replaced this one
     instruction_revision INTEGER,
@@ -51,7 +57,7 @@ CREATE TABLE task_revisions (
     id           INTEGER PRIMARY KEY AUTOINCREMENT,
     task_id      TEXT    NOT NULL REFERENCES tasks (task_id),
     revision     INTEGER NOT NULL,
-    kind         TEXT    NOT NULL CHECK (kind IN ('start', 'correction', 'new_objective', 'pause', 'resume', 'cancel', 'stopped')),
+    kind         TEXT    NOT NULL CHECK (kind IN ('correction', 'new_objective', 'pause', 'resume', 'cancel', 'stopped')),
     source       TEXT    NOT NULL CHECK (source IN ('message', 'edit', 'command', 'agent', 'operator')),
     actor        TEXT    NOT NULL,                                  -- who: the user, agent:NAME, operator
     at           TEXT    NOT NULL,

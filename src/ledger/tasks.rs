@@ -68,12 +68,18 @@ macro_rules! task_select {
     };
 }
 
-/// Whether anything of task `t` still runs: an envelope queued, pending or unresolved, or
-/// an open handoff.
-macro_rules! busy_select {
-    () => {
-        "(EXISTS (SELECT 1 FROM envelopes WHERE task_id = t.task_id AND state IN ('queued', 'pending', 'unresolved')) \
-         OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = t.task_id AND state = 'open')) AS busy"
+/// Whether anything of the task whose id is the SQL expression `$task` still runs: an
+/// envelope queued, pending or unresolved, or an open handoff.
+macro_rules! busy_of {
+    ($task:literal) => {
+        concat!(
+            "(EXISTS (SELECT 1 FROM envelopes WHERE task_id = ",
+            $task,
+            " AND state IN ('queued', 'pending', 'unresolved')) \
+             OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ",
+            $task,
+            " AND state = 'open'))"
+        )
     };
 }
 
@@ -311,9 +317,9 @@ pub(super) async fn plan_batch(
             continue;
         }
         let (chat_id, thread_id, agent) = &conversation;
-        let task = match open_task(tx, *chat_id, *thread_id, agent).await? {
+        let task = match latest_task(tx, *chat_id, *thread_id, agent).await? {
             // A message after `/cancel` is new work, not part of the task being stopped.
-            Some(task) if task.state() != TaskState::StopRequested => (task.task_id, task.revision),
+            Some((task_id, revision, TaskState::Open | TaskState::Paused)) => (task_id, revision),
             _ => {
                 let task_id = new_task_id();
                 plan.starts.push((task_id.clone(), index));
@@ -358,8 +364,7 @@ pub(super) async fn record_batch_tasks(
         let id = first_id + i64::try_from(*index).unwrap_or(i64::MAX);
         let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
         let carrier = carrier_of(routed, id);
-        insert_task(tx, task_id, &carrier, &text, None, Source::Command, &sender_of(routed), "message")
-            .await?;
+        insert_task(tx, task_id, &carrier, &text, None, Source::Command, &sender_of(routed)).await?;
     }
     for index in &plan.later {
         effects.extend(take_in(tx, &batch[*index], bot_username).await?);
@@ -429,7 +434,7 @@ pub(super) async fn take_in(
     match (meaning, open) {
         // A message after `/cancel` is new work, not part of the task being stopped.
         (Meaning::Work, Some(task)) if task.state() == TaskState::StopRequested => {
-            start_task(tx, &carrier, &text, None, Source::Command, &who, "message").await?;
+            start_task(tx, &carrier, &text, None, Source::Command, &who).await?;
             Ok(vec![])
         }
         (Meaning::Work, Some(task)) => {
@@ -442,7 +447,7 @@ pub(super) async fn take_in(
                 Some(revisions::Command::New(objective)) => objective,
                 _ => text.clone(),
             };
-            start_task(tx, &carrier, &objective, None, Source::Command, &who, "message").await?;
+            start_task(tx, &carrier, &objective, None, Source::Command, &who).await?;
             Ok(vec![])
         }
         (Meaning::Status, Some(task)) => {
@@ -497,10 +502,11 @@ async fn open_task(
     agent: &str,
 ) -> sqlx::Result<Option<StoredTask>> {
     // The latest task of the conversation, and whether anything of it is still running, in
-    // one statement: this runs for every human message.
+    // one statement.
     let sql = concat!(
         "SELECT ",
-        busy_select!(),
+        busy_of!("t.task_id"),
+        " AS busy",
         ", ",
         task_columns!(),
         task_from!(),
@@ -525,6 +531,39 @@ async fn open_task(
     }
 }
 
+/// The conversation's latest task for a plain message: its id, revision and state, once a
+/// finished `open` one is marked `done` — in one statement, since this runs for every
+/// message a batch brings.
+async fn latest_task(
+    tx: &mut SqliteConnection,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    agent: &str,
+) -> sqlx::Result<Option<(String, i64, TaskState)>> {
+    let sql = concat!(
+        "UPDATE tasks SET \
+         state = CASE WHEN state = 'open' AND NOT ",
+        busy_of!("tasks.task_id"),
+        " THEN 'done' ELSE state END, \
+         closed_at = CASE WHEN state = 'open' AND NOT ",
+        busy_of!("tasks.task_id"),
+        " THEN ?1 ELSE closed_at END, \
+         updated_at = CASE WHEN state = 'open' AND NOT ",
+        busy_of!("tasks.task_id"),
+        " THEN ?1 ELSE updated_at END \
+         WHERE id = (SELECT id FROM tasks WHERE chat_id = ?2 AND agent = ?3 AND thread_id IS ?4 ORDER BY id DESC LIMIT 1) \
+         RETURNING task_id, revision, state"
+    );
+    let latest: Option<(String, i64, String)> = sqlx::query_as(sql)
+        .bind(now())
+        .bind(chat_id)
+        .bind(agent)
+        .bind(thread_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    Ok(latest.map(|(task_id, revision, state)| (task_id, revision, parse_state(&state))))
+}
+
 /// A task with whether any of it is still running (see [`close_if_done`]).
 #[derive(Debug, FromRow)]
 struct LatestTask {
@@ -538,11 +577,15 @@ struct LatestTask {
 /// (`unresolved`) keeps its task open: it is not known to be done, and a correction must
 /// still reach it.
 async fn close_if_done(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<bool> {
-    let busy: bool =
-        sqlx::query_scalar(concat!("SELECT ", busy_select!(), " FROM tasks t WHERE t.task_id = ?"))
-            .bind(&task.task_id)
-            .fetch_one(&mut *tx)
-            .await?;
+    let busy: bool = sqlx::query_scalar(concat!(
+        "SELECT ",
+        busy_of!("t.task_id"),
+        " AS busy",
+        " FROM tasks t WHERE t.task_id = ?"
+    ))
+    .bind(&task.task_id)
+    .fetch_one(&mut *tx)
+    .await?;
     if busy {
         return Ok(false);
     }
@@ -565,8 +608,9 @@ async fn mark_done(tx: &mut SqliteConnection, task_id: &str) -> sqlx::Result<()>
 
 async fn open_view(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<OpenTask> {
     let messages: Vec<i64> = sqlx::query_scalar(
-        "SELECT message_id FROM task_revisions WHERE task_id = ? AND message_id IS NOT NULL \
-         AND kind IN ('start', 'correction', 'new_objective')",
+        "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
+         UNION SELECT message_id FROM task_revisions WHERE task_id = ?1 AND message_id IS NOT NULL \
+         AND kind IN ('correction', 'new_objective')",
     )
     .bind(&task.task_id)
     .fetch_all(&mut *tx)
@@ -587,16 +631,15 @@ async fn start_task(
     predecessor: Option<&str>,
     source: Source,
     actor: &str,
-    how: &str,
 ) -> sqlx::Result<String> {
     let task_id = new_task_id();
-    insert_task(tx, &task_id, carrier, objective, predecessor, source, actor, how).await?;
+    insert_task(tx, &task_id, carrier, objective, predecessor, source, actor).await?;
     tag(tx, carrier.id, &task_id, 1, None).await?;
     Ok(task_id)
 }
 
-/// The task's row and its first revision; tagging its first envelope is the caller's.
-#[allow(clippy::too_many_arguments)]
+/// The task's row, which is also its revision 1 (who started it, how, with which
+/// envelope); tagging that envelope is the caller's.
 async fn insert_task(
     tx: &mut SqliteConnection,
     task_id: &str,
@@ -605,12 +648,13 @@ async fn insert_task(
     predecessor: Option<&str>,
     source: Source,
     actor: &str,
-    how: &str,
 ) -> sqlx::Result<()> {
     let at = now();
+    let source = if predecessor.is_some() { source.as_str() } else { "message" };
     sqlx::query(
-        "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, predecessor, \
-         opened_at, updated_at) VALUES (?, ?, ?, ?, ?, 'open', 1, ?, ?, ?, ?)",
+        "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, first_envelope_id, \
+         started_by, started_source, predecessor, opened_at, updated_at) \
+         VALUES (?, ?, ?, ?, ?, 'open', 1, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(task_id)
     .bind(carrier.chat_id)
@@ -618,29 +662,15 @@ async fn insert_task(
     .bind(&carrier.agent)
     .bind(&carrier.route)
     .bind(objective)
+    .bind(carrier.id)
+    .bind(actor)
+    .bind(source)
     .bind(predecessor)
     .bind(&at)
     .bind(&at)
     .execute(&mut *tx)
     .await?;
-    let source = if predecessor.is_some() { source.as_str() } else { "message" };
-    let summary = match predecessor {
-        Some(old) => format!("{actor} replaced {old} with a new objective"),
-        None => format!("{actor} started it ({how})"),
-    };
-    record_revision(
-        tx,
-        task_id,
-        1,
-        "start",
-        source,
-        actor,
-        &summary,
-        Some(objective),
-        carrier,
-        &TaskEffects::default(),
-    )
-    .await
+    Ok(())
 }
 
 /// Records the task and revision an envelope was made under (and its extra meta).
@@ -826,7 +856,7 @@ async fn apply_change(
         ChangeKind::NewObjective => {
             let objective = change.text.unwrap_or_default();
             let successor =
-                start_task(tx, carrier, objective, Some(task_id), change.source, change.actor, "").await?;
+                start_task(tx, carrier, objective, Some(task_id), change.source, change.actor).await?;
             sqlx::query(
                 "UPDATE tasks SET state = 'replaced', revision = ?, successor = ?, instruction_revision = ?, \
                  instruction_kind = 'new_objective', act_on_envelope_id = ?, updated_at = ?, closed_at = ? \
@@ -945,17 +975,17 @@ async fn make_revision_envelope(tx: &mut SqliteConnection, id: i64, content: &st
     Ok(())
 }
 
-/// The instruction as it stood: the text of `message_id`'s latest revision (an edit), or
-/// the task's latest instruction.
+/// The instruction as it stood: the text of `message_id`'s latest correction (an edit of
+/// it), or the task's latest correction, else its objective.
 async fn last_instruction(
     tx: &mut SqliteConnection,
     task_id: &str,
     message_id: Option<i64>,
 ) -> sqlx::Result<Option<String>> {
     sqlx::query_scalar(
-        "SELECT text FROM task_revisions WHERE task_id = ?1 AND text IS NOT NULL \
-         AND kind IN ('start', 'correction', 'new_objective') AND (?2 IS NULL OR message_id = ?2) \
-         ORDER BY id DESC LIMIT 1",
+        "SELECT COALESCE((SELECT text FROM task_revisions WHERE task_id = ?1 AND text IS NOT NULL \
+         AND kind = 'correction' AND (?2 IS NULL OR message_id = ?2) ORDER BY id DESC LIMIT 1), \
+         (SELECT objective FROM tasks WHERE task_id = ?1))",
     )
     .bind(task_id)
     .bind(message_id)
@@ -1272,10 +1302,17 @@ impl Ledger {
         if task.state() == TaskState::Open && close_if_done(&mut connection, &task).await? {
             task = sqlx::query_as(sql).bind(task_id).fetch_one(&mut *connection).await?;
         }
+        // Revision 1 is the task itself; the changes follow.
         let revisions = sqlx::query_as(
-            "SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id AS envelope_trace_id, \
-             r.snapshot FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id \
-             WHERE r.task_id = ? ORDER BY r.id",
+            "SELECT 1 AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
+             t.opened_at AS at, CASE WHEN t.predecessor IS NULL THEN t.started_by || ' started it' \
+             ELSE t.started_by || ' replaced ' || t.predecessor || ' with a new objective' END AS summary, \
+             t.objective AS text, e.trace_id AS envelope_trace_id, '{}' AS snapshot, 0 AS position \
+             FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
+             UNION ALL \
+             SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id, r.snapshot, r.id \
+             FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id WHERE r.task_id = ?1 \
+             ORDER BY position",
         )
         .bind(task_id)
         .fetch_all(&mut *connection)
