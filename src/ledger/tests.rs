@@ -559,18 +559,23 @@ async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_t
     assert_eq!(ledger.next_offset(1).await.unwrap(), Some(2));
 }
 
-/// The check that counts is the one inside the attempt's transaction: a reply resolved
-/// before a correction, whose first attempt is recorded after it, is refused there and
-/// records nothing (DESIGN.md §11: admission at the moment of sending).
+/// A human message handed to `orch`'s session, recorded with update 1: pending, and the
+/// first message of its task.
+async fn one_pending_message(ledger: &Ledger) -> StoredEnvelope {
+    let orch = AgentName::parse("orch").unwrap();
+    let batch = [routed(1, EnvelopeState::Queued)];
+    ledger.record_batch_handing_over(1, 2, &batch, &[&orch], None).await.unwrap();
+    ledger.pending(&orch).await.unwrap().remove(0)
+}
+
+/// The check that counts is the one in the statement that records the attempt: a reply
+/// resolved before a correction, whose first attempt is recorded after it, is refused
+/// there and records nothing (DESIGN.md §11: admission at the moment of sending).
 #[tokio::test]
 async fn a_correction_recorded_between_resolving_and_sending_refuses_the_attempt() {
     let (_dir, ledger) = ledger().await;
     let orch = AgentName::parse("orch").unwrap();
-    ledger
-        .record_batch_handing_over(1, 2, &[routed(1, EnvelopeState::Queued)], &[&orch], None)
-        .await
-        .unwrap();
-    let instruction = ledger.pending(&orch).await.unwrap().remove(0);
+    let instruction = one_pending_message(&ledger).await;
     let task_id = instruction.task_id.clone().expect("a human message belongs to a task");
     assert_eq!(instruction.revision, Some(1));
     let attempt = |envelope_id| NewAttempt {
@@ -624,11 +629,7 @@ async fn a_correction_recorded_between_resolving_and_sending_refuses_the_attempt
 async fn pause_resume_and_cancel_are_revisions_that_close_and_open_admission() {
     let (_dir, ledger) = ledger().await;
     let orch = AgentName::parse("orch").unwrap();
-    ledger
-        .record_batch_handing_over(1, 2, &[routed(1, EnvelopeState::Queued)], &[&orch], None)
-        .await
-        .unwrap();
-    let work = ledger.pending(&orch).await.unwrap().remove(0);
+    let work = one_pending_message(&ledger).await;
     let task_id = work.task_id.clone().unwrap();
     let command = |update_id: i64, text: &str| {
         let mut row = routed(update_id, EnvelopeState::Queued);
@@ -670,12 +671,7 @@ async fn pause_resume_and_cancel_are_revisions_that_close_and_open_admission() {
 #[tokio::test]
 async fn the_admission_in_sql_agrees_with_admit() {
     let (_dir, ledger) = ledger().await;
-    let orch = AgentName::parse("orch").unwrap();
-    ledger
-        .record_batch_handing_over(1, 2, &[routed(1, EnvelopeState::Queued)], &[&orch], None)
-        .await
-        .unwrap();
-    let envelope = ledger.pending(&orch).await.unwrap().remove(0);
+    let envelope = one_pending_message(&ledger).await;
     let task_id = envelope.task_id.clone().unwrap();
     let mut checked = 0;
     for state in ["open", "paused", "stop_requested", "stopped", "done", "replaced"] {
