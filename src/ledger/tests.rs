@@ -753,3 +753,191 @@ async fn a_batch_starts_one_task_per_conversation_at_the_message_that_started_it
         assert_eq!(revisions[0].text.as_deref(), starter.text.as_deref());
     }
 }
+
+/// What the user and the agent do, in the model-based test below.
+#[derive(Debug, Clone)]
+enum Doing {
+    /// A plain message.
+    Message,
+    /// An edit of the `n`th message sent so far (modulo their number).
+    Edit(usize),
+    Pause,
+    Resume,
+    Cancel,
+    New,
+    /// A reply attempt for the `n`th envelope the agent was given (modulo their number).
+    Reply(usize),
+}
+
+fn doing() -> impl proptest::strategy::Strategy<Value = Doing> {
+    use proptest::prelude::*;
+    prop_oneof![
+        3 => Just(Doing::Message),
+        2 => any::<usize>().prop_map(Doing::Edit),
+        1 => Just(Doing::Pause),
+        1 => Just(Doing::Resume),
+        1 => Just(Doing::Cancel),
+        1 => Just(Doing::New),
+        4 => any::<usize>().prop_map(Doing::Reply),
+    ]
+}
+
+/// The model's task: its revision, the revision of its last instruction change, its
+/// state, and the messages whose edit corrects it.
+#[derive(Debug, Clone)]
+struct ModelTask {
+    revision: i64,
+    instruction: i64,
+    state: &'static str,
+    instruction_messages: Vec<i32>,
+}
+
+/// Runs `steps` through the real ledger (intake's transaction, the attempt's statement)
+/// and through a model written from DESIGN.md §11 alone, and checks that every reply
+/// attempt is admitted exactly when the model says it may go out: never for an envelope
+/// of a superseded revision, of a paused, cancelled or replaced task.
+async fn ledger_agrees_with_the_model(steps: Vec<Doing>) {
+    let (_dir, ledger) = ledger().await;
+    let mut tasks: Vec<ModelTask> = Vec::new();
+    let mut messages: Vec<i32> = Vec::new();
+    // The envelopes handed to the agent: trace id, model task, revision made under.
+    let mut given: Vec<(String, usize, i64)> = Vec::new();
+    let mut update_id = 0;
+    for step in steps {
+        let current = tasks.len().checked_sub(1);
+        let open = current.filter(|&t| matches!(tasks[t].state, "open" | "paused" | "stop_requested"));
+        let text = match &step {
+            Doing::Pause => "/pause".to_owned(),
+            Doing::Resume => "/resume".to_owned(),
+            Doing::Cancel => "/cancel".to_owned(),
+            Doing::New => format!("/new objective {update_id}"),
+            _ => format!("message {update_id}"),
+        };
+        if let Doing::Reply(n) = step {
+            if given.is_empty() {
+                continue;
+            }
+            let (trace_id, task, revision) = given[n % given.len()].clone();
+            let model = &tasks[task];
+            let may_go = !matches!(model.state, "paused" | "stop_requested" | "replaced")
+                && revision >= model.instruction;
+            let envelope = ledger.find(&trace_id).await.unwrap().unwrap();
+            let attempt = NewAttempt {
+                envelope_id: envelope.id,
+                agent: "orch",
+                request_id: None,
+                purpose: AttemptPurpose::Reply,
+                chat_id: 42,
+                thread_id: None,
+                reply_to_message_id: None,
+                chunk_index: 0,
+                chunk_count: 1,
+                text: "reply",
+            };
+            let admitted = ledger.begin_attempt(&attempt).await.unwrap();
+            assert_eq!(
+                admitted.is_ok(),
+                may_go,
+                "{trace_id} of {model:?} made under revision {revision}: {admitted:?}"
+            );
+            continue;
+        }
+        update_id += 1;
+        let message_id = i32::try_from(update_id).unwrap();
+        let mut row = routed(update_id, EnvelopeState::Queued);
+        row.envelope.text = Some(text);
+        let carried = match step {
+            Doing::Edit(n) => {
+                if messages.is_empty() {
+                    update_id -= 1;
+                    continue;
+                }
+                let edited = messages[n % messages.len()];
+                row.envelope.kind = EnvelopeKind::EditedMessage;
+                row.envelope.message_id = edited;
+                match open {
+                    Some(t) if tasks[t].instruction_messages.contains(&edited) => {
+                        let task = &mut tasks[t];
+                        task.revision += 1;
+                        task.instruction = task.revision;
+                        task.instruction_messages.push(edited);
+                        Some((t, task.revision))
+                    }
+                    _ => None,
+                }
+            }
+            Doing::Message => {
+                messages.push(message_id);
+                match open.filter(|&t| tasks[t].state != "stop_requested") {
+                    Some(t) => Some((t, tasks[t].revision)),
+                    None => {
+                        tasks.push(ModelTask {
+                            revision: 1,
+                            instruction: 0,
+                            state: "open",
+                            instruction_messages: vec![message_id],
+                        });
+                        Some((tasks.len() - 1, 1))
+                    }
+                }
+            }
+            Doing::Pause | Doing::Resume => {
+                messages.push(message_id);
+                let (from, to) =
+                    if matches!(step, Doing::Pause) { ("open", "paused") } else { ("paused", "open") };
+                if let Some(t) = open.filter(|&t| tasks[t].state == from) {
+                    tasks[t].revision += 1;
+                    tasks[t].state = to;
+                }
+                None
+            }
+            Doing::Cancel => {
+                messages.push(message_id);
+                match open.filter(|&t| matches!(tasks[t].state, "open" | "paused")) {
+                    Some(t) => {
+                        tasks[t].revision += 1;
+                        tasks[t].state = "stop_requested";
+                        Some((t, tasks[t].revision))
+                    }
+                    None => None,
+                }
+            }
+            Doing::New => {
+                messages.push(message_id);
+                if let Some(t) = open {
+                    tasks[t].revision += 1;
+                    tasks[t].instruction = tasks[t].revision;
+                    tasks[t].state = "replaced";
+                }
+                tasks.push(ModelTask {
+                    revision: 1,
+                    instruction: 0,
+                    state: "open",
+                    instruction_messages: vec![message_id],
+                });
+                Some((tasks.len() - 1, 1))
+            }
+            Doing::Reply(_) => unreachable!("handled above"),
+        };
+        ledger.record_batch(1, update_id + 1, &[row.clone()]).await.unwrap();
+        if let Some((task, revision)) = carried {
+            given.push((row.envelope.trace_id.to_string(), task, revision));
+        }
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(48))]
+    /// DESIGN.md §11's property, end to end through the ledger: for any interleaving of
+    /// messages, changes and reply attempts, no attempt for an envelope of revision r is
+    /// admitted once a later revision changed the instruction (or paused, cancelled or
+    /// replaced the task), and every other attempt is.
+    #[test]
+    fn no_superseded_reply_is_ever_recorded(steps in proptest::collection::vec(doing(), 1..30)) {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(ledger_agrees_with_the_model(steps));
+    }
+}
