@@ -23,6 +23,30 @@ use switchboard::ledger::{AttemptState, EnvelopeState};
 /// need to interrupt the caller, shorter than `send_timeout_secs` (2 in the test config).
 const SLOW_SEND: Duration = Duration::from_millis(1500);
 
+/// Waits until a connection to the (stopped) daemon's local API holds bytes it has not
+/// read: the request is in its socket. Read from `/proc/net/tcp`, so a slow plugin on a
+/// loaded machine cannot make the test kill the daemon before the request arrives.
+async fn wait_until_a_request_waits_in_the_socket(port: u16) {
+    let local = format!(":{port:04X}");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let table = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+        let buffered = table.lines().skip(1).any(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            // local_address, rem_address, st (01 = established), tx_queue:rx_queue
+            fields.len() > 4
+                && fields[1].ends_with(&local)
+                && fields[3] == "01"
+                && fields[4].split(':').nth(1).is_some_and(|rx| u64::from_str_radix(rx, 16).unwrap_or(0) > 0)
+        });
+        if buffered {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the reply request never reached the daemon's socket");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A message of `n` parts once split under Telegram's 4096-character limit.
 fn text_of_parts(n: usize) -> String {
     (0..n).map(|i| format!("part {i} ") + &"x".repeat(3900)).collect::<Vec<_>>().join("\n\n")
@@ -101,13 +125,22 @@ async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
 async fn a_request_lost_in_a_dead_daemons_socket_is_reported_as_not_sent() {
     let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("hello?").await;
 
+    // The plugin's confirmation that it showed the message is recorded first (a tool call
+    // waits for it), so the request that waits in the socket below is the reply.
+    let ledger = daemon.ledger().await;
+    let deadline = std::time::Instant::now() + WAIT;
+    while ledger.find(&trace).await.unwrap().and_then(|e| e.shown_session).is_none() {
+        assert!(std::time::Instant::now() < deadline, "the plugin never confirmed showing {trace}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    ledger.close().await;
     // The daemon freezes; the reply request reaches its socket but is never read.
     daemon.signal("STOP");
     let call = tokio::spawn(async move {
         let outcome = orchestrator.call_tool("reply", json!({"text": "hi", "trace_id": trace.clone()})).await;
         (orchestrator, outcome)
     });
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    wait_until_a_request_waits_in_the_socket(daemon.api_addr.port()).await;
     daemon.kill9();
     daemon.restart();
 

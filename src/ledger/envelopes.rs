@@ -252,39 +252,50 @@ pub(super) async fn transition_in(
     actor: &str,
     reason: Option<&str>,
 ) -> sqlx::Result<bool> {
-    let current: Option<String> = sqlx::query_scalar("SELECT state FROM envelopes WHERE id = ?")
+    let at = now();
+    // Each allowed state in turn, as a guard of the update itself: where the envelope is in
+    // the first one (nearly always), the move costs one statement and its event another,
+    // with no read before them — this runs on the path of every reply.
+    for &current in from.iter().filter(|&&state| state != to) {
+        let moved = sqlx::query(
+            "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) \
+             WHERE id = ? AND state = ?",
+        )
+        .bind(to.as_str())
+        .bind(&at)
+        .bind(reason)
         .bind(envelope_id)
-        .fetch_optional(&mut *tx)
+        .bind(current.as_str())
+        .execute(&mut *tx)
         .await?;
-    let Some(current) = current.and_then(|s| EnvelopeState::parse(&s).ok()) else {
-        return Ok(false);
-    };
-    if !from.contains(&current) {
+        if moved.rows_affected() == 1 {
+            sqlx::query(
+                "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+                 VALUES (?, ?, ?, ?, ?, ?)",
+            )
+            .bind(envelope_id)
+            .bind(&at)
+            .bind(current.as_str())
+            .bind(to.as_str())
+            .bind(actor)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?;
+            return Ok(true);
+        }
+    }
+    if !from.contains(&to) {
         return Ok(false);
     }
-    let at = now();
-    sqlx::query(
-        "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) WHERE id = ?",
+    // Already there, which the caller allows: the note is updated, no event.
+    let kept = sqlx::query(
+        "UPDATE envelopes SET state_changed_at = ?, note = COALESCE(?, note) WHERE id = ? AND state = ?",
     )
-    .bind(to.as_str())
     .bind(&at)
     .bind(reason)
     .bind(envelope_id)
+    .bind(to.as_str())
     .execute(&mut *tx)
     .await?;
-    if current != to {
-        sqlx::query(
-            "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(envelope_id)
-        .bind(&at)
-        .bind(current.as_str())
-        .bind(to.as_str())
-        .bind(actor)
-        .bind(reason)
-        .execute(&mut *tx)
-        .await?;
-    }
-    Ok(true)
+    Ok(kept.rows_affected() == 1)
 }
