@@ -75,10 +75,11 @@ async fn a_reply_cancelled_mid_send_is_delivered_once_and_settles_its_envelope()
     fake.fail_send_message(Fault::RecordThenHang(SLOW_SEND));
 
     // The user presses Esc while the send is on its way to Telegram.
-    orchestrator
-        .call_tool_and_cancel("reply", json!({"text": "on its way"}), Duration::from_millis(300))
-        .await
-        .unwrap();
+    // Cancelled once Telegram has the message and the daemon waits for its answer.
+    let on_the_wire = async {
+        fake.wait_for_nth_sent(1, WAIT).await.expect("the reply reaches Telegram");
+    };
+    orchestrator.call_tool_and_cancel("reply", json!({"text": "on its way"}), on_the_wire).await.unwrap();
     orchestrator.wait_for_stderr("reply cancelled by the agent session", WAIT).await.unwrap();
 
     wait_for_state(&daemon, &trace, EnvelopeState::Acked).await;
@@ -104,7 +105,8 @@ async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
         let _ = orchestrator.call_tool("reply", json!({"text": "yes"})).await;
         orchestrator
     });
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Killed once Telegram has the message and the daemon waits for its answer.
+    fake.wait_for_nth_sent(1, WAIT).await.expect("the reply reaches Telegram");
     assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
     let _ = call.await;
 

@@ -260,14 +260,14 @@ impl ChannelClient {
         Ok((result.is_error.unwrap_or(false), text))
     }
 
-    /// Calls a tool and cancels the call after `after` (`notifications/cancelled`), the way
-    /// an agent session does when its user presses Esc. The call's answer, if any, is
+    /// Calls a tool and cancels the call once `when` completes (`notifications/cancelled`),
+    /// the way an agent session does when its user presses Esc. The call's answer, if any, is
     /// discarded, as a client that cancelled ignores it.
     pub async fn call_tool_and_cancel(
         &self,
         name: &str,
         arguments: Value,
-        after: Duration,
+        when: impl std::future::Future<Output = ()>,
     ) -> anyhow::Result<()> {
         let Value::Object(arguments) = arguments else { bail!("tool arguments must be a JSON object") };
         let params = CallToolRequestParams::new(name.to_owned()).with_arguments(arguments);
@@ -276,7 +276,7 @@ impl ChannelClient {
             .client
             .send_cancellable_request(request, rmcp::service::PeerRequestOptions::no_options())
             .await?;
-        tokio::time::sleep(after).await;
+        when.await;
         handle.cancel(Some("the user pressed Esc".into())).await?;
         Ok(())
     }
