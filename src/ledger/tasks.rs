@@ -259,7 +259,7 @@ struct Change<'a> {
 
 /// Whether a newly stored row is a human message of a single-agent conversation, which
 /// belongs to a task.
-pub(super) fn belongs_to_a_task(routed: &RoutedEnvelope) -> bool {
+fn belongs_to_a_task(routed: &RoutedEnvelope) -> bool {
     routed.state == EnvelopeState::Queued
         && routed.agent.is_some()
         && matches!(routed.envelope.kind, EnvelopeKind::Message | EnvelopeKind::EditedMessage)
@@ -398,7 +398,7 @@ fn carrier_of(routed: &RoutedEnvelope, id: i64) -> Carrier {
 
 /// Gives a newly stored human message its task, or applies the change it makes; inside the
 /// batch's transaction. Returns what to do once it commits.
-pub(super) async fn take_in(
+async fn take_in(
     tx: &mut SqliteConnection,
     routed: &RoutedEnvelope,
     bot_username: Option<&str>,
