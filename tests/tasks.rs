@@ -176,8 +176,7 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
 ///    goes out.
 #[tokio::test]
 async fn a_paused_task_sends_nothing_until_it_is_resumed() {
-    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace } =
-        owner_waiting("Summarise the incident").await;
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("Summarise the incident").await;
     let task_id = meta(&nth(&orchestrator, 1).await, "task").to_owned();
 
     fake.push_text(owner_chat(), owner(), "/pause");
@@ -194,8 +193,14 @@ async fn a_paused_task_sends_nothing_until_it_is_resumed() {
     tokio::time::sleep(QUIET).await;
     assert_eq!(fake.sent_messages().len(), 1, "only the acknowledgement");
 
+    // A session that missed the notice learns it from the redelivered envelope.
+    assert!(orchestrator.close().await.unwrap().success());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let again = nth(&orchestrator, 1).await;
+    assert_eq!((trace_id(&again).as_str(), meta(&again, "task_state")), (trace.as_str(), "paused"));
+
     fake.push_text(owner_chat(), owner(), "/resume");
-    assert_eq!(meta(&nth(&orchestrator, 3).await, "kind"), "resume");
+    assert_eq!(meta(&nth(&orchestrator, 2).await, "kind"), "resume");
     assert_eq!(posted(&fake, 2).await[1], format!("{task_id} revision 3: resumed"));
     let (is_error, text) = reply(&orchestrator, &trace, "The incident was a full disk").await;
     assert!(!is_error, "{text}");

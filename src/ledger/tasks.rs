@@ -1286,6 +1286,14 @@ impl Ledger {
         Ok((declared, effects))
     }
 
+    /// A task's state as stored (`open`, `paused`, `stop_requested`, …).
+    pub async fn task_state(&self, task_id: &str) -> sqlx::Result<Option<String>> {
+        sqlx::query_scalar("SELECT state FROM tasks WHERE task_id = ?")
+            .bind(task_id)
+            .fetch_optional(&self.reader)
+            .await
+    }
+
     /// A task and its revisions, oldest first.
     pub async fn task(
         &self,

@@ -238,6 +238,20 @@ impl Bridge {
                 tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read what an envelope belongs to")
             }
         }
+        // A pause or a cancel notice is not stored: a session that missed it learns the
+        // task's state from the redelivered envelope (`task_state`), as a room turn carries
+        // `stop_requested_by`.
+        if let (true, Some(task_id)) = (redelivered, &envelope.task_id) {
+            match self.inner.ledger.task_state(task_id).await {
+                Ok(Some(state)) if state != "open" => {
+                    delivered.extra.insert("task_state".to_owned(), state);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(trace_id = %envelope.trace_id, error = %e, "could not read an envelope's task")
+                }
+            }
+        }
         tx.send(SessionEvent::Envelope(delivered)).await.is_ok()
     }
 }

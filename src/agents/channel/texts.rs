@@ -77,7 +77,8 @@ pub(super) fn instructions(agent: &AgentName) -> String {
          new_objective or cancel; text and old_text for a correction): act on that envelope, since anything \
          made for the task's older envelopes is refused (superseded). A notice with kind=\"pause\" or \
          \"resume\" pauses or resumes the task: while paused, replies and handoffs for it are refused \
-         (paused). After a cancel they are refused (cancelled): stop, then ack the cancel envelope — the \
+         (paused); a redelivered message says task_state=\"paused\" when you missed the notice. After a cancel they \
+         are refused (cancelled): stop, then ack the cancel envelope — the \
          task counts as stopped only then. When a plain message changes the task, declare it with \
          `revise_task` (its trace_id, kind correction, new_objective, pause or cancel, and a summary)."
     )
