@@ -559,6 +559,22 @@ async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_t
     assert_eq!(ledger.next_offset(1).await.unwrap(), Some(2));
 }
 
+/// `orch`'s one-part reply to envelope `envelope_id`.
+fn one_part_reply(envelope_id: i64) -> NewAttempt<'static> {
+    NewAttempt {
+        envelope_id,
+        agent: "orch",
+        request_id: None,
+        purpose: AttemptPurpose::Reply,
+        chat_id: 42,
+        thread_id: None,
+        reply_to_message_id: None,
+        chunk_index: 0,
+        chunk_count: 1,
+        text: "reply",
+    }
+}
+
 /// A human message handed to `orch`'s session, recorded with update 1: pending, and the
 /// first message of its task.
 async fn one_pending_message(ledger: &Ledger) -> StoredEnvelope {
@@ -697,19 +713,7 @@ async fn the_admission_in_sql_agrees_with_admit() {
                     .await
                     .unwrap();
                 let explained = ledger.admission(envelope.id).await.unwrap();
-                let attempt = NewAttempt {
-                    envelope_id: envelope.id,
-                    agent: "orch",
-                    request_id: None,
-                    purpose: AttemptPurpose::Reply,
-                    chat_id: 42,
-                    thread_id: None,
-                    reply_to_message_id: None,
-                    chunk_index: 0,
-                    chunk_count: 1,
-                    text: "x",
-                };
-                let recorded = ledger.begin_attempt(&attempt).await.unwrap();
+                let recorded = ledger.begin_attempt(&one_part_reply(envelope.id)).await.unwrap();
                 assert_eq!(
                     recorded.is_ok(),
                     explained.is_ok(),
@@ -822,19 +826,7 @@ async fn ledger_agrees_with_the_model(steps: Vec<Doing>) {
             let may_go = !matches!(model.state, "paused" | "stop_requested" | "replaced")
                 && revision >= model.instruction;
             let envelope = ledger.find(&trace_id).await.unwrap().unwrap();
-            let attempt = NewAttempt {
-                envelope_id: envelope.id,
-                agent: "orch",
-                request_id: None,
-                purpose: AttemptPurpose::Reply,
-                chat_id: 42,
-                thread_id: None,
-                reply_to_message_id: None,
-                chunk_index: 0,
-                chunk_count: 1,
-                text: "reply",
-            };
-            let admitted = ledger.begin_attempt(&attempt).await.unwrap();
+            let admitted = ledger.begin_attempt(&one_part_reply(envelope.id)).await.unwrap();
             assert_eq!(
                 admitted.is_ok(),
                 may_go,
