@@ -28,11 +28,12 @@
 //! `synchronous = normal`) except per-chat pacing, which is off: the fake has no per-chat
 //! limits and the echo bot does not pace either.
 
+mod common;
 #[path = "../tests/support/fake_telegram.rs"]
 mod fake_telegram;
 
 use std::fmt;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -164,7 +165,7 @@ struct Params {
 
 impl Params {
     fn from_env() -> Self {
-        let quick = std::env::var("SWITCHBOARD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let quick = common::quick();
         let (messages, updates, repetitions) = if quick {
             (QUICK_MESSAGES, QUICK_INGEST_UPDATES, QUICK_REPETITIONS)
         } else {
@@ -172,20 +173,10 @@ impl Params {
         };
         Self {
             quick,
-            messages: env_count("SWITCHBOARD_BENCH_MESSAGES", messages),
-            updates: env_count("SWITCHBOARD_BENCH_UPDATES", updates),
-            repetitions: env_count("SWITCHBOARD_BENCH_REPETITIONS", repetitions),
+            messages: common::env_count("SWITCHBOARD_BENCH_MESSAGES", messages),
+            updates: common::env_count("SWITCHBOARD_BENCH_UPDATES", updates),
+            repetitions: common::env_count("SWITCHBOARD_BENCH_REPETITIONS", repetitions),
         }
-    }
-}
-
-fn env_count(var: &str, default: usize) -> usize {
-    match std::env::var(var) {
-        Ok(value) => match value.trim().parse() {
-            Ok(count) if count > 0 => count,
-            _ => panic!("{var}={value:?}: expected a positive whole number"),
-        },
-        Err(_) => default,
     }
 }
 
@@ -765,7 +756,7 @@ struct Workdir {
 impl Workdir {
     fn new(api_url: &str) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
-        let listen = free_local_addr();
+        let listen = common::free_local_addr();
         let workdir = Self { dir, listen };
         std::fs::write(workdir.config(), config_text(api_url, &workdir.database(), listen))
             .expect("writing the configuration");
@@ -845,11 +836,6 @@ agent = "{AGENT}"
     )
 }
 
-fn free_local_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
-    listener.local_addr().expect("the ephemeral port's address")
-}
-
 // ---------------------------------------------------------------------------
 // Statistics and the report
 // ---------------------------------------------------------------------------
@@ -859,8 +845,7 @@ fn free_local_addr() -> SocketAddr {
 fn percentile(samples: &[Duration], p: usize) -> Duration {
     let mut sorted = samples.to_vec();
     sorted.sort_unstable();
-    let rank = (sorted.len() * p).div_ceil(100).max(1);
-    sorted[rank - 1]
+    common::percentile(&sorted, p)
 }
 
 fn median(mut values: Vec<f64>) -> f64 {

@@ -21,11 +21,12 @@
 //! (room hand-overs; default: as many as round trips) override single numbers. Command
 //! line arguments (cargo passes `--bench`) are ignored.
 
+mod common;
 #[path = "../tests/support/fake_telegram.rs"]
 mod fake_telegram;
 
 use std::fmt;
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -195,30 +196,20 @@ struct Params {
 
 impl Params {
     fn from_env() -> Self {
-        let quick = std::env::var("SWITCHBOARD_BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0");
+        let quick = common::quick();
         let (updates, samples, large) = if quick {
             (QUICK_UPDATES, QUICK_SAMPLES, QUICK_LARGE_LEDGER_ROWS)
         } else {
             (THROUGHPUT_UPDATES, LATENCY_SAMPLES, LARGE_LEDGER_ROWS)
         };
-        let samples = env_count("SWITCHBOARD_BENCH_SAMPLES", samples);
+        let samples = common::env_count("SWITCHBOARD_BENCH_SAMPLES", samples);
         Self {
             quick,
-            updates: env_count("SWITCHBOARD_BENCH_UPDATES", updates),
+            updates: common::env_count("SWITCHBOARD_BENCH_UPDATES", updates),
             samples,
-            large_ledger_rows: env_count("SWITCHBOARD_BENCH_LEDGER_ROWS", large),
-            handovers: env_count("SWITCHBOARD_BENCH_HANDOVERS", samples),
+            large_ledger_rows: common::env_count("SWITCHBOARD_BENCH_LEDGER_ROWS", large),
+            handovers: common::env_count("SWITCHBOARD_BENCH_HANDOVERS", samples),
         }
-    }
-}
-
-fn env_count(var: &str, default: usize) -> usize {
-    match std::env::var(var) {
-        Ok(value) => match value.trim().parse() {
-            Ok(count) if count > 0 => count,
-            _ => panic!("{var}={value:?}: expected a positive whole number"),
-        },
-        Err(_) => default,
     }
 }
 
@@ -746,7 +737,7 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with this log filter and `extra` added to the configuration.
     fn start_with(workdir: &Workdir, api_url: &str, log_filter: &str, extra: &str) -> Self {
-        let api_addr = free_local_addr();
+        let api_addr = common::free_local_addr();
         let config = config_text(api_url, &workdir.database(), api_addr, log_filter, extra);
         std::fs::write(workdir.config(), config).expect("writing the configuration");
         let log = std::fs::File::create(workdir.log()).expect("creating the daemon's log file");
@@ -845,12 +836,6 @@ impl Drop for Daemon {
     }
 }
 
-/// A loopback address with a port nobody listens on right now.
-fn free_local_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
-    listener.local_addr().expect("the ephemeral port's address")
-}
-
 // ---------------------------------------------------------------------------
 // Statistics and the report
 // ---------------------------------------------------------------------------
@@ -866,18 +851,11 @@ impl Summary {
         assert!(!samples.is_empty(), "no samples to summarise");
         samples.sort_unstable();
         Self {
-            p50: percentile(&samples, 50),
-            p99: percentile(&samples, 99),
+            p50: common::percentile(&samples, 50),
+            p99: common::percentile(&samples, 99),
             max: *samples.last().expect("not empty"),
         }
     }
-}
-
-/// The nearest-rank percentile of sorted samples: the smallest sample that at least
-/// `p` percent of all samples do not exceed.
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    let rank = (sorted.len() * p).div_ceil(100).max(1);
-    sorted[rank - 1]
 }
 
 /// A duration in milliseconds, right-aligned in a column.
