@@ -519,11 +519,12 @@ const ROOM_CHAT_ID: i64 = -1_000_500_000_001;
 /// gets (and the stored cascade) is as long as a real exchange's can be.
 const ROOM_TURNS: usize = 10;
 
-/// The room, for the room run only: its route, and group pacing off, so the figure is
-/// the switchboard's own cost rather than Telegram's per-group limit (one post every 3 s).
+/// The room's route, for the room run only. Group pacing is already off in every run's
+/// configuration (see `config_text`), so the figure is the switchboard's own cost rather
+/// than Telegram's per-group limit (one post every 3 s).
 fn room_config() -> String {
     format!(
-        "\n[outbound]\ngroup_chat_interval_ms = 0\n\n[[routes]]\nname = \"bench-room\"\nchat_id = {ROOM_CHAT_ID}\nagents = [\"{}\", \"{}\"]\n",
+        "\n[[routes]]\nname = \"bench-room\"\nchat_id = {ROOM_CHAT_ID}\nagents = [\"{}\", \"{}\"]\n",
         agent_name(0),
         agent_name(1),
     )
