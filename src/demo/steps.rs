@@ -80,6 +80,18 @@ impl Demo {
         Ok(by_update)
     }
 
+    /// The orchestrator answers `trace_id` with `text` (narrated), and what reached the chat.
+    async fn orchestrator_replies(&self, text: &str, trace_id: &str) -> Result<Vec<Sent>, Broken> {
+        said("orchestrator", format!("reply \"{text}\" (trace_id {trace_id})"));
+        let request = ReplyRequest::new(text, Some(trace_id.to_owned()));
+        let receipt = must("reply", self.orchestrator.client.reply(&request).await)?;
+        let sent = sent_as(&self.fake.sent(), &receipt.message_ids);
+        for message in &sent {
+            said("Telegram", describe_sent(message));
+        }
+        Ok(sent)
+    }
+
     fn http(&self) -> Result<reqwest::Client, Broken> {
         reqwest::Client::builder().no_proxy().timeout(WAIT).build().map_err(|e| Broken(e.to_string()))
     }
@@ -145,13 +157,7 @@ async fn message_in_reply_out(demo: &mut Demo) -> Result<(), Broken> {
         || format!("{envelope:?}"),
     )?;
     let answer = "Yes: all 12 checks are green.";
-    said("orchestrator", format!("reply \"{answer}\" (trace_id {trace})"));
-    let receipt =
-        must("reply", demo.orchestrator.client.reply(&ReplyRequest::new(answer, Some(trace.clone()))).await)?;
-    let sent = sent_as(&demo.fake.sent(), &receipt.message_ids);
-    for message in &sent {
-        said("Telegram", describe_sent(message));
-    }
+    let sent = demo.orchestrator_replies(answer, &trace).await?;
     let envelope = demo.envelope(&trace).await?;
     let attempts = demo.attempts(&envelope).await?;
     for attempt in &attempts {
@@ -220,15 +226,7 @@ async fn two_chats_waiting(demo: &mut Demo) -> Result<(), Broken> {
         (&priya, from_priya, OPS_GROUP.id, "Sam is on call tonight."),
     ];
     for (envelope, pushed, chat, text) in answers {
-        said("orchestrator", format!("reply \"{text}\" (trace_id {})", envelope.trace_id));
-        let receipt = must(
-            "reply",
-            demo.orchestrator.client.reply(&ReplyRequest::new(text, Some(envelope.trace_id.clone()))).await,
-        )?;
-        let sent = sent_as(&demo.fake.sent(), &receipt.message_ids);
-        for message in &sent {
-            said("Telegram", describe_sent(message));
-        }
+        let sent = demo.orchestrator_replies(text, &envelope.trace_id).await?;
         let stored = demo.envelope(&envelope.trace_id).await?;
         said("ledger", format!("{} {}", envelope.trace_id, stored.state));
         check(
@@ -366,15 +364,7 @@ async fn delegation(demo: &mut Demo) -> Result<(), Broken> {
         );
     }
     let text = "The login fix (build 513) is live on staging.";
-    said("orchestrator", format!("reply \"{text}\" (trace_id {})", cause.trace_id));
-    let receipt = must(
-        "reply",
-        demo.orchestrator.client.reply(&ReplyRequest::new(text, Some(cause.trace_id.clone()))).await,
-    )?;
-    let sent = sent_as(&demo.fake.sent(), &receipt.message_ids);
-    for message in &sent {
-        said("Telegram", describe_sent(message));
-    }
+    let sent = demo.orchestrator_replies(text, &cause.trace_id).await?;
     let handoffs = demo.ledger.handoffs_for_cause(cause_row.id).await.map_err(|e| Broken(e.to_string()))?;
     for handoff in &handoffs {
         said("ledger", format!("handoff {} {}", handoff.handoff_id, handoff.state));
@@ -623,15 +613,7 @@ async fn correction(demo: &mut Demo) -> Result<(), Broken> {
     )?;
 
     let answer = "Booked for Friday, 10:00 in room 2.";
-    said("orchestrator", format!("reply \"{answer}\" (trace_id {})", revision.trace_id));
-    let receipt = must(
-        "reply",
-        demo.orchestrator.client.reply(&ReplyRequest::new(answer, Some(revision.trace_id.clone()))).await,
-    )?;
-    let sent = sent_as(&demo.fake.sent(), &receipt.message_ids);
-    for message in &sent {
-        said("Telegram", describe_sent(message));
-    }
+    let sent = demo.orchestrator_replies(answer, &revision.trace_id).await?;
     check(sent.len() == 1 && sent[0].text == answer, "the reply to the revision goes out", || {
         format!("{sent:?}")
     })?;
