@@ -438,7 +438,7 @@ async fn take_in(
             Ok(vec![])
         }
         (Meaning::Work, Some(task)) => {
-            tag(tx, id, &task.task_id, task.revision, None).await?;
+            tag(tx, id, &task.task_id, task.revision).await?;
             Ok(vec![])
         }
         (Meaning::Work, None) => {
@@ -492,48 +492,43 @@ fn command_name(kind: ChangeKind) -> &'static str {
     }
 }
 
-/// The conversation's open task, if any. An `open` task with nothing left queued,
-/// pending, unresolved or handed off is `done` from now on: the next message starts a new
-/// one. (A paused or cancelled task stays open until it is resumed or stopped.)
+/// The conversation's open task, if any (a finished one is closed on the way, see
+/// [`latest_task`]). A paused or cancelled task stays open until it is resumed or stopped.
 async fn open_task(
     tx: &mut SqliteConnection,
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
 ) -> sqlx::Result<Option<StoredTask>> {
-    // The latest task of the conversation, and whether anything of it is still running, in
-    // one statement.
-    let sql = concat!(
-        "SELECT ",
-        busy_of!("t.task_id"),
-        " AS busy",
-        ", ",
-        task_columns!(),
-        task_from!(),
-        "WHERE t.chat_id = ? AND t.agent = ? AND t.thread_id IS ? ORDER BY t.id DESC LIMIT 1"
-    );
-    let Some(LatestTask { task, busy }) = sqlx::query_as::<_, LatestTask>(sql)
-        .bind(chat_id)
-        .bind(agent)
-        .bind(thread_id)
-        .fetch_optional(&mut *tx)
-        .await?
-    else {
-        return Ok(None);
-    };
-    match task.state() {
-        TaskState::Open if !busy => {
-            mark_done(tx, &task.task_id).await?;
-            Ok(None)
+    match latest_task(tx, chat_id, thread_id, agent).await? {
+        Some((task_id, _, TaskState::Open | TaskState::Paused | TaskState::StopRequested)) => {
+            let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+            sqlx::query_as(sql).bind(task_id).fetch_optional(&mut *tx).await
         }
-        TaskState::Open | TaskState::Paused | TaskState::StopRequested => Ok(Some(task)),
-        TaskState::Stopped | TaskState::Done | TaskState::Replaced => Ok(None),
+        _ => Ok(None),
     }
 }
 
-/// The conversation's latest task for a plain message: its id, revision and state, once a
-/// finished `open` one is marked `done` — in one statement, since this runs for every
-/// message a batch brings.
+/// `UPDATE tasks` that makes an `open` task with nothing left queued, pending or
+/// unresolved and no open handoff `done` (`?1`: now), and leaves any other as it is; the
+/// caller adds which task. An envelope whose reply's outcome is unknown (`unresolved`)
+/// keeps its task open: it is not known to be done, and a correction must still reach it.
+macro_rules! close_if_finished {
+    () => {
+        concat!(
+            "UPDATE tasks SET state = CASE WHEN state = 'open' AND NOT ",
+            busy_of!("tasks.task_id"),
+            " THEN 'done' ELSE state END, closed_at = CASE WHEN state = 'open' AND NOT ",
+            busy_of!("tasks.task_id"),
+            " THEN ?1 ELSE closed_at END, updated_at = CASE WHEN state = 'open' AND NOT ",
+            busy_of!("tasks.task_id"),
+            " THEN ?1 ELSE updated_at END "
+        )
+    };
+}
+
+/// The conversation's latest task: its id, revision and state, once a finished `open` one
+/// is marked `done` — in one statement, since this runs for every message a batch brings.
 async fn latest_task(
     tx: &mut SqliteConnection,
     chat_id: i64,
@@ -541,18 +536,9 @@ async fn latest_task(
     agent: &str,
 ) -> sqlx::Result<Option<(String, i64, TaskState)>> {
     let sql = concat!(
-        "UPDATE tasks SET \
-         state = CASE WHEN state = 'open' AND NOT ",
-        busy_of!("tasks.task_id"),
-        " THEN 'done' ELSE state END, \
-         closed_at = CASE WHEN state = 'open' AND NOT ",
-        busy_of!("tasks.task_id"),
-        " THEN ?1 ELSE closed_at END, \
-         updated_at = CASE WHEN state = 'open' AND NOT ",
-        busy_of!("tasks.task_id"),
-        " THEN ?1 ELSE updated_at END \
-         WHERE id = (SELECT id FROM tasks WHERE chat_id = ?2 AND agent = ?3 AND thread_id IS ?4 ORDER BY id DESC LIMIT 1) \
-         RETURNING task_id, revision, state"
+        close_if_finished!(),
+        "WHERE id = (SELECT id FROM tasks WHERE chat_id = ?2 AND agent = ?3 AND thread_id IS ?4 \
+         ORDER BY id DESC LIMIT 1) RETURNING task_id, revision, state"
     );
     let latest: Option<(String, i64, String)> = sqlx::query_as(sql)
         .bind(now())
@@ -562,48 +548,6 @@ async fn latest_task(
         .fetch_optional(&mut *tx)
         .await?;
     Ok(latest.map(|(task_id, revision, state)| (task_id, revision, parse_state(&state))))
-}
-
-/// A task with whether any of it is still running (see [`close_if_done`]).
-#[derive(Debug, FromRow)]
-struct LatestTask {
-    busy: bool,
-    #[sqlx(flatten)]
-    task: StoredTask,
-}
-
-/// An `open` task with nothing left queued, pending or unresolved and no open handoff is
-/// `done`; returns whether it was closed now. An envelope whose reply's outcome is unknown
-/// (`unresolved`) keeps its task open: it is not known to be done, and a correction must
-/// still reach it.
-async fn close_if_done(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<bool> {
-    let busy: bool = sqlx::query_scalar(concat!(
-        "SELECT ",
-        busy_of!("t.task_id"),
-        " AS busy",
-        " FROM tasks t WHERE t.task_id = ?"
-    ))
-    .bind(&task.task_id)
-    .fetch_one(&mut *tx)
-    .await?;
-    if busy {
-        return Ok(false);
-    }
-    mark_done(tx, &task.task_id).await?;
-    Ok(true)
-}
-
-async fn mark_done(tx: &mut SqliteConnection, task_id: &str) -> sqlx::Result<()> {
-    let at = now();
-    sqlx::query(
-        "UPDATE tasks SET state = 'done', updated_at = ?, closed_at = ? WHERE task_id = ? AND state = 'open'",
-    )
-    .bind(&at)
-    .bind(&at)
-    .bind(task_id)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
 }
 
 async fn open_view(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<OpenTask> {
@@ -634,7 +578,7 @@ async fn start_task(
 ) -> sqlx::Result<String> {
     let task_id = new_task_id();
     insert_task(tx, &task_id, carrier, objective, predecessor, source, actor).await?;
-    tag(tx, carrier.id, &task_id, 1, None).await?;
+    tag(tx, carrier.id, &task_id, 1).await?;
     Ok(task_id)
 }
 
@@ -673,21 +617,40 @@ async fn insert_task(
     Ok(())
 }
 
-/// Records the task and revision an envelope was made under (and its extra meta).
-async fn tag(
-    tx: &mut SqliteConnection,
-    envelope_id: i64,
-    task_id: &str,
-    revision: i64,
-    meta: Option<&serde_json::Value>,
-) -> sqlx::Result<()> {
-    sqlx::query("UPDATE envelopes SET task_id = ?, revision = ?, meta = COALESCE(?, meta) WHERE id = ?")
+/// Records the task and revision an envelope was made under.
+async fn tag(tx: &mut SqliteConnection, envelope_id: i64, task_id: &str, revision: i64) -> sqlx::Result<()> {
+    sqlx::query("UPDATE envelopes SET task_id = ?, revision = ? WHERE id = ?")
         .bind(task_id)
         .bind(revision)
-        .bind(meta.map(ToString::to_string))
         .bind(envelope_id)
         .execute(&mut *tx)
         .await?;
+    Ok(())
+}
+
+/// The carrier of a change, in one statement: the task and revision it now belongs to, the
+/// change's meta, and — for a human's command or edit (`content`) — its new life as the
+/// `revision` envelope the agent acts on.
+async fn carry_change(
+    tx: &mut SqliteConnection,
+    carrier: &Carrier,
+    task_id: &str,
+    revision: i64,
+    meta: &serde_json::Value,
+    content: Option<String>,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "UPDATE envelopes SET task_id = ?1, revision = ?2, meta = ?3, \
+         kind = CASE WHEN ?4 IS NULL THEN kind ELSE 'revision' END, content = COALESCE(?4, content) \
+         WHERE id = ?5",
+    )
+    .bind(task_id)
+    .bind(revision)
+    .bind(meta.to_string())
+    .bind(content)
+    .bind(carrier.id)
+    .execute(&mut *tx)
+    .await?;
     Ok(())
 }
 
@@ -837,8 +800,8 @@ async fn apply_change(
                 "old_text": old_text.clone().unwrap_or_default(),
                 "superseded_handoffs": handoff_list,
             });
-            if carrier.rewrite {
-                let content = revision_content(
+            let content = carrier.rewrite.then(|| {
+                revision_content(
                     task_id,
                     revision,
                     &format!(
@@ -847,16 +810,16 @@ async fn apply_change(
                     ),
                     &superseded_handoffs,
                     "Act on this envelope: replies to the task's older envelopes are refused (superseded).",
-                );
-                make_revision_envelope(tx, carrier.id, &content).await?;
-            }
-            tag(tx, carrier.id, task_id, revision, Some(&meta)).await?;
+                )
+            });
+            carry_change(tx, carrier, task_id, revision, &meta, content).await?;
             format!("{task_id} revision {revision}: correction accepted")
         }
         ChangeKind::NewObjective => {
             let objective = change.text.unwrap_or_default();
-            let successor =
-                start_task(tx, carrier, objective, Some(task_id), change.source, change.actor).await?;
+            let successor = new_task_id();
+            insert_task(tx, &successor, carrier, objective, Some(task_id), change.source, change.actor)
+                .await?;
             sqlx::query(
                 "UPDATE tasks SET state = 'replaced', revision = ?, successor = ?, instruction_revision = ?, \
                  instruction_kind = 'new_objective', act_on_envelope_id = ?, updated_at = ?, closed_at = ? \
@@ -877,17 +840,16 @@ async fn apply_change(
                 "predecessor": task_id,
                 "superseded_handoffs": handoff_list,
             });
-            if carrier.rewrite {
-                let content = revision_content(
+            let content = carrier.rewrite.then(|| {
+                revision_content(
                     &successor,
                     1,
                     &format!("new objective, replacing {task_id}:\n{objective}"),
                     &superseded_handoffs,
                     &format!("Work on this now; everything of {task_id} is refused (superseded)."),
-                );
-                make_revision_envelope(tx, carrier.id, &content).await?;
-            }
-            tag(tx, carrier.id, &successor, 1, Some(&meta)).await?;
+                )
+            });
+            carry_change(tx, carrier, &successor, 1, &meta, content).await?;
             format!("{task_id} revision {revision}: new objective accepted; it continues as {successor}")
         }
         ChangeKind::Pause | ChangeKind::Resume => {
@@ -930,18 +892,17 @@ async fn apply_change(
             .execute(&mut *tx)
             .await?;
             let meta = json!({ "change": "cancel", "superseded_handoffs": handoff_list });
-            if carrier.rewrite {
-                let content = revision_content(
+            let content = carrier.rewrite.then(|| {
+                revision_content(
                     task_id,
                     revision,
                     &format!("cancelled by {}.", change.actor),
                     &superseded_handoffs,
                     "Stop working on it, then ack this envelope: the task counts as stopped only once you do. \
                      Nothing more of it is sent.",
-                );
-                make_revision_envelope(tx, carrier.id, &content).await?;
-            }
-            tag(tx, carrier.id, task_id, revision, Some(&meta)).await?;
+                )
+            });
+            carry_change(tx, carrier, task_id, revision, &meta, content).await?;
             format!(
                 "{task_id} revision {revision}: cancel accepted; stop requested (it is stopped once the agent confirms)"
             )
@@ -964,15 +925,6 @@ fn revision_content(task_id: &str, revision: i64, what: &str, handoffs: &[String
     content.push_str("\n\n");
     content.push_str(then);
     content
-}
-
-async fn make_revision_envelope(tx: &mut SqliteConnection, id: i64, content: &str) -> sqlx::Result<()> {
-    sqlx::query("UPDATE envelopes SET kind = 'revision', content = ? WHERE id = ?")
-        .bind(content)
-        .bind(id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
 }
 
 /// The instruction as it stood: the text of `message_id`'s latest correction (an edit of
@@ -1019,9 +971,9 @@ async fn supersede(
         let from = [EnvelopeState::Queued, EnvelopeState::Pending];
         transition_in(tx, id, &from, EnvelopeState::Superseded, "switchboard", Some(&reason)).await?;
     }
-    let handoffs: Vec<(i64, String, String, String)> = sqlx::query_as(
-        "SELECT id, handoff_id, to_agent, from_agent FROM handoffs WHERE task_id = ? AND state = 'open' \
-         AND revision < ? ORDER BY id",
+    let handoffs: Vec<(i64, String, String, String, i64)> = sqlx::query_as(
+        "SELECT id, handoff_id, to_agent, from_agent, envelope_id FROM handoffs WHERE task_id = ? \
+         AND state = 'open' AND revision < ? ORDER BY id",
     )
     .bind(task_id)
     .bind(revision)
@@ -1029,16 +981,12 @@ async fn supersede(
     .await?;
     let at = now();
     let mut superseded = Vec::new();
-    for (id, handoff_id, to_agent, from_agent) in handoffs {
+    for (id, handoff_id, to_agent, from_agent, instruction) in handoffs {
         sqlx::query("UPDATE handoffs SET state = 'superseded', closed_at = ?, note = ? WHERE id = ?")
             .bind(&at)
             .bind(&reason)
             .bind(id)
             .execute(&mut *tx)
-            .await?;
-        let instruction: i64 = sqlx::query_scalar("SELECT envelope_id FROM handoffs WHERE id = ?")
-            .bind(id)
-            .fetch_one(&mut *tx)
             .await?;
         let from = [EnvelopeState::Queued, EnvelopeState::Pending];
         transition_in(tx, instruction, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))
@@ -1300,16 +1248,18 @@ impl Ledger {
         task_id: &str,
     ) -> sqlx::Result<Option<(StoredTask, Vec<StoredRevision>, TaskEffects)>> {
         let mut connection = self.pool.acquire().await?;
+        // A task that has finished says so, as it would to the next message.
+        sqlx::query(concat!(close_if_finished!(), "WHERE task_id = ?2 AND state = 'open'"))
+            .bind(now())
+            .bind(task_id)
+            .execute(&mut *connection)
+            .await?;
         let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-        let Some(mut task) =
+        let Some(task) =
             sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&mut *connection).await?
         else {
             return Ok(None);
         };
-        // A task that has finished says so, as it would to the next message.
-        if task.state() == TaskState::Open && close_if_done(&mut connection, &task).await? {
-            task = sqlx::query_as(sql).bind(task_id).fetch_one(&mut *connection).await?;
-        }
         // Revision 1 is the task itself; the changes follow.
         let revisions = sqlx::query_as(
             "SELECT 1 AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
