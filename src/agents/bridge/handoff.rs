@@ -129,11 +129,7 @@ impl Bridge {
                 let found = ledger.find(trace_id.as_str()).await?;
                 // An envelope a change superseded is refused by its task, naming what to act
                 // on; a pending one is admitted where the handoff is recorded.
-                if let Some(found) = found.as_ref().filter(|found| {
-                    found.agent.as_deref() == Some(agent.as_str()) && found.state != EnvelopeState::Pending
-                }) {
-                    self.admit(found).await?;
-                }
+                self.refuse_if_task_moved_on(agent, found.as_ref()).await?;
                 let found = found.map(resolver::Candidate::free);
                 let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), found)?;
                 if envelope.state != EnvelopeState::Pending {

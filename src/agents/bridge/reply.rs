@@ -164,16 +164,9 @@ impl Bridge {
         let resolved = match trace_id {
             Some(trace_id) => {
                 let found = ledger.find_for_reply(trace_id.as_str()).await?;
-                // An envelope a change superseded (or one of a cancelled task) is refused by
-                // its task, which names the envelope to act on, before the resolver calls it
-                // unanswerable. A pending one is admitted where its attempt is recorded
-                // (`Ledger::begin_attempt`), at the moment of sending.
-                if let Some(found) = found.as_ref().filter(|found| {
-                    found.envelope.agent.as_deref() == Some(agent.as_str())
-                        && found.envelope.state != EnvelopeState::Pending
-                }) {
-                    self.admit(&found.envelope).await?;
-                }
+                // An envelope a change superseded is refused by its task, which names the
+                // envelope to act on, before the resolver calls it unanswerable.
+                self.refuse_if_task_moved_on(agent, found.as_ref().map(|found| &found.envelope)).await?;
                 let replied_before = found.as_ref().map(|found| found.replied_before);
                 let candidate = found.map(|found| {
                     let unreconciled =

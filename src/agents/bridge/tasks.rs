@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::{DeliveredNotice, RevisionReceipt, RevisionRequest};
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::{DeclareTaskError, StoredEnvelope, TaskEffect, now};
+use crate::ledger::{DeclareTaskError, EnvelopeState, StoredEnvelope, TaskEffect, now};
 use crate::rules::revisions::ChangeKind;
 
 impl Bridge {
@@ -53,13 +53,22 @@ impl Bridge {
         }
     }
 
-    /// Admission's answer for an envelope the resolver would refuse anyway (superseded, or
-    /// unresolved in a task that moved on): the task's refusal says what to act on instead.
-    /// A pending envelope is admitted where its action is recorded.
-    pub(super) async fn admit(&self, envelope: &StoredEnvelope) -> Result<(), ToolError> {
-        if envelope.task_id.is_none() {
+    /// For an envelope `agent` named that the resolver would refuse anyway (superseded, or
+    /// unresolved in a task that moved on), the task's refusal, which says what to act on
+    /// instead. Anything else passes here: a pending envelope is admitted where its action
+    /// is recorded, at the moment of sending; another agent's is the resolver's to refuse.
+    pub(super) async fn refuse_if_task_moved_on(
+        &self,
+        agent: &AgentName,
+        envelope: Option<&StoredEnvelope>,
+    ) -> Result<(), ToolError> {
+        let Some(envelope) = envelope.filter(|envelope| {
+            envelope.agent.as_deref() == Some(agent.as_str())
+                && envelope.state != EnvelopeState::Pending
+                && envelope.task_id.is_some()
+        }) else {
             return Ok(());
-        }
+        };
         self.inner.ledger.admission(envelope.id).await?.map_err(|refusal| {
             tracing::warn!(trace_id = %envelope.trace_id, code = refusal.code(), "action refused: {refusal}");
             ToolError::Task(refusal)
