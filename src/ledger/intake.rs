@@ -93,7 +93,7 @@ impl Ledger {
         let mut connection = self.pool.acquire().await?;
         let recorded =
             insert_batch(&mut connection, bot_id, next_offset, batch, claim_for, bot_username).await;
-        let (stored_trace_ids, mut claimed, task_effects) = match recorded {
+        let (new_rows, mut claimed, task_effects) = match recorded {
             Ok(stored) => stored,
             Err(e) => {
                 // SQLite rolls a transaction back by itself on some errors (a full disk,
@@ -104,12 +104,7 @@ impl Ledger {
                 return Err(e);
             }
         };
-        let inserted = batch
-            .iter()
-            .filter(|routed| {
-                stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str())
-            })
-            .collect();
+        let inserted = batch.iter().zip(new_rows).filter_map(|(routed, new)| new.then_some(routed)).collect();
         // RETURNING gives no order guarantee.
         claimed.sort_by_key(|row| row.id);
         Ok(RecordedBatch { inserted, claimed, task_effects })
@@ -137,8 +132,8 @@ pub struct RecordedBatch<'a> {
     pub task_effects: Vec<TaskEffect>,
 }
 
-/// The transaction of [`Ledger::record_batch_handing_over`]; returns the trace ids of the
-/// new rows, the rows claimed for `claim_for`, and what the task changes ask for.
+/// The transaction of [`Ledger::record_batch_handing_over`]; returns which rows of the
+/// batch were new, the rows claimed for `claim_for`, and what the task changes ask for.
 async fn insert_batch(
     connection: &mut SqliteConnection,
     bot_id: i64,
@@ -146,7 +141,7 @@ async fn insert_batch(
     batch: &[RoutedEnvelope],
     claim_for: &[&AgentName],
     bot_username: Option<&str>,
-) -> sqlx::Result<(Vec<String>, Vec<StoredEnvelope>, Vec<TaskEffect>)> {
+) -> sqlx::Result<(Vec<bool>, Vec<StoredEnvelope>, Vec<TaskEffect>)> {
     // The write lock up front, as `Ledger::write_transaction` takes it.
     let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
     let received_at = now();
@@ -241,5 +236,5 @@ async fn insert_batch(
         claimed.extend(rows);
     }
     tx.commit().await?;
-    Ok((stored_trace_ids, claimed, task_effects))
+    Ok((new_rows, claimed, task_effects))
 }
