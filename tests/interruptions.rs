@@ -127,15 +127,11 @@ async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
 async fn a_request_lost_in_a_dead_daemons_socket_is_reported_as_not_sent() {
     let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("hello?").await;
 
-    // The plugin's confirmation that it showed the message is recorded first (a tool call
-    // waits for it), so the request that waits in the socket below is the reply.
-    let ledger = daemon.ledger().await;
-    let deadline = std::time::Instant::now() + WAIT;
-    while ledger.find(&trace).await.unwrap().and_then(|e| e.shown_session).is_none() {
-        assert!(std::time::Instant::now() < deadline, "the plugin never confirmed showing {trace}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    ledger.close().await;
+    // The plugin's confirmation that it showed the message lands first (every tool call
+    // waits for the confirmations on their way), so the request that waits in the socket
+    // below is the reply.
+    let (is_error, listed) = orchestrator.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error && listed.contains(&trace), "{listed}");
     // The daemon freezes; the reply request reaches its socket but is never read.
     daemon.signal("STOP");
     let call = tokio::spawn(async move {
@@ -267,6 +263,8 @@ async fn an_unnamed_reply_resolves_only_among_envelopes_the_session_was_shown() 
     let blank = ReplyRequest { trace_id: Some(String::new()), ..ReplyRequest::new("blank", None) };
     assert_eq!(refusal_code(&client.reply(&blank).await.unwrap_err()), Some(ErrorCode::BadRequest));
 
+    // Only what was handed to this session can be confirmed.
+    assert!(!client.shown("env_0000000000").await.unwrap().marked);
     // Handed to the session, but the plugin never confirmed the agent saw it.
     let refused = client.reply(&ReplyRequest::new("blind answer", None)).await.unwrap_err();
     assert_eq!(refusal_code(&refused), Some(ErrorCode::NothingPending), "{refused}");

@@ -56,8 +56,6 @@ pub struct StoredEnvelope {
     pub deliveries: i64,
     pub state_changed_at: String,
     pub note: Option<String>,
-    /// The session that confirmed pushing it into the agent's context, if any.
-    pub shown_session: Option<String>,
     /// The task and revision it was made under (DESIGN.md §11), if it belongs to one.
     pub task_id: Option<String>,
     pub revision: Option<i64>,
@@ -176,21 +174,6 @@ impl Ledger {
         // RETURNING gives no order guarantee.
         rows.sort_by_key(|row| row.id);
         Ok(rows)
-    }
-
-    /// Records that `session` pushed the envelope into its agent's context: from now on
-    /// an unnamed reply in that session may resolve to it. Only the agent's own pending
-    /// envelopes can be marked; returns whether one was.
-    pub async fn mark_shown(&self, agent: &AgentName, trace_id: &str, session: &str) -> sqlx::Result<bool> {
-        let marked = sqlx::query(
-            "UPDATE envelopes SET shown_session = ? WHERE trace_id = ? AND agent = ? AND state = 'pending'",
-        )
-        .bind(session)
-        .bind(trace_id)
-        .bind(agent.as_str())
-        .execute(&self.pool)
-        .await?;
-        Ok(marked.rows_affected() == 1)
     }
 
     pub async fn pending(&self, agent: &AgentName) -> sqlx::Result<Vec<StoredEnvelope>> {

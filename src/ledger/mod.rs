@@ -64,7 +64,7 @@ macro_rules! envelope_columns {
     () => {
         "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
          sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
-         state, deliveries, state_changed_at, note, shown_session, task_id, revision, meta"
+         state, deliveries, state_changed_at, note, task_id, revision, meta"
     };
 }
 

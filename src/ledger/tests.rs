@@ -354,18 +354,6 @@ async fn a_reply_request_is_summed_up_from_its_attempts() {
 }
 
 #[tokio::test]
-async fn only_the_agents_own_pending_envelopes_can_be_marked_shown() {
-    let (_dir, ledger) = ledger().await;
-    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
-    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
-    let worker = AgentName::parse("worker").unwrap();
-    assert!(!ledger.mark_shown(&worker, &e.trace_id, "ses_x").await.unwrap());
-    let orch = AgentName::parse("orch").unwrap();
-    assert!(ledger.mark_shown(&orch, &e.trace_id, "ses_x").await.unwrap());
-    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().shown_session.as_deref(), Some("ses_x"));
-}
-
-#[tokio::test]
 async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     let (_dir, ledger) = ledger().await;
     let first = routed(5, EnvelopeState::Queued);

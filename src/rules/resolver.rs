@@ -145,7 +145,6 @@ mod tests {
             deliveries: 1,
             state_changed_at: "2026-01-01T00:00:00Z".into(),
             note: None,
-            shown_session: None,
             task_id: None,
             revision: None,
             meta: None,

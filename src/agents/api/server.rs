@@ -282,7 +282,7 @@ async fn session(State(bridge): State<Bridge>, caller: Caller) -> Result<Respons
 
 async fn shown(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
     let request: ShownRequest = parse_body(&body)?;
-    Ok(Json(bridge.shown(&caller.agent, caller.token(), request).await?).into_response())
+    Ok(Json(bridge.shown(&caller.agent, caller.token(), request)?).into_response())
 }
 
 async fn pending(State(bridge): State<Bridge>, caller: Caller) -> Result<Response, Failure> {

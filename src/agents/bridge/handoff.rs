@@ -145,7 +145,7 @@ impl Bridge {
                     .pending(agent)
                     .await?
                     .into_iter()
-                    .partition(|envelope| envelope.shown_session.as_deref() == Some(session));
+                    .partition(|envelope| self.slot(agent).was_shown(session, &envelope.trace_id));
                 let candidates = shown.into_iter().map(resolver::Candidate::free).collect();
                 match resolver::resolve_unnamed(candidates, not_shown.len()) {
                     Ok(cause) => Ok(Some(cause)),

@@ -181,7 +181,7 @@ impl Bridge {
                     .pending(agent)
                     .await?
                     .into_iter()
-                    .partition(|envelope| envelope.shown_session.as_deref() == Some(session));
+                    .partition(|envelope| slot.was_shown(session, &envelope.trace_id));
                 resolver::resolve_unnamed(self.candidates(slot, shown).await?, not_shown.len())
                     .map(|envelope| (envelope, None))
             }

@@ -1,6 +1,7 @@
 //! Agent sessions: at most one live session per agent, fed from the ledger, and the token
 //! that binds every tool call to it.
 
+use std::collections::{HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
@@ -20,12 +21,67 @@ const SESSION_BUFFER: usize = 1;
 /// agent's secret but not the session stream.
 const SESSION_TOKEN_LEN: usize = 32;
 
+/// How many trace ids a session remembers as handed to it, and as shown. An agent with
+/// more envelopes than that waiting unanswered must name the older ones in its replies.
+const SIGHTINGS_KEPT: usize = 1024;
+
 /// The agent's connected session.
 pub(super) struct LiveSession {
     /// Named in logs and the audit table.
     id: String,
     /// Known only to whoever reads the session stream; never logged.
     token: String,
+    sightings: Sightings,
+}
+
+/// The envelopes handed to a live session, and those of them its plugin confirmed it
+/// pushed into the agent's context: an unnamed reply resolves only among the latter.
+///
+/// Kept with the session rather than in the ledger. A confirmation means something only
+/// to the session that made it (a redelivery to the next session must be shown again), so
+/// it has nothing to survive; stored, it cost a write transaction on every message's path.
+/// Bounded, oldest forgotten first: forgetting can only make an unnamed reply ask for its
+/// trace id, never answer an envelope the agent was not shown.
+#[derive(Default)]
+struct Sightings {
+    handed: RecentTraceIds,
+    shown: RecentTraceIds,
+}
+
+#[derive(Default)]
+struct RecentTraceIds {
+    order: VecDeque<String>,
+    members: HashSet<String>,
+}
+
+impl RecentTraceIds {
+    fn insert(&mut self, trace_id: &str) {
+        if self.members.insert(trace_id.to_owned()) {
+            self.order.push_back(trace_id.to_owned());
+            if self.order.len() > SIGHTINGS_KEPT
+                && let Some(oldest) = self.order.pop_front()
+            {
+                self.members.remove(&oldest);
+            }
+        }
+    }
+
+    fn contains(&self, trace_id: &str) -> bool {
+        self.members.contains(trace_id)
+    }
+}
+
+impl super::AgentSlot {
+    /// The live session with id `session`, locked, if it is still the live one.
+    fn with_live_session<T>(&self, session: &str, f: impl FnOnce(&mut LiveSession) -> T) -> Option<T> {
+        let mut live = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        live.as_mut().filter(|live| live.id == session).map(f)
+    }
+
+    /// Whether the live session `session` confirmed it showed the agent this envelope.
+    pub(super) fn was_shown(&self, session: &str, trace_id: &str) -> bool {
+        self.with_live_session(session, |live| live.sightings.shown.contains(trace_id)).unwrap_or(false)
+    }
 }
 
 /// A session the daemon registered: its hello and the stream of events that follows.
@@ -71,7 +127,11 @@ impl Bridge {
                 tracing::warn!(%agent, existing = %existing.id, "refused a second session for the agent");
                 return Err(SessionConflict { agent: agent.to_string(), existing: existing.id.clone() });
             }
-            *session = Some(LiveSession { id: session_id.clone(), token: token.clone() });
+            *session = Some(LiveSession {
+                id: session_id.clone(),
+                token: token.clone(),
+                sightings: Sightings::default(),
+            });
         }
         let guard = SessionGuard { bridge: self.clone(), agent: agent.clone(), session_id };
         let (tx, rx) = mpsc::channel(SESSION_BUFFER);
@@ -111,8 +171,10 @@ impl Bridge {
         self.live_session(agent, token).map(drop)
     }
 
-    /// The plugin pushed an envelope into the agent's context.
-    pub async fn shown(
+    /// The plugin pushed an envelope into the agent's context: from now on an unnamed
+    /// reply in this session may resolve to it. Only an envelope handed to this session
+    /// can be marked; the receipt says whether it was.
+    pub fn shown(
         &self,
         agent: &AgentName,
         token: Option<&str>,
@@ -120,7 +182,16 @@ impl Bridge {
     ) -> Result<ShownReceipt, ToolError> {
         let session = self.live_session(agent, token)?;
         let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
-        let marked = self.inner.ledger.mark_shown(agent, trace_id.as_str(), &session).await?;
+        let marked = self
+            .slot(agent)
+            .with_live_session(&session, |live| {
+                let handed = live.sightings.handed.contains(trace_id.as_str());
+                if handed {
+                    live.sightings.shown.insert(trace_id.as_str());
+                }
+                handed
+            })
+            .unwrap_or(false);
         Ok(ShownReceipt { marked })
     }
 
@@ -156,7 +227,7 @@ impl Bridge {
         ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
         tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), "agent session connected");
         for envelope in redelivered {
-            if !self.hand_over(&tx, &envelope, true).await {
+            if !self.hand_over(guard, &tx, &envelope, true).await {
                 return Ok(());
             }
         }
@@ -175,7 +246,7 @@ impl Bridge {
                 }
             };
             if let Some(envelope) = next {
-                if !self.hand_over(&tx, &envelope, false).await {
+                if !self.hand_over(guard, &tx, &envelope, false).await {
                     return Ok(());
                 }
                 continue;
@@ -191,7 +262,7 @@ impl Bridge {
                 envelope = direct.recv() => {
                     // The sender stays in the slot until the next session replaces it.
                     let Some(envelope) = envelope else { return Ok(()) };
-                    if !self.hand_over(&tx, &envelope, false).await {
+                    if !self.hand_over(guard, &tx, &envelope, false).await {
                         return Ok(());
                     }
                 }
@@ -210,6 +281,7 @@ impl Bridge {
     /// Writes one envelope to the session; false when the session is gone.
     async fn hand_over(
         &self,
+        guard: &SessionGuard,
         tx: &mpsc::Sender<SessionEvent>,
         envelope: &StoredEnvelope,
         redelivered: bool,
@@ -252,6 +324,9 @@ impl Bridge {
                 }
             }
         }
+        // Before the session can see it, so that its confirmation finds it.
+        self.slot(&guard.agent)
+            .with_live_session(&guard.session_id, |live| live.sightings.handed.insert(&envelope.trace_id));
         tx.send(SessionEvent::Envelope(delivered)).await.is_ok()
     }
 }
