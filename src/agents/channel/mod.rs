@@ -43,6 +43,7 @@ use crate::ids::{AgentName, RequestId};
 mod calls;
 mod forwarder;
 mod shown;
+mod stdio;
 mod texts;
 
 use forwarder::SessionForwarder;
@@ -100,7 +101,7 @@ pub async fn run(settings: Settings, agent: AgentName) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let plugin = ChannelPlugin::new(daemon, secret_env, shutdown.clone(), tasks.clone());
-    let service = match plugin.serve(rmcp::transport::stdio()).await {
+    let service = match plugin.serve(stdio::transport()).await {
         Ok(service) => service,
         Err(ServerInitializeError::ConnectionClosed(_)) => {
             tracing::info!("the agent session closed stdin before the MCP handshake; exiting");
