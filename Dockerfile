@@ -6,12 +6,13 @@ WORKDIR /src
 # Dependencies first, so source edits do not rebuild them.
 COPY Cargo.toml Cargo.lock ./
 COPY benches benches
-RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+RUN mkdir -p src/bin && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+    && echo 'fn main() {}' > src/bin/switchboard-channel.rs \
     && cargo build --release --locked \
     && rm -rf src
 COPY src src
 COPY migrations migrations
-RUN touch src/main.rs src/lib.rs && cargo build --release --locked --bin switchboard
+RUN touch src/main.rs src/lib.rs src/bin/switchboard-channel.rs && cargo build --release --locked --bins
 
 # ---- run ----
 FROM debian:bookworm-slim
@@ -20,6 +21,8 @@ RUN apt-get update \
     && rm -rf /var/lib/apt/lists/* \
     && useradd --system --uid 10001 --home-dir /var/lib/switchboard --create-home switchboard
 COPY --from=build /src/target/release/switchboard /usr/local/bin/switchboard
+# The channel plugin on its own: `switchboard channel` runs it when it is beside it.
+COPY --from=build /src/target/release/switchboard-channel /usr/local/bin/switchboard-channel
 COPY config/switchboard.example.toml /etc/switchboard/switchboard.toml
 # The ledger lives here; mount a volume so it survives the container.
 VOLUME ["/var/lib/switchboard"]

@@ -498,6 +498,49 @@ async fn closing_stdin_before_the_handshake_exits_cleanly() {
     assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
+/// `switchboard channel` becomes `switchboard-channel` when it is installed beside it (as
+/// cargo builds them), and runs the plugin itself when it is alone.
+#[tokio::test]
+async fn the_plugin_runs_from_its_own_executable_when_installed_and_in_process_when_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&dir, dead_addr());
+    let plugin = |bin: PathBuf| {
+        tokio::process::Command::new(bin)
+            .args(["channel", "--agent", AGENT, "--config"])
+            .arg(&config)
+            .env(SECRET_ENV, SECRET)
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap()
+    };
+
+    let beside = plugin(PathBuf::from(env!("CARGO_BIN_EXE_switchboard")));
+    let exe = PathBuf::from(format!("/proc/{}/exe", beside.id().unwrap()));
+    support::daemon::eventually(WAIT, "the plugin's own executable", || {
+        std::fs::read_link(&exe).is_ok_and(|target| target.ends_with("switchboard-channel"))
+    })
+    .await;
+    let ended = finish_without_handshake(beside).await;
+    assert!(ended.status.success(), "{}", String::from_utf8_lossy(&ended.stderr));
+
+    let alone = tempfile::tempdir().unwrap();
+    let copy = alone.path().join("switchboard");
+    std::fs::copy(env!("CARGO_BIN_EXE_switchboard"), &copy).unwrap();
+    let ended = finish_without_handshake(plugin(copy)).await;
+    assert!(ended.status.success(), "{}", String::from_utf8_lossy(&ended.stderr));
+    let stderr = String::from_utf8_lossy(&ended.stderr);
+    assert!(stderr.contains("channel plugin starting") && !stderr.contains("could not start"), "{stderr}");
+}
+
+/// Closes the plugin's stdin before any MCP handshake: it exits on its own.
+async fn finish_without_handshake(mut plugin: tokio::process::Child) -> std::process::Output {
+    drop(plugin.stdin.take());
+    tokio::time::timeout(WAIT, plugin.wait_with_output()).await.expect("the plugin exits").unwrap()
+}
+
 #[tokio::test]
 async fn reply_without_trace_id_is_refused_with_every_candidate_when_ambiguous() {
     let daemon = FakeDaemon::start(SessionMode::Stream).await;
