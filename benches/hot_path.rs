@@ -7,7 +7,9 @@
 //!   benchmark executes itself again with [`ECHO_ROLE_ENV`] set. switchboard is the release
 //!   daemon plus a real `switchboard channel` child process, driven over stdio by a real
 //!   rmcp MCP client that answers every `notifications/claude/channel` with the `reply`
-//!   tool, as an agent session does.
+//!   tool, as an agent session does. (That process becomes `switchboard-channel`, which
+//!   cargo builds beside `switchboard`; give `SWITCHBOARD_BENCH_BIN` a directory holding
+//!   both to measure that way another build.)
 //! * **durable ingest**: `getUpdates` → committed envelopes, against a raw batched insert
 //!   loop of the same rows into a ledger with the same pragmas (WAL, `synchronous =
 //!   normal`), through the same SQLite driver, 100 rows (one full `getUpdates` batch) per
