@@ -219,7 +219,7 @@ fn block_on(work: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
 
 /// One thread for every command. The daemon's work is waiting: on Telegram, on sessions
 /// and on SQLite, whose statements run on sqlx's own worker threads. A second runtime
-/// worker only added wake-ups and hand-overs between the two on every message (7% more
+/// worker only added wake-ups and hand-overs between the two on every message (4–7% more
 /// CPU per message in `cargo bench --bench hot_path`, at the same latency). The channel
 /// plugin relays one session between stdio and the daemon.
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
