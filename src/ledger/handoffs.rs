@@ -145,17 +145,13 @@ async fn tag_with_task(
     tx: &mut sqlx::SqliteConnection,
     envelope_id: i64,
     handoff_id: Option<&str>,
-    (task_id, revision): &(Option<String>, Option<i64>),
+    task: &(Option<String>, Option<i64>),
 ) -> sqlx::Result<()> {
-    if task_id.is_none() {
+    // A task and its revision are recorded together, or neither is.
+    let (Some(task_id), Some(revision)) = task else {
         return Ok(());
-    }
-    sqlx::query("UPDATE envelopes SET task_id = ?, revision = ? WHERE id = ?")
-        .bind(task_id)
-        .bind(revision)
-        .bind(envelope_id)
-        .execute(&mut *tx)
-        .await?;
+    };
+    tasks::tag(tx, envelope_id, task_id, *revision).await?;
     if let Some(handoff_id) = handoff_id {
         sqlx::query("UPDATE handoffs SET task_id = ?, revision = ? WHERE handoff_id = ?")
             .bind(task_id)

@@ -25,7 +25,8 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// one writer at a time, and two connections of this process that write at once do not
 /// queue: the second gets `SQLITE_BUSY` and SQLite's busy handler sleeps (1 ms, 2 ms,
 /// 5 ms, …) before trying again. On every message the session's next claim and the
-/// plugin's `shown` met that way, which cost a millisecond or more on the reply's path.
+/// plugin's `shown` (then still a write) met that way, which cost a millisecond or more
+/// on the reply's path.
 /// One connection also keeps its page cache (WAL resets a connection's cache whenever
 /// another one has written) and its worker thread warm. Statements are short, and the
 /// ledger never holds the connection across other I/O. (Hot-path reads have connections

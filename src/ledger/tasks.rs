@@ -618,7 +618,12 @@ async fn insert_task(
 }
 
 /// Records the task and revision an envelope was made under.
-async fn tag(tx: &mut SqliteConnection, envelope_id: i64, task_id: &str, revision: i64) -> sqlx::Result<()> {
+pub(super) async fn tag(
+    tx: &mut SqliteConnection,
+    envelope_id: i64,
+    task_id: &str,
+    revision: i64,
+) -> sqlx::Result<()> {
     sqlx::query("UPDATE envelopes SET task_id = ?, revision = ? WHERE id = ?")
         .bind(task_id)
         .bind(revision)

@@ -784,6 +784,13 @@ struct ModelTask {
     instruction_messages: Vec<i32>,
 }
 
+impl ModelTask {
+    /// A task the message `message_id` starts: revision 1, its first instruction.
+    fn started_by(message_id: i32) -> Self {
+        Self { revision: 1, instruction: 0, state: "open", instruction_messages: vec![message_id] }
+    }
+}
+
 /// Runs `steps` through the real ledger (intake's transaction, the attempt's statement)
 /// and through a model written from DESIGN.md §11 alone, and checks that every reply
 /// attempt is admitted exactly when the model says it may go out: never for an envelope
@@ -851,12 +858,7 @@ async fn ledger_agrees_with_the_model(steps: Vec<Doing>) {
                 match open.filter(|&t| tasks[t].state != "stop_requested") {
                     Some(t) => Some((t, tasks[t].revision)),
                     None => {
-                        tasks.push(ModelTask {
-                            revision: 1,
-                            instruction: 0,
-                            state: "open",
-                            instruction_messages: vec![message_id],
-                        });
+                        tasks.push(ModelTask::started_by(message_id));
                         Some((tasks.len() - 1, 1))
                     }
                 }
@@ -889,12 +891,7 @@ async fn ledger_agrees_with_the_model(steps: Vec<Doing>) {
                     tasks[t].instruction = tasks[t].revision;
                     tasks[t].state = "replaced";
                 }
-                tasks.push(ModelTask {
-                    revision: 1,
-                    instruction: 0,
-                    state: "open",
-                    instruction_messages: vec![message_id],
-                });
+                tasks.push(ModelTask::started_by(message_id));
                 Some((tasks.len() - 1, 1))
             }
             Doing::Reply(_) => unreachable!("handled above"),
