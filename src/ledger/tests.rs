@@ -194,16 +194,11 @@ async fn finishing_an_attempt_settles_its_envelope_in_the_same_step() {
         .unwrap();
     let rows = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
     let attempt = |envelope_id, chunk_index| NewAttempt {
-        envelope_id,
-        agent: "orch",
-        request_id: None,
-        purpose: AttemptPurpose::Reply,
-        chat_id: 42,
-        thread_id: None,
         reply_to_message_id: Some(1),
         chunk_index,
         chunk_count: 2,
         text: "part",
+        ..one_part_reply(envelope_id)
     };
     let state = |trace: String| {
         let ledger = ledger.clone();
