@@ -233,18 +233,7 @@ async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled() {
     let (_dir, ledger) = ledger().await;
     ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
     let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
-    let attempt = NewAttempt {
-        envelope_id: e.id,
-        agent: "orch",
-        request_id: None,
-        purpose: AttemptPurpose::Reply,
-        chat_id: 42,
-        thread_id: None,
-        reply_to_message_id: Some(1),
-        chunk_index: 0,
-        chunk_count: 1,
-        text: "hi",
-    };
+    let attempt = NewAttempt { reply_to_message_id: Some(1), text: "hi", ..one_part_reply(e.id) };
     ledger.begin_attempt(&attempt).await.unwrap().unwrap();
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
     assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
@@ -269,16 +258,12 @@ fn reply_attempt(
     chunk_count: usize,
 ) -> NewAttempt<'static> {
     NewAttempt {
-        envelope_id,
-        agent: "orch",
         request_id: Some(request_id),
-        purpose: AttemptPurpose::Reply,
-        chat_id: 42,
-        thread_id: None,
         reply_to_message_id: Some(1),
         chunk_index,
         chunk_count,
         text: "part",
+        ..one_part_reply(envelope_id)
     }
 }
 
@@ -578,16 +563,10 @@ async fn a_correction_recorded_between_resolving_and_sending_refuses_the_attempt
     let task_id = instruction.task_id.clone().expect("a human message belongs to a task");
     assert_eq!(instruction.revision, Some(1));
     let attempt = |envelope_id| NewAttempt {
-        envelope_id,
-        agent: "orch",
         request_id: Some("req_aaaaaaaa"),
-        purpose: AttemptPurpose::Reply,
-        chat_id: 42,
-        thread_id: None,
         reply_to_message_id: Some(1),
-        chunk_index: 0,
-        chunk_count: 1,
         text: "for Monday",
+        ..one_part_reply(envelope_id)
     };
     // The reply was resolved to `instruction` (pending, admitted); now the user edits it.
     assert_eq!(ledger.admission(instruction.id).await.unwrap(), Ok(()));
