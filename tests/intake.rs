@@ -291,6 +291,22 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
     let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
     sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
     let during = fake.push_text(&dm, owner(), "while the ledger is locked");
+    // Intake waits for the lock between tries, not in SQLite's busy handler on the
+    // daemon's one runtime thread: the daemon answers meanwhile.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let asked = std::time::Instant::now();
+    let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap();
+    let health = client.get(format!("http://{}/healthz", daemon.api_addr)).send().await;
+    assert!(
+        health.as_ref().is_ok_and(|r| r.status().is_success()) && asked.elapsed() < Duration::from_secs(2),
+        "/healthz while intake waits for the lock: {health:?} after {:?}",
+        asked.elapsed()
+    );
+    assert!(
+        !daemon.logs().contains("the ledger is locked"),
+        "still within the busy timeout:\n{}",
+        daemon.logs()
+    );
     daemon.wait_for_log("the ledger is locked by another connection", Duration::from_secs(30)).await;
     assert!(daemon.is_running(), "a busy ledger is no reason to stop:\n{}", daemon.logs());
     let line = daemon.logs().lines().find(|l| l.contains("the ledger is locked")).unwrap().to_owned();

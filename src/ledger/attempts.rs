@@ -2,6 +2,7 @@
 //! settling their envelope in the same transaction.
 
 use super::envelopes::transition_in;
+use super::in_place::in_place;
 use crate::ledger::EnvelopeState;
 use sqlx::FromRow;
 
@@ -52,6 +53,15 @@ pub enum AttemptPurpose {
     /// A best-effort copy (the handoff audit route): it settles nothing and never waits
     /// for reconciliation.
     Audit,
+}
+
+impl AttemptPurpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reply => "reply",
+            Self::Audit => "audit",
+        }
+    }
 }
 
 /// The `outcome` column of an attempt.
@@ -234,7 +244,9 @@ impl Ledger {
                 return Ok(Ok(op_id));
             }
             let mut connection = self.pool.acquire().await?;
-            if let Err(refusal) = super::tasks::admission_in(&mut connection, attempt.envelope_id).await? {
+            if let Err(refusal) =
+                in_place(&mut connection, |db| super::tasks::admission_in(db, attempt.envelope_id)).await?
+            {
                 return Ok(Err(refusal));
             }
         }
@@ -263,46 +275,42 @@ impl Ledger {
                 (None, Some(error.as_str()))
             }
         };
-        let mut tx = self.write_transaction().await?;
-        let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, AttemptPurpose) = sqlx::query_as(
-            "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ? \
-             RETURNING envelope_id, chunk_index, chunk_count, purpose",
-        )
-        .bind(outcome.state())
-        .bind(message_id)
-        .bind(error)
-        .bind(now())
-        .bind(op_id)
-        .fetch_one(&mut *tx)
-        .await?;
-        if purpose == AttemptPurpose::Audit {
-            return tx.commit().await;
-        }
-        let answerable = [EnvelopeState::Pending, EnvelopeState::Acked];
-        match outcome {
-            AttemptOutcome::Sent { message_id } if chunk_index + 1 == chunk_count => {
-                let reason = format!("replied ({op_id}, Telegram message {message_id})");
-                transition_in(&mut tx, envelope_id, &answerable, EnvelopeState::Acked, actor, Some(&reason))
-                    .await?;
-                // The answers of handoffs made for this conversation are answered too.
-                let reason = format!("answered with the reply {op_id} to its conversation");
-                super::handoffs::settle_answers_for(&mut tx, envelope_id, actor, &reason).await?;
+        let state = outcome.state();
+        self.write_in_place(|db| {
+            let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, String) = db.query_row(
+                "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ? \
+                 RETURNING envelope_id, chunk_index, chunk_count, purpose",
+                rusqlite::params![state.as_str(), message_id, error, now(), op_id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+            )?;
+            if purpose == AttemptPurpose::Audit.as_str() {
+                return Ok(());
             }
-            AttemptOutcome::Unknown { error } => {
-                let reason = format!("send outcome unknown ({op_id}): {error}");
-                transition_in(
-                    &mut tx,
-                    envelope_id,
-                    &[EnvelopeState::Pending],
-                    EnvelopeState::Unresolved,
-                    actor,
-                    Some(&reason),
-                )
-                .await?;
+            let answerable = [EnvelopeState::Pending, EnvelopeState::Acked];
+            match outcome {
+                AttemptOutcome::Sent { message_id } if chunk_index + 1 == chunk_count => {
+                    let reason = format!("replied ({op_id}, Telegram message {message_id})");
+                    transition_in(db, envelope_id, &answerable, EnvelopeState::Acked, actor, Some(&reason))?;
+                    // The answers of handoffs made for this conversation are answered too.
+                    let reason = format!("answered with the reply {op_id} to its conversation");
+                    super::handoffs::settle_answers_for(db, envelope_id, actor, &reason)?;
+                }
+                AttemptOutcome::Unknown { error } => {
+                    let reason = format!("send outcome unknown ({op_id}): {error}");
+                    transition_in(
+                        db,
+                        envelope_id,
+                        &[EnvelopeState::Pending],
+                        EnvelopeState::Unresolved,
+                        actor,
+                        Some(&reason),
+                    )?;
+                }
+                _ => {}
             }
-            _ => {}
-        }
-        tx.commit().await
+            Ok(())
+        })
+        .await
     }
 
     /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have

@@ -6,6 +6,7 @@ use crate::ledger::EnvelopeState;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
 use sqlx::FromRow;
 
+use super::in_place::text_enum;
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
 
@@ -75,6 +76,38 @@ pub struct FoundForReply {
 }
 
 impl StoredEnvelope {
+    /// A row of [`envelope_columns!`] read in place (see `in_place`).
+    pub(super) fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get("id")?,
+            trace_id: row.get("trace_id")?,
+            update_id: row.get("update_id")?,
+            kind: text_enum(row, "kind")?,
+            chat_id: row.get("chat_id")?,
+            thread_id: row.get("thread_id")?,
+            chat_type: text_enum(row, "chat_type")?,
+            chat_title: row.get("chat_title")?,
+            message_id: row.get("message_id")?,
+            sender_id: row.get("sender_id")?,
+            sender_username: row.get("sender_username")?,
+            sender_name: row.get("sender_name")?,
+            text: row.get("text")?,
+            attachments: row.get("attachments")?,
+            content: row.get("content")?,
+            sent_at: row.get("sent_at")?,
+            received_at: row.get("received_at")?,
+            route: row.get("route")?,
+            agent: row.get("agent")?,
+            state: text_enum(row, "state")?,
+            deliveries: row.get("deliveries")?,
+            state_changed_at: row.get("state_changed_at")?,
+            note: row.get("note")?,
+            task_id: row.get("task_id")?,
+            revision: row.get("revision")?,
+            meta: row.get("meta")?,
+        })
+    }
+
     pub fn user(&self) -> String {
         sender_display(self.sender_username.as_deref(), &self.sender_name)
     }
@@ -219,51 +252,36 @@ impl Ledger {
         actor: &str,
         reason: Option<&str>,
     ) -> sqlx::Result<bool> {
-        let mut tx = self.write_transaction().await?;
-        let moved = transition_in(&mut tx, envelope_id, from, to, actor, reason).await?;
-        tx.commit().await?;
-        Ok(moved)
+        self.write_in_place(|db| transition_in(db, envelope_id, from, to, actor, reason)).await
     }
 }
 
-/// The body of [`Ledger::transition`], inside a caller's write transaction.
-pub(super) async fn transition_in(
-    tx: &mut sqlx::SqliteConnection,
+/// The body of [`Ledger::transition`], inside a caller's write transaction, run in place
+/// (see `in_place`).
+pub(super) fn transition_in(
+    db: &rusqlite::Connection,
     envelope_id: i64,
     from: &[EnvelopeState],
     to: EnvelopeState,
     actor: &str,
     reason: Option<&str>,
-) -> sqlx::Result<bool> {
+) -> rusqlite::Result<bool> {
     let at = now();
     // Each allowed state in turn, as a guard of the update itself: where the envelope is in
     // the first one (nearly always), the move costs one statement and its event another,
     // with no read before them — this runs on the path of every reply.
     for &current in from.iter().filter(|&&state| state != to) {
-        let moved = sqlx::query(
+        let moved = db.execute(
             "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) \
              WHERE id = ? AND state = ?",
-        )
-        .bind(to.as_str())
-        .bind(&at)
-        .bind(reason)
-        .bind(envelope_id)
-        .bind(current.as_str())
-        .execute(&mut *tx)
-        .await?;
-        if moved.rows_affected() == 1 {
-            sqlx::query(
+            rusqlite::params![to.as_str(), at, reason, envelope_id, current.as_str()],
+        )?;
+        if moved == 1 {
+            db.execute(
                 "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
                  VALUES (?, ?, ?, ?, ?, ?)",
-            )
-            .bind(envelope_id)
-            .bind(&at)
-            .bind(current.as_str())
-            .bind(to.as_str())
-            .bind(actor)
-            .bind(reason)
-            .execute(&mut *tx)
-            .await?;
+                rusqlite::params![envelope_id, at, current.as_str(), to.as_str(), actor, reason],
+            )?;
             return Ok(true);
         }
     }
@@ -271,14 +289,9 @@ pub(super) async fn transition_in(
         return Ok(false);
     }
     // Already there, which the caller allows: the note is updated, no event.
-    let kept = sqlx::query(
+    let kept = db.execute(
         "UPDATE envelopes SET state_changed_at = ?, note = COALESCE(?, note) WHERE id = ? AND state = ?",
-    )
-    .bind(&at)
-    .bind(reason)
-    .bind(envelope_id)
-    .bind(to.as_str())
-    .execute(&mut *tx)
-    .await?;
-    Ok(kept.rows_affected() == 1)
+        rusqlite::params![at, reason, envelope_id, to.as_str()],
+    )?;
+    Ok(kept == 1)
 }

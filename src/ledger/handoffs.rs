@@ -5,6 +5,7 @@
 use sqlx::FromRow;
 
 use super::envelopes::transition_in;
+use super::in_place::in_place;
 use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::guard::Intent;
@@ -151,7 +152,7 @@ async fn tag_with_task(
     let (Some(task_id), Some(revision)) = task else {
         return Ok(());
     };
-    tasks::tag(tx, envelope_id, task_id, *revision).await?;
+    in_place(&mut *tx, |db| tasks::tag(db, envelope_id, task_id, *revision)).await?;
     if let Some(handoff_id) = handoff_id {
         sqlx::query("UPDATE handoffs SET task_id = ?, revision = ? WHERE handoff_id = ?")
             .bind(task_id)
@@ -173,7 +174,7 @@ impl Ledger {
         let mut tx = self.write_transaction().await?;
         let mut task: (Option<String>, Option<i64>) = (None, None);
         if let Some(cause) = new.cause {
-            if let Err(refusal) = tasks::admission_in(&mut tx, cause.id).await? {
+            if let Err(refusal) = in_place(&mut tx, |db| tasks::admission_in(db, cause.id)).await? {
                 return Ok(Err(refusal));
             }
             task = sqlx::query_as("SELECT task_id, revision FROM envelopes WHERE id = ?")
@@ -226,7 +227,7 @@ impl Ledger {
         let mut tx = self.write_transaction().await?;
         // An answer is an action for the task the handoff was made under (DESIGN.md §11).
         if let HandoffEnd::Answered { .. } = end
-            && let Err(refusal) = tasks::admission_in(&mut tx, handoff.envelope_id).await?
+            && let Err(refusal) = in_place(&mut tx, |db| tasks::admission_in(db, handoff.envelope_id)).await?
         {
             return Ok(Err(refusal));
         }
@@ -293,14 +294,16 @@ impl Ledger {
                 .fetch_one(&mut *tx)
                 .await?;
         tag_with_task(&mut tx, answer_id, None, &task).await?;
-        transition_in(
-            &mut tx,
-            handoff.envelope_id,
-            &[EnvelopeState::Pending, EnvelopeState::Queued],
-            EnvelopeState::Acked,
-            actor,
-            Some(&reason),
-        )
+        in_place(&mut tx, |db| {
+            transition_in(
+                db,
+                handoff.envelope_id,
+                &[EnvelopeState::Pending, EnvelopeState::Queued],
+                EnvelopeState::Acked,
+                actor,
+                Some(&reason),
+            )
+        })
         .await?;
         tx.commit().await?;
         self.handoff(&handoff.handoff_id).await.map(Ok)
@@ -392,22 +395,21 @@ impl Ledger {
 
 /// Settles, inside a reply's transaction, the pending answers made on behalf of the
 /// envelope the reply answered: one reply to the human answers them all.
-pub(super) async fn settle_answers_for(
-    tx: &mut sqlx::SqliteConnection,
+pub(super) fn settle_answers_for(
+    db: &rusqlite::Connection,
     cause_envelope_id: i64,
     actor: &str,
     reason: &str,
-) -> sqlx::Result<()> {
-    let answers: Vec<i64> = sqlx::query_scalar(
-        "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
-         WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
-    )
-    .bind(cause_envelope_id)
-    .fetch_all(&mut *tx)
-    .await?;
+) -> rusqlite::Result<()> {
+    let answers = db
+        .prepare(
+            "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
+             WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
+        )?
+        .query_map([cause_envelope_id], |row| row.get::<_, i64>(0))?
+        .collect::<rusqlite::Result<Vec<i64>>>()?;
     for answer in answers {
-        transition_in(tx, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))
-            .await?;
+        transition_in(db, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))?;
     }
     Ok(())
 }

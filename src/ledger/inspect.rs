@@ -1,6 +1,7 @@
 //! What `switchboard ledger` reads and the one change it makes: reconciliation.
 
 use super::envelopes::transition_in;
+use super::in_place::in_place;
 use super::{ReconciledOutcome, StoredEnvelope};
 use crate::ledger::EnvelopeState;
 use sqlx::FromRow;
@@ -110,9 +111,10 @@ impl Ledger {
         .execute(&mut *tx)
         .await?
         .rows_affected();
-        let moved =
-            transition_in(&mut tx, envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
-                .await?;
+        let moved = in_place(&mut tx, |db| {
+            transition_in(db, envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
+        })
+        .await?;
         let state = match (moved, envelope.state) {
             (true, _) => to,
             (false, EnvelopeState::Acked) if settled > 0 => EnvelopeState::Acked,

@@ -6,7 +6,6 @@ use std::fmt;
 use super::tasks::{self, TaskEffect};
 use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
-use sqlx::{Connection, SqliteConnection};
 
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
@@ -90,20 +89,9 @@ impl Ledger {
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
     ) -> sqlx::Result<RecordedBatch<'a>> {
-        let mut connection = self.pool.acquire().await?;
-        let recorded =
-            insert_batch(&mut connection, bot_id, next_offset, batch, claim_for, bot_username).await;
-        let (new_rows, mut claimed, task_effects) = match recorded {
-            Ok(stored) => stored,
-            Err(e) => {
-                // SQLite rolls a transaction back by itself on some errors (a full disk,
-                // for one); sqlx's own ROLLBACK then fails, and the connection would go
-                // back to the pool believing it is still inside a transaction, refusing
-                // every later BEGIN. Close it instead: the pool opens a fresh one.
-                connection.close_on_drop();
-                return Err(e);
-            }
-        };
+        let (new_rows, mut claimed, task_effects) = self
+            .write_in_place(|db| insert_batch(db, bot_id, next_offset, batch, claim_for, bot_username))
+            .await?;
         let inserted = batch.iter().zip(new_rows).filter_map(|(routed, new)| new.then_some(routed)).collect();
         // RETURNING gives no order guarantee.
         claimed.sort_by_key(|row| row.id);
@@ -132,109 +120,88 @@ pub struct RecordedBatch<'a> {
     pub task_effects: Vec<TaskEffect>,
 }
 
-/// The transaction of [`Ledger::record_batch_handing_over`]; returns which rows of the
-/// batch were new, the rows claimed for `claim_for`, and what the task changes ask for.
-async fn insert_batch(
-    connection: &mut SqliteConnection,
+/// The transaction of [`Ledger::record_batch_handing_over`], run in place; returns which
+/// rows of the batch were new, the rows claimed for `claim_for`, and what the task
+/// changes ask for.
+fn insert_batch(
+    db: &rusqlite::Connection,
     bot_id: i64,
     next_offset: i64,
     batch: &[RoutedEnvelope],
     claim_for: &[&AgentName],
     bot_username: Option<&str>,
-) -> sqlx::Result<(Vec<bool>, Vec<StoredEnvelope>, Vec<TaskEffect>)> {
-    // The write lock up front, as `Ledger::write_transaction` takes it.
-    let mut tx = connection.begin_with("BEGIN IMMEDIATE").await?;
+) -> rusqlite::Result<(Vec<bool>, Vec<StoredEnvelope>, Vec<TaskEffect>)> {
     let received_at = now();
-    // One multi-row statement per batch: each statement is a round trip to sqlx's SQLite
-    // worker thread, and those hand-offs, not SQLite, bound inbound throughput.
-    let mut stored_trace_ids = Vec::new();
-    let mut first_id = 0;
     // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
-    let tasks = tasks::plan_batch(&mut tx, batch, bot_username).await?;
-    if !batch.is_empty() {
-        let mut insert = sqlx::QueryBuilder::new(
-            "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
-             chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
-             sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision) ",
-        );
-        insert.push_values(batch.iter().zip(&tasks.tags), |mut row, (routed, task)| {
-            let e = &routed.envelope;
-            let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
-            row.push_bind(e.trace_id.as_str())
-                .push_bind(e.update_id)
-                .push_bind(routed.update_digest.as_str())
-                .push_bind(e.kind)
-                .push_bind(e.channel.chat_id)
-                .push_bind(e.channel.thread_id)
-                .push_bind(e.chat_type)
-                .push_bind(e.chat_title.as_deref())
-                .push_bind(e.message_id)
-                .push_bind(e.sender.id)
-                .push_bind(e.sender.username.as_deref())
-                .push_bind(e.sender.name.as_str())
-                .push_bind(e.text.as_deref())
-                .push_bind(attachments)
-                .push_bind(e.content())
-                .push_bind(e.sent_at.to_rfc3339_opts(SecondsFormat::Secs, true))
-                .push_bind(received_at.as_str())
-                .push_bind(routed.route.as_ref().map(RouteName::as_str))
-                .push_bind(routed.agent.as_ref().map(AgentName::as_str))
-                .push_bind(routed.state)
-                .push_bind(received_at.as_str())
-                .push_bind(routed.note.as_deref())
-                .push_bind(routed.raw_update.as_deref())
-                .push_bind(task.as_ref().map(|(task_id, _)| task_id.clone()))
-                .push_bind(task.as_ref().map(|(_, revision)| *revision));
-        });
-        // A re-polled update is already stored: skip it.
-        insert.push(" ON CONFLICT (update_id, update_digest) DO NOTHING");
-        let inserted = insert.build().execute(&mut *tx).await?;
-        let stored = inserted.rows_affected();
-        // One statement inserts its rows with consecutive ids.
-        first_id = inserted.last_insert_rowid() - i64::try_from(batch.len()).unwrap_or(i64::MAX) + 1;
-        stored_trace_ids = if usize::try_from(stored) == Ok(batch.len()) {
-            // Every row is new (nearly always): no need to hand each trace id back from
-            // SQLite's thread, as `RETURNING` would.
-            batch.iter().map(|routed| routed.envelope.trace_id.to_string()).collect()
-        } else {
-            // A re-poll: the new rows are those whose fresh trace ids were stored.
-            let mut query = sqlx::QueryBuilder::new("SELECT trace_id FROM envelopes WHERE trace_id IN (");
-            let mut ids = query.separated(", ");
-            for routed in batch {
-                ids.push_bind(routed.envelope.trace_id.as_str());
-            }
-            query.push(")");
-            query.build_query_scalar::<String>().fetch_all(&mut *tx).await?
-        };
+    let tasks = tasks::plan_batch(db, batch, bot_username)?;
+    // One statement, prepared once and run per row: in place, a row costs microseconds.
+    let mut insert = db.prepare(
+        "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
+         chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
+         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?17, \
+         ?21, ?22, ?23, ?24) \
+         ON CONFLICT (update_id, update_digest) DO NOTHING",
+    )?;
+    let mut new_rows = Vec::with_capacity(batch.len());
+    let mut first_id = None;
+    for (routed, task) in batch.iter().zip(&tasks.tags) {
+        let e = &routed.envelope;
+        let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
+        let stored = insert.execute(rusqlite::params![
+            e.trace_id.as_str(),
+            e.update_id,
+            routed.update_digest,
+            e.kind.as_str(),
+            e.channel.chat_id,
+            e.channel.thread_id,
+            e.chat_type.as_str(),
+            e.chat_title,
+            e.message_id,
+            e.sender.id,
+            e.sender.username,
+            e.sender.name,
+            e.text,
+            attachments,
+            e.content(),
+            e.sent_at.to_rfc3339_opts(SecondsFormat::Secs, true),
+            received_at,
+            routed.route.as_ref().map(RouteName::as_str),
+            routed.agent.as_ref().map(AgentName::as_str),
+            routed.state.as_str(),
+            routed.note,
+            routed.raw_update,
+            task.as_ref().map(|(task_id, _)| task_id),
+            task.as_ref().map(|(_, revision)| revision),
+        ])? == 1;
+        // A re-polled update is already stored (the conflict): skipped.
+        if stored && first_id.is_none() {
+            first_id = Some(db.last_insert_rowid());
+        }
+        new_rows.push(stored);
     }
+    drop(insert);
     // The tasks the batch starts, then its commands and edits in arrival order, in this
     // transaction: a change and the messages around it are serialised.
-    let new_rows: Vec<bool> = batch
-        .iter()
-        .map(|routed| stored_trace_ids.iter().any(|stored| stored == routed.envelope.trace_id.as_str()))
-        .collect();
     let task_effects =
-        tasks::record_batch_tasks(&mut tx, batch, &tasks, &new_rows, first_id, bot_username).await?;
-    sqlx::query(
+        tasks::record_batch_tasks(db, batch, &tasks, &new_rows, first_id.unwrap_or_default(), bot_username)?;
+    db.execute(
         "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
          ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",
-    )
-    .bind(bot_id)
-    .bind(next_offset)
-    .bind(&received_at)
-    .execute(&mut *tx)
-    .await?;
+        rusqlite::params![bot_id, next_offset, received_at],
+    )?;
+    let mut claim = db.prepare(concat!(
+        "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
+         WHERE agent = ? AND state = 'queued' RETURNING ",
+        envelope_columns!()
+    ))?;
     let mut claimed = Vec::new();
     for agent in claim_for {
-        let sql = concat!(
-            "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
-             WHERE agent = ? AND state = 'queued' RETURNING ",
-            envelope_columns!()
-        );
-        let rows: Vec<StoredEnvelope> =
-            sqlx::query_as(sql).bind(&received_at).bind(agent.as_str()).fetch_all(&mut *tx).await?;
-        claimed.extend(rows);
+        for row in
+            claim.query_map(rusqlite::params![received_at, agent.as_str()], StoredEnvelope::from_row)?
+        {
+            claimed.push(row?);
+        }
     }
-    tx.commit().await?;
     Ok((new_rows, claimed, task_effects))
 }

@@ -1,4 +1,6 @@
-//! The ack ledger: SQLite through sqlx. Every envelope, every send attempt and the poller's
+//! The ack ledger: SQLite through sqlx (connections, pools, migrations), with the
+//! transactions on the path of every message run in place on the writer's handle
+//! (`in_place`). Every envelope, every send attempt and the poller's
 //! offset live here, so nothing is lost when the daemon dies and nothing is done twice
 //! when it starts again.
 //!
@@ -33,9 +35,9 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// of their own: `Ledger::reader`.)
 ///
 /// The rule that comes with it: code holding a transaction (or an acquired connection)
-/// must run everything through it (`&mut SqliteConnection` helpers such as
-/// `transition_in`), never through the pool, which would wait for itself until the
-/// pool's acquire timeout.
+/// must run everything through it (`&mut SqliteConnection` helpers, or statements run in
+/// place on its handle such as `transition_in`, see `in_place`), never through the pool,
+/// which would wait for itself until the pool's acquire timeout.
 const MAX_CONNECTIONS: u32 = 1;
 
 /// Readers beside the writer: two, so that one's release ping overlaps with the next
@@ -86,6 +88,7 @@ mod checkpoint;
 mod envelopes;
 pub mod files;
 mod handoffs;
+mod in_place;
 mod inspect;
 mod intake;
 mod lock;

@@ -10,6 +10,7 @@
 use sqlx::FromRow;
 
 use super::envelopes::transition_in;
+use super::in_place::in_place;
 use super::{EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::turns::{Cascade, CascadeState};
@@ -289,14 +290,16 @@ impl Ledger {
         let json = serde_json::to_string(new.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
         let mut tx = self.write_transaction().await?;
         let note = note.replace("{cascade}", &cascade_id);
-        let moved = transition_in(
-            &mut tx,
-            new.message.id,
-            &[EnvelopeState::Queued],
-            EnvelopeState::Acked,
-            "daemon",
-            Some(&note),
-        )
+        let moved = in_place(&mut tx, |db| {
+            transition_in(
+                db,
+                new.message.id,
+                &[EnvelopeState::Queued],
+                EnvelopeState::Acked,
+                "daemon",
+                Some(&note),
+            )
+        })
         .await?;
         if !moved {
             return Ok(None);
@@ -330,14 +333,16 @@ impl Ledger {
         let at = now();
         let mut applied = AppliedStep::default();
         if let Some((envelope, note)) = &step.settle {
-            let moved = transition_in(
-                &mut tx,
-                envelope.id,
-                &[EnvelopeState::Queued],
-                EnvelopeState::Acked,
-                "daemon",
-                Some(note),
-            )
+            let moved = in_place(&mut tx, |db| {
+                transition_in(
+                    db,
+                    envelope.id,
+                    &[EnvelopeState::Queued],
+                    EnvelopeState::Acked,
+                    "daemon",
+                    Some(note),
+                )
+            })
             .await?;
             if !moved {
                 return Ok(None);
@@ -360,14 +365,16 @@ impl Ledger {
                 return Ok(None);
             }
             if let Some(reason) = close.timed_out {
-                let moved = transition_in(
-                    &mut tx,
-                    close.turn.envelope_id,
-                    &[EnvelopeState::Pending, EnvelopeState::Queued],
-                    EnvelopeState::Acked,
-                    "daemon",
-                    Some(reason),
-                )
+                let moved = in_place(&mut tx, |db| {
+                    transition_in(
+                        db,
+                        close.turn.envelope_id,
+                        &[EnvelopeState::Pending, EnvelopeState::Queued],
+                        EnvelopeState::Acked,
+                        "daemon",
+                        Some(reason),
+                    )
+                })
                 .await?;
                 if !moved {
                     return Ok(None);

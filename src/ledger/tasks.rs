@@ -9,10 +9,12 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rusqlite::OptionalExtension;
 use serde_json::json;
-use sqlx::{FromRow, SqliteConnection};
+use sqlx::FromRow;
 
 use super::envelopes::transition_in;
+use super::in_place::in_place;
 use super::{EnvelopeKind, EnvelopeState, Ledger, RoutedEnvelope, now};
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::rules::revisions::{
@@ -84,6 +86,32 @@ macro_rules! busy_of {
 }
 
 impl StoredTask {
+    /// A row of [`task_columns!`], read in place.
+    fn from_row(row: &rusqlite::Row) -> rusqlite::Result<Self> {
+        Ok(Self {
+            task_id: row.get("task_id")?,
+            chat_id: row.get("chat_id")?,
+            thread_id: row.get("thread_id")?,
+            agent: row.get("agent")?,
+            route: row.get("route")?,
+            state: row.get("state")?,
+            revision: row.get("revision")?,
+            objective: row.get("objective")?,
+            predecessor: row.get("predecessor")?,
+            successor: row.get("successor")?,
+            instruction_revision: row.get("instruction_revision")?,
+            instruction_kind: row.get("instruction_kind")?,
+            act_on: row.get("act_on")?,
+            stop_requested_by: row.get("stop_requested_by")?,
+            stop_requested_at: row.get("stop_requested_at")?,
+            stopped_at: row.get("stopped_at")?,
+            stop_reason: row.get("stop_reason")?,
+            opened_at: row.get("opened_at")?,
+            updated_at: row.get("updated_at")?,
+            closed_at: row.get("closed_at")?,
+        })
+    }
+
     pub fn state(&self) -> TaskState {
         parse_state(&self.state)
     }
@@ -233,7 +261,7 @@ struct Carrier {
 }
 
 /// The envelope a `revise_task` declaration is about.
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct DeclaredFor {
     id: i64,
     task_id: Option<String>,
@@ -294,11 +322,11 @@ fn plain_work(routed: &RoutedEnvelope, bot_username: Option<&str>) -> bool {
 
 /// Plans [`BatchTasks`] for `batch`; reads each conversation's open task once (and marks
 /// a finished one `done`).
-pub(super) async fn plan_batch(
-    tx: &mut SqliteConnection,
+pub(super) fn plan_batch(
+    db: &rusqlite::Connection,
     batch: &[RoutedEnvelope],
     bot_username: Option<&str>,
-) -> sqlx::Result<BatchTasks> {
+) -> rusqlite::Result<BatchTasks> {
     let mut plan = BatchTasks { tags: vec![None; batch.len()], ..BatchTasks::default() };
     let mut current: HashMap<Conversation, (String, i64)> = HashMap::new();
     let mut one_by_one: HashSet<Conversation> = HashSet::new();
@@ -317,7 +345,7 @@ pub(super) async fn plan_batch(
             continue;
         }
         let (chat_id, thread_id, agent) = &conversation;
-        let task = match latest_task(tx, *chat_id, *thread_id, agent).await? {
+        let task = match latest_task(db, *chat_id, *thread_id, agent)? {
             // A message after `/cancel` is new work, not part of the task being stopped.
             Some((task_id, revision, TaskState::Open | TaskState::Paused)) => (task_id, revision),
             _ => {
@@ -337,24 +365,24 @@ pub(super) async fn plan_batch(
 /// commands and edits one by one. When a row of the batch was already stored (a
 /// re-polled update), the plan may count on rows that were not inserted: every new human
 /// row is then taken in one by one instead.
-pub(super) async fn record_batch_tasks(
-    tx: &mut SqliteConnection,
+pub(super) fn record_batch_tasks(
+    db: &rusqlite::Connection,
     batch: &[RoutedEnvelope],
     plan: &BatchTasks,
     new_rows: &[bool],
     first_id: i64,
     bot_username: Option<&str>,
-) -> sqlx::Result<Vec<TaskEffect>> {
+) -> rusqlite::Result<Vec<TaskEffect>> {
     let mut effects = Vec::new();
     if !new_rows.iter().all(|new| *new) {
         for (routed, _) in
             batch.iter().zip(new_rows).filter(|(routed, new)| **new && belongs_to_a_task(routed))
         {
-            sqlx::query("UPDATE envelopes SET task_id = NULL, revision = NULL WHERE trace_id = ?")
-                .bind(routed.envelope.trace_id.as_str())
-                .execute(&mut *tx)
-                .await?;
-            effects.extend(take_in(tx, routed, bot_username).await?);
+            db.execute(
+                "UPDATE envelopes SET task_id = NULL, revision = NULL WHERE trace_id = ?",
+                rusqlite::params![routed.envelope.trace_id.as_str()],
+            )?;
+            effects.extend(take_in(db, routed, bot_username)?);
         }
         return Ok(effects);
     }
@@ -364,10 +392,10 @@ pub(super) async fn record_batch_tasks(
         let id = first_id + i64::try_from(*index).unwrap_or(i64::MAX);
         let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
         let carrier = carrier_of(routed, id);
-        insert_task(tx, task_id, &carrier, &text, None, Source::Command, &sender_of(routed)).await?;
+        insert_task(db, task_id, &carrier, &text, None, Source::Command, &sender_of(routed))?;
     }
     for index in &plan.later {
-        effects.extend(take_in(tx, &batch[*index], bot_username).await?);
+        effects.extend(take_in(db, &batch[*index], bot_username)?);
     }
     Ok(effects)
 }
@@ -398,19 +426,20 @@ fn carrier_of(routed: &RoutedEnvelope, id: i64) -> Carrier {
 
 /// Gives a newly stored human message its task, or applies the change it makes; inside the
 /// batch's transaction. Returns what to do once it commits.
-async fn take_in(
-    tx: &mut SqliteConnection,
+fn take_in(
+    db: &rusqlite::Connection,
     routed: &RoutedEnvelope,
     bot_username: Option<&str>,
-) -> sqlx::Result<Vec<TaskEffect>> {
+) -> rusqlite::Result<Vec<TaskEffect>> {
     let e = &routed.envelope;
     let Some(agent) = routed.agent.as_ref() else { return Ok(vec![]) };
-    let id: i64 = sqlx::query_scalar("SELECT id FROM envelopes WHERE trace_id = ?")
-        .bind(e.trace_id.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
+    let id: i64 = db.query_row(
+        "SELECT id FROM envelopes WHERE trace_id = ?",
+        rusqlite::params![e.trace_id.as_str()],
+        |row| row.get(0),
+    )?;
     let carrier = carrier_of(routed, id);
-    let open = open_task(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await?;
+    let open = open_task(db, carrier.chat_id, carrier.thread_id, agent.as_str())?;
     let text = e.text.clone().unwrap_or_else(|| e.content());
     let update = match e.kind {
         EnvelopeKind::EditedMessage => HumanUpdate::Edit { message_id: e.message_id, text: &text },
@@ -419,7 +448,7 @@ async fn take_in(
     // Which messages carry the instruction matters to an edit only: a new message is
     // classified by its text.
     let open_view = match (&open, update) {
-        (Some(task), HumanUpdate::Edit { .. }) => Some(open_view(tx, task).await?),
+        (Some(task), HumanUpdate::Edit { .. }) => Some(open_view(db, task)?),
         (Some(task), HumanUpdate::Message { .. }) => Some(OpenTask {
             task_id: task.task_id.clone(),
             revision: to_u32(task.revision),
@@ -434,11 +463,11 @@ async fn take_in(
     match (meaning, open) {
         // A message after `/cancel` is new work, not part of the task being stopped.
         (Meaning::Work, Some(task)) if task.state() == TaskState::StopRequested => {
-            start_task(tx, &carrier, &text, None, Source::Command, &who).await?;
+            start_task(db, &carrier, &text, None, Source::Command, &who)?;
             Ok(vec![])
         }
         (Meaning::Work, Some(task)) => {
-            tag(tx, id, &task.task_id, task.revision).await?;
+            tag(db, id, &task.task_id, task.revision)?;
             Ok(vec![])
         }
         (Meaning::Work, None) => {
@@ -447,28 +476,28 @@ async fn take_in(
                 Some(revisions::Command::New(objective)) => objective,
                 _ => text.clone(),
             };
-            start_task(tx, &carrier, &objective, None, Source::Command, &who).await?;
+            start_task(db, &carrier, &objective, None, Source::Command, &who)?;
             Ok(vec![])
         }
         (Meaning::Status, Some(task)) => {
-            let status = status_text(tx, &task).await?;
-            settle_carrier(tx, &carrier, "switchboard: /status answered").await?;
-            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), status).await?])
+            let status = status_text(db, &task)?;
+            settle_carrier(db, &carrier, "switchboard: /status answered")?;
+            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), status)?])
         }
         (Meaning::Status, None) => {
             let why = "there is no open task here";
-            settle_carrier(tx, &carrier, &format!("switchboard: nothing changed ({why})")).await?;
-            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), format!("Nothing changed: {why}.")).await?])
+            settle_carrier(db, &carrier, &format!("switchboard: nothing changed ({why})"))?;
+            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), format!("Nothing changed: {why}."))?])
         }
         (Meaning::Ask(why), _) => {
-            settle_carrier(tx, &carrier, &format!("switchboard: nothing changed ({why})")).await?;
-            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), format!("Nothing changed: {why}.")).await?])
+            settle_carrier(db, &carrier, &format!("switchboard: nothing changed ({why})"))?;
+            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), format!("Nothing changed: {why}."))?])
         }
         (Meaning::Change { .. }, None) => {
             // `classify` asks when nothing is open; kept total all the same.
-            settle_carrier(tx, &carrier, "switchboard: nothing changed (no open task)").await?;
+            settle_carrier(db, &carrier, "switchboard: nothing changed (no open task)")?;
             let text = "Nothing changed: there is no open task here.".to_owned();
-            Ok(vec![owe_post(tx, &carrier, answer_key(&carrier), text).await?])
+            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), text)?])
         }
         (Meaning::Change { kind, text: new_text }, Some(task)) => {
             let source = if e.kind == EnvelopeKind::EditedMessage { Source::Edit } else { Source::Command };
@@ -477,7 +506,7 @@ async fn take_in(
                 (_, _) => format!("{who} sent /{}", command_name(kind)),
             };
             let change = Change { kind, text: new_text.as_deref(), source, actor: &who, summary };
-            apply_change(tx, &task, &carrier, &change).await
+            apply_change(db, &task, &carrier, &change)
         }
     }
 }
@@ -494,16 +523,16 @@ fn command_name(kind: ChangeKind) -> &'static str {
 
 /// The conversation's open task, if any (a finished one is closed on the way, see
 /// [`latest_task`]). A paused or cancelled task stays open until it is resumed or stopped.
-async fn open_task(
-    tx: &mut SqliteConnection,
+fn open_task(
+    db: &rusqlite::Connection,
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
-) -> sqlx::Result<Option<StoredTask>> {
-    match latest_task(tx, chat_id, thread_id, agent).await? {
+) -> rusqlite::Result<Option<StoredTask>> {
+    match latest_task(db, chat_id, thread_id, agent)? {
         Some((task_id, _, TaskState::Open | TaskState::Paused | TaskState::StopRequested)) => {
             let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-            sqlx::query_as(sql).bind(task_id).fetch_optional(&mut *tx).await
+            db.query_row(sql, rusqlite::params![task_id], StoredTask::from_row).optional()
         }
         _ => Ok(None),
     }
@@ -529,36 +558,34 @@ macro_rules! close_if_finished {
 
 /// The conversation's latest task: its id, revision and state, once a finished `open` one
 /// is marked `done` — in one statement, since this runs for every message a batch brings.
-async fn latest_task(
-    tx: &mut SqliteConnection,
+fn latest_task(
+    db: &rusqlite::Connection,
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
-) -> sqlx::Result<Option<(String, i64, TaskState)>> {
+) -> rusqlite::Result<Option<(String, i64, TaskState)>> {
     let sql = concat!(
         close_if_finished!(),
         "WHERE id = (SELECT id FROM tasks WHERE chat_id = ?2 AND agent = ?3 AND thread_id IS ?4 \
          ORDER BY id DESC LIMIT 1) RETURNING task_id, revision, state"
     );
-    let latest: Option<(String, i64, String)> = sqlx::query_as(sql)
-        .bind(now())
-        .bind(chat_id)
-        .bind(agent)
-        .bind(thread_id)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let latest: Option<(String, i64, String)> = db
+        .query_row(sql, rusqlite::params![now(), chat_id, agent, thread_id], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+        })
+        .optional()?;
     Ok(latest.map(|(task_id, revision, state)| (task_id, revision, parse_state(&state))))
 }
 
-async fn open_view(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<OpenTask> {
-    let messages: Vec<i64> = sqlx::query_scalar(
-        "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
-         UNION SELECT message_id FROM task_revisions WHERE task_id = ?1 AND message_id IS NOT NULL \
-         AND kind IN ('correction', 'new_objective')",
-    )
-    .bind(&task.task_id)
-    .fetch_all(&mut *tx)
-    .await?;
+fn open_view(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<OpenTask> {
+    let messages: Vec<i64> = db
+        .prepare(
+            "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
+             UNION SELECT message_id FROM task_revisions WHERE task_id = ?1 AND message_id IS NOT NULL \
+             AND kind IN ('correction', 'new_objective')",
+        )?
+        .query_map(rusqlite::params![task.task_id], |row| row.get(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(OpenTask {
         task_id: task.task_id.clone(),
         revision: to_u32(task.revision),
@@ -568,100 +595,92 @@ async fn open_view(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result
 }
 
 /// Starts a task with `carrier` as its first envelope (revision 1).
-async fn start_task(
-    tx: &mut SqliteConnection,
+fn start_task(
+    db: &rusqlite::Connection,
     carrier: &Carrier,
     objective: &str,
     predecessor: Option<&str>,
     source: Source,
     actor: &str,
-) -> sqlx::Result<String> {
+) -> rusqlite::Result<String> {
     let task_id = new_task_id();
-    insert_task(tx, &task_id, carrier, objective, predecessor, source, actor).await?;
-    tag(tx, carrier.id, &task_id, 1).await?;
+    insert_task(db, &task_id, carrier, objective, predecessor, source, actor)?;
+    tag(db, carrier.id, &task_id, 1)?;
     Ok(task_id)
 }
 
 /// The task's row, which is also its revision 1 (who started it, how, with which
 /// envelope); tagging that envelope is the caller's.
-async fn insert_task(
-    tx: &mut SqliteConnection,
+fn insert_task(
+    db: &rusqlite::Connection,
     task_id: &str,
     carrier: &Carrier,
     objective: &str,
     predecessor: Option<&str>,
     source: Source,
     actor: &str,
-) -> sqlx::Result<()> {
+) -> rusqlite::Result<()> {
     let at = now();
     let source = if predecessor.is_some() { source.as_str() } else { "message" };
-    sqlx::query(
+    db.execute(
         "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, first_envelope_id, \
          started_by, started_source, predecessor, opened_at, updated_at) \
          VALUES (?, ?, ?, ?, ?, 'open', 1, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(task_id)
-    .bind(carrier.chat_id)
-    .bind(carrier.thread_id)
-    .bind(&carrier.agent)
-    .bind(&carrier.route)
-    .bind(objective)
-    .bind(carrier.id)
-    .bind(actor)
-    .bind(source)
-    .bind(predecessor)
-    .bind(&at)
-    .bind(&at)
-    .execute(&mut *tx)
-    .await?;
+        rusqlite::params![
+            task_id,
+            carrier.chat_id,
+            carrier.thread_id,
+            carrier.agent,
+            carrier.route,
+            objective,
+            carrier.id,
+            actor,
+            source,
+            predecessor,
+            at,
+            at,
+        ],
+    )?;
     Ok(())
 }
 
 /// Records the task and revision an envelope was made under.
-pub(super) async fn tag(
-    tx: &mut SqliteConnection,
+pub(super) fn tag(
+    db: &rusqlite::Connection,
     envelope_id: i64,
     task_id: &str,
     revision: i64,
-) -> sqlx::Result<()> {
-    sqlx::query("UPDATE envelopes SET task_id = ?, revision = ? WHERE id = ?")
-        .bind(task_id)
-        .bind(revision)
-        .bind(envelope_id)
-        .execute(&mut *tx)
-        .await?;
+) -> rusqlite::Result<()> {
+    db.execute(
+        "UPDATE envelopes SET task_id = ?, revision = ? WHERE id = ?",
+        rusqlite::params![task_id, revision, envelope_id],
+    )?;
     Ok(())
 }
 
 /// The carrier of a change, in one statement: the task and revision it now belongs to, the
 /// change's meta, and — for a human's command or edit (`content`) — its new life as the
 /// `revision` envelope the agent acts on.
-async fn carry_change(
-    tx: &mut SqliteConnection,
+fn carry_change(
+    db: &rusqlite::Connection,
     carrier: &Carrier,
     task_id: &str,
     revision: i64,
     meta: &serde_json::Value,
     content: Option<String>,
-) -> sqlx::Result<()> {
-    sqlx::query(
+) -> rusqlite::Result<()> {
+    db.execute(
         "UPDATE envelopes SET task_id = ?1, revision = ?2, meta = ?3, \
          kind = CASE WHEN ?4 IS NULL THEN kind ELSE 'revision' END, content = COALESCE(?4, content) \
          WHERE id = ?5",
-    )
-    .bind(task_id)
-    .bind(revision)
-    .bind(meta.to_string())
-    .bind(content)
-    .bind(carrier.id)
-    .execute(&mut *tx)
-    .await?;
+        rusqlite::params![task_id, revision, meta.to_string(), content, carrier.id],
+    )?;
     Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
-async fn record_revision(
-    tx: &mut SqliteConnection,
+fn record_revision(
+    db: &rusqlite::Connection,
     task_id: &str,
     revision: i64,
     kind: &str,
@@ -671,50 +690,49 @@ async fn record_revision(
     text: Option<&str>,
     carrier: &Carrier,
     effects: &TaskEffects,
-) -> sqlx::Result<()> {
-    sqlx::query(
+) -> rusqlite::Result<()> {
+    db.execute(
         "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, text, message_id, \
          envelope_id, snapshot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-    )
-    .bind(task_id)
-    .bind(revision)
-    .bind(kind)
-    .bind(source)
-    .bind(actor)
-    .bind(now())
-    .bind(summary)
-    .bind(text)
-    .bind(carrier.message_id)
-    .bind(carrier.id)
-    .bind(effects.to_json())
-    .execute(&mut *tx)
-    .await?;
+        rusqlite::params![
+            task_id,
+            revision,
+            kind,
+            source,
+            actor,
+            now(),
+            summary,
+            text,
+            carrier.message_id,
+            carrier.id,
+            effects.to_json(),
+        ],
+    )?;
     Ok(())
 }
 
 /// A handled command or edit: acked by the switchboard, never work for the agent.
-async fn settle_carrier(tx: &mut SqliteConnection, carrier: &Carrier, note: &str) -> sqlx::Result<()> {
+fn settle_carrier(db: &rusqlite::Connection, carrier: &Carrier, note: &str) -> rusqlite::Result<()> {
     transition_in(
-        tx,
+        db,
         carrier.id,
         &[EnvelopeState::Queued, EnvelopeState::Pending],
         EnvelopeState::Acked,
         "switchboard",
         Some(note),
-    )
-    .await?;
+    )?;
     Ok(())
 }
 
 /// What the bot says about a change or a question, owed in the same transaction: a post
 /// in `room_posts` (no cascade), which the room driver makes once and never twice, across
 /// restarts, like a room's own posts. `key` names it among the switchboard's posts.
-async fn owe_post(
-    tx: &mut SqliteConnection,
+fn owe_post(
+    db: &rusqlite::Connection,
     carrier: &Carrier,
     key: String,
     text: String,
-) -> sqlx::Result<TaskEffect> {
+) -> rusqlite::Result<TaskEffect> {
     let post = BotPost {
         envelope_id: carrier.id,
         trace_id: carrier.trace_id.clone(),
@@ -725,20 +743,20 @@ async fn owe_post(
         reply_to_message_id: carrier.message_id.filter(|_| carrier.rewrite),
         text,
     };
-    sqlx::query(
+    db.execute(
         "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, reply_to_message_id, text, \
          state, created_at) VALUES (?, NULL, ?, ?, ?, ?, ?, ?, 'owed', ?)",
-    )
-    .bind(key)
-    .bind(post.envelope_id)
-    .bind(&post.route)
-    .bind(post.chat_id)
-    .bind(post.thread_id)
-    .bind(post.reply_to_message_id)
-    .bind(&post.text)
-    .bind(now())
-    .execute(&mut *tx)
-    .await?;
+        rusqlite::params![
+            key,
+            post.envelope_id,
+            post.route,
+            post.chat_id,
+            post.thread_id,
+            post.reply_to_message_id,
+            post.text,
+            now(),
+        ],
+    )?;
     Ok(TaskEffect::Say(post))
 }
 
@@ -751,28 +769,27 @@ fn answer_key(carrier: &Carrier) -> String {
 
 /// Records `change` as the task's next revision and does what it means to the task's
 /// envelopes and handoffs, in the caller's transaction.
-async fn apply_change(
-    tx: &mut SqliteConnection,
+fn apply_change(
+    db: &rusqlite::Connection,
     task: &StoredTask,
     carrier: &Carrier,
     change: &Change<'_>,
-) -> sqlx::Result<Vec<TaskEffect>> {
+) -> rusqlite::Result<Vec<TaskEffect>> {
     let revision = task.revision + 1;
     let at = now();
-    let snapshot = effects_of(tx, &task.task_id).await?;
+    let snapshot = effects_of(db, &task.task_id)?;
     let mut effects = vec![TaskEffect::Recorded(change.kind)];
     let kind = change.kind;
-    let old_text =
-        last_instruction(tx, &task.task_id, carrier.message_id.filter(|_| carrier.rewrite)).await?;
+    let old_text = last_instruction(db, &task.task_id, carrier.message_id.filter(|_| carrier.rewrite))?;
     // A change of instruction or a cancel retires what was made under older revisions.
     let superseded_handoffs = if kind.supersedes() || kind == ChangeKind::Cancel {
-        supersede(tx, task, revision, carrier, kind, &mut effects).await?
+        supersede(db, task, revision, carrier, kind, &mut effects)?
     } else {
         Vec::new()
     };
     let handoff_list = superseded_handoffs.join(", ");
     record_revision(
-        tx,
+        db,
         &task.task_id,
         revision,
         kind.as_str(),
@@ -782,23 +799,16 @@ async fn apply_change(
         change.text,
         carrier,
         &snapshot,
-    )
-    .await?;
+    )?;
     let task_id = &task.task_id;
     let ack = match kind {
         ChangeKind::Correction => {
             let new_text = change.text.unwrap_or_default();
-            sqlx::query(
+            db.execute(
                 "UPDATE tasks SET revision = ?, instruction_revision = ?, instruction_kind = 'correction', \
                  act_on_envelope_id = ?, updated_at = ? WHERE task_id = ?",
-            )
-            .bind(revision)
-            .bind(revision)
-            .bind(carrier.id)
-            .bind(&at)
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
+                rusqlite::params![revision, revision, carrier.id, at, task_id],
+            )?;
             let meta = json!({
                 "change": "correction",
                 "text": new_text,
@@ -817,28 +827,19 @@ async fn apply_change(
                     "Act on this envelope: replies to the task's older envelopes are refused (superseded).",
                 )
             });
-            carry_change(tx, carrier, task_id, revision, &meta, content).await?;
+            carry_change(db, carrier, task_id, revision, &meta, content)?;
             format!("{task_id} revision {revision}: correction accepted")
         }
         ChangeKind::NewObjective => {
             let objective = change.text.unwrap_or_default();
             let successor = new_task_id();
-            insert_task(tx, &successor, carrier, objective, Some(task_id), change.source, change.actor)
-                .await?;
-            sqlx::query(
+            insert_task(db, &successor, carrier, objective, Some(task_id), change.source, change.actor)?;
+            db.execute(
                 "UPDATE tasks SET state = 'replaced', revision = ?, successor = ?, instruction_revision = ?, \
                  instruction_kind = 'new_objective', act_on_envelope_id = ?, updated_at = ?, closed_at = ? \
                  WHERE task_id = ?",
-            )
-            .bind(revision)
-            .bind(&successor)
-            .bind(revision)
-            .bind(carrier.id)
-            .bind(&at)
-            .bind(&at)
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
+                rusqlite::params![revision, successor, revision, carrier.id, at, at, task_id],
+            )?;
             let meta = json!({
                 "change": "new_objective",
                 "text": objective,
@@ -854,21 +855,17 @@ async fn apply_change(
                     &format!("Work on this now; everything of {task_id} is refused (superseded)."),
                 )
             });
-            carry_change(tx, carrier, &successor, 1, &meta, content).await?;
+            carry_change(db, carrier, &successor, 1, &meta, content)?;
             format!("{task_id} revision {revision}: new objective accepted; it continues as {successor}")
         }
         ChangeKind::Pause | ChangeKind::Resume => {
             let state = if kind == ChangeKind::Pause { "paused" } else { "open" };
-            sqlx::query("UPDATE tasks SET state = ?, revision = ?, updated_at = ? WHERE task_id = ?")
-                .bind(state)
-                .bind(revision)
-                .bind(&at)
-                .bind(task_id)
-                .execute(&mut *tx)
-                .await?;
-            settle_carrier(tx, carrier, &format!("switchboard: {task_id} revision {revision} ({kind})"))
-                .await?;
-            if let Some(about) = latest_pending(tx, task_id, carrier.id).await? {
+            db.execute(
+                "UPDATE tasks SET state = ?, revision = ?, updated_at = ? WHERE task_id = ?",
+                rusqlite::params![state, revision, at, task_id],
+            )?;
+            settle_carrier(db, carrier, &format!("switchboard: {task_id} revision {revision} ({kind})"))?;
+            if let Some(about) = latest_pending(db, task_id, carrier.id)? {
                 effects.push(TaskEffect::Notice {
                     agent: task.agent.clone(),
                     trace_id: about,
@@ -884,18 +881,11 @@ async fn apply_change(
             }
         }
         ChangeKind::Cancel => {
-            sqlx::query(
+            db.execute(
                 "UPDATE tasks SET state = 'stop_requested', revision = ?, cancel_envelope_id = ?, \
                  stop_requested_by = ?, stop_requested_at = ?, updated_at = ? WHERE task_id = ?",
-            )
-            .bind(revision)
-            .bind(carrier.id)
-            .bind(change.actor)
-            .bind(&at)
-            .bind(&at)
-            .bind(task_id)
-            .execute(&mut *tx)
-            .await?;
+                rusqlite::params![revision, carrier.id, change.actor, at, at, task_id],
+            )?;
             let meta = json!({ "change": "cancel", "superseded_handoffs": handoff_list });
             let content = carrier.rewrite.then(|| {
                 revision_content(
@@ -907,14 +897,14 @@ async fn apply_change(
                      Nothing more of it is sent.",
                 )
             });
-            carry_change(tx, carrier, task_id, revision, &meta, content).await?;
+            carry_change(db, carrier, task_id, revision, &meta, content)?;
             format!(
                 "{task_id} revision {revision}: cancel accepted; stop requested (it is stopped once the agent confirms)"
             )
         }
     };
     let key = format!("{}/r{revision}", task.task_id);
-    effects.push(owe_post(tx, carrier, key, ack).await?);
+    effects.push(owe_post(db, carrier, key, ack)?);
     Ok(effects)
 }
 
@@ -934,68 +924,64 @@ fn revision_content(task_id: &str, revision: i64, what: &str, handoffs: &[String
 
 /// The instruction as it stood: the text of `message_id`'s latest correction (an edit of
 /// it), or the task's latest correction, else its objective.
-async fn last_instruction(
-    tx: &mut SqliteConnection,
+fn last_instruction(
+    db: &rusqlite::Connection,
     task_id: &str,
     message_id: Option<i64>,
-) -> sqlx::Result<Option<String>> {
-    sqlx::query_scalar(
+) -> rusqlite::Result<Option<String>> {
+    db.query_row(
         "SELECT COALESCE((SELECT text FROM task_revisions WHERE task_id = ?1 AND text IS NOT NULL \
          AND kind = 'correction' AND (?2 IS NULL OR message_id = ?2) ORDER BY id DESC LIMIT 1), \
          (SELECT objective FROM tasks WHERE task_id = ?1))",
+        rusqlite::params![task_id, message_id],
+        |row| row.get::<_, Option<String>>(0),
     )
-    .bind(task_id)
-    .bind(message_id)
-    .fetch_optional(&mut *tx)
-    .await
+    .optional()
     .map(Option::flatten)
 }
 
 /// The task's queued and pending envelopes made under revisions before `revision` become
 /// `superseded` (the carrier excepted), and so do its open handoffs, whose children are
 /// sent a `revision` envelope each. Returns the superseded handoffs' ids.
-async fn supersede(
-    tx: &mut SqliteConnection,
+fn supersede(
+    db: &rusqlite::Connection,
     task: &StoredTask,
     revision: i64,
     carrier: &Carrier,
     kind: ChangeKind,
     effects: &mut Vec<TaskEffect>,
-) -> sqlx::Result<Vec<String>> {
+) -> rusqlite::Result<Vec<String>> {
     let task_id = &task.task_id;
-    let stale: Vec<i64> = sqlx::query_scalar(
-        "SELECT id FROM envelopes WHERE task_id = ? AND revision < ? AND state IN ('queued', 'pending') AND id <> ?",
-    )
-    .bind(task_id)
-    .bind(revision)
-    .bind(carrier.id)
-    .fetch_all(&mut *tx)
-    .await?;
+    let stale: Vec<i64> = db
+        .prepare(
+            "SELECT id FROM envelopes WHERE task_id = ? AND revision < ? AND state IN ('queued', 'pending') \
+             AND id <> ?",
+        )?
+        .query_map(rusqlite::params![task_id, revision, carrier.id], |row| row.get(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     let reason = format!("{task_id} revision {revision} ({kind}) superseded it");
     for id in stale {
         let from = [EnvelopeState::Queued, EnvelopeState::Pending];
-        transition_in(tx, id, &from, EnvelopeState::Superseded, "switchboard", Some(&reason)).await?;
+        transition_in(db, id, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))?;
     }
-    let handoffs: Vec<(i64, String, String, String, i64)> = sqlx::query_as(
-        "SELECT id, handoff_id, to_agent, from_agent, envelope_id FROM handoffs WHERE task_id = ? \
-         AND state = 'open' AND revision < ? ORDER BY id",
-    )
-    .bind(task_id)
-    .bind(revision)
-    .fetch_all(&mut *tx)
-    .await?;
+    let handoffs: Vec<(i64, String, String, String, i64)> = db
+        .prepare(
+            "SELECT id, handoff_id, to_agent, from_agent, envelope_id FROM handoffs WHERE task_id = ? \
+             AND state = 'open' AND revision < ? ORDER BY id",
+        )?
+        .query_map(rusqlite::params![task_id, revision], |row| {
+            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     let at = now();
     let mut superseded = Vec::new();
     for (id, handoff_id, to_agent, from_agent, instruction) in handoffs {
-        sqlx::query("UPDATE handoffs SET state = 'superseded', closed_at = ?, note = ? WHERE id = ?")
-            .bind(&at)
-            .bind(&reason)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
+        db.execute(
+            "UPDATE handoffs SET state = 'superseded', closed_at = ?, note = ? WHERE id = ?",
+            rusqlite::params![at, reason, id],
+        )?;
         let from = [EnvelopeState::Queued, EnvelopeState::Pending];
-        transition_in(tx, instruction, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))
-            .await?;
+        transition_in(db, instruction, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))?;
         let content = format!(
             "{handoff_id} from '{from_agent}' no longer stands: {task_id} changed ({kind}, revision {revision}). \
              Stop working on it; an answer to it would be refused and kept only as a late result. \
@@ -1003,74 +989,58 @@ async fn supersede(
         );
         let meta = json!({ "change": kind.as_str(), "handoff_id": handoff_id, "superseded": "true" });
         let trace_id = TraceId::generate().to_string();
-        sqlx::query(
+        db.execute(
             "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
              sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, \
              agent, state, state_changed_at, task_id, revision, meta) \
              VALUES (?, NULL, 'revision', 0, NULL, 'agent', NULL, 0, NULL, NULL, 'switchboard', NULL, '[]', ?, ?, ?, \
              ?, ?, 'queued', ?, ?, ?, ?)",
-        )
-        .bind(&trace_id)
-        .bind(&content)
-        .bind(&at)
-        .bind(&at)
-        .bind(&carrier.route)
-        .bind(&to_agent)
-        .bind(&at)
-        .bind(task_id)
-        .bind(revision)
-        .bind(meta.to_string())
-        .execute(&mut *tx)
-        .await?;
+            rusqlite::params![trace_id, content, at, at, carrier.route, to_agent, at, task_id, revision, meta.to_string()],
+        )?;
         effects.push(TaskEffect::Wake(to_agent));
         superseded.push(handoff_id);
     }
     Ok(superseded)
 }
 
-async fn latest_pending(
-    tx: &mut SqliteConnection,
-    task_id: &str,
-    except: i64,
-) -> sqlx::Result<Option<String>> {
-    sqlx::query_scalar(
+fn latest_pending(db: &rusqlite::Connection, task_id: &str, except: i64) -> rusqlite::Result<Option<String>> {
+    db.query_row(
         "SELECT trace_id FROM envelopes WHERE task_id = ? AND state = 'pending' AND id <> ? ORDER BY id DESC LIMIT 1",
+        rusqlite::params![task_id, except],
+        |row| row.get(0),
     )
-    .bind(task_id)
-    .bind(except)
-    .fetch_optional(&mut *tx)
-    .await
+    .optional()
 }
 
 /// Confirmed sends, unresolved attempts and open handoffs of a task.
-async fn effects_of(tx: &mut SqliteConnection, task_id: &str) -> sqlx::Result<TaskEffects> {
-    let confirmed = sqlx::query_as(
-        "SELECT a.op_id, a.telegram_message_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-         WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome = 'sent' ORDER BY a.id",
-    )
-    .bind(task_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    let unresolved = sqlx::query_scalar(
-        "SELECT a.op_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-         WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome IN ('unknown', 'in_flight') \
-         AND a.reconciled_outcome IS NULL ORDER BY a.id",
-    )
-    .bind(task_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    let open_handoffs = sqlx::query_as(
-        "SELECT handoff_id, to_agent FROM handoffs WHERE task_id = ? AND state = 'open' ORDER BY id",
-    )
-    .bind(task_id)
-    .fetch_all(&mut *tx)
-    .await?;
+fn effects_of(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<TaskEffects> {
+    let confirmed = db
+        .prepare(
+            "SELECT a.op_id, a.telegram_message_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+             WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome = 'sent' ORDER BY a.id",
+        )?
+        .query_map(rusqlite::params![task_id], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let unresolved = db
+        .prepare(
+            "SELECT a.op_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+             WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome IN ('unknown', 'in_flight') \
+             AND a.reconciled_outcome IS NULL ORDER BY a.id",
+        )?
+        .query_map(rusqlite::params![task_id], |row| row.get(0))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let open_handoffs = db
+        .prepare(
+            "SELECT handoff_id, to_agent FROM handoffs WHERE task_id = ? AND state = 'open' ORDER BY id",
+        )?
+        .query_map(rusqlite::params![task_id], |row| Ok((row.get(0)?, row.get(1)?)))?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
     Ok(TaskEffects { confirmed, unresolved, open_handoffs })
 }
 
 /// What `/status` answers.
-async fn status_text(tx: &mut SqliteConnection, task: &StoredTask) -> sqlx::Result<String> {
-    let effects = effects_of(tx, &task.task_id).await?;
+fn status_text(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<String> {
+    let effects = effects_of(db, &task.task_id)?;
     Ok(describe(task, &effects))
 }
 
@@ -1121,17 +1091,21 @@ fn one_line(text: &str) -> String {
 /// Whether an outbound action made for `envelope_id` may go out now (DESIGN.md §11), read
 /// inside the caller's transaction, so it is decided in the same serialised order as the
 /// changes. An envelope of no task is always admitted.
-pub(super) async fn admission_in(
-    tx: &mut SqliteConnection,
+pub(super) fn admission_in(
+    db: &rusqlite::Connection,
     envelope_id: i64,
-) -> sqlx::Result<Result<(), Refusal>> {
+) -> rusqlite::Result<Result<(), Refusal>> {
     let sql = concat!(
         "SELECT e.revision AS acted_on, ",
         task_columns!(),
         task_from!(),
         "JOIN envelopes e ON e.task_id = t.task_id WHERE e.id = ?"
     );
-    let row: Option<ActedFor> = sqlx::query_as(sql).bind(envelope_id).fetch_optional(&mut *tx).await?;
+    let row: Option<ActedFor> = db
+        .query_row(sql, rusqlite::params![envelope_id], |row| {
+            Ok(ActedFor { acted_on: row.get("acted_on")?, task: StoredTask::from_row(row)? })
+        })
+        .optional()?;
     Ok(match row {
         Some(ActedFor { acted_on, task }) => revisions::admit(to_u32(acted_on), &task.now()),
         // An envelope of no task.
@@ -1140,10 +1114,9 @@ pub(super) async fn admission_in(
 }
 
 /// An envelope's revision with its task.
-#[derive(Debug, FromRow)]
+#[derive(Debug)]
 struct ActedFor {
     acted_on: i64,
-    #[sqlx(flatten)]
     task: StoredTask,
 }
 
@@ -1152,7 +1125,7 @@ impl Ledger {
     /// made again in the transaction that records the action.
     pub async fn admission(&self, envelope_id: i64) -> sqlx::Result<Result<(), Refusal>> {
         let mut connection = self.reader.acquire().await?;
-        admission_in(&mut connection, envelope_id).await
+        in_place(&mut connection, |db| admission_in(db, envelope_id)).await
     }
 
     /// `revise_task`: the agent declares that its pending envelope `trace_id` changes its
@@ -1164,62 +1137,79 @@ impl Ledger {
         kind: ChangeKind,
         summary: &str,
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
-        let mut tx = self.write_transaction().await?;
-        let row: Option<DeclaredFor> = sqlx::query_as(
-            "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
-             WHERE trace_id = ? AND agent = ? AND state = 'pending'",
-        )
-        .bind(trace_id)
-        .bind(agent.as_str())
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
-        else {
-            return Err(DeclareError::NotPending(trace_id.to_owned()).into());
-        };
-        let (Some(task_id), Some(revision)) = (task_id, revision) else {
-            return Err(DeclareError::NoTask(trace_id.to_owned()).into());
-        };
-        let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-        let task: StoredTask = sqlx::query_as(sql).bind(&task_id).fetch_one(&mut *tx).await?;
-        // The declaration is itself an action for that envelope: a superseded or cancelled
-        // one cannot change the task.
-        match (kind, revisions::admit(to_u32(revision), &task.now())) {
-            (_, Ok(())) => {}
-            (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
-            (_, Err(refusal)) => return Err(DeclareError::Refused(refusal).into()),
-        }
-        if kind == ChangeKind::Pause && task.state() != TaskState::Open {
-            return Err(DeclareError::NotNow(format!("{task_id} is {}", task.state)).into());
-        }
-        let carrier = Carrier {
-            id,
-            trace_id: trace_id.to_owned(),
-            message_id: Some(message_id),
-            chat_id,
-            thread_id,
-            route: route.unwrap_or_default(),
-            agent: agent.to_string(),
-            rewrite: false,
-        };
-        let actor = format!("agent:{agent}");
-        let change = Change {
-            kind,
-            text: text.as_deref(),
-            source: Source::Agent,
-            actor: &actor,
-            summary: if summary.trim().is_empty() {
-                format!("{actor} declared a {kind}")
-            } else {
-                summary.to_owned()
-            },
-        };
-        let effects = apply_change(&mut tx, &task, &carrier, &change).await?;
-        let now_task: String = sqlx::query_scalar("SELECT task_id FROM envelopes WHERE id = ?")
-            .bind(id)
-            .fetch_one(&mut *tx)
+        // A declaration refused commits the transaction with nothing written in it.
+        let recorded = self
+            .write_in_place(|db| {
+                let row = db
+                    .query_row(
+                        "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
+                         WHERE trace_id = ? AND agent = ? AND state = 'pending'",
+                        rusqlite::params![trace_id, agent.as_str()],
+                        |row| {
+                            Ok(DeclaredFor {
+                                id: row.get("id")?,
+                                task_id: row.get("task_id")?,
+                                revision: row.get("revision")?,
+                                chat_id: row.get("chat_id")?,
+                                thread_id: row.get("thread_id")?,
+                                route: row.get("route")?,
+                                text: row.get("text")?,
+                                message_id: row.get("message_id")?,
+                            })
+                        },
+                    )
+                    .optional()?;
+                let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
+                else {
+                    return Ok(Err(DeclareError::NotPending(trace_id.to_owned())));
+                };
+                let (Some(task_id), Some(revision)) = (task_id, revision) else {
+                    return Ok(Err(DeclareError::NoTask(trace_id.to_owned())));
+                };
+                let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+                let task = db.query_row(sql, rusqlite::params![task_id], StoredTask::from_row)?;
+                // The declaration is itself an action for that envelope: a superseded or
+                // cancelled one cannot change the task.
+                match (kind, revisions::admit(to_u32(revision), &task.now())) {
+                    (_, Ok(())) => {}
+                    (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
+                    (_, Err(refusal)) => return Ok(Err(DeclareError::Refused(refusal))),
+                }
+                if kind == ChangeKind::Pause && task.state() != TaskState::Open {
+                    return Ok(Err(DeclareError::NotNow(format!("{task_id} is {}", task.state))));
+                }
+                let carrier = Carrier {
+                    id,
+                    trace_id: trace_id.to_owned(),
+                    message_id: Some(message_id),
+                    chat_id,
+                    thread_id,
+                    route: route.unwrap_or_default(),
+                    agent: agent.to_string(),
+                    rewrite: false,
+                };
+                let actor = format!("agent:{agent}");
+                let change = Change {
+                    kind,
+                    text: text.as_deref(),
+                    source: Source::Agent,
+                    actor: &actor,
+                    summary: if summary.trim().is_empty() {
+                        format!("{actor} declared a {kind}")
+                    } else {
+                        summary.to_owned()
+                    },
+                };
+                let effects = apply_change(db, &task, &carrier, &change)?;
+                let now_task: String = db.query_row(
+                    "SELECT task_id FROM envelopes WHERE id = ?",
+                    rusqlite::params![id],
+                    |row| row.get(0),
+                )?;
+                Ok(Ok((task, effects, now_task)))
+            })
             .await?;
-        tx.commit().await?;
+        let (task, effects, now_task) = recorded?;
         let next = match kind {
             ChangeKind::Correction => format!("act on {trace_id}: it carries the corrected instruction"),
             ChangeKind::NewObjective => format!("act on {trace_id}: it starts {now_task}"),
@@ -1280,52 +1270,49 @@ impl Ledger {
         .bind(task_id)
         .fetch_all(&mut *connection)
         .await?;
-        let effects = effects_of(&mut connection, task_id).await?;
+        let effects = in_place(&mut connection, |db| effects_of(db, task_id)).await?;
         Ok(Some((task, revisions, effects)))
     }
 
     /// `switchboard ledger task ID --stopped --reason …`: an operator confirms that a
     /// cancelled task has stopped. Only a task whose stop was requested can be.
     pub async fn mark_task_stopped(&self, task_id: &str, reason: &str) -> Result<(), DeclareTaskError> {
-        let mut tx = self.write_transaction().await?;
-        let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-        let Some(task) = sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&mut *tx).await?
-        else {
-            return Err(DeclareError::NotNow(format!("no task has id {task_id}")).into());
-        };
-        if task.state() != TaskState::StopRequested {
-            return Err(DeclareError::NotNow(format!(
-                "{task_id} is {}, not stop_requested: only a cancelled task can be marked stopped",
-                task.state
-            ))
-            .into());
-        }
-        let at = now();
-        sqlx::query(
-            "UPDATE tasks SET state = 'stopped', stopped_at = ?, stop_reason = ?, updated_at = ?, closed_at = ? \
-             WHERE task_id = ?",
-        )
-        .bind(&at)
-        .bind(reason)
-        .bind(&at)
-        .bind(&at)
-        .bind(task_id)
-        .execute(&mut *tx)
-        .await?;
-        let effects = effects_of(&mut tx, task_id).await?;
-        sqlx::query(
-            "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, snapshot) \
-             VALUES (?, ?, 'stopped', 'operator', 'operator', ?, ?, ?)",
-        )
-        .bind(task_id)
-        .bind(task.revision)
-        .bind(&at)
-        .bind(format!("an operator confirmed it stopped: {reason}"))
-        .bind(effects.to_json())
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(())
+        // A refusal commits the transaction with nothing written in it.
+        let marked = self
+            .write_in_place(|db| {
+                let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+                let Some(task) = db.query_row(sql, rusqlite::params![task_id], StoredTask::from_row).optional()?
+                else {
+                    return Ok(Err(DeclareError::NotNow(format!("no task has id {task_id}"))));
+                };
+                if task.state() != TaskState::StopRequested {
+                    return Ok(Err(DeclareError::NotNow(format!(
+                        "{task_id} is {}, not stop_requested: only a cancelled task can be marked stopped",
+                        task.state
+                    ))));
+                }
+                let at = now();
+                db.execute(
+                    "UPDATE tasks SET state = 'stopped', stopped_at = ?, stop_reason = ?, updated_at = ?, closed_at = ? \
+                     WHERE task_id = ?",
+                    rusqlite::params![at, reason, at, at, task_id],
+                )?;
+                let effects = effects_of(db, task_id)?;
+                db.execute(
+                    "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, snapshot) \
+                     VALUES (?, ?, 'stopped', 'operator', 'operator', ?, ?, ?)",
+                    rusqlite::params![
+                        task_id,
+                        task.revision,
+                        at,
+                        format!("an operator confirmed it stopped: {reason}"),
+                        effects.to_json(),
+                    ],
+                )?;
+                Ok(Ok(()))
+            })
+            .await?;
+        Ok(marked?)
     }
 }
 

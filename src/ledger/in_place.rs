@@ -1,0 +1,314 @@
+//! Statements run on a connection's own SQLite handle, on the calling thread.
+//!
+//! sqlx runs each SQLite connection on a worker thread of its own, and every statement is
+//! a hand-over to that thread and back: about 25–50 µs on a small machine, nearly all of
+//! it the two wake-ups, which were also half of the daemon's CPU. The transactions on the
+//! path of every message (a batch's intake, a reply's outcome) ran five or six statements
+//! each, one hand-over apiece. Here they run whole on the connection's handle, which sqlx
+//! lends for the price of one hand-over (`lock_handle`): the worker lets go of it, the
+//! statements run on this thread through rusqlite (linked against the same SQLite), and
+//! the worker takes it back when the section ends.
+//!
+//! A section is synchronous: nothing in it awaits, so a cancelled caller can only go away
+//! before it starts or after it ends, never halfway through a transaction.
+//!
+//! What it costs: the statements of a section run on the runtime's thread. With
+//! `synchronous = normal` (the default) a commit writes to the WAL without waiting for
+//! the disk, so a section takes tens of microseconds. With `synchronous = full` the
+//! commit's fsync happens on that thread too. Waiting for another writer never does:
+//! [`Ledger::write_in_place`] asks for the write lock without SQLite's busy handler and
+//! waits between tries asynchronously.
+
+use std::borrow::Cow;
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use rusqlite::{TransactionBehavior, ffi};
+use sqlx::SqliteConnection;
+use sqlx::error::{DatabaseError, ErrorKind};
+
+use super::{BUSY_TIMEOUT, Ledger};
+
+/// The first pause between two tries for the write lock, and the longest.
+const FIRST_PAUSE: Duration = Duration::from_millis(1);
+const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+
+/// Runs `work` on `connection`'s handle, inside whatever transaction sqlx has open on it.
+pub(super) async fn in_place<T>(
+    connection: &mut SqliteConnection,
+    work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+) -> sqlx::Result<T> {
+    let mut handle = connection.lock_handle().await?;
+    // SAFETY: the handle is this section's alone until `handle` drops (sqlx's worker waits
+    // for it), and `from_handle` leaves it open when the rusqlite connection drops, which
+    // happens first.
+    let db =
+        unsafe { rusqlite::Connection::from_handle(handle.as_raw_handle().as_ptr()) }.map_err(into_sqlx)?;
+    let result = work(&db).map_err(into_sqlx);
+    drop(db);
+    result
+}
+
+impl Ledger {
+    /// Runs `work` as one write transaction on the writer's handle: `BEGIN IMMEDIATE`,
+    /// `work`, `COMMIT` in one section. An error (or a panic) in `work` rolls it back.
+    ///
+    /// While another connection (`switchboard ledger reconcile`, say) holds the write
+    /// lock, the section is not entered: the lock is tried without SQLite's busy handler
+    /// (which would sleep on this thread) and tried again after an asynchronous pause,
+    /// for as long as the busy timeout, after which the `SQLITE_BUSY` is returned as any
+    /// statement's would be.
+    pub(super) async fn write_in_place<T>(
+        &self,
+        work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> sqlx::Result<T> {
+        let mut connection = self.pool.acquire().await?;
+        let give_up_at = Instant::now() + BUSY_TIMEOUT;
+        let mut pause = FIRST_PAUSE;
+        let mut work = Some(work);
+        loop {
+            let mut handle = connection.lock_handle().await?;
+            // SAFETY: as in `in_place`.
+            let mut db = unsafe { rusqlite::Connection::from_handle(handle.as_raw_handle().as_ptr()) }
+                .map_err(into_sqlx)?;
+            let outcome = match begin(&mut db) {
+                Ok(tx) => {
+                    let work = work.take().expect("the work runs once, after the write lock is taken");
+                    // Dropping `tx` without committing rolls it back (rusqlite's default).
+                    Some(work(&tx).and_then(|value| tx.commit().map(|()| value)))
+                }
+                Err(e) if is_busy(&e) && Instant::now() < give_up_at => None,
+                Err(e) => Some(Err(e)),
+            };
+            // A rollback SQLite refused leaves the connection inside a transaction that
+            // sqlx knows nothing of: it must not go back to the pool.
+            let left_open = !db.is_autocommit();
+            drop(db);
+            drop(handle);
+            if left_open {
+                connection.close_on_drop();
+            }
+            match outcome {
+                Some(result) => return result.map_err(into_sqlx),
+                None => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(LONGEST_PAUSE);
+                }
+            }
+        }
+    }
+}
+
+/// `BEGIN IMMEDIATE` without SQLite's busy handler; the handler is back for the
+/// statements of the transaction (which, in WAL mode, hold the only lock they need).
+fn begin(db: &mut rusqlite::Connection) -> rusqlite::Result<rusqlite::Transaction<'_>> {
+    db.busy_timeout(Duration::ZERO)?;
+    let begun = db.transaction_with_behavior(TransactionBehavior::Immediate);
+    let restored = match &begun {
+        Ok(tx) => tx.busy_timeout(BUSY_TIMEOUT),
+        Err(_) => Ok(()),
+    };
+    let tx = begun?;
+    restored?;
+    Ok(tx)
+}
+
+/// A text column holding one of the ledger's enums (a state, a kind), by the snake_case
+/// name serde and sqlx both give it.
+pub(super) fn text_enum<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    column: &str,
+) -> rusqlite::Result<T> {
+    let text: String = row.get(column)?;
+    T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&text)).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            row.as_ref().column_index(column).unwrap_or_default(),
+            rusqlite::types::Type::Text,
+            Box::new(e),
+        )
+    })
+}
+
+fn is_busy(error: &rusqlite::Error) -> bool {
+    matches!(
+        error.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
+}
+
+/// A rusqlite error as the sqlx error the same failure gives through sqlx, so that callers
+/// (and `LedgerCongestion::of`) see one kind of error whichever way a statement ran.
+pub(super) fn into_sqlx(error: rusqlite::Error) -> sqlx::Error {
+    match error {
+        rusqlite::Error::SqliteFailure(code, message) => sqlx::Error::Database(Box::new(SqliteFailure {
+            extended_code: code.extended_code,
+            message: message.unwrap_or_else(|| code.to_string()),
+        })),
+        rusqlite::Error::QueryReturnedNoRows => sqlx::Error::RowNotFound,
+        rusqlite::Error::FromSqlConversionFailure(..)
+        | rusqlite::Error::IntegralValueOutOfRange(..)
+        | rusqlite::Error::InvalidColumnType(..) => sqlx::Error::Decode(Box::new(error)),
+        rusqlite::Error::ToSqlConversionFailure(e) => sqlx::Error::Encode(e),
+        other => sqlx::Error::Protocol(other.to_string()),
+    }
+}
+
+/// An error SQLite returned to a statement run in place.
+#[derive(Debug)]
+struct SqliteFailure {
+    extended_code: i32,
+    message: String,
+}
+
+impl fmt::Display for SqliteFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "(code: {}) {}", self.extended_code, self.message)
+    }
+}
+
+impl StdError for SqliteFailure {}
+
+impl DatabaseError for SqliteFailure {
+    fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The extended result code, as sqlx's SQLite driver reports it.
+    fn code(&self) -> Option<Cow<'_, str>> {
+        Some(Cow::Owned(self.extended_code.to_string()))
+    }
+
+    fn as_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        self
+    }
+
+    fn as_error_mut(&mut self) -> &mut (dyn StdError + Send + Sync + 'static) {
+        self
+    }
+
+    fn into_error(self: Box<Self>) -> Box<dyn StdError + Send + Sync + 'static> {
+        self
+    }
+
+    fn kind(&self) -> ErrorKind {
+        match self.extended_code {
+            ffi::SQLITE_CONSTRAINT_UNIQUE | ffi::SQLITE_CONSTRAINT_PRIMARYKEY => ErrorKind::UniqueViolation,
+            ffi::SQLITE_CONSTRAINT_FOREIGNKEY => ErrorKind::ForeignKeyViolation,
+            ffi::SQLITE_CONSTRAINT_NOTNULL => ErrorKind::NotNullViolation,
+            ffi::SQLITE_CONSTRAINT_CHECK => ErrorKind::CheckViolation,
+            _ => ErrorKind::Other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection as _;
+
+    use super::*;
+    use crate::config::Synchronous;
+    use crate::ledger::LedgerCongestion;
+
+    async fn ledger() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        (dir, ledger)
+    }
+
+    fn store_offset(db: &rusqlite::Connection, bot_id: i64) -> rusqlite::Result<usize> {
+        db.execute(
+            "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, 1, 'now')",
+            [bot_id],
+        )
+    }
+
+    async fn offsets(ledger: &Ledger) -> Vec<i64> {
+        sqlx::query_scalar("SELECT bot_id FROM poller_offsets ORDER BY bot_id")
+            .fetch_all(ledger.pool())
+            .await
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn work_that_fails_is_rolled_back_and_the_writer_stays_usable() {
+        let (_dir, ledger) = ledger().await;
+        let failed = ledger
+            .write_in_place(|db| {
+                store_offset(db, 1)?;
+                Err::<(), _>(rusqlite::Error::QueryReturnedNoRows)
+            })
+            .await;
+        assert!(matches!(failed, Err(sqlx::Error::RowNotFound)), "{failed:?}");
+        assert_eq!(offsets(&ledger).await, Vec::<i64>::new());
+        ledger.write_in_place(|db| store_offset(db, 2)).await.unwrap();
+        // sqlx's own transactions on the same connection still work.
+        let mut tx = ledger.write_transaction().await.unwrap();
+        sqlx::query("INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (3, 1, 'now')")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        assert_eq!(offsets(&ledger).await, vec![2, 3]);
+    }
+
+    #[tokio::test]
+    async fn a_panic_in_work_rolls_back() {
+        let (_dir, ledger) = ledger().await;
+        let panicking = ledger.clone();
+        let joined = tokio::spawn(async move {
+            panicking
+                .write_in_place(|db| -> rusqlite::Result<()> {
+                    store_offset(db, 1)?;
+                    panic!("a bug halfway through a transaction")
+                })
+                .await
+        })
+        .await;
+        assert!(joined.unwrap_err().is_panic());
+        ledger.write_in_place(|db| store_offset(db, 2)).await.unwrap();
+        assert_eq!(offsets(&ledger).await, vec![2]);
+    }
+
+    /// Waiting for another writer's lock happens between tries, not in SQLite's busy
+    /// handler on this (the runtime's only) thread: the runtime keeps running, and the
+    /// write goes through once the lock is released.
+    #[tokio::test]
+    async fn waiting_for_another_writer_leaves_the_runtime_running() {
+        let (dir, ledger) = ledger().await;
+        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("ledger.db"));
+        let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
+        sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+
+        let writer = ledger.clone();
+        let write = tokio::spawn(async move { writer.write_in_place(|db| store_offset(db, 7)).await });
+        let mut ticks = 0;
+        for _ in 0..20 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            ticks += 1;
+        }
+        assert!(!write.is_finished(), "the write waits for the lock");
+        sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
+        holder.close().await.unwrap();
+        write.await.unwrap().unwrap();
+        assert_eq!(ticks, 20);
+        assert_eq!(offsets(&ledger).await, vec![7]);
+    }
+
+    #[tokio::test]
+    async fn errors_keep_their_sqlite_codes() {
+        let (_dir, ledger) = ledger().await;
+        ledger.write_in_place(|db| store_offset(db, 1)).await.unwrap();
+        let Err(sqlx::Error::Database(duplicate)) = ledger.write_in_place(|db| store_offset(db, 1)).await
+        else {
+            panic!("a duplicate key is a database error");
+        };
+        assert_eq!(duplicate.kind(), ErrorKind::UniqueViolation);
+        assert_eq!(duplicate.code().as_deref(), Some("1555"), "SQLITE_CONSTRAINT_PRIMARYKEY");
+        let failure = |code| into_sqlx(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None));
+        assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_BUSY)), Some(LedgerCongestion::Busy));
+        assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_LOCKED)), Some(LedgerCongestion::Busy));
+        assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_FULL)), Some(LedgerCongestion::DiskFull));
+        assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_CORRUPT)), None);
+    }
+}
