@@ -267,12 +267,20 @@ async fn session(
     ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response()
 }
 
-async fn pending(State(_): State<Arc<FakeState>>, Path(agent): Path<String>, headers: HeaderMap) -> Response {
+async fn pending(
+    State(state): State<Arc<FakeState>>,
+    Path(agent): Path<String>,
+    headers: HeaderMap,
+) -> Response {
     if let Some(refused) = refuse_credentials(&agent, &headers) {
         return refused;
     }
     if let Some(refused) = refuse_session(&headers) {
         return refused;
+    }
+    // What the plugin confirms as shown rides on its calls (see `DaemonClient::note_shown`).
+    if let Some(shown) = headers.get("x-switchboard-shown").and_then(|value| value.to_str().ok()) {
+        state.shown.lock().unwrap().extend(shown.split(',').map(str::to_owned));
     }
     Json(PendingList { pending: vec![summary(&topic_envelope()), summary(&group_envelope())], total: 2 })
         .into_response()
@@ -437,11 +445,13 @@ async fn plugin_declares_a_channel_and_pushes_every_envelope() {
     assert_eq!(group.meta_str("redelivered"), Some("true"));
 
     assert!(plugin.other_notifications().is_empty(), "{:?}", plugin.other_notifications());
-    // Each pushed envelope is confirmed as shown, so an unnamed reply may resolve to it.
-    support::daemon::eventually(WAIT, "both envelopes confirmed shown", || {
-        daemon.state.shown.lock().unwrap().len() == 2
-    })
-    .await;
+    // Each pushed envelope is confirmed as shown with the agent's next call, so an unnamed
+    // reply may resolve to it; and only once.
+    assert!(daemon.state.shown.lock().unwrap().is_empty(), "no call yet, no confirmation");
+    for _ in 0..2 {
+        let (is_error, text) = plugin.call_tool("pending", json!({})).await.unwrap();
+        assert!(!is_error, "{text}");
+    }
     assert_eq!(daemon.state.shown.lock().unwrap().clone(), [TOPIC_TRACE, GROUP_TRACE]);
     assert_eq!(plugin.stdout_violations(), Vec::<String>::new());
     daemon.wait_for_open_sessions(1).await;

@@ -281,6 +281,54 @@ async fn an_unnamed_reply_resolves_only_among_envelopes_the_session_was_shown() 
     assert_eq!(receipt.trace_id, second.trace_id);
 }
 
+/// The channel plugin confirms what it showed the agent with the agent's next call (the
+/// `x-switchboard-shown` header), not with a request of its own per envelope.
+#[tokio::test]
+async fn envelopes_noted_as_shown_are_confirmed_by_the_next_call_and_only_by_it() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let client = api_client(&daemon, "orchestrator");
+    let mut stream = client.open_session().await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "first");
+    let first = next_envelope(&mut stream).await;
+
+    // Noted, not yet sent: nothing is confirmed until a call carries it.
+    client.note_shown("env_0000000000");
+    client.note_shown(&first.trace_id);
+    let receipt = client.reply(&ReplyRequest::new("to the first", None)).await.unwrap();
+    assert_eq!(receipt.trace_id, first.trace_id);
+
+    // The next envelope is not noted: an unnamed reply cannot take it.
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "second");
+    let second = next_envelope(&mut stream).await;
+    let refused = client.reply(&ReplyRequest::new("blind", None)).await.unwrap_err();
+    assert_eq!(refusal_code(&refused), Some(ErrorCode::NothingPending), "{refused}");
+    // Once noted, any call confirms it, a refused one included.
+    client.note_shown(&second.trace_id);
+    let refused =
+        client.reply(&ReplyRequest { trace_id: Some(String::new()), ..ReplyRequest::new("x", None) }).await;
+    assert_eq!(refusal_code(&refused.unwrap_err()), Some(ErrorCode::BadRequest));
+    let receipt = client.reply(&ReplyRequest::new("to the second", None)).await.unwrap();
+    assert_eq!(receipt.trace_id, second.trace_id);
+    assert_eq!(fake.sent_messages().len(), 2);
+
+    // A malformed header is refused, naming the header, and marks nothing.
+    let secret = ORCHESTRATOR_SECRET;
+    let url = format!("http://{}/v1/agents/orchestrator/pending", daemon.api_addr);
+    let answer = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(url)
+        .bearer_auth(secret)
+        .header("x-switchboard-shown", format!("{},not-a-trace-id", second.trace_id))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(answer.status(), 400);
+    assert!(answer.text().await.unwrap().contains("x-switchboard-shown"));
+}
+
 #[tokio::test]
 async fn a_repeated_request_returns_the_first_outcome_and_sends_once() {
     let fake = FakeTelegram::start().await;

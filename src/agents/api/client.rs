@@ -3,8 +3,9 @@
 //! request reached the daemon at all, whether its outcome is known, and what the daemon
 //! said when it refused.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::{StreamExt, TryStreamExt};
@@ -16,8 +17,8 @@ use tokio_util::io::StreamReader;
 
 use super::wire::{
     API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, HandoffReceipt,
-    HandoffRequest, PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest,
-    SESSION_HEADER, SessionEvent, ShownReceipt, ShownRequest,
+    HandoffRequest, MAX_SHOWN_IN_HEADER, PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt,
+    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -89,6 +90,9 @@ pub struct DaemonClient {
     /// The live session's token (from its `Hello`), sent with every call; `None` while no
     /// session stream of this client is open.
     session: Arc<watch::Sender<Option<String>>>,
+    /// Envelopes pushed into the agent's context that the daemon has not yet been told of,
+    /// oldest first: every call carries them in its [`SHOWN_HEADER`].
+    unconfirmed: Arc<Mutex<VecDeque<String>>>,
 }
 
 impl DaemonClient {
@@ -98,7 +102,14 @@ impl DaemonClient {
             // The daemon is local: a proxy from the environment must never see the secret.
             .no_proxy()
             .build()?;
-        Ok(Self { http, address, agent, secret, session: Arc::new(watch::Sender::new(None)) })
+        Ok(Self {
+            http,
+            address,
+            agent,
+            secret,
+            session: Arc::new(watch::Sender::new(None)),
+            unconfirmed: Arc::default(),
+        })
     }
 
     /// Waits up to `within` for a session stream of this client to be open; true when one is.
@@ -151,8 +162,20 @@ impl DaemonClient {
         }
     }
 
-    /// Tells the daemon that an envelope was pushed into the agent's context, so an unnamed
-    /// reply may resolve to it.
+    /// Notes that an envelope is being pushed into the agent's context: the next call (any
+    /// tool call, which is what could depend on it) tells the daemon, so an unnamed reply
+    /// may resolve to it. Note it before the push, so that no call the agent makes after
+    /// seeing the envelope can leave without it.
+    pub fn note_shown(&self, trace_id: &str) {
+        let mut unconfirmed = self.unconfirmed.lock().unwrap_or_else(|p| p.into_inner());
+        if unconfirmed.len() == MAX_SHOWN_IN_HEADER {
+            unconfirmed.pop_front();
+        }
+        unconfirmed.push_back(trace_id.to_owned());
+    }
+
+    /// Tells the daemon at once that an envelope was pushed into the agent's context, so an
+    /// unnamed reply may resolve to it.
     pub async fn shown(&self, trace_id: &str) -> Result<ShownReceipt, ClientError> {
         let body = ShownRequest { trace_id: trace_id.to_owned() };
         let request = self.http.post(self.url("shown")).json(&body).timeout(QUERY_TIMEOUT);
@@ -209,11 +232,29 @@ impl DaemonClient {
         if let Some(token) = self.session.borrow().as_deref() {
             request = request.header(SESSION_HEADER, token);
         }
+        let confirming: Vec<String> =
+            self.unconfirmed.lock().unwrap_or_else(|p| p.into_inner()).iter().cloned().collect();
+        if !confirming.is_empty() {
+            request = request.header(SHOWN_HEADER, confirming.join(","));
+        }
         let response = request.send().await.map_err(|e| self.transport_error(&e))?;
+        // The daemon read the header before acting on the call, whatever its answer. A call
+        // that never got an answer leaves them noted, for the next one.
+        self.confirmed(&confirming);
         let response = self.refusal_or(response).await?;
         let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
         serde_json::from_slice(&body)
             .map_err(|e| self.protocol(format!("{e} in the answer '{}'", preview(&body))))
+    }
+
+    /// Forgets the noted envelopes a call just confirmed; any noted since stay.
+    fn confirmed(&self, confirmed: &[String]) {
+        if !confirmed.is_empty() {
+            self.unconfirmed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .retain(|noted| !confirmed.contains(noted));
+        }
     }
 
     /// Passes a success through; turns anything else into the daemon's refusal.

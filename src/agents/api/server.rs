@@ -17,11 +17,11 @@ use futures::stream;
 use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::wire::{
-    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, ReplyRequest, RevisionRequest,
-    SESSION_HEADER, SessionEvent, ShownRequest,
+    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
+    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
-use crate::ids::AgentName;
+use crate::ids::{AgentName, TraceId};
 use crate::ledger::{Ledger, StoredEnvelope};
 use crate::operate::health::Health;
 use crate::operate::metrics::{self, StateGauges};
@@ -254,8 +254,32 @@ impl FromRequestParts<Bridge> for Caller {
             tracing::warn!(agent, "local API request refused: bad credentials");
             Failure(ApiError::new(ErrorCode::Unauthorized, Unauthorized.to_string()))
         })?;
-        Ok(Self { agent, session_token: header_text(SESSION_HEADER).map(str::to_owned) })
+        let caller = Self { agent, session_token: header_text(SESSION_HEADER).map(str::to_owned) };
+        // Envelopes the plugin pushed since its last call are marked shown before this call
+        // is acted on (it may be the unnamed reply that depends on them). A session
+        // conflict is left for the handler to report in its own words.
+        if let Some(names) = header_text(SHOWN_HEADER) {
+            let shown = parse_shown_header(names)?;
+            let _ = bridge.mark_shown(&caller.agent, caller.token(), &shown);
+        }
+        Ok(caller)
     }
+}
+
+/// The trace ids of a [`SHOWN_HEADER`]: comma-separated, at most [`MAX_SHOWN_IN_HEADER`].
+fn parse_shown_header(names: &str) -> Result<Vec<TraceId>, Failure> {
+    let names: Vec<&str> = names.split(',').collect();
+    if names.len() > MAX_SHOWN_IN_HEADER {
+        return Err(bad_request(format!(
+            "{SHOWN_HEADER} names {} envelopes; at most {MAX_SHOWN_IN_HEADER} are read",
+            names.len()
+        )));
+    }
+    names
+        .into_iter()
+        .map(TraceId::parse)
+        .collect::<Result<_, _>>()
+        .map_err(|e| bad_request(format!("{SHOWN_HEADER}: {e}")))
 }
 
 fn bad_request(message: String) -> Failure {

@@ -18,7 +18,8 @@
 //!
 //! Every route but `session` also needs the [`SESSION_HEADER`] carrying the token of the
 //! agent's live session (from its `Hello`): a second session using the same secret, or a
-//! session that was replaced, is refused with `session_conflict` on every call.
+//! session that was replaced, is refused with `session_conflict` on every call. Any of
+//! them may carry a [`SHOWN_HEADER`].
 //!
 //! Failures answer with a non-2xx status and an [`ApiError`] body.
 
@@ -31,6 +32,16 @@ pub const API_PREFIX: &str = "/v1/agents";
 
 /// The header that binds a tool call to the agent's live session.
 pub const SESSION_HEADER: &str = "x-switchboard-session";
+
+/// The header in which a call names, comma-separated, envelopes the session pushed into
+/// the agent's context since its last call: the daemon records them as shown before it
+/// acts on the call, as `POST shown` would. The channel plugin confirms this way, with the
+/// call that may depend on it, rather than with a request of its own per envelope.
+pub const SHOWN_HEADER: &str = "x-switchboard-shown";
+
+/// At most this many trace ids in a [`SHOWN_HEADER`]: a plugin whose agent makes no call
+/// for a long time forgets the oldest (an unnamed reply to one of them must then name it).
+pub const MAX_SHOWN_IN_HEADER: usize = 256;
 
 /// At most this many envelopes are listed by `pending` and in a refusal's candidates; the
 /// total is always given, so an agent knows when a list was cut.

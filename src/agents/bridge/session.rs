@@ -180,19 +180,29 @@ impl Bridge {
         token: Option<&str>,
         request: ShownRequest,
     ) -> Result<ShownReceipt, ToolError> {
-        let session = self.live_session(agent, token)?;
         let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
-        let marked = self
-            .slot(agent)
-            .with_live_session(&session, |live| {
-                let handed = live.sightings.handed.contains(trace_id.as_str());
-                if handed {
-                    live.sightings.shown.insert(trace_id.as_str());
-                }
-                handed
-            })
-            .unwrap_or(false);
+        let marked = self.mark_shown(agent, token, std::slice::from_ref(&trace_id))? == 1;
         Ok(ShownReceipt { marked })
+    }
+
+    /// [`Self::shown`] for several envelopes at once (a call's `x-switchboard-shown`
+    /// header); returns how many were handed to this session and are now marked.
+    pub fn mark_shown(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        trace_ids: &[TraceId],
+    ) -> Result<usize, ToolError> {
+        let session = self.live_session(agent, token)?;
+        let marked = self.slot(agent).with_live_session(&session, |live| {
+            let handed: Vec<&TraceId> =
+                trace_ids.iter().filter(|id| live.sightings.handed.contains(id.as_str())).collect();
+            for trace_id in &handed {
+                live.sightings.shown.insert(trace_id.as_str());
+            }
+            handed.len()
+        });
+        Ok(marked.unwrap_or(0))
     }
 
     /// Feeds one session: first the envelopes a previous session left pending (marked

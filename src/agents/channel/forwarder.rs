@@ -15,7 +15,6 @@ use crate::backoff::Backoff;
 use crate::ids::AgentName;
 
 use super::calls::WaitingCalls;
-use super::shown::Confirmations;
 use super::texts::{channel_notification, notice_notification};
 
 /// First wait before reopening the session stream after the daemon went away; it doubles
@@ -37,8 +36,6 @@ pub(super) struct SessionForwarder {
     pub(super) refused: Arc<AtomicBool>,
     /// `call_agent` calls waiting for a `handoff_answer`.
     pub(super) calls: WaitingCalls,
-    /// Confirmations that envelopes were shown, on their way to the daemon.
-    pub(super) confirmations: Confirmations,
 }
 
 /// Why one connection of the session stream ended.
@@ -121,15 +118,10 @@ impl SessionForwarder {
                     } else {
                         envelope
                     };
-                    // Confirmed alongside the push: tool calls wait for confirmations in
-                    // flight (see `shown`), so none about this envelope can overtake it.
-                    let daemon = self.daemon.clone();
-                    let trace_id = envelope.trace_id.clone();
-                    self.confirmations.start(async move {
-                        if let Err(error) = daemon.shown(&trace_id).await {
-                            tracing::warn!(%trace_id, "could not confirm an envelope as shown ({error}); replies to it must name its trace_id");
-                        }
-                    });
+                    // Noted before the push, so that every tool call the agent makes once
+                    // it has seen the envelope confirms it to the daemon (see
+                    // `DaemonClient::note_shown`).
+                    self.daemon.note_shown(&envelope.trace_id);
                     let notification =
                         ServerNotification::CustomNotification(channel_notification(&envelope));
                     if self.peer.send_notification(notification).await.is_err() {

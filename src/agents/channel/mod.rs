@@ -42,7 +42,6 @@ use crate::ids::{AgentName, RequestId};
 
 mod calls;
 mod forwarder;
-mod shown;
 mod stdio;
 mod texts;
 
@@ -139,8 +138,6 @@ struct ChannelPlugin {
     stream_refused: Arc<AtomicBool>,
     /// `call_agent` calls waiting for their answer; shared with the session forwarder.
     calls: calls::WaitingCalls,
-    /// Shown-confirmations in flight; every tool call waits for them first.
-    confirmations: shown::Confirmations,
 }
 
 /// Arguments of the `reply` tool.
@@ -240,7 +237,6 @@ impl ChannelPlugin {
             stream_started: AtomicBool::new(false),
             stream_refused: Arc::default(),
             calls: calls::WaitingCalls::default(),
-            confirmations: shown::Confirmations::default(),
         }
     }
 
@@ -490,13 +486,10 @@ impl ChannelPlugin {
 
     /// Tool calls are bound to the live session: one made while the stream (re)connects
     /// waits a moment for it, unless the daemon is refusing the stream outright.
-    /// Also waits for the shown-confirmations on their way, so the daemon knows every
-    /// envelope the agent has seen before it acts on this call.
     async fn wait_for_session(&self) {
         if !self.stream_refused.load(Ordering::SeqCst) {
             self.daemon.wait_for_session(SESSION_WAIT).await;
         }
-        self.confirmations.settled().await;
     }
 
     /// Asks the daemon (once it answers again) what became of a reply whose answer was
@@ -562,7 +555,6 @@ impl ServerHandler for ChannelPlugin {
             peer: context.peer,
             refused: Arc::clone(&self.stream_refused),
             calls: self.calls.clone(),
-            confirmations: self.confirmations.clone(),
         };
         self.tasks.spawn(forwarder.run(self.shutdown.clone()));
     }
