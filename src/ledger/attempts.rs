@@ -4,7 +4,9 @@
 use super::envelopes::transition_in;
 use super::in_place::in_place;
 use crate::ledger::EnvelopeState;
-use sqlx::FromRow;
+use rusqlite::OptionalExtension;
+
+use super::in_place::text_enum;
 
 use super::{Ledger, now};
 use crate::ids::TraceId;
@@ -65,7 +67,8 @@ impl AttemptPurpose {
 }
 
 /// The `outcome` column of an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum AttemptState {
     /// Recorded; the request may be on its way. A daemon that dies leaves it so, and
@@ -103,14 +106,15 @@ impl std::fmt::Display for AttemptState {
 }
 
 /// What an operator found out about an attempt whose outcome was unknown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum ReconciledOutcome {
     Sent,
     NotSent,
 }
 
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredAttempt {
     pub op_id: String,
     pub request_id: Option<String>,
@@ -194,6 +198,32 @@ impl RecordedReply {
             }
         });
         Some(Self { envelope_id, trace_id, sent, parts, verdict })
+    }
+}
+
+impl StoredAttempt {
+    /// A row of [`attempt_columns!`], read in place.
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            op_id: row.get("op_id")?,
+            request_id: row.get("request_id")?,
+            chat_id: row.get("chat_id")?,
+            thread_id: row.get("thread_id")?,
+            reply_to_message_id: row.get("reply_to_message_id")?,
+            chunk_index: row.get("chunk_index")?,
+            chunk_count: row.get("chunk_count")?,
+            text: row.get("text")?,
+            outcome: text_enum(row, "outcome")?,
+            telegram_message_id: row.get("telegram_message_id")?,
+            error: row.get("error")?,
+            started_at: row.get("started_at")?,
+            finished_at: row.get("finished_at")?,
+            reconciled_outcome: row
+                .get::<_, Option<String>>("reconciled_outcome")?
+                .map(|_| text_enum(row, "reconciled_outcome"))
+                .transpose()?,
+            reconciled_reason: row.get("reconciled_reason")?,
+        })
     }
 }
 
@@ -334,36 +364,38 @@ impl Ledger {
     /// answered a handoff. One statement, so a new request (nearly every one) costs no
     /// more; [`Self::recorded_reply`] and `handoff_by_answer_request` tell what it came to.
     pub async fn reply_request_seen(&self, agent: &str, request_id: &str) -> sqlx::Result<bool> {
-        sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ?1 AND request_id = ?2) \
-             OR EXISTS (SELECT 1 FROM handoffs WHERE to_agent = ?1 AND answer_request_id = ?2)",
-        )
-        .bind(agent)
-        .bind(request_id)
-        .fetch_one(&self.reader)
+        self.read_in_place(|db| {
+            db.prepare_cached(
+                "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ?1 AND request_id = ?2) \
+                 OR EXISTS (SELECT 1 FROM handoffs WHERE to_agent = ?1 AND answer_request_id = ?2)",
+            )?
+            .query_row([agent, request_id], |row| row.get(0))
+        })
         .await
     }
 
     /// The attempts made for one `reply` request of `agent`, summed up; `None` when no
     /// attempt carries that id (the request was never acted on).
     pub async fn recorded_reply(&self, agent: &str, request_id: &str) -> sqlx::Result<Option<RecordedReply>> {
-        let envelope: Option<(i64, String)> = sqlx::query_as(
-            "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-             WHERE a.agent = ? AND a.request_id = ? LIMIT 1",
-        )
-        .bind(agent)
-        .bind(request_id)
-        .fetch_optional(&self.reader)
-        .await?;
-        let Some((envelope_id, trace_id)) = envelope else { return Ok(None) };
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
             " FROM attempts WHERE agent = ? AND request_id = ? ORDER BY id"
         );
-        let attempts: Vec<StoredAttempt> =
-            sqlx::query_as(sql).bind(agent).bind(request_id).fetch_all(&self.reader).await?;
-        Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
+        self.read_in_place(|db| {
+            let envelope: Option<(i64, String)> = db
+                .prepare_cached(
+                    "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+                     WHERE a.agent = ? AND a.request_id = ? LIMIT 1",
+                )?
+                .query_row([agent, request_id], |row| Ok((row.get(0)?, row.get(1)?)))
+                .optional()?;
+            let Some((envelope_id, trace_id)) = envelope else { return Ok(None) };
+            let attempts: Vec<StoredAttempt> =
+                db.prepare_cached(sql)?.query_map([agent, request_id], StoredAttempt::from_row)?.collect::<Result<_, _>>()?;
+            Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
+        })
+        .await
     }
 
     /// The most recent `reply` request made for an envelope, summed up: what a repeated
@@ -372,21 +404,27 @@ impl Ledger {
         &self,
         envelope_id: i64,
     ) -> sqlx::Result<Option<(String, Vec<StoredAttempt>)>> {
-        let request_id: Option<String> = sqlx::query_scalar(
-            "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL ORDER BY id DESC LIMIT 1",
-        )
-        .bind(envelope_id)
-        .fetch_optional(&self.reader)
-        .await?;
-        let Some(request_id) = request_id else { return Ok(None) };
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
             " FROM attempts WHERE envelope_id = ? AND request_id = ? ORDER BY id"
         );
-        let attempts =
-            sqlx::query_as(sql).bind(envelope_id).bind(&request_id).fetch_all(&self.reader).await?;
-        Ok(Some((request_id, attempts)))
+        self.read_in_place(|db| {
+            let request_id: Option<String> = db
+                .prepare_cached(
+                    "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL \
+                     ORDER BY id DESC LIMIT 1",
+                )?
+                .query_row([envelope_id], |row| row.get(0))
+                .optional()?;
+            let Some(request_id) = request_id else { return Ok(None) };
+            let attempts = db
+                .prepare_cached(sql)?
+                .query_map(rusqlite::params![envelope_id, request_id], StoredAttempt::from_row)?
+                .collect::<Result<_, _>>()?;
+            Ok(Some((request_id, attempts)))
+        })
+        .await
     }
 
     /// Of these envelopes, the ones with an attempt whose outcome is unknown and not yet
@@ -395,20 +433,25 @@ impl Ledger {
         if envelope_ids.is_empty() {
             return Ok(Vec::new());
         }
-        let mut query = sqlx::QueryBuilder::new(
-            "SELECT DISTINCT envelope_id FROM attempts WHERE outcome IN ('unknown', 'in_flight') \
-             AND reconciled_outcome IS NULL AND purpose = 'reply' AND envelope_id IN (",
-        );
-        let mut ids = query.separated(", ");
-        for id in envelope_ids {
-            ids.push_bind(*id);
-        }
-        query.push(")");
-        query.build_query_scalar().fetch_all(&self.reader).await
+        // The ids as a JSON array, so the statement stays one text, prepared once.
+        let ids = serde_json::to_string(envelope_ids).unwrap_or_else(|_| "[]".into());
+        self.read_in_place(|db| {
+            db.prepare_cached(
+                "SELECT DISTINCT envelope_id FROM attempts WHERE outcome IN ('unknown', 'in_flight') \
+                 AND reconciled_outcome IS NULL AND purpose = 'reply' \
+                 AND envelope_id IN (SELECT value FROM json_each(?))",
+            )?
+            .query_map([&ids], |row| row.get(0))?
+            .collect()
+        })
+        .await
     }
 
     pub async fn attempts_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredAttempt>> {
         let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
-        sqlx::query_as(sql).bind(envelope_id).fetch_all(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_map([envelope_id], StoredAttempt::from_row)?.collect()
+        })
+        .await
     }
 }

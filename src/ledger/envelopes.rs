@@ -4,6 +4,7 @@
 use crate::agents::api::wire::{DeliveredEnvelope, PendingSummary};
 use crate::ledger::EnvelopeState;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
+use rusqlite::OptionalExtension;
 use sqlx::FromRow;
 
 use super::in_place::text_enum;
@@ -215,12 +216,18 @@ impl Ledger {
             envelope_columns!(),
             " FROM envelopes WHERE agent = ? AND state = 'pending' ORDER BY id"
         );
-        sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_map([agent.as_str()], StoredEnvelope::from_row)?.collect()
+        })
+        .await
     }
 
     pub async fn find(&self, trace_id: &str) -> sqlx::Result<Option<StoredEnvelope>> {
         let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = ?");
-        sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_row([trace_id], StoredEnvelope::from_row).optional()
+        })
+        .await
     }
 
     /// [`Self::find`] for a reply that names its envelope, with what the envelope's
@@ -237,7 +244,18 @@ impl Ledger {
                  AND a.request_id IS NOT NULL) AS replied_before \
              FROM envelopes WHERE trace_id = ?"
         );
-        sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_row([trace_id], |row| {
+                    Ok(FoundForReply {
+                        envelope: StoredEnvelope::from_row(row)?,
+                        awaiting_reconciliation: row.get("awaiting_reconciliation")?,
+                        replied_before: row.get("replied_before")?,
+                    })
+                })
+                .optional()
+        })
+        .await
     }
 
     // ---- state transitions ----

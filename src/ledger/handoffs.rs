@@ -2,7 +2,10 @@
 //! carry its instruction to the target and its answer back to the delegator. Each change
 //! is one transaction, so a handoff and its envelopes never disagree.
 
+use rusqlite::OptionalExtension;
 use sqlx::FromRow;
+
+use super::in_place::text_enum;
 
 use super::envelopes::transition_in;
 use super::in_place::in_place;
@@ -14,7 +17,8 @@ use crate::rules::revisions::Refusal;
 use super::tasks;
 
 /// The `state` column of a handoff.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum HandoffState {
     /// Waiting for the target's answer.
@@ -72,6 +76,36 @@ pub struct StoredHandoff {
     pub task_id: Option<String>,
     /// The child's answer after a change superseded the handoff: kept, never delivered.
     pub late_result: Option<String>,
+}
+
+impl StoredHandoff {
+    /// A row of [`handoff_select!`], read in place.
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get("id")?,
+            handoff_id: row.get("handoff_id")?,
+            from_agent: row.get("from_agent")?,
+            to_agent: row.get("to_agent")?,
+            instruction: row.get("instruction")?,
+            cause_envelope_id: row.get("cause_envelope_id")?,
+            cause_trace_id: row.get("cause_trace_id")?,
+            depth: row.get("depth")?,
+            followup_of: row.get("followup_of")?,
+            intent: row.get("intent")?,
+            request_id: row.get("request_id")?,
+            envelope_id: row.get("envelope_id")?,
+            envelope_trace_id: row.get("envelope_trace_id")?,
+            answer_envelope_id: row.get("answer_envelope_id")?,
+            answer_trace_id: row.get("answer_trace_id")?,
+            answer_request_id: row.get("answer_request_id")?,
+            state: text_enum(row, "state")?,
+            opened_at: row.get("opened_at")?,
+            closed_at: row.get("closed_at")?,
+            note: row.get("note")?,
+            task_id: row.get("task_id")?,
+            late_result: row.get("late_result")?,
+        })
+    }
 }
 
 /// The columns of [`StoredHandoff`], joined with the envelopes it names.
@@ -333,13 +367,23 @@ impl Ledger {
 
     pub async fn handoff(&self, handoff_id: &str) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.handoff_id = ?");
-        sqlx::query_as(sql).bind(handoff_id).fetch_optional(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_row(rusqlite::params![handoff_id], StoredHandoff::from_row)
+                .optional()
+        })
+        .await
     }
 
     /// The handoff an envelope carries: as its instruction or as its answer.
     pub async fn handoff_of_envelope(&self, envelope_id: i64) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.envelope_id = ?1 OR h.answer_envelope_id = ?1");
-        sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_row(rusqlite::params![envelope_id], StoredHandoff::from_row)
+                .optional()
+        })
+        .await
     }
 
     /// The handoff a request of `from` recorded, if it did.
@@ -349,7 +393,12 @@ impl Ledger {
         request_id: &str,
     ) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.request_id = ?");
-        sqlx::query_as(sql).bind(from.as_str()).bind(request_id).fetch_optional(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_row(rusqlite::params![from.as_str(), request_id], StoredHandoff::from_row)
+                .optional()
+        })
+        .await
     }
 
     /// The handoff a `reply` request of `agent` answered, if it did.
@@ -359,19 +408,34 @@ impl Ledger {
         request_id: &str,
     ) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.to_agent = ? AND h.answer_request_id = ?");
-        sqlx::query_as(sql).bind(agent.as_str()).bind(request_id).fetch_optional(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_row(rusqlite::params![agent.as_str(), request_id], StoredHandoff::from_row)
+                .optional()
+        })
+        .await
     }
 
     /// The handoffs made on behalf of one envelope: a turn's instructions, oldest first.
     pub async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> sqlx::Result<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.cause_envelope_id = ? ORDER BY h.id");
-        sqlx::query_as(sql).bind(cause_envelope_id).fetch_all(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_map(rusqlite::params![cause_envelope_id], StoredHandoff::from_row)?
+                .collect()
+        })
+        .await
     }
 
     /// `from`'s handoffs still open, oldest first.
     pub async fn open_handoffs_from(&self, from: &AgentName) -> sqlx::Result<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.state = 'open' ORDER BY h.id");
-        sqlx::query_as(sql).bind(from.as_str()).fetch_all(&self.reader).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_map(rusqlite::params![from.as_str()], StoredHandoff::from_row)?
+                .collect()
+        })
+        .await
     }
 
     /// For `switchboard ledger handoffs`: newest last.

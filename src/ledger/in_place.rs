@@ -31,8 +31,8 @@ use sqlx::error::{DatabaseError, ErrorKind};
 use super::{BUSY_TIMEOUT, Ledger};
 
 /// The first pause between two tries for the write lock, and the longest.
-const FIRST_PAUSE: Duration = Duration::from_millis(1);
-const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+pub(super) const FIRST_PAUSE: Duration = Duration::from_millis(1);
+pub(super) const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 
 /// Runs `work` on `connection`'s handle, inside whatever transaction sqlx has open on it.
 pub(super) async fn in_place<T>(
@@ -130,7 +130,7 @@ pub(super) fn text_enum<T: serde::de::DeserializeOwned>(
     })
 }
 
-fn is_busy(error: &rusqlite::Error) -> bool {
+pub(super) fn is_busy(error: &rusqlite::Error) -> bool {
     matches!(
         error.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)

@@ -18,6 +18,7 @@ use sqlx::{Connection as _, SqlitePool};
 
 use crate::config::Synchronous;
 use checkpoint::Checkpointer;
+use readers::Readers;
 
 /// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
 /// daemon runs) before giving up. Ledger transactions are short, so this is generous.
@@ -31,18 +32,14 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 /// on the reply's path.
 /// One connection also keeps its page cache (WAL resets a connection's cache whenever
 /// another one has written) and its worker thread warm. Statements are short, and the
-/// ledger never holds the connection across other I/O. (Hot-path reads have connections
-/// of their own: `Ledger::reader`.)
+/// ledger never holds the connection across other I/O. (Reads on the path of a message
+/// have connections of their own: `readers`.)
 ///
 /// The rule that comes with it: code holding a transaction (or an acquired connection)
 /// must run everything through it (`&mut SqliteConnection` helpers, or statements run in
 /// place on its handle such as `transition_in`, see `in_place`), never through the pool,
 /// which would wait for itself until the pool's acquire timeout.
 const MAX_CONNECTIONS: u32 = 1;
-
-/// Readers beside the writer: two, so that one's release ping overlaps with the next
-/// read; a reply's or a handoff's lookups come one after another, not many at once.
-const READERS: u32 = 2;
 
 pub fn now() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
@@ -53,9 +50,8 @@ pub struct Ledger {
     /// read that is not on a hot path.
     pool: SqlitePool,
     /// Connections for the reads on the path of a message (resolving a reply, the guard of
-    /// a handoff): they never wait for the writer in WAL mode, and sqlx's ping on every
-    /// release overlaps with the next read instead of delaying it. Nothing writes here.
-    reader: SqlitePool,
+    /// a handoff): they never wait for the writer in WAL mode. Nothing writes here.
+    readers: Arc<Readers>,
     /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
     /// `switchboard ledger` leaves that to SQLite.
     checkpointer: Option<Arc<Checkpointer>>,
@@ -93,6 +89,7 @@ mod inspect;
 mod intake;
 mod lock;
 mod probe;
+mod readers;
 mod rooms;
 mod sessions;
 mod states;
@@ -190,19 +187,14 @@ impl Ledger {
             .run(&pool)
             .await
             .with_context(|| format!("applying migrations to {}", path.display()))?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(READERS)
-            .test_before_acquire(false)
-            .connect_with(options.clone())
-            .await
-            .with_context(|| format!("opening the ledger database {} for reading", path.display()))?;
+        let readers = Arc::new(Readers::new(path));
         if let Some(checkpointer) = &checkpointer {
             checkpointer
                 .start(&options)
                 .await
                 .with_context(|| format!("opening a checkpointing connection to {}", path.display()))?;
         }
-        Ok(Self { pool, reader, checkpointer })
+        Ok(Self { pool, readers, checkpointer })
     }
 
     /// A transaction that takes SQLite's write lock at once. A read-then-write
@@ -221,7 +213,7 @@ impl Ledger {
         if let Some(checkpointer) = &self.checkpointer {
             checkpointer.stop().await;
         }
-        self.reader.close().await;
+        self.readers.close();
         self.pool.close().await;
     }
 }

@@ -1124,8 +1124,7 @@ impl Ledger {
     /// [`admission_in`] on its own, for a tool's early answer; the check that counts is
     /// made again in the transaction that records the action.
     pub async fn admission(&self, envelope_id: i64) -> sqlx::Result<Result<(), Refusal>> {
-        let mut connection = self.reader.acquire().await?;
-        in_place(&mut connection, |db| admission_in(db, envelope_id)).await
+        self.read_in_place(|db| admission_in(db, envelope_id)).await
     }
 
     /// `revise_task`: the agent declares that its pending envelope `trace_id` changes its
@@ -1231,10 +1230,12 @@ impl Ledger {
 
     /// A task's state as stored (`open`, `paused`, `stop_requested`, …).
     pub async fn task_state(&self, task_id: &str) -> sqlx::Result<Option<String>> {
-        sqlx::query_scalar("SELECT state FROM tasks WHERE task_id = ?")
-            .bind(task_id)
-            .fetch_optional(&self.reader)
-            .await
+        self.read_in_place(|db| {
+            db.prepare_cached("SELECT state FROM tasks WHERE task_id = ?")?
+                .query_row([task_id], |row| row.get(0))
+                .optional()
+        })
+        .await
     }
 
     /// A task and its revisions, oldest first.

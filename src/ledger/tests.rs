@@ -510,7 +510,8 @@ async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_t
     // One connection, whose page cap stands for a full disk.
     let options = sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("ledger.db"));
     let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
-    let ledger = Ledger { reader: pool.clone(), pool, checkpointer: None };
+    let readers = Arc::new(readers::Readers::new(&dir.path().join("ledger.db")));
+    let ledger = Ledger { readers, pool, checkpointer: None };
     let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(ledger.pool()).await.unwrap();
     sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
         .execute(ledger.pool())
