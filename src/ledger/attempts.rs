@@ -2,7 +2,6 @@
 //! settling their envelope in the same transaction.
 
 use super::envelopes::transition_in;
-use super::in_place::in_place;
 use crate::ledger::EnvelopeState;
 use rusqlite::OptionalExtension;
 
@@ -242,7 +241,6 @@ impl Ledger {
     /// superseded, paused or cancelled goes out. A refusal records nothing.
     pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> sqlx::Result<Result<String, Refusal>> {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
-        // One statement, so no transaction of its own: it is on the path of every reply.
         let sql = concat!(
             "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
              reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at) \
@@ -251,39 +249,34 @@ impl Ledger {
             refused_for_envelope!(),
             ")"
         );
-        // A refusal is explained by `admit`; should the task have been resumed meanwhile,
-        // the insert is tried again. A few tries: the two rules are kept in step by a test.
-        for _ in 0..3 {
-            let recorded = sqlx::query(sql)
-                .bind(&op_id)
-                .bind(attempt.envelope_id)
-                .bind(attempt.agent)
-                .bind(attempt.request_id)
-                .bind(attempt.purpose)
-                .bind(attempt.chat_id)
-                .bind(attempt.thread_id)
-                .bind(attempt.reply_to_message_id)
-                .bind(attempt.chunk_index as i64)
-                .bind(attempt.chunk_count as i64)
-                .bind(attempt.text)
-                .bind(now())
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
+        let decided = self.write_in_place(|db| {
+            let recorded = db.prepare_cached(sql)?.execute(rusqlite::params![
+                op_id,
+                attempt.envelope_id,
+                attempt.agent,
+                attempt.request_id,
+                attempt.purpose.as_str(),
+                attempt.chat_id,
+                attempt.thread_id,
+                attempt.reply_to_message_id,
+                attempt.chunk_index as i64,
+                attempt.chunk_count as i64,
+                attempt.text,
+                now(),
+            ])?;
             if recorded == 1 {
-                return Ok(Ok(op_id));
+                return Ok(Some(Ok(op_id.clone())));
             }
-            let mut connection = self.pool.acquire().await?;
-            if let Err(refusal) =
-                in_place(&mut connection, |db| super::tasks::admission_in(db, attempt.envelope_id)).await?
-            {
-                return Ok(Err(refusal));
-            }
-        }
-        Err(sqlx::Error::Protocol(format!(
-            "the admission of a reply to envelope {} disagrees with itself; nothing was sent",
-            attempt.envelope_id
-        )))
+            // Refused: `admit` explains why, in the same transaction. The two rules are kept
+            // in step by a test; should they disagree (`None`), nothing is sent.
+            Ok(super::tasks::admission_in(db, attempt.envelope_id)?.err().map(Err))
+        });
+        decided.await?.ok_or_else(|| {
+            sqlx::Error::Protocol(format!(
+                "the admission of a reply to envelope {} disagrees with itself; nothing was sent",
+                attempt.envelope_id
+            ))
+        })
     }
 
     /// Records what an attempt came to and, in the same transaction, what that proves

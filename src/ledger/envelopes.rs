@@ -191,7 +191,12 @@ impl Ledger {
             envelope_columns!(),
             ""
         );
-        sqlx::query_as(sql).bind(now()).bind(agent.as_str()).fetch_optional(&self.pool).await
+        self.write_in_place(|db| {
+            db.prepare_cached(sql)?
+                .query_row(rusqlite::params![now(), agent.as_str()], StoredEnvelope::from_row)
+                .optional()
+        })
+        .await
     }
 
     /// The agent's `pending` envelopes, oldest first, counted as delivered once more: a new
@@ -203,8 +208,11 @@ impl Ledger {
             envelope_columns!(),
             ""
         );
-        let mut rows: Vec<StoredEnvelope> =
-            sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?;
+        let mut rows: Vec<StoredEnvelope> = self
+            .write_in_place(|db| {
+                db.prepare_cached(sql)?.query_map([agent.as_str()], StoredEnvelope::from_row)?.collect()
+            })
+            .await?;
         // RETURNING gives no order guarantee.
         rows.sort_by_key(|row| row.id);
         Ok(rows)

@@ -352,17 +352,16 @@ impl Ledger {
         trace_id: &str,
         text: &str,
     ) -> sqlx::Result<bool> {
-        let kept = sqlx::query(
-            "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
-             AND to_agent = ? AND envelope_id = (SELECT id FROM envelopes WHERE trace_id = ?)",
-        )
-        .bind(text)
-        .bind(now())
-        .bind(agent.as_str())
-        .bind(trace_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(kept.rows_affected() == 1)
+        let kept = self
+            .write_in_place(|db| {
+                db.execute(
+                    "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
+                     AND to_agent = ? AND envelope_id = (SELECT id FROM envelopes WHERE trace_id = ?)",
+                    rusqlite::params![text, now(), agent.as_str(), trace_id],
+                )
+            })
+            .await?;
+        Ok(kept == 1)
     }
 
     pub async fn handoff(&self, handoff_id: &str) -> sqlx::Result<Option<StoredHandoff>> {

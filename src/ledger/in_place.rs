@@ -22,13 +22,17 @@
 use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rusqlite::{TransactionBehavior, ffi};
+use rusqlite::{OpenFlags, TransactionBehavior, ffi};
 use sqlx::SqliteConnection;
 use sqlx::error::{DatabaseError, ErrorKind};
 
+use super::checkpoint::Checkpointer;
 use super::{BUSY_TIMEOUT, Ledger};
+use crate::config::Synchronous;
 
 /// The first pause between two tries for the write lock, and the longest.
 pub(super) const FIRST_PAUSE: Duration = Duration::from_millis(1);
@@ -50,29 +54,94 @@ pub(super) async fn in_place<T>(
     result
 }
 
+/// The ledger's writer: a connection of its own (not pooled by sqlx), which the
+/// transactions on the path of a message run on, on the calling thread. It is also this
+/// process's turn to write: code that writes through sqlx's pool takes it first
+/// ([`Ledger::write_turn`]), so the two never meet in SQLite's busy handler, and the
+/// writers of this process queue in order.
+pub(super) struct Writer {
+    path: PathBuf,
+    settings: WriterSettings,
+    /// `None` after a failure left the connection unusable: the next turn opens another.
+    connection: tokio::sync::Mutex<Option<rusqlite::Connection>>,
+}
+
+/// What a writer connection is set up with, as sqlx's connections are.
+pub(super) struct WriterSettings {
+    pub synchronous: Synchronous,
+    /// `wal_autocheckpoint`, when a checkpointer runs beside (see `checkpoint`).
+    pub autocheckpoint_pages: Option<u32>,
+    /// Rung on every commit.
+    pub checkpointer: Option<Arc<Checkpointer>>,
+}
+
+impl fmt::Debug for Writer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Writer").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// The writer of the (existing, migrated) database at `path`, opened at once so that
+    /// a database it cannot write fails at start-up.
+    pub(super) fn open(path: &Path, settings: WriterSettings) -> rusqlite::Result<Self> {
+        let connection = open_writer(path, &settings)?;
+        Ok(Self { path: path.to_owned(), settings, connection: tokio::sync::Mutex::new(Some(connection)) })
+    }
+}
+
+fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusqlite::Connection> {
+    let db = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    // Waiting for another process's lock happens between tries, never in SQLite's busy
+    // handler on the runtime's thread (see `Ledger::write_in_place`).
+    db.busy_timeout(Duration::ZERO)?;
+    db.pragma_update(None, "foreign_keys", true)?;
+    let synchronous = match settings.synchronous {
+        Synchronous::Normal => "NORMAL",
+        Synchronous::Full => "FULL",
+    };
+    db.pragma_update(None, "synchronous", synchronous)?;
+    if let Some(pages) = settings.autocheckpoint_pages {
+        db.pragma_update(None, "wal_autocheckpoint", pages)?;
+    }
+    if let Some(checkpointer) = &settings.checkpointer {
+        let mut ring = checkpointer.on_commit();
+        // rusqlite's hook answers whether to roll back; sqlx's (`on_commit`), whether to
+        // go ahead.
+        db.commit_hook(Some(move || !ring()))?;
+    }
+    Ok(db)
+}
+
 impl Ledger {
-    /// Runs `work` as one write transaction on the writer's handle: `BEGIN IMMEDIATE`,
-    /// `work`, `COMMIT` in one section. An error (or a panic) in `work` rolls it back.
+    /// Runs `work` as one write transaction on the writer, on this thread: `BEGIN
+    /// IMMEDIATE`, `work`, `COMMIT`, with no hand-over to another thread. An error (or a
+    /// panic) in `work` rolls it back.
     ///
-    /// While another connection (`switchboard ledger reconcile`, say) holds the write
-    /// lock, the section is not entered: the lock is tried without SQLite's busy handler
-    /// (which would sleep on this thread) and tried again after an asynchronous pause,
-    /// for as long as the busy timeout, after which the `SQLITE_BUSY` is returned as any
-    /// statement's would be.
+    /// While another process (`switchboard ledger reconcile`, say) holds the write lock,
+    /// the section is not entered: the lock is tried without SQLite's busy handler (which
+    /// would sleep on this thread) and tried again after an asynchronous pause, for as long
+    /// as the busy timeout, after which the `SQLITE_BUSY` is returned as any statement's
+    /// would be.
     pub(super) async fn write_in_place<T>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> sqlx::Result<T> {
-        let mut connection = self.pool.acquire().await?;
+        let mut turn = self.writer.connection.lock().await;
         let give_up_at = Instant::now() + BUSY_TIMEOUT;
         let mut pause = FIRST_PAUSE;
         let mut work = Some(work);
         loop {
-            let mut handle = connection.lock_handle().await?;
-            // SAFETY: as in `in_place`.
-            let mut db = unsafe { rusqlite::Connection::from_handle(handle.as_raw_handle().as_ptr()) }
-                .map_err(into_sqlx)?;
-            let outcome = match begin(&mut db) {
+            let db = match turn.as_mut() {
+                Some(db) => db,
+                None => {
+                    turn.insert(open_writer(&self.writer.path, &self.writer.settings).map_err(into_sqlx)?)
+                }
+            };
+            let outcome = match db.transaction_with_behavior(TransactionBehavior::Immediate) {
                 Ok(tx) => {
                     let work = work.take().expect("the work runs once, after the write lock is taken");
                     // Dropping `tx` without committing rolls it back (rusqlite's default).
@@ -81,13 +150,10 @@ impl Ledger {
                 Err(e) if is_busy(&e) && Instant::now() < give_up_at => None,
                 Err(e) => Some(Err(e)),
             };
-            // A rollback SQLite refused leaves the connection inside a transaction that
-            // sqlx knows nothing of: it must not go back to the pool.
-            let left_open = !db.is_autocommit();
-            drop(db);
-            drop(handle);
-            if left_open {
-                connection.close_on_drop();
+            // A rollback SQLite refused leaves the connection inside a transaction: it is
+            // closed (which rolls back) and the next turn opens another.
+            if !db.is_autocommit() {
+                *turn = None;
             }
             match outcome {
                 Some(result) => return result.map_err(into_sqlx),
@@ -98,20 +164,17 @@ impl Ledger {
             }
         }
     }
+
+    /// This process's turn to write, for code that writes through sqlx's pool: held for
+    /// the whole of its transaction, it keeps the writer out meanwhile.
+    pub(super) async fn write_turn(&self) -> WriteTurn<'_> {
+        WriteTurn { _turn: self.writer.connection.lock().await }
+    }
 }
 
-/// `BEGIN IMMEDIATE` without SQLite's busy handler; the handler is back for the
-/// statements of the transaction (which, in WAL mode, hold the only lock they need).
-fn begin(db: &mut rusqlite::Connection) -> rusqlite::Result<rusqlite::Transaction<'_>> {
-    db.busy_timeout(Duration::ZERO)?;
-    let begun = db.transaction_with_behavior(TransactionBehavior::Immediate);
-    let restored = match &begun {
-        Ok(tx) => tx.busy_timeout(BUSY_TIMEOUT),
-        Err(_) => Ok(()),
-    };
-    let tx = begun?;
-    restored?;
-    Ok(tx)
+/// See [`Ledger::write_turn`].
+pub(super) struct WriteTurn<'a> {
+    _turn: tokio::sync::MutexGuard<'a, Option<rusqlite::Connection>>,
 }
 
 /// A text column holding one of the ledger's enums (a state, a kind), by the snake_case

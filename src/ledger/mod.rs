@@ -18,6 +18,7 @@ use sqlx::{Connection as _, SqlitePool};
 
 use crate::config::Synchronous;
 use checkpoint::Checkpointer;
+use in_place::{WriteTurn, Writer, WriterSettings};
 use readers::Readers;
 
 /// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
@@ -49,6 +50,9 @@ pub struct Ledger {
     /// The one connection every write goes through (see [`MAX_CONNECTIONS`]), and every
     /// read that is not on a hot path.
     pool: SqlitePool,
+    /// The connection the transactions on the path of a message write on, and this
+    /// process's turn to write (see `in_place`).
+    writer: Arc<Writer>,
     /// Connections for the reads on the path of a message (resolving a reply, the guard of
     /// a handoff): they never wait for the writer in WAL mode. Nothing writes here.
     readers: Arc<Readers>,
@@ -188,21 +192,33 @@ impl Ledger {
             .await
             .with_context(|| format!("applying migrations to {}", path.display()))?;
         let readers = Arc::new(Readers::new(path));
+        let settings = WriterSettings {
+            synchronous,
+            autocheckpoint_pages: checkpointer.as_ref().map(|_| checkpoint::BACKSTOP_PAGES),
+            checkpointer: checkpointer.clone(),
+        };
+        let writer = Arc::new(
+            Writer::open(path, settings)
+                .with_context(|| format!("opening the ledger database {} for writing", path.display()))?,
+        );
         if let Some(checkpointer) = &checkpointer {
             checkpointer
                 .start(&options)
                 .await
                 .with_context(|| format!("opening a checkpointing connection to {}", path.display()))?;
         }
-        Ok(Self { pool, readers, checkpointer })
+        Ok(Self { pool, writer, readers, checkpointer })
     }
 
-    /// A transaction that takes SQLite's write lock at once. A read-then-write
-    /// transaction that started as a reader could fail with `SQLITE_BUSY` instead of
-    /// waiting when another writer commits in between; taking the lock up front makes
-    /// concurrent writers (the daemon and `switchboard ledger`) queue on the busy timeout.
-    async fn write_transaction(&self) -> sqlx::Result<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await
+    /// A transaction through sqlx's pool that takes SQLite's write lock at once, in this
+    /// process's turn to write (see `in_place`). A read-then-write transaction that started
+    /// as a reader could fail with `SQLITE_BUSY` instead of waiting when another writer
+    /// commits in between; taking the lock up front makes concurrent writers (the daemon
+    /// and `switchboard ledger`) queue on the busy timeout.
+    async fn write_transaction(&self) -> sqlx::Result<WriteTransaction<'_>> {
+        let turn = self.write_turn().await;
+        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+        Ok(WriteTransaction { tx, _turn: turn })
     }
 
     pub fn pool(&self) -> &SqlitePool {
@@ -215,6 +231,31 @@ impl Ledger {
         }
         self.readers.close();
         self.pool.close().await;
+    }
+}
+
+/// A write transaction through sqlx's pool, held in this process's turn to write.
+struct WriteTransaction<'a> {
+    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
+    _turn: WriteTurn<'a>,
+}
+
+impl WriteTransaction<'_> {
+    async fn commit(self) -> sqlx::Result<()> {
+        self.tx.commit().await
+    }
+}
+
+impl std::ops::Deref for WriteTransaction<'_> {
+    type Target = sqlx::SqliteConnection;
+    fn deref(&self) -> &Self::Target {
+        &self.tx
+    }
+}
+
+impl std::ops::DerefMut for WriteTransaction<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.tx
     }
 }
 

@@ -563,15 +563,17 @@ impl Ledger {
     /// Gives a turn's claimed reply back when it was not posted and is not being posted
     /// (its envelope is still pending): the speaker may reply again, or time out.
     pub async fn release_room_reply(&self, turn_id: i64) -> sqlx::Result<bool> {
-        let released = sqlx::query(
-            "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
-             WHERE id = ? AND ended_at IS NULL AND reply_text IS NOT NULL \
-             AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending'",
-        )
-        .bind(turn_id)
-        .execute(&self.pool)
-        .await?;
-        Ok(released.rows_affected() == 1)
+        let released = self
+            .write_in_place(|db| {
+                db.execute(
+                    "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
+                     WHERE id = ? AND ended_at IS NULL AND reply_text IS NOT NULL \
+                     AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending'",
+                    [turn_id],
+                )
+            })
+            .await?;
+        Ok(released == 1)
     }
 
     /// Posts not yet made, oldest first.
@@ -595,12 +597,14 @@ impl Ledger {
     }
 
     pub async fn mark_room_post_made(&self, post_id: i64) -> sqlx::Result<()> {
-        sqlx::query("UPDATE room_posts SET state = 'made', made_at = ? WHERE id = ? AND state = 'owed'")
-            .bind(now())
-            .bind(post_id)
-            .execute(&self.pool)
-            .await
-            .map(drop)
+        self.write_in_place(|db| {
+            db.execute(
+                "UPDATE room_posts SET state = 'made', made_at = ? WHERE id = ? AND state = 'owed'",
+                rusqlite::params![now(), post_id],
+            )
+        })
+        .await
+        .map(drop)
     }
 }
 

@@ -10,22 +10,24 @@ impl Ledger {
         agent: &AgentName,
         redelivered: usize,
     ) -> sqlx::Result<()> {
-        sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES (?, ?, ?, ?)")
-            .bind(session_id)
-            .bind(agent.as_str())
-            .bind(now())
-            .bind(redelivered as i64)
-            .execute(&self.pool)
-            .await
-            .map(drop)
+        self.write_in_place(|db| {
+            db.execute(
+                "INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES (?, ?, ?, ?)",
+                rusqlite::params![session_id, agent.as_str(), now(), redelivered as i64],
+            )
+        })
+        .await
+        .map(drop)
     }
 
     pub async fn session_closed(&self, session_id: &str) -> sqlx::Result<()> {
-        sqlx::query("UPDATE agent_sessions SET disconnected_at = ? WHERE id = ?")
-            .bind(now())
-            .bind(session_id)
-            .execute(&self.pool)
-            .await
-            .map(drop)
+        self.write_in_place(|db| {
+            db.execute(
+                "UPDATE agent_sessions SET disconnected_at = ? WHERE id = ?",
+                rusqlite::params![now(), session_id],
+            )
+        })
+        .await
+        .map(drop)
     }
 }

@@ -1243,6 +1243,7 @@ impl Ledger {
         &self,
         task_id: &str,
     ) -> sqlx::Result<Option<(StoredTask, Vec<StoredRevision>, TaskEffects)>> {
+        let _turn = self.write_turn().await;
         let mut connection = self.pool.acquire().await?;
         // A task that has finished says so, as it would to the next message.
         sqlx::query(concat!(close_if_finished!(), "WHERE task_id = ?2 AND state = 'open'"))

@@ -506,24 +506,31 @@ async fn a_busy_lock_and_a_full_disk_are_congestion_and_other_errors_are_not() {
 
 #[tokio::test]
 async fn a_batch_refused_for_a_full_disk_records_nothing_and_the_next_one_goes_through() {
-    let (dir, _) = ledger().await;
-    // One connection, whose page cap stands for a full disk.
-    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("ledger.db"));
-    let pool = sqlx::sqlite::SqlitePoolOptions::new().max_connections(1).connect_with(options).await.unwrap();
-    let readers = Arc::new(readers::Readers::new(&dir.path().join("ledger.db")));
-    let ledger = Ledger { readers, pool, checkpointer: None };
-    let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(ledger.pool()).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
-        .execute(ledger.pool())
-        .await
-        .unwrap();
+    let (_dir, ledger) = ledger().await;
+    // A page cap on the writer's connection stands for a full disk.
+    let cap = |pages: Option<i64>| {
+        let ledger = ledger.clone();
+        async move {
+            ledger
+                .write_in_place(move |db| {
+                    let pages = match pages {
+                        Some(pages) => pages,
+                        None => db.query_row("PRAGMA page_count", [], |row| row.get(0))?,
+                    };
+                    db.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(()))
+                })
+                .await
+                .unwrap();
+        }
+    };
+    cap(None).await;
     let mut big = routed(1, EnvelopeState::Queued);
     big.envelope.text = Some("x".repeat(256 * 1024));
     let full = ledger.record_batch(1, 2, &[big]).await.unwrap_err();
     assert_eq!(LedgerCongestion::of(&full), Some(LedgerCongestion::DiskFull), "{full}");
     assert_eq!(ledger.next_offset(1).await.unwrap(), None, "nothing recorded, the offset not moved");
-    // Room again (on whichever connection the pool now holds).
-    sqlx::query("PRAGMA max_page_count = 1073741823").execute(ledger.pool()).await.unwrap();
+    // Room again.
+    cap(Some(1_073_741_823)).await;
     ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
     assert_eq!(ledger.next_offset(1).await.unwrap(), Some(2));
 }
