@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::OpenFlags;
 
-use super::in_place::{FIRST_PAUSE, LONGEST_PAUSE, into_sqlx, is_busy};
+use super::in_place::{FIRST_PAUSE, LONGEST_PAUSE, PAGE_CACHE_KIB, into_sqlx, is_busy};
 use super::{BUSY_TIMEOUT, Ledger};
 
 /// Readers kept open between reads: a reply's and a handoff's lookups come one after
@@ -51,6 +51,7 @@ impl Readers {
         // handler on the runtime's thread.
         db.busy_timeout(Duration::ZERO)?;
         db.pragma_update(None, "query_only", true)?;
+        db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
         Ok(db)
     }
 
