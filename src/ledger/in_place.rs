@@ -1,13 +1,16 @@
-//! Statements run on a connection's own SQLite handle, on the calling thread.
+//! Statements run on the calling thread: the ledger's writer, and sections on a sqlx
+//! connection's own handle.
 //!
 //! sqlx runs each SQLite connection on a worker thread of its own, and every statement is
 //! a hand-over to that thread and back: about 25–50 µs on a small machine, nearly all of
 //! it the two wake-ups, which were also half of the daemon's CPU. The transactions on the
-//! path of every message (a batch's intake, a reply's outcome) ran five or six statements
-//! each, one hand-over apiece. Here they run whole on the connection's handle, which sqlx
-//! lends for the price of one hand-over (`lock_handle`): the worker lets go of it, the
-//! statements run on this thread through rusqlite (linked against the same SQLite), and
-//! the worker takes it back when the section ends.
+//! path of every message (a batch's intake, a reply's attempt and outcome) took five or
+//! six of them each. They now run on [`Writer`], a connection the ledger owns (rusqlite,
+//! linked against the same SQLite), on the calling thread ([`Ledger::write_in_place`]).
+//! Code that still writes through sqlx's pool takes the writer's lock first (its turn to
+//! write), and inside such a transaction the synchronous helpers (`transition_in`, tasks'
+//! helpers) run on the pooled connection's own handle, which sqlx lends for one hand-over
+//! ([`in_place`]).
 //!
 //! A section is synchronous: nothing in it awaits, so a cancelled caller can only go away
 //! before it starts or after it ends, never halfway through a transaction.
@@ -15,9 +18,9 @@
 //! What it costs: the statements of a section run on the runtime's thread. With
 //! `synchronous = normal` (the default) a commit writes to the WAL without waiting for
 //! the disk, so a section takes tens of microseconds. With `synchronous = full` the
-//! commit's fsync happens on that thread too. Waiting for another writer never does:
-//! [`Ledger::write_in_place`] asks for the write lock without SQLite's busy handler and
-//! waits between tries asynchronously.
+//! commit's fsync happens on that thread too. Waiting for another process's write lock
+//! never does: [`Ledger::write_in_place`] asks for the lock without SQLite's busy handler
+//! and waits between tries asynchronously.
 
 use std::borrow::Cow;
 use std::error::Error as StdError;
