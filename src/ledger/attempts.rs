@@ -5,7 +5,7 @@ use super::envelopes::transition_in;
 use crate::ledger::EnvelopeState;
 use rusqlite::OptionalExtension;
 
-use super::in_place::text_enum;
+use super::in_place::{query_row_cached, text_enum};
 
 use super::{Ledger, now};
 use crate::ids::TraceId;
@@ -300,7 +300,8 @@ impl Ledger {
         };
         let state = outcome.state();
         self.write_in_place(|db| {
-            let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, String) = db.query_row(
+            let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, String) = query_row_cached(
+                    db,
                 "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ? \
                  RETURNING envelope_id, chunk_index, chunk_count, purpose",
                 rusqlite::params![state.as_str(), message_id, error, now(), op_id],

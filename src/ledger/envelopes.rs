@@ -7,7 +7,7 @@ use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display
 use rusqlite::OptionalExtension;
 use sqlx::FromRow;
 
-use super::in_place::text_enum;
+use super::in_place::{execute_cached, text_enum};
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
 
@@ -297,13 +297,15 @@ pub(super) fn transition_in(
     // the first one (nearly always), the move costs one statement and its event another,
     // with no read before them — this runs on the path of every reply.
     for &current in from.iter().filter(|&&state| state != to) {
-        let moved = db.execute(
+        let moved = execute_cached(
+            db,
             "UPDATE envelopes SET state = ?, state_changed_at = ?, note = COALESCE(?, note) \
              WHERE id = ? AND state = ?",
             rusqlite::params![to.as_str(), at, reason, envelope_id, current.as_str()],
         )?;
         if moved == 1 {
-            db.execute(
+            execute_cached(
+                db,
                 "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
                  VALUES (?, ?, ?, ?, ?, ?)",
                 rusqlite::params![envelope_id, at, current.as_str(), to.as_str(), actor, reason],
@@ -315,7 +317,8 @@ pub(super) fn transition_in(
         return Ok(false);
     }
     // Already there, which the caller allows: the note is updated, no event.
-    let kept = db.execute(
+    let kept = execute_cached(
+        db,
         "UPDATE envelopes SET state_changed_at = ?, note = COALESCE(?, note) WHERE id = ? AND state = ?",
         rusqlite::params![at, reason, envelope_id, to.as_str()],
     )?;

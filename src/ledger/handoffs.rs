@@ -5,10 +5,9 @@
 use rusqlite::OptionalExtension;
 use sqlx::FromRow;
 
-use super::in_place::text_enum;
+use super::in_place::{execute_cached, in_place, text_enum};
 
 use super::envelopes::transition_in;
-use super::in_place::in_place;
 use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::guard::Intent;
@@ -354,7 +353,8 @@ impl Ledger {
     ) -> sqlx::Result<bool> {
         let kept = self
             .write_in_place(|db| {
-                db.execute(
+                execute_cached(
+                    db,
                     "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
                      AND to_agent = ? AND envelope_id = (SELECT id FROM envelopes WHERE trace_id = ?)",
                     rusqlite::params![text, now(), agent.as_str(), trace_id],
@@ -465,7 +465,7 @@ pub(super) fn settle_answers_for(
     reason: &str,
 ) -> rusqlite::Result<()> {
     let answers = db
-        .prepare(
+        .prepare_cached(
             "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
              WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
         )?

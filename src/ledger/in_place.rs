@@ -110,6 +110,7 @@ fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusql
     db.busy_timeout(Duration::ZERO)?;
     db.pragma_update(None, "foreign_keys", true)?;
     db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
+    db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     let synchronous = match settings.synchronous {
         Synchronous::Normal => "NORMAL",
         Synchronous::Full => "FULL",
@@ -187,6 +188,31 @@ impl Ledger {
 pub(super) struct WriteTurn<'a> {
     _turn: tokio::sync::MutexGuard<'a, Option<rusqlite::Connection>>,
 }
+
+/// `Connection::execute`, with the statement kept prepared on the connection: the writer
+/// and the readers live as long as the ledger, so each statement is parsed once. (On a
+/// handle sqlx lends, the cache lasts one section.)
+pub(super) fn execute_cached(
+    db: &rusqlite::Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+) -> rusqlite::Result<usize> {
+    db.prepare_cached(sql)?.execute(params)
+}
+
+/// `Connection::query_row`, with the statement kept prepared (see [`execute_cached`]).
+pub(super) fn query_row_cached<T>(
+    db: &rusqlite::Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    row: impl FnOnce(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<T> {
+    db.prepare_cached(sql)?.query_row(params, row)
+}
+
+/// How many prepared statements each connection the ledger owns keeps: more than the
+/// path of a message uses (rusqlite keeps 16 by default).
+pub(super) const STATEMENT_CACHE: usize = 64;
 
 /// A text column holding one of the ledger's enums (a state, a kind), by the snake_case
 /// name serde and sqlx both give it.

@@ -7,6 +7,7 @@ use super::tasks::{self, TaskEffect};
 use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
 
+use super::in_place::execute_cached;
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
 
@@ -135,7 +136,7 @@ fn insert_batch(
     // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
     let tasks = tasks::plan_batch(db, batch, bot_username)?;
     // One statement, prepared once and run per row: in place, a row costs microseconds.
-    let mut insert = db.prepare(
+    let mut insert = db.prepare_cached(
         "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
          chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
          sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision) \
@@ -185,12 +186,13 @@ fn insert_batch(
     // transaction: a change and the messages around it are serialised.
     let task_effects =
         tasks::record_batch_tasks(db, batch, &tasks, &new_rows, first_id.unwrap_or_default(), bot_username)?;
-    db.execute(
+    execute_cached(
+        db,
         "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
          ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",
         rusqlite::params![bot_id, next_offset, received_at],
     )?;
-    let mut claim = db.prepare(concat!(
+    let mut claim = db.prepare_cached(concat!(
         "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
          WHERE agent = ? AND state = 'queued' RETURNING ",
         envelope_columns!()

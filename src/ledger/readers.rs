@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::OpenFlags;
 
-use super::in_place::{FIRST_PAUSE, LONGEST_PAUSE, PAGE_CACHE_KIB, into_sqlx, is_busy};
+use super::in_place::{FIRST_PAUSE, LONGEST_PAUSE, PAGE_CACHE_KIB, STATEMENT_CACHE, into_sqlx, is_busy};
 use super::{BUSY_TIMEOUT, Ledger};
 
 /// Readers kept open between reads: a reply's and a handoff's lookups come one after
@@ -52,6 +52,7 @@ impl Readers {
         db.busy_timeout(Duration::ZERO)?;
         db.pragma_update(None, "query_only", true)?;
         db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
+        db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(db)
     }
 

@@ -1,5 +1,6 @@
 //! Agent sessions, kept for the audit trail.
 
+use super::in_place::execute_cached;
 use super::{Ledger, now};
 use crate::ids::AgentName;
 
@@ -11,7 +12,8 @@ impl Ledger {
         redelivered: usize,
     ) -> sqlx::Result<()> {
         self.write_in_place(|db| {
-            db.execute(
+            execute_cached(
+                db,
                 "INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES (?, ?, ?, ?)",
                 rusqlite::params![session_id, agent.as_str(), now(), redelivered as i64],
             )
@@ -22,7 +24,8 @@ impl Ledger {
 
     pub async fn session_closed(&self, session_id: &str) -> sqlx::Result<()> {
         self.write_in_place(|db| {
-            db.execute(
+            execute_cached(
+                db,
                 "UPDATE agent_sessions SET disconnected_at = ? WHERE id = ?",
                 rusqlite::params![now(), session_id],
             )

@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::FromRow;
 
 use super::envelopes::transition_in;
-use super::in_place::in_place;
+use super::in_place::{execute_cached, in_place, query_row_cached};
 use super::{EnvelopeKind, EnvelopeState, Ledger, RoutedEnvelope, now};
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::rules::revisions::{
@@ -378,7 +378,8 @@ pub(super) fn record_batch_tasks(
         for (routed, _) in
             batch.iter().zip(new_rows).filter(|(routed, new)| **new && belongs_to_a_task(routed))
         {
-            db.execute(
+            execute_cached(
+                db,
                 "UPDATE envelopes SET task_id = NULL, revision = NULL WHERE trace_id = ?",
                 rusqlite::params![routed.envelope.trace_id.as_str()],
             )?;
@@ -433,7 +434,8 @@ fn take_in(
 ) -> rusqlite::Result<Vec<TaskEffect>> {
     let e = &routed.envelope;
     let Some(agent) = routed.agent.as_ref() else { return Ok(vec![]) };
-    let id: i64 = db.query_row(
+    let id: i64 = query_row_cached(
+        db,
         "SELECT id FROM envelopes WHERE trace_id = ?",
         rusqlite::params![e.trace_id.as_str()],
         |row| row.get(0),
@@ -532,7 +534,7 @@ fn open_task(
     match latest_task(db, chat_id, thread_id, agent)? {
         Some((task_id, _, TaskState::Open | TaskState::Paused | TaskState::StopRequested)) => {
             let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-            db.query_row(sql, rusqlite::params![task_id], StoredTask::from_row).optional()
+            query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row).optional()
         }
         _ => Ok(None),
     }
@@ -579,7 +581,7 @@ fn latest_task(
 
 fn open_view(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<OpenTask> {
     let messages: Vec<i64> = db
-        .prepare(
+        .prepare_cached(
             "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
              UNION SELECT message_id FROM task_revisions WHERE task_id = ?1 AND message_id IS NOT NULL \
              AND kind IN ('correction', 'new_objective')",
@@ -622,7 +624,8 @@ fn insert_task(
 ) -> rusqlite::Result<()> {
     let at = now();
     let source = if predecessor.is_some() { source.as_str() } else { "message" };
-    db.execute(
+    execute_cached(
+        db,
         "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, first_envelope_id, \
          started_by, started_source, predecessor, opened_at, updated_at) \
          VALUES (?, ?, ?, ?, ?, 'open', 1, ?, ?, ?, ?, ?, ?, ?)",
@@ -651,7 +654,8 @@ pub(super) fn tag(
     task_id: &str,
     revision: i64,
 ) -> rusqlite::Result<()> {
-    db.execute(
+    execute_cached(
+        db,
         "UPDATE envelopes SET task_id = ?, revision = ? WHERE id = ?",
         rusqlite::params![task_id, revision, envelope_id],
     )?;
@@ -669,7 +673,8 @@ fn carry_change(
     meta: &serde_json::Value,
     content: Option<String>,
 ) -> rusqlite::Result<()> {
-    db.execute(
+    execute_cached(
+        db,
         "UPDATE envelopes SET task_id = ?1, revision = ?2, meta = ?3, \
          kind = CASE WHEN ?4 IS NULL THEN kind ELSE 'revision' END, content = COALESCE(?4, content) \
          WHERE id = ?5",
@@ -691,7 +696,8 @@ fn record_revision(
     carrier: &Carrier,
     effects: &TaskEffects,
 ) -> rusqlite::Result<()> {
-    db.execute(
+    execute_cached(
+        db,
         "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, text, message_id, \
          envelope_id, snapshot) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         rusqlite::params![
@@ -743,7 +749,8 @@ fn owe_post(
         reply_to_message_id: carrier.message_id.filter(|_| carrier.rewrite),
         text,
     };
-    db.execute(
+    execute_cached(
+        db,
         "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, reply_to_message_id, text, \
          state, created_at) VALUES (?, NULL, ?, ?, ?, ?, ?, ?, 'owed', ?)",
         rusqlite::params![
@@ -804,7 +811,8 @@ fn apply_change(
     let ack = match kind {
         ChangeKind::Correction => {
             let new_text = change.text.unwrap_or_default();
-            db.execute(
+            execute_cached(
+                db,
                 "UPDATE tasks SET revision = ?, instruction_revision = ?, instruction_kind = 'correction', \
                  act_on_envelope_id = ?, updated_at = ? WHERE task_id = ?",
                 rusqlite::params![revision, revision, carrier.id, at, task_id],
@@ -834,7 +842,8 @@ fn apply_change(
             let objective = change.text.unwrap_or_default();
             let successor = new_task_id();
             insert_task(db, &successor, carrier, objective, Some(task_id), change.source, change.actor)?;
-            db.execute(
+            execute_cached(
+                db,
                 "UPDATE tasks SET state = 'replaced', revision = ?, successor = ?, instruction_revision = ?, \
                  instruction_kind = 'new_objective', act_on_envelope_id = ?, updated_at = ?, closed_at = ? \
                  WHERE task_id = ?",
@@ -860,7 +869,8 @@ fn apply_change(
         }
         ChangeKind::Pause | ChangeKind::Resume => {
             let state = if kind == ChangeKind::Pause { "paused" } else { "open" };
-            db.execute(
+            execute_cached(
+                db,
                 "UPDATE tasks SET state = ?, revision = ?, updated_at = ? WHERE task_id = ?",
                 rusqlite::params![state, revision, at, task_id],
             )?;
@@ -881,7 +891,8 @@ fn apply_change(
             }
         }
         ChangeKind::Cancel => {
-            db.execute(
+            execute_cached(
+                db,
                 "UPDATE tasks SET state = 'stop_requested', revision = ?, cancel_envelope_id = ?, \
                  stop_requested_by = ?, stop_requested_at = ?, updated_at = ? WHERE task_id = ?",
                 rusqlite::params![revision, carrier.id, change.actor, at, at, task_id],
@@ -929,7 +940,8 @@ fn last_instruction(
     task_id: &str,
     message_id: Option<i64>,
 ) -> rusqlite::Result<Option<String>> {
-    db.query_row(
+    query_row_cached(
+        db,
         "SELECT COALESCE((SELECT text FROM task_revisions WHERE task_id = ?1 AND text IS NOT NULL \
          AND kind = 'correction' AND (?2 IS NULL OR message_id = ?2) ORDER BY id DESC LIMIT 1), \
          (SELECT objective FROM tasks WHERE task_id = ?1))",
@@ -953,7 +965,7 @@ fn supersede(
 ) -> rusqlite::Result<Vec<String>> {
     let task_id = &task.task_id;
     let stale: Vec<i64> = db
-        .prepare(
+        .prepare_cached(
             "SELECT id FROM envelopes WHERE task_id = ? AND revision < ? AND state IN ('queued', 'pending') \
              AND id <> ?",
         )?
@@ -965,7 +977,7 @@ fn supersede(
         transition_in(db, id, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))?;
     }
     let handoffs: Vec<(i64, String, String, String, i64)> = db
-        .prepare(
+        .prepare_cached(
             "SELECT id, handoff_id, to_agent, from_agent, envelope_id FROM handoffs WHERE task_id = ? \
              AND state = 'open' AND revision < ? ORDER BY id",
         )?
@@ -976,7 +988,8 @@ fn supersede(
     let at = now();
     let mut superseded = Vec::new();
     for (id, handoff_id, to_agent, from_agent, instruction) in handoffs {
-        db.execute(
+        execute_cached(
+            db,
             "UPDATE handoffs SET state = 'superseded', closed_at = ?, note = ? WHERE id = ?",
             rusqlite::params![at, reason, id],
         )?;
@@ -989,13 +1002,25 @@ fn supersede(
         );
         let meta = json!({ "change": kind.as_str(), "handoff_id": handoff_id, "superseded": "true" });
         let trace_id = TraceId::generate().to_string();
-        db.execute(
+        execute_cached(
+            db,
             "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
              sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, \
              agent, state, state_changed_at, task_id, revision, meta) \
              VALUES (?, NULL, 'revision', 0, NULL, 'agent', NULL, 0, NULL, NULL, 'switchboard', NULL, '[]', ?, ?, ?, \
              ?, ?, 'queued', ?, ?, ?, ?)",
-            rusqlite::params![trace_id, content, at, at, carrier.route, to_agent, at, task_id, revision, meta.to_string()],
+            rusqlite::params![
+                trace_id,
+                content,
+                at,
+                at,
+                carrier.route,
+                to_agent,
+                at,
+                task_id,
+                revision,
+                meta.to_string()
+            ],
         )?;
         effects.push(TaskEffect::Wake(to_agent));
         superseded.push(handoff_id);
@@ -1004,7 +1029,8 @@ fn supersede(
 }
 
 fn latest_pending(db: &rusqlite::Connection, task_id: &str, except: i64) -> rusqlite::Result<Option<String>> {
-    db.query_row(
+    query_row_cached(
+                    db,
         "SELECT trace_id FROM envelopes WHERE task_id = ? AND state = 'pending' AND id <> ? ORDER BY id DESC LIMIT 1",
         rusqlite::params![task_id, except],
         |row| row.get(0),
@@ -1015,14 +1041,14 @@ fn latest_pending(db: &rusqlite::Connection, task_id: &str, except: i64) -> rusq
 /// Confirmed sends, unresolved attempts and open handoffs of a task.
 fn effects_of(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<TaskEffects> {
     let confirmed = db
-        .prepare(
+        .prepare_cached(
             "SELECT a.op_id, a.telegram_message_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
              WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome = 'sent' ORDER BY a.id",
         )?
         .query_map(rusqlite::params![task_id], |row| Ok((row.get(0)?, row.get(1)?)))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let unresolved = db
-        .prepare(
+        .prepare_cached(
             "SELECT a.op_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
              WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome IN ('unknown', 'in_flight') \
              AND a.reconciled_outcome IS NULL ORDER BY a.id",
@@ -1030,7 +1056,7 @@ fn effects_of(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Task
         .query_map(rusqlite::params![task_id], |row| row.get(0))?
         .collect::<rusqlite::Result<Vec<_>>>()?;
     let open_handoffs = db
-        .prepare(
+        .prepare_cached(
             "SELECT handoff_id, to_agent FROM handoffs WHERE task_id = ? AND state = 'open' ORDER BY id",
         )?
         .query_map(rusqlite::params![task_id], |row| Ok((row.get(0)?, row.get(1)?)))?
@@ -1166,7 +1192,7 @@ impl Ledger {
                     return Ok(Err(DeclareError::NoTask(trace_id.to_owned())));
                 };
                 let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-                let task = db.query_row(sql, rusqlite::params![task_id], StoredTask::from_row)?;
+                let task = query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row)?;
                 // The declaration is itself an action for that envelope: a superseded or
                 // cancelled one cannot change the task.
                 match (kind, revisions::admit(to_u32(revision), &task.now())) {
@@ -1200,7 +1226,8 @@ impl Ledger {
                     },
                 };
                 let effects = apply_change(db, &task, &carrier, &change)?;
-                let now_task: String = db.query_row(
+                let now_task: String = query_row_cached(
+                    db,
                     "SELECT task_id FROM envelopes WHERE id = ?",
                     rusqlite::params![id],
                     |row| row.get(0),
@@ -1283,7 +1310,7 @@ impl Ledger {
         let marked = self
             .write_in_place(|db| {
                 let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-                let Some(task) = db.query_row(sql, rusqlite::params![task_id], StoredTask::from_row).optional()?
+                let Some(task) = query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row).optional()?
                 else {
                     return Ok(Err(DeclareError::NotNow(format!("no task has id {task_id}"))));
                 };
@@ -1294,13 +1321,15 @@ impl Ledger {
                     ))));
                 }
                 let at = now();
-                db.execute(
+                execute_cached(
+                    db,
                     "UPDATE tasks SET state = 'stopped', stopped_at = ?, stop_reason = ?, updated_at = ?, closed_at = ? \
                      WHERE task_id = ?",
                     rusqlite::params![at, reason, at, at, task_id],
                 )?;
                 let effects = effects_of(db, task_id)?;
-                db.execute(
+                execute_cached(
+                    db,
                     "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, snapshot) \
                      VALUES (?, ?, 'stopped', 'operator', 'operator', ?, ?, ?)",
                     rusqlite::params![
