@@ -152,7 +152,10 @@ impl Ledger {
                 Synchronous::Full => SqliteSynchronous::Full,
             })
             .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT);
+            .busy_timeout(BUSY_TIMEOUT)
+            // The pool and the checkpointer are off the path of a message: the same small
+            // page cache as the connections the ledger owns (see `in_place`).
+            .pragma("cache_size", in_place::PAGE_CACHE_KIB.to_string());
         let checkpointer = checkpointer.map(Arc::new);
         let options = match &checkpointer {
             Some(_) => options.pragma("wal_autocheckpoint", checkpoint::BACKSTOP_PAGES.to_string()),
