@@ -37,15 +37,15 @@ use super::checkpoint::Checkpointer;
 use super::{BUSY_TIMEOUT, Ledger};
 use crate::config::Synchronous;
 
-/// The first pause between two tries for the write lock, and the longest.
-/// The page cache of each connection the ledger owns: a negative `cache_size` is in KiB
-/// (SQLite's default is 2 MiB).
-/// The pages a message touches are the newest rows' and their indexes' few leaves; a
-/// smaller cache keeps the daemon's resident memory down when idle at no cost to the hot
-/// path (`cargo bench --bench hot_path`: 2 MiB → 512 KiB took idle RSS from 12.2 to
-/// 11.7 MiB, 512 → 256 KiB from 12.3 to 11.8, at the same loop latency).
+/// The page cache of each connection of the ledger: a negative `cache_size` is in KiB
+/// (SQLite's default is 2 MiB). The pages a message touches are the newest rows' and
+/// their indexes' few leaves; a smaller cache keeps the daemon's resident memory down when
+/// idle at no cost to the hot path (`cargo bench --bench hot_path`: 2 MiB → 512 KiB took
+/// idle RSS from 12.2 to 11.7 MiB, 512 → 256 KiB from 12.3 to 11.8, at the same loop
+/// latency).
 pub(super) const PAGE_CACHE_KIB: i64 = -256;
 
+/// The first pause between two tries for a lock another process holds, and the longest.
 pub(super) const FIRST_PAUSE: Duration = Duration::from_millis(1);
 pub(super) const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 
