@@ -300,10 +300,11 @@ impl Ledger {
         };
         let state = outcome.state();
         self.write_in_place(|db| {
+            let sql = "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? \
+                       WHERE op_id = ? RETURNING envelope_id, chunk_index, chunk_count, purpose";
             let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, String) = query_row_cached(
-                    db,
-                "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? WHERE op_id = ? \
-                 RETURNING envelope_id, chunk_index, chunk_count, purpose",
+                db,
+                sql,
                 rusqlite::params![state.as_str(), message_id, error, now(), op_id],
                 |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
             )?;
@@ -385,8 +386,10 @@ impl Ledger {
                 .query_row([agent, request_id], |row| Ok((row.get(0)?, row.get(1)?)))
                 .optional()?;
             let Some((envelope_id, trace_id)) = envelope else { return Ok(None) };
-            let attempts: Vec<StoredAttempt> =
-                db.prepare_cached(sql)?.query_map([agent, request_id], StoredAttempt::from_row)?.collect::<Result<_, _>>()?;
+            let attempts: Vec<StoredAttempt> = db
+                .prepare_cached(sql)?
+                .query_map([agent, request_id], StoredAttempt::from_row)?
+                .collect::<Result<_, _>>()?;
             Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
         })
         .await

@@ -33,8 +33,9 @@ use rusqlite::{OpenFlags, TransactionBehavior, ffi};
 use sqlx::SqliteConnection;
 use sqlx::error::{DatabaseError, ErrorKind};
 
-use super::checkpoint::Checkpointer;
+use super::checkpoint::{BACKSTOP_PAGES, Checkpointer};
 use super::{BUSY_TIMEOUT, Ledger};
+use crate::backoff::Backoff;
 use crate::config::Synchronous;
 
 /// The page cache of each connection of the ledger: a negative `cache_size` is in KiB
@@ -46,8 +47,45 @@ use crate::config::Synchronous;
 pub(super) const PAGE_CACHE_KIB: i64 = -256;
 
 /// The first pause between two tries for a lock another process holds, and the longest.
-pub(super) const FIRST_PAUSE: Duration = Duration::from_millis(1);
-pub(super) const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+const FIRST_PAUSE: Duration = Duration::from_millis(1);
+const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+
+/// Waiting out a lock another process holds: between tries, asynchronously, never in
+/// SQLite's busy handler on the runtime's thread; pauses doubling to [`LONGEST_PAUSE`],
+/// for as long as the busy timeout, after which the `SQLITE_BUSY` stands.
+pub(super) struct BusyWait {
+    give_up_at: Instant,
+    pauses: Backoff,
+}
+
+impl BusyWait {
+    pub(super) fn new() -> Self {
+        Self { give_up_at: Instant::now() + BUSY_TIMEOUT, pauses: Backoff::new(FIRST_PAUSE, LONGEST_PAUSE) }
+    }
+
+    /// Whether to try again after `error`: true, after a pause, when it was a busy lock
+    /// and there is time left.
+    pub(super) async fn retry_after(&mut self, error: &rusqlite::Error) -> bool {
+        if !is_busy(error) || Instant::now() >= self.give_up_at {
+            return false;
+        }
+        tokio::time::sleep(self.pauses.next_delay()).await;
+        true
+    }
+}
+
+/// A connection of the ledger's own to its (existing, migrated) database: no busy handler
+/// (see [`BusyWait`]), the ledger's page cache, its statements kept prepared.
+pub(super) fn open_own_connection(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
+    let db = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    db.busy_timeout(Duration::ZERO)?;
+    db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
+    db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
+    Ok(db)
+}
 
 /// Runs `work` on `connection`'s handle, inside whatever transaction sqlx has open on it.
 pub(super) async fn in_place<T>(
@@ -80,9 +118,8 @@ pub(super) struct Writer {
 /// What a writer connection is set up with, as sqlx's connections are.
 pub(super) struct WriterSettings {
     pub synchronous: Synchronous,
-    /// `wal_autocheckpoint`, when a checkpointer runs beside (see `checkpoint`).
-    pub autocheckpoint_pages: Option<u32>,
-    /// Rung on every commit.
+    /// Rung on every commit, when one runs beside (SQLite's own checkpoint is then only a
+    /// backstop, see `checkpoint`).
     pub checkpointer: Option<Arc<Checkpointer>>,
 }
 
@@ -102,25 +139,15 @@ impl Writer {
 }
 
 fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusqlite::Connection> {
-    let db = rusqlite::Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
-    // Waiting for another process's lock happens between tries, never in SQLite's busy
-    // handler on the runtime's thread (see `Ledger::write_in_place`).
-    db.busy_timeout(Duration::ZERO)?;
+    let db = open_own_connection(path)?;
     db.pragma_update(None, "foreign_keys", true)?;
-    db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
-    db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
     let synchronous = match settings.synchronous {
         Synchronous::Normal => "NORMAL",
         Synchronous::Full => "FULL",
     };
     db.pragma_update(None, "synchronous", synchronous)?;
-    if let Some(pages) = settings.autocheckpoint_pages {
-        db.pragma_update(None, "wal_autocheckpoint", pages)?;
-    }
     if let Some(checkpointer) = &settings.checkpointer {
+        db.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
         let mut ring = checkpointer.on_commit();
         // rusqlite's hook answers whether to roll back; sqlx's (`on_commit`), whether to
         // go ahead.
@@ -144,8 +171,7 @@ impl Ledger {
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> sqlx::Result<T> {
         let mut turn = self.writer.connection.lock().await;
-        let give_up_at = Instant::now() + BUSY_TIMEOUT;
-        let mut pause = FIRST_PAUSE;
+        let mut wait = BusyWait::new();
         let mut work = Some(work);
         loop {
             let db = match turn.as_mut() {
@@ -154,27 +180,26 @@ impl Ledger {
                     turn.insert(open_writer(&self.writer.path, &self.writer.settings).map_err(into_sqlx)?)
                 }
             };
-            let outcome = match db.transaction_with_behavior(TransactionBehavior::Immediate) {
+            // `Err` here: the write lock was not taken, and nothing ran.
+            let ran = match db.transaction_with_behavior(TransactionBehavior::Immediate) {
                 Ok(tx) => {
                     let work = work.take().expect("the work runs once, after the write lock is taken");
                     // Dropping `tx` without committing rolls it back (rusqlite's default).
-                    Some(work(&tx).and_then(|value| tx.commit().map(|()| value)))
+                    Ok(work(&tx).and_then(|value| tx.commit().map(|()| value)))
                 }
-                Err(e) if is_busy(&e) && Instant::now() < give_up_at => None,
-                Err(e) => Some(Err(e)),
+                Err(e) => Err(e),
+            };
+            let result = match ran {
+                Ok(result) => result,
+                Err(e) if wait.retry_after(&e).await => continue,
+                Err(e) => Err(e),
             };
             // A rollback SQLite refused leaves the connection inside a transaction: it is
             // closed (which rolls back) and the next turn opens another.
             if !db.is_autocommit() {
                 *turn = None;
             }
-            match outcome {
-                Some(result) => return result.map_err(into_sqlx),
-                None => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LONGEST_PAUSE);
-                }
-            }
+            return result.map_err(into_sqlx);
         }
     }
 
@@ -231,7 +256,7 @@ pub(super) fn text_enum<T: serde::de::DeserializeOwned>(
     })
 }
 
-pub(super) fn is_busy(error: &rusqlite::Error) -> bool {
+fn is_busy(error: &rusqlite::Error) -> bool {
     matches!(
         error.sqlite_error_code(),
         Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
@@ -343,7 +368,7 @@ mod tests {
         assert!(matches!(failed, Err(sqlx::Error::RowNotFound)), "{failed:?}");
         assert_eq!(offsets(&ledger).await, Vec::<i64>::new());
         ledger.write_in_place(|db| store_offset(db, 2)).await.unwrap();
-        // sqlx's own transactions on the same connection still work.
+        // Transactions through sqlx's pool, in their turn to write, still work beside it.
         let mut tx = ledger.write_transaction().await.unwrap();
         sqlx::query("INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (3, 1, 'now')")
             .execute(&mut *tx)

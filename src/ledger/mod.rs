@@ -1,8 +1,8 @@
-//! The ack ledger: SQLite through sqlx (connections, pools, migrations), with the
-//! transactions on the path of every message run in place on the writer's handle
-//! (`in_place`). Every envelope, every send attempt and the poller's
-//! offset live here, so nothing is lost when the daemon dies and nothing is done twice
-//! when it starts again.
+//! The ack ledger: SQLite. The transactions and reads on the path of every message run on
+//! connections the ledger owns, on the calling thread (`in_place`, `readers`); sqlx keeps
+//! the migrations, the checkpointer and a pool for the rest. Every envelope, every send
+//! attempt and the poller's offset live here, so nothing is lost when the daemon dies and
+//! nothing is done twice when it starts again.
 //!
 //! The ledger only stores and transitions; what a transition *means* is decided by the
 //! pure code in `routes`, `resolver` and `outbound`.
@@ -25,16 +25,13 @@ use readers::Readers;
 /// daemon runs) before giving up. Ledger transactions are short, so this is generous.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One writer connection, and every write of the process queues for it. SQLite allows
-/// one writer at a time, and two connections of this process that write at once do not
-/// queue: the second gets `SQLITE_BUSY` and SQLite's busy handler sleeps (1 ms, 2 ms,
-/// 5 ms, …) before trying again. On every message the session's next claim and the
-/// plugin's `shown` (then still a write) met that way, which cost a millisecond or more
-/// on the reply's path.
-/// One connection also keeps its page cache (WAL resets a connection's cache whenever
-/// another one has written) and its worker thread warm. Statements are short, and the
-/// ledger never holds the connection across other I/O. (Reads on the path of a message
-/// have connections of their own: `readers`.)
+/// One pooled connection: the writes that do not run on the ledger's own writer, and the
+/// reads off the path of a message. Every write of the process takes its turn on the
+/// writer's lock first (`Ledger::write_turn`): SQLite allows one writer at a time, and two
+/// connections of this process that write at once do not queue, the second gets
+/// `SQLITE_BUSY` and SQLite's busy handler sleeps (1 ms, 2 ms, 5 ms, …) before trying
+/// again. Statements are short, and the ledger never holds the connection across other
+/// I/O.
 ///
 /// The rule that comes with it: code holding a transaction (or an acquired connection)
 /// must run everything through it (`&mut SqliteConnection` helpers, or statements run in
@@ -47,8 +44,8 @@ pub fn now() -> String {
 }
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    /// The one connection every write goes through (see [`MAX_CONNECTIONS`]), and every
-    /// read that is not on a hot path.
+    /// For the writes off the path of a message (rooms, handoffs, operator commands), in
+    /// their turn to write, and the reads off it (see [`MAX_CONNECTIONS`]).
     pool: SqlitePool,
     /// The connection the transactions on the path of a message write on, and this
     /// process's turn to write (see `in_place`).
@@ -195,11 +192,7 @@ impl Ledger {
             .await
             .with_context(|| format!("applying migrations to {}", path.display()))?;
         let readers = Arc::new(Readers::new(path));
-        let settings = WriterSettings {
-            synchronous,
-            autocheckpoint_pages: checkpointer.as_ref().map(|_| checkpoint::BACKSTOP_PAGES),
-            checkpointer: checkpointer.clone(),
-        };
+        let settings = WriterSettings { synchronous, checkpointer: checkpointer.clone() };
         let writer = Arc::new(
             Writer::open(path, settings)
                 .with_context(|| format!("opening the ledger database {} for writing", path.display()))?,

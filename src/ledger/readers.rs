@@ -11,12 +11,9 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
-use rusqlite::OpenFlags;
-
-use super::in_place::{FIRST_PAUSE, LONGEST_PAUSE, PAGE_CACHE_KIB, STATEMENT_CACHE, into_sqlx, is_busy};
-use super::{BUSY_TIMEOUT, Ledger};
+use super::Ledger;
+use super::in_place::{BusyWait, into_sqlx, open_own_connection};
 
 /// Readers kept open between reads: a reply's and a handoff's lookups come one after
 /// another, so one is nearly always enough.
@@ -43,16 +40,8 @@ impl Readers {
         if let Some(db) = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop() {
             return Ok(db);
         }
-        let db = rusqlite::Connection::open_with_flags(
-            &self.path,
-            OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-        )?;
-        // Waiting happens between tries (`Ledger::read_in_place`), never in SQLite's busy
-        // handler on the runtime's thread.
-        db.busy_timeout(Duration::ZERO)?;
+        let db = open_own_connection(&self.path)?;
         db.pragma_update(None, "query_only", true)?;
-        db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
-        db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
         Ok(db)
     }
 
@@ -76,17 +65,13 @@ impl Ledger {
         &self,
         mut work: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> sqlx::Result<T> {
-        let give_up_at = Instant::now() + BUSY_TIMEOUT;
-        let mut pause = FIRST_PAUSE;
+        let mut wait = BusyWait::new();
         loop {
             let db = self.readers.take().map_err(into_sqlx)?;
             let result = work(&db);
             self.readers.give_back(db);
             match result {
-                Err(e) if is_busy(&e) && Instant::now() < give_up_at => {
-                    tokio::time::sleep(pause).await;
-                    pause = (pause * 2).min(LONGEST_PAUSE);
-                }
+                Err(e) if wait.retry_after(&e).await => continue,
                 result => return result.map_err(into_sqlx),
             }
         }
