@@ -571,8 +571,8 @@ fn latest_task(
         "WHERE id = (SELECT id FROM tasks WHERE chat_id = ?2 AND agent = ?3 AND thread_id IS ?4 \
          ORDER BY id DESC LIMIT 1) RETURNING task_id, revision, state"
     );
-    let latest: Option<(String, i64, String)> = db
-        .query_row(sql, rusqlite::params![now(), chat_id, agent, thread_id], |row| {
+    let latest: Option<(String, i64, String)> =
+        query_row_cached(db, sql, rusqlite::params![now(), chat_id, agent, thread_id], |row| {
             Ok((row.get(0)?, row.get(1)?, row.get(2)?))
         })
         .optional()?;
@@ -1127,11 +1127,10 @@ pub(super) fn admission_in(
         task_from!(),
         "JOIN envelopes e ON e.task_id = t.task_id WHERE e.id = ?"
     );
-    let row: Option<ActedFor> = db
-        .query_row(sql, rusqlite::params![envelope_id], |row| {
-            Ok(ActedFor { acted_on: row.get("acted_on")?, task: StoredTask::from_row(row)? })
-        })
-        .optional()?;
+    let row: Option<ActedFor> = query_row_cached(db, sql, rusqlite::params![envelope_id], |row| {
+        Ok(ActedFor { acted_on: row.get("acted_on")?, task: StoredTask::from_row(row)? })
+    })
+    .optional()?;
     Ok(match row {
         Some(ActedFor { acted_on, task }) => revisions::admit(to_u32(acted_on), &task.now()),
         // An envelope of no task.
@@ -1165,8 +1164,8 @@ impl Ledger {
         // A declaration refused commits the transaction with nothing written in it.
         let recorded = self
             .write_in_place(|db| {
-                let row = db
-                    .query_row(
+                let row = query_row_cached(
+                        db,
                         "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
                          WHERE trace_id = ? AND agent = ? AND state = 'pending'",
                         rusqlite::params![trace_id, agent.as_str()],
