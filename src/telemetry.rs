@@ -3,9 +3,11 @@
 //! scrubber that replaces known secrets, so a bot token inside a URL in some library's
 //! error message still never reaches a log.
 
+use std::borrow::Cow;
 use std::io::{self, IsTerminal, Write};
 use std::sync::Arc;
 
+use memchr::memmem;
 use tracing_subscriber::EnvFilter;
 use tracing_subscriber::fmt::MakeWriter;
 
@@ -45,14 +47,12 @@ pub fn init(format: LogFormat, filter: &str, secrets: Vec<String>) -> anyhow::Re
 /// secret is replaced even when it would straddle two `write` calls.
 #[derive(Clone)]
 pub struct ScrubbingStderr {
-    secrets: Arc<Vec<String>>,
+    secrets: Arc<Secrets>,
 }
 
 impl ScrubbingStderr {
     pub fn new(secrets: Vec<String>) -> Self {
-        // Very short values would scrub innocent text; real secrets are long.
-        let secrets = secrets.into_iter().filter(|s| s.len() >= 8).collect();
-        Self { secrets: Arc::new(secrets) }
+        Self { secrets: Arc::new(Secrets::new(secrets)) }
     }
 }
 
@@ -64,7 +64,7 @@ impl<'a> MakeWriter<'a> for ScrubbingStderr {
 }
 
 pub struct ScrubbedLine {
-    secrets: Arc<Vec<String>>,
+    secrets: Arc<Secrets>,
     buffer: Vec<u8>,
 }
 
@@ -81,34 +81,74 @@ impl Write for ScrubbedLine {
 
 impl Drop for ScrubbedLine {
     fn drop(&mut self) {
-        let text = scrub(&String::from_utf8_lossy(&self.buffer), &self.secrets);
+        let line = self.secrets.scrub(&self.buffer);
         // Nothing sensible to do if stderr is gone.
-        let _ = io::stderr().lock().write_all(text.as_bytes());
+        let _ = io::stderr().lock().write_all(&line);
     }
 }
 
-pub fn scrub(text: &str, secrets: &[String]) -> String {
-    secrets.iter().fold(text.to_owned(), |text, secret| text.replace(secret.as_str(), REDACTED))
+/// The values no log line may carry, each with its searcher built once: every line is
+/// searched for each of them, and nearly every line holds none.
+struct Secrets(Vec<memmem::Finder<'static>>);
+
+impl Secrets {
+    fn new(secrets: Vec<String>) -> Self {
+        // Very short values would scrub innocent text; real secrets are long.
+        let finders = secrets
+            .iter()
+            .filter(|secret| secret.len() >= 8)
+            .map(|secret| memmem::Finder::new(secret.as_bytes()).into_owned())
+            .collect();
+        Self(finders)
+    }
+
+    /// `line` with every occurrence of every secret replaced by [`REDACTED`]; the line
+    /// itself when it holds none.
+    fn scrub<'a>(&self, line: &'a [u8]) -> Cow<'a, [u8]> {
+        let mut line = Cow::Borrowed(line);
+        for secret in &self.0 {
+            if secret.find(&line).is_none() {
+                continue;
+            }
+            let mut scrubbed = Vec::with_capacity(line.len());
+            let mut kept_to = 0;
+            for at in secret.find_iter(&line) {
+                scrubbed.extend_from_slice(&line[kept_to..at]);
+                scrubbed.extend_from_slice(REDACTED.as_bytes());
+                kept_to = at + secret.needle().len();
+            }
+            scrubbed.extend_from_slice(&line[kept_to..]);
+            line = Cow::Owned(scrubbed);
+        }
+        line
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn scrub(line: &str, secrets: &[&str]) -> String {
+        let secrets = Secrets::new(secrets.iter().map(|s| s.to_string()).collect());
+        String::from_utf8(secrets.scrub(line.as_bytes()).into_owned()).expect("scrubbing keeps UTF-8")
+    }
+
     #[test]
     fn scrub_replaces_every_occurrence_of_every_secret() {
-        let secrets = vec!["123456:AAAA-token".to_owned(), "agent-secret-1".to_owned()];
         let line =
             "GET http://x/bot123456:AAAA-token/GetUpdates failed; agent-secret-1 and 123456:AAAA-token";
         assert_eq!(
-            scrub(line, &secrets),
+            scrub(line, &["123456:AAAA-token", "agent-secret-1"]),
             "GET http://x/bot[redacted]/GetUpdates failed; [redacted] and [redacted]"
         );
+        // Back to back, at both ends, and a line that is nothing else.
+        assert_eq!(scrub("agent-secret-1agent-secret-1", &["agent-secret-1"]), "[redacted][redacted]");
+        assert_eq!(scrub("agent-secret-1", &["agent-secret-1"]), "[redacted]");
+        assert_eq!(scrub("a line with nothing secret", &["agent-secret-1"]), "a line with nothing secret");
     }
 
     #[test]
     fn short_values_are_not_treated_as_secrets() {
-        let writer = ScrubbingStderr::new(vec!["a".into(), "long-enough-secret".into()]);
-        assert_eq!(writer.secrets.as_slice(), ["long-enough-secret"]);
+        assert_eq!(scrub("a long-enough-secret", &["a", "long-enough-secret"]), "a [redacted]");
     }
 }
