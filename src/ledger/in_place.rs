@@ -46,6 +46,13 @@ use crate::config::Synchronous;
 /// latency).
 pub(super) const PAGE_CACHE_KIB: i64 = -256;
 
+/// How many pages a transaction of the writer may dirty before SQLite writes some to the
+/// WAL ahead of its commit (`cache_spill`). A full batch of intake dirties more than
+/// [`PAGE_CACHE_KIB`] holds; spilled, its pages were written twice, ahead and again at
+/// the commit. The pages above the cache's size are freed when the commit makes them
+/// clean, so idle memory stays that of the cache.
+const WRITER_SPILL_PAGES: u32 = 1024;
+
 /// The first pause between two tries for a lock another process holds, and the longest.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const LONGEST_PAUSE: Duration = Duration::from_millis(50);
@@ -146,6 +153,7 @@ fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusql
         Synchronous::Full => "FULL",
     };
     db.pragma_update(None, "synchronous", synchronous)?;
+    db.pragma_update(None, "cache_spill", WRITER_SPILL_PAGES)?;
     if let Some(checkpointer) = &settings.checkpointer {
         db.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
         let mut ring = checkpointer.on_commit();
