@@ -541,42 +541,46 @@ fn open_task(
 }
 
 /// `UPDATE tasks` that makes an `open` task with nothing left queued, pending or
-/// unresolved and no open handoff `done` (`?1`: now), and leaves any other as it is; the
-/// caller adds which task. An envelope whose reply's outcome is unknown (`unresolved`)
-/// keeps its task open: it is not known to be done, and a correction must still reach it.
+/// unresolved and no open handoff `done` (`?1`: now); the caller adds `AND` which task.
+/// An envelope whose reply's outcome is unknown (`unresolved`) keeps its task open: it is
+/// not known to be done, and a correction must still reach it. A task that is not
+/// finished is not written at all.
 macro_rules! close_if_finished {
     () => {
         concat!(
-            "UPDATE tasks SET state = CASE WHEN state = 'open' AND NOT ",
+            "UPDATE tasks SET state = 'done', closed_at = ?1, updated_at = ?1 WHERE state = 'open' AND NOT ",
             busy_of!("tasks.task_id"),
-            " THEN 'done' ELSE state END, closed_at = CASE WHEN state = 'open' AND NOT ",
-            busy_of!("tasks.task_id"),
-            " THEN ?1 ELSE closed_at END, updated_at = CASE WHEN state = 'open' AND NOT ",
-            busy_of!("tasks.task_id"),
-            " THEN ?1 ELSE updated_at END "
+            " "
         )
     };
 }
 
 /// The conversation's latest task: its id, revision and state, once a finished `open` one
-/// is marked `done` — in one statement, since this runs for every message a batch brings.
+/// is marked `done`. This runs for every conversation a batch brings: a read, and a write
+/// only when the task has just finished.
 fn latest_task(
     db: &rusqlite::Connection,
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
 ) -> rusqlite::Result<Option<(String, i64, TaskState)>> {
-    let sql = concat!(
-        close_if_finished!(),
-        "WHERE id = (SELECT id FROM tasks WHERE chat_id = ?2 AND agent = ?3 AND thread_id IS ?4 \
-         ORDER BY id DESC LIMIT 1) RETURNING task_id, revision, state"
-    );
-    let latest: Option<(String, i64, String)> =
-        query_row_cached(db, sql, rusqlite::params![now(), chat_id, agent, thread_id], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-        })
-        .optional()?;
-    Ok(latest.map(|(task_id, revision, state)| (task_id, revision, parse_state(&state))))
+    let latest: Option<(i64, String, i64, String)> = query_row_cached(
+        db,
+        "SELECT id, task_id, revision, state FROM tasks WHERE chat_id = ?1 AND agent = ?2 AND thread_id IS ?3 \
+         ORDER BY id DESC LIMIT 1",
+        rusqlite::params![chat_id, agent, thread_id],
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+    )
+    .optional()?;
+    let Some((id, task_id, revision, state)) = latest else { return Ok(None) };
+    let mut state = parse_state(&state);
+    if state == TaskState::Open
+        && execute_cached(db, concat!(close_if_finished!(), "AND id = ?2"), rusqlite::params![now(), id])?
+            == 1
+    {
+        state = TaskState::Done;
+    }
+    Ok(Some((task_id, revision, state)))
 }
 
 fn open_view(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<OpenTask> {
@@ -1272,7 +1276,7 @@ impl Ledger {
         let _turn = self.write_turn().await;
         let mut connection = self.pool.acquire().await?;
         // A task that has finished says so, as it would to the next message.
-        sqlx::query(concat!(close_if_finished!(), "WHERE task_id = ?2 AND state = 'open'"))
+        sqlx::query(concat!(close_if_finished!(), "AND task_id = ?2"))
             .bind(now())
             .bind(task_id)
             .execute(&mut *connection)
