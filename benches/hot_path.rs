@@ -11,14 +11,14 @@
 //!   cargo builds beside `switchboard`; give `SWITCHBOARD_BENCH_BIN` a directory holding
 //!   both to measure that way another build.)
 //! * **durable ingest**: `getUpdates` → committed envelopes, against a raw batched insert
-//!   loop of the same rows into a ledger with the same pragmas (WAL, `synchronous =
-//!   normal`), through the same SQLite driver, 100 rows (one full `getUpdates` batch) per
-//!   transaction.
+//!   loop of the same rows into a ledger with the same pragmas as the daemon's writer
+//!   (WAL, `synchronous = normal`, its page cache and its `cache_spill`), through the same
+//!   SQLite driver, 100 rows (one full `getUpdates` batch) per transaction.
 //!
 //! Every figure is printed beside its floor, with the ratio and the goal. CPU is
 //! read from `/proc/<pid>/stat` (utime + stime of every process on the serving side:
 //! the echo bot; the daemon and the plugin), memory from `/proc/<pid>/status` (VmRSS, once
-//! warmed up and idle). The scenarios run [`REPETITIONS`] times, interleaved, and each
+//! warmed up and idle, and the daemon's again once an ingest burst is committed). The scenarios run [`REPETITIONS`] times, interleaved, and each
 //! figure is the median of its repetitions, so a noisy neighbour on a shared machine
 //! skews one repetition rather than one side.
 //!
@@ -52,7 +52,7 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Connection as _, SqliteConnection};
 use switchboard::config::Synchronous;
 use switchboard::ids::TraceId;
-use switchboard::ledger::Ledger;
+use switchboard::ledger::{Ledger, PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 use tokio::sync::mpsc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
@@ -191,7 +191,16 @@ struct Results {
     echo: Vec<LoopRun>,
     switchboard: Vec<LoopRun>,
     raw_insert: Vec<Duration>,
-    ingest: Vec<Duration>,
+    ingest: Vec<IngestRun>,
+}
+
+/// What the daemon did with a burst of updates.
+struct IngestRun {
+    /// The first update pushed → the last one's offset confirmed.
+    elapsed: Duration,
+    /// The daemon's VmRSS in KiB once the burst is committed and checkpointed: what a
+    /// burst leaves behind (the page caches stay at their size).
+    rss_after_kib: u64,
 }
 
 async fn run(params: &Params) {
@@ -495,7 +504,7 @@ impl AgentSession {
 /// The daemon polls an empty fake with no session connected; every update is pushed at
 /// once, and the clock runs until the fake sees the offset that confirms the last one (the
 /// offset is committed in the transaction that stores its batch).
-async fn ingest_run(params: &Params) -> Duration {
+async fn ingest_run(params: &Params) -> IngestRun {
     let fake = FakeTelegram::start().await;
     let speaker = Speaker::new();
     let workdir = Workdir::new(&fake.api_url());
@@ -513,6 +522,9 @@ async fn ingest_run(params: &Params) -> Duration {
         .await
         .unwrap_or_else(|_| daemon.fail("the daemon did not confirm every update"));
     let elapsed = started.elapsed();
+    // Past the checkpoint that follows the burst.
+    tokio::time::sleep(IDLE_SETTLE).await;
+    let rss_after_kib = daemon.rss_kib();
     daemon.stop();
     fake.shutdown().await;
 
@@ -524,7 +536,7 @@ async fn ingest_run(params: &Params) -> Duration {
         .expect("counting envelopes");
     ledger.close().await;
     assert_eq!(stored, params.updates as i64, "every update should be a queued envelope");
-    elapsed
+    IngestRun { elapsed, rss_after_kib }
 }
 
 /// One envelope row as the poller writes it.
@@ -545,7 +557,9 @@ async fn raw_insert_run(params: &Params) -> Duration {
         .filename(&path)
         .journal_mode(SqliteJournalMode::Wal)
         .synchronous(SqliteSynchronous::Normal)
-        .foreign_keys(true);
+        .foreign_keys(true)
+        .pragma("cache_size", PAGE_CACHE_KIB.to_string())
+        .pragma("cache_spill", WRITER_SPILL_PAGES.to_string());
     let mut connection = SqliteConnection::connect_with(&options).await.expect("opening the raw connection");
     let rows: Vec<Row> = (0..params.updates)
         .map(|n| Row {
@@ -987,7 +1001,10 @@ fn print_report(params: &Params, results: &Results) {
 
     let per_second =
         |runs: &[Duration]| median(runs.iter().map(|d| params.updates as f64 / d.as_secs_f64()).collect());
-    let (raw, ingest) = (per_second(&results.raw_insert), per_second(&results.ingest));
+    let (raw, ingest) = (
+        per_second(&results.raw_insert),
+        per_second(&results.ingest.iter().map(|run| run.elapsed).collect::<Vec<_>>()),
+    );
     println!("{:<44} {:>14} {:>30} {:>8}  goal", "durable ingest", "raw SQLite", "switchboard", "ratio");
     println!(
         "{}",
@@ -998,5 +1015,9 @@ fn print_report(params: &Params, results: &Results) {
             ratio: Some(ingest / raw),
             goal: "≥ 0.8×",
         }
+    );
+    println!(
+        "  daemon RSS once the burst is committed, idle: {:.1} MiB",
+        across(&results.ingest, |run| run.rss_after_kib as f64) / 1024.0
     );
 }

@@ -44,7 +44,7 @@ use crate::config::Synchronous;
 /// idle at no cost to the hot path (`cargo bench --bench hot_path`: 2 MiB → 512 KiB took
 /// idle RSS from 12.2 to 11.7 MiB, 512 → 256 KiB from 12.3 to 11.8, at the same loop
 /// latency).
-pub(super) const PAGE_CACHE_KIB: i64 = -256;
+pub const PAGE_CACHE_KIB: i64 = -256;
 
 /// How many pages a transaction of the writer may dirty before SQLite writes some to the
 /// WAL ahead of its commit (`cache_spill`). A full batch of intake dirties more than
@@ -52,7 +52,7 @@ pub(super) const PAGE_CACHE_KIB: i64 = -256;
 /// touched it again, read back and written again at the commit (3% of intake's CPU).
 /// The pages above the cache's size are freed when the commit makes them clean, so idle
 /// memory stays that of the cache.
-const WRITER_SPILL_PAGES: u32 = 1024;
+pub const WRITER_SPILL_PAGES: u32 = 1024;
 
 /// The first pause between two tries for a lock another process holds, and the longest.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);

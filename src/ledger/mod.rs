@@ -102,6 +102,9 @@ pub use attempts::{
 };
 pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
 pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
+/// How the writer's connection is set up, for a floor that measures SQLite alone with the
+/// same settings (`benches/hot_path.rs`).
+pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;
 pub use intake::RecordedBatch;
