@@ -4,6 +4,7 @@
 //! error message still never reaches a log.
 
 use std::borrow::Cow;
+use std::cell::RefCell;
 use std::io::{self, IsTerminal, Write};
 use std::sync::Arc;
 
@@ -82,9 +83,68 @@ impl Write for ScrubbedLine {
 impl Drop for ScrubbedLine {
     fn drop(&mut self) {
         let line = self.secrets.scrub(&self.buffer);
-        // Nothing sensible to do if stderr is gone.
-        let _ = io::stderr().lock().write_all(&line);
+        if !gather(&line) {
+            // Nothing sensible to do if stderr is gone.
+            let _ = io::stderr().lock().write_all(&line);
+        }
     }
+}
+
+/// How much [`in_one_write`] gathers before it writes anyway.
+const GATHER_LIMIT: usize = 64 * 1024;
+
+thread_local! {
+    /// The lines this thread's [`in_one_write`] has gathered so far, while one runs.
+    static GATHERED: RefCell<Option<Vec<u8>>> = const { RefCell::new(None) };
+}
+
+/// Runs `emit`, and writes the log lines it makes on this thread in one `write` when it
+/// ends (or every [`GATHER_LIMIT`] bytes) instead of one each: for a burst of lines made
+/// at once, such as one per envelope of a committed batch. `emit` must not wait: the
+/// lines reach stderr only when it returns (or unwinds).
+pub fn in_one_write<T>(emit: impl FnOnce() -> T) -> T {
+    in_one_write_to(io::stderr, emit)
+}
+
+fn in_one_write_to<T, W: Write>(sink: impl Fn() -> W, emit: impl FnOnce() -> T) -> T {
+    /// Writes what was gathered, when `emit` returns or unwinds.
+    struct Flush<W: Write, S: Fn() -> W>(S);
+    impl<W: Write, S: Fn() -> W> Drop for Flush<W, S> {
+        fn drop(&mut self) {
+            if let Some(lines) = GATHERED.with(|gathered| gathered.borrow_mut().take()) {
+                let _ = (self.0)().write_all(&lines);
+            }
+        }
+    }
+    let already = GATHERED.with(|gathered| {
+        let mut gathered = gathered.borrow_mut();
+        let already = gathered.is_some();
+        gathered.get_or_insert_with(Vec::new);
+        already
+    });
+    if already {
+        // An outer call writes them.
+        return emit();
+    }
+    let _flush = Flush(sink);
+    emit()
+}
+
+/// Adds `line` to what this thread's [`in_one_write`] gathers; false when none runs (or
+/// the gathered lines had to be written first, and this one with them, being too many).
+fn gather(line: &[u8]) -> bool {
+    GATHERED
+        .try_with(|gathered| {
+            let mut gathered = gathered.borrow_mut();
+            let Some(lines) = gathered.as_mut() else { return false };
+            lines.extend_from_slice(line);
+            if lines.len() >= GATHER_LIMIT {
+                let _ = io::stderr().lock().write_all(lines);
+                lines.clear();
+            }
+            true
+        })
+        .unwrap_or(false)
 }
 
 /// The values no log line may carry, each with its searcher built once: every line is
@@ -145,6 +205,65 @@ mod tests {
         assert_eq!(scrub("agent-secret-1agent-secret-1", &["agent-secret-1"]), "[redacted][redacted]");
         assert_eq!(scrub("agent-secret-1", &["agent-secret-1"]), "[redacted]");
         assert_eq!(scrub("a line with nothing secret", &["agent-secret-1"]), "a line with nothing secret");
+    }
+
+    /// A line as the subscriber writes one.
+    fn log_line(writer: &ScrubbingStderr, text: &str) {
+        let mut line = writer.make_writer();
+        line.write_all(text.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn lines_made_in_one_write_reach_the_sink_together_scrubbed_and_in_order() {
+        let writer = ScrubbingStderr::new(vec!["agent-secret-1".into()]);
+        let sink = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let handle = std::rc::Rc::clone(&sink);
+        let seen_inside = in_one_write_to(
+            move || SharedSink(std::rc::Rc::clone(&handle)),
+            || {
+                log_line(&writer, "first\n");
+                log_line(&writer, "second agent-secret-1\n");
+                sink.borrow().len()
+            },
+        );
+        assert_eq!(seen_inside, 0, "nothing is written before the burst ends");
+        assert_eq!(String::from_utf8(sink.borrow().clone()).unwrap(), "first\nsecond [redacted]\n");
+        // Afterwards, nothing is gathered any more.
+        assert!(!gather(b"later\n"));
+    }
+
+    #[test]
+    fn nested_bursts_are_written_once_by_the_outer_one() {
+        let sink = std::rc::Rc::new(RefCell::new(Vec::new()));
+        let handle = std::rc::Rc::clone(&sink);
+        in_one_write_to(
+            move || SharedSink(std::rc::Rc::clone(&handle)),
+            || {
+                assert!(gather(b"outer\n"));
+                in_one_write_to(
+                    || -> SharedSink { unreachable!("the inner burst writes nothing") },
+                    || {
+                        assert!(gather(b"inner\n"));
+                    },
+                );
+                assert!(sink.borrow().is_empty());
+            },
+        );
+        assert_eq!(sink.borrow().as_slice(), b"outer\ninner\n");
+    }
+
+    /// A sink the test can read afterwards.
+    struct SharedSink(std::rc::Rc<RefCell<Vec<u8>>>);
+
+    impl Write for SharedSink {
+        fn write(&mut self, bytes: &[u8]) -> io::Result<usize> {
+            self.0.borrow_mut().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
     }
 
     #[test]

@@ -26,6 +26,7 @@ use crate::operate::{metrics, reload::Routing};
 use crate::rules::routes::{Disposition, dispose};
 use crate::telegram::envelope::{self, Inbound};
 use crate::telegram::updates::{FetchError, RawUpdate, UpdatesClient};
+use crate::telemetry;
 
 /// Telegram's maximum batch.
 const BATCH_LIMIT: u8 = 100;
@@ -180,15 +181,20 @@ impl Poller {
         self.ledger_backoff.reset();
         self.offset = Some(Some(next_offset));
         let inserted = recorded.inserted;
-        for routed in &inserted {
-            log_recorded(routed);
-            metrics::envelope_recorded(routed.state);
-            match (routed.state, &routed.agent) {
-                (EnvelopeState::Queued, Some(agent)) if !handed.contains(agent) => self.bridge.wake(agent),
-                (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
-                _ => {}
+        // A line per envelope, written together: a full batch is a hundred.
+        telemetry::in_one_write(|| {
+            for routed in &inserted {
+                log_recorded(routed);
+                metrics::envelope_recorded(routed.state);
+                match (routed.state, &routed.agent) {
+                    (EnvelopeState::Queued, Some(agent)) if !handed.contains(agent) => {
+                        self.bridge.wake(agent)
+                    }
+                    (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
+                    _ => {}
+                }
             }
-        }
+        });
         // Task changes (DESIGN.md §11) are recorded: now the chat and the agents hear of them.
         self.bridge.carry_out(recorded.task_effects);
         Ok(PollOutcome::Committed { updates: update_count, new_envelopes: inserted.len() })
