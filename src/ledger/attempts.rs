@@ -5,7 +5,7 @@ use super::envelopes::transition_in;
 use crate::ledger::EnvelopeState;
 use rusqlite::OptionalExtension;
 
-use super::in_place::{query_row_cached, text_enum};
+use super::in_place::{execute_cached, query_row_cached, text_enum};
 
 use super::{Ledger, now};
 use crate::ids::TraceId;
@@ -250,20 +250,24 @@ impl Ledger {
             ")"
         );
         let decided = self.write_in_place(|db| {
-            let recorded = db.prepare_cached(sql)?.execute(rusqlite::params![
-                op_id,
-                attempt.envelope_id,
-                attempt.agent,
-                attempt.request_id,
-                attempt.purpose.as_str(),
-                attempt.chat_id,
-                attempt.thread_id,
-                attempt.reply_to_message_id,
-                attempt.chunk_index as i64,
-                attempt.chunk_count as i64,
-                attempt.text,
-                now(),
-            ])?;
+            let recorded = execute_cached(
+                db,
+                sql,
+                rusqlite::params![
+                    op_id,
+                    attempt.envelope_id,
+                    attempt.agent,
+                    attempt.request_id,
+                    attempt.purpose.as_str(),
+                    attempt.chat_id,
+                    attempt.thread_id,
+                    attempt.reply_to_message_id,
+                    attempt.chunk_index as i64,
+                    attempt.chunk_count as i64,
+                    attempt.text,
+                    now(),
+                ],
+            )?;
             if recorded == 1 {
                 return Ok(Some(Ok(op_id.clone())));
             }

@@ -5,7 +5,7 @@
 use rusqlite::OptionalExtension;
 use sqlx::FromRow;
 
-use super::in_place::{execute_cached, in_place, text_enum};
+use super::in_place::{in_place, text_enum};
 
 use super::envelopes::transition_in;
 use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
@@ -352,14 +352,11 @@ impl Ledger {
         text: &str,
     ) -> sqlx::Result<bool> {
         let kept = self
-            .write_in_place(|db| {
-                execute_cached(
-                    db,
-                    "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
-                     AND to_agent = ? AND envelope_id = (SELECT id FROM envelopes WHERE trace_id = ?)",
-                    rusqlite::params![text, now(), agent.as_str(), trace_id],
-                )
-            })
+            .execute_in_place(
+                "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
+                 AND to_agent = ? AND envelope_id = (SELECT id FROM envelopes WHERE trace_id = ?)",
+                (text, now(), agent.as_str(), trace_id),
+            )
             .await?;
         Ok(kept == 1)
     }

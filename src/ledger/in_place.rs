@@ -212,6 +212,15 @@ impl Ledger {
         }
     }
 
+    /// One statement committed on its own, on the writer: how many rows it changed.
+    pub(super) async fn execute_in_place(
+        &self,
+        sql: &str,
+        params: impl rusqlite::Params + Send,
+    ) -> sqlx::Result<usize> {
+        self.write_in_place(|db| execute_cached(db, sql, params)).await
+    }
+
     /// This process's turn to write, for code that writes through sqlx's pool: held for
     /// the whole of its transaction, it keeps the writer out meanwhile.
     pub(super) async fn write_turn(&self) -> WriteTurn<'_> {

@@ -10,7 +10,7 @@
 use sqlx::FromRow;
 
 use super::envelopes::transition_in;
-use super::in_place::{execute_cached, in_place};
+use super::in_place::in_place;
 use super::{EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::turns::{Cascade, CascadeState};
@@ -564,15 +564,12 @@ impl Ledger {
     /// (its envelope is still pending): the speaker may reply again, or time out.
     pub async fn release_room_reply(&self, turn_id: i64) -> sqlx::Result<bool> {
         let released = self
-            .write_in_place(|db| {
-                execute_cached(
-                    db,
-                    "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
-                     WHERE id = ? AND ended_at IS NULL AND reply_text IS NOT NULL \
-                     AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending'",
-                    [turn_id],
-                )
-            })
+            .execute_in_place(
+                "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
+                 WHERE id = ? AND ended_at IS NULL AND reply_text IS NOT NULL \
+                 AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending'",
+                (turn_id,),
+            )
             .await?;
         Ok(released == 1)
     }
@@ -598,13 +595,10 @@ impl Ledger {
     }
 
     pub async fn mark_room_post_made(&self, post_id: i64) -> sqlx::Result<()> {
-        self.write_in_place(|db| {
-            execute_cached(
-                db,
-                "UPDATE room_posts SET state = 'made', made_at = ? WHERE id = ? AND state = 'owed'",
-                rusqlite::params![now(), post_id],
-            )
-        })
+        self.execute_in_place(
+            "UPDATE room_posts SET state = 'made', made_at = ? WHERE id = ? AND state = 'owed'",
+            (now(), post_id),
+        )
         .await
         .map(drop)
     }

@@ -1,6 +1,5 @@
 //! Agent sessions, kept for the audit trail.
 
-use super::in_place::execute_cached;
 use super::{Ledger, now};
 use crate::ids::AgentName;
 
@@ -11,25 +10,19 @@ impl Ledger {
         agent: &AgentName,
         redelivered: usize,
     ) -> sqlx::Result<()> {
-        self.write_in_place(|db| {
-            execute_cached(
-                db,
-                "INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES (?, ?, ?, ?)",
-                rusqlite::params![session_id, agent.as_str(), now(), redelivered as i64],
-            )
-        })
+        self.execute_in_place(
+            "INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES (?, ?, ?, ?)",
+            (session_id, agent.as_str(), now(), redelivered as i64),
+        )
         .await
         .map(drop)
     }
 
     pub async fn session_closed(&self, session_id: &str) -> sqlx::Result<()> {
-        self.write_in_place(|db| {
-            execute_cached(
-                db,
-                "UPDATE agent_sessions SET disconnected_at = ? WHERE id = ?",
-                rusqlite::params![now(), session_id],
-            )
-        })
+        self.execute_in_place(
+            "UPDATE agent_sessions SET disconnected_at = ? WHERE id = ?",
+            (now(), session_id),
+        )
         .await
         .map(drop)
     }
