@@ -533,11 +533,16 @@ fn open_task(
 ) -> rusqlite::Result<Option<StoredTask>> {
     match latest_task(db, chat_id, thread_id, agent)? {
         Some((task_id, _, TaskState::Open | TaskState::Paused | TaskState::StopRequested)) => {
-            let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-            query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row).optional()
+            stored_task(db, &task_id)
         }
         _ => Ok(None),
     }
+}
+
+/// The task `task_id`, read in place.
+fn stored_task(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Option<StoredTask>> {
+    let sql = concat!(task_select!(), "WHERE t.task_id = ?");
+    query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row).optional()
 }
 
 /// `UPDATE tasks` that makes an `open` task with nothing left queued, pending or
@@ -1034,7 +1039,7 @@ fn supersede(
 
 fn latest_pending(db: &rusqlite::Connection, task_id: &str, except: i64) -> rusqlite::Result<Option<String>> {
     query_row_cached(
-                    db,
+        db,
         "SELECT trace_id FROM envelopes WHERE task_id = ? AND state = 'pending' AND id <> ? ORDER BY id DESC LIMIT 1",
         rusqlite::params![task_id, except],
         |row| row.get(0),
@@ -1169,24 +1174,24 @@ impl Ledger {
         let recorded = self
             .write_in_place(|db| {
                 let row = query_row_cached(
-                        db,
-                        "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
-                         WHERE trace_id = ? AND agent = ? AND state = 'pending'",
-                        rusqlite::params![trace_id, agent.as_str()],
-                        |row| {
-                            Ok(DeclaredFor {
-                                id: row.get("id")?,
-                                task_id: row.get("task_id")?,
-                                revision: row.get("revision")?,
-                                chat_id: row.get("chat_id")?,
-                                thread_id: row.get("thread_id")?,
-                                route: row.get("route")?,
-                                text: row.get("text")?,
-                                message_id: row.get("message_id")?,
-                            })
-                        },
-                    )
-                    .optional()?;
+                    db,
+                    "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
+                     WHERE trace_id = ? AND agent = ? AND state = 'pending'",
+                    rusqlite::params![trace_id, agent.as_str()],
+                    |row| {
+                        Ok(DeclaredFor {
+                            id: row.get("id")?,
+                            task_id: row.get("task_id")?,
+                            revision: row.get("revision")?,
+                            chat_id: row.get("chat_id")?,
+                            thread_id: row.get("thread_id")?,
+                            route: row.get("route")?,
+                            text: row.get("text")?,
+                            message_id: row.get("message_id")?,
+                        })
+                    },
+                )
+                .optional()?;
                 let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
                 else {
                     return Ok(Err(DeclareError::NotPending(trace_id.to_owned())));
@@ -1194,8 +1199,8 @@ impl Ledger {
                 let (Some(task_id), Some(revision)) = (task_id, revision) else {
                     return Ok(Err(DeclareError::NoTask(trace_id.to_owned())));
                 };
-                let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-                let task = query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row)?;
+                // A task is written with the envelope that starts it: one missing is an error.
+                let task = stored_task(db, &task_id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
                 // The declaration is itself an action for that envelope: a superseded or
                 // cancelled one cannot change the task.
                 match (kind, revisions::admit(to_u32(revision), &task.now())) {
@@ -1312,9 +1317,7 @@ impl Ledger {
         // A refusal commits the transaction with nothing written in it.
         let marked = self
             .write_in_place(|db| {
-                let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-                let Some(task) = query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row).optional()?
-                else {
+                let Some(task) = stored_task(db, task_id)? else {
                     return Ok(Err(DeclareError::NotNow(format!("no task has id {task_id}"))));
                 };
                 if task.state() != TaskState::StopRequested {
