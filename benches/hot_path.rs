@@ -18,9 +18,10 @@
 //! Every figure is printed beside its floor, with the ratio and the goal. CPU is
 //! read from `/proc/<pid>/stat` (utime + stime of every process on the serving side:
 //! the echo bot; the daemon and the plugin), memory from `/proc/<pid>/status` (VmRSS, once
-//! warmed up and idle, and the daemon's again once an ingest burst is committed). The scenarios run [`REPETITIONS`] times, interleaved, and each
-//! figure is the median of its repetitions, so a noisy neighbour on a shared machine
-//! skews one repetition rather than one side.
+//! warmed up and idle, and the daemon's again once an ingest burst is committed). The
+//! scenarios run [`REPETITIONS`] times, interleaved, and each figure is the median of its
+//! repetitions, so a noisy neighbour on a shared machine skews one repetition rather than
+//! one side.
 //!
 //! Run it with `cargo bench --bench hot_path`; `SWITCHBOARD_BENCH_QUICK=1` makes a smoke
 //! run of a few seconds. `SWITCHBOARD_BENCH_MESSAGES` (one-at-a-time messages per
