@@ -955,3 +955,62 @@ async fn no_check_builds_a_temporary_tree() {
     let check: String = db.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
     assert_eq!(check, "ok");
 }
+
+#[tokio::test]
+async fn ids_are_not_reused_without_autoincrement() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
+    // A ledger as the previous release left it, numbering with AUTOINCREMENT, holding rows.
+    let options =
+        sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true).foreign_keys(true);
+    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
+    sqlx::migrate!("./migrations").run_to(8, &pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+         sent_at, received_at, state, deliveries, state_changed_at) VALUES \
+         ('env_old1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
+         ('env_old2', 11, 'message', 42, 'private', 2, 'Ann', 'hi!', 't', 't', 'acked', 1, 't')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let sequence: i64 = sqlx::query_scalar("SELECT seq FROM sqlite_sequence WHERE name = 'envelopes'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sequence, 2, "the old schema keeps its sequence");
+    pool.close().await;
+
+    let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+    ledger.record_batch(1, 13, &[routed(12, EnvelopeState::Queued)]).await.unwrap();
+    ledger.begin_attempt(&one_part_reply(3)).await.unwrap().expect("the attempt is admitted");
+    ledger.close().await;
+
+    let db = rusqlite::Connection::open(&path).unwrap();
+    let numbered_by_sequence: Vec<String> = db
+        .prepare("SELECT name FROM sqlite_schema WHERE type = 'table' AND sql LIKE '%AUTOINCREMENT%'")
+        .unwrap()
+        .query_map([], |row| row.get(0))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(numbered_by_sequence, Vec::<String>::new());
+    // Nothing keeps a sequence any more: a row stored costs no second write.
+    let sequences: i64 = db.query_row("SELECT count(*) FROM sqlite_sequence", [], |row| row.get(0)).unwrap();
+    assert_eq!(sequences, 0);
+    // The new rows continue the ids, in arrival order, and the references hold.
+    let ids: Vec<(i64, String)> = db
+        .prepare("SELECT id, trace_id FROM envelopes ORDER BY id")
+        .unwrap()
+        .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))
+        .unwrap()
+        .collect::<rusqlite::Result<_>>()
+        .unwrap();
+    assert_eq!(ids.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1, 2, 3]);
+    assert_eq!(&ids[..2], [(1, "env_old1".to_owned()), (2, "env_old2".to_owned())]);
+    let attempt_envelope: i64 =
+        db.query_row("SELECT envelope_id FROM attempts", [], |row| row.get(0)).unwrap();
+    assert_eq!(attempt_envelope, 3);
+    let check: String = db.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
+    assert_eq!(check, "ok");
+}
