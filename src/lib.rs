@@ -11,6 +11,8 @@
 //! Around them: [`config`], [`telemetry`], [`ids`], [`app`] (build and supervise the
 //! daemon), [`operate`] (readiness, metrics, reload) and [`cli`].
 
+#![forbid(unsafe_code)]
+
 pub mod agents;
 pub mod app;
 pub mod backoff;

@@ -89,12 +89,18 @@ impl AttemptState {
     }
 }
 
-impl std::fmt::Display for ReconciledOutcome {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(match self {
+impl ReconciledOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
             Self::Sent => "sent",
             Self::NotSent => "not_sent",
-        })
+        }
+    }
+}
+
+impl std::fmt::Display for ReconciledOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 

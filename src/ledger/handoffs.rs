@@ -5,7 +5,7 @@
 use rusqlite::OptionalExtension;
 use sqlx::FromRow;
 
-use super::in_place::{in_place, text_enum};
+use super::in_place::{execute_cached, query_row_cached, text_enum};
 
 use super::envelopes::transition_in;
 use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
@@ -142,59 +142,53 @@ pub enum HandoffEnd<'a> {
     Closed { note: Option<&'a str> },
 }
 
-/// Inserts an envelope an agent made: no Telegram fields, queued for `agent`.
-async fn insert_agent_envelope(
-    tx: &mut sqlx::SqliteConnection,
+/// Inserts an envelope an agent made: no Telegram fields, queued for `agent`. Returns its id.
+fn insert_agent_envelope(
+    db: &rusqlite::Connection,
     kind: EnvelopeKind,
     agent: &str,
     from_agent: &str,
     content: &str,
     route: Option<&str>,
-) -> sqlx::Result<(i64, String)> {
-    let trace_id = TraceId::generate().to_string();
+) -> rusqlite::Result<i64> {
     let at = now();
-    let id = sqlx::query_scalar(
+    query_row_cached(
+        db,
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
          sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
          state, state_changed_at) \
-         VALUES (?, NULL, ?, 0, NULL, 'agent', NULL, 0, NULL, NULL, ?, ?, '[]', ?, ?, ?, ?, ?, 'queued', ?) RETURNING id",
+         VALUES (?1, NULL, ?2, 0, NULL, 'agent', NULL, 0, NULL, NULL, ?3, ?4, '[]', ?4, ?5, ?5, ?6, ?7, 'queued', ?5) \
+         RETURNING id",
+        rusqlite::params![TraceId::generate().as_str(), kind.as_str(), from_agent, content, at, route, agent],
+        |row| row.get(0),
     )
-    .bind(&trace_id)
-    .bind(kind)
-    .bind(from_agent)
-    .bind(content)
-    .bind(content)
-    .bind(&at)
-    .bind(&at)
-    .bind(route)
-    .bind(agent)
-    .bind(&at)
-    .fetch_one(&mut *tx)
-    .await?;
-    Ok((id, trace_id))
 }
 
 /// Records the task and revision a handoff (and its envelope) was made under.
-async fn tag_with_task(
-    tx: &mut sqlx::SqliteConnection,
+fn tag_with_task(
+    db: &rusqlite::Connection,
     envelope_id: i64,
     handoff_id: Option<&str>,
     task: &(Option<String>, Option<i64>),
-) -> sqlx::Result<()> {
+) -> rusqlite::Result<()> {
     // A task and its revision are recorded together, or neither is.
     let (Some(task_id), Some(revision)) = task else {
         return Ok(());
     };
-    in_place(&mut *tx, |db| tasks::tag(db, envelope_id, task_id, *revision)).await?;
+    tasks::tag(db, envelope_id, task_id, *revision)?;
     if let Some(handoff_id) = handoff_id {
-        sqlx::query("UPDATE handoffs SET task_id = ?, revision = ? WHERE handoff_id = ?")
-            .bind(task_id)
-            .bind(revision)
-            .bind(handoff_id)
-            .execute(&mut *tx)
-            .await?;
+        execute_cached(
+            db,
+            "UPDATE handoffs SET task_id = ?, revision = ? WHERE handoff_id = ?",
+            rusqlite::params![task_id, revision, handoff_id],
+        )?;
     }
     Ok(())
+}
+
+/// The task and revision a row (an envelope, a handoff) was recorded under.
+fn task_of(db: &rusqlite::Connection, sql: &str, id: i64) -> rusqlite::Result<(Option<String>, Option<i64>)> {
+    query_row_cached(db, sql, [id], |row| Ok((row.get(0)?, row.get(1)?)))
 }
 
 impl Ledger {
@@ -204,47 +198,50 @@ impl Ledger {
     /// nothing.
     pub async fn record_handoff(&self, new: &NewHandoff<'_>) -> sqlx::Result<Result<StoredHandoff, Refusal>> {
         let handoff_id = format!("hof_{}", &TraceId::generate().as_str()[4..]);
-        let mut tx = self.write_transaction().await?;
-        let mut task: (Option<String>, Option<i64>) = (None, None);
-        if let Some(cause) = new.cause {
-            if let Err(refusal) = in_place(&mut tx, |db| tasks::admission_in(db, cause.id)).await? {
-                return Ok(Err(refusal));
-            }
-            task = sqlx::query_as("SELECT task_id, revision FROM envelopes WHERE id = ?")
-                .bind(cause.id)
-                .fetch_one(&mut *tx)
-                .await?;
+        let recorded = self
+            .write_in_place(|db| {
+                let mut task: (Option<String>, Option<i64>) = (None, None);
+                if let Some(cause) = new.cause {
+                    if let Err(refusal) = tasks::admission_in(db, cause.id)? {
+                        return Ok(Err(refusal));
+                    }
+                    task = task_of(db, "SELECT task_id, revision FROM envelopes WHERE id = ?", cause.id)?;
+                }
+                let route = new.cause.and_then(|cause| cause.route.as_deref());
+                let envelope_id = insert_agent_envelope(
+                    db,
+                    EnvelopeKind::Handoff,
+                    new.to.as_str(),
+                    new.from.as_str(),
+                    new.instruction,
+                    route,
+                )?;
+                execute_cached(
+                    db,
+                    "INSERT INTO handoffs (handoff_id, from_agent, to_agent, instruction, cause_envelope_id, depth, \
+                     followup_of, intent, request_id, envelope_id, state, opened_at) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)",
+                    rusqlite::params![
+                        handoff_id,
+                        new.from.as_str(),
+                        new.to.as_str(),
+                        new.instruction,
+                        new.cause.map(|cause| cause.id),
+                        i64::from(new.depth),
+                        new.followup_of,
+                        new.intent.map(Intent::as_str),
+                        new.request_id,
+                        envelope_id,
+                        now(),
+                    ],
+                )?;
+                tag_with_task(db, envelope_id, Some(&handoff_id), &task)?;
+                Ok(Ok(()))
+            })
+            .await?;
+        if let Err(refusal) = recorded {
+            return Ok(Err(refusal));
         }
-        let route = new.cause.and_then(|cause| cause.route.as_deref());
-        let (envelope_id, _) = insert_agent_envelope(
-            &mut tx,
-            EnvelopeKind::Handoff,
-            new.to.as_str(),
-            new.from.as_str(),
-            new.instruction,
-            route,
-        )
-        .await?;
-        sqlx::query(
-            "INSERT INTO handoffs (handoff_id, from_agent, to_agent, instruction, cause_envelope_id, depth, \
-             followup_of, intent, request_id, envelope_id, state, opened_at) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'open', ?)",
-        )
-        .bind(&handoff_id)
-        .bind(new.from.as_str())
-        .bind(new.to.as_str())
-        .bind(new.instruction)
-        .bind(new.cause.map(|cause| cause.id))
-        .bind(i64::from(new.depth))
-        .bind(new.followup_of)
-        .bind(new.intent.map(Intent::as_str))
-        .bind(new.request_id)
-        .bind(envelope_id)
-        .bind(now())
-        .execute(&mut *tx)
-        .await?;
-        tag_with_task(&mut tx, envelope_id, Some(&handoff_id), &task).await?;
-        tx.commit().await?;
         self.handoff(&handoff_id).await?.ok_or(sqlx::Error::RowNotFound).map(Ok)
     }
 
@@ -257,13 +254,6 @@ impl Ledger {
         end: HandoffEnd<'_>,
         actor: &str,
     ) -> sqlx::Result<Result<Option<StoredHandoff>, Refusal>> {
-        let mut tx = self.write_transaction().await?;
-        // An answer is an action for the task the handoff was made under (DESIGN.md §11).
-        if let HandoffEnd::Answered { .. } = end
-            && let Err(refusal) = in_place(&mut tx, |db| tasks::admission_in(db, handoff.envelope_id)).await?
-        {
-            return Ok(Err(refusal));
-        }
         let (state, content, reason, note) = match end {
             HandoffEnd::Answered { text, .. } => {
                 (HandoffState::Answered, text.to_owned(), format!("answered ({})", handoff.handoff_id), None)
@@ -281,65 +271,67 @@ impl Ledger {
                 )
             }
         };
-        let route: Option<String> = match handoff.cause_envelope_id {
-            Some(cause) => {
-                sqlx::query_scalar("SELECT route FROM envelopes WHERE id = ?")
-                    .bind(cause)
-                    .fetch_one(&mut *tx)
-                    .await?
-            }
-            None => None,
-        };
-        let (answer_id, _) = insert_agent_envelope(
-            &mut tx,
-            EnvelopeKind::HandoffAnswer,
-            &handoff.from_agent,
-            &handoff.to_agent,
-            &content,
-            route.as_deref(),
-        )
-        .await?;
         let request_id = match end {
             HandoffEnd::Answered { request_id, .. } => request_id,
             HandoffEnd::Closed { .. } => None,
         };
-        let ended = sqlx::query(
-            "UPDATE handoffs SET state = ?, answer_envelope_id = ?, answer_request_id = ?, closed_at = ?, note = ? \
-             WHERE id = ? AND state = 'open'",
-        )
-        .bind(state)
-        .bind(answer_id)
-        .bind(request_id)
-        .bind(now())
-        .bind(note)
-        .bind(handoff.id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        if ended == 0 {
-            // Dropping the transaction rolls the answer envelope back.
-            return Ok(Ok(None));
+        let ended = self
+            .write_in_place(|db| {
+                // An answer is an action for the task the handoff was made under (DESIGN.md §11).
+                if let HandoffEnd::Answered { .. } = end
+                    && let Err(refusal) = tasks::admission_in(db, handoff.envelope_id)?
+                {
+                    return Ok(Err(refusal));
+                }
+                // The write lock is held: a handoff open now stays open until this commits.
+                let open = query_row_cached(
+                    db,
+                    "SELECT state = 'open' FROM handoffs WHERE id = ?",
+                    [handoff.id],
+                    |row| row.get::<_, bool>(0),
+                )?;
+                if !open {
+                    return Ok(Ok(false));
+                }
+                let route: Option<String> = match handoff.cause_envelope_id {
+                    Some(cause) => {
+                        query_row_cached(db, "SELECT route FROM envelopes WHERE id = ?", [cause], |row| row.get(0))?
+                    }
+                    None => None,
+                };
+                let answer_id = insert_agent_envelope(
+                    db,
+                    EnvelopeKind::HandoffAnswer,
+                    &handoff.from_agent,
+                    &handoff.to_agent,
+                    &content,
+                    route.as_deref(),
+                )?;
+                execute_cached(
+                    db,
+                    "UPDATE handoffs SET state = ?, answer_envelope_id = ?, answer_request_id = ?, closed_at = ?, \
+                     note = ? WHERE id = ?",
+                    rusqlite::params![state.as_str(), answer_id, request_id, now(), note, handoff.id],
+                )?;
+                // The delegator's answer belongs to the task the handoff was made for.
+                let task = task_of(db, "SELECT task_id, revision FROM handoffs WHERE id = ?", handoff.id)?;
+                tag_with_task(db, answer_id, None, &task)?;
+                transition_in(
+                    db,
+                    handoff.envelope_id,
+                    &[EnvelopeState::Pending, EnvelopeState::Queued],
+                    EnvelopeState::Acked,
+                    actor,
+                    Some(&reason),
+                )?;
+                Ok(Ok(true))
+            })
+            .await?;
+        match ended {
+            Err(refusal) => Ok(Err(refusal)),
+            Ok(false) => Ok(Ok(None)),
+            Ok(true) => self.handoff(&handoff.handoff_id).await.map(Ok),
         }
-        // The delegator's answer belongs to the task the handoff was made for.
-        let task: (Option<String>, Option<i64>) =
-            sqlx::query_as("SELECT task_id, revision FROM handoffs WHERE id = ?")
-                .bind(handoff.id)
-                .fetch_one(&mut *tx)
-                .await?;
-        tag_with_task(&mut tx, answer_id, None, &task).await?;
-        in_place(&mut tx, |db| {
-            transition_in(
-                db,
-                handoff.envelope_id,
-                &[EnvelopeState::Pending, EnvelopeState::Queued],
-                EnvelopeState::Acked,
-                actor,
-                Some(&reason),
-            )
-        })
-        .await?;
-        tx.commit().await?;
-        self.handoff(&handoff.handoff_id).await.map(Ok)
     }
 
     /// A child's answer to a handoff a change superseded: kept as a late result, never

@@ -1,16 +1,16 @@
-//! Statements run on the calling thread: the ledger's writer, and sections on a sqlx
-//! connection's own handle.
+//! Statements run on the calling thread, on the connections the ledger owns: its writer,
+//! which every write of the process goes through, and its readers (`readers`).
 //!
 //! sqlx runs each SQLite connection on a worker thread of its own, and every statement is
 //! a hand-over to that thread and back: about 25–50 µs on a small machine, nearly all of
 //! it the two wake-ups, which were also half of the daemon's CPU. The transactions on the
 //! path of every message (a batch's intake, a reply's attempt and outcome) took five or
 //! six of them each. They now run on [`Writer`], a connection the ledger owns (rusqlite,
-//! linked against the same SQLite), on the calling thread ([`Ledger::write_in_place`]).
-//! Code that still writes through sqlx's pool takes the writer's lock first (its turn to
-//! write), and inside such a transaction the synchronous helpers (`transition_in`, tasks'
-//! helpers) run on the pooled connection's own handle, which sqlx lends for one hand-over
-//! ([`in_place`]).
+//! linked against the same SQLite), on the calling thread ([`Ledger::write_in_place`]),
+//! and so do all the other writes (handoffs, rooms, reconciliation): one connection
+//! writes, so the writers of this process queue on its lock in order and never meet in
+//! SQLite's busy handler, and every transaction is written with the same synchronous
+//! helpers (`transition_in`, tasks' helpers).
 //!
 //! A section is synchronous: nothing in it awaits, so a cancelled caller can only go away
 //! before it starts or after it ends, never halfway through a transaction.
@@ -30,7 +30,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rusqlite::{OpenFlags, TransactionBehavior, ffi};
-use sqlx::SqliteConnection;
 use sqlx::error::{DatabaseError, ErrorKind};
 
 use super::checkpoint::{BACKSTOP_PAGES, Checkpointer};
@@ -95,27 +94,9 @@ pub(super) fn open_own_connection(path: &Path) -> rusqlite::Result<rusqlite::Con
     Ok(db)
 }
 
-/// Runs `work` on `connection`'s handle, inside whatever transaction sqlx has open on it.
-pub(super) async fn in_place<T>(
-    connection: &mut SqliteConnection,
-    work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
-) -> sqlx::Result<T> {
-    let mut handle = connection.lock_handle().await?;
-    // SAFETY: the handle is this section's alone until `handle` drops (sqlx's worker waits
-    // for it), and `from_handle` leaves it open when the rusqlite connection drops, which
-    // happens first.
-    let db =
-        unsafe { rusqlite::Connection::from_handle(handle.as_raw_handle().as_ptr()) }.map_err(into_sqlx)?;
-    let result = work(&db).map_err(into_sqlx);
-    drop(db);
-    result
-}
-
-/// The ledger's writer: a connection of its own (not pooled by sqlx), which the
-/// transactions on the path of a message run on, on the calling thread. It is also this
-/// process's turn to write: code that writes through sqlx's pool takes it first
-/// ([`Ledger::write_turn`]), so the two never meet in SQLite's busy handler, and the
-/// writers of this process queue in order.
+/// The ledger's writer: a connection of its own (not pooled by sqlx), which every write
+/// transaction of the process runs on, on the calling thread, one at a time (its lock is
+/// the process's turn to write).
 pub(super) struct Writer {
     path: PathBuf,
     settings: WriterSettings,
@@ -179,9 +160,29 @@ impl Ledger {
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> sqlx::Result<T> {
+        self.run_in_place(work, |_| true).await
+    }
+
+    /// [`Self::write_in_place`] for work that checks its premises as it goes (a state it
+    /// expects, a row it guards on): `None` rolls back whatever the work wrote before it
+    /// found one gone; `Some` commits.
+    pub(super) async fn write_in_place_if<T>(
+        &self,
+        work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<Option<T>>,
+    ) -> sqlx::Result<Option<T>> {
+        self.run_in_place(work, Option::is_some).await
+    }
+
+    /// The transaction of [`Self::write_in_place`]: committed when `commits` says so of
+    /// the work's result, rolled back otherwise.
+    async fn run_in_place<T>(
+        &self,
+        work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+        commits: impl FnOnce(&T) -> bool,
+    ) -> sqlx::Result<T> {
         let mut turn = self.writer.connection.lock().await;
         let mut wait = BusyWait::new();
-        let mut work = Some(work);
+        let mut work = Some((work, commits));
         loop {
             let db = match turn.as_mut() {
                 Some(db) => db,
@@ -192,9 +193,13 @@ impl Ledger {
             // `Err` here: the write lock was not taken, and nothing ran.
             let ran = match db.transaction_with_behavior(TransactionBehavior::Immediate) {
                 Ok(tx) => {
-                    let work = work.take().expect("the work runs once, after the write lock is taken");
+                    let (work, commits) =
+                        work.take().expect("the work runs once, after the write lock is taken");
                     // Dropping `tx` without committing rolls it back (rusqlite's default).
-                    Ok(work(&tx).and_then(|value| tx.commit().map(|()| value)))
+                    Ok(work(&tx).and_then(|value| match commits(&value) {
+                        true => tx.commit().map(|()| value),
+                        false => Ok(value),
+                    }))
                 }
                 Err(e) => Err(e),
             };
@@ -220,22 +225,10 @@ impl Ledger {
     ) -> sqlx::Result<usize> {
         self.write_in_place(|db| execute_cached(db, sql, params)).await
     }
-
-    /// This process's turn to write, for code that writes through sqlx's pool: held for
-    /// the whole of its transaction, it keeps the writer out meanwhile.
-    pub(super) async fn write_turn(&self) -> WriteTurn<'_> {
-        WriteTurn { _turn: self.writer.connection.lock().await }
-    }
-}
-
-/// See [`Ledger::write_turn`].
-pub(super) struct WriteTurn<'a> {
-    _turn: tokio::sync::MutexGuard<'a, Option<rusqlite::Connection>>,
 }
 
 /// `Connection::execute`, with the statement kept prepared on the connection: the writer
-/// and the readers live as long as the ledger, so each statement is parsed once. (On a
-/// handle sqlx lends, the cache lasts one section.)
+/// and the readers live as long as the ledger, so each statement is parsed once.
 pub(super) fn execute_cached(
     db: &rusqlite::Connection,
     sql: &str,
@@ -375,7 +368,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn work_that_fails_is_rolled_back_and_the_writer_stays_usable() {
+    async fn work_that_fails_or_finds_a_premise_gone_is_rolled_back_and_the_writer_stays_usable() {
         let (_dir, ledger) = ledger().await;
         let failed = ledger
             .write_in_place(|db| {
@@ -386,13 +379,11 @@ mod tests {
         assert!(matches!(failed, Err(sqlx::Error::RowNotFound)), "{failed:?}");
         assert_eq!(offsets(&ledger).await, Vec::<i64>::new());
         ledger.write_in_place(|db| store_offset(db, 2)).await.unwrap();
-        // Transactions through sqlx's pool, in their turn to write, still work beside it.
-        let mut tx = ledger.write_transaction().await.unwrap();
-        sqlx::query("INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (3, 1, 'now')")
-            .execute(&mut *tx)
-            .await
-            .unwrap();
-        tx.commit().await.unwrap();
+        // Work that finds a premise gone (`None`) rolls back what it wrote before.
+        let kept = ledger.write_in_place_if(|db| store_offset(db, 3).map(|_| None::<()>)).await.unwrap();
+        assert_eq!(kept, None);
+        assert_eq!(offsets(&ledger).await, vec![2]);
+        ledger.write_in_place_if(|db| store_offset(db, 3).map(Some)).await.unwrap();
         assert_eq!(offsets(&ledger).await, vec![2, 3]);
     }
 

@@ -1,7 +1,7 @@
 //! What `switchboard ledger` reads and the one change it makes: reconciliation.
 
 use super::envelopes::transition_in;
-use super::in_place::in_place;
+use super::in_place::execute_cached;
 use super::{ReconciledOutcome, StoredEnvelope};
 use crate::ledger::EnvelopeState;
 use sqlx::FromRow;
@@ -99,34 +99,28 @@ impl Ledger {
         };
         let reason = format!("reconciled: {reason}");
         // The envelope and its attempts are settled together or not at all.
-        let mut tx = self.write_transaction().await?;
-        let settled = sqlx::query(
-            "UPDATE attempts SET reconciled_outcome = ?, reconciled_reason = ?, reconciled_at = ? \
-             WHERE envelope_id = ? AND outcome = 'unknown' AND reconciled_outcome IS NULL",
-        )
-        .bind(attempt_outcome)
-        .bind(&reason)
-        .bind(now())
-        .bind(envelope.id)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        let moved = in_place(&mut tx, |db| {
-            transition_in(db, envelope.id, &[EnvelopeState::Unresolved], to, "operator", Some(&reason))
+        let settled = self
+            .write_in_place_if(|db| {
+                let settled = execute_cached(
+                    db,
+                    "UPDATE attempts SET reconciled_outcome = ?, reconciled_reason = ?, reconciled_at = ? \
+                     WHERE envelope_id = ? AND outcome = 'unknown' AND reconciled_outcome IS NULL",
+                    rusqlite::params![attempt_outcome.as_str(), reason, now(), envelope.id],
+                )?;
+                let unresolved = [EnvelopeState::Unresolved];
+                let moved = transition_in(db, envelope.id, &unresolved, to, "operator", Some(&reason))?;
+                Ok(match (moved, envelope.state) {
+                    (true, _) => Some(to),
+                    (false, EnvelopeState::Acked) if settled > 0 => Some(EnvelopeState::Acked),
+                    // Nothing to reconcile: what the attempts' update did is rolled back.
+                    _ => None,
+                })
+            })
+            .await?;
+        settled.ok_or_else(|| ReconcileError::NotUnresolved {
+            trace_id: trace_id.to_owned(),
+            state: envelope.state,
         })
-        .await?;
-        let state = match (moved, envelope.state) {
-            (true, _) => to,
-            (false, EnvelopeState::Acked) if settled > 0 => EnvelopeState::Acked,
-            _ => {
-                return Err(ReconcileError::NotUnresolved {
-                    trace_id: trace_id.to_owned(),
-                    state: envelope.state,
-                });
-            }
-        };
-        tx.commit().await?;
-        Ok(state)
     }
 
     /// Attempts whose outcome is unknown and that no operator has reconciled yet,

@@ -18,25 +18,18 @@ use sqlx::{Connection as _, SqlitePool};
 
 use crate::config::Synchronous;
 use checkpoint::Checkpointer;
-use in_place::{WriteTurn, Writer, WriterSettings};
+use in_place::{Writer, WriterSettings};
 use readers::Readers;
 
 /// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
 /// daemon runs) before giving up. Ledger transactions are short, so this is generous.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One pooled connection: the writes that do not run on the ledger's own writer, and the
-/// reads off the path of a message. Every write of the process takes its turn on the
-/// writer's lock first (`Ledger::write_turn`): SQLite allows one writer at a time, and two
-/// connections of this process that write at once do not queue, the second gets
-/// `SQLITE_BUSY` and SQLite's busy handler sleeps (1 ms, 2 ms, 5 ms, …) before trying
-/// again. Statements are short, and the ledger never holds the connection across other
-/// I/O.
-///
-/// The rule that comes with it: code holding a transaction (or an acquired connection)
-/// must run everything through it (`&mut SqliteConnection` helpers, or statements run in
-/// place on its handle such as `transition_in`, see `in_place`), never through the pool,
-/// which would wait for itself until the pool's acquire timeout.
+/// One pooled connection: the migrations, and the reads off the path of a message (the
+/// operator's listings, the gauges). It writes nothing once the ledger is open: every
+/// write runs on the ledger's own writer (`in_place`), since SQLite allows one writer at a
+/// time and two connections of this process writing at once would not queue (the second
+/// gets `SQLITE_BUSY`, and SQLite's busy handler sleeps before trying again).
 const MAX_CONNECTIONS: u32 = 1;
 
 pub fn now() -> String {
@@ -209,17 +202,6 @@ impl Ledger {
         Ok(Self { pool, writer, readers, checkpointer })
     }
 
-    /// A transaction through sqlx's pool that takes SQLite's write lock at once, in this
-    /// process's turn to write (see `in_place`). A read-then-write transaction that started
-    /// as a reader could fail with `SQLITE_BUSY` instead of waiting when another writer
-    /// commits in between; taking the lock up front makes concurrent writers (the daemon
-    /// and `switchboard ledger`) queue on the busy timeout.
-    async fn write_transaction(&self) -> sqlx::Result<WriteTransaction<'_>> {
-        let turn = self.write_turn().await;
-        let tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        Ok(WriteTransaction { tx, _turn: turn })
-    }
-
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
     }
@@ -230,31 +212,6 @@ impl Ledger {
         }
         self.readers.close();
         self.pool.close().await;
-    }
-}
-
-/// A write transaction through sqlx's pool, held in this process's turn to write.
-struct WriteTransaction<'a> {
-    tx: sqlx::Transaction<'static, sqlx::Sqlite>,
-    _turn: WriteTurn<'a>,
-}
-
-impl WriteTransaction<'_> {
-    async fn commit(self) -> sqlx::Result<()> {
-        self.tx.commit().await
-    }
-}
-
-impl std::ops::Deref for WriteTransaction<'_> {
-    type Target = sqlx::SqliteConnection;
-    fn deref(&self) -> &Self::Target {
-        &self.tx
-    }
-}
-
-impl std::ops::DerefMut for WriteTransaction<'_> {
-    fn deref_mut(&mut self) -> &mut Self::Target {
-        &mut self.tx
     }
 }
 

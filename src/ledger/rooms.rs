@@ -7,10 +7,11 @@
 //! still hold (a guard per fact). A step whose guard fails changes nothing and is decided
 //! again from the new facts.
 
+use rusqlite::OptionalExtension;
 use sqlx::FromRow;
 
 use super::envelopes::transition_in;
-use super::in_place::in_place;
+use super::in_place::{execute_cached, query_row_cached, text_enum};
 use super::{EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::turns::{Cascade, CascadeState};
@@ -65,7 +66,8 @@ impl std::fmt::Display for RoomCascadeState {
 }
 
 /// How a turn ended (the `ending` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum TurnEnding {
     Replied,
@@ -74,11 +76,21 @@ pub enum TurnEnding {
 }
 
 impl TurnEnding {
+    /// In words, for people and models.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Replied => "replied",
             Self::Passed => "passed",
             Self::TimedOut => "timed out",
+        }
+    }
+
+    /// As the `ending` column holds it.
+    fn stored(self) -> &'static str {
+        match self {
+            Self::Replied => "replied",
+            Self::Passed => "passed",
+            Self::TimedOut => "timed_out",
         }
     }
 }
@@ -139,6 +151,29 @@ pub struct StoredTurn {
 }
 
 impl StoredTurn {
+    /// A row of [`turn_select!`], read in place.
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        let ending = match row.get::<_, Option<String>>("ending")? {
+            Some(_) => Some(text_enum(row, "ending")?),
+            None => None,
+        };
+        Ok(Self {
+            id: row.get("id")?,
+            cascade_row: row.get("cascade_row")?,
+            speaker: row.get("speaker")?,
+            agent: row.get("agent")?,
+            summoned_by: row.get("summoned_by")?,
+            envelope_id: row.get("envelope_id")?,
+            envelope_trace_id: row.get("envelope_trace_id")?,
+            envelope_state: text_enum(row, "envelope_state")?,
+            started_at: row.get("started_at")?,
+            reply_text: row.get("reply_text")?,
+            reply_request_id: row.get("reply_request_id")?,
+            ended_at: row.get("ended_at")?,
+            ending,
+        })
+    }
+
     pub fn speaker(&self) -> u32 {
         u32::try_from(self.speaker).unwrap_or_default()
     }
@@ -288,161 +323,139 @@ impl Ledger {
     pub async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> sqlx::Result<Option<String>> {
         let cascade_id = format!("cas_{}", &TraceId::generate().as_str()[4..]);
         let json = serde_json::to_string(new.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-        let mut tx = self.write_transaction().await?;
         let note = note.replace("{cascade}", &cascade_id);
-        let moved = in_place(&mut tx, |db| {
-            transition_in(
+        self.write_in_place_if(|db| {
+            let message = new.message;
+            if !transition_in(db, message.id, &[EnvelopeState::Queued], EnvelopeState::Acked, "daemon", Some(&note))?
+            {
+                return Ok(None);
+            }
+            execute_cached(
                 db,
-                new.message.id,
-                &[EnvelopeState::Queued],
-                EnvelopeState::Acked,
-                "daemon",
-                Some(&note),
-            )
+                "INSERT INTO cascades (cascade_id, route, chat_id, thread_id, message_envelope_id, state, cascade, \
+                 max_iters, speaker_timeout_secs, created_at, updated_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, 'waiting', ?6, ?7, ?8, ?9, ?9)",
+                rusqlite::params![
+                    cascade_id,
+                    message.route.as_deref().unwrap_or_default(),
+                    message.chat_id,
+                    message.thread_id,
+                    message.id,
+                    json,
+                    i64::from(new.max_iters),
+                    i64::try_from(new.speaker_timeout_secs).unwrap_or(i64::MAX),
+                    now(),
+                ],
+            )?;
+            Ok(Some(cascade_id))
         })
-        .await?;
-        if !moved {
-            return Ok(None);
-        }
-        let at = now();
-        sqlx::query(
-            "INSERT INTO cascades (cascade_id, route, chat_id, thread_id, message_envelope_id, state, cascade, \
-             max_iters, speaker_timeout_secs, created_at, updated_at) \
-             VALUES (?, ?, ?, ?, ?, 'waiting', ?, ?, ?, ?, ?)",
-        )
-        .bind(&cascade_id)
-        .bind(new.message.route.as_deref().unwrap_or_default())
-        .bind(new.message.chat_id)
-        .bind(new.message.thread_id)
-        .bind(new.message.id)
-        .bind(json)
-        .bind(i64::from(new.max_iters))
-        .bind(i64::try_from(new.speaker_timeout_secs).unwrap_or(i64::MAX))
-        .bind(&at)
-        .bind(&at)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(Some(cascade_id))
+        .await
     }
 
     /// Applies a decided step of a room if every fact it was decided on still holds.
     /// `None`: a guard failed, nothing changed; decide again.
     pub async fn apply_room_step(&self, step: &RoomStep<'_>) -> sqlx::Result<Option<AppliedStep>> {
-        let mut tx = self.write_transaction().await?;
-        let at = now();
-        let mut applied = AppliedStep::default();
-        if let Some((envelope, note)) = &step.settle {
-            let moved = in_place(&mut tx, |db| {
-                transition_in(
-                    db,
-                    envelope.id,
-                    &[EnvelopeState::Queued],
-                    EnvelopeState::Acked,
-                    "daemon",
-                    Some(note),
-                )
-            })
-            .await?;
-            if !moved {
-                return Ok(None);
+        let cascade_json = match &step.cascade {
+            Some(update) => {
+                Some(serde_json::to_string(update.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?)
             }
-        }
-        if let Some(close) = &step.close {
-            // A pass or a timeout needs the turn to have no reply; any end needs it open.
-            let ended = sqlx::query(
-                "UPDATE cascade_turns SET ended_at = ?, ending = ? \
-                 WHERE id = ? AND ended_at IS NULL AND (? OR reply_text IS NULL)",
-            )
-            .bind(&at)
-            .bind(close.ending)
-            .bind(close.turn.id)
-            .bind(close.ending == TurnEnding::Replied)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if ended == 0 {
-                return Ok(None);
-            }
-            if let Some(reason) = close.timed_out {
-                let moved = in_place(&mut tx, |db| {
-                    transition_in(
-                        db,
-                        close.turn.envelope_id,
-                        &[EnvelopeState::Pending, EnvelopeState::Queued],
-                        EnvelopeState::Acked,
-                        "daemon",
-                        Some(reason),
-                    )
-                })
-                .await?;
-                if !moved {
+            None => None,
+        };
+        // Every `return Ok(None)` below rolls back what the step wrote before it.
+        self.write_in_place_if(|db| {
+            let at = now();
+            let mut applied = AppliedStep::default();
+            if let Some((envelope, note)) = &step.settle {
+                let settled = [EnvelopeState::Queued];
+                if !transition_in(db, envelope.id, &settled, EnvelopeState::Acked, "daemon", Some(note))? {
                     return Ok(None);
                 }
             }
-        }
-        if let Some(update) = &step.cascade {
-            let json = serde_json::to_string(update.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
-            let state = RoomCascadeState::from(update.cascade.state());
-            let (outcome, outcome_text) = match &update.outcome {
-                Some((outcome, text)) => (Some(outcome.as_str()), text.as_deref()),
-                None => (None, None),
-            };
-            let updated = sqlx::query(
-                "UPDATE cascades SET state = ?, cascade = ?, updated_at = ?, \
-                 started_at = COALESCE(started_at, ?), \
-                 stop_by = COALESCE(?, stop_by), \
-                 stop_requested_at = CASE WHEN ? IS NULL THEN stop_requested_at ELSE ? END, \
-                 outcome = COALESCE(?, outcome), outcome_text = COALESCE(?, outcome_text), \
-                 ended_at = CASE WHEN ? THEN ? ELSE ended_at END \
-                 WHERE id = ? AND updated_at = ?",
-            )
-            .bind(state)
-            .bind(json)
-            .bind(version_after(update.decided_on, &at))
-            .bind(&at)
-            .bind(update.stop_by)
-            .bind(update.stop_by)
-            .bind(&at)
-            .bind(outcome)
-            .bind(outcome_text)
-            .bind(update.cascade.state().is_over())
-            .bind(&at)
-            .bind(update.id)
-            .bind(update.decided_on)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected();
-            if updated == 0 {
-                return Ok(None);
+            if let Some(close) = &step.close {
+                // A pass or a timeout needs the turn to have no reply; any end needs it open.
+                let ended = execute_cached(
+                    db,
+                    "UPDATE cascade_turns SET ended_at = ?, ending = ? \
+                     WHERE id = ? AND ended_at IS NULL AND (? OR reply_text IS NULL)",
+                    rusqlite::params![
+                        at,
+                        close.ending.stored(),
+                        close.turn.id,
+                        close.ending == TurnEnding::Replied
+                    ],
+                )?;
+                if ended == 0 {
+                    return Ok(None);
+                }
+                if let Some(reason) = close.timed_out {
+                    let open = [EnvelopeState::Pending, EnvelopeState::Queued];
+                    let turn = close.turn.envelope_id;
+                    if !transition_in(db, turn, &open, EnvelopeState::Acked, "daemon", Some(reason))? {
+                        return Ok(None);
+                    }
+                }
             }
-        }
-        if let Some(open) = &step.open {
-            let cascade_row = step.cascade.as_ref().map(|c| c.id).ok_or(sqlx::Error::RowNotFound)?;
-            let opened = insert_turn(&mut tx, cascade_row, open, &at).await?;
-            applied.opened = Some(opened);
-        }
-        for post in &step.posts {
-            let e = post.answers;
-            sqlx::query(
-                "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, \
-                 reply_to_message_id, text, state, created_at) \
-                 VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owed', ?) ON CONFLICT (key) DO NOTHING",
-            )
-            .bind(&post.key)
-            .bind(step.cascade.as_ref().map(|c| c.id))
-            .bind(e.id)
-            .bind(e.route.as_deref().unwrap_or_default())
-            .bind(e.chat_id)
-            .bind(e.thread_id)
-            .bind(e.message_id)
-            .bind(&post.text)
-            .bind(&at)
-            .execute(&mut *tx)
-            .await?;
-        }
-        tx.commit().await?;
-        Ok(Some(applied))
+            if let (Some(update), Some(json)) = (&step.cascade, &cascade_json) {
+                let state = RoomCascadeState::from(update.cascade.state());
+                let (outcome, outcome_text) = match &update.outcome {
+                    Some((outcome, text)) => (Some(outcome.as_str()), text.as_deref()),
+                    None => (None, None),
+                };
+                let updated = execute_cached(
+                    db,
+                    "UPDATE cascades SET state = ?1, cascade = ?2, updated_at = ?3, \
+                     started_at = COALESCE(started_at, ?4), \
+                     stop_by = COALESCE(?5, stop_by), \
+                     stop_requested_at = CASE WHEN ?5 IS NULL THEN stop_requested_at ELSE ?4 END, \
+                     outcome = COALESCE(?6, outcome), outcome_text = COALESCE(?7, outcome_text), \
+                     ended_at = CASE WHEN ?8 THEN ?4 ELSE ended_at END \
+                     WHERE id = ?9 AND updated_at = ?10",
+                    rusqlite::params![
+                        state.as_str(),
+                        json,
+                        version_after(update.decided_on, &at),
+                        at,
+                        update.stop_by,
+                        outcome,
+                        outcome_text,
+                        update.cascade.state().is_over(),
+                        update.id,
+                        update.decided_on,
+                    ],
+                )?;
+                if updated == 0 {
+                    return Ok(None);
+                }
+            }
+            if let Some(open) = &step.open {
+                let Some(cascade_row) = step.cascade.as_ref().map(|c| c.id) else {
+                    return Err(rusqlite::Error::QueryReturnedNoRows);
+                };
+                applied.opened = Some(insert_turn(db, cascade_row, open, &at)?);
+            }
+            for post in &step.posts {
+                let e = post.answers;
+                execute_cached(
+                    db,
+                    "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, \
+                     reply_to_message_id, text, state, created_at) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'owed', ?) ON CONFLICT (key) DO NOTHING",
+                    rusqlite::params![
+                        post.key,
+                        step.cascade.as_ref().map(|c| c.id),
+                        e.id,
+                        e.route.as_deref().unwrap_or_default(),
+                        e.chat_id,
+                        e.thread_id,
+                        e.message_id,
+                        post.text,
+                        at,
+                    ],
+                )?;
+            }
+            Ok(Some(applied))
+        })
+        .await
     }
 
     /// The room's exchange that has (or is about to give) the floor, if any.
@@ -530,34 +543,34 @@ impl Ledger {
         text: &str,
         request_id: &str,
     ) -> sqlx::Result<Result<StoredTurn, ClaimRefused>> {
-        let mut tx = self.write_transaction().await?;
-        let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
-        let Some(turn): Option<StoredTurn> =
-            sqlx::query_as(sql).bind(envelope_id).fetch_optional(&mut *tx).await?
-        else {
-            return Ok(Err(ClaimRefused::NoTurn));
-        };
-        if let Some(ending) = turn.ending {
-            return Ok(Err(ClaimRefused::Ended(ending)));
-        }
-        if turn.reply_text.is_some() {
-            return Ok(Err(ClaimRefused::AlreadyReplied { request_id: turn.reply_request_id }));
-        }
-        if turn.envelope_state != EnvelopeState::Pending {
-            return Ok(Err(ClaimRefused::NotPending(turn.envelope_state)));
-        }
-        sqlx::query("UPDATE cascade_turns SET reply_text = ?, reply_request_id = ? WHERE id = ?")
-            .bind(text)
-            .bind(request_id)
-            .bind(turn.id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Ok(StoredTurn {
-            reply_text: Some(text.to_owned()),
-            reply_request_id: Some(request_id.to_owned()),
-            ..turn
-        }))
+        self.write_in_place(|db| {
+            let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
+            let Some(turn) =
+                db.prepare_cached(sql)?.query_row([envelope_id], StoredTurn::from_row).optional()?
+            else {
+                return Ok(Err(ClaimRefused::NoTurn));
+            };
+            if let Some(ending) = turn.ending {
+                return Ok(Err(ClaimRefused::Ended(ending)));
+            }
+            if turn.reply_text.is_some() {
+                return Ok(Err(ClaimRefused::AlreadyReplied { request_id: turn.reply_request_id }));
+            }
+            if turn.envelope_state != EnvelopeState::Pending {
+                return Ok(Err(ClaimRefused::NotPending(turn.envelope_state)));
+            }
+            execute_cached(
+                db,
+                "UPDATE cascade_turns SET reply_text = ?, reply_request_id = ? WHERE id = ?",
+                rusqlite::params![text, request_id, turn.id],
+            )?;
+            Ok(Ok(StoredTurn {
+                reply_text: Some(text.to_owned()),
+                reply_request_id: Some(request_id.to_owned()),
+                ..turn
+            }))
+        })
+        .await
     }
 
     /// Gives a turn's claimed reply back when it was not posted and is not being posted
@@ -605,50 +618,52 @@ impl Ledger {
 }
 
 /// Queues a room_turn envelope for the speaker (in the room's chat and topic, answering the
-/// human message) and records its turn.
-async fn insert_turn(
-    tx: &mut sqlx::SqliteConnection,
+/// human message) and records its turn. Returns the envelope's row id and trace id.
+fn insert_turn(
+    db: &rusqlite::Connection,
     cascade_row: i64,
     open: &TurnOpen<'_>,
     at: &str,
-) -> sqlx::Result<(i64, String)> {
+) -> rusqlite::Result<(i64, String)> {
     let trace_id = TraceId::generate().to_string();
     let m = open.message;
-    let envelope_id: i64 = sqlx::query_scalar(
+    let envelope_id: i64 = query_row_cached(
+        db,
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
          sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
          state, state_changed_at) \
-         VALUES (?, NULL, 'room_turn', ?, ?, ?, ?, ?, ?, ?, ?, NULL, '[]', ?, ?, ?, ?, ?, 'queued', ?) RETURNING id",
-    )
-    .bind(&trace_id)
-    .bind(m.chat_id)
-    .bind(m.thread_id)
-    .bind(m.chat_type)
-    .bind(m.chat_title.as_deref())
-    .bind(m.message_id)
-    .bind(m.sender_id)
-    .bind(m.sender_username.as_deref())
-    .bind(&m.sender_name)
-    .bind(open.content)
-    .bind(at)
-    .bind(at)
-    .bind(m.route.as_deref())
-    .bind(open.agent.as_str())
-    .bind(at)
-    .fetch_one(&mut *tx)
-    .await?;
-    sqlx::query(
+         VALUES (?1, NULL, 'room_turn', ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, NULL, '[]', ?10, ?11, ?11, ?12, ?13, \
+         'queued', ?11) RETURNING id",
+        rusqlite::params![
+            trace_id,
+            m.chat_id,
+            m.thread_id,
+            m.chat_type.as_str(),
+            m.chat_title,
+            m.message_id,
+            m.sender_id,
+            m.sender_username,
+            m.sender_name,
+            open.content,
+            at,
+            m.route,
+            open.agent.as_str(),
+        ],
+        |row| row.get(0),
+    )?;
+    execute_cached(
+        db,
         "INSERT INTO cascade_turns (cascade_id, speaker, agent, summoned_by, envelope_id, started_at) \
          VALUES (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(cascade_row)
-    .bind(i64::from(open.speaker))
-    .bind(open.agent.as_str())
-    .bind(open.summoned_by)
-    .bind(envelope_id)
-    .bind(at)
-    .execute(&mut *tx)
-    .await?;
+        rusqlite::params![
+            cascade_row,
+            i64::from(open.speaker),
+            open.agent.as_str(),
+            open.summoned_by,
+            envelope_id,
+            at
+        ],
+    )?;
     Ok((envelope_id, trace_id))
 }
 

@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlx::FromRow;
 
 use super::envelopes::transition_in;
-use super::in_place::{execute_cached, in_place, query_row_cached};
+use super::in_place::{execute_cached, query_row_cached};
 use super::{EnvelopeKind, EnvelopeState, Ledger, RoutedEnvelope, now};
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::rules::revisions::{
@@ -1278,17 +1278,11 @@ impl Ledger {
         &self,
         task_id: &str,
     ) -> sqlx::Result<Option<(StoredTask, Vec<StoredRevision>, TaskEffects)>> {
-        let _turn = self.write_turn().await;
-        let mut connection = self.pool.acquire().await?;
         // A task that has finished says so, as it would to the next message.
-        sqlx::query(concat!(close_if_finished!(), "AND task_id = ?2"))
-            .bind(now())
-            .bind(task_id)
-            .execute(&mut *connection)
-            .await?;
+        self.execute_in_place(concat!(close_if_finished!(), "AND task_id = ?2"), (now(), task_id)).await?;
         let sql = concat!(task_select!(), "WHERE t.task_id = ?");
         let Some(task) =
-            sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&mut *connection).await?
+            sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&self.pool).await?
         else {
             return Ok(None);
         };
@@ -1305,9 +1299,9 @@ impl Ledger {
              ORDER BY position",
         )
         .bind(task_id)
-        .fetch_all(&mut *connection)
+        .fetch_all(&self.pool)
         .await?;
-        let effects = in_place(&mut connection, |db| effects_of(db, task_id)).await?;
+        let effects = self.read_in_place(|db| effects_of(db, task_id)).await?;
         Ok(Some((task, revisions, effects)))
     }
 

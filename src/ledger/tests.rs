@@ -1014,3 +1014,35 @@ async fn ids_are_not_reused_without_autoincrement() {
     let check: String = db.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
     assert_eq!(check, "ok");
 }
+
+#[tokio::test]
+async fn a_handoff_ends_once_and_a_second_end_changes_nothing() {
+    let (_dir, ledger) = ledger().await;
+    let (orch, worker) = (AgentName::parse("orch").unwrap(), AgentName::parse("worker").unwrap());
+    let new = NewHandoff {
+        from: &orch,
+        to: &worker,
+        instruction: "check staging",
+        cause: None,
+        depth: 1,
+        followup_of: None,
+        intent: None,
+        request_id: "req_1",
+    };
+    let open = ledger.record_handoff(&new).await.unwrap().expect("no task to refuse it");
+    assert_eq!(open.state, HandoffState::Open);
+    let answered = HandoffEnd::Answered { text: "all green", request_id: Some("req_2") };
+    let ended = ledger.end_handoff(&open, answered, "agent:worker").await.unwrap().unwrap().unwrap();
+    assert_eq!((ended.state, ended.answer_request_id.as_deref()), (HandoffState::Answered, Some("req_2")));
+    // The caller still holds the handoff as it was: ending it again finds it answered.
+    let closed = HandoffEnd::Closed { note: Some("late") };
+    assert_eq!(ledger.end_handoff(&open, closed, "agent:worker").await.unwrap().unwrap(), None);
+    let answer_envelopes: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM envelopes WHERE kind = 'handoff_answer'")
+            .fetch_one(ledger.pool())
+            .await
+            .unwrap();
+    assert_eq!(answer_envelopes, 1, "the second end queued no answer");
+    let now = ledger.handoff(&open.handoff_id).await.unwrap().unwrap();
+    assert_eq!((now.state, now.note), (HandoffState::Answered, None));
+}
