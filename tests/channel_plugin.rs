@@ -508,10 +508,10 @@ async fn closing_stdin_before_the_handshake_exits_cleanly() {
     assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
 }
 
-/// `switchboard channel` becomes `switchboard-channel` when it is installed beside it (as
-/// cargo builds them), and runs the plugin itself when it is alone.
+/// `switchboard channel` becomes `switchboard-channel`, installed beside it (as cargo
+/// builds them); alone, it says what is missing and where, and runs nothing.
 #[tokio::test]
-async fn the_plugin_runs_from_its_own_executable_when_installed_and_in_process_when_not() {
+async fn the_plugin_runs_from_its_own_executable_and_without_it_says_what_to_install() {
     let dir = tempfile::tempdir().unwrap();
     let config = write_config(&dir, dead_addr());
     let plugin = |bin: PathBuf| {
@@ -539,10 +539,12 @@ async fn the_plugin_runs_from_its_own_executable_when_installed_and_in_process_w
     let alone = tempfile::tempdir().unwrap();
     let copy = alone.path().join("switchboard");
     std::fs::copy(env!("CARGO_BIN_EXE_switchboard"), &copy).unwrap();
-    let ended = finish_without_handshake(plugin(copy)).await;
-    assert!(ended.status.success(), "{}", String::from_utf8_lossy(&ended.stderr));
+    let ended = finish_without_handshake(plugin(copy.clone())).await;
     let stderr = String::from_utf8_lossy(&ended.stderr);
-    assert!(stderr.contains("channel plugin starting") && !stderr.contains("could not start"), "{stderr}");
+    assert!(!ended.status.success(), "{stderr}");
+    assert!(ended.stdout.is_empty(), "nothing on the MCP stream: {}", String::from_utf8_lossy(&ended.stdout));
+    let says = format!("switchboard-channel, which is not installed beside {}", copy.display());
+    assert!(stderr.contains(&says) && stderr.contains("install both"), "{stderr}");
 }
 
 /// Closes the plugin's stdin before any MCP handshake: it exits on its own.
