@@ -187,7 +187,9 @@ fn hand_over_to_channel_executable() -> anyhow::Error {
     let exe = match std::env::current_exe() {
         Ok(exe) => exe,
         Err(e) => {
-            return anyhow::anyhow!("cannot tell where this executable is ({e}), to run {CHANNEL_EXECUTABLE}");
+            return anyhow::anyhow!(
+                "cannot tell where this executable is ({e}), to run {CHANNEL_EXECUTABLE}"
+            );
         }
     };
     let sibling = exe.with_file_name(CHANNEL_EXECUTABLE);
