@@ -18,7 +18,8 @@ use crate::rules::turns::{Cascade, CascadeState};
 
 /// The `state` column of a cascade: `waiting` behind the room's running exchange, then the
 /// states of [`CascadeState`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, sqlx::Type)]
+#[serde(rename_all = "snake_case")]
 #[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum RoomCascadeState {
     Waiting,
@@ -122,6 +123,32 @@ pub struct StoredCascade {
 }
 
 impl StoredCascade {
+    /// A row of [`cascade_select!`], read in place.
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get("id")?,
+            cascade_id: row.get("cascade_id")?,
+            route: row.get("route")?,
+            chat_id: row.get("chat_id")?,
+            thread_id: row.get("thread_id")?,
+            message_envelope_id: row.get("message_envelope_id")?,
+            message_trace_id: row.get("message_trace_id")?,
+            message_id: row.get("message_id")?,
+            state: text_enum(row, "state")?,
+            cascade: row.get("cascade")?,
+            max_iters: row.get("max_iters")?,
+            speaker_timeout_secs: row.get("speaker_timeout_secs")?,
+            stop_by: row.get("stop_by")?,
+            stop_requested_at: row.get("stop_requested_at")?,
+            outcome: row.get("outcome")?,
+            outcome_text: row.get("outcome_text")?,
+            created_at: row.get("created_at")?,
+            started_at: row.get("started_at")?,
+            ended_at: row.get("ended_at")?,
+            updated_at: row.get("updated_at")?,
+        })
+    }
+
     pub fn cascade(&self) -> Result<Cascade, serde_json::Error> {
         serde_json::from_str(&self.cascade)
     }
@@ -196,6 +223,26 @@ pub struct StoredPost {
     pub made_at: Option<String>,
 }
 
+impl StoredPost {
+    /// A row of [`post_select!`], read in place.
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get("id")?,
+            key: row.get("key")?,
+            envelope_id: row.get("envelope_id")?,
+            envelope_trace_id: row.get("envelope_trace_id")?,
+            route: row.get("route")?,
+            chat_id: row.get("chat_id")?,
+            thread_id: row.get("thread_id")?,
+            reply_to_message_id: row.get("reply_to_message_id")?,
+            text: row.get("text")?,
+            made: row.get("made")?,
+            created_at: row.get("created_at")?,
+            made_at: row.get("made_at")?,
+        })
+    }
+}
+
 macro_rules! cascade_select {
     () => {
         "SELECT c.id, c.cascade_id, c.route, c.chat_id, c.thread_id, c.message_envelope_id, \
@@ -220,6 +267,10 @@ macro_rules! post_select {
          FROM room_posts p JOIN envelopes e ON e.id = p.envelope_id "
     };
 }
+
+/// See [`Ledger::room_post_attempted`].
+pub(super) const POST_ATTEMPTED: &str =
+    "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ? AND request_id = ?)";
 
 /// A human message made into a cascade: it waits until the room is free.
 #[derive(Debug, Clone)]
@@ -314,7 +365,8 @@ impl Ledger {
             envelope_columns!(),
             " FROM envelopes WHERE state = 'queued' AND agent IS NULL AND route IS NOT NULL ORDER BY id"
         );
-        sqlx::query_as(sql).fetch_all(&self.pool).await
+        self.read_in_place(|db| db.prepare_cached(sql)?.query_map([], StoredEnvelope::from_row)?.collect())
+            .await
     }
 
     /// Records a human message's cascade (`waiting`) and moves the message from `queued`
@@ -464,43 +516,50 @@ impl Ledger {
             cascade_select!(),
             "WHERE c.route = ? AND c.state IN ('running', 'stop_requested') ORDER BY c.id LIMIT 1"
         );
-        sqlx::query_as(sql).bind(route).fetch_optional(&self.pool).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_row([route], StoredCascade::from_row).optional()
+        })
+        .await
     }
 
     /// The room's oldest exchange waiting for the room to be free.
     pub async fn next_waiting_cascade(&self, route: &str) -> sqlx::Result<Option<StoredCascade>> {
         let sql =
             concat!(cascade_select!(), "WHERE c.route = ? AND c.state = 'waiting' ORDER BY c.id LIMIT 1");
-        sqlx::query_as(sql).bind(route).fetch_optional(&self.pool).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_row([route], StoredCascade::from_row).optional()
+        })
+        .await
     }
 
     /// How many exchanges wait in the room.
     pub async fn waiting_cascades(&self, route: &str) -> sqlx::Result<i64> {
-        sqlx::query_scalar("SELECT COUNT(*) FROM cascades WHERE route = ? AND state = 'waiting'")
-            .bind(route)
-            .fetch_one(&self.pool)
-            .await
+        let sql = "SELECT COUNT(*) FROM cascades WHERE route = ? AND state = 'waiting'";
+        self.read_in_place(|db| query_row_cached(db, sql, [route], |row| row.get(0))).await
     }
 
     /// Rooms with an exchange waiting or running.
     pub async fn busy_rooms(&self) -> sqlx::Result<Vec<String>> {
-        sqlx::query_scalar(
-            "SELECT DISTINCT route FROM cascades WHERE state IN ('waiting', 'running', 'stop_requested') \
-             ORDER BY route",
-        )
-        .fetch_all(&self.pool)
-        .await
+        let sql = "SELECT DISTINCT route FROM cascades WHERE state IN ('waiting', 'running', 'stop_requested') \
+                   ORDER BY route";
+        self.read_in_place(|db| db.prepare_cached(sql)?.query_map([], |row| row.get(0))?.collect()).await
     }
 
     pub async fn cascade(&self, cascade_id: &str) -> sqlx::Result<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.cascade_id = ?");
-        sqlx::query_as(sql).bind(cascade_id).fetch_optional(&self.pool).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_row([cascade_id], StoredCascade::from_row).optional()
+        })
+        .await
     }
 
     /// The cascade a human message made, if it made one.
     pub async fn cascade_of_message(&self, envelope_id: i64) -> sqlx::Result<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.message_envelope_id = ?");
-        sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.pool).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_row([envelope_id], StoredCascade::from_row).optional()
+        })
+        .await
     }
 
     /// For `switchboard ledger cascades`: newest last.
@@ -516,7 +575,10 @@ impl Ledger {
     /// Every turn of a cascade, in order.
     pub async fn turns_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredTurn>> {
         let sql = concat!(turn_select!(), "WHERE t.cascade_id = ? ORDER BY t.speaker");
-        sqlx::query_as(sql).bind(cascade_row).fetch_all(&self.pool).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_map([cascade_row], StoredTurn::from_row)?.collect()
+        })
+        .await
     }
 
     /// The turn a room_turn envelope gives, with its cascade.
@@ -524,15 +586,18 @@ impl Ledger {
         &self,
         envelope_id: i64,
     ) -> sqlx::Result<Option<(StoredTurn, StoredCascade)>> {
-        let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
-        let Some(turn): Option<StoredTurn> =
-            sqlx::query_as(sql).bind(envelope_id).fetch_optional(&self.pool).await?
-        else {
-            return Ok(None);
-        };
-        let sql = concat!(cascade_select!(), "WHERE c.id = ?");
-        let cascade: StoredCascade = sqlx::query_as(sql).bind(turn.cascade_row).fetch_one(&self.pool).await?;
-        Ok(Some((turn, cascade)))
+        self.read_in_place(|db| {
+            let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
+            let Some(turn) =
+                db.prepare_cached(sql)?.query_row([envelope_id], StoredTurn::from_row).optional()?
+            else {
+                return Ok(None);
+            };
+            let sql = concat!(cascade_select!(), "WHERE c.id = ?");
+            let cascade = db.prepare_cached(sql)?.query_row([turn.cascade_row], StoredCascade::from_row)?;
+            Ok(Some((turn, cascade)))
+        })
+        .await
     }
 
     /// Claims the one reply of the turn `envelope_id` gives, before it is posted. Refused
@@ -590,21 +655,23 @@ impl Ledger {
     /// Posts not yet made, oldest first.
     pub async fn owed_room_posts(&self) -> sqlx::Result<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.state = 'owed' ORDER BY p.id");
-        sqlx::query_as(sql).fetch_all(&self.pool).await
+        self.read_in_place(|db| db.prepare_cached(sql)?.query_map([], StoredPost::from_row)?.collect()).await
     }
 
     /// The posts of a cascade, in order.
     pub async fn posts_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.cascade_id = ? ORDER BY p.id");
-        sqlx::query_as(sql).bind(cascade_row).fetch_all(&self.pool).await
+        self.read_in_place(|db| {
+            db.prepare_cached(sql)?.query_map([cascade_row], StoredPost::from_row)?.collect()
+        })
+        .await
     }
 
-    /// Whether a post was already attempted: any attempt carries its key.
-    pub async fn room_post_attempted(&self, key: &str) -> sqlx::Result<bool> {
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM attempts WHERE request_id = ?)")
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await
+    /// Whether a post was already attempted: any attempt `poster` made carries its key.
+    /// (Looked up by the poster and the key, which `attempts_by_request` indexes: by the
+    /// key alone, every attempt ever made would be read.)
+    pub async fn room_post_attempted(&self, poster: &str, key: &str) -> sqlx::Result<bool> {
+        self.read_in_place(|db| query_row_cached(db, POST_ATTEMPTED, [poster, key], |row| row.get(0))).await
     }
 
     pub async fn mark_room_post_made(&self, post_id: i64) -> sqlx::Result<()> {
@@ -937,7 +1004,7 @@ mod tests {
         assert_eq!(owed.len(), 1);
         let post = &owed[0];
         assert_eq!((post.chat_id, post.thread_id, post.reply_to_message_id), (ROOM_CHAT, Some(7), Some(41)));
-        assert!(!ledger.room_post_attempted(&post.key).await.unwrap());
+        assert!(!ledger.room_post_attempted("switchboard", &post.key).await.unwrap());
         ledger
             .begin_attempt(&crate::ledger::NewAttempt {
                 envelope_id: post.envelope_id,
@@ -954,7 +1021,27 @@ mod tests {
             .await
             .unwrap()
             .unwrap();
-        assert!(ledger.room_post_attempted(&post.key).await.unwrap(), "attempted: never posted again");
+        assert!(
+            ledger.room_post_attempted("switchboard", &post.key).await.unwrap(),
+            "attempted: never posted again"
+        );
+        let plan: String = ledger
+            .read_in_place(|db| {
+                let explain = format!("EXPLAIN QUERY PLAN {POST_ATTEMPTED}");
+                let steps: Vec<String> = db
+                    .prepare(&explain)?
+                    .query_map(["switchboard", "k"], |row| row.get(3))?
+                    .collect::<Result<_, _>>()?;
+                Ok(steps.join("; "))
+            })
+            .await
+            .unwrap();
+        assert!(
+            plan.contains(
+                "SEARCH attempts USING COVERING INDEX attempts_by_request (agent=? AND request_id=?)"
+            ),
+            "{plan}"
+        );
         ledger.mark_room_post_made(post.id).await.unwrap();
         assert!(ledger.owed_room_posts().await.unwrap().is_empty());
     }

@@ -692,7 +692,7 @@ impl RoomDriver {
             if !self.posting.lock().unwrap_or_else(|p| p.into_inner()).insert(post.route.clone()) {
                 continue;
             }
-            if ledger.room_post_attempted(&post.key).await? {
+            if ledger.room_post_attempted(POSTER, &post.key).await? {
                 // Attempted before a restart: made, whatever came of it. Never twice.
                 ledger.mark_room_post_made(post.id).await?;
                 self.posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
