@@ -389,22 +389,22 @@ async fn audit_rows_keep_their_note_and_raw_update_and_states_kinds_are_stored_b
     assert_eq!(filtered.len(), 1);
 }
 
-/// A new ledger at `path` as a release that had only the migrations up to `version` left
-/// it, open on a pool of its own for the test to fill.
-async fn ledger_migrated_to(path: &std::path::Path, version: i64) -> sqlx::SqlitePool {
+/// A new ledger (in a directory of its own, at the path returned) as a release that had
+/// only the migrations up to `version` left it, open on a pool of its own to fill.
+async fn ledger_migrated_to(version: i64) -> (tempfile::TempDir, std::path::PathBuf, sqlx::SqlitePool) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ledger.db");
     let options =
-        sqlx::sqlite::SqliteConnectOptions::new().filename(path).create_if_missing(true).foreign_keys(true);
+        sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true).foreign_keys(true);
     let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
     sqlx::migrate!("./migrations").run_to(version, &pool).await.unwrap();
-    pool
+    (dir, path, pool)
 }
 
 #[tokio::test]
 async fn the_intake_migration_keeps_every_row_and_reference() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db");
     // A ledger as the previous release left it: only the first migration applied.
-    let pool = ledger_migrated_to(&path, 1).await;
+    let (_dir, path, pool) = ledger_migrated_to(1).await;
     sqlx::query(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
@@ -965,10 +965,8 @@ async fn no_check_builds_a_temporary_tree() {
 
 #[tokio::test]
 async fn ids_are_not_reused_without_autoincrement() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("ledger.db");
     // A ledger as the previous release left it, numbering with AUTOINCREMENT, holding rows.
-    let pool = ledger_migrated_to(&path, 8).await;
+    let (_dir, path, pool) = ledger_migrated_to(8).await;
     sqlx::query(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
