@@ -196,9 +196,8 @@ impl Ledger {
                     let (work, commits) =
                         work.take().expect("the work runs once, after the write lock is taken");
                     // Dropping `tx` without committing rolls it back (rusqlite's default).
-                    Ok(work(&tx).and_then(|value| match commits(&value) {
-                        true => tx.commit().map(|()| value),
-                        false => Ok(value),
+                    Ok(work(&tx).and_then(|value| {
+                        if commits(&value) { tx.commit().map(|()| value) } else { Ok(value) }
                     }))
                 }
                 Err(e) => Err(e),

@@ -99,7 +99,7 @@ impl Ledger {
         };
         let reason = format!("reconciled: {reason}");
         // The envelope and its attempts are settled together or not at all.
-        let settled = self
+        let reconciled = self
             .write_in_place_if(|db| {
                 let settled = execute_cached(
                     db,
@@ -117,7 +117,7 @@ impl Ledger {
                 })
             })
             .await?;
-        settled.ok_or_else(|| ReconcileError::NotUnresolved {
+        reconciled.ok_or_else(|| ReconcileError::NotUnresolved {
             trace_id: trace_id.to_owned(),
             state: envelope.state,
         })
