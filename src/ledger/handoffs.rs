@@ -3,7 +3,6 @@
 //! is one transaction, so a handoff and its envelopes never disagree.
 
 use rusqlite::OptionalExtension;
-use sqlx::FromRow;
 
 use super::in_place::{execute_cached, query_row_cached, text_enum};
 
@@ -16,9 +15,8 @@ use crate::rules::revisions::Refusal;
 use super::tasks;
 
 /// The `state` column of a handoff.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum HandoffState {
     /// Waiting for the target's answer.
     Open,
@@ -47,7 +45,7 @@ impl std::fmt::Display for HandoffState {
 }
 
 /// A handoff as stored, with the trace ids of its envelopes.
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredHandoff {
     pub id: i64,
     pub handoff_id: String,
@@ -438,8 +436,13 @@ impl Ledger {
             "WHERE (?1 = 0 OR h.state = 'open') AND (?2 IS NULL OR h.from_agent = ?2 OR h.to_agent = ?2) \
              ORDER BY h.id DESC LIMIT ?3"
         );
-        let mut rows: Vec<StoredHandoff> =
-            sqlx::query_as(sql).bind(open_only).bind(agent).bind(limit).fetch_all(&self.pool).await?;
+        let mut rows: Vec<StoredHandoff> = self
+            .read_in_place(|db| {
+                db.prepare_cached(sql)?
+                    .query_map(rusqlite::params![open_only, agent, limit], StoredHandoff::from_row)?
+                    .collect()
+            })
+            .await?;
         rows.reverse();
         Ok(rows)
     }

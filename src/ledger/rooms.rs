@@ -8,7 +8,6 @@
 //! again from the new facts.
 
 use rusqlite::OptionalExtension;
-use sqlx::FromRow;
 
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_row_cached, text_enum};
@@ -18,9 +17,8 @@ use crate::rules::turns::{Cascade, CascadeState};
 
 /// The `state` column of a cascade: `waiting` behind the room's running exchange, then the
 /// states of [`CascadeState`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum RoomCascadeState {
     Waiting,
     Running,
@@ -67,9 +65,8 @@ impl std::fmt::Display for RoomCascadeState {
 }
 
 /// How a turn ended (the `ending` column).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum TurnEnding {
     Replied,
     Passed,
@@ -97,7 +94,7 @@ impl TurnEnding {
 }
 
 /// A cascade as stored, with its human message's trace id and Telegram message id.
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredCascade {
     pub id: i64,
     pub cascade_id: String,
@@ -159,7 +156,7 @@ impl StoredCascade {
 }
 
 /// A turn as stored, with its room_turn envelope's trace id and state.
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredTurn {
     pub id: i64,
     /// The cascade's row id.
@@ -207,7 +204,7 @@ impl StoredTurn {
 }
 
 /// Something the switchboard says in a room.
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredPost {
     pub id: i64,
     pub key: String,
@@ -566,8 +563,13 @@ impl Ledger {
     pub async fn list_cascades(&self, route: Option<&str>, limit: i64) -> sqlx::Result<Vec<StoredCascade>> {
         let sql =
             concat!(cascade_select!(), "WHERE (?1 IS NULL OR c.route = ?1) ORDER BY c.id DESC LIMIT ?2");
-        let mut rows: Vec<StoredCascade> =
-            sqlx::query_as(sql).bind(route).bind(limit).fetch_all(&self.pool).await?;
+        let mut rows: Vec<StoredCascade> = self
+            .read_in_place(|db| {
+                db.prepare_cached(sql)?
+                    .query_map(rusqlite::params![route, limit], StoredCascade::from_row)?
+                    .collect()
+            })
+            .await?;
         rows.reverse();
         Ok(rows)
     }
