@@ -11,7 +11,6 @@ use std::collections::{HashMap, HashSet};
 
 use rusqlite::OptionalExtension;
 use serde_json::json;
-use sqlx::FromRow;
 
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_row_cached};
@@ -22,7 +21,7 @@ use crate::rules::revisions::{
 };
 
 /// A task as stored.
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredTask {
     pub task_id: String,
     pub chat_id: i64,
@@ -136,7 +135,7 @@ impl StoredTask {
 }
 
 /// One revision of a task, as `switchboard ledger task` shows it.
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredRevision {
     pub revision: i64,
     pub kind: String,
@@ -147,6 +146,23 @@ pub struct StoredRevision {
     pub text: Option<String>,
     pub envelope_trace_id: Option<String>,
     pub snapshot: String,
+}
+
+impl StoredRevision {
+    /// A row of [`Ledger::task`]'s revisions, read in place.
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            revision: row.get("revision")?,
+            kind: row.get("kind")?,
+            source: row.get("source")?,
+            actor: row.get("actor")?,
+            at: row.get("at")?,
+            summary: row.get("summary")?,
+            text: row.get("text")?,
+            envelope_trace_id: row.get("envelope_trace_id")?,
+            snapshot: row.get("snapshot")?,
+        })
+    }
 }
 
 /// What a task has done and has running, at one moment: `/status`, and each revision's
@@ -1280,29 +1296,28 @@ impl Ledger {
     ) -> sqlx::Result<Option<(StoredTask, Vec<StoredRevision>, TaskEffects)>> {
         // A task that has finished says so, as it would to the next message.
         self.execute_in_place(concat!(close_if_finished!(), "AND task_id = ?2"), (now(), task_id)).await?;
-        let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-        let Some(task) =
-            sqlx::query_as::<_, StoredTask>(sql).bind(task_id).fetch_optional(&self.pool).await?
-        else {
-            return Ok(None);
-        };
-        // Revision 1 is the task itself; the changes follow.
-        let revisions = sqlx::query_as(
-            "SELECT 1 AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
-             t.opened_at AS at, CASE WHEN t.predecessor IS NULL THEN t.started_by || ' started it' \
-             ELSE t.started_by || ' replaced ' || t.predecessor || ' with a new objective' END AS summary, \
-             t.objective AS text, e.trace_id AS envelope_trace_id, '{}' AS snapshot, 0 AS position \
-             FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
-             UNION ALL \
-             SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id, r.snapshot, r.id \
-             FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id WHERE r.task_id = ?1 \
-             ORDER BY position",
-        )
-        .bind(task_id)
-        .fetch_all(&self.pool)
-        .await?;
-        let effects = self.read_in_place(|db| effects_of(db, task_id)).await?;
-        Ok(Some((task, revisions, effects)))
+        self.read_in_place(|db| {
+            let Some(task) = stored_task(db, task_id)? else {
+                return Ok(None);
+            };
+            // Revision 1 is the task itself; the changes follow.
+            let revisions = db
+                .prepare_cached(
+                    "SELECT 1 AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
+                     t.opened_at AS at, CASE WHEN t.predecessor IS NULL THEN t.started_by || ' started it' \
+                     ELSE t.started_by || ' replaced ' || t.predecessor || ' with a new objective' END AS summary, \
+                     t.objective AS text, e.trace_id AS envelope_trace_id, '{}' AS snapshot, 0 AS position \
+                     FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
+                     UNION ALL \
+                     SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id, r.snapshot, \
+                     r.id FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id WHERE r.task_id = ?1 \
+                     ORDER BY position",
+                )?
+                .query_map([task_id], StoredRevision::from_row)?
+                .collect::<rusqlite::Result<_>>()?;
+            Ok(Some((task, revisions, effects_of(db, task_id)?)))
+        })
+        .await
     }
 
     /// `switchboard ledger task ID --stopped --reason …`: an operator confirms that a
