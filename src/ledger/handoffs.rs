@@ -273,23 +273,14 @@ impl Ledger {
             HandoffEnd::Answered { request_id, .. } => request_id,
             HandoffEnd::Closed { .. } => None,
         };
+        // `None`: the handoff was no longer open, and the answer envelope is rolled back.
         let ended = self
-            .write_in_place(|db| {
+            .write_in_place_if(|db| {
                 // An answer is an action for the task the handoff was made under (DESIGN.md §11).
                 if let HandoffEnd::Answered { .. } = end
                     && let Err(refusal) = tasks::admission_in(db, handoff.envelope_id)?
                 {
-                    return Ok(Err(refusal));
-                }
-                // The write lock is held: a handoff open now stays open until this commits.
-                let open = query_row_cached(
-                    db,
-                    "SELECT state = 'open' FROM handoffs WHERE id = ?",
-                    [handoff.id],
-                    |row| row.get::<_, bool>(0),
-                )?;
-                if !open {
-                    return Ok(Ok(false));
+                    return Ok(Some(Err(refusal)));
                 }
                 let route: Option<String> = match handoff.cause_envelope_id {
                     Some(cause) => {
@@ -305,12 +296,15 @@ impl Ledger {
                     &content,
                     route.as_deref(),
                 )?;
-                execute_cached(
+                let ended = execute_cached(
                     db,
                     "UPDATE handoffs SET state = ?, answer_envelope_id = ?, answer_request_id = ?, closed_at = ?, \
-                     note = ? WHERE id = ?",
+                     note = ? WHERE id = ? AND state = 'open'",
                     rusqlite::params![state.as_str(), answer_id, request_id, now(), note, handoff.id],
                 )?;
+                if ended == 0 {
+                    return Ok(None);
+                }
                 // The delegator's answer belongs to the task the handoff was made for.
                 let task = task_of(db, "SELECT task_id, revision FROM handoffs WHERE id = ?", handoff.id)?;
                 tag_with_task(db, answer_id, None, &task)?;
@@ -322,13 +316,13 @@ impl Ledger {
                     actor,
                     Some(&reason),
                 )?;
-                Ok(Ok(true))
+                Ok(Some(Ok(())))
             })
             .await?;
         match ended {
-            Err(refusal) => Ok(Err(refusal)),
-            Ok(false) => Ok(Ok(None)),
-            Ok(true) => self.handoff(&handoff.handoff_id).await.map(Ok),
+            Some(Err(refusal)) => Ok(Err(refusal)),
+            None => Ok(Ok(None)),
+            Some(Ok(())) => self.handoff(&handoff.handoff_id).await.map(Ok),
         }
     }
 
