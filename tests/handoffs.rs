@@ -251,6 +251,7 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
     )
     .await
     .unwrap();
+    helper.wait_until_connected(WAIT).await.unwrap();
 
     orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": "level one"})).await.unwrap();
     let one = nth(&worker, 1).await;

@@ -230,7 +230,7 @@ async fn a_second_session_with_the_same_secret_acts_on_nothing() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
     let first = session(&daemon, "orchestrator").await;
-    let second = session(&daemon, "orchestrator").await;
+    let second = plugin(&daemon, "orchestrator").await;
     second.wait_for_stderr("already connected", WAIT).await.unwrap();
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the first session");
     let trace = trace_id(&first.wait_for_notifications(1, WAIT).await.unwrap()[0]);

@@ -139,7 +139,7 @@ async fn a_second_session_for_the_same_agent_is_refused() {
     let first = session(&daemon, "orchestrator").await;
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hello");
     first.wait_for_notifications(1, WAIT).await.unwrap();
-    let second = session(&daemon, "orchestrator").await;
+    let second = plugin(&daemon, "orchestrator").await;
     second.wait_for_stderr("already connected", WAIT).await.unwrap();
     daemon.wait_for_log("refused a second session", WAIT).await;
     assert!(second.notifications().is_empty());

@@ -67,7 +67,11 @@ fn start_daemon(fake: &FakeTelegram, dev_room_keys: &str) -> TestDaemon {
 }
 
 async fn agent(daemon: &TestDaemon, (name, var, secret): (&str, &str, &str)) -> ChannelClient {
-    ChannelClient::start(daemon.config_path(), name, &[(var, secret)]).await.expect("channel plugin starts")
+    let agent = ChannelClient::start(daemon.config_path(), name, &[(var, secret)])
+        .await
+        .expect("channel plugin starts");
+    agent.wait_until_connected(WAIT).await.expect("the plugin's session connects");
+    agent
 }
 
 /// The daemon, the fake, and the sessions of the dev room's two agents.

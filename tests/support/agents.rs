@@ -28,8 +28,19 @@ fn secret_of(agent: &str) -> (&'static str, &'static str) {
     }
 }
 
-/// A `switchboard channel` plugin for `agent`, driven by a real MCP client.
+/// A `switchboard channel` plugin for `agent`, driven by a real MCP client, once the daemon
+/// has accepted its session. The plugin answers MCP before its session is connected, so a
+/// test that relies on the daemon knowing the agent is there (a handoff delivered, not
+/// queued; a first session that a second one must find in place) waits for it.
 pub async fn session(daemon: &TestDaemon, agent: &str) -> ChannelClient {
+    let plugin = plugin(daemon, agent).await;
+    plugin.wait_until_connected(WAIT).await.expect("the plugin's session connects");
+    plugin
+}
+
+/// A `switchboard channel` plugin for `agent` that may never connect: a second session the
+/// daemon refuses.
+pub async fn plugin(daemon: &TestDaemon, agent: &str) -> ChannelClient {
     let (var, secret) = secret_of(agent);
     ChannelClient::start(daemon.config_path(), agent, &[(var, secret)]).await.expect("channel plugin starts")
 }
