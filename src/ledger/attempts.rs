@@ -5,7 +5,7 @@ use super::envelopes::transition_in;
 use crate::ledger::EnvelopeState;
 use rusqlite::OptionalExtension;
 
-use super::in_place::{execute_cached, query_row_cached, text_enum};
+use super::in_place::{execute_cached, optional_text_enum, query_row_cached, text_enum};
 
 use super::{Ledger, now};
 use crate::ids::TraceId;
@@ -223,10 +223,7 @@ impl StoredAttempt {
             error: row.get("error")?,
             started_at: row.get("started_at")?,
             finished_at: row.get("finished_at")?,
-            reconciled_outcome: row
-                .get::<_, Option<String>>("reconciled_outcome")?
-                .map(|_| text_enum(row, "reconciled_outcome"))
-                .transpose()?,
+            reconciled_outcome: optional_text_enum(row, "reconciled_outcome")?,
             reconciled_reason: row.get("reconciled_reason")?,
         })
     }

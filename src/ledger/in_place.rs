@@ -256,8 +256,23 @@ pub(super) fn text_enum<T: serde::de::DeserializeOwned>(
     row: &rusqlite::Row<'_>,
     column: &str,
 ) -> rusqlite::Result<T> {
-    let text: String = row.get(column)?;
-    T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(&text)).map_err(|e| {
+    parse_text_enum(row, column, &row.get::<_, String>(column)?)
+}
+
+/// [`text_enum`] of a column that may be NULL.
+pub(super) fn optional_text_enum<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    column: &str,
+) -> rusqlite::Result<Option<T>> {
+    row.get::<_, Option<String>>(column)?.map(|text| parse_text_enum(row, column, &text)).transpose()
+}
+
+fn parse_text_enum<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    column: &str,
+    text: &str,
+) -> rusqlite::Result<T> {
+    T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(text)).map_err(|e| {
         rusqlite::Error::FromSqlConversionFailure(
             row.as_ref().column_index(column).unwrap_or_default(),
             rusqlite::types::Type::Text,

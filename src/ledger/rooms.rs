@@ -10,7 +10,7 @@
 use rusqlite::OptionalExtension;
 
 use super::envelopes::transition_in;
-use super::in_place::{execute_cached, query_row_cached, text_enum};
+use super::in_place::{execute_cached, optional_text_enum, query_row_cached, text_enum};
 use super::{EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::turns::{Cascade, CascadeState};
@@ -177,10 +177,6 @@ pub struct StoredTurn {
 impl StoredTurn {
     /// A row of [`turn_select!`], read in place.
     fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
-        let ending = match row.get::<_, Option<String>>("ending")? {
-            Some(_) => Some(text_enum(row, "ending")?),
-            None => None,
-        };
         Ok(Self {
             id: row.get("id")?,
             cascade_row: row.get("cascade_row")?,
@@ -194,7 +190,7 @@ impl StoredTurn {
             reply_text: row.get("reply_text")?,
             reply_request_id: row.get("reply_request_id")?,
             ended_at: row.get("ended_at")?,
-            ending,
+            ending: optional_text_enum(row, "ending")?,
         })
     }
 
