@@ -125,6 +125,42 @@ impl Writer {
         let connection = open_writer(path, &settings)?;
         Ok(Self { path: path.to_owned(), settings, connection: tokio::sync::Mutex::new(Some(connection)) })
     }
+
+    /// Runs the read `work` on the writer's connection if no write holds it or waits for
+    /// it; `None` (and `work` not run) otherwise. The writer's page cache holds what its
+    /// last commits wrote, the newest rows a message's lookups are after, where a reader's
+    /// cache is emptied by every commit of another connection and read back with a
+    /// `pread` a page (about ten a message on the path of a reply).
+    ///
+    /// `work` runs in a transaction that is always rolled back, and a read that changed a
+    /// row fails as it would on a reader (`SQLITE_READONLY`): nothing a read does stays.
+    /// (Not `query_only`, as on a reader: setting a flag pragma expires every statement
+    /// the connection keeps prepared, and each would be compiled again.)
+    pub(super) fn read_if_idle<T>(
+        &self,
+        work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> Option<rusqlite::Result<T>> {
+        let mut turn = self.connection.try_lock().ok()?;
+        let db = turn.as_mut()?;
+        // Dropping `tx` rolls it back, however `work` ends.
+        let result = db.transaction_with_behavior(TransactionBehavior::Deferred).and_then(|tx| {
+            let changes_before = tx.total_changes();
+            let read = work(&tx)?;
+            if tx.total_changes() != changes_before {
+                return Err(rusqlite::Error::SqliteFailure(
+                    ffi::Error::new(ffi::SQLITE_READONLY),
+                    Some("a read of the ledger changed rows; rolled back".into()),
+                ));
+            }
+            Ok(read)
+        });
+        // A rollback SQLite refused leaves the connection inside a transaction: it is
+        // closed, and the next write opens another (as in `run_in_place`).
+        if !db.is_autocommit() {
+            *turn = None;
+        }
+        Some(result)
+    }
 }
 
 fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusqlite::Connection> {

@@ -44,7 +44,8 @@ pub struct Ledger {
     /// process's turn to write (see `in_place`).
     writer: Arc<Writer>,
     /// Connections for the reads on the path of a message (resolving a reply, the guard of
-    /// a handoff): they never wait for the writer in WAL mode. Nothing writes here.
+    /// a handoff) while a write holds the writer (an idle writer serves them itself): they
+    /// never wait for the writer in WAL mode. Nothing writes here.
     readers: Arc<Readers>,
     /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
     /// `switchboard ledger` leaves that to SQLite.

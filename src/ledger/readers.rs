@@ -7,6 +7,13 @@
 //!
 //! Only reads run here; the connections are `query_only`, so a statement that would write
 //! fails instead.
+//!
+//! A read runs on the writer itself when no write holds it or waits for it, which on the
+//! daemon's one runtime thread is nearly always
+//! ([`super::in_place::Writer::read_if_idle`]): every commit of another connection empties
+//! a reader's page cache, and it reads back each page it needs, while the writer's cache
+//! already holds what its own commits wrote. The readers serve the reads made while a
+//! write waits for another process's lock.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -58,18 +65,25 @@ impl Readers {
 }
 
 impl Ledger {
-    /// Runs the read `work` on a reader, on this thread. On the rare `SQLITE_BUSY` a WAL
-    /// reader can meet (another connection recovering the WAL index, say), `work` runs
-    /// again after an asynchronous pause, for as long as the busy timeout.
+    /// Runs the read `work` on this thread: on the writer if it is idle, on a reader
+    /// otherwise. On the rare `SQLITE_BUSY` a WAL reader can meet (another connection
+    /// recovering the WAL index, say), `work` runs again after an asynchronous pause, for
+    /// as long as the busy timeout.
     pub(super) async fn read_in_place<T>(
         &self,
         mut work: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> sqlx::Result<T> {
         let mut wait = BusyWait::new();
         loop {
-            let db = self.readers.take().map_err(into_sqlx)?;
-            let result = work(&db);
-            self.readers.give_back(db);
+            let result = match self.writer.read_if_idle(&mut work) {
+                Some(result) => result,
+                None => {
+                    let db = self.readers.take().map_err(into_sqlx)?;
+                    let result = work(&db);
+                    self.readers.give_back(db);
+                    result
+                }
+            };
             match result {
                 Err(e) if wait.retry_after(&e).await => continue,
                 result => return result.map_err(into_sqlx),
@@ -83,8 +97,9 @@ mod tests {
     use crate::config::Synchronous;
     use crate::ledger::Ledger;
 
+    /// On the writer while it is idle, as here.
     #[tokio::test]
-    async fn readers_see_every_commit_and_cannot_write() {
+    async fn reads_see_every_commit_and_cannot_write() {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
         let count = |ledger: &Ledger| {
@@ -103,7 +118,44 @@ mod tests {
         // The same reader (kept open between reads) sees the commit made meanwhile.
         assert_eq!(count(&ledger).await, 1);
         let write = ledger.read_in_place(|db| db.execute("DELETE FROM poller_offsets", [])).await;
-        assert!(write.is_err(), "a reader must not write: {write:?}");
+        assert!(write.is_err(), "a read must not write: {write:?}");
         assert_eq!(count(&ledger).await, 1);
+        // The writer lent to those reads still writes.
+        ledger.record_batch(7, 9, &[]).await.unwrap();
+        assert_eq!(ledger.next_offset(7).await.unwrap(), Some(9));
+    }
+
+    /// A write waiting for a lock another process holds keeps the writer: reads meanwhile
+    /// run on a reader, and do not wait for the write.
+    #[tokio::test]
+    async fn reads_while_a_write_waits_run_on_a_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+        ledger.record_batch(7, 8, &[]).await.unwrap();
+
+        let other_process = rusqlite::Connection::open(&path).unwrap();
+        other_process.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let waiting_write = tokio::spawn({
+            let ledger = ledger.clone();
+            async move { ledger.record_batch(7, 9, &[]).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert!(!waiting_write.is_finished(), "the write waits for the other process's lock");
+
+        let read = ledger.read_in_place(|db| {
+            db.query_row("SELECT next_offset FROM poller_offsets WHERE bot_id = 7", [], |row| {
+                row.get::<_, i64>(0)
+            })
+        });
+        let read = tokio::time::timeout(std::time::Duration::from_secs(5), read).await;
+        assert_eq!(read.expect("the read does not wait for the write").unwrap(), 8);
+        let write = ledger.read_in_place(|db| db.execute("DELETE FROM poller_offsets", [])).await;
+        assert!(write.is_err(), "a reader must not write: {write:?}");
+        assert!(!waiting_write.is_finished());
+
+        other_process.execute_batch("ROLLBACK").unwrap();
+        waiting_write.await.unwrap().unwrap();
+        assert_eq!(ledger.next_offset(7).await.unwrap(), Some(9));
     }
 }
