@@ -282,9 +282,12 @@ pub(super) fn query_row_cached<T>(
     db.prepare_cached(sql)?.query_row(params, row)
 }
 
-/// How many prepared statements each connection the ledger owns keeps: more than the
-/// path of a message uses (rusqlite keeps 16 by default).
-pub(super) const STATEMENT_CACHE: usize = 64;
+/// How many prepared statements each connection the ledger owns keeps (rusqlite keeps 16
+/// by default): the writer runs every write and, while idle, the reads, about 90
+/// statements where rooms, handoffs and tasks are all in use; with fewer, the least
+/// recently used of them would be parsed again each time it came back. A statement takes
+/// memory only once it has been prepared.
+pub(super) const STATEMENT_CACHE: usize = 128;
 
 /// A text column holding one of the ledger's enums (a state, a kind), by the snake_case
 /// name serde and sqlx both give it.
