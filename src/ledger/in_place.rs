@@ -1,5 +1,6 @@
 //! Statements run on the calling thread, on the connections the ledger owns: its writer,
-//! which every write of the process goes through, and its readers (`readers`).
+//! which every write of the process goes through (and, while no write holds it, the
+//! reads: [`Writer::read_if_idle`]), and its readers (`readers`).
 //!
 //! sqlx runs each SQLite connection on a worker thread of its own, and every statement is
 //! a hand-over to that thread and back: about 25–50 µs on a small machine, nearly all of
