@@ -4,7 +4,7 @@
 
 use rusqlite::OptionalExtension;
 
-use super::in_place::{execute_cached, query_row_cached, text_enum};
+use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 
 use super::envelopes::transition_in;
 use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
@@ -348,9 +348,7 @@ impl Ledger {
     pub async fn handoff(&self, handoff_id: &str) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.handoff_id = ?");
         self.read_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_row(rusqlite::params![handoff_id], StoredHandoff::from_row)
-                .optional()
+            query_row_cached(db, sql, rusqlite::params![handoff_id], StoredHandoff::from_row).optional()
         })
         .await
     }
@@ -359,9 +357,7 @@ impl Ledger {
     pub async fn handoff_of_envelope(&self, envelope_id: i64) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.envelope_id = ?1 OR h.answer_envelope_id = ?1");
         self.read_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_row(rusqlite::params![envelope_id], StoredHandoff::from_row)
-                .optional()
+            query_row_cached(db, sql, rusqlite::params![envelope_id], StoredHandoff::from_row).optional()
         })
         .await
     }
@@ -374,8 +370,7 @@ impl Ledger {
     ) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.request_id = ?");
         self.read_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_row(rusqlite::params![from.as_str(), request_id], StoredHandoff::from_row)
+            query_row_cached(db, sql, rusqlite::params![from.as_str(), request_id], StoredHandoff::from_row)
                 .optional()
         })
         .await
@@ -389,8 +384,7 @@ impl Ledger {
     ) -> sqlx::Result<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.to_agent = ? AND h.answer_request_id = ?");
         self.read_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_row(rusqlite::params![agent.as_str(), request_id], StoredHandoff::from_row)
+            query_row_cached(db, sql, rusqlite::params![agent.as_str(), request_id], StoredHandoff::from_row)
                 .optional()
         })
         .await
@@ -400,9 +394,7 @@ impl Ledger {
     pub async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> sqlx::Result<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.cause_envelope_id = ? ORDER BY h.id");
         self.read_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_map(rusqlite::params![cause_envelope_id], StoredHandoff::from_row)?
-                .collect()
+            query_all_cached(db, sql, rusqlite::params![cause_envelope_id], StoredHandoff::from_row)
         })
         .await
     }
@@ -411,9 +403,7 @@ impl Ledger {
     pub async fn open_handoffs_from(&self, from: &AgentName) -> sqlx::Result<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.state = 'open' ORDER BY h.id");
         self.read_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_map(rusqlite::params![from.as_str()], StoredHandoff::from_row)?
-                .collect()
+            query_all_cached(db, sql, rusqlite::params![from.as_str()], StoredHandoff::from_row)
         })
         .await
     }
@@ -432,9 +422,7 @@ impl Ledger {
         );
         let mut rows: Vec<StoredHandoff> = self
             .read_in_place(|db| {
-                db.prepare_cached(sql)?
-                    .query_map(rusqlite::params![open_only, agent, limit], StoredHandoff::from_row)?
-                    .collect()
+                query_all_cached(db, sql, rusqlite::params![open_only, agent, limit], StoredHandoff::from_row)
             })
             .await?;
         rows.reverse();

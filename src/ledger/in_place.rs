@@ -283,6 +283,17 @@ pub(super) fn query_row_cached<T>(
     db.prepare_cached(sql)?.query_row(params, row)
 }
 
+/// Every row of a query, mapped by `row`, with the statement kept prepared (see
+/// [`execute_cached`]).
+pub(super) fn query_all_cached<T>(
+    db: &rusqlite::Connection,
+    sql: &str,
+    params: impl rusqlite::Params,
+    row: impl FnMut(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> rusqlite::Result<Vec<T>> {
+    db.prepare_cached(sql)?.query_map(params, row)?.collect()
+}
+
 /// How many prepared statements each connection the ledger owns keeps (rusqlite keeps 16
 /// by default): the writer runs every write and, while idle, the reads, about 90
 /// statements where rooms, handoffs and tasks are all in use; with fewer, the least

@@ -10,7 +10,7 @@
 use rusqlite::OptionalExtension;
 
 use super::envelopes::transition_in;
-use super::in_place::{execute_cached, optional_text_enum, query_row_cached, text_enum};
+use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 use super::{EnvelopeState, Ledger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::turns::{Cascade, CascadeState};
@@ -358,8 +358,7 @@ impl Ledger {
             envelope_columns!(),
             " FROM envelopes WHERE state = 'queued' AND agent IS NULL AND route IS NOT NULL ORDER BY id"
         );
-        self.read_in_place(|db| db.prepare_cached(sql)?.query_map([], StoredEnvelope::from_row)?.collect())
-            .await
+        self.read_in_place(|db| query_all_cached(db, sql, [], StoredEnvelope::from_row)).await
     }
 
     /// Records a human message's cascade (`waiting`) and moves the message from `queued`
@@ -509,20 +508,14 @@ impl Ledger {
             cascade_select!(),
             "WHERE c.route = ? AND c.state IN ('running', 'stop_requested') ORDER BY c.id LIMIT 1"
         );
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_row([route], StoredCascade::from_row).optional()
-        })
-        .await
+        self.read_in_place(|db| query_row_cached(db, sql, [route], StoredCascade::from_row).optional()).await
     }
 
     /// The room's oldest exchange waiting for the room to be free.
     pub async fn next_waiting_cascade(&self, route: &str) -> sqlx::Result<Option<StoredCascade>> {
         let sql =
             concat!(cascade_select!(), "WHERE c.route = ? AND c.state = 'waiting' ORDER BY c.id LIMIT 1");
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_row([route], StoredCascade::from_row).optional()
-        })
-        .await
+        self.read_in_place(|db| query_row_cached(db, sql, [route], StoredCascade::from_row).optional()).await
     }
 
     /// How many exchanges wait in the room.
@@ -535,24 +528,20 @@ impl Ledger {
     pub async fn busy_rooms(&self) -> sqlx::Result<Vec<String>> {
         let sql = "SELECT DISTINCT route FROM cascades WHERE state IN ('waiting', 'running', 'stop_requested') \
                    ORDER BY route";
-        self.read_in_place(|db| db.prepare_cached(sql)?.query_map([], |row| row.get(0))?.collect()).await
+        self.read_in_place(|db| query_all_cached(db, sql, [], |row| row.get(0))).await
     }
 
     pub async fn cascade(&self, cascade_id: &str) -> sqlx::Result<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.cascade_id = ?");
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_row([cascade_id], StoredCascade::from_row).optional()
-        })
-        .await
+        self.read_in_place(|db| query_row_cached(db, sql, [cascade_id], StoredCascade::from_row).optional())
+            .await
     }
 
     /// The cascade a human message made, if it made one.
     pub async fn cascade_of_message(&self, envelope_id: i64) -> sqlx::Result<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.message_envelope_id = ?");
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_row([envelope_id], StoredCascade::from_row).optional()
-        })
-        .await
+        self.read_in_place(|db| query_row_cached(db, sql, [envelope_id], StoredCascade::from_row).optional())
+            .await
     }
 
     /// For `switchboard ledger cascades`: newest last.
@@ -561,9 +550,7 @@ impl Ledger {
             concat!(cascade_select!(), "WHERE (?1 IS NULL OR c.route = ?1) ORDER BY c.id DESC LIMIT ?2");
         let mut rows: Vec<StoredCascade> = self
             .read_in_place(|db| {
-                db.prepare_cached(sql)?
-                    .query_map(rusqlite::params![route, limit], StoredCascade::from_row)?
-                    .collect()
+                query_all_cached(db, sql, rusqlite::params![route, limit], StoredCascade::from_row)
             })
             .await?;
         rows.reverse();
@@ -573,10 +560,7 @@ impl Ledger {
     /// Every turn of a cascade, in order.
     pub async fn turns_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredTurn>> {
         let sql = concat!(turn_select!(), "WHERE t.cascade_id = ? ORDER BY t.speaker");
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_map([cascade_row], StoredTurn::from_row)?.collect()
-        })
-        .await
+        self.read_in_place(|db| query_all_cached(db, sql, [cascade_row], StoredTurn::from_row)).await
     }
 
     /// The turn a room_turn envelope gives, with its cascade.
@@ -586,13 +570,12 @@ impl Ledger {
     ) -> sqlx::Result<Option<(StoredTurn, StoredCascade)>> {
         self.read_in_place(|db| {
             let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
-            let Some(turn) =
-                db.prepare_cached(sql)?.query_row([envelope_id], StoredTurn::from_row).optional()?
+            let Some(turn) = query_row_cached(db, sql, [envelope_id], StoredTurn::from_row).optional()?
             else {
                 return Ok(None);
             };
             let sql = concat!(cascade_select!(), "WHERE c.id = ?");
-            let cascade = db.prepare_cached(sql)?.query_row([turn.cascade_row], StoredCascade::from_row)?;
+            let cascade = query_row_cached(db, sql, [turn.cascade_row], StoredCascade::from_row)?;
             Ok(Some((turn, cascade)))
         })
         .await
@@ -608,8 +591,7 @@ impl Ledger {
     ) -> sqlx::Result<Result<StoredTurn, ClaimRefused>> {
         self.write_in_place(|db| {
             let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
-            let Some(turn) =
-                db.prepare_cached(sql)?.query_row([envelope_id], StoredTurn::from_row).optional()?
+            let Some(turn) = query_row_cached(db, sql, [envelope_id], StoredTurn::from_row).optional()?
             else {
                 return Ok(Err(ClaimRefused::NoTurn));
             };
@@ -653,16 +635,13 @@ impl Ledger {
     /// Posts not yet made, oldest first.
     pub async fn owed_room_posts(&self) -> sqlx::Result<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.state = 'owed' ORDER BY p.id");
-        self.read_in_place(|db| db.prepare_cached(sql)?.query_map([], StoredPost::from_row)?.collect()).await
+        self.read_in_place(|db| query_all_cached(db, sql, [], StoredPost::from_row)).await
     }
 
     /// The posts of a cascade, in order.
     pub async fn posts_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.cascade_id = ? ORDER BY p.id");
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_map([cascade_row], StoredPost::from_row)?.collect()
-        })
-        .await
+        self.read_in_place(|db| query_all_cached(db, sql, [cascade_row], StoredPost::from_row)).await
     }
 
     /// Whether a post was already attempted: any attempt `poster` made carries its key.

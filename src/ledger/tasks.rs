@@ -13,7 +13,7 @@ use rusqlite::OptionalExtension;
 use serde_json::json;
 
 use super::envelopes::transition_in;
-use super::in_place::{execute_cached, query_row_cached};
+use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{EnvelopeKind, EnvelopeState, Ledger, RoutedEnvelope, now};
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::rules::revisions::{
@@ -1301,9 +1301,9 @@ impl Ledger {
                 return Ok(None);
             };
             // Revision 1 is the task itself; the changes follow.
-            let revisions = db
-                .prepare_cached(
-                    "SELECT 1 AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
+            let revisions = query_all_cached(
+                db,
+                "SELECT 1 AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
                      t.opened_at AS at, CASE WHEN t.predecessor IS NULL THEN t.started_by || ' started it' \
                      ELSE t.started_by || ' replaced ' || t.predecessor || ' with a new objective' END AS summary, \
                      t.objective AS text, e.trace_id AS envelope_trace_id, '{}' AS snapshot, 0 AS position \
@@ -1312,9 +1312,9 @@ impl Ledger {
                      SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id, r.snapshot, \
                      r.id FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id WHERE r.task_id = ?1 \
                      ORDER BY position",
-                )?
-                .query_map([task_id], StoredRevision::from_row)?
-                .collect::<rusqlite::Result<_>>()?;
+                [task_id],
+                StoredRevision::from_row,
+            )?;
             Ok(Some((task, revisions, effects_of(db, task_id)?)))
         })
         .await
