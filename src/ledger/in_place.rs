@@ -155,12 +155,16 @@ impl Writer {
             }
             Ok(read)
         });
-        // A rollback SQLite refused leaves the connection inside a transaction: it is
-        // closed, and the next write opens another (as in `run_in_place`).
-        if !db.is_autocommit() {
-            *turn = None;
-        }
+        close_if_left_in_a_transaction(&mut turn);
         Some(result)
+    }
+}
+
+/// After a section on the writer: a rollback SQLite refused leaves the connection inside a
+/// transaction, so it is closed (which rolls back) and the next write opens another.
+fn close_if_left_in_a_transaction(writer: &mut Option<rusqlite::Connection>) {
+    if writer.as_ref().is_some_and(|db| !db.is_autocommit()) {
+        *writer = None;
     }
 }
 
@@ -244,11 +248,7 @@ impl Ledger {
                 Err(e) if wait.retry_after(&e).await => continue,
                 Err(e) => Err(e),
             };
-            // A rollback SQLite refused leaves the connection inside a transaction: it is
-            // closed (which rolls back) and the next turn opens another.
-            if !db.is_autocommit() {
-                *turn = None;
-            }
+            close_if_left_in_a_transaction(&mut turn);
             return result.map_err(into_sqlx);
         }
     }

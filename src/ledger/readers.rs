@@ -115,7 +115,7 @@ mod tests {
         };
         assert_eq!(count(&ledger).await, 0);
         ledger.record_batch(7, 8, &[]).await.unwrap();
-        // The same reader (kept open between reads) sees the commit made meanwhile.
+        // A read sees the commit made meanwhile (the idle writer serves it).
         assert_eq!(count(&ledger).await, 1);
         let write = ledger.read_in_place(|db| db.execute("DELETE FROM poller_offsets", [])).await;
         assert!(write.is_err(), "a read must not write: {write:?}");
