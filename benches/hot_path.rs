@@ -8,8 +8,11 @@
 //!   daemon plus a real `switchboard channel` child process, driven over stdio by a real
 //!   rmcp MCP client that answers every `notifications/claude/channel` with the `reply`
 //!   tool, as an agent session does. (That process becomes `switchboard-channel`, which
-//!   cargo builds beside `switchboard`; give `SWITCHBOARD_BENCH_BIN` a directory holding
-//!   both to measure that way another build.)
+//!   cargo builds beside `switchboard`; to measure another build, give
+//!   `SWITCHBOARD_BENCH_BIN` its `switchboard`, with its `switchboard-channel` beside it.) Then, with no message in flight, round
+//!   trips on the two crossings switchboard adds to the echo bot's, with nothing done on
+//!   them (`GET /healthz` on the local API, an MCP `ping` to the plugin): added to the echo
+//!   loop, they are the floor of switchboard's process topology ([`Crossings`]).
 //! * **durable ingest**: `getUpdates` → committed envelopes, against a raw batched insert
 //!   loop of the same rows into a ledger with the same pragmas as the daemon's writer
 //!   (WAL, `synchronous = normal`, its page cache and its `cache_spill`), through the same
@@ -43,8 +46,8 @@ use std::time::{Duration, Instant};
 
 use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, CustomNotification, Implementation,
-    ProtocolVersion,
+    CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, CustomNotification,
+    Implementation, PingRequest, ProtocolVersion,
 };
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
@@ -91,6 +94,10 @@ const WARMUP_MESSAGES: usize = 20;
 /// After the warm-up, how long the serving side is left alone before its idle memory is
 /// read: long enough for deferred work (a WAL checkpoint, a closed task) to end.
 const IDLE_SETTLE: Duration = Duration::from_millis(300);
+
+/// Round trips timed on each of switchboard's own crossings, once its loop is timed (see
+/// [`Crossings`]).
+const CROSSING_SAMPLES: usize = 500;
 
 /// The CPU figure is given per this many messages, as in the issue.
 const CPU_PER_MESSAGES: usize = 200;
@@ -234,6 +241,8 @@ struct LoopRun {
     cpu: Vec<(&'static str, f64)>,
     /// Each serving process's VmRSS in KiB, warmed up and idle.
     idle_rss_kib: Vec<(&'static str, u64)>,
+    /// switchboard's crossings with nothing done on them (switchboard only).
+    crossings: Crossings,
 }
 
 impl LoopRun {
@@ -316,6 +325,7 @@ async fn echo_run(params: &Params) -> LoopRun {
         elapsed,
         cpu,
         idle_rss_kib,
+        crossings: Crossings::default(),
     }
 }
 
@@ -364,11 +374,52 @@ async fn switchboard_run(params: &Params) -> LoopRun {
     let notification =
         timed.iter().zip(&pushes).map(|(t, pushed)| t.notified.duration_since(*pushed)).collect();
     let reply_call = timed.iter().map(|t| t.returned.duration_since(t.called)).collect();
+    let crossings = Crossings::measure(&workdir, &daemon, &agent).await;
 
     agent.close().await;
     daemon.stop();
     fake.shutdown().await;
-    LoopRun { spawn_to_poll, loops, notification, reply_call, elapsed, cpu, idle_rss_kib }
+    LoopRun { spawn_to_poll, loops, notification, reply_call, elapsed, cpu, idle_rss_kib, crossings }
+}
+
+/// Round trips on the two crossings switchboard adds to the echo bot's, with nothing done
+/// on them: an HTTP request to the daemon's local API that reads and writes nothing
+/// (`GET /healthz`, on the plugins' listener, over a kept-alive connection as a plugin's),
+/// and an MCP `ping` to the plugin over its stdio. A message crosses six process
+/// boundaries where the echo bot's crosses two (fake → daemon → plugin → agent → plugin →
+/// daemon → fake): the echo loop plus one round trip on each of these is what a loop that
+/// did nothing at all on its way would take on this machine, the floor of this process
+/// topology.
+#[derive(Default)]
+struct Crossings {
+    local_api: Vec<Duration>,
+    mcp: Vec<Duration>,
+}
+
+impl Crossings {
+    async fn measure(workdir: &Workdir, daemon: &Process, agent: &AgentSession) -> Self {
+        let url = format!("http://{}/healthz", workdir.listen);
+        let http = reqwest::Client::new();
+        let peer = agent.client.peer();
+        let mut crossings = Self::default();
+        for _ in 0..CROSSING_SAMPLES {
+            let started = Instant::now();
+            match http.get(&url).send().await {
+                Ok(response) if response.status().is_success() => {
+                    let _ = response.bytes().await;
+                }
+                failed => daemon.fail(&format!("GET /healthz failed: {failed:?}")),
+            }
+            crossings.local_api.push(started.elapsed());
+
+            let started = Instant::now();
+            if let Err(error) = peer.send_request(ClientRequest::PingRequest(PingRequest::default())).await {
+                agent.plugin.fail(&format!("an MCP ping failed: {error}"));
+            }
+            crossings.mcp.push(started.elapsed());
+        }
+        crossings
+    }
 }
 
 // ---------------------------------------------------------------------------
@@ -997,6 +1048,14 @@ fn print_report(params: &Params, results: &Results) {
         hop(|r| &r.notification, 99),
         hop(|r| &r.reply_call, 50),
         hop(|r| &r.reply_call, 99),
+    );
+    let (api_trip, mcp_trip) = (hop(|r| &r.crossings.local_api, 50), hop(|r| &r.crossings.mcp, 50));
+    let crossings_only = floor_p50 + api_trip + mcp_trip;
+    println!(
+        "  six crossings, nothing done on them: echo loop {floor_p50:.2} + local API round trip \
+         {api_trip:.2} + MCP round trip {mcp_trip:.2} = {crossings_only:.2} ms, {:.2}× the floor \
+         (p50s)",
+        crossings_only / floor_p50
     );
     println!();
 
