@@ -390,10 +390,19 @@ async fn switchboard_run(params: &Params) -> LoopRun {
 /// daemon → fake): the echo loop plus one round trip on each of these is what a loop that
 /// did nothing at all on its way would take on this machine, the floor of this process
 /// topology.
+///
+/// Their CPU is a floor too, if a loose one: the daemon's for a request it answers at
+/// once, the plugin's for a request it answers at once. A message costs each of them more
+/// on these crossings (the daemon also streams the message to the plugin; the plugin is
+/// also the local API's client).
 #[derive(Default)]
 struct Crossings {
     local_api: Vec<Duration>,
     mcp: Vec<Duration>,
+    /// The daemon's CPU seconds per local API round trip.
+    local_api_cpu: f64,
+    /// The plugin's CPU seconds per MCP round trip.
+    mcp_cpu: f64,
 }
 
 impl Crossings {
@@ -402,6 +411,7 @@ impl Crossings {
         let http = reqwest::Client::new();
         let peer = agent.client.peer();
         let mut crossings = Self::default();
+        let cpu_before = daemon.cpu_seconds_fine();
         for _ in 0..CROSSING_SAMPLES {
             let started = Instant::now();
             match http.get(&url).send().await {
@@ -411,13 +421,18 @@ impl Crossings {
                 failed => daemon.fail(&format!("GET /healthz failed: {failed:?}")),
             }
             crossings.local_api.push(started.elapsed());
+        }
+        crossings.local_api_cpu = (daemon.cpu_seconds_fine() - cpu_before) / CROSSING_SAMPLES as f64;
 
+        let cpu_before = agent.plugin.cpu_seconds_fine();
+        for _ in 0..CROSSING_SAMPLES {
             let started = Instant::now();
             if let Err(error) = peer.send_request(ClientRequest::PingRequest(PingRequest::default())).await {
                 agent.plugin.fail(&format!("an MCP ping failed: {error}"));
             }
             crossings.mcp.push(started.elapsed());
         }
+        crossings.mcp_cpu = (agent.plugin.cpu_seconds_fine() - cpu_before) / CROSSING_SAMPLES as f64;
         crossings
     }
 }
@@ -742,6 +757,21 @@ impl Process {
         ticks as f64 / clock_ticks_per_second()
     }
 
+    /// CPU seconds of the process's live threads, from `/proc/<pid>/task/*/schedstat`
+    /// (nanoseconds, where `stat` counts clock ticks of 10 ms): for figures too small for
+    /// ticks, over a span in which no thread of the process ends.
+    fn cpu_seconds_fine(&self) -> f64 {
+        let pid = self.pid();
+        let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .unwrap_or_else(|e| panic!("listing /proc/{pid}/task: {e}"));
+        let nanos: u64 = threads
+            .filter_map(Result::ok)
+            .filter_map(|thread| std::fs::read_to_string(thread.path().join("schedstat")).ok())
+            .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+            .sum();
+        nanos as f64 / 1e9
+    }
+
     fn rss_kib(&self) -> u64 {
         let pid = self.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -1056,6 +1086,14 @@ fn print_report(params: &Params, results: &Results) {
          {api_trip:.2} + MCP round trip {mcp_trip:.2} = {crossings_only:.2} ms, {:.2}× the floor \
          (p50s)",
         crossings_only / floor_p50
+    );
+    let (api_cpu, mcp_cpu) =
+        (across(ours, |r| r.crossings.local_api_cpu * per), across(ours, |r| r.crossings.mcp_cpu * per));
+    let crossings_cpu = floor_cpu + api_cpu + mcp_cpu;
+    println!(
+        "    their CPU seconds per 200: echo bot {floor_cpu:.3} + daemon answering the local API \
+         {api_cpu:.3} + plugin answering MCP {mcp_cpu:.3} = {crossings_cpu:.3}, {:.2}× the floor",
+        crossings_cpu / floor_cpu
     );
     println!();
 
