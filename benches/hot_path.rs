@@ -9,10 +9,11 @@
 //!   rmcp MCP client that answers every `notifications/claude/channel` with the `reply`
 //!   tool, as an agent session does. (That process becomes `switchboard-channel`, which
 //!   cargo builds beside `switchboard`; to measure another build, give
-//!   `SWITCHBOARD_BENCH_BIN` its `switchboard`, with its `switchboard-channel` beside it.) Then, with no message in flight, round
-//!   trips on the two crossings switchboard adds to the echo bot's, with nothing done on
-//!   them (`GET /healthz` on the local API, an MCP `ping` to the plugin): added to the echo
-//!   loop, they are the floor of switchboard's process topology ([`Crossings`]).
+//!   `SWITCHBOARD_BENCH_BIN` its `switchboard`, with its `switchboard-channel` beside
+//!   it.) Then, with no message in flight, round trips on the two crossings switchboard
+//!   adds to the echo bot's, with nothing done on them (`GET /healthz` on the local API,
+//!   an MCP `ping` to the plugin): added to the echo loop, they are the floor of
+//!   switchboard's process topology ([`Crossings`]).
 //! * **durable ingest**: `getUpdates` → committed envelopes, against a raw batched insert
 //!   loop of the same rows into a ledger with the same pragmas as the daemon's writer
 //!   (WAL, `synchronous = normal`, its page cache and its `cache_spill`), through the same
@@ -391,10 +392,10 @@ async fn switchboard_run(params: &Params) -> LoopRun {
 /// did nothing at all on its way would take on this machine, the floor of this process
 /// topology.
 ///
-/// Their CPU is a floor too, if a loose one: the daemon's for a request it answers at
-/// once, the plugin's for a request it answers at once. A message costs each of them more
-/// on these crossings (the daemon also streams the message to the plugin; the plugin is
-/// also the local API's client).
+/// Their CPU is a floor too, if a loose one: what the daemon and the plugin each spend on
+/// a request they answer at once. A message costs each of them more on these crossings
+/// (the daemon also streams the message to the plugin; the plugin is also the local API's
+/// client).
 #[derive(Default)]
 struct Crossings {
     local_api: Vec<Duration>,
