@@ -240,7 +240,7 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
         ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
     ])
     .await;
-    let helper = ChannelClient::start(
+    let helper = ChannelClient::start_connected(
         daemon.config_path(),
         "helper",
         &[
@@ -248,10 +248,10 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
             ("SB_TEST_HELPER_SECRET", helper_secret),
             ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
         ],
+        WAIT,
     )
     .await
     .unwrap();
-    helper.wait_until_connected(WAIT).await.unwrap();
 
     orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": "level one"})).await.unwrap();
     let one = nth(&worker, 1).await;

@@ -67,11 +67,9 @@ fn start_daemon(fake: &FakeTelegram, dev_room_keys: &str) -> TestDaemon {
 }
 
 async fn agent(daemon: &TestDaemon, (name, var, secret): (&str, &str, &str)) -> ChannelClient {
-    let agent = ChannelClient::start(daemon.config_path(), name, &[(var, secret)])
+    ChannelClient::start_connected(daemon.config_path(), name, &[(var, secret)], WAIT)
         .await
-        .expect("channel plugin starts");
-    agent.wait_until_connected(WAIT).await.expect("the plugin's session connects");
-    agent
+        .expect("the channel plugin starts and its session connects")
 }
 
 /// The daemon, the fake, and the sessions of the dev room's two agents.

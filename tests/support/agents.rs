@@ -33,9 +33,10 @@ fn secret_of(agent: &str) -> (&'static str, &'static str) {
 /// test that relies on the daemon knowing the agent is there (a handoff delivered, not
 /// queued; a first session that a second one must find in place) waits for it.
 pub async fn session(daemon: &TestDaemon, agent: &str) -> ChannelClient {
-    let plugin = plugin(daemon, agent).await;
-    plugin.wait_until_connected(WAIT).await.expect("the plugin's session connects");
-    plugin
+    let (var, secret) = secret_of(agent);
+    ChannelClient::start_connected(daemon.config_path(), agent, &[(var, secret)], WAIT)
+        .await
+        .expect("the channel plugin starts and its session connects")
 }
 
 /// A `switchboard channel` plugin for `agent` that may never connect: a second session the

@@ -307,14 +307,19 @@ impl ChannelClient {
         }
     }
 
-    /// Waits until the plugin's session is connected to the daemon. The plugin answers MCP
-    /// before that, and a daemon that does not know the session yet queues what it hands
-    /// over instead of delivering it.
-    pub async fn wait_until_connected(&self, timeout: Duration) -> anyhow::Result<()> {
+    /// [`Self::start`], returning once the plugin's session is connected to the daemon. The
+    /// plugin answers MCP before that, and a daemon that does not know the session yet
+    /// queues what it hands over instead of delivering it.
+    pub async fn start_connected(
+        config: impl AsRef<Path>,
+        agent: &str,
+        env: &[(&str, &str)],
+        timeout: Duration,
+    ) -> anyhow::Result<Self> {
+        let plugin = Self::start(config, agent, env).await?;
         // What the forwarder logs once the daemon accepted its session.
-        self.wait_for_stderr("channel::forwarder: connected to the switchboard daemon", timeout)
-            .await
-            .map(drop)
+        plugin.wait_for_stderr("channel::forwarder: connected to the switchboard daemon", timeout).await?;
+        Ok(plugin)
     }
 
     /// Lines the plugin wrote to stdout that are not JSON-RPC 2.0 messages; must stay empty.
