@@ -13,7 +13,9 @@
 //!   it.) Then, with no message in flight, round trips on the two crossings switchboard
 //!   adds to the echo bot's, with nothing done on them (`GET /healthz` on the local API,
 //!   an MCP `ping` to the plugin): added to the echo loop, they are the floor of
-//!   switchboard's process topology ([`Crossings`]).
+//!   switchboard's process topology ([`Crossings`]). And the ledger's work on a message
+//!   alone, through the daemon's own calls in this process ([`LedgerWork`]): with the
+//!   crossings, the floor of this design.
 //! * **durable ingest**: `getUpdates` → committed envelopes, against a raw batched insert
 //!   loop of the same rows into a ledger with the same pragmas as the daemon's writer
 //!   (WAL, `synchronous = normal`, its page cache and its `cache_spill`), through the same
@@ -56,8 +58,13 @@ use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Connection as _, SqliteConnection};
 use switchboard::config::Synchronous;
-use switchboard::ids::TraceId;
-use switchboard::ledger::{Ledger, PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
+use switchboard::ids::{AgentName, RouteName, TraceId};
+use switchboard::ledger::{
+    AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, Ledger, NewAttempt, PAGE_CACHE_KIB,
+    RoutedEnvelope, WRITER_SPILL_PAGES,
+};
+use switchboard::rules::routes::Channel;
+use switchboard::telegram::envelope::{ChatType, Envelope, Sender};
 use tokio::sync::mpsc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
@@ -201,6 +208,7 @@ struct Results {
     switchboard: Vec<LoopRun>,
     raw_insert: Vec<Duration>,
     ingest: Vec<IngestRun>,
+    ledger_work: Vec<LedgerWork>,
 }
 
 /// What the daemon did with a burst of updates.
@@ -219,6 +227,8 @@ async fn run(params: &Params) {
         results.echo.push(echo_run(params).await);
         eprintln!("repetition {repetition}/{}: switchboard…", params.repetitions);
         results.switchboard.push(switchboard_run(params).await);
+        eprintln!("repetition {repetition}/{}: the ledger's work alone…", params.repetitions);
+        results.ledger_work.push(LedgerWork::measure(params.messages).await);
         eprintln!("repetition {repetition}/{}: raw SQLite insert…", params.repetitions);
         results.raw_insert.push(raw_insert_run(params).await);
         eprintln!("repetition {repetition}/{}: durable ingest…", params.repetitions);
@@ -435,6 +445,147 @@ impl Crossings {
         }
         crossings.mcp_cpu = (agent.plugin.cpu_seconds_fine() - cpu_before) / CROSSING_SAMPLES as f64;
         crossings
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The ledger's work on a message, alone
+// ---------------------------------------------------------------------------
+
+/// What the ledger does for one message, through the daemon's own calls, in this process
+/// with nothing else around it: intake's commit (the envelope, its task, the offset and the
+/// hand-over to a connected session, in one transaction), the lookup of a reply that names
+/// the envelope, the attempt's commit before `sendMessage` and the outcome's after it.
+/// Intake's commit and the attempt's are on the loop's path: the agent is not shown a
+/// message until it is stored (DESIGN.md §2), and nothing is sent before its attempt is
+/// (§4). With the six crossings ([`Crossings`]) they are the floor of this design: what a
+/// loop would take that did nothing else.
+#[derive(Default)]
+struct LedgerWork {
+    intake: Vec<Duration>,
+    lookup: Vec<Duration>,
+    attempt: Vec<Duration>,
+    outcome: Vec<Duration>,
+    /// CPU seconds per message of this process's threads: the calling one, and the
+    /// ledger's checkpointer.
+    cpu: f64,
+}
+
+impl LedgerWork {
+    async fn measure(messages: usize) -> Self {
+        let dir = tempfile::tempdir().expect("creating a temporary directory");
+        let ledger = Ledger::open(&dir.path().join("work.db"), Synchronous::Normal)
+            .await
+            .expect("creating the ledger");
+        let agent = AgentName::parse(AGENT).expect("the agent's name");
+        let actor = format!("agent:{AGENT}");
+        let mut work = Self::default();
+        let mut cpu_before = 0.0;
+        for n in 0..WARMUP_MESSAGES + messages {
+            let timed = n >= WARMUP_MESSAGES;
+            if n == WARMUP_MESSAGES {
+                cpu_before = threads_cpu_seconds(std::process::id());
+            }
+            let routed = routed_message(n, &agent);
+            let update_id = routed.envelope.update_id;
+
+            let started = Instant::now();
+            let recorded = ledger
+                .record_batch_handing_over(
+                    BENCH_BOT_ID,
+                    update_id + 1,
+                    std::slice::from_ref(&routed),
+                    &[&agent],
+                    None,
+                )
+                .await
+                .expect("recording a message");
+            let intake = started.elapsed();
+            let [handed] = recorded.claimed.as_slice() else {
+                panic!("intake handed over {} envelopes, not the one it recorded", recorded.claimed.len())
+            };
+
+            let started = Instant::now();
+            let found = ledger
+                .find_for_reply(&handed.trace_id)
+                .await
+                .expect("looking up a reply's envelope")
+                .expect("the envelope just recorded");
+            let lookup = started.elapsed();
+
+            let envelope = &found.envelope;
+            let started = Instant::now();
+            let op_id = ledger
+                .begin_attempt(&NewAttempt {
+                    envelope_id: envelope.id,
+                    agent: AGENT,
+                    request_id: Some(&format!("req-{n}")),
+                    purpose: AttemptPurpose::Reply,
+                    chat_id: envelope.chat_id,
+                    thread_id: None,
+                    reply_to_message_id: i32::try_from(envelope.message_id).ok(),
+                    chunk_index: 0,
+                    chunk_count: 1,
+                    text: AGENT_ANSWER,
+                })
+                .await
+                .expect("recording an attempt")
+                .unwrap_or_else(|refusal| panic!("a reply was refused: {refusal:?}"));
+            let attempt = started.elapsed();
+
+            let started = Instant::now();
+            let sent = AttemptOutcome::Sent { message_id: i32::try_from(n + 1).expect("a message id") };
+            ledger.finish_attempt(&op_id, &sent, &actor).await.expect("recording an outcome");
+            let outcome = started.elapsed();
+
+            if timed {
+                work.intake.push(intake);
+                work.lookup.push(lookup);
+                work.attempt.push(attempt);
+                work.outcome.push(outcome);
+            }
+        }
+        work.cpu = (threads_cpu_seconds(std::process::id()) - cpu_before) / messages as f64;
+
+        // Not a timing: every message ended answered, as in the daemon.
+        let acked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'")
+            .fetch_one(ledger.pool())
+            .await
+            .expect("counting envelopes");
+        assert_eq!(acked, (WARMUP_MESSAGES + messages) as i64, "every message should be answered");
+        ledger.close().await;
+        work
+    }
+}
+
+/// The getUpdates offset's row in the ledger's own measurement.
+const BENCH_BOT_ID: i64 = 1;
+
+/// The `n`th message of the ledger's own measurement, as the poller routes one: to the
+/// agent, in the benchmark's private chat.
+fn routed_message(n: usize, agent: &AgentName) -> RoutedEnvelope {
+    let update_id = 100_000 + n as i64;
+    let text = format!("question {n}");
+    RoutedEnvelope {
+        envelope: Envelope {
+            trace_id: TraceId::generate(),
+            update_id,
+            kind: EnvelopeKind::Message,
+            channel: Channel { chat_id: CHAT_ID, thread_id: None },
+            chat_type: ChatType::Private,
+            chat_title: None,
+            message_id: i32::try_from(n + 1).expect("a message id"),
+            sender: Sender { id: Some(CHAT_ID), username: None, name: "Bench user".into() },
+            text: Some(text),
+            attachments: Vec::new(),
+            sent_at: chrono::Utc::now(),
+        },
+        state: EnvelopeState::Queued,
+        route: Some(RouteName::parse("dm-a0").expect("the route's name")),
+        agent: Some(agent.clone()),
+        update_digest: format!("{:064x}", n as u128 * 0x9E37_79B9_7F4A_7C15),
+        note: None,
+        raw_update: None,
     }
 }
 
@@ -758,19 +909,9 @@ impl Process {
         ticks as f64 / clock_ticks_per_second()
     }
 
-    /// CPU seconds of the process's live threads, from `/proc/<pid>/task/*/schedstat`
-    /// (nanoseconds, where `stat` counts clock ticks of 10 ms): for figures too small for
-    /// ticks, over a span in which no thread of the process ends.
+    /// [`threads_cpu_seconds`] of this process.
     fn cpu_seconds_fine(&self) -> f64 {
-        let pid = self.pid();
-        let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
-            .unwrap_or_else(|e| panic!("listing /proc/{pid}/task: {e}"));
-        let nanos: u64 = threads
-            .filter_map(Result::ok)
-            .filter_map(|thread| std::fs::read_to_string(thread.path().join("schedstat")).ok())
-            .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
-            .sum();
-        nanos as f64 / 1e9
+        threads_cpu_seconds(self.pid())
     }
 
     fn rss_kib(&self) -> u64 {
@@ -836,6 +977,20 @@ impl Drop for Process {
             child.kill();
         }
     }
+}
+
+/// CPU seconds of a process's live threads, from `/proc/<pid>/task/*/schedstat`
+/// (nanoseconds, where `stat` counts clock ticks of 10 ms): for figures too small for
+/// ticks, over a span in which no thread of the process ends.
+fn threads_cpu_seconds(pid: u32) -> f64 {
+    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("listing /proc/{pid}/task: {e}"));
+    let nanos: u64 = threads
+        .filter_map(Result::ok)
+        .filter_map(|thread| std::fs::read_to_string(thread.path().join("schedstat")).ok())
+        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
+        .sum();
+    nanos as f64 / 1e9
 }
 
 fn clock_ticks_per_second() -> f64 {
@@ -1095,6 +1250,25 @@ fn print_report(params: &Params, results: &Results) {
         "    their CPU seconds per 200: echo bot {floor_cpu:.3} + daemon answering the local API \
          {api_cpu:.3} + plugin answering MCP {mcp_cpu:.3} = {crossings_cpu:.3}, {:.2}× the floor",
         crossings_cpu / floor_cpu
+    );
+    let work = &results.ledger_work;
+    let step = |pick: fn(&LedgerWork) -> &Vec<Duration>| across(work, |w| millis(percentile(pick(w), 50)));
+    let (intake, lookup, attempt, outcome) =
+        (step(|w| &w.intake), step(|w| &w.lookup), step(|w| &w.attempt), step(|w| &w.outcome));
+    println!(
+        "  the ledger's work on a message alone, in one process (p50s): intake's commit {intake:.3} + \
+         the reply's lookup {lookup:.3} + the attempt's commit {attempt:.3} ms on the loop's path; \
+         the outcome's commit {outcome:.3} ms"
+    );
+    let design_floor = crossings_only + intake + lookup + attempt;
+    let work_cpu = across(work, |w| w.cpu * per);
+    let design_cpu = crossings_cpu + work_cpu;
+    println!(
+        "    with the six crossings, the floor of this design: {design_floor:.2} ms, {:.2}× the echo \
+         loop; CPU seconds per 200 {:.3} + {work_cpu:.3} = {design_cpu:.3}, {:.2}× the floor",
+        design_floor / floor_p50,
+        crossings_cpu,
+        design_cpu / floor_cpu
     );
     println!();
 
