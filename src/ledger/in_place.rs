@@ -34,6 +34,7 @@ use rusqlite::{OpenFlags, TransactionBehavior, ffi};
 use sqlx::error::{DatabaseError, ErrorKind};
 
 use super::checkpoint::{BACKSTOP_PAGES, Checkpointer};
+use super::wal_writes;
 use super::{BUSY_TIMEOUT, Ledger};
 use crate::backoff::Backoff;
 use crate::config::Synchronous;
@@ -85,10 +86,13 @@ impl BusyWait {
 /// A connection of the ledger's own to its (existing, migrated) database: no busy handler
 /// (see [`BusyWait`]), the ledger's page cache, its statements kept prepared.
 pub(super) fn open_own_connection(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
-    let db = rusqlite::Connection::open_with_flags(
-        path,
-        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
-    )?;
+    set_up_own_connection(rusqlite::Connection::open_with_flags(path, OWN_CONNECTION_FLAGS)?)
+}
+
+const OWN_CONNECTION_FLAGS: OpenFlags =
+    OpenFlags::SQLITE_OPEN_READ_WRITE.union(OpenFlags::SQLITE_OPEN_NO_MUTEX);
+
+fn set_up_own_connection(db: rusqlite::Connection) -> rusqlite::Result<rusqlite::Connection> {
     db.busy_timeout(Duration::ZERO)?;
     db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
     db.set_prepared_statement_cache_capacity(STATEMENT_CACHE);
@@ -168,8 +172,20 @@ fn close_if_left_in_a_transaction(writer: &mut Option<rusqlite::Connection>) {
     }
 }
 
+/// The writer's connection: an own connection whose commits reach the WAL in one write
+/// each (`wal_writes`).
 fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusqlite::Connection> {
-    let db = open_own_connection(path)?;
+    wal_writes::register().map_err(|code| {
+        rusqlite::Error::SqliteFailure(
+            ffi::Error::new(code),
+            Some("registering the writer's VFS (coalesced WAL writes)".into()),
+        )
+    })?;
+    let db = set_up_own_connection(rusqlite::Connection::open_with_flags_and_vfs(
+        path,
+        OWN_CONNECTION_FLAGS,
+        wal_writes::VFS_NAME,
+    )?)?;
     db.pragma_update(None, "foreign_keys", true)?;
     let synchronous = match settings.synchronous {
         Synchronous::Normal => "NORMAL",
