@@ -14,7 +14,9 @@
 //! - A commit is whole on the file before SQLite tells anyone it happened. SQLite writes a
 //!   commit's frames in order, the commit frame last (its header names the database's
 //!   size, which no other frame's does); the write that completes the commit frame writes
-//!   everything gathered before it returns. Only then does SQLite publish the new frames
+//!   everything gathered before it returns; a commit frame's header that SQLite writes
+//!   again after that (it recomputes the checksums of a transaction that wrote a page
+//!   twice) is written at once. Only then does SQLite publish the new frames
 //!   in the wal-index, which other connections (this process's readers and checkpointer,
 //!   another process) read the WAL by. A crash before that leaves at most the frames of an
 //!   uncommitted transaction unwritten, which a crash may always leave.
@@ -106,8 +108,9 @@ const UNDERLYING_OFFSET: usize = std::mem::size_of::<ShimFile>().next_multiple_o
 struct Gathered {
     bytes: Vec<u8>,
     offset: i64,
-    /// The last write was a commit frame's header: its page completes the commit.
-    completes_commit_next: bool,
+    /// Where the page of the commit frame whose header was the last write goes: the write
+    /// there completes the commit.
+    commit_page_offset: Option<i64>,
 }
 
 /// The `unix` handle of `file`.
@@ -278,31 +281,46 @@ unsafe extern "C" fn write(
             return (methods(file).xWrite.expect("present"))(underlying(file), data, amount, offset);
         };
         let Ok(length) = usize::try_from(amount) else { return ffi::SQLITE_IOERR_WRITE };
+        let bytes: &[u8] = if length == 0 { &[] } else { std::slice::from_raw_parts(data.cast(), length) };
         // Taken before anything is written out: this write completes a commit however
         // much was gathered before it.
-        let completes_commit = std::mem::take(&mut gathered.completes_commit_next);
-        let continues = gathered.offset + gathered.bytes.len() as i64 == offset;
+        let completes_commit = gathered.commit_page_offset.take() == Some(offset);
+        // A frame's header holds, at bytes 4..8, the database's size in pages after a
+        // commit, and zero in every frame but a commit's last.
+        let commit_header = amount == FRAME_HEADER_BYTES && bytes[4..8] != [0, 0, 0, 0];
+        let continues = !gathered.bytes.is_empty() && gathered.offset + gathered.bytes.len() as i64 == offset;
         if !gathered.bytes.is_empty() && (!continues || gathered.bytes.len() + length > GATHER_BYTES) {
             let result = write_out(file, gathered);
             if result != ffi::SQLITE_OK {
                 return result;
             }
         }
-        if length > GATHER_BYTES {
-            return (methods(file).xWrite.expect("present"))(underlying(file), data, amount, offset);
+        // Written at once: what is too large to gather, and a commit frame's header that
+        // does not continue what is gathered. That is either a commit of a single frame,
+        // whose page follows, or a header SQLite writes again after the commit frame: a
+        // transaction that wrote a page twice has its frames' checksums recomputed at its
+        // commit, each frame read back and its header rewritten. Gathered, the last of
+        // those would reach the file only as the write lock goes, after SQLite published
+        // the commit; a crash in between would leave the checksums broken before the
+        // commit frame, and recovery would drop the commit.
+        if length > GATHER_BYTES || (commit_header && !continues) {
+            let result = (methods(file).xWrite.expect("present"))(underlying(file), data, amount, offset);
+            if commit_header && result == ffi::SQLITE_OK {
+                gathered.commit_page_offset = Some(offset + i64::from(FRAME_HEADER_BYTES));
+            }
+            return result;
         }
         if gathered.bytes.is_empty() {
             gathered.offset = offset;
             gathered.bytes.reserve_exact(GATHER_BYTES);
         }
-        let bytes = std::slice::from_raw_parts(data.cast::<u8>(), length);
         gathered.bytes.extend_from_slice(bytes);
         if completes_commit {
             return write_out(file, gathered);
         }
-        // A frame's header holds, at bytes 4..8, the database's size in pages after a
-        // commit, and zero in every frame but a commit's last.
-        gathered.completes_commit_next = amount == FRAME_HEADER_BYTES && bytes[4..8] != [0, 0, 0, 0];
+        if commit_header {
+            gathered.commit_page_offset = Some(offset + i64::from(FRAME_HEADER_BYTES));
+        }
         ffi::SQLITE_OK
     }
 }
@@ -656,6 +674,66 @@ mod tests {
         assert!(gathered.bytes.is_empty(), "written out as the write lock went");
         assert_eq!(std::fs::metadata(&wal_file).unwrap().len(), wal_size + 2 * 4_120);
         // Past the last commit, they are nothing to SQLite.
+        insert(&db, 2, 100);
+        assert_eq!(read_back(&path), (vec![(1, 100), (2, 100)], "ok".into()));
+    }
+
+    /// A copy of the database and its WAL as a crash would leave them now (no wal-index),
+    /// opened and so recovered from the WAL by another connection.
+    fn recovered_copy(dir: &Path, name: &str) -> (Vec<(i64, usize)>, String) {
+        let copy = dir.join("copy");
+        std::fs::create_dir_all(&copy).unwrap();
+        std::fs::copy(dir.join(name), copy.join(name)).unwrap();
+        std::fs::copy(dir.join(format!("{name}-wal")), copy.join(format!("{name}-wal"))).unwrap();
+        read_back(&copy.join(name))
+    }
+
+    #[test]
+    fn a_transaction_that_wrote_a_page_twice_commits_whole_and_survives_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("twice.db");
+        let db = writer(&path);
+        insert(&db, 1, 100);
+        // A small page cache spills the transaction's pages to the WAL; the update writes
+        // spilled pages again, in place, and the commit recomputes the frames' checksums.
+        db.pragma_update(None, "cache_size", 4).unwrap();
+        db.pragma_update(None, "cache_spill", 4).unwrap();
+        db.execute_batch("BEGIN").unwrap();
+        for id in 2..30 {
+            insert(&db, id, 2_000);
+        }
+        db.execute("UPDATE rows SET name = 'again'", []).unwrap();
+        db.execute_batch("COMMIT").unwrap();
+        let expected: Vec<(i64, usize)> =
+            std::iter::once((1, 100)).chain((2..30).map(|id| (id, 2_000))).collect();
+        assert_eq!(read_back(&path), (expected.clone(), "ok".into()));
+        assert_eq!(recovered_copy(dir.path(), "twice.db"), (expected, "ok".into()));
+    }
+
+    #[test]
+    fn a_commit_frame_header_written_again_reaches_the_file_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("rewritten.db");
+        let db = writer(&path);
+        insert(&db, 1, 100);
+        let (_, wal) = handles(&db);
+        // SAFETY: the WAL's handle is open while `db` is, and only this thread uses it.
+        unsafe {
+            let methods = &*(*wal).base.pMethods;
+            let wal_size = std::fs::metadata(dir.path().join("rewritten.db-wal")).unwrap().len();
+            let last_frame = i64::try_from(wal_size).unwrap() - 4_096 - 24;
+            // As SQLite recomputes checksums at a commit: the frame read back, its header
+            // (the commit frame's, here) written again.
+            let mut header = [0_u8; 24];
+            let read = methods.xRead.unwrap()(wal.cast(), header.as_mut_ptr().cast(), 24, last_frame);
+            assert_eq!(read, ffi::SQLITE_OK);
+            assert_ne!(header[4..8], [0, 0, 0, 0], "the last frame is a commit's");
+            let before = writes_out();
+            let written = methods.xWrite.unwrap()(wal.cast(), header.as_ptr().cast(), 24, last_frame);
+            assert_eq!(written, ffi::SQLITE_OK);
+            assert!((*(*wal).gathered).bytes.is_empty(), "written at once, not gathered");
+            assert_eq!(writes_out(), before, "written as it came, not as something gathered");
+        }
         insert(&db, 2, 100);
         assert_eq!(read_back(&path), (vec![(1, 100), (2, 100)], "ok".into()));
     }
