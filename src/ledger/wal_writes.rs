@@ -465,7 +465,7 @@ unsafe extern "C" fn unfetch(
 #[cfg(test)]
 mod tests {
     use std::cell::Cell;
-    use std::path::Path;
+    use std::path::{Path, PathBuf};
     use std::process::Command;
 
     use rusqlite::{Connection, OpenFlags};
@@ -500,6 +500,21 @@ mod tests {
         db
     }
 
+    /// A new database in a directory of its own, and [`writer`]'s connection to it.
+    fn fresh(name: &str) -> (tempfile::TempDir, PathBuf, Connection) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(name);
+        let db = writer(&path);
+        (dir, path, db)
+    }
+
+    /// A page cache of a few pages, which spills a transaction of more to the WAL before
+    /// it ends.
+    fn spill_early(db: &Connection) {
+        db.pragma_update(None, "cache_size", 4).unwrap();
+        db.pragma_update(None, "cache_spill", 4).unwrap();
+    }
+
     /// A connection through SQLite's own `unix` VFS, as sqlx's, the readers' and another
     /// process's are.
     fn other(path: &Path) -> Connection {
@@ -531,9 +546,7 @@ mod tests {
 
     #[test]
     fn a_commit_reaches_the_wal_in_one_write_before_it_returns() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("one.db");
-        let db = writer(&path);
+        let (_dir, path, db) = fresh("one.db");
         insert(&db, 1, 100);
 
         // A row of 10 KB and its indexes: several pages, each a frame of two writes.
@@ -548,9 +561,7 @@ mod tests {
 
     #[test]
     fn a_commit_larger_than_what_is_gathered_is_written_in_parts_and_whole() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("large.db");
-        let db = writer(&path);
+        let (_dir, path, db) = fresh("large.db");
         let before = writes_out();
         insert(&db, 1, 5 * GATHER_BYTES);
         let writes = writes_out() - before;
@@ -561,13 +572,9 @@ mod tests {
 
     #[test]
     fn a_transaction_rolled_back_after_it_spilled_to_the_wal_leaves_nothing() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("spilled.db");
-        let db = writer(&path);
+        let (_dir, path, db) = fresh("spilled.db");
         insert(&db, 1, 100);
-        // A page cache of a few pages spills a large transaction to the WAL before it ends.
-        db.pragma_update(None, "cache_size", 4).unwrap();
-        db.pragma_update(None, "cache_spill", 4).unwrap();
+        spill_early(&db);
         db.execute_batch("BEGIN").unwrap();
         for id in 2..40 {
             insert(&db, id, 3_000);
@@ -579,9 +586,7 @@ mod tests {
 
     #[test]
     fn a_wal_started_again_after_a_checkpoint_is_written_from_its_header() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("restarted.db");
-        let db = writer(&path);
+        let (dir, path, db) = fresh("restarted.db");
         insert(&db, 1, 5_000);
         // Another connection copies the WAL into the database and empties it; the next
         // commit writes a new WAL header at its start, then its frames.
@@ -599,17 +604,13 @@ mod tests {
 
     #[test]
     fn what_a_rolled_back_transaction_gathered_never_overwrites_a_later_commit_of_another_connection() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("shared.db");
-        let db = writer(&path);
+        let (_dir, path, db) = fresh("shared.db");
         for id in 1..=8 {
             insert(&db, id, 3_000);
         }
         // This connection spills frames to the WAL (gathered, not all written) and rolls
-        // back: its frames were never committed. The rows change in place, so the
-        // database's first page, which a rollback reads back, stays as it was.
-        db.pragma_update(None, "cache_size", 4).unwrap();
-        db.pragma_update(None, "cache_spill", 4).unwrap();
+        // back: its frames were never committed.
+        spill_early(&db);
         db.execute_batch(
             "BEGIN; INSERT INTO rows (id, name, body) VALUES (9, 'row 9', zeroblob(150000)); ROLLBACK;",
         )
@@ -650,9 +651,7 @@ mod tests {
 
     #[test]
     fn what_is_left_gathered_when_a_write_transaction_ends_is_written_out_before_its_lock_goes() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("linked.db");
-        let db = writer(&path);
+        let (dir, path, db) = fresh("linked.db");
         insert(&db, 1, 100);
         let (database, wal) = handles(&db);
         // SAFETY: the handles are open while `db` is, and only this thread uses them.
@@ -690,14 +689,11 @@ mod tests {
 
     #[test]
     fn a_transaction_that_wrote_a_page_twice_commits_whole_and_survives_recovery() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("twice.db");
-        let db = writer(&path);
+        let (dir, path, db) = fresh("twice.db");
         insert(&db, 1, 100);
-        // A small page cache spills the transaction's pages to the WAL; the update writes
-        // spilled pages again, in place, and the commit recomputes the frames' checksums.
-        db.pragma_update(None, "cache_size", 4).unwrap();
-        db.pragma_update(None, "cache_spill", 4).unwrap();
+        // The transaction spills its pages to the WAL, the update writes spilled pages
+        // again, in place, and the commit recomputes the frames' checksums.
+        spill_early(&db);
         db.execute_batch("BEGIN").unwrap();
         for id in 2..30 {
             insert(&db, id, 2_000);
@@ -712,9 +708,7 @@ mod tests {
 
     #[test]
     fn a_commit_frame_header_written_again_reaches_the_file_at_once() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("rewritten.db");
-        let db = writer(&path);
+        let (dir, path, db) = fresh("rewritten.db");
         insert(&db, 1, 100);
         let (_, wal) = handles(&db);
         // SAFETY: the WAL's handle is open while `db` is, and only this thread uses it.
