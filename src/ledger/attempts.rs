@@ -5,7 +5,7 @@ use super::envelopes::transition_in;
 use crate::ledger::EnvelopeState;
 use rusqlite::OptionalExtension;
 
-use super::in_place::{execute_cached, optional_text_enum, query_row_cached, text_enum};
+use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 
 use super::{Ledger, now};
 use crate::ids::TraceId;
@@ -367,11 +367,13 @@ impl Ledger {
     /// more; [`Self::recorded_reply`] and `handoff_by_answer_request` tell what it came to.
     pub async fn reply_request_seen(&self, agent: &str, request_id: &str) -> sqlx::Result<bool> {
         self.read_in_place(|db| {
-            db.prepare_cached(
+            query_row_cached(
+                db,
                 "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ?1 AND request_id = ?2) \
                  OR EXISTS (SELECT 1 FROM handoffs WHERE to_agent = ?1 AND answer_request_id = ?2)",
-            )?
-            .query_row([agent, request_id], |row| row.get(0))
+                [agent, request_id],
+                |row| row.get(0),
+            )
         })
         .await
     }
@@ -385,18 +387,16 @@ impl Ledger {
             " FROM attempts WHERE agent = ? AND request_id = ? ORDER BY id"
         );
         self.read_in_place(|db| {
-            let envelope: Option<(i64, String)> = db
-                .prepare_cached(
-                    "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-                     WHERE a.agent = ? AND a.request_id = ? LIMIT 1",
-                )?
-                .query_row([agent, request_id], |row| Ok((row.get(0)?, row.get(1)?)))
-                .optional()?;
+            let envelope: Option<(i64, String)> = query_row_cached(
+                db,
+                "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+                 WHERE a.agent = ? AND a.request_id = ? LIMIT 1",
+                [agent, request_id],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()?;
             let Some((envelope_id, trace_id)) = envelope else { return Ok(None) };
-            let attempts: Vec<StoredAttempt> = db
-                .prepare_cached(sql)?
-                .query_map([agent, request_id], StoredAttempt::from_row)?
-                .collect::<Result<_, _>>()?;
+            let attempts = query_all_cached(db, sql, [agent, request_id], StoredAttempt::from_row)?;
             Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
         })
         .await
@@ -414,18 +414,21 @@ impl Ledger {
             " FROM attempts WHERE envelope_id = ? AND request_id = ? ORDER BY id"
         );
         self.read_in_place(|db| {
-            let request_id: Option<String> = db
-                .prepare_cached(
-                    "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL \
-                     ORDER BY id DESC LIMIT 1",
-                )?
-                .query_row([envelope_id], |row| row.get(0))
-                .optional()?;
+            let request_id: Option<String> = query_row_cached(
+                db,
+                "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL \
+                 ORDER BY id DESC LIMIT 1",
+                [envelope_id],
+                |row| row.get(0),
+            )
+            .optional()?;
             let Some(request_id) = request_id else { return Ok(None) };
-            let attempts = db
-                .prepare_cached(sql)?
-                .query_map(rusqlite::params![envelope_id, request_id], StoredAttempt::from_row)?
-                .collect::<Result<_, _>>()?;
+            let attempts = query_all_cached(
+                db,
+                sql,
+                rusqlite::params![envelope_id, request_id],
+                StoredAttempt::from_row,
+            )?;
             Ok(Some((request_id, attempts)))
         })
         .await
@@ -440,22 +443,20 @@ impl Ledger {
         // The ids as a JSON array, so the statement stays one text, prepared once.
         let ids = serde_json::to_string(envelope_ids).unwrap_or_else(|_| "[]".into());
         self.read_in_place(|db| {
-            db.prepare_cached(
+            query_all_cached(
+                db,
                 "SELECT DISTINCT envelope_id FROM attempts WHERE outcome IN ('unknown', 'in_flight') \
                  AND reconciled_outcome IS NULL AND purpose = 'reply' \
                  AND envelope_id IN (SELECT value FROM json_each(?))",
-            )?
-            .query_map([&ids], |row| row.get(0))?
-            .collect()
+                [&ids],
+                |row| row.get(0),
+            )
         })
         .await
     }
 
     pub async fn attempts_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredAttempt>> {
         let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_map([envelope_id], StoredAttempt::from_row)?.collect()
-        })
-        .await
+        self.read_in_place(|db| query_all_cached(db, sql, [envelope_id], StoredAttempt::from_row)).await
     }
 }

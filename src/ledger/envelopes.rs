@@ -7,7 +7,7 @@ use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display
 use rusqlite::OptionalExtension;
 use sqlx::FromRow;
 
-use super::in_place::{execute_cached, text_enum};
+use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
 
@@ -192,8 +192,7 @@ impl Ledger {
             ""
         );
         self.write_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_row(rusqlite::params![now(), agent.as_str()], StoredEnvelope::from_row)
+            query_row_cached(db, sql, rusqlite::params![now(), agent.as_str()], StoredEnvelope::from_row)
                 .optional()
         })
         .await
@@ -209,9 +208,7 @@ impl Ledger {
             ""
         );
         let mut rows: Vec<StoredEnvelope> = self
-            .write_in_place(|db| {
-                db.prepare_cached(sql)?.query_map([agent.as_str()], StoredEnvelope::from_row)?.collect()
-            })
+            .write_in_place(|db| query_all_cached(db, sql, [agent.as_str()], StoredEnvelope::from_row))
             .await?;
         // RETURNING gives no order guarantee.
         rows.sort_by_key(|row| row.id);
@@ -224,18 +221,13 @@ impl Ledger {
             envelope_columns!(),
             " FROM envelopes WHERE agent = ? AND state = 'pending' ORDER BY id"
         );
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_map([agent.as_str()], StoredEnvelope::from_row)?.collect()
-        })
-        .await
+        self.read_in_place(|db| query_all_cached(db, sql, [agent.as_str()], StoredEnvelope::from_row)).await
     }
 
     pub async fn find(&self, trace_id: &str) -> sqlx::Result<Option<StoredEnvelope>> {
         let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = ?");
-        self.read_in_place(|db| {
-            db.prepare_cached(sql)?.query_row([trace_id], StoredEnvelope::from_row).optional()
-        })
-        .await
+        self.read_in_place(|db| query_row_cached(db, sql, [trace_id], StoredEnvelope::from_row).optional())
+            .await
     }
 
     /// [`Self::find`] for a reply that names its envelope, with what the envelope's
@@ -253,15 +245,14 @@ impl Ledger {
              FROM envelopes WHERE trace_id = ?"
         );
         self.read_in_place(|db| {
-            db.prepare_cached(sql)?
-                .query_row([trace_id], |row| {
-                    Ok(FoundForReply {
-                        envelope: StoredEnvelope::from_row(row)?,
-                        awaiting_reconciliation: row.get("awaiting_reconciliation")?,
-                        replied_before: row.get("replied_before")?,
-                    })
+            query_row_cached(db, sql, [trace_id], |row| {
+                Ok(FoundForReply {
+                    envelope: StoredEnvelope::from_row(row)?,
+                    awaiting_reconciliation: row.get("awaiting_reconciliation")?,
+                    replied_before: row.get("replied_before")?,
                 })
-                .optional()
+            })
+            .optional()
         })
         .await
     }

@@ -438,13 +438,13 @@ pub(super) fn settle_answers_for(
     actor: &str,
     reason: &str,
 ) -> rusqlite::Result<()> {
-    let answers = db
-        .prepare_cached(
-            "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
-             WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
-        )?
-        .query_map([cause_envelope_id], |row| row.get::<_, i64>(0))?
-        .collect::<rusqlite::Result<Vec<i64>>>()?;
+    let answers: Vec<i64> = query_all_cached(
+        db,
+        "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
+         WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
+        [cause_envelope_id],
+        |row| row.get(0),
+    )?;
     for answer in answers {
         transition_in(db, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))?;
     }

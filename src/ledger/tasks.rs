@@ -605,14 +605,14 @@ fn latest_task(
 }
 
 fn open_view(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<OpenTask> {
-    let messages: Vec<i64> = db
-        .prepare_cached(
-            "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
-             UNION SELECT message_id FROM task_revisions WHERE task_id = ?1 AND message_id IS NOT NULL \
-             AND kind IN ('correction', 'new_objective')",
-        )?
-        .query_map(rusqlite::params![task.task_id], |row| row.get(0))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let messages: Vec<i64> = query_all_cached(
+        db,
+        "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
+         UNION SELECT message_id FROM task_revisions WHERE task_id = ?1 AND message_id IS NOT NULL \
+         AND kind IN ('correction', 'new_objective')",
+        rusqlite::params![task.task_id],
+        |row| row.get(0),
+    )?;
     Ok(OpenTask {
         task_id: task.task_id.clone(),
         revision: to_u32(task.revision),
@@ -989,27 +989,25 @@ fn supersede(
     effects: &mut Vec<TaskEffect>,
 ) -> rusqlite::Result<Vec<String>> {
     let task_id = &task.task_id;
-    let stale: Vec<i64> = db
-        .prepare_cached(
-            "SELECT id FROM envelopes WHERE task_id = ? AND revision < ? AND state IN ('queued', 'pending') \
-             AND id <> ?",
-        )?
-        .query_map(rusqlite::params![task_id, revision, carrier.id], |row| row.get(0))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let stale: Vec<i64> = query_all_cached(
+        db,
+        "SELECT id FROM envelopes WHERE task_id = ? AND revision < ? AND state IN ('queued', 'pending') \
+         AND id <> ?",
+        rusqlite::params![task_id, revision, carrier.id],
+        |row| row.get(0),
+    )?;
     let reason = format!("{task_id} revision {revision} ({kind}) superseded it");
     for id in stale {
         let from = [EnvelopeState::Queued, EnvelopeState::Pending];
         transition_in(db, id, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))?;
     }
-    let handoffs: Vec<(i64, String, String, String, i64)> = db
-        .prepare_cached(
-            "SELECT id, handoff_id, to_agent, from_agent, envelope_id FROM handoffs WHERE task_id = ? \
-             AND state = 'open' AND revision < ? ORDER BY id",
-        )?
-        .query_map(rusqlite::params![task_id, revision], |row| {
-            Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?))
-        })?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let handoffs: Vec<(i64, String, String, String, i64)> = query_all_cached(
+        db,
+        "SELECT id, handoff_id, to_agent, from_agent, envelope_id FROM handoffs WHERE task_id = ? \
+         AND state = 'open' AND revision < ? ORDER BY id",
+        rusqlite::params![task_id, revision],
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?)),
+    )?;
     let at = now();
     let mut superseded = Vec::new();
     for (id, handoff_id, to_agent, from_agent, instruction) in handoffs {
@@ -1065,27 +1063,27 @@ fn latest_pending(db: &rusqlite::Connection, task_id: &str, except: i64) -> rusq
 
 /// Confirmed sends, unresolved attempts and open handoffs of a task.
 fn effects_of(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<TaskEffects> {
-    let confirmed = db
-        .prepare_cached(
-            "SELECT a.op_id, a.telegram_message_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-             WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome = 'sent' ORDER BY a.id",
-        )?
-        .query_map(rusqlite::params![task_id], |row| Ok((row.get(0)?, row.get(1)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let unresolved = db
-        .prepare_cached(
-            "SELECT a.op_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-             WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome IN ('unknown', 'in_flight') \
-             AND a.reconciled_outcome IS NULL ORDER BY a.id",
-        )?
-        .query_map(rusqlite::params![task_id], |row| row.get(0))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
-    let open_handoffs = db
-        .prepare_cached(
-            "SELECT handoff_id, to_agent FROM handoffs WHERE task_id = ? AND state = 'open' ORDER BY id",
-        )?
-        .query_map(rusqlite::params![task_id], |row| Ok((row.get(0)?, row.get(1)?)))?
-        .collect::<rusqlite::Result<Vec<_>>>()?;
+    let confirmed = query_all_cached(
+        db,
+        "SELECT a.op_id, a.telegram_message_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+         WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome = 'sent' ORDER BY a.id",
+        [task_id],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
+    let unresolved = query_all_cached(
+        db,
+        "SELECT a.op_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+         WHERE e.task_id = ? AND a.purpose = 'reply' AND a.outcome IN ('unknown', 'in_flight') \
+         AND a.reconciled_outcome IS NULL ORDER BY a.id",
+        [task_id],
+        |row| row.get(0),
+    )?;
+    let open_handoffs = query_all_cached(
+        db,
+        "SELECT handoff_id, to_agent FROM handoffs WHERE task_id = ? AND state = 'open' ORDER BY id",
+        [task_id],
+        |row| Ok((row.get(0)?, row.get(1)?)),
+    )?;
     Ok(TaskEffects { confirmed, unresolved, open_handoffs })
 }
 
@@ -1282,8 +1280,7 @@ impl Ledger {
     /// A task's state as stored (`open`, `paused`, `stop_requested`, …).
     pub async fn task_state(&self, task_id: &str) -> sqlx::Result<Option<String>> {
         self.read_in_place(|db| {
-            db.prepare_cached("SELECT state FROM tasks WHERE task_id = ?")?
-                .query_row([task_id], |row| row.get(0))
+            query_row_cached(db, "SELECT state FROM tasks WHERE task_id = ?", [task_id], |row| row.get(0))
                 .optional()
         })
         .await
@@ -1304,14 +1301,14 @@ impl Ledger {
             let revisions = query_all_cached(
                 db,
                 "SELECT 1 AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
-                     t.opened_at AS at, CASE WHEN t.predecessor IS NULL THEN t.started_by || ' started it' \
-                     ELSE t.started_by || ' replaced ' || t.predecessor || ' with a new objective' END AS summary, \
-                     t.objective AS text, e.trace_id AS envelope_trace_id, '{}' AS snapshot, 0 AS position \
-                     FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
-                     UNION ALL \
-                     SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id, r.snapshot, \
-                     r.id FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id WHERE r.task_id = ?1 \
-                     ORDER BY position",
+                 t.opened_at AS at, CASE WHEN t.predecessor IS NULL THEN t.started_by || ' started it' \
+                 ELSE t.started_by || ' replaced ' || t.predecessor || ' with a new objective' END AS summary, \
+                 t.objective AS text, e.trace_id AS envelope_trace_id, '{}' AS snapshot, 0 AS position \
+                 FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
+                 UNION ALL \
+                 SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id, r.snapshot, \
+                 r.id FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id WHERE r.task_id = ?1 \
+                 ORDER BY position",
                 [task_id],
                 StoredRevision::from_row,
             )?;
