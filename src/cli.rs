@@ -81,6 +81,11 @@ pub struct ChannelArgs {
     /// The agent this session speaks for (an `[agents.NAME]` table).
     #[arg(long)]
     pub agent: String,
+    /// The name the agent session knows this MCP server by (the key in `.mcp.json`, or
+    /// `claude mcp add NAME`): Claude Code calls its tools `mcp__NAME__reply` and so on,
+    /// and the plugin names them so to the model.
+    #[arg(long, default_value = channel::DEFAULT_SERVER_NAME)]
+    pub server_name: String,
     #[command(flatten)]
     pub config: ConfigArg,
 }
@@ -254,8 +259,9 @@ async fn run_channel(args: ChannelArgs) -> anyhow::Result<()> {
     let settings = Settings::load(&args.config.config)?;
     let agent = AgentName::parse(&args.agent).map_err(anyhow::Error::msg)?;
     let secret = settings.agent_secret(&agent)?;
+    let server_name = channel::parse_server_name(&args.server_name).map_err(anyhow::Error::msg)?;
     telemetry::init(settings.log.format, &settings.log.filter, vec![secret.expose().to_owned()])?;
-    channel::run(settings, agent).await
+    channel::run(settings, agent, server_name).await
 }
 
 async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {

@@ -12,7 +12,7 @@ use switchboard::ledger::{EnvelopeState, StoredAttempt};
 
 use super::daemon::{ORCHESTRATOR_SECRET, OWNER_CHAT, OWNER_ID, TestDaemon, WORKER_SECRET, default_routes};
 use super::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
-use super::mcp::{ChannelClient, ChannelNotification};
+use super::mcp::{ChannelClient, ChannelClientBuilder, ChannelNotification};
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -44,6 +44,12 @@ pub async fn session(daemon: &TestDaemon, agent: &str) -> ChannelClient {
 pub async fn plugin(daemon: &TestDaemon, agent: &str) -> ChannelClient {
     let (var, secret) = secret_of(agent);
     ChannelClient::start(daemon.config_path(), agent, &[(var, secret)]).await.expect("channel plugin starts")
+}
+
+/// A `switchboard channel` plugin for `agent`, to be started as the test configures it.
+pub fn plugin_builder(daemon: &TestDaemon, agent: &str) -> ChannelClientBuilder {
+    let (var, secret) = secret_of(agent);
+    ChannelClient::builder(daemon.config_path(), agent).env(var, secret)
 }
 
 /// A raw local API client for `agent`, for what an MCP client cannot show (request ids,

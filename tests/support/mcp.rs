@@ -1,7 +1,12 @@
 //! A real MCP client driving `switchboard channel` as a child process, the way an agent
-//! session (Claude Code) does: it performs the `initialize` handshake, records every
-//! `notifications/claude/channel` notification, calls tools, and closes stdin to end the
-//! session.
+//! session (Claude Code) does: it performs the `initialize` handshake, lists the tools,
+//! records every `notifications/claude/channel` notification, calls tools, and closes stdin
+//! to end the session.
+//!
+//! [`ChannelClientBuilder::like_claude_code`] also starts up as Claude Code does: it
+//! installs its channel handler only some time after it listed the tools, and drops every
+//! channel notification that arrives before (counted in
+//! [`ChannelClient::dropped_before_ready`]).
 //!
 //! The child is spawned here rather than through rmcp's `TokioChildProcess` for two
 //! reasons: rmcp skips stdout lines that are not JSON, so only a tap on the raw stdout can
@@ -13,6 +18,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -34,6 +40,11 @@ pub const CHANNEL_METHOD: &str = "notifications/claude/channel";
 
 /// The experimental capability that marks the server as a channel.
 pub const CHANNEL_CAPABILITY: &str = "claude/channel";
+
+/// The kind of the notice that sums up what waited for a session when it started: kept
+/// apart from the other notifications ([`ChannelClient::waiting_notices`]), so that the
+/// tests number the envelopes and notices they make themselves.
+pub const WAITING_KIND: &str = "waiting";
 
 /// How long the plugin may take to exit once its stdin is closed.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -69,9 +80,28 @@ pub struct ChannelClientBuilder {
     env: Vec<(String, String)>,
     protocol_version: ProtocolVersion,
     lifecycle: ClientLifecycleMode,
+    /// Whether the client lists the tools after the handshake, as every agent session does.
+    list_tools: bool,
+    /// How long after its `tools/list` the client starts taking channel notifications
+    /// (`None`: from the start).
+    handler_delay: Option<Duration>,
 }
 
 impl ChannelClientBuilder {
+    /// Starts up as Claude Code 2.1 does: its channel handler is installed `delay` after
+    /// its `tools/list` has been answered, and what comes before is dropped without a trace.
+    pub fn like_claude_code(mut self, delay: Duration) -> Self {
+        self.handler_delay = Some(delay);
+        self
+    }
+
+    /// Leaves out the `tools/list` after the handshake: a client that only shakes hands
+    /// (a health check), or one that calls a tool without listing them first.
+    pub fn without_tool_list(mut self) -> Self {
+        self.list_tools = false;
+        self
+    }
+
     /// Adds an environment variable for the child (it also inherits the test's own).
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.push((key.into(), value.into()));
@@ -123,7 +153,14 @@ impl ChannelClientBuilder {
 
         let (notifications, _) = watch::channel(Vec::new());
         let notifications = Arc::new(notifications);
+        let (waiting, _) = watch::channel(Vec::new());
+        let waiting = Arc::new(waiting);
+        let taking = Arc::new(AtomicBool::new(self.handler_delay.is_none()));
+        let dropped = Arc::new(AtomicUsize::new(0));
         let recorder = Recorder {
+            waiting: Arc::clone(&waiting),
+            taking: Arc::clone(&taking),
+            dropped: Arc::clone(&dropped),
             config: ClientConfig::new(
                 ClientCapabilities::default(),
                 Implementation::new("switchboard-tests", env!("CARGO_PKG_VERSION")),
@@ -147,7 +184,25 @@ impl ChannelClientBuilder {
                 tail(&stderr_lines.borrow())
             ),
         };
-        Ok(ChannelClient { client, child, notifications, others, stderr_lines, stdout_violations })
+        if self.list_tools {
+            client.list_all_tools().await.context("tools/list after the handshake")?;
+        }
+        if let Some(delay) = self.handler_delay {
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                taking.store(true, Ordering::SeqCst);
+            });
+        }
+        Ok(ChannelClient {
+            client,
+            child,
+            notifications,
+            waiting,
+            others,
+            dropped,
+            stderr_lines,
+            stdout_violations,
+        })
     }
 }
 
@@ -156,8 +211,13 @@ pub struct ChannelClient {
     client: RunningService<RoleClient, Recorder>,
     child: Child,
     notifications: Arc<watch::Sender<Vec<ChannelNotification>>>,
+    /// `waiting` notices (see [`WAITING_KIND`]).
+    waiting: Arc<watch::Sender<Vec<ChannelNotification>>>,
     /// Custom notifications with any other method.
     others: Arc<std::sync::Mutex<Vec<CustomNotification>>>,
+    /// Channel notifications that came before the client took them (see
+    /// [`ChannelClientBuilder::like_claude_code`]).
+    dropped: Arc<AtomicUsize>,
     stderr_lines: Arc<watch::Sender<Vec<String>>>,
     /// Lines on the child's stdout that are not JSON-RPC messages.
     stdout_violations: Arc<std::sync::Mutex<Vec<String>>>,
@@ -171,6 +231,8 @@ impl ChannelClient {
             env: Vec::new(),
             protocol_version: ProtocolVersion::LATEST_WITH_INITIALIZE,
             lifecycle: ClientLifecycleMode::Initialize,
+            list_tools: true,
+            handler_delay: None,
         }
     }
 
@@ -230,6 +292,33 @@ impl ChannelClient {
                 self.stderr_tail()
             ),
         }
+    }
+
+    /// Waits until at least `n` `waiting` notices have arrived and returns all of them.
+    pub async fn wait_for_waiting_notices(
+        &self,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<ChannelNotification>> {
+        let mut receiver = self.waiting.subscribe();
+        match tokio::time::timeout(timeout, receiver.wait_for(|received| received.len() >= n)).await {
+            Ok(Ok(received)) => Ok(received.clone()),
+            _ => bail!(
+                "expected {n} waiting notices within {timeout:?}, have {}\nstderr:\n{}",
+                self.waiting.borrow().len(),
+                self.stderr_tail()
+            ),
+        }
+    }
+
+    /// The `waiting` notices received so far.
+    pub fn waiting_notices(&self) -> Vec<ChannelNotification> {
+        self.waiting.borrow().clone()
+    }
+
+    /// How many channel notifications arrived before the client took them, and were lost.
+    pub fn dropped_before_ready(&self) -> usize {
+        self.dropped.load(Ordering::SeqCst)
     }
 
     /// Custom notifications other than channel messages.
@@ -349,6 +438,10 @@ impl ChannelClient {
 /// The client side of the MCP session: records what the server pushes.
 struct Recorder {
     config: ClientConfig,
+    waiting: Arc<watch::Sender<Vec<ChannelNotification>>>,
+    /// False until the client's channel handler is installed.
+    taking: Arc<AtomicBool>,
+    dropped: Arc<AtomicUsize>,
     channel: Arc<watch::Sender<Vec<ChannelNotification>>>,
     others: Arc<std::sync::Mutex<Vec<CustomNotification>>>,
 }
@@ -367,13 +460,21 @@ impl ClientHandler for Recorder {
             self.others.lock().unwrap().push(notification);
             return;
         }
+        if !self.taking.load(Ordering::SeqCst) {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+            return;
+        }
         let params = notification.params.unwrap_or(Value::Null);
         let received = ChannelNotification {
             content: params.get("content").and_then(Value::as_str).unwrap_or_default().to_owned(),
             meta: params.get("meta").and_then(Value::as_object).cloned().unwrap_or_default(),
             params,
         };
-        self.channel.send_modify(|all| all.push(received));
+        if received.meta_str("kind") == Some(WAITING_KIND) {
+            self.waiting.send_modify(|all| all.push(received));
+        } else {
+            self.channel.send_modify(|all| all.push(received));
+        }
     }
 }
 

@@ -68,7 +68,13 @@ pub enum SessionEvent {
     Heartbeat,
 }
 
-/// A notice about a pending envelope: `stop` (a room's exchange ends after this turn).
+/// The kind of the notice that follows the envelopes a session found waiting for it (see
+/// `bridge::session`): how many are still pending, with their trace ids.
+pub const WAITING_NOTICE: &str = "waiting";
+
+/// A notice about a pending envelope: `stop` (a room's exchange ends after this turn),
+/// `pause` and `resume` (its task), `waiting` (the start of a session found it and others
+/// waiting).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeliveredNotice {
     /// The envelope it is about.

@@ -1,13 +1,16 @@
 //! Agent sessions: at most one live session per agent, fed from the ledger, and the token
 //! that binds every tool call to it.
 
-use std::collections::{HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::{Bridge, SessionConflict, ToolError};
-use crate::agents::api::wire::{HEARTBEAT_INTERVAL_SECS, SessionEvent, ShownReceipt, ShownRequest};
+use crate::agents::api::wire::{
+    DeliveredNotice, HEARTBEAT_INTERVAL_SECS, MAX_LISTED, SessionEvent, ShownReceipt, ShownRequest,
+    WAITING_NOTICE,
+};
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, StoredEnvelope};
 
@@ -236,6 +239,10 @@ impl Bridge {
         };
         ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
         tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), "agent session connected");
+        // The envelopes that waited for this session: those taken back, and the backlog
+        // claimed before the session first finds nothing left to take.
+        let mut waited = redelivered.len();
+        let mut backlog_taken = false;
         for envelope in redelivered {
             if !self.hand_over(guard, &tx, &envelope, true).await {
                 return Ok(());
@@ -259,9 +266,17 @@ impl Bridge {
                 if !self.hand_over(guard, &tx, &envelope, false).await {
                     return Ok(());
                 }
+                waited += usize::from(!backlog_taken);
                 continue;
             }
             look_in_ledger = false;
+            if !std::mem::replace(&mut backlog_taken, true)
+                && waited > 0
+                && let Some(notice) = self.waiting_notice(agent).await?
+                && tx.send(SessionEvent::Notice(notice)).await.is_err()
+            {
+                return Ok(());
+            }
             while let Some(notice) = slot.take_notice() {
                 if tx.send(SessionEvent::Notice(notice)).await.is_err() {
                     return Ok(());
@@ -286,6 +301,47 @@ impl Bridge {
                 () = self.inner.shutdown.cancelled() => return Ok(()),
             }
         }
+    }
+
+    /// The one notice a session gets after the envelopes that waited for it (DESIGN.md §8,
+    /// kind `waiting`): how many are still pending, with their trace ids. Each came as its
+    /// own notification; should the agent session have lost one (a client that drops what
+    /// comes before it is ready, or anything else between the plugin and the model), this
+    /// says what to answer. About the oldest of them; `None` when all were answered already.
+    async fn waiting_notice(&self, agent: &AgentName) -> sqlx::Result<Option<DeliveredNotice>> {
+        let pending = self.inner.ledger.pending(agent).await?;
+        let Some(oldest) = pending.first() else { return Ok(None) };
+        let listed: Vec<String> = pending
+            .iter()
+            .take(MAX_LISTED)
+            .map(|envelope| {
+                let summary = envelope.summary();
+                format!(
+                    "- trace_id {} from {} in chat {}: \"{}\"",
+                    summary.trace_id, summary.user, summary.chat_id, summary.preview
+                )
+            })
+            .collect();
+        let count = pending.len();
+        let more = if count > listed.len() {
+            format!("\n(and {} more: `pending` lists them)", count - listed.len())
+        } else {
+            String::new()
+        };
+        let content = format!(
+            "No new message: {count} waiting for your answer, each delivered to you as its own <channel> event \
+             at the start of this session:\n{}{more}\nAnswer each with `reply` naming its trace_id, or `ack` one \
+             that needs no answer; `pending` lists them again.",
+            listed.join("\n")
+        );
+        let extra = BTreeMap::from([("waiting".to_owned(), count.to_string())]);
+        Ok(Some(DeliveredNotice {
+            trace_id: oldest.trace_id.clone(),
+            kind: WAITING_NOTICE.to_owned(),
+            content,
+            ts: crate::ledger::now(),
+            extra,
+        }))
     }
 
     /// Writes one envelope to the session; false when the session is gone.

@@ -15,7 +15,7 @@ use crate::backoff::Backoff;
 use crate::ids::AgentName;
 
 use super::calls::WaitingCalls;
-use super::texts::{channel_notification, notice_notification};
+use super::texts::{ToolNames, channel_notification, notice_notification};
 
 /// First wait before reopening the session stream after the daemon went away; it doubles
 /// up to [`MAX_RECONNECT_DELAY`], so a restarting daemon is found again within seconds.
@@ -36,6 +36,8 @@ pub(super) struct SessionForwarder {
     pub(super) refused: Arc<AtomicBool>,
     /// `call_agent` calls waiting for a `handoff_answer`.
     pub(super) calls: WaitingCalls,
+    /// The names of the tools, for the notifications' `how_to_answer`.
+    pub(super) tools: ToolNames,
 }
 
 /// Why one connection of the session stream ended.
@@ -123,7 +125,7 @@ impl SessionForwarder {
                     // `DaemonClient::note_shown`).
                     self.daemon.note_shown(&envelope.trace_id);
                     let notification =
-                        ServerNotification::CustomNotification(channel_notification(&envelope));
+                        ServerNotification::CustomNotification(channel_notification(&envelope, &self.tools));
                     if self.peer.send_notification(notification).await.is_err() {
                         return SessionEnd::AgentGone;
                     }
@@ -131,7 +133,8 @@ impl SessionForwarder {
                 }
                 Ok(Some(SessionEvent::Notice(notice))) => {
                     // About an envelope the session already has: nothing to confirm.
-                    let notification = ServerNotification::CustomNotification(notice_notification(&notice));
+                    let notification =
+                        ServerNotification::CustomNotification(notice_notification(&notice, &self.tools));
                     if self.peer.send_notification(notification).await.is_err() {
                         return SessionEnd::AgentGone;
                     }

@@ -2,8 +2,9 @@
 //! (DESIGN.md §5).
 //!
 //! It speaks MCP over stdio to the agent session (Claude Code) and HTTP to the daemon's
-//! local API ([`crate::agents::api::client`]). Once the session has finished its handshake, the
-//! plugin opens the agent's session stream and pushes every envelope into the session as a
+//! local API ([`crate::agents::api::client`]). Once the agent session is ready to take them
+//! (it finished its handshake and listed the tools, see [`startup`]), the plugin opens the
+//! agent's session stream and pushes every envelope into the session as a
 //! `notifications/claude/channel` notification; the `reply`, `pending` and `ack` tools
 //! call the daemon back. stdout carries MCP messages only; logs go to stderr.
 //!
@@ -15,19 +16,21 @@
 //! exiting and taking its tools and messages out of the agent session.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    DiscoverRequestMethod, DiscoverResult, ExperimentalCapabilities, Implementation, JsonObject,
-    ProtocolVersion, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, DiscoverRequestMethod, DiscoverResult,
+    ExperimentalCapabilities, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
+    ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext, ServerInitializeError};
-use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
@@ -42,12 +45,14 @@ use crate::ids::{AgentName, RequestId};
 
 mod calls;
 mod forwarder;
+mod startup;
 mod stdio;
 mod texts;
 
 use forwarder::SessionForwarder;
+use startup::{ClientEvent, Startup};
 use texts::{
-    ToolName, describe_ack, describe_call_answer, describe_call_timeout, describe_failure,
+    ToolName, ToolNames, describe_ack, describe_call_answer, describe_call_timeout, describe_failure,
     describe_handoff_receipt, describe_pending, describe_receipt, describe_recovered_receipt,
     describe_revision, instructions, never_acted_on, optional_trace_id, outcome_not_known_yet,
     parse_trace_id,
@@ -62,6 +67,23 @@ pub const CHANNEL_NOTIFICATION_METHOD: &str = "notifications/claude/channel";
 /// Claude Code registers channels on the `initialize` lifecycle, which ends with this
 /// revision; a client asking for anything newer is answered with it.
 const MAX_PROTOCOL_VERSION: ProtocolVersion = ProtocolVersion::V_2025_11_25;
+
+/// The MCP server name the guide registers the plugin under (`claude mcp add switchboard
+/// …`); `--server-name` tells the plugin another one.
+pub const DEFAULT_SERVER_NAME: &str = "switchboard";
+
+/// A server name as `--server-name` takes it: what Claude Code accepts in a tool's name.
+pub fn parse_server_name(raw: &str) -> Result<String, String> {
+    let valid = !raw.is_empty() && raw.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+    if valid {
+        Ok(raw.to_owned())
+    } else {
+        Err(format!(
+            "--server-name {raw:?} is not a server name: use the name the agent session knows this server by \
+             (letters, digits, '_' and '-'), as in `claude mcp add NAME`"
+        ))
+    }
+}
 
 /// How long the session-stream task may take to stop once the agent session has ended.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
@@ -88,7 +110,7 @@ const OUTCOME_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// fails. A daemon that is unreachable or refuses the session, even with 401 for a wrong
 /// secret, is not a reason to exit: the plugin says so on stderr and in every tool answer
 /// and keeps retrying (see the module documentation for why).
-pub async fn run(settings: Settings, agent: AgentName) -> anyhow::Result<()> {
+pub async fn run(settings: Settings, agent: AgentName, server_name: String) -> anyhow::Result<()> {
     let secret = settings
         .agent_secret(&agent)
         .with_context(|| format!("the channel plugin for agent '{agent}' cannot authenticate"))?;
@@ -99,7 +121,8 @@ pub async fn run(settings: Settings, agent: AgentName) -> anyhow::Result<()> {
 
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
-    let plugin = ChannelPlugin::new(daemon, secret_env, shutdown.clone(), tasks.clone());
+    let tools = ToolNames::new(&server_name);
+    let plugin = ChannelPlugin::new(daemon, secret_env, tools, shutdown.clone(), tasks.clone());
     let service = match plugin.serve(stdio::transport()).await {
         Ok(service) => service,
         Err(ServerInitializeError::ConnectionClosed(_)) => {
@@ -126,13 +149,16 @@ struct ChannelPlugin {
     daemon: DaemonClient,
     /// The variable that holds the agent's secret, named in messages about a refused secret.
     secret_env: String,
+    /// What the agent session calls this server's tools, named so to the model.
+    tools: ToolNames,
     instructions: String,
     tool_router: ToolRouter<Self>,
     /// Stops the session-stream task when the agent session ends.
     shutdown: CancellationToken,
     tasks: TaskTracker,
-    /// Set once the session stream is started, so a repeated `initialized` starts no second one.
-    stream_started: AtomicBool,
+    /// Whether the agent session is ready for channel notifications, and whether the
+    /// session stream was started (once).
+    startup: Mutex<Startup>,
     /// Set while the daemon refuses this plugin's session stream (another session is
     /// connected, or the secret is wrong): tool calls then need not wait for a session.
     stream_refused: Arc<AtomicBool>,
@@ -223,18 +249,20 @@ impl ChannelPlugin {
     fn new(
         daemon: DaemonClient,
         secret_env: String,
+        tools: ToolNames,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
-        let instructions = instructions(daemon.agent());
+        let instructions = instructions(daemon.agent(), &tools);
         Self {
             daemon,
             secret_env,
+            tools,
             instructions,
             tool_router: Self::tool_router(),
             shutdown,
             tasks,
-            stream_started: AtomicBool::new(false),
+            startup: Mutex::default(),
             stream_refused: Arc::default(),
             calls: calls::WaitingCalls::default(),
         }
@@ -538,24 +566,72 @@ impl ServerHandler for ChannelPlugin {
     }
 
     /// `server/discover` opens the 2026-07-28 lifecycle, which has no `initialize` and so
-    /// no `initialized` to start the session stream on. Answering as a server that predates
-    /// it makes a client fall back to `initialize`.
+    /// no `initialized` to start the session stream on. Claude Code's discover probe names
+    /// 2026-07-28, which is beyond [`MAX_PROTOCOL_VERSION`]: rmcp answers it with -32022
+    /// "Unsupported protocol version" before this is reached, and that answer makes the
+    /// client fall back to `initialize` at 2025-11-25. A discover that names a revision
+    /// this server supports gets here and is answered as a server that predates discover,
+    /// which makes a client fall back the same way.
     async fn discover(&self, _context: RequestContext<RoleServer>) -> Result<DiscoverResult, ErrorData> {
         Err(ErrorData::method_not_found::<DiscoverRequestMethod>())
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        if self.stream_started.swap(true, Ordering::SeqCst) {
-            tracing::debug!("repeated initialized notification ignored");
-            return;
-        }
+        self.client_did(ClientEvent::Initialized, context.peer);
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        self.client_did(ClientEvent::ListedTools, context.peer.clone());
+        // What `#[tool_handler]` would answer.
+        let cache_hints =
+            context.protocol_version().is_some_and(|version| version >= ProtocolVersion::V_2026_07_28);
+        Ok(ListToolsResult {
+            result_type: Some(ResultType::COMPLETE),
+            tools: self.tool_router.list_all(),
+            meta: None,
+            next_cursor: None,
+            ttl_ms: cache_hints.then_some(0),
+            cache_scope: cache_hints.then_some(CacheScope::Public),
+        })
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        self.client_did(ClientEvent::CalledTool, context.peer.clone());
+        self.tool_router.call(ToolCallContext::new(self, request, context)).await
+    }
+}
+
+impl ChannelPlugin {
+    /// Notes what the agent session did and, once it is ready for channel notifications,
+    /// starts the session stream (see [`startup`]): nothing is pushed, and the daemon
+    /// hands this session nothing, before then.
+    fn client_did(&self, event: ClientEvent, peer: Peer<RoleServer>) {
+        let settle = self.startup.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).on(event);
+        let Some(settle) = settle else { return };
+        tracing::debug!(?event, ?settle, "the agent session is ready for channel notifications");
         let forwarder = SessionForwarder {
             daemon: self.daemon.clone(),
             secret_env: self.secret_env.clone(),
-            peer: context.peer,
+            peer,
             refused: Arc::clone(&self.stream_refused),
             calls: self.calls.clone(),
+            tools: self.tools.clone(),
         };
-        self.tasks.spawn(forwarder.run(self.shutdown.clone()));
+        let shutdown = self.shutdown.clone();
+        self.tasks.spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(settle) => {}
+            }
+            forwarder.run(shutdown).await;
+        });
     }
 }

@@ -40,36 +40,63 @@ impl ToolName {
     }
 }
 
+/// The names the agent session calls this server's tools by. Claude Code names them
+/// `mcp__<server>__<tool>`, `<server>` being the name the session was configured with
+/// (the `source` of the `<channel>` tag); the model can only call a tool by that name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct ToolNames {
+    server: String,
+}
+
+impl ToolNames {
+    pub(super) fn new(server: &str) -> Self {
+        Self { server: server.to_owned() }
+    }
+
+    /// `mcp__switchboard__reply`
+    pub(super) fn of(&self, tool: ToolName) -> String {
+        format!("mcp__{}__{}", self.server, tool.as_str())
+    }
+}
+
 /// The instructions the agent session shows the model.
-pub(super) fn instructions(agent: &AgentName) -> String {
+pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
+    let reply = tools.of(ToolName::Reply);
+    let pending = tools.of(ToolName::Pending);
+    let ack = tools.of(ToolName::Ack);
+    let send = tools.of(ToolName::SendToAgent);
+    let call = tools.of(ToolName::CallAgent);
+    let revise = tools.of(ToolName::ReviseTask);
     format!(
-        "Telegram conversations reach you through switchboard (you are its agent '{agent}').\n\
+        "Telegram conversations reach you through switchboard (you are its agent '{agent}'). The people you talk \
+         to read Telegram, not this session: only what you send with `{reply}` reaches them.\n\
          \n\
-         - Each incoming message arrives as a <channel> notification. Its meta says where it came from: \
+         - Each incoming message arrives as a <channel> event. Its attributes say where it came from: \
          trace_id (env_…, identifies this message), chat_id, chat_type, chat_title, thread_id (forum topic), \
          message_id, user, user_id, ts, route; redelivered=\"true\" marks a message an earlier session \
-         received but never answered, edited=\"true\" an edit of an earlier message.\n\
-         - Answer with the `reply` tool. It goes back to the chat and topic of the message, threaded to it. \
-         When more than one conversation is waiting, name the one you answer with trace_id (always safe to \
-         pass); without it the reply is refused and the waiting conversations are listed.\n\
-         - `pending` lists the conversations still waiting for an answer.\n\
-         - `ack` marks a message handled without replying (when it needs no answer); add a short note.\n\
+         received but never answered, edited=\"true\" an edit of an earlier message; how_to_answer says which \
+         tool answers it.\n\
+         - Answer with `{reply}`, passing the event's trace_id. It goes back to the chat and topic of the \
+         message, threaded to it. Without trace_id the reply is refused when more than one conversation is \
+         waiting, and the waiting conversations are listed.\n\
+         - `{pending}` lists the conversations still waiting for an answer.\n\
+         - `{ack}` marks a message handled without replying (when it needs no answer); add a short note.\n\
          - A failed tool says what to do next. If a reply's delivery is reported as unresolved or unknown, \
          do NOT send it again, not even reworded: it may already have been delivered, and an operator \
          reconciles it.\n\
-         - Other agents: `send_to_agent` hands an instruction to another agent and returns at once; \
-         `call_agent` does the same and waits for the answer. A handoff is made on behalf of the message you \
-         are handling (trace_id, named like for `reply`). The first instruction to an agent in one turn \
+         - Other agents: `{send}` hands an instruction to another agent and returns at once; \
+         `{call}` does the same and waits for the answer. A handoff is made on behalf of the message you \
+         are handling (trace_id, named like for `{reply}`). The first instruction to an agent in one turn \
          stands: a second one is refused (already_delegated) unless you mark it followup: true with intent \
          \"extends\" or \"replaces\". Work handed to you arrives with kind=\"handoff\": answer it with \
-         `reply` (the answer goes to the agent who asked, not to Telegram). An answer to your handoff arrives \
+         `{reply}` (the answer goes to the agent who asked, not to Telegram). An answer to your handoff arrives \
          with kind=\"handoff_answer\" and on_behalf_of (the conversation it belongs to): answer the human \
-         with one `reply` naming either envelope.\n\
+         with one `{reply}` naming either envelope.\n\
          - Group rooms: several agents share one chat and take the floor one at a time. Your turn arrives as \
          kind=\"room_turn\": its content is the exchange so far, its meta has cascade_id, speaker, cascade_limit, \
-         summoned_by and max_iters (your tool-loop budget for this turn: stay within it). Answer with ONE `reply`: \
+         summoned_by and max_iters (your tool-loop budget for this turn: stay within it). Answer with ONE `{reply}`: \
          it is posted to the room as \"<your display name>: <text>\" and ends your turn; @mention an agent in it \
-         to give it the floor next. `ack` the turn to pass without posting. A turn you neither reply to nor ack \
+         to give it the floor next. `{ack}` the turn to pass without posting. A turn you neither reply to nor ack \
          within the room's time limit is lost. A notice with kind=\"stop\" means a human stopped the exchange: \
          finish or ack your turn; nobody speaks after you.\n\
          - Tasks: a conversation's messages belong to a task (meta task, revision). When the user corrects \
@@ -80,13 +107,58 @@ pub(super) fn instructions(agent: &AgentName) -> String {
          (paused); a redelivered message says task_state=\"paused\" when you missed the notice. After a cancel they \
          are refused (cancelled): stop, then ack the cancel envelope — the \
          task counts as stopped only then. When a plain message changes the task, declare it with \
-         `revise_task` (its trace_id, kind correction, new_objective, pause or cancel, and a summary)."
+         `{revise}` (its trace_id, kind correction, new_objective, pause or cancel, and a summary).\n\
+         - A notice with kind=\"waiting\" comes once at the start of a session that found messages waiting: it \
+         lists those still unanswered, each of which also came as its own event."
     )
+}
+
+/// How to answer an event, as the `how_to_answer` attribute of its `<channel>` tag. On a
+/// turn that a channel event starts, Claude Code shows the model the tag and nothing else
+/// of this server (its tools are deferred behind a tool search, its instructions out of
+/// view), so the tag itself names the tool to call and the trace_id to pass.
+pub(super) fn how_to_answer(
+    kind: &str,
+    trace_id: &str,
+    extra: &BTreeMap<String, String>,
+    tools: &ToolNames,
+) -> String {
+    let reply = format!("call {} with trace_id {trace_id}", tools.of(ToolName::Reply));
+    let ack = tools.of(ToolName::Ack);
+    match kind {
+        "handoff" => {
+            let from = extra.get("from_agent").map_or("the agent that asked", String::as_str);
+            format!(
+                "{reply}: your text goes back to agent '{from}', not to Telegram ({ack} closes it without an answer)"
+            )
+        }
+        "handoff_answer" => format!(
+            "{reply} (or its on_behalf_of) to answer the human in that conversation; with no on_behalf_of there is \
+             nobody to answer: {ack} it"
+        ),
+        "room_turn" => format!(
+            "{reply}: ONE reply is posted to the room under your name and ends your turn; {ack} passes without posting"
+        ),
+        "revision" if extra.get("change").map(String::as_str) == Some("cancel") => {
+            format!("stop the task's work, then {ack} with trace_id {trace_id} to confirm it stopped")
+        }
+        "revision" => format!(
+            "{reply}: act on this envelope from now on; replies for the task's older messages are refused"
+        ),
+        "stop" => format!("finish your reply or {ack} your turn ({trace_id}); nobody speaks after you"),
+        "pause" | "resume" => "nothing to answer: this notice changes the state of the task only".to_owned(),
+        "waiting" => format!(
+            "answer each listed message with {} naming its trace_id; {} lists them",
+            tools.of(ToolName::Reply),
+            tools.of(ToolName::Pending)
+        ),
+        _ => format!("{reply}; the sender reads Telegram, not this session ({ack} if it needs no answer)"),
+    }
 }
 
 /// The `meta` of a channel notification: a flat map of string values under identifier
 /// keys, which Claude Code shows as attributes of the `<channel>` tag.
-pub(super) fn channel_meta(envelope: &DeliveredEnvelope) -> BTreeMap<String, String> {
+pub(super) fn channel_meta(envelope: &DeliveredEnvelope, tools: &ToolNames) -> BTreeMap<String, String> {
     let mut meta = BTreeMap::from([
         ("trace_id".to_owned(), envelope.trace_id.clone()),
         ("kind".to_owned(), envelope.kind.clone()),
@@ -118,17 +190,21 @@ pub(super) fn channel_meta(envelope: &DeliveredEnvelope) -> BTreeMap<String, Str
     for (key, value) in &envelope.extra {
         meta.entry(key.clone()).or_insert_with(|| value.clone());
     }
+    meta.insert(
+        "how_to_answer".to_owned(),
+        how_to_answer(&envelope.kind, &envelope.trace_id, &envelope.extra, tools),
+    );
     meta
 }
 
-pub(super) fn channel_notification(envelope: &DeliveredEnvelope) -> CustomNotification {
-    let params = json!({ "content": envelope.content, "meta": channel_meta(envelope) });
+pub(super) fn channel_notification(envelope: &DeliveredEnvelope, tools: &ToolNames) -> CustomNotification {
+    let params = json!({ "content": envelope.content, "meta": channel_meta(envelope, tools) });
     CustomNotification::new(CHANNEL_NOTIFICATION_METHOD, Some(params))
 }
 
 /// A notice (DESIGN.md §8) as a channel notification: the envelope it is about, `kind`
 /// naming the notice, and the notice's own meta.
-pub(super) fn notice_notification(notice: &DeliveredNotice) -> CustomNotification {
+pub(super) fn notice_notification(notice: &DeliveredNotice, tools: &ToolNames) -> CustomNotification {
     let mut meta = BTreeMap::from([
         ("trace_id".to_owned(), notice.trace_id.clone()),
         ("kind".to_owned(), notice.kind.clone()),
@@ -137,6 +213,10 @@ pub(super) fn notice_notification(notice: &DeliveredNotice) -> CustomNotificatio
     for (key, value) in &notice.extra {
         meta.entry(key.clone()).or_insert_with(|| value.clone());
     }
+    meta.insert(
+        "how_to_answer".to_owned(),
+        how_to_answer(&notice.kind, &notice.trace_id, &notice.extra, tools),
+    );
     let params = json!({ "content": notice.content, "meta": meta });
     CustomNotification::new(CHANNEL_NOTIFICATION_METHOD, Some(params))
 }
@@ -465,9 +545,15 @@ mod tests {
         }
     }
 
+    fn tools() -> ToolNames {
+        ToolNames::new("switchboard")
+    }
+
     #[test]
     fn meta_has_the_required_keys_as_strings() {
-        let meta = channel_meta(&envelope());
+        let mut meta = channel_meta(&envelope(), &tools());
+        let how = meta.remove("how_to_answer").expect("every event says how to answer it");
+        assert!(how.contains("mcp__switchboard__reply with trace_id env_abcdefghij"), "{how}");
         let expected = BTreeMap::from([
             ("trace_id", "env_abcdefghij".to_owned()),
             ("kind", "message".to_owned()),
@@ -494,14 +580,14 @@ mod tests {
             edited: true,
             ..envelope()
         };
-        let meta = channel_meta(&envelope);
+        let meta = channel_meta(&envelope, &tools());
         assert_eq!(meta["thread_id"], "42");
         assert_eq!(meta["chat_title"], "Ops room");
         assert_eq!(meta["redelivered"], "true");
         assert_eq!(meta["edited"], "true");
 
         let untitled = DeliveredEnvelope { chat_title: Some(String::new()), ..envelope };
-        assert!(!channel_meta(&untitled).contains_key("chat_title"));
+        assert!(!channel_meta(&untitled, &tools()).contains_key("chat_title"));
     }
 
     #[test]
@@ -513,7 +599,7 @@ mod tests {
             edited: true,
             ..envelope()
         };
-        for key in channel_meta(&envelope).keys() {
+        for key in channel_meta(&envelope, &tools()).keys() {
             let mut chars = key.chars();
             let first = chars.next().unwrap();
             assert!(first.is_ascii_lowercase(), "{key}");
@@ -523,7 +609,8 @@ mod tests {
 
     #[test]
     fn notification_carries_content_and_flat_string_meta() {
-        let notification = channel_notification(&DeliveredEnvelope { thread_id: Some(9), ..envelope() });
+        let notification =
+            channel_notification(&DeliveredEnvelope { thread_id: Some(9), ..envelope() }, &tools());
         assert_eq!(notification.method, "notifications/claude/channel");
         let params = notification.params.unwrap();
         assert_eq!(params["content"], "hello there");
@@ -667,12 +754,46 @@ mod tests {
     }
 
     #[test]
-    fn instructions_explain_the_protocol() {
-        let text = instructions(&agent());
-        for needle in
-            ["<channel>", "trace_id", "`reply`", "`pending`", "`ack`", "do NOT send it again", "'worker'"]
-        {
+    fn instructions_explain_the_protocol_with_the_names_the_session_calls_the_tools() {
+        let text = instructions(&agent(), &ToolNames::new("sb-work"));
+        for needle in [
+            "<channel>",
+            "trace_id",
+            "how_to_answer",
+            "`mcp__sb-work__reply`",
+            "`mcp__sb-work__pending`",
+            "`mcp__sb-work__ack`",
+            "`mcp__sb-work__send_to_agent`",
+            "`mcp__sb-work__call_agent`",
+            "`mcp__sb-work__revise_task`",
+            "do NOT send it again",
+            "'worker'",
+        ] {
             assert!(text.contains(needle), "instructions lack {needle}: {text}");
         }
+        // Every tool is named as the session calls it, never by its bare name.
+        for tool in ["reply", "pending", "ack", "send_to_agent", "call_agent", "revise_task"] {
+            assert!(!text.contains(&format!("`{tool}`")), "a bare `{tool}`: {text}");
+        }
+    }
+
+    #[test]
+    fn every_kind_of_event_says_which_tool_answers_it() {
+        let tools = ToolNames::new("switchboard");
+        let none = BTreeMap::new();
+        let reply = "mcp__switchboard__reply with trace_id env_x";
+        for kind in ["message", "handoff", "handoff_answer", "room_turn", "revision"] {
+            let how = how_to_answer(kind, "env_x", &none, &tools);
+            assert!(how.contains(reply), "{kind}: {how}");
+        }
+        let from = BTreeMap::from([("from_agent".to_owned(), "orchestrator".to_owned())]);
+        let handoff = how_to_answer("handoff", "env_x", &from, &tools);
+        assert!(handoff.contains("'orchestrator'") && handoff.contains("not to Telegram"), "{handoff}");
+        let cancel = BTreeMap::from([("change".to_owned(), "cancel".to_owned())]);
+        let cancel = how_to_answer("revision", "env_x", &cancel, &tools);
+        assert!(cancel.contains("mcp__switchboard__ack with trace_id env_x"), "{cancel}");
+        assert!(how_to_answer("stop", "env_x", &none, &tools).contains("mcp__switchboard__ack"));
+        assert!(how_to_answer("pause", "env_x", &none, &tools).contains("nothing to answer"));
+        assert!(how_to_answer("waiting", "env_x", &none, &tools).contains("mcp__switchboard__pending"));
     }
 }
