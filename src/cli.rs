@@ -184,7 +184,7 @@ pub fn channel_main() -> ExitCode {
 /// as long as its agent session (one per session) while the daemon runs for good. Mapped
 /// from `switchboard-channel`, a plugin keeps about 2.7 MiB less resident; without the
 /// plugin (the MCP server and its types), the daemon's code is 1.3 MB smaller and it keeps
-/// about 0.6 MiB less resident (see README, Performance). So `switchboard channel` becomes
+/// about 0.6 MiB less resident (see docs/performance.md). So `switchboard channel` becomes
 /// `switchboard-channel`, installed beside it (same arguments, same process). Returns only
 /// when it could not, saying why.
 fn hand_over_to_channel_executable() -> anyhow::Error {
