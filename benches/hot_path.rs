@@ -663,6 +663,8 @@ impl AgentSession {
             .await
             .expect("the MCP handshake within the start timeout")
             .expect("the MCP handshake");
+        // As an agent session does: the plugin opens its session once the tools are listed.
+        client.list_all_tools().await.expect("tools/list");
 
         // Answers each notification by name, one after the other, as an agent would.
         let peer = client.peer().clone();

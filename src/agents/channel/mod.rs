@@ -149,16 +149,10 @@ struct ChannelPlugin {
     daemon: DaemonClient,
     /// The variable that holds the agent's secret, named in messages about a refused secret.
     secret_env: String,
-    /// What the agent session calls this server's tools, named so to the model.
-    tools: ToolNames,
     instructions: String,
     tool_router: ToolRouter<Self>,
-    /// Stops the session-stream task when the agent session ends.
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-    /// Whether the agent session is ready for channel notifications, and whether the
-    /// session stream was started (once).
-    startup: Mutex<Startup>,
+    /// Opens the session stream once the agent session is ready for it.
+    stream: StreamStarter,
     /// Set while the daemon refuses this plugin's session stream (another session is
     /// connected, or the secret is wrong): tool calls then need not wait for a session.
     stream_refused: Arc<AtomicBool>,
@@ -254,17 +248,26 @@ impl ChannelPlugin {
         tasks: TaskTracker,
     ) -> Self {
         let instructions = instructions(daemon.agent(), &tools);
+        let stream_refused = Arc::<AtomicBool>::default();
+        let calls = calls::WaitingCalls::default();
+        let stream = StreamStarter {
+            startup: Arc::default(),
+            daemon: daemon.clone(),
+            secret_env: secret_env.clone(),
+            tools,
+            refused: Arc::clone(&stream_refused),
+            calls: calls.clone(),
+            shutdown,
+            tasks,
+        };
         Self {
             daemon,
             secret_env,
-            tools,
             instructions,
             tool_router: Self::tool_router(),
-            shutdown,
-            tasks,
-            startup: Mutex::default(),
-            stream_refused: Arc::default(),
-            calls: calls::WaitingCalls::default(),
+            stream,
+            stream_refused,
+            calls,
         }
     }
 
@@ -614,6 +617,38 @@ impl ChannelPlugin {
     /// starts the session stream (see [`startup`]): nothing is pushed, and the daemon
     /// hands this session nothing, before then.
     fn client_did(&self, event: ClientEvent, peer: Peer<RoleServer>) {
+        self.stream.client_did(event, peer);
+    }
+}
+
+/// Starts the session stream once [`Startup`] says the agent session is ready; shared with
+/// the timer that gives up waiting for a tool list.
+#[derive(Clone)]
+struct StreamStarter {
+    startup: Arc<Mutex<Startup>>,
+    daemon: DaemonClient,
+    secret_env: String,
+    tools: ToolNames,
+    refused: Arc<AtomicBool>,
+    calls: calls::WaitingCalls,
+    shutdown: CancellationToken,
+    tasks: TaskTracker,
+}
+
+impl StreamStarter {
+    fn client_did(&self, event: ClientEvent, peer: Peer<RoleServer>) {
+        if event == ClientEvent::Initialized {
+            let starter = self.clone();
+            let timer_peer = peer.clone();
+            self.tasks.spawn(async move {
+                tokio::select! {
+                    () = starter.shutdown.cancelled() => {}
+                    () = tokio::time::sleep(startup::NO_TOOL_LIST_WAIT) => {
+                        starter.client_did(ClientEvent::WaitedForToolList, timer_peer);
+                    }
+                }
+            });
+        }
         let settle = self.startup.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).on(event);
         let Some(settle) = settle else { return };
         tracing::debug!(?event, ?settle, "the agent session is ready for channel notifications");
@@ -621,7 +656,7 @@ impl ChannelPlugin {
             daemon: self.daemon.clone(),
             secret_env: self.secret_env.clone(),
             peer,
-            refused: Arc::clone(&self.stream_refused),
+            refused: Arc::clone(&self.refused),
             calls: self.calls.clone(),
             tools: self.tools.clone(),
         };

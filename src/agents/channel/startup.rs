@@ -12,7 +12,10 @@
 //! marks nothing redelivered.
 //!
 //! A tool call is a client that is ready by definition (it knows the tools, and the call
-//! is bound to the session): it opens the stream at once.
+//! is bound to the session): it opens the stream at once. A client that never lists the
+//! tools (a script, a harness that only takes notifications) gets its stream
+//! [`NO_TOOL_LIST_WAIT`] after the handshake; Claude Code lists them within milliseconds,
+//! and its health check leaves long before.
 //!
 //! [`Startup`] is the decision alone; `ChannelPlugin` feeds it what the client does.
 
@@ -24,6 +27,10 @@ use std::time::Duration;
 /// short next to the time a session takes to start.
 pub(super) const SETTLE: Duration = Duration::from_millis(500);
 
+/// How long after the handshake a client that has not listed the tools is taken to be
+/// ready all the same.
+pub(super) const NO_TOOL_LIST_WAIT: Duration = Duration::from_secs(2);
+
 /// What the client did that tells the plugin about its readiness.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum ClientEvent {
@@ -34,6 +41,8 @@ pub(super) enum ClientEvent {
     ListedTools,
     /// `tools/call`: the client uses the tools, so it is past its start-up.
     CalledTool,
+    /// [`NO_TOOL_LIST_WAIT`] has passed since `Initialized`.
+    WaitedForToolList,
 }
 
 /// Whether the client is ready yet, and whether the session stream was started.
@@ -61,6 +70,7 @@ impl Startup {
                 self.initialized.then_some(SETTLE)
             }
             ClientEvent::CalledTool => Some(Duration::ZERO),
+            ClientEvent::WaitedForToolList => self.initialized.then_some(Duration::ZERO),
         };
         self.stream_started = delay.is_some();
         delay
@@ -98,9 +108,19 @@ mod tests {
     }
 
     #[test]
-    fn a_client_that_only_shakes_hands_never_gets_a_stream() {
+    fn a_client_that_never_lists_the_tools_gets_its_stream_after_a_wait() {
         let mut startup = Startup::default();
         assert_eq!(startup.on(ClientEvent::Initialized), None);
         assert_eq!(startup.on(ClientEvent::Initialized), None);
+        assert_eq!(startup.on(ClientEvent::WaitedForToolList), Some(Duration::ZERO));
+        assert_eq!(startup.on(ClientEvent::ListedTools), None);
+    }
+
+    #[test]
+    fn the_wait_for_a_tool_list_changes_nothing_once_the_list_came() {
+        let mut startup = Startup::default();
+        assert_eq!(startup.on(ClientEvent::Initialized), None);
+        assert_eq!(startup.on(ClientEvent::ListedTools), Some(SETTLE));
+        assert_eq!(startup.on(ClientEvent::WaitedForToolList), None);
     }
 }
