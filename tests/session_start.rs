@@ -117,7 +117,8 @@ async fn a_client_that_never_lists_the_tools_gets_its_session_with_its_first_too
 async fn a_client_that_never_lists_the_tools_gets_its_messages_all_the_same() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let agent = plugin_builder(&daemon, "orchestrator").without_tool_list().start().await.expect("plugin starts");
+    let agent =
+        plugin_builder(&daemon, "orchestrator").without_tool_list().start().await.expect("plugin starts");
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "only notifications, please");
     let message = agent.wait_for_notifications(1, WAIT).await.unwrap().remove(0);
     assert_eq!(message.content, "only notifications, please");

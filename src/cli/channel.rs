@@ -1,0 +1,88 @@
+//! `switchboard channel` and `switchboard-channel`: the MCP channel plugin for one agent
+//! session (DESIGN.md §5).
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser};
+
+use super::{ConfigArg, block_on};
+use crate::agents::channel;
+use crate::config::Settings;
+use crate::ids::AgentName;
+use crate::telemetry;
+
+#[derive(Debug, Args)]
+pub struct ChannelArgs {
+    /// The agent this session speaks for (an `[agents.NAME]` table).
+    #[arg(long)]
+    pub agent: String,
+    /// The name the agent session knows this MCP server by (the key in `.mcp.json`, or
+    /// `claude mcp add NAME`): Claude Code calls its tools `mcp__NAME__reply` and so on,
+    /// and the plugin names them so to the model.
+    #[arg(long, default_value = channel::DEFAULT_SERVER_NAME)]
+    pub server_name: String,
+    #[command(flatten)]
+    pub config: ConfigArg,
+}
+
+/// `switchboard-channel`: the channel plugin as an executable of its own.
+#[derive(Debug, Parser)]
+#[command(
+    name = "switchboard-channel",
+    version,
+    about = "The switchboard MCP channel plugin for one agent session"
+)]
+struct ChannelCli {
+    #[command(flatten)]
+    args: ChannelArgs,
+}
+
+/// The executable `switchboard channel` hands itself over to, installed beside it.
+const CHANNEL_EXECUTABLE: &str = "switchboard-channel";
+
+/// The main of `switchboard-channel`.
+pub fn channel_main() -> ExitCode {
+    let cli = ChannelCli::parse();
+    block_on(run_channel(cli.args))
+}
+
+/// The plugin and the daemon are executables of their own, each built from its own code
+/// alone: a process keeps resident most of the code its executable maps, and a plugin runs
+/// as long as its agent session (one per session) while the daemon runs for good. Mapped
+/// from `switchboard-channel`, a plugin keeps about 2.7 MiB less resident; without the
+/// plugin (the MCP server and its types), the daemon's code is 1.3 MB smaller and it keeps
+/// about 0.6 MiB less resident (see docs/performance.md). So `switchboard channel` becomes
+/// `switchboard-channel`, installed beside it (same arguments, same process). Returns only
+/// when it could not, saying why.
+pub(super) fn hand_over_to_channel_executable() -> anyhow::Error {
+    use std::os::unix::process::CommandExt;
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            return anyhow::anyhow!(
+                "cannot tell where this executable is ({e}), to run {CHANNEL_EXECUTABLE}"
+            );
+        }
+    };
+    let sibling = exe.with_file_name(CHANNEL_EXECUTABLE);
+    if !sibling.is_file() {
+        return anyhow::anyhow!(
+            "`switchboard channel` runs {CHANNEL_EXECUTABLE}, which is not installed beside {}: install both \
+             executables (README, Install), or configure the agent session to run {CHANNEL_EXECUTABLE} itself",
+            exe.display()
+        );
+    }
+    // `exec` returns only when it failed.
+    let error = std::process::Command::new(&sibling).args(std::env::args_os().skip(2)).exec();
+    anyhow::anyhow!("could not start {}: {error}", sibling.display())
+}
+
+/// `switchboard channel`: the MCP channel plugin for one agent session.
+async fn run_channel(args: ChannelArgs) -> anyhow::Result<()> {
+    let settings = Settings::load(&args.config.config)?;
+    let agent = AgentName::parse(&args.agent).map_err(anyhow::Error::msg)?;
+    let secret = settings.agent_secret(&agent)?;
+    let server_name = channel::parse_server_name(&args.server_name).map_err(anyhow::Error::msg)?;
+    telemetry::init(settings.log.format, &settings.log.filter, vec![secret.expose().to_owned()])?;
+    channel::run(settings, agent, server_name).await
+}

@@ -1,0 +1,133 @@
+//! `switchboard check`: validates a configuration and prints the routes table.
+
+use std::path::Path;
+
+use crate::config::{ConfigWarning, Settings};
+use crate::ledger::files;
+use crate::rules::routes::{Audience, RouteTarget};
+
+pub(super) fn check(path: &Path) -> anyhow::Result<()> {
+    let settings = Settings::load(path)?;
+    settings.daemon_secrets()?;
+    for warning in check_warnings(&settings) {
+        eprintln!("switchboard: warning: {}: {warning}", path.display());
+    }
+    println!("{}: configuration is valid", path.display());
+    println!("telegram api: {}", settings.telegram.api_url);
+    println!("local api:    {}", settings.api.listen);
+    println!("database:     {}", settings.storage.database.display());
+    println!("agents:       {}", settings.agent_list());
+    if settings.telegram.allowed_users.is_empty() {
+        println!("senders:      everyone in a routed chat");
+    } else {
+        println!("senders:      only {:?}", settings.telegram.allowed_users);
+    }
+    println!();
+    print!("{}", routes_table(&settings));
+    Ok(())
+}
+
+/// What `check` warns about: the settings' own warnings, and ledger files that other
+/// users could read (reported, not changed: `run` tightens them).
+fn check_warnings(settings: &Settings) -> Vec<ConfigWarning> {
+    let mut warnings = settings.warnings();
+    match files::loose_files(&settings.storage.database) {
+        Ok(loose) => warnings.extend(loose.into_iter().map(|file| ConfigWarning {
+            key: "storage.database".into(),
+            problem: format!(
+                "{} has mode {:04o}, open to other users; `switchboard run` tightens it to {:04o}",
+                file.path.display(),
+                file.mode,
+                files::PRIVATE_MODE
+            ),
+        })),
+        Err(e) => warnings.push(ConfigWarning {
+            key: "storage.database".into(),
+            problem: format!("cannot check the permissions of {}: {e}", settings.storage.database.display()),
+        }),
+    }
+    warnings
+}
+
+/// The routes table, most specific first, as `check` prints it.
+pub fn routes_table(settings: &Settings) -> String {
+    let mut routes: Vec<_> = settings.routes.routes().iter().collect();
+    routes.sort_by_key(|route| match route.target {
+        RouteTarget::Topic { .. } => 0,
+        RouteTarget::Chat { .. } => 1,
+        RouteTarget::Default => 2,
+    });
+    let mut out = format!("{:<24} {:<22} {:<10} {}\n", "ROUTE", "CHAT", "TOPIC", "AGENT");
+    for route in routes {
+        let (chat, topic) = match route.target {
+            RouteTarget::Topic { chat_id, thread_id } => (chat_id.to_string(), thread_id.to_string()),
+            RouteTarget::Chat { chat_id } => (chat_id.to_string(), "*".to_owned()),
+            RouteTarget::Default => ("* (default)".to_owned(), "*".to_owned()),
+        };
+        let audience = match &route.audience {
+            Audience::Agent(agent) => agent.to_string(),
+            Audience::Room(agents) => format!("room: {}", join(agents)),
+        };
+        out.push_str(&format!("{:<24} {:<22} {:<10} {}\n", route.name, chat, topic, audience));
+    }
+    if settings.routes.routes().is_empty() {
+        out.push_str("(no routes: every message will be recorded as unrouted)\n");
+    }
+    out.push_str(&rooms_table(settings));
+    out
+}
+
+/// The group rooms, as `check` prints them: each room's members in room order with the
+/// names they answer to, and its limits with what one human message can cost.
+pub fn rooms_table(settings: &Settings) -> String {
+    let mut out = String::new();
+    for route in settings.routes.routes() {
+        let Some(room) = settings.rooms.get(&route.name) else { continue };
+        let limits = room.limits;
+        let place = match room.thread_id {
+            Some(thread) => format!("chat {} topic {thread}", room.chat_id),
+            None => format!("chat {}", room.chat_id),
+        };
+        out.push_str(&format!(
+            "\nroom {} ({place}): cascade_limit {}, max_iters {}, speaker_timeout {}s; one human message costs at \
+             most {} × {} = {} tool iterations\n",
+            room.route,
+            limits.cascade_limit,
+            limits.max_iters,
+            limits.speaker_timeout.as_secs(),
+            limits.cascade_limit,
+            limits.max_iters,
+            u64::from(limits.cascade_limit.get()) * u64::from(limits.max_iters),
+        ));
+        for (position, member) in room.roster.members().iter().enumerate() {
+            let answers_to: Vec<String> = answers_to(member);
+            out.push_str(&format!(
+                "  {}. {:<20} shown as \"{}\"; answers to {}{}\n",
+                position + 1,
+                member.name,
+                member.display_name(),
+                answers_to.join(" "),
+                if position == 0 { " (speaks first when nobody is mentioned)" } else { "" }
+            ));
+        }
+    }
+    out
+}
+
+/// The `@` names a room member answers to, each once (compared as mentions compare).
+fn answers_to(member: &crate::rules::turns::RoomMember) -> Vec<String> {
+    let mut seen = Vec::new();
+    let mut shown = Vec::new();
+    for form in member.alias_forms() {
+        let key = crate::rules::turns::normalise(&form);
+        if !seen.contains(&key) && !form.contains(char::is_whitespace) {
+            seen.push(key);
+            shown.push(format!("@{form}"));
+        }
+    }
+    shown
+}
+
+fn join<T: std::fmt::Display>(items: &[T]) -> String {
+    items.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
