@@ -398,7 +398,9 @@ impl Settings {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
         // Parse once ourselves: toml's message carries the line and column of a syntax
-        // error, which is what someone fixing the file needs first.
+        // error, which is what someone fixing the file needs first. (The table cannot be
+        // handed to `config` as the file's layer: `Config::try_from` drops empty arrays,
+        // and `agents = []` must be refused, not read as missing.)
         if let Err(e) = text.parse::<toml::Table>() {
             return Err(ConfigError::new(path, "(syntax)", toml_error_message(&text, &e)));
         }
@@ -850,19 +852,20 @@ fn toml_error_message(text: &str, e: &toml::de::Error) -> String {
     format!("line {line}, column {column}: {message}")
 }
 
-/// Turns the `config` crate's error into ours, keeping the key it names when it names one.
+/// Turns the `config` crate's error into ours, with the key the crate's deserializer
+/// names (it wraps a problem found under a key in `At`).
 fn config_crate_error(path: &Path, e: config::ConfigError) -> ConfigError {
     match e {
         config::ConfigError::Type { key: Some(key), unexpected, expected, .. } => {
             ConfigError::new(path, key, format!("expected {expected}, found {unexpected}"))
         }
-        config::ConfigError::Message(message) => {
-            // Deserialization messages look like "unknown field `x`, expected one of … for key `telegram`".
-            match message.rsplit_once(" for key `") {
-                Some((problem, key)) => ConfigError::new(path, key.trim_end_matches('`'), problem),
-                None => ConfigError::new(path, "(file)", message),
-            }
-        }
+        config::ConfigError::At { error, key: Some(key), .. } => match *error {
+            // A problem of a value further down keeps the longer key.
+            inner @ (config::ConfigError::At { key: Some(_), .. }
+            | config::ConfigError::Type { key: Some(_), .. }) => config_crate_error(path, inner),
+            inner => ConfigError::new(path, key, inner.to_string()),
+        },
+        config::ConfigError::NotFound(key) => ConfigError::new(path, key, "is missing".to_owned()),
         other => ConfigError::new(path, "(file)", other.to_string()),
     }
 }
