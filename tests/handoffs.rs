@@ -209,6 +209,33 @@ async fn the_first_instruction_stands_and_a_follow_up_passes() {
     assert_ne!(next_turn, question);
 }
 
+/// The user presses Esc while `call_agent` waits for the answer: the handoff was recorded
+/// and handed over all the same. The agent's retry is told the handoff it already made,
+/// and nothing more is handed over.
+#[tokio::test]
+async fn a_call_agent_cancelled_after_it_was_recorded_names_its_handoff_on_retry() {
+    let Team { fake: _fake, daemon, orchestrator, worker, question } = team(&[]).await;
+    let call = json!({"agent": "worker", "text": "Check the disks", "timeout_secs": 60});
+    let handed_over = async {
+        worker.wait_for_notifications(1, WAIT).await.unwrap();
+    };
+    orchestrator.call_tool_and_cancel("call_agent", call.clone(), handed_over).await.unwrap();
+    let handoff_id = meta(&nth(&worker, 1).await, "handoff_id").to_owned();
+
+    let (is_error, text) = orchestrator.call_tool("call_agent", call).await.unwrap();
+    assert!(is_error && text.starts_with("already_delegated: "), "{text}");
+    assert!(text.contains(&handoff_id) && text.contains("recorded"), "names the handoff it made: {text}");
+    assert!(text.contains("Check the disks"), "{text}");
+    let (ok, out, err) = daemon.ledger_cli(&["handoffs"]);
+    assert!(ok && out.matches("hof_").count() == 1, "one handoff: {out}{err}");
+
+    // Its answer still comes back, as an envelope for the conversation.
+    worker.call_tool("reply", json!({"text": "Disks at 40%"})).await.unwrap();
+    let answer = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&answer, "kind"), answer.content.as_str()), ("handoff_answer", "Disks at 40%"));
+    assert_eq!(meta(&answer, "on_behalf_of"), question);
+}
+
 #[tokio::test]
 async fn refusals_before_the_guard_record_nothing() {
     let Team { fake: _fake, daemon, orchestrator, worker, question: _ } = team(&[]).await;
