@@ -173,6 +173,10 @@ async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
     assert!(next.notifications().is_empty(), "{:?}", next.notifications());
     let (is_error, text) = next.call_tool("reply", json!({"text": "yes again"})).await.unwrap();
     assert!(is_error && text.contains("nothing you have been shown"), "{text}");
+    // Named, the retry of the new session is told what the first reply came to.
+    let (is_error, text) =
+        next.call_tool("reply", json!({"text": "yes again", "trace_id": trace})).await.unwrap();
+    assert!(is_error && text.starts_with("already_answered: ") && text.contains("\"yes\""), "{text}");
     assert_eq!(fake.sent_messages().len(), 1, "no second answer");
 }
 
