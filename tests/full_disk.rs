@@ -1,7 +1,8 @@
 //! A ledger on a disk that fills up (issue 25, item 4): the one-page readiness probe still
-//! fits, but intake cannot record a batch. `/readyz` must say so (`ledger_full`, and for
-//! how long) while it lasts and be ready again once space is back, `/metrics` must count
-//! the failed writes, and nothing may be lost: the messages arrive, once each, afterwards.
+//! fits, but intake cannot record a batch, nor a reply its attempt. `/readyz` must say so
+//! (`ledger_full`, what, and for how long) while it lasts and be ready again once space is
+//! back, `/metrics` must count the failed writes, and nothing may be lost: the messages
+//! arrive, once each, afterwards, and the reply can be sent again.
 //!
 //! The disk is a real one: a small tmpfs mounted for the test (root only; skipped with a
 //! message elsewhere), filled with a filler file, unmounted by a drop guard.
@@ -110,7 +111,7 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
     let daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), &env);
     let orchestrator = session(&daemon, "orchestrator").await;
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "before the disk filled up");
-    nth(&orchestrator, 1).await;
+    let first = trace_id(&nth(&orchestrator, 1).await);
     assert_eq!(readiness(&daemon).await.0, 200);
     assert_eq!(intake_failures_on_a_full_disk(&daemon).await, 0.0);
 
@@ -144,6 +145,15 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
     assert!(intake_failures_on_a_full_disk(&daemon).await >= 1.0);
     assert!(fake.pending_update_count() > 0, "Telegram keeps what was not recorded");
 
+    // A reply cannot record its attempt either: nothing is sent, and readiness says so.
+    let reply = serde_json::json!({"text": "noted", "trace_id": first});
+    let (is_error, text) = orchestrator.call_tool("reply", reply.clone()).await.unwrap();
+    assert!(is_error && text.starts_with("not_sent: ") && text.contains("you may reply again"), "{text}");
+    let (status, body) = readiness(&daemon).await;
+    let full = reason(&body, "ledger_full").and_then(|r| r["detail"].as_str()).unwrap_or_default();
+    assert!(status == 503 && full.contains("send attempts"), "{body}");
+    assert!(fake.sent_messages().is_empty(), "nothing was sent that could not be recorded");
+
     std::fs::remove_file(&filler).unwrap();
     let deadline = Instant::now() + RECOVERY;
     loop {
@@ -164,6 +174,11 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
         .collect();
     numbers.sort_unstable();
     assert_eq!(numbers, (1..=pushed).collect::<Vec<_>>(), "each message once");
+    // And the reply that could not be recorded goes out now.
+    let (is_error, text) = orchestrator.call_tool("reply", reply).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(1, WAIT).await[0].text, "noted");
+    assert_eq!(readiness(&daemon).await.0, 200);
     drop(orchestrator);
     drop(daemon);
 }

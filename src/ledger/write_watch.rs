@@ -5,8 +5,10 @@
 //! Three kinds are watched: intake (a batch of updates and its offset), attempts (a send
 //! recorded before it is made, and its outcome) and checkpoints (the WAL copied back into
 //! the database). A kind is failing from its first failed write until its next write
-//! succeeds: intake retries by itself, a checkpoint follows the next commit, an attempt
-//! the next send. Each failure is counted in `switchboard_ledger_write_failures_total`.
+//! succeeds, or a batch of intake does: intake retries by itself, but an attempt waits for
+//! the next send and a checkpoint for the next commit, and a committed batch is the larger
+//! write to the same file. Each failure is counted in
+//! `switchboard_ledger_write_failures_total`.
 
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -98,10 +100,12 @@ impl WriteWatch {
     /// Notes what a write of `write` came to.
     pub fn observe<T>(&self, write: LedgerWrite, outcome: &sqlx::Result<T>) {
         let mut failing = self.failing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let slot = &mut failing[write.index()];
         match outcome {
-            Ok(_) => *slot = None,
+            // A batch recorded shows the ledger takes writes again, whatever failed before.
+            Ok(_) if write == LedgerWrite::Intake => *failing = Default::default(),
+            Ok(_) => failing[write.index()] = None,
             Err(error) => {
+                let slot = &mut failing[write.index()];
                 let problem = WriteProblem::of(error);
                 metrics::ledger_write_failed(write.as_str(), problem.as_str());
                 let since = slot.as_ref().map_or_else(Instant::now, |earlier| earlier.since);
@@ -145,9 +149,20 @@ mod tests {
         let again = watch.failing();
         assert_eq!(again[0].problem, WriteProblem::Other, "the latest reason");
         assert!(again[0].lasting >= Duration::from_millis(20), "since the first failure: {again:?}");
-        // Another kind's success says nothing about intake.
+        // An attempt's success says nothing about intake, which retries by itself.
         watch.observe(LedgerWrite::Attempt, &Ok(()));
         assert_eq!(watch.failing().len(), 1);
+        watch.observe(LedgerWrite::Intake, &Ok(()));
+        assert!(watch.failing().is_empty());
+    }
+
+    #[test]
+    fn a_recorded_batch_clears_the_kinds_that_do_not_retry_by_themselves() {
+        let watch = WriteWatch::default();
+        watch.observe::<()>(LedgerWrite::Attempt, &Err(sqlx::Error::PoolTimedOut));
+        watch.observe::<()>(LedgerWrite::Checkpoint, &Err(sqlx::Error::PoolTimedOut));
+        watch.observe(LedgerWrite::Checkpoint, &Ok(()));
+        assert_eq!(watch.failing().iter().map(|f| f.write).collect::<Vec<_>>(), [LedgerWrite::Attempt]);
         watch.observe(LedgerWrite::Intake, &Ok(()));
         assert!(watch.failing().is_empty());
     }

@@ -187,13 +187,6 @@ impl ReplyRequest {
             again: None,
         }
     }
-
-    /// The same request, marked as a further message to an answered envelope.
-    #[must_use]
-    pub fn again(mut self) -> Self {
-        self.again = Some(serde_json::Value::Bool(true));
-        self
-    }
 }
 
 /// What a confirmed reply did.
