@@ -120,7 +120,7 @@ impl Daemon {
             poll_health.clone(),
         );
         let probe = LedgerProbe::new(settings.storage.database.clone());
-        let health = Health::new(poll_health, probe, settings.telegram.poll_timeout);
+        let health = Health::new(poll_health, probe, ledger.write_watch(), settings.telegram.poll_timeout);
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
         let rooms = bridge.room_driver(room_api);

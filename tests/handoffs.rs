@@ -209,6 +209,59 @@ async fn the_first_instruction_stands_and_a_follow_up_passes() {
     assert_ne!(next_turn, question);
 }
 
+/// The user presses Esc while `call_agent` waits for the answer: the handoff was recorded
+/// and handed over all the same. The agent's retry is told the handoff it already made,
+/// and nothing more is handed over, also after a `kill -9` of the daemon.
+#[tokio::test]
+async fn a_call_agent_cancelled_after_it_was_recorded_names_its_handoff_on_retry() {
+    let Team { fake: _fake, mut daemon, orchestrator, worker, question } = team(&[]).await;
+    let call = json!({"agent": "worker", "text": "Check the disks", "timeout_secs": 60});
+    let handed_over = async {
+        worker.wait_for_notifications(1, WAIT).await.unwrap();
+    };
+    orchestrator.call_tool_and_cancel("call_agent", call.clone(), handed_over).await.unwrap();
+    let handoff_id = meta(&nth(&worker, 1).await, "handoff_id").to_owned();
+
+    let (is_error, text) = orchestrator.call_tool("call_agent", call.clone()).await.unwrap();
+    assert!(is_error && text.starts_with("already_delegated: "), "{text}");
+    assert!(text.contains(&handoff_id) && text.contains("recorded"), "names the handoff it made: {text}");
+    assert!(text.contains("Check the disks"), "{text}");
+    let (ok, out, err) = daemon.ledger_cli(&["handoffs"]);
+    assert!(ok && out.matches("hof_").count() == 1, "one handoff: {out}{err}");
+
+    // The daemon dies before the next retry: the ledger still names the handoff.
+    daemon.kill9();
+    daemon.restart();
+    let deadline = std::time::Instant::now() + WAIT;
+    let text = loop {
+        let (is_error, text) = orchestrator.call_tool("call_agent", call.clone()).await.unwrap();
+        assert!(is_error, "{text}");
+        // Until the plugin's session is back, the call says so and hands nothing over.
+        if text.starts_with("already_delegated: ") {
+            break text;
+        }
+        assert!(std::time::Instant::now() < deadline, "the plugin never got back to the daemon: {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(text.contains(&handoff_id), "{text}");
+    let (ok, out, err) = daemon.ledger_cli(&["handoffs"]);
+    assert!(ok && out.matches("hof_").count() == 1, "still one handoff: {out}{err}");
+
+    // Its answer still comes back, as an envelope for the conversation (after the question
+    // and the handoff were redelivered to the sessions that outlived the daemon).
+    let handoff = nth(&worker, 2).await;
+    assert_eq!((meta(&handoff, "handoff_id"), meta(&handoff, "redelivered")), (handoff_id.as_str(), "true"));
+    let (is_error, text) = worker
+        .call_tool("reply", json!({"text": "Disks at 40%", "trace_id": trace_id(&handoff)}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let delivered = orchestrator.wait_for_notifications(3, WAIT).await.unwrap();
+    let answer = delivered.iter().find(|n| meta(n, "kind") == "handoff_answer").expect("the answer");
+    assert_eq!(answer.content, "Disks at 40%");
+    assert_eq!(meta(answer, "on_behalf_of"), question);
+}
+
 #[tokio::test]
 async fn refusals_before_the_guard_record_nothing() {
     let Team { fake: _fake, daemon, orchestrator, worker, question: _ } = team(&[]).await;

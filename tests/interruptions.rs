@@ -95,6 +95,59 @@ async fn a_reply_cancelled_mid_send_is_delivered_once_and_settles_its_envelope()
     assert!(!daemon.logs().contains("marked unresolved"), "{}", daemon.logs());
 }
 
+/// The user presses Esc while the reply is on its way; Telegram takes it. The agent never
+/// saw the outcome and retries: it is told what the first reply came to, nothing more is
+/// posted, and that stays so across a `kill -9` of the daemon; only `again: true` posts a
+/// further message.
+#[tokio::test]
+async fn a_reply_retried_after_its_call_was_cancelled_is_told_what_the_first_came_to() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("what happened?").await;
+    fake.fail_send_message(Fault::RecordThenHang(SLOW_SEND));
+    let on_the_wire = async {
+        fake.wait_for_nth_sent(1, WAIT).await.expect("the reply reaches Telegram");
+    };
+    let first = json!({"text": "interrupted answer", "trace_id": trace});
+    orchestrator.call_tool_and_cancel("reply", first, on_the_wire).await.unwrap();
+    orchestrator.wait_for_stderr("reply cancelled by the agent session", WAIT).await.unwrap();
+    wait_for_state(&daemon, &trace, EnvelopeState::Acked).await;
+    let delivered_as = fake.sent_messages()[0].message_id;
+
+    let retry = json!({"text": "second try", "trace_id": trace});
+    let (is_error, text) = orchestrator.call_tool("reply", retry.clone()).await.unwrap();
+    assert!(is_error && text.starts_with("already_answered: "), "{text}");
+    assert!(
+        text.contains(&format!("message {delivered_as}")) && text.contains("interrupted answer"),
+        "{text}"
+    );
+    assert!(text.contains("again: true"), "says how to add a message: {text}");
+    assert_eq!(fake.sent_messages().len(), 1, "nothing new was posted");
+
+    // The daemon dies between the send and the next retry: the ledger still knows.
+    daemon.kill9();
+    daemon.restart();
+    let deadline = std::time::Instant::now() + WAIT;
+    let text = loop {
+        let (is_error, text) = orchestrator.call_tool("reply", retry.clone()).await.unwrap();
+        assert!(std::time::Instant::now() < deadline, "the plugin never got back to the daemon: {text}");
+        // Until the plugin's session is back, the call says so and does nothing.
+        if !text.contains("session") && !text.contains("not reachable") {
+            assert!(is_error, "{text}");
+            break text;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert!(text.starts_with("already_answered: ") && text.contains("interrupted answer"), "{text}");
+    assert_eq!(fake.sent_messages().len(), 1, "nothing new was posted after the restart");
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "second try", "trace_id": trace, "again": true}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let texts: Vec<String> = fake.wait_for_sent(2, WAIT).await.into_iter().map(|m| m.text).collect();
+    assert_eq!(texts, ["interrupted answer", "second try"]);
+}
+
 #[tokio::test]
 async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("are you there?").await;
@@ -120,6 +173,10 @@ async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
     assert!(next.notifications().is_empty(), "{:?}", next.notifications());
     let (is_error, text) = next.call_tool("reply", json!({"text": "yes again"})).await.unwrap();
     assert!(is_error && text.contains("nothing you have been shown"), "{text}");
+    // Named, the retry of the new session is told what the first reply came to.
+    let (is_error, text) =
+        next.call_tool("reply", json!({"text": "yes again", "trace_id": trace})).await.unwrap();
+    assert!(is_error && text.starts_with("already_answered: ") && text.contains("\"yes\""), "{text}");
     assert_eq!(fake.sent_messages().len(), 1, "no second answer");
 }
 
@@ -205,22 +262,23 @@ async fn a_follow_up_whose_outcome_is_unknown_leaves_the_answer_acked() {
     assert!(!is_error, "{text}");
 
     fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(5)));
-    let (is_error, text) =
-        orchestrator.call_tool("reply", json!({"text": "one more thing", "trace_id": trace})).await.unwrap();
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "one more thing", "trace_id": trace, "again": true}))
+        .await
+        .unwrap();
     assert!(is_error && text.contains("stays answered"), "{text}");
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
 
     // Nothing more goes to that envelope until the follow-up is reconciled.
-    let (is_error, text) =
-        orchestrator.call_tool("reply", json!({"text": "and another", "trace_id": trace})).await.unwrap();
+    let another = json!({"text": "and another", "trace_id": trace, "again": true});
+    let (is_error, text) = orchestrator.call_tool("reply", another.clone()).await.unwrap();
     assert!(is_error && text.contains("reconcile"), "{text}");
     let (ok, out, err) = daemon.ledger_cli(&["stats"]);
     assert!(ok && out.contains("unreconciled attempts: 1"), "{out}{err}");
     let (ok, out, err) =
         daemon.ledger_cli(&["reconcile", &trace, "--delivered", "--reason", "it is in the chat"]);
     assert!(ok && out.contains("acked"), "{out}{err}");
-    let (is_error, text) =
-        orchestrator.call_tool("reply", json!({"text": "and another", "trace_id": trace})).await.unwrap();
+    let (is_error, text) = orchestrator.call_tool("reply", another).await.unwrap();
     assert!(!is_error, "{text}");
     assert_eq!(fake.wait_for_sent(3, WAIT).await.len(), 3);
 }

@@ -90,9 +90,15 @@ async fn two_waiting_chats_refuse_a_reply_without_trace_id_then_each_is_answered
     // Nothing is waiting now: a reply without trace_id is refused, not sent somewhere.
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "anyone?"})).await.unwrap();
     assert!(is_error && text.contains("nothing you have been shown is waiting"), "{text}");
-    // A further message in an answered thread is allowed when named.
+    // A further message in an answered thread is allowed when named and asked for with
+    // `again: true`; without it, the agent is told what its earlier reply came to.
     let (is_error, text) =
         orchestrator.call_tool("reply", json!({"text": "one more thing", "trace_id": dm})).await.unwrap();
+    assert!(is_error && text.starts_with("already_answered: ") && text.contains("to the DM"), "{text}");
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "one more thing", "trace_id": dm, "again": true}))
+        .await
+        .unwrap();
     assert!(!is_error, "{text}");
     let sent = fake.wait_for_sent(3, WAIT).await;
     assert_eq!(sent.len(), 3);

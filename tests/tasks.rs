@@ -238,6 +238,16 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
     assert!(stopped.stopped_at.is_some());
     assert_eq!(fake.sent_messages().len(), 2, "nothing of the task was sent");
 
+    // With no task open, /status tells the user that the stop they asked for happened:
+    // the task, that it stopped, who confirmed it and when, and what it had done.
+    fake.push_text(owner_chat(), owner(), "/status");
+    let status = posted(&fake, 3).await.remove(2);
+    assert!(!status.starts_with("Nothing changed"), "a question is not a refused change: {status}");
+    assert!(status.contains(&format!("{task_id} (revision 2): stopped")), "{status}");
+    assert!(status.contains("confirmed by agent 'orchestrator'"), "{status}");
+    assert!(status.contains(stopped.stopped_at.as_deref().unwrap()), "says when: {status}");
+    assert!(status.contains("confirmed sends: none") && status.contains("unresolved attempts"), "{status}");
+
     // An agent that cannot ack: the operator confirms the stop.
     fake.push_text(owner_chat(), owner(), "Migrate the other database");
     let second = nth(&orchestrator, 3).await;
@@ -251,6 +261,34 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
         daemon.ledger_cli(&["task", &second_task, "--stopped", "--reason", "the agent crashed"]);
     assert!(ok && out.contains("stopped") && out.contains("the agent crashed"), "{out}{err}");
     assert_eq!(task(&daemon, &second_task).await.state, "stopped");
+    // Posted so far: the two cancels' acknowledgements and the two answers to /status.
+    assert!(posted(&fake, 4).await[3].contains("stop requested"));
+    fake.push_text(owner_chat(), owner(), "/status");
+    let status = posted(&fake, 5).await.remove(4);
+    assert!(status.contains(&second_task) && status.contains("stopped"), "the most recent task: {status}");
+    assert!(status.contains("an operator") && status.contains("the agent crashed"), "{status}");
+}
+
+/// 4b. `/status` after a task is done describes it, with what it sent; in a conversation
+///     that never had a task it says so, and neither is a refused change.
+#[tokio::test]
+async fn status_with_no_open_task_describes_the_most_recent_one() {
+    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace } = owner_waiting("What time is it?").await;
+    let task_id = meta(&nth(&orchestrator, 1).await, "task").to_owned();
+    let (is_error, text) = reply(&orchestrator, &trace, "Noon").await;
+    assert!(!is_error, "{text}");
+    let answer = fake.wait_for_nth_sent(1, WAIT).await.expect("the answer");
+
+    fake.push_text(owner_chat(), owner(), "/status");
+    let status = posted(&fake, 2).await.remove(1);
+    assert!(!status.starts_with("Nothing changed"), "{status}");
+    assert!(status.contains(&format!("{task_id} (revision 1): done")), "{status}");
+    assert!(status.contains(&format!("(message {})", answer.message_id)), "the completed send: {status}");
+
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Forum"), owner(), "/status");
+    let status = posted(&fake, 3).await.remove(2);
+    assert!(status.starts_with("No task here yet"), "{status}");
+    assert!(orchestrator.notifications().len() == 1, "a question reaches no agent");
 }
 
 /// 5. `/new <text>` while a task is open: a successor task, the lineage visible both ways,

@@ -7,6 +7,7 @@ use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 
+use super::write_watch::LedgerWrite;
 use super::{Ledger, now};
 use crate::ids::TraceId;
 use crate::rules::revisions::Refusal;
@@ -278,7 +279,9 @@ impl Ledger {
             // in step by a test; should they disagree (`None`), nothing is sent.
             Ok(super::tasks::admission_in(db, attempt.envelope_id)?.err().map(Err))
         });
-        decided.await?.ok_or_else(|| {
+        let decided = decided.await;
+        self.writes.observe(LedgerWrite::Attempt, &decided);
+        decided?.ok_or_else(|| {
             sqlx::Error::Protocol(format!(
                 "the admission of a reply to envelope {} disagrees with itself; nothing was sent",
                 attempt.envelope_id
@@ -306,7 +309,7 @@ impl Ledger {
             }
         };
         let state = outcome.state();
-        self.write_in_place(|db| {
+        let finished = self.write_in_place(|db| {
             let sql = "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? \
                        WHERE op_id = ? RETURNING envelope_id, chunk_index, chunk_count, purpose";
             let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, String) = query_row_cached(
@@ -342,7 +345,9 @@ impl Ledger {
             }
             Ok(())
         })
-        .await
+        .await;
+        self.writes.observe(LedgerWrite::Attempt, &finished);
+        finished
     }
 
     /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have

@@ -23,6 +23,8 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::write_watch::{LedgerWrite, WriteWatch};
+
 /// How long commits may gather before they are checkpointed: a burst of them is copied at
 /// once, and a power loss under `synchronous = normal` can take no more than about this
 /// much (see the module documentation).
@@ -59,9 +61,13 @@ impl Checkpointer {
     }
 
     /// Opens the checkpointer's own connection and starts it.
-    pub(super) async fn start(&self, options: &SqliteConnectOptions) -> sqlx::Result<()> {
+    pub(super) async fn start(
+        &self,
+        options: &SqliteConnectOptions,
+        writes: Arc<WriteWatch>,
+    ) -> sqlx::Result<()> {
         let connection = SqliteConnection::connect_with(options).await?;
-        let task = tokio::spawn(run(connection, Arc::clone(&self.commits), self.stop.clone()));
+        let task = tokio::spawn(run(connection, Arc::clone(&self.commits), self.stop.clone(), writes));
         *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         Ok(())
     }
@@ -76,7 +82,12 @@ impl Checkpointer {
     }
 }
 
-async fn run(mut connection: SqliteConnection, commits: Arc<Notify>, stop: CancellationToken) {
+async fn run(
+    mut connection: SqliteConnection,
+    commits: Arc<Notify>,
+    stop: CancellationToken,
+    writes: Arc<WriteWatch>,
+) {
     loop {
         tokio::select! {
             () = commits.notified() => {}
@@ -88,7 +99,11 @@ async fn run(mut connection: SqliteConnection, commits: Arc<Notify>, stop: Cance
             () = tokio::time::sleep(CHECKPOINT_DELAY) => {}
             () = stop.cancelled() => break,
         }
-        if let Err(e) = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut connection).await {
+        // PASSIVE reports a checkpoint it could not write as an error, or in its first
+        // column (`busy`) when a reader or writer was in the way, which is no failure.
+        let checkpointed = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut connection).await;
+        writes.observe(LedgerWrite::Checkpoint, &checkpointed);
+        if let Err(e) = checkpointed {
             tracing::warn!(
                 error = %e,
                 "could not checkpoint the ledger's WAL; SQLite checkpoints by itself once it holds {BACKSTOP_PAGES} pages"

@@ -8,6 +8,7 @@ use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
 
 use super::in_place::execute_cached;
+use super::write_watch::LedgerWrite;
 use super::{Ledger, now};
 use crate::ids::{AgentName, RouteName};
 
@@ -90,9 +91,11 @@ impl Ledger {
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
     ) -> sqlx::Result<RecordedBatch<'a>> {
-        let (new_rows, mut claimed, task_effects) = self
+        let recorded = self
             .write_in_place(|db| insert_batch(db, bot_id, next_offset, batch, claim_for, bot_username))
-            .await?;
+            .await;
+        self.writes.observe(LedgerWrite::Intake, &recorded);
+        let (new_rows, mut claimed, task_effects) = recorded?;
         let inserted = batch.iter().zip(new_rows).filter_map(|(routed, new)| new.then_some(routed)).collect();
         // RETURNING gives no order guarantee.
         claimed.sort_by_key(|row| row.id);

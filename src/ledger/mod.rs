@@ -50,6 +50,8 @@ pub struct Ledger {
     /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
     /// `switchboard ledger` leaves that to SQLite.
     checkpointer: Option<Arc<Checkpointer>>,
+    /// Whether intake, attempts and checkpoints write, for readiness (see `write_watch`).
+    writes: Arc<WriteWatch>,
 }
 
 /// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals
@@ -92,6 +94,7 @@ mod tasks;
 // The one module with unsafe code: a VFS, which SQLite's C interface is the only way to add.
 #[allow(unsafe_code)]
 mod wal_writes;
+mod write_watch;
 
 pub use attempts::{
     AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict,
@@ -116,6 +119,7 @@ pub use tasks::{
     BotPost, DeclareError, DeclareTaskError, DeclaredRevision, StoredRevision, StoredTask, TaskEffect,
     TaskEffects, describe as describe_task,
 };
+pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 
 impl Ledger {
     /// Opens the database, creating it (mode `0600`) if needed, and applies pending
@@ -197,17 +201,23 @@ impl Ledger {
             Writer::open(path, settings)
                 .with_context(|| format!("opening the ledger database {} for writing", path.display()))?,
         );
+        let writes = Arc::new(WriteWatch::default());
         if let Some(checkpointer) = &checkpointer {
             checkpointer
-                .start(&options)
+                .start(&options, Arc::clone(&writes))
                 .await
                 .with_context(|| format!("opening a checkpointing connection to {}", path.display()))?;
         }
-        Ok(Self { pool, writer, readers, checkpointer })
+        Ok(Self { pool, writer, readers, checkpointer, writes })
     }
 
     pub fn pool(&self) -> &SqlitePool {
         &self.pool
+    }
+
+    /// What intake, attempts and checkpoints came to lately, for readiness.
+    pub fn write_watch(&self) -> Arc<WriteWatch> {
+        Arc::clone(&self.writes)
     }
 
     pub async fn close(&self) {

@@ -502,10 +502,23 @@ fn take_in(
             settle_carrier(db, &carrier, "switchboard: /status answered")?;
             Ok(vec![owe_post(db, &carrier, answer_key(&carrier), status)?])
         }
+        // No open task: the most recent one, so a user who asked to stop hears that it did.
         (Meaning::Status, None) => {
-            let why = "there is no open task here";
-            settle_carrier(db, &carrier, &format!("switchboard: nothing changed ({why})"))?;
-            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), format!("Nothing changed: {why}."))?])
+            let latest = match latest_task(db, carrier.chat_id, carrier.thread_id, agent.as_str())? {
+                Some((task_id, _, _)) => stored_task(db, &task_id)?,
+                None => None,
+            };
+            let status = match latest {
+                Some(task) => {
+                    format!("No task is open here. The most recent one:\n{}", status_text(db, &task)?)
+                }
+                None => {
+                    "No task here yet: nothing has been asked in this conversation; a message starts one."
+                        .to_owned()
+                }
+            };
+            settle_carrier(db, &carrier, "switchboard: /status answered")?;
+            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), status)?])
         }
         (Meaning::Ask(why), _) => {
             settle_carrier(db, &carrier, &format!("switchboard: nothing changed ({why})"))?;
@@ -1087,6 +1100,10 @@ fn effects_of(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Task
     Ok(TaskEffects { confirmed, unresolved, open_handoffs })
 }
 
+/// The stop reason the `task_stopped_on_cancel_ack` trigger (migration 0006) records when
+/// the agent acks the cancel envelope; an operator's stop carries the operator's reason.
+const AGENT_CONFIRMED_STOP: &str = "the agent acknowledged the cancel";
+
 /// What `/status` answers.
 fn status_text(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<String> {
     let effects = effects_of(db, &task.task_id)?;
@@ -1103,12 +1120,29 @@ pub fn describe(task: &StoredTask, effects: &TaskEffects) -> String {
             task.stop_requested_by.as_deref().unwrap_or("?"),
             task.stop_requested_at.as_deref().unwrap_or("?")
         )),
-        TaskState::Stopped => lines.push(format!(
-            "stopped at {} ({})",
-            task.stopped_at.as_deref().unwrap_or("?"),
-            task.stop_reason.as_deref().unwrap_or("")
+        TaskState::Stopped => {
+            let reason = task.stop_reason.as_deref().unwrap_or_default();
+            let by = if reason == AGENT_CONFIRMED_STOP {
+                format!("agent '{}', which acknowledged the cancel", task.agent)
+            } else {
+                format!("an operator (switchboard ledger task --stopped): {reason}")
+            };
+            lines.push(format!(
+                "stop requested by {} at {}; stopped at {}, confirmed by {by}",
+                task.stop_requested_by.as_deref().unwrap_or("?"),
+                task.stop_requested_at.as_deref().unwrap_or("?"),
+                task.stopped_at.as_deref().unwrap_or("?"),
+            ));
+        }
+        TaskState::Done => lines.push(format!(
+            "done at {}: every message of it was answered or handled, and no handoff of it is open",
+            task.closed_at.as_deref().unwrap_or("?")
         )),
-        _ => {}
+        TaskState::Replaced => {
+            lines
+                .push(format!("replaced at {} by a new objective", task.closed_at.as_deref().unwrap_or("?")));
+        }
+        TaskState::Open | TaskState::Paused => {}
     }
     let confirmed: Vec<String> =
         effects.confirmed.iter().map(|(op, m)| format!("{op} (message {m})")).collect();

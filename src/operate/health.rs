@@ -7,7 +7,12 @@
 //! - Telegram is not refusing the poller: a 401 (token revoked or wrong) or a 409 (another
 //!   poller on the token, or a webhook) lasts until a `getUpdates` succeeds again.
 //!
-//! The poller publishes its side through [`PollHealth`]; [`assess`] is the pure decision.
+//! - intake, attempts and checkpoints write: the probe is one page, which still fits on a
+//!   disk too full for a batch, so a failed write of the daemon's own makes it not ready
+//!   (`ledger_full`, `intake_failing`, …) until that kind of write succeeds again.
+//!
+//! The poller publishes its side through [`PollHealth`], the ledger its writes through its
+//! `WriteWatch`; [`assess`] and [`assess_writes`] are the pure decision.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -15,7 +20,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::ledger::LedgerProbe;
+use crate::ledger::{LedgerProbe, LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 use crate::operate::metrics;
 use crate::telegram::updates::FetchError;
 
@@ -149,12 +154,66 @@ pub struct Readiness {
     pub last_poll_success_secs: Option<u64>,
 }
 
+/// The reasons the daemon's own failing writes give: one `ledger_full` for every kind
+/// that fails on a full disk (it is one disk), and `<kind>_failing` for each kind that
+/// fails otherwise. Each says what cannot be recorded and for how long.
+pub fn assess_writes(failing: &[WriteFailing]) -> Vec<NotReady> {
+    let mut reasons = Vec::new();
+    let full: Vec<&WriteFailing> = failing.iter().filter(|f| f.problem == WriteProblem::DiskFull).collect();
+    if let Some(longest) = full.iter().map(|f| f.lasting).max() {
+        let kinds: Vec<&str> = full.iter().map(|f| what_cannot_be_written(f.write)).collect();
+        reasons.push(NotReady {
+            code: "ledger_full".into(),
+            detail: format!(
+                "the disk holding the ledger is full: {} failed for {}s; free space (nothing is lost: Telegram \
+                 keeps the updates until they are recorded)",
+                kinds.join(", "),
+                longest.as_secs()
+            ),
+        });
+    }
+    for failure in failing.iter().filter(|f| f.problem != WriteProblem::DiskFull) {
+        let code = match failure.write {
+            LedgerWrite::Intake => "intake_failing",
+            LedgerWrite::Attempt => "attempts_failing",
+            LedgerWrite::Checkpoint => "checkpoints_failing",
+        };
+        let why = match failure.problem {
+            WriteProblem::Busy => "the ledger is locked by another connection".to_owned(),
+            WriteProblem::DiskFull | WriteProblem::Other => failure.error.clone(),
+        };
+        reasons.push(NotReady {
+            code: code.into(),
+            detail: format!(
+                "{} failed for {}s: {why}",
+                what_cannot_be_written(failure.write),
+                failure.lasting.as_secs()
+            ),
+        });
+    }
+    reasons
+}
+
+fn what_cannot_be_written(write: LedgerWrite) -> &'static str {
+    match write {
+        LedgerWrite::Intake => "recording incoming messages",
+        LedgerWrite::Attempt => "recording send attempts",
+        LedgerWrite::Checkpoint => "checkpointing the write-ahead log",
+    }
+}
+
 /// The decision, from the facts.
-pub fn assess(ledger: Result<(), String>, poll: PollFacts, poll_timeout: Duration) -> Readiness {
+pub fn assess(
+    ledger: Result<(), String>,
+    writes: &[WriteFailing],
+    poll: PollFacts,
+    poll_timeout: Duration,
+) -> Readiness {
     let mut reasons = Vec::new();
     if let Err(problem) = ledger {
         reasons.push(NotReady { code: "ledger_not_writable".into(), detail: problem });
     }
+    reasons.extend(assess_writes(writes));
     if let Some((refusal, lasting)) = poll.refusal {
         let secs = lasting.as_secs();
         let (code, detail) = match refusal {
@@ -207,18 +266,25 @@ pub fn assess(ledger: Result<(), String>, poll: PollFacts, poll_timeout: Duratio
 pub struct Health {
     pub poll: PollHealth,
     probe: Arc<LedgerProbe>,
+    /// The ledger's own writes: intake, attempts, checkpoints.
+    writes: Arc<WriteWatch>,
     poll_timeout: Duration,
 }
 
 impl Health {
-    pub fn new(poll: PollHealth, probe: LedgerProbe, poll_timeout: Duration) -> Self {
-        Self { poll, probe: Arc::new(probe), poll_timeout }
+    pub fn new(
+        poll: PollHealth,
+        probe: LedgerProbe,
+        writes: Arc<WriteWatch>,
+        poll_timeout: Duration,
+    ) -> Self {
+        Self { poll, probe: Arc::new(probe), writes, poll_timeout }
     }
 
     /// Probes the ledger and assesses readiness now.
     pub async fn readiness(&self) -> Readiness {
         let ledger = self.probe.check().await;
-        assess(ledger, self.poll.facts(Instant::now()), self.poll_timeout)
+        assess(ledger, &self.writes.failing(), self.poll.facts(Instant::now()), self.poll_timeout)
     }
 }
 
@@ -242,7 +308,7 @@ mod tests {
 
     #[test]
     fn a_writable_ledger_and_a_recent_poll_are_ready() {
-        let readiness = assess(Ok(()), facts(5, None), POLL_TIMEOUT);
+        let readiness = assess(Ok(()), &[], facts(5, None), POLL_TIMEOUT);
         assert!(readiness.ready);
         assert_eq!(readiness.last_poll_success_secs, Some(5));
     }
@@ -250,35 +316,69 @@ mod tests {
     #[test]
     fn each_cause_is_named_and_they_add_up() {
         assert_eq!(
-            codes(&assess(Err("read-only".into()), facts(1, None), POLL_TIMEOUT)),
+            codes(&assess(Err("read-only".into()), &[], facts(1, None), POLL_TIMEOUT)),
             ["ledger_not_writable"]
         );
         assert_eq!(
-            codes(&assess(Ok(()), facts(1, Some(TelegramRefusal::Unauthorized)), POLL_TIMEOUT)),
+            codes(&assess(Ok(()), &[], facts(1, Some(TelegramRefusal::Unauthorized)), POLL_TIMEOUT)),
             ["telegram_unauthorized"]
         );
         assert_eq!(
-            codes(&assess(Ok(()), facts(1, Some(TelegramRefusal::Conflict)), POLL_TIMEOUT)),
+            codes(&assess(Ok(()), &[], facts(1, Some(TelegramRefusal::Conflict)), POLL_TIMEOUT)),
             ["telegram_conflict"]
         );
         assert_eq!(
-            codes(&assess(Ok(()), facts(1, Some(TelegramRefusal::WebhookActive)), POLL_TIMEOUT)),
+            codes(&assess(Ok(()), &[], facts(1, Some(TelegramRefusal::WebhookActive)), POLL_TIMEOUT)),
             ["telegram_webhook_active"]
         );
-        let all = assess(Err("full".into()), facts(60, Some(TelegramRefusal::Unauthorized)), POLL_TIMEOUT);
+        let all =
+            assess(Err("full".into()), &[], facts(60, Some(TelegramRefusal::Unauthorized)), POLL_TIMEOUT);
         assert!(!all.ready);
         assert_eq!(codes(&all), ["ledger_not_writable", "telegram_unauthorized", "polling_stale"]);
+    }
+
+    fn failing(write: LedgerWrite, problem: WriteProblem, secs: u64) -> WriteFailing {
+        WriteFailing {
+            write,
+            problem,
+            lasting: Duration::from_secs(secs),
+            error: "database or disk is full".into(),
+        }
+    }
+
+    #[test]
+    fn failing_writes_make_the_daemon_not_ready_with_what_and_how_long() {
+        // The one-page probe passes on a disk too full for a batch: the writes decide.
+        let full = [
+            failing(LedgerWrite::Intake, WriteProblem::DiskFull, 12),
+            failing(LedgerWrite::Checkpoint, WriteProblem::DiskFull, 3),
+        ];
+        let readiness = assess(Ok(()), &full, facts(1, None), POLL_TIMEOUT);
+        assert!(!readiness.ready);
+        assert_eq!(codes(&readiness), ["ledger_full"], "one disk, one reason");
+        let detail = &readiness.reasons[0].detail;
+        assert!(detail.contains("incoming messages") && detail.contains("checkpointing"), "{detail}");
+        assert!(detail.contains("12s"), "the longest: {detail}");
+
+        let busy = [
+            failing(LedgerWrite::Intake, WriteProblem::Busy, 5),
+            failing(LedgerWrite::Attempt, WriteProblem::Other, 1),
+        ];
+        let readiness = assess(Ok(()), &busy, facts(1, None), POLL_TIMEOUT);
+        assert_eq!(codes(&readiness), ["intake_failing", "attempts_failing"]);
+        assert!(readiness.reasons[0].detail.contains("locked"), "{:?}", readiness.reasons);
+        assert!(assess_writes(&[]).is_empty());
     }
 
     #[test]
     fn a_poll_is_stale_past_two_timeouts_and_the_margin() {
         // 2 × 10 s + 10 s.
-        assert!(assess(Ok(()), facts(30, None), POLL_TIMEOUT).ready);
-        let stale = assess(Ok(()), facts(31, None), POLL_TIMEOUT);
+        assert!(assess(Ok(()), &[], facts(30, None), POLL_TIMEOUT).ready);
+        let stale = assess(Ok(()), &[], facts(31, None), POLL_TIMEOUT);
         assert_eq!(codes(&stale), ["polling_stale"]);
         assert!(stale.reasons[0].detail.contains("31s ago"), "{:?}", stale.reasons);
         let never = PollFacts { ever_succeeded: false, ..facts(31, None) };
-        let stale = assess(Ok(()), never, POLL_TIMEOUT);
+        let stale = assess(Ok(()), &[], never, POLL_TIMEOUT);
         assert!(stale.reasons[0].detail.contains("since start"), "{:?}", stale.reasons);
         assert_eq!(stale.last_poll_success_secs, None);
     }

@@ -37,6 +37,7 @@ pub const HANDOFFS: &str = "switchboard_handoffs";
 pub const READY: &str = "switchboard_ready";
 pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
 pub const TASK_REVISIONS: &str = "switchboard_task_revisions_total";
+pub const LEDGER_WRITE_FAILURES: &str = "switchboard_ledger_write_failures_total";
 
 /// Bucket bounds of both hop histograms, in seconds: a local hop takes milliseconds, a
 /// send to Telegram tens to hundreds of them, and an envelope that waited for its agent's
@@ -115,6 +116,10 @@ fn describe() {
         TASK_REVISIONS,
         "Changes recorded to tasks (DESIGN.md §11), by change (correction, new_objective, pause, resume, cancel)."
     );
+    describe_counter!(
+        LEDGER_WRITE_FAILURES,
+        "Ledger writes that failed, by write (intake, attempt, checkpoint) and reason (disk_full, busy, other)."
+    );
 
     // The series alerts look at exist from the start, at zero, so `rate()` and `> 0`
     // rules see them before the first event.
@@ -124,6 +129,14 @@ fn describe() {
     for tool in REFUSAL_TOOLS {
         counter!(REFUSALS, "tool" => *tool, "reason" => "ambiguous").increment(0);
     }
+    for write in ["intake", "attempt", "checkpoint"] {
+        counter!(LEDGER_WRITE_FAILURES, "write" => write, "reason" => "disk_full").increment(0);
+    }
+}
+
+/// A ledger write failed (`ledger::WriteWatch`).
+pub fn ledger_write_failed(write: &'static str, reason: &'static str) {
+    counter!(LEDGER_WRITE_FAILURES, "write" => write, "reason" => reason).increment(1);
 }
 
 /// The poller recorded a new envelope in `state`.

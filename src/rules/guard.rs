@@ -158,8 +158,9 @@ fn how_to_follow_up() -> &'static str {
 
 fn already_delegated(target: &AgentName, first: &PriorHandoff) -> String {
     format!(
-        "already_delegated: in this turn you already instructed '{target}' ({}): \"{}\". The first instruction \
-         stands; nothing was sent. {}",
+        "already_delegated: in this turn you already instructed '{target}' as handoff {}, which is recorded and \
+         stands (if your call that made it was cancelled or timed out, it went through all the same; its answer \
+         arrives as a handoff_answer envelope): \"{}\". Nothing was sent now. {}",
         first.handoff_id,
         quote(&first.instruction, QUOTE_CHARS),
         how_to_follow_up()
@@ -174,8 +175,8 @@ fn already_running(target: &AgentName, open: &PriorHandoff) -> String {
     }
     let _ = write!(age, "{}s", secs % 60);
     format!(
-        "already_running: your handoff {} to '{target}' is still open (for {age}): \"{}\". Its answer will arrive \
-         as an envelope; nothing was sent. {}",
+        "already_running: your handoff {} to '{target}' is recorded and still open (for {age}): \"{}\". Its \
+         answer will arrive as an envelope; nothing was sent. {}",
         open.handoff_id,
         quote(&open.instruction, START_CHARS),
         how_to_follow_up()

@@ -145,7 +145,8 @@ pub enum Meaning {
     Work,
     /// A change to the open task, recorded as its next revision.
     Change { kind: ChangeKind, text: Option<String> },
-    /// `/status`: answered, nothing recorded.
+    /// `/status`: answered, nothing recorded. A question, never a refused change: with no
+    /// open task it is answered with the most recent one.
     Status,
     /// The intent cannot be determined safely: the bot says so and asks; nothing changes.
     Ask(String),
@@ -178,7 +179,7 @@ pub fn classify(update: HumanUpdate<'_>, open: Option<&OpenTask>, bot_username: 
     let Some(command) = parse_command(text, bot_username) else { return Meaning::Work };
     let Some(task) = open else {
         return match command {
-            Command::Status => Meaning::Ask("there is no open task here".into()),
+            Command::Status => Meaning::Status,
             // `/new` with no open task is simply work.
             Command::New(objective) if !objective.is_empty() => Meaning::Work,
             _ => Meaning::Ask("there is no open task here to change; nothing changed".into()),
@@ -364,9 +365,11 @@ mod tests {
 
     #[test]
     fn with_no_open_task_commands_ask_and_plain_text_is_work() {
-        for text in ["/pause", "/resume", "/cancel", "/status", "/new"] {
+        for text in ["/pause", "/resume", "/cancel", "/new"] {
             assert!(matches!(classify(HumanUpdate::Message { text }, None, BOT), Meaning::Ask(_)), "{text}");
         }
+        // A question is answered (with the most recent task), not refused as a change.
+        assert_eq!(classify(HumanUpdate::Message { text: "/status" }, None, BOT), Meaning::Status);
         assert_eq!(classify(HumanUpdate::Message { text: "hello" }, None, BOT), Meaning::Work);
         assert_eq!(classify(HumanUpdate::Message { text: "/new a fresh task" }, None, BOT), Meaning::Work);
         assert_eq!(

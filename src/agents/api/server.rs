@@ -114,6 +114,7 @@ fn refusal_reason(code: ErrorCode) -> Option<&'static str> {
         ErrorCode::UnknownTraceId => "unknown_trace_id",
         ErrorCode::NotAnswerable => "not_answerable",
         ErrorCode::ReplyInProgress => "reply_in_progress",
+        ErrorCode::AlreadyAnswered => "already_answered",
         ErrorCode::ReplyTooLong => "reply_too_long",
         ErrorCode::NoConversation => "no_conversation",
         ErrorCode::AlreadyDelegated => "already_delegated",
@@ -151,6 +152,7 @@ impl IntoResponse for Failure {
             | ErrorCode::UnknownTraceId
             | ErrorCode::NotAnswerable
             | ErrorCode::ReplyInProgress
+            | ErrorCode::AlreadyAnswered
             | ErrorCode::NoConversation
             | ErrorCode::AlreadyDelegated
             | ErrorCode::AlreadyRunning
@@ -183,6 +185,7 @@ impl From<ToolError> for Failure {
             ToolError::Ledger(_) => ErrorCode::Internal,
             ToolError::NoConversation { .. } => ErrorCode::NoConversation,
             ToolError::TurnOver(_) => ErrorCode::TurnOver,
+            ToolError::AlreadyAnswered(_) => ErrorCode::AlreadyAnswered,
             ToolError::NoRevision(_) => ErrorCode::NoRevision,
             ToolError::Task(refusal) => match refusal {
                 revisions::Refusal::Superseded { .. } => ErrorCode::Superseded,

@@ -169,12 +169,23 @@ pub struct ReplyRequest {
     /// id returns the first one's outcome instead of sending again; `replies/{request_id}`
     /// tells what became of it.
     pub request_id: String,
+    /// `true` (a JSON boolean; anything else is refused) to post a further message to an
+    /// envelope that is already answered. Without it such a reply is answered with what the
+    /// earlier reply came to (`already_answered`) and nothing is posted: an agent whose
+    /// call was cancelled and who retries must not reach the user twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub again: Option<serde_json::Value>,
 }
 
 impl ReplyRequest {
     /// A request with a fresh request id.
     pub fn new(text: impl Into<String>, trace_id: Option<String>) -> Self {
-        Self { text: text.into(), trace_id, request_id: crate::ids::RequestId::generate().to_string() }
+        Self {
+            text: text.into(),
+            trace_id,
+            request_id: crate::ids::RequestId::generate().to_string(),
+            again: None,
+        }
     }
 }
 
@@ -304,6 +315,9 @@ pub enum ErrorCode {
     NotAnswerable,
     /// A reply to that envelope is being delivered right now.
     ReplyInProgress,
+    /// The envelope is already answered and the reply did not say `again: true`: nothing
+    /// was posted; the message says what the earlier reply came to.
+    AlreadyAnswered,
     /// The reply would need more messages than `outbound.max_reply_parts`.
     ReplyTooLong,
     /// No reply request with that id was ever acted on: nothing was sent for it.
@@ -337,6 +351,40 @@ pub enum ErrorCode {
     Internal,
 }
 
+impl ErrorCode {
+    /// The wire name (`ambiguous`, `depth_limit`, …): what the model reads first in a
+    /// failed tool's text, so an agent or a script can branch on it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unauthorized => "unauthorized",
+            Self::SessionConflict => "session_conflict",
+            Self::BadRequest => "bad_request",
+            Self::Ambiguous => "ambiguous",
+            Self::NothingPending => "nothing_pending",
+            Self::UnknownTraceId => "unknown_trace_id",
+            Self::NotAnswerable => "not_answerable",
+            Self::ReplyInProgress => "reply_in_progress",
+            Self::AlreadyAnswered => "already_answered",
+            Self::ReplyTooLong => "reply_too_long",
+            Self::UnknownRequest => "unknown_request",
+            Self::NoConversation => "no_conversation",
+            Self::AlreadyDelegated => "already_delegated",
+            Self::AlreadyRunning => "already_running",
+            Self::DepthLimit => "depth_limit",
+            Self::UnknownAgent => "unknown_agent",
+            Self::SelfHandoff => "self_handoff",
+            Self::TurnOver => "turn_over",
+            Self::Superseded => "superseded",
+            Self::Paused => "paused",
+            Self::Cancelled => "cancelled",
+            Self::NoRevision => "no_revision",
+            Self::NotSent => "not_sent",
+            Self::Unresolved => "unresolved",
+            Self::Internal => "internal",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ApiError {
     pub code: ErrorCode,
@@ -357,4 +405,43 @@ impl ApiError {
 
 fn is_zero(n: &usize) -> bool {
     *n == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_code_names_itself_as_the_wire_does() {
+        use ErrorCode::*;
+        for code in [
+            Unauthorized,
+            SessionConflict,
+            BadRequest,
+            Ambiguous,
+            NothingPending,
+            UnknownTraceId,
+            NotAnswerable,
+            ReplyInProgress,
+            AlreadyAnswered,
+            ReplyTooLong,
+            UnknownRequest,
+            NoConversation,
+            AlreadyDelegated,
+            AlreadyRunning,
+            DepthLimit,
+            UnknownAgent,
+            SelfHandoff,
+            TurnOver,
+            Superseded,
+            Paused,
+            Cancelled,
+            NoRevision,
+            NotSent,
+            Unresolved,
+            Internal,
+        ] {
+            assert_eq!(serde_json::to_value(code).unwrap(), code.as_str(), "{code:?}");
+        }
+    }
 }

@@ -58,6 +58,10 @@ pub enum ToolError {
     /// posted. The message says why (one reply per turn).
     #[error("{0}")]
     TurnOver(String),
+    /// A reply to an envelope already answered, without `again: true`: nothing was posted.
+    /// The message says what the earlier reply came to.
+    #[error("{0}")]
+    AlreadyAnswered(String),
     /// Telegram provably did not take (the rest of) the reply.
     #[error("{}", not_sent_message(trace_id, error, sent, *parts))]
     NotSent { trace_id: String, error: String, sent: Vec<(usize, i32)>, parts: usize },

@@ -48,6 +48,7 @@ impl Bridge {
             return Err(ToolError::Invalid("the reply text is empty; nothing was sent".into()));
         }
         let trace_id = parse_optional_trace_id(request.trace_id.as_deref())?;
+        let again = parse_again(request.again.as_ref())?;
         let parts = split_text(&request.text, TELEGRAM_TEXT_LIMIT);
         let max = self.limits().max_reply_parts;
         if parts.len() > max {
@@ -74,6 +75,8 @@ impl Bridge {
                         }
                         (resolved, _) => resolved?,
                     };
+                    let answered =
+                        (envelope.state == EnvelopeState::Acked).then(|| envelope.trace_id.clone());
                     let (conversation, replied_before) = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
                         EnvelopeKind::Handoff => {
@@ -102,12 +105,38 @@ impl Bridge {
                             .room_reply(agent, &conversation, &request.text, request_id)
                             .await?;
                     }
+                    if let Some(answered) = answered.filter(|_| !again) {
+                        self.refuse_unasked_follow_up(agent, &answered, &conversation, &parts).await?;
+                    }
                     let plan = self.plan(agent, conversation, replied_before, request_id, parts).await?;
                     self.start_delivery(agent, plan)
                 }
             }
         };
         running.await
+    }
+
+    /// A reply to an envelope that is already answered, without `again: true`: answered
+    /// with what the earlier reply came to, and nothing is posted. The agent whose call was
+    /// cancelled (the user pressed Esc) never learned that outcome, and its retry must not
+    /// reach the user a second time. Finishing a reply that was cut off part-way, with the
+    /// same text, is not a further message and passes.
+    async fn refuse_unasked_follow_up(
+        &self,
+        agent: &AgentName,
+        answered: &str,
+        conversation: &StoredEnvelope,
+        parts: &[String],
+    ) -> Result<(), ToolError> {
+        let attempts = match self.inner.ledger.last_reply_for(conversation.id).await? {
+            Some((_, attempts)) => attempts,
+            None => Vec::new(),
+        };
+        if !parts_already_delivered(&attempts, parts).is_empty() {
+            return Ok(());
+        }
+        tracing::info!(%agent, trace_id = %answered, "reply to an answered envelope without again: true; nothing posted");
+        Err(ToolError::AlreadyAnswered(already_answered(answered, &attempts)))
     }
 
     /// What became of a reply request: its outcome once it is over (awaited while it
@@ -428,6 +457,55 @@ pub(super) fn parse_optional_trace_id(raw: Option<&str>) -> Result<Option<TraceI
     }
 }
 
+/// Reads `again` as the tool receives it: a JSON boolean, or nothing.
+fn parse_again(again: Option<&serde_json::Value>) -> Result<bool, ToolError> {
+    match again {
+        None | Some(serde_json::Value::Null | serde_json::Value::Bool(false)) => Ok(false),
+        Some(serde_json::Value::Bool(true)) => Ok(true),
+        Some(other) => Err(ToolError::Invalid(format!(
+            "again must be the JSON boolean true or false, not {other}; nothing was sent"
+        ))),
+    }
+}
+
+/// How much of the earlier reply [`already_answered`] quotes.
+const EARLIER_QUOTE_CHARS: usize = 120;
+
+/// What an answered envelope's earlier reply came to, for an agent that may not have seen
+/// it (its call was cancelled, or timed out), and how to send a further message anyway.
+/// `last_request`: the attempts of the envelope's most recent reply request, if any.
+pub fn already_answered(trace_id: &str, last_request: &[StoredAttempt]) -> String {
+    let again = "To add another message to this thread, call reply again with `again: true`.";
+    let summary = RecordedReply::from_attempts(0, trace_id.to_owned(), last_request);
+    let Some(summary) = summary.filter(|summary| !summary.sent.is_empty()) else {
+        return format!(
+            "{trace_id} is already answered (it was marked handled, and no reply to it is on record as \
+             delivered); nothing was posted. {again}"
+        );
+    };
+    let ids = summary.sent.iter().map(|(_, id)| id.to_string()).collect::<Vec<_>>().join(", ");
+    let messages = if summary.sent.len() == 1 { format!("message {ids}") } else { format!("messages {ids}") };
+    // Every attempt at one part carries that part's text.
+    let first_index = summary.sent[0].0;
+    let first_part = last_request
+        .iter()
+        .find(|attempt| usize::try_from(attempt.chunk_index) == Ok(first_index))
+        .map(|attempt| attempt.text.as_str())
+        .unwrap_or_default();
+    let mut quoted: String = first_part.chars().take(EARLIER_QUOTE_CHARS).collect();
+    if first_part.chars().count() > EARLIER_QUOTE_CHARS || summary.parts > 1 {
+        quoted.push('…');
+    }
+    let how = match summary.verdict {
+        ReplyVerdict::Delivered => "was delivered".to_owned(),
+        _ => format!("was partly delivered ({} of {} parts)", summary.sent.len(), summary.parts),
+    };
+    format!(
+        "your earlier reply to {trace_id} {how} as {messages} (if that call was cancelled or timed out, this is \
+         what it came to): \"{quoted}\". Nothing was posted now. {again}"
+    )
+}
+
 fn receipt(target: &ReplyTarget, message_ids: Vec<i32>) -> ReplyReceipt {
     ReplyReceipt {
         trace_id: target.trace_id.clone(),
@@ -559,6 +637,42 @@ mod tests {
         // Different text, or a different split: start from scratch.
         assert!(parts_already_delivered(&last, &parts(&["one", "TWO", "three"])).is_empty());
         assert!(parts_already_delivered(&last, &parts(&["one", "two"])).is_empty());
+    }
+
+    #[test]
+    fn an_answered_envelope_says_what_its_earlier_reply_came_to_and_how_to_add_one() {
+        let delivered = [attempt(0, 1, "interrupted answer", AttemptState::Sent, Some(3))];
+        let text = already_answered("env_abcdefghij", &delivered);
+        assert!(text.contains("delivered as message 3"), "{text}");
+        assert!(text.contains("\"interrupted answer\""), "{text}");
+        assert!(text.contains("again: true"), "{text}");
+
+        let two = [
+            attempt(0, 2, "one", AttemptState::Sent, Some(7)),
+            attempt(1, 2, "two", AttemptState::Sent, Some(8)),
+        ];
+        assert!(
+            already_answered("env_x", &two).contains("messages 7, 8"),
+            "{}",
+            already_answered("env_x", &two)
+        );
+
+        let acked_only = already_answered("env_x", &[]);
+        assert!(
+            acked_only.contains("already answered") && acked_only.contains("again: true"),
+            "{acked_only}"
+        );
+    }
+
+    #[test]
+    fn again_is_a_json_boolean_or_nothing() {
+        assert!(!parse_again(None).unwrap());
+        assert!(!parse_again(Some(&serde_json::json!(false))).unwrap());
+        assert!(parse_again(Some(&serde_json::json!(true))).unwrap());
+        for wrong in [serde_json::json!("true"), serde_json::json!(1)] {
+            let error = parse_again(Some(&wrong)).unwrap_err().to_string();
+            assert!(error.contains("JSON boolean") && error.contains("nothing was sent"), "{error}");
+        }
     }
 
     #[test]

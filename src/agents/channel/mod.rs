@@ -169,6 +169,12 @@ struct ReplyArgs {
     /// Required when more than one conversation is waiting.
     #[serde(default)]
     trace_id: Option<String>,
+    /// true (a JSON boolean) to post a further message to a conversation you already
+    /// answered. Without it, a reply to an answered message posts nothing and says what your
+    /// earlier reply came to (after a cancelled or timed-out call, it may have gone out).
+    #[serde(default)]
+    #[schemars(with = "Option<bool>")]
+    again: Option<serde_json::Value>,
 }
 
 /// Arguments of the `ack` tool.
@@ -274,7 +280,9 @@ impl ChannelPlugin {
     #[tool(
         description = "Send a reply to the Telegram conversation a <channel> message came from. \
                        Name the message with trace_id whenever more than one conversation is waiting; \
-                       without it the reply is refused and the waiting conversations are listed.",
+                       without it the reply is refused and the waiting conversations are listed. \
+                       A message already answered gets a further message only with again: true; \
+                       without it nothing is posted and you are told what your earlier reply came to.",
         annotations(
             read_only_hint = false,
             destructive_hint = false,
@@ -291,7 +299,10 @@ impl ChannelPlugin {
             return Err("text is empty: there is nothing to send. Nothing was sent.".into());
         }
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
-        let request = ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()));
+        let request = ReplyRequest {
+            again: args.again,
+            ..ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()))
+        };
         tokio::select! {
             outcome = self.send_reply(&request) => outcome,
             // The agent session gave up on the call (the user pressed Esc). Stop waiting:

@@ -462,26 +462,36 @@ pub(super) fn describe_failure(
             };
             format!("{error}. The plugin and the daemon may be different versions of switchboard.{outcome}")
         }
+        // Every refusal's text starts with its code, so an agent (or a script) can branch
+        // on it; a daemon message that already begins with the code is not made to repeat it.
         ClientError::Refused { error: refusal, .. } => {
-            let message = &refusal.message;
+            let code = refusal.code.as_str();
+            let message = refusal
+                .message
+                .strip_prefix(code)
+                .and_then(|rest| rest.strip_prefix(": "))
+                .unwrap_or(&refusal.message);
             match refusal.code {
                 ErrorCode::Ambiguous => format!(
-                    "{name} was refused: {message}\n\nWaiting conversations{}:\n{}\n\nNothing was sent: call {name} \
-                     again with trace_id set to one of these.",
+                    "{code}: {name} was refused: {message}\n\nWaiting conversations{}:\n{}\n\nNothing was sent: \
+                     call {name} again with trace_id set to one of these.",
                     cut_note(refusal.candidates.len(), refusal.candidates_total),
                     describe_candidates(&refusal.candidates)
                 ),
                 ErrorCode::Unresolved => format!(
-                    "{name} failed: {message}\n\nDo NOT send this reply again, not even reworded: it may already \
-                     have been delivered. The message stays unresolved until an operator reconciles it with \
-                     `switchboard ledger`."
+                    "{code}: {name} failed: {message}\n\nDo NOT send this reply again, not even reworded: it may \
+                     already have been delivered. The message stays unresolved until an operator reconciles it \
+                     with `switchboard ledger`."
                 ),
                 ErrorCode::Unauthorized => format!(
-                    "{name} was refused: {message}\n\nThe daemon did not accept this plugin's secret for agent \
-                     '{agent}'. The operator must give the variable {secret_env} the same value for `switchboard \
-                     channel` as for `switchboard run`. Nothing was changed."
+                    "{code}: {name} was refused: {message}\n\nThe daemon did not accept this plugin's secret for \
+                     agent '{agent}'. The operator must give the variable {secret_env} the same value for \
+                     `switchboard channel` as for `switchboard run`. Nothing was changed."
                 ),
-                _ => format!("{name} was refused: {message}"),
+                // Not a failure of the earlier reply: what it came to, and how to add to it.
+                ErrorCode::AlreadyAnswered => format!("{code}: {message}"),
+                ErrorCode::NotSent => format!("{code}: {name} failed: {message}"),
+                _ => format!("{code}: {name} was refused: {message}"),
             }
         }
     }
@@ -693,7 +703,7 @@ mod tests {
             vec![candidate("env_aaaaaaaaaa", Some(42), "first"), candidate("env_bbbbbbbbbb", None, "second")],
         );
         let text = describe_failure(ToolName::Reply, &error, &agent(), "WORKER_SECRET");
-        assert!(text.starts_with("reply was refused: 2 conversations are waiting"), "{text}");
+        assert!(text.starts_with("ambiguous: reply was refused: 2 conversations are waiting"), "{text}");
         assert!(
             text.contains("trace_id env_aaaaaaaaaa: chat -100777 \"Ops\", topic 42, from @bob"),
             "{text}"
@@ -749,8 +759,43 @@ mod tests {
         let error = refused(ErrorCode::UnknownTraceId, "env_abcdefghij belongs to another agent", vec![]);
         assert_eq!(
             describe_failure(ToolName::Reply, &error, &agent(), "S"),
-            "reply was refused: env_abcdefghij belongs to another agent"
+            "unknown_trace_id: reply was refused: env_abcdefghij belongs to another agent"
         );
+    }
+
+    #[test]
+    fn every_refusal_starts_with_its_code_and_says_it_once() {
+        let cases = [
+            (ToolName::Reply, ErrorCode::Ambiguous, "2 conversations are waiting"),
+            (ToolName::Reply, ErrorCode::NothingPending, "nothing you have been shown is waiting"),
+            (ToolName::Reply, ErrorCode::UnknownTraceId, "env_x is not one of yours"),
+            (ToolName::Reply, ErrorCode::NotAnswerable, "envelope env_x is rejected"),
+            (ToolName::Reply, ErrorCode::AlreadyAnswered, "your earlier reply to env_x was delivered"),
+            (ToolName::Reply, ErrorCode::Unresolved, "the send timed out"),
+            (ToolName::Reply, ErrorCode::NotSent, "Telegram did not take the reply"),
+            (
+                ToolName::SendToAgent,
+                ErrorCode::AlreadyDelegated,
+                "already_delegated: in this turn you already",
+            ),
+            (ToolName::CallAgent, ErrorCode::AlreadyRunning, "already_running: your handoff hof_x is open"),
+            (ToolName::SendToAgent, ErrorCode::DepthLimit, "this handoff would be 4 levels deep"),
+            (ToolName::SendToAgent, ErrorCode::UnknownAgent, "there is no agent 'nobody'"),
+            (ToolName::SendToAgent, ErrorCode::SelfHandoff, "'worker' is you"),
+            (ToolName::Reply, ErrorCode::Superseded, "superseded: task_x is at revision 2"),
+            (ToolName::Reply, ErrorCode::Paused, "paused: task_x is paused"),
+            (ToolName::Reply, ErrorCode::Cancelled, "cancelled: task_x was cancelled"),
+            (ToolName::ReviseTask, ErrorCode::NoRevision, "env_x is not pending"),
+            (ToolName::Ack, ErrorCode::Unauthorized, "bad credentials"),
+        ];
+        for (tool, code, message) in cases {
+            let text = describe_failure(tool, &refused(code, message, vec![]), &agent(), "S");
+            let name = code.as_str();
+            assert!(text.starts_with(&format!("{name}: ")), "{code:?}: {text}");
+            assert_eq!(text.matches(&format!("{name}: ")).count(), 1, "the code said once: {text}");
+            let said = message.strip_prefix(&format!("{name}: ")).unwrap_or(message);
+            assert!(text.contains(said), "the daemon's words are passed on: {text}");
+        }
     }
 
     #[test]

@@ -1,0 +1,184 @@
+//! A ledger on a disk that fills up (issue 25, item 4): the one-page readiness probe still
+//! fits, but intake cannot record a batch, nor a reply its attempt. `/readyz` must say so
+//! (`ledger_full`, what, and for how long) while it lasts and be ready again once space is
+//! back, `/metrics` must count the failed writes, and nothing may be lost: the messages
+//! arrive, once each, afterwards, and the reply can be sent again.
+//!
+//! The disk is a real one: a small tmpfs mounted for the test (root only; skipped with a
+//! message elsewhere), filled with a filler file, unmounted by a drop guard.
+
+mod support;
+
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use support::agents::*;
+use support::daemon::*;
+use support::fake_telegram::{ChatSpec, FakeTelegram};
+
+/// Room for the ledger as migrations leave it, and a little more.
+const TMPFS_SIZE: &str = "8m";
+
+/// The poller's backoff between batches the ledger refused reaches 16 s after a few
+/// failures (30 s at most): long enough to wait for intake to come back.
+const RECOVERY: Duration = Duration::from_secs(60);
+
+/// A tmpfs mounted on a fresh directory, unmounted on drop (even when the test fails).
+struct Tmpfs {
+    dir: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    /// `None` when mounting is not allowed here (not root, or no mount namespace rights).
+    fn mount(size: &str) -> Option<Self> {
+        let dir = tempfile::tempdir().ok()?;
+        let mounted = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|status| status.success());
+        mounted.then_some(Self { dir })
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        // Lazily: a daemon still holding the ledger open must not keep the mount.
+        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
+    }
+}
+
+/// Fills the file system holding `path` until a write fails with "no space left".
+fn fill(path: &Path) -> PathBuf {
+    let filler = path.join("filler");
+    let mut file = std::fs::File::create(&filler).expect("create the filler");
+    let chunk = vec![0u8; 64 * 1024];
+    loop {
+        match file.write_all(&chunk).and_then(|()| file.sync_all()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(28) => break, // ENOSPC
+            Err(e) => panic!("filling the disk failed otherwise: {e}"),
+        }
+    }
+    filler
+}
+
+async fn get(daemon: &TestDaemon, path: &str) -> (u16, String) {
+    let client = reqwest::Client::builder().no_proxy().timeout(WAIT).build().unwrap();
+    let response = client.get(format!("http://{}{path}", daemon.api_addr)).send().await.expect(path);
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+async fn readiness(daemon: &TestDaemon) -> (u16, serde_json::Value) {
+    let (status, body) = get(daemon, "/readyz").await;
+    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz is not JSON ({e}): {body}")))
+}
+
+fn reason<'a>(body: &'a serde_json::Value, code: &str) -> Option<&'a serde_json::Value> {
+    body["reasons"].as_array().unwrap().iter().find(|reason| reason["code"] == code)
+}
+
+/// The value of the failure counter for intake on a full disk, from `/metrics`.
+async fn intake_failures_on_a_full_disk(daemon: &TestDaemon) -> f64 {
+    let (status, text) = get(daemon, "/metrics").await;
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .find(|line| {
+            line.starts_with("switchboard_ledger_write_failures_total{")
+                && line.contains("write=\"intake\"")
+                && line.contains("reason=\"disk_full\"")
+        })
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no intake disk_full counter in /metrics:\n{text}"))
+}
+
+#[tokio::test]
+async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_nothing() {
+    let Some(tmpfs) = Tmpfs::mount(TMPFS_SIZE) else {
+        eprintln!("skipped: cannot mount a tmpfs here (not root?); this test needs a real full file system");
+        return;
+    };
+    let fake = FakeTelegram::start().await;
+    let database = tmpfs.path().join("ledger.db");
+    let env = [("SWITCHBOARD__STORAGE__DATABASE", database.to_str().unwrap())];
+    let daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), &env);
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "before the disk filled up");
+    let first = trace_id(&nth(&orchestrator, 1).await);
+    assert_eq!(readiness(&daemon).await.0, 200);
+    assert_eq!(intake_failures_on_a_full_disk(&daemon).await, 0.0);
+
+    let filler = fill(tmpfs.path());
+    // Batches of messages until intake cannot record one: the WAL has room for a few
+    // before it must grow.
+    let text = "x".repeat(3000);
+    let mut pushed = 0;
+    let deadline = Instant::now() + RECOVERY;
+    let full = loop {
+        for _ in 0..20 {
+            pushed += 1;
+            fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), &format!("message {pushed} {text}"));
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (status, body) = readiness(&daemon).await;
+        // A checkpoint may fail first (the database file cannot grow); intake is what
+        // this waits for.
+        let full = reason(&body, "ledger_full").and_then(|r| r["detail"].as_str()).unwrap_or_default();
+        if status == 503 && full.contains("incoming messages") {
+            break body;
+        }
+        assert!(Instant::now() < deadline, "never not ready after {pushed} messages: {status} {body}");
+    };
+    let detail = reason(&full, "ledger_full").unwrap()["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("incoming messages") && detail.contains("s;"),
+        "what, and for how long: {detail}"
+    );
+    daemon.wait_for_log("the disk holding the ledger is full", WAIT).await;
+    assert!(intake_failures_on_a_full_disk(&daemon).await >= 1.0);
+    assert!(fake.pending_update_count() > 0, "Telegram keeps what was not recorded");
+
+    // A reply cannot record its attempt either: nothing is sent, and readiness says so.
+    let reply = serde_json::json!({"text": "noted", "trace_id": first});
+    let (is_error, text) = orchestrator.call_tool("reply", reply.clone()).await.unwrap();
+    assert!(is_error && text.starts_with("not_sent: ") && text.contains("you may reply again"), "{text}");
+    let (status, body) = readiness(&daemon).await;
+    let full = reason(&body, "ledger_full").and_then(|r| r["detail"].as_str()).unwrap_or_default();
+    assert!(status == 503 && full.contains("send attempts"), "{body}");
+    assert!(fake.sent_messages().is_empty(), "nothing was sent that could not be recorded");
+
+    std::fs::remove_file(&filler).unwrap();
+    let deadline = Instant::now() + RECOVERY;
+    loop {
+        let (status, body) = readiness(&daemon).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "still not ready with space back: {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // Nothing lost, nothing twice: every message reached the agent, once.
+    let delivered = orchestrator.wait_for_notifications(pushed + 1, RECOVERY).await.unwrap();
+    let mut numbers: Vec<usize> = delivered
+        .iter()
+        .skip(1)
+        .map(|n| n.content.split(' ').nth(1).and_then(|n| n.parse().ok()).expect("message N …"))
+        .collect();
+    numbers.sort_unstable();
+    assert_eq!(numbers, (1..=pushed).collect::<Vec<_>>(), "each message once");
+    // And the reply that could not be recorded goes out now.
+    let (is_error, text) = orchestrator.call_tool("reply", reply).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(1, WAIT).await[0].text, "noted");
+    assert_eq!(readiness(&daemon).await.0, 200);
+    drop(orchestrator);
+    drop(daemon);
+}
