@@ -78,7 +78,9 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          tool answers it.\n\
          - Answer with `{reply}`, passing the event's trace_id. It goes back to the chat and topic of the \
          message, threaded to it. Without trace_id the reply is refused when more than one conversation is \
-         waiting, and the waiting conversations are listed.\n\
+         waiting, and the waiting conversations are listed. A message already answered gets no second reply \
+         unless you pass again: true (a further message in the same thread); without it you are told what \
+         your earlier reply came to, and nothing is sent.\n\
          - `{pending}` lists the conversations still waiting for an answer.\n\
          - `{ack}` marks a message handled without replying (when it needs no answer); add a short note.\n\
          - A failed tool says what to do next. If a reply's delivery is reported as unresolved or unknown, \
@@ -812,6 +814,7 @@ mod tests {
             "`mcp__sb-work__call_agent`",
             "`mcp__sb-work__revise_task`",
             "do NOT send it again",
+            "again: true",
             "'worker'",
         ] {
             assert!(text.contains(needle), "instructions lack {needle}: {text}");
