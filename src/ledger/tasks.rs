@@ -28,7 +28,7 @@ pub struct StoredTask {
     pub thread_id: Option<i64>,
     pub agent: String,
     pub route: String,
-    pub state: String,
+    pub state: TaskState,
     pub revision: i64,
     pub objective: String,
     pub predecessor: Option<String>,
@@ -93,7 +93,7 @@ impl StoredTask {
             thread_id: row.get("thread_id")?,
             agent: row.get("agent")?,
             route: row.get("route")?,
-            state: row.get("state")?,
+            state: parse_state(row, "state")?,
             revision: row.get("revision")?,
             objective: row.get("objective")?,
             predecessor: row.get("predecessor")?,
@@ -112,7 +112,7 @@ impl StoredTask {
     }
 
     pub fn state(&self) -> TaskState {
-        parse_state(&self.state)
+        self.state
     }
 
     /// What admission needs to know of it.
@@ -598,16 +598,15 @@ fn latest_task(
     thread_id: Option<i64>,
     agent: &str,
 ) -> rusqlite::Result<Option<(String, i64, TaskState)>> {
-    let latest: Option<(i64, String, i64, String)> = query_row_cached(
+    let latest: Option<(i64, String, i64, TaskState)> = query_row_cached(
         db,
         "SELECT id, task_id, revision, state FROM tasks WHERE chat_id = ?1 AND agent = ?2 AND thread_id IS ?3 \
          ORDER BY id DESC LIMIT 1",
         rusqlite::params![chat_id, agent, thread_id],
-        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
+        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, parse_state(row, "state")?)),
     )
     .optional()?;
-    let Some((id, task_id, revision, state)) = latest else { return Ok(None) };
-    let mut state = parse_state(&state);
+    let Some((id, task_id, revision, mut state)) = latest else { return Ok(None) };
     if state == TaskState::Open
         && execute_cached(db, concat!(close_if_finished!(), "AND id = ?2"), rusqlite::params![now(), id])?
             == 1
@@ -1402,15 +1401,19 @@ pub enum DeclareTaskError {
     Ledger(#[from] sqlx::Error),
 }
 
-fn parse_state(raw: &str) -> TaskState {
-    match raw {
-        "paused" => TaskState::Paused,
-        "stop_requested" => TaskState::StopRequested,
-        "stopped" => TaskState::Stopped,
-        "done" => TaskState::Done,
-        "replaced" => TaskState::Replaced,
-        _ => TaskState::Open,
-    }
+/// A task's state column, read strictly: a name no state has is an error (logged with the
+/// row's task id), never a task read as open.
+fn parse_state(row: &rusqlite::Row<'_>, column: &str) -> rusqlite::Result<TaskState> {
+    let name: String = row.get(column)?;
+    TaskState::parse(&name).ok_or_else(|| {
+        let task_id = row.get::<_, String>("task_id").unwrap_or_default();
+        tracing::error!(task_id, state = %name, "a task in the ledger has a state this switchboard does not know");
+        rusqlite::Error::FromSqlConversionFailure(
+            row.as_ref().column_index(column).unwrap_or_default(),
+            rusqlite::types::Type::Text,
+            format!("unknown task state {name:?}").into(),
+        )
+    })
 }
 
 fn to_u32(value: i64) -> u32 {

@@ -1,4 +1,5 @@
 use super::*;
+use crate::rules::revisions::TaskState;
 use chrono::Utc;
 
 use crate::ids::{AgentName, RouteName, TraceId};
@@ -656,7 +657,23 @@ async fn pause_resume_and_cancel_are_revisions_that_close_and_open_admission() {
         .transition(queued.id, &[EnvelopeState::Pending], EnvelopeState::Acked, "agent:orch", None)
         .await
         .unwrap();
-    assert_eq!(ledger.task(&task_id).await.unwrap().unwrap().0.state, "stopped");
+    assert_eq!(ledger.task(&task_id).await.unwrap().unwrap().0.state, TaskState::Stopped);
+}
+
+/// A task state this switchboard does not know (a row written around the CHECK, or by a
+/// newer version) is an error, never a task read as open.
+#[tokio::test]
+async fn an_unknown_task_state_is_an_error_not_an_open_task() {
+    let (dir, ledger) = ledger().await;
+    let envelope = one_pending_message(&ledger).await;
+    let task_id = envelope.task_id.clone().unwrap();
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    db.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
+    db.execute("UPDATE tasks SET state = 'archived' WHERE task_id = ?1", [&task_id]).unwrap();
+    drop(db);
+    let read = ledger.task(&task_id).await;
+    assert!(read.is_err(), "read as {read:?}");
+    assert!(format!("{:?}", read.unwrap_err()).contains("archived"));
 }
 
 /// `Ledger::begin_attempt` decides admission in SQL, in the statement that records the

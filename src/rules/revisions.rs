@@ -90,6 +90,14 @@ impl TaskState {
         }
     }
 
+    /// The state a stored name stands for; `None` for a name no state has (a row written
+    /// by something else, or a newer version): read strictly, never as a default.
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::Open, Self::Paused, Self::StopRequested, Self::Stopped, Self::Done, Self::Replaced]
+            .into_iter()
+            .find(|state| state.as_str() == name)
+    }
+
     /// Whether new messages of the conversation join it (rather than start a new task).
     pub fn is_open(self) -> bool {
         matches!(self, Self::Open | Self::Paused | Self::StopRequested)
@@ -289,6 +297,22 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn a_task_state_is_read_back_from_its_name_and_an_unknown_name_is_none() {
+        for state in [
+            TaskState::Open,
+            TaskState::Paused,
+            TaskState::StopRequested,
+            TaskState::Stopped,
+            TaskState::Done,
+            TaskState::Replaced,
+        ] {
+            assert_eq!(TaskState::parse(state.as_str()), Some(state));
+        }
+        assert_eq!(TaskState::parse("archived"), None);
+        assert_eq!(TaskState::parse("Open"), None);
+    }
 
     const BOT: &str = "switchboard_bot";
 

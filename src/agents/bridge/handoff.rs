@@ -60,10 +60,10 @@ impl Bridge {
         };
         let now = Utc::now();
         let this_turn = match &cause {
-            Some(cause) => priors(ledger.handoffs_for_cause(cause.id).await?, now),
+            Some(cause) => priors(ledger.handoffs_for_cause(cause.id).await?, now)?,
             None => Vec::new(),
         };
-        let open = priors(ledger.open_handoffs_from(agent).await?, now);
+        let open = priors(ledger.open_handoffs_from(agent).await?, now)?;
         let mut agents: Vec<AgentName> = self.inner.agents.keys().cloned().collect();
         agents.sort();
         let ask = HandoffAsk { from: agent, to: &request.to, text: &request.text, followup };
@@ -320,14 +320,25 @@ fn guard_refused(agent: &AgentName, refusal: guard::Refusal) -> ToolError {
     ToolError::Handoff(refusal)
 }
 
-fn priors(handoffs: Vec<StoredHandoff>, now: DateTime<Utc>) -> Vec<PriorHandoff> {
+/// The earlier handoffs the guard weighs. Read strictly: a handoff whose target or time
+/// cannot be read refuses the new one (a ledger error), since skipping it could let a
+/// second instruction through that the guard exists to stop.
+fn priors(handoffs: Vec<StoredHandoff>, now: DateTime<Utc>) -> Result<Vec<PriorHandoff>, ToolError> {
     handoffs
         .into_iter()
-        .filter_map(|handoff| {
-            let opened = DateTime::parse_from_rfc3339(&handoff.opened_at).ok()?.with_timezone(&Utc);
-            Some(PriorHandoff {
+        .map(|handoff| {
+            let unreadable = |what: String| {
+                tracing::error!(handoff_id = %handoff.handoff_id, "a handoff in the ledger cannot be read: {what}");
+                ToolError::from(sqlx::Error::Decode(format!("handoff {}: {what}", handoff.handoff_id).into()))
+            };
+            let opened = DateTime::parse_from_rfc3339(&handoff.opened_at)
+                .map_err(|e| unreadable(format!("opened_at {:?}: {e}", handoff.opened_at)))?
+                .with_timezone(&Utc);
+            let to = AgentName::parse(&handoff.to_agent)
+                .map_err(|e| unreadable(format!("to_agent {:?}: {e}", handoff.to_agent)))?;
+            Ok(PriorHandoff {
                 handoff_id: handoff.handoff_id,
-                to: AgentName::parse(&handoff.to_agent).ok()?,
+                to,
                 instruction: handoff.instruction,
                 age: (now - opened).to_std().unwrap_or(Duration::ZERO),
             })
@@ -347,5 +358,52 @@ fn answered_receipt(handoff: &StoredHandoff, trace_id: &str) -> ReplyReceipt {
             to_agent: handoff.from_agent.clone(),
         }),
         room_turn: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::HandoffState;
+
+    fn open_handoff(to_agent: &str, opened_at: &str) -> StoredHandoff {
+        StoredHandoff {
+            id: 1,
+            handoff_id: "hof_aaaaaaaaaa".into(),
+            from_agent: "orchestrator".into(),
+            to_agent: to_agent.into(),
+            instruction: "build it".into(),
+            cause_envelope_id: None,
+            cause_trace_id: None,
+            depth: 1,
+            followup_of: None,
+            intent: None,
+            request_id: None,
+            envelope_id: 2,
+            envelope_trace_id: "env_bbbbbbbbbb".into(),
+            answer_envelope_id: None,
+            answer_trace_id: None,
+            answer_request_id: None,
+            state: HandoffState::Open,
+            opened_at: opened_at.into(),
+            closed_at: None,
+            note: None,
+            task_id: None,
+            late_result: None,
+        }
+    }
+
+    #[test]
+    fn an_earlier_handoff_the_guard_cannot_read_refuses_the_new_one() {
+        let now = Utc::now();
+        let readable = priors(vec![open_handoff("worker", "2026-01-01T00:00:00.000Z")], now).unwrap();
+        assert_eq!(readable.len(), 1);
+        assert_eq!(readable[0].to.as_str(), "worker");
+        // Skipped, it would let a second instruction through: an error instead.
+        assert!(matches!(priors(vec![open_handoff("worker", "yesterday")], now), Err(ToolError::Ledger(_))));
+        assert!(matches!(
+            priors(vec![open_handoff("", "2026-01-01T00:00:00Z")], now),
+            Err(ToolError::Ledger(_))
+        ));
     }
 }
