@@ -13,6 +13,7 @@ use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
 use support::mcp::ChannelClient;
 use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState, StoredTask};
+use switchboard::rules::revisions::TaskState;
 
 /// Long enough for something that should not happen to show.
 const QUIET: Duration = Duration::from_millis(700);
@@ -218,7 +219,7 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
     let cancel = nth(&orchestrator, 2).await;
     assert_eq!((meta(&cancel, "kind"), meta(&cancel, "change")), ("revision", "cancel"));
     assert!(posted(&fake, 1).await[0].contains("stop requested"));
-    assert_eq!(task(&daemon, &task_id).await.state, "stop_requested");
+    assert_eq!(task(&daemon, &task_id).await.state, TaskState::StopRequested);
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Superseded);
 
     let (is_error, text) = reply(&orchestrator, &trace, "Migrating now").await;
@@ -234,7 +235,7 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
         orchestrator.call_tool("ack", json!({"trace_id": trace_id(&cancel)})).await.unwrap();
     assert!(!is_error, "{text}");
     let stopped = task(&daemon, &task_id).await;
-    assert_eq!(stopped.state, "stopped");
+    assert_eq!(stopped.state, TaskState::Stopped);
     assert!(stopped.stopped_at.is_some());
     assert_eq!(fake.sent_messages().len(), 2, "nothing of the task was sent");
 
@@ -260,7 +261,7 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
     let (ok, out, err) =
         daemon.ledger_cli(&["task", &second_task, "--stopped", "--reason", "the agent crashed"]);
     assert!(ok && out.contains("stopped") && out.contains("the agent crashed"), "{out}{err}");
-    assert_eq!(task(&daemon, &second_task).await.state, "stopped");
+    assert_eq!(task(&daemon, &second_task).await.state, TaskState::Stopped);
     // Posted so far: the two cancels' acknowledgements and the two answers to /status.
     assert!(posted(&fake, 4).await[3].contains("stop requested"));
     fake.push_text(owner_chat(), owner(), "/status");
