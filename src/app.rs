@@ -17,17 +17,16 @@ use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
 use crate::agents::api::server::Operations;
-use crate::agents::bridge::{AuditChat, Bridge, HandoffRules, ReplyLimits, RoomDriver};
+use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver};
 use crate::config::{DaemonSecrets, Settings};
 use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
 use crate::operate::health::{Health, PollHealth};
 use crate::operate::metrics;
-use crate::operate::reload::{self, Reloader, Routing};
+use crate::operate::reload::{self, Reloader};
 use crate::rules::pacing::ChatPacer;
-use crate::rules::routes::RouteTarget;
 use crate::telegram::bot_api::BotApi;
 use crate::telegram::outbound::Outbound;
-use crate::telegram::poller::{self, Poller};
+use crate::telegram::poller::{self, Poller, Routing};
 
 /// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
 /// up, so a healthy long poll is never cut short by our own timeout.
@@ -104,7 +103,7 @@ impl Daemon {
             outbound.clone(),
             secrets.agents,
             limits,
-            handoff_rules(&settings),
+            HandoffRules::of(&settings),
             shutdown.child_token(),
             tasks.clone(),
         );
@@ -255,21 +254,6 @@ async fn metrics_upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
             () = shutdown.cancelled() => return,
         }
     }
-}
-
-/// The handoff settings, with the audit route resolved to its chat.
-pub fn handoff_rules(settings: &Settings) -> HandoffRules {
-    let audit = settings.handoffs.audit_route.as_ref().and_then(|name| {
-        let route = settings.routes.routes().iter().find(|route| &route.name == name)?;
-        let chat = match route.target {
-            RouteTarget::Topic { chat_id, thread_id } => AuditChat { chat_id, thread_id: Some(thread_id) },
-            RouteTarget::Chat { chat_id } => AuditChat { chat_id, thread_id: None },
-            // Refused when the configuration is loaded.
-            RouteTarget::Default => return None,
-        };
-        Some((name.to_string(), chat))
-    });
-    HandoffRules { max_depth: settings.handoffs.max_depth, audit }
 }
 
 fn bot(token: &str, api_url: &reqwest::Url, timeout: Duration) -> anyhow::Result<Bot> {

@@ -22,26 +22,13 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::agents::bridge::{Bridge, ReplyLimits};
+use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits};
 use crate::config::Settings;
 use crate::ids::AgentName;
 use crate::operate::metrics;
-use crate::rules::routes::{Route, RouteTarget, RoutesTable};
+use crate::rules::routes::{Route, RouteTarget};
 use crate::telegram::outbound::Outbound;
-
-/// What the poller routes with: one snapshot per batch.
-#[derive(Debug, Clone, Default)]
-pub struct Routing {
-    pub routes: RoutesTable,
-    /// Sender ids allowed to reach an agent; empty means everyone in a routed chat.
-    pub allowed_users: Vec<i64>,
-}
-
-impl Routing {
-    pub fn of(settings: &Settings) -> Self {
-        Self { routes: settings.routes.clone(), allowed_users: settings.telegram.allowed_users.clone() }
-    }
-}
+use crate::telegram::poller::Routing;
 
 /// What a new file changes, sorted by whether the running daemon can apply it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -246,7 +233,7 @@ impl Reloader {
         self.bridge.set_rooms(running.rooms.clone());
         self.bridge.reload_rules(
             ReplyLimits { max_reply_parts: running.outbound.max_reply_parts },
-            crate::app::handoff_rules(&running),
+            HandoffRules::of(&running),
         );
         self.outbound
             .set_pacing(running.outbound.private_chat_interval, running.outbound.group_chat_interval);

@@ -22,11 +22,26 @@ use crate::ids::AgentName;
 use crate::ledger::{EnvelopeState, LedgerCongestion};
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::operate::health::PollHealth;
-use crate::operate::{metrics, reload::Routing};
+use crate::operate::metrics;
+use crate::rules::routes::RoutesTable;
 use crate::rules::routes::{Disposition, dispose};
 use crate::telegram::envelope::{self, Inbound};
 use crate::telegram::updates::{FetchError, RawUpdate, UpdatesClient};
 use crate::telemetry;
+
+/// What the poller routes with: one snapshot per batch.
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    pub routes: RoutesTable,
+    /// Sender ids allowed to reach an agent; empty means everyone in a routed chat.
+    pub allowed_users: Vec<i64>,
+}
+
+impl Routing {
+    pub fn of(settings: &Settings) -> Self {
+        Self { routes: settings.routes.clone(), allowed_users: settings.telegram.allowed_users.clone() }
+    }
+}
 
 /// Telegram's maximum batch.
 const BATCH_LIMIT: u8 = 100;

@@ -12,12 +12,14 @@ use chrono::{DateTime, Utc};
 
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::{AnsweredHandoff, HandoffReceipt, HandoffRequest, ReplyReceipt};
+use crate::config::Settings;
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
     AttemptPurpose, EnvelopeState, HandoffEnd, HandoffState, NewHandoff, StoredEnvelope, StoredHandoff,
 };
 use crate::rules::guard::{self, HandoffAsk, PriorHandoff, Situation};
 use crate::rules::resolver;
+use crate::rules::routes::RouteTarget;
 use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
 
 /// Where `[handoffs] audit_route` copies go.
@@ -32,6 +34,25 @@ pub struct AuditChat {
 pub struct HandoffRules {
     pub max_depth: u32,
     pub audit: Option<(String, AuditChat)>,
+}
+
+impl HandoffRules {
+    /// The handoff settings, with the audit route resolved to its chat.
+    pub fn of(settings: &Settings) -> Self {
+        let audit = settings.handoffs.audit_route.as_ref().and_then(|name| {
+            let route = settings.routes.routes().iter().find(|route| &route.name == name)?;
+            let chat = match route.target {
+                RouteTarget::Topic { chat_id, thread_id } => {
+                    AuditChat { chat_id, thread_id: Some(thread_id) }
+                }
+                RouteTarget::Chat { chat_id } => AuditChat { chat_id, thread_id: None },
+                // Refused when the configuration is loaded.
+                RouteTarget::Default => return None,
+            };
+            Some((name.to_string(), chat))
+        });
+        Self { max_depth: settings.handoffs.max_depth, audit }
+    }
 }
 
 impl Bridge {
