@@ -11,8 +11,7 @@
 //! Around them: [`config`], [`telemetry`], [`ids`], [`app`] (build and supervise the
 //! daemon), [`operate`] (readiness, metrics, reload) and [`cli`].
 
-// Denied, not forbidden: `ledger::wal_writes` is SQLite VFS code, and the one exception.
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod agents;
 pub mod app;

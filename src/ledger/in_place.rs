@@ -34,7 +34,6 @@ use rusqlite::{OpenFlags, TransactionBehavior, ffi};
 use sqlx::error::{DatabaseError, ErrorKind};
 
 use super::checkpoint::{BACKSTOP_PAGES, Checkpointer};
-use super::wal_writes;
 use super::{BUSY_TIMEOUT, Ledger};
 use crate::backoff::Backoff;
 use crate::config::Synchronous;
@@ -172,20 +171,10 @@ fn close_if_left_in_a_transaction(writer: &mut Option<rusqlite::Connection>) {
     }
 }
 
-/// The writer's connection: an own connection whose commits reach the WAL in one write
-/// each (`wal_writes`).
+/// The writer's connection: an own connection (SQLite's default VFS) with the writer's
+/// pragmas, and the checkpointer rung on every commit.
 fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusqlite::Connection> {
-    wal_writes::register().map_err(|code| {
-        rusqlite::Error::SqliteFailure(
-            ffi::Error::new(code),
-            Some("registering the writer's VFS (coalesced WAL writes)".into()),
-        )
-    })?;
-    let db = set_up_own_connection(rusqlite::Connection::open_with_flags_and_vfs(
-        path,
-        OWN_CONNECTION_FLAGS,
-        wal_writes::VFS_NAME,
-    )?)?;
+    let db = open_own_connection(path)?;
     db.pragma_update(None, "foreign_keys", true)?;
     let synchronous = match settings.synchronous {
         Synchronous::Normal => "NORMAL",
@@ -526,5 +515,224 @@ mod tests {
         assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_LOCKED)), Some(LedgerCongestion::Busy));
         assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_FULL)), Some(LedgerCongestion::DiskFull));
         assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_CORRUPT)), None);
+    }
+
+    /// What the writer's commits must hold on SQLite's own WAL writer, with the writer's
+    /// connection as `open_writer` opens it (its flags, pragmas, `cache_spill`,
+    /// `synchronous`), against another connection, a crash and a full file.
+    mod durability {
+        use std::path::{Path, PathBuf};
+        use std::process::Command;
+
+        use rusqlite::Connection;
+
+        use super::super::{WriterSettings, open_writer};
+        use crate::config::Synchronous;
+
+        /// The writer's connection to a new WAL database at `path`, with a table of rows
+        /// spread over several indexes, as the ledger's are; no automatic checkpoint, so
+        /// the commits stay in the WAL for another connection (or a recovered copy) to
+        /// read from there.
+        fn writer(path: &Path) -> Connection {
+            let created = Connection::open(path).unwrap();
+            created.pragma_update(None, "journal_mode", "WAL").unwrap();
+            created
+                .execute_batch(
+                    "CREATE TABLE rows (id INTEGER PRIMARY KEY, name TEXT, body BLOB);
+                     CREATE INDEX rows_by_name ON rows (name);
+                     CREATE INDEX rows_by_body ON rows (substr(body, 1, 16));",
+                )
+                .unwrap();
+            drop(created);
+            let settings = WriterSettings { synchronous: Synchronous::Normal, checkpointer: None };
+            let db = open_writer(path, &settings).unwrap();
+            db.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+            db
+        }
+
+        /// A new database in a directory of its own, and [`writer`]'s connection to it.
+        fn fresh(name: &str) -> (tempfile::TempDir, PathBuf, Connection) {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join(name);
+            let db = writer(&path);
+            (dir, path, db)
+        }
+
+        /// A page cache of a few pages, which spills a transaction of more to the WAL
+        /// before it ends.
+        fn spill_early(db: &Connection) {
+            db.pragma_update(None, "cache_size", 4).unwrap();
+            db.pragma_update(None, "cache_spill", 4).unwrap();
+        }
+
+        /// Another connection, as sqlx's, the readers' and another process's are.
+        fn other(path: &Path) -> Connection {
+            Connection::open(path).unwrap()
+        }
+
+        fn insert(db: &Connection, id: i64, body_bytes: usize) {
+            let body: Vec<u8> = (0..body_bytes).map(|i| (i as i64 * 31 + id) as u8).collect();
+            db.execute(
+                "INSERT INTO rows (id, name, body) VALUES (?1, ?2, ?3)",
+                rusqlite::params![id, format!("row {id}"), body],
+            )
+            .unwrap();
+        }
+
+        /// The ids and bodies another connection reads, and whether it finds the file whole.
+        fn read_back(path: &Path) -> (Vec<(i64, usize)>, String) {
+            let db = other(path);
+            let rows = db
+                .prepare("SELECT id, length(body) FROM rows ORDER BY id")
+                .unwrap()
+                .query_map([], |row| Ok((row.get(0)?, row.get::<_, i64>(1)? as usize)))
+                .unwrap()
+                .collect::<Result<_, _>>()
+                .unwrap();
+            let integrity = db.query_row("PRAGMA integrity_check", [], |row| row.get(0)).unwrap();
+            (rows, integrity)
+        }
+
+        #[test]
+        fn a_commit_is_in_the_wal_for_another_connection_when_it_returns() {
+            let (_dir, path, db) = fresh("one.db");
+            insert(&db, 1, 100);
+            // A row of 10 KB and its indexes: several pages, each a frame.
+            insert(&db, 2, 10_000);
+            // Another connection reads it from the WAL while the writer is still open.
+            assert_eq!(read_back(&path), (vec![(1, 100), (2, 10_000)], "ok".into()));
+        }
+
+        #[test]
+        fn a_transaction_rolled_back_after_it_spilled_to_the_wal_leaves_nothing() {
+            let (_dir, path, db) = fresh("spilled.db");
+            insert(&db, 1, 100);
+            spill_early(&db);
+            db.execute_batch("BEGIN").unwrap();
+            for id in 2..40 {
+                insert(&db, id, 3_000);
+            }
+            db.execute_batch("ROLLBACK").unwrap();
+            insert(&db, 40, 100);
+            assert_eq!(read_back(&path), (vec![(1, 100), (40, 100)], "ok".into()));
+        }
+
+        #[test]
+        fn what_a_rolled_back_transaction_spilled_never_overwrites_a_later_commit_of_another_connection() {
+            let (_dir, path, db) = fresh("shared.db");
+            for id in 1..=8 {
+                insert(&db, id, 3_000);
+            }
+            // The writer spills frames to the WAL and rolls back: they were never committed.
+            spill_early(&db);
+            db.execute_batch(
+                "BEGIN; INSERT INTO rows (id, name, body) VALUES (9, 'row 9', zeroblob(150000)); ROLLBACK;",
+            )
+            .unwrap();
+            // Another connection (another process, say) commits frames where they were.
+            let theirs = other(&path);
+            theirs.pragma_update(None, "wal_autocheckpoint", 0).unwrap();
+            theirs.execute("UPDATE rows SET name = 'theirs'", []).unwrap();
+            // The writer's next read and write leave them standing.
+            let names: i64 = db
+                .query_row("SELECT count(*) FROM rows WHERE name = 'theirs'", [], |row| row.get(0))
+                .unwrap();
+            insert(&db, 20, 100);
+            let (rows, integrity) = read_back(&path);
+            assert_eq!(integrity, "ok");
+            assert_eq!(rows.len(), 9);
+            assert_eq!(names, 8, "the writer reads the other's commit");
+            let names: i64 = other(&path)
+                .query_row("SELECT count(*) FROM rows WHERE name = 'theirs'", [], |row| row.get(0))
+                .unwrap();
+            assert_eq!(names, 8, "the other connection's commit stands");
+        }
+
+        /// A copy of the database and its WAL as a crash would leave them now (no
+        /// wal-index), opened and so recovered from the WAL by another connection.
+        fn recovered_copy(dir: &Path, name: &str) -> (Vec<(i64, usize)>, String) {
+            let copy = dir.join("copy");
+            std::fs::create_dir_all(&copy).unwrap();
+            std::fs::copy(dir.join(name), copy.join(name)).unwrap();
+            std::fs::copy(dir.join(format!("{name}-wal")), copy.join(format!("{name}-wal"))).unwrap();
+            read_back(&copy.join(name))
+        }
+
+        #[test]
+        fn a_transaction_that_wrote_a_page_twice_commits_whole_and_survives_recovery() {
+            let (dir, path, db) = fresh("twice.db");
+            insert(&db, 1, 100);
+            // The transaction spills its pages to the WAL, the update writes spilled pages
+            // again, in place, and the commit recomputes the frames' checksums.
+            spill_early(&db);
+            db.execute_batch("BEGIN").unwrap();
+            for id in 2..30 {
+                insert(&db, id, 2_000);
+            }
+            db.execute("UPDATE rows SET name = 'again'", []).unwrap();
+            db.execute_batch("COMMIT").unwrap();
+            let expected: Vec<(i64, usize)> =
+                std::iter::once((1, 100)).chain((2..30).map(|id| (id, 2_000))).collect();
+            assert_eq!(read_back(&path), (expected.clone(), "ok".into()));
+            assert_eq!(recovered_copy(dir.path(), "twice.db"), (expected, "ok".into()));
+        }
+
+        /// Set in the child process of the test below, which runs with a limit on file sizes.
+        const FULL_FILE_CHILD: &str = "SB_WRITER_FULL_FILE_DIR";
+
+        #[test]
+        fn a_write_that_fails_fails_its_commit_and_leaves_the_database_whole() {
+            if let Some(dir) = std::env::var_os(FULL_FILE_CHILD) {
+                return fail_a_commit_in(Path::new(&dir));
+            }
+            // A limit on file sizes holds for the whole process: it runs in a process of its
+            // own (this test binary, running only this test). Beyond the limit a write fails
+            // with EFBIG (as a full disk fails one with ENOSPC) instead of SIGXFSZ killing
+            // the process: the shell ignores the signal, and an ignored signal stays
+            // ignored across `exec`.
+            let test = concat!(
+                module_path!(),
+                "::a_write_that_fails_fails_its_commit_and_leaves_the_database_whole"
+            );
+            let test = test.split_once("::").map_or(test, |(_crate, path)| path);
+            let dir = tempfile::tempdir().unwrap();
+            let output = Command::new("sh")
+                .args(["-c", r#"trap "" XFSZ; exec "$0" "$@""#])
+                .arg(std::env::current_exe().unwrap())
+                .args(["--exact", test, "--nocapture", "--test-threads=1"])
+                .env(FULL_FILE_CHILD, dir.path())
+                .output()
+                .unwrap();
+            let log = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            assert!(output.status.success(), "{log}");
+            assert!(log.contains("1 passed"), "the child ran the test: {log}");
+            // What the failed commit left, read by another process: the rows committed
+            // before and after it, a whole file.
+            assert_eq!(read_back(&dir.path().join("full.db")), (vec![(1, 100), (3, 100)], "ok".into()));
+        }
+
+        fn fail_a_commit_in(dir: &Path) {
+            use nix::sys::resource::{Resource, getrlimit, setrlimit};
+
+            let path = dir.join("full.db");
+            let db = writer(&path);
+            insert(&db, 1, 100);
+            let (_, hard) = getrlimit(Resource::RLIMIT_FSIZE).unwrap();
+            let wal_size = std::fs::metadata(dir.join("full.db-wal")).unwrap().len();
+            setrlimit(Resource::RLIMIT_FSIZE, wal_size + 2_000, hard).unwrap();
+
+            let failed =
+                db.execute("INSERT INTO rows (id, name, body) VALUES (2, 'row 2', zeroblob(20000))", []);
+            assert!(failed.is_err(), "a commit that could not be written succeeded: {failed:?}");
+
+            setrlimit(Resource::RLIMIT_FSIZE, hard, hard).unwrap();
+            insert(&db, 3, 100);
+            let count: i64 = db.query_row("SELECT count(*) FROM rows", [], |row| row.get(0)).unwrap();
+            assert_eq!(count, 2, "the failed row is not there");
+        }
     }
 }

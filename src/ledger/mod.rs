@@ -91,9 +91,6 @@ mod rooms;
 mod sessions;
 mod states;
 mod tasks;
-// The one module with unsafe code: a VFS, which SQLite's C interface is the only way to add.
-#[allow(unsafe_code)]
-mod wal_writes;
 mod write_watch;
 
 pub use attempts::{
