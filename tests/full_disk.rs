@@ -69,18 +69,6 @@ fn fill(path: &Path) -> PathBuf {
     filler
 }
 
-async fn get(daemon: &TestDaemon, path: &str) -> (u16, String) {
-    let client = reqwest::Client::builder().no_proxy().timeout(WAIT).build().unwrap();
-    let response = client.get(format!("http://{}{path}", daemon.api_addr)).send().await.expect(path);
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap())
-}
-
-async fn readiness(daemon: &TestDaemon) -> (u16, serde_json::Value) {
-    let (status, body) = get(daemon, "/readyz").await;
-    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz is not JSON ({e}): {body}")))
-}
-
 fn reason<'a>(body: &'a serde_json::Value, code: &str) -> Option<&'a serde_json::Value> {
     body["reasons"].as_array().unwrap().iter().find(|reason| reason["code"] == code)
 }

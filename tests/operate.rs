@@ -59,18 +59,6 @@ fn the_demo_runs_every_step_as_narrated_and_keeps_its_ledger_on_request() {
 
 // ---- readiness ----
 
-async fn get(daemon: &TestDaemon, path: &str) -> (u16, String) {
-    let client = reqwest::Client::builder().no_proxy().timeout(WAIT).build().unwrap();
-    let response = client.get(format!("http://{}{path}", daemon.api_addr)).send().await.expect(path);
-    let status = response.status().as_u16();
-    (status, response.text().await.unwrap())
-}
-
-async fn readiness(daemon: &TestDaemon) -> (u16, serde_json::Value) {
-    let (status, body) = get(daemon, "/readyz").await;
-    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz is not JSON ({e}): {body}")))
-}
-
 /// Polls `/readyz` until it answers `status` (with a reason of `code`, for a 503).
 async fn wait_for_readiness(daemon: &TestDaemon, status: u16, code: Option<&str>) -> serde_json::Value {
     let deadline = Instant::now() + WAIT;

@@ -354,6 +354,21 @@ fn wait_with_timeout(child: &mut Child, within: Duration) -> ExitStatus {
     }
 }
 
+/// A GET on the daemon's local API, without credentials (the health and metrics routes):
+/// the status and the body.
+pub async fn get(daemon: &TestDaemon, path: &str) -> (u16, String) {
+    let client = reqwest::Client::builder().no_proxy().timeout(START_TIMEOUT).build().unwrap();
+    let response = client.get(format!("http://{}{path}", daemon.api_addr)).send().await.expect(path);
+    let status = response.status().as_u16();
+    (status, response.text().await.unwrap())
+}
+
+/// `GET /readyz`: the status and the body as JSON.
+pub async fn readiness(daemon: &TestDaemon) -> (u16, serde_json::Value) {
+    let (status, body) = get(daemon, "/readyz").await;
+    (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz is not JSON ({e}): {body}")))
+}
+
 /// A loopback address with a port nobody listens on right now.
 pub fn free_local_addr() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
