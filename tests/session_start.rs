@@ -64,10 +64,7 @@ async fn messages_that_waited_for_a_session_reach_a_client_that_starts_like_clau
 
 #[tokio::test]
 async fn a_client_that_connects_and_leaves_before_it_is_ready_takes_nothing() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let update = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "are you there?");
-    fake.wait_until_confirmed(update, WAIT).await;
+    let (_fake, daemon) = a_message_recorded_while_nobody_listens("are you there?").await;
     let ledger = daemon.ledger().await;
     let trace = ledger
         .list(&ListFilter { limit: 1, ..Default::default() })
@@ -90,6 +87,15 @@ async fn a_client_that_connects_and_leaves_before_it_is_ready_takes_nothing() {
     assert_eq!(message.meta_str("redelivered"), None);
 }
 
+/// A daemon with one message from the owner recorded, and no session connected.
+async fn a_message_recorded_while_nobody_listens(text: &str) -> (FakeTelegram, TestDaemon) {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let update = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), text);
+    fake.wait_until_confirmed(update, WAIT).await;
+    (fake, daemon)
+}
+
 /// Whether the envelope is still queued and was never handed to a session.
 async fn check_took_nothing(daemon: &TestDaemon, trace: &str) -> bool {
     let ledger = daemon.ledger().await;
@@ -100,10 +106,7 @@ async fn check_took_nothing(daemon: &TestDaemon, trace: &str) -> bool {
 
 #[tokio::test]
 async fn a_client_that_never_lists_the_tools_gets_its_session_with_its_first_tool_call() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let update = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "anyone?");
-    fake.wait_until_confirmed(update, WAIT).await;
+    let (_fake, daemon) = a_message_recorded_while_nobody_listens("anyone?").await;
 
     let agent =
         plugin_builder(&daemon, "orchestrator").without_tool_list().start().await.expect("plugin starts");

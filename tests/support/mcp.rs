@@ -282,16 +282,7 @@ impl ChannelClient {
         n: usize,
         timeout: Duration,
     ) -> anyhow::Result<Vec<ChannelNotification>> {
-        let mut receiver = self.notifications.subscribe();
-        match tokio::time::timeout(timeout, receiver.wait_for(|received| received.len() >= n)).await {
-            Ok(Ok(received)) => Ok(received.clone()),
-            _ => bail!(
-                "expected {n} channel notifications within {timeout:?}, have {}: {:#?}\nstderr:\n{}",
-                self.notifications.borrow().len(),
-                self.notifications.borrow(),
-                self.stderr_tail()
-            ),
-        }
+        self.wait_for_n(&self.notifications, n, timeout, "channel notifications").await
     }
 
     /// Waits until at least `n` `waiting` notices have arrived and returns all of them.
@@ -300,12 +291,23 @@ impl ChannelClient {
         n: usize,
         timeout: Duration,
     ) -> anyhow::Result<Vec<ChannelNotification>> {
-        let mut receiver = self.waiting.subscribe();
+        self.wait_for_n(&self.waiting, n, timeout, "waiting notices").await
+    }
+
+    async fn wait_for_n(
+        &self,
+        received: &watch::Sender<Vec<ChannelNotification>>,
+        n: usize,
+        timeout: Duration,
+        what: &str,
+    ) -> anyhow::Result<Vec<ChannelNotification>> {
+        let mut receiver = received.subscribe();
         match tokio::time::timeout(timeout, receiver.wait_for(|received| received.len() >= n)).await {
             Ok(Ok(received)) => Ok(received.clone()),
             _ => bail!(
-                "expected {n} waiting notices within {timeout:?}, have {}\nstderr:\n{}",
-                self.waiting.borrow().len(),
+                "expected {n} {what} within {timeout:?}, have {}: {:#?}\nstderr:\n{}",
+                received.borrow().len(),
+                received.borrow(),
                 self.stderr_tail()
             ),
         }

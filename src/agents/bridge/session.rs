@@ -239,9 +239,9 @@ impl Bridge {
         };
         ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
         tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), "agent session connected");
-        // The envelopes that waited for this session: those taken back, and the backlog
+        // Whether envelopes waited for this session: those taken back, or the backlog
         // claimed before the session first finds nothing left to take.
-        let mut waited = redelivered.len();
+        let mut waited = !redelivered.is_empty();
         let mut backlog_taken = false;
         for envelope in redelivered {
             if !self.hand_over(guard, &tx, &envelope, true).await {
@@ -266,12 +266,12 @@ impl Bridge {
                 if !self.hand_over(guard, &tx, &envelope, false).await {
                     return Ok(());
                 }
-                waited += usize::from(!backlog_taken);
+                waited |= !backlog_taken;
                 continue;
             }
             look_in_ledger = false;
             if !std::mem::replace(&mut backlog_taken, true)
-                && waited > 0
+                && waited
                 && let Some(notice) = self.waiting_notice(agent).await?
                 && tx.send(SessionEvent::Notice(notice)).await.is_err()
             {

@@ -591,7 +591,7 @@ impl ServerHandler for ChannelPlugin {
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
-        self.client_did(ClientEvent::Initialized, context.peer);
+        self.stream.client_did(ClientEvent::Initialized, context.peer);
     }
 
     async fn list_tools(
@@ -599,7 +599,7 @@ impl ServerHandler for ChannelPlugin {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        self.client_did(ClientEvent::ListedTools, context.peer.clone());
+        self.stream.client_did(ClientEvent::ListedTools, context.peer.clone());
         // What `#[tool_handler]` would answer.
         let cache_hints =
             context.protocol_version().is_some_and(|version| version >= ProtocolVersion::V_2026_07_28);
@@ -618,17 +618,8 @@ impl ServerHandler for ChannelPlugin {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        self.client_did(ClientEvent::CalledTool, context.peer.clone());
+        self.stream.client_did(ClientEvent::CalledTool, context.peer.clone());
         self.tool_router.call(ToolCallContext::new(self, request, context)).await
-    }
-}
-
-impl ChannelPlugin {
-    /// Notes what the agent session did and, once it is ready for channel notifications,
-    /// starts the session stream (see [`startup`]): nothing is pushed, and the daemon
-    /// hands this session nothing, before then.
-    fn client_did(&self, event: ClientEvent, peer: Peer<RoleServer>) {
-        self.stream.client_did(event, peer);
     }
 }
 
@@ -647,6 +638,9 @@ struct StreamStarter {
 }
 
 impl StreamStarter {
+    /// Notes what the agent session did and, once it is ready for channel notifications,
+    /// starts the session stream (see [`startup`]): nothing is pushed, and the daemon
+    /// hands this session nothing, before then.
     fn client_did(&self, event: ClientEvent, peer: Peer<RoleServer>) {
         if event == ClientEvent::Initialized {
             let starter = self.clone();
