@@ -44,7 +44,7 @@ pub const CHANNEL_CAPABILITY: &str = "claude/channel";
 /// The kind of the notice that sums up what waited for a session when it started: kept
 /// apart from the other notifications ([`ChannelClient::waiting_notices`]), so that the
 /// tests number the envelopes and notices they make themselves.
-pub const WAITING_KIND: &str = "waiting";
+pub const WAITING_KIND: &str = switchboard::agents::api::wire::WAITING_NOTICE;
 
 /// How long the plugin may take to exit once its stdin is closed.
 const EXIT_TIMEOUT: Duration = Duration::from_secs(10);

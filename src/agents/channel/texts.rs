@@ -10,7 +10,7 @@ use serde_json::json;
 use crate::agents::api::client::ClientError;
 use crate::agents::api::wire::{
     AckReceipt, AnsweredHandoff, DeliveredEnvelope, DeliveredNotice, ErrorCode, HandoffReceipt, PendingList,
-    PendingSummary, ReplyReceipt, RevisionReceipt,
+    PendingSummary, ReplyReceipt, RevisionReceipt, WAITING_NOTICE,
 };
 use crate::ids::{AgentName, TraceId};
 
@@ -149,7 +149,7 @@ pub(super) fn how_to_answer(
         ),
         "stop" => format!("finish your reply or {ack} your turn ({trace_id}); nobody speaks after you"),
         "pause" | "resume" => "nothing to answer: this notice changes the state of the task only".to_owned(),
-        "waiting" => format!(
+        WAITING_NOTICE => format!(
             "answer each listed message with {} naming its trace_id; {} lists them",
             tools.of(ToolName::Reply),
             tools.of(ToolName::Pending)
