@@ -12,7 +12,8 @@ use support::agents::*;
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
 use support::mcp::ChannelClient;
-use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState, StoredTask};
+use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState};
+use switchboard::rules::revisions::Task;
 use switchboard::rules::revisions::TaskState;
 
 /// Long enough for something that should not happen to show.
@@ -22,7 +23,7 @@ fn owner_chat() -> ChatSpec {
     ChatSpec::private(OWNER_CHAT)
 }
 
-async fn task(daemon: &TestDaemon, task_id: &str) -> StoredTask {
+async fn task(daemon: &TestDaemon, task_id: &str) -> Task {
     let ledger = daemon.ledger().await;
     let (task, _, _) = ledger.task(task_id).await.unwrap().expect("the task exists");
     ledger.close().await;

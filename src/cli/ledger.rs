@@ -315,7 +315,7 @@ async fn print_task(ledger: &Ledger, task_id: &str) -> anyhow::Result<()> {
     let Some((task, revisions, effects)) = ledger.task(task_id).await? else {
         anyhow::bail!("no task has id {task_id}");
     };
-    println!("{}", crate::ledger::describe_task(&task, &effects));
+    println!("{}", crate::rules::revisions::texts::describe(&task, &effects));
     println!(
         "conversation: {} chat {}{} → agent {}",
         task.route,

@@ -112,10 +112,7 @@ pub use rooms::{
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
 };
 pub use states::{EnvelopeKind, EnvelopeState};
-pub use tasks::{
-    BotPost, DeclareError, DeclareTaskError, DeclaredRevision, StoredRevision, StoredTask, TaskEffect,
-    TaskEffects, describe as describe_task,
-};
+pub use tasks::{BotPost, DeclareError, DeclareTaskError, DeclaredRevision, StoredRevision, TaskEffect};
 pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 
 impl Ledger {

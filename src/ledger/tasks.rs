@@ -4,8 +4,9 @@
 //! the write transactions that record them, so a change and an action are serialised and
 //! a correction that lands while a reply is being resolved cannot let the old reply out.
 //!
-//! The decisions are pure and live in `rules::revisions`; this module reads the plain data
-//! they need and applies what they decide.
+//! The decisions are pure and live in `rules::revisions` (what a change writes: its
+//! `plan`; what is said about it: its `texts`); this module reads the plain data they
+//! need and makes the writes they decide.
 
 use std::collections::{HashMap, HashSet};
 
@@ -16,37 +17,15 @@ use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{EnvelopeKind, EnvelopeState, Ledger, RoutedEnvelope, now};
 use crate::ids::{AgentName, TraceId, random_suffix};
+use crate::rules::revisions::plan::{
+    self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
+};
+use crate::rules::revisions::task::to_u32;
 use crate::rules::revisions::{
-    self, ChangeKind, HumanUpdate, InstructionChange, Meaning, OpenTask, Refusal, TaskNow, TaskState,
+    self, ChangeKind, HumanUpdate, OpenTask, Refusal, Task, TaskEffects, TaskState, texts,
 };
 
-/// A task as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredTask {
-    pub task_id: String,
-    pub chat_id: i64,
-    pub thread_id: Option<i64>,
-    pub agent: String,
-    pub route: String,
-    pub state: TaskState,
-    pub revision: i64,
-    pub objective: String,
-    pub predecessor: Option<String>,
-    pub successor: Option<String>,
-    pub instruction_revision: Option<i64>,
-    pub instruction_kind: Option<String>,
-    /// The trace id of the envelope that carries the current instruction.
-    pub act_on: Option<String>,
-    pub stop_requested_by: Option<String>,
-    pub stop_requested_at: Option<String>,
-    pub stopped_at: Option<String>,
-    pub stop_reason: Option<String>,
-    pub opened_at: String,
-    pub updated_at: String,
-    pub closed_at: Option<String>,
-}
-
-/// The columns of [`StoredTask`] (`t` the task, `a` the envelope to act on), and where
+/// The columns of a [`Task`] (`t` the task, `a` the envelope to act on), and where
 /// they come from.
 macro_rules! task_columns {
     () => {
@@ -84,54 +63,30 @@ macro_rules! busy_of {
     };
 }
 
-impl StoredTask {
-    /// A row of [`task_columns!`], read in place.
-    fn from_row(row: &rusqlite::Row) -> rusqlite::Result<Self> {
-        Ok(Self {
-            task_id: row.get("task_id")?,
-            chat_id: row.get("chat_id")?,
-            thread_id: row.get("thread_id")?,
-            agent: row.get("agent")?,
-            route: row.get("route")?,
-            state: parse_state(row, "state")?,
-            revision: row.get("revision")?,
-            objective: row.get("objective")?,
-            predecessor: row.get("predecessor")?,
-            successor: row.get("successor")?,
-            instruction_revision: row.get("instruction_revision")?,
-            instruction_kind: row.get("instruction_kind")?,
-            act_on: row.get("act_on")?,
-            stop_requested_by: row.get("stop_requested_by")?,
-            stop_requested_at: row.get("stop_requested_at")?,
-            stopped_at: row.get("stopped_at")?,
-            stop_reason: row.get("stop_reason")?,
-            opened_at: row.get("opened_at")?,
-            updated_at: row.get("updated_at")?,
-            closed_at: row.get("closed_at")?,
-        })
-    }
-
-    pub fn state(&self) -> TaskState {
-        self.state
-    }
-
-    /// What admission needs to know of it.
-    fn now(&self) -> TaskNow {
-        let instruction_change = match (self.instruction_kind.as_deref(), self.instruction_revision) {
-            (Some(kind), Some(revision)) => Some(InstructionChange {
-                kind: if kind == "new_objective" { ChangeKind::NewObjective } else { ChangeKind::Correction },
-                revision: to_u32(revision),
-                act_on: self.act_on.clone().unwrap_or_default(),
-            }),
-            _ => None,
-        };
-        TaskNow {
-            task_id: self.task_id.clone(),
-            revision: to_u32(self.revision),
-            state: self.state(),
-            instruction_change,
-        }
-    }
+/// A [`Task`] from a row of [`task_columns!`], read in place.
+fn task_from_row(row: &rusqlite::Row) -> rusqlite::Result<Task> {
+    Ok(Task {
+        task_id: row.get("task_id")?,
+        chat_id: row.get("chat_id")?,
+        thread_id: row.get("thread_id")?,
+        agent: row.get("agent")?,
+        route: row.get("route")?,
+        state: parse_state(row, "state")?,
+        revision: row.get("revision")?,
+        objective: row.get("objective")?,
+        predecessor: row.get("predecessor")?,
+        successor: row.get("successor")?,
+        instruction_revision: row.get("instruction_revision")?,
+        instruction_kind: row.get("instruction_kind")?,
+        act_on: row.get("act_on")?,
+        stop_requested_by: row.get("stop_requested_by")?,
+        stop_requested_at: row.get("stop_requested_at")?,
+        stopped_at: row.get("stopped_at")?,
+        stop_reason: row.get("stop_reason")?,
+        opened_at: row.get("opened_at")?,
+        updated_at: row.get("updated_at")?,
+        closed_at: row.get("closed_at")?,
+    })
 }
 
 /// One revision of a task, as `switchboard ledger task` shows it.
@@ -165,27 +120,14 @@ impl StoredRevision {
     }
 }
 
-/// What a task has done and has running, at one moment: `/status`, and each revision's
-/// snapshot.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct TaskEffects {
-    /// Confirmed sends: `op_…` and the Telegram message id.
-    pub confirmed: Vec<(String, i64)>,
-    /// Sends whose outcome is unknown and not yet reconciled: never retried.
-    pub unresolved: Vec<String>,
-    /// Open handoffs: `hof_…` and the agent working on it.
-    pub open_handoffs: Vec<(String, String)>,
-}
-
-impl TaskEffects {
-    fn to_json(&self) -> String {
-        json!({
-            "confirmed": self.confirmed.iter().map(|(op, message)| json!({"op_id": op, "message_id": message})).collect::<Vec<_>>(),
-            "unresolved": self.unresolved,
-            "open_handoffs": self.open_handoffs.iter().map(|(id, to)| json!({"handoff_id": id, "to": to})).collect::<Vec<_>>(),
-        })
-        .to_string()
-    }
+/// A task's effects as a revision's snapshot stores them.
+fn snapshot_json(effects: &TaskEffects) -> String {
+    json!({
+        "confirmed": effects.confirmed.iter().map(|(op, message)| json!({"op_id": op, "message_id": message})).collect::<Vec<_>>(),
+        "unresolved": effects.unresolved,
+        "open_handoffs": effects.open_handoffs.iter().map(|(id, to)| json!({"handoff_id": id, "to": to})).collect::<Vec<_>>(),
+    })
+    .to_string()
 }
 
 /// What the switchboard does once a transaction that changed tasks has committed.
@@ -215,24 +157,6 @@ pub struct BotPost {
     pub thread_id: Option<i64>,
     pub reply_to_message_id: Option<i64>,
     pub text: String,
-}
-
-/// Who made a change, and how.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Source {
-    Edit,
-    Command,
-    Agent,
-}
-
-impl Source {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Edit => "edit",
-            Self::Command => "command",
-            Self::Agent => "agent",
-        }
-    }
 }
 
 /// What `revise_task` recorded.
@@ -287,16 +211,6 @@ struct DeclaredFor {
     route: Option<String>,
     text: Option<String>,
     message_id: i64,
-}
-
-/// A change to record.
-#[derive(Debug, Clone)]
-struct Change<'a> {
-    kind: ChangeKind,
-    text: Option<&'a str>,
-    source: Source,
-    actor: &'a str,
-    summary: String,
 }
 
 // ---- intake ----
@@ -478,78 +392,61 @@ fn take_in(
     let username = bot_username.unwrap_or_default();
     let meaning = revisions::classify(update, open_view.as_ref(), username);
     let who = sender_of(routed);
-    match (meaning, open) {
-        // A message after `/cancel` is new work, not part of the task being stopped.
-        (Meaning::Work, Some(task)) if task.state() == TaskState::StopRequested => {
-            start_task(db, &carrier, &text, None, Source::Command, &who)?;
-            Ok(vec![])
-        }
-        (Meaning::Work, Some(task)) => {
-            tag(db, id, &task.task_id, task.revision)?;
-            Ok(vec![])
-        }
-        (Meaning::Work, None) => {
-            let objective = match revisions::parse_command(&text, username) {
-                // `/new <text>` with nothing open: the text is the objective.
-                Some(revisions::Command::New(objective)) => objective,
-                _ => text.clone(),
-            };
+    match (plan::plan_message(meaning, open.as_ref().map(Task::state), &text, username), open) {
+        (MessagePlan::Start { objective }, _) => {
             start_task(db, &carrier, &objective, None, Source::Command, &who)?;
             Ok(vec![])
         }
-        (Meaning::Status, Some(task)) => {
-            let status = status_text(db, &task)?;
-            settle_carrier(db, &carrier, "switchboard: /status answered")?;
-            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), status)?])
+        (MessagePlan::Join, Some(task)) => {
+            tag(db, id, &task.task_id, task.revision)?;
+            Ok(vec![])
+        }
+        (MessagePlan::Status, Some(task)) => {
+            let status = texts::describe(&task, &effects_of(db, &task.task_id)?);
+            answer(db, &carrier, texts::STATUS_ANSWERED, status)
         }
         // No open task: the most recent one, so a user who asked to stop hears that it did.
-        (Meaning::Status, None) => {
+        (MessagePlan::Status, None) => {
             let latest = match latest_task(db, carrier.chat_id, carrier.thread_id, agent.as_str())? {
                 Some((task_id, _, _)) => stored_task(db, &task_id)?,
                 None => None,
             };
-            let status = match latest {
-                Some(task) => {
-                    format!("No task is open here. The most recent one:\n{}", status_text(db, &task)?)
-                }
-                None => {
-                    "No task here yet: nothing has been asked in this conversation; a message starts one."
-                        .to_owned()
-                }
+            let latest = match latest {
+                Some(task) => Some((effects_of(db, &task.task_id)?, task)),
+                None => None,
             };
-            settle_carrier(db, &carrier, "switchboard: /status answered")?;
-            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), status)?])
+            let status =
+                texts::status_without_open_task(latest.as_ref().map(|(effects, task)| (task, effects)));
+            answer(db, &carrier, texts::STATUS_ANSWERED, status)
         }
-        (Meaning::Ask(why), _) => {
-            settle_carrier(db, &carrier, &format!("switchboard: nothing changed ({why})"))?;
-            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), format!("Nothing changed: {why}."))?])
+        (MessagePlan::NothingChanged { why }, _) => {
+            let (text, note) = texts::nothing_changed(&why);
+            answer(db, &carrier, &note, text)
         }
-        (Meaning::Change { .. }, None) => {
-            // `classify` asks when nothing is open; kept total all the same.
-            settle_carrier(db, &carrier, "switchboard: nothing changed (no open task)")?;
-            let text = "Nothing changed: there is no open task here.".to_owned();
-            Ok(vec![owe_post(db, &carrier, answer_key(&carrier), text)?])
-        }
-        (Meaning::Change { kind, text: new_text }, Some(task)) => {
+        (MessagePlan::Change { kind, text: new_text }, Some(task)) => {
             let source = if e.kind == EnvelopeKind::EditedMessage { Source::Edit } else { Source::Command };
-            let summary = match (kind, source) {
-                (ChangeKind::Correction, _) => format!("{who} edited the instruction"),
-                (_, _) => format!("{who} sent /{}", command_name(kind)),
-            };
+            let summary = plan::human_summary(&who, kind, source);
             let change = Change { kind, text: new_text.as_deref(), source, actor: &who, summary };
             apply_change(db, &task, &carrier, &change)
+        }
+        // The plan joins or changes only a task that is open; kept total all the same.
+        (MessagePlan::Join | MessagePlan::Change { .. }, None) => {
+            let (text, note) = texts::nothing_changed("there is no open task here");
+            answer(db, &carrier, &note, text)
         }
     }
 }
 
-fn command_name(kind: ChangeKind) -> &'static str {
-    match kind {
-        ChangeKind::NewObjective => "new",
-        ChangeKind::Pause => "pause",
-        ChangeKind::Resume => "resume",
-        ChangeKind::Cancel => "cancel",
-        ChangeKind::Correction => "correction",
-    }
+/// A message the bot answers instead of acting on: settled with `note`, and `text` owed
+/// as the bot's post.
+fn answer(
+    db: &rusqlite::Connection,
+    carrier: &Carrier,
+    note: &str,
+    text: String,
+) -> rusqlite::Result<Vec<TaskEffect>> {
+    settle_carrier(db, carrier, note)?;
+    Ok(vec![owe_post(db, carrier, answer_key(carrier), text)?])
 }
 
 /// The conversation's open task, if any (a finished one is closed on the way, see
@@ -559,7 +456,7 @@ fn open_task(
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
-) -> rusqlite::Result<Option<StoredTask>> {
+) -> rusqlite::Result<Option<Task>> {
     match latest_task(db, chat_id, thread_id, agent)? {
         Some((task_id, _, TaskState::Open | TaskState::Paused | TaskState::StopRequested)) => {
             stored_task(db, &task_id)
@@ -569,9 +466,9 @@ fn open_task(
 }
 
 /// The task `task_id`, read in place.
-fn stored_task(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Option<StoredTask>> {
+fn stored_task(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Option<Task>> {
     let sql = concat!(task_select!(), "WHERE t.task_id = ?");
-    query_row_cached(db, sql, rusqlite::params![task_id], StoredTask::from_row).optional()
+    query_row_cached(db, sql, rusqlite::params![task_id], task_from_row).optional()
 }
 
 /// `UPDATE tasks` that makes an `open` task with nothing left queued, pending or
@@ -616,7 +513,7 @@ fn latest_task(
     Ok(Some((task_id, revision, state)))
 }
 
-fn open_view(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<OpenTask> {
+fn open_view(db: &rusqlite::Connection, task: &Task) -> rusqlite::Result<OpenTask> {
     let messages: Vec<i64> = query_all_cached(
         db,
         "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = ?1 \
@@ -708,7 +605,7 @@ fn carry_change(
     task_id: &str,
     revision: i64,
     meta: &serde_json::Value,
-    content: Option<String>,
+    content: Option<&str>,
 ) -> rusqlite::Result<()> {
     execute_cached(
         db,
@@ -720,18 +617,14 @@ fn carry_change(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
+/// The change as the task's revision `revision`, with what the task had done before it.
 fn record_revision(
     db: &rusqlite::Connection,
     task_id: &str,
     revision: i64,
-    kind: &str,
-    source: &str,
-    actor: &str,
-    summary: &str,
-    text: Option<&str>,
+    change: &Change<'_>,
     carrier: &Carrier,
-    effects: &TaskEffects,
+    snapshot: &TaskEffects,
 ) -> rusqlite::Result<()> {
     execute_cached(
         db,
@@ -740,15 +633,15 @@ fn record_revision(
         rusqlite::params![
             task_id,
             revision,
-            kind,
-            source,
-            actor,
+            change.kind.as_str(),
+            change.source.as_str(),
+            change.actor,
             now(),
-            summary,
-            text,
+            change.summary,
+            change.text,
             carrier.message_id,
             carrier.id,
-            effects.to_json(),
+            snapshot_json(snapshot),
         ],
     )?;
     Ok(())
@@ -811,163 +704,101 @@ fn answer_key(carrier: &Carrier) -> String {
 
 // ---- changes ----
 
-/// Records `change` as the task's next revision and does what it means to the task's
-/// envelopes and handoffs, in the caller's transaction.
+/// Records `change` as the task's next revision and makes the writes its plan decides
+/// (`rules::revisions::plan`), in the caller's transaction.
 fn apply_change(
     db: &rusqlite::Connection,
-    task: &StoredTask,
+    task: &Task,
     carrier: &Carrier,
     change: &Change<'_>,
 ) -> rusqlite::Result<Vec<TaskEffect>> {
-    let revision = task.revision + 1;
-    let at = now();
-    let snapshot = effects_of(db, &task.task_id)?;
-    let mut effects = vec![TaskEffect::Recorded(change.kind)];
+    let task_id = task.task_id.as_str();
     let kind = change.kind;
-    let old_text = last_instruction(db, &task.task_id, carrier.message_id.filter(|_| carrier.rewrite))?;
-    // A change of instruction or a cancel retires what was made under older revisions.
-    let superseded_handoffs = if kind.supersedes() || kind == ChangeKind::Cancel {
-        supersede(db, task, revision, carrier, kind, &mut effects)?
-    } else {
-        Vec::new()
+    let snapshot = effects_of(db, task_id)?;
+    let old_instruction = last_instruction(db, task_id, carrier.message_id.filter(|_| carrier.rewrite))?;
+    let open_handoffs = if plan::retires(kind) { open_handoffs(db, task_id)? } else { Vec::new() };
+    let latest_pending = match kind {
+        ChangeKind::Pause | ChangeKind::Resume => latest_pending(db, task_id, carrier.id)?,
+        _ => None,
     };
-    let handoff_list = superseded_handoffs.join(", ");
-    record_revision(
-        db,
-        &task.task_id,
-        revision,
-        kind.as_str(),
-        change.source.as_str(),
-        change.actor,
-        &change.summary,
-        change.text,
-        carrier,
-        &snapshot,
-    )?;
-    let task_id = &task.task_id;
-    let ack = match kind {
-        ChangeKind::Correction => {
-            let new_text = change.text.unwrap_or_default();
-            execute_cached(
-                db,
-                "UPDATE tasks SET revision = ?, instruction_revision = ?, instruction_kind = 'correction', \
-                 act_on_envelope_id = ?, updated_at = ? WHERE task_id = ?",
-                rusqlite::params![revision, revision, carrier.id, at, task_id],
-            )?;
-            let meta = json!({
-                "change": "correction",
-                "text": new_text,
-                "old_text": old_text.clone().unwrap_or_default(),
-                "superseded_handoffs": handoff_list,
-            });
-            let content = carrier.rewrite.then(|| {
-                revision_content(
-                    task_id,
-                    revision,
-                    &format!(
-                        "correction. The instruction is now:\n{new_text}\n\nIt was:\n{}",
-                        old_text.as_deref().unwrap_or("(unknown)")
-                    ),
-                    &superseded_handoffs,
-                    "Act on this envelope: replies to the task's older envelopes are refused (superseded).",
-                )
-            });
-            carry_change(db, carrier, task_id, revision, &meta, content)?;
-            format!("{task_id} revision {revision}: correction accepted")
+    let successor_id = if kind == ChangeKind::NewObjective { new_task_id() } else { String::new() };
+    let plan = plan::plan_change(&ChangeContext {
+        task,
+        change,
+        rewrite: carrier.rewrite,
+        old_instruction: old_instruction.as_deref(),
+        open_handoffs: &open_handoffs.iter().map(|(_, handoff)| handoff.clone()).collect::<Vec<_>>(),
+        latest_pending: latest_pending.as_deref(),
+        successor_id: &successor_id,
+    });
+    let mut effects = vec![TaskEffect::Recorded(kind)];
+    let revision = i64::from(plan.revision);
+    if let Some(reason) = &plan.supersede {
+        supersede(db, task_id, &plan, &open_handoffs, carrier, reason, &mut effects)?;
+    }
+    record_revision(db, task_id, revision, change, carrier, &snapshot)?;
+    write_task(db, task_id, revision, &plan.task, carrier, change)?;
+    match &plan.carrier {
+        CarrierWrite::Carry { task_id, revision, meta, content } => {
+            carry_change(db, carrier, task_id, i64::from(*revision), meta, content.as_deref())?;
         }
-        ChangeKind::NewObjective => {
-            let objective = change.text.unwrap_or_default();
-            let successor = new_task_id();
-            insert_task(db, &successor, carrier, objective, Some(task_id), change.source, change.actor)?;
+        CarrierWrite::Settle { note } => settle_carrier(db, carrier, note)?,
+    }
+    if let Some(about) = plan.notice_about {
+        effects.push(TaskEffect::Notice {
+            agent: task.agent.clone(),
+            trace_id: about,
+            kind,
+            task_id: task_id.to_owned(),
+            revision: plan.revision,
+        });
+    }
+    let key = format!("{task_id}/r{revision}");
+    effects.push(owe_post(db, carrier, key, plan.acknowledgement)?);
+    Ok(effects)
+}
+
+/// The task's own row after a change ([`TaskWrite`]); a new objective also starts its
+/// successor with the carrier as its first envelope.
+fn write_task(
+    db: &rusqlite::Connection,
+    task_id: &str,
+    revision: i64,
+    write: &TaskWrite,
+    carrier: &Carrier,
+    change: &Change<'_>,
+) -> rusqlite::Result<()> {
+    let at = now();
+    match write {
+        TaskWrite::Corrected => execute_cached(
+            db,
+            "UPDATE tasks SET revision = ?, instruction_revision = ?, instruction_kind = 'correction', \
+             act_on_envelope_id = ?, updated_at = ? WHERE task_id = ?",
+            rusqlite::params![revision, revision, carrier.id, at, task_id],
+        ),
+        TaskWrite::Replaced { successor, objective } => {
+            insert_task(db, successor, carrier, objective, Some(task_id), change.source, change.actor)?;
             execute_cached(
                 db,
                 "UPDATE tasks SET state = 'replaced', revision = ?, successor = ?, instruction_revision = ?, \
                  instruction_kind = 'new_objective', act_on_envelope_id = ?, updated_at = ?, closed_at = ? \
                  WHERE task_id = ?",
                 rusqlite::params![revision, successor, revision, carrier.id, at, at, task_id],
-            )?;
-            let meta = json!({
-                "change": "new_objective",
-                "text": objective,
-                "predecessor": task_id,
-                "superseded_handoffs": handoff_list,
-            });
-            let content = carrier.rewrite.then(|| {
-                revision_content(
-                    &successor,
-                    1,
-                    &format!("new objective, replacing {task_id}:\n{objective}"),
-                    &superseded_handoffs,
-                    &format!("Work on this now; everything of {task_id} is refused (superseded)."),
-                )
-            });
-            carry_change(db, carrier, &successor, 1, &meta, content)?;
-            format!("{task_id} revision {revision}: new objective accepted; it continues as {successor}")
-        }
-        ChangeKind::Pause | ChangeKind::Resume => {
-            let state = if kind == ChangeKind::Pause { "paused" } else { "open" };
-            execute_cached(
-                db,
-                "UPDATE tasks SET state = ?, revision = ?, updated_at = ? WHERE task_id = ?",
-                rusqlite::params![state, revision, at, task_id],
-            )?;
-            settle_carrier(db, carrier, &format!("switchboard: {task_id} revision {revision} ({kind})"))?;
-            if let Some(about) = latest_pending(db, task_id, carrier.id)? {
-                effects.push(TaskEffect::Notice {
-                    agent: task.agent.clone(),
-                    trace_id: about,
-                    kind,
-                    task_id: task_id.clone(),
-                    revision: to_u32(revision),
-                });
-            }
-            if kind == ChangeKind::Pause {
-                format!("{task_id} revision {revision}: paused; nothing of it is sent until /resume")
-            } else {
-                format!("{task_id} revision {revision}: resumed")
-            }
-        }
-        ChangeKind::Cancel => {
-            execute_cached(
-                db,
-                "UPDATE tasks SET state = 'stop_requested', revision = ?, cancel_envelope_id = ?, \
-                 stop_requested_by = ?, stop_requested_at = ?, updated_at = ? WHERE task_id = ?",
-                rusqlite::params![revision, carrier.id, change.actor, at, at, task_id],
-            )?;
-            let meta = json!({ "change": "cancel", "superseded_handoffs": handoff_list });
-            let content = carrier.rewrite.then(|| {
-                revision_content(
-                    task_id,
-                    revision,
-                    &format!("cancelled by {}.", change.actor),
-                    &superseded_handoffs,
-                    "Stop working on it, then ack this envelope: the task counts as stopped only once you do. \
-                     Nothing more of it is sent.",
-                )
-            });
-            carry_change(db, carrier, task_id, revision, &meta, content)?;
-            format!(
-                "{task_id} revision {revision}: cancel accepted; stop requested (it is stopped once the agent confirms)"
             )
         }
-    };
-    let key = format!("{}/r{revision}", task.task_id);
-    effects.push(owe_post(db, carrier, key, ack)?);
-    Ok(effects)
-}
-
-fn revision_content(task_id: &str, revision: i64, what: &str, handoffs: &[String], then: &str) -> String {
-    let mut content = format!("{task_id} revision {revision}: {what}");
-    if !handoffs.is_empty() {
-        content.push_str(&format!(
-            "\n\nHandoffs made for the old instruction no longer stand (their answers are refused): {}. \
-             Send a follow-up (followup: true, intent: \"replaces\") if the new instruction still needs them.",
-            handoffs.join(", ")
-        ));
-    }
-    content.push_str("\n\n");
-    content.push_str(then);
-    content
+        TaskWrite::State(state) => execute_cached(
+            db,
+            "UPDATE tasks SET state = ?, revision = ?, updated_at = ? WHERE task_id = ?",
+            rusqlite::params![state.as_str(), revision, at, task_id],
+        ),
+        TaskWrite::StopRequested => execute_cached(
+            db,
+            "UPDATE tasks SET state = 'stop_requested', revision = ?, cancel_envelope_id = ?, \
+             stop_requested_by = ?, stop_requested_at = ?, updated_at = ? WHERE task_id = ?",
+            rusqlite::params![revision, carrier.id, change.actor, at, at, task_id],
+        ),
+    }?;
+    Ok(())
 }
 
 /// The instruction as it stood: the text of `message_id`'s latest correction (an edit of
@@ -989,18 +820,38 @@ fn last_instruction(
     .map(Option::flatten)
 }
 
-/// The task's queued and pending envelopes made under revisions before `revision` become
-/// `superseded` (the carrier excepted), and so do its open handoffs, whose children are
-/// sent a `revision` envelope each. Returns the superseded handoffs' ids.
+/// A handoff's row and its instruction envelope's, with what the planner sees of it.
+type HandoffRow = ((i64, i64), OpenHandoff);
+
+/// The task's open handoffs, oldest first.
+fn open_handoffs(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Vec<HandoffRow>> {
+    query_all_cached(
+        db,
+        "SELECT id, envelope_id, handoff_id, from_agent, to_agent FROM handoffs WHERE task_id = ? \
+         AND state = 'open' ORDER BY id",
+        rusqlite::params![task_id],
+        |row| {
+            let handoff =
+                OpenHandoff { handoff_id: row.get(2)?, from_agent: row.get(3)?, to_agent: row.get(4)? };
+            Ok(((row.get(0)?, row.get(1)?), handoff))
+        },
+    )
+}
+
+/// What a change that retires older work writes: the task's queued and pending envelopes
+/// made under earlier revisions become `superseded` (the carrier excepted), and so do the
+/// retired handoffs and their instructions, whose agents are each queued the `revision`
+/// envelope the plan wrote for them.
 fn supersede(
     db: &rusqlite::Connection,
-    task: &StoredTask,
-    revision: i64,
+    task_id: &str,
+    plan: &ChangePlan,
+    handoffs: &[HandoffRow],
     carrier: &Carrier,
-    kind: ChangeKind,
+    reason: &str,
     effects: &mut Vec<TaskEffect>,
-) -> rusqlite::Result<Vec<String>> {
-    let task_id = &task.task_id;
+) -> rusqlite::Result<()> {
+    let revision = i64::from(plan.revision);
     let stale: Vec<i64> = query_all_cached(
         db,
         "SELECT id FROM envelopes WHERE task_id = ? AND revision < ? AND state IN ('queued', 'pending') \
@@ -1008,34 +859,22 @@ fn supersede(
         rusqlite::params![task_id, revision, carrier.id],
         |row| row.get(0),
     )?;
-    let reason = format!("{task_id} revision {revision} ({kind}) superseded it");
+    let from = [EnvelopeState::Queued, EnvelopeState::Pending];
     for id in stale {
-        let from = [EnvelopeState::Queued, EnvelopeState::Pending];
-        transition_in(db, id, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))?;
+        transition_in(db, id, &from, EnvelopeState::Superseded, "switchboard", Some(reason))?;
     }
-    let handoffs: Vec<(i64, String, String, String, i64)> = query_all_cached(
-        db,
-        "SELECT id, handoff_id, to_agent, from_agent, envelope_id FROM handoffs WHERE task_id = ? \
-         AND state = 'open' AND revision < ? ORDER BY id",
-        rusqlite::params![task_id, revision],
-        |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?)),
-    )?;
     let at = now();
-    let mut superseded = Vec::new();
-    for (id, handoff_id, to_agent, from_agent, instruction) in handoffs {
+    for retired in &plan.retired_handoffs {
+        let Some(((id, instruction), _)) = handoffs.iter().find(|(_, h)| h.handoff_id == retired.handoff_id)
+        else {
+            continue;
+        };
         execute_cached(
             db,
             "UPDATE handoffs SET state = 'superseded', closed_at = ?, note = ? WHERE id = ?",
             rusqlite::params![at, reason, id],
         )?;
-        let from = [EnvelopeState::Queued, EnvelopeState::Pending];
-        transition_in(db, instruction, &from, EnvelopeState::Superseded, "switchboard", Some(&reason))?;
-        let content = format!(
-            "{handoff_id} from '{from_agent}' no longer stands: {task_id} changed ({kind}, revision {revision}). \
-             Stop working on it; an answer to it would be refused and kept only as a late result. \
-             Ack this envelope; it has no reply."
-        );
-        let meta = json!({ "change": kind.as_str(), "handoff_id": handoff_id, "superseded": "true" });
+        transition_in(db, *instruction, &from, EnvelopeState::Superseded, "switchboard", Some(reason))?;
         let trace_id = TraceId::generate().to_string();
         execute_cached(
             db,
@@ -1046,21 +885,20 @@ fn supersede(
              ?, ?, 'queued', ?, ?, ?, ?)",
             rusqlite::params![
                 trace_id,
-                content,
+                retired.notice,
                 at,
                 at,
                 carrier.route,
-                to_agent,
+                retired.to_agent,
                 at,
                 task_id,
                 revision,
-                meta.to_string()
+                retired.meta.to_string()
             ],
         )?;
-        effects.push(TaskEffect::Wake(to_agent));
-        superseded.push(handoff_id);
+        effects.push(TaskEffect::Wake(retired.to_agent.clone()));
     }
-    Ok(superseded)
+    Ok(())
 }
 
 fn latest_pending(db: &rusqlite::Connection, task_id: &str, except: i64) -> rusqlite::Result<Option<String>> {
@@ -1099,75 +937,6 @@ fn effects_of(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Task
     Ok(TaskEffects { confirmed, unresolved, open_handoffs })
 }
 
-/// The stop reason the `task_stopped_on_cancel_ack` trigger (migration 0006) records when
-/// the agent acks the cancel envelope; an operator's stop carries the operator's reason.
-const AGENT_CONFIRMED_STOP: &str = "the agent acknowledged the cancel";
-
-/// What `/status` answers.
-fn status_text(db: &rusqlite::Connection, task: &StoredTask) -> rusqlite::Result<String> {
-    let effects = effects_of(db, &task.task_id)?;
-    Ok(describe(task, &effects))
-}
-
-/// A task in a few lines: where it stands and what it has done.
-pub fn describe(task: &StoredTask, effects: &TaskEffects) -> String {
-    let mut lines = vec![format!("{} (revision {}): {}", task.task_id, task.revision, task.state)];
-    lines.push(format!("objective: {}", one_line(&task.objective)));
-    match task.state() {
-        TaskState::StopRequested => lines.push(format!(
-            "stop requested by {} at {}: not stopped yet (the agent has not confirmed)",
-            task.stop_requested_by.as_deref().unwrap_or("?"),
-            task.stop_requested_at.as_deref().unwrap_or("?")
-        )),
-        TaskState::Stopped => {
-            let reason = task.stop_reason.as_deref().unwrap_or_default();
-            let by = if reason == AGENT_CONFIRMED_STOP {
-                format!("agent '{}', which acknowledged the cancel", task.agent)
-            } else {
-                format!("an operator (switchboard ledger task --stopped): {reason}")
-            };
-            lines.push(format!(
-                "stop requested by {} at {}; stopped at {}, confirmed by {by}",
-                task.stop_requested_by.as_deref().unwrap_or("?"),
-                task.stop_requested_at.as_deref().unwrap_or("?"),
-                task.stopped_at.as_deref().unwrap_or("?"),
-            ));
-        }
-        TaskState::Done => lines.push(format!(
-            "done at {}: every message of it was answered or handled, and no handoff of it is open",
-            task.closed_at.as_deref().unwrap_or("?")
-        )),
-        TaskState::Replaced => {
-            lines
-                .push(format!("replaced at {} by a new objective", task.closed_at.as_deref().unwrap_or("?")));
-        }
-        TaskState::Open | TaskState::Paused => {}
-    }
-    let confirmed: Vec<String> =
-        effects.confirmed.iter().map(|(op, m)| format!("{op} (message {m})")).collect();
-    lines.push(format!("confirmed sends: {}", list_or_none(&confirmed)));
-    lines.push(format!("unresolved attempts (never retried): {}", list_or_none(&effects.unresolved)));
-    let handoffs: Vec<String> =
-        effects.open_handoffs.iter().map(|(id, to)| format!("{id} to {to}")).collect();
-    lines.push(format!("open handoffs: {}", list_or_none(&handoffs)));
-    if let Some(predecessor) = &task.predecessor {
-        lines.push(format!("replaces: {predecessor}"));
-    }
-    if let Some(successor) = &task.successor {
-        lines.push(format!("replaced by: {successor}"));
-    }
-    lines.join("\n")
-}
-
-fn list_or_none(items: &[String]) -> String {
-    if items.is_empty() { "none".to_owned() } else { items.join(", ") }
-}
-
-fn one_line(text: &str) -> String {
-    let line: String = text.chars().take(120).collect::<String>().replace('\n', " ");
-    if text.chars().count() > 120 { format!("{line}…") } else { line }
-}
-
 // ---- admission ----
 
 /// Whether an outbound action made for `envelope_id` may go out now (DESIGN.md §11), read
@@ -1184,7 +953,7 @@ pub(super) fn admission_in(
         "JOIN envelopes e ON e.task_id = t.task_id WHERE e.id = ?"
     );
     let row: Option<ActedFor> = query_row_cached(db, sql, rusqlite::params![envelope_id], |row| {
-        Ok(ActedFor { acted_on: row.get("acted_on")?, task: StoredTask::from_row(row)? })
+        Ok(ActedFor { acted_on: row.get("acted_on")?, task: task_from_row(row)? })
     })
     .optional()?;
     Ok(match row {
@@ -1198,7 +967,7 @@ pub(super) fn admission_in(
 #[derive(Debug)]
 struct ActedFor {
     acted_on: i64,
-    task: StoredTask,
+    task: Task,
 }
 
 impl Ledger {
@@ -1291,20 +1060,10 @@ impl Ledger {
             })
             .await?;
         let (task, effects, now_task) = recorded?;
-        let next = match kind {
-            ChangeKind::Correction => format!("act on {trace_id}: it carries the corrected instruction"),
-            ChangeKind::NewObjective => format!("act on {trace_id}: it starts {now_task}"),
-            ChangeKind::Pause => {
-                "the task is paused: nothing of it is sent until the user resumes it".to_owned()
-            }
-            ChangeKind::Resume => "the task runs again".to_owned(),
-            ChangeKind::Cancel => {
-                format!("stop working on the task, then ack {trace_id}: it is stopped once you do")
-            }
-        };
+        let next = texts::after_declaration(kind, trace_id, &now_task);
         // A new objective starts the successor at revision 1; any other change is the
         // task's next revision.
-        let revision = if kind == ChangeKind::NewObjective { 1 } else { to_u32(task.revision + 1) };
+        let revision = if kind == ChangeKind::NewObjective { 1 } else { task.revision() + 1 };
         let declared =
             DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_owned(), next };
         Ok((declared, effects))
@@ -1323,7 +1082,7 @@ impl Ledger {
     pub async fn task(
         &self,
         task_id: &str,
-    ) -> sqlx::Result<Option<(StoredTask, Vec<StoredRevision>, TaskEffects)>> {
+    ) -> sqlx::Result<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
         // A task that has finished says so, as it would to the next message.
         self.execute_in_place(concat!(close_if_finished!(), "AND task_id = ?2"), (now(), task_id)).await?;
         self.read_in_place(|db| {
@@ -1382,7 +1141,7 @@ impl Ledger {
                         task.revision,
                         at,
                         format!("an operator confirmed it stopped: {reason}"),
-                        effects.to_json(),
+                        snapshot_json(&effects),
                     ],
                 )?;
                 Ok(Ok(()))
@@ -1414,8 +1173,4 @@ fn parse_state(row: &rusqlite::Row<'_>, column: &str) -> rusqlite::Result<TaskSt
             format!("unknown task state {name:?}").into(),
         )
     })
-}
-
-fn to_u32(value: i64) -> u32 {
-    u32::try_from(value).unwrap_or(u32::MAX)
 }

@@ -2,9 +2,16 @@
 //! declaration means for the running task, and whether an outbound action made for an
 //! envelope of a task may still go out. The ledger applies both inside one transaction
 //! with the task's revision counter, so a change that lands while an action is being
-//! resolved cannot let the superseded action through.
+//! resolved cannot let the superseded action through. What a change writes is planned in
+//! `plan`, and every text about a task is in `texts`.
 
 use std::fmt;
+
+pub mod plan;
+pub mod task;
+pub mod texts;
+
+pub use task::{Task, TaskEffects};
 
 /// A command a human can give in a single-agent conversation.
 #[derive(Debug, Clone, PartialEq, Eq)]
