@@ -117,6 +117,9 @@ pub struct StoredCascade {
     pub started_at: Option<String>,
     pub ended_at: Option<String>,
     pub updated_at: String,
+    /// Counts the steps applied to it: a step decided on one version applies only while
+    /// the cascade still holds it (see [`CascadeUpdate::decided_on`]).
+    pub version: i64,
 }
 
 impl StoredCascade {
@@ -143,6 +146,7 @@ impl StoredCascade {
             started_at: row.get("started_at")?,
             ended_at: row.get("ended_at")?,
             updated_at: row.get("updated_at")?,
+            version: row.get("version")?,
         })
     }
 
@@ -241,7 +245,7 @@ macro_rules! cascade_select {
         "SELECT c.id, c.cascade_id, c.route, c.chat_id, c.thread_id, c.message_envelope_id, \
          m.trace_id AS message_trace_id, m.message_id, c.state, c.cascade, c.max_iters, c.speaker_timeout_secs, \
          c.stop_by, c.stop_requested_at, c.outcome, c.outcome_text, c.created_at, c.started_at, c.ended_at, \
-         c.updated_at FROM cascades c JOIN envelopes m ON m.id = c.message_envelope_id "
+         c.updated_at, c.version FROM cascades c JOIN envelopes m ON m.id = c.message_envelope_id "
     };
 }
 
@@ -278,8 +282,9 @@ pub struct NewCascade<'a> {
 #[derive(Debug, Clone)]
 pub struct CascadeUpdate<'a> {
     pub id: i64,
-    /// The `updated_at` the step was decided on: another writer in between fails the step.
-    pub decided_on: &'a str,
+    /// The version of the cascade the step was decided on: another step applied in
+    /// between fails this one.
+    pub decided_on: i64,
     pub cascade: &'a Cascade,
     /// A `/stop` this step recorded: who sent it.
     pub stop_by: Option<&'a str>,
@@ -447,17 +452,17 @@ impl Ledger {
                 };
                 let updated = execute_cached(
                     db,
-                    "UPDATE cascades SET state = ?1, cascade = ?2, updated_at = ?3, \
+                    "UPDATE cascades SET state = ?1, cascade = ?2, updated_at = ?3, version = version + 1, \
                      started_at = COALESCE(started_at, ?4), \
                      stop_by = COALESCE(?5, stop_by), \
                      stop_requested_at = CASE WHEN ?5 IS NULL THEN stop_requested_at ELSE ?4 END, \
                      outcome = COALESCE(?6, outcome), outcome_text = COALESCE(?7, outcome_text), \
                      ended_at = CASE WHEN ?8 THEN ?4 ELSE ended_at END \
-                     WHERE id = ?9 AND updated_at = ?10",
+                     WHERE id = ?9 AND version = ?10",
                     rusqlite::params![
                         state.as_str(),
                         json,
-                        version_after(update.decided_on, &at),
+                        at,
                         at,
                         update.stop_by,
                         outcome,
@@ -797,7 +802,7 @@ mod tests {
         let step = RoomStep {
             cascade: Some(CascadeUpdate {
                 id: stored.id,
-                decided_on: &stored.updated_at,
+                decided_on: stored.version,
                 cascade: &cascade,
                 stop_by: None,
                 outcome: None,
@@ -867,7 +872,7 @@ mod tests {
         let stale = RoomStep {
             cascade: Some(CascadeUpdate {
                 id: waiting.id,
-                decided_on: &waiting.updated_at,
+                decided_on: waiting.version,
                 cascade: &cascade,
                 stop_by: Some("someone"),
                 outcome: None,
@@ -949,7 +954,7 @@ mod tests {
         let timeout = RoomStep {
             cascade: Some(CascadeUpdate {
                 id: running.id,
-                decided_on: &running.updated_at,
+                decided_on: running.version,
                 cascade: &cascade,
                 stop_by: None,
                 outcome: None,
@@ -1021,31 +1026,5 @@ mod tests {
         );
         ledger.mark_room_post_made(post.id).await.unwrap();
         assert!(ledger.owed_room_posts().await.unwrap().is_empty());
-    }
-}
-
-/// The `updated_at` a step writes: its time, but always later than the value it was
-/// decided on. `updated_at` is also the cascade's version (a step applies only where it
-/// still holds the value it was decided on), so two steps within one millisecond must not
-/// write the same value, or a stale step could pass.
-fn version_after(decided_on: &str, at: &str) -> String {
-    use chrono::{DateTime, Duration, SecondsFormat, Utc};
-    let parse = |text: &str| DateTime::parse_from_rfc3339(text).ok().map(|t| t.with_timezone(&Utc));
-    match (parse(decided_on), parse(at)) {
-        (Some(before), Some(now)) if now <= before => {
-            (before + Duration::milliseconds(1)).to_rfc3339_opts(SecondsFormat::Millis, true)
-        }
-        _ => at.to_owned(),
-    }
-}
-
-#[cfg(test)]
-mod version_tests {
-    #[test]
-    fn a_step_never_writes_the_version_it_was_decided_on() {
-        let at = "2026-11-30T12:00:00.005Z";
-        assert_eq!(super::version_after(at, at), "2026-11-30T12:00:00.006Z");
-        assert_eq!(super::version_after("2026-11-30T12:00:00.009Z", at), "2026-11-30T12:00:00.010Z");
-        assert_eq!(super::version_after("2026-11-30T12:00:00.001Z", at), at);
     }
 }

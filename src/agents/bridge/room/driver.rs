@@ -370,7 +370,7 @@ impl RoomDriver {
         let message = self.message_of(&stored).await?;
         let mut update = CascadeUpdate {
             id: stored.id,
-            decided_on: &stored.updated_at,
+            decided_on: stored.version,
             cascade: &cascade,
             stop_by: Some(&by),
             outcome: None,
@@ -613,7 +613,7 @@ impl RoomDriver {
                 let step = RoomStep {
                     cascade: Some(CascadeUpdate {
                         id: stored.id,
-                        decided_on: &stored.updated_at,
+                        decided_on: stored.version,
                         cascade: &cascade,
                         stop_by: None,
                         outcome: None,
@@ -655,7 +655,7 @@ impl RoomDriver {
                 let step = RoomStep {
                     cascade: Some(CascadeUpdate {
                         id: stored.id,
-                        decided_on: &stored.updated_at,
+                        decided_on: stored.version,
                         cascade: &cascade,
                         stop_by: None,
                         outcome: Some((serde_json::to_string(&outcome)?, text)),
