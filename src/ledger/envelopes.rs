@@ -1,7 +1,6 @@
 //! Envelopes: one row each, in one state (DESIGN.md §2), and the audited transitions
 //! between states.
 
-use crate::agents::api::wire::{DeliveredEnvelope, PendingSummary};
 use crate::ledger::EnvelopeState;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
 use rusqlite::OptionalExtension;
@@ -145,39 +144,6 @@ impl StoredEnvelope {
             }
         }
         meta
-    }
-
-    pub fn summary(&self) -> PendingSummary {
-        PendingSummary {
-            trace_id: self.trace_id.clone(),
-            chat_id: self.chat_id,
-            thread_id: self.thread_id(),
-            chat_title: self.chat_title.clone(),
-            user: self.user(),
-            route: self.route.clone().unwrap_or_default(),
-            ts: self.sent_at.clone(),
-            preview: self.preview(),
-        }
-    }
-
-    pub fn delivered(&self, redelivered: bool) -> DeliveredEnvelope {
-        DeliveredEnvelope {
-            trace_id: self.trace_id.clone(),
-            kind: self.kind.meta_kind().to_owned(),
-            extra: self.task_meta(),
-            content: self.content.clone(),
-            chat_id: self.chat_id,
-            thread_id: self.thread_id(),
-            chat_type: self.chat_type.to_string(),
-            chat_title: self.chat_title.clone(),
-            message_id: i32::try_from(self.message_id).unwrap_or_default(),
-            user: self.user(),
-            user_id: self.sender_id.unwrap_or_default(),
-            ts: self.sent_at.clone(),
-            route: self.route.clone().unwrap_or_default(),
-            redelivered,
-            edited: self.kind == EnvelopeKind::EditedMessage,
-        }
     }
 }
 

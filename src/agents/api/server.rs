@@ -16,13 +16,14 @@ use axum::{Json, Router};
 use futures::stream;
 use metrics_exporter_prometheus::PrometheusHandle;
 
+use super::present;
 use super::wire::{
     AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
     RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::{Ledger, StoredEnvelope};
+use crate::ledger::Ledger;
 use crate::operate::health::Health;
 use crate::operate::metrics::{self, StateGauges};
 use crate::rules::resolver::ResolveError;
@@ -205,7 +206,7 @@ impl From<ToolError> for Failure {
                     return Self(ApiError {
                         code: ErrorCode::Ambiguous,
                         message,
-                        candidates: candidates.iter().take(MAX_LISTED).map(StoredEnvelope::summary).collect(),
+                        candidates: candidates.iter().take(MAX_LISTED).map(present::summary).collect(),
                         candidates_total: candidates.len(),
                     });
                 }

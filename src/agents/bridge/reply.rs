@@ -5,6 +5,7 @@ use futures::FutureExt;
 use tracing::Instrument;
 
 use super::{AgentSlot, Bridge, RunningReply, ToolError};
+use crate::agents::api::present;
 use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
@@ -29,7 +30,7 @@ impl Bridge {
         let pending = self.inner.ledger.pending(agent).await?;
         Ok(PendingList {
             total: pending.len(),
-            pending: pending.iter().take(MAX_LISTED).map(StoredEnvelope::summary).collect(),
+            pending: pending.iter().take(MAX_LISTED).map(present::summary).collect(),
         })
     }
 

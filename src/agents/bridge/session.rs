@@ -7,6 +7,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 
 use super::{Bridge, SessionConflict, ToolError};
+use crate::agents::api::present;
 use crate::agents::api::wire::{
     DeliveredNotice, HEARTBEAT_INTERVAL_SECS, MAX_LISTED, SessionEvent, ShownReceipt, ShownRequest,
     WAITING_NOTICE,
@@ -315,7 +316,7 @@ impl Bridge {
             .iter()
             .take(MAX_LISTED)
             .map(|envelope| {
-                let summary = envelope.summary();
+                let summary = present::summary(envelope);
                 format!(
                     "- trace_id {} from {} in chat {}: \"{}\"",
                     summary.trace_id, summary.user, summary.chat_id, summary.preview
@@ -364,7 +365,7 @@ impl Bridge {
         if !redelivered {
             crate::operate::metrics::envelope_handed_over(envelope.kind, &envelope.received_at);
         }
-        let mut delivered = envelope.delivered(redelivered);
+        let mut delivered = present::delivered(envelope, redelivered);
         let extra = match envelope.kind {
             EnvelopeKind::Handoff | EnvelopeKind::HandoffAnswer => self.handoff_meta(envelope).await,
             EnvelopeKind::RoomTurn => self.room_meta(envelope).await,
