@@ -3,18 +3,29 @@
 //! Pure code over plain data. The caller looks the candidates up in the ledger and hands
 //! them in; the resolver never guesses and "most recent" is never a fallback. A refusal
 //! changes nothing, so the agent can simply call again with a `trace_id`.
+//!
+//! It reads three things of an envelope ([`Answerable`]) and hands back the one it picked,
+//! whatever the caller's envelope type holds besides.
 
-use crate::ledger::{EnvelopeState, StoredEnvelope};
+use crate::ledger::EnvelopeState;
+
+/// What the resolver reads of an envelope.
+pub trait Answerable {
+    fn trace_id(&self) -> &str;
+    /// The agent it was routed to (none for an unrouted message).
+    fn agent(&self) -> Option<&str>;
+    fn state(&self) -> EnvelopeState;
+}
 
 /// An envelope the resolver may pick, with what the delivery side knows about it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    pub envelope: StoredEnvelope,
+pub struct Candidate<E> {
+    pub envelope: E,
     pub blocked: Option<Blocked>,
 }
 
-impl Candidate {
-    pub fn free(envelope: StoredEnvelope) -> Self {
+impl<E> Candidate<E> {
+    pub fn free(envelope: E) -> Self {
         Self { envelope, blocked: None }
     }
 }
@@ -31,9 +42,9 @@ pub enum Blocked {
 }
 
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum ResolveError {
+pub enum ResolveError<E> {
     #[error("{} conversations are waiting for a reply; name the one you answer with trace_id", candidates.len())]
-    Ambiguous { candidates: Vec<StoredEnvelope> },
+    Ambiguous { candidates: Vec<E> },
     #[error("nothing you have been shown is waiting for a reply{}", not_shown_hint(*not_shown))]
     NothingPending {
         /// Pending envelopes the session has not confirmed showing yet.
@@ -76,8 +87,8 @@ fn not_answerable_hint(state: EnvelopeState) -> &'static str {
     }
 }
 
-fn unblocked(candidate: Candidate) -> Result<StoredEnvelope, ResolveError> {
-    let trace_id = candidate.envelope.trace_id.clone();
+fn unblocked<E: Answerable>(candidate: Candidate<E>) -> Result<E, ResolveError<E>> {
+    let trace_id = candidate.envelope.trace_id().to_owned();
     match candidate.blocked {
         None => Ok(candidate.envelope),
         Some(Blocked::ReplyInProgress) => Err(ResolveError::ReplyInProgress { trace_id }),
@@ -88,17 +99,17 @@ fn unblocked(candidate: Candidate) -> Result<StoredEnvelope, ResolveError> {
 /// A reply that names its envelope: it must exist, be the caller's, be `pending` or
 /// `acked` (a further message in an answered thread), and have nothing in flight or
 /// unreconciled.
-pub fn resolve_named(
+pub fn resolve_named<E: Answerable>(
     caller: &str,
     trace_id: &str,
-    found: Option<Candidate>,
-) -> Result<StoredEnvelope, ResolveError> {
+    found: Option<Candidate<E>>,
+) -> Result<E, ResolveError<E>> {
     let unknown = || ResolveError::UnknownTraceId { trace_id: trace_id.to_owned() };
     let candidate = found.ok_or_else(unknown)?;
-    if candidate.envelope.agent.as_deref() != Some(caller) {
+    if candidate.envelope.agent() != Some(caller) {
         return Err(unknown());
     }
-    match candidate.envelope.state {
+    match candidate.envelope.state() {
         EnvelopeState::Pending | EnvelopeState::Acked => unblocked(candidate),
         state => Err(ResolveError::NotAnswerable { trace_id: trace_id.to_owned(), state }),
     }
@@ -108,7 +119,10 @@ pub fn resolve_named(
 /// live session was shown, or is refused. `shown` are those envelopes; `not_shown` counts
 /// the caller's other pending envelopes (handed over, not yet confirmed shown): an agent
 /// cannot mean a message it has not read.
-pub fn resolve_unnamed(mut shown: Vec<Candidate>, not_shown: usize) -> Result<StoredEnvelope, ResolveError> {
+pub fn resolve_unnamed<E: Answerable>(
+    mut shown: Vec<Candidate<E>>,
+    not_shown: usize,
+) -> Result<E, ResolveError<E>> {
     match shown.len() {
         0 => Err(ResolveError::NothingPending { not_shown }),
         1 => unblocked(shown.remove(0)),
@@ -120,38 +134,31 @@ pub fn resolve_unnamed(mut shown: Vec<Candidate>, not_shown: usize) -> Result<St
 mod tests {
     use super::*;
 
-    fn envelope(trace_id: &str, agent: Option<&str>, state: EnvelopeState) -> StoredEnvelope {
-        StoredEnvelope {
-            id: 1,
-            trace_id: trace_id.into(),
-            update_id: Some(1),
-            kind: crate::telegram::envelope::EnvelopeKind::Message,
-            chat_id: 42,
-            thread_id: None,
-            chat_type: crate::telegram::envelope::ChatType::Private,
-            chat_title: None,
-            message_id: 1,
-            sender_id: Some(42),
-            sender_username: None,
-            sender_name: "Ann".into(),
-            text: Some("hi".into()),
-            attachments: "[]".into(),
-            content: "hi".into(),
-            sent_at: "2026-01-01T00:00:00Z".into(),
-            received_at: "2026-01-01T00:00:00Z".into(),
-            route: agent.map(|_| "dm".into()),
-            agent: agent.map(Into::into),
-            state,
-            deliveries: 1,
-            state_changed_at: "2026-01-01T00:00:00Z".into(),
-            note: None,
-            task_id: None,
-            revision: None,
-            meta: None,
+    /// The little an envelope is to the resolver.
+    #[derive(Debug, Clone, PartialEq)]
+    struct Envelope {
+        trace_id: String,
+        agent: Option<String>,
+        state: EnvelopeState,
+    }
+
+    impl Answerable for Envelope {
+        fn trace_id(&self) -> &str {
+            &self.trace_id
+        }
+        fn agent(&self) -> Option<&str> {
+            self.agent.as_deref()
+        }
+        fn state(&self) -> EnvelopeState {
+            self.state
         }
     }
 
-    fn free(envelope: StoredEnvelope) -> Option<Candidate> {
+    fn envelope(trace_id: &str, agent: Option<&str>, state: EnvelopeState) -> Envelope {
+        Envelope { trace_id: trace_id.into(), agent: agent.map(Into::into), state }
+    }
+
+    fn free(envelope: Envelope) -> Option<Candidate<Envelope>> {
         Some(Candidate::free(envelope))
     }
 
@@ -165,8 +172,11 @@ mod tests {
 
     #[test]
     fn zero_pending_is_refused() {
-        assert_eq!(resolve_unnamed(vec![], 0), Err(ResolveError::NothingPending { not_shown: 0 }));
-        let refusal = resolve_unnamed(vec![], 2).unwrap_err();
+        assert_eq!(
+            resolve_unnamed::<Envelope>(vec![], 0),
+            Err(ResolveError::NothingPending { not_shown: 0 })
+        );
+        let refusal = resolve_unnamed::<Envelope>(vec![], 2).unwrap_err();
         assert_eq!(refusal, ResolveError::NothingPending { not_shown: 2 });
         assert!(refusal.to_string().contains("2 messages are on their way"), "{refusal}");
     }
@@ -209,7 +219,7 @@ mod tests {
     #[test]
     fn a_named_envelope_must_exist() {
         assert_eq!(
-            resolve_named("orch", "env_x", None),
+            resolve_named::<Envelope>("orch", "env_x", None),
             Err(ResolveError::UnknownTraceId { trace_id: "env_x".into() })
         );
     }
@@ -253,7 +263,7 @@ mod tests {
             ],
         };
         assert!(ambiguous.to_string().contains("trace_id"));
-        let unresolved =
+        let unresolved: ResolveError<Envelope> =
             ResolveError::NotAnswerable { trace_id: "env_u".into(), state: EnvelopeState::Unresolved };
         assert!(unresolved.to_string().contains("reconcile"));
     }

@@ -21,12 +21,12 @@ use super::wire::{
     AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
     RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
 };
+use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::Ledger;
 use crate::operate::health::Health;
 use crate::operate::metrics::{self, StateGauges};
-use crate::rules::resolver::ResolveError;
 use crate::rules::{guard, revisions};
 
 /// What the operator's routes read.

@@ -4,8 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::rules::resolver::ResolveError;
+use crate::ledger::StoredEnvelope;
+use crate::rules::resolver;
 use crate::rules::{guard, revisions};
+
+/// The resolver's refusal of a reply, with the stored envelopes it names.
+pub type ResolveError = resolver::ResolveError<StoredEnvelope>;
 
 /// No such agent, or not its secret: deliberately one answer for both.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]

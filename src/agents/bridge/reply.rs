@@ -4,7 +4,7 @@
 use futures::FutureExt;
 use tracing::Instrument;
 
-use super::{AgentSlot, Bridge, RunningReply, ToolError};
+use super::{AgentSlot, Bridge, ResolveError, RunningReply, ToolError};
 use crate::agents::api::present;
 use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
 use crate::ids::{AgentName, RequestId, TraceId};
@@ -12,7 +12,7 @@ use crate::ledger::{
     AttemptPurpose, AttemptState, EnvelopeKind, EnvelopeState, RecordedReply, ReplyVerdict, StoredAttempt,
     StoredEnvelope,
 };
-use crate::rules::resolver::{self, Blocked, Candidate, ResolveError};
+use crate::rules::resolver::{self, Answerable, Blocked, Candidate};
 use crate::telegram::envelope::ChatType;
 use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
 
@@ -247,7 +247,7 @@ impl Bridge {
         &self,
         slot: &AgentSlot,
         envelopes: Vec<StoredEnvelope>,
-    ) -> Result<Vec<Candidate>, ToolError> {
+    ) -> Result<Vec<Candidate<StoredEnvelope>>, ToolError> {
         let ids: Vec<i64> = envelopes.iter().map(|e| e.id).collect();
         let unreconciled = self.inner.ledger.awaiting_reconciliation(&ids).await?;
         Ok(blocked_by(slot, envelopes, &unreconciled))
@@ -414,7 +414,11 @@ impl Bridge {
 
 /// The envelopes with what blocks sending for them: a reply being delivered (known in
 /// memory) or an unknown outcome not yet reconciled (`unreconciled`, from the ledger).
-fn blocked_by(slot: &AgentSlot, envelopes: Vec<StoredEnvelope>, unreconciled: &[i64]) -> Vec<Candidate> {
+fn blocked_by(
+    slot: &AgentSlot,
+    envelopes: Vec<StoredEnvelope>,
+    unreconciled: &[i64],
+) -> Vec<Candidate<StoredEnvelope>> {
     let running = slot.running();
     envelopes
         .into_iter()
@@ -576,6 +580,21 @@ pub fn parts_already_delivered(last_request: &[StoredAttempt], parts: &[String])
         })
     };
     if summary.sent.iter().all(|(index, _)| same_text(*index)) { summary.sent } else { Vec::new() }
+}
+
+/// A stored envelope, as the resolver reads it.
+impl Answerable for StoredEnvelope {
+    fn trace_id(&self) -> &str {
+        &self.trace_id
+    }
+
+    fn agent(&self) -> Option<&str> {
+        self.agent.as_deref()
+    }
+
+    fn state(&self) -> EnvelopeState {
+        self.state
+    }
 }
 
 /// A refusal: nothing is sent and nothing changes; logged at warn with its candidates so
