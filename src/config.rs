@@ -397,13 +397,6 @@ impl Settings {
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
-        // Parse once ourselves: toml's message carries the line and column of a syntax
-        // error, which is what someone fixing the file needs first. (The table cannot be
-        // handed to `config` as the file's layer: `Config::try_from` drops empty arrays,
-        // and `agents = []` must be refused, not read as missing.)
-        if let Err(e) = text.parse::<toml::Table>() {
-            return Err(ConfigError::new(path, "(syntax)", toml_error_message(&text, &e)));
-        }
         let raw: RawSettings = config::Config::builder()
             .add_source(config::File::from_str(&text, config::FileFormat::Toml))
             .add_source(
@@ -416,7 +409,7 @@ impl Settings {
             )
             .build()
             .and_then(config::Config::try_deserialize)
-            .map_err(|e| config_crate_error(path, e))?;
+            .map_err(|e| config_crate_error(path, &text, e))?;
         Self::validate(path, raw)
     }
 
@@ -853,16 +846,22 @@ fn toml_error_message(text: &str, e: &toml::de::Error) -> String {
 }
 
 /// Turns the `config` crate's error into ours, with the key the crate's deserializer
-/// names (it wraps a problem found under a key in `At`).
-fn config_crate_error(path: &Path, e: config::ConfigError) -> ConfigError {
+/// names (it wraps a problem found under a key in `At`), or the line and column of a
+/// syntax error from the toml parser's own error, which the crate keeps as its cause
+/// (`config` parses with the same `toml` as this crate).
+fn config_crate_error(path: &Path, text: &str, e: config::ConfigError) -> ConfigError {
     match e {
+        config::ConfigError::FileParse { cause, .. } => match cause.downcast_ref::<toml::de::Error>() {
+            Some(syntax) => ConfigError::new(path, "(syntax)", toml_error_message(text, syntax)),
+            None => ConfigError::new(path, "(syntax)", cause.to_string()),
+        },
         config::ConfigError::Type { key: Some(key), unexpected, expected, .. } => {
             ConfigError::new(path, key, format!("expected {expected}, found {unexpected}"))
         }
         config::ConfigError::At { error, key: Some(key), .. } => match *error {
             // A problem of a value further down keeps the longer key.
             inner @ (config::ConfigError::At { key: Some(_), .. }
-            | config::ConfigError::Type { key: Some(_), .. }) => config_crate_error(path, inner),
+            | config::ConfigError::Type { key: Some(_), .. }) => config_crate_error(path, text, inner),
             inner => ConfigError::new(path, key, inner.to_string()),
         },
         config::ConfigError::NotFound(key) => ConfigError::new(path, key, "is missing".to_owned()),
