@@ -1079,6 +1079,7 @@ listen = "{listen}"
 [outbound]
 private_chat_interval_ms = 0
 group_chat_interval_ms = 0
+global_per_sec = 0
 
 [agents.{AGENT}]
 token_env = "{AGENT_SECRET_ENV}"

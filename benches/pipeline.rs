@@ -706,6 +706,7 @@ listen = "{listen}"
 [outbound]
 private_chat_interval_ms = 0
 group_chat_interval_ms = 0
+global_per_sec = 0
 
 [log]
 filter = "{log_filter}"

@@ -23,7 +23,7 @@ use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
 use crate::operate::health::{Health, PollHealth};
 use crate::operate::metrics;
 use crate::operate::reload::{self, Reloader};
-use crate::rules::pacing::ChatPacer;
+use crate::rules::pacing::Pacer;
 use crate::telegram::bot_api::BotApi;
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller, Routing};
@@ -94,7 +94,7 @@ impl Daemon {
         let outbound = Outbound::new(
             send_bot,
             ledger.clone(),
-            ChatPacer::new(settings.outbound.private_chat_interval, settings.outbound.group_chat_interval),
+            Pacer::new(settings.outbound.pacing),
             shutdown.child_token(),
         );
         let limits = ReplyLimits { max_reply_parts: settings.outbound.max_reply_parts };

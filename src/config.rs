@@ -16,6 +16,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ids::{AgentName, RouteName, Secret};
+use crate::rules::pacing::PaceLimits;
 use crate::rules::routes::{Audience, Route, RouteTarget, RoutesError, RoutesTable};
 use crate::rules::turns::{self, RoomMember, RoomRoster, RosterError};
 
@@ -116,10 +117,9 @@ pub struct OutboundSettings {
     /// A reply that would need more Telegram messages than this is refused before
     /// anything is sent: a runaway agent must not flood a chat.
     pub max_reply_parts: usize,
-    /// The spacing of sends to one private chat and to one group (Telegram's per-chat
-    /// limits); zero turns pacing off for that kind of chat.
-    pub private_chat_interval: Duration,
-    pub group_chat_interval: Duration,
+    /// Telegram's limits sends are paced to: the spacing of sends to one private chat and
+    /// to one group, and sends a second across all chats; zero turns that pacing off.
+    pub pacing: PaceLimits,
 }
 
 #[derive(Debug, Clone)]
@@ -246,6 +246,8 @@ struct RawOutbound {
     private_chat_interval_ms: u64,
     #[serde(default = "default_group_chat_interval_ms")]
     group_chat_interval_ms: u64,
+    #[serde(default = "default_global_per_sec")]
+    global_per_sec: u32,
 }
 
 #[derive(Debug, Deserialize)]
@@ -335,6 +337,10 @@ fn default_private_chat_interval_ms() -> u64 {
 fn default_group_chat_interval_ms() -> u64 {
     crate::rules::pacing::GROUP_INTERVAL.as_millis() as u64
 }
+/// Telegram: about thirty messages a second across all chats.
+fn default_global_per_sec() -> u32 {
+    crate::rules::pacing::OVERALL_PER_SEC
+}
 /// Three levels: an orchestrator, a worker, and a helper the worker asks.
 fn default_max_depth() -> u32 {
     3
@@ -378,6 +384,7 @@ impl Default for RawOutbound {
             max_reply_parts: default_max_reply_parts(),
             private_chat_interval_ms: default_private_chat_interval_ms(),
             group_chat_interval_ms: default_group_chat_interval_ms(),
+            global_per_sec: default_global_per_sec(),
         }
     }
 }
@@ -519,8 +526,11 @@ impl Settings {
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
             outbound: OutboundSettings {
                 max_reply_parts: raw.outbound.max_reply_parts,
-                private_chat_interval: Duration::from_millis(raw.outbound.private_chat_interval_ms),
-                group_chat_interval: Duration::from_millis(raw.outbound.group_chat_interval_ms),
+                pacing: PaceLimits {
+                    private: Duration::from_millis(raw.outbound.private_chat_interval_ms),
+                    group: Duration::from_millis(raw.outbound.group_chat_interval_ms),
+                    overall_per_sec: raw.outbound.global_per_sec,
+                },
             },
             handoffs,
             agents,

@@ -278,6 +278,7 @@ listen = "{listen}"
 [outbound]
 private_chat_interval_ms = 0          # the fake has no rate limits; a real bot keeps the defaults
 group_chat_interval_ms = 0
+global_per_sec = 0                   # nor an overall budget
 
 [log]
 filter = "info"

@@ -66,13 +66,18 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
     applied("outbound.max_reply_parts", &running.outbound.max_reply_parts, &new.outbound.max_reply_parts);
     applied(
         "outbound.private_chat_interval_ms",
-        &running.outbound.private_chat_interval.as_millis(),
-        &new.outbound.private_chat_interval.as_millis(),
+        &running.outbound.pacing.private.as_millis(),
+        &new.outbound.pacing.private.as_millis(),
     );
     applied(
         "outbound.group_chat_interval_ms",
-        &running.outbound.group_chat_interval.as_millis(),
-        &new.outbound.group_chat_interval.as_millis(),
+        &running.outbound.pacing.group.as_millis(),
+        &new.outbound.pacing.group.as_millis(),
+    );
+    applied(
+        "outbound.global_per_sec",
+        &running.outbound.pacing.overall_per_sec,
+        &new.outbound.pacing.overall_per_sec,
     );
     applied("handoffs.max_depth", &running.handoffs.max_depth, &new.handoffs.max_depth);
     applied(
@@ -235,8 +240,7 @@ impl Reloader {
             ReplyLimits { max_reply_parts: running.outbound.max_reply_parts },
             HandoffRules::of(&running),
         );
-        self.outbound
-            .set_pacing(running.outbound.private_chat_interval, running.outbound.group_chat_interval);
+        self.outbound.set_pacing(running.outbound.pacing);
         if plan.changes.is_empty() {
             tracing::info!(file = %self.path.display(), "configuration reloaded: nothing that applies in place changed");
         } else {

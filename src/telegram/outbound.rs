@@ -15,7 +15,7 @@ use super::bot_api::{Answer, BotApi, Exchange};
 use crate::backoff::Backoff;
 use crate::ledger::{AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
-use crate::rules::pacing::ChatPacer;
+use crate::rules::pacing::{PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
 
@@ -244,20 +244,24 @@ pub struct Outbound {
     /// send slower than that has an unknown outcome.
     api: BotApi,
     ledger: Ledger,
-    /// Spaces sends to one chat at Telegram's per-chat rates.
-    pacer: Arc<Mutex<ChatPacer>>,
+    /// Spaces sends at Telegram's rates: per chat, and across all chats.
+    pacer: Arc<Mutex<Pacer>>,
     /// Ends rate-limit and pacing waits when the daemon stops.
     shutdown: CancellationToken,
 }
 
 impl Outbound {
-    pub fn new(bot: Bot, ledger: Ledger, pacer: ChatPacer, shutdown: CancellationToken) -> Self {
+    pub fn new(bot: Bot, ledger: Ledger, pacer: Pacer, shutdown: CancellationToken) -> Self {
         Self { api: BotApi::from_bot(&bot), ledger, pacer: Arc::new(Mutex::new(pacer)), shutdown }
     }
 
-    /// New spacings of sends to one chat (a configuration reload).
-    pub fn set_pacing(&self, private: Duration, group: Duration) {
-        self.pacer.lock().unwrap_or_else(|p| p.into_inner()).set_intervals(private, group);
+    /// New limits to pace sends to (a configuration reload).
+    pub fn set_pacing(&self, limits: PaceLimits) {
+        self.pacer().set_limits(limits);
+    }
+
+    fn pacer(&self) -> std::sync::MutexGuard<'_, Pacer> {
+        self.pacer.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Delivers a planned reply part by part, skipping the parts already delivered. Stops
@@ -297,13 +301,9 @@ impl Outbound {
     ) -> Result<Observed, Refusal> {
         let target = &plan.target;
         loop {
-            let pace = self
-                .pacer
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .reserve(target.chat_id, std::time::Instant::now());
+            let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
             if !pace.is_zero() {
-                tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to this chat");
+                tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
                 if !self.wait(pace).await {
                     return Ok(stopping());
                 }
@@ -312,6 +312,9 @@ impl Outbound {
             match &observed {
                 Observed::NotSent { retry_after: Some(wait), .. } if *wait <= *budget => {
                     *budget -= *wait;
+                    // Whatever the reason (another process on the same token), the chat
+                    // is held and the overall pace lowered for every send, not only this.
+                    self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
                     metrics::rate_limit_wait("sendMessage", *wait);
                     tracing::warn!(trace_id = %target.trace_id, wait_secs = wait.as_secs(), "Telegram rate limit: waiting before sending again");
                     if self.wait(*wait).await {
