@@ -443,8 +443,8 @@ async fn sends_to_one_chat_are_paced_instead_of_bursting() {
     // than k - 2 seconds after the first was reserved, which was after `asked`. Measured
     // from there, not between parts: a part the loaded machine sent late lets the next
     // follow sooner, and the bucket allows that.
-    for later in 3..5 {
-        let after = sent[later].received_at.duration_since(asked);
+    for (later, part) in sent.iter().enumerate().take(5).skip(3) {
+        let after = part.received_at.duration_since(asked);
         let floor = Duration::from_secs(later as u64 - 2);
         assert!(after >= floor, "part {later} went out {after:?} after the reply, before {floor:?}");
     }
