@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 
+use crate::ledger::LedgerError;
 use crate::rules::resolver::ResolveError;
 use crate::rules::{guard, revisions};
 
@@ -84,11 +85,11 @@ pub enum ToolError {
     #[error("{0}")]
     NoRevision(String),
     #[error("the switchboard ledger failed ({0}); nothing was changed, try again in a moment")]
-    Ledger(Arc<sqlx::Error>),
+    Ledger(Arc<LedgerError>),
 }
 
-impl From<sqlx::Error> for ToolError {
-    fn from(e: sqlx::Error) -> Self {
+impl From<LedgerError> for ToolError {
+    fn from(e: LedgerError) -> Self {
         tracing::error!(error = %e, "ledger error");
         Self::Ledger(Arc::new(e))
     }
