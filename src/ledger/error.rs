@@ -16,20 +16,20 @@ pub type ErrorSource = Box<dyn StdError + Send + Sync + 'static>;
 pub enum LedgerError {
     /// Another connection (another process, say `switchboard ledger reconcile`) held the
     /// lock past the busy timeout (`SQLITE_BUSY`, `SQLITE_LOCKED`). It passes by itself.
-    #[error("the ledger is locked by another connection ({source})")]
-    Busy { source: ErrorSource },
+    #[error("the ledger is locked by another connection ({detail})")]
+    Busy { detail: String, source: ErrorSource },
     /// The disk, or SQLite's page limit, is full (`SQLITE_FULL`). Nothing of the failed
     /// write stays; it passes when room is made.
-    #[error("the disk holding the ledger is full ({source})")]
-    DiskFull { source: ErrorSource },
+    #[error("the disk holding the ledger is full ({detail})")]
+    DiskFull { detail: String, source: ErrorSource },
     /// A row broke one of the schema's constraints (a unique key, a CHECK, a foreign key):
     /// a bug, or a premise another writer changed.
-    #[error("the ledger refused a row that breaks its constraints ({source})")]
-    Constraint { source: ErrorSource },
+    #[error("the ledger refused a row that breaks its constraints ({detail})")]
+    Constraint { detail: String, source: ErrorSource },
     /// The file is damaged, or is not a SQLite database at all (`SQLITE_CORRUPT`,
     /// `SQLITE_NOTADB`): an operator must look at it.
-    #[error("the ledger file is damaged or is not a ledger ({source})")]
-    Corrupt { source: ErrorSource },
+    #[error("the ledger file is damaged or is not a ledger ({detail})")]
+    Corrupt { detail: String, source: ErrorSource },
     /// Anything else: an I/O error, a read-only file, a row this switchboard cannot read.
     #[error("{message}")]
     Other {
@@ -64,34 +64,31 @@ impl LedgerError {
 
 impl From<rusqlite::Error> for LedgerError {
     fn from(error: rusqlite::Error) -> Self {
-        // A statement SQLite could not prepare: its text would be the whole SQL (all of a
-        // migration's file), so what SQLite said and where is kept, with its code.
-        let error = match error {
-            rusqlite::Error::SqlInputError { error, msg, offset, .. } => {
-                return Self::Other {
-                    message: format!("the ledger failed: {msg} (at byte {offset} of the statement)"),
-                    source: Some(Box::new(error)),
-                };
-            }
-            error => error,
-        };
         // The primary code (the low byte of the extended one) is what classifies:
         // https://www.sqlite.org/rescode.html
-        let Some(code) = error.sqlite_error_code() else {
-            return Self::Other {
-                message: format!("the ledger failed: {error}"),
-                source: Some(Box::new(error)),
-            };
-        };
-        let source: ErrorSource = Box::new(error);
-        match code {
-            rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked => Self::Busy { source },
-            rusqlite::ErrorCode::DiskFull => Self::DiskFull { source },
-            rusqlite::ErrorCode::ConstraintViolation => Self::Constraint { source },
-            rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase => {
-                Self::Corrupt { source }
+        let code = error.sqlite_error_code();
+        // What SQLite said, for people, and the error underneath: for a failure, its code.
+        let (detail, source): (String, ErrorSource) = match error {
+            rusqlite::Error::SqliteFailure(code, message) => {
+                (message.unwrap_or_else(|| code.to_string()), Box::new(code))
             }
-            _ => Self::Other { message: format!("the ledger failed: {source}"), source: Some(source) },
+            // A statement SQLite could not prepare: its text (all of a migration's file,
+            // say) is left out; what SQLite said and where stays.
+            rusqlite::Error::SqlInputError { error, msg, offset, .. } => {
+                (format!("{msg} (at byte {offset} of the statement)"), Box::new(error))
+            }
+            other => (other.to_string(), Box::new(other)),
+        };
+        match code {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                Self::Busy { detail, source }
+            }
+            Some(rusqlite::ErrorCode::DiskFull) => Self::DiskFull { detail, source },
+            Some(rusqlite::ErrorCode::ConstraintViolation) => Self::Constraint { detail, source },
+            Some(rusqlite::ErrorCode::DatabaseCorrupt | rusqlite::ErrorCode::NotADatabase) => {
+                Self::Corrupt { detail, source }
+            }
+            _ => Self::Other { message: format!("the ledger failed: {detail}"), source: Some(source) },
         }
     }
 }
