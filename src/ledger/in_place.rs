@@ -3,9 +3,10 @@
 //! reads: [`Writer::read_if_idle`]), and its readers (`readers`).
 //!
 //! A statement runs where it is called, with no hand-over to a database thread and back:
-//! such a hand-over is two thread wake-ups, costlier than the indexed statements the path
-//! of a message makes (docs/performance.md has the figures), and the transactions on that
-//! path (a batch's intake, a reply's attempt and outcome) make five or six of them each.
+//! such a hand-over costs two thread wake-ups, more than the indexed statements on the
+//! path of a message take themselves (docs/performance.md has the figures), and each
+//! transaction on that path (a batch's intake, a reply's attempt and outcome) makes five
+//! or six statements.
 //! All the writes run on [`Writer`] ([`Ledger::write_in_place`]), intake's and the others
 //! (handoffs, rooms, reconciliation): one connection writes, so the writers of this process
 //! queue on its lock in order and never meet in SQLite's busy handler, and every
