@@ -11,11 +11,10 @@
 //! The ledger only stores and transitions; what a transition *means* is decided by the
 //! pure code in `routes`, `resolver` and `outbound`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use chrono::{SecondsFormat, Utc};
 use rusqlite::OpenFlags;
 
@@ -116,19 +115,45 @@ pub use tasks::{
 };
 pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 
+/// Why the ledger could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("creating the ledger database {} (mode 0600)", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A connection could not be opened or set up; `doing` says which.
+    #[error("{doing} {}", path.display())]
+    Connect {
+        doing: &'static str,
+        path: PathBuf,
+        #[source]
+        source: LedgerError,
+    },
+    #[error("the ledger database {} cannot be put in WAL mode (it stays in {mode:?} mode)", path.display())]
+    NotWal { path: PathBuf, mode: String },
+    #[error("applying migrations to {}", path.display())]
+    Migrate {
+        path: PathBuf,
+        #[source]
+        source: MigrationError,
+    },
+}
+
 impl Ledger {
     /// Opens the database, creating it (mode `0600`) if needed, and applies pending
     /// migrations. The daemon's way in.
-    pub async fn open(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
-        files::create_private(path)
-            .with_context(|| format!("creating the ledger database {} (mode 0600)", path.display()))?;
+    pub async fn open(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
+        files::create_private(path).map_err(|source| OpenError::Create { path: path.to_owned(), source })?;
         tighten_and_warn(path);
         Self::connect(path, synchronous, true, Some(Checkpointer::new())).await
     }
 
     /// Opens a database that must already exist, and applies pending migrations. For
     /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
-    pub async fn open_existing(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
+    pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
         tighten_and_warn(path);
         Self::connect(path, synchronous, false, None).await
     }
@@ -138,20 +163,21 @@ impl Ledger {
         synchronous: Synchronous,
         create: bool,
         checkpointer: Option<Checkpointer>,
-    ) -> anyhow::Result<Self> {
+    ) -> Result<Self, OpenError> {
+        let connect_error = |doing| move |source| OpenError::Connect { doing, path: path.to_owned(), source };
         // Opening the file, switching it to WAL and migrating it touch the disk and may
         // wait for another process's lock: off the runtime's threads.
         let database = path.to_owned();
         let prepared = tokio::task::spawn_blocking(move || prepare(&database, synchronous, create))
             .await
-            .context("preparing the ledger: the task did not finish")??;
+            .map_err(|e| LedgerError::other(format!("the task preparing the ledger did not finish: {e}")))
+            .map_err(connect_error("preparing the ledger database"))??;
         let checkpointer = checkpointer.map(Arc::new);
         let readers = Arc::new(Readers::new(path));
         let settings = WriterSettings { synchronous, checkpointer: checkpointer.clone() };
-        let writer = Arc::new(
-            Writer::open(path, settings)
-                .with_context(|| format!("opening the ledger database {} for writing", path.display()))?,
-        );
+        let writer = Writer::open(path, settings)
+            .map_err(LedgerError::from)
+            .map_err(connect_error("opening for writing the ledger database"))?;
         // Closed only now that the writer is open: the last connection to a database to
         // close checkpoints it and deletes its WAL, and the WAL's file is room that writes
         // reuse (a nearly full disk still takes them) rather than grow into.
@@ -161,9 +187,9 @@ impl Ledger {
             checkpointer
                 .start(path, synchronous, Arc::clone(&writes))
                 .await
-                .with_context(|| format!("opening a checkpointing connection to {}", path.display()))?;
+                .map_err(connect_error("opening a checkpointing connection to"))?;
         }
-        Ok(Self { writer, readers, checkpointer, writes })
+        Ok(Self { writer: Arc::new(writer), readers, checkpointer, writes })
     }
 
     /// What intake, attempts and checkpoints came to lately, for readiness.
@@ -184,7 +210,7 @@ impl Ledger {
 /// returned, for the caller to close once its own are open. Blocking, and it may wait up
 /// to [`BUSY_TIMEOUT`] for another process's lock (SQLite's busy handler is fine here: this
 /// runs on a blocking thread).
-fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> anyhow::Result<rusqlite::Connection> {
+fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqlite::Connection, OpenError> {
     let flags = if create {
         in_place::OWN_CONNECTION_FLAGS.union(OpenFlags::SQLITE_OPEN_CREATE)
     } else {
@@ -197,19 +223,20 @@ fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> anyhow::Resul
         db.pragma_update(None, "synchronous", in_place::synchronous_pragma(synchronous))?;
         db.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
     };
+    let connect_error = |doing| {
+        move |source: rusqlite::Error| OpenError::Connect {
+            doing,
+            path: path.to_owned(),
+            source: source.into(),
+        }
+    };
     let db = rusqlite::Connection::open_with_flags(path, flags)
-        .map_err(LedgerError::from)
-        .with_context(|| format!("opening the ledger database {}", path.display()))?;
-    let journal_mode = set_up(&db)
-        .map_err(LedgerError::from)
-        .with_context(|| format!("setting up the ledger database {}", path.display()))?;
-    if !journal_mode.eq_ignore_ascii_case("wal") {
-        anyhow::bail!(
-            "the ledger database {} cannot be put in WAL mode (it stays in {journal_mode:?} mode)",
-            path.display()
-        );
+        .map_err(connect_error("opening the ledger database"))?;
+    let mode = set_up(&db).map_err(connect_error("setting up the ledger database"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::NotWal { path: path.to_owned(), mode });
     }
-    migrations::migrate(&db, None).with_context(|| format!("applying migrations to {}", path.display()))?;
+    migrations::migrate(&db, None).map_err(|source| OpenError::Migrate { path: path.to_owned(), source })?;
     Ok(db)
 }
 

@@ -1197,10 +1197,11 @@ async fn a_ledger_with_a_migration_this_release_does_not_know_is_refused() {
     )
     .unwrap();
     drop(db);
-    let refused = Ledger::open(&path, Synchronous::Normal).await.unwrap_err();
-    let reason = refused.chain().find_map(|e| e.downcast_ref::<MigrationError>());
-    assert!(matches!(reason, Some(MigrationError::Unknown { version: 10 })), "{refused:#}");
-    assert!(format!("{refused:#}").contains("newer release"), "{refused:#}");
+    let Err(OpenError::Migrate { source, .. }) = Ledger::open(&path, Synchronous::Normal).await else {
+        panic!("a ledger a newer release migrated is refused");
+    };
+    assert!(matches!(source, MigrationError::Unknown { version: 10 }), "{source:?}");
+    assert!(source.to_string().contains("newer release"), "{source}");
 }
 
 #[tokio::test]
@@ -1212,13 +1213,13 @@ async fn a_ledger_with_a_failed_or_edited_migration_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = ledger_made_by_sqlx(dir.path());
         rusqlite::Connection::open(&path).unwrap().execute(change, []).unwrap();
-        let refused = Ledger::open(&path, Synchronous::Normal).await.unwrap_err();
-        let reason = refused.chain().find_map(|e| e.downcast_ref::<MigrationError>());
-        match reason {
-            Some(MigrationError::Dirty { version: 9 }) | Some(MigrationError::Changed { version: 3, .. }) => {
-            }
-            other => panic!("{change}: {other:?}"),
+        let Err(OpenError::Migrate { source, .. }) = Ledger::open(&path, Synchronous::Normal).await else {
+            panic!("{change}: the ledger is refused");
+        };
+        match source {
+            MigrationError::Dirty { version: 9 } | MigrationError::Changed { version: 3, .. } => {}
+            ref other => panic!("{change}: {other:?}"),
         }
-        assert!(format!("{refused:#}").contains(expected), "{refused:#}");
+        assert!(source.to_string().contains(expected), "{source}");
     }
 }
