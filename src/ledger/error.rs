@@ -54,12 +54,6 @@ impl LedgerError {
     pub(super) fn encoding(what: &str, source: impl StdError + Send + Sync + 'static) -> Self {
         Self::Other { message: format!("encoding {what}: {source}"), source: Some(Box::new(source)) }
     }
-
-    /// Whether this failure passes by itself (a lock held elsewhere, a full disk), so that
-    /// waiting, rather than stopping, is the answer.
-    pub fn passes_by_itself(&self) -> bool {
-        matches!(self, Self::Busy { .. } | Self::DiskFull { .. })
-    }
 }
 
 impl From<rusqlite::Error> for LedgerError {
@@ -126,15 +120,6 @@ mod tests {
         let message = unprepared.to_string();
         assert!(message.contains("table t already exists"), "{message}");
         assert!(!message.contains("CREATE TABLE"), "the statement's text is left out: {message}");
-    }
-
-    #[test]
-    fn only_a_held_lock_and_a_full_disk_pass_by_themselves() {
-        assert!(failure(ffi::SQLITE_BUSY).passes_by_itself());
-        assert!(failure(ffi::SQLITE_FULL).passes_by_itself());
-        assert!(!failure(ffi::SQLITE_CONSTRAINT_UNIQUE).passes_by_itself());
-        assert!(!failure(ffi::SQLITE_CORRUPT).passes_by_itself());
-        assert!(!LedgerError::other("a row contradicts another").passes_by_itself());
     }
 
     /// What people read keeps SQLite's words beside the meaning.
