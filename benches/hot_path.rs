@@ -55,8 +55,6 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
 use serde_json::{Value, json};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{Connection as _, SqliteConnection};
 use switchboard::config::Synchronous;
 use switchboard::ids::{AgentName, RouteName, TraceId};
 use switchboard::ledger::{
@@ -548,9 +546,10 @@ impl LedgerWork {
         work.cpu = (threads_cpu_seconds(std::process::id()) - cpu_before) / messages as f64;
 
         // Not a timing: every message ended answered, as in the daemon.
-        let acked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'")
-            .fetch_one(ledger.pool())
-            .await
+        let acked: i64 = rusqlite::Connection::open(dir.path().join("work.db"))
+            .and_then(|db| {
+                db.query_row("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'", [], |row| row.get(0))
+            })
             .expect("counting envelopes");
         assert_eq!(acked, (WARMUP_MESSAGES + messages) as i64, "every message should be answered");
         ledger.close().await;
@@ -750,12 +749,11 @@ async fn ingest_run(params: &Params) -> IngestRun {
     fake.shutdown().await;
 
     // Not a timing: a check that the run stored what it claims to have measured.
-    let ledger = Ledger::open(&workdir.database(), Synchronous::Normal).await.expect("opening the ledger");
-    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'queued'")
-        .fetch_one(ledger.pool())
-        .await
+    let stored: i64 = rusqlite::Connection::open(workdir.database())
+        .and_then(|db| {
+            db.query_row("SELECT COUNT(*) FROM envelopes WHERE state = 'queued'", [], |row| row.get(0))
+        })
         .expect("counting envelopes");
-    ledger.close().await;
     assert_eq!(stored, params.updates as i64, "every update should be a queued envelope");
     IngestRun { elapsed, rss_after_kib }
 }
@@ -774,14 +772,13 @@ async fn raw_insert_run(params: &Params) -> Duration {
     let dir = tempfile::tempdir().expect("creating a temporary directory");
     let path = dir.path().join("raw.db");
     Ledger::open(&path, Synchronous::Normal).await.expect("creating the ledger").close().await;
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .foreign_keys(true)
-        .pragma("cache_size", PAGE_CACHE_KIB.to_string())
-        .pragma("cache_spill", WRITER_SPILL_PAGES.to_string());
-    let mut connection = SqliteConnection::connect_with(&options).await.expect("opening the raw connection");
+    let mut connection = rusqlite::Connection::open(&path).expect("opening the raw connection");
+    connection
+        .execute_batch(&format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
+             PRAGMA cache_size = {PAGE_CACHE_KIB}; PRAGMA cache_spill = {WRITER_SPILL_PAGES};"
+        ))
+        .expect("setting up the raw connection");
     let rows: Vec<Row> = (0..params.updates)
         .map(|n| Row {
             // Random, as the poller's: the unique index on trace ids takes each row on
@@ -796,43 +793,36 @@ async fn raw_insert_run(params: &Params) -> Duration {
 
     let started = Instant::now();
     for batch in rows.chunks(RAW_BATCH) {
-        let mut tx = connection.begin_with("BEGIN IMMEDIATE").await.expect("BEGIN");
-        let mut insert = sqlx::QueryBuilder::new(
-            "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
-             chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
-             sent_at, received_at, route, agent, state, state_changed_at, note, raw_update) ",
-        );
-        insert.push_values(batch, |mut values, row| {
-            values
-                .push_bind(row.trace_id.as_str())
-                .push_bind(row.update_id)
-                .push_bind(row.digest.as_str())
-                .push_bind("message")
-                .push_bind(CHAT_ID)
-                .push_bind(None::<i64>)
-                .push_bind("private")
-                .push_bind(None::<&str>)
-                .push_bind(row.update_id)
-                .push_bind(CHAT_ID)
-                .push_bind(None::<&str>)
-                .push_bind("Bench user")
-                .push_bind(row.content.as_str())
-                .push_bind("[]")
-                .push_bind(row.content.as_str())
-                .push_bind(now)
-                .push_bind(now)
-                .push_bind("dm-a0")
-                .push_bind(AGENT)
-                .push_bind("queued")
-                .push_bind(now)
-                .push_bind(None::<&str>)
-                .push_bind(None::<&str>);
-        });
-        insert.build().execute(&mut *tx).await.expect("inserting a batch");
-        tx.commit().await.expect("COMMIT");
+        let tx =
+            connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).expect("BEGIN");
+        // One prepared statement, run once per row: the least SQLite needs for the batch.
+        let mut insert = tx
+            .prepare_cached(
+                "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
+                 chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
+                 sent_at, received_at, route, agent, state, state_changed_at, note, raw_update) \
+                 VALUES (?1, ?2, ?3, 'message', ?4, NULL, 'private', NULL, ?2, ?4, NULL, 'Bench user', ?5, '[]', \
+                 ?5, ?6, ?6, 'dm-a0', ?7, 'queued', ?6, NULL, NULL)",
+            )
+            .expect("preparing the insert");
+        for row in batch {
+            insert
+                .execute(rusqlite::params![
+                    row.trace_id,
+                    row.update_id,
+                    row.digest,
+                    CHAT_ID,
+                    row.content,
+                    now,
+                    AGENT
+                ])
+                .expect("inserting a row");
+        }
+        drop(insert);
+        tx.commit().expect("COMMIT");
     }
     let elapsed = started.elapsed();
-    connection.close().await.expect("closing the raw connection");
+    drop(connection);
     elapsed
 }
 

@@ -234,7 +234,8 @@ async fn inbound_throughput(params: &Params) -> Throughput {
     let mut daemon = Daemon::start(&workdir, &fake.api_url());
     daemon.wait_until_listening().await;
     fake.wait_for_get_updates_calls(1, STEP_TIMEOUT).await;
-    let ledger = workdir.open_ledger().await;
+    // A connection beside the daemon's (in WAL mode it reads meanwhile), to count.
+    let counter = rusqlite::Connection::open(workdir.database()).expect("opening the ledger to count");
     let polls_before = fake.get_updates_calls();
 
     let speakers: Vec<Speaker> = (0..AGENTS).map(Speaker::new).collect();
@@ -246,7 +247,7 @@ async fn inbound_throughput(params: &Params) -> Throughput {
     // the daemon can see the first update.
     let started = Instant::now();
     let deadline = started + THROUGHPUT_TIMEOUT;
-    while envelope_count(&ledger).await < params.updates {
+    while envelope_count(&counter) < params.updates {
         if Instant::now() > deadline {
             daemon.fail(&format!("the ledger did not reach {} envelopes", params.updates));
         }
@@ -255,15 +256,14 @@ async fn inbound_throughput(params: &Params) -> Throughput {
     let elapsed = started.elapsed();
     let get_updates_calls = fake.get_updates_calls() - polls_before;
     let peak_rss_kib = daemon.peak_rss_kib();
-    ledger.close().await;
+    drop(counter);
     daemon.stop().await;
     Throughput { envelopes: params.updates, elapsed, get_updates_calls, peak_rss_kib }
 }
 
-async fn envelope_count(ledger: &Ledger) -> usize {
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes")
-        .fetch_one(ledger.pool())
-        .await
+fn envelope_count(counter: &rusqlite::Connection) -> usize {
+    let count: i64 = counter
+        .query_row("SELECT COUNT(*) FROM envelopes", [], |row| row.get(0))
         .expect("counting envelopes");
     usize::try_from(count).expect("a count is never negative")
 }
@@ -455,10 +455,11 @@ async fn next_envelope(session: &mut SessionStream) -> DeliveredEnvelope {
 /// matches with a chance far below one in a billion. Returns how long it took.
 async fn prepopulate(database: &Path, rows: usize) -> Duration {
     let started = Instant::now();
-    let ledger = Ledger::open(database, Synchronous::Normal).await.expect("creating the ledger");
+    Ledger::open(database, Synchronous::Normal).await.expect("creating the ledger").close().await;
     let now = switchboard::ledger::now();
-    let mut tx = ledger.pool().begin().await.expect("beginning the pre-population");
-    sqlx::query(
+    let mut db = rusqlite::Connection::open(database).expect("opening the ledger to fill it");
+    let tx = db.transaction().expect("beginning the pre-population");
+    tx.execute(
         "WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1) \
          INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, chat_title, message_id, \
          sender_id, sender_name, text, content, sent_at, received_at, route, agent, state, deliveries, \
@@ -467,44 +468,38 @@ async fn prepopulate(database: &Path, rows: usize) -> Duration {
          ?2 + n % ?3, 'Bench user', 'earlier question ' || n, 'earlier question ' || n, ?4, ?4, \
          'dm-a' || (n % ?3), 'a' || (n % ?3), 'acked', 1, ?4, 'replied' \
          FROM seq",
+        rusqlite::params![
+            i64::try_from(rows).expect("row count fits i64"),
+            FIRST_CHAT_ID,
+            AGENTS as i64,
+            now
+        ],
     )
-    .bind(i64::try_from(rows).expect("row count fits i64"))
-    .bind(FIRST_CHAT_ID)
-    .bind(AGENTS as i64)
-    .bind(&now)
-    .execute(&mut *tx)
-    .await
     .expect("inserting envelopes");
-    sqlx::query(
+    tx.execute(
         "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, reply_to_message_id, chunk_index, \
          chunk_count, text, outcome, telegram_message_id, started_at, finished_at) \
          SELECT printf('op_%010d', id), id, agent, chat_id, message_id, 0, 1, 'earlier answer', 'sent', \
          message_id, ?1, ?1 FROM envelopes",
+        [&now],
     )
-    .bind(&now)
-    .execute(&mut *tx)
-    .await
     .expect("inserting attempts");
-    sqlx::query(
+    tx.execute(
         "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
          SELECT id, ?1, 'pending', 'acked', 'agent:' || agent, 'replied' FROM envelopes",
+        [&now],
     )
-    .bind(&now)
-    .execute(&mut *tx)
-    .await
     .expect("inserting events");
-    tx.commit().await.expect("committing the pre-population");
-    ledger.close().await;
+    tx.commit().expect("committing the pre-population");
     started.elapsed()
 }
 
 async fn acked_count(workdir: &Workdir) -> usize {
-    let ledger = workdir.open_ledger().await;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'")
-        .fetch_one(ledger.pool())
-        .await
+    let count: i64 = rusqlite::Connection::open(workdir.database())
+        .and_then(|db| {
+            db.query_row("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'", [], |row| row.get(0))
+        })
         .expect("counting acked envelopes");
-    ledger.close().await;
     usize::try_from(count).expect("a count is never negative")
 }
 
@@ -676,11 +671,6 @@ impl Workdir {
 
     fn log(&self) -> PathBuf {
         self.dir.path().join("daemon.log")
-    }
-
-    /// Opens the ledger beside the daemon (SQLite in WAL mode lets it read meanwhile).
-    async fn open_ledger(&self) -> Ledger {
-        Ledger::open(&self.database(), Synchronous::Normal).await.expect("opening the ledger")
     }
 }
 

@@ -10,7 +10,6 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
-use sqlx::Connection;
 use support::daemon::*;
 use support::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
 use support::mcp::ChannelClient;
@@ -287,9 +286,8 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
 
     // Another process takes the write lock and keeps it past the daemon's 10 s busy
     // timeout (e.g. an operator's sqlite3 shell left in a transaction).
-    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(daemon.database());
-    let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
-    sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+    let holder = rusqlite::Connection::open(daemon.database()).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let during = fake.push_text(&dm, owner(), "while the ledger is locked");
     // Intake waits for the lock between tries, not in SQLite's busy handler on the
     // daemon's one runtime thread: the daemon answers meanwhile.
@@ -313,8 +311,8 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
     assert_eq!(level(&line), "ERROR", "{line}");
     assert!(fake.pending_update_count() > 0, "the offset did not move");
 
-    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
-    holder.close().await.unwrap();
+    holder.execute_batch("ROLLBACK").unwrap();
+    drop(holder);
     let rows = wait_for_rows(&daemon, 2).await;
     assert_eq!(rows[1].update_id, Some(during));
     assert!(daemon.is_running());

@@ -165,15 +165,13 @@ async fn readiness_is_503_while_another_writer_holds_the_ledger() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
     wait_for_readiness(&daemon, 200, None).await;
-    let ledger = daemon.ledger().await;
-    let mut holder = ledger.pool().acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut *holder).await.unwrap();
+    let holder = rusqlite::Connection::open(daemon.database()).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
     let body = wait_for_readiness(&daemon, 503, Some("ledger_not_writable")).await;
     assert!(body["reasons"][0]["detail"].as_str().unwrap().contains("locked"), "{body}");
-    sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+    holder.execute_batch("ROLLBACK").unwrap();
     drop(holder);
     wait_for_readiness(&daemon, 200, None).await;
-    ledger.close().await;
 }
 
 // ---- metrics ----

@@ -581,13 +581,14 @@ async fn a_damaged_exchange_stalls_only_its_own_room() {
     say(&fake, "@builder something long");
     let turn = nth(&builder, 1).await;
     // The stored state is damaged (a botched hand edit, a bad disk).
-    let ledger = daemon.ledger().await;
-    sqlx::query("UPDATE cascades SET cascade = '{not json' WHERE cascade_id = ?")
-        .bind(meta(&turn, "cascade_id"))
-        .execute(ledger.pool())
-        .await
+    let damaged = rusqlite::Connection::open(daemon.database())
+        .unwrap()
+        .execute(
+            "UPDATE cascades SET cascade = '{not json' WHERE cascade_id = ?",
+            [meta(&turn, "cascade_id")],
+        )
         .unwrap();
-    ledger.close().await;
+    assert_eq!(damaged, 1);
 
     say(&fake, "/stop");
     let texts = posted(&fake, 1).await;

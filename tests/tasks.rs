@@ -131,10 +131,9 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
     let stored = ledger.handoff(&handoff_id).await.unwrap().unwrap();
     assert_eq!(stored.state, HandoffState::Superseded);
     assert_eq!(stored.answer_envelope_id, None, "never an answer");
-    let late: Option<String> = sqlx::query_scalar("SELECT late_result FROM handoffs WHERE handoff_id = ?")
-        .bind(&handoff_id)
-        .fetch_one(ledger.pool())
-        .await
+    let late: Option<String> = rusqlite::Connection::open(daemon.database())
+        .unwrap()
+        .query_row("SELECT late_result FROM handoffs WHERE handoff_id = ?", [&handoff_id], |row| row.get(0))
         .unwrap();
     ledger.close().await;
     assert_eq!(late.as_deref(), Some("1.4: three fixes"));

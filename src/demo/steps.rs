@@ -13,8 +13,8 @@ use crate::agents::api::client::{ClientError, DaemonClient, SessionStream};
 use crate::agents::api::wire::{AckRequest, ErrorCode, HandoffRequest, ReplyRequest, SessionEvent};
 use crate::ids::RequestId;
 use crate::ledger::{
-    AttemptState, EnvelopeState, HandoffState, ListFilter, RoomCascadeState, StoredAttempt, StoredEnvelope,
-    TurnEnding,
+    AttemptState, EnvelopeState, HandoffState, LedgerError, ListFilter, RoomCascadeState, StoredAttempt,
+    StoredEnvelope, TurnEnding,
 };
 
 /// Messages of the crash step: enough that some are answered, one is on the wire, some
@@ -494,7 +494,7 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     for line in report.text.lines() {
         more(line);
     }
-    let read = |e: sqlx::Error| Broken(format!("reading the ledger: {e}"));
+    let read = |e: LedgerError| Broken(format!("reading the ledger: {e}"));
     let stored = demo
         .ledger
         .cascade(&cascade_id)
