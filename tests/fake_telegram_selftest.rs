@@ -1,15 +1,14 @@
-//! Tests of the fake Telegram server itself. The daemon's tests trust the fake
-//! to speak the Bot API the way teloxide expects, so most checks go through a
-//! real `teloxide::Bot`; raw reqwest covers what teloxide cannot express.
-
-#[path = "support/fake_telegram.rs"]
-mod fake_telegram;
+//! Tests of the fake Telegram server itself (`switchboard::fake_bot_api`). The daemon's
+//! tests trust the fake to speak the Bot API the way teloxide expects, so most checks go
+//! through a real `teloxide::Bot`; raw reqwest covers what teloxide cannot express.
 
 use std::time::{Duration, Instant};
 
-use fake_telegram::{BOT_USER_ID, ChatSpec, FIRST_UPDATE_ID, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use switchboard::fake_bot_api::{
+    BOT_USER_ID, ChatSpec, FIRST_UPDATE_ID, FakeTelegram, Fault, TEST_TOKEN, UserSpec,
+};
 use teloxide::payloads::{GetUpdatesSetters, SendMessageSetters};
 use teloxide::requests::Requester;
 use teloxide::types::{ChatId, MessageId, ReplyParameters, Seconds, ThreadId, Update, UpdateKind};

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram};
 use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 use switchboard::ledger::{EnvelopeState, HandoffState};
 
 /// The orchestrator's session, the worker's, and one owner message waiting for the
@@ -293,6 +293,7 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
         ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
     ])
     .await;
+    let (address_var, address) = daemon.address_env();
     let helper = ChannelClient::start_connected(
         daemon.config_path(),
         "helper",
@@ -300,6 +301,7 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
             ("SWITCHBOARD__AGENTS__HELPER__TOKEN_ENV", "SB_TEST_HELPER_SECRET"),
             ("SB_TEST_HELPER_SECRET", helper_secret),
             ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
+            (address_var, &address),
         ],
         WAIT,
     )

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
 use switchboard::ledger::EnvelopeState;
 use switchboard::ledger::{ListFilter, StoredEnvelope};
 use switchboard::telegram::envelope::EnvelopeKind;

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use sqlx::Connection;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
 use support::mcp::ChannelClient;
 use switchboard::config::Synchronous;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 use switchboard::ledger::{EnvelopeState, Ledger, ListFilter, StoredEnvelope};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -180,10 +180,11 @@ async fn undecodable_updates_are_kept_raw_beside_their_batch_and_no_text_is_logg
 async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_to_an_agent() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let (address_var, address) = daemon.address_env();
     let orchestrator = ChannelClient::start(
         daemon.config_path(),
         "orchestrator",
-        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)],
+        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
     )
     .await
     .expect("channel plugin starts");
@@ -296,7 +297,7 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     let asked = Instant::now();
     let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap();
-    let health = client.get(format!("http://{}/healthz", daemon.api_addr)).send().await;
+    let health = client.get(format!("http://{}/healthz", daemon.api_addr())).send().await;
     assert!(
         health.as_ref().is_ok_and(|r| r.status().is_success()) && asked.elapsed() < Duration::from_secs(2),
         "/healthz while intake waits for the lock: {health:?} after {:?}",

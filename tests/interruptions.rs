@@ -14,9 +14,9 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
 use switchboard::agents::api::client::ClientError;
 use switchboard::agents::api::wire::{ErrorCode, ReplyRequest};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault};
 use switchboard::ledger::{AttemptState, EnvelopeState};
 
 /// Telegram takes this long to answer a send that it performs: longer than the tests
@@ -195,7 +195,7 @@ async fn a_request_lost_in_a_dead_daemons_socket_is_reported_as_not_sent() {
         let outcome = orchestrator.call_tool("reply", json!({"text": "hi", "trace_id": trace.clone()})).await;
         (orchestrator, outcome)
     });
-    wait_until_a_request_waits_in_the_socket(daemon.api_addr.port()).await;
+    wait_until_a_request_waits_in_the_socket(daemon.api_addr().port()).await;
     daemon.kill9();
     daemon.restart();
 
@@ -372,7 +372,7 @@ async fn envelopes_noted_as_shown_are_confirmed_by_the_next_call_and_only_by_it(
 
     // A malformed header is refused, naming the header, and marks nothing.
     let secret = ORCHESTRATOR_SECRET;
-    let url = format!("http://{}/v1/agents/orchestrator/pending", daemon.api_addr);
+    let url = format!("http://{}/v1/agents/orchestrator/pending", daemon.api_addr());
     let answer = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -443,8 +443,8 @@ async fn sends_to_one_chat_are_paced_instead_of_bursting() {
     // than k - 2 seconds after the first was reserved, which was after `asked`. Measured
     // from there, not between parts: a part the loaded machine sent late lets the next
     // follow sooner, and the bucket allows that.
-    for later in 3..5 {
-        let after = sent[later].received_at.duration_since(asked);
+    for (later, part) in sent.iter().enumerate().take(5).skip(3) {
+        let after = part.received_at.duration_since(asked);
         let floor = Duration::from_secs(later as u64 - 2);
         assert!(after >= floor, "part {later} went out {after:?} after the reply, before {floor:?}");
     }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, UserSpec};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, UserSpec};
 use switchboard::ledger::EnvelopeState;
 
 #[tokio::test]

@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::{WAIT, meta, nth, owner, posted, trace_id};
 use support::daemon::*;
-use support::fake_telegram::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
 use support::mcp::{ChannelClient, ChannelNotification};
+use switchboard::fake_bot_api::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
 use switchboard::ledger::{EnvelopeState, RoomCascadeState, StoredCascade};
 
 const ROOM_CHAT: i64 = -1_009_876_543_210;
@@ -67,9 +67,15 @@ fn start_daemon(fake: &FakeTelegram, dev_room_keys: &str) -> TestDaemon {
 }
 
 async fn agent(daemon: &TestDaemon, (name, var, secret): (&str, &str, &str)) -> ChannelClient {
-    ChannelClient::start_connected(daemon.config_path(), name, &[(var, secret)], WAIT)
-        .await
-        .expect("the channel plugin starts and its session connects")
+    let (address_var, address) = daemon.address_env();
+    ChannelClient::start_connected(
+        daemon.config_path(),
+        name,
+        &[(var, secret), (address_var, &address)],
+        WAIT,
+    )
+    .await
+    .expect("the channel plugin starts and its session connects")
 }
 
 /// The daemon, the fake, and the sessions of the dev room's two agents.

@@ -10,8 +10,8 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
 use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault};
 use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState, StoredTask};
 use switchboard::rules::revisions::TaskState;
 
