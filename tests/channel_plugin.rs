@@ -675,7 +675,8 @@ async fn a_second_session_is_refused_and_does_not_fight() {
         .await
         .unwrap();
     assert!(line.contains("ERROR"), "{line}");
-    // It checks again slowly (every 5s), not in a tight loop.
+    // It checks again slowly (every 5s), not in a tight loop: a real wait, since what this
+    // checks is that no second attempt comes within it.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(daemon.session_attempts(), 1);
     assert!(plugin.notifications().is_empty());

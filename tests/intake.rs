@@ -232,10 +232,10 @@ async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_t
             None
         ]
     );
+    // Ignored is final, and none was ever handed to a session: no notification can follow.
     for ignored in rows.iter().filter(|e| e.state == EnvelopeState::Ignored) {
         assert_eq!((ignored.route.as_deref(), ignored.agent.as_deref(), ignored.deliveries), (None, None, 0));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(orchestrator.notifications().len(), 2);
     orchestrator.close().await.unwrap();
 }
@@ -267,8 +267,9 @@ async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     fake.reuse_update_id(id, &second);
     let marker = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
     let rows = wait_for_rows(&daemon, 3).await;
-    fake.wait_until_confirmed(marker, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The poller came back after the batch with the marker, which the re-polls preceded:
+    // all of them are recorded (or not) by now.
+    fake.wait_for_poll_after(marker, WAIT).await;
     let rows_after = rows_in(&daemon.database()).await;
     assert_eq!(summary(&rows_after), summary(&rows));
     assert_eq!(
