@@ -55,7 +55,7 @@ use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Connection as _, SqliteConnection};
 use switchboard::app::reported_api_address;
-use switchboard::config::Synchronous;
+use switchboard::config::{API_LISTEN_ENV, Synchronous};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName, TraceId};
 use switchboard::ledger::{
@@ -649,7 +649,7 @@ impl AgentSession {
             .arg(workdir.config())
             .env(AGENT_SECRET_ENV, AGENT_SECRET)
             // The daemon's address: the file leaves the port to the daemon.
-            .env("SWITCHBOARD__API__LISTEN", workdir.api_addr().to_string())
+            .env(API_LISTEN_ENV, workdir.api_addr().to_string())
             .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())

@@ -18,9 +18,7 @@ use nix::unistd::Pid;
 use tokio::time::Instant;
 
 use crate::app::reported_api_address;
-
-/// The override that keeps a restarted daemon on the address the first start got.
-const API_LISTEN_ENV: &str = "SWITCHBOARD__API__LISTEN";
+use crate::config::API_LISTEN_ENV;
 
 /// A loaded machine may take a while to start a debug build.
 const START_TIMEOUT: Duration = Duration::from_secs(60);

@@ -13,6 +13,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use switchboard::app::reported_api_address;
+use switchboard::config::API_LISTEN_ENV;
 use switchboard::fake_bot_api::TEST_TOKEN;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
@@ -31,10 +32,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// `api.listen` in the file: any free loopback port, which the daemon reports once bound.
 const ANY_LOOPBACK_PORT: &str = "127.0.0.1:0";
-/// The override that gives the address to whatever reads this configuration after the
-/// daemon has bound it (a restart, `switchboard channel`, `healthcheck`), since the file
-/// says port 0.
-pub const API_LISTEN_ENV: &str = "SWITCHBOARD__API__LISTEN";
 
 /// The configuration most tests use: an owner DM and a forum to the orchestrator, one
 /// forum topic and a plain group to the worker, no default route.
