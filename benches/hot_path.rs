@@ -54,6 +54,7 @@ use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
 use serde_json::{Value, json};
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
 use sqlx::{Connection as _, SqliteConnection};
+use switchboard::agents::api::wire::WAITING_NOTICE;
 use switchboard::app::reported_api_address;
 use switchboard::config::{API_LISTEN_ENV, Synchronous};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
@@ -631,13 +632,15 @@ impl ClientHandler for Answerer {
         if notification.method != CHANNEL_METHOD {
             return;
         }
-        let trace_id = notification
-            .params
-            .as_ref()
-            .and_then(|params| params.pointer("/meta/trace_id"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
+        let meta = |key: &str| {
+            notification.params.as_ref().and_then(|params| params.pointer(&format!("/meta/{key}")).cloned())
+        };
+        // The notice that follows envelopes a session found waiting names one of them: it
+        // is not one more message to answer.
+        if meta("kind").as_ref().and_then(Value::as_str) == Some(WAITING_NOTICE) {
+            return;
+        }
+        let trace_id = meta("trace_id").as_ref().and_then(Value::as_str).unwrap_or_default().to_owned();
         let _ = self.notifications.send((notified, trace_id));
     }
 }
