@@ -1,5 +1,5 @@
 //! The hot path against its floors (issue 11), measured side by side in one run on the
-//! same fake Bot API (`tests/support/fake_telegram.rs`):
+//! same fake Bot API (`switchboard::fake_bot_api`):
 //!
 //! * **one message at a time**: a user writes, the reply arrives at the fake, the next
 //!   message goes out. The floor is a bare teloxide echo bot (a long `getUpdates` poll and
@@ -38,16 +38,13 @@
 //! limits and the echo bot does not pace either.
 
 mod common;
-#[path = "../tests/support/fake_telegram.rs"]
-mod fake_telegram;
 
 use std::fmt;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, CustomNotification,
     Implementation, PingRequest, ProtocolVersion,
@@ -55,7 +52,10 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
 use serde_json::{Value, json};
-use switchboard::config::Synchronous;
+use switchboard::agents::api::wire::WAITING_NOTICE;
+use switchboard::app::reported_api_address;
+use switchboard::config::{API_LISTEN_ENV, Synchronous};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName, TraceId};
 use switchboard::ledger::{
     AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, Ledger, NewAttempt, PAGE_CACHE_KIB,
@@ -416,7 +416,7 @@ struct Crossings {
 
 impl Crossings {
     async fn measure(workdir: &Workdir, daemon: &Process, agent: &AgentSession) -> Self {
-        let url = format!("http://{}/healthz", workdir.listen);
+        let url = format!("http://{}/healthz", workdir.api_addr());
         let http = reqwest::Client::new();
         let peer = agent.client.peer();
         let mut crossings = Self::default();
@@ -631,13 +631,15 @@ impl ClientHandler for Answerer {
         if notification.method != CHANNEL_METHOD {
             return;
         }
-        let trace_id = notification
-            .params
-            .as_ref()
-            .and_then(|params| params.pointer("/meta/trace_id"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
+        let meta = |key: &str| {
+            notification.params.as_ref().and_then(|params| params.pointer(&format!("/meta/{key}")).cloned())
+        };
+        // The notice that follows envelopes a session found waiting names one of them: it
+        // is not one more message to answer.
+        if meta("kind").as_ref().and_then(Value::as_str) == Some(WAITING_NOTICE) {
+            return;
+        }
+        let trace_id = meta("trace_id").as_ref().and_then(Value::as_str).unwrap_or_default().to_owned();
         let _ = self.notifications.send((notified, trace_id));
     }
 }
@@ -648,6 +650,8 @@ impl AgentSession {
             .args(["channel", "--agent", AGENT, "--config"])
             .arg(workdir.config())
             .env(AGENT_SECRET_ENV, AGENT_SECRET)
+            // The daemon's address: the file leaves the port to the daemon.
+            .env(API_LISTEN_ENV, workdir.api_addr().to_string())
             .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -996,21 +1000,26 @@ fn clock_ticks_per_second() -> f64 {
 /// A temporary directory with one run's configuration, ledger and logs.
 struct Workdir {
     dir: tempfile::TempDir,
-    listen: SocketAddr,
+    /// Where the local API listens, once the daemon has reported it (the file says port 0).
+    listen: std::sync::OnceLock<SocketAddr>,
 }
 
 impl Workdir {
     fn new(api_url: &str) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
-        let listen = common::free_local_addr();
-        let workdir = Self { dir, listen };
-        std::fs::write(workdir.config(), config_text(api_url, &workdir.database(), listen))
+        let workdir = Self { dir, listen: std::sync::OnceLock::new() };
+        std::fs::write(workdir.config(), config_text(api_url, &workdir.database()))
             .expect("writing the configuration");
         workdir
     }
 
     fn database(&self) -> PathBuf {
         self.dir.path().join("ledger.db")
+    }
+
+    /// The local API's address, as the daemon reported it.
+    fn api_addr(&self) -> SocketAddr {
+        *self.listen.get().expect("the daemon has reported where it listens (wait_until_listening)")
     }
 
     fn config(&self) -> PathBuf {
@@ -1043,7 +1052,12 @@ impl Workdir {
 
     async fn wait_until_listening(&self, daemon: &Process) {
         let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect(self.listen).is_err() {
+        loop {
+            let log = std::fs::read_to_string(self.daemon_log()).unwrap_or_default();
+            if let Some(addr) = reported_api_address(&log) {
+                self.listen.get_or_init(|| addr);
+                return;
+            }
             if Instant::now() > deadline {
                 daemon.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
             }
@@ -1054,7 +1068,7 @@ impl Workdir {
 
 /// The defaults an operator runs with (log level info, `synchronous = normal`), one agent
 /// routed from one private chat, and no per-chat pacing (see the module documentation).
-fn config_text(api_url: &str, database: &Path, listen: SocketAddr) -> String {
+fn config_text(api_url: &str, database: &Path) -> String {
     format!(
         r#"[telegram]
 token_env = "{TOKEN_ENV}"
@@ -1063,8 +1077,9 @@ api_url = "{api_url}"
 [storage]
 database = "{database}"
 
+# Any free port: the daemon reports the one it got.
 [api]
-listen = "{listen}"
+listen = "127.0.0.1:0"
 
 [outbound]
 private_chat_interval_ms = 0

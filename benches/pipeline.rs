@@ -22,19 +22,18 @@
 //! line arguments (cargo passes `--bench`) are ignored.
 
 mod common;
-#[path = "../tests/support/fake_telegram.rs"]
-mod fake_telegram;
 
 use std::fmt;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::agents::api::client::{DaemonClient, SessionStream};
 use switchboard::agents::api::wire::{DeliveredEnvelope, HandoffRequest, ReplyRequest, SessionEvent};
+use switchboard::app::reported_api_address;
 use switchboard::config::Synchronous;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RequestId, Secret};
 use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState, Ledger};
 use switchboard::operate::metrics;
@@ -294,7 +293,7 @@ async fn round_trips(params: &Params, ledger_rows: usize) -> RoundTrips {
     daemon.wait_until_listening().await;
     let mut agents = Vec::with_capacity(AGENTS);
     for k in 0..AGENTS {
-        agents.push(Agent::connect(daemon.api_addr, k).await);
+        agents.push(Agent::connect(daemon.api_addr(), k).await);
     }
 
     let mut samples = Samples::default();
@@ -388,8 +387,8 @@ async fn handoff_round_trips(params: &Params) -> HandoffTrips {
     let workdir = Workdir::new();
     let mut daemon = Daemon::start(&workdir, &fake.api_url());
     daemon.wait_until_listening().await;
-    let mut delegator = Agent::connect(daemon.api_addr, 0).await;
-    let mut target = Agent::connect(daemon.api_addr, 1).await;
+    let mut delegator = Agent::connect(daemon.api_addr(), 0).await;
+    let mut target = Agent::connect(daemon.api_addr(), 1).await;
     let (mut to_target, mut round_trip) = (Vec::new(), Vec::new());
     for n in 0..WARMUP_ROUND_TRIPS + params.samples {
         let trip = async {
@@ -548,7 +547,7 @@ async fn room_handovers(params: &Params) -> Handovers {
     let workdir = Workdir::new();
     let mut daemon = Daemon::start_with(&workdir, &fake.api_url(), ROOM_LOG_FILTER, &room_config());
     daemon.wait_until_listening().await;
-    let mut agents = [Agent::connect(daemon.api_addr, 0).await, Agent::connect(daemon.api_addr, 1).await];
+    let mut agents = [Agent::connect(daemon.api_addr(), 0).await, Agent::connect(daemon.api_addr(), 1).await];
     let room = ChatSpec::supergroup(ROOM_CHAT_ID, "Bench room");
     let human = UserSpec::new(FIRST_CHAT_ID, "Bench owner");
 
@@ -678,7 +677,7 @@ impl Workdir {
 /// private chat. The long poll is short as in the integration tests (a pushed update ends
 /// it at once, so this does not affect latency), and only warnings are logged, so logging
 /// does not dominate the figures.
-fn config_text(api_url: &str, database: &Path, listen: SocketAddr, log_filter: &str, extra: &str) -> String {
+fn config_text(api_url: &str, database: &Path, log_filter: &str, extra: &str) -> String {
     let mut text = format!(
         r#"[telegram]
 token_env = "{TOKEN_ENV}"
@@ -688,8 +687,10 @@ poll_timeout_secs = 1
 [storage]
 database = "{database}"
 
+# Any free port: the daemon reports the one it got, in a line its `app` module logs at
+# info whatever the filter.
 [api]
-listen = "{listen}"
+listen = "127.0.0.1:0"
 
 # The fake has no per-chat limits, and the benchmark writes to each chat every few
 # milliseconds: pacing would measure Telegram's rules, not the hot path.
@@ -698,7 +699,7 @@ private_chat_interval_ms = 0
 group_chat_interval_ms = 0
 
 [log]
-filter = "{log_filter}"
+filter = "{log_filter},switchboard::app=info"
 "#,
         database = database.display(),
     );
@@ -716,7 +717,8 @@ filter = "{log_filter}"
 /// A running `switchboard run`. Dropping it kills the process.
 struct Daemon {
     child: Option<Child>,
-    api_addr: SocketAddr,
+    /// Where the local API listens, once the daemon has reported it.
+    api_addr: Option<SocketAddr>,
     log: PathBuf,
 }
 
@@ -728,8 +730,7 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with this log filter and `extra` added to the configuration.
     fn start_with(workdir: &Workdir, api_url: &str, log_filter: &str, extra: &str) -> Self {
-        let api_addr = common::free_local_addr();
-        let config = config_text(api_url, &workdir.database(), api_addr, log_filter, extra);
+        let config = config_text(api_url, &workdir.database(), log_filter, extra);
         std::fs::write(workdir.config(), config).expect("writing the configuration");
         let log = std::fs::File::create(workdir.log()).expect("creating the daemon's log file");
         let mut command = Command::new(BIN);
@@ -745,7 +746,12 @@ impl Daemon {
             command.env(agent_secret_env(k), agent_secret(k));
         }
         let child = command.spawn().expect("starting switchboard run");
-        Self { child: Some(child), api_addr, log: workdir.log() }
+        Self { child: Some(child), api_addr: None, log: workdir.log() }
+    }
+
+    /// The local API's address, as the daemon reported it.
+    fn api_addr(&self) -> SocketAddr {
+        self.api_addr.expect("the daemon has reported where it listens (wait_until_listening)")
     }
 
     fn child(&mut self) -> &mut Child {
@@ -754,7 +760,12 @@ impl Daemon {
 
     async fn wait_until_listening(&mut self) {
         let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect(self.api_addr).is_err() {
+        loop {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if let Some(addr) = reported_api_address(&log) {
+                self.api_addr = Some(addr);
+                return;
+            }
             if let Some(status) = self.child().try_wait().expect("checking the daemon") {
                 self.fail(&format!("the daemon exited during start-up ({status})"));
             }
