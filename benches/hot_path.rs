@@ -1,5 +1,5 @@
 //! The hot path against its floors (issue 11), measured side by side in one run on the
-//! same fake Bot API (`tests/support/fake_telegram.rs`):
+//! same fake Bot API (`switchboard::fake_bot_api`):
 //!
 //! * **one message at a time**: a user writes, the reply arrives at the fake, the next
 //!   message goes out. The floor is a bare teloxide echo bot (a long `getUpdates` poll and
@@ -38,16 +38,13 @@
 //! limits and the echo bot does not pace either.
 
 mod common;
-#[path = "../tests/support/fake_telegram.rs"]
-mod fake_telegram;
 
 use std::fmt;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, CustomNotification,
     Implementation, PingRequest, ProtocolVersion,
@@ -55,9 +52,10 @@ use rmcp::model::{
 use rmcp::service::{NotificationContext, RunningService};
 use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
 use serde_json::{Value, json};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
-use sqlx::{Connection as _, SqliteConnection};
-use switchboard::config::Synchronous;
+use switchboard::agents::api::wire::WAITING_NOTICE;
+use switchboard::app::reported_api_address;
+use switchboard::config::{API_LISTEN_ENV, Synchronous};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName, TraceId};
 use switchboard::ledger::{
     AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, Ledger, NewAttempt, PAGE_CACHE_KIB,
@@ -418,7 +416,7 @@ struct Crossings {
 
 impl Crossings {
     async fn measure(workdir: &Workdir, daemon: &Process, agent: &AgentSession) -> Self {
-        let url = format!("http://{}/healthz", workdir.listen);
+        let url = format!("http://{}/healthz", workdir.api_addr());
         let http = reqwest::Client::new();
         let peer = agent.client.peer();
         let mut crossings = Self::default();
@@ -548,9 +546,10 @@ impl LedgerWork {
         work.cpu = (threads_cpu_seconds(std::process::id()) - cpu_before) / messages as f64;
 
         // Not a timing: every message ended answered, as in the daemon.
-        let acked: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'")
-            .fetch_one(ledger.pool())
-            .await
+        let acked: i64 = rusqlite::Connection::open(dir.path().join("work.db"))
+            .and_then(|db| {
+                db.query_row("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'", [], |row| row.get(0))
+            })
             .expect("counting envelopes");
         assert_eq!(acked, (WARMUP_MESSAGES + messages) as i64, "every message should be answered");
         ledger.close().await;
@@ -632,13 +631,15 @@ impl ClientHandler for Answerer {
         if notification.method != CHANNEL_METHOD {
             return;
         }
-        let trace_id = notification
-            .params
-            .as_ref()
-            .and_then(|params| params.pointer("/meta/trace_id"))
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned();
+        let meta = |key: &str| {
+            notification.params.as_ref().and_then(|params| params.pointer(&format!("/meta/{key}")).cloned())
+        };
+        // The notice that follows envelopes a session found waiting names one of them: it
+        // is not one more message to answer.
+        if meta("kind").as_ref().and_then(Value::as_str) == Some(WAITING_NOTICE) {
+            return;
+        }
+        let trace_id = meta("trace_id").as_ref().and_then(Value::as_str).unwrap_or_default().to_owned();
         let _ = self.notifications.send((notified, trace_id));
     }
 }
@@ -649,6 +650,8 @@ impl AgentSession {
             .args(["channel", "--agent", AGENT, "--config"])
             .arg(workdir.config())
             .env(AGENT_SECRET_ENV, AGENT_SECRET)
+            // The daemon's address: the file leaves the port to the daemon.
+            .env(API_LISTEN_ENV, workdir.api_addr().to_string())
             .env_remove("RUST_LOG")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -750,12 +753,11 @@ async fn ingest_run(params: &Params) -> IngestRun {
     fake.shutdown().await;
 
     // Not a timing: a check that the run stored what it claims to have measured.
-    let ledger = Ledger::open(&workdir.database(), Synchronous::Normal).await.expect("opening the ledger");
-    let stored: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'queued'")
-        .fetch_one(ledger.pool())
-        .await
+    let stored: i64 = rusqlite::Connection::open(workdir.database())
+        .and_then(|db| {
+            db.query_row("SELECT COUNT(*) FROM envelopes WHERE state = 'queued'", [], |row| row.get(0))
+        })
         .expect("counting envelopes");
-    ledger.close().await;
     assert_eq!(stored, params.updates as i64, "every update should be a queued envelope");
     IngestRun { elapsed, rss_after_kib }
 }
@@ -774,14 +776,13 @@ async fn raw_insert_run(params: &Params) -> Duration {
     let dir = tempfile::tempdir().expect("creating a temporary directory");
     let path = dir.path().join("raw.db");
     Ledger::open(&path, Synchronous::Normal).await.expect("creating the ledger").close().await;
-    let options = SqliteConnectOptions::new()
-        .filename(&path)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Normal)
-        .foreign_keys(true)
-        .pragma("cache_size", PAGE_CACHE_KIB.to_string())
-        .pragma("cache_spill", WRITER_SPILL_PAGES.to_string());
-    let mut connection = SqliteConnection::connect_with(&options).await.expect("opening the raw connection");
+    let mut connection = rusqlite::Connection::open(&path).expect("opening the raw connection");
+    connection
+        .execute_batch(&format!(
+            "PRAGMA journal_mode = WAL; PRAGMA synchronous = NORMAL; PRAGMA foreign_keys = ON; \
+             PRAGMA cache_size = {PAGE_CACHE_KIB}; PRAGMA cache_spill = {WRITER_SPILL_PAGES};"
+        ))
+        .expect("setting up the raw connection");
     let rows: Vec<Row> = (0..params.updates)
         .map(|n| Row {
             // Random, as the poller's: the unique index on trace ids takes each row on
@@ -796,43 +797,36 @@ async fn raw_insert_run(params: &Params) -> Duration {
 
     let started = Instant::now();
     for batch in rows.chunks(RAW_BATCH) {
-        let mut tx = connection.begin_with("BEGIN IMMEDIATE").await.expect("BEGIN");
-        let mut insert = sqlx::QueryBuilder::new(
-            "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
-             chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
-             sent_at, received_at, route, agent, state, state_changed_at, note, raw_update) ",
-        );
-        insert.push_values(batch, |mut values, row| {
-            values
-                .push_bind(row.trace_id.as_str())
-                .push_bind(row.update_id)
-                .push_bind(row.digest.as_str())
-                .push_bind("message")
-                .push_bind(CHAT_ID)
-                .push_bind(None::<i64>)
-                .push_bind("private")
-                .push_bind(None::<&str>)
-                .push_bind(row.update_id)
-                .push_bind(CHAT_ID)
-                .push_bind(None::<&str>)
-                .push_bind("Bench user")
-                .push_bind(row.content.as_str())
-                .push_bind("[]")
-                .push_bind(row.content.as_str())
-                .push_bind(now)
-                .push_bind(now)
-                .push_bind("dm-a0")
-                .push_bind(AGENT)
-                .push_bind("queued")
-                .push_bind(now)
-                .push_bind(None::<&str>)
-                .push_bind(None::<&str>);
-        });
-        insert.build().execute(&mut *tx).await.expect("inserting a batch");
-        tx.commit().await.expect("COMMIT");
+        let tx =
+            connection.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate).expect("BEGIN");
+        // One prepared statement, run once per row: the least SQLite needs for the batch.
+        let mut insert = tx
+            .prepare_cached(
+                "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
+                 chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
+                 sent_at, received_at, route, agent, state, state_changed_at, note, raw_update) \
+                 VALUES (?1, ?2, ?3, 'message', ?4, NULL, 'private', NULL, ?2, ?4, NULL, 'Bench user', ?5, '[]', \
+                 ?5, ?6, ?6, 'dm-a0', ?7, 'queued', ?6, NULL, NULL)",
+            )
+            .expect("preparing the insert");
+        for row in batch {
+            insert
+                .execute(rusqlite::params![
+                    row.trace_id,
+                    row.update_id,
+                    row.digest,
+                    CHAT_ID,
+                    row.content,
+                    now,
+                    AGENT
+                ])
+                .expect("inserting a row");
+        }
+        drop(insert);
+        tx.commit().expect("COMMIT");
     }
     let elapsed = started.elapsed();
-    connection.close().await.expect("closing the raw connection");
+    drop(connection);
     elapsed
 }
 
@@ -1006,21 +1000,26 @@ fn clock_ticks_per_second() -> f64 {
 /// A temporary directory with one run's configuration, ledger and logs.
 struct Workdir {
     dir: tempfile::TempDir,
-    listen: SocketAddr,
+    /// Where the local API listens, once the daemon has reported it (the file says port 0).
+    listen: std::sync::OnceLock<SocketAddr>,
 }
 
 impl Workdir {
     fn new(api_url: &str) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
-        let listen = common::free_local_addr();
-        let workdir = Self { dir, listen };
-        std::fs::write(workdir.config(), config_text(api_url, &workdir.database(), listen))
+        let workdir = Self { dir, listen: std::sync::OnceLock::new() };
+        std::fs::write(workdir.config(), config_text(api_url, &workdir.database()))
             .expect("writing the configuration");
         workdir
     }
 
     fn database(&self) -> PathBuf {
         self.dir.path().join("ledger.db")
+    }
+
+    /// The local API's address, as the daemon reported it.
+    fn api_addr(&self) -> SocketAddr {
+        *self.listen.get().expect("the daemon has reported where it listens (wait_until_listening)")
     }
 
     fn config(&self) -> PathBuf {
@@ -1053,7 +1052,12 @@ impl Workdir {
 
     async fn wait_until_listening(&self, daemon: &Process) {
         let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect(self.listen).is_err() {
+        loop {
+            let log = std::fs::read_to_string(self.daemon_log()).unwrap_or_default();
+            if let Some(addr) = reported_api_address(&log) {
+                self.listen.get_or_init(|| addr);
+                return;
+            }
             if Instant::now() > deadline {
                 daemon.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
             }
@@ -1064,7 +1068,7 @@ impl Workdir {
 
 /// The defaults an operator runs with (log level info, `synchronous = normal`), one agent
 /// routed from one private chat, and no per-chat pacing (see the module documentation).
-fn config_text(api_url: &str, database: &Path, listen: SocketAddr) -> String {
+fn config_text(api_url: &str, database: &Path) -> String {
     format!(
         r#"[telegram]
 token_env = "{TOKEN_ENV}"
@@ -1073,8 +1077,9 @@ api_url = "{api_url}"
 [storage]
 database = "{database}"
 
+# Any free port: the daemon reports the one it got.
 [api]
-listen = "{listen}"
+listen = "127.0.0.1:0"
 
 [outbound]
 private_chat_interval_ms = 0

@@ -22,19 +22,18 @@
 //! line arguments (cargo passes `--bench`) are ignored.
 
 mod common;
-#[path = "../tests/support/fake_telegram.rs"]
-mod fake_telegram;
 
 use std::fmt;
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use fake_telegram::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::agents::api::client::{DaemonClient, SessionStream};
 use switchboard::agents::api::wire::{DeliveredEnvelope, HandoffRequest, ReplyRequest, SessionEvent};
+use switchboard::app::reported_api_address;
 use switchboard::config::Synchronous;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RequestId, Secret};
 use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState, Ledger};
 use switchboard::operate::metrics;
@@ -234,7 +233,8 @@ async fn inbound_throughput(params: &Params) -> Throughput {
     let mut daemon = Daemon::start(&workdir, &fake.api_url());
     daemon.wait_until_listening().await;
     fake.wait_for_get_updates_calls(1, STEP_TIMEOUT).await;
-    let ledger = workdir.open_ledger().await;
+    // A connection beside the daemon's (in WAL mode it reads meanwhile), to count.
+    let counter = rusqlite::Connection::open(workdir.database()).expect("opening the ledger to count");
     let polls_before = fake.get_updates_calls();
 
     let speakers: Vec<Speaker> = (0..AGENTS).map(Speaker::new).collect();
@@ -246,7 +246,7 @@ async fn inbound_throughput(params: &Params) -> Throughput {
     // the daemon can see the first update.
     let started = Instant::now();
     let deadline = started + THROUGHPUT_TIMEOUT;
-    while envelope_count(&ledger).await < params.updates {
+    while envelope_count(&counter) < params.updates {
         if Instant::now() > deadline {
             daemon.fail(&format!("the ledger did not reach {} envelopes", params.updates));
         }
@@ -255,15 +255,14 @@ async fn inbound_throughput(params: &Params) -> Throughput {
     let elapsed = started.elapsed();
     let get_updates_calls = fake.get_updates_calls() - polls_before;
     let peak_rss_kib = daemon.peak_rss_kib();
-    ledger.close().await;
+    drop(counter);
     daemon.stop().await;
     Throughput { envelopes: params.updates, elapsed, get_updates_calls, peak_rss_kib }
 }
 
-async fn envelope_count(ledger: &Ledger) -> usize {
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes")
-        .fetch_one(ledger.pool())
-        .await
+fn envelope_count(counter: &rusqlite::Connection) -> usize {
+    let count: i64 = counter
+        .query_row("SELECT COUNT(*) FROM envelopes", [], |row| row.get(0))
         .expect("counting envelopes");
     usize::try_from(count).expect("a count is never negative")
 }
@@ -294,7 +293,7 @@ async fn round_trips(params: &Params, ledger_rows: usize) -> RoundTrips {
     daemon.wait_until_listening().await;
     let mut agents = Vec::with_capacity(AGENTS);
     for k in 0..AGENTS {
-        agents.push(Agent::connect(daemon.api_addr, k).await);
+        agents.push(Agent::connect(daemon.api_addr(), k).await);
     }
 
     let mut samples = Samples::default();
@@ -388,8 +387,8 @@ async fn handoff_round_trips(params: &Params) -> HandoffTrips {
     let workdir = Workdir::new();
     let mut daemon = Daemon::start(&workdir, &fake.api_url());
     daemon.wait_until_listening().await;
-    let mut delegator = Agent::connect(daemon.api_addr, 0).await;
-    let mut target = Agent::connect(daemon.api_addr, 1).await;
+    let mut delegator = Agent::connect(daemon.api_addr(), 0).await;
+    let mut target = Agent::connect(daemon.api_addr(), 1).await;
     let (mut to_target, mut round_trip) = (Vec::new(), Vec::new());
     for n in 0..WARMUP_ROUND_TRIPS + params.samples {
         let trip = async {
@@ -455,10 +454,11 @@ async fn next_envelope(session: &mut SessionStream) -> DeliveredEnvelope {
 /// matches with a chance far below one in a billion. Returns how long it took.
 async fn prepopulate(database: &Path, rows: usize) -> Duration {
     let started = Instant::now();
-    let ledger = Ledger::open(database, Synchronous::Normal).await.expect("creating the ledger");
+    Ledger::open(database, Synchronous::Normal).await.expect("creating the ledger").close().await;
     let now = switchboard::ledger::now();
-    let mut tx = ledger.pool().begin().await.expect("beginning the pre-population");
-    sqlx::query(
+    let mut db = rusqlite::Connection::open(database).expect("opening the ledger to fill it");
+    let tx = db.transaction().expect("beginning the pre-population");
+    tx.execute(
         "WITH RECURSIVE seq(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM seq WHERE n + 1 < ?1) \
          INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, chat_title, message_id, \
          sender_id, sender_name, text, content, sent_at, received_at, route, agent, state, deliveries, \
@@ -467,44 +467,38 @@ async fn prepopulate(database: &Path, rows: usize) -> Duration {
          ?2 + n % ?3, 'Bench user', 'earlier question ' || n, 'earlier question ' || n, ?4, ?4, \
          'dm-a' || (n % ?3), 'a' || (n % ?3), 'acked', 1, ?4, 'replied' \
          FROM seq",
+        rusqlite::params![
+            i64::try_from(rows).expect("row count fits i64"),
+            FIRST_CHAT_ID,
+            AGENTS as i64,
+            now
+        ],
     )
-    .bind(i64::try_from(rows).expect("row count fits i64"))
-    .bind(FIRST_CHAT_ID)
-    .bind(AGENTS as i64)
-    .bind(&now)
-    .execute(&mut *tx)
-    .await
     .expect("inserting envelopes");
-    sqlx::query(
+    tx.execute(
         "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, reply_to_message_id, chunk_index, \
          chunk_count, text, outcome, telegram_message_id, started_at, finished_at) \
          SELECT printf('op_%010d', id), id, agent, chat_id, message_id, 0, 1, 'earlier answer', 'sent', \
          message_id, ?1, ?1 FROM envelopes",
+        [&now],
     )
-    .bind(&now)
-    .execute(&mut *tx)
-    .await
     .expect("inserting attempts");
-    sqlx::query(
+    tx.execute(
         "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
          SELECT id, ?1, 'pending', 'acked', 'agent:' || agent, 'replied' FROM envelopes",
+        [&now],
     )
-    .bind(&now)
-    .execute(&mut *tx)
-    .await
     .expect("inserting events");
-    tx.commit().await.expect("committing the pre-population");
-    ledger.close().await;
+    tx.commit().expect("committing the pre-population");
     started.elapsed()
 }
 
 async fn acked_count(workdir: &Workdir) -> usize {
-    let ledger = workdir.open_ledger().await;
-    let count: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'")
-        .fetch_one(ledger.pool())
-        .await
+    let count: i64 = rusqlite::Connection::open(workdir.database())
+        .and_then(|db| {
+            db.query_row("SELECT COUNT(*) FROM envelopes WHERE state = 'acked'", [], |row| row.get(0))
+        })
         .expect("counting acked envelopes");
-    ledger.close().await;
     usize::try_from(count).expect("a count is never negative")
 }
 
@@ -553,7 +547,7 @@ async fn room_handovers(params: &Params) -> Handovers {
     let workdir = Workdir::new();
     let mut daemon = Daemon::start_with(&workdir, &fake.api_url(), ROOM_LOG_FILTER, &room_config());
     daemon.wait_until_listening().await;
-    let mut agents = [Agent::connect(daemon.api_addr, 0).await, Agent::connect(daemon.api_addr, 1).await];
+    let mut agents = [Agent::connect(daemon.api_addr(), 0).await, Agent::connect(daemon.api_addr(), 1).await];
     let room = ChatSpec::supergroup(ROOM_CHAT_ID, "Bench room");
     let human = UserSpec::new(FIRST_CHAT_ID, "Bench owner");
 
@@ -677,18 +671,13 @@ impl Workdir {
     fn log(&self) -> PathBuf {
         self.dir.path().join("daemon.log")
     }
-
-    /// Opens the ledger beside the daemon (SQLite in WAL mode lets it read meanwhile).
-    async fn open_ledger(&self) -> Ledger {
-        Ledger::open(&self.database(), Synchronous::Normal).await.expect("opening the ledger")
-    }
 }
 
 /// Agents `a0…` with their secrets in environment variables, each routed from its own
 /// private chat. The long poll is short as in the integration tests (a pushed update ends
 /// it at once, so this does not affect latency), and only warnings are logged, so logging
 /// does not dominate the figures.
-fn config_text(api_url: &str, database: &Path, listen: SocketAddr, log_filter: &str, extra: &str) -> String {
+fn config_text(api_url: &str, database: &Path, log_filter: &str, extra: &str) -> String {
     let mut text = format!(
         r#"[telegram]
 token_env = "{TOKEN_ENV}"
@@ -698,8 +687,10 @@ poll_timeout_secs = 1
 [storage]
 database = "{database}"
 
+# Any free port: the daemon reports the one it got, in a line its `app` module logs at
+# info whatever the filter.
 [api]
-listen = "{listen}"
+listen = "127.0.0.1:0"
 
 # The fake has no per-chat limits, and the benchmark writes to each chat every few
 # milliseconds: pacing would measure Telegram's rules, not the hot path.
@@ -709,7 +700,7 @@ group_chat_interval_ms = 0
 global_per_sec = 0
 
 [log]
-filter = "{log_filter}"
+filter = "{log_filter},switchboard::app=info"
 "#,
         database = database.display(),
     );
@@ -727,7 +718,8 @@ filter = "{log_filter}"
 /// A running `switchboard run`. Dropping it kills the process.
 struct Daemon {
     child: Option<Child>,
-    api_addr: SocketAddr,
+    /// Where the local API listens, once the daemon has reported it.
+    api_addr: Option<SocketAddr>,
     log: PathBuf,
 }
 
@@ -739,8 +731,7 @@ impl Daemon {
 
     /// Like [`Daemon::start`], with this log filter and `extra` added to the configuration.
     fn start_with(workdir: &Workdir, api_url: &str, log_filter: &str, extra: &str) -> Self {
-        let api_addr = common::free_local_addr();
-        let config = config_text(api_url, &workdir.database(), api_addr, log_filter, extra);
+        let config = config_text(api_url, &workdir.database(), log_filter, extra);
         std::fs::write(workdir.config(), config).expect("writing the configuration");
         let log = std::fs::File::create(workdir.log()).expect("creating the daemon's log file");
         let mut command = Command::new(BIN);
@@ -756,7 +747,12 @@ impl Daemon {
             command.env(agent_secret_env(k), agent_secret(k));
         }
         let child = command.spawn().expect("starting switchboard run");
-        Self { child: Some(child), api_addr, log: workdir.log() }
+        Self { child: Some(child), api_addr: None, log: workdir.log() }
+    }
+
+    /// The local API's address, as the daemon reported it.
+    fn api_addr(&self) -> SocketAddr {
+        self.api_addr.expect("the daemon has reported where it listens (wait_until_listening)")
     }
 
     fn child(&mut self) -> &mut Child {
@@ -765,7 +761,12 @@ impl Daemon {
 
     async fn wait_until_listening(&mut self) {
         let deadline = Instant::now() + START_TIMEOUT;
-        while TcpStream::connect(self.api_addr).is_err() {
+        loop {
+            let log = std::fs::read_to_string(&self.log).unwrap_or_default();
+            if let Some(addr) = reported_api_address(&log) {
+                self.api_addr = Some(addr);
+                return;
+            }
             if let Some(status) = self.child().try_wait().expect("checking the daemon") {
                 self.fail(&format!("the daemon exited during start-up ({status})"));
             }

@@ -36,6 +36,20 @@ const POLL_HTTP_MARGIN: Duration = Duration::from_secs(10);
 /// provably unsent request, so it may fail early.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// What the daemon logs once its local API listens, with the bound address as `api`.
+/// Whoever starts it with `api.listen` on port 0 reads the port from this line (the tests,
+/// the benchmarks, `switchboard demo`): see [`reported_api_address`].
+pub const RUNNING_MESSAGE: &str = "switchboard running";
+
+/// The local API's address in a daemon's log: the `api` of its [`RUNNING_MESSAGE`] line,
+/// in either log format (`api=127.0.0.1:7797` as text, `"api":"127.0.0.1:7797"` as JSON).
+/// `None` until that line is there.
+pub fn reported_api_address(log: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|line| line.contains(RUNNING_MESSAGE))?;
+    line.split(|c: char| c.is_whitespace() || matches!(c, '"' | '=' | ',' | '{' | '}'))
+        .find_map(|word| word.parse().ok())
+}
+
 pub struct Daemon {
     /// One daemon per ledger: held from before the ledger is opened until after it is
     /// closed, so no second daemon can recover (or send) beside this one.
@@ -160,7 +174,7 @@ impl Daemon {
             shutdown,
             tasks,
         } = self;
-        tracing::info!(api = %listener.local_addr()?, "switchboard running");
+        tracing::info!(api = %listener.local_addr()?, "{RUNNING_MESSAGE}");
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
 
         let poller_stop = shutdown.child_token();
@@ -268,6 +282,20 @@ fn bot(token: &str, api_url: &reqwest::Url, timeout: Duration) -> anyhow::Result
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reported_address_is_read_from_either_log_format() {
+        let text =
+            "2026-12-01T23:00:00.000001Z  INFO switchboard::app: switchboard running api=127.0.0.1:40123\n";
+        let json = r#"{"timestamp":"2026-12-01T23:00:00Z","level":"INFO","message":"switchboard running","api":"[::1]:7797","target":"switchboard::app"}"#;
+        let before = "2026-12-01T23:00:00Z  INFO switchboard::app: ledger opened\n";
+        assert_eq!(
+            reported_api_address(&format!("{before}{text}")),
+            Some("127.0.0.1:40123".parse().unwrap())
+        );
+        assert_eq!(reported_api_address(json), Some("[::1]:7797".parse().unwrap()));
+        assert_eq!(reported_api_address(before), None, "not until the line is there");
+    }
 
     /// A subsystem that panics stops the daemon with its failure recorded, which makes
     /// `Daemon::run` return an error and the process exit non-zero.

@@ -24,6 +24,11 @@ use crate::rules::turns::{self, RoomMember, RoomRoster, RosterError};
 const ENV_PREFIX: &str = "SWITCHBOARD";
 const ENV_SEPARATOR: &str = "__";
 
+/// The environment override of `api.listen`. A daemon configured with port 0 reports the
+/// port it got; whoever then starts a plugin beside the same file, or restarts the daemon
+/// on that address, gives it this way (the tests, the benchmarks, `switchboard demo`).
+pub const API_LISTEN_ENV: &str = "SWITCHBOARD__API__LISTEN";
+
 /// Telegram holds a long poll open for at most 50 seconds.
 const MAX_POLL_TIMEOUT_SECS: u64 = 50;
 
@@ -882,6 +887,11 @@ fn config_crate_error(path: &Path, text: &str, e: config::ConfigError) -> Config
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_listen_override_is_named_like_every_override() {
+        assert_eq!(API_LISTEN_ENV, format!("{ENV_PREFIX}{ENV_SEPARATOR}API{ENV_SEPARATOR}LISTEN"));
+    }
     use std::io::Write;
 
     const MINIMAL: &str = r#"

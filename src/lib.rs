@@ -9,7 +9,9 @@
 //! - [`rules`]: the pure decisions (routes, the reply resolver): no I/O, no clock.
 //!
 //! Around them: [`config`], [`telemetry`], [`ids`], [`app`] (build and supervise the
-//! daemon), [`operate`] (readiness, metrics, reload) and [`cli`].
+//! daemon), [`operate`] (readiness, metrics, reload) and [`cli`]. [`fake_bot_api`] is a
+//! test double of Telegram's Bot API, for the tests, the benchmarks and `switchboard demo`;
+//! the daemon never uses it.
 
 #![forbid(unsafe_code)]
 
@@ -19,6 +21,7 @@ pub mod backoff;
 pub mod cli;
 pub mod config;
 pub mod demo;
+pub mod fake_bot_api;
 pub mod ids;
 pub mod ledger;
 pub mod operate;

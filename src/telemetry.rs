@@ -17,9 +17,9 @@ use crate::config::LogFormat;
 const REDACTED: &str = "[redacted]";
 
 /// Libraries whose chatter is noise for an operator: HTTP internals (which may quote
-/// URLs), SQL statements, and rmcp's handshake and per-notification info lines.
+/// URLs), and rmcp's handshake and per-notification info lines.
 const QUIET_LIBRARIES: &[&str] =
-    &["hyper=warn", "hyper_util=warn", "reqwest=warn", "sqlx=warn", "h2=warn", "rustls=warn", "rmcp=warn"];
+    &["hyper=warn", "hyper_util=warn", "reqwest=warn", "h2=warn", "rustls=warn", "rmcp=warn"];
 
 /// Installs the global subscriber. `RUST_LOG` overrides `filter`.
 pub fn init(format: LogFormat, filter: &str, secrets: Vec<String>) -> anyhow::Result<()> {

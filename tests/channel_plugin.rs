@@ -121,10 +121,11 @@ struct FakeDaemon {
 
 impl FakeDaemon {
     async fn start(mode: SessionMode) -> Self {
-        Self::start_on("127.0.0.1:0".parse().unwrap(), mode).await
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind the fake daemon");
+        Self::start_on(listener, mode).await
     }
 
-    async fn start_on(addr: SocketAddr, mode: SessionMode) -> Self {
+    async fn start_on(listener: tokio::net::TcpListener, mode: SessionMode) -> Self {
         let state = Arc::new(FakeState {
             mode: Mutex::new(mode),
             session_attempts: Mutex::new(0),
@@ -140,7 +141,6 @@ impl FakeDaemon {
             .route("/v1/agents/{agent}/reply", post(reply))
             .route("/v1/agents/{agent}/ack", post(ack))
             .with_state(Arc::clone(&state));
-        let listener = tokio::net::TcpListener::bind(addr).await.expect("bind the fake daemon");
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
             axum::serve(listener, app).await.unwrap();
@@ -377,9 +377,25 @@ async fn start_plugin(config: &std::path::Path, secret: &str) -> ChannelClient {
     ChannelClient::start(config, AGENT, &[(SECRET_ENV, secret)]).await.expect("start the channel plugin")
 }
 
-/// An address nothing listens on (the port was free a moment ago).
-fn dead_addr() -> SocketAddr {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap()
+/// A loopback port nothing listens on, held for as long as this lives: bound but not
+/// listening, so connections to it are refused and no other process can take it.
+struct ReservedPort {
+    socket: tokio::net::TcpSocket,
+    addr: SocketAddr,
+}
+
+impl ReservedPort {
+    fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+        let addr = socket.local_addr().unwrap();
+        Self { socket, addr }
+    }
+
+    /// Starts listening on the held port: a daemon comes up where the plugin looks.
+    fn listen(self) -> tokio::net::TcpListener {
+        self.socket.listen(1024).unwrap()
+    }
 }
 
 #[tokio::test]
@@ -495,10 +511,11 @@ async fn a_client_that_probes_with_discover_falls_back_to_initialize() {
 
 #[tokio::test]
 async fn closing_stdin_before_the_handshake_exits_cleanly() {
+    let nobody = ReservedPort::new();
     let dir = tempfile::tempdir().unwrap();
     let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
         .args(["channel", "--agent", AGENT, "--config"])
-        .arg(write_config(&dir, dead_addr()))
+        .arg(write_config(&dir, nobody.addr))
         .env(SECRET_ENV, SECRET)
         .stdin(std::process::Stdio::null())
         .output()
@@ -512,8 +529,9 @@ async fn closing_stdin_before_the_handshake_exits_cleanly() {
 /// builds them); alone, it says what is missing and where, and runs nothing.
 #[tokio::test]
 async fn the_plugin_runs_from_its_own_executable_and_without_it_says_what_to_install() {
+    let nobody = ReservedPort::new();
     let dir = tempfile::tempdir().unwrap();
-    let config = write_config(&dir, dead_addr());
+    let config = write_config(&dir, nobody.addr);
     let plugin = |bin: PathBuf| {
         tokio::process::Command::new(bin)
             .args(["channel", "--agent", AGENT, "--config"])
@@ -623,7 +641,8 @@ async fn pending_lists_and_ack_marks_handled() {
 
 #[tokio::test]
 async fn unreachable_daemon_is_reported_and_the_stream_is_retried_until_it_is_back() {
-    let addr = dead_addr();
+    let port = ReservedPort::new();
+    let addr = port.addr;
     let dir = tempfile::tempdir().unwrap();
     let plugin = start_plugin(&write_config(&dir, addr), SECRET).await;
 
@@ -638,7 +657,7 @@ async fn unreachable_daemon_is_reported_and_the_stream_is_retried_until_it_is_ba
     assert!(warning.contains("WARN"), "{warning}");
 
     // The daemon comes up on that address: the plugin finds it without being restarted.
-    let daemon = FakeDaemon::start_on(addr, SessionMode::Stream).await;
+    let daemon = FakeDaemon::start_on(port.listen(), SessionMode::Stream).await;
     plugin.wait_for_notifications(2, WAIT).await.unwrap();
     daemon.wait_for_open_sessions(1).await;
     assert_eq!(plugin.stdout_violations(), Vec::<String>::new());
@@ -656,7 +675,8 @@ async fn a_second_session_is_refused_and_does_not_fight() {
         .await
         .unwrap();
     assert!(line.contains("ERROR"), "{line}");
-    // It checks again slowly (every 5s), not in a tight loop.
+    // It checks again slowly (every 5s), not in a tight loop: a real wait, since what this
+    // checks is that no second attempt comes within it.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(daemon.session_attempts(), 1);
     assert!(plugin.notifications().is_empty());

@@ -6,7 +6,7 @@ mod support;
 use std::path::Path;
 use std::process::Output;
 
-use support::daemon::{BIN, free_local_addr};
+use support::daemon::BIN;
 
 const GOOD: &str = r#"
 [telegram]
@@ -17,7 +17,7 @@ api_url = "http://127.0.0.1:9"
 database = "DB_PATH"
 
 [api]
-listen = "LISTEN"
+listen = "127.0.0.1:0"
 
 [agents.orchestrator]
 token_env = "SB_CFG_ORCH"
@@ -43,7 +43,6 @@ agent = "orchestrator"
 
 fn config_text(dir: &Path) -> String {
     GOOD.replace("DB_PATH", &dir.join("db.sqlite").display().to_string())
-        .replace("LISTEN", &free_local_addr().to_string())
 }
 
 fn switchboard(dir: &Path, command: &str, config: &str, env: &[(&str, &str)]) -> (Output, String) {

@@ -32,9 +32,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, SentMessage, UserSpec};
 use switchboard::agents::api::client::{ClientError, DaemonClient};
 use switchboard::agents::api::wire::{ReplyRequest, SessionEvent};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, SentMessage, UserSpec};
 use switchboard::ids::{AgentName, Secret};
 use switchboard::ledger::{EnvelopeState, ListFilter, StoredAttempt, StoredEnvelope};
 use tokio_util::sync::CancellationToken;
@@ -178,7 +178,7 @@ async fn crash_loop(caller: Caller, cycles: usize) {
         .into_iter()
         .map(|(name, secret)| {
             let client = DaemonClient::new(
-                daemon.api_addr,
+                daemon.api_addr(),
                 AgentName::parse(name).unwrap(),
                 Secret::new(secret.to_owned()),
             )

@@ -1,15 +1,16 @@
-//! Tests of the fake Telegram server itself. The daemon's tests trust the fake
-//! to speak the Bot API the way teloxide expects, so most checks go through a
-//! real `teloxide::Bot`; raw reqwest covers what teloxide cannot express.
-
-#[path = "support/fake_telegram.rs"]
-mod fake_telegram;
+//! Tests of the fake Telegram server itself (`switchboard::fake_bot_api`). The daemon's
+//! tests trust the fake to speak the Bot API the way teloxide expects, so most checks go
+//! through a real `teloxide::Bot`; raw reqwest covers what teloxide cannot express.
 
 use std::time::{Duration, Instant};
 
-use fake_telegram::{BOT_USER_ID, ChatSpec, FIRST_UPDATE_ID, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
+use futures::FutureExt as _;
+
 use reqwest::StatusCode;
 use serde_json::{Value, json};
+use switchboard::fake_bot_api::{
+    BOT_USER_ID, ChatSpec, FIRST_UPDATE_ID, FakeTelegram, Fault, TEST_TOKEN, UserSpec,
+};
 use teloxide::payloads::{GetUpdatesSetters, SendMessageSetters};
 use teloxide::requests::Requester;
 use teloxide::types::{ChatId, MessageId, ReplyParameters, Seconds, ThreadId, Update, UpdateKind};
@@ -200,8 +201,7 @@ async fn long_poll_wakes_as_soon_as_an_update_is_pushed() {
         let bot = bot.clone();
         async move { bot.get_updates().timeout(10).await }
     });
-    fake.wait_for_get_updates_calls(1, WITHIN).await;
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    fake.wait_for_waiting_long_poll(WITHIN).await;
 
     let pushed_at = Instant::now();
     let id = fake.push_text(ChatSpec::private(42), ann(), "wake up");
@@ -319,7 +319,7 @@ async fn hung_requests_are_released_by_shutdown() {
     let url = format!("{}/bot{TEST_TOKEN}/sendMessage", fake.api_url());
     let hung =
         tokio::spawn(reqwest::Client::new().post(url).json(&json!({ "chat_id": 42, "text": "hi" })).send());
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    fake.wait_for_requests("sendMessage", 1, WITHIN).await;
     tokio::time::timeout(WITHIN, fake.shutdown()).await.expect("shutdown waited for a hung request");
     // Whatever the answer, the client is not left hanging for a minute.
     tokio::time::timeout(WITHIN, hung)
@@ -511,9 +511,13 @@ async fn dropping_the_fake_stops_serving_even_pooled_connections() {
     drop(fake);
     // The waiting long poll is released rather than left for 30 s.
     tokio::time::timeout(WITHIN, poll).await.expect("long poll outlived the fake").expect("poll task").ok();
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    // `bot` pools its keep-alive connection; it must not be served anymore.
-    assert!(bot.get_me().await.is_err());
+    // `bot` pools its keep-alive connection; the fake's graceful shutdown closes it, so it
+    // stops being served (how soon depends on the connection's task, not on a clock).
+    let deadline = Instant::now() + WITHIN;
+    while bot.get_me().await.is_ok() {
+        assert!(Instant::now() < deadline, "a pooled connection was still served {WITHIN:?} after the drop");
+        tokio::task::yield_now().await;
+    }
 }
 
 #[tokio::test]
@@ -521,4 +525,68 @@ async fn dropping_the_fake_stops_serving_even_pooled_connections() {
 async fn wait_for_sent_panics_with_a_diagnosis() {
     let fake = FakeTelegram::start().await;
     fake.wait_for_sent(1, Duration::from_millis(50)).await;
+}
+
+#[tokio::test]
+async fn the_poll_after_the_one_that_served_an_update_is_its_settle_point() {
+    let fake = FakeTelegram::start().await;
+    let bot = bot_for(&fake);
+    let id = fake.push_text(ChatSpec::private(42), ann(), "settle on me");
+    let not_yet = || fake.wait_for_poll_after(id, WITHIN).now_or_never().is_none();
+    assert!(not_yet(), "never served yet");
+
+    let served = bot.get_updates().await.expect("getUpdates");
+    assert_eq!(served.len(), 1);
+    assert!(not_yet(), "served, but the client has not come back for more");
+    bot.get_updates().offset(id as i32 + 1).await.expect("getUpdates");
+    fake.wait_for_poll_after(id, WITHIN).await;
+
+    // A reused id counts from its reuse.
+    fake.reuse_update_id(
+        id,
+        r#"{"message":{"message_id":9,"date":0,"chat":{"id":42,"type":"private"},"text":"again"}}"#,
+    );
+    assert!(not_yet(), "pushed again, not served again yet");
+    bot.get_updates().offset(id as i32 + 1).await.expect("getUpdates");
+    bot.get_updates().offset(id as i32 + 1).await.expect("getUpdates");
+    fake.wait_for_poll_after(id, WITHIN).await;
+}
+
+#[tokio::test]
+async fn a_held_send_is_in_the_chat_and_its_answer_never_comes() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_send_message(Fault::Pass);
+    fake.fail_send_message(Fault::RecordThenHang(Duration::MAX));
+    let (status, _) = call(&fake, "sendMessage", json!({ "chat_id": 42, "text": "answered" })).await;
+    assert_eq!(status, StatusCode::OK);
+    let url = format!("{}/bot{TEST_TOKEN}/sendMessage", fake.api_url());
+    let held =
+        tokio::spawn(reqwest::Client::new().post(url).json(&json!({ "chat_id": 42, "text": "held" })).send());
+
+    let message = fake.wait_for_held_send(WITHIN).await.expect("a held send");
+    assert_eq!(message.text, "held");
+    assert_eq!(fake.sent_messages().len(), 2, "it is in the chat");
+    assert!(!held.is_finished(), "and its answer has not come");
+    let matching = fake.wait_for_sent_matching(WITHIN, |sent| sent.text == "held").await;
+    assert_eq!(matching.map(|sent| sent.message_id), Some(message.message_id));
+    tokio::time::timeout(WITHIN, fake.shutdown()).await.expect("shutdown releases the held send");
+}
+
+#[tokio::test]
+async fn a_pushed_message_reports_the_message_id_the_bot_sees() {
+    let fake = FakeTelegram::start().await;
+    let bot = bot_for(&fake);
+    let pushed = fake.push_text_message(ChatSpec::private(42), ann(), "which id?");
+    let updates = bot.get_updates().await.expect("getUpdates");
+    assert_eq!(updates[0].id.0 as i64, pushed.update_id);
+    assert_eq!(message_of(&updates[0]).id, MessageId(pushed.message_id));
+}
+
+#[tokio::test]
+async fn privacy_mode_is_on_until_it_is_turned_off() {
+    let fake = FakeTelegram::start().await;
+    let bot = bot_for(&fake);
+    assert!(!bot.get_me().await.expect("getMe").can_read_all_group_messages, "a new bot's default");
+    fake.set_privacy_mode(false);
+    assert!(bot.get_me().await.expect("getMe").can_read_all_group_messages);
 }

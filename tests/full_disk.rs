@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 
 /// Room for the ledger as migrations leave it, and a little more.
 const TMPFS_SIZE: &str = "8m";

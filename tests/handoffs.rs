@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram};
 use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 use switchboard::ledger::{EnvelopeState, HandoffState};
 
 /// The orchestrator's session, the worker's, and one owner message waiting for the
@@ -121,8 +121,8 @@ async fn call_agent_returns_the_answer_or_says_it_will_come_later() {
         text.contains("'worker' answered:") && text.contains("Twelve") && text.contains(&question),
         "{text}"
     );
-    // The answer was the call's result, not a notification, and it is handled.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The answer was the call's result, not a notification (the next notification is the
+    // late answer below), and it is handled.
     assert_eq!(orchestrator.notifications().len(), 1, "{:?}", orchestrator.notifications());
     let answered = daemon.ledger().await.handoff(meta(&handoff, "handoff_id")).await.unwrap().unwrap();
     let answer_trace = answered.answer_trace_id.expect("an answer envelope");
@@ -143,7 +143,11 @@ async fn call_agent_returns_the_answer_or_says_it_will_come_later() {
     assert_eq!(meta(&second, "intent"), "extends");
     worker.call_tool("reply", json!({"text": "40%", "trace_id": trace_id(&second)})).await.unwrap();
     let late = nth(&orchestrator, 2).await;
-    assert_eq!((late.content.as_str(), meta(&late, "kind")), ("40%", "handoff_answer"));
+    assert_eq!(
+        (late.content.as_str(), meta(&late, "kind")),
+        ("40%", "handoff_answer"),
+        "not \"Twelve\" again"
+    );
 
     let (is_error, text) = orchestrator
         .call_tool("call_agent", json!({"agent": "worker", "text": "x", "timeout_secs": 601}))
@@ -179,7 +183,7 @@ async fn the_first_instruction_stands_and_a_follow_up_passes() {
         let (is_error, text) = orchestrator.call_tool("send_to_agent", arguments.clone()).await.unwrap();
         assert!(is_error, "{arguments}: {text}");
     }
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Nothing refused reached the worker: its next notification is the follow-up below.
     assert_eq!(worker.notifications().len(), 1, "nothing refused reached the worker");
 
     let (is_error, text) = orchestrator
@@ -293,6 +297,7 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
         ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
     ])
     .await;
+    let (address_var, address) = daemon.address_env();
     let helper = ChannelClient::start_connected(
         daemon.config_path(),
         "helper",
@@ -300,6 +305,7 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
             ("SWITCHBOARD__AGENTS__HELPER__TOKEN_ENV", "SB_TEST_HELPER_SECRET"),
             ("SB_TEST_HELPER_SECRET", helper_secret),
             ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
+            (address_var, &address),
         ],
         WAIT,
     )

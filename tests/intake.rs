@@ -10,11 +10,10 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
-use sqlx::Connection;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
 use support::mcp::ChannelClient;
 use switchboard::config::Synchronous;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 use switchboard::ledger::{EnvelopeState, Ledger, ListFilter, StoredEnvelope};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -180,10 +179,11 @@ async fn undecodable_updates_are_kept_raw_beside_their_batch_and_no_text_is_logg
 async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_to_an_agent() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let (address_var, address) = daemon.address_env();
     let orchestrator = ChannelClient::start(
         daemon.config_path(),
         "orchestrator",
-        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)],
+        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
     )
     .await
     .expect("channel plugin starts");
@@ -231,10 +231,10 @@ async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_t
             None
         ]
     );
+    // Ignored is final, and none was ever handed to a session: no notification can follow.
     for ignored in rows.iter().filter(|e| e.state == EnvelopeState::Ignored) {
         assert_eq!((ignored.route.as_deref(), ignored.agent.as_deref(), ignored.deliveries), (None, None, 0));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(orchestrator.notifications().len(), 2);
     orchestrator.close().await.unwrap();
 }
@@ -266,8 +266,9 @@ async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     fake.reuse_update_id(id, &second);
     let marker = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
     let rows = wait_for_rows(&daemon, 3).await;
-    fake.wait_until_confirmed(marker, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The poller came back after the batch with the marker, which the re-polls preceded:
+    // all of them are recorded (or not) by now.
+    fake.wait_for_poll_after(marker, WAIT).await;
     let rows_after = rows_in(&daemon.database()).await;
     assert_eq!(summary(&rows_after), summary(&rows));
     assert_eq!(
@@ -287,16 +288,15 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
 
     // Another process takes the write lock and keeps it past the daemon's 10 s busy
     // timeout (e.g. an operator's sqlite3 shell left in a transaction).
-    let options = sqlx::sqlite::SqliteConnectOptions::new().filename(daemon.database());
-    let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
-    sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+    let holder = rusqlite::Connection::open(daemon.database()).unwrap();
+    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let during = fake.push_text(&dm, owner(), "while the ledger is locked");
     // Intake waits for the lock between tries, not in SQLite's busy handler on the
     // daemon's one runtime thread: the daemon answers meanwhile.
     tokio::time::sleep(Duration::from_secs(2)).await;
     let asked = Instant::now();
     let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap();
-    let health = client.get(format!("http://{}/healthz", daemon.api_addr)).send().await;
+    let health = client.get(format!("http://{}/healthz", daemon.api_addr())).send().await;
     assert!(
         health.as_ref().is_ok_and(|r| r.status().is_success()) && asked.elapsed() < Duration::from_secs(2),
         "/healthz while intake waits for the lock: {health:?} after {:?}",
@@ -313,8 +313,8 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
     assert_eq!(level(&line), "ERROR", "{line}");
     assert!(fake.pending_update_count() > 0, "the offset did not move");
 
-    sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
-    holder.close().await.unwrap();
+    holder.execute_batch("ROLLBACK").unwrap();
+    drop(holder);
     let rows = wait_for_rows(&daemon, 2).await;
     assert_eq!(rows[1].update_id, Some(during));
     assert!(daemon.is_running());

@@ -3,15 +3,15 @@
 mod support;
 
 use support::daemon::*;
-use support::fake_telegram::FakeTelegram;
 use switchboard::agents::api::wire::{ApiError, ErrorCode};
+use switchboard::fake_bot_api::FakeTelegram;
 
 #[tokio::test]
 async fn requests_without_the_agents_own_secret_are_refused() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
     let http = reqwest::Client::new();
-    let url = |agent: &str, route: &str| format!("http://{}/v1/agents/{agent}/{route}", daemon.api_addr);
+    let url = |agent: &str, route: &str| format!("http://{}/v1/agents/{agent}/{route}", daemon.api_addr());
 
     let attempts = [
         ("orchestrator", None),

@@ -14,8 +14,8 @@ use prometheus_parse::{LineInfo, Scrape, Value};
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, UserSpec};
 use switchboard::agents::api::wire::{AckRequest, ErrorCode, ReplyRequest};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, UserSpec};
 use switchboard::ledger::{EnvelopeState, ListFilter};
 
 // ---- the demo ----
@@ -110,7 +110,7 @@ async fn readiness_follows_what_telegram_answers_and_recovers_when_the_cause_is_
         let body = wait_for_readiness(&daemon, 503, Some(code)).await;
         assert_eq!(body["ready"], json!(false), "{body}");
         let detail = body["reasons"][0]["detail"].as_str().unwrap();
-        assert!(!detail.contains(support::fake_telegram::TEST_TOKEN), "{detail}");
+        assert!(!detail.contains(switchboard::fake_bot_api::TEST_TOKEN), "{detail}");
         if run_healthcheck {
             let (ok, text) = healthcheck(&daemon);
             assert!(!ok && text.contains(code), "healthcheck while {code}: {text}");
@@ -165,15 +165,13 @@ async fn readiness_is_503_while_another_writer_holds_the_ledger() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
     wait_for_readiness(&daemon, 200, None).await;
-    let ledger = daemon.ledger().await;
-    let mut holder = ledger.pool().acquire().await.unwrap();
-    sqlx::query("BEGIN IMMEDIATE").execute(&mut *holder).await.unwrap();
+    let holder = rusqlite::Connection::open(daemon.database()).unwrap();
+    holder.execute_batch("BEGIN IMMEDIATE").unwrap();
     let body = wait_for_readiness(&daemon, 503, Some("ledger_not_writable")).await;
     assert!(body["reasons"][0]["detail"].as_str().unwrap().contains("locked"), "{body}");
-    sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+    holder.execute_batch("ROLLBACK").unwrap();
     drop(holder);
     wait_for_readiness(&daemon, 200, None).await;
-    ledger.close().await;
 }
 
 // ---- metrics ----
@@ -279,7 +277,7 @@ async fn metrics_parse_as_prometheus_text_and_count_exactly_what_a_scenario_did(
 
     // No message content and no secret in the exposition.
     let (_, text) = get(&daemon, "/metrics").await;
-    for secret in ["Quokka", "which?", ORCHESTRATOR_SECRET, support::fake_telegram::TEST_TOKEN] {
+    for secret in ["Quokka", "which?", ORCHESTRATOR_SECRET, switchboard::fake_bot_api::TEST_TOKEN] {
         assert!(!text.contains(secret), "/metrics shows {secret:?}");
     }
     assert_eq!(state_of(&daemon, &one.trace_id).await, EnvelopeState::Acked);
@@ -309,7 +307,7 @@ async fn sighup_applies_a_good_file_and_keeps_the_running_configuration_on_a_bad
     // A good file: a route for the new chat, and a new listen address (which cannot change
     // under a running daemon).
     rewrite_config(&daemon, |text| {
-        text.replace(&format!("listen = \"{}\"", daemon.api_addr), "listen = \"127.0.0.1:1\"")
+        text.replace("listen = \"127.0.0.1:0\"", "listen = \"127.0.0.1:1\"")
             + &format!("\n[[routes]]\nname = \"late-team\"\nchat_id = {NEW_CHAT}\nagent = \"worker\"\n")
     });
     daemon.signal("HUP");

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, UserSpec};
 use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, UserSpec};
 use switchboard::ledger::{EnvelopeState, LedgerLock, files};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -27,10 +27,11 @@ fn owner() -> UserSpec {
 }
 
 async fn orchestrator(daemon: &TestDaemon) -> ChannelClient {
+    let (address_var, address) = daemon.address_env();
     ChannelClient::start(
         daemon.config_path(),
         "orchestrator",
-        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)],
+        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
     )
     .await
     .expect("channel plugin starts")
@@ -279,7 +280,7 @@ async fn a_local_api_open_to_the_network_is_a_warning_in_check_and_at_start_up()
     let (output, stderr) = finish(daemon.subcommand("check")).await;
     assert!(output.status.success() && !stderr.contains("warning"), "loopback is quiet:\n{stderr}");
 
-    let open = format!("0.0.0.0:{}", daemon.api_addr.port());
+    let open = "0.0.0.0:0".to_owned();
     let mut daemon = daemon.with_env("SWITCHBOARD__API__LISTEN", &open);
     let (output, stderr) = finish(daemon.subcommand("check")).await;
     assert!(output.status.success(), "a warning, not an error:\n{stderr}");

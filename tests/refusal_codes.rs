@@ -7,8 +7,8 @@ mod support;
 use serde_json::{Value, json};
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
 use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault};
 use switchboard::ledger::EnvelopeState;
 
 /// Calls a tool that must be refused with `code`, and returns the text the model read.

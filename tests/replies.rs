@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault, UserSpec};
-use switchboard::ledger::EnvelopeState;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, UserSpec};
+use switchboard::ledger::{AttemptState, EnvelopeState};
 
 #[tokio::test]
 async fn one_message_in_one_reply_out_in_the_right_chat_and_topic() {
@@ -194,9 +194,10 @@ async fn after_a_daemon_restart_a_pending_envelope_is_redelivered_and_answered_o
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "answered once"})).await.unwrap();
     assert!(!is_error, "{text}");
     fake.wait_for_sent(1, WAIT).await;
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(fake.sent_messages().len(), 1, "no duplicate message");
+    // Acked is final and the ledger holds one attempt: nothing will send it again.
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert_eq!(attempts_of(&daemon, &trace).await.len(), 1, "one attempt");
+    assert_eq!(fake.sent_messages().len(), 1, "no duplicate message");
 }
 
 #[tokio::test]
@@ -209,7 +210,10 @@ async fn a_send_that_hangs_after_telegram_recorded_it_becomes_unresolved_and_is_
     assert!(is_error, "{text}");
     assert!(text.contains("unresolved") && text.contains("Do not send it again"), "{text}");
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Unresolved waits for an operator, and its one attempt is unknown: nothing retries it.
+    let attempts = attempts_of(&daemon, &trace).await;
+    assert_eq!(attempts.iter().map(|a| a.outcome).collect::<Vec<_>>(), [AttemptState::Unknown]);
+    assert_eq!(fake.requests_for("sendMessage").len(), 1, "asked once");
     assert_eq!(fake.sent_messages().len(), 1, "Telegram got it once, and it was not sent again");
 
     // Unresolved envelopes cannot be answered until an operator reconciles them.

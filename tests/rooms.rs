@@ -8,8 +8,8 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::{WAIT, meta, nth, owner, posted, trace_id};
 use support::daemon::*;
-use support::fake_telegram::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
 use support::mcp::{ChannelClient, ChannelNotification};
+use switchboard::fake_bot_api::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
 use switchboard::ledger::{EnvelopeState, RoomCascadeState, StoredCascade};
 
 const ROOM_CHAT: i64 = -1_009_876_543_210;
@@ -19,9 +19,6 @@ const OPS_CHAT: i64 = -1_005_555_000_111;
 const BUILDER: (&str, &str, &str) = ("builder", "SB_TEST_BUILDER_SECRET", "builder-secret-0123456789");
 const REVIEWER: (&str, &str, &str) = ("reviewer", "SB_TEST_REVIEWER_SECRET", "reviewer-secret-0123456789");
 const CRITIC: (&str, &str, &str) = ("critic", "SB_TEST_CRITIC_SECRET", "critic-secret-0123456789");
-
-/// How long a test waits to be sure something does not happen.
-const QUIET: Duration = Duration::from_millis(700);
 
 /// Two rooms: `dev-room` (builder, reviewer; `dev_room_keys` adds its own limits) and
 /// `ops-room` (critic). Group pacing is off so posts are not spaced seconds apart.
@@ -67,9 +64,15 @@ fn start_daemon(fake: &FakeTelegram, dev_room_keys: &str) -> TestDaemon {
 }
 
 async fn agent(daemon: &TestDaemon, (name, var, secret): (&str, &str, &str)) -> ChannelClient {
-    ChannelClient::start_connected(daemon.config_path(), name, &[(var, secret)], WAIT)
-        .await
-        .expect("the channel plugin starts and its session connects")
+    let (address_var, address) = daemon.address_env();
+    ChannelClient::start_connected(
+        daemon.config_path(),
+        name,
+        &[(var, secret), (address_var, &address)],
+        WAIT,
+    )
+    .await
+    .expect("the channel plugin starts and its session connects")
 }
 
 /// The daemon, the fake, and the sessions of the dev room's two agents.
@@ -106,6 +109,26 @@ async fn cascade(daemon: &TestDaemon, cascade_id: &str) -> StoredCascade {
     let cascade = ledger.cascade(cascade_id).await.unwrap().expect("the cascade exists");
     ledger.close().await;
     cascade
+}
+
+/// The agents an exchange has given the floor to, in turn order. A turn is in the ledger
+/// before its agent hears of it, so for an exchange that has ended (or still waits) this
+/// is every turn it will ever give: the settle point for "nobody else speaks".
+async fn turns_given(daemon: &TestDaemon, cascade_id: &str) -> Vec<String> {
+    let stored = cascade(daemon, cascade_id).await;
+    let ledger = daemon.ledger().await;
+    let turns = ledger.turns_of(stored.id).await.unwrap();
+    ledger.close().await;
+    turns.into_iter().map(|turn| turn.agent.to_string()).collect()
+}
+
+/// Room posts the ledger still owes. The room driver posts only what is owed, so with
+/// none owed nothing more will be posted.
+async fn owed_posts(daemon: &TestDaemon) -> usize {
+    let ledger = daemon.ledger().await;
+    let owed = ledger.owed_room_posts().await.unwrap().len();
+    ledger.close().await;
+    owed
 }
 
 async fn wait_for_state(daemon: &TestDaemon, cascade_id: &str, state: RoomCascadeState) {
@@ -197,7 +220,8 @@ async fn two_speakers_take_turns_and_an_unmentioned_message_goes_to_the_first_ag
         .unwrap();
     assert!(!is_error, "{text}");
     wait_for_state(&daemon, &next_id, RoomCascadeState::Completed).await;
-    tokio::time::sleep(QUIET).await;
+    assert_eq!(turns_given(&daemon, &next_id).await, ["builder"], "nobody was mentioned: nobody else speaks");
+    assert_eq!(owed_posts(&daemon).await, 0, "a pass owes the room nothing");
     assert_eq!(fake.sent_messages().len(), 2, "a pass posts nothing");
     assert_eq!(reviewer.notifications().len(), 1, "nobody was mentioned: nobody else speaks");
 
@@ -254,13 +278,14 @@ async fn the_ceiling_ends_a_ping_pong_with_a_budget_exhausted_post_made_once() {
         "{:?}",
         stored.outcome
     );
-    tokio::time::sleep(QUIET).await;
+    assert_eq!(turns_given(&daemon, &cascade_id).await.len(), 3, "no fourth turn");
     assert_eq!(reviewer.notifications().len(), 1, "no fourth turn");
 
     // The outcome post is recorded as made: a restart does not post it again.
     daemon.kill9();
     daemon.restart();
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // What the restarted driver posts is what the ledger owes: nothing.
+    assert_eq!(owed_posts(&daemon).await, 0);
     assert_eq!(fake.sent_messages().len(), 4, "{:#?}", fake.sent_messages());
     let (ok, out, _) = daemon.ledger_cli(&["show", &cascade_id]);
     assert!(ok && out.contains("Budget exhausted") && out.contains("/outcome made"), "{out}");
@@ -305,7 +330,7 @@ async fn stop_during_the_first_speaker_lets_it_finish_and_nobody_else_start() {
     assert_eq!(texts[2], "Builder: Last words: @reviewer please look at the tag");
     assert_eq!(texts[3], "Stopped by @olga after 1 reply; still queued: Reviewer.");
     wait_for_state(&daemon, &cascade_id, RoomCascadeState::Stopped).await;
-    tokio::time::sleep(QUIET).await;
+    assert_eq!(turns_given(&daemon, &cascade_id).await, ["builder"], "nobody starts after a stop");
     assert!(
         reviewer.notifications().is_empty(),
         "nobody starts after a stop: {:?}",
@@ -348,7 +373,8 @@ async fn a_second_message_waits_for_the_running_exchange() {
     let waiting = waiting.expect("the second message is recorded at once");
     assert_eq!(waiting.state, RoomCascadeState::Waiting);
     assert_eq!(state_of(&daemon, &waiting.message_trace_id).await, (EnvelopeState::Acked, None));
-    tokio::time::sleep(QUIET).await;
+    // A waiting exchange gives the floor only once the running one has ended.
+    assert!(turns_given(&daemon, &waiting.cascade_id).await.is_empty(), "exchanges never interleave");
     assert!(reviewer.notifications().is_empty(), "exchanges never interleave");
 
     assert!(!reply(&builder, &first, "Answer to the first.").await.0);
@@ -436,7 +462,7 @@ async fn kill_9_mid_exchange_resumes_from_the_ledger_and_posts_nothing_twice() {
             "Builder: Finished.",
         ]
     );
-    tokio::time::sleep(QUIET).await;
+    assert_eq!(owed_posts(&daemon).await, 0, "nothing is owed, so nothing more is posted");
     assert_eq!(fake.sent_messages().len(), 3, "nothing posted twice");
     let stored = cascade(&daemon, &cascade_id).await;
     assert_eq!(stored.cascade().unwrap().turns_used(), 3);
@@ -492,7 +518,11 @@ async fn a_refused_post_gives_the_turn_back_and_an_unknown_one_ends_it_without_a
     fake.fail_send_message(Fault::Forbidden("Forbidden: bot is not a member of the supergroup chat".into()));
     let (is_error, text) = reply(&builder, &turn, "first try").await;
     assert!(is_error && text.contains("you may reply again"), "{text}");
-    tokio::time::sleep(QUIET).await;
+    assert_eq!(
+        turns_given(&daemon, meta(&turn, "cascade_id")).await,
+        ["builder"],
+        "the turn stays with the builder"
+    );
     assert!(reviewer.notifications().is_empty(), "the turn stays with the builder");
     let (is_error, text) = reply(&builder, &turn, "second try").await;
     assert!(!is_error, "{text}");
@@ -520,6 +550,8 @@ async fn a_restart_keeps_the_speakers_clock() {
     say(&fake, "@builder @reviewer quick one");
     let turn = nth(&builder, 1).await;
     daemon.kill9();
+    // A real wait, and the point of the test: the daemon is down for part of the turn's
+    // time, which must still count.
     tokio::time::sleep(Duration::from_millis(2500)).await;
     let restarted = std::time::Instant::now();
     daemon.restart();
@@ -581,13 +613,14 @@ async fn a_damaged_exchange_stalls_only_its_own_room() {
     say(&fake, "@builder something long");
     let turn = nth(&builder, 1).await;
     // The stored state is damaged (a botched hand edit, a bad disk).
-    let ledger = daemon.ledger().await;
-    sqlx::query("UPDATE cascades SET cascade = '{not json' WHERE cascade_id = ?")
-        .bind(meta(&turn, "cascade_id"))
-        .execute(ledger.pool())
-        .await
+    let damaged = rusqlite::Connection::open(daemon.database())
+        .unwrap()
+        .execute(
+            "UPDATE cascades SET cascade = '{not json' WHERE cascade_id = ?",
+            [meta(&turn, "cascade_id")],
+        )
         .unwrap();
-    ledger.close().await;
+    assert_eq!(damaged, 1);
 
     say(&fake, "/stop");
     let texts = posted(&fake, 1).await;

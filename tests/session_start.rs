@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::{WAIT, meta, owner, plugin_builder, session, state_of, trace_id};
 use support::daemon::{OWNER_CHAT, TestDaemon, default_routes};
-use support::fake_telegram::{ChatSpec, FakeTelegram};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 use switchboard::ledger::{EnvelopeState, ListFilter};
 
 /// How long after its `tools/list` the client below installs its channel handler. Claude

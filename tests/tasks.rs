@@ -10,14 +10,11 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::fake_telegram::{ChatSpec, FakeTelegram, Fault};
 use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault};
 use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState};
 use switchboard::rules::revisions::Task;
 use switchboard::rules::revisions::TaskState;
-
-/// Long enough for something that should not happen to show.
-const QUIET: Duration = Duration::from_millis(700);
 
 fn owner_chat() -> ChatSpec {
     ChatSpec::private(OWNER_CHAT)
@@ -131,10 +128,9 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
     let stored = ledger.handoff(&handoff_id).await.unwrap().unwrap();
     assert_eq!(stored.state, HandoffState::Superseded);
     assert_eq!(stored.answer_envelope_id, None, "never an answer");
-    let late: Option<String> = sqlx::query_scalar("SELECT late_result FROM handoffs WHERE handoff_id = ?")
-        .bind(&handoff_id)
-        .fetch_one(ledger.pool())
-        .await
+    let late: Option<String> = rusqlite::Connection::open(daemon.database())
+        .unwrap()
+        .query_row("SELECT late_result FROM handoffs WHERE handoff_id = ?", [&handoff_id], |row| row.get(0))
         .unwrap();
     ledger.close().await;
     assert_eq!(late.as_deref(), Some("1.4: three fixes"));
@@ -144,12 +140,8 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
             && out.contains("late result (never delivered): \"1.4: three fixes\""),
         "{out}{err}"
     );
-    tokio::time::sleep(QUIET).await;
-    assert!(
-        orchestrator.notifications().iter().all(|n| meta(n, "kind") != "handoff_answer"),
-        "{:?}",
-        orchestrator.notifications()
-    );
+    // Whether the late result reached the orchestrator shows below: the answer to the
+    // follow-up, delivered after it, is the only handoff answer it gets.
     // The worker's word about the old handoff has no reply; it is acked.
     let (is_error, text) = reply(&worker, &trace_id(&told), "ok").await;
     assert!(is_error && text.contains("Ack it"), "{text}");
@@ -172,6 +164,13 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
     assert!(!is_error, "{text}");
     let answer = nth(&orchestrator, 3).await;
     assert_eq!((meta(&answer, "kind"), answer.content.as_str()), ("handoff_answer", "1.5: two features"));
+    let answers: Vec<String> = orchestrator
+        .notifications()
+        .into_iter()
+        .filter(|n| meta(n, "kind") == "handoff_answer")
+        .map(|n| n.content)
+        .collect();
+    assert_eq!(answers, ["1.5: two features"], "the late result is never delivered");
 }
 
 /// 3. `/pause`, then a reply: refused as paused, nothing sent; `/resume`, then the reply
@@ -192,7 +191,8 @@ async fn a_paused_task_sends_nothing_until_it_is_resumed() {
 
     let (is_error, text) = reply(&orchestrator, &trace, "The incident was…").await;
     assert!(is_error && text.contains("paused"), "{text}");
-    tokio::time::sleep(QUIET).await;
+    assert!(attempts_of(&daemon, &trace).await.is_empty(), "the refused reply was never attempted");
+    // And never is: the chat's next messages (below) are the resume notice, then the reply.
     assert_eq!(fake.sent_messages().len(), 1, "only the acknowledgement");
 
     // A session that missed the notice learns it from the redelivered envelope.
@@ -361,7 +361,8 @@ async fn a_correction_survives_kill_9_and_still_refuses_the_superseded_reply() {
     assert!(!is_error, "{text}");
     let texts = posted(&fake, 2).await;
     assert_eq!(texts, [format!("{task_id} revision 2: correction accepted"), "Ordered 12 chairs".to_owned()]);
-    tokio::time::sleep(QUIET).await;
+    // One chat's messages go out in order: an acknowledgement posted again after the
+    // restart would have come before the reply.
     assert_eq!(
         fake.sent_messages().len(),
         2,
@@ -405,6 +406,10 @@ async fn an_agent_declares_a_correction_and_an_unclear_edit_changes_nothing() {
     fake.push_edited_text(owner_chat(), owner(), message_id, "actually, make it July");
     let texts = posted(&fake, 3).await;
     assert!(texts[2].starts_with("Nothing changed:"), "{}", texts[2]);
-    tokio::time::sleep(QUIET).await;
-    assert_eq!(orchestrator.notifications().len(), 2, "{:?}", orchestrator.notifications());
+    // A message after the edit reaches the orchestrator next: had the edit been handed
+    // over, it would have come first.
+    fake.push_text(owner_chat(), owner(), "and book a bus");
+    let next = nth(&orchestrator, 3).await;
+    assert_eq!(next.content, "and book a bus", "the edit was handed to nobody");
+    assert_eq!(orchestrator.notifications().len(), 3, "{:?}", orchestrator.notifications());
 }

@@ -1,7 +1,6 @@
-//! What both benchmarks need beside the fake Bot API: their knobs from the environment, a
-//! free port for the daemon, and the nearest-rank percentile they report.
+//! What both benchmarks need beside the fake Bot API: their knobs from the environment and
+//! the nearest-rank percentile they report.
 
-use std::net::{SocketAddr, TcpListener};
 use std::time::Duration;
 
 /// `SWITCHBOARD_BENCH_QUICK=1`: a smoke run of a few seconds.
@@ -18,12 +17,6 @@ pub fn env_count(var: &str, default: usize) -> usize {
         },
         Err(_) => default,
     }
-}
-
-/// A loopback address with a port nobody listens on right now.
-pub fn free_local_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral port");
-    listener.local_addr().expect("the ephemeral port's address")
 }
 
 /// The nearest-rank percentile of sorted samples: the smallest sample that at least `p`

@@ -102,7 +102,8 @@ fn block_on(work: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
 }
 
 /// One thread for every command. The daemon's work is waiting: on Telegram, on sessions
-/// and on SQLite, whose statements run on sqlx's own worker threads. A second runtime
+/// and on SQLite, whose short statements run where they are called (`ledger::in_place`)
+/// and whose long ones (checkpoints, listings) on blocking threads. A second runtime
 /// worker only added wake-ups and hand-overs between the two on every message (4–7% more
 /// CPU per message in `cargo bench --bench hot_path`, at the same latency). The channel
 /// plugin relays one session between stdio and the daemon.

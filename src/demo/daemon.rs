@@ -17,6 +17,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tokio::time::Instant;
 
+use crate::app::reported_api_address;
+use crate::config::API_LISTEN_ENV;
+
 /// A loaded machine may take a while to start a debug build.
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 const STOP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -29,8 +32,9 @@ pub struct DemoDaemon {
     config: PathBuf,
     /// Every start appends to it, so the log of the killed daemon stays readable.
     log: PathBuf,
-    /// Where the daemon listens once it is up.
-    api: SocketAddr,
+    /// Where the local API listens, as the first start reported it (the configuration says
+    /// port 0); a restart keeps it, so the agents' clients find the daemon again.
+    api: Option<SocketAddr>,
     /// The secrets, given to the daemon only.
     env: Vec<(String, String)>,
     /// The running daemon, if any.
@@ -38,8 +42,13 @@ pub struct DemoDaemon {
 }
 
 impl DemoDaemon {
-    pub fn new(config: PathBuf, log: PathBuf, api: SocketAddr, env: Vec<(String, String)>) -> Self {
-        Self { config, log, api, env, child: None }
+    pub fn new(config: PathBuf, log: PathBuf, env: Vec<(String, String)>) -> Self {
+        Self { config, log, api: None, env, child: None }
+    }
+
+    /// The local API's address, once the daemon has reported it.
+    pub fn api_addr(&self) -> Option<SocketAddr> {
+        self.api
     }
 
     pub fn log_path(&self) -> &Path {
@@ -50,12 +59,18 @@ impl DemoDaemon {
         self.child.as_ref().map(Child::id)
     }
 
-    /// Starts `switchboard run` and waits until its local API answers.
+    /// Starts `switchboard run` and waits until it reports where its local API listens.
     pub async fn start(&mut self) -> anyhow::Result<u32> {
         let log =
             OpenOptions::new().create(true).append(true).open(&self.log).context("opening the daemon log")?;
+        // Only what this start writes: the log keeps the earlier starts' lines.
+        let earlier = log.metadata().context("reading the daemon log's size")?.len();
         let exe = std::env::current_exe().context("finding the switchboard binary")?;
-        let child = Command::new(exe)
+        let mut command = Command::new(exe);
+        if let Some(api) = self.api {
+            command.env(API_LISTEN_ENV, api.to_string());
+        }
+        let child = command
             .args(["run", "--config"])
             .arg(&self.config)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -69,7 +84,8 @@ impl DemoDaemon {
         self.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if tokio::net::TcpStream::connect(self.api).await.is_ok() {
+            if let Some(api) = self.reported_since(earlier) {
+                self.api = Some(api);
                 return Ok(pid);
             }
             if let Some(status) = self.child.as_mut().and_then(|child| child.try_wait().ok().flatten()) {
@@ -108,6 +124,13 @@ impl DemoDaemon {
             }
             tokio::time::sleep(POLL_INTERVAL).await;
         }
+    }
+
+    /// The address a start reported in the log after its first `earlier` bytes.
+    fn reported_since(&self, earlier: u64) -> Option<SocketAddr> {
+        let log = std::fs::read(&self.log).ok()?;
+        let this_start = log.get(usize::try_from(earlier).ok()?..)?;
+        reported_api_address(&String::from_utf8_lossy(this_start))
     }
 
     /// The last lines of the daemon's log, for a failure report.

@@ -4,15 +4,16 @@
 //! Telegram; one that does not hold stops the demo with a non-zero exit. It needs no
 //! token, no configuration and no network, and leaves nothing behind unless `--keep DIR`.
 //!
-//! The parts: [`fake_telegram`] (the embedded Bot API), [`daemon`] (`switchboard run` as a
-//! child process), [`narrate`] (the voice and the checks) and [`steps`] (what happens).
+//! The parts: [`crate::fake_bot_api`] (the Bot API the tests use too, inside this
+//! process), [`cast`] (who writes where), [`daemon`] (`switchboard run` as a child
+//! process), [`narrate`] (the voice and the checks) and [`steps`] (what happens).
 
+mod cast;
 mod daemon;
-mod fake_telegram;
 mod narrate;
 mod steps;
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -21,10 +22,10 @@ use anyhow::Context;
 use crate::agents::api::client::{ClientError, DaemonClient, SessionStream};
 use crate::agents::api::wire::{DeliveredEnvelope, SessionEvent};
 use crate::config::Synchronous;
+use crate::fake_bot_api::{self, FakeTelegram};
 use crate::ids::{AgentName, Secret, random_suffix};
 use crate::ledger::Ledger;
 use daemon::DemoDaemon;
-use fake_telegram::FakeTelegram;
 use narrate::Broken;
 
 /// How long any one thing the demo waits for may take before the step counts as broken.
@@ -44,8 +45,9 @@ const ROOM_ROUTE: &str = "dev-room";
 /// run at all).
 pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
     let workdir = Workdir::new(keep)?;
-    let fake = FakeTelegram::start().await.context("starting the demo's fake Telegram")?;
-    let api = free_local_addr()?;
+    let fake = FakeTelegram::try_start().await.context("starting the demo's fake Telegram")?;
+    // Privacy mode off, as group rooms need: the bot sees every message in its groups.
+    fake.set_privacy_mode(false);
     let secrets = [
         (ORCHESTRATOR, random_secret()),
         (WORKER, random_secret()),
@@ -53,15 +55,16 @@ pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
         (REVIEWER.0, random_secret()),
     ];
     let config = workdir.path().join("switchboard.toml");
-    std::fs::write(&config, config_text(&fake.api_url(), &workdir.path().join("ledger.db"), api))
+    std::fs::write(&config, config_text(&fake.api_url(), &workdir.path().join("ledger.db")))
         .with_context(|| format!("writing {}", config.display()))?;
-    let mut env = vec![(TOKEN_ENV.to_owned(), fake_telegram::TOKEN.to_owned())];
+    let mut env = vec![(TOKEN_ENV.to_owned(), fake_bot_api::TEST_TOKEN.to_owned())];
     env.extend(secrets.iter().map(|(agent, secret)| (secret_env(agent), secret.clone())));
-    let mut daemon = DemoDaemon::new(config.clone(), workdir.path().join("daemon.log"), api, env);
+    let mut daemon = DemoDaemon::new(config.clone(), workdir.path().join("daemon.log"), env);
 
     narrate::title("switchboard demo: the real daemon, a fake Telegram inside this process, scripted agents");
     narrate::said("directory", workdir.describe());
     let pid = daemon.start().await?;
+    let api = daemon.api_addr().context("the daemon started without reporting its address")?;
     narrate::said("daemon", format!("`switchboard run` as pid {pid}, local API on {api}"));
     narrate::more(format!("its log: {}", daemon.log_path().display()));
     let ledger = Ledger::open_existing(&workdir.path().join("ledger.db"), Synchronous::Normal).await?;
@@ -248,17 +251,8 @@ fn random_secret() -> String {
     format!("demo-{}", random_suffix(32))
 }
 
-fn free_local_addr() -> anyhow::Result<SocketAddr> {
-    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free loopback port")?;
-    Ok(listener.local_addr()?)
-}
-
-fn config_text(api_url: &str, database: &Path, listen: SocketAddr) -> String {
-    let (owner, group, room) = (
-        fake_telegram::cast::OWNER_DM.id,
-        fake_telegram::cast::OPS_GROUP.id,
-        fake_telegram::cast::DEV_ROOM.id,
-    );
+fn config_text(api_url: &str, database: &Path) -> String {
+    let (owner, group, room) = (cast::OWNER_DM_ID, cast::OPS_GROUP_ID, cast::DEV_ROOM_ID);
     format!(
         r#"# Written by `switchboard demo`. Its Telegram ({api_url}) lived inside the demo and is
 # gone, and its secrets were random: `switchboard ledger --config THIS_FILE list` works on
@@ -273,7 +267,7 @@ poll_timeout_secs = 2                 # short, so a restarted daemon is back wit
 database = "{database}"
 
 [api]
-listen = "{listen}"
+listen = "127.0.0.1:0"                # any free port: the daemon reports the one it got
 
 [outbound]
 private_chat_interval_ms = 0          # the fake has no rate limits; a real bot keeps the defaults
@@ -333,11 +327,7 @@ mod tests {
     fn the_demo_configuration_is_valid() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("switchboard.toml");
-        std::fs::write(
-            &path,
-            config_text("http://127.0.0.1:9", &dir.path().join("ledger.db"), "127.0.0.1:9".parse().unwrap()),
-        )
-        .unwrap();
+        std::fs::write(&path, config_text("http://127.0.0.1:9", &dir.path().join("ledger.db"))).unwrap();
         let settings = crate::config::Settings::load(&path).unwrap();
         assert_eq!(settings.routes.routes().len(), 3);
         assert_eq!(settings.agents.len(), 4);

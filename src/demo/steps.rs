@@ -4,17 +4,21 @@
 
 use serde_json::json;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
-use super::fake_telegram::cast::{DEV_ROOM, OLGA, OPS_GROUP, OWNER_DM, PRIYA};
-use super::fake_telegram::{Pushed, Sent};
+use super::cast::{
+    DEV_ROOM_ID, DEV_ROOM_TITLE, OLGA_USERNAME, OPS_GROUP_ID, OWNER_DM_ID, dev_room, olga, ops_group,
+    owner_dm, priya,
+};
 use super::narrate::{self, Broken, check, gist, more, said};
 use super::{BUILDER, Demo, REVIEWER, ROOM_CASCADE_LIMIT, ROOM_ROUTE, WAIT, WORKER, must};
 use crate::agents::api::client::{ClientError, DaemonClient, SessionStream};
 use crate::agents::api::wire::{AckRequest, ErrorCode, HandoffRequest, ReplyRequest, SessionEvent};
+use crate::fake_bot_api::{Fault, PushedMessage, SentMessage};
 use crate::ids::RequestId;
 use crate::ledger::{
-    AttemptState, EnvelopeState, HandoffState, ListFilter, RoomCascadeState, StoredAttempt, StoredEnvelope,
-    TurnEnding,
+    AttemptState, EnvelopeState, HandoffState, LedgerError, ListFilter, RoomCascadeState, StoredAttempt,
+    StoredEnvelope, TurnEnding,
 };
 
 /// Messages of the crash step: enough that some are answered, one is on the wire, some
@@ -64,7 +68,10 @@ impl Demo {
     }
 
     /// Every envelope recorded for one of `updates`, by update id.
-    async fn envelopes_of(&self, updates: &[Pushed]) -> Result<BTreeMap<i64, Vec<StoredEnvelope>>, Broken> {
+    async fn envelopes_of(
+        &self,
+        updates: &[PushedMessage],
+    ) -> Result<BTreeMap<i64, Vec<StoredEnvelope>>, Broken> {
         let ids: BTreeSet<i64> = updates.iter().map(|pushed| pushed.update_id).collect();
         let all = self
             .ledger
@@ -81,11 +88,11 @@ impl Demo {
     }
 
     /// The orchestrator answers `trace_id` with `text` (narrated), and what reached the chat.
-    async fn orchestrator_replies(&self, text: &str, trace_id: &str) -> Result<Vec<Sent>, Broken> {
+    async fn orchestrator_replies(&self, text: &str, trace_id: &str) -> Result<Vec<SentMessage>, Broken> {
         said("orchestrator", format!("reply \"{text}\" (trace_id {trace_id})"));
         let request = ReplyRequest::new(text, Some(trace_id.to_owned()));
         let receipt = must("reply", self.orchestrator.client.reply(&request).await)?;
-        let sent = sent_as(&self.fake.sent(), &receipt.message_ids);
+        let sent = sent_as(&self.fake.sent_messages(), &receipt.message_ids);
         for message in &sent {
             said("Telegram", describe_sent(message));
         }
@@ -137,7 +144,7 @@ async fn message_in_reply_out(demo: &mut Demo) -> Result<(), Broken> {
     demo.orchestrator.connect().await?;
     said("orchestrator", "connects its session, as `switchboard channel --agent orchestrator` does");
     let text = "Is the staging deploy healthy?";
-    let pushed = demo.fake.push_text(&OWNER_DM, &OLGA, text);
+    let pushed = demo.fake.push_text_message(owner_dm(), olga(), text);
     said("Telegram", format!("@olga in her chat with the bot: \"{text}\" (update {})", pushed.update_id));
     let delivered = demo.orchestrator.next().await?;
     let trace = delivered.trace_id.clone();
@@ -168,7 +175,7 @@ async fn message_in_reply_out(demo: &mut Demo) -> Result<(), Broken> {
             && attempts.len() == 1
             && attempts[0].outcome == AttemptState::Sent
             && sent.len() == 1
-            && sent[0].chat_id == OWNER_DM.id
+            && sent[0].chat_id == OWNER_DM_ID
             && sent[0].reply_to_message_id == Some(pushed.message_id)
             && sent[0].text == answer,
         "acked on proof: one attempt, sent, and the chat has the answer threaded to the question",
@@ -180,9 +187,9 @@ async fn two_chats_waiting(demo: &mut Demo) -> Result<(), Broken> {
     narrate::step("2", "Two chats waiting: an unnamed reply is refused, then each is answered by name");
     let olga_text = "Can you send me the incident summary?";
     let priya_text = "Who is on call tonight?";
-    let from_olga = demo.fake.push_text(&OWNER_DM, &OLGA, olga_text);
+    let from_olga = demo.fake.push_text_message(owner_dm(), olga(), olga_text);
     said("Telegram", format!("@olga in her chat: \"{olga_text}\""));
-    let from_priya = demo.fake.push_text(&OPS_GROUP, &PRIYA, priya_text);
+    let from_priya = demo.fake.push_text_message(ops_group(), priya(), priya_text);
     said("Telegram", format!("@priya in \"Ops team\": \"{priya_text}\""));
     let first = demo.orchestrator.next().await?;
     let second = demo.orchestrator.next().await?;
@@ -194,7 +201,7 @@ async fn two_chats_waiting(demo: &mut Demo) -> Result<(), Broken> {
             format!("{} {} ({} on route {})", envelope.trace_id, stored.state, envelope.user, envelope.route),
         );
     }
-    let sent_before = demo.fake.sent().len();
+    let sent_before = demo.fake.sent_messages().len();
     said("orchestrator", "reply \"On it.\" without naming an envelope");
     let refusal = match demo.orchestrator.client.reply(&ReplyRequest::new("On it.", None)).await {
         Err(ClientError::Refused { error, .. }) => error,
@@ -217,13 +224,13 @@ async fn two_chats_waiting(demo: &mut Demo) -> Result<(), Broken> {
         || format!("{refusal:?}"),
     )?;
     check(
-        demo.fake.sent().len() == sent_before && states == [EnvelopeState::Pending; 2],
+        demo.fake.sent_messages().len() == sent_before && states == [EnvelopeState::Pending; 2],
         "nothing was sent and both stay pending",
-        || format!("{} new message(s), states {states:?}", demo.fake.sent().len() - sent_before),
+        || format!("{} new message(s), states {states:?}", demo.fake.sent_messages().len() - sent_before),
     )?;
     let answers = [
-        (&olga, from_olga, OWNER_DM.id, "The incident summary: a bad cache key; fixed at 14:05."),
-        (&priya, from_priya, OPS_GROUP.id, "Sam is on call tonight."),
+        (&olga, from_olga, OWNER_DM_ID, "The incident summary: a bad cache key; fixed at 14:05."),
+        (&priya, from_priya, OPS_GROUP_ID, "Sam is on call tonight."),
     ];
     for (envelope, pushed, chat, text) in answers {
         let sent = demo.orchestrator_replies(text, &envelope.trace_id).await?;
@@ -246,7 +253,7 @@ async fn delegation(demo: &mut Demo) -> Result<(), Broken> {
     demo.worker.connect().await?;
     said("worker", "connects its session");
     let ask = "Please ship the login fix to staging.";
-    let pushed = demo.fake.push_text(&OWNER_DM, &OLGA, ask);
+    let pushed = demo.fake.push_text_message(owner_dm(), olga(), ask);
     said("Telegram", format!("@olga: \"{ask}\""));
     let cause = demo.orchestrator.next().await?;
     said("ledger", format!("{} pending with the orchestrator: its turn", cause.trace_id));
@@ -407,7 +414,7 @@ async fn delegation(demo: &mut Demo) -> Result<(), Broken> {
 /// by @mention until the room's `cascade_limit` is used, and the room is told so.
 async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     narrate::step("4", "A room exchange that runs out of budget");
-    let room_title = DEV_ROOM.title.unwrap_or_default();
+    let room_title = DEV_ROOM_TITLE;
     said(
         "room",
         format!(
@@ -418,8 +425,8 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     demo.builder.connect().await?;
     demo.reviewer.connect().await?;
     said("agents", "builder and reviewer connect their sessions");
-    let owner = format!("@{}", OLGA.username);
-    let pushed = demo.fake.push_text(&DEV_ROOM, &OLGA, ROOM_ASK);
+    let owner = format!("@{}", OLGA_USERNAME);
+    let pushed = demo.fake.push_text_message(dev_room(), olga(), ROOM_ASK);
     said("Telegram", format!("{owner} in \"{room_title}\": \"{ROOM_ASK}\" (message {})", pushed.message_id));
 
     // Each turn as it comes: the speaker the mentions call, answering its room_turn.
@@ -457,7 +464,7 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
         said(agent.name, format!("reply \"{text}\" (trace_id {})", turn.trace_id));
         let receipt =
             must("reply", agent.client.reply(&ReplyRequest::new(text, Some(turn.trace_id.clone()))).await)?;
-        let sent = sent_as(&demo.fake.sent(), &receipt.message_ids);
+        let sent = sent_as(&demo.fake.sent_messages(), &receipt.message_ids);
         for message in &sent {
             said("Telegram", describe_sent(message));
             more(format!("the room reads \"{}\"", message.text));
@@ -471,7 +478,7 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
                 && meta("summoned_by") == summoned_by
                 && receipt.room_turn.as_ref().is_some_and(|room| room.posted_as == display)
                 && sent.len() == 1
-                && sent[0].chat_id == DEV_ROOM.id
+                && sent[0].chat_id == DEV_ROOM_ID
                 && sent[0].reply_to_message_id == Some(pushed.message_id)
                 && sent[0].text == posted,
             &format!(
@@ -485,7 +492,7 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     // The last reply asked for the builder: no turn is left, so the exchange ends and says so.
     let report = demo
         .fake
-        .wait_for_sent(WAIT, |m| m.chat_id == DEV_ROOM.id && m.text.starts_with("Budget exhausted"))
+        .wait_for_sent_matching(WAIT, |m| m.chat_id == DEV_ROOM_ID && m.text.starts_with("Budget exhausted"))
         .await
         .ok_or_else(|| Broken(format!("the room got no \"Budget exhausted\" post within {WAIT:?}")))?;
     let reply_to =
@@ -494,7 +501,7 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     for line in report.text.lines() {
         more(line);
     }
-    let read = |e: sqlx::Error| Broken(format!("reading the ledger: {e}"));
+    let read = |e: LedgerError| Broken(format!("reading the ledger: {e}"));
     let stored = demo
         .ledger
         .cascade(&cascade_id)
@@ -520,7 +527,8 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
         ),
         || format!("{} {recorded:?} {turns:?}", stored.state),
     )?;
-    let in_room: Vec<Sent> = demo.fake.sent().into_iter().filter(|m| m.chat_id == DEV_ROOM.id).collect();
+    let in_room: Vec<SentMessage> =
+        demo.fake.sent_messages().into_iter().filter(|m| m.chat_id == DEV_ROOM_ID).collect();
     let twice: Vec<&str> = given
         .iter()
         .map(|(_, _, posted)| posted.as_str())
@@ -556,14 +564,14 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
 async fn correction(demo: &mut Demo) -> Result<(), Broken> {
     narrate::step("5", "A correction that refuses a superseded reply");
     let ask = "Book the meeting room for Monday.";
-    let pushed = demo.fake.push_text(&OWNER_DM, &OLGA, ask);
+    let pushed = demo.fake.push_text_message(owner_dm(), olga(), ask);
     said("Telegram", format!("@olga: \"{ask}\""));
     let first = demo.orchestrator.next().await?;
     let task = first.extra.get("task").cloned().unwrap_or_default();
     said("ledger", format!("{} pending with the orchestrator: {task} revision 1", first.trace_id));
 
     let fixed = "Book the meeting room for Friday.";
-    demo.fake.push_edit(&OWNER_DM, &OLGA, pushed.message_id, fixed);
+    demo.fake.push_edited_text(owner_dm(), olga(), pushed.message_id, fixed);
     said("Telegram", format!("@olga edits her message: \"{fixed}\""));
     let revision = demo.orchestrator.next().await?;
     said(
@@ -576,7 +584,8 @@ async fn correction(demo: &mut Demo) -> Result<(), Broken> {
             revision.extra.get("revision").map_or("-", String::as_str)
         ),
     );
-    let acknowledged = demo.fake.wait_for_sent(WAIT, |sent| sent.text.contains("correction accepted")).await;
+    let acknowledged =
+        demo.fake.wait_for_sent_matching(WAIT, |sent| sent.text.contains("correction accepted")).await;
     if let Some(sent) = &acknowledged {
         said("Telegram", describe_sent(sent));
     }
@@ -607,7 +616,7 @@ async fn correction(demo: &mut Demo) -> Result<(), Broken> {
         refusal.code == ErrorCode::Superseded
             && refusal.message.contains(&revision.trace_id)
             && attempts.is_empty()
-            && !demo.fake.sent().iter().any(|sent| sent.text == late),
+            && !demo.fake.sent_messages().iter().any(|sent| sent.text == late),
         "refused with superseded, naming the envelope to act on; nothing attempted, nothing sent",
         || format!("{refusal:?}; {attempts:?}"),
     )?;
@@ -631,23 +640,28 @@ async fn crash_and_restart(demo: &mut Demo) -> Result<(), Broken> {
         "Telegram takes reply {} but never answers it: it is on the wire when the daemon dies",
         ANSWERED_BEFORE_THE_KILL + 1
     ));
-    let sent_before = demo.fake.sent().len();
-    demo.fake.hold_send_after(ANSWERED_BEFORE_THE_KILL);
+    let sent_before = demo.fake.sent_messages().len();
+    for _ in 0..ANSWERED_BEFORE_THE_KILL {
+        demo.fake.fail_send_message(Fault::Pass);
+    }
+    // Recorded as sent (it reaches the chat) and never answered: the daemon cannot know it arrived.
+    demo.fake.fail_send_message(Fault::RecordThenHang(Duration::MAX));
     let stream =
         demo.orchestrator.stream.take().ok_or_else(|| Broken("the orchestrator has no session".into()))?;
     let answering = tokio::spawn(answer_as_they_come(demo.orchestrator.client.clone(), stream, None));
     let mut pushed = Vec::new();
     for n in 1..=STREAM_FIRST {
-        pushed.push(demo.fake.push_text(&OWNER_DM, &OLGA, &format!("Status check {n}/{STREAM}")));
+        pushed.push(demo.fake.push_text_message(owner_dm(), olga(), &format!("Status check {n}/{STREAM}")));
     }
     said("Telegram", format!("@olga sends \"Status check 1/{STREAM}\" … \"{STREAM_FIRST}/{STREAM}\""));
     let held = demo
         .fake
-        .wait_for_held(WAIT)
+        .wait_for_held_send(WAIT)
         .await
-        .ok_or_else(|| Broken("no reply reached Telegram's hold".into()))?;
+        .ok_or_else(|| Broken("no reply reached Telegram's hold".into()))?
+        .message_id;
     for n in STREAM_FIRST + 1..=STREAM {
-        pushed.push(demo.fake.push_text(&OWNER_DM, &OLGA, &format!("Status check {n}/{STREAM}")));
+        pushed.push(demo.fake.push_text_message(owner_dm(), olga(), &format!("Status check {n}/{STREAM}")));
     }
     let pid = demo.daemon.kill9().map_err(|e| Broken(e.to_string()))?;
     said(
@@ -660,8 +674,12 @@ async fn crash_and_restart(demo: &mut Demo) -> Result<(), Broken> {
     // The session and the reply in flight both end with the daemon.
     let _ = tokio::time::timeout(WAIT, answering).await;
 
-    let held_for =
-        demo.fake.sent().into_iter().find(|m| m.message_id == held).and_then(|m| m.reply_to_message_id);
+    let held_for = demo
+        .fake
+        .sent_messages()
+        .into_iter()
+        .find(|m| m.message_id == held)
+        .and_then(|m| m.reply_to_message_id);
     let by_update = demo.envelopes_of(&pushed).await?;
     let mut on_the_wire = None;
     said("ledger", "as the kill left it:");
@@ -745,7 +763,7 @@ async fn crash_and_restart(demo: &mut Demo) -> Result<(), Broken> {
     demo.orchestrator.stream = stream;
 
     let by_update = demo.envelopes_of(&pushed).await?;
-    let sent: Vec<Sent> = demo.fake.sent().into_iter().skip(sent_before).collect();
+    let sent: Vec<SentMessage> = demo.fake.sent_messages().into_iter().skip(sent_before).collect();
     let mut problems = Vec::new();
     for message in &pushed {
         let rows = by_update.get(&message.update_id).map_or(0, Vec::len);
@@ -773,11 +791,11 @@ async fn crash_and_restart(demo: &mut Demo) -> Result<(), Broken> {
         format!(
             "{} replies in the chat, each to its own message; every update confirmed: {}",
             sent.len(),
-            demo.fake.all_confirmed()
+            (demo.fake.pending_update_count() == 0)
         ),
     );
     check(
-        problems.is_empty() && sent.len() == STREAM && demo.fake.all_confirmed(),
+        problems.is_empty() && sent.len() == STREAM && (demo.fake.pending_update_count() == 0),
         "nothing lost, nothing duplicated: each message is one envelope, acked, with exactly one reply",
         || problems.join("; "),
     )
@@ -862,11 +880,11 @@ async fn ledger_stats(demo: &Demo) -> Result<(), Broken> {
 }
 
 /// The fake's records of the messages a receipt names.
-fn sent_as(sent: &[Sent], message_ids: &[i32]) -> Vec<Sent> {
+fn sent_as(sent: &[SentMessage], message_ids: &[i32]) -> Vec<SentMessage> {
     sent.iter().filter(|message| message_ids.contains(&message.message_id)).cloned().collect()
 }
 
-fn describe_sent(message: &Sent) -> String {
+fn describe_sent(message: &SentMessage) -> String {
     let reply =
         message.reply_to_message_id.map(|id| format!(", replying to message {id}")).unwrap_or_default();
     format!("sendMessage to chat {}{reply} → message {}", message.chat_id, message.message_id)

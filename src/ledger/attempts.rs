@@ -8,7 +8,7 @@ use rusqlite::OptionalExtension;
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 
 use super::write_watch::LedgerWrite;
-use super::{Ledger, now};
+use super::{Ledger, LedgerError, LedgerResult, now};
 use crate::ids::TraceId;
 use crate::rules::revisions::Refusal;
 
@@ -47,8 +47,7 @@ impl AttemptOutcome {
 }
 
 /// Why a send is made.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::Type)]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum AttemptPurpose {
     /// A reply to an envelope: its outcome settles the envelope.
     Reply,
@@ -67,9 +66,8 @@ impl AttemptPurpose {
 }
 
 /// The `outcome` column of an attempt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum AttemptState {
     /// Recorded; the request may be on its way. A daemon that dies leaves it so, and
     /// start-up turns it into `Unknown`.
@@ -112,9 +110,8 @@ impl std::fmt::Display for AttemptState {
 }
 
 /// What an operator found out about an attempt whose outcome was unknown.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum ReconciledOutcome {
     Sent,
     NotSent,
@@ -243,7 +240,7 @@ impl Ledger {
     /// attempt is admitted against its envelope's task in the same statement that records
     /// it (DESIGN.md §11): once a change is recorded, no part of a reply made for what it
     /// superseded, paused or cancelled goes out. A refusal records nothing.
-    pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> sqlx::Result<Result<String, Refusal>> {
+    pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> LedgerResult<Result<String, Refusal>> {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
         let sql = concat!(
             "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
@@ -282,7 +279,7 @@ impl Ledger {
         let decided = decided.await;
         self.writes.observe(LedgerWrite::Attempt, &decided);
         decided?.ok_or_else(|| {
-            sqlx::Error::Protocol(format!(
+            LedgerError::other(format!(
                 "the admission of a reply to envelope {} disagrees with itself; nothing was sent",
                 attempt.envelope_id
             ))
@@ -301,7 +298,7 @@ impl Ledger {
         op_id: &str,
         outcome: &AttemptOutcome,
         actor: &str,
-    ) -> sqlx::Result<()> {
+    ) -> LedgerResult<()> {
         let (message_id, error) = match outcome {
             AttemptOutcome::Sent { message_id } => (Some(*message_id), None),
             AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => {
@@ -353,13 +350,18 @@ impl Ledger {
     /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have
     /// reached Telegram. They become `unknown` and their envelopes `unresolved`; an
     /// operator reconciles them. Returns the trace ids affected.
-    pub async fn recover_in_flight(&self) -> sqlx::Result<Vec<String>> {
-        let stuck: Vec<(String, String)> = sqlx::query_as(
-            "SELECT a.op_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-             WHERE a.outcome = 'in_flight' ORDER BY a.id",
-        )
-        .fetch_all(&self.pool)
-        .await?;
+    pub async fn recover_in_flight(&self) -> LedgerResult<Vec<String>> {
+        let stuck: Vec<(String, String)> = self
+            .read_off_thread(|db| {
+                query_all_cached(
+                    db,
+                    "SELECT a.op_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+                     WHERE a.outcome = 'in_flight' ORDER BY a.id",
+                    [],
+                    |row| Ok((row.get(0)?, row.get(1)?)),
+                )
+            })
+            .await?;
         let error = "the daemon stopped while this send was in flight".to_owned();
         for (op_id, _) in &stuck {
             self.finish_attempt(op_id, &AttemptOutcome::Unknown { error: error.clone() }, "daemon").await?;
@@ -370,7 +372,7 @@ impl Ledger {
     /// Whether `agent` made a `reply` request with this id before: it left attempts, or it
     /// answered a handoff. One statement, so a new request (nearly every one) costs no
     /// more; [`Self::recorded_reply`] and `handoff_by_answer_request` tell what it came to.
-    pub async fn reply_request_seen(&self, agent: &str, request_id: &str) -> sqlx::Result<bool> {
+    pub async fn reply_request_seen(&self, agent: &str, request_id: &str) -> LedgerResult<bool> {
         self.read_in_place(|db| {
             query_row_cached(
                 db,
@@ -385,7 +387,7 @@ impl Ledger {
 
     /// The attempts made for one `reply` request of `agent`, summed up; `None` when no
     /// attempt carries that id (the request was never acted on).
-    pub async fn recorded_reply(&self, agent: &str, request_id: &str) -> sqlx::Result<Option<RecordedReply>> {
+    pub async fn recorded_reply(&self, agent: &str, request_id: &str) -> LedgerResult<Option<RecordedReply>> {
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
@@ -412,7 +414,7 @@ impl Ledger {
     pub async fn last_reply_for(
         &self,
         envelope_id: i64,
-    ) -> sqlx::Result<Option<(String, Vec<StoredAttempt>)>> {
+    ) -> LedgerResult<Option<(String, Vec<StoredAttempt>)>> {
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
@@ -441,7 +443,7 @@ impl Ledger {
 
     /// Of these envelopes, the ones with an attempt whose outcome is unknown and not yet
     /// reconciled: nothing more may be sent for them until an operator has looked.
-    pub async fn awaiting_reconciliation(&self, envelope_ids: &[i64]) -> sqlx::Result<Vec<i64>> {
+    pub async fn awaiting_reconciliation(&self, envelope_ids: &[i64]) -> LedgerResult<Vec<i64>> {
         if envelope_ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -460,7 +462,7 @@ impl Ledger {
         .await
     }
 
-    pub async fn attempts_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredAttempt>> {
+    pub async fn attempts_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredAttempt>> {
         let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
         self.read_in_place(|db| query_all_cached(db, sql, [envelope_id], StoredAttempt::from_row)).await
     }

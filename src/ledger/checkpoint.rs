@@ -14,16 +14,19 @@
 //! about [`CHECKPOINT_DELAY`] of commits; before, up to 1000 pages (a hundred messages or
 //! so), and at a quiet time every commit since the last busy one.
 
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use sqlx::sqlite::SqliteConnectOptions;
-use sqlx::{Connection as _, SqliteConnection};
+use rusqlite::Connection;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::in_place::{PAGE_CACHE_KIB, synchronous_pragma};
 use super::write_watch::{LedgerWrite, WriteWatch};
+use super::{BUSY_TIMEOUT, LedgerError, LedgerResult};
+use crate::config::Synchronous;
 
 /// How long commits may gather before they are checkpointed: a burst of them is copied at
 /// once, and a power loss under `synchronous = normal` can take no more than about this
@@ -51,22 +54,24 @@ impl Checkpointer {
 
     /// What a connection's commit hook calls. It runs inside SQLite's commit, on the
     /// connection's thread, and only rings a bell.
-    pub(super) fn on_commit(&self) -> impl FnMut() -> bool + Send + 'static {
+    pub(super) fn on_commit(&self) -> impl Fn() + Send + 'static {
         let commits = Arc::clone(&self.commits);
-        move || {
-            commits.notify_one();
-            // `true` lets the commit go ahead (`false` would turn it into a rollback).
-            true
-        }
+        move || commits.notify_one()
     }
 
-    /// Opens the checkpointer's own connection and starts it.
+    /// Opens the checkpointer's own connection to the (existing, migrated) database at
+    /// `path` and starts it.
     pub(super) async fn start(
         &self,
-        options: &SqliteConnectOptions,
+        path: &Path,
+        synchronous: Synchronous,
         writes: Arc<WriteWatch>,
-    ) -> sqlx::Result<()> {
-        let connection = SqliteConnection::connect_with(options).await?;
+    ) -> LedgerResult<()> {
+        let path = path.to_owned();
+        let connection =
+            tokio::task::spawn_blocking(move || open(&path, synchronous)).await.map_err(|e| {
+                LedgerError::other(format!("opening the checkpointer's connection was cut short: {e}"))
+            })??;
         let task = tokio::spawn(run(connection, Arc::clone(&self.commits), self.stop.clone(), writes));
         *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         Ok(())
@@ -82,8 +87,27 @@ impl Checkpointer {
     }
 }
 
+/// The checkpointer's connection: the ledger's page cache and `synchronous` (which says how
+/// a checkpoint syncs). Its checkpoints run on a blocking thread, so SQLite's busy handler
+/// may wait there (PASSIVE never calls it; opening the file may).
+fn open(path: &Path, synchronous: Synchronous) -> LedgerResult<Connection> {
+    let db = Connection::open_with_flags(path, super::in_place::OWN_CONNECTION_FLAGS)?;
+    db.busy_timeout(BUSY_TIMEOUT)?;
+    db.pragma_update(None, "cache_size", PAGE_CACHE_KIB)?;
+    db.pragma_update(None, "synchronous", synchronous_pragma(synchronous))?;
+    db.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
+    Ok(db)
+}
+
+/// One PASSIVE checkpoint. It reports a checkpoint it could not write as an error, or in
+/// its first column (`busy`) when a reader or writer was in the way, which is no failure.
+fn checkpoint(db: &Connection) -> LedgerResult<()> {
+    db.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))?;
+    Ok(())
+}
+
 async fn run(
-    mut connection: SqliteConnection,
+    mut connection: Connection,
     commits: Arc<Notify>,
     stop: CancellationToken,
     writes: Arc<WriteWatch>,
@@ -99,9 +123,24 @@ async fn run(
             () = tokio::time::sleep(CHECKPOINT_DELAY) => {}
             () = stop.cancelled() => break,
         }
-        // PASSIVE reports a checkpoint it could not write as an error, or in its first
-        // column (`busy`) when a reader or writer was in the way, which is no failure.
-        let checkpointed = sqlx::query("PRAGMA wal_checkpoint(PASSIVE)").execute(&mut connection).await;
+        // Copying the WAL back and syncing both files takes milliseconds: off the runtime.
+        // The connection goes to the blocking thread and comes back with the outcome.
+        let (db, checkpointed) = match tokio::task::spawn_blocking(move || {
+            let checkpointed = checkpoint(&connection);
+            (connection, checkpointed)
+        })
+        .await
+        {
+            Ok(done) => done,
+            Err(e) => {
+                tracing::warn!(
+                    error = %e,
+                    "the ledger's checkpointer stopped; SQLite checkpoints by itself once the WAL holds {BACKSTOP_PAGES} pages"
+                );
+                break;
+            }
+        };
+        connection = db;
         writes.observe(LedgerWrite::Checkpoint, &checkpointed);
         if let Err(e) = checkpointed {
             tracing::warn!(
@@ -110,5 +149,4 @@ async fn run(
             );
         }
     }
-    let _ = connection.close().await;
 }

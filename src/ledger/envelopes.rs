@@ -4,10 +4,9 @@
 use crate::ledger::EnvelopeState;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
 use rusqlite::OptionalExtension;
-use sqlx::FromRow;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
-use super::{Ledger, now};
+use super::{Ledger, LedgerResult, now};
 use crate::ids::{AgentName, RouteName};
 
 /// How many characters of a message identify it in a candidate list or a listing.
@@ -31,7 +30,7 @@ pub struct RoutedEnvelope {
 }
 
 /// An envelope as stored.
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredEnvelope {
     pub id: i64,
     pub trace_id: String,
@@ -65,9 +64,8 @@ pub struct StoredEnvelope {
 }
 
 /// An envelope a reply names, with what its attempts say (see [`Ledger::find_for_reply`]).
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct FoundForReply {
-    #[sqlx(flatten)]
     pub envelope: StoredEnvelope,
     /// An attempt for it has an unknown outcome no operator has reconciled yet.
     pub awaiting_reconciliation: bool,
@@ -149,7 +147,7 @@ impl StoredEnvelope {
 
 impl Ledger {
     /// Moves the agent's oldest `queued` envelope to `pending` and returns it.
-    pub async fn claim_next_queued(&self, agent: &AgentName) -> sqlx::Result<Option<StoredEnvelope>> {
+    pub async fn claim_next_queued(&self, agent: &AgentName) -> LedgerResult<Option<StoredEnvelope>> {
         let sql = concat!(
             "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
              WHERE id = (SELECT id FROM envelopes WHERE agent = ? AND state = 'queued' ORDER BY id LIMIT 1) \
@@ -166,7 +164,7 @@ impl Ledger {
 
     /// The agent's `pending` envelopes, oldest first, counted as delivered once more: a new
     /// session gets them again, marked as redelivered.
-    pub async fn take_pending_for_redelivery(&self, agent: &AgentName) -> sqlx::Result<Vec<StoredEnvelope>> {
+    pub async fn take_pending_for_redelivery(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = ? AND state = 'pending' \
              RETURNING ",
@@ -181,7 +179,7 @@ impl Ledger {
         Ok(rows)
     }
 
-    pub async fn pending(&self, agent: &AgentName) -> sqlx::Result<Vec<StoredEnvelope>> {
+    pub async fn pending(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -190,7 +188,7 @@ impl Ledger {
         self.read_in_place(|db| query_all_cached(db, sql, [agent.as_str()], StoredEnvelope::from_row)).await
     }
 
-    pub async fn find(&self, trace_id: &str) -> sqlx::Result<Option<StoredEnvelope>> {
+    pub async fn find(&self, trace_id: &str) -> LedgerResult<Option<StoredEnvelope>> {
         let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [trace_id], StoredEnvelope::from_row).optional())
             .await
@@ -199,7 +197,7 @@ impl Ledger {
     /// [`Self::find`] for a reply that names its envelope, with what the envelope's
     /// attempts say about it, in one statement instead of three on the reply's path: the
     /// answers of `awaiting_reconciliation` and whether `last_reply_for` has anything.
-    pub async fn find_for_reply(&self, trace_id: &str) -> sqlx::Result<Option<FoundForReply>> {
+    pub async fn find_for_reply(&self, trace_id: &str) -> LedgerResult<Option<FoundForReply>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -234,7 +232,7 @@ impl Ledger {
         to: EnvelopeState,
         actor: &str,
         reason: Option<&str>,
-    ) -> sqlx::Result<bool> {
+    ) -> LedgerResult<bool> {
         self.write_in_place(|db| transition_in(db, envelope_id, from, to, actor, reason)).await
     }
 }

@@ -7,7 +7,7 @@ use rusqlite::OptionalExtension;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 
 use super::envelopes::transition_in;
-use super::{EnvelopeKind, EnvelopeState, Ledger, StoredEnvelope, now};
+use super::{EnvelopeKind, EnvelopeState, Ledger, LedgerError, LedgerResult, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::guard::Intent;
 use crate::rules::revisions::Refusal;
@@ -194,7 +194,7 @@ impl Ledger {
     /// A handoff made for an envelope of a task is admitted against that task first and
     /// records the task and revision it is made under (DESIGN.md §11); a refusal records
     /// nothing.
-    pub async fn record_handoff(&self, new: &NewHandoff<'_>) -> sqlx::Result<Result<StoredHandoff, Refusal>> {
+    pub async fn record_handoff(&self, new: &NewHandoff<'_>) -> LedgerResult<Result<StoredHandoff, Refusal>> {
         let handoff_id = format!("hof_{}", &TraceId::generate().as_str()[4..]);
         let recorded = self
             .write_in_place(|db| {
@@ -240,7 +240,10 @@ impl Ledger {
         if let Err(refusal) = recorded {
             return Ok(Err(refusal));
         }
-        self.handoff(&handoff_id).await?.ok_or(sqlx::Error::RowNotFound).map(Ok)
+        self.handoff(&handoff_id)
+            .await?
+            .ok_or_else(|| LedgerError::other(format!("handoff {handoff_id} was recorded and is not found")))
+            .map(Ok)
     }
 
     /// Ends an open handoff: its envelope is acked, and an answer envelope is queued for
@@ -251,7 +254,7 @@ impl Ledger {
         handoff: &StoredHandoff,
         end: HandoffEnd<'_>,
         actor: &str,
-    ) -> sqlx::Result<Result<Option<StoredHandoff>, Refusal>> {
+    ) -> LedgerResult<Result<Option<StoredHandoff>, Refusal>> {
         let (state, content, reason, note) = match end {
             HandoffEnd::Answered { text, .. } => {
                 (HandoffState::Answered, text.to_owned(), format!("answered ({})", handoff.handoff_id), None)
@@ -334,7 +337,7 @@ impl Ledger {
         agent: &AgentName,
         trace_id: &str,
         text: &str,
-    ) -> sqlx::Result<bool> {
+    ) -> LedgerResult<bool> {
         let kept = self
             .execute_in_place(
                 "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
@@ -345,7 +348,7 @@ impl Ledger {
         Ok(kept == 1)
     }
 
-    pub async fn handoff(&self, handoff_id: &str) -> sqlx::Result<Option<StoredHandoff>> {
+    pub async fn handoff(&self, handoff_id: &str) -> LedgerResult<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.handoff_id = ?");
         self.read_in_place(|db| {
             query_row_cached(db, sql, rusqlite::params![handoff_id], StoredHandoff::from_row).optional()
@@ -354,7 +357,7 @@ impl Ledger {
     }
 
     /// The handoff an envelope carries: as its instruction or as its answer.
-    pub async fn handoff_of_envelope(&self, envelope_id: i64) -> sqlx::Result<Option<StoredHandoff>> {
+    pub async fn handoff_of_envelope(&self, envelope_id: i64) -> LedgerResult<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.envelope_id = ?1 OR h.answer_envelope_id = ?1");
         self.read_in_place(|db| {
             query_row_cached(db, sql, rusqlite::params![envelope_id], StoredHandoff::from_row).optional()
@@ -367,7 +370,7 @@ impl Ledger {
         &self,
         from: &AgentName,
         request_id: &str,
-    ) -> sqlx::Result<Option<StoredHandoff>> {
+    ) -> LedgerResult<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.request_id = ?");
         self.read_in_place(|db| {
             query_row_cached(db, sql, rusqlite::params![from.as_str(), request_id], StoredHandoff::from_row)
@@ -381,7 +384,7 @@ impl Ledger {
         &self,
         agent: &AgentName,
         request_id: &str,
-    ) -> sqlx::Result<Option<StoredHandoff>> {
+    ) -> LedgerResult<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.to_agent = ? AND h.answer_request_id = ?");
         self.read_in_place(|db| {
             query_row_cached(db, sql, rusqlite::params![agent.as_str(), request_id], StoredHandoff::from_row)
@@ -391,7 +394,7 @@ impl Ledger {
     }
 
     /// The handoffs made on behalf of one envelope: a turn's instructions, oldest first.
-    pub async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> sqlx::Result<Vec<StoredHandoff>> {
+    pub async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> LedgerResult<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.cause_envelope_id = ? ORDER BY h.id");
         self.read_in_place(|db| {
             query_all_cached(db, sql, rusqlite::params![cause_envelope_id], StoredHandoff::from_row)
@@ -400,7 +403,7 @@ impl Ledger {
     }
 
     /// `from`'s handoffs still open, oldest first.
-    pub async fn open_handoffs_from(&self, from: &AgentName) -> sqlx::Result<Vec<StoredHandoff>> {
+    pub async fn open_handoffs_from(&self, from: &AgentName) -> LedgerResult<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.state = 'open' ORDER BY h.id");
         self.read_in_place(|db| {
             query_all_cached(db, sql, rusqlite::params![from.as_str()], StoredHandoff::from_row)
@@ -414,7 +417,7 @@ impl Ledger {
         open_only: bool,
         agent: Option<&str>,
         limit: i64,
-    ) -> sqlx::Result<Vec<StoredHandoff>> {
+    ) -> LedgerResult<Vec<StoredHandoff>> {
         let sql = concat!(
             handoff_select!(),
             "WHERE (?1 = 0 OR h.state = 'open') AND (?2 IS NULL OR h.from_agent = ?2 OR h.to_agent = ?2) \

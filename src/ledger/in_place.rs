@@ -2,16 +2,16 @@
 //! which every write of the process goes through (and, while no write holds it, the
 //! reads: [`Writer::read_if_idle`]), and its readers (`readers`).
 //!
-//! sqlx runs each SQLite connection on a worker thread of its own, and every statement is
-//! a hand-over to that thread and back: about 25–50 µs on a small machine, nearly all of
-//! it the two wake-ups, which were also half of the daemon's CPU. The transactions on the
-//! path of every message (a batch's intake, a reply's attempt and outcome) took five or
-//! six of them each. They now run on [`Writer`], a connection the ledger owns (rusqlite,
-//! linked against the same SQLite), on the calling thread ([`Ledger::write_in_place`]),
-//! and so do all the other writes (handoffs, rooms, reconciliation): one connection
-//! writes, so the writers of this process queue on its lock in order and never meet in
-//! SQLite's busy handler, and every transaction is written with the same synchronous
-//! helpers (`transition_in`, tasks' helpers).
+//! A statement runs where it is called, with no hand-over to a database thread and back:
+//! such a hand-over costs two thread wake-ups, more than the indexed statements on the
+//! path of a message take themselves (docs/performance.md has the figures), and each
+//! transaction on that path (a batch's intake, a reply's attempt and outcome) makes five
+//! or six statements.
+//! All the writes run on [`Writer`] ([`Ledger::write_in_place`]), intake's and the others
+//! (handoffs, rooms, reconciliation): one connection writes, so the writers of this process
+//! queue on its lock in order and never meet in SQLite's busy handler, and every
+//! transaction is written with the same synchronous helpers (`transition_in`, tasks'
+//! helpers).
 //!
 //! A section is synchronous: nothing in it awaits, so a cancelled caller can only go away
 //! before it starts or after it ends, never halfway through a transaction.
@@ -23,18 +23,15 @@
 //! never does: [`Ledger::write_in_place`] asks for the lock without SQLite's busy handler
 //! and waits between tries asynchronously.
 
-use std::borrow::Cow;
-use std::error::Error as StdError;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rusqlite::{OpenFlags, TransactionBehavior, ffi};
-use sqlx::error::{DatabaseError, ErrorKind};
 
 use super::checkpoint::{BACKSTOP_PAGES, Checkpointer};
-use super::{BUSY_TIMEOUT, Ledger};
+use super::{BUSY_TIMEOUT, Ledger, LedgerError, LedgerResult};
 use crate::backoff::Backoff;
 use crate::config::Synchronous;
 
@@ -88,7 +85,7 @@ pub(super) fn open_own_connection(path: &Path) -> rusqlite::Result<rusqlite::Con
     set_up_own_connection(rusqlite::Connection::open_with_flags(path, OWN_CONNECTION_FLAGS)?)
 }
 
-const OWN_CONNECTION_FLAGS: OpenFlags =
+pub(super) const OWN_CONNECTION_FLAGS: OpenFlags =
     OpenFlags::SQLITE_OPEN_READ_WRITE.union(OpenFlags::SQLITE_OPEN_NO_MUTEX);
 
 fn set_up_own_connection(db: rusqlite::Connection) -> rusqlite::Result<rusqlite::Connection> {
@@ -98,7 +95,7 @@ fn set_up_own_connection(db: rusqlite::Connection) -> rusqlite::Result<rusqlite:
     Ok(db)
 }
 
-/// The ledger's writer: a connection of its own (not pooled by sqlx), which every write
+/// The ledger's writer: a connection of its own, which every write
 /// transaction of the process runs on, on the calling thread, one at a time (its lock is
 /// the process's turn to write).
 pub(super) struct Writer {
@@ -108,7 +105,7 @@ pub(super) struct Writer {
     connection: tokio::sync::Mutex<Option<rusqlite::Connection>>,
 }
 
-/// What a writer connection is set up with, as sqlx's connections are.
+/// What a writer connection is set up with.
 pub(super) struct WriterSettings {
     pub synchronous: Synchronous,
     /// Rung on every commit, when one runs beside (SQLite's own checkpoint is then only a
@@ -176,20 +173,26 @@ fn close_if_left_in_a_transaction(writer: &mut Option<rusqlite::Connection>) {
 fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusqlite::Connection> {
     let db = open_own_connection(path)?;
     db.pragma_update(None, "foreign_keys", true)?;
-    let synchronous = match settings.synchronous {
-        Synchronous::Normal => "NORMAL",
-        Synchronous::Full => "FULL",
-    };
-    db.pragma_update(None, "synchronous", synchronous)?;
+    db.pragma_update(None, "synchronous", synchronous_pragma(settings.synchronous))?;
     db.pragma_update(None, "cache_spill", WRITER_SPILL_PAGES)?;
     if let Some(checkpointer) = &settings.checkpointer {
         db.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
-        let mut ring = checkpointer.on_commit();
-        // rusqlite's hook answers whether to roll back; sqlx's (`on_commit`), whether to
-        // go ahead.
-        db.commit_hook(Some(move || !ring()))?;
+        let ring = checkpointer.on_commit();
+        // The hook answers whether to turn the commit into a rollback: never.
+        db.commit_hook(Some(move || {
+            ring();
+            false
+        }))?;
     }
     Ok(db)
+}
+
+/// `PRAGMA synchronous`'s value for the setting.
+pub(super) fn synchronous_pragma(synchronous: Synchronous) -> &'static str {
+    match synchronous {
+        Synchronous::Normal => "NORMAL",
+        Synchronous::Full => "FULL",
+    }
 }
 
 impl Ledger {
@@ -205,7 +208,7 @@ impl Ledger {
     pub(super) async fn write_in_place<T>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
-    ) -> sqlx::Result<T> {
+    ) -> LedgerResult<T> {
         self.run_in_place(work, |_| true).await
     }
 
@@ -215,7 +218,7 @@ impl Ledger {
     pub(super) async fn write_in_place_if<T>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<Option<T>>,
-    ) -> sqlx::Result<Option<T>> {
+    ) -> LedgerResult<Option<T>> {
         self.run_in_place(work, Option::is_some).await
     }
 
@@ -225,16 +228,14 @@ impl Ledger {
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
         commits: impl FnOnce(&T) -> bool,
-    ) -> sqlx::Result<T> {
+    ) -> LedgerResult<T> {
         let mut turn = self.writer.connection.lock().await;
         let mut wait = BusyWait::new();
         let mut work = Some((work, commits));
         loop {
             let db = match turn.as_mut() {
                 Some(db) => db,
-                None => {
-                    turn.insert(open_writer(&self.writer.path, &self.writer.settings).map_err(into_sqlx)?)
-                }
+                None => turn.insert(open_writer(&self.writer.path, &self.writer.settings)?),
             };
             // `Err` here: the write lock was not taken, and nothing ran.
             let ran = match db.transaction_with_behavior(TransactionBehavior::Immediate) {
@@ -254,7 +255,7 @@ impl Ledger {
                 Err(e) => Err(e),
             };
             close_if_left_in_a_transaction(&mut turn);
-            return result.map_err(into_sqlx);
+            return result.map_err(LedgerError::from);
         }
     }
 
@@ -263,7 +264,7 @@ impl Ledger {
         &self,
         sql: &str,
         params: impl rusqlite::Params + Send,
-    ) -> sqlx::Result<usize> {
+    ) -> LedgerResult<usize> {
         self.write_in_place(|db| execute_cached(db, sql, params)).await
     }
 }
@@ -307,7 +308,7 @@ pub(super) fn query_all_cached<T>(
 pub(super) const STATEMENT_CACHE: usize = 128;
 
 /// A text column holding one of the ledger's enums (a state, a kind), by the snake_case
-/// name serde and sqlx both give it.
+/// name serde gives it.
 pub(super) fn text_enum<T: serde::de::DeserializeOwned>(
     row: &rusqlite::Row<'_>,
     column: &str,
@@ -344,75 +345,8 @@ fn is_busy(error: &rusqlite::Error) -> bool {
     )
 }
 
-/// A rusqlite error as the sqlx error the same failure gives through sqlx, so that callers
-/// (and `LedgerCongestion::of`) see one kind of error whichever way a statement ran.
-pub(super) fn into_sqlx(error: rusqlite::Error) -> sqlx::Error {
-    match error {
-        rusqlite::Error::SqliteFailure(code, message) => sqlx::Error::Database(Box::new(SqliteFailure {
-            extended_code: code.extended_code,
-            message: message.unwrap_or_else(|| code.to_string()),
-        })),
-        rusqlite::Error::QueryReturnedNoRows => sqlx::Error::RowNotFound,
-        rusqlite::Error::FromSqlConversionFailure(..)
-        | rusqlite::Error::IntegralValueOutOfRange(..)
-        | rusqlite::Error::InvalidColumnType(..) => sqlx::Error::Decode(Box::new(error)),
-        rusqlite::Error::ToSqlConversionFailure(e) => sqlx::Error::Encode(e),
-        other => sqlx::Error::Protocol(other.to_string()),
-    }
-}
-
-/// An error SQLite returned to a statement run in place.
-#[derive(Debug)]
-struct SqliteFailure {
-    extended_code: i32,
-    message: String,
-}
-
-impl fmt::Display for SqliteFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "(code: {}) {}", self.extended_code, self.message)
-    }
-}
-
-impl StdError for SqliteFailure {}
-
-impl DatabaseError for SqliteFailure {
-    fn message(&self) -> &str {
-        &self.message
-    }
-
-    /// The extended result code, as sqlx's SQLite driver reports it.
-    fn code(&self) -> Option<Cow<'_, str>> {
-        Some(Cow::Owned(self.extended_code.to_string()))
-    }
-
-    fn as_error(&self) -> &(dyn StdError + Send + Sync + 'static) {
-        self
-    }
-
-    fn as_error_mut(&mut self) -> &mut (dyn StdError + Send + Sync + 'static) {
-        self
-    }
-
-    fn into_error(self: Box<Self>) -> Box<dyn StdError + Send + Sync + 'static> {
-        self
-    }
-
-    fn kind(&self) -> ErrorKind {
-        match self.extended_code {
-            ffi::SQLITE_CONSTRAINT_UNIQUE | ffi::SQLITE_CONSTRAINT_PRIMARYKEY => ErrorKind::UniqueViolation,
-            ffi::SQLITE_CONSTRAINT_FOREIGNKEY => ErrorKind::ForeignKeyViolation,
-            ffi::SQLITE_CONSTRAINT_NOTNULL => ErrorKind::NotNullViolation,
-            ffi::SQLITE_CONSTRAINT_CHECK => ErrorKind::CheckViolation,
-            _ => ErrorKind::Other,
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
-    use sqlx::Connection as _;
-
     use super::*;
     use crate::config::Synchronous;
     use crate::ledger::LedgerCongestion;
@@ -431,8 +365,12 @@ mod tests {
     }
 
     async fn offsets(ledger: &Ledger) -> Vec<i64> {
-        sqlx::query_scalar("SELECT bot_id FROM poller_offsets ORDER BY bot_id")
-            .fetch_all(ledger.pool())
+        ledger
+            .read_in_place(|db| {
+                query_all_cached(db, "SELECT bot_id FROM poller_offsets ORDER BY bot_id", [], |row| {
+                    row.get(0)
+                })
+            })
             .await
             .unwrap()
     }
@@ -446,7 +384,7 @@ mod tests {
                 Err::<(), _>(rusqlite::Error::QueryReturnedNoRows)
             })
             .await;
-        assert!(matches!(failed, Err(sqlx::Error::RowNotFound)), "{failed:?}");
+        assert!(matches!(failed, Err(LedgerError::Other { .. })), "{failed:?}");
         assert_eq!(offsets(&ledger).await, Vec::<i64>::new());
         ledger.write_in_place(|db| store_offset(db, 2)).await.unwrap();
         // Work that finds a premise gone (`None`) rolls back what it wrote before.
@@ -481,9 +419,8 @@ mod tests {
     #[tokio::test]
     async fn waiting_for_another_writer_leaves_the_runtime_running() {
         let (dir, ledger) = ledger().await;
-        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(dir.path().join("ledger.db"));
-        let mut holder = sqlx::SqliteConnection::connect_with(&options).await.unwrap();
-        sqlx::query("BEGIN EXCLUSIVE").execute(&mut holder).await.unwrap();
+        let holder = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+        holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
 
         let writer = ledger.clone();
         let write = tokio::spawn(async move { writer.write_in_place(|db| store_offset(db, 7)).await });
@@ -493,24 +430,24 @@ mod tests {
             ticks += 1;
         }
         assert!(!write.is_finished(), "the write waits for the lock");
-        sqlx::query("ROLLBACK").execute(&mut holder).await.unwrap();
-        holder.close().await.unwrap();
+        holder.execute_batch("ROLLBACK").unwrap();
+        drop(holder);
         write.await.unwrap().unwrap();
         assert_eq!(ticks, 20);
         assert_eq!(offsets(&ledger).await, vec![7]);
     }
 
     #[tokio::test]
-    async fn errors_keep_their_sqlite_codes() {
+    async fn errors_keep_what_sqlite_said() {
         let (_dir, ledger) = ledger().await;
         ledger.write_in_place(|db| store_offset(db, 1)).await.unwrap();
-        let Err(sqlx::Error::Database(duplicate)) = ledger.write_in_place(|db| store_offset(db, 1)).await
-        else {
-            panic!("a duplicate key is a database error");
-        };
-        assert_eq!(duplicate.kind(), ErrorKind::UniqueViolation);
-        assert_eq!(duplicate.code().as_deref(), Some("1555"), "SQLITE_CONSTRAINT_PRIMARYKEY");
-        let failure = |code| into_sqlx(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None));
+        let duplicate = ledger.write_in_place(|db| store_offset(db, 1)).await.unwrap_err();
+        assert!(matches!(duplicate, LedgerError::Constraint { .. }), "a duplicate key: {duplicate:?}");
+        assert!(
+            duplicate.to_string().contains("UNIQUE constraint failed: poller_offsets.bot_id"),
+            "{duplicate}"
+        );
+        let failure = |code| LedgerError::from(rusqlite::Error::SqliteFailure(ffi::Error::new(code), None));
         assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_BUSY)), Some(LedgerCongestion::Busy));
         assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_LOCKED)), Some(LedgerCongestion::Busy));
         assert_eq!(LedgerCongestion::of(&failure(ffi::SQLITE_FULL)), Some(LedgerCongestion::DiskFull));
@@ -565,7 +502,7 @@ mod tests {
             db.pragma_update(None, "cache_spill", 4).unwrap();
         }
 
-        /// Another connection, as sqlx's, the readers' and another process's are.
+        /// Another connection, as the readers' and another process's are.
         fn other(path: &Path) -> Connection {
             Connection::open(path).unwrap()
         }

@@ -1,14 +1,13 @@
 //! What `switchboard ledger` reads and the one change it makes: reconciliation.
 
 use super::envelopes::transition_in;
-use super::in_place::execute_cached;
+use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{ReconciledOutcome, StoredEnvelope};
 use crate::ledger::EnvelopeState;
-use sqlx::FromRow;
 
-use super::{Ledger, now};
+use super::{Ledger, LedgerError, LedgerResult, now};
 
-#[derive(Debug, Clone, PartialEq, FromRow)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
     pub at: String,
     pub from_state: String,
@@ -42,11 +41,11 @@ pub enum ReconcileError {
     #[error("{trace_id} is {state}, not unresolved: there is nothing to reconcile")]
     NotUnresolved { trace_id: String, state: EnvelopeState },
     #[error(transparent)]
-    Db(#[from] sqlx::Error),
+    Db(#[from] LedgerError),
 }
 
 impl Ledger {
-    pub async fn list(&self, filter: &ListFilter) -> sqlx::Result<Vec<StoredEnvelope>> {
+    pub async fn list(&self, filter: &ListFilter) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -54,29 +53,47 @@ impl Ledger {
              WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR agent = ?2) AND (?3 IS NULL OR route = ?3) \
              ORDER BY id DESC LIMIT ?4"
         );
-        let mut rows: Vec<StoredEnvelope> = sqlx::query_as(sql)
-            .bind(filter.state.map(EnvelopeState::as_str))
-            .bind(&filter.agent)
-            .bind(&filter.route)
-            .bind(filter.limit)
-            .fetch_all(&self.pool)
+        let filter = filter.clone();
+        let mut rows = self
+            .read_off_thread(move |db| {
+                let state = filter.state.map(EnvelopeState::as_str);
+                let params = rusqlite::params![state, filter.agent, filter.route, filter.limit];
+                query_all_cached(db, sql, params, StoredEnvelope::from_row)
+            })
             .await?;
         rows.reverse();
         Ok(rows)
     }
 
-    pub async fn count_by_state(&self) -> sqlx::Result<Vec<(String, i64)>> {
-        sqlx::query_as("SELECT state, COUNT(*) FROM envelopes GROUP BY state ORDER BY state")
-            .fetch_all(&self.pool)
-            .await
+    pub async fn count_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
+        self.read_off_thread(|db| {
+            query_all_cached(
+                db,
+                "SELECT state, COUNT(*) FROM envelopes GROUP BY state ORDER BY state",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+        })
+        .await
     }
 
-    pub async fn events_for(&self, envelope_id: i64) -> sqlx::Result<Vec<StoredEvent>> {
-        sqlx::query_as(
-            "SELECT at, from_state, to_state, actor, reason FROM envelope_events WHERE envelope_id = ? ORDER BY id",
-        )
-        .bind(envelope_id)
-        .fetch_all(&self.pool)
+    pub async fn events_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredEvent>> {
+        self.read_in_place(|db| {
+            query_all_cached(
+                db,
+                "SELECT at, from_state, to_state, actor, reason FROM envelope_events WHERE envelope_id = ? ORDER BY id",
+                [envelope_id],
+                |row| {
+                    Ok(StoredEvent {
+                        at: row.get("at")?,
+                        from_state: row.get("from_state")?,
+                        to_state: row.get("to_state")?,
+                        actor: row.get("actor")?,
+                        reason: row.get("reason")?,
+                    })
+                },
+            )
+        })
         .await
     }
 
@@ -126,11 +143,15 @@ impl Ledger {
     /// Attempts whose outcome is unknown and that no operator has reconciled yet,
     /// with their envelope's trace id: `ledger stats` counts them, since an `acked`
     /// envelope can carry one (a follow-up whose outcome is unknown).
-    pub async fn unreconciled_attempts(&self) -> sqlx::Result<i64> {
-        sqlx::query_scalar(
-            "SELECT COUNT(*) FROM attempts WHERE outcome = 'unknown' AND reconciled_outcome IS NULL",
-        )
-        .fetch_one(&self.pool)
+    pub async fn unreconciled_attempts(&self) -> LedgerResult<i64> {
+        self.read_off_thread(|db| {
+            query_row_cached(
+                db,
+                "SELECT COUNT(*) FROM attempts WHERE outcome = 'unknown' AND reconciled_outcome IS NULL",
+                [],
+                |row| row.get(0),
+            )
+        })
         .await
     }
 }

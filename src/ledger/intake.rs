@@ -7,42 +7,30 @@ use super::tasks::{self, TaskEffect};
 use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
 
-use super::in_place::execute_cached;
+use super::in_place::{execute_cached, query_row_cached};
 use super::write_watch::LedgerWrite;
-use super::{Ledger, now};
+use super::{Ledger, LedgerError, LedgerResult, now};
 use crate::ids::{AgentName, RouteName};
-
-/// SQLite's primary result codes (the low byte of an extended code) that mean "not now"
-/// rather than "wrong": https://www.sqlite.org/rescode.html
-const SQLITE_BUSY: i64 = 5;
-const SQLITE_LOCKED: i64 = 6;
-const SQLITE_FULL: i64 = 13;
+use rusqlite::OptionalExtension;
 
 /// A ledger error that passes by itself: intake waits it out (offset not moved, nothing
 /// recorded) instead of stopping the daemon.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LedgerCongestion {
-    /// Another connection holds the write lock past the busy timeout (`SQLITE_BUSY`,
-    /// `SQLITE_LOCKED`), or every pooled connection is waiting for it.
+    /// Another connection holds the write lock past the busy timeout
+    /// ([`LedgerError::Busy`]).
     Busy,
-    /// The disk (or SQLite's page limit) is full (`SQLITE_FULL`).
+    /// The disk (or SQLite's page limit) is full ([`LedgerError::DiskFull`]).
     DiskFull,
 }
 
 impl LedgerCongestion {
     /// Whether `error` is one intake waits out; any other ledger error is fatal.
-    pub fn of(error: &sqlx::Error) -> Option<Self> {
+    pub fn of(error: &LedgerError) -> Option<Self> {
         match error {
-            sqlx::Error::Database(db) => {
-                let code: i64 = db.code()?.parse().ok()?;
-                match code & 0xff {
-                    SQLITE_BUSY | SQLITE_LOCKED => Some(Self::Busy),
-                    SQLITE_FULL => Some(Self::DiskFull),
-                    _ => None,
-                }
-            }
-            sqlx::Error::PoolTimedOut => Some(Self::Busy),
-            _ => None,
+            LedgerError::Busy { .. } => Some(Self::Busy),
+            LedgerError::DiskFull { .. } => Some(Self::DiskFull),
+            LedgerError::Constraint { .. } | LedgerError::Corrupt { .. } | LedgerError::Other { .. } => None,
         }
     }
 }
@@ -57,11 +45,14 @@ impl fmt::Display for LedgerCongestion {
 }
 
 impl Ledger {
-    pub async fn next_offset(&self, bot_id: i64) -> sqlx::Result<Option<i64>> {
-        sqlx::query_scalar("SELECT next_offset FROM poller_offsets WHERE bot_id = ?")
-            .bind(bot_id)
-            .fetch_optional(&self.pool)
-            .await
+    pub async fn next_offset(&self, bot_id: i64) -> LedgerResult<Option<i64>> {
+        self.read_in_place(|db| {
+            query_row_cached(db, "SELECT next_offset FROM poller_offsets WHERE bot_id = ?", [bot_id], |row| {
+                row.get(0)
+            })
+            .optional()
+        })
+        .await
     }
 
     /// Stores a batch of rows and advances the offset in one transaction: either both
@@ -74,7 +65,7 @@ impl Ledger {
         bot_id: i64,
         next_offset: i64,
         batch: &'a [RoutedEnvelope],
-    ) -> sqlx::Result<Vec<&'a RoutedEnvelope>> {
+    ) -> LedgerResult<Vec<&'a RoutedEnvelope>> {
         Ok(self.record_batch_handing_over(bot_id, next_offset, batch, &[], None).await?.inserted)
     }
 
@@ -90,7 +81,7 @@ impl Ledger {
         batch: &'a [RoutedEnvelope],
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
-    ) -> sqlx::Result<RecordedBatch<'a>> {
+    ) -> LedgerResult<RecordedBatch<'a>> {
         let recorded = self
             .write_in_place(|db| insert_batch(db, bot_id, next_offset, batch, claim_for, bot_username))
             .await;
@@ -103,12 +94,15 @@ impl Ledger {
     }
 
     /// The raw text of an undecodable update, by its envelope's trace id.
-    pub async fn raw_update(&self, trace_id: &str) -> sqlx::Result<Option<String>> {
-        sqlx::query_scalar("SELECT raw_update FROM envelopes WHERE trace_id = ?")
-            .bind(trace_id)
-            .fetch_optional(&self.pool)
-            .await
-            .map(Option::flatten)
+    pub async fn raw_update(&self, trace_id: &str) -> LedgerResult<Option<String>> {
+        self.read_in_place(|db| {
+            query_row_cached(db, "SELECT raw_update FROM envelopes WHERE trace_id = ?", [trace_id], |row| {
+                row.get(0)
+            })
+            .optional()
+        })
+        .await
+        .map(Option::flatten)
     }
 }
 

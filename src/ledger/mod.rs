@@ -1,20 +1,22 @@
-//! The ack ledger: SQLite. The transactions and reads on the path of every message run on
-//! connections the ledger owns, on the calling thread (`in_place`, `readers`); sqlx keeps
-//! the migrations, the checkpointer and a pool for the rest. Every envelope, every send
-//! attempt and the poller's offset live here, so nothing is lost when the daemon dies and
-//! nothing is done twice when it starts again.
+//! The ack ledger: SQLite, through rusqlite alone, on connections the ledger owns. The
+//! transactions and reads on the path of every message run on the calling thread
+//! (`in_place`, `readers`); the reads that may scan much of the file (the operator's
+//! listings, the gauges) run on a reader on a blocking thread; migrations (`migrations`),
+//! checkpoints (`checkpoint`) and the readiness probe (`probe`) have connections of their
+//! own. Every function fails with [`LedgerError`], and nothing outside `ledger/` knows which
+//! library runs the statements. Every envelope, every send attempt and the poller's offset
+//! live here, so nothing is lost when the daemon dies and nothing is done twice when it
+//! starts again.
 //!
 //! The ledger only stores and transitions; what a transition *means* is decided by the
 //! pure code in `routes`, `resolver` and `outbound`.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use chrono::{SecondsFormat, Utc};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Connection as _, SqlitePool};
+use rusqlite::OpenFlags;
 
 use crate::config::Synchronous;
 use checkpoint::Checkpointer;
@@ -25,27 +27,18 @@ use readers::Readers;
 /// daemon runs) before giving up. Ledger transactions are short, so this is generous.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// One pooled connection: the migrations, and the reads off the path of a message (the
-/// operator's listings, the gauges). It writes nothing once the ledger is open: every
-/// write runs on the ledger's own writer (`in_place`), since SQLite allows one writer at a
-/// time and two connections of this process writing at once would not queue (the second
-/// gets `SQLITE_BUSY`, and SQLite's busy handler sleeps before trying again).
-const MAX_CONNECTIONS: u32 = 1;
-
 pub fn now() -> String {
     Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 #[derive(Debug, Clone)]
 pub struct Ledger {
-    /// For the writes off the path of a message (rooms, handoffs, operator commands), in
-    /// their turn to write, and the reads off it (see [`MAX_CONNECTIONS`]).
-    pool: SqlitePool,
-    /// The connection the transactions on the path of a message write on, and this
-    /// process's turn to write (see `in_place`).
+    /// The connection every write of the process runs on, and this process's turn to
+    /// write (see `in_place`).
     writer: Arc<Writer>,
     /// Connections for the reads on the path of a message (resolving a reply, the guard of
-    /// a handoff) while a write holds the writer (an idle writer serves them itself): they
-    /// never wait for the writer in WAL mode. Nothing writes here.
+    /// a handoff) while a write holds the writer (an idle writer serves them itself), and
+    /// for the long reads off it, on a blocking thread: they never wait for the writer in
+    /// WAL mode. Nothing writes here.
     readers: Arc<Readers>,
     /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
     /// `switchboard ledger` leaves that to SQLite.
@@ -54,8 +47,8 @@ pub struct Ledger {
     writes: Arc<WriteWatch>,
 }
 
-/// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals
-/// (sqlx refuses SQL assembled at run time unless it is audited).
+/// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals,
+/// each prepared once and kept (see `in_place::STATEMENT_CACHE`).
 macro_rules! envelope_columns {
     () => {
         "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
@@ -79,12 +72,14 @@ macro_rules! refused_for_envelope {
 mod attempts;
 mod checkpoint;
 mod envelopes;
+mod error;
 pub mod files;
 mod handoffs;
 mod in_place;
 mod inspect;
 mod intake;
 mod lock;
+mod migrations;
 mod probe;
 mod readers;
 mod rooms;
@@ -98,6 +93,7 @@ pub use attempts::{
     StoredAttempt,
 };
 pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
+pub use error::{ErrorSource, LedgerError, LedgerResult};
 pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 /// How the writer's connection is set up, for a floor that measures SQLite alone with the
 /// same settings (`benches/hot_path.rs`).
@@ -106,6 +102,7 @@ pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;
 pub use intake::RecordedBatch;
 pub use lock::{LedgerLock, LockError};
+pub use migrations::MigrationError;
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
@@ -115,19 +112,45 @@ pub use states::{EnvelopeKind, EnvelopeState};
 pub use tasks::{BotPost, DeclareError, DeclareTaskError, DeclaredRevision, StoredRevision, TaskEffect};
 pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 
+/// Why the ledger could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("creating the ledger database {} (mode 0600)", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A connection could not be opened or set up; `doing` says which.
+    #[error("{doing} {}", path.display())]
+    Connect {
+        doing: &'static str,
+        path: PathBuf,
+        #[source]
+        source: LedgerError,
+    },
+    #[error("the ledger database {} cannot be put in WAL mode (it stays in {mode:?} mode)", path.display())]
+    NotWal { path: PathBuf, mode: String },
+    #[error("applying migrations to {}", path.display())]
+    Migrate {
+        path: PathBuf,
+        #[source]
+        source: MigrationError,
+    },
+}
+
 impl Ledger {
     /// Opens the database, creating it (mode `0600`) if needed, and applies pending
     /// migrations. The daemon's way in.
-    pub async fn open(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
-        files::create_private(path)
-            .with_context(|| format!("creating the ledger database {} (mode 0600)", path.display()))?;
+    pub async fn open(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
+        files::create_private(path).map_err(|source| OpenError::Create { path: path.to_owned(), source })?;
         tighten_and_warn(path);
         Self::connect(path, synchronous, true, Some(Checkpointer::new())).await
     }
 
     /// Opens a database that must already exist, and applies pending migrations. For
     /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
-    pub async fn open_existing(path: &Path, synchronous: Synchronous) -> anyhow::Result<Self> {
+    pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
         tighten_and_warn(path);
         Self::connect(path, synchronous, false, None).await
     }
@@ -137,76 +160,33 @@ impl Ledger {
         synchronous: Synchronous,
         create: bool,
         checkpointer: Option<Checkpointer>,
-    ) -> anyhow::Result<Self> {
-        let options = SqliteConnectOptions::new()
-            .filename(path)
-            .create_if_missing(create)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(match synchronous {
-                Synchronous::Normal => SqliteSynchronous::Normal,
-                Synchronous::Full => SqliteSynchronous::Full,
-            })
-            .foreign_keys(true)
-            .busy_timeout(BUSY_TIMEOUT)
-            // The pool and the checkpointer are off the path of a message: the same small
-            // page cache as the connections the ledger owns (see `in_place`).
-            .pragma("cache_size", in_place::PAGE_CACHE_KIB.to_string());
+    ) -> Result<Self, OpenError> {
+        let connect_error = |doing| move |source| OpenError::Connect { doing, path: path.to_owned(), source };
+        // Opening the file, switching it to WAL and migrating it touch the disk and may
+        // wait for another process's lock: off the runtime's threads.
+        let database = path.to_owned();
+        let prepared = tokio::task::spawn_blocking(move || prepare(&database, synchronous, create))
+            .await
+            .map_err(|e| LedgerError::other(format!("the task preparing the ledger did not finish: {e}")))
+            .map_err(connect_error("preparing the ledger database"))??;
         let checkpointer = checkpointer.map(Arc::new);
-        let options = match &checkpointer {
-            Some(_) => options.pragma("wal_autocheckpoint", checkpoint::BACKSTOP_PAGES.to_string()),
-            None => options,
-        };
-        let hook = checkpointer.clone();
-        let pool = SqlitePoolOptions::new()
-            .max_connections(MAX_CONNECTIONS)
-            // sqlx pings a pooled connection before every use by default, for servers that
-            // may have hung up. A SQLite connection is a file handle in this process; the
-            // ping was a round trip to its worker thread before every statement, and a
-            // broken connection is still closed on release (below).
-            .test_before_acquire(false)
-            // SQLite rolls a transaction back by itself on some errors (a full disk, for
-            // one); sqlx's ROLLBACK then fails and the connection would go back to the pool
-            // believing it is still inside a transaction, refusing every later BEGIN. Such
-            // a connection is closed instead, and the pool opens a fresh one.
-            .after_release(|connection, _| {
-                let healthy = !connection.is_in_transaction();
-                Box::pin(async move { Ok(healthy) })
-            })
-            // Every commit tells the checkpointer there is something to checkpoint.
-            .after_connect(move |connection, _| {
-                let on_commit = hook.as_ref().map(|checkpointer| checkpointer.on_commit());
-                Box::pin(async move {
-                    if let Some(on_commit) = on_commit {
-                        connection.lock_handle().await?.set_commit_hook(on_commit);
-                    }
-                    Ok(())
-                })
-            })
-            .connect_with(options.clone())
-            .await
-            .with_context(|| format!("opening the ledger database {}", path.display()))?;
-        sqlx::migrate!("./migrations")
-            .run(&pool)
-            .await
-            .with_context(|| format!("applying migrations to {}", path.display()))?;
         let readers = Arc::new(Readers::new(path));
         let settings = WriterSettings { synchronous, checkpointer: checkpointer.clone() };
-        let writer = Arc::new(
-            Writer::open(path, settings)
-                .with_context(|| format!("opening the ledger database {} for writing", path.display()))?,
-        );
+        let writer = Writer::open(path, settings)
+            .map_err(LedgerError::from)
+            .map_err(connect_error("opening for writing the ledger database"))?;
+        // Closed only now that the writer is open: the last connection to a database to
+        // close checkpoints it and deletes its WAL, and the WAL's file is room that writes
+        // reuse (a nearly full disk still takes them) rather than grow into.
+        drop(prepared);
         let writes = Arc::new(WriteWatch::default());
         if let Some(checkpointer) = &checkpointer {
             checkpointer
-                .start(&options, Arc::clone(&writes))
+                .start(path, synchronous, Arc::clone(&writes))
                 .await
-                .with_context(|| format!("opening a checkpointing connection to {}", path.display()))?;
+                .map_err(connect_error("opening a checkpointing connection to"))?;
         }
-        Ok(Self { pool, writer, readers, checkpointer, writes })
-    }
-
-    pub fn pool(&self) -> &SqlitePool {
-        &self.pool
+        Ok(Self { writer: Arc::new(writer), readers, checkpointer, writes })
     }
 
     /// What intake, attempts and checkpoints came to lately, for readiness.
@@ -219,8 +199,42 @@ impl Ledger {
             checkpointer.stop().await;
         }
         self.readers.close();
-        self.pool.close().await;
     }
+}
+
+/// Opens the database at `path` on a connection of its own (creating the file when
+/// `create`), puts it in WAL mode and applies the pending migrations; the connection is
+/// returned, for the caller to close once its own are open. Blocking, and it may wait up
+/// to [`BUSY_TIMEOUT`] for another process's lock (SQLite's busy handler is fine here: this
+/// runs on a blocking thread).
+fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqlite::Connection, OpenError> {
+    let flags = if create {
+        in_place::OWN_CONNECTION_FLAGS.union(OpenFlags::SQLITE_OPEN_CREATE)
+    } else {
+        in_place::OWN_CONNECTION_FLAGS
+    };
+    let set_up = |db: &rusqlite::Connection| -> rusqlite::Result<String> {
+        db.busy_timeout(BUSY_TIMEOUT)?;
+        db.pragma_update(None, "cache_size", in_place::PAGE_CACHE_KIB)?;
+        db.pragma_update(None, "foreign_keys", true)?;
+        db.pragma_update(None, "synchronous", in_place::synchronous_pragma(synchronous))?;
+        db.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+    };
+    let connect_error = |doing| {
+        move |source: rusqlite::Error| OpenError::Connect {
+            doing,
+            path: path.to_owned(),
+            source: source.into(),
+        }
+    };
+    let db = rusqlite::Connection::open_with_flags(path, flags)
+        .map_err(connect_error("opening the ledger database"))?;
+    let mode = set_up(&db).map_err(connect_error("setting up the ledger database"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::NotWal { path: path.to_owned(), mode });
+    }
+    migrations::migrate(&db, None).map_err(|source| OpenError::Migrate { path: path.to_owned(), source })?;
+    Ok(db)
 }
 
 /// Tightens ledger files that group or others could read, saying so: a warning, not a

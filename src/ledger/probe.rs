@@ -6,16 +6,17 @@
 //! through the write-ahead log and a commit, so a read-only or immutable file, a full disk
 //! or a lock held by another writer all fail it, and it needs no table of its own. It runs
 //! on a connection of its own with a short busy timeout, so a probe never waits ten
-//! seconds and never takes a connection from the daemon's pool.
+//! seconds and never takes the writer's turn; on a blocking thread, since SQLite's busy
+//! handler sleeps where it runs.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode};
-use sqlx::{ConnectOptions, Connection, SqliteConnection};
+use rusqlite::{Connection, OpenFlags};
 use tokio::sync::Mutex;
 
-use super::Ledger;
+use super::in_place::query_all_cached;
+use super::{Ledger, LedgerError, LedgerResult};
 
 /// "SWBD": the header field `PRAGMA application_id` sets, naming the file's application.
 pub const LEDGER_APPLICATION_ID: i32 = 0x5357_4244;
@@ -37,7 +38,7 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct LedgerProbe {
     database: PathBuf,
     /// Kept between probes; dropped after a failure so the next probe starts afresh.
-    connection: Mutex<Option<SqliteConnection>>,
+    connection: Mutex<Option<Connection>>,
 }
 
 impl LedgerProbe {
@@ -47,39 +48,55 @@ impl LedgerProbe {
 
     /// Commits one small write, or says why it could not.
     pub async fn check(&self) -> Result<(), String> {
-        let mut connection = self.connection.lock().await;
-        let outcome = tokio::time::timeout(PROBE_TIMEOUT, self.write(&mut connection)).await;
-        let result = match outcome {
-            Ok(Ok(())) => return Ok(()),
-            Ok(Err(e)) => Err(format!("the ledger refused a write: {e}")),
+        let mut kept = self.connection.lock().await;
+        let database = self.database.clone();
+        let connection = kept.take();
+        let write = tokio::task::spawn_blocking(move || {
+            let db = match connection {
+                Some(db) => db,
+                None => connect(&database)?,
+            };
+            db.execute_batch(PROBE_WRITE)?;
+            Ok::<_, LedgerError>(db)
+        });
+        // On a timeout the write goes on by itself and its connection is dropped with it:
+        // the next probe opens another.
+        match tokio::time::timeout(PROBE_TIMEOUT, write).await {
+            Ok(Ok(Ok(db))) => {
+                *kept = Some(db);
+                Ok(())
+            }
+            Ok(Ok(Err(e))) => Err(format!("the ledger refused a write: {e}")),
+            Ok(Err(e)) => Err(format!("the ledger's write probe did not finish: {e}")),
             Err(_) => Err(format!("the ledger did not take a write within {}s", PROBE_TIMEOUT.as_secs())),
-        };
-        *connection = None;
-        result
-    }
-
-    async fn write(&self, connection: &mut Option<SqliteConnection>) -> sqlx::Result<()> {
-        if connection.is_none() {
-            let options = SqliteConnectOptions::new()
-                .filename(&self.database)
-                .create_if_missing(false)
-                .journal_mode(SqliteJournalMode::Wal)
-                .busy_timeout(PROBE_BUSY_TIMEOUT)
-                .disable_statement_logging();
-            *connection = Some(SqliteConnection::connect_with(&options).await?);
         }
-        let connection = connection.as_mut().expect("connected above");
-        sqlx::query(PROBE_WRITE).execute(&mut *connection).await?;
-        connection.ping().await
     }
+}
+
+/// The probe's connection: the database must exist (a probe never creates one), in WAL
+/// mode, with [`PROBE_BUSY_TIMEOUT`].
+fn connect(database: &Path) -> LedgerResult<Connection> {
+    let db = Connection::open_with_flags(
+        database,
+        OpenFlags::SQLITE_OPEN_READ_WRITE.union(OpenFlags::SQLITE_OPEN_NO_MUTEX),
+    )?;
+    db.busy_timeout(PROBE_BUSY_TIMEOUT)?;
+    db.pragma_update_and_check(None, "journal_mode", "WAL", |_| Ok(()))?;
+    Ok(db)
 }
 
 impl Ledger {
     /// Handoffs by state, for `/metrics`.
-    pub async fn count_handoffs_by_state(&self) -> sqlx::Result<Vec<(String, i64)>> {
-        sqlx::query_as("SELECT state, COUNT(*) FROM handoffs GROUP BY state ORDER BY state")
-            .fetch_all(&self.pool)
-            .await
+    pub async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
+        self.read_off_thread(|db| {
+            query_all_cached(
+                db,
+                "SELECT state, COUNT(*) FROM handoffs GROUP BY state ORDER BY state",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+        })
+        .await
     }
 }
 
@@ -100,14 +117,14 @@ mod tests {
         let ledger = Ledger::open(&database, Synchronous::Normal).await.unwrap();
         let probe = LedgerProbe::new(database.clone());
         probe.check().await.unwrap();
-        let id: i32 = sqlx::query_scalar("PRAGMA application_id").fetch_one(ledger.pool()).await.unwrap();
+        let holder = Connection::open(&database).unwrap();
+        let id: i32 = holder.query_row("PRAGMA application_id", [], |row| row.get(0)).unwrap();
         assert_eq!(id, LEDGER_APPLICATION_ID);
 
-        let mut holder = ledger.pool().acquire().await.unwrap();
-        sqlx::query("BEGIN IMMEDIATE").execute(&mut *holder).await.unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
         let refused = probe.check().await.unwrap_err();
         assert!(refused.contains("locked") || refused.contains("busy"), "{refused}");
-        sqlx::query("ROLLBACK").execute(&mut *holder).await.unwrap();
+        holder.execute_batch("ROLLBACK").unwrap();
         drop(holder);
         probe.check().await.unwrap();
         assert!(ledger.count_handoffs_by_state().await.unwrap().is_empty());

@@ -1,9 +1,12 @@
-//! The ledger's readers: connections that only read, opened and owned here rather than
-//! pooled by sqlx, so a read runs on the calling thread with no hand-over to a worker
-//! thread at all (sqlx's reader pool cost a round trip to a worker per statement and
-//! another, its ping, per release; a reply's lookups made four of them). In WAL mode a
-//! reader never waits for the writer, and the lookups it serves are indexed: each takes
+//! The ledger's readers: connections that only read, opened and owned here, so a read runs
+//! on the calling thread with no hand-over to another thread at all. In WAL mode a reader
+//! never waits for the writer, and the lookups it serves are indexed: each takes
 //! microseconds. Their statements stay prepared between reads.
+//!
+//! The reads that may scan much of the ledger (the operator's listings, the gauges
+//! `/metrics` reads, start-up recovery's search) run on a reader too, but on a blocking
+//! thread ([`Ledger::read_off_thread`]): they are off the path of a message, and on a large
+//! ledger they take long enough to hold up the runtime.
 //!
 //! Only reads run here; the connections are `query_only`, so a statement that would write
 //! fails instead.
@@ -17,10 +20,10 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use super::Ledger;
-use super::in_place::{BusyWait, into_sqlx, open_own_connection};
+use super::in_place::{BusyWait, open_own_connection};
+use super::{Ledger, LedgerError, LedgerResult};
 
 /// Readers kept open between reads: a reply's and a handoff's lookups come one after
 /// another, so one is nearly always enough.
@@ -59,6 +62,17 @@ impl Readers {
         }
     }
 
+    /// Runs `work` on a reader, taken from the idle ones or opened.
+    fn read<T>(
+        &self,
+        work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
+    ) -> rusqlite::Result<T> {
+        let db = self.take()?;
+        let result = work(&db);
+        self.give_back(db);
+        result
+    }
+
     pub(super) fn close(&self) {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
@@ -72,21 +86,40 @@ impl Ledger {
     pub(super) async fn read_in_place<T>(
         &self,
         mut work: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T>,
-    ) -> sqlx::Result<T> {
+    ) -> LedgerResult<T> {
         let mut wait = BusyWait::new();
         loop {
             let result = match self.writer.read_if_idle(&mut work) {
                 Some(result) => result,
-                None => {
-                    let db = self.readers.take().map_err(into_sqlx)?;
-                    let result = work(&db);
-                    self.readers.give_back(db);
-                    result
-                }
+                None => self.readers.read(&mut work),
             };
             match result {
                 Err(e) if wait.retry_after(&e).await => continue,
-                result => return result.map_err(into_sqlx),
+                result => return result.map_err(LedgerError::from),
+            }
+        }
+    }
+
+    /// Runs the read `work` on a reader, on a blocking thread, for a read that may scan
+    /// much of the ledger; busy as [`Self::read_in_place`]. A panic in `work` is the
+    /// caller's, as it would be on this thread.
+    pub(super) async fn read_off_thread<T: Send + 'static>(
+        &self,
+        work: impl Fn(&rusqlite::Connection) -> rusqlite::Result<T> + Send + Sync + 'static,
+    ) -> LedgerResult<T> {
+        let work = Arc::new(work);
+        let mut wait = BusyWait::new();
+        loop {
+            let readers = Arc::clone(&self.readers);
+            let this_try = Arc::clone(&work);
+            let result = match tokio::task::spawn_blocking(move || readers.read(&*this_try)).await {
+                Ok(result) => result,
+                Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+                Err(e) => return Err(LedgerError::other(format!("a read of the ledger was cut short: {e}"))),
+            };
+            match result {
+                Err(e) if wait.retry_after(&e).await => continue,
+                result => return result.map_err(LedgerError::from),
             }
         }
     }

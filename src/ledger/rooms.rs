@@ -11,7 +11,7 @@ use rusqlite::OptionalExtension;
 
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
-use super::{EnvelopeState, Ledger, StoredEnvelope, now};
+use super::{EnvelopeState, Ledger, LedgerError, LedgerResult, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::turns::{Cascade, CascadeState};
 
@@ -357,7 +357,7 @@ pub enum ClaimRefused {
 
 impl Ledger {
     /// Room messages and commands not yet taken by the room driver, oldest first.
-    pub async fn room_inbox(&self) -> sqlx::Result<Vec<StoredEnvelope>> {
+    pub async fn room_inbox(&self) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -369,9 +369,10 @@ impl Ledger {
     /// Records a human message's cascade (`waiting`) and moves the message from `queued`
     /// to `acked`, together. Returns the cascade id; `None` if the message was already
     /// taken (nothing changed).
-    pub async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> sqlx::Result<Option<String>> {
+    pub async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<String>> {
         let cascade_id = format!("cas_{}", &TraceId::generate().as_str()[4..]);
-        let json = serde_json::to_string(new.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?;
+        let json =
+            serde_json::to_string(new.cascade).map_err(|e| LedgerError::encoding("a room's cascade", e))?;
         let note = note.replace("{cascade}", &cascade_id);
         self.write_in_place_if(|db| {
             let message = new.message;
@@ -403,11 +404,12 @@ impl Ledger {
 
     /// Applies a decided step of a room if every fact it was decided on still holds.
     /// `None`: a guard failed, nothing changed; decide again.
-    pub async fn apply_room_step(&self, step: &RoomStep<'_>) -> sqlx::Result<Option<AppliedStep>> {
+    pub async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
         let cascade_json = match &step.cascade {
-            Some(update) => {
-                Some(serde_json::to_string(update.cascade).map_err(|e| sqlx::Error::Encode(Box::new(e)))?)
-            }
+            Some(update) => Some(
+                serde_json::to_string(update.cascade)
+                    .map_err(|e| LedgerError::encoding("a room's cascade", e))?,
+            ),
             None => None,
         };
         // Every `return Ok(None)` below rolls back what the step wrote before it.
@@ -508,7 +510,7 @@ impl Ledger {
     }
 
     /// The room's exchange that has (or is about to give) the floor, if any.
-    pub async fn active_cascade(&self, route: &str) -> sqlx::Result<Option<StoredCascade>> {
+    pub async fn active_cascade(&self, route: &str) -> LedgerResult<Option<StoredCascade>> {
         let sql = concat!(
             cascade_select!(),
             "WHERE c.route = ? AND c.state IN ('running', 'stop_requested') ORDER BY c.id LIMIT 1"
@@ -517,40 +519,40 @@ impl Ledger {
     }
 
     /// The room's oldest exchange waiting for the room to be free.
-    pub async fn next_waiting_cascade(&self, route: &str) -> sqlx::Result<Option<StoredCascade>> {
+    pub async fn next_waiting_cascade(&self, route: &str) -> LedgerResult<Option<StoredCascade>> {
         let sql =
             concat!(cascade_select!(), "WHERE c.route = ? AND c.state = 'waiting' ORDER BY c.id LIMIT 1");
         self.read_in_place(|db| query_row_cached(db, sql, [route], StoredCascade::from_row).optional()).await
     }
 
     /// How many exchanges wait in the room.
-    pub async fn waiting_cascades(&self, route: &str) -> sqlx::Result<i64> {
+    pub async fn waiting_cascades(&self, route: &str) -> LedgerResult<i64> {
         let sql = "SELECT COUNT(*) FROM cascades WHERE route = ? AND state = 'waiting'";
         self.read_in_place(|db| query_row_cached(db, sql, [route], |row| row.get(0))).await
     }
 
     /// Rooms with an exchange waiting or running.
-    pub async fn busy_rooms(&self) -> sqlx::Result<Vec<String>> {
+    pub async fn busy_rooms(&self) -> LedgerResult<Vec<String>> {
         let sql = "SELECT DISTINCT route FROM cascades WHERE state IN ('waiting', 'running', 'stop_requested') \
                    ORDER BY route";
         self.read_in_place(|db| query_all_cached(db, sql, [], |row| row.get(0))).await
     }
 
-    pub async fn cascade(&self, cascade_id: &str) -> sqlx::Result<Option<StoredCascade>> {
+    pub async fn cascade(&self, cascade_id: &str) -> LedgerResult<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.cascade_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [cascade_id], StoredCascade::from_row).optional())
             .await
     }
 
     /// The cascade a human message made, if it made one.
-    pub async fn cascade_of_message(&self, envelope_id: i64) -> sqlx::Result<Option<StoredCascade>> {
+    pub async fn cascade_of_message(&self, envelope_id: i64) -> LedgerResult<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.message_envelope_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [envelope_id], StoredCascade::from_row).optional())
             .await
     }
 
     /// For `switchboard ledger cascades`: newest last.
-    pub async fn list_cascades(&self, route: Option<&str>, limit: i64) -> sqlx::Result<Vec<StoredCascade>> {
+    pub async fn list_cascades(&self, route: Option<&str>, limit: i64) -> LedgerResult<Vec<StoredCascade>> {
         let sql =
             concat!(cascade_select!(), "WHERE (?1 IS NULL OR c.route = ?1) ORDER BY c.id DESC LIMIT ?2");
         let mut rows: Vec<StoredCascade> = self
@@ -563,7 +565,7 @@ impl Ledger {
     }
 
     /// Every turn of a cascade, in order.
-    pub async fn turns_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredTurn>> {
+    pub async fn turns_of(&self, cascade_row: i64) -> LedgerResult<Vec<StoredTurn>> {
         let sql = concat!(turn_select!(), "WHERE t.cascade_id = ? ORDER BY t.speaker");
         self.read_in_place(|db| query_all_cached(db, sql, [cascade_row], StoredTurn::from_row)).await
     }
@@ -572,7 +574,7 @@ impl Ledger {
     pub async fn turn_of_envelope(
         &self,
         envelope_id: i64,
-    ) -> sqlx::Result<Option<(StoredTurn, StoredCascade)>> {
+    ) -> LedgerResult<Option<(StoredTurn, StoredCascade)>> {
         self.read_in_place(|db| {
             let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
             let Some(turn) = query_row_cached(db, sql, [envelope_id], StoredTurn::from_row).optional()?
@@ -593,7 +595,7 @@ impl Ledger {
         envelope_id: i64,
         text: &str,
         request_id: &str,
-    ) -> sqlx::Result<Result<StoredTurn, ClaimRefused>> {
+    ) -> LedgerResult<Result<StoredTurn, ClaimRefused>> {
         self.write_in_place(|db| {
             let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
             let Some(turn) = query_row_cached(db, sql, [envelope_id], StoredTurn::from_row).optional()?
@@ -625,7 +627,7 @@ impl Ledger {
 
     /// Gives a turn's claimed reply back when it was not posted and is not being posted
     /// (its envelope is still pending): the speaker may reply again, or time out.
-    pub async fn release_room_reply(&self, turn_id: i64) -> sqlx::Result<bool> {
+    pub async fn release_room_reply(&self, turn_id: i64) -> LedgerResult<bool> {
         let released = self
             .execute_in_place(
                 "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
@@ -638,13 +640,13 @@ impl Ledger {
     }
 
     /// Posts not yet made, oldest first.
-    pub async fn owed_room_posts(&self) -> sqlx::Result<Vec<StoredPost>> {
+    pub async fn owed_room_posts(&self) -> LedgerResult<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.state = 'owed' ORDER BY p.id");
         self.read_in_place(|db| query_all_cached(db, sql, [], StoredPost::from_row)).await
     }
 
     /// The posts of a cascade, in order.
-    pub async fn posts_of(&self, cascade_row: i64) -> sqlx::Result<Vec<StoredPost>> {
+    pub async fn posts_of(&self, cascade_row: i64) -> LedgerResult<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.cascade_id = ? ORDER BY p.id");
         self.read_in_place(|db| query_all_cached(db, sql, [cascade_row], StoredPost::from_row)).await
     }
@@ -652,11 +654,11 @@ impl Ledger {
     /// Whether a post was already attempted: any attempt `poster` made carries its key.
     /// (Looked up by the poster and the key, which `attempts_by_request` indexes: by the
     /// key alone, every attempt ever made would be read.)
-    pub async fn room_post_attempted(&self, poster: &str, key: &str) -> sqlx::Result<bool> {
+    pub async fn room_post_attempted(&self, poster: &str, key: &str) -> LedgerResult<bool> {
         self.read_in_place(|db| query_row_cached(db, POST_ATTEMPTED, [poster, key], |row| row.get(0))).await
     }
 
-    pub async fn mark_room_post_made(&self, post_id: i64) -> sqlx::Result<()> {
+    pub async fn mark_room_post_made(&self, post_id: i64) -> LedgerResult<()> {
         self.execute_in_place(
             "UPDATE room_posts SET state = 'made', made_at = ? WHERE id = ? AND state = 'owed'",
             (now(), post_id),

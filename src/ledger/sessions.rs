@@ -1,6 +1,6 @@
 //! Agent sessions, kept for the audit trail.
 
-use super::{Ledger, now};
+use super::{Ledger, LedgerResult, now};
 use crate::ids::AgentName;
 
 impl Ledger {
@@ -9,7 +9,7 @@ impl Ledger {
         session_id: &str,
         agent: &AgentName,
         redelivered: usize,
-    ) -> sqlx::Result<()> {
+    ) -> LedgerResult<()> {
         self.execute_in_place(
             "INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES (?, ?, ?, ?)",
             (session_id, agent.as_str(), now(), redelivered as i64),
@@ -18,7 +18,7 @@ impl Ledger {
         .map(drop)
     }
 
-    pub async fn session_closed(&self, session_id: &str) -> sqlx::Result<()> {
+    pub async fn session_closed(&self, session_id: &str) -> LedgerResult<()> {
         self.execute_in_place(
             "UPDATE agent_sessions SET disconnected_at = ? WHERE id = ?",
             (now(), session_id),

@@ -5,9 +5,8 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 /// The ledger states of DESIGN.md §2. Stored as their snake_case names.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum EnvelopeState {
     /// Stored; its agent's session has not taken it yet.
     Queued,
@@ -94,9 +93,8 @@ impl TryFrom<String> for EnvelopeState {
 
 /// What an envelope is (DESIGN.md §8): a Telegram message (new or edited), or something
 /// an agent or the switchboard made. `meta.kind` shows it, with an edit shown as a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum EnvelopeKind {
     Message,
     /// An edit of an earlier message, recorded as an envelope of its own.

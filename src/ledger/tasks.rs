@@ -15,7 +15,7 @@ use serde_json::json;
 
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
-use super::{EnvelopeKind, EnvelopeState, Ledger, RoutedEnvelope, now};
+use super::{EnvelopeKind, EnvelopeState, Ledger, LedgerError, LedgerResult, RoutedEnvelope, now};
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
@@ -973,7 +973,7 @@ struct ActedFor {
 impl Ledger {
     /// [`admission_in`] on its own, for a tool's early answer; the check that counts is
     /// made again in the transaction that records the action.
-    pub async fn admission(&self, envelope_id: i64) -> sqlx::Result<Result<(), Refusal>> {
+    pub async fn admission(&self, envelope_id: i64) -> LedgerResult<Result<(), Refusal>> {
         self.read_in_place(|db| admission_in(db, envelope_id)).await
     }
 
@@ -1070,7 +1070,7 @@ impl Ledger {
     }
 
     /// A task's state as stored (`open`, `paused`, `stop_requested`, …).
-    pub async fn task_state(&self, task_id: &str) -> sqlx::Result<Option<String>> {
+    pub async fn task_state(&self, task_id: &str) -> LedgerResult<Option<String>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT state FROM tasks WHERE task_id = ?", [task_id], |row| row.get(0))
                 .optional()
@@ -1082,7 +1082,7 @@ impl Ledger {
     pub async fn task(
         &self,
         task_id: &str,
-    ) -> sqlx::Result<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
+    ) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
         // A task that has finished says so, as it would to the next message.
         self.execute_in_place(concat!(close_if_finished!(), "AND task_id = ?2"), (now(), task_id)).await?;
         self.read_in_place(|db| {
@@ -1157,7 +1157,7 @@ pub enum DeclareTaskError {
     #[error(transparent)]
     Declined(#[from] DeclareError),
     #[error(transparent)]
-    Ledger(#[from] sqlx::Error),
+    Ledger(#[from] LedgerError),
 }
 
 /// A task's state column, read strictly: a name no state has is an error (logged with the

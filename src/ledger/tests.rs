@@ -7,6 +7,12 @@ use crate::ledger::EnvelopeState;
 use crate::rules::routes::Channel;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
 
+/// A read on the ledger's own connections (the idle writer serves it), as the ledger's reads
+/// run: what the writer sees and how it is set up.
+async fn read<T>(ledger: &Ledger, sql: &str, row: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>) -> T {
+    ledger.read_in_place(|db| db.query_row(sql, [], &row)).await.unwrap()
+}
+
 async fn ledger() -> (tempfile::TempDir, Ledger) {
     let dir = tempfile::tempdir().unwrap();
     let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
@@ -42,9 +48,9 @@ async fn the_database_uses_wal_and_the_configured_durability() {
     for (setting, expected) in [(Synchronous::Normal, 1), (Synchronous::Full, 2)] {
         let dir = tempfile::tempdir().unwrap();
         let ledger = Ledger::open(&dir.path().join("ledger.db"), setting).await.unwrap();
-        let mode: String = sqlx::query_scalar("PRAGMA journal_mode").fetch_one(ledger.pool()).await.unwrap();
+        let mode: String = read(&ledger, "PRAGMA journal_mode", |row| row.get(0)).await;
         assert_eq!(mode, "wal");
-        let sync: i64 = sqlx::query_scalar("PRAGMA synchronous").fetch_one(ledger.pool()).await.unwrap();
+        let sync: i64 = read(&ledger, "PRAGMA synchronous", |row| row.get(0)).await;
         assert_eq!(sync, expected, "{setting:?}");
     }
 }
@@ -76,8 +82,7 @@ async fn commits_reach_the_database_file_a_moment_later_without_waiting_for_a_fu
     let dir = tempfile::tempdir().unwrap();
     let database = dir.path().join("ledger.db");
     let ledger = Ledger::open(&database, Synchronous::Normal).await.unwrap();
-    let backstop: i64 =
-        sqlx::query_scalar("PRAGMA wal_autocheckpoint").fetch_one(ledger.pool()).await.unwrap();
+    let backstop: i64 = read(&ledger, "PRAGMA wal_autocheckpoint", |row| row.get(0)).await;
     assert_eq!(backstop, i64::from(checkpoint::BACKSTOP_PAGES));
     let size = || std::fs::metadata(&database).unwrap().len();
     // The migrations' own commits are checkpointed first.
@@ -376,12 +381,16 @@ async fn audit_rows_keep_their_note_and_raw_update_and_states_kinds_are_stored_b
     assert_eq!(ledger.raw_update(trace_id).await.unwrap(), undecodable.raw_update);
     assert_eq!(ledger.raw_update(&rows[1].trace_id).await.unwrap(), None);
     // The columns hold the names `as_str` gives, which the CLI and SQL filters use.
-    let stored: (String, String, String) =
-        sqlx::query_as("SELECT state, kind, chat_type FROM envelopes WHERE trace_id = ?")
-            .bind(trace_id)
-            .fetch_one(ledger.pool())
-            .await
-            .unwrap();
+    let stored: (String, String, String) = ledger
+        .read_in_place(|db| {
+            db.query_row(
+                "SELECT state, kind, chat_type FROM envelopes WHERE trace_id = ?",
+                [trace_id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)),
+            )
+        })
+        .await
+        .unwrap();
     assert_eq!(stored, ("undecodable".into(), "unknown".into(), "unknown".into()));
     let filtered = ledger
         .list(&ListFilter { state: Some(EnvelopeState::Ignored), limit: 10, ..Default::default() })
@@ -391,44 +400,31 @@ async fn audit_rows_keep_their_note_and_raw_update_and_states_kinds_are_stored_b
 }
 
 /// A new ledger (in a directory of its own, at the path returned) as a release that had
-/// only the migrations up to `version` left it, open on a pool of its own to fill.
-async fn ledger_migrated_to(version: i64) -> (tempfile::TempDir, std::path::PathBuf, sqlx::SqlitePool) {
+/// only the migrations up to `version` left it, open on a connection of its own to fill.
+fn ledger_migrated_to(version: i64) -> (tempfile::TempDir, std::path::PathBuf, rusqlite::Connection) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("ledger.db");
-    let options =
-        sqlx::sqlite::SqliteConnectOptions::new().filename(&path).create_if_missing(true).foreign_keys(true);
-    let pool = sqlx::SqlitePool::connect_with(options).await.unwrap();
-    sqlx::migrate!("./migrations").run_to(version, &pool).await.unwrap();
-    (dir, path, pool)
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.pragma_update(None, "foreign_keys", true).unwrap();
+    migrations::migrate(&db, Some(version)).unwrap();
+    (dir, path, db)
 }
 
 #[tokio::test]
 async fn the_intake_migration_keeps_every_row_and_reference() {
     // A ledger as the previous release left it: only the first migration applied.
-    let (_dir, path, pool) = ledger_migrated_to(1).await;
-    sqlx::query(
+    let (_dir, path, db) = ledger_migrated_to(1);
+    db.execute_batch(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
          ('env_old1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
-         ('env_old2', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', 't', 't', 'pending', 1, 't')",
+         ('env_old2', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', 't', 't', 'pending', 1, 't'); \
+         INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
+         VALUES ('op_1', 1, 'orch', 42, 0, 1, 'hello', 'sent', 't'); \
+         INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (1, 't', 'pending', 'acked', 'daemon');",
     )
-    .execute(&pool)
-    .await
     .unwrap();
-    sqlx::query(
-        "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
-         VALUES ('op_1', 1, 'orch', 42, 0, 1, 'hello', 'sent', 't')",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (1, 't', 'pending', 'acked', 'daemon')",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    pool.close().await;
+    drop(db);
 
     let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
     let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
@@ -441,18 +437,13 @@ async fn the_intake_migration_keeps_every_row_and_reference() {
     );
     assert_eq!(ledger.attempts_for(1).await.unwrap().len(), 1);
     assert_eq!(ledger.events_for(1).await.unwrap().len(), 1);
-    let broken: Vec<(String,)> = sqlx::query_as("SELECT \"table\" FROM pragma_foreign_key_check")
-        .fetch_all(ledger.pool())
-        .await
-        .unwrap();
-    assert!(broken.is_empty(), "{broken:?}");
-    let fks: i64 = sqlx::query_scalar("PRAGMA foreign_keys").fetch_one(ledger.pool()).await.unwrap();
+    let broken: i64 = read(&ledger, "SELECT count(*) FROM pragma_foreign_key_check", |row| row.get(0)).await;
+    assert_eq!(broken, 0, "no reference is broken");
+    let fks: i64 = read(&ledger, "PRAGMA foreign_keys", |row| row.get(0)).await;
     assert_eq!(fks, 1, "foreign keys are on again after the rebuild");
     // References still point at `envelopes`, and new rows continue the ids.
-    let schema: String = sqlx::query_scalar("SELECT sql FROM sqlite_master WHERE name = 'attempts'")
-        .fetch_one(ledger.pool())
-        .await
-        .unwrap();
+    let schema: String =
+        read(&ledger, "SELECT sql FROM sqlite_master WHERE name = 'attempts'", |row| row.get(0)).await;
     assert!(schema.contains("REFERENCES envelopes"), "{schema}");
     ledger.record_batch(1, 12, &[routed(11, EnvelopeState::Queued)]).await.unwrap();
     let newest = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap();
@@ -467,40 +458,33 @@ async fn the_intake_migration_keeps_every_row_and_reference() {
 async fn a_busy_lock_and_a_full_disk_are_congestion_and_other_errors_are_not() {
     let (dir, ledger) = ledger().await;
     let path = dir.path().join("ledger.db");
-    let other = |busy_timeout: std::time::Duration| {
-        let options = sqlx::sqlite::SqliteConnectOptions::new().filename(&path).busy_timeout(busy_timeout);
-        sqlx::pool::PoolOptions::<sqlx::Sqlite>::new().max_connections(1).connect_with(options)
+    // Another connection, as another process's is, without a busy handler.
+    let other = || {
+        let db = rusqlite::Connection::open(&path).unwrap();
+        db.busy_timeout(std::time::Duration::ZERO).unwrap();
+        db
     };
 
     // Another process holds the write lock: SQLITE_BUSY.
-    let holder = other(std::time::Duration::ZERO).await.unwrap();
-    let mut lock = holder.begin_with("BEGIN EXCLUSIVE").await.unwrap();
-    sqlx::query("UPDATE poller_offsets SET next_offset = 0").execute(&mut *lock).await.unwrap();
-    let impatient = other(std::time::Duration::ZERO).await.unwrap();
+    let holder = other();
+    holder.execute_batch("BEGIN EXCLUSIVE; UPDATE poller_offsets SET next_offset = 0;").unwrap();
     let busy =
-        sqlx::query("INSERT INTO poller_offsets VALUES (1, 1, 't')").execute(&impatient).await.unwrap_err();
+        LedgerError::from(other().execute("INSERT INTO poller_offsets VALUES (1, 1, 't')", []).unwrap_err());
+    assert!(matches!(busy, LedgerError::Busy { .. }), "{busy:?}");
     assert_eq!(LedgerCongestion::of(&busy), Some(LedgerCongestion::Busy), "{busy}");
-    lock.rollback().await.unwrap();
+    holder.execute_batch("ROLLBACK").unwrap();
 
     // No more room: SQLITE_FULL. `max_page_count` caps this one connection's database size.
-    let cramped = other(std::time::Duration::ZERO).await.unwrap();
-    let pages: i64 = sqlx::query_scalar("PRAGMA page_count").fetch_one(&cramped).await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!("PRAGMA max_page_count = {pages}")))
-        .execute(&cramped)
-        .await
-        .unwrap();
-    let full = sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at) VALUES (?, 'orch', 't')")
-        .bind("x".repeat(64 * 1024))
-        .execute(&cramped)
-        .await
-        .unwrap_err();
+    let cramped = other();
+    let pages: i64 = cramped.query_row("PRAGMA page_count", [], |row| row.get(0)).unwrap();
+    cramped.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(())).unwrap();
+    let insert_session = "INSERT INTO agent_sessions (id, agent, connected_at) VALUES (?, 'orch', 't')";
+    let full = LedgerError::from(cramped.execute(insert_session, ["x".repeat(64 * 1024)]).unwrap_err());
+    assert!(matches!(full, LedgerError::DiskFull { .. }), "{full:?}");
     assert_eq!(LedgerCongestion::of(&full), Some(LedgerCongestion::DiskFull), "{full}");
     // Once there is room again, the same write goes through.
-    sqlx::query("PRAGMA max_page_count = 1073741823").execute(&cramped).await.unwrap();
-    sqlx::query("INSERT INTO agent_sessions (id, agent, connected_at) VALUES ('s', 'orch', 't')")
-        .execute(&cramped)
-        .await
-        .unwrap();
+    cramped.query_row("PRAGMA max_page_count = 1073741823", [], |_| Ok(())).unwrap();
+    cramped.execute(insert_session, ["s"]).unwrap();
 
     // A constraint violation is a bug, not congestion.
     let first = routed(1, EnvelopeState::Queued);
@@ -508,8 +492,22 @@ async fn a_busy_lock_and_a_full_disk_are_congestion_and_other_errors_are_not() {
     let mut same_trace = routed(2, EnvelopeState::Queued);
     same_trace.envelope.trace_id = first.envelope.trace_id.clone();
     let violation = ledger.record_batch(1, 3, &[same_trace]).await.unwrap_err();
+    assert!(matches!(violation, LedgerError::Constraint { .. }), "{violation:?}");
     assert_eq!(LedgerCongestion::of(&violation), None, "{violation}");
-    assert_eq!(LedgerCongestion::of(&sqlx::Error::RowNotFound), None);
+    assert_eq!(LedgerCongestion::of(&LedgerError::other("a row that contradicts another")), None);
+
+    // A file that is not a ledger at all.
+    let not_a_ledger = dir.path().join("notes.txt");
+    std::fs::write(&not_a_ledger, "not a database, but long enough to be read as a header: ".repeat(20))
+        .unwrap();
+    let corrupt = LedgerError::from(
+        rusqlite::Connection::open(&not_a_ledger)
+            .unwrap()
+            .query_row("SELECT count(*) FROM sqlite_schema", [], |row| row.get::<_, i64>(0))
+            .unwrap_err(),
+    );
+    assert!(matches!(corrupt, LedgerError::Corrupt { .. }), "{corrupt:?}");
+    assert_eq!(LedgerCongestion::of(&corrupt), None, "{corrupt}");
 }
 
 #[tokio::test]
@@ -687,25 +685,19 @@ async fn the_admission_in_sql_agrees_with_admit() {
     for state in ["open", "paused", "stop_requested", "stopped", "done", "replaced"] {
         for instruction in [None, Some(1), Some(2), Some(3)] {
             for revision in 1..=3 {
-                let updated = sqlx::query(
-                    "UPDATE tasks SET state = ?, revision = 3, instruction_revision = ?, instruction_kind = ?, \
-                     act_on_envelope_id = ? WHERE task_id = ?",
-                )
-                .bind(state)
-                .bind(instruction)
-                .bind(instruction.map(|_| "correction"))
-                .bind(envelope.id)
-                .bind(&task_id)
-                .execute(ledger.pool())
-                .await
-                .unwrap();
-                assert_eq!(updated.rows_affected(), 1);
-                sqlx::query("UPDATE envelopes SET revision = ? WHERE id = ?")
-                    .bind(revision)
-                    .bind(envelope.id)
-                    .execute(ledger.pool())
+                let updated = ledger
+                    .write_in_place(|db| {
+                        let tasks = db.execute(
+                            "UPDATE tasks SET state = ?, revision = 3, instruction_revision = ?, instruction_kind = ?, \
+                             act_on_envelope_id = ? WHERE task_id = ?",
+                            rusqlite::params![state, instruction, instruction.map(|_| "correction"), envelope.id, task_id],
+                        )?;
+                        db.execute("UPDATE envelopes SET revision = ? WHERE id = ?", [revision, envelope.id])?;
+                        Ok(tasks)
+                    })
                     .await
                     .unwrap();
+                assert_eq!(updated, 1);
                 let explained = ledger.admission(envelope.id).await.unwrap();
                 let recorded = ledger.begin_attempt(&one_part_reply(envelope.id)).await.unwrap();
                 assert_eq!(
@@ -983,22 +975,20 @@ async fn no_check_builds_a_temporary_tree() {
 #[tokio::test]
 async fn ids_are_not_reused_without_autoincrement() {
     // A ledger as the previous release left it, numbering with AUTOINCREMENT, holding rows.
-    let (_dir, path, pool) = ledger_migrated_to(8).await;
-    sqlx::query(
+    let (_dir, path, db) = ledger_migrated_to(8);
+    db.execute(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
          ('env_old1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
          ('env_old2', 11, 'message', 42, 'private', 2, 'Ann', 'hi!', 't', 't', 'acked', 1, 't')",
+        [],
     )
-    .execute(&pool)
-    .await
     .unwrap();
-    let sequence: i64 = sqlx::query_scalar("SELECT seq FROM sqlite_sequence WHERE name = 'envelopes'")
-        .fetch_one(&pool)
-        .await
+    let sequence: i64 = db
+        .query_row("SELECT seq FROM sqlite_sequence WHERE name = 'envelopes'", [], |row| row.get(0))
         .unwrap();
     assert_eq!(sequence, 2, "the old schema keeps its sequence");
-    pool.close().await;
+    drop(db);
 
     let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
     ledger.record_batch(1, 13, &[routed(12, EnvelopeState::Queued)]).await.unwrap();
@@ -1057,11 +1047,190 @@ async fn a_handoff_ends_once_and_a_second_end_changes_nothing() {
     let closed = HandoffEnd::Closed { note: Some("late") };
     assert_eq!(ledger.end_handoff(&open, closed, "agent:worker").await.unwrap().unwrap(), None);
     let answer_envelopes: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM envelopes WHERE kind = 'handoff_answer'")
-            .fetch_one(ledger.pool())
-            .await
-            .unwrap();
+        read(&ledger, "SELECT count(*) FROM envelopes WHERE kind = 'handoff_answer'", |row| row.get(0)).await;
     assert_eq!(answer_envelopes, 1, "the second end queued no answer");
     let now = ledger.handoff(&open.handoff_id).await.unwrap().unwrap();
     assert_eq!((now.state, now.note), (HandoffState::Answered, None));
+}
+
+/// The migrations the last release that migrated with sqlx shipped.
+const MIGRATED_BY_SQLX: usize = 9;
+
+/// A ledger as the releases that migrated with sqlx left it: their migrations applied, and
+/// each recorded in `_sqlx_migrations` the way sqlx's migrator recorded it (the table's own
+/// DDL, the description from the file's name, the SHA-384 of the file, the time taken).
+/// Built here by hand, from the files, so that it does not depend on the runner it tests.
+fn ledger_made_by_sqlx(dir: &std::path::Path) -> std::path::PathBuf {
+    use sha2::{Digest, Sha384};
+
+    let path = dir.join("ledger.db");
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.pragma_update(None, "journal_mode", "WAL").unwrap();
+    db.execute_batch(
+        "CREATE TABLE IF NOT EXISTS _sqlx_migrations (
+    version BIGINT PRIMARY KEY,
+    description TEXT NOT NULL,
+    installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+    success BOOLEAN NOT NULL,
+    checksum BLOB NOT NULL,
+    execution_time BIGINT NOT NULL
+);",
+    )
+    .unwrap();
+    let files = [
+        (1, "0001_ledger.sql", "ledger"),
+        (2, "0002_intake.sql", "intake"),
+        (3, "0003_replies.sql", "replies"),
+        (4, "0004_handoffs.sql", "handoffs"),
+        (5, "0005_rooms.sql", "rooms"),
+        (6, "0006_tasks.sql", "tasks"),
+        (7, "0007_shown_in_memory.sql", "shown in memory"),
+        (8, "0008_checks_without_in_lists.sql", "checks without in lists"),
+        (9, "0009_ids_without_autoincrement.sql", "ids without autoincrement"),
+    ];
+    for (version, file, description) in files {
+        let sql = std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations").join(file),
+        )
+        .unwrap();
+        let own_transaction = sql.starts_with("-- no-transaction");
+        if !own_transaction {
+            db.execute_batch("BEGIN").unwrap();
+        }
+        db.execute_batch(&sql).unwrap();
+        db.execute(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+             VALUES (?1, ?2, TRUE, ?3, -1)",
+            rusqlite::params![version, description, Sha384::digest(sql.as_bytes()).to_vec()],
+        )
+        .unwrap();
+        if !own_transaction {
+            db.execute_batch("COMMIT").unwrap();
+        }
+        db.execute("UPDATE _sqlx_migrations SET execution_time = 1234567 WHERE version = ?1", [version])
+            .unwrap();
+    }
+    // Rows a daemon of that release stored, and its offset.
+    db.execute_batch(
+        "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+         sent_at, received_at, state, deliveries, state_changed_at) VALUES \
+         ('env_sqlx1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
+         ('env_sqlx2', 11, 'message', 42, 'private', 2, 'Ann', 'still there?', 't', 't', 'queued', 0, 't'); \
+         INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (7, 12, 't');",
+    )
+    .unwrap();
+    path
+}
+
+/// What `_sqlx_migrations` holds, row for row.
+fn applied_migrations(path: &std::path::Path) -> Vec<(i64, String, String, bool, Vec<u8>, i64)> {
+    let db = rusqlite::Connection::open(path).unwrap();
+    db.prepare(
+        "SELECT version, description, installed_on, success, checksum, execution_time FROM _sqlx_migrations \
+         ORDER BY version",
+    )
+    .unwrap()
+    .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?, row.get(5)?)))
+    .unwrap()
+    .collect::<rusqlite::Result<_>>()
+    .unwrap()
+}
+
+#[tokio::test]
+async fn a_ledger_migrated_by_sqlx_opens_with_its_data_and_no_migration_runs_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = ledger_made_by_sqlx(dir.path());
+    let before = applied_migrations(&path);
+    assert_eq!(before.len(), MIGRATED_BY_SQLX);
+
+    // A migration run again would fail (its tables exist) or change the record.
+    let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(
+        rows.iter().map(|e| (e.trace_id.as_str(), e.state)).collect::<Vec<_>>(),
+        [("env_sqlx1", EnvelopeState::Acked), ("env_sqlx2", EnvelopeState::Queued)]
+    );
+    assert_eq!(ledger.next_offset(7).await.unwrap(), Some(12));
+    // The ledger works on: the queued envelope is claimed, and a new batch goes after it.
+    let orch = AgentName::parse("orch").unwrap();
+    ledger
+        .execute_in_place("UPDATE envelopes SET agent = 'orch' WHERE trace_id = 'env_sqlx2'", [])
+        .await
+        .unwrap();
+    assert_eq!(ledger.claim_next_queued(&orch).await.unwrap().map(|e| e.trace_id), Some("env_sqlx2".into()));
+    ledger.record_batch(7, 13, &[routed(12, EnvelopeState::Queued)]).await.unwrap();
+    ledger.close().await;
+    drop(ledger);
+    let after = applied_migrations(&path);
+    assert_eq!(after[..MIGRATED_BY_SQLX], before, "the record of migrations is as sqlx left it");
+    let added: Vec<i64> = after[MIGRATED_BY_SQLX..].iter().map(|m| m.0).collect();
+    let newer: Vec<i64> = migrations::MIGRATIONS[MIGRATED_BY_SQLX..].iter().map(|m| m.version).collect();
+    assert_eq!(added, newer, "only the migrations since are applied, once");
+
+    // And it opens again, as often as it is opened, with nothing run again.
+    let again = Ledger::open_existing(&path, Synchronous::Normal).await.unwrap();
+    assert_eq!(again.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap().len(), 3);
+    again.close().await;
+    drop(again);
+    assert_eq!(applied_migrations(&path), after);
+}
+
+#[tokio::test]
+async fn a_fresh_ledger_records_its_migrations_as_sqlx_did() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlx_dir = dir.path().join("sqlx");
+    std::fs::create_dir_all(&sqlx_dir).unwrap();
+    let made_by_sqlx = ledger_made_by_sqlx(&sqlx_dir);
+    let fresh = dir.path().join("fresh.db");
+    Ledger::open(&fresh, Synchronous::Normal).await.unwrap().close().await;
+    // Same versions, descriptions, success and checksums: a release that migrates with
+    // sqlx opens this ledger as its own.
+    let record = |path| {
+        applied_migrations(path)
+            .into_iter()
+            .map(|(v, d, _at, ok, sum, _took)| (v, d, ok, sum))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(record(&fresh)[..MIGRATED_BY_SQLX], record(&made_by_sqlx));
+    assert_eq!(record(&fresh).len(), migrations::MIGRATIONS.len());
+    assert!(applied_migrations(&fresh).iter().all(|m| m.5 >= 0), "each took a measured time");
+}
+
+#[tokio::test]
+async fn a_ledger_with_a_migration_this_release_does_not_know_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = ledger_made_by_sqlx(dir.path());
+    let db = rusqlite::Connection::open(&path).unwrap();
+    db.execute(
+        "INSERT INTO _sqlx_migrations (version, description, success, checksum, execution_time) \
+         VALUES (99, 'from the future', TRUE, x'00', 1)",
+        [],
+    )
+    .unwrap();
+    drop(db);
+    let Err(OpenError::Migrate { source, .. }) = Ledger::open(&path, Synchronous::Normal).await else {
+        panic!("a ledger a newer release migrated is refused");
+    };
+    assert!(matches!(source, MigrationError::Unknown { version: 99 }), "{source:?}");
+    assert!(source.to_string().contains("newer release"), "{source}");
+}
+
+#[tokio::test]
+async fn a_ledger_with_a_failed_or_edited_migration_is_refused() {
+    for (change, expected) in [
+        ("UPDATE _sqlx_migrations SET success = FALSE WHERE version = 9", "recorded as failed"),
+        ("UPDATE _sqlx_migrations SET checksum = x'00' WHERE version = 3", "must never be edited"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = ledger_made_by_sqlx(dir.path());
+        rusqlite::Connection::open(&path).unwrap().execute(change, []).unwrap();
+        let Err(OpenError::Migrate { source, .. }) = Ledger::open(&path, Synchronous::Normal).await else {
+            panic!("{change}: the ledger is refused");
+        };
+        match source {
+            MigrationError::Dirty { version: 9 } | MigrationError::Changed { version: 3, .. } => {}
+            ref other => panic!("{change}: {other:?}"),
+        }
+        assert!(source.to_string().contains(expected), "{source}");
+    }
 }

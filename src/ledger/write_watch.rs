@@ -13,7 +13,7 @@
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use super::LedgerCongestion;
+use super::{LedgerError, LedgerResult};
 use crate::operate::metrics;
 
 /// A kind of write the ledger watches.
@@ -56,11 +56,13 @@ pub enum WriteProblem {
 }
 
 impl WriteProblem {
-    pub fn of(error: &sqlx::Error) -> Self {
-        match LedgerCongestion::of(error) {
-            Some(LedgerCongestion::DiskFull) => Self::DiskFull,
-            Some(LedgerCongestion::Busy) => Self::Busy,
-            None => Self::Other,
+    pub fn of(error: &LedgerError) -> Self {
+        match error {
+            LedgerError::DiskFull { .. } => Self::DiskFull,
+            LedgerError::Busy { .. } => Self::Busy,
+            LedgerError::Constraint { .. } | LedgerError::Corrupt { .. } | LedgerError::Other { .. } => {
+                Self::Other
+            }
         }
     }
 
@@ -98,7 +100,7 @@ pub struct WriteWatch {
 
 impl WriteWatch {
     /// Notes what a write of `write` came to.
-    pub fn observe<T>(&self, write: LedgerWrite, outcome: &sqlx::Result<T>) {
+    pub fn observe<T>(&self, write: LedgerWrite, outcome: &LedgerResult<T>) {
         let mut failing = self.failing.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         match outcome {
             // A batch recorded shows the ledger takes writes again, whatever failed before.
@@ -134,18 +136,32 @@ impl WriteWatch {
 
 #[cfg(test)]
 mod tests {
+    use rusqlite::ffi;
+
     use super::*;
+
+    fn busy() -> LedgerError {
+        LedgerError::from(rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_BUSY), None))
+    }
+
+    #[test]
+    fn the_problem_is_read_from_the_variant() {
+        let full = LedgerError::from(rusqlite::Error::SqliteFailure(ffi::Error::new(ffi::SQLITE_FULL), None));
+        assert_eq!(WriteProblem::of(&full), WriteProblem::DiskFull);
+        assert_eq!(WriteProblem::of(&busy()), WriteProblem::Busy);
+        assert_eq!(WriteProblem::of(&LedgerError::other("something else")), WriteProblem::Other);
+    }
 
     #[test]
     fn a_kind_fails_from_its_first_failure_until_its_next_success() {
         let watch = WriteWatch::default();
         assert!(watch.failing().is_empty());
-        watch.observe::<()>(LedgerWrite::Intake, &Err(sqlx::Error::PoolTimedOut));
+        watch.observe::<()>(LedgerWrite::Intake, &Err(busy()));
         let first = watch.failing();
         assert_eq!(first.len(), 1);
         assert_eq!((first[0].write, first[0].problem), (LedgerWrite::Intake, WriteProblem::Busy));
         std::thread::sleep(Duration::from_millis(20));
-        watch.observe::<()>(LedgerWrite::Intake, &Err(sqlx::Error::RowNotFound));
+        watch.observe::<()>(LedgerWrite::Intake, &Err(LedgerError::other("something else")));
         let again = watch.failing();
         assert_eq!(again[0].problem, WriteProblem::Other, "the latest reason");
         assert!(again[0].lasting >= Duration::from_millis(20), "since the first failure: {again:?}");
@@ -159,8 +175,8 @@ mod tests {
     #[test]
     fn a_recorded_batch_clears_the_kinds_that_do_not_retry_by_themselves() {
         let watch = WriteWatch::default();
-        watch.observe::<()>(LedgerWrite::Attempt, &Err(sqlx::Error::PoolTimedOut));
-        watch.observe::<()>(LedgerWrite::Checkpoint, &Err(sqlx::Error::PoolTimedOut));
+        watch.observe::<()>(LedgerWrite::Attempt, &Err(busy()));
+        watch.observe::<()>(LedgerWrite::Checkpoint, &Err(busy()));
         watch.observe(LedgerWrite::Checkpoint, &Ok(()));
         assert_eq!(watch.failing().iter().map(|f| f.write).collect::<Vec<_>>(), [LedgerWrite::Attempt]);
         watch.observe(LedgerWrite::Intake, &Ok(()));

@@ -24,9 +24,8 @@ use crate::telegram::updates::RawUpdate;
 pub use crate::ledger::EnvelopeKind;
 
 /// The kind of chat a message came from, as Telegram names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, sqlx::Type)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[sqlx(type_name = "TEXT", rename_all = "snake_case")]
 pub enum ChatType {
     Private,
     Group,

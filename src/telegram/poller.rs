@@ -19,7 +19,7 @@ use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ids::AgentName;
-use crate::ledger::{EnvelopeState, LedgerCongestion};
+use crate::ledger::{EnvelopeState, LedgerCongestion, LedgerError};
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::operate::health::PollHealth;
 use crate::operate::metrics;
@@ -215,7 +215,7 @@ impl Poller {
         Ok(PollOutcome::Committed { updates: update_count, new_envelopes: inserted.len() })
     }
     /// A ledger error: waited out when it passes by itself (busy, disk full), else fatal.
-    fn ledger_trouble(&mut self, error: sqlx::Error, doing: &str) -> anyhow::Result<PollOutcome> {
+    fn ledger_trouble(&mut self, error: LedgerError, doing: &str) -> anyhow::Result<PollOutcome> {
         let Some(congestion) = LedgerCongestion::of(&error) else {
             return Err(anyhow::Error::new(error).context(format!("{doing} in the ledger")));
         };

@@ -11,8 +11,8 @@ use switchboard::ids::{AgentName, Secret};
 use switchboard::ledger::{EnvelopeState, StoredAttempt};
 
 use super::daemon::{ORCHESTRATOR_SECRET, OWNER_CHAT, OWNER_ID, TestDaemon, WORKER_SECRET, default_routes};
-use super::fake_telegram::{ChatSpec, FakeTelegram, UserSpec};
 use super::mcp::{ChannelClient, ChannelClientBuilder, ChannelNotification};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 
 pub const WAIT: Duration = Duration::from_secs(20);
 
@@ -34,29 +34,40 @@ fn secret_of(agent: &str) -> (&'static str, &'static str) {
 /// queued; a first session that a second one must find in place) waits for it.
 pub async fn session(daemon: &TestDaemon, agent: &str) -> ChannelClient {
     let (var, secret) = secret_of(agent);
-    ChannelClient::start_connected(daemon.config_path(), agent, &[(var, secret)], WAIT)
-        .await
-        .expect("the channel plugin starts and its session connects")
+    let (address_var, address) = daemon.address_env();
+    ChannelClient::start_connected(
+        daemon.config_path(),
+        agent,
+        &[(var, secret), (address_var, &address)],
+        WAIT,
+    )
+    .await
+    .expect("the channel plugin starts and its session connects")
 }
 
 /// A `switchboard channel` plugin for `agent` that may never connect: a second session the
 /// daemon refuses.
 pub async fn plugin(daemon: &TestDaemon, agent: &str) -> ChannelClient {
     let (var, secret) = secret_of(agent);
-    ChannelClient::start(daemon.config_path(), agent, &[(var, secret)]).await.expect("channel plugin starts")
+    let (address_var, address) = daemon.address_env();
+    ChannelClient::start(daemon.config_path(), agent, &[(var, secret), (address_var, &address)])
+        .await
+        .expect("channel plugin starts")
 }
 
 /// A `switchboard channel` plugin for `agent`, to be started as the test configures it.
 pub fn plugin_builder(daemon: &TestDaemon, agent: &str) -> ChannelClientBuilder {
     let (var, secret) = secret_of(agent);
-    ChannelClient::builder(daemon.config_path(), agent).env(var, secret)
+    let (address_var, address) = daemon.address_env();
+    ChannelClient::builder(daemon.config_path(), agent).env(var, secret).env(address_var, address)
 }
 
 /// A raw local API client for `agent`, for what an MCP client cannot show (request ids,
 /// envelopes handed over but not yet shown).
 pub fn api_client(daemon: &TestDaemon, agent: &str) -> DaemonClient {
     let (_, secret) = secret_of(agent);
-    DaemonClient::new(daemon.api_addr, AgentName::parse(agent).unwrap(), Secret::new(secret.into())).unwrap()
+    DaemonClient::new(daemon.api_addr(), AgentName::parse(agent).unwrap(), Secret::new(secret.into()))
+        .unwrap()
 }
 
 /// The next envelope on a raw session stream (heartbeats skipped).

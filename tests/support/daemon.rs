@@ -1,15 +1,20 @@
 //! Runs the real `switchboard` binary for integration tests: writes a configuration
 //! into a fresh temporary directory (its own database), starts `switchboard run` with
 //! stderr captured to a file, and stops it with SIGTERM or SIGKILL.
+//!
+//! The daemon binds port 0 and the harness reads the address it reports, rather than
+//! picking a free port and handing it over (another process could take it in between).
 
 #![allow(dead_code)]
 
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use super::fake_telegram::TEST_TOKEN;
+use switchboard::app::reported_api_address;
+use switchboard::config::API_LISTEN_ENV;
+use switchboard::fake_bot_api::TEST_TOKEN;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 pub const ORCHESTRATOR_SECRET: &str = "orchestrator-secret-0123456789";
@@ -24,6 +29,9 @@ pub const GROUP_CHAT: i64 = -4_000_111;
 
 /// How long the daemon may take to come up on a loaded CI machine.
 const START_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `api.listen` in the file: any free loopback port, which the daemon reports once bound.
+const ANY_LOOPBACK_PORT: &str = "127.0.0.1:0";
 
 /// The configuration most tests use: an owner DM and a forum to the orchestrator, one
 /// forum topic and a plain group to the worker, no default route.
@@ -57,7 +65,9 @@ agent = "worker"
 pub struct TestDaemon {
     pub dir: tempfile::TempDir,
     pub config_path: PathBuf,
-    pub api_addr: SocketAddr,
+    /// Where the local API listens, as the first start reported it; restarts keep it, as
+    /// a configured daemon would, so a running plugin finds the daemon again.
+    api_addr: Option<SocketAddr>,
     child: Option<Child>,
     /// Each start appends to its own numbered log file, so restarts keep earlier logs.
     starts: usize,
@@ -108,7 +118,6 @@ impl TestDaemon {
     /// for tests of what happens before the first start. [`TestDaemon::launch`] starts it.
     pub fn configure(api_url: &str, extra_telegram: &str, routes: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
-        let api_addr = free_local_addr();
         let config = format!(
             r#"
 [telegram]
@@ -122,7 +131,7 @@ send_timeout_secs = 2
 database = "{db}"
 
 [api]
-listen = "{api_addr}"
+listen = "{ANY_LOOPBACK_PORT}"
 
 [log]
 filter = "info,switchboard=debug"
@@ -139,7 +148,18 @@ token_env = "SB_TEST_WORKER_SECRET"
         let config_path = dir.path().join("switchboard.toml");
         std::fs::write(&config_path, config).expect("write config");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self { dir, config_path, api_addr, child: None, starts: 0, env, launcher: Vec::new() }
+        Self { dir, config_path, api_addr: None, child: None, starts: 0, env, launcher: Vec::new() }
+    }
+
+    /// The local API's address, as the daemon reported it.
+    pub fn api_addr(&self) -> SocketAddr {
+        self.api_addr.expect("the daemon has not started: its address is the one it reports once it listens")
+    }
+
+    /// The environment a `switchboard channel` for this daemon needs besides its secret:
+    /// the address, which the file leaves to the daemon (port 0).
+    pub fn address_env(&self) -> (&'static str, String) {
+        (API_LISTEN_ENV, self.api_addr().to_string())
     }
 
     /// Starts a daemon made with [`TestDaemon::configure`] and waits until it listens.
@@ -219,10 +239,18 @@ token_env = "SB_TEST_WORKER_SECRET"
         self.wait_until_listening();
     }
 
+    /// Waits for this start's log to report the address the local API listens on.
     fn wait_until_listening(&mut self) {
         let deadline = Instant::now() + START_TIMEOUT;
+        let log = self.log_path(self.starts);
         loop {
-            if TcpStream::connect(self.api_addr).is_ok() {
+            let reported = std::fs::read_to_string(&log).ok().and_then(|text| reported_api_address(&text));
+            if let Some(addr) = reported {
+                if self.api_addr.is_none() {
+                    // Later starts, plugins and subcommands use the address the first one got.
+                    self.env.push((API_LISTEN_ENV.to_owned(), addr.to_string()));
+                }
+                self.api_addr = Some(addr);
                 return;
             }
             if let Some(status) = self.child.as_mut().unwrap().try_wait().unwrap() {
@@ -358,7 +386,7 @@ fn wait_with_timeout(child: &mut Child, within: Duration) -> ExitStatus {
 /// the status and the body.
 pub async fn get(daemon: &TestDaemon, path: &str) -> (u16, String) {
     let client = reqwest::Client::builder().no_proxy().timeout(START_TIMEOUT).build().unwrap();
-    let response = client.get(format!("http://{}{path}", daemon.api_addr)).send().await.expect(path);
+    let response = client.get(format!("http://{}{path}", daemon.api_addr())).send().await.expect(path);
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
 }
@@ -367,12 +395,6 @@ pub async fn get(daemon: &TestDaemon, path: &str) -> (u16, String) {
 pub async fn readiness(daemon: &TestDaemon) -> (u16, serde_json::Value) {
     let (status, body) = get(daemon, "/readyz").await;
     (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz is not JSON ({e}): {body}")))
-}
-
-/// A loopback address with a port nobody listens on right now.
-pub fn free_local_addr() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    listener.local_addr().expect("local addr")
 }
 
 /// Polls `check` until it holds or `within` passes.

@@ -1,6 +1,7 @@
-//! Shared test infrastructure: a fake Telegram Bot API, the real daemon binary, and a real MCP client.
+//! Shared test infrastructure: the real daemon binary, a real MCP client, and the usual
+//! cast. The fake Telegram Bot API is `switchboard::fake_bot_api`, shared with the
+//! benchmarks and `switchboard demo`.
 
 pub mod agents;
 pub mod daemon;
-pub mod fake_telegram;
 pub mod mcp;

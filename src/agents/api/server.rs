@@ -24,7 +24,7 @@ use super::wire::{
 use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::Ledger;
+use crate::ledger::{Ledger, LedgerError};
 use crate::operate::health::Health;
 use crate::operate::metrics::{self, StateGauges};
 use crate::rules::{guard, revisions};
@@ -74,7 +74,7 @@ async fn metrics_text(State(operations): State<Operations>) -> Response {
     let Operations { bridge, ledger, health, metrics: handle } = operations;
     let ready = health.readiness().await.ready;
     let read = async {
-        Ok::<_, sqlx::Error>(StateGauges {
+        Ok::<_, LedgerError>(StateGauges {
             envelopes: ledger.count_by_state().await?,
             handoffs: ledger.count_handoffs_by_state().await?,
             unreconciled_attempts: ledger.unreconciled_attempts().await?,

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use crate::ledger::StoredEnvelope;
+use crate::ledger::{LedgerError, StoredEnvelope};
 use crate::rules::resolver;
 use crate::rules::{guard, revisions};
 
@@ -88,11 +88,11 @@ pub enum ToolError {
     #[error("{0}")]
     NoRevision(String),
     #[error("the switchboard ledger failed ({0}); nothing was changed, try again in a moment")]
-    Ledger(Arc<sqlx::Error>),
+    Ledger(Arc<LedgerError>),
 }
 
-impl From<sqlx::Error> for ToolError {
-    fn from(e: sqlx::Error) -> Self {
+impl From<LedgerError> for ToolError {
+    fn from(e: LedgerError) -> Self {
         tracing::error!(error = %e, "ledger error");
         Self::Ledger(Arc::new(e))
     }

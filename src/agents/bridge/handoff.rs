@@ -15,7 +15,8 @@ use crate::agents::api::wire::{AnsweredHandoff, HandoffReceipt, HandoffRequest, 
 use crate::config::Settings;
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
-    AttemptPurpose, EnvelopeState, HandoffEnd, HandoffState, NewHandoff, StoredEnvelope, StoredHandoff,
+    AttemptPurpose, EnvelopeState, HandoffEnd, HandoffState, LedgerError, LedgerResult, NewHandoff,
+    StoredEnvelope, StoredHandoff,
 };
 use crate::rules::guard::{self, HandoffAsk, PriorHandoff, Situation};
 use crate::rules::resolver;
@@ -277,7 +278,7 @@ impl Bridge {
     pub(super) async fn handoff_meta(
         &self,
         envelope: &StoredEnvelope,
-    ) -> sqlx::Result<BTreeMap<String, String>> {
+    ) -> LedgerResult<BTreeMap<String, String>> {
         let mut meta = BTreeMap::new();
         let Some(handoff) = self.inner.ledger.handoff_of_envelope(envelope.id).await? else {
             return Ok(meta);
@@ -350,7 +351,7 @@ fn priors(handoffs: Vec<StoredHandoff>, now: DateTime<Utc>) -> Result<Vec<PriorH
         .map(|handoff| {
             let unreadable = |what: String| {
                 tracing::error!(handoff_id = %handoff.handoff_id, "a handoff in the ledger cannot be read: {what}");
-                ToolError::from(sqlx::Error::Decode(format!("handoff {}: {what}", handoff.handoff_id).into()))
+                ToolError::from(LedgerError::other(format!("handoff {}: {what}", handoff.handoff_id)))
             };
             let opened = DateTime::parse_from_rfc3339(&handoff.opened_at)
                 .map_err(|e| unreadable(format!("opened_at {:?}: {e}", handoff.opened_at)))?

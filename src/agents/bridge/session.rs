@@ -13,7 +13,7 @@ use crate::agents::api::wire::{
     WAITING_NOTICE,
 };
 use crate::ids::{AgentName, TraceId, random_suffix};
-use crate::ledger::{EnvelopeKind, StoredEnvelope};
+use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
 /// session claims the next queued envelope only once the previous one was taken. (Intake
@@ -216,7 +216,7 @@ impl Bridge {
         guard: &SessionGuard,
         session_token: String,
         tx: mpsc::Sender<SessionEvent>,
-    ) -> sqlx::Result<()> {
+    ) -> LedgerResult<()> {
         let agent = &guard.agent;
         let ledger = &self.inner.ledger;
         let slot = self.slot(agent);
@@ -309,7 +309,7 @@ impl Bridge {
     /// own notification; should the agent session have lost one (a client that drops what
     /// comes before it is ready, or anything else between the plugin and the model), this
     /// says what to answer. About the oldest of them; `None` when all were answered already.
-    async fn waiting_notice(&self, agent: &AgentName) -> sqlx::Result<Option<DeliveredNotice>> {
+    async fn waiting_notice(&self, agent: &AgentName) -> LedgerResult<Option<DeliveredNotice>> {
         let pending = self.inner.ledger.pending(agent).await?;
         let Some(oldest) = pending.first() else { return Ok(None) };
         let listed: Vec<String> = pending

@@ -28,7 +28,7 @@ use super::{AgentSlot, Bridge};
 use crate::agents::api::wire::DeliveredNotice;
 use crate::config::RoomSettings;
 use crate::ids::{AgentName, RouteName};
-use crate::ledger::{RoomCascadeState, StoredEnvelope};
+use crate::ledger::{LedgerResult, RoomCascadeState, StoredEnvelope};
 
 /// The room routes, by route name.
 pub type Rooms = BTreeMap<RouteName, RoomSettings>;
@@ -92,7 +92,7 @@ impl Bridge {
     pub(super) async fn room_meta(
         &self,
         envelope: &StoredEnvelope,
-    ) -> sqlx::Result<BTreeMap<String, String>> {
+    ) -> LedgerResult<BTreeMap<String, String>> {
         let mut meta = BTreeMap::new();
         let Some((turn, stored)) = self.inner.ledger.turn_of_envelope(envelope.id).await? else {
             return Ok(meta);
