@@ -80,8 +80,11 @@ const MIGRATION_ADMIN_ID: i64 = 1_000;
 const CONFLICT_DESCRIPTION: &str = "Conflict: terminated by other getUpdates request; \
                                     make sure that only one bot instance is running";
 
+mod limits;
 mod server;
 mod state;
+
+pub use limits::TelegramLimits;
 
 use server::{chat_json, handle_request, merge_into, unix_now};
 use state::{PendingUpdate, Shared, State, with_update_id};
@@ -714,6 +717,17 @@ impl FakeTelegram {
     /// new bot; a bot whose group rooms see every message has it off.
     pub fn set_privacy_mode(&self, on: bool) {
         self.shared.lock().privacy_mode = on;
+    }
+
+    /// From now on, answers a `sendMessage` past Telegram's sending limits with `429` and
+    /// the `retry_after` that would let it through, and posts nothing ([`TelegramLimits`]).
+    pub fn enforce_limits(&self, limits: TelegramLimits) {
+        self.shared.lock().limits = Some(limits::LimitsState::new(limits));
+    }
+
+    /// Sends answered `429` for going past the limits [`FakeTelegram::enforce_limits`] set.
+    pub fn too_many_requests(&self) -> usize {
+        self.shared.lock().too_many_requests
     }
 
     /// Requests rejected for a wrong or missing token.

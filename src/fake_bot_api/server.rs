@@ -293,6 +293,17 @@ fn send_message(shared: &Shared, params: &Map<String, Value>) -> Performed {
         if let Some(&new_chat_id) = state.migrated.get(&chat_id) {
             return refused(migrate_error(new_chat_id));
         }
+        let refused_for =
+            state.limits.as_mut().and_then(|limits| limits.admit(chat_id, std::time::Instant::now()).err());
+        if let Some(wait) = refused_for {
+            state.too_many_requests += 1;
+            let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
+            return refused(api_error(
+                StatusCode::TOO_MANY_REQUESTS,
+                &format!("Too Many Requests: retry after {retry_after}"),
+                Some(json!({ "retry_after": retry_after })),
+            ));
+        }
         let message_id = state.take_message_id();
         let kind = state.chat_kind(chat_id);
         let mut message = json!({

@@ -8,6 +8,7 @@ use serde_json::Value;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
+use super::limits::LimitsState;
 use super::{ChatKind, FIRST_MESSAGE_ID, FIRST_UPDATE_ID, Fault, SentMessage};
 
 pub(super) struct Shared {
@@ -75,6 +76,10 @@ pub(super) struct State {
     pub(super) privacy_mode: bool,
     /// `getUpdates` calls holding their long poll open right now.
     pub(super) long_polls_waiting: usize,
+    /// Telegram's sending limits, when a test has the fake enforce them.
+    pub(super) limits: Option<LimitsState>,
+    /// Sends answered `429` for going past them.
+    pub(super) too_many_requests: usize,
 }
 
 impl State {
@@ -98,6 +103,8 @@ impl State {
             held_sends: Vec::new(),
             privacy_mode: true,
             long_polls_waiting: 0,
+            limits: None,
+            too_many_requests: 0,
         }
     }
 

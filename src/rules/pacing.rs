@@ -12,7 +12,15 @@
 //!   a little more than `1 / budget` seconds. A send takes the earliest free time from
 //!   the moment its chat allows, so a chat that must wait leaves the time before it to
 //!   others, and concurrent replies to many chats take turns: each reply reserves one part
-//!   at a time, so every chat's first part is scheduled before any chat's second.
+//!   at a time, so a reply holds at most one reserved time, and a chat's first part waits
+//!   for at most one send of each reply already under way (its fair share); replies that
+//!   start together have every first part scheduled before any second.
+//!
+//! A send paced for a moment may still go out later (a busy machine wakes its timer late,
+//! the ledger records the attempt first) and so come closer to the next than the schedule
+//! said. The last check before a request leaves ([`Pacer::clear_to_send`]) therefore counts
+//! the requests actually made in the last second, and holds one that would make more
+//! than the budget; it rarely waits, and never long.
 //!
 //! A `429` that happens all the same (another process sending with the same token, or a
 //! limit Telegram does not publish) holds the chat for the `retry_after` Telegram asked and
@@ -20,7 +28,7 @@
 //!
 //! Pure: the caller passes the time in and sleeps for the answer itself.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 /// Messages a chat may receive at once before pacing starts.
@@ -40,6 +48,11 @@ pub const OVERALL_PER_SEC: u32 = 30;
 /// at most `budget` sends even when the network brings two of them up to this much closer
 /// together (2.5%: 0.8 ms at 30 a second). The budget is still used to 0.975 of it.
 const OVERALL_MARGIN: f64 = 1.025;
+
+/// The window [`Pacer::clear_to_send`] counts requests in: a second, and a little more for
+/// the requests' own way to Telegram, which varies (3%: the budget is still used to 0.97
+/// of it).
+const MADE_WINDOW: Duration = Duration::from_millis(1_030);
 
 /// How long a `429` lowers the overall budget.
 pub const THROTTLE_FOR: Duration = Duration::from_secs(60);
@@ -67,6 +80,8 @@ pub struct Pacer {
     limits: PaceLimits,
     buckets: HashMap<i64, Bucket>,
     overall: Schedule,
+    /// When the requests of the last [`MADE_WINDOW`] were made, oldest first.
+    made: VecDeque<Instant>,
     /// Until when a `429` halves the overall budget.
     throttled_until: Option<Instant>,
 }
@@ -101,6 +116,25 @@ impl Pacer {
             None => chat_allows,
         };
         at.saturating_duration_since(now)
+    }
+
+    /// The last check before a request leaves, after its reserved moment came: how long to
+    /// hold it so that no window of a second holds more requests actually made than the
+    /// overall budget. Zero means go, and counts it as made.
+    pub fn clear_to_send(&mut self, now: Instant) -> Duration {
+        let Some(per_sec) = self.overall_per_sec(now) else { return Duration::ZERO };
+        while self.made.front().is_some_and(|made| now.saturating_duration_since(*made) >= MADE_WINDOW) {
+            self.made.pop_front();
+        }
+        match self.made.front() {
+            Some(oldest) if self.made.len() as f64 >= per_sec.floor() => {
+                (*oldest + MADE_WINDOW).saturating_duration_since(now).max(Duration::from_millis(1))
+            }
+            _ => {
+                self.made.push_back(now);
+                Duration::ZERO
+            }
+        }
     }
 
     /// Telegram answered a send to `chat_id` with `429` and `retry_after`: nothing more
@@ -144,16 +178,23 @@ impl Pacer {
 
     /// The least time between two sends across all chats, or none when that pacing is off.
     fn overall_spacing(&mut self, now: Instant) -> Option<Duration> {
+        self.overall_per_sec(now).map(|per_sec| Duration::from_secs_f64(OVERALL_MARGIN / per_sec))
+    }
+
+    /// The overall budget now (halved while a `429` throttles it), or none when off.
+    fn overall_per_sec(&mut self, now: Instant) -> Option<f64> {
         if self.limits.overall_per_sec == 0 {
             return None;
         }
-        let mut per_sec = f64::from(self.limits.overall_per_sec);
+        let per_sec = f64::from(self.limits.overall_per_sec);
         match self.throttled_until {
-            Some(until) if until > now => per_sec /= 2.0,
-            Some(_) => self.throttled_until = None,
-            None => {}
+            Some(until) if until > now => Some(per_sec / 2.0),
+            Some(_) => {
+                self.throttled_until = None;
+                Some(per_sec)
+            }
+            None => Some(per_sec),
         }
-        Some(Duration::from_secs_f64(OVERALL_MARGIN / per_sec))
     }
 
     /// Private chats have positive ids (the user's id); groups and channels negative ones.
@@ -371,6 +412,20 @@ mod tests {
         assert!(pacer.reserve(DM + 1, t0 + Duration::from_millis(1)) <= Duration::from_millis(34));
         assert_eq!(pacer.reserve(DM + 2, t0 + Duration::from_millis(200)), Duration::ZERO);
         assert!(pacer.scheduled_sends() <= 3);
+    }
+
+    #[test]
+    fn a_request_that_went_out_late_does_not_bunch_the_second_it_lands_in() {
+        let mut pacer = Pacer::new(PaceLimits { overall_per_sec: 3, ..PaceLimits::default() });
+        let t0 = Instant::now();
+        // Three requests made within the second (one of them late for its moment).
+        for at in [0, 400, 900] {
+            assert_eq!(pacer.clear_to_send(t0 + Duration::from_millis(at)), Duration::ZERO);
+        }
+        // A fourth at 950 ms is held until the first has left the window.
+        let held = pacer.clear_to_send(t0 + Duration::from_millis(950));
+        assert_eq!(held, MADE_WINDOW - Duration::from_millis(950));
+        assert_eq!(pacer.clear_to_send(t0 + MADE_WINDOW), Duration::ZERO);
     }
 
     #[test]

@@ -386,6 +386,16 @@ impl Outbound {
         if let Some(thread_id) = thread_id {
             params["message_thread_id"] = json!(thread_id);
         }
+        // The attempt is recorded; its moment may have passed while it was (a busy
+        // machine): held for the few milliseconds that keep Telegram's overall budget, so
+        // that it is not refused. Not cut short by shutdown: the attempt goes out either way.
+        loop {
+            let hold = self.pacer().clear_to_send(std::time::Instant::now());
+            if hold.is_zero() {
+                break;
+            }
+            tokio::time::sleep(hold).await;
+        }
         let started = std::time::Instant::now();
         let exchange = self.api.call("sendMessage", &params).await;
         let elapsed = started.elapsed();
