@@ -59,7 +59,7 @@ async fn run(envelopes: usize, quick: bool) {
     let prune = Ledger::open_existing(&path, Synchronous::Normal).await.expect("the prune's ledger");
     let cutoff = chrono::Utc::now() - chrono::Duration::days(90);
     let report = prune.prune(cutoff, false).await.expect("the prune");
-    let (writes, longest_pause) = live.stop().await;
+    let mut pauses = live.stop().await;
     prune.close().await;
     daemon.close().await;
 
@@ -81,14 +81,20 @@ async fn run(envelopes: usize, quick: bool) {
         report.took.as_secs_f64(),
         rows as f64 / report.took.as_secs_f64().max(f64::EPSILON)
     );
+    let mut holds = report.batch_holds.clone();
     println!(
-        "  longest batch:          {:.1} ms (goal ≤ {} ms)",
-        report.longest_batch.as_secs_f64() * 1000.0,
+        "  writer held per batch:  p50 {}, p99 {}, longest {} (goal: longest ≤ {} ms)",
+        ms(percentile(&mut holds, 0.50)),
+        ms(percentile(&mut holds, 0.99)),
+        ms(report.longest_batch),
         GOAL_LONGEST_BATCH.as_millis()
     );
     println!(
-        "  live writer:            {writes} writes, longest pause {:.1} ms (goal ≤ {} ms)",
-        longest_pause.as_secs_f64() * 1000.0,
+        "  live writer:            {} writes, p50 {}, p99 {}, longest pause {} (goal ≤ {} ms)",
+        pauses.len(),
+        ms(percentile(&mut pauses, 0.50)),
+        ms(percentile(&mut pauses, 0.99)),
+        ms(pauses.iter().copied().max().unwrap_or_default()),
         GOAL_LONGEST_PAUSE.as_millis()
     );
     println!(
@@ -103,6 +109,19 @@ async fn run(envelopes: usize, quick: bool) {
         after.page_count,
         after.free_pages
     );
+}
+
+fn ms(duration: Duration) -> String {
+    format!("{:.1} ms", duration.as_secs_f64() * 1000.0)
+}
+
+/// The `q` quantile of `values` (sorted in place); zero when there are none.
+fn percentile(values: &mut [Duration], q: f64) -> Duration {
+    values.sort_unstable();
+    let Some(last) = values.len().checked_sub(1) else {
+        return Duration::ZERO;
+    };
+    values[((last as f64) * q).round() as usize]
 }
 
 /// `count` envelopes acked 400 days ago, each with a sent attempt and two events, then one
@@ -155,7 +174,7 @@ fn fill(path: &std::path::Path, count: usize) {
 /// each timed.
 struct LiveWriter {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<(u64, Duration)>,
+    task: tokio::task::JoinHandle<Vec<Duration>>,
 }
 
 impl LiveWriter {
@@ -164,20 +183,21 @@ impl LiveWriter {
         let stopping = Arc::clone(&stop);
         let task = tokio::spawn(async move {
             let agent = AgentName::parse("orch").expect("an agent name");
-            let (mut writes, mut longest) = (0u64, Duration::ZERO);
+            let mut pauses = Vec::new();
             while !stopping.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                ledger.session_opened(&format!("bench-{writes}"), &agent, 0).await.expect("a live write");
-                longest = longest.max(started.elapsed());
-                writes += 1;
+                let session = format!("bench-{}", pauses.len());
+                ledger.session_opened(&session, &agent, 0).await.expect("a live write");
+                pauses.push(started.elapsed());
                 tokio::time::sleep(LIVE_WRITE_EVERY).await;
             }
-            (writes, longest)
+            pauses
         });
         Self { stop, task }
     }
 
-    async fn stop(self) -> (u64, Duration) {
+    /// How long each write took.
+    async fn stop(self) -> Vec<Duration> {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("the live writer")
     }

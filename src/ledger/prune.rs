@@ -23,11 +23,18 @@ use crate::rules::retention::{
     self, BatchFacts, CascadeFacts, Doomed, EnvelopeFacts, HandoffFacts, PostFacts, TaskFacts,
 };
 
-/// How many envelope ids one batch looks at. A few hundred envelopes with their attempts
-/// and events are a few milliseconds of deletes: short enough that a daemon's write
-/// waiting behind one does not notice, long enough that a million rows take minutes,
-/// not hours.
+/// How many envelope ids the first batch looks at. A few hundred envelopes with their
+/// attempts and events are a few milliseconds of deletes: short enough that a daemon's
+/// write waiting behind one does not notice, long enough that a million rows take
+/// minutes, not hours.
 const BATCH_ENVELOPES: i64 = 500;
+
+/// How long a batch should hold the writer. The window of the next batch halves after a
+/// batch that took longer (a slow disk, a busy machine, a window full of tasks) and
+/// doubles, up to [`MAX_BATCH_ENVELOPES`], after one that took less than half of it.
+const TARGET_HOLD: Duration = Duration::from_millis(20);
+const MIN_BATCH_ENVELOPES: i64 = 25;
+const MAX_BATCH_ENVELOPES: i64 = 2000;
 
 /// How many sessions one batch deletes (rows of their own, referenced by nothing).
 const BATCH_SESSIONS: i64 = 1000;
@@ -113,6 +120,8 @@ pub struct PruneReport {
     pub batches: u64,
     /// The longest a batch held the write lock, from taking it to its commit.
     pub longest_batch: Duration,
+    /// How long each batch held it, in order (a dry run's: how long it read).
+    pub batch_holds: Vec<Duration>,
     pub took: Duration,
     pub pages_before: Pages,
     pub pages_after: Pages,
@@ -168,9 +177,10 @@ impl Ledger {
             .await?;
         let mut counted = AlreadyCounted::default();
         let mut after = 0;
+        let mut batch_envelopes = BATCH_ENVELOPES;
         while after < last_id {
-            let window = (after, after + BATCH_ENVELOPES);
-            after += BATCH_ENVELOPES;
+            let window = (after, after + batch_envelopes);
+            after += batch_envelopes;
             // A window with nothing finished in it (a run of recent or open envelopes)
             // costs a read, not a turn of the writer.
             let anything = self.read_in_place(|db| any_finished(db, window, &cutoff)).await?;
@@ -207,6 +217,8 @@ impl Ledger {
             }
             report.removed.add(&removed);
             report.longest_batch = report.longest_batch.max(held);
+            report.batch_holds.push(held);
+            batch_envelopes = next_batch_envelopes(batch_envelopes, held);
             tokio::time::sleep(held.max(MIN_PAUSE)).await;
         }
         report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run).await?;
@@ -252,6 +264,17 @@ impl Ledger {
             })
         })
         .await
+    }
+}
+
+/// The window of the batch after one of `envelopes` ids that held the writer `held`.
+fn next_batch_envelopes(envelopes: i64, held: Duration) -> i64 {
+    if held > TARGET_HOLD {
+        (envelopes / 2).max(MIN_BATCH_ENVELOPES)
+    } else if held < TARGET_HOLD / 2 {
+        (envelopes * 2).min(MAX_BATCH_ENVELOPES)
+    } else {
+        envelopes
     }
 }
 
@@ -891,10 +914,19 @@ mod tests {
         assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());
     }
 
+    #[test]
+    fn a_slow_batch_halves_the_next_window_and_a_quick_one_doubles_it_within_bounds() {
+        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 2), 250);
+        assert_eq!(next_batch_envelopes(MIN_BATCH_ENVELOPES, TARGET_HOLD * 2), MIN_BATCH_ENVELOPES);
+        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 3 / 4), 500);
+        assert_eq!(next_batch_envelopes(500, Duration::ZERO), 1000);
+        assert_eq!(next_batch_envelopes(MAX_BATCH_ENVELOPES, Duration::ZERO), MAX_BATCH_ENVELOPES);
+    }
+
     #[tokio::test]
     async fn what_belongs_together_goes_together_across_batches() {
         let (_dir, ledger) = ledger().await;
-        let far = 3 * BATCH_ENVELOPES;
+        let far = 3 * MAX_BATCH_ENVELOPES;
         ledger
             .write_in_place(|db| {
                 for id in 1..=far {
@@ -913,7 +945,7 @@ mod tests {
         assert_eq!(report.removed.tasks, 1);
         assert_eq!(report.removed.envelopes, (far - 1) as u64);
         assert_eq!(ids(&ledger, "SELECT id FROM envelopes").await, [far]);
-        assert!(report.batches >= 3, "{report:?}");
+        assert!(report.batches >= 3, "{:?}", report.batch_holds);
         consistent(&ledger).await;
     }
 }
