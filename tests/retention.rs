@@ -22,14 +22,15 @@ const LONG_AGO: &str = "2020-01-01T00:00:00.000Z";
 /// Envelopes of a ledger big enough that a debug build's prune takes seconds.
 const BIG_LEDGER: i64 = 150_000;
 
-/// The trace ids of the rows that must survive every prune here: an old queued envelope
+/// The trace ids of two rows that must survive every prune here: an old queued envelope
 /// (for the worker, which never connects), and an old unresolved one with its unknown
-/// attempt.
+/// attempt. Beside them, open work (`env_keep_…`): a pending envelope, an open handoff, a
+/// running cascade and an open task, each referencing old acked envelopes.
 const QUEUED: &str = "env_oldqueued";
 const UNRESOLVED: &str = "env_oldunresolved";
 
 /// Writes `count` envelopes acked long ago, each with a sent attempt and two events, and
-/// the two rows that must stay, straight into the (migrated) ledger at `path`.
+/// the rows that must stay, straight into the (migrated) ledger at `path`.
 fn fill(path: &Path, count: i64) {
     let mut db = rusqlite::Connection::open(path).unwrap();
     let tx = db.transaction().unwrap();
@@ -55,7 +56,37 @@ fn fill(path: &Path, count: i64) {
     envelope(&tx, 1, QUEUED, "worker", "queued");
     envelope(&tx, 2, UNRESOLVED, "orchestrator", "unresolved");
     attempt(&tx, 2, "unknown");
-    for id in 3..count + 3 {
+    // Open work whose envelopes are all finished and old: each keeps what it references.
+    envelope(&tx, 3, "env_keep_pending", "worker", "pending");
+    for id in 4..=8 {
+        envelope(&tx, id, &format!("env_keep_{id}"), "worker", "acked");
+    }
+    tx.execute(
+        "INSERT INTO handoffs (handoff_id, from_agent, to_agent, instruction, cause_envelope_id, depth, envelope_id, state, opened_at) \
+         VALUES ('hof_open', 'orchestrator', 'worker', 'look into it', 4, 1, 5, 'open', ?1)",
+        [LONG_AGO],
+    )
+    .unwrap();
+    tx.execute(
+        "INSERT INTO cascades (cascade_id, route, chat_id, message_envelope_id, state, cascade, max_iters, speaker_timeout_secs, created_at, updated_at) \
+         VALUES ('cas_running', 'room', 7, 6, 'running', '{}', 3, 60, ?1, ?1)",
+        [LONG_AGO],
+    )
+    .unwrap();
+    tx.execute(
+        "INSERT INTO cascade_turns (cascade_id, speaker, agent, summoned_by, envelope_id, started_at) \
+         VALUES ((SELECT id FROM cascades WHERE cascade_id = 'cas_running'), 1, 'worker', 'Ann', 7, ?1)",
+        [LONG_AGO],
+    )
+    .unwrap();
+    tx.execute("UPDATE envelopes SET task_id = 'task_open' WHERE id = 8", []).unwrap();
+    tx.execute(
+        "INSERT INTO tasks (task_id, chat_id, agent, route, state, revision, objective, first_envelope_id, started_by, started_source, opened_at, updated_at) \
+         VALUES ('task_open', 42, 'worker', 'dm', 'open', 1, 'keep going', 8, 'Ann', 'message', ?1, ?1)",
+        [LONG_AGO],
+    )
+    .unwrap();
+    for id in 9..count + 9 {
         envelope(&tx, id, &format!("env_old{id}"), "orchestrator", "acked");
         attempt(&tx, id, "sent");
         for (from, to) in [("queued", "pending"), ("pending", "acked")] {
@@ -109,6 +140,15 @@ async fn assert_consistent(daemon: &TestDaemon) {
         1,
         "the unknown attempt stays"
     );
+    let open_work = [
+        "SELECT COUNT(*) FROM envelopes WHERE trace_id LIKE 'env_keep%'",
+        "SELECT COUNT(*) FROM handoffs WHERE handoff_id = 'hof_open'",
+        "SELECT COUNT(*) FROM cascades WHERE cascade_id = 'cas_running'",
+        "SELECT COUNT(*) FROM cascade_turns",
+        "SELECT COUNT(*) FROM tasks WHERE task_id = 'task_open'",
+    ];
+    let kept: Vec<i64> = open_work.iter().map(|sql| count(&db, sql)).collect();
+    assert_eq!(kept, [6, 1, 1, 1, 1], "open work and everything it references stay");
 }
 
 fn old_envelopes(daemon: &TestDaemon) -> i64 {
