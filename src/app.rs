@@ -18,7 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::agents::api;
 use crate::agents::api::server::Operations;
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver};
-use crate::config::{DaemonSecrets, Settings};
+use crate::config::{DaemonSecrets, Retention, Settings};
 use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
 use crate::operate::health::{Health, PollHealth};
 use crate::operate::metrics;
@@ -69,6 +69,8 @@ pub struct Daemon {
     /// The root token: cancelled by a signal, or by a failing subsystem.
     shutdown: CancellationToken,
     tasks: TaskTracker,
+    /// `[storage] retain_days`: the scheduled prunes, if any (fixed until a restart).
+    retain: Option<Retention>,
 }
 
 impl Daemon {
@@ -137,6 +139,7 @@ impl Daemon {
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
         let rooms = bridge.room_driver(room_api);
+        let retain = settings.storage.retain;
         let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);
         Ok(Self {
             lock,
@@ -150,6 +153,7 @@ impl Daemon {
             hangups,
             shutdown,
             tasks,
+            retain,
         })
     }
 
@@ -173,8 +177,10 @@ impl Daemon {
             hangups,
             shutdown,
             tasks,
+            retain,
         } = self;
         tracing::info!(api = %listener.local_addr()?, "{RUNNING_MESSAGE}");
+
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
 
         let poller_stop = shutdown.child_token();
@@ -199,6 +205,9 @@ impl Daemon {
         spawn_supervised(&tasks, &shutdown, &failure, "local API", server);
         tasks.spawn(reload::reload_on_sighup(reloader, hangups, shutdown.child_token()));
         tasks.spawn(upkeep);
+        if let Some(retain) = retain {
+            tasks.spawn(scheduled_prunes(ledger.clone(), retain, shutdown.child_token()));
+        }
 
         shutdown.cancelled().await;
         tracing::info!("stopping: waiting for in-flight work");
@@ -257,6 +266,56 @@ fn spawn_supervised(
             shutdown.cancel();
         }
     });
+}
+
+/// The first scheduled prune comes this long after start (or sooner, when the interval is
+/// shorter): soon enough that a restart applies a new `retain_days`, late enough to stay
+/// out of start-up's own work (recovery, redeliveries).
+const FIRST_PRUNE_AFTER: Duration = Duration::from_secs(60);
+
+/// Prunes what finished more than `retain.days` ago, shortly after start and then every
+/// `retain.every`, until `shutdown`, with the batches of `switchboard ledger prune`. A
+/// failed prune is logged and tried again next time: what it left is still there.
+async fn scheduled_prunes(ledger: Ledger, retain: Retention, shutdown: CancellationToken) {
+    let mut wait = FIRST_PRUNE_AFTER.min(retain.every);
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(wait) => {}
+            () = shutdown.cancelled() => return,
+        }
+        wait = retain.every;
+        let cutoff = chrono::Utc::now() - chrono::Duration::days(i64::from(retain.days));
+        // Cancelled between two batches at worst: each batch is one transaction.
+        let pruned = tokio::select! {
+            pruned = ledger.prune(cutoff, false) => pruned,
+            () = shutdown.cancelled() => return,
+        };
+        match pruned {
+            Ok(report) if report.removed.total() == 0 => {
+                tracing::debug!(retain_days = retain.days, "scheduled prune: nothing finished that long ago");
+            }
+            Ok(report) => {
+                let removed: Vec<String> = report
+                    .removed
+                    .by_table()
+                    .iter()
+                    .filter(|(_, count)| *count > 0)
+                    .map(|(table, count)| format!("{table} {count}"))
+                    .collect();
+                tracing::info!(
+                    retain_days = retain.days,
+                    batches = report.batches,
+                    longest_batch_ms = report.longest_batch.as_millis() as u64,
+                    free_pages = report.pages_after.free_pages,
+                    "scheduled prune removed {}",
+                    removed.join(", ")
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "scheduled prune failed; trying again in {}s", retain.every.as_secs())
+            }
+        }
+    }
 }
 
 /// Tidies the metrics recorder's histogram buffers until `shutdown`: without an exporter

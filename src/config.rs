@@ -110,7 +110,22 @@ pub struct TelegramSettings {
 pub struct StorageSettings {
     pub database: PathBuf,
     pub synchronous: Synchronous,
+    /// The daemon prunes what finished longer ago than this, on a schedule (`None`: keeps
+    /// everything, the default).
+    pub retain: Option<Retention>,
 }
+
+/// `[storage] retain_days`, and how often the daemon prunes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub days: u32,
+    /// Between two scheduled prunes: an hour, which keeps a busy ledger's batches small;
+    /// tests set it shorter with the undocumented `storage.retention_interval_secs`.
+    pub every: Duration,
+}
+
+/// How often the daemon prunes by default: old rows wait at most an hour past their age.
+const DEFAULT_RETENTION_INTERVAL_SECS: u64 = 3600;
 
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
@@ -233,6 +248,11 @@ struct RawStorage {
     database: PathBuf,
     #[serde(default)]
     synchronous: Synchronous,
+    #[serde(default)]
+    retain_days: Option<u32>,
+    /// For tests: how often to prune (docs do not offer it; an hour is right for a daemon).
+    #[serde(default)]
+    retention_interval_secs: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -375,7 +395,12 @@ impl Default for RawRooms {
 
 impl Default for RawStorage {
     fn default() -> Self {
-        Self { database: default_database(), synchronous: Synchronous::default() }
+        Self {
+            database: default_database(),
+            synchronous: Synchronous::default(),
+            retain_days: None,
+            retention_interval_secs: None,
+        }
     }
 }
 impl Default for RawApi {
@@ -454,6 +479,23 @@ impl Settings {
             err("api.listen", format!("'{}' is not an address like 127.0.0.1:7797", raw.api.listen))
         })?;
 
+        let retain = match raw.storage.retain_days {
+            None => None,
+            Some(0) => {
+                return Err(err(
+                    "storage.retain_days",
+                    "must be at least 1 (leave it out to keep everything)".into(),
+                ));
+            }
+            Some(days) => {
+                let every = raw.storage.retention_interval_secs.unwrap_or(DEFAULT_RETENTION_INTERVAL_SECS);
+                if every == 0 {
+                    return Err(err("storage.retention_interval_secs", "must be at least 1".into()));
+                }
+                Some(Retention { days, every: Duration::from_secs(every) })
+            }
+        };
+
         if raw.outbound.max_reply_parts == 0 {
             return Err(err("outbound.max_reply_parts", "must be at least 1".into()));
         }
@@ -526,7 +568,11 @@ impl Settings {
                 allowed_users: raw.telegram.allowed_users,
                 unauthorized_exit: Duration::from_secs(raw.telegram.unauthorized_exit_secs),
             },
-            storage: StorageSettings { database: raw.storage.database, synchronous: raw.storage.synchronous },
+            storage: StorageSettings {
+                database: raw.storage.database,
+                synchronous: raw.storage.synchronous,
+                retain,
+            },
             api: ApiSettings { listen },
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
             outbound: OutboundSettings {
@@ -934,6 +980,20 @@ agent = "orchestrator"
 
     fn problem(text: &str) -> ConfigError {
         load_str(text).expect_err("configuration should be refused")
+    }
+
+    #[test]
+    fn retention_is_off_by_default_hourly_when_set_and_at_least_a_day() {
+        assert_eq!(load_str(MINIMAL).unwrap().storage.retain, None);
+        let with = |storage: &str| format!("[storage]\n{storage}\n{MINIMAL}");
+        let retain = load_str(&with("retain_days = 90")).unwrap().storage.retain;
+        assert_eq!(retain, Some(Retention { days: 90, every: Duration::from_secs(3600) }));
+        let e = problem(&with("retain_days = 0"));
+        assert_eq!(e.key, "storage.retain_days");
+        assert!(e.problem.contains("at least 1"), "{e}");
+        assert!(load_str(&with("retain_days = -3")).is_err());
+        let quick = load_str(&with("retain_days = 1\nretention_interval_secs = 1")).unwrap().storage.retain;
+        assert_eq!(quick.map(|r| r.every), Some(Duration::from_secs(1)));
     }
 
     #[test]

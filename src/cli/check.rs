@@ -16,6 +16,14 @@ pub(super) fn check(path: &Path) -> anyhow::Result<()> {
     println!("telegram api: {}", settings.telegram.api_url);
     println!("local api:    {}", settings.api.listen);
     println!("database:     {}", settings.storage.database.display());
+    match settings.storage.retain {
+        Some(retain) => println!(
+            "retention:    prunes what finished more than {} day(s) ago, every {}s",
+            retain.days,
+            retain.every.as_secs()
+        ),
+        None => println!("retention:    keeps everything (storage.retain_days is not set)"),
+    }
     println!("agents:       {}", settings.agent_list());
     if settings.telegram.allowed_users.is_empty() {
         println!("senders:      everyone in a routed chat");

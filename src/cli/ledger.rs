@@ -8,7 +8,7 @@ use clap::Subcommand;
 
 use crate::config::{ConfigError, Settings};
 use crate::ledger::EnvelopeState;
-use crate::ledger::{Ledger, ListFilter, Reconciliation, StoredCascade, TurnEnding};
+use crate::ledger::{Ledger, ListFilter, PruneReport, Reconciliation, StoredCascade, TurnEnding};
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
@@ -58,6 +58,18 @@ pub enum LedgerCommand {
         /// Why (kept in the ledger); required with --stopped.
         #[arg(long)]
         reason: Option<String>,
+    },
+    /// Delete what finished longer ago than DURATION (acked, superseded, unrouted, rejected,
+    /// ignored and undecodable envelopes with their attempts and history; ended handoffs,
+    /// room exchanges and tasks), in short batches beside a running daemon. Nothing open or
+    /// unreconciled goes.
+    Prune {
+        /// How long ago a row must have finished: a number and a unit, `90d`, `12h` or `30m`.
+        #[arg(long, value_name = "DURATION")]
+        older_than: OlderThan,
+        /// Count what would go, delete nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Settle an unresolved envelope with what you found in the chat.
     Reconcile {
@@ -301,6 +313,16 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             }
             print_task(ledger, task_id).await?;
         }
+        LedgerCommand::Prune { older_than, dry_run } => {
+            let cutoff = older_than.cutoff(chrono::Utc::now());
+            println!(
+                "{} what finished before {} ({older_than} ago), in batches",
+                if dry_run { "counting (dry run)" } else { "pruning" },
+                cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            );
+            let report = ledger.prune(cutoff, dry_run).await?;
+            print_prune_report(&report, dry_run);
+        }
         LedgerCommand::Reconcile { trace_id, delivered, not_delivered: _, reason } => {
             let finding = if delivered { Reconciliation::Delivered } else { Reconciliation::NotDelivered };
             let state = ledger.reconcile(trace_id.trim(), finding, &reason).await?;
@@ -308,6 +330,120 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
         }
     }
     Ok(())
+}
+
+/// What a prune removed per table, how long it held the writer, and the file's pages.
+fn print_prune_report(report: &PruneReport, dry_run: bool) {
+    let verb = if dry_run { "would remove" } else { "removed" };
+    println!("{verb}:");
+    for (table, count) in report.removed.by_table() {
+        println!("  {table:<16} {count}");
+    }
+    println!("  {:<16} {}", "total", report.removed.total());
+    println!(
+        "{} batch(es) in {:.1}s; the longest held the writer {:.1} ms",
+        report.batches,
+        report.took.as_secs_f64(),
+        report.longest_batch.as_secs_f64() * 1000.0
+    );
+    let (before, after) = (report.pages_before, report.pages_after);
+    println!(
+        "file: {} pages ({} bytes), {} free before; {} pages ({} bytes), {} free after",
+        before.page_count,
+        before.bytes(),
+        before.free_pages,
+        after.page_count,
+        after.bytes(),
+        after.free_pages
+    );
+    if !dry_run {
+        // docs/operating.md ("Space"): the file keeps its size, the next writes reuse it.
+        println!("freed pages are reused by later writes; the file does not shrink");
+    }
+}
+
+/// How long ago a row must have finished for `ledger prune`: a whole number of days,
+/// hours or minutes, at least one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OlderThan {
+    amount: u32,
+    unit: AgeUnit,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AgeUnit {
+    Days,
+    Hours,
+    Minutes,
+}
+
+/// The longest age accepted: a century, far past any retention anyone means, and far from
+/// the date arithmetic's limits.
+const MAX_AGE_DAYS: i64 = 36_525;
+
+impl OlderThan {
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let usage =
+            || format!("'{text}' is not a duration like 90d, 12h or 30m (a whole number and d, h or m)");
+        let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(usage)?;
+        let (digits, unit) = text.split_at(split);
+        let unit = match unit {
+            "d" => AgeUnit::Days,
+            "h" => AgeUnit::Hours,
+            "m" => AgeUnit::Minutes,
+            _ => return Err(usage()),
+        };
+        let amount: u32 = digits.parse().map_err(|_| usage())?;
+        if amount == 0 {
+            return Err(format!(
+                "'{text}' is zero: everything finished would go; give at least 1{}",
+                unit.suffix()
+            ));
+        }
+        let age = Self { amount, unit };
+        if age.duration() > chrono::Duration::days(MAX_AGE_DAYS) {
+            return Err(format!("'{text}' is more than a century"));
+        }
+        Ok(age)
+    }
+
+    fn duration(self) -> chrono::Duration {
+        let amount = i64::from(self.amount);
+        match self.unit {
+            AgeUnit::Days => chrono::Duration::days(amount),
+            AgeUnit::Hours => chrono::Duration::hours(amount),
+            AgeUnit::Minutes => chrono::Duration::minutes(amount),
+        }
+    }
+
+    /// The moment before which a row must have finished.
+    pub fn cutoff(self, now: chrono::DateTime<chrono::Utc>) -> chrono::DateTime<chrono::Utc> {
+        now - self.duration()
+    }
+}
+
+impl AgeUnit {
+    fn suffix(self) -> &'static str {
+        match self {
+            Self::Days => "d",
+            Self::Hours => "h",
+            Self::Minutes => "m",
+        }
+    }
+}
+
+impl std::str::FromStr for OlderThan {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::parse(s)
+    }
+}
+
+impl std::fmt::Display for OlderThan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}{}", self.amount, self.unit.suffix())
+    }
 }
 
 /// A task, its revisions, and the tasks before and after it.
@@ -465,4 +601,31 @@ fn preview(text: &str) -> String {
         shown.push('…');
     }
     shown
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_are_a_whole_number_of_days_hours_or_minutes() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-03-01T12:00:00Z").unwrap().to_utc();
+        let cutoff = |text: &str| OlderThan::parse(text).unwrap().cutoff(now).to_rfc3339();
+        assert_eq!(cutoff("90d"), "2025-12-01T12:00:00+00:00");
+        assert_eq!(cutoff("12h"), "2026-03-01T00:00:00+00:00");
+        assert_eq!(cutoff(" 30m "), "2026-03-01T11:30:00+00:00");
+        assert_eq!(OlderThan::parse("90d").unwrap().to_string(), "90d");
+    }
+
+    #[test]
+    fn zero_other_units_and_nonsense_are_refused_saying_why() {
+        assert!(OlderThan::parse("0d").unwrap_err().contains("zero"));
+        assert!(OlderThan::parse("00h").unwrap_err().contains("zero"));
+        for text in ["", "d", "90", "90 d", "90D", "1w", "1.5d", "-1d", "+1d", "90dd", "1d12h"] {
+            let refused = OlderThan::parse(text).unwrap_err();
+            assert!(refused.contains("like 90d, 12h or 30m"), "{text}: {refused}");
+        }
+        assert!(OlderThan::parse("99999999d").unwrap_err().contains("century"));
+        assert!(OlderThan::parse("99999999999d").is_err());
+    }
 }

@@ -64,6 +64,7 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!(8, "0008_checks_without_in_lists.sql"),
     migration!(9, "0009_ids_without_autoincrement.sql"),
     migration!(10, "0010_cascade_versions.sql"),
+    migration!(11, "0011_prune_indexes.sql"),
 ];
 
 impl Migration {

@@ -81,6 +81,7 @@ mod intake;
 mod lock;
 mod migrations;
 mod probe;
+mod prune;
 mod readers;
 mod rooms;
 mod sessions;
@@ -104,6 +105,7 @@ pub use intake::RecordedBatch;
 pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
+pub use prune::{Pages, PruneReport, Pruned};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,

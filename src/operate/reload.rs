@@ -107,6 +107,10 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
         &format!("{:?}", running.storage.synchronous).to_lowercase(),
         &format!("{:?}", new.storage.synchronous).to_lowercase(),
     );
+    // The schedule is started with the daemon (see `app::scheduled_prunes`).
+    let retain_days =
+        |settings: &Settings| settings.storage.retain.map_or("none".to_owned(), |r| r.days.to_string());
+    fixed("storage.retain_days", &retain_days(running), &retain_days(new));
     fixed("api.listen", &running.api.listen, &new.api.listen);
     fixed(
         "log.format",

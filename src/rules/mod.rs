@@ -4,6 +4,7 @@
 pub mod guard;
 pub mod pacing;
 pub mod resolver;
+pub mod retention;
 pub mod revisions;
 pub mod routes;
 pub mod turns;

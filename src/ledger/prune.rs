@@ -1,0 +1,951 @@
+//! Retention (issue 26): deleting what is finished, in bounded batches.
+//!
+//! The envelopes are taken a window of ids at a time, oldest first. For each window, one
+//! write transaction gathers the facts of its finished envelopes and of every row that
+//! references one of them (handoffs, cascades with their turns and posts, tasks with their
+//! revisions, and the envelopes those reach), asks [`retention::decide`] what may go, and
+//! deletes that, children before parents, so that every foreign key holds at every
+//! statement. A batch is atomic: `kill -9` mid-batch loses the batch, never half of it.
+//!
+//! Between two batches the prune pauses at least as long as the batch held the writer, so
+//! that another process's writes (a live daemon's, waiting out the lock with pauses of up
+//! to 50 ms, see `in_place::BusyWait`) always find it free again soon.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, SecondsFormat, Utc};
+
+use super::in_place::{execute_cached, query_all_cached, query_row_cached};
+use super::{Ledger, LedgerResult};
+use crate::ledger::EnvelopeState;
+use crate::rules::retention::{
+    self, BatchFacts, CascadeFacts, Doomed, EnvelopeFacts, HandoffFacts, PostFacts, TaskFacts,
+};
+
+/// How many envelope ids the first batch looks at. A few hundred envelopes with their
+/// attempts and events are a few milliseconds of deletes: short enough that a daemon's
+/// write waiting behind one does not notice, long enough that a million rows take
+/// minutes, not hours.
+const BATCH_ENVELOPES: i64 = 500;
+
+/// How long a batch should hold the writer. The window of the next batch halves after a
+/// batch that took longer (a slow disk, a busy machine, a window full of tasks) and
+/// doubles, up to [`MAX_BATCH_ENVELOPES`], after one that took less than half of it.
+const TARGET_HOLD: Duration = Duration::from_millis(20);
+const MIN_BATCH_ENVELOPES: i64 = 25;
+const MAX_BATCH_ENVELOPES: i64 = 2000;
+
+/// How many sessions one batch deletes (rows of their own, referenced by nothing).
+const BATCH_SESSIONS: i64 = 1000;
+
+/// The shortest pause between two batches, even after one that took no time.
+const MIN_PAUSE: Duration = Duration::from_millis(2);
+
+/// How many times a batch follows references out of its window (an envelope's task, the
+/// task's other envelopes, their handoffs…) before it stops looking: what it did not reach
+/// stays, for a later batch or a later prune to see whole.
+const EXPANSION_ROUNDS: usize = 2;
+
+/// What a prune removed (or, dry, would remove), per table.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pruned {
+    pub envelopes: u64,
+    pub attempts: u64,
+    pub envelope_events: u64,
+    pub handoffs: u64,
+    pub cascades: u64,
+    pub cascade_turns: u64,
+    pub room_posts: u64,
+    pub tasks: u64,
+    pub task_revisions: u64,
+    pub agent_sessions: u64,
+}
+
+impl Pruned {
+    /// Each table with its count, in the order the tables were made.
+    pub fn by_table(&self) -> [(&'static str, u64); 10] {
+        [
+            ("envelopes", self.envelopes),
+            ("attempts", self.attempts),
+            ("envelope_events", self.envelope_events),
+            ("handoffs", self.handoffs),
+            ("cascades", self.cascades),
+            ("cascade_turns", self.cascade_turns),
+            ("room_posts", self.room_posts),
+            ("tasks", self.tasks),
+            ("task_revisions", self.task_revisions),
+            ("agent_sessions", self.agent_sessions),
+        ]
+    }
+
+    pub fn total(&self) -> u64 {
+        self.by_table().iter().map(|(_, count)| count).sum()
+    }
+
+    fn add(&mut self, other: &Pruned) {
+        self.envelopes += other.envelopes;
+        self.attempts += other.attempts;
+        self.envelope_events += other.envelope_events;
+        self.handoffs += other.handoffs;
+        self.cascades += other.cascades;
+        self.cascade_turns += other.cascade_turns;
+        self.room_posts += other.room_posts;
+        self.tasks += other.tasks;
+        self.task_revisions += other.task_revisions;
+        self.agent_sessions += other.agent_sessions;
+    }
+}
+
+/// The size of the ledger's file in pages, and how many of them are free (reused by later
+/// writes; see docs/operating.md on space).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Pages {
+    pub page_size: u64,
+    pub page_count: u64,
+    pub free_pages: u64,
+}
+
+impl Pages {
+    pub fn bytes(&self) -> u64 {
+        self.page_size * self.page_count
+    }
+}
+
+/// What a prune did.
+#[derive(Debug, Clone, Default)]
+pub struct PruneReport {
+    pub removed: Pruned,
+    /// Batches that deleted (or, dry, would have deleted) something.
+    pub batches: u64,
+    /// The longest a batch held the write lock, from taking it to its commit.
+    pub longest_batch: Duration,
+    /// How long each batch held it, in order (a dry run's: how long it read).
+    pub batch_holds: Vec<Duration>,
+    pub took: Duration,
+    pub pages_before: Pages,
+    pub pages_after: Pages,
+}
+
+/// The ids of a dry run's earlier batches: a dry run deletes nothing, so a later batch
+/// finds again what an earlier one would have removed; it is counted once.
+#[derive(Default)]
+struct AlreadyCounted {
+    envelopes: HashSet<i64>,
+    handoffs: HashSet<i64>,
+    cascades: HashSet<i64>,
+    task_posts: HashSet<i64>,
+    tasks: HashSet<i64>,
+}
+
+impl AlreadyCounted {
+    fn leave_out(&self, doomed: &Doomed) -> Doomed {
+        let new = |ids: &BTreeSet<i64>, seen: &HashSet<i64>| -> BTreeSet<i64> {
+            ids.iter().filter(|id| !seen.contains(id)).copied().collect()
+        };
+        Doomed {
+            envelopes: new(&doomed.envelopes, &self.envelopes),
+            handoffs: new(&doomed.handoffs, &self.handoffs),
+            cascades: new(&doomed.cascades, &self.cascades),
+            task_posts: new(&doomed.task_posts, &self.task_posts),
+            tasks: new(&doomed.tasks, &self.tasks),
+        }
+    }
+
+    fn note(&mut self, doomed: &Doomed) {
+        self.envelopes.extend(&doomed.envelopes);
+        self.handoffs.extend(&doomed.handoffs);
+        self.cascades.extend(&doomed.cascades);
+        self.task_posts.extend(&doomed.task_posts);
+        self.tasks.extend(&doomed.tasks);
+    }
+}
+
+impl Ledger {
+    /// Deletes what finished before `finished_before` (see `rules::retention` for what
+    /// that is), in bounded batches, each its own transaction; with `dry_run`, deletes
+    /// nothing and counts what would go.
+    pub async fn prune(&self, finished_before: DateTime<Utc>, dry_run: bool) -> LedgerResult<PruneReport> {
+        let started = Instant::now();
+        let cutoff = finished_before.to_rfc3339_opts(SecondsFormat::Millis, true);
+        let mut report = PruneReport { pages_before: self.pages().await?, ..PruneReport::default() };
+        // Envelopes stored after the prune began are newer than any cutoff in the past.
+        let last_id: i64 = self
+            .read_in_place(|db| {
+                query_row_cached(db, "SELECT COALESCE(MAX(id), 0) FROM envelopes", [], |r| r.get(0))
+            })
+            .await?;
+        let mut counted = AlreadyCounted::default();
+        let mut after = 0;
+        let mut batch_envelopes = BATCH_ENVELOPES;
+        while after < last_id {
+            let window = (after, after + batch_envelopes);
+            after += batch_envelopes;
+            // A window with nothing finished in it (a run of recent or open envelopes)
+            // costs a read, not a turn of the writer.
+            let anything = self.read_in_place(|db| any_finished(db, window, &cutoff)).await?;
+            if !anything {
+                continue;
+            }
+            let (removed, held) = if dry_run {
+                let held_from = Instant::now();
+                let doomed = self
+                    .read_in_place(|db| {
+                        let doomed = gather_and_decide(db, window, &cutoff)?;
+                        let new = counted.leave_out(&doomed);
+                        Ok((count_doomed(db, &new)?, new))
+                    })
+                    .await?;
+                counted.note(&doomed.1);
+                (doomed.0, held_from.elapsed())
+            } else {
+                let mut lock_taken = None;
+                let removed = self
+                    .write_in_place(|db| {
+                        lock_taken = Some(Instant::now());
+                        let doomed = gather_and_decide(db, window, &cutoff)?;
+                        delete_doomed(db, &doomed)
+                    })
+                    .await?;
+                (removed, lock_taken.map(|at| at.elapsed()).unwrap_or_default())
+            };
+            if removed.total() > 0 {
+                report.batches += 1;
+                if removed.envelopes > 0 {
+                    tracing::debug!(envelopes = removed.envelopes, up_to_id = window.1, "pruned a batch");
+                }
+            }
+            report.removed.add(&removed);
+            report.longest_batch = report.longest_batch.max(held);
+            report.batch_holds.push(held);
+            batch_envelopes = next_batch_envelopes(batch_envelopes, held);
+            tokio::time::sleep(held.max(MIN_PAUSE)).await;
+        }
+        report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run).await?;
+        report.pages_after = self.pages().await?;
+        report.took = started.elapsed();
+        Ok(report)
+    }
+
+    /// Sessions that ended before the cutoff, all but the newest.
+    async fn prune_sessions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
+        const ENDED: &str = "disconnected_at IS NOT NULL AND disconnected_at < ?1 \
+             AND rowid <> (SELECT rowid FROM agent_sessions ORDER BY connected_at DESC, rowid DESC LIMIT 1)";
+        if dry_run {
+            let sql = format!("SELECT COUNT(*) FROM agent_sessions WHERE {ENDED}");
+            let count: i64 = self.read_in_place(|db| db.query_row(&sql, [cutoff], |r| r.get(0))).await?;
+            return Ok(count.max(0) as u64);
+        }
+        let sql = format!(
+            "DELETE FROM agent_sessions WHERE rowid IN (SELECT rowid FROM agent_sessions WHERE {ENDED} LIMIT ?2)"
+        );
+        let mut removed = 0;
+        loop {
+            let deleted =
+                self.write_in_place(|db| db.execute(&sql, rusqlite::params![cutoff, BATCH_SESSIONS])).await?;
+            removed += deleted as u64;
+            if (deleted as i64) < BATCH_SESSIONS {
+                return Ok(removed);
+            }
+            tokio::time::sleep(MIN_PAUSE).await;
+        }
+    }
+
+    /// The file's pages and free pages.
+    pub async fn pages(&self) -> LedgerResult<Pages> {
+        self.read_in_place(|db| {
+            let pragma = |name: &str| -> rusqlite::Result<u64> {
+                db.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0)).map(|n| n.max(0) as u64)
+            };
+            Ok(Pages {
+                page_size: pragma("page_size")?,
+                page_count: pragma("page_count")?,
+                free_pages: pragma("freelist_count")?,
+            })
+        })
+        .await
+    }
+}
+
+/// The window of the batch after one of `envelopes` ids that held the writer `held`.
+fn next_batch_envelopes(envelopes: i64, held: Duration) -> i64 {
+    if held > TARGET_HOLD {
+        (envelopes / 2).max(MIN_BATCH_ENVELOPES)
+    } else if held < TARGET_HOLD / 2 {
+        (envelopes * 2).min(MAX_BATCH_ENVELOPES)
+    } else {
+        envelopes
+    }
+}
+
+/// The final states, as the SQL of the seed query lists them.
+fn final_states_sql() -> String {
+    let finals: Vec<String> = EnvelopeState::ALL
+        .into_iter()
+        .filter(|state| retention::is_final(*state))
+        .map(|state| format!("'{}'", state.as_str()))
+        .collect();
+    finals.join(", ")
+}
+
+/// Whether the window holds an envelope that finished before the cutoff.
+fn any_finished(
+    db: &rusqlite::Connection,
+    (after, up_to): (i64, i64),
+    cutoff: &str,
+) -> rusqlite::Result<bool> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM envelopes WHERE id > ?1 AND id <= ?2 \
+         AND state IN ({}) AND state_changed_at < ?3)",
+        final_states_sql()
+    );
+    db.prepare_cached(&sql)?.query_row(rusqlite::params![after, up_to, cutoff], |r| r.get(0))
+}
+
+/// A JSON array of ids, for `IN (SELECT value FROM json_each(?))`.
+fn json_ids<'a>(ids: impl IntoIterator<Item = &'a i64>) -> String {
+    let ids: Vec<String> = ids.into_iter().map(i64::to_string).collect();
+    format!("[{}]", ids.join(","))
+}
+
+/// The newest row of each table, which stays (migration 0009): the newest envelope, and
+/// the envelopes carrying the newest attempt and event; the newest of the other tables.
+#[derive(Debug, Default)]
+struct Newest {
+    envelopes: BTreeSet<i64>,
+    handoff: Option<i64>,
+    cascade: Option<i64>,
+    turn: Option<i64>,
+    post: Option<i64>,
+    task: Option<i64>,
+    revision: Option<i64>,
+}
+
+fn newest(db: &rusqlite::Connection) -> rusqlite::Result<Newest> {
+    let one = |sql: &str| -> rusqlite::Result<Option<i64>> { query_row_cached(db, sql, [], |r| r.get(0)) };
+    let envelopes = [
+        one("SELECT MAX(id) FROM envelopes")?,
+        one("SELECT MAX(envelope_id) FROM attempts WHERE id = (SELECT MAX(id) FROM attempts)")?,
+        one("SELECT MAX(envelope_id) FROM envelope_events WHERE id = (SELECT MAX(id) FROM envelope_events)")?,
+    ];
+    Ok(Newest {
+        envelopes: envelopes.into_iter().flatten().collect(),
+        handoff: one("SELECT MAX(id) FROM handoffs")?,
+        cascade: one("SELECT MAX(id) FROM cascades")?,
+        turn: one("SELECT MAX(id) FROM cascade_turns")?,
+        post: one("SELECT MAX(id) FROM room_posts")?,
+        task: one("SELECT MAX(id) FROM tasks")?,
+        revision: one("SELECT MAX(id) FROM task_revisions")?,
+    })
+}
+
+/// What a batch has loaded so far.
+#[derive(Default)]
+struct Gathered {
+    facts: BatchFacts,
+    handoffs: HashSet<i64>,
+    cascades: HashSet<i64>,
+    task_posts: HashSet<i64>,
+    tasks: HashSet<String>,
+}
+
+/// The facts of the window's finished envelopes and of what reaches them, and the
+/// decision on them.
+fn gather_and_decide(
+    db: &rusqlite::Connection,
+    window: (i64, i64),
+    cutoff: &str,
+) -> rusqlite::Result<Doomed> {
+    let newest = newest(db)?;
+    let seed_sql = format!(
+        "SELECT id FROM envelopes WHERE id > ?1 AND id <= ?2 AND state IN ({}) AND state_changed_at < ?3",
+        final_states_sql()
+    );
+    let seeds: Vec<i64> = db
+        .prepare_cached(&seed_sql)?
+        .query_map(rusqlite::params![window.0, window.1, cutoff], |r| r.get(0))?
+        .collect::<rusqlite::Result<_>>()?;
+    let mut gathered = Gathered::default();
+    let mut envelopes: BTreeSet<i64> = seeds.iter().copied().collect();
+    let mut frontier = seeds;
+    for round in 0..=EXPANSION_ROUNDS {
+        let reached = discover(db, &frontier, cutoff, &newest, &mut gathered)?;
+        // The last round only looks: what references the envelopes reached so far is
+        // loaded, so that a row outside the batch keeps what it points at.
+        if round == EXPANSION_ROUNDS {
+            break;
+        }
+        frontier = reached.into_iter().filter(|id| envelopes.insert(*id)).collect();
+        if frontier.is_empty() {
+            break;
+        }
+    }
+    gathered.facts.envelopes = envelope_facts(db, &envelopes, cutoff, &newest)?;
+    Ok(retention::decide(&gathered.facts))
+}
+
+fn envelope_facts(
+    db: &rusqlite::Connection,
+    ids: &BTreeSet<i64>,
+    cutoff: &str,
+    newest: &Newest,
+) -> rusqlite::Result<Vec<EnvelopeFacts>> {
+    query_all_cached(
+        db,
+        "SELECT e.id, e.state, e.state_changed_at < ?2, e.task_id, EXISTS (SELECT 1 FROM attempts a \
+           WHERE a.envelope_id = e.id AND (a.outcome = 'in_flight' OR (a.outcome = 'unknown' AND a.reconciled_outcome IS NULL))) \
+         FROM envelopes e WHERE e.id IN (SELECT value FROM json_each(?1))",
+        rusqlite::params![json_ids(ids), cutoff],
+        |r| {
+            let id: i64 = r.get(0)?;
+            let state: String = r.get(1)?;
+            let state = EnvelopeState::parse(&state).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.into())
+            })?;
+            Ok(EnvelopeFacts {
+                id,
+                state,
+                settled_before_cutoff: r.get(2)?,
+                task: r.get(3)?,
+                unreconciled_attempt: r.get(4)?,
+                holds_newest: newest.envelopes.contains(&id),
+            })
+        },
+    )
+}
+
+/// Loads every row not loaded yet that references an envelope of `frontier`, whole (a
+/// cascade with its turns and posts, a task with its revisions and envelopes): the
+/// envelopes those rows reference.
+fn discover(
+    db: &rusqlite::Connection,
+    frontier: &[i64],
+    cutoff: &str,
+    newest: &Newest,
+    gathered: &mut Gathered,
+) -> rusqlite::Result<BTreeSet<i64>> {
+    let mut reached = BTreeSet::new();
+    if frontier.is_empty() {
+        return Ok(reached);
+    }
+    let ids = json_ids(frontier);
+    let handoffs = query_all_cached(
+        db,
+        "SELECT id, state <> 'open' AND COALESCE(closed_at, opened_at) < ?2, cause_envelope_id, envelope_id, answer_envelope_id \
+         FROM handoffs WHERE cause_envelope_id IN (SELECT value FROM json_each(?1)) \
+           OR envelope_id IN (SELECT value FROM json_each(?1)) OR answer_envelope_id IN (SELECT value FROM json_each(?1))",
+        rusqlite::params![ids, cutoff],
+        |r| {
+            let id = r.get(0)?;
+            Ok(HandoffFacts {
+                id,
+                ended_before_cutoff: r.get(1)?,
+                is_newest: newest.handoff == Some(id),
+                cause: r.get(2)?,
+                envelope: r.get(3)?,
+                answer: r.get(4)?,
+            })
+        },
+    )?;
+    for handoff in handoffs {
+        if gathered.handoffs.insert(handoff.id) {
+            reached.extend(handoff.cause.into_iter().chain([handoff.envelope]).chain(handoff.answer));
+            gathered.facts.handoffs.push(handoff);
+        }
+    }
+
+    let cascades: Vec<i64> = query_all_cached(
+        db,
+        "SELECT id FROM cascades WHERE message_envelope_id IN (SELECT value FROM json_each(?1)) \
+         UNION SELECT cascade_id FROM cascade_turns WHERE envelope_id IN (SELECT value FROM json_each(?1)) \
+         UNION SELECT cascade_id FROM room_posts WHERE envelope_id IN (SELECT value FROM json_each(?1)) AND cascade_id IS NOT NULL",
+        [&ids],
+        |r| r.get(0),
+    )?;
+    for id in cascades {
+        if gathered.cascades.insert(id) {
+            let cascade = cascade_facts(db, id, cutoff, newest)?;
+            reached.extend(&cascade.envelopes);
+            gathered.facts.cascades.push(cascade);
+        }
+    }
+
+    let posts = query_all_cached(
+        db,
+        "SELECT id, state = 'made' AND COALESCE(made_at, created_at) < ?2, envelope_id FROM room_posts \
+         WHERE envelope_id IN (SELECT value FROM json_each(?1)) AND cascade_id IS NULL",
+        rusqlite::params![ids, cutoff],
+        |r| {
+            let id = r.get(0)?;
+            Ok(PostFacts {
+                id,
+                made_before_cutoff: r.get(1)?,
+                is_newest: newest.post == Some(id),
+                envelope: r.get(2)?,
+            })
+        },
+    )?;
+    for post in posts {
+        if gathered.task_posts.insert(post.id) {
+            reached.insert(post.envelope);
+            gathered.facts.task_posts.push(post);
+        }
+    }
+
+    let tasks: Vec<String> = query_all_cached(
+        db,
+        "SELECT task_id FROM envelopes WHERE id IN (SELECT value FROM json_each(?1)) AND task_id IS NOT NULL \
+         UNION SELECT task_id FROM tasks WHERE first_envelope_id IN (SELECT value FROM json_each(?1)) \
+           OR act_on_envelope_id IN (SELECT value FROM json_each(?1)) OR cancel_envelope_id IN (SELECT value FROM json_each(?1)) \
+         UNION SELECT task_id FROM task_revisions WHERE envelope_id IN (SELECT value FROM json_each(?1))",
+        [&ids],
+        |r| r.get(0),
+    )?;
+    for task_id in tasks {
+        if gathered.tasks.insert(task_id.clone())
+            && let Some(task) = task_facts(db, &task_id, cutoff, newest)?
+        {
+            reached.extend(&task.envelopes);
+            gathered.facts.tasks.push(task);
+        }
+    }
+    Ok(reached)
+}
+
+fn cascade_facts(
+    db: &rusqlite::Connection,
+    id: i64,
+    cutoff: &str,
+    newest: &Newest,
+) -> rusqlite::Result<CascadeFacts> {
+    let (over_before_cutoff, message): (bool, i64) = query_row_cached(
+        db,
+        "SELECT state IN ('stopped', 'completed', 'budget_exhausted') AND COALESCE(ended_at, updated_at) < ?2, \
+           message_envelope_id FROM cascades WHERE id = ?1",
+        rusqlite::params![id, cutoff],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let turns: Vec<(i64, i64, bool)> = query_all_cached(
+        db,
+        "SELECT id, envelope_id, ended_at IS NOT NULL FROM cascade_turns WHERE cascade_id = ?1",
+        [id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let posts: Vec<(i64, i64, bool)> = query_all_cached(
+        db,
+        "SELECT id, envelope_id, state = 'owed' FROM room_posts WHERE cascade_id = ?1",
+        [id],
+        |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+    )?;
+    let holds_newest = newest.cascade == Some(id)
+        || turns.iter().any(|(turn, ..)| newest.turn == Some(*turn))
+        || posts.iter().any(|(post, ..)| newest.post == Some(*post));
+    // A turn still open means the cascade is not over, whatever its state says.
+    let turns_ended = turns.iter().all(|(_, _, ended)| *ended);
+    Ok(CascadeFacts {
+        id,
+        over_before_cutoff: over_before_cutoff && turns_ended,
+        owes_post: posts.iter().any(|(_, _, owed)| *owed),
+        holds_newest,
+        envelopes: [message]
+            .into_iter()
+            .chain(turns.iter().map(|(_, envelope, _)| *envelope))
+            .chain(posts.iter().map(|(_, envelope, _)| *envelope))
+            .collect(),
+    })
+}
+
+fn task_facts(
+    db: &rusqlite::Connection,
+    task_id: &str,
+    cutoff: &str,
+    newest: &Newest,
+) -> rusqlite::Result<Option<TaskFacts>> {
+    let task = db
+        .prepare_cached(
+            "SELECT id, state IN ('done', 'stopped', 'replaced') AND closed_at IS NOT NULL AND closed_at < ?2, \
+               first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = ?1",
+        )?
+        .query_row(rusqlite::params![task_id, cutoff], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?, r.get::<_, i64>(2)?, r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?))
+        });
+    let (id, closed_before_cutoff, first, act_on, cancel) = match task {
+        Ok(task) => task,
+        // An envelope names a task that is not there: its envelopes stay (the rule keeps
+        // an envelope whose task it is not shown).
+        Err(rusqlite::Error::QueryReturnedNoRows) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let revisions: Vec<(i64, Option<i64>)> = query_all_cached(
+        db,
+        "SELECT id, envelope_id FROM task_revisions WHERE task_id = ?1",
+        [task_id],
+        |r| Ok((r.get(0)?, r.get(1)?)),
+    )?;
+    let made_under: Vec<i64> =
+        query_all_cached(db, "SELECT id FROM envelopes WHERE task_id = ?1", [task_id], |r| r.get(0))?;
+    let holds_newest =
+        newest.task == Some(id) || revisions.iter().any(|(revision, _)| newest.revision == Some(*revision));
+    let envelopes = [Some(first), act_on, cancel]
+        .into_iter()
+        .flatten()
+        .chain(revisions.iter().filter_map(|(_, envelope)| *envelope))
+        .chain(made_under)
+        .collect::<BTreeSet<i64>>()
+        .into_iter()
+        .collect();
+    Ok(Some(TaskFacts { id, task_id: task_id.to_owned(), closed_before_cutoff, holds_newest, envelopes }))
+}
+
+/// Deletes what was decided, children before parents: every foreign key holds after each
+/// statement (SQLite checks them per statement).
+fn delete_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result<Pruned> {
+    if doomed.is_empty() {
+        return Ok(Pruned::default());
+    }
+    let envelopes = json_ids(&doomed.envelopes);
+    let cascades = json_ids(&doomed.cascades);
+    let tasks = json_ids(&doomed.tasks);
+    let delete =
+        |sql: &str, ids: &str| -> rusqlite::Result<u64> { execute_cached(db, sql, [ids]).map(|n| n as u64) };
+    let task_revisions = delete(
+        "DELETE FROM task_revisions WHERE task_id IN (SELECT task_id FROM tasks WHERE id IN (SELECT value FROM json_each(?1)))",
+        &tasks,
+    )?;
+    let tasks = delete("DELETE FROM tasks WHERE id IN (SELECT value FROM json_each(?1))", &tasks)?;
+    let room_posts =
+        delete("DELETE FROM room_posts WHERE cascade_id IN (SELECT value FROM json_each(?1))", &cascades)?
+            + delete(
+                "DELETE FROM room_posts WHERE id IN (SELECT value FROM json_each(?1))",
+                &json_ids(&doomed.task_posts),
+            )?;
+    let cascade_turns =
+        delete("DELETE FROM cascade_turns WHERE cascade_id IN (SELECT value FROM json_each(?1))", &cascades)?;
+    let cascades = delete("DELETE FROM cascades WHERE id IN (SELECT value FROM json_each(?1))", &cascades)?;
+    let handoffs = delete(
+        "DELETE FROM handoffs WHERE id IN (SELECT value FROM json_each(?1))",
+        &json_ids(&doomed.handoffs),
+    )?;
+    let attempts =
+        delete("DELETE FROM attempts WHERE envelope_id IN (SELECT value FROM json_each(?1))", &envelopes)?;
+    let envelope_events = delete(
+        "DELETE FROM envelope_events WHERE envelope_id IN (SELECT value FROM json_each(?1))",
+        &envelopes,
+    )?;
+    let envelopes =
+        delete("DELETE FROM envelopes WHERE id IN (SELECT value FROM json_each(?1))", &envelopes)?;
+    Ok(Pruned {
+        envelopes,
+        attempts,
+        envelope_events,
+        handoffs,
+        cascades,
+        cascade_turns,
+        room_posts,
+        tasks,
+        task_revisions,
+        agent_sessions: 0,
+    })
+}
+
+/// What [`delete_doomed`] would delete, counted.
+fn count_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result<Pruned> {
+    if doomed.is_empty() {
+        return Ok(Pruned::default());
+    }
+    let envelopes = json_ids(&doomed.envelopes);
+    let cascades = json_ids(&doomed.cascades);
+    let tasks = json_ids(&doomed.tasks);
+    let count = |sql: &str, ids: &str| -> rusqlite::Result<u64> {
+        query_row_cached(db, sql, [ids], |r| r.get::<_, i64>(0)).map(|n| n as u64)
+    };
+    Ok(Pruned {
+        envelopes: doomed.envelopes.len() as u64,
+        attempts: count(
+            "SELECT COUNT(*) FROM attempts WHERE envelope_id IN (SELECT value FROM json_each(?1))",
+            &envelopes,
+        )?,
+        envelope_events: count(
+            "SELECT COUNT(*) FROM envelope_events WHERE envelope_id IN (SELECT value FROM json_each(?1))",
+            &envelopes,
+        )?,
+        handoffs: doomed.handoffs.len() as u64,
+        cascades: doomed.cascades.len() as u64,
+        cascade_turns: count(
+            "SELECT COUNT(*) FROM cascade_turns WHERE cascade_id IN (SELECT value FROM json_each(?1))",
+            &cascades,
+        )?,
+        room_posts: doomed.task_posts.len() as u64
+            + count(
+                "SELECT COUNT(*) FROM room_posts WHERE cascade_id IN (SELECT value FROM json_each(?1))",
+                &cascades,
+            )?,
+        tasks: doomed.tasks.len() as u64,
+        task_revisions: count(
+            "SELECT COUNT(*) FROM task_revisions WHERE task_id IN (SELECT task_id FROM tasks WHERE id IN (SELECT value FROM json_each(?1)))",
+            &tasks,
+        )?,
+        agent_sessions: 0,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Synchronous;
+
+    const OLD: &str = "2020-01-01T00:00:00.000Z";
+    const RECENT: &str = "2999-01-01T00:00:00.000Z";
+
+    async fn ledger() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        (dir, ledger)
+    }
+
+    fn envelope(db: &rusqlite::Connection, id: i64, state: &str, at: &str, task: Option<&str>) {
+        db.execute(
+            "INSERT INTO envelopes (id, trace_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+             sent_at, received_at, state, state_changed_at, task_id) \
+             VALUES (?1, 'env_' || ?1, 'message', 42, 'private', ?1, 'Ann', 'hi', ?3, ?3, ?2, ?3, ?4)",
+            rusqlite::params![id, state, at, task],
+        )
+        .unwrap();
+    }
+
+    fn attempt(db: &rusqlite::Connection, envelope: i64, outcome: &str, reconciled: Option<&str>) {
+        db.execute(
+            "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, \
+             started_at, reconciled_outcome) \
+             VALUES ('op_' || ?1 || '_' || (SELECT COUNT(*) FROM attempts), ?1, 'orch', 42, 0, 1, 'answer', ?2, ?3, ?4)",
+            rusqlite::params![envelope, outcome, OLD, reconciled],
+        )
+        .unwrap();
+    }
+
+    fn event(db: &rusqlite::Connection, envelope: i64) {
+        db.execute(
+            "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (?1, ?2, 'pending', 'acked', 'daemon')",
+            rusqlite::params![envelope, OLD],
+        )
+        .unwrap();
+    }
+
+    fn handoff(
+        db: &rusqlite::Connection,
+        id: i64,
+        state: &str,
+        cause: i64,
+        envelope: i64,
+        answer: Option<i64>,
+    ) {
+        db.execute(
+            "INSERT INTO handoffs (id, handoff_id, from_agent, to_agent, instruction, cause_envelope_id, depth, \
+             envelope_id, answer_envelope_id, state, opened_at, closed_at) \
+             VALUES (?1, 'hof_' || ?1, 'orch', 'worker', 'do it', ?2, 1, ?3, ?4, ?5, ?6, ?6)",
+            rusqlite::params![id, cause, envelope, answer, state, OLD],
+        )
+        .unwrap();
+    }
+
+    fn cascade(db: &rusqlite::Connection, id: i64, state: &str, message: i64, turn: i64, post: Option<&str>) {
+        db.execute(
+            "INSERT INTO cascades (id, cascade_id, route, chat_id, message_envelope_id, state, cascade, max_iters, \
+             speaker_timeout_secs, created_at, ended_at, updated_at) \
+             VALUES (?1, 'cas_' || ?1, 'room', 7, ?2, ?3, '{}', 3, 60, ?4, ?4, ?4)",
+            rusqlite::params![id, message, state, OLD],
+        )
+        .unwrap();
+        db.execute(
+            "INSERT INTO cascade_turns (cascade_id, speaker, agent, summoned_by, envelope_id, started_at, ended_at, ending) \
+             VALUES (?1, 1, 'orch', 'Ann', ?2, ?3, ?3, 'replied')",
+            rusqlite::params![id, turn, OLD],
+        )
+        .unwrap();
+        if let Some(state) = post {
+            db.execute(
+                "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, text, state, created_at, made_at) \
+                 VALUES ('cas_' || ?1 || '/outcome', ?1, ?2, 'room', 7, 'done', ?3, ?4, ?4)",
+                rusqlite::params![id, message, state, OLD],
+            )
+            .unwrap();
+        }
+    }
+
+    fn task(db: &rusqlite::Connection, id: i64, state: &str, first: i64, revision_envelope: i64) {
+        let closed = (state == "done").then_some(OLD);
+        db.execute(
+            "INSERT INTO tasks (id, task_id, chat_id, agent, route, state, revision, objective, first_envelope_id, \
+             started_by, started_source, opened_at, updated_at, closed_at) \
+             VALUES (?1, 'task_' || ?1, 42, 'orch', 'dm', ?2, 2, 'work', ?3, 'Ann', 'message', ?4, ?4, ?5)",
+            rusqlite::params![id, state, first, OLD, closed],
+        )
+        .unwrap();
+        db.execute(
+            "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, envelope_id) \
+             VALUES ('task_' || ?1, 2, 'correction', 'message', 'Ann', ?2, 'fix', ?3)",
+            rusqlite::params![id, OLD, revision_envelope],
+        )
+        .unwrap();
+    }
+
+    fn session(db: &rusqlite::Connection, id: &str, connected: &str, disconnected: Option<&str>) {
+        db.execute(
+            "INSERT INTO agent_sessions (id, agent, connected_at, disconnected_at) VALUES (?1, 'orch', ?2, ?3)",
+            rusqlite::params![id, connected, disconnected],
+        )
+        .unwrap();
+    }
+
+    async fn ids(ledger: &Ledger, sql: &'static str) -> Vec<i64> {
+        ledger.read_in_place(|db| query_all_cached(db, sql, [], |r| r.get(0))).await.unwrap()
+    }
+
+    async fn consistent(ledger: &Ledger) {
+        let problems: Vec<String> = ledger
+            .read_in_place(|db| {
+                query_all_cached(db, "PRAGMA foreign_key_check", [], |r| r.get::<_, String>(0))
+            })
+            .await
+            .unwrap();
+        assert_eq!(problems, Vec::<String>::new(), "rows reference rows that are gone");
+    }
+
+    /// One of each row that must stay, and old finished rows that must go.
+    async fn one_of_each(ledger: &Ledger) {
+        ledger
+            .write_in_place(|db| {
+                envelope(db, 1, "acked", OLD, None);
+                attempt(db, 1, "sent", None);
+                event(db, 1);
+                event(db, 1);
+                envelope(db, 2, "queued", OLD, None);
+                envelope(db, 3, "pending", OLD, None);
+                envelope(db, 4, "unresolved", OLD, None);
+                attempt(db, 4, "unknown", None);
+                envelope(db, 5, "acked", OLD, None);
+                envelope(db, 6, "acked", OLD, None);
+                attempt(db, 6, "unknown", Some("sent"));
+                envelope(db, 7, "acked", RECENT, None);
+                // An open handoff keeps its cause and its instruction.
+                envelope(db, 8, "acked", OLD, None);
+                envelope(db, 9, "acked", OLD, None);
+                handoff(db, 1, "open", 8, 9, None);
+                // An answered one goes with its three envelopes.
+                for id in 10..=12 {
+                    envelope(db, id, "acked", OLD, None);
+                }
+                handoff(db, 2, "answered", 10, 11, Some(12));
+                // The newest handoff stays, whatever its state.
+                handoff(db, 3, "closed", 8, 9, None);
+                // A running cascade keeps its message and its turn's envelope.
+                envelope(db, 13, "acked", OLD, None);
+                envelope(db, 14, "acked", OLD, None);
+                cascade(db, 1, "running", 13, 14, None);
+                // A completed one, whose post was made, goes with them.
+                envelope(db, 15, "acked", OLD, None);
+                envelope(db, 16, "acked", OLD, None);
+                cascade(db, 2, "completed", 15, 16, Some("made"));
+                // A completed one that still owes its post stays.
+                envelope(db, 26, "acked", OLD, None);
+                envelope(db, 27, "acked", OLD, None);
+                cascade(db, 3, "completed", 26, 27, Some("owed"));
+                // An open task keeps its envelopes; a done one goes with them.
+                envelope(db, 17, "acked", OLD, Some("task_1"));
+                envelope(db, 28, "acked", OLD, Some("task_1"));
+                task(db, 1, "open", 17, 28);
+                envelope(db, 18, "acked", OLD, Some("task_2"));
+                envelope(db, 19, "superseded", OLD, Some("task_2"));
+                task(db, 2, "done", 18, 19);
+                for (id, state) in [(20, "unrouted"), (21, "rejected"), (22, "ignored"), (23, "undecodable")]
+                {
+                    envelope(db, id, state, OLD, None);
+                }
+                envelope(db, 24, "superseded", OLD, None);
+                // The newest attempt's envelope (5) and the newest envelope (29) stay.
+                attempt(db, 5, "sent", None);
+                envelope(db, 29, "acked", OLD, None);
+                event(db, 29);
+                // A recent task, the newest, keeps everything of its own.
+                task(db, 3, "done", 7, 7);
+                session(db, "s1", OLD, Some(OLD));
+                session(db, "s2", OLD, None);
+                session(db, "s3", "2020-01-02T00:00:00.000Z", Some(OLD));
+                Ok(())
+            })
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_prune_removes_what_finished_and_keeps_everything_open_unreconciled_or_newest() {
+        let (_dir, ledger) = ledger().await;
+        one_of_each(&ledger).await;
+        let cutoff = Utc::now();
+        let dry = ledger.prune(cutoff, true).await.unwrap();
+        let expected = Pruned {
+            envelopes: 14,
+            attempts: 2,
+            envelope_events: 2,
+            handoffs: 1,
+            cascades: 1,
+            cascade_turns: 1,
+            room_posts: 1,
+            tasks: 1,
+            task_revisions: 1,
+            agent_sessions: 1,
+        };
+        assert_eq!(dry.removed, expected);
+        assert_eq!(ids(&ledger, "SELECT COUNT(*) FROM envelopes").await, [28], "a dry run deletes nothing");
+
+        let report = ledger.prune(cutoff, false).await.unwrap();
+        assert_eq!(report.removed, expected);
+        assert_eq!(
+            ids(&ledger, "SELECT id FROM envelopes ORDER BY id").await,
+            [2, 3, 4, 5, 7, 8, 9, 13, 14, 17, 26, 27, 28, 29]
+        );
+        assert_eq!(ids(&ledger, "SELECT envelope_id FROM attempts ORDER BY id").await, [4, 5]);
+        assert_eq!(ids(&ledger, "SELECT id FROM handoffs ORDER BY id").await, [1, 3]);
+        assert_eq!(ids(&ledger, "SELECT id FROM cascades ORDER BY id").await, [1, 3]);
+        assert_eq!(ids(&ledger, "SELECT id FROM tasks ORDER BY id").await, [1, 3]);
+        assert_eq!(ids(&ledger, "SELECT COUNT(*) FROM agent_sessions").await, [2]);
+        consistent(&ledger).await;
+        // Nothing is left that may go.
+        assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());
+    }
+
+    #[test]
+    fn a_slow_batch_halves_the_next_window_and_a_quick_one_doubles_it_within_bounds() {
+        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 2), 250);
+        assert_eq!(next_batch_envelopes(MIN_BATCH_ENVELOPES, TARGET_HOLD * 2), MIN_BATCH_ENVELOPES);
+        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 3 / 4), 500);
+        assert_eq!(next_batch_envelopes(500, Duration::ZERO), 1000);
+        assert_eq!(next_batch_envelopes(MAX_BATCH_ENVELOPES, Duration::ZERO), MAX_BATCH_ENVELOPES);
+    }
+
+    #[tokio::test]
+    async fn what_belongs_together_goes_together_across_batches() {
+        let (_dir, ledger) = ledger().await;
+        let far = 3 * MAX_BATCH_ENVELOPES;
+        ledger
+            .write_in_place(|db| {
+                for id in 1..=far {
+                    let task = (id == 10 || id == far - 10).then_some("task_1");
+                    envelope(db, id, "acked", OLD, task);
+                    attempt(db, id, "sent", None);
+                }
+                task(db, 1, "done", 10, far - 10);
+                // The newest rows of these tables are elsewhere.
+                task(db, 2, "open", far, far);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let report = ledger.prune(Utc::now(), false).await.unwrap();
+        assert_eq!(report.removed.tasks, 1);
+        assert_eq!(report.removed.envelopes, (far - 1) as u64);
+        assert_eq!(ids(&ledger, "SELECT id FROM envelopes").await, [far]);
+        assert!(report.batches >= 3, "{:?}", report.batch_holds);
+        consistent(&ledger).await;
+    }
+}
