@@ -11,7 +11,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::daemon::*;
-use support::mcp::ChannelClient;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -175,13 +174,7 @@ async fn a_live_daemon_answers_while_ledger_prune_runs_and_nothing_open_goes() {
     assert_eq!(old_envelopes(&daemon), BIG_LEDGER + 2);
 
     daemon.launch();
-    let orchestrator = ChannelClient::start(
-        daemon.config_path(),
-        "orchestrator",
-        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)],
-    )
-    .await
-    .unwrap();
+    let orchestrator = support::agents::session(&daemon, "orchestrator").await;
     let mut prune = prune_command(&daemon, &["--older-than", "30d"]).spawn().unwrap();
     // Under way: some old rows are gone already, and most are still there.
     let started = Instant::now();
