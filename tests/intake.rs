@@ -292,8 +292,9 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
     holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
     let during = fake.push_text(&dm, owner(), "while the ledger is locked");
     // Intake waits for the lock between tries, not in SQLite's busy handler on the
-    // daemon's one runtime thread: the daemon answers meanwhile.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // daemon's one runtime thread: the daemon answers meanwhile. It holds the update once
+    // Telegram served it, and from then on tries to record it.
+    fake.wait_until_served(during, WAIT).await;
     let asked = Instant::now();
     let client = reqwest::Client::builder().no_proxy().timeout(Duration::from_secs(5)).build().unwrap();
     let health = client.get(format!("http://{}/healthz", daemon.api_addr())).send().await;

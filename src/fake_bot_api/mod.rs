@@ -633,6 +633,23 @@ impl FakeTelegram {
         }
     }
 
+    /// Waits until a `getUpdates` answer has carried `update_id` (as last pushed): the
+    /// daemon holds it from then on, and is recording it or waiting to. Panics if
+    /// `within` elapses first.
+    pub async fn wait_until_served(&self, update_id: i64, within: Duration) {
+        let deadline = Instant::now() + within;
+        let served = self
+            .shared
+            .wait_for(Some(deadline), |state| state.served_by_call.contains_key(&update_id).then_some(()))
+            .await;
+        if served.is_none() {
+            panic!(
+                "fake Telegram: timed out after {within:?} waiting for a getUpdates to serve update {update_id}\n{}",
+                self.describe()
+            );
+        }
+    }
+
     /// Waits until a `getUpdates` is holding its long poll open, waiting for an update
     /// (so one pushed now wakes it rather than being there when it looks). Panics if
     /// `within` elapses first.

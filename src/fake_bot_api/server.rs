@@ -228,6 +228,9 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
                 update.served = true;
             }
             state.served_by_call.extend(served.iter().map(|&id| (id, call)));
+            drop(state);
+            // Waiters for an update being served (`wait_until_served`) look again.
+            shared.changed.notify_waiters();
             let texts: Vec<String> = batch.into_iter().map(|(_, text)| text).collect();
             ok_raw(&texts.join(","))
         }
