@@ -716,7 +716,8 @@ fn apply_change(
     let kind = change.kind;
     let snapshot = effects_of(db, task_id)?;
     let old_instruction = last_instruction(db, task_id, carrier.message_id.filter(|_| carrier.rewrite))?;
-    let open_handoffs = if plan::retires(kind) { open_handoffs(db, task_id)? } else { Vec::new() };
+    let (handoff_rows, open_handoffs) =
+        if plan::retires(kind) { open_handoffs(db, task_id)? } else { (Vec::new(), Vec::new()) };
     let latest_pending = match kind {
         ChangeKind::Pause | ChangeKind::Resume => latest_pending(db, task_id, carrier.id)?,
         _ => None,
@@ -727,14 +728,14 @@ fn apply_change(
         change,
         rewrite: carrier.rewrite,
         old_instruction: old_instruction.as_deref(),
-        open_handoffs: &open_handoffs.iter().map(|(_, handoff)| handoff.clone()).collect::<Vec<_>>(),
+        open_handoffs: &open_handoffs,
         latest_pending: latest_pending.as_deref(),
         successor_id: &successor_id,
     });
     let mut effects = vec![TaskEffect::Recorded(kind)];
     let revision = i64::from(plan.revision);
     if let Some(reason) = &plan.supersede {
-        supersede(db, task_id, &plan, &open_handoffs, carrier, reason, &mut effects)?;
+        supersede(db, task_id, &plan, &handoff_rows, carrier, reason, &mut effects)?;
     }
     record_revision(db, task_id, revision, change, carrier, &snapshot)?;
     write_task(db, task_id, revision, &plan.task, carrier, change)?;
@@ -820,12 +821,16 @@ fn last_instruction(
     .map(Option::flatten)
 }
 
-/// A handoff's row and its instruction envelope's, with what the planner sees of it.
-type HandoffRow = ((i64, i64), OpenHandoff);
+/// A handoff's row and its instruction envelope's.
+type HandoffRow = (i64, i64);
 
-/// The task's open handoffs, oldest first.
-fn open_handoffs(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<Vec<HandoffRow>> {
-    query_all_cached(
+/// The task's open handoffs, oldest first: their rows, and what the planner sees of each,
+/// in the same order.
+fn open_handoffs(
+    db: &rusqlite::Connection,
+    task_id: &str,
+) -> rusqlite::Result<(Vec<HandoffRow>, Vec<OpenHandoff>)> {
+    let handoffs = query_all_cached(
         db,
         "SELECT id, envelope_id, handoff_id, from_agent, to_agent FROM handoffs WHERE task_id = ? \
          AND state = 'open' ORDER BY id",
@@ -835,7 +840,8 @@ fn open_handoffs(db: &rusqlite::Connection, task_id: &str) -> rusqlite::Result<V
                 OpenHandoff { handoff_id: row.get(2)?, from_agent: row.get(3)?, to_agent: row.get(4)? };
             Ok(((row.get(0)?, row.get(1)?), handoff))
         },
-    )
+    )?;
+    Ok(handoffs.into_iter().unzip())
 }
 
 /// What a change that retires older work writes: the task's queued and pending envelopes
@@ -846,7 +852,7 @@ fn supersede(
     db: &rusqlite::Connection,
     task_id: &str,
     plan: &ChangePlan,
-    handoffs: &[HandoffRow],
+    handoff_rows: &[HandoffRow],
     carrier: &Carrier,
     reason: &str,
     effects: &mut Vec<TaskEffect>,
@@ -864,11 +870,8 @@ fn supersede(
         transition_in(db, id, &from, EnvelopeState::Superseded, "switchboard", Some(reason))?;
     }
     let at = now();
-    for retired in &plan.retired_handoffs {
-        let Some(((id, instruction), _)) = handoffs.iter().find(|(_, h)| h.handoff_id == retired.handoff_id)
-        else {
-            continue;
-        };
+    // The plan retires every open handoff it was given, in their order.
+    for (retired, (id, instruction)) in plan.retired_handoffs.iter().zip(handoff_rows) {
         execute_cached(
             db,
             "UPDATE handoffs SET state = 'superseded', closed_at = ?, note = ? WHERE id = ?",

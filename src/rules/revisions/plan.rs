@@ -144,7 +144,8 @@ pub struct ChangePlan {
     /// When the change retires older work: the task's queued and pending envelopes of
     /// earlier revisions (the carrier excepted) become `superseded`, noted with this.
     pub supersede: Option<String>,
-    /// Open handoffs that no longer stand, each with the envelope its agent is sent.
+    /// Open handoffs that no longer stand, each with the envelope its agent is sent: when
+    /// the change [`retires`] work, one for each of the context's `open_handoffs`, in order.
     pub retired_handoffs: Vec<RetiredHandoff>,
     pub task: TaskWrite,
     pub carrier: CarrierWrite,
