@@ -68,6 +68,13 @@ pub struct PaceLimits {
     pub overall_per_sec: u32,
 }
 
+impl PaceLimits {
+    /// Private chats have positive ids (the user's id); groups and channels negative ones.
+    fn interval_for(&self, chat_id: i64) -> Duration {
+        if chat_id > 0 { self.private } else { self.group }
+    }
+}
+
 impl Default for PaceLimits {
     fn default() -> Self {
         Self { private: PRIVATE_INTERVAL, group: GROUP_INTERVAL, overall_per_sec: OVERALL_PER_SEC }
@@ -152,7 +159,7 @@ impl Pacer {
         if self.buckets.len() > PRUNE_ABOVE {
             self.prune(now);
         }
-        let interval = self.interval_for(chat_id).as_secs_f64();
+        let interval = self.limits.interval_for(chat_id).as_secs_f64();
         let bucket =
             self.buckets.entry(chat_id).or_insert(Bucket { tokens: BURST, at: now, held_until: None });
         let held = match bucket.held_until {
@@ -177,38 +184,27 @@ impl Pacer {
     }
 
     /// The least time between two sends across all chats, or none when that pacing is off.
-    fn overall_spacing(&mut self, now: Instant) -> Option<Duration> {
+    fn overall_spacing(&self, now: Instant) -> Option<Duration> {
         self.overall_per_sec(now).map(|per_sec| Duration::from_secs_f64(OVERALL_MARGIN / per_sec))
     }
 
     /// The overall budget now (halved while a `429` throttles it), or none when off.
-    fn overall_per_sec(&mut self, now: Instant) -> Option<f64> {
+    fn overall_per_sec(&self, now: Instant) -> Option<f64> {
         if self.limits.overall_per_sec == 0 {
             return None;
         }
         let per_sec = f64::from(self.limits.overall_per_sec);
-        match self.throttled_until {
-            Some(until) if until > now => Some(per_sec / 2.0),
-            Some(_) => {
-                self.throttled_until = None;
-                Some(per_sec)
-            }
-            None => Some(per_sec),
-        }
-    }
-
-    /// Private chats have positive ids (the user's id); groups and channels negative ones.
-    fn interval_for(&self, chat_id: i64) -> Duration {
-        if chat_id > 0 { self.limits.private } else { self.limits.group }
+        let throttled = self.throttled_until.is_some_and(|until| until > now);
+        Some(if throttled { per_sec / 2.0 } else { per_sec })
     }
 
     /// Forgets chats whose bucket has refilled and that Telegram does not hold: they would
     /// start from a full burst anyway, so memory stays bounded by the chats active within
     /// the last few seconds.
     fn prune(&mut self, now: Instant) {
-        let (private, group) = (self.limits.private, self.limits.group);
+        let limits = self.limits;
         self.buckets.retain(|&chat_id, bucket| {
-            let interval = if chat_id > 0 { private } else { group };
+            let interval = limits.interval_for(chat_id);
             let full_after = interval.mul_f64((BURST - bucket.tokens).max(0.0));
             now.saturating_duration_since(bucket.at) < full_after
                 || bucket.held_until.is_some_and(|held| held > now)
@@ -220,7 +216,8 @@ impl Pacer {
     }
 
     /// Overall send times reserved and not yet past.
-    pub fn scheduled_sends(&self) -> usize {
+    #[cfg(test)]
+    fn scheduled_sends(&self) -> usize {
         self.overall.times.len()
     }
 }
