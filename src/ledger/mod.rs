@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{SecondsFormat, Utc};
+use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::OpenFlags;
 
 use crate::config::Synchronous;
@@ -28,7 +28,13 @@ use readers::Readers;
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub fn now() -> String {
-    Utc::now().to_rfc3339_opts(SecondsFormat::Millis, true)
+    timestamp(Utc::now())
+}
+
+/// `at` as the ledger's timestamp columns hold it (RFC 3339, milliseconds, `Z`), which
+/// compare in time order as text.
+pub(crate) fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 #[derive(Debug, Clone)]
 pub struct Ledger {

@@ -14,9 +14,10 @@
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
+use rusqlite::OptionalExtension;
 
-use super::in_place::{execute_cached, query_all_cached, query_row_cached};
+use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{Ledger, LedgerResult};
 use crate::ledger::EnvelopeState;
 use crate::rules::retention::{
@@ -167,7 +168,7 @@ impl Ledger {
     /// nothing and counts what would go.
     pub async fn prune(&self, finished_before: DateTime<Utc>, dry_run: bool) -> LedgerResult<PruneReport> {
         let started = Instant::now();
-        let cutoff = finished_before.to_rfc3339_opts(SecondsFormat::Millis, true);
+        let cutoff = super::timestamp(finished_before);
         let mut report = PruneReport { pages_before: self.pages().await?, ..PruneReport::default() };
         // Envelopes stored after the prune began are newer than any cutoff in the past.
         let last_id: i64 = self
@@ -398,13 +399,9 @@ fn envelope_facts(
         rusqlite::params![json_ids(ids), cutoff],
         |r| {
             let id: i64 = r.get(0)?;
-            let state: String = r.get(1)?;
-            let state = EnvelopeState::parse(&state).map_err(|e| {
-                rusqlite::Error::FromSqlConversionFailure(1, rusqlite::types::Type::Text, e.into())
-            })?;
             Ok(EnvelopeFacts {
                 id,
-                state,
+                state: text_enum(r, "state")?,
                 settled_before_cutoff: r.get(2)?,
                 task: r.get(3)?,
                 unreconciled_attempt: r.get(4)?,
@@ -561,21 +558,21 @@ fn task_facts(
     cutoff: &str,
     newest: &Newest,
 ) -> rusqlite::Result<Option<TaskFacts>> {
-    let task = db
-        .prepare_cached(
-            "SELECT id, state IN ('done', 'stopped', 'replaced') AND closed_at IS NOT NULL AND closed_at < ?2, \
-               first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = ?1",
-        )?
-        .query_row(rusqlite::params![task_id, cutoff], |r| {
-            Ok((r.get::<_, i64>(0)?, r.get::<_, bool>(1)?, r.get::<_, i64>(2)?, r.get::<_, Option<i64>>(3)?, r.get::<_, Option<i64>>(4)?))
-        });
-    let (id, closed_before_cutoff, first, act_on, cancel) = match task {
-        Ok(task) => task,
-        // An envelope names a task that is not there: its envelopes stay (the rule keeps
-        // an envelope whose task it is not shown).
-        Err(rusqlite::Error::QueryReturnedNoRows) => return Ok(None),
-        Err(e) => return Err(e),
-    };
+    let task = query_row_cached(
+        db,
+        "SELECT id, state IN ('done', 'stopped', 'replaced') AND closed_at IS NOT NULL AND closed_at < ?2, \
+           first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = ?1",
+        rusqlite::params![task_id, cutoff],
+        |r| {
+            let closed_before_cutoff: bool = r.get(1)?;
+            let (act_on, cancel): (Option<i64>, Option<i64>) = (r.get(3)?, r.get(4)?);
+            Ok((r.get::<_, i64>(0)?, closed_before_cutoff, r.get::<_, i64>(2)?, act_on, cancel))
+        },
+    )
+    .optional()?;
+    // An envelope names a task that is not there: its envelopes stay (the rule keeps an
+    // envelope whose task it is not shown).
+    let Some((id, closed_before_cutoff, first, act_on, cancel)) = task else { return Ok(None) };
     let revisions: Vec<(i64, Option<i64>)> = query_all_cached(
         db,
         "SELECT id, envelope_id FROM task_revisions WHERE task_id = ?1",
