@@ -83,6 +83,15 @@ pub(super) async fn handle_request(
     }
 }
 
+/// Telegram's `429`: wait `retry_after` seconds before trying again.
+fn too_many_requests(retry_after: u64) -> Response {
+    api_error(
+        StatusCode::TOO_MANY_REQUESTS,
+        &format!("Too Many Requests: retry after {retry_after}"),
+        Some(json!({ "retry_after": retry_after })),
+    )
+}
+
 /// A request performed: the answer, and the id of the message it recorded as sent.
 struct Performed {
     response: Response,
@@ -124,11 +133,7 @@ async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> R
 
 async fn fault_response(shared: &Shared, fault: Fault) -> Response {
     match fault {
-        Fault::TooManyRequests { retry_after } => api_error(
-            StatusCode::TOO_MANY_REQUESTS,
-            &format!("Too Many Requests: retry after {retry_after}"),
-            Some(json!({ "retry_after": retry_after })),
-        ),
+        Fault::TooManyRequests { retry_after } => too_many_requests(u64::from(retry_after)),
         Fault::ServerError => api_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", None),
         Fault::BadRequest(description) => api_error(StatusCode::BAD_REQUEST, &description, None),
         Fault::Forbidden(description) => api_error(StatusCode::FORBIDDEN, &description, None),
@@ -300,12 +305,7 @@ fn send_message(shared: &Shared, params: &Map<String, Value>) -> Performed {
             state.limits.as_mut().and_then(|limits| limits.admit(chat_id, std::time::Instant::now()).err());
         if let Some(wait) = refused_for {
             state.too_many_requests += 1;
-            let retry_after = wait.as_secs_f64().ceil().max(1.0) as u64;
-            return refused(api_error(
-                StatusCode::TOO_MANY_REQUESTS,
-                &format!("Too Many Requests: retry after {retry_after}"),
-                Some(json!({ "retry_after": retry_after })),
-            ));
+            return refused(too_many_requests(wait.as_secs_f64().ceil().max(1.0) as u64));
         }
         let message_id = state.take_message_id();
         let kind = state.chat_kind(chat_id);
