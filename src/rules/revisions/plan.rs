@@ -211,7 +211,7 @@ pub fn plan_change(context: &ChangeContext<'_>) -> ChangePlan {
     let retired: Vec<String> = retired_handoffs.iter().map(|h| h.handoff_id.clone()).collect();
     let handoff_list = retired.join(", ");
     let content = |task_id: &str, revision: u32, what: RevisionChange<'_>| {
-        rewrite.then(|| texts::revision_envelope(task_id, revision, kind, &what, &retired))
+        rewrite.then(|| texts::revision_envelope(task_id, revision, &what, &retired))
     };
     let (task_write, carrier) = match kind {
         ChangeKind::Correction => {

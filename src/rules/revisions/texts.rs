@@ -32,7 +32,6 @@ pub fn acknowledgement(task_id: &str, revision: u32, kind: ChangeKind, successor
 pub fn revision_envelope(
     task_id: &str,
     revision: u32,
-    kind: ChangeKind,
     change: &RevisionChange<'_>,
     retired_handoffs: &[String],
 ) -> String {
@@ -53,7 +52,6 @@ pub fn revision_envelope(
                 .to_owned(),
         ),
     };
-    debug_assert!(kind != ChangeKind::Pause && kind != ChangeKind::Resume, "a pause is settled, not carried");
     let mut content = format!("{task_id} revision {revision}: {what}");
     if !retired_handoffs.is_empty() {
         content.push_str(&format!(
