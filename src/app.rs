@@ -285,10 +285,26 @@ async fn scheduled_prunes(ledger: Ledger, retain: Retention, shutdown: Cancellat
         }
         wait = retain.every;
         let cutoff = chrono::Utc::now() - chrono::Duration::days(i64::from(retain.days));
+        // The ledger's writes run on the thread that awaits them, so a prune runs on a
+        // blocking thread of its own: its batches (tens of milliseconds each) then never
+        // hold up a runtime worker that the poller, the API or a delivery is waiting for.
         // Cancelled between two batches at worst: each batch is one transaction.
-        let pruned = tokio::select! {
-            pruned = ledger.prune(cutoff, false) => pruned,
-            () = shutdown.cancelled() => return,
+        let pruning = {
+            let (ledger, shutdown, runtime) =
+                (ledger.clone(), shutdown.clone(), tokio::runtime::Handle::current());
+            tokio::task::spawn_blocking(move || {
+                runtime.block_on(async {
+                    tokio::select! {
+                        pruned = ledger.prune(cutoff, false) => Some(pruned),
+                        () = shutdown.cancelled() => None,
+                    }
+                })
+            })
+        };
+        let pruned = match pruning.await {
+            Ok(Some(pruned)) => pruned,
+            Ok(None) => return,
+            Err(e) => Err(crate::ledger::LedgerError::other(format!("the prune's thread ended: {e}"))),
         };
         match pruned {
             Ok(report) if report.removed.total() == 0 => {

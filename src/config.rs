@@ -119,8 +119,8 @@ pub struct StorageSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub days: u32,
-    /// Between two scheduled prunes: an hour, which keeps a busy ledger's batches small;
-    /// tests set it shorter with the undocumented `storage.retention_interval_secs`.
+    /// Between two scheduled prunes (`storage.retention_interval_secs`, an hour by
+    /// default, which keeps a busy ledger's batches small).
     pub every: Duration,
 }
 
