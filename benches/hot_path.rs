@@ -101,6 +101,14 @@ const WARMUP_MESSAGES: usize = 20;
 /// read: long enough for deferred work (a WAL checkpoint, a closed task) to end.
 const IDLE_SETTLE: Duration = Duration::from_millis(300);
 
+/// How long each serving side is watched doing nothing (issue 26's idle cost): long enough
+/// that a timer firing every few seconds shows, and that the switchboard's long poll
+/// (`telegram.poll_timeout_secs`, 30 s by default) and the echo bot's (teloxide's default)
+/// each end and restart at least once would take longer than a benchmark should; both are
+/// answered by the fake at their timeout, as Telegram answers.
+const IDLE_WINDOW: Duration = Duration::from_secs(40);
+const QUICK_IDLE_WINDOW: Duration = Duration::from_secs(3);
+
 /// Round trips timed on each of switchboard's own crossings, once its loop is timed (see
 /// [`Crossings`]).
 const CROSSING_SAMPLES: usize = 500;
@@ -174,6 +182,7 @@ fn echo_bot(api_url: &str) {
 
 struct Params {
     quick: bool,
+    idle_window: Duration,
     messages: usize,
     updates: usize,
     repetitions: usize,
@@ -189,6 +198,7 @@ impl Params {
         };
         Self {
             quick,
+            idle_window: if quick { QUICK_IDLE_WINDOW } else { IDLE_WINDOW },
             messages: common::env_count("SWITCHBOARD_BENCH_MESSAGES", messages),
             updates: common::env_count("SWITCHBOARD_BENCH_UPDATES", updates),
             repetitions: common::env_count("SWITCHBOARD_BENCH_REPETITIONS", repetitions),
@@ -250,6 +260,8 @@ struct LoopRun {
     cpu: Vec<(&'static str, f64)>,
     /// Each serving process's VmRSS in KiB, warmed up and idle.
     idle_rss_kib: Vec<(&'static str, u64)>,
+    /// Each serving process over [`Params::idle_window`] with nothing to do.
+    idle: Vec<(&'static str, Idle)>,
     /// switchboard's crossings with nothing done on them (switchboard only).
     crossings: Crossings,
 }
@@ -258,6 +270,71 @@ impl LoopRun {
     fn cpu_total(&self) -> f64 {
         self.cpu.iter().map(|(_, seconds)| seconds).sum()
     }
+
+    /// Every serving process's idle figures added up, per idle hour and per second.
+    fn idle_total(&self) -> (f64, f64) {
+        let cpu_per_hour = self.idle.iter().map(|(_, idle)| idle.cpu_seconds_per_hour()).sum();
+        let wakeups_per_second = self.idle.iter().map(|(_, idle)| idle.wakeups_per_second()).sum();
+        (cpu_per_hour, wakeups_per_second)
+    }
+}
+
+/// What a process did while it had nothing to do: its CPU time (from its threads'
+/// `schedstat`) and its wake-ups, counted as context switches, voluntary (a thread went to
+/// sleep after waking) and not, of every thread (`/proc/<pid>/task/*/status`).
+struct Idle {
+    window: Duration,
+    cpu_seconds: f64,
+    context_switches: u64,
+}
+
+impl Idle {
+    /// Watches these processes, together, for `window`.
+    async fn watch(processes: &[&Process], window: Duration) -> Vec<(&'static str, Idle)> {
+        let before: Vec<(f64, u64)> =
+            processes.iter().map(|p| (p.cpu_seconds_fine(), context_switches(p.pid()))).collect();
+        tokio::time::sleep(window).await;
+        processes
+            .iter()
+            .zip(before)
+            .map(|(process, (cpu, switches))| {
+                let idle = Idle {
+                    window,
+                    cpu_seconds: process.cpu_seconds_fine() - cpu,
+                    context_switches: context_switches(process.pid()).saturating_sub(switches),
+                };
+                (process.name, idle)
+            })
+            .collect()
+    }
+
+    fn cpu_seconds_per_hour(&self) -> f64 {
+        self.cpu_seconds * 3600.0 / self.window.as_secs_f64()
+    }
+
+    fn wakeups_per_second(&self) -> f64 {
+        self.context_switches as f64 / self.window.as_secs_f64()
+    }
+}
+
+/// Context switches of a process's live threads, voluntary and not.
+fn context_switches(pid: u32) -> u64 {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+    threads
+        .filter_map(Result::ok)
+        .filter_map(|thread| std::fs::read_to_string(thread.path().join("status")).ok())
+        .flat_map(|status| {
+            status
+                .lines()
+                .filter_map(|line| {
+                    let value = line
+                        .strip_prefix("voluntary_ctxt_switches:")
+                        .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))?;
+                    value.trim().parse::<u64>().ok()
+                })
+                .collect::<Vec<_>>()
+        })
+        .sum()
 }
 
 /// The person who writes to the bot.
@@ -311,6 +388,7 @@ async fn echo_run(params: &Params) -> LoopRun {
     }
     tokio::time::sleep(IDLE_SETTLE).await;
     let idle_rss_kib = vec![("echo bot", echo.rss_kib())];
+    let idle = Idle::watch(&[&echo], params.idle_window).await;
 
     let cpu_before = echo.cpu_seconds();
     let started = Instant::now();
@@ -334,6 +412,7 @@ async fn echo_run(params: &Params) -> LoopRun {
         elapsed,
         cpu,
         idle_rss_kib,
+        idle,
         crossings: Crossings::default(),
     }
 }
@@ -358,6 +437,7 @@ async fn switchboard_run(params: &Params) -> LoopRun {
     }
     tokio::time::sleep(IDLE_SETTLE).await;
     let idle_rss_kib = vec![("daemon", daemon.rss_kib()), ("plugin", agent.plugin.rss_kib())];
+    let idle = Idle::watch(&[&daemon, &agent.plugin], params.idle_window).await;
     let answered_before = count;
 
     let cpu_before = (daemon.cpu_seconds(), agent.plugin.cpu_seconds());
@@ -388,7 +468,7 @@ async fn switchboard_run(params: &Params) -> LoopRun {
     agent.close().await;
     daemon.stop();
     fake.shutdown().await;
-    LoopRun { spawn_to_poll, loops, notification, reply_call, elapsed, cpu, idle_rss_kib, crossings }
+    LoopRun { spawn_to_poll, loops, notification, reply_call, elapsed, cpu, idle_rss_kib, idle, crossings }
 }
 
 /// Round trips on the two crossings switchboard adds to the echo bot's, with nothing done
@@ -1155,6 +1235,10 @@ fn print_report(params: &Params, results: &Results) {
         params.updates,
         if params.quick { "; QUICK smoke run" } else { "" }
     );
+    println!(
+        "idle: each side watched {:.0} s with nothing to do, after its warm-up",
+        params.idle_window.as_secs_f64()
+    );
     println!();
     println!(
         "{:<44} {:>14} {:>30} {:>8}  goal",
@@ -1182,6 +1266,17 @@ fn print_report(params: &Params, results: &Results) {
             / 1024.0
     };
     let spawn = |runs: &[LoopRun]| across(runs, |r| millis(r.spawn_to_poll));
+    let idle_cpu = |runs: &[LoopRun]| across(runs, |r| r.idle_total().0);
+    let idle_wakeups = |runs: &[LoopRun]| across(runs, |r| r.idle_total().1);
+    let idle_of = |runs: &[LoopRun], name: &str| {
+        let figure = |r: &LoopRun, of: fn(&Idle) -> f64| {
+            r.idle.iter().find(|(n, _)| *n == name).map_or(0.0, |(_, idle)| of(idle))
+        };
+        (
+            across(runs, |r| figure(r, Idle::cpu_seconds_per_hour)),
+            across(runs, |r| figure(r, Idle::wakeups_per_second)),
+        )
+    };
 
     let lines = [
         Line {
@@ -1222,6 +1317,30 @@ fn print_report(params: &Params, results: &Results) {
             ours: format!("daemon {:.1} / plugin {:.1} MiB", rss(ours, "daemon"), rss(ours, "plugin")),
             ratio: None,
             goal: "daemon ≤ 12, plugin ≤ 8 MiB",
+        },
+        Line {
+            label: "idle: CPU seconds per hour",
+            floor: format!("{:.2}", idle_cpu(echo)),
+            ours: format!(
+                "{:.2} (daemon {:.2}, plugin {:.2})",
+                idle_cpu(ours),
+                idle_of(ours, "daemon").0,
+                idle_of(ours, "plugin").0
+            ),
+            ratio: Some(idle_cpu(ours) / idle_cpu(echo)),
+            goal: "≤ 1.0×",
+        },
+        Line {
+            label: "idle: wake-ups per second",
+            floor: format!("{:.2}", idle_wakeups(echo)),
+            ours: format!(
+                "{:.2} (daemon {:.2}, plugin {:.2})",
+                idle_wakeups(ours),
+                idle_of(ours, "daemon").1,
+                idle_of(ours, "plugin").1
+            ),
+            ratio: Some(idle_wakeups(ours) / idle_wakeups(echo)),
+            goal: "≤ 1.0×",
         },
         Line {
             label: "spawn → first getUpdates",
