@@ -99,11 +99,12 @@ pub use attempts::{
     AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict,
     StoredAttempt,
 };
+/// How the writer's connection is set up, for a floor that measures SQLite alone with the
+/// same settings (`benches/hot_path.rs`).
+pub use checkpoint::WAL_LIMIT_BYTES;
 pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
 pub use error::{ErrorSource, LedgerError, LedgerResult};
 pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
-/// How the writer's connection is set up, for a floor that measures SQLite alone with the
-/// same settings (`benches/hot_path.rs`).
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;
