@@ -327,6 +327,23 @@ pub(super) fn optional_text_enum<T: serde::de::DeserializeOwned>(
     row.get::<_, Option<String>>(column)?.map(|text| parse_text_enum(row, column, &text)).transpose()
 }
 
+/// A column that holds JSON or NULL, read strictly into `T`: JSON this switchboard cannot
+/// read (a row written by a newer version, say) is an error naming the column, never a
+/// default.
+pub(super) fn optional_json<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    column: &str,
+) -> rusqlite::Result<Option<T>> {
+    let Some(text) = row.get::<_, Option<String>>(column)? else { return Ok(None) };
+    serde_json::from_str(&text).map(Some).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            row.as_ref().column_index(column).unwrap_or_default(),
+            rusqlite::types::Type::Text,
+            format!("{column} {text:?}: {e}").into(),
+        )
+    })
+}
+
 fn parse_text_enum<T: serde::de::DeserializeOwned>(
     row: &rusqlite::Row<'_>,
     column: &str,
