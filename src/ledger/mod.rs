@@ -86,6 +86,7 @@ mod inspect;
 mod intake;
 mod lock;
 mod migrations;
+mod permissions;
 mod probe;
 mod prune;
 mod readers;
@@ -110,6 +111,10 @@ pub use intake::LedgerCongestion;
 pub use intake::RecordedBatch;
 pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;
+pub use permissions::{
+    AnswerRecorded, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState, PermissionVerdict,
+    PromptOutcome, PromptSend, StoredPermission,
+};
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use prune::{Pages, PruneReport, Pruned};
 pub use rooms::{
