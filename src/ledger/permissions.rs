@@ -178,17 +178,14 @@ impl StoredPermission {
 }
 
 /// A verdict an approver gave.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PermissionVerdict {
-    Allow,
-    Deny,
-}
+pub use crate::rules::permissions::Verdict as PermissionVerdict;
 
-impl PermissionVerdict {
-    pub fn state(self) -> PermissionState {
-        match self {
-            Self::Allow => PermissionState::Allowed,
-            Self::Deny => PermissionState::Denied,
+impl PermissionState {
+    /// The state a verdict puts a request in.
+    pub fn of(verdict: PermissionVerdict) -> Self {
+        match verdict {
+            PermissionVerdict::Allow => Self::Allowed,
+            PermissionVerdict::Deny => Self::Denied,
         }
     }
 }
@@ -342,7 +339,7 @@ impl Ledger {
                 db,
                 "UPDATE permission_requests SET state = ?1, answered_by = ?2, answered_by_name = ?3, answered_at = ?4 \
                  WHERE id = ?5 AND state = 'pending' AND expires_at > ?4",
-                rusqlite::params![verdict.state().as_str(), by, by_name, at, id],
+                rusqlite::params![PermissionState::of(verdict).as_str(), by, by_name, at, id],
             )?;
             Ok(match (permission_in(db, id)?, changed) {
                 (None, _) => AnswerRecorded::Unknown,
