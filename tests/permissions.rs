@@ -1,0 +1,320 @@
+//! The permission relay (DESIGN.md §15), end to end: a real daemon against the fake Bot API
+//! and a real `switchboard channel` driven by the MCP test client, which sends Claude
+//! Code's `notifications/claude/channel/permission_request` and watches for
+//! `notifications/claude/channel/permission`.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use switchboard::fake_bot_api::{ChatSpec, Fault, FakeTelegram, SentMessage, UserSpec};
+use switchboard::ledger::{PermissionState, PromptSend, StoredPermission};
+
+use support::agents::{WAIT, nth, owner, plugin_builder, session};
+use support::daemon::{OWNER_CHAT, OWNER_ID, TestDaemon, default_routes, get};
+use support::mcp::ChannelClient;
+
+const REQUEST_METHOD: &str = "notifications/claude/channel/permission_request";
+const VERDICT_METHOD: &str = "notifications/claude/channel/permission";
+const PERMISSION_CAPABILITY: &str = "claude/channel/permission";
+
+/// The orchestrator's approvals go to the owner's DM, and the owner answers them.
+fn relayed(timeout_secs: u64) -> String {
+    format!(
+        "{}\n[agents.orchestrator.permissions]\nroute = \"owner-dm\"\napprovers = [{OWNER_ID}]\ntimeout_secs = {timeout_secs}\n",
+        default_routes()
+    )
+}
+
+fn stranger() -> UserSpec {
+    UserSpec::new(999_001, "Mallory").with_username("mallory")
+}
+
+struct Relay {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    plugin: ChannelClient,
+}
+
+async fn relay(timeout_secs: u64) -> Relay {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &relayed(timeout_secs), &[]);
+    let plugin = session(&daemon, "orchestrator").await;
+    Relay { fake, daemon, plugin }
+}
+
+/// What Claude Code sends for a tool call that needs approval.
+async fn ask(plugin: &ChannelClient, request_id: &str) {
+    let params = json!({
+        "request_id": request_id,
+        "tool_name": "Bash",
+        "description": "List the files in <src> & count them",
+        "input_preview": "{\"command\":\"ls -la src | wc -l\"}",
+    });
+    plugin.send_notification(REQUEST_METHOD, params).await.unwrap();
+}
+
+/// The prompt the bot posted: the one message with buttons.
+async fn prompt(fake: &FakeTelegram) -> SentMessage {
+    fake.wait_for_sent_matching(WAIT, |sent| !sent.callback_data().is_empty()).await.expect("a prompt is posted")
+}
+
+/// The button's data whose action letter is `action` (`a`, `d`, `m`).
+fn button(prompt: &SentMessage, action: char) -> String {
+    let data = prompt.callback_data();
+    data.into_iter().find(|data| data.ends_with(&format!(":{action}"))).expect("the prompt has that button")
+}
+
+async fn request(daemon: &TestDaemon, request_id: &str) -> Option<StoredPermission> {
+    let ledger = daemon.ledger().await;
+    let rows = ledger.list_permissions(100).await.unwrap();
+    ledger.close().await;
+    rows.into_iter().find(|row| row.request_id == request_id)
+}
+
+/// Waits until the request's row satisfies `done`.
+async fn wait_for_request(
+    daemon: &TestDaemon,
+    request_id: &str,
+    done: impl Fn(&StoredPermission) -> bool,
+) -> StoredPermission {
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        if let Some(row) = request(daemon, request_id).await
+            && done(&row)
+        {
+            return row;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "request {request_id} is {:?}\n{}",
+            request(daemon, request_id).await,
+            daemon.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn verdicts(plugin: &ChannelClient) -> Vec<Value> {
+    plugin.notifications_named(VERDICT_METHOD).into_iter().map(|n| n.params.unwrap_or(Value::Null)).collect()
+}
+
+async fn press(fake: &FakeTelegram, who: &UserSpec, prompt: &SentMessage, data: &str) -> Option<String> {
+    let (_, query) = fake.push_callback_query(who, prompt, data);
+    fake.wait_for_callback_answer(&query, WAIT).await.text
+}
+
+#[tokio::test]
+async fn an_approvers_allow_reaches_the_asking_session_and_the_prompt_shows_who_and_when() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    assert!(plugin.capabilities().experimental.unwrap().contains_key(PERMISSION_CAPABILITY));
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    assert_eq!(prompt.chat_id, OWNER_CHAT);
+    assert_eq!(prompt.parse_mode.as_deref(), Some("HTML"));
+    assert!(prompt.text.contains("Bash") && prompt.text.contains("&lt;src&gt; &amp; count"), "{}", prompt.text);
+    // The buttons carry the switchboard's opaque id, never the request itself.
+    let data = prompt.callback_data();
+    assert_eq!(data.len(), 3);
+    for data in &data {
+        assert!(data.len() <= 64 && !data.contains("abcde") && !data.contains("ls"), "{data}");
+    }
+    let row = request(&daemon, "abcde").await.unwrap();
+    assert_eq!((row.state, row.prompt_send, row.prompt_message_id), (PermissionState::Pending, PromptSend::Sent, Some(prompt.message_id)));
+
+    // More shows the whole request, pretty-printed, and keeps the buttons.
+    press(&fake, &owner(), &prompt, &button(&prompt, 'm')).await;
+    let more = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_some()).await;
+    assert!(more.text.as_deref().unwrap().contains("\n  \"command\""), "{more:?}");
+
+    let answer = press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    assert!(answer.is_some_and(|text| text.contains("Allowed")));
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+    let edit = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
+    let text = edit.text.unwrap();
+    assert!(text.contains("Allowed") && text.contains("@olga") && text.contains("UTC"), "{text}");
+    let row = wait_for_request(&daemon, "abcde", |row| row.verdict_sent_at.is_some()).await;
+    assert_eq!((row.state, row.answered_by), (PermissionState::Allowed, Some(OWNER_ID)));
+
+    let (ok, listing, _) = daemon.ledger_cli(&["permissions"]);
+    assert!(ok && listing.contains(&row.id) && listing.contains("allowed"), "{listing}");
+    let (_, metrics) = get(&daemon, "/metrics").await;
+    assert!(metrics.contains("switchboard_permission_requests{state=\"allowed\"} 1"), "{metrics}");
+}
+
+#[tokio::test]
+async fn a_deny_reaches_the_asking_session() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "fghij").await;
+    let prompt = prompt(&fake).await;
+    press(&fake, &owner(), &prompt, &button(&prompt, 'd')).await;
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "fghij", "behavior": "deny"})));
+    let edit = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
+    assert!(edit.text.unwrap().contains("Denied"));
+    assert_eq!(request(&daemon, "fghij").await.unwrap().state, PermissionState::Denied);
+}
+
+#[tokio::test]
+async fn a_press_by_anyone_but_an_approver_changes_nothing() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    let answer = press(&fake, &stranger(), &prompt, &button(&prompt, 'a')).await;
+    assert!(answer.is_some_and(|text| text.contains("approver")));
+    let more = press(&fake, &stranger(), &prompt, &button(&prompt, 'm')).await;
+    assert!(more.is_some_and(|text| text.contains("approver")), "More is for approvers too");
+    assert!(fake.edits_of(prompt.message_id).is_empty());
+    let row = request(&daemon, "abcde").await.unwrap();
+    assert_eq!((row.state, row.answered_by), (PermissionState::Pending, None));
+
+    // Still the approver's to answer.
+    press(&fake, &owner(), &prompt, &button(&prompt, 'd')).await;
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params.as_ref().unwrap()["behavior"], "deny");
+}
+
+#[tokio::test]
+async fn forged_and_stale_callback_data_change_nothing() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    let real = button(&prompt, 'a');
+    let forged = [
+        "sbp:prm_AAAAAAAAAAAAAAAA:a".to_owned(), // no such request
+        "garbage".to_owned(),
+        real.replace(":a", ":x"),
+        format!("{real}:extra"),
+    ];
+    for data in &forged {
+        let answer = press(&fake, &owner(), &prompt, data).await;
+        assert!(answer.is_some_and(|text| text.contains("nothing changed")), "{data}");
+    }
+    // The right data on a message in another chat is not that request's.
+    let elsewhere = SentMessage { chat_id: OWNER_CHAT + 1, ..prompt.clone() };
+    let answer = press(&fake, &owner(), &elsewhere, &real).await;
+    assert!(answer.is_some_and(|text| text.contains("no permission request")));
+    assert!(fake.edits_of(prompt.message_id).is_empty());
+    assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Pending);
+    assert!(verdicts(&plugin).is_empty());
+}
+
+#[tokio::test]
+async fn a_second_press_changes_nothing() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    let second = press(&fake, &owner(), &prompt, &button(&prompt, 'd')).await;
+    assert!(second.is_some_and(|text| text.contains("already answered")));
+    // The second press is answered once its handling is over: it recorded nothing, so
+    // nothing more can go to the plugin.
+    let row = request(&daemon, "abcde").await.unwrap();
+    assert_eq!(row.state, PermissionState::Allowed);
+    assert_eq!(verdicts(&plugin), [json!({"request_id": "abcde", "behavior": "allow"})]);
+}
+
+#[tokio::test]
+async fn an_unanswered_request_expires_and_a_late_press_does_nothing() {
+    // A one-second timeout: this test is about a real duration.
+    let Relay { fake, daemon, plugin } = relay(1).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    let edit = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
+    assert!(edit.text.unwrap().contains("answer at the terminal"));
+    let row = request(&daemon, "abcde").await.unwrap();
+    assert_eq!((row.state, row.expired_because.as_deref()), (PermissionState::Expired, Some("timeout")));
+    let late = press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    assert!(late.is_some_and(|text| text.contains("expired")));
+    assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Expired);
+    assert!(verdicts(&plugin).is_empty());
+}
+
+#[tokio::test]
+async fn the_asking_session_ending_expires_its_requests_and_a_new_session_never_gets_the_verdict() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == PromptSend::Sent).await;
+    plugin.close().await.unwrap();
+    let edit = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
+    assert!(edit.text.unwrap().contains("Expired"));
+    let row = request(&daemon, "abcde").await.unwrap();
+    assert_eq!((row.state, row.expired_because.as_deref()), (PermissionState::Expired, Some("session_ended")));
+
+    let next = session(&daemon, "orchestrator").await;
+    let late = press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    assert!(late.is_some_and(|text| text.contains("nothing changed")));
+    // Only an allowed or denied request has a verdict to hand over, and this one is expired
+    // for good: a marker message on the same session stream, delivered after, shows the
+    // stream went on without one.
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    assert_eq!(nth(&next, 1).await.content, "marker");
+    assert!(verdicts(&next).is_empty());
+}
+
+#[tokio::test]
+async fn an_answer_after_the_daemon_was_killed_still_reaches_the_plugin_that_asked() {
+    let Relay { fake, mut daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == PromptSend::Sent).await;
+    daemon.kill9();
+    daemon.restart();
+    plugin.wait_for_stderr("connected to the switchboard daemon again", WAIT).await.unwrap();
+    press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+    // The prompt was posted once, before the kill.
+    let prompts: Vec<_> = fake.sent_messages().into_iter().filter(|m| !m.callback_data().is_empty()).collect();
+    assert_eq!(prompts.len(), 1);
+    assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Allowed);
+}
+
+#[tokio::test]
+async fn a_prompt_that_cannot_be_posted_expires_its_request_and_the_plugin_is_told() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    fake.fail_send_message(Fault::Forbidden("Forbidden: bot was blocked by the user".into()));
+    ask(&plugin, "abcde").await;
+    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send != PromptSend::InFlight).await;
+    assert_eq!((row.state, row.prompt_send), (PermissionState::Expired, PromptSend::NotSent));
+    assert!(row.prompt_error.as_deref().unwrap().contains("blocked"));
+    plugin.wait_for_stderr("could not post the permission prompt", WAIT).await.unwrap();
+    // The plugin and its tools carry on; the terminal is where this one is answered.
+    let (is_error, _) = plugin.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error);
+    assert!(fake.sent_messages().is_empty());
+}
+
+#[tokio::test]
+async fn a_text_answer_is_a_verdict_not_a_message_and_a_wrong_id_changes_nothing() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    prompt(&fake).await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "yes qwert");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    // Delivered in order: had the wrong answer been work for the agent, it came first.
+    assert_eq!(nth(&plugin, 1).await.content, "marker");
+    assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Pending);
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "YES abcde");
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "second marker");
+    assert_eq!(nth(&plugin, 2).await.content, "second marker");
+    assert_eq!(plugin.notifications().len(), 2, "neither answer reached the agent as a message");
+    assert_eq!(request(&daemon, "abcde").await.unwrap().answered_by, Some(OWNER_ID));
+}
+
+#[tokio::test]
+async fn an_agent_without_permissions_does_not_declare_the_capability() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &relayed(600), &[]);
+    let worker = plugin_builder(&daemon, "worker").start().await.unwrap();
+    let experimental = worker.capabilities().experimental.unwrap_or_default();
+    assert!(experimental.contains_key("claude/channel"));
+    assert!(!experimental.contains_key(PERMISSION_CAPABILITY));
+}
