@@ -318,3 +318,46 @@ async fn an_agent_without_permissions_does_not_declare_the_capability() {
     assert!(experimental.contains_key("claude/channel"));
     assert!(!experimental.contains_key(PERMISSION_CAPABILITY));
 }
+
+#[tokio::test]
+async fn check_prints_the_relay_and_refuses_an_unknown_route_naming_the_key() {
+    let fake = FakeTelegram::start().await;
+    let good = TestDaemon::configure(&fake.api_url(), "", &relayed(90), &[]);
+    let output = good.subcommand("check").output().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let line = stdout.lines().find(|line| line.starts_with("permissions:")).expect("the relay is printed");
+    assert!(line.contains("orchestrator") && line.contains("owner-dm") && line.contains(&OWNER_ID.to_string()));
+    assert!(line.contains("90s"), "{line}");
+
+    let bad = relayed(90).replace("route = \"owner-dm\"", "route = \"nowhere\"");
+    let bad = TestDaemon::configure(&fake.api_url(), "", &bad, &[]);
+    let output = bad.subcommand("check").output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(stderr.contains("agents.orchestrator.permissions.route") && stderr.contains("nowhere"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_verdict_for_a_plugin_that_is_gone_never_reaches_the_next_session() {
+    let Relay { fake, mut daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == PromptSend::Sent).await;
+    // The asking plugin dies while the daemon is down, so nothing expires its request, and
+    // the approver answers before any other session connects.
+    daemon.kill9();
+    plugin.close().await.unwrap();
+    daemon.restart();
+    press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    let row = request(&daemon, "abcde").await.unwrap();
+    assert_eq!((row.state, row.verdict_sent_at), (PermissionState::Allowed, None));
+
+    let next = session(&daemon, "orchestrator").await;
+    // A session is handed its plugin's verdicts before any envelope: the marker coming
+    // first shows this one was handed none.
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    assert_eq!(nth(&next, 1).await.content, "marker");
+    assert!(verdicts(&next).is_empty());
+    assert_eq!(request(&daemon, "abcde").await.unwrap().verdict_sent_at, None);
+}

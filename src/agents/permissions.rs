@@ -315,6 +315,11 @@ impl PermissionRelay {
             Observed::Unknown { error } => PromptOutcome::Unknown { error },
         };
         let row = self.inner.ledger.finish_prompt_send(&row.id, &outcome).await?;
+        // The request may have ended while its prompt was on its way (its session did):
+        // the keeper edits it now that there is a message to edit.
+        if row.state != PermissionState::Pending {
+            self.ring_keeper();
+        }
         match &outcome {
             PromptOutcome::Sent { message_id } => {
                 tracing::info!(permission_id = %row.id, message_id, chat_id = row.chat_id, "permission prompt posted")
@@ -358,8 +363,9 @@ impl PermissionRelay {
             && row.prompt_send == PromptSend::Unknown
         {
             // The press proves the prompt was posted, and where: its final edit can be made.
-            if let Err(e) = self.inner.ledger.note_prompt_message(&row.id, message.message_id).await {
-                tracing::warn!(permission_id = %row.id, error = %e, "could not note where a prompt was posted");
+            match self.inner.ledger.note_prompt_message(&row.id, message.message_id).await {
+                Ok(()) => self.ring_keeper(),
+                Err(e) => tracing::warn!(permission_id = %row.id, error = %e, "could not note where a prompt was posted"),
             }
         }
         match decision {

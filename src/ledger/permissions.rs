@@ -264,7 +264,7 @@ impl Ledger {
             match outcome {
                 PromptOutcome::Sent { message_id } => execute_cached(
                     db,
-                    "UPDATE permission_requests SET prompt_send = 'sent', prompt_message_id = ? WHERE id = ?",
+                    "UPDATE permission_requests SET prompt_send = 'sent', prompt_message_id = ?, prompt_settled = 0 WHERE id = ?",
                     rusqlite::params![message_id, id],
                 )?,
                 PromptOutcome::NotSent { error } => execute_cached(
@@ -405,7 +405,8 @@ impl Ledger {
         .await
     }
 
-    /// Finished requests whose prompt does not show it yet.
+    /// Finished requests whose prompt does not show it yet (a prompt still being sent is
+    /// left until its send is classified: then it has a message to edit, or none).
     pub async fn unsettled_prompts(&self) -> LedgerResult<Vec<StoredPermission>> {
         self.read_in_place(|db| {
             query_all_cached(
@@ -413,7 +414,8 @@ impl Ledger {
                 concat!(
                     "SELECT ",
                     permission_columns!(),
-                    " FROM permission_requests WHERE prompt_settled = 0 AND state <> 'pending' ORDER BY asked_at"
+                     " FROM permission_requests WHERE prompt_settled = 0 AND state <> 'pending' \
+                     AND prompt_send <> 'in_flight' ORDER BY asked_at"
                 ),
                 [],
                 StoredPermission::from_row,
@@ -429,10 +431,12 @@ impl Ledger {
             .map(drop)
     }
 
-    /// A press on a prompt whose send was `unknown` proves it was posted, and where.
+    /// A press on a prompt whose send was `unknown` proves it was posted, and where; a
+    /// finished request's prompt can now be edited to show it.
     pub async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()> {
         self.execute_in_place(
-            "UPDATE permission_requests SET prompt_message_id = ? WHERE id = ? AND prompt_message_id IS NULL",
+            "UPDATE permission_requests SET prompt_message_id = ?, prompt_settled = 0 \
+             WHERE id = ? AND prompt_message_id IS NULL",
             (message_id, id.to_owned()),
         )
         .await
@@ -564,6 +568,9 @@ mod tests {
         let (_dir, ledger) = ledger().await;
         ledger.record_permission_request(&request("prm_old", "plg_a", PAST)).await.unwrap();
         ledger.record_permission_request(&request("prm_new", "plg_b", LATER)).await.unwrap();
+        for (id, message_id) in [("prm_old", 1), ("prm_new", 2)] {
+            ledger.finish_prompt_send(id, &PromptOutcome::Sent { message_id }).await.unwrap();
+        }
         // Past its expiry, a verdict is too late even before the timer ran.
         let late = ledger.answer_permission("prm_old", PermissionVerdict::Allow, 7, "ann").await.unwrap();
         assert!(matches!(late, AnswerRecorded::TooLate(row) if row.state == PermissionState::Pending));
