@@ -17,8 +17,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
 use crate::agents::api::server::Operations;
-use crate::agents::permissions::PermissionRelay;
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver};
+use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Retention, Settings};
 use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
 use crate::operate::health::{Health, PollHealth};
@@ -94,9 +94,13 @@ impl Daemon {
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
         }
-        let unknown_prompts = ledger.recover_prompt_sends().await.context("recovering interrupted permission prompts")?;
+        let unknown_prompts =
+            ledger.recover_prompt_sends().await.context("recovering interrupted permission prompts")?;
         if unknown_prompts > 0 {
-            tracing::warn!(unknown_prompts, "permission prompts were being posted when the daemon stopped: marked unknown, never posted again");
+            tracing::warn!(
+                unknown_prompts,
+                "permission prompts were being posted when the daemon stopped: marked unknown, never posted again"
+            );
         }
         let hangups = reload::catch_hangups();
         let listener = TcpListener::bind(settings.api.listen)

@@ -888,7 +888,10 @@ fn validate_permissions(
         RouteTarget::Default => {
             return Err(err(
                 "route",
-                format!("route '{}' is the default route: approval prompts need a route with a chat_id", raw.route),
+                format!(
+                    "route '{}' is the default route: approval prompts need a route with a chat_id",
+                    raw.route
+                ),
             ));
         }
     };
@@ -1323,7 +1326,11 @@ agents = ["builder", "reviewer"]
             MINIMAL.replace("[[routes]]", &format!("[agents.orchestrator.permissions]\n{body}\n\n[[routes]]"))
         };
         let cases = [
-            (relay("route = \"nowhere\"\napprovers = [7]"), "agents.orchestrator.permissions.route", "nowhere"),
+            (
+                relay("route = \"nowhere\"\napprovers = [7]"),
+                "agents.orchestrator.permissions.route",
+                "nowhere",
+            ),
             (relay("route = \"dm\"\napprovers = []"), "agents.orchestrator.permissions.approvers", "empty"),
             (relay("route = \"dm\""), "agents.orchestrator.permissions.approvers", "empty"),
             (

@@ -8,7 +8,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use switchboard::fake_bot_api::{ChatSpec, Fault, FakeTelegram, SentMessage, UserSpec};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, SentMessage, UserSpec};
 use switchboard::ledger::{PermissionState, PromptSend, StoredPermission};
 
 use support::agents::{WAIT, nth, owner, plugin_builder, session};
@@ -57,7 +57,9 @@ async fn ask(plugin: &ChannelClient, request_id: &str) {
 
 /// The prompt the bot posted: the one message with buttons.
 async fn prompt(fake: &FakeTelegram) -> SentMessage {
-    fake.wait_for_sent_matching(WAIT, |sent| !sent.callback_data().is_empty()).await.expect("a prompt is posted")
+    fake.wait_for_sent_matching(WAIT, |sent| !sent.callback_data().is_empty())
+        .await
+        .expect("a prompt is posted")
 }
 
 /// The button's data whose action letter is `action` (`a`, `d`, `m`).
@@ -113,7 +115,11 @@ async fn an_approvers_allow_reaches_the_asking_session_and_the_prompt_shows_who_
     let prompt = prompt(&fake).await;
     assert_eq!(prompt.chat_id, OWNER_CHAT);
     assert_eq!(prompt.parse_mode.as_deref(), Some("HTML"));
-    assert!(prompt.text.contains("Bash") && prompt.text.contains("&lt;src&gt; &amp; count"), "{}", prompt.text);
+    assert!(
+        prompt.text.contains("Bash") && prompt.text.contains("&lt;src&gt; &amp; count"),
+        "{}",
+        prompt.text
+    );
     // The buttons carry the switchboard's opaque id, never the request itself.
     let data = prompt.callback_data();
     assert_eq!(data.len(), 3);
@@ -121,7 +127,10 @@ async fn an_approvers_allow_reaches_the_asking_session_and_the_prompt_shows_who_
         assert!(data.len() <= 64 && !data.contains("abcde") && !data.contains("ls"), "{data}");
     }
     let row = request(&daemon, "abcde").await.unwrap();
-    assert_eq!((row.state, row.prompt_send, row.prompt_message_id), (PermissionState::Pending, PromptSend::Sent, Some(prompt.message_id)));
+    assert_eq!(
+        (row.state, row.prompt_send, row.prompt_message_id),
+        (PermissionState::Pending, PromptSend::Sent, Some(prompt.message_id))
+    );
 
     // More shows the whole request, pretty-printed, and keeps the buttons.
     press(&fake, &owner(), &prompt, &button(&prompt, 'm')).await;
@@ -243,7 +252,10 @@ async fn the_asking_session_ending_expires_its_requests_and_a_new_session_never_
     let edit = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
     assert!(edit.text.unwrap().contains("Expired"));
     let row = request(&daemon, "abcde").await.unwrap();
-    assert_eq!((row.state, row.expired_because.as_deref()), (PermissionState::Expired, Some("session_ended")));
+    assert_eq!(
+        (row.state, row.expired_because.as_deref()),
+        (PermissionState::Expired, Some("session_ended"))
+    );
 
     let next = session(&daemon, "orchestrator").await;
     let late = press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
@@ -269,7 +281,8 @@ async fn an_answer_after_the_daemon_was_killed_still_reaches_the_plugin_that_ask
     let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
     assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
     // The prompt was posted once, before the kill.
-    let prompts: Vec<_> = fake.sent_messages().into_iter().filter(|m| !m.callback_data().is_empty()).collect();
+    let prompts: Vec<_> =
+        fake.sent_messages().into_iter().filter(|m| !m.callback_data().is_empty()).collect();
     assert_eq!(prompts.len(), 1);
     assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Allowed);
 }
@@ -327,7 +340,9 @@ async fn check_prints_the_relay_and_refuses_an_unknown_route_naming_the_key() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
     let line = stdout.lines().find(|line| line.starts_with("permissions:")).expect("the relay is printed");
-    assert!(line.contains("orchestrator") && line.contains("owner-dm") && line.contains(&OWNER_ID.to_string()));
+    assert!(
+        line.contains("orchestrator") && line.contains("owner-dm") && line.contains(&OWNER_ID.to_string())
+    );
     assert!(line.contains("90s"), "{line}");
 
     let bad = relayed(90).replace("route = \"owner-dm\"", "route = \"nowhere\"");
@@ -335,7 +350,10 @@ async fn check_prints_the_relay_and_refuses_an_unknown_route_naming_the_key() {
     let output = bad.subcommand("check").output().unwrap();
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(!output.status.success());
-    assert!(stderr.contains("agents.orchestrator.permissions.route") && stderr.contains("nowhere"), "{stderr}");
+    assert!(
+        stderr.contains("agents.orchestrator.permissions.route") && stderr.contains("nowhere"),
+        "{stderr}"
+    );
 }
 
 #[tokio::test]

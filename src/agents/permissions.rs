@@ -228,7 +228,11 @@ impl PermissionRelay {
 
     /// Records the request, then posts its prompt. A request the same plugin already
     /// asked is not posted again: the receipt says what became of it.
-    pub async fn ask(&self, asker: Asker<'_>, request: PermissionRequest) -> Result<PermissionReceipt, AskError> {
+    pub async fn ask(
+        &self,
+        asker: Asker<'_>,
+        request: PermissionRequest,
+    ) -> Result<PermissionReceipt, AskError> {
         let relay = self
             .inner
             .relays
@@ -345,14 +349,16 @@ impl PermissionRelay {
                 Ok(row) => row,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read the permission request a press names");
-                    self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.").await;
+                    self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.")
+                        .await;
                     return None;
                 }
             },
             None => None,
         };
         // A button of a prompt in another chat than the request's is not that request's.
-        let row = row.filter(|row| press.message.as_ref().is_none_or(|message| message.chat.id == row.chat_id));
+        let row =
+            row.filter(|row| press.message.as_ref().is_none_or(|message| message.chat.id == row.chat_id));
         let (Some(parsed), Some(row)) = (parsed, row) else {
             tracing::warn!(from = press.from.id, data = ?press.data, "a button press names no permission request: nothing changed");
             self.answer_callback(&press.id, Refusal::NoSuchRequest.explanation()).await;
@@ -365,7 +371,9 @@ impl PermissionRelay {
             // The press proves the prompt was posted, and where: its final edit can be made.
             match self.inner.ledger.note_prompt_message(&row.id, message.message_id).await {
                 Ok(()) => self.ring_keeper(),
-                Err(e) => tracing::warn!(permission_id = %row.id, error = %e, "could not note where a prompt was posted"),
+                Err(e) => {
+                    tracing::warn!(permission_id = %row.id, error = %e, "could not note where a prompt was posted")
+                }
             }
         }
         match decision {
@@ -395,13 +403,14 @@ impl PermissionRelay {
     /// An approver's text answer (the poller has checked the chat and the approver).
     /// Returns the agent whose session has a verdict to be handed, if it recorded one.
     pub async fn text_answer(&self, answer: &TextAnswer) -> Option<AgentName> {
-        let named = match self.inner.ledger.pending_permissions_named(&answer.request_id, answer.chat_id).await {
-            Ok(named) => named,
-            Err(e) => {
-                tracing::warn!(error = %e, "could not read the permission request a text answer names");
-                return None;
-            }
-        };
+        let named =
+            match self.inner.ledger.pending_permissions_named(&answer.request_id, answer.chat_id).await {
+                Ok(named) => named,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the permission request a text answer names");
+                    return None;
+                }
+            };
         let [row] = named.as_slice() else {
             tracing::warn!(
                 request_id = %answer.request_id, from = answer.from, matching = named.len(),
@@ -410,7 +419,9 @@ impl PermissionRelay {
             return None;
         };
         match self.decide(row, PressAction::Answer(answer.verdict), answer.from) {
-            PressDecision::Record(verdict) => self.record(row, verdict, answer.from, &answer.from_shown).await,
+            PressDecision::Record(verdict) => {
+                self.record(row, verdict, answer.from, &answer.from_shown).await
+            }
             other => {
                 tracing::warn!(permission_id = %row.id, from = answer.from, ?other, "a text answer changed nothing");
                 None
@@ -433,7 +444,13 @@ impl PermissionRelay {
     }
 
     /// Records a verdict; `Some(agent)` when it was the first.
-    async fn record(&self, row: &StoredPermission, verdict: Verdict, by: i64, by_shown: &str) -> Option<AgentName> {
+    async fn record(
+        &self,
+        row: &StoredPermission,
+        verdict: Verdict,
+        by: i64,
+        by_shown: &str,
+    ) -> Option<AgentName> {
         match self.inner.ledger.answer_permission(&row.id, verdict, by, by_shown).await {
             Ok(AnswerRecorded::Recorded(row)) => {
                 tracing::info!(permission_id = %row.id, agent = %row.agent, by, verdict = verdict.behavior(), "permission request answered");
@@ -528,8 +545,12 @@ impl PermissionRelay {
     async fn settle(&self, row: &StoredPermission) -> Result<bool, LedgerError> {
         let Some(message_id) = row.prompt_message_id else { return Ok(true) };
         let end = match (row.state, &row.answered_by_name, &row.answered_at) {
-            (PermissionState::Allowed, Some(by), Some(at)) => PromptEnd::Answered { verdict: Verdict::Allow, by, at },
-            (PermissionState::Denied, Some(by), Some(at)) => PromptEnd::Answered { verdict: Verdict::Deny, by, at },
+            (PermissionState::Allowed, Some(by), Some(at)) => {
+                PromptEnd::Answered { verdict: Verdict::Allow, by, at }
+            }
+            (PermissionState::Denied, Some(by), Some(at)) => {
+                PromptEnd::Answered { verdict: Verdict::Deny, by, at }
+            }
             _ => PromptEnd::Expired,
         };
         let params = json!({

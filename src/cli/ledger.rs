@@ -184,7 +184,9 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             }
             for p in &requests {
                 let outcome = match (&p.answered_by_name, &p.answered_at, &p.expired_because) {
-                    (Some(by), Some(at), _) => format!("by {by} ({}) at {at}", p.answered_by.unwrap_or_default()),
+                    (Some(by), Some(at), _) => {
+                        format!("by {by} ({}) at {at}", p.answered_by.unwrap_or_default())
+                    }
                     (_, _, Some(because)) => format!("({because})"),
                     _ => format!("expires {}", p.expires_at),
                 };

@@ -220,7 +220,10 @@ impl FakeTelegram {
             })
             .await;
         found.unwrap_or_else(|| {
-            panic!("no matching edit of message {message_id} within {within:?}; edits: {:#?}", self.edits_of(message_id))
+            panic!(
+                "no matching edit of message {message_id} within {within:?}; edits: {:#?}",
+                self.edits_of(message_id)
+            )
         })
     }
 }

@@ -259,7 +259,11 @@ impl Ledger {
 
     /// Records what the prompt's send came to. A prompt provably not posted expires its
     /// request at once: nobody can answer it in Telegram, and the terminal still asks.
-    pub async fn finish_prompt_send(&self, id: &str, outcome: &PromptOutcome) -> LedgerResult<StoredPermission> {
+    pub async fn finish_prompt_send(
+        &self,
+        id: &str,
+        outcome: &PromptOutcome,
+    ) -> LedgerResult<StoredPermission> {
         self.write_in_place(|db| {
             match outcome {
                 PromptOutcome::Sent { message_id } => execute_cached(
@@ -414,7 +418,7 @@ impl Ledger {
                 concat!(
                     "SELECT ",
                     permission_columns!(),
-                     " FROM permission_requests WHERE prompt_settled = 0 AND state <> 'pending' \
+                    " FROM permission_requests WHERE prompt_settled = 0 AND state <> 'pending' \
                      AND prompt_send <> 'in_flight' ORDER BY asked_at"
                 ),
                 [],

@@ -241,11 +241,7 @@ pub fn pretty_preview(preview: &str) -> String {
 }
 
 fn heading(facts: &PromptFacts<'_>) -> String {
-    format!(
-        "🔐 <b>{}</b> asks to use <b>{}</b>",
-        escape_html(facts.agent),
-        escape_html(facts.tool_name)
-    )
+    format!("🔐 <b>{}</b> asks to use <b>{}</b>", escape_html(facts.agent), escape_html(facts.tool_name))
 }
 
 /// The prompt as first posted, with the Allow / Deny / More buttons under it.
@@ -299,9 +295,7 @@ fn clock(at: &str) -> String {
 
 /// The inline keyboard of a pending prompt.
 pub fn keyboard(permission_id: &str) -> serde_json::Value {
-    let button = |text: &str, action| {
-        serde_json::json!({ "text": text, "callback_data": callback_data(permission_id, action) })
-    };
+    let button = |text: &str, action| serde_json::json!({ "text": text, "callback_data": callback_data(permission_id, action) });
     serde_json::json!({
         "inline_keyboard": [[
             button("Allow", PressAction::Answer(Verdict::Allow)),
@@ -319,7 +313,9 @@ mod tests {
 
     #[test]
     fn callback_data_round_trips_and_fits_telegrams_limit() {
-        for action in [PressAction::Answer(Verdict::Allow), PressAction::Answer(Verdict::Deny), PressAction::More] {
+        for action in
+            [PressAction::Answer(Verdict::Allow), PressAction::Answer(Verdict::Deny), PressAction::More]
+        {
             let data = callback_data(ID, action);
             assert!(data.len() <= CALLBACK_DATA_LIMIT, "{data}");
             assert_eq!(parse_callback(&data), Some(Press { permission_id: ID.to_owned(), action }));
@@ -349,8 +345,16 @@ mod tests {
         assert_eq!(parse_text_verdict("yes abcde"), Some((Verdict::Allow, "abcde".into())));
         assert_eq!(parse_text_verdict("  No   ABCDE "), Some((Verdict::Deny, "abcde".into())));
         assert_eq!(parse_text_verdict("YES qwert"), Some((Verdict::Allow, "qwert".into())));
-        for text in ["yes", "yes abcde please", "ok abcde", "yes abcd", "yes abcdef", "yes abcle", "yes abc1e", "y abcde"]
-        {
+        for text in [
+            "yes",
+            "yes abcde please",
+            "ok abcde",
+            "yes abcd",
+            "yes abcdef",
+            "yes abcle",
+            "yes abc1e",
+            "y abcde",
+        ] {
             assert_eq!(parse_text_verdict(text), None, "{text:?}");
         }
     }
@@ -431,7 +435,8 @@ mod tests {
         let allowed =
             final_prompt_text(&prompt(), PromptEnd::Answered { verdict: Verdict::Allow, by: "@ann", at });
         assert!(allowed.contains("Allowed") && allowed.contains("@ann") && allowed.contains("03:04:05 UTC"));
-        let denied = final_prompt_text(&prompt(), PromptEnd::Answered { verdict: Verdict::Deny, by: "Bo", at });
+        let denied =
+            final_prompt_text(&prompt(), PromptEnd::Answered { verdict: Verdict::Deny, by: "Bo", at });
         assert!(denied.contains("Denied") && denied.contains("Bo"));
         assert!(final_prompt_text(&prompt(), PromptEnd::Expired).contains("answer at the terminal"));
     }

@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::bridge::Bridge;
 use crate::agents::permissions::{self, AnswerChat, TextAnswer};
-use crate::rules::permissions::Verdict;
 use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ids::AgentName;
@@ -25,6 +24,7 @@ use crate::ledger::{EnvelopeState, LedgerCongestion, LedgerError};
 use crate::ledger::{Ledger, RoutedEnvelope};
 use crate::operate::health::PollHealth;
 use crate::operate::metrics;
+use crate::rules::permissions::Verdict;
 use crate::rules::routes::RoutesTable;
 use crate::rules::routes::{Disposition, dispose};
 use crate::telegram::envelope::{self, Inbound};
@@ -189,7 +189,8 @@ impl Poller {
         let update_count = updates.len();
         // Presses on the permission prompts' buttons: not envelopes, handled once the batch
         // is committed. One lost to a crash before then is pressed again.
-        let presses: Vec<_> = updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
+        let presses: Vec<_> =
+            updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
         let routing = Arc::clone(&self.routing.borrow());
         let batch = read_batch(updates, routing).await;
         // Agents with a live session get their envelopes handed over by this commit (see
@@ -517,7 +518,11 @@ mod tests {
             target: RouteTarget::Chat { chat_id: DM },
             audience: Audience::Agent(AgentName::parse("a").unwrap()),
         };
-        Arc::new(Routing { routes: RoutesTable::new(vec![route]).unwrap(), allowed_users: vec![], answer_chats: vec![] })
+        Arc::new(Routing {
+            routes: RoutesTable::new(vec![route]).unwrap(),
+            allowed_users: vec![],
+            answer_chats: vec![],
+        })
     }
 
     /// Routed, unrouted, undecodable and not-a-message updates, in turn.

@@ -17,8 +17,9 @@ use tokio_util::io::StreamReader;
 
 use super::wire::{
     API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, HandoffReceipt,
-    HandoffRequest, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER, PermissionReceipt, PermissionRequest, PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest,
+    HandoffRequest, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER, PendingList, PermissionReceipt, PermissionRequest,
+    ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
+    ShownReceipt, ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 

@@ -18,8 +18,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::present;
 use super::wire::{
-    AckRequest, ApiError, ErrorCode, HandoffRequest, PLUGIN_HEADER, PermissionRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
+    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER,
+    PermissionRequest, ReplyRequest, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
+    ShownRequest,
 };
 use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
@@ -302,7 +303,11 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Failure
     serde_json::from_slice(body).map_err(|e| bad_request(format!("bad request body: {e}")))
 }
 
-async fn session(State(bridge): State<Bridge>, caller: Caller, headers: HeaderMap) -> Result<Response, Failure> {
+async fn session(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    headers: HeaderMap,
+) -> Result<Response, Failure> {
     let plugin = headers.get(PLUGIN_HEADER).and_then(|value| value.to_str().ok()).map(str::to_owned);
     let opened = bridge.open_session(&caller.agent, plugin)?;
     // One JSON document per line. When the client goes away hyper drops this body, the
@@ -362,7 +367,11 @@ async fn revise_task(State(bridge): State<Bridge>, caller: Caller, body: Bytes) 
     Ok(Json(receipt).into_response())
 }
 
-async fn ask_permission(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
+async fn ask_permission(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<Response, Failure> {
     let request: PermissionRequest = parse_body(&body)?;
     let receipt = bridge.ask_permission(&caller.agent, caller.token(), request).await?;
     Ok(Json(receipt).into_response())

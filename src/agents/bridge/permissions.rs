@@ -44,7 +44,9 @@ impl Bridge {
                 crate::agents::api::wire::PLUGIN_HEADER
             ))
         })?;
-        let relay = self.permissions().ok_or_else(|| ToolError::Invalid(AskError::NotRelayed(agent.to_string()).to_string()))?;
+        let relay = self
+            .permissions()
+            .ok_or_else(|| ToolError::Invalid(AskError::NotRelayed(agent.to_string()).to_string()))?;
         let asker = Asker { agent, session_id: &session_id, plugin_id: &plugin };
         relay.ask(asker, request).await.map_err(|error| match error {
             AskError::Ledger(e) => ToolError::from(e),
@@ -59,7 +61,10 @@ impl Bridge {
             return;
         }
         let Some(relay) = self.permissions().cloned() else {
-            tracing::debug!(presses = presses.len(), "button presses with no permission relay configured: ignored");
+            tracing::debug!(
+                presses = presses.len(),
+                "button presses with no permission relay configured: ignored"
+            );
             return;
         };
         let bridge = self.clone();
@@ -93,7 +98,8 @@ impl Bridge {
     ) -> LedgerResult<bool> {
         let Some(plugin) = guard.plugin.as_deref() else { return Ok(true) };
         let ended = EndedPlugins::AllBut(plugin);
-        let expired = self.inner.ledger.expire_permissions_of_ended_session(guard.agent.as_str(), ended).await?;
+        let expired =
+            self.inner.ledger.expire_permissions_of_ended_session(guard.agent.as_str(), ended).await?;
         if expired > 0 {
             tracing::info!(agent = %guard.agent, expired, "another plugin process connected: the permission requests of the one before expired");
             if let Some(relay) = self.permissions() {
@@ -118,7 +124,8 @@ impl Bridge {
                 PermissionState::Denied => "deny",
                 PermissionState::Pending | PermissionState::Expired => continue,
             };
-            let verdict = DeliveredVerdict { request_id: row.request_id.clone(), behavior: behavior.to_owned() };
+            let verdict =
+                DeliveredVerdict { request_id: row.request_id.clone(), behavior: behavior.to_owned() };
             if tx.send(SessionEvent::PermissionVerdict(verdict)).await.is_err() {
                 return Ok(false);
             }

@@ -9,8 +9,8 @@ use tokio::sync::mpsc;
 use super::{Bridge, SessionConflict, ToolError};
 use crate::agents::api::present;
 use crate::agents::api::wire::{
-    DeliveredNotice, HEARTBEAT_INTERVAL_SECS, MAX_LISTED, SessionEvent, ShownReceipt,
-    ShownRequest, WAITING_NOTICE,
+    DeliveredNotice, HEARTBEAT_INTERVAL_SECS, MAX_LISTED, SessionEvent, ShownReceipt, ShownRequest,
+    WAITING_NOTICE,
 };
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};

@@ -141,8 +141,9 @@ impl SessionForwarder {
                     tracing::debug!(trace_id = %notice.trace_id, kind = %notice.kind, "notice pushed into the agent session");
                 }
                 Ok(Some(SessionEvent::PermissionVerdict(verdict))) => {
-                    let notification =
-                        ServerNotification::CustomNotification(super::permissions::verdict_notification(&verdict));
+                    let notification = ServerNotification::CustomNotification(
+                        super::permissions::verdict_notification(&verdict),
+                    );
                     if self.peer.send_notification(notification).await.is_err() {
                         return SessionEnd::AgentGone;
                     }

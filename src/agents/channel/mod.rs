@@ -25,9 +25,9 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, CustomNotification, DiscoverRequestMethod, DiscoverResult,
-    ExperimentalCapabilities, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, CustomNotification, DiscoverRequestMethod,
+    DiscoverResult, ExperimentalCapabilities, Implementation, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext, ServerInitializeError};
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
