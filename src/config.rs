@@ -173,6 +173,10 @@ pub struct AgentSettings {
 /// `timeout_secs` of `[agents.NAME.permissions]` when it is left out.
 pub const DEFAULT_PERMISSION_TIMEOUT_SECS: u64 = 600;
 
+/// The longest `timeout_secs`: a week. A prompt that waits longer is forgotten at the
+/// terminal anyway, and its buttons would stay live in the chat.
+pub const MAX_PERMISSION_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+
 /// An agent's permission relay (DESIGN.md §15): the route whose chat and topic get the
 /// prompts, who may answer them, and when an unanswered one expires.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -905,8 +909,14 @@ fn validate_permissions(
     if let Some(bad) = raw.approvers.iter().find(|&&id| id <= 0) {
         return Err(err("approvers", format!("{bad} is not a Telegram user id")));
     }
-    if raw.timeout_secs == 0 {
-        return Err(err("timeout_secs", "must be at least 1".into()));
+    if !(1..=MAX_PERMISSION_TIMEOUT_SECS).contains(&raw.timeout_secs) {
+        return Err(err(
+            "timeout_secs",
+            format!(
+                "{} must be at least 1 and at most {MAX_PERMISSION_TIMEOUT_SECS} (a week)",
+                raw.timeout_secs
+            ),
+        ));
     }
     Ok(PermissionSettings {
         route: route.name.clone(),
@@ -1337,6 +1347,11 @@ agents = ["builder", "reviewer"]
                 relay("route = \"dm\"\napprovers = [7]\ntimeout_secs = 0"),
                 "agents.orchestrator.permissions.timeout_secs",
                 "at least 1",
+            ),
+            (
+                relay("route = \"dm\"\napprovers = [7]\ntimeout_secs = 99999999"),
+                "agents.orchestrator.permissions.timeout_secs",
+                "at most",
             ),
         ];
         for (text, key, says) in cases {

@@ -248,9 +248,9 @@ impl PermissionRelay {
             return Err(AskError::Invalid("tool_name is empty; nothing was relayed".into()));
         }
         let id = format!("{PERMISSION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
-        let expires_at = crate::ledger::timestamp(
-            Utc::now() + chrono::Duration::from_std(relay.timeout).unwrap_or(chrono::Duration::MAX),
-        );
+        // The configuration bounds the timeout to a week, well within chrono's range.
+        let timeout = chrono::Duration::from_std(relay.timeout).unwrap_or(chrono::Duration::weeks(1));
+        let expires_at = crate::ledger::timestamp(Utc::now() + timeout);
         let description = cut(&request.description);
         let input_preview = cut(&request.input_preview);
         let new = NewPermissionRequest {
