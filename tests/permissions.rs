@@ -379,3 +379,29 @@ async fn a_verdict_for_a_plugin_that_is_gone_never_reaches_the_next_session() {
     assert!(verdicts(&next).is_empty());
     assert_eq!(request(&daemon, "abcde").await.unwrap().verdict_sent_at, None);
 }
+
+#[tokio::test]
+async fn a_prompt_whose_send_timed_out_is_never_sent_again_and_stays_answerable() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    // Telegram posts the prompt but its answer comes after the daemon's send timeout.
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(30)));
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send != PromptSend::InFlight).await;
+    assert_eq!(
+        (row.state, row.prompt_send, row.prompt_message_id),
+        (PermissionState::Pending, PromptSend::Unknown, None)
+    );
+    // Asking again (the plugin retrying) records and posts nothing more.
+    ask(&plugin, "abcde").await;
+    daemon.wait_for_log("asked again: not posted again", WAIT).await;
+
+    press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+    // The press showed where the prompt is: it is edited to its outcome like any other.
+    let edit = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
+    assert!(edit.text.unwrap().contains("Allowed"));
+    let prompts = fake.sent_messages().into_iter().filter(|m| !m.callback_data().is_empty()).count();
+    assert_eq!(prompts, 1, "an unknown send is never repeated");
+}
