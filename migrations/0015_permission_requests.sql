@@ -48,3 +48,31 @@ CREATE INDEX permission_requests_pending ON permission_requests (expires_at) WHE
 CREATE INDEX permission_requests_unsettled ON permission_requests (id) WHERE prompt_settled = 0 AND state <> 'pending';
 CREATE INDEX permission_requests_undelivered ON permission_requests (plugin_id)
     WHERE verdict_sent_at IS NULL AND (state = 'allowed' OR state = 'denied');
+
+-- The operator's questions (issue 23): each unresolved send (an attempt whose outcome is
+-- unknown, of an envelope still `unresolved`) is asked once in `[operator] route`'s chat,
+-- with Delivered / Not delivered buttons. `op_id` is the attempt asked about, so nothing is
+-- asked twice, across restarts too. The prompt's send follows the same discipline as a
+-- permission prompt's. `state`: `open` until an operator answers (`delivered`,
+-- `not_delivered`) or the envelope was settled otherwise (`settled`, by the CLI).
+CREATE TABLE operator_questions (
+    id                TEXT    NOT NULL PRIMARY KEY,
+    op_id             TEXT    NOT NULL UNIQUE,
+    envelope_id       INTEGER NOT NULL,
+    trace_id          TEXT    NOT NULL,
+    sent_chat_id      INTEGER NOT NULL,
+    sent_at           TEXT    NOT NULL,
+    sent_text         TEXT    NOT NULL,
+    asked_at          TEXT    NOT NULL,
+    state             TEXT    NOT NULL CHECK (state = 'open' OR state = 'delivered' OR state = 'not_delivered' OR state = 'settled'),
+    chat_id           INTEGER NOT NULL,
+    thread_id         INTEGER,
+    prompt_send       TEXT    NOT NULL CHECK (prompt_send = 'in_flight' OR prompt_send = 'sent' OR prompt_send = 'not_sent' OR prompt_send = 'unknown'),
+    prompt_message_id INTEGER,
+    prompt_error      TEXT,
+    prompt_settled    INTEGER NOT NULL DEFAULT 0,
+    answered_by       INTEGER,
+    answered_by_name  TEXT,
+    answered_at       TEXT
+);
+CREATE INDEX operator_questions_open ON operator_questions (envelope_id) WHERE state = 'open';

@@ -94,12 +94,15 @@ impl Daemon {
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
         }
-        let unknown_prompts =
-            ledger.recover_prompt_sends().await.context("recovering interrupted permission prompts")?;
+        let unknown_prompts = ledger
+            .recover_prompt_sends()
+            .await
+            .context("recovering interrupted permission prompts")?
+            + ledger.recover_question_sends().await.context("recovering interrupted operator questions")?;
         if unknown_prompts > 0 {
             tracing::warn!(
                 unknown_prompts,
-                "permission prompts were being posted when the daemon stopped: marked unknown, never posted again"
+                "prompts with buttons were being posted when the daemon stopped: marked unknown, never posted again"
             );
         }
         let hangups = reload::catch_hangups();
@@ -153,6 +156,7 @@ impl Daemon {
             ledger.clone(),
             room_api.clone(),
             PermissionRelay::relays_of(&settings),
+            settings.operator.clone(),
             tasks.clone(),
         );
         bridge.set_permissions(permissions.clone());

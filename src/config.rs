@@ -90,6 +90,19 @@ pub struct Settings {
     pub room_defaults: RoomLimits,
     /// Every room route (DESIGN.md §10), by route name.
     pub rooms: BTreeMap<RouteName, RoomSettings>,
+    /// `[operator]`: where unresolved sends are asked about, and who answers.
+    pub operator: Option<OperatorSettings>,
+}
+
+/// `[operator]`: each unresolved send is posted to this route's chat with Delivered / Not
+/// delivered buttons, which only `operators` may answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorSettings {
+    pub route: RouteName,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    /// Telegram user ids whose answers count; never empty.
+    pub operators: Vec<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -245,6 +258,15 @@ struct RawSettings {
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
     routes: Vec<RawRoute>,
+    operator: Option<RawOperator>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOperator {
+    route: String,
+    #[serde(default)]
+    operators: Vec<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -600,6 +622,14 @@ impl Settings {
             }
         };
         let handoffs = HandoffSettings { max_depth: raw.handoffs.max_depth, audit_route };
+        let operator = match raw.operator {
+            None => None,
+            Some(raw) => {
+                let (route, chat_id, thread_id) = chat_route(path, "operator", &raw.route, &routes)?;
+                let operators = user_ids(path, "operator.operators", raw.operators, "operators")?;
+                Some(OperatorSettings { route, chat_id, thread_id, operators })
+            }
+        };
         for (agent, key, relay) in relays {
             let settings = validate_permissions(path, &key, relay, &routes)?;
             if let Some(agent) = agents.get_mut(&agent) {
@@ -637,6 +667,7 @@ impl Settings {
             routes,
             room_defaults,
             rooms,
+            operator,
         })
     }
 
@@ -882,33 +913,8 @@ fn validate_permissions(
     routes: &RoutesTable,
 ) -> Result<PermissionSettings, ConfigError> {
     let err = |field: &str, problem: String| ConfigError::new(path, format!("{key}.{field}"), problem);
-    let route = routes.routes().iter().find(|route| route.name.as_str() == raw.route).ok_or_else(|| {
-        let declared = join_names(routes.routes().iter().map(|route| &route.name));
-        err("route", format!("no route is named '{}' (routes: {declared})", raw.route))
-    })?;
-    let (chat_id, thread_id) = match route.target {
-        RouteTarget::Topic { chat_id, thread_id } => (chat_id, Some(thread_id)),
-        RouteTarget::Chat { chat_id } => (chat_id, None),
-        RouteTarget::Default => {
-            return Err(err(
-                "route",
-                format!(
-                    "route '{}' is the default route: approval prompts need a route with a chat_id",
-                    raw.route
-                ),
-            ));
-        }
-    };
-    if raw.approvers.is_empty() {
-        return Err(err(
-            "approvers",
-            "is empty: list the Telegram user ids allowed to answer (without approvers nobody could, so leave              the whole [permissions] table out instead)"
-                .into(),
-        ));
-    }
-    if let Some(bad) = raw.approvers.iter().find(|&&id| id <= 0) {
-        return Err(err("approvers", format!("{bad} is not a Telegram user id")));
-    }
+    let (route, chat_id, thread_id) = chat_route(path, key, &raw.route, routes)?;
+    let approvers = user_ids(path, &format!("{key}.approvers"), raw.approvers, "approvers")?;
     if !(1..=MAX_PERMISSION_TIMEOUT_SECS).contains(&raw.timeout_secs) {
         return Err(err(
             "timeout_secs",
@@ -919,12 +925,52 @@ fn validate_permissions(
         ));
     }
     Ok(PermissionSettings {
-        route: route.name.clone(),
+        route,
         chat_id,
         thread_id,
-        approvers: raw.approvers,
+        approvers,
         timeout: Duration::from_secs(raw.timeout_secs),
     })
+}
+
+/// The route a table's `route` names, with its chat and topic: it must exist and have a
+/// chat, since a prompt needs one place to go.
+fn chat_route(
+    path: &Path,
+    key: &str,
+    name: &str,
+    routes: &RoutesTable,
+) -> Result<(RouteName, i64, Option<i32>), ConfigError> {
+    let err = |problem: String| ConfigError::new(path, format!("{key}.route"), problem);
+    let route = routes.routes().iter().find(|route| route.name.as_str() == name).ok_or_else(|| {
+        let declared = join_names(routes.routes().iter().map(|route| &route.name));
+        err(format!("no route is named '{name}' (routes: {declared})"))
+    })?;
+    match route.target {
+        RouteTarget::Topic { chat_id, thread_id } => Ok((route.name.clone(), chat_id, Some(thread_id))),
+        RouteTarget::Chat { chat_id } => Ok((route.name.clone(), chat_id, None)),
+        RouteTarget::Default => Err(err(format!(
+            "route '{name}' is the default route: prompts with buttons need a route with a chat_id"
+        ))),
+    }
+}
+
+/// A list of Telegram user ids who may answer: someone must be able to.
+fn user_ids(path: &Path, key: &str, ids: Vec<i64>, who: &str) -> Result<Vec<i64>, ConfigError> {
+    if ids.is_empty() {
+        return Err(ConfigError::new(
+            path,
+            key,
+            format!(
+                "is empty: list the Telegram user ids allowed to answer (without {who} nobody could, so leave the \
+                 whole table out instead)"
+            ),
+        ));
+    }
+    if let Some(bad) = ids.iter().find(|&&id| id <= 0) {
+        return Err(ConfigError::new(path, key, format!("{bad} is not a Telegram user id")));
+    }
+    Ok(ids)
 }
 
 fn cascade_limit(path: &Path, key: &str, limit: u32) -> Result<NonZeroU32, ConfigError> {
@@ -1356,6 +1402,23 @@ agents = ["builder", "reviewer"]
         ];
         for (text, key, says) in cases {
             let e = problem(&text);
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains(says), "{says:?} not in: {e}");
+        }
+    }
+
+    #[test]
+    fn the_operator_table_names_a_chat_route_and_someone_to_answer() {
+        let with = |body: &str| format!("{MINIMAL}\n[operator]\n{body}\n");
+        let settings = load_str(&with("route = \"dm\"\noperators = [9]")).unwrap();
+        let operator = settings.operator.unwrap();
+        assert_eq!((operator.route.as_str(), operator.chat_id, operator.operators), ("dm", 42, vec![9]));
+        assert!(load_str(MINIMAL).unwrap().operator.is_none());
+        for (body, key, says) in [
+            ("route = \"dm\"", "operator.operators", "empty"),
+            ("route = \"elsewhere\"\noperators = [9]", "operator.route", "elsewhere"),
+        ] {
+            let e = problem(&with(body));
             assert_eq!(e.key, key, "{e}");
             assert!(e.problem.contains(says), "{says:?} not in: {e}");
         }

@@ -25,16 +25,16 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api::wire::{PermissionReceipt, PermissionRequest};
-use crate::config::PermissionSettings;
+use crate::config::{OperatorSettings, PermissionSettings};
 use crate::ids::{AgentName, random_suffix};
 use crate::ledger::{
     AnswerRecorded, Ledger, LedgerError, NewPermissionRequest, PermissionState, PromptOutcome, PromptSend,
-    StoredPermission,
+    QuestionAnswered, QuestionState, Reconciliation, StoredPermission, StoredQuestion,
 };
 use crate::operate::metrics;
 use crate::rules::permissions::{
-    self as rules, PERMISSION_ID_PREFIX, PERMISSION_ID_SUFFIX_LEN, PressAction, PressDecision, PressFacts,
-    PromptEnd, PromptFacts, Refusal, RequestFacts, Verdict,
+    self as rules, Finding, PERMISSION_ID_PREFIX, PERMISSION_ID_SUFFIX_LEN, PressAction, PressDecision,
+    PressFacts, PromptEnd, PromptFacts, QUESTION_ID_PREFIX, QuestionFacts, Refusal, RequestFacts, Verdict,
 };
 use crate::telegram::bot_api::{BotApi, Exchange};
 use crate::telegram::outbound::{Observed, classify, error_kind, telegram_thread};
@@ -67,6 +67,8 @@ struct Inner {
     api: BotApi,
     /// Each relayed agent's route, approvers and timeout.
     relays: BTreeMap<AgentName, PermissionSettings>,
+    /// `[operator]`: where unresolved sends are asked about, if anywhere.
+    operator: Option<OperatorSettings>,
     /// Rung when the keeper has something to do (a new request, a verdict, an ended session).
     keeper: Notify,
     /// Prompts' sends run here, so a caller that goes away cannot cut one between its
@@ -207,9 +209,10 @@ impl PermissionRelay {
         ledger: Ledger,
         api: BotApi,
         relays: BTreeMap<AgentName, PermissionSettings>,
+        operator: Option<OperatorSettings>,
         tasks: TaskTracker,
     ) -> Self {
-        Self { inner: Arc::new(Inner { ledger, api, relays, keeper: Notify::new(), tasks }) }
+        Self { inner: Arc::new(Inner { ledger, api, relays, operator, keeper: Notify::new(), tasks }) }
     }
 
     /// The relays of `settings`, by agent.
@@ -343,6 +346,10 @@ impl PermissionRelay {
     /// A press on a button. Returns the agent whose asking session now has a verdict to be
     /// handed, if the press recorded one.
     pub async fn press(&self, press: &CallbackPress) -> Option<AgentName> {
+        if let Some(question) = press.data.as_deref().and_then(rules::parse_question_callback) {
+            self.question_press(press, &question).await;
+            return None;
+        }
         let parsed = press.data.as_deref().and_then(rules::parse_callback);
         let row = match &parsed {
             Some(parsed) => match self.inner.ledger.permission(&parsed.permission_id).await {
@@ -519,10 +526,11 @@ impl PermissionRelay {
     /// One round of the keeper: returns how long it may sleep.
     pub async fn keep_once(&self) -> Result<Duration, LedgerError> {
         let ledger = &self.inner.ledger;
+        let questions_wait = self.keep_questions().await?;
         for row in ledger.expire_due_permissions().await? {
             tracing::info!(permission_id = %row.id, agent = %row.agent, "permission request expired unanswered");
         }
-        let mut wait = KEEPER_MAX_SLEEP;
+        let mut wait = questions_wait;
         for row in ledger.unsettled_prompts().await? {
             match self.settle(&row).await {
                 Ok(true) => ledger.settle_prompt(&row.id).await?,
@@ -553,26 +561,160 @@ impl PermissionRelay {
             }
             _ => PromptEnd::Expired,
         };
-        let params = json!({
-            "chat_id": row.chat_id,
-            "message_id": message_id,
-            "text": rules::final_prompt_text(&prompt_facts(row), end),
+        let text = rules::final_prompt_text(&prompt_facts(row), end);
+        Ok(self.edit_to_final(row.chat_id, message_id, &text, &row.id).await)
+    }
+}
+
+/// The operator's questions (issue 23): every unresolved send is asked once in the
+/// `[operator]` route's chat, and an operator's answer reconciles it as the CLI does.
+impl PermissionRelay {
+    /// Asks about the unresolved sends not asked about yet, settles questions whose
+    /// envelope was reconciled another way, and edits answered ones; returns how long the
+    /// keeper may sleep as far as questions go.
+    async fn keep_questions(&self) -> Result<Duration, LedgerError> {
+        let Some(operator) = &self.inner.operator else { return Ok(KEEPER_MAX_SLEEP) };
+        let ledger = &self.inner.ledger;
+        let new_id = || format!("{QUESTION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
+        for question in ledger.record_new_questions(operator.chat_id, operator.thread_id, new_id).await? {
+            self.post_question(&question).await?;
+        }
+        ledger.settle_answered_elsewhere().await?;
+        let mut wait = KEEPER_MAX_SLEEP;
+        for question in ledger.unsettled_questions().await? {
+            let Some(message_id) = question.prompt_message_id else {
+                ledger.settle_question_prompt(&question.id).await?;
+                continue;
+            };
+            let found = match (question.state, &question.answered_by_name, &question.answered_at) {
+                (QuestionState::Delivered, Some(by), Some(at)) => {
+                    Some((Finding::Delivered, by.as_str(), at.as_str()))
+                }
+                (QuestionState::NotDelivered, Some(by), Some(at)) => {
+                    Some((Finding::NotDelivered, by.as_str(), at.as_str()))
+                }
+                _ => None,
+            };
+            let text = rules::final_question_text(&question_facts(&question), found);
+            if self.edit_to_final(question.chat_id, message_id, &text, &question.id).await {
+                ledger.settle_question_prompt(&question.id).await?;
+            } else {
+                wait = KEEPER_RETRY;
+            }
+        }
+        Ok(wait)
+    }
+
+    /// Posts a question and records what its send came to; never sent again.
+    async fn post_question(&self, question: &StoredQuestion) -> Result<(), LedgerError> {
+        let mut params = json!({
+            "chat_id": question.chat_id,
+            "text": rules::question_text(&question_facts(question)),
             "parse_mode": "HTML",
+            "reply_markup": rules::question_keyboard(&question.id),
         });
+        if let Some(thread_id) = telegram_thread(question.thread_id) {
+            params["message_thread_id"] = json!(thread_id);
+        }
+        let exchange = self.inner.api.call("sendMessage", &params).await;
+        let observed = classify(&exchange);
+        if let Some(kind) = error_kind(&exchange, &observed) {
+            metrics::bot_api_error("sendMessage", kind);
+        }
+        let outcome = match observed {
+            Observed::Sent { message_id } => PromptOutcome::Sent { message_id },
+            Observed::NotSent { error, .. } => PromptOutcome::NotSent { error },
+            Observed::Unknown { error } => PromptOutcome::Unknown { error },
+        };
+        self.inner.ledger.finish_question_send(&question.id, &outcome).await?;
+        match &outcome {
+            PromptOutcome::Sent { .. } => {
+                tracing::info!(question = %question.id, trace_id = %question.trace_id, "asked the operators about an unresolved send")
+            }
+            PromptOutcome::NotSent { error } | PromptOutcome::Unknown { error } => tracing::warn!(
+                question = %question.id, trace_id = %question.trace_id,
+                "could not ask the operators about an unresolved send ({error}); reconcile it with `switchboard ledger reconcile`"
+            ),
+        }
+        Ok(())
+    }
+
+    async fn question_press(&self, press: &CallbackPress, parsed: &rules::QuestionPress) {
+        let question = match self.inner.ledger.question(&parsed.question_id).await {
+            Ok(question) => question,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the question a press names");
+                self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.")
+                    .await;
+                return;
+            }
+        };
+        let question =
+            question.filter(|q| press.message.as_ref().is_none_or(|message| message.chat.id == q.chat_id));
+        let operators = self.inner.operator.as_ref().map(|o| o.operators.as_slice()).unwrap_or_default();
+        let open = question.as_ref().map(|q| q.state == QuestionState::Open);
+        if let Err(refusal) = rules::decide_question(press.from.id, operators, open) {
+            tracing::warn!(
+                from = press.from.id,
+                ?refusal,
+                "a press on an operator's question changed nothing"
+            );
+            self.answer_callback(&press.id, refusal.explanation()).await;
+            return;
+        }
+        let Some(question) = question else { return };
+        let finding = match parsed.finding {
+            Finding::Delivered => Reconciliation::Delivered,
+            Finding::NotDelivered => Reconciliation::NotDelivered,
+        };
+        let text = match self
+            .inner
+            .ledger
+            .answer_question(&question, finding, press.from.id, &press.from.shown())
+            .await
+        {
+            Ok(QuestionAnswered::Reconciled(_)) => {
+                tracing::info!(question = %question.id, trace_id = %question.trace_id, by = press.from.id, ?finding, "an operator reconciled an unresolved send");
+                self.ring_keeper();
+                "Recorded."
+            }
+            Ok(QuestionAnswered::TooLate) => Refusal::NoLongerPending.explanation(),
+            Err(e) => {
+                tracing::error!(question = %question.id, error = %e, "could not record an operator's answer");
+                "The switchboard could not record that; try again."
+            }
+        };
+        self.answer_callback(&press.id, text).await;
+    }
+
+    /// Edits a prompt to its final text, without buttons: true once it shows it (or
+    /// Telegram refused the edit for good), false to try again.
+    async fn edit_to_final(&self, chat_id: i64, message_id: i32, text: &str, id: &str) -> bool {
+        let params =
+            json!({ "chat_id": chat_id, "message_id": message_id, "text": text, "parse_mode": "HTML" });
         let exchange = self.inner.api.call("editMessageText", &params).await;
-        Ok(match classify(&exchange) {
+        match classify(&exchange) {
             Observed::Sent { .. } => true,
             Observed::NotSent { retry_after: Some(_), .. } => false,
             Observed::NotSent { error, .. } if error.contains("message is not modified") => true,
             Observed::NotSent { error, .. } => {
-                tracing::warn!(permission_id = %row.id, "Telegram refused to edit the permission prompt ({error}); leaving it");
+                tracing::warn!(id, "Telegram refused to edit a prompt ({error}); leaving it");
                 !matches!(exchange, Exchange::NotConnected(_))
             }
             Observed::Unknown { error } => {
-                tracing::warn!(permission_id = %row.id, "the permission prompt's edit may not have happened ({error}); trying again");
+                tracing::warn!(id, "a prompt's edit may not have happened ({error}); trying again");
                 false
             }
-        })
+        }
+    }
+}
+
+fn question_facts(question: &StoredQuestion) -> QuestionFacts<'_> {
+    QuestionFacts {
+        trace_id: &question.trace_id,
+        chat_id: question.sent_chat_id,
+        sent_at: &question.sent_at,
+        text: &question.sent_text,
     }
 }
 

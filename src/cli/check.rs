@@ -33,6 +33,12 @@ pub(super) fn check(path: &Path) -> anyhow::Result<()> {
     for line in permission_relays(&settings) {
         println!("{line}");
     }
+    if let Some(operator) = &settings.operator {
+        println!(
+            "operator:     unresolved sends are asked in route {} (chat {}); operators {:?}",
+            operator.route, operator.chat_id, operator.operators
+        );
+    }
     println!();
     print!("{}", routes_table(&settings));
     Ok(())

@@ -89,6 +89,7 @@ mod migrations;
 mod permissions;
 mod probe;
 mod prune;
+mod questions;
 mod readers;
 mod rooms;
 mod sessions;
@@ -117,6 +118,7 @@ pub use permissions::{
 };
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use prune::{Pages, PruneReport, Pruned};
+pub use questions::{QuestionAnswered, QuestionState, StoredQuestion};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,

@@ -160,6 +160,8 @@ pub enum PressDecision {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     NotAnApprover,
+    /// An operator's question pressed by someone who is not an operator.
+    NotAnOperator,
     /// The data names no request of this switchboard's.
     NoSuchRequest,
     /// Answered, or expired.
@@ -171,6 +173,7 @@ impl Refusal {
     pub fn explanation(self) -> &'static str {
         match self {
             Self::NotAnApprover => "Only an approver of this agent can answer; nothing changed.",
+            Self::NotAnOperator => "Only an operator can answer; nothing changed.",
             Self::NoSuchRequest => "This button names no permission request; nothing changed.",
             Self::NoLongerPending => "This request was already answered or has expired; nothing changed.",
         }
@@ -291,6 +294,121 @@ fn clock(at: &str) -> String {
         (Some(day), Some(time)) if at.as_bytes().get(10) == Some(&b'T') => format!("{day} {time} UTC"),
         _ => at.to_owned(),
     }
+}
+
+/// What every `callback_data` of an operator's question begins with.
+const QUESTION_PREFIX: &str = "sbq";
+
+/// The prefix of an operator's question's id (`opq_…`).
+pub const QUESTION_ID_PREFIX: &str = "opq_";
+
+/// What an operator says of an unresolved send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finding {
+    Delivered,
+    NotDelivered,
+}
+
+/// A press on an operator's question: which question, what it says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct QuestionPress {
+    pub question_id: String,
+    pub finding: Finding,
+}
+
+fn is_question_id(id: &str) -> bool {
+    id.strip_prefix(QUESTION_ID_PREFIX).is_some_and(|suffix| {
+        suffix.len() == PERMISSION_ID_SUFFIX_LEN && suffix.chars().all(|c| c.is_ascii_alphanumeric())
+    })
+}
+
+/// The `callback_data` of a question's button: `sbq:<id>:y` (delivered) or `:n`.
+pub fn question_callback_data(question_id: &str, finding: Finding) -> String {
+    let letter = match finding {
+        Finding::Delivered => 'y',
+        Finding::NotDelivered => 'n',
+    };
+    format!("{QUESTION_PREFIX}:{question_id}:{letter}")
+}
+
+/// Reads a question button's data; `None` for anything else.
+pub fn parse_question_callback(data: &str) -> Option<QuestionPress> {
+    let mut parts = data.split(':');
+    let (Some(QUESTION_PREFIX), Some(id), Some(letter), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return None;
+    };
+    let finding = match letter {
+        "y" => Finding::Delivered,
+        "n" => Finding::NotDelivered,
+        _ => return None,
+    };
+    (data.len() <= CALLBACK_DATA_LIMIT && is_question_id(id))
+        .then(|| QuestionPress { question_id: id.to_owned(), finding })
+}
+
+/// Whether `presser` may answer a question: an operator, while it is open.
+pub fn decide_question(presser: i64, operators: &[i64], open: Option<bool>) -> Result<(), Refusal> {
+    match open {
+        None => Err(Refusal::NoSuchRequest),
+        Some(_) if !operators.contains(&presser) => Err(Refusal::NotAnOperator),
+        Some(false) => Err(Refusal::NoLongerPending),
+        Some(true) => Ok(()),
+    }
+}
+
+/// What a question shows of the send it asks about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuestionFacts<'a> {
+    pub trace_id: &'a str,
+    pub chat_id: i64,
+    pub sent_at: &'a str,
+    pub text: &'a str,
+}
+
+/// How much of the send's text a question shows.
+const QUESTION_TEXT_CHARS: usize = 200;
+
+fn question_body(facts: &QuestionFacts<'_>) -> String {
+    format!(
+        "❓ <b>Did this reply arrive?</b> The daemon could not tell (<code>{}</code>).\nTo chat {} at {}:\n<pre>{}</pre>",
+        escape_html(facts.trace_id),
+        facts.chat_id,
+        escape_html(&clock(facts.sent_at)),
+        escape_html(&cut(facts.text, QUESTION_TEXT_CHARS)),
+    )
+}
+
+/// An operator's question, with Delivered / Not delivered buttons under it.
+pub fn question_text(facts: &QuestionFacts<'_>) -> String {
+    format!("{}\nLook in that chat, then answer.", question_body(facts))
+}
+
+/// A question once answered: what was found, by whom and when, no buttons.
+pub fn final_question_text(facts: &QuestionFacts<'_>, found: Option<(Finding, &str, &str)>) -> String {
+    let outcome = match found {
+        Some((Finding::Delivered, by, at)) => {
+            format!("✅ <b>Delivered</b>, says {} at {}", escape_html(by), escape_html(&clock(at)))
+        }
+        Some((Finding::NotDelivered, by, at)) => format!(
+            "↩️ <b>Not delivered</b>, says {} at {}: the agent may answer again",
+            escape_html(by),
+            escape_html(&clock(at))
+        ),
+        None => "Settled with <code>switchboard ledger reconcile</code>".to_owned(),
+    };
+    format!("{}\n{outcome}", question_body(facts))
+}
+
+/// The inline keyboard of an open question.
+pub fn question_keyboard(question_id: &str) -> serde_json::Value {
+    serde_json::json!({
+        "inline_keyboard": [[
+            { "text": "Delivered", "callback_data": question_callback_data(question_id, Finding::Delivered) },
+            { "text": "Not delivered", "callback_data": question_callback_data(question_id, Finding::NotDelivered) },
+        ]]
+    })
 }
 
 /// The inline keyboard of a pending prompt.
@@ -439,6 +557,41 @@ mod tests {
             final_prompt_text(&prompt(), PromptEnd::Answered { verdict: Verdict::Deny, by: "Bo", at });
         assert!(denied.contains("Denied") && denied.contains("Bo"));
         assert!(final_prompt_text(&prompt(), PromptEnd::Expired).contains("answer at the terminal"));
+    }
+
+    #[test]
+    fn question_data_round_trips_and_only_operators_answer_open_questions() {
+        let id = "opq_abcdefgh12345678";
+        for finding in [Finding::Delivered, Finding::NotDelivered] {
+            let data = question_callback_data(id, finding);
+            assert!(data.len() <= CALLBACK_DATA_LIMIT);
+            assert_eq!(
+                parse_question_callback(&data),
+                Some(QuestionPress { question_id: id.into(), finding })
+            );
+            assert_eq!(parse_callback(&data), None, "not a permission button");
+        }
+        for data in ["sbq:opq_short:y", "sbq:prm_abcdefgh12345678:y", "sbq:opq_abcdefgh12345678:a"] {
+            assert_eq!(parse_question_callback(data), None, "{data}");
+        }
+        assert_eq!(decide_question(9, &[9], Some(true)), Ok(()));
+        assert_eq!(decide_question(8, &[9], Some(true)), Err(Refusal::NotAnOperator));
+        assert_eq!(decide_question(9, &[9], Some(false)), Err(Refusal::NoLongerPending));
+        assert_eq!(decide_question(9, &[9], None), Err(Refusal::NoSuchRequest));
+    }
+
+    #[test]
+    fn a_question_escapes_the_send_and_says_what_was_found() {
+        let facts = QuestionFacts {
+            trace_id: "env_abc",
+            chat_id: 42,
+            sent_at: "2026-12-02T03:04:05.678Z",
+            text: "<b>done</b>",
+        };
+        assert!(question_text(&facts).contains("&lt;b&gt;done"));
+        let found = final_question_text(&facts, Some((Finding::NotDelivered, "@olga", facts.sent_at)));
+        assert!(found.contains("Not delivered") && found.contains("@olga"));
+        assert!(final_question_text(&facts, None).contains("reconcile"));
     }
 
     #[test]
