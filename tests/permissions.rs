@@ -405,3 +405,57 @@ async fn a_prompt_whose_send_timed_out_is_never_sent_again_and_stays_answerable(
     let prompts = fake.sent_messages().into_iter().filter(|m| !m.callback_data().is_empty()).count();
     assert_eq!(prompts, 1, "an unknown send is never repeated");
 }
+
+/// The orchestrator's route, plus `[operator]`: unresolved sends are asked about in the
+/// forum, and the owner answers.
+fn with_operator() -> String {
+    format!("{}\n[operator]\nroute = \"forum\"\noperators = [{OWNER_ID}]\n", default_routes())
+}
+
+#[tokio::test]
+async fn an_operator_answers_an_unresolved_send_from_telegram_once() {
+    use support::daemon::FORUM_CHAT;
+    use switchboard::ledger::EnvelopeState;
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start_with_config(&fake.api_url(), &with_operator(), &[]);
+    let plugin = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "are you there?");
+    let trace = support::agents::trace_id(&nth(&plugin, 1).await);
+    // Telegram takes the reply and never answers: its outcome is unknown.
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(60)));
+    let (is_error, _) =
+        plugin.call_tool("reply", json!({"text": "yes, here", "trace_id": trace})).await.unwrap();
+    assert!(is_error);
+    assert_eq!(support::agents::state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+
+    let question = fake
+        .wait_for_sent_matching(WAIT, |sent| sent.chat_id == FORUM_CHAT && !sent.callback_data().is_empty())
+        .await
+        .expect("the operators are asked");
+    assert!(question.text.contains(&trace) && question.text.contains("yes, here"), "{}", question.text);
+    let not_delivered = question.callback_data().into_iter().find(|d| d.ends_with(":n")).unwrap();
+
+    let refused = press(&fake, &stranger(), &question, &not_delivered).await;
+    assert!(refused.is_some_and(|text| text.contains("operator")));
+    assert_eq!(support::agents::state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+
+    // The question survives a crash, and is not asked again.
+    daemon.kill9();
+    daemon.restart();
+    let answered = press(&fake, &owner(), &question, &not_delivered).await;
+    assert_eq!(answered.as_deref(), Some("Recorded."));
+    // Not delivered: the envelope waits for the agent's answer again, as after the CLI's
+    // `reconcile --not-delivered`.
+    assert_eq!(support::agents::state_of(&daemon, &trace).await, EnvelopeState::Pending);
+    let edit = fake.wait_for_edit(question.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
+    assert!(edit.text.unwrap().contains("Not delivered"));
+    // The keeper is one loop, and each of its rounds looks for sends to ask about before
+    // it edits: the round that made this edit, and the one at start-up before it, asked
+    // nothing more.
+    let questions = fake.sent_messages().into_iter().filter(|m| m.chat_id == FORUM_CHAT).count();
+    assert_eq!(questions, 1);
+    let again = press(&fake, &owner(), &question, &not_delivered).await;
+    assert!(again.is_some_and(|text| text.contains("already answered")));
+    let (_, shown, _) = daemon.ledger_cli(&["show", &trace]);
+    assert!(shown.contains("answered in Telegram by @olga"), "{shown}");
+}
