@@ -673,7 +673,7 @@ impl PermissionRelay {
             .answer_question(&question, finding, press.from.id, &press.from.shown())
             .await
         {
-            Ok(QuestionAnswered::Reconciled(_)) => {
+            Ok(QuestionAnswered::Reconciled) => {
                 tracing::info!(question = %question.id, trace_id = %question.trace_id, by = press.from.id, ?finding, "an operator reconciled an unresolved send");
                 self.ring_keeper();
                 "Recorded."

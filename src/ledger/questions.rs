@@ -92,8 +92,8 @@ fn question_in(db: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<S
 /// What an operator's answer came to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum QuestionAnswered {
-    /// The envelope is reconciled: the question as it is now.
-    Reconciled(StoredQuestion),
+    /// The envelope is reconciled, and the question records who answered.
+    Reconciled,
     /// The envelope was no longer unresolved (answered first, or settled another way).
     TooLate,
 }
@@ -216,19 +216,13 @@ impl Ledger {
             Reconciliation::Delivered => QuestionState::Delivered,
             Reconciliation::NotDelivered => QuestionState::NotDelivered,
         };
-        let id = question.id.clone();
-        let row = self
-            .write_in_place(|db| {
-                execute_cached(
-                    db,
-                    "UPDATE operator_questions SET state = ?, answered_by = ?, answered_by_name = ?, answered_at = ? \
-                     WHERE id = ? AND state = 'open'",
-                    rusqlite::params![state.as_str(), by, by_name, at, id],
-                )?;
-                question_in(db, &id)
-            })
-            .await?;
-        Ok(row.map_or(QuestionAnswered::TooLate, QuestionAnswered::Reconciled))
+        self.execute_in_place(
+            "UPDATE operator_questions SET state = ?, answered_by = ?, answered_by_name = ?, answered_at = ? \
+             WHERE id = ? AND state = 'open'",
+            (state.as_str(), by, by_name.to_owned(), at, question.id.clone()),
+        )
+        .await?;
+        Ok(QuestionAnswered::Reconciled)
     }
 
     /// Open questions whose envelope is no longer unresolved (reconciled with the CLI, or
