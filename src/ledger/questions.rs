@@ -162,8 +162,9 @@ impl Ledger {
         .await
     }
 
-    /// Records what a question's prompt send came to. A prompt not posted leaves the
-    /// question open and unasked-looking no more: the CLI is where it is reconciled.
+    /// Records what a question's prompt send came to. A question whose prompt was not
+    /// posted stays open and is not asked again: `switchboard ledger reconcile` settles
+    /// its send.
     pub async fn finish_question_send(&self, id: &str, outcome: &PromptOutcome) -> LedgerResult<()> {
         let (send, message_id, error) = match outcome {
             PromptOutcome::Sent { message_id } => ("sent", Some(*message_id), None),
@@ -225,8 +226,9 @@ impl Ledger {
         Ok(QuestionAnswered::Reconciled)
     }
 
-    /// Open questions whose envelope is no longer unresolved (reconciled with the CLI, or
-    /// answered while the daemon was away) are settled.
+    /// Open questions whose envelope is no longer unresolved are settled: reconciled with
+    /// the CLI, or by an answer whose own record (a second transaction, after the
+    /// reconciliation) was cut short.
     pub async fn settle_answered_elsewhere(&self) -> LedgerResult<usize> {
         let unresolved = EnvelopeState::Unresolved.as_str();
         self.write_in_place(|db| {
