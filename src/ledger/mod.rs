@@ -86,8 +86,10 @@ mod inspect;
 mod intake;
 mod lock;
 mod migrations;
+mod permissions;
 mod probe;
 mod prune;
+mod questions;
 mod readers;
 mod rooms;
 mod sessions;
@@ -111,8 +113,13 @@ pub use intake::LedgerCongestion;
 pub use intake::RecordedBatch;
 pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;
+pub use permissions::{
+    AnswerRecorded, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState, PermissionVerdict,
+    PromptOutcome, PromptSend, StoredPermission,
+};
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use prune::{Pages, PruneReport, Pruned};
+pub use questions::{QuestionAnswered, QuestionState, StoredQuestion};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
