@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::bot_api::{Answer, BotApi, Exchange};
 use crate::backoff::Backoff;
-use crate::ledger::{AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
+use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::pacing::{PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
@@ -356,6 +356,8 @@ impl Outbound {
             agent: &target.agent,
             request_id: plan.request_id.as_deref(),
             purpose: plan.purpose,
+            method: AttemptMethod::SendMessage,
+            target_message_id: None,
             chat_id: target.chat_id,
             thread_id,
             reply_to_message_id: target.reply_to_message_id,

@@ -626,6 +626,8 @@ mod tests {
         StoredAttempt {
             op_id: format!("op_{index}"),
             request_id: Some("req_abcdefgh".into()),
+            method: crate::ledger::AttemptMethod::SendMessage,
+            target_message_id: None,
             chat_id: 1,
             thread_id: None,
             reply_to_message_id: Some(1),
