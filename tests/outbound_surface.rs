@@ -7,6 +7,8 @@ mod support;
 
 use serde_json::json;
 use support::agents::*;
+use support::daemon::*;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
 
 #[tokio::test]
@@ -64,4 +66,175 @@ async fn an_unknown_format_is_refused_and_nothing_is_sent() {
     assert!(is_error && text.contains("MarkdownV2"), "{text}");
     assert!(fake.requests_for("sendMessage").is_empty());
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+}
+
+/// The message id a reply's receipt names (its last "id N" / "ids N").
+fn replied(fake_sent: &[switchboard::fake_bot_api::SentMessage], chat_id: i64) -> i32 {
+    fake_sent.iter().rev().find(|sent| sent.chat_id == chat_id).expect("a message in that chat").message_id
+}
+
+#[tokio::test]
+async fn a_reaction_on_the_envelopes_own_message_is_an_attempt_that_answers_nothing() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("ship it?").await;
+    let message_id: i64 = meta(&orchestrator.notifications()[0], "message_id").parse().unwrap();
+
+    let (is_error, text) =
+        orchestrator.call_tool("react", json!({"trace_id": trace, "emoji": "👍"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let reactions = fake.requests_for("setMessageReaction");
+    assert_eq!(reactions.len(), 1);
+    assert_eq!(reactions[0]["chat_id"], OWNER_CHAT);
+    assert_eq!(reactions[0]["message_id"], message_id);
+    assert_eq!(reactions[0]["reaction"][0]["emoji"], "👍");
+    let attempts = attempts_of(&daemon, &trace).await;
+    assert_eq!(attempts.len(), 1);
+    assert_eq!((attempts[0].method, attempts[0].outcome), (AttemptMethod::SetReaction, AttemptState::Sent));
+    assert_eq!(attempts[0].target_message_id, Some(message_id));
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending, "a reaction is no answer");
+}
+
+#[tokio::test]
+async fn a_reaction_telegram_does_not_allow_is_refused_and_nothing_is_sent() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("ship it?").await;
+
+    for emoji in ["🦀", "thumbs up", ""] {
+        let (is_error, text) =
+            orchestrator.call_tool("react", json!({"trace_id": trace, "emoji": emoji})).await.unwrap();
+        assert!(is_error && text.contains("👍"), "refused, naming the allowed ones: {text}");
+    }
+    // The daemon checks it too, for any other caller of the local API.
+    let (is_error, text) =
+        orchestrator.call_tool("react", json!({"trace_id": "env_nonesuchxx", "emoji": "👍"})).await.unwrap();
+    assert!(is_error && text.contains("not one of yours"), "{text}");
+    assert!(fake.requests_for("setMessageReaction").is_empty());
+    assert!(attempts_of(&daemon, &trace).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_reaction_on_a_message_of_another_chat_is_refused() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("in the DM").await;
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), UserSpec::new(7, "Ivan"), "in the forum");
+    let forum = trace_id(&orchestrator.wait_for_notifications(2, WAIT).await.unwrap()[1]);
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": forum, "text": "forum answer"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let in_forum = replied(&fake.wait_for_sent(1, WAIT).await, FORUM_CHAT);
+
+    // The bot's message in the forum is no message of the DM's conversation.
+    let (is_error, text) = orchestrator
+        .call_tool("react", json!({"trace_id": trace, "emoji": "🎉", "message_id": in_forum}))
+        .await
+        .unwrap();
+    assert!(is_error && text.contains(&in_forum.to_string()), "{text}");
+    assert!(fake.requests_for("setMessageReaction").is_empty());
+    // In its own conversation it is one.
+    let (is_error, text) = orchestrator
+        .call_tool("react", json!({"trace_id": forum, "emoji": "🎉", "message_id": in_forum}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.requests_for("setMessageReaction")[0]["message_id"], in_forum);
+    assert!(attempts_of(&daemon, &trace).await.is_empty());
+}
+
+#[tokio::test]
+async fn the_bots_own_reply_can_be_edited_for_progress() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("build it").await;
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"trace_id": trace, "text": "working on it… step 1 of 2"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let progress = replied(&fake.wait_for_sent(1, WAIT).await, OWNER_CHAT);
+    assert!(text.contains(&progress.to_string()), "the receipt names the message to edit: {text}");
+
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "edit_message",
+            json!({"trace_id": trace, "message_id": progress, "text": "working on it… **step 2** of 2", "format": "markdown"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let edited = fake.sent_message(progress).unwrap();
+    assert_eq!(
+        (edited.text.as_str(), edited.parse_mode.as_deref()),
+        ("working on it… <b>step 2</b> of 2", Some("HTML"))
+    );
+    assert_eq!(fake.sent_messages().len(), 1, "an edit posts nothing new");
+    let attempts = attempts_of(&daemon, &trace).await;
+    let methods: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome, a.target_message_id)).collect();
+    assert_eq!(
+        methods,
+        [
+            (AttemptMethod::SendMessage, AttemptState::Sent, None),
+            (AttemptMethod::EditMessage, AttemptState::Sent, Some(i64::from(progress)))
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_message_the_bot_did_not_send_for_this_agent_cannot_be_edited() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    let forum = ChatSpec::forum(FORUM_CHAT, "Ops forum");
+    // The worker answers in its topic of the forum; the orchestrator has the forum's other messages.
+    fake.push_topic_text(&forum, OPS_TOPIC, UserSpec::new(7, "Ivan"), "for the worker");
+    let for_worker = trace_id(&worker.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let (is_error, text) =
+        worker.call_tool("reply", json!({"trace_id": for_worker, "text": "worker's answer"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let workers_message = replied(&fake.wait_for_sent(1, WAIT).await, FORUM_CHAT);
+    fake.push_text(&forum, UserSpec::new(7, "Ivan"), "for the orchestrator");
+    let notified = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let for_orchestrator = trace_id(&notified[0]);
+    let users_message: i64 = meta(&notified[0], "message_id").parse().unwrap();
+
+    for (message_id, why) in [(i64::from(workers_message), "worker"), (users_message, "no message")] {
+        let (is_error, text) = orchestrator
+            .call_tool(
+                "edit_message",
+                json!({"trace_id": for_orchestrator, "message_id": message_id, "text": "mine now"}),
+            )
+            .await
+            .unwrap();
+        assert!(is_error && text.contains(why) && text.contains(&message_id.to_string()), "{text}");
+    }
+    assert!(fake.requests_for("editMessageText").is_empty());
+    assert_eq!(fake.sent_message(workers_message).unwrap().text, "worker's answer");
+    assert!(attempts_of(&daemon, &for_orchestrator).await.is_empty());
+}
+
+#[tokio::test]
+async fn a_cancelled_task_refuses_reactions_and_edits() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("long job").await;
+    // A second message keeps the task open once the first is answered.
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "and one more thing");
+    orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": trace, "text": "started"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let progress = replied(&fake.wait_for_sent(1, WAIT).await, OWNER_CHAT);
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "/cancel");
+    // The cancel reaches the agent as a revision envelope.
+    let cancel = orchestrator.wait_for_notifications(3, WAIT).await.unwrap().remove(2);
+    assert_eq!(cancel.meta_str("change"), Some("cancel"), "{:?}", cancel.meta);
+    let requests_before = fake.requests_seen().len();
+
+    let (is_error, text) =
+        orchestrator.call_tool("react", json!({"trace_id": trace, "emoji": "👍"})).await.unwrap();
+    assert!(is_error && text.starts_with("cancelled"), "{text}");
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "edit_message",
+            json!({"trace_id": trace, "message_id": progress, "text": "done after all"}),
+        )
+        .await
+        .unwrap();
+    assert!(is_error && text.starts_with("cancelled"), "{text}");
+    let after: Vec<String> = fake.requests_seen()[requests_before..].iter().map(|(m, _)| m.clone()).collect();
+    assert!(!after.iter().any(|m| m == "setmessagereaction" || m == "editmessagetext"), "{after:?}");
+    assert_eq!(attempts_of(&daemon, &trace).await.len(), 1, "only the reply");
 }

@@ -558,6 +558,45 @@ impl Ledger {
         .await
     }
 
+    /// Whom a message the bot posted in `chat_id` was sent for (the agent, `switchboard`
+    /// for its own posts) and how: from the confirmed attempt that posted it. `None` when
+    /// the ledger knows of no such message (a reaction or an edit posts none).
+    pub async fn bot_message(
+        &self,
+        chat_id: i64,
+        message_id: i32,
+    ) -> LedgerResult<Option<(String, AttemptMethod)>> {
+        let sql = concat!(
+            "SELECT agent, method FROM attempts WHERE chat_id = ? AND telegram_message_id = ? AND outcome = 'sent' \
+             AND ",
+            reply_part_method!(),
+            " ORDER BY id DESC LIMIT 1"
+        );
+        self.read_in_place(|db| {
+            query_row_cached(db, sql, rusqlite::params![chat_id, message_id], |row| {
+                Ok((row.get(0)?, text_enum(row, "method")?))
+            })
+            .optional()
+        })
+        .await
+    }
+
+    /// The last attempt of a reaction or edit request of `agent`: what a repeat of that
+    /// request is answered with, instead of acting twice.
+    pub async fn action_attempt(&self, agent: &str, request_id: &str) -> LedgerResult<Option<StoredAttempt>> {
+        let sql = concat!(
+            "SELECT ",
+            attempt_columns!(),
+            " FROM attempts WHERE agent = ? AND request_id = ? AND NOT ",
+            reply_part_method!(),
+            " ORDER BY id DESC LIMIT 1"
+        );
+        self.read_in_place(|db| {
+            query_row_cached(db, sql, [agent, request_id], StoredAttempt::from_row).optional()
+        })
+        .await
+    }
+
     pub async fn attempts_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredAttempt>> {
         let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
         self.read_in_place(|db| query_all_cached(db, sql, [envelope_id], StoredAttempt::from_row)).await

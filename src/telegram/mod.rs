@@ -8,4 +8,5 @@ pub mod format;
 pub mod lenient;
 pub mod outbound;
 pub mod poller;
+pub mod reactions;
 pub mod updates;

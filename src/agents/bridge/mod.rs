@@ -14,6 +14,7 @@
 //! task of its own that the request only awaits, so a caller that goes away (a cancelled
 //! tool call, a dead plugin) cannot interrupt a send between its attempt and its outcome.
 
+mod actions;
 mod error;
 mod handoff;
 mod reply;
