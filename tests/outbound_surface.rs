@@ -238,3 +238,60 @@ async fn a_cancelled_task_refuses_reactions_and_edits() {
     assert!(!after.iter().any(|m| m == "setmessagereaction" || m == "editmessagetext"), "{after:?}");
     assert_eq!(attempts_of(&daemon, &trace).await.len(), 1, "only the reply");
 }
+
+/// The sendChatAction calls made to `chat_id` so far.
+fn typing_in(fake: &FakeTelegram, chat_id: i64) -> usize {
+    fake.requests_for("sendChatAction").iter().filter(|params| params["chat_id"] == chat_id).count()
+}
+
+#[tokio::test]
+async fn a_chat_shows_typing_while_its_shown_message_waits_and_stops_after_the_reply() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("think hard").await;
+    // Pushed, but not yet confirmed shown (the plugin confirms with its next call).
+    assert_eq!(typing_in(&fake, OWNER_CHAT), 0);
+    let (is_error, text) = orchestrator.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error && text.contains(&trace), "{text}");
+    fake.wait_for_requests("sendChatAction", 1, WAIT).await;
+    let action = &fake.requests_for("sendChatAction")[0];
+    assert_eq!((action["chat_id"].as_i64(), action["action"].as_str()), (Some(OWNER_CHAT), Some("typing")));
+    assert_eq!(fake.sent_messages().len(), 0, "a chat action posts nothing");
+    assert!(attempts_of(&daemon, &trace).await.is_empty(), "and is no attempt");
+
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": trace, "text": "done"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    daemon.wait_for_log(&format!("typing stopped chat_id={OWNER_CHAT}"), WAIT).await;
+    let typed = typing_in(&fake, OWNER_CHAT);
+    // The loop goes on for other chats, and the answered one is no longer among them. The
+    // forum's second action comes from a round that began after the first one's ended:
+    // anything that round sent to the answered chat would have arrived by then.
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), UserSpec::new(7, "Ivan"), "and here?");
+    orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    orchestrator.call_tool("pending", json!({})).await.unwrap();
+    eventually(WAIT, "the forum shows typing", || typing_in(&fake, FORUM_CHAT) >= 2).await;
+    assert_eq!(typing_in(&fake, OWNER_CHAT), typed, "no typing in the answered chat");
+}
+
+#[tokio::test]
+async fn typing_off_sends_no_chat_action_and_the_command_menu_is_registered() {
+    let fake = FakeTelegram::start().await;
+    let config = format!("[outbound]\ntyping = false\n{}", default_routes());
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &config, &[]);
+    daemon.wait_for_log("typing indicator off", WAIT).await;
+    fake.wait_for_requests("setMyCommands", 1, WAIT).await;
+    let registered = &fake.requests_for("setMyCommands")[0]["commands"];
+    let commands: Vec<&str> =
+        registered.as_array().unwrap().iter().map(|c| c["command"].as_str().unwrap()).collect();
+    assert_eq!(commands, ["status", "stop", "cancel", "pause", "resume", "new"]);
+    assert!(registered.as_array().unwrap().iter().all(|c| !c["description"].as_str().unwrap().is_empty()));
+
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "quietly");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    orchestrator.call_tool("pending", json!({})).await.unwrap();
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": trace, "text": "ok"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    fake.wait_for_sent(1, WAIT).await;
+    assert!(fake.requests_for("sendChatAction").is_empty());
+}

@@ -21,6 +21,7 @@ mod reply;
 mod room;
 mod session;
 mod tasks;
+mod waiting;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -34,6 +35,7 @@ pub use error::{ResolveError, SessionConflict, ToolError, Unauthorized};
 pub use handoff::{AuditChat, HandoffRules};
 pub use room::{RoomDriver, Rooms};
 pub use session::OpenedSession;
+pub use waiting::ShownWaiting;
 
 use crate::agents::api::wire::ReplyReceipt;
 use crate::ids::{AgentName, Secret};
@@ -69,6 +71,8 @@ struct Inner {
     /// This bot's username, once Telegram told it (`getMe`): `/pause@thisbot` is ours,
     /// `/pause@otherbot` is not.
     bot_username: std::sync::OnceLock<String>,
+    /// Rung when a session confirmed it showed envelopes ([`Bridge::shown_changed`]).
+    shown_bell: Notify,
 }
 
 /// A reply being delivered; every request with its id awaits the same outcome.
@@ -148,6 +152,7 @@ impl Bridge {
                 shutdown,
                 tasks,
                 bot_username: std::sync::OnceLock::new(),
+                shown_bell: Notify::new(),
             }),
         }
     }

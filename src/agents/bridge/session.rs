@@ -82,6 +82,13 @@ impl super::AgentSlot {
         live.as_mut().filter(|live| live.id == session).map(f)
     }
 
+    /// Whether the connected session, whichever it is, confirmed it showed the agent this
+    /// envelope.
+    pub(super) fn shown_to_live_session(&self, trace_id: &str) -> bool {
+        let live = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        live.as_ref().is_some_and(|live| live.sightings.shown.contains(trace_id))
+    }
+
     /// Whether the live session `session` confirmed it showed the agent this envelope.
     pub(super) fn was_shown(&self, session: &str, trace_id: &str) -> bool {
         self.with_live_session(session, |live| live.sightings.shown.contains(trace_id)).unwrap_or(false)
@@ -206,6 +213,10 @@ impl Bridge {
             }
             handed.len()
         });
+        if marked.is_some_and(|marked| marked > 0) {
+            // The chat of what was just shown may start showing "typing…".
+            self.inner.shown_bell.notify_one();
+        }
         Ok(marked.unwrap_or(0))
     }
 
