@@ -121,7 +121,10 @@ impl Daemon {
             Pacer::new(settings.outbound.pacing),
             shutdown.child_token(),
         );
-        let limits = ReplyLimits { max_reply_parts: settings.outbound.max_reply_parts };
+        let limits = ReplyLimits {
+            max_reply_parts: settings.outbound.max_reply_parts,
+            ack_reaction: settings.outbound.ack_reaction,
+        };
         let bridge = Bridge::new(
             ledger.clone(),
             outbound.clone(),

@@ -1021,6 +1021,19 @@ agent = "orchestrator"
     }
 
     #[test]
+    fn typing_is_on_for_two_minutes_by_default_and_the_ack_reaction_must_be_telegrams() {
+        let outbound = load_str(MINIMAL).unwrap().outbound;
+        assert_eq!((outbound.typing, outbound.ack_reaction), (Some(Duration::from_secs(120)), None));
+        let with = |outbound: &str| format!("[outbound]\n{outbound}\n{MINIMAL}");
+        let set = load_str(&with("typing_max_secs = 30\nack_reaction = \"👀\"")).unwrap().outbound;
+        assert_eq!((set.typing, set.ack_reaction), (Some(Duration::from_secs(30)), Some("👀")));
+        assert_eq!(load_str(&with("typing = false")).unwrap().outbound.typing, None);
+        let e = problem(&with("ack_reaction = \"🦀\""));
+        assert!(e.key == "outbound.ack_reaction" && e.to_string().contains("👍"), "{e}");
+        assert_eq!(problem(&with("typing_max_secs = 0")).key, "outbound.typing_max_secs");
+    }
+
+    #[test]
     fn retention_is_off_by_default_hourly_when_set_and_at_least_a_day() {
         assert_eq!(load_str(MINIMAL).unwrap().storage.retain, None);
         let with = |storage: &str| format!("[storage]\n{storage}\n{MINIMAL}");

@@ -295,3 +295,31 @@ async fn typing_off_sends_no_chat_action_and_the_command_menu_is_registered() {
     fake.wait_for_sent(1, WAIT).await;
     assert!(fake.requests_for("sendChatAction").is_empty());
 }
+
+#[tokio::test]
+async fn the_ack_reaction_is_set_once_per_message_across_redeliveries() {
+    let fake = FakeTelegram::start().await;
+    let config = format!("[outbound]\nack_reaction = \"👀\"\n{}", default_routes());
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &config, &[]);
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "seen?");
+    let first = orchestrator.wait_for_notifications(1, WAIT).await.unwrap().remove(0);
+    let trace = trace_id(&first);
+    fake.wait_for_requests("setMessageReaction", 1, WAIT).await;
+    let reaction = &fake.requests_for("setMessageReaction")[0];
+    assert_eq!(reaction["chat_id"], OWNER_CHAT);
+    assert_eq!(reaction["message_id"], meta(&first, "message_id").parse::<i64>().unwrap());
+    assert_eq!(reaction["reaction"][0]["emoji"], "👀");
+
+    // The next session gets the unanswered message again, and no second reaction.
+    orchestrator.close().await.unwrap();
+    let again = session(&daemon, "orchestrator").await;
+    let redelivered = again.wait_for_notifications(1, WAIT).await.unwrap().remove(0);
+    assert_eq!((trace_id(&redelivered), redelivered.meta_str("redelivered")), (trace.clone(), Some("true")));
+    daemon.wait_for_log("ack reaction already made", WAIT).await;
+    assert_eq!(fake.requests_for("setMessageReaction").len(), 1);
+    // It acknowledged the message; it did not answer it.
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+    let attempts = attempts_of(&daemon, &trace).await;
+    assert_eq!(attempts.iter().map(|a| a.method).collect::<Vec<_>>(), [AttemptMethod::SetReaction]);
+}

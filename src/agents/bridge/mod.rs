@@ -47,6 +47,8 @@ use crate::telegram::outbound::Outbound;
 pub struct ReplyLimits {
     /// `outbound.max_reply_parts`.
     pub max_reply_parts: usize,
+    /// `outbound.ack_reaction`: set on each user message as it is handed to a session.
+    pub ack_reaction: Option<&'static str>,
 }
 
 #[derive(Clone)]

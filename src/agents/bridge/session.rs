@@ -14,6 +14,7 @@ use crate::agents::api::wire::{
 };
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};
+use crate::telegram::outbound::MessageActionTarget;
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
 /// session claims the next queued envelope only once the previous one was taken. (Intake
@@ -405,6 +406,27 @@ impl Bridge {
         // Before the session can see it, so that its confirmation finds it.
         self.slot(&guard.agent)
             .with_live_session(&guard.session_id, |live| live.sightings.handed.insert(&envelope.trace_id));
-        tx.send(SessionEvent::Envelope(delivered)).await.is_ok()
+        let handed = tx.send(SessionEvent::Envelope(delivered)).await.is_ok();
+        if let (true, EnvelopeKind::Message, Some(emoji)) =
+            (handed, envelope.kind, self.limits().ack_reaction)
+        {
+            self.react_on_hand_over(envelope, emoji);
+        }
+        handed
+    }
+
+    /// `[outbound] ack_reaction` on a user message just handed to its session, as a task
+    /// of its own: it never holds up the session stream.
+    fn react_on_hand_over(&self, envelope: &StoredEnvelope, emoji: &'static str) {
+        let Ok(message_id) = i32::try_from(envelope.message_id) else { return };
+        let target = MessageActionTarget {
+            envelope_id: envelope.id,
+            trace_id: envelope.trace_id.clone(),
+            agent: envelope.agent.clone().unwrap_or_default(),
+            chat_id: envelope.chat_id,
+            request_id: format!("ack_reaction:{}", envelope.trace_id),
+        };
+        let outbound = self.inner.outbound.clone();
+        self.inner.tasks.spawn(async move { outbound.ack_reaction(&target, message_id, emoji).await });
     }
 }

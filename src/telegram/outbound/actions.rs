@@ -54,7 +54,7 @@ impl Outbound {
         target: &MessageActionTarget,
         action: &MessageAction,
     ) -> Result<Observed, Refusal> {
-        let observed = self.act_once(target, action).await?;
+        let observed = self.act_once(target, action, AttemptPurpose::Reply).await?;
         match (&observed, action) {
             (
                 Observed::NotSent { error, retry_after: None, .. },
@@ -66,9 +66,35 @@ impl Outbound {
                     text: format::html_to_plain(text),
                     html: false,
                 };
-                self.act_once(target, &plain).await
+                self.act_once(target, &plain, AttemptPurpose::Reply).await
             }
             _ => Ok(observed),
+        }
+    }
+
+    /// `[outbound] ack_reaction`: `emoji` on the envelope's message, once per envelope
+    /// whatever its redeliveries: the attempt, keyed by `target.request_id`, records that
+    /// it was made (whatever it came to), and a recorded one is never made again. An
+    /// acknowledgement, not an answer: recorded as an audit attempt, which settles nothing
+    /// and needs no admission. Best effort.
+    pub async fn ack_reaction(&self, target: &MessageActionTarget, message_id: i32, emoji: &'static str) {
+        match self.ledger.action_attempt(&target.agent, &target.request_id).await {
+            Ok(None) => {}
+            Ok(Some(_)) => {
+                tracing::debug!(trace_id = %target.trace_id, "ack reaction already made for this envelope");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(trace_id = %target.trace_id, error = %e, "ack reaction skipped: the ledger could not say whether it was made");
+                return;
+            }
+        }
+        let action = MessageAction::React { message_id, emoji };
+        match self.act_once(target, &action, AttemptPurpose::Audit).await {
+            Ok(Observed::Sent { .. }) => {
+                tracing::debug!(trace_id = %target.trace_id, emoji, "ack reaction set")
+            }
+            outcome => tracing::debug!(trace_id = %target.trace_id, ?outcome, "ack reaction not set"),
         }
     }
 
@@ -76,6 +102,7 @@ impl Outbound {
         &self,
         target: &MessageActionTarget,
         action: &MessageAction,
+        purpose: AttemptPurpose,
     ) -> Result<Observed, Refusal> {
         let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
         if !pace.is_zero() && !self.wait(pace).await {
@@ -104,7 +131,7 @@ impl Outbound {
             envelope_id: target.envelope_id,
             agent: &target.agent,
             request_id: Some(&target.request_id),
-            purpose: AttemptPurpose::Reply,
+            purpose,
             method: action.method(),
             target_message_id: Some(message_id),
             chat_id: target.chat_id,
