@@ -851,6 +851,9 @@ mod tests {
             "`mcp__sb-work__send_to_agent`",
             "`mcp__sb-work__call_agent`",
             "`mcp__sb-work__revise_task`",
+            "`mcp__sb-work__react`",
+            "`mcp__sb-work__edit_message`",
+            "an edit does not notify the user",
             "do NOT send it again",
             "again: true",
             "'worker'",
@@ -858,7 +861,9 @@ mod tests {
             assert!(text.contains(needle), "instructions lack {needle}: {text}");
         }
         // Every tool is named as the session calls it, never by its bare name.
-        for tool in ["reply", "pending", "ack", "send_to_agent", "call_agent", "revise_task"] {
+        for tool in
+            ["reply", "pending", "ack", "send_to_agent", "call_agent", "revise_task", "react", "edit_message"]
+        {
             assert!(!text.contains(&format!("`{tool}`")), "a bare `{tool}`: {text}");
         }
     }
