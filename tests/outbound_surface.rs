@@ -247,10 +247,7 @@ fn typing_in(fake: &FakeTelegram, chat_id: i64) -> usize {
 #[tokio::test]
 async fn a_chat_shows_typing_while_its_shown_message_waits_and_stops_after_the_reply() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("think hard").await;
-    // Pushed, but not yet confirmed shown (the plugin confirms with its next call).
-    assert_eq!(typing_in(&fake, OWNER_CHAT), 0);
-    let (is_error, text) = orchestrator.call_tool("pending", json!({})).await.unwrap();
-    assert!(!is_error && text.contains(&trace), "{text}");
+    // Handed to the session (and pushed into it), the chat types before any tool call.
     fake.wait_for_requests("sendChatAction", 1, WAIT).await;
     let action = &fake.requests_for("sendChatAction")[0];
     assert_eq!((action["chat_id"].as_i64(), action["action"].as_str()), (Some(OWNER_CHAT), Some("typing")));
@@ -267,7 +264,6 @@ async fn a_chat_shows_typing_while_its_shown_message_waits_and_stops_after_the_r
     // anything that round sent to the answered chat would have arrived by then.
     fake.push_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), UserSpec::new(7, "Ivan"), "and here?");
     orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
-    orchestrator.call_tool("pending", json!({})).await.unwrap();
     eventually(WAIT, "the forum shows typing", || typing_in(&fake, FORUM_CHAT) >= 2).await;
     assert_eq!(typing_in(&fake, OWNER_CHAT), typed, "no typing in the answered chat");
 }

@@ -1,7 +1,8 @@
-//! "typing…" while an answer is awaited (issue 22): while a chat has a message its agent
-//! was shown and has not answered, the chat is sent `sendChatAction(typing)` every few
-//! seconds (Telegram shows one for about five), for at most `[outbound] typing_max_secs`
-//! per message. The reply or an ack ends it: the envelope is no longer pending.
+//! "typing…" while an answer is awaited (issue 22): while a chat has a pending message in
+//! front of its agent (handed to the agent's connected session, whose plugin pushes it at
+//! once, or confirmed shown), the chat is sent `sendChatAction(typing)` every few seconds
+//! (Telegram shows one for about five), for at most `[outbound] typing_max_secs` per
+//! message. The reply or an ack ends it: the envelope is no longer pending.
 //!
 //! A chat action posts nothing, so it is no attempt in the ledger and does not go through
 //! the pacer: it never delays a message or counts against its budget. One that fails is
@@ -20,13 +21,20 @@ use crate::agents::bridge::{Bridge, ShownWaiting};
 /// How often a typing chat is told again: Telegram shows the action for about 5 s.
 pub const TYPING_REFRESH: Duration = Duration::from_secs(4);
 
+/// The loop looks again at most this often however often sessions confirm what they
+/// showed: under a burst of messages it reads the ledger a few times a second, not once
+/// per message.
+const MIN_LOOK_INTERVAL: Duration = Duration::from_millis(200);
+
 /// A chat, or a topic of a forum, as a chat action addresses it.
 pub type TypingChat = (i64, Option<i32>);
 
-/// When each waiting envelope was first seen shown: its typing lasts `max` from then.
+/// When each waiting envelope was first seen shown (its typing lasts `max` from then), and
+/// when each chat was last told it is typing.
 #[derive(Debug, Default)]
 pub struct TypingDecision {
     since: HashMap<String, Instant>,
+    told: HashMap<TypingChat, Instant>,
 }
 
 impl TypingDecision {
@@ -43,6 +51,24 @@ impl TypingDecision {
             }
         }
         chats
+    }
+
+    /// Of the chats that should be typing at `now` ([`Self::chats`]), those to tell now:
+    /// the ones not told within [`TYPING_REFRESH`]. Looking more often than that sends no
+    /// more chat actions.
+    pub fn due(&mut self, now: Instant, typing: &BTreeSet<TypingChat>) -> Vec<TypingChat> {
+        self.told.retain(|chat, _| typing.contains(chat));
+        let due: Vec<TypingChat> = typing
+            .iter()
+            .filter(|chat| {
+                self.told.get(chat).is_none_or(|told| now.saturating_duration_since(*told) >= TYPING_REFRESH)
+            })
+            .copied()
+            .collect();
+        for chat in &due {
+            self.told.insert(*chat, now);
+        }
+        due
     }
 }
 
@@ -71,18 +97,25 @@ impl TypingIndicator {
                     Vec::new()
                 }
             };
-            let now_typing = decision.chats(Instant::now(), &waiting, self.max);
+            let now = Instant::now();
+            let now_typing = decision.chats(now, &waiting, self.max);
             for (chat_id, thread_id) in typing.difference(&now_typing) {
                 tracing::debug!(chat_id, ?thread_id, "typing stopped");
             }
-            for &(chat_id, thread_id) in &now_typing {
+            for (chat_id, thread_id) in decision.due(now, &now_typing) {
                 self.show_typing(chat_id, thread_id).await;
             }
             typing = now_typing;
+            let next_look = tokio::time::Instant::now() + MIN_LOOK_INTERVAL;
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(TYPING_REFRESH) => {}
-                () = self.bridge.shown_changed() => {}
+                () = self.bridge.shown_changed() => {
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep_until(next_look) => {}
+                    }
+                }
             }
         }
     }
@@ -119,6 +152,21 @@ mod tests {
         let answered = [shown("env_c", -2, Some(7))];
         assert_eq!(decision.chats(start + TYPING_REFRESH, &answered, max), BTreeSet::from([(-2, Some(7))]));
         assert!(decision.chats(start + TYPING_REFRESH * 2, &[], max).is_empty());
+    }
+
+    #[test]
+    fn a_typing_chat_is_told_again_only_after_the_refresh_interval() {
+        let mut decision = TypingDecision::default();
+        let start = Instant::now();
+        let typing = BTreeSet::from([(1, None), (2, Some(3))]);
+        assert_eq!(decision.due(start, &typing), [(1, None), (2, Some(3))]);
+        assert!(decision.due(start + Duration::from_millis(300), &typing).is_empty(), "told a moment ago");
+        let more = BTreeSet::from([(1, None), (2, Some(3)), (4, None)]);
+        assert_eq!(decision.due(start + Duration::from_secs(1), &more), [(4, None)], "a new chat at once");
+        assert_eq!(decision.due(start + TYPING_REFRESH, &more), [(1, None), (2, Some(3))]);
+        // A chat that stopped and starts again is told at once.
+        decision.due(start + TYPING_REFRESH, &BTreeSet::new());
+        assert_eq!(decision.due(start + TYPING_REFRESH, &more).len(), 3);
     }
 
     #[test]

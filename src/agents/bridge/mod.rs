@@ -73,7 +73,8 @@ struct Inner {
     /// This bot's username, once Telegram told it (`getMe`): `/pause@thisbot` is ours,
     /// `/pause@otherbot` is not.
     bot_username: std::sync::OnceLock<String>,
-    /// Rung when a session confirmed it showed envelopes ([`Bridge::shown_changed`]).
+    /// Rung when a session was handed envelopes or confirmed showing them
+    /// ([`Bridge::shown_changed`]).
     shown_bell: Notify,
 }
 

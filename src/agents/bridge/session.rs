@@ -83,11 +83,16 @@ impl super::AgentSlot {
         live.as_mut().filter(|live| live.id == session).map(f)
     }
 
-    /// Whether the connected session, whichever it is, confirmed it showed the agent this
-    /// envelope.
-    pub(super) fn shown_to_live_session(&self, trace_id: &str) -> bool {
+    /// Whether the connected session, whichever it is, has this envelope in front of its
+    /// agent: it confirmed showing it, or it was handed the envelope, which a plugin
+    /// pushes at once (it opens its stream only once its agent session is ready, and
+    /// confirms with the agent's next call to it, which may be the reply itself). A stream
+    /// whose reader is gone is noticed within a heartbeat, and its session with it.
+    pub(super) fn in_front_of_live_session(&self, trace_id: &str) -> bool {
         let live = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        live.as_ref().is_some_and(|live| live.sightings.shown.contains(trace_id))
+        live.as_ref().is_some_and(|live| {
+            live.sightings.shown.contains(trace_id) || live.sightings.handed.contains(trace_id)
+        })
     }
 
     /// Whether the live session `session` confirmed it showed the agent this envelope.
@@ -206,16 +211,17 @@ impl Bridge {
         trace_ids: &[TraceId],
     ) -> Result<usize, ToolError> {
         let session = self.live_session(agent, token)?;
+        let mut newly_shown = false;
         let marked = self.slot(agent).with_live_session(&session, |live| {
             let handed: Vec<&TraceId> =
                 trace_ids.iter().filter(|id| live.sightings.handed.contains(id.as_str())).collect();
             for trace_id in &handed {
+                newly_shown |= !live.sightings.shown.contains(trace_id.as_str());
                 live.sightings.shown.insert(trace_id.as_str());
             }
             handed.len()
         });
-        if marked.is_some_and(|marked| marked > 0) {
-            // The chat of what was just shown may start showing "typing…".
+        if newly_shown {
             self.inner.shown_bell.notify_one();
         }
         Ok(marked.unwrap_or(0))
@@ -406,6 +412,8 @@ impl Bridge {
         // Before the session can see it, so that its confirmation finds it.
         self.slot(&guard.agent)
             .with_live_session(&guard.session_id, |live| live.sightings.handed.insert(&envelope.trace_id));
+        // Its chat may start showing "typing…" (`telegram::typing`).
+        self.inner.shown_bell.notify_one();
         let handed = tx.send(SessionEvent::Envelope(delivered)).await.is_ok();
         if let (true, EnvelopeKind::Message, Some(emoji)) =
             (handed, envelope.kind, self.limits().ack_reaction)
