@@ -298,9 +298,9 @@ fn atoms(html: &str) -> Vec<Atom<'_>> {
     while let Some(c) = rest.chars().next() {
         let atom = match c {
             '<' => tag_at(rest),
-            '&' => {
-                rest.find(';').filter(|&end| is_entity(&rest[..=end])).map(|end| Atom::Text(&rest[..=end]))
-            }
+            '&' => find_within(rest, b';', MAX_ENTITY_LEN)
+                .filter(|&end| is_entity(&rest[..=end]))
+                .map(|end| Atom::Text(&rest[..=end])),
             _ => None,
         }
         .unwrap_or_else(|| Atom::Text(&rest[..c.len_utf8()]));
@@ -308,6 +308,17 @@ fn atoms(html: &str) -> Vec<Atom<'_>> {
         atoms.push(atom);
     }
     atoms
+}
+
+/// The longest entity looked for (`&#x10FFFF;`), and the longest tag (an `<a href>` with
+/// a long URL): bounds on how far one `&` or `<` is looked past, so that text full of
+/// them is read in linear time. A longer one is read as characters.
+const MAX_ENTITY_LEN: usize = 12;
+const MAX_TAG_LEN: usize = 2048;
+
+/// The byte offset of the first `byte` (ASCII) within the first `within` bytes of `text`.
+fn find_within(text: &str, byte: u8, within: usize) -> Option<usize> {
+    text.as_bytes().iter().take(within).position(|&b| b == byte)
 }
 
 /// `&name;`, `&#123;` or `&#x1F600;`, no longer than any of Telegram's.
@@ -323,7 +334,7 @@ fn is_entity(text: &str) -> bool {
 
 /// The tag `rest` starts with, if it starts with one: `<name …>` or `</name>`.
 fn tag_at(rest: &str) -> Option<Atom<'_>> {
-    let end = rest.find('>')?;
+    let end = find_within(rest, b'>', MAX_TAG_LEN)?;
     let text = &rest[..=end];
     let inner = &text[1..text.len() - 1];
     let (closing, inner) = match inner.strip_prefix('/') {
@@ -554,6 +565,15 @@ mod tests {
         assert_eq!(parts[0], "&amp;");
         assert!(parts.iter().all(|p| !p.ends_with('&') && p.matches('<').count() == p.matches('>').count()));
         assert_eq!(parts.iter().map(|p| html_to_plain(p)).collect::<String>(), "&&&k");
+    }
+
+    #[test]
+    fn text_full_of_ampersands_and_brackets_is_read_as_characters() {
+        let text = format!("{}{};", "& <".repeat(20_000), "x".repeat(10));
+        let parts = split_html(&text, 4096);
+        assert!(parts.iter().all(|p| utf16_len(p) <= 4096));
+        let squash = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+        assert_eq!(squash(&parts.iter().map(|p| html_to_plain(p)).collect::<String>()), squash(&text));
     }
 
     #[test]
