@@ -1342,6 +1342,32 @@ async fn reply_part_method_agrees_with_is_reply_part() {
     assert_eq!(read, AttemptMethod::ALL);
 }
 
+/// The messages the bot posted are known by chat and id, with whom they were sent for;
+/// a reaction or an edit posts none. A reaction request is found again by its id.
+#[tokio::test]
+async fn the_bots_messages_are_known_by_their_confirmed_sends() {
+    let (_dir, ledger) = ledger().await;
+    let e = one_pending_message(&ledger).await;
+    let reply = ledger.begin_attempt(&reply_attempt(e.id, "req_answer01", 0, 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&reply, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    let react = ledger.begin_attempt(&reaction(e.id, "req_react001", 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&react, &AttemptOutcome::Sent { message_id: 1 }, "agent:orch").await.unwrap();
+
+    assert_eq!(
+        ledger.bot_message(42, 9).await.unwrap(),
+        Some(("orch".to_owned(), AttemptMethod::SendMessage))
+    );
+    assert_eq!(ledger.bot_message(43, 9).await.unwrap(), None, "another chat");
+    assert_eq!(ledger.bot_message(42, 1).await.unwrap(), None, "the user's message, reacted to");
+    let found = ledger.action_attempt("orch", "req_react001").await.unwrap().unwrap();
+    assert_eq!(
+        (found.method, found.outcome, found.target_message_id),
+        (AttemptMethod::SetReaction, AttemptState::Sent, Some(1))
+    );
+    assert_eq!(ledger.action_attempt("orch", "req_answer01").await.unwrap(), None, "a reply is no action");
+    assert_eq!(ledger.action_attempt("helper", "req_react001").await.unwrap(), None, "another agent's");
+}
+
 /// A method this switchboard does not know is an error when read, never a send.
 #[tokio::test]
 async fn an_unknown_attempt_method_is_an_error() {

@@ -249,3 +249,68 @@ fn recorded_action(trace_id: &str, attempt: &StoredAttempt) -> Result<MessageAct
     };
     action_outcome(trace_id, attempt.chat_id, &action, observed)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn recorded(method: AttemptMethod, outcome: AttemptState, text: &str) -> StoredAttempt {
+        StoredAttempt {
+            op_id: "op_x".into(),
+            request_id: Some("req_abcdefgh".into()),
+            method,
+            target_message_id: Some(77),
+            chat_id: 42,
+            thread_id: None,
+            reply_to_message_id: None,
+            chunk_index: 0,
+            chunk_count: 1,
+            text: text.into(),
+            outcome,
+            telegram_message_id: Some(77),
+            error: Some("Bad Request: message to react not found".into()),
+            started_at: String::new(),
+            finished_at: None,
+            reconciled_outcome: None,
+            reconciled_reason: None,
+        }
+    }
+
+    #[test]
+    fn a_repeated_request_is_answered_with_what_the_first_came_to() {
+        let done = recorded_action("env_x", &recorded(AttemptMethod::SetReaction, AttemptState::Sent, "👀"))
+            .unwrap();
+        assert_eq!(
+            (done.message_id, done.action.as_str(), done.emoji.as_deref()),
+            (77, "reaction", Some("👀"))
+        );
+        let edited =
+            recorded_action("env_x", &recorded(AttemptMethod::EditMessage, AttemptState::Sent, "v2"))
+                .unwrap();
+        assert_eq!((edited.action.as_str(), edited.emoji), ("edit", None));
+        let refused =
+            recorded_action("env_x", &recorded(AttemptMethod::SetReaction, AttemptState::NotSent, "👀"));
+        assert!(
+            matches!(&refused, Err(ToolError::ActionNotSent(text)) if text.contains("not found")),
+            "{refused:?}"
+        );
+        for unknown in [AttemptState::Unknown, AttemptState::InFlight] {
+            let unknown = recorded_action("env_x", &recorded(AttemptMethod::EditMessage, unknown, "v2"));
+            assert!(
+                matches!(&unknown, Err(ToolError::ActionUnknown(text)) if text.contains("Do not")),
+                "{unknown:?}"
+            );
+        }
+        let mut reconciled = recorded(AttemptMethod::SetReaction, AttemptState::Unknown, "👀");
+        reconciled.reconciled_outcome = Some(ReconciledOutcome::Sent);
+        assert!(recorded_action("env_x", &reconciled).is_ok());
+    }
+
+    #[test]
+    fn message_ids_are_positive_and_fit_telegrams() {
+        assert_eq!(message_id_of(5).unwrap(), 5);
+        for bad in [0, -3, i64::from(i32::MAX) + 1] {
+            assert!(matches!(message_id_of(bad), Err(ToolError::Invalid(_))), "{bad}");
+        }
+    }
+}

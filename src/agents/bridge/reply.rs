@@ -667,6 +667,18 @@ mod tests {
         assert!(parts_already_delivered(&last, &parts(&["one", "two"])).is_empty());
     }
 
+    /// A part Telegram could not parse as HTML went out as its plain text: resending the
+    /// same HTML reply does not send that part again.
+    #[test]
+    fn a_part_sent_as_its_plain_text_fallback_counts_as_delivered() {
+        let last = [
+            attempt(0, 2, "<b>one</b>", AttemptState::NotSent, None),
+            attempt(0, 2, "one", AttemptState::Sent, Some(10)),
+            attempt(1, 2, "<i>two</i>", AttemptState::NotSent, None),
+        ];
+        assert_eq!(parts_already_delivered(&last, &parts(&["<b>one</b>", "<i>two</i>"])), [(0, 10)]);
+    }
+
     #[test]
     fn an_answered_envelope_says_what_its_earlier_reply_came_to_and_how_to_add_one() {
         let delivered = [attempt(0, 1, "interrupted answer", AttemptState::Sent, Some(3))];
