@@ -8,7 +8,7 @@ mod support;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, UserSpec};
 use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
 
 #[tokio::test]
@@ -318,4 +318,27 @@ async fn the_ack_reaction_is_set_once_per_message_across_redeliveries() {
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
     let attempts = attempts_of(&daemon, &trace).await;
     assert_eq!(attempts.iter().map(|a| a.method).collect::<Vec<_>>(), [AttemptMethod::SetReaction]);
+}
+
+#[tokio::test]
+async fn typing_ends_after_typing_max_secs_and_failing_chat_actions_or_menus_are_no_error() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_method("setMyCommands", Fault::ServerError);
+    fake.fail_method("sendChatAction", Fault::Forbidden("Forbidden: bot was kicked".into()));
+    let config = format!("[outbound]\ntyping_max_secs = 1\n{}", default_routes());
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &config, &[]);
+    daemon.wait_for_log("could not register the bot's commands", WAIT).await;
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "take your time");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    daemon.wait_for_log("sendChatAction failed; ignored", WAIT).await;
+    // Past typing_max_secs the chat stops typing, and the message still waits.
+    daemon.wait_for_log(&format!("typing stopped chat_id={OWNER_CHAT}"), WAIT).await;
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+    let typed = typing_in(&fake, OWNER_CHAT);
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": trace, "text": "done"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(typing_in(&fake, OWNER_CHAT), typed, "no typing after typing_max_secs");
 }

@@ -118,7 +118,7 @@ impl AttemptMethod {
     /// unresolved). A reaction or an edit is admitted like a reply (DESIGN.md §11) but
     /// answers nothing and, unknown, leaves the envelope as it was; it is not a part of
     /// any [`RecordedReply`] and does not hold a reply back for reconciliation.
-    /// [`reply_part_method!`] says the same in SQL.
+    /// `reply_part_method!` (ledger/mod.rs) says the same in SQL.
     pub fn is_reply_part(self) -> bool {
         match self {
             Self::SendMessage
