@@ -47,13 +47,18 @@ impl MessageAction {
 
 impl Outbound {
     /// Makes the action as one attempt (an edit Telegram cannot parse as HTML: two, the
-    /// second as plain text). Paced like a send; a rate limit is reported, not waited out.
+    /// second as plain text). Paced to the chat like a send; a rate limit is reported, not
+    /// waited out.
     /// Refused when the envelope's task no longer admits it; then nothing was attempted.
     pub async fn act(
         &self,
         target: &MessageActionTarget,
         action: &MessageAction,
     ) -> Result<Observed, Refusal> {
+        let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
+        if !pace.is_zero() && !self.wait(pace).await {
+            return Ok(stopping());
+        }
         let observed = self.act_once(target, action, AttemptPurpose::Reply).await?;
         match (&observed, action) {
             (
@@ -76,7 +81,8 @@ impl Outbound {
     /// whatever its redeliveries: the attempt, keyed by `target.request_id`, records that
     /// it was made (whatever it came to), and a recorded one is never made again. An
     /// acknowledgement, not an answer: recorded as an audit attempt, which settles nothing
-    /// and needs no admission. Best effort.
+    /// and needs no admission. Best effort, and kept out of the chat's pacing (it keeps to
+    /// the overall budget), so that it never delays the answer it acknowledges.
     pub async fn ack_reaction(&self, target: &MessageActionTarget, message_id: i32, emoji: &'static str) {
         match self.ledger.action_attempt(&target.agent, &target.request_id).await {
             Ok(None) => {}
@@ -104,10 +110,6 @@ impl Outbound {
         action: &MessageAction,
         purpose: AttemptPurpose,
     ) -> Result<Observed, Refusal> {
-        let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
-        if !pace.is_zero() && !self.wait(pace).await {
-            return Ok(stopping());
-        }
         let message_id = action.message_id();
         let (api_method, text, params) = match action {
             MessageAction::React { emoji, .. } => (
