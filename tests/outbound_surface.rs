@@ -91,6 +91,8 @@ async fn a_reaction_on_the_envelopes_own_message_is_an_attempt_that_answers_noth
     assert_eq!((attempts[0].method, attempts[0].outcome), (AttemptMethod::SetReaction, AttemptState::Sent));
     assert_eq!(attempts[0].target_message_id, Some(message_id));
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending, "a reaction is no answer");
+    let (ok, shown, _) = daemon.ledger_cli(&["show", &trace]);
+    assert!(ok && shown.contains(&format!("set_reaction of message {message_id}")), "{shown}");
 }
 
 #[tokio::test]
