@@ -104,7 +104,7 @@ async fn a_reaction_telegram_does_not_allow_is_refused_and_nothing_is_sent() {
             orchestrator.call_tool("react", json!({"trace_id": trace, "emoji": emoji})).await.unwrap();
         assert!(is_error && text.contains("👍"), "refused, naming the allowed ones: {text}");
     }
-    // The daemon checks it too, for any other caller of the local API.
+    // An envelope that is not the agent's is refused too, whatever the emoji.
     let (is_error, text) =
         orchestrator.call_tool("react", json!({"trace_id": "env_nonesuchxx", "emoji": "👍"})).await.unwrap();
     assert!(is_error && text.contains("not one of yours"), "{text}");
