@@ -55,8 +55,8 @@ use switchboard::config::Synchronous;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName, TraceId};
 use switchboard::ledger::{
-    AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, Ledger, NewAttempt, PAGE_CACHE_KIB,
-    RoutedEnvelope, WRITER_SPILL_PAGES,
+    AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, Ledger, NewAttempt,
+    PAGE_CACHE_KIB, RoutedEnvelope, WRITER_SPILL_PAGES,
 };
 use switchboard::rules::routes::Channel;
 use switchboard::telegram::envelope::{ChatType, Envelope, Sender};
@@ -583,6 +583,8 @@ impl LedgerWork {
                     agent: AGENT,
                     request_id: Some(&format!("req-{n}")),
                     purpose: AttemptPurpose::Reply,
+                    method: AttemptMethod::SendMessage,
+                    target_message_id: None,
                     chat_id: envelope.chat_id,
                     thread_id: None,
                     reply_to_message_id: i32::try_from(envelope.message_id).ok(),

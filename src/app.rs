@@ -26,8 +26,10 @@ use crate::operate::metrics;
 use crate::operate::reload::{self, Reloader};
 use crate::rules::pacing::Pacer;
 use crate::telegram::bot_api::BotApi;
+use crate::telegram::menu;
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller, Routing};
+use crate::telegram::typing::TypingIndicator;
 
 /// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
 /// up, so a healthy long poll is never cut short by our own timeout.
@@ -74,6 +76,10 @@ pub struct Daemon {
     retain: Option<Retention>,
     /// The permission relay's keeper: expiry and the prompts' final edits (DESIGN.md §15).
     permissions: PermissionRelay,
+    /// Registers the bot's command menu at start-up.
+    menu_api: BotApi,
+    /// "typing…" while shown messages wait, unless `[outbound] typing = false`.
+    typing: Option<TypingIndicator>,
 }
 
 impl Daemon {
@@ -118,6 +124,8 @@ impl Daemon {
         let poll_bot = bot(token, &telegram.api_url, telegram.poll_timeout + POLL_HTTP_MARGIN)?;
         let send_bot = bot(token, &telegram.api_url, telegram.send_timeout)?;
         let room_api = BotApi::from_bot(&send_bot);
+        let menu_api = BotApi::from_bot(&send_bot);
+        let typing_api = BotApi::from_bot(&send_bot);
 
         let metrics = metrics::install();
         let tasks = TaskTracker::new();
@@ -127,7 +135,10 @@ impl Daemon {
             Pacer::new(settings.outbound.pacing),
             shutdown.child_token(),
         );
-        let limits = ReplyLimits { max_reply_parts: settings.outbound.max_reply_parts };
+        let limits = ReplyLimits {
+            max_reply_parts: settings.outbound.max_reply_parts,
+            ack_reaction: settings.outbound.ack_reaction,
+        };
         let bridge = Bridge::new(
             ledger.clone(),
             outbound.clone(),
@@ -162,6 +173,8 @@ impl Daemon {
         bridge.set_permissions(permissions.clone());
         let rooms = bridge.room_driver(room_api);
         let retain = settings.storage.retain;
+        let typing =
+            settings.outbound.typing.map(|max| TypingIndicator::new(bridge.clone(), typing_api, max));
         let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);
         Ok(Self {
             lock,
@@ -177,6 +190,8 @@ impl Daemon {
             tasks,
             retain,
             permissions,
+            menu_api,
+            typing,
         })
     }
 
@@ -202,6 +217,8 @@ impl Daemon {
             tasks,
             retain,
             permissions,
+            menu_api,
+            typing,
         } = self;
         tracing::info!(api = %listener.local_addr()?, "{RUNNING_MESSAGE}");
 
@@ -232,6 +249,20 @@ impl Daemon {
         tasks.spawn(permissions.run_keeper(shutdown.child_token()));
         if let Some(retain) = retain {
             tasks.spawn(scheduled_prunes(ledger.clone(), retain, shutdown.child_token()));
+        }
+        // Best effort, off the path of everything else: a bot without its menu works the same.
+        let menu_stop = shutdown.child_token();
+        tasks.spawn(async move {
+            tokio::select! {
+                () = menu::register_commands(&menu_api) => {}
+                () = menu_stop.cancelled() => {}
+            }
+        });
+        match typing {
+            Some(typing) => {
+                tasks.spawn(typing.run(shutdown.child_token()));
+            }
+            None => tracing::info!("typing indicator off ([outbound] typing = false)"),
         }
 
         shutdown.cancelled().await;

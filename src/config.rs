@@ -153,6 +153,12 @@ pub struct OutboundSettings {
     /// Telegram's limits sends are paced to: the spacing of sends to one private chat and
     /// to one group, and sends a second across all chats; zero turns that pacing off.
     pub pacing: PaceLimits,
+    /// `typing` and `typing_max_secs`: how long at most a chat shows "typing…" while a
+    /// message the agent was shown waits for its answer; `None` when typing is off.
+    pub typing: Option<Duration>,
+    /// `ack_reaction`: the reaction set on each user message as it is handed to a
+    /// session, one of Telegram's reaction emoji; `None` for none.
+    pub ack_reaction: Option<&'static str>,
 }
 
 #[derive(Debug, Clone)]
@@ -318,6 +324,12 @@ struct RawOutbound {
     group_chat_interval_ms: u64,
     #[serde(default = "default_global_per_sec")]
     global_per_sec: u32,
+    #[serde(default = "default_typing")]
+    typing: bool,
+    #[serde(default = "default_typing_max_secs")]
+    typing_max_secs: u64,
+    #[serde(default)]
+    ack_reaction: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -426,6 +438,14 @@ fn default_group_chat_interval_ms() -> u64 {
 fn default_global_per_sec() -> u32 {
     crate::rules::pacing::OVERALL_PER_SEC
 }
+fn default_typing() -> bool {
+    true
+}
+/// Two minutes of "typing…" for one waiting message: long enough for most answers, short
+/// enough that an agent that went quiet does not look busy for ever.
+fn default_typing_max_secs() -> u64 {
+    120
+}
 /// Three levels: an orchestrator, a worker, and a helper the worker asks.
 fn default_max_depth() -> u32 {
     3
@@ -475,6 +495,9 @@ impl Default for RawOutbound {
             private_chat_interval_ms: default_private_chat_interval_ms(),
             group_chat_interval_ms: default_group_chat_interval_ms(),
             global_per_sec: default_global_per_sec(),
+            typing: default_typing(),
+            typing_max_secs: default_typing_max_secs(),
+            ack_reaction: None,
         }
     }
 }
@@ -559,6 +582,19 @@ impl Settings {
         if raw.outbound.max_reply_parts == 0 {
             return Err(err("outbound.max_reply_parts", "must be at least 1".into()));
         }
+        if raw.outbound.typing_max_secs == 0 {
+            return Err(err(
+                "outbound.typing_max_secs",
+                "must be at least 1 (turn typing off with typing = false)".into(),
+            ));
+        }
+        let ack_reaction = match raw.outbound.ack_reaction.as_deref() {
+            None => None,
+            Some(emoji) => Some(
+                crate::telegram::reactions::allowed_reaction(emoji)
+                    .map_err(|why| err("outbound.ack_reaction", why.replace(". Nothing was sent", "")))?,
+            ),
+        };
 
         tracing_subscriber::EnvFilter::try_new(&raw.log.filter)
             .map_err(|e| err("log.filter", format!("'{}' is not a log filter: {e}", raw.log.filter)))?;
@@ -661,6 +697,8 @@ impl Settings {
                     group: Duration::from_millis(raw.outbound.group_chat_interval_ms),
                     overall_per_sec: raw.outbound.global_per_sec,
                 },
+                typing: raw.outbound.typing.then(|| Duration::from_secs(raw.outbound.typing_max_secs)),
+                ack_reaction,
             },
             handoffs,
             agents,
@@ -1129,6 +1167,19 @@ agent = "orchestrator"
 
     fn problem(text: &str) -> ConfigError {
         load_str(text).expect_err("configuration should be refused")
+    }
+
+    #[test]
+    fn typing_is_on_for_two_minutes_by_default_and_the_ack_reaction_must_be_telegrams() {
+        let outbound = load_str(MINIMAL).unwrap().outbound;
+        assert_eq!((outbound.typing, outbound.ack_reaction), (Some(Duration::from_secs(120)), None));
+        let with = |outbound: &str| format!("[outbound]\n{outbound}\n{MINIMAL}");
+        let set = load_str(&with("typing_max_secs = 30\nack_reaction = \"👀\"")).unwrap().outbound;
+        assert_eq!((set.typing, set.ack_reaction), (Some(Duration::from_secs(30)), Some("👀")));
+        assert_eq!(load_str(&with("typing = false")).unwrap().outbound.typing, None);
+        let e = problem(&with("ack_reaction = \"🦀\""));
+        assert!(e.key == "outbound.ack_reaction" && e.to_string().contains("👍"), "{e}");
+        assert_eq!(problem(&with("typing_max_secs = 0")).key, "outbound.typing_max_secs");
     }
 
     #[test]

@@ -475,10 +475,18 @@ async fn speaks_the_bot_api_url_and_parameter_conventions() {
     );
 
     // Harmless housekeeping methods teloxide may call.
-    for method in ["deleteWebhook", "close", "logOut", "sendChatAction"] {
+    for method in ["deleteWebhook", "close", "logOut"] {
         let (status, body) = call(&fake, method, json!({})).await;
         assert_eq!((status, &body["result"]), (StatusCode::OK, &json!(true)), "{method}");
     }
+    // Chat actions and the command menu are checked as Telegram checks them.
+    let (status, body) = call(&fake, "sendChatAction", json!({"chat_id": 1, "action": "typing"})).await;
+    assert_eq!((status, &body["result"]), (StatusCode::OK, &json!(true)));
+    let (status, _) = call(&fake, "sendChatAction", json!({})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    let commands = json!({"commands": [{"command": "status", "description": "What runs"}]});
+    let (status, body) = call(&fake, "setMyCommands", commands).await;
+    assert_eq!((status, &body["result"]), (StatusCode::OK, &json!(true)));
     let (_, body) = call(&fake, "getWebhookInfo", json!({})).await;
     assert_eq!(body["result"]["url"], "");
 

@@ -310,11 +310,14 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                     .as_ref()
                     .map(|o| format!(" → reconciled {o} ({})", a.reconciled_reason.as_deref().unwrap_or("")))
                     .unwrap_or_default();
+                // A reply's part, or what a reaction or an edit acted on.
+                let what = match a.target_message_id {
+                    Some(target) if !a.method.is_reply_part() => format!("{} of message {target}", a.method),
+                    _ => format!("part {}/{}", a.chunk_index + 1, a.chunk_count),
+                };
                 println!(
-                    "  {} part {}/{} to {}{} → {}{}{}{}",
+                    "  {} {what} to {}{} → {}{}{}{}",
                     a.op_id,
-                    a.chunk_index + 1,
-                    a.chunk_count,
                     a.chat_id,
                     a.thread_id.map(|t| format!("/{t}")).unwrap_or_default(),
                     a.outcome,

@@ -98,6 +98,13 @@ pub(super) fn edit_message(shared: &Shared, method: &str, params: &Map<String, V
     } else {
         None
     };
+    let parse_mode = str_param(params, "parse_mode");
+    if let Some(text) = &new_text
+        && super::actions::is_html(parse_mode.as_deref())
+        && let Err(description) = super::actions::check_html(text)
+    {
+        return bad_request(&description);
+    }
     let new_markup = markup_param(params);
     let mut state = shared.lock();
     let Some(sent) = state.sent.iter().find(|sent| sent.chat_id == chat_id && sent.message_id == message_id)
@@ -120,6 +127,14 @@ pub(super) fn edit_message(shared: &Shared, method: &str, params: &Map<String, V
             "Bad Request: message is not modified: specified new message content and reply markup are exactly the \
              same as a current content and reply markup of the message",
         );
+    }
+    // The message reads as edited from now on: its text (and how it is parsed) is the new one.
+    if let Some(new_text) = &new_text
+        && let Some(sent) =
+            state.sent.iter_mut().find(|sent| sent.chat_id == chat_id && sent.message_id == message_id)
+    {
+        sent.text = new_text.clone();
+        sent.parse_mode = parse_mode;
     }
     let kind = state.chat_kind(chat_id);
     state.edits.push(EditedMessage {

@@ -102,11 +102,14 @@ async fn dispatch(shared: &Shared, method: &str, params: &Map<String, Value>) ->
     if method == "sendmessage" {
         return send_message(shared, params);
     }
+    if let Some(response) = super::actions::answer(method, params) {
+        return Performed { response, sent_message_id: None };
+    }
     let response = answer(shared, method, params).await;
     Performed { response, sent_message_id: None }
 }
 
-/// Any method but `sendMessage`.
+/// Any method but `sendMessage` and those of [`super::actions`].
 async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> Response {
     if let Some(response) = super::buttons::answer(shared, method, params) {
         return response;
@@ -123,9 +126,7 @@ async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> R
             }))
         }
         "getmycommands" => ok(json!([])),
-        "deletewebhook" | "close" | "logout" | "sendchataction" | "setmycommands" | "deletemycommands" => {
-            ok(json!(true))
-        }
+        "deletewebhook" | "close" | "logout" | "deletemycommands" => ok(json!(true)),
         _ => api_error(
             StatusCode::NOT_FOUND,
             &format!("Not Found: method {method:?} is not implemented by the fake Telegram server"),
@@ -280,12 +281,16 @@ impl SendMessageParams {
         if text.encode_utf16().count() > MAX_MESSAGE_UTF16_LEN {
             return Err("Bad Request: message is too long".to_owned());
         }
+        let parse_mode = str_param(params, "parse_mode");
+        if super::actions::is_html(parse_mode.as_deref()) {
+            super::actions::check_html(&text)?;
+        }
         Ok(Self {
             chat_id,
             text,
             message_thread_id: int_param(params, "message_thread_id")?.map(|id| id as i32),
             reply_to_message_id: reply_target(params)?,
-            parse_mode: str_param(params, "parse_mode"),
+            parse_mode,
         })
     }
 }

@@ -245,7 +245,10 @@ impl Reloader {
         // Room routes come with their members and limits: the room driver reads them anew.
         self.bridge.set_rooms(running.rooms.clone());
         self.bridge.reload_rules(
-            ReplyLimits { max_reply_parts: running.outbound.max_reply_parts },
+            ReplyLimits {
+                max_reply_parts: running.outbound.max_reply_parts,
+                ack_reaction: running.outbound.ack_reaction,
+            },
             HandoffRules::of(&running),
         );
         self.outbound.set_pacing(running.outbound.pacing);

@@ -4,7 +4,11 @@
 
 pub mod bot_api;
 pub mod envelope;
+pub mod format;
 pub mod lenient;
+pub mod menu;
 pub mod outbound;
 pub mod poller;
+pub mod reactions;
+pub mod typing;
 pub mod updates;

@@ -12,12 +12,16 @@ use teloxide::Bot;
 use tokio_util::sync::CancellationToken;
 
 use super::bot_api::{Answer, BotApi, Exchange};
+use super::format;
+
+mod actions;
 use crate::backoff::Backoff;
-use crate::ledger::{AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
+use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::pacing::{PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
+pub use actions::{MessageAction, MessageActionTarget};
 
 /// Telegram's limit for one message, in UTF-16 code units (how Telegram counts).
 pub const TELEGRAM_TEXT_LIMIT: usize = 4096;
@@ -54,6 +58,9 @@ pub struct ReplyPlan {
     pub request_id: Option<String>,
     pub purpose: AttemptPurpose,
     pub parts: Vec<String>,
+    /// The parts are Telegram HTML, sent with `parse_mode = "HTML"`; a part Telegram
+    /// cannot parse is sent once more as plain text.
+    pub html: bool,
     /// (part index, Telegram message id) of parts already confirmed sent.
     pub already_sent: Vec<(usize, i32)>,
 }
@@ -61,6 +68,8 @@ pub struct ReplyPlan {
 /// One part of a reply that had to be split.
 struct Chunk<'a> {
     text: &'a str,
+    /// Sent with `parse_mode = "HTML"`.
+    html: bool,
     /// 0-based position among `count` parts.
     index: usize,
     count: usize,
@@ -100,6 +109,15 @@ struct SentMessage {
 /// broken connection, a 5xx (Telegram or a proxy failed somewhere, possibly after posting),
 /// an answer that cannot be read.
 pub fn classify(exchange: &Exchange) -> Observed {
+    classify_as(exchange, |sent: SentMessage| sent.message_id)
+}
+
+/// [`classify`] for any Bot API call: `message_id` reads the id of the message it
+/// created or acted on from the `result` of a successful answer.
+fn classify_as<T: serde::de::DeserializeOwned>(
+    exchange: &Exchange,
+    message_id: impl Fn(T) -> i32,
+) -> Observed {
     let not_sent = |error: String| Observed::NotSent { error, retry_after: None, migrated_to: None };
     let (status, body) = match exchange {
         Exchange::NotConnected(detail) => return not_sent(format!("could not reach Telegram: {detail}")),
@@ -111,11 +129,11 @@ pub fn classify(exchange: &Exchange) -> Observed {
             error: format!("Telegram answered HTTP {status}, so the message may or may not have been posted"),
         };
     }
-    let Ok(answer) = serde_json::from_slice::<Answer<SentMessage>>(body) else {
+    let Ok(answer) = serde_json::from_slice::<Answer<T>>(body) else {
         return Observed::Unknown { error: format!("Telegram's answer (HTTP {status}) could not be read") };
     };
     match answer {
-        Answer { ok: true, result: Some(sent), .. } => Observed::Sent { message_id: sent.message_id },
+        Answer { ok: true, result: Some(sent), .. } => Observed::Sent { message_id: message_id(sent) },
         Answer { ok: true, result: None, .. } => {
             Observed::Unknown { error: "Telegram answered ok without the message".to_owned() }
         }
@@ -274,7 +292,7 @@ impl Outbound {
             if sent.iter().any(|(done, _)| *done == index) {
                 continue;
             }
-            let chunk = Chunk { text, index, count };
+            let chunk = Chunk { text, html: plan.html, index, count };
             match self.send_chunk(plan, &chunk, &mut rate_limit_budget).await {
                 Ok(Observed::Sent { message_id }) => sent.push((index, message_id)),
                 Ok(Observed::NotSent { error, .. }) => {
@@ -300,7 +318,13 @@ impl Outbound {
         budget: &mut Duration,
     ) -> Result<Observed, Refusal> {
         let target = &plan.target;
+        // The part as plain text, once Telegram refused its HTML.
+        let mut plain: Option<String> = None;
         loop {
+            let chunk = match &plain {
+                Some(text) => &Chunk { text, html: false, ..*chunk },
+                None => chunk,
+            };
             let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
             if !pace.is_zero() {
                 tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
@@ -321,6 +345,15 @@ impl Outbound {
                         continue;
                     }
                     return Ok(stopping());
+                }
+                // A 400 is a confirmed "not sent": the same part once more, as plain text,
+                // is a new attempt that cannot make a duplicate.
+                Observed::NotSent { error, retry_after: None, migrated_to: None }
+                    if chunk.html && format::is_unparsable_entities(error) =>
+                {
+                    tracing::warn!(trace_id = %target.trace_id, chunk = chunk.index + 1, %error, "Telegram could not parse the part's HTML: sending it once more as plain text");
+                    plain = Some(format::html_to_plain(chunk.text));
+                    continue;
                 }
                 Observed::NotSent { migrated_to: Some(new_chat), .. } => {
                     tracing::error!(
@@ -343,11 +376,7 @@ impl Outbound {
         }
     }
 
-    /// Records the attempt, makes the request, records what was observed. A ledger that
-    /// cannot record the attempt means nothing is sent; a ledger that cannot record the
-    /// outcome is tried again until it can, or until the daemon stops — then the attempt
-    /// stays `in_flight` and start-up recovery makes it `unknown`, which is what the agent
-    /// is told here too.
+    /// One part's attempt: `sendMessage` through [`Self::attempt_call`].
     async fn send_attempt(&self, plan: &ReplyPlan, chunk: &Chunk<'_>) -> Result<Observed, Refusal> {
         let target = &plan.target;
         let thread_id = telegram_thread(target.thread_id);
@@ -356,28 +385,14 @@ impl Outbound {
             agent: &target.agent,
             request_id: plan.request_id.as_deref(),
             purpose: plan.purpose,
+            method: AttemptMethod::SendMessage,
+            target_message_id: None,
             chat_id: target.chat_id,
             thread_id,
             reply_to_message_id: target.reply_to_message_id,
             chunk_index: chunk.index,
             chunk_count: chunk.count,
             text: chunk.text,
-        };
-        let op_id = match self.ledger.begin_attempt(&attempt).await {
-            Ok(Ok(op_id)) => op_id,
-            Ok(Err(refusal)) => {
-                // A change to the task landed after the reply was resolved (DESIGN.md §11).
-                tracing::warn!(trace_id = %target.trace_id, code = refusal.code(), "send refused at the moment of sending: {refusal}");
-                return Err(refusal);
-            }
-            Err(e) => {
-                tracing::error!(trace_id = %target.trace_id, error = %e, "could not record a send attempt: not sending");
-                return Ok(Observed::NotSent {
-                    error: format!("the switchboard ledger could not record the send ({e})"),
-                    retry_after: None,
-                    migrated_to: None,
-                });
-            }
         };
         let mut params = json!({ "chat_id": target.chat_id, "text": chunk.text });
         if let Some(reply_to) = target.reply_to_message_id {
@@ -386,6 +401,49 @@ impl Outbound {
         if let Some(thread_id) = thread_id {
             params["message_thread_id"] = json!(thread_id);
         }
+        if chunk.html {
+            params["parse_mode"] = json!("HTML");
+        }
+        let call = Call { method: "sendMessage", params: &params, read: &classify };
+        let observed = self.attempt_call(&attempt, &target.trace_id, call).await?;
+        // A confirmed send is per-message chatter (the reply's `reply delivered` line says
+        // it); any other outcome names its op id for whoever reconciles it.
+        if matches!(observed, Observed::Sent { .. }) {
+            tracing::debug!(trace_id = %target.trace_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
+        } else {
+            tracing::info!(trace_id = %target.trace_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
+        }
+        Ok(observed)
+    }
+
+    /// The steps of every attempt: recorded (with its admission) before the request, the
+    /// request made once the overall budget has room, its outcome recorded after. A ledger
+    /// that cannot record the attempt means nothing is sent; a ledger that cannot record
+    /// the outcome is tried again until it can, or until the daemon stops — then the
+    /// attempt stays `in_flight` and start-up recovery makes it `unknown`, which is what
+    /// the caller is told here too.
+    async fn attempt_call(
+        &self,
+        attempt: &NewAttempt<'_>,
+        trace_id: &str,
+        call: Call<'_>,
+    ) -> Result<Observed, Refusal> {
+        let op_id = match self.ledger.begin_attempt(attempt).await {
+            Ok(Ok(op_id)) => op_id,
+            Ok(Err(refusal)) => {
+                // A change to the task landed after the action was decided (DESIGN.md §11).
+                tracing::warn!(%trace_id, code = refusal.code(), method = call.method, "refused at the moment of sending: {refusal}");
+                return Err(refusal);
+            }
+            Err(e) => {
+                tracing::error!(%trace_id, error = %e, method = call.method, "could not record an attempt: not sending");
+                return Ok(Observed::NotSent {
+                    error: format!("the switchboard ledger could not record the send ({e})"),
+                    retry_after: None,
+                    migrated_to: None,
+                });
+            }
+        };
         // The attempt is recorded; its moment may have passed while it was (a busy
         // machine): held for the few milliseconds that keep Telegram's overall budget, so
         // that it is not refused. Not cut short by shutdown: the attempt goes out either way.
@@ -397,21 +455,21 @@ impl Outbound {
             tokio::time::sleep(hold).await;
         }
         let started = std::time::Instant::now();
-        let exchange = self.api.call("sendMessage", &params).await;
+        let exchange = self.api.call(call.method, call.params).await;
         let elapsed = started.elapsed();
-        let observed = classify(&exchange);
+        let observed = (call.read)(&exchange);
         if let Some(kind) = error_kind(&exchange, &observed) {
-            metrics::bot_api_error("sendMessage", kind);
+            metrics::bot_api_error(call.method, kind);
         }
         let outcome = match &observed {
             Observed::Sent { message_id } => AttemptOutcome::Sent { message_id: *message_id },
             Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error: error.clone() },
             Observed::Unknown { error } => AttemptOutcome::Unknown { error: error.clone() },
         };
-        let actor = format!("agent:{}", target.agent);
+        let actor = format!("agent:{}", attempt.agent);
         let mut retry = Backoff::new(LEDGER_RETRY_FIRST, LEDGER_RETRY_CAP);
         while let Err(e) = self.ledger.finish_attempt(&op_id, &outcome, &actor).await {
-            tracing::error!(trace_id = %target.trace_id, op_id, error = %e, "could not record a send's outcome; trying again");
+            tracing::error!(%trace_id, op_id, error = %e, "could not record an attempt's outcome; trying again");
             if !self.wait(retry.next_delay()).await {
                 return Ok(Observed::Unknown {
                     error: format!("the daemon stopped before it could record this send's outcome ({e})"),
@@ -419,15 +477,18 @@ impl Outbound {
             }
         }
         metrics::attempt_finished(outcome.state(), elapsed);
-        // A confirmed send is per-message chatter (the reply's `reply delivered` line says
-        // it); any other outcome names its op id for whoever reconciles it.
-        if matches!(observed, Observed::Sent { .. }) {
-            tracing::debug!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
-        } else {
-            tracing::info!(trace_id = %target.trace_id, op_id, chunk = chunk.index + 1, of = chunk.count, outcome = outcome_label(&observed), "send attempt");
+        if !matches!(observed, Observed::Sent { .. }) {
+            tracing::info!(%trace_id, op_id, method = call.method, outcome = outcome_label(&observed), "attempt");
         }
         Ok(observed)
     }
+}
+
+/// One Bot API request of an attempt, and how its exchange is read.
+struct Call<'a> {
+    method: &'static str,
+    params: &'a serde_json::Value,
+    read: &'a (dyn Fn(&Exchange) -> Observed + Sync),
 }
 
 fn stopping() -> Observed {

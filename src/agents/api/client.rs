@@ -16,10 +16,10 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::io::StreamReader;
 
 use super::wire::{
-    API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, HandoffReceipt,
-    HandoffRequest, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER, PendingList, PermissionReceipt, PermissionRequest,
-    ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
-    ShownReceipt, ShownRequest,
+    API_PREFIX, AckReceipt, AckRequest, ApiError, EditRequest, ErrorCode, HEARTBEAT_INTERVAL_SECS,
+    HandoffReceipt, HandoffRequest, MAX_SHOWN_IN_HEADER, MessageActionReceipt, PLUGIN_HEADER, PendingList,
+    PermissionReceipt, PermissionRequest, ReactRequest, ReplyReceipt, ReplyRequest, RevisionReceipt,
+    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -227,6 +227,18 @@ impl DaemonClient {
     /// `revise_task`: declares that an envelope changes the agent's task.
     pub async fn revise_task(&self, revision: &RevisionRequest) -> Result<RevisionReceipt, ClientError> {
         let request = self.http.post(self.url("revisions")).json(revision).timeout(QUERY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// `react`: a reaction on a message of an envelope's conversation.
+    pub async fn react(&self, react: &ReactRequest) -> Result<MessageActionReceipt, ClientError> {
+        let request = self.http.post(self.url("reactions")).json(react).timeout(REPLY_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// `edit_message`: new text for a message the bot sent for this agent.
+    pub async fn edit_message(&self, edit: &EditRequest) -> Result<MessageActionReceipt, ClientError> {
+        let request = self.http.post(self.url("edits")).json(edit).timeout(REPLY_TIMEOUT);
         self.exchange(request).await
     }
 

@@ -55,6 +55,8 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/handoffs", post(handoff))
         .route("/v1/agents/{agent}/revisions", post(revise_task))
         .route("/v1/agents/{agent}/permissions", post(ask_permission))
+        .route("/v1/agents/{agent}/reactions", post(react))
+        .route("/v1/agents/{agent}/edits", post(edit_message))
         .with_state(bridge)
         .merge(operator)
 }
@@ -189,8 +191,8 @@ impl From<ToolError> for Failure {
             ToolError::NotLiveSession { .. } => ErrorCode::SessionConflict,
             ToolError::TooLong { .. } => ErrorCode::ReplyTooLong,
             ToolError::UnknownRequest(_) => ErrorCode::UnknownRequest,
-            ToolError::NotSent { .. } => ErrorCode::NotSent,
-            ToolError::Unknown { .. } => ErrorCode::Unresolved,
+            ToolError::NotSent { .. } | ToolError::ActionNotSent(_) => ErrorCode::NotSent,
+            ToolError::Unknown { .. } | ToolError::ActionUnknown(_) => ErrorCode::Unresolved,
             ToolError::Ledger(_) => ErrorCode::Internal,
             ToolError::NoConversation { .. } => ErrorCode::NoConversation,
             ToolError::TurnOver(_) => ErrorCode::TurnOver,
@@ -364,6 +366,26 @@ async fn revise_task(State(bridge): State<Bridge>, caller: Caller, body: Bytes) 
         .revise_task(&caller.agent, caller.token(), request)
         .await
         .map_err(tool_failure("revise_task"))?;
+    Ok(Json(receipt).into_response())
+}
+
+async fn react(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
+    let request: super::wire::ReactRequest = parse_body(&body)?;
+    let receipt =
+        bridge.react(&caller.agent, caller.token(), request).await.map_err(tool_failure("react"))?;
+    Ok(Json(receipt).into_response())
+}
+
+async fn edit_message(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    let request: super::wire::EditRequest = parse_body(&body)?;
+    let receipt = bridge
+        .edit_message(&caller.agent, caller.token(), request)
+        .await
+        .map_err(tool_failure("edit_message"))?;
     Ok(Json(receipt).into_response())
 }
 

@@ -16,6 +16,8 @@
 //! | POST   | `ack`                   | [`AckRequest`]    | [`AckReceipt`]                       |
 //! | POST   | `handoffs`              | [`HandoffRequest`] | [`HandoffReceipt`]                  |
 //! | POST   | `permissions`           | [`PermissionRequest`] | [`PermissionReceipt`]            |
+//! | POST   | `reactions`             | [`ReactRequest`]  | [`MessageActionReceipt`]             |
+//! | POST   | `edits`                 | [`EditRequest`]   | [`MessageActionReceipt`]             |
 //!
 //! Every route but `session` also needs the [`SESSION_HEADER`] carrying the token of the
 //! agent's live session (from its `Hello`): a second session using the same secret, or a
@@ -220,6 +222,10 @@ pub struct ReplyRequest {
     /// call was cancelled and who retries must not reach the user twice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub again: Option<serde_json::Value>,
+    /// How `text` is written: `text` (the default), `markdown` (converted to Telegram
+    /// HTML) or `html` (Telegram HTML). Anything else is refused before anything is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
 }
 
 impl ReplyRequest {
@@ -230,6 +236,7 @@ impl ReplyRequest {
             trace_id,
             request_id: crate::ids::RequestId::generate().to_string(),
             again: None,
+            format: None,
         }
     }
 }
@@ -290,6 +297,48 @@ pub struct RevisionReceipt {
     pub act_on: String,
     /// What to do next, for the model.
     pub next: String,
+}
+
+/// `react`: a reaction on a message of an envelope's conversation (issue 22).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReactRequest {
+    /// One of the caller's envelopes: the conversation, and the task that admits it.
+    pub trace_id: String,
+    /// One of Telegram's reaction emoji (`telegram::reactions::ALLOWED_REACTIONS`).
+    pub emoji: String,
+    /// The message to react to: the envelope's own when absent, else a message the bot
+    /// sent in that chat.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message_id: Option<i64>,
+    /// As for replies: a repeated request is answered with the first one's outcome.
+    pub request_id: String,
+}
+
+/// `edit_message`: new text for a message the bot sent for the caller in an envelope's
+/// conversation (issue 22).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EditRequest {
+    pub trace_id: String,
+    pub message_id: i64,
+    pub text: String,
+    /// As for [`ReplyRequest::format`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
+    pub request_id: String,
+}
+
+/// What a confirmed reaction or edit did.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct MessageActionReceipt {
+    pub trace_id: String,
+    pub chat_id: i64,
+    /// The message reacted to or edited.
+    pub message_id: i32,
+    /// `reaction` or `edit`.
+    pub action: String,
+    /// The reaction set, for a reaction.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub emoji: Option<String>,
 }
 
 /// `send_to_agent` and `call_agent`: hand an instruction to another agent (DESIGN.md §9).

@@ -81,6 +81,12 @@ pub enum ToolError {
     },
     /// The task the action acts for changed (DESIGN.md §11): a correction or a new
     /// objective superseded it, it is paused, or it was cancelled. Nothing was sent.
+    /// A reaction or an edit Telegram did not take: nothing changed in the chat.
+    #[error("{0}")]
+    ActionNotSent(String),
+    /// A reaction or an edit that may or may not have taken effect; it is never retried.
+    #[error("{0}")]
+    ActionUnknown(String),
     #[error(transparent)]
     Task(#[from] revisions::Refusal),
     /// `revise_task` recorded nothing (the envelope is not pending, belongs to no task, or

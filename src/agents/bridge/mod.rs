@@ -14,6 +14,7 @@
 //! task of its own that the request only awaits, so a caller that goes away (a cancelled
 //! tool call, a dead plugin) cannot interrupt a send between its attempt and its outcome.
 
+mod actions;
 mod error;
 mod handoff;
 mod permissions;
@@ -21,6 +22,7 @@ mod reply;
 mod room;
 mod session;
 mod tasks;
+mod waiting;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -34,6 +36,7 @@ pub use error::{ResolveError, SessionConflict, ToolError, Unauthorized};
 pub use handoff::{AuditChat, HandoffRules};
 pub use room::{RoomDriver, Rooms};
 pub use session::OpenedSession;
+pub use waiting::ShownWaiting;
 
 use crate::agents::api::wire::ReplyReceipt;
 use crate::ids::{AgentName, Secret};
@@ -45,6 +48,8 @@ use crate::telegram::outbound::Outbound;
 pub struct ReplyLimits {
     /// `outbound.max_reply_parts`.
     pub max_reply_parts: usize,
+    /// `outbound.ack_reaction`: set on each user message as it is handed to a session.
+    pub ack_reaction: Option<&'static str>,
 }
 
 #[derive(Clone)]
@@ -71,6 +76,9 @@ struct Inner {
     bot_username: std::sync::OnceLock<String>,
     /// The permission relay (DESIGN.md §15), once the daemon set it up.
     permissions: std::sync::OnceLock<crate::agents::permissions::PermissionRelay>,
+    /// Rung when a session was handed envelopes or confirmed showing them
+    /// ([`Bridge::shown_changed`]).
+    shown_bell: Notify,
 }
 
 /// A reply being delivered; every request with its id awaits the same outcome.
@@ -155,6 +163,7 @@ impl Bridge {
                 tasks,
                 bot_username: std::sync::OnceLock::new(),
                 permissions: std::sync::OnceLock::new(),
+                shown_bell: Notify::new(),
             }),
         }
     }

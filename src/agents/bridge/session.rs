@@ -14,6 +14,7 @@ use crate::agents::api::wire::{
 };
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};
+use crate::telegram::outbound::MessageActionTarget;
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
 /// session claims the next queued envelope only once the previous one was taken. (Intake
@@ -83,6 +84,18 @@ impl super::AgentSlot {
     fn with_live_session<T>(&self, session: &str, f: impl FnOnce(&mut LiveSession) -> T) -> Option<T> {
         let mut live = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         live.as_mut().filter(|live| live.id == session).map(f)
+    }
+
+    /// Whether the connected session, whichever it is, has this envelope in front of its
+    /// agent: it confirmed showing it, or it was handed the envelope, which a plugin
+    /// pushes at once (it opens its stream only once its agent session is ready, and
+    /// confirms with the agent's next call to it, which may be the reply itself). A stream
+    /// whose reader is gone is noticed within a heartbeat, and its session with it.
+    pub(super) fn in_front_of_live_session(&self, trace_id: &str) -> bool {
+        let live = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        live.as_ref().is_some_and(|live| {
+            live.sightings.shown.contains(trace_id) || live.sightings.handed.contains(trace_id)
+        })
     }
 
     /// Whether the live session `session` confirmed it showed the agent this envelope.
@@ -221,14 +234,19 @@ impl Bridge {
         trace_ids: &[TraceId],
     ) -> Result<usize, ToolError> {
         let session = self.live_session(agent, token)?;
+        let mut newly_shown = false;
         let marked = self.slot(agent).with_live_session(&session, |live| {
             let handed: Vec<&TraceId> =
                 trace_ids.iter().filter(|id| live.sightings.handed.contains(id.as_str())).collect();
             for trace_id in &handed {
+                newly_shown |= !live.sightings.shown.contains(trace_id.as_str());
                 live.sightings.shown.insert(trace_id.as_str());
             }
             handed.len()
         });
+        if newly_shown {
+            self.inner.shown_bell.notify_one();
+        }
         Ok(marked.unwrap_or(0))
     }
 
@@ -426,6 +444,29 @@ impl Bridge {
         // Before the session can see it, so that its confirmation finds it.
         self.slot(&guard.agent)
             .with_live_session(&guard.session_id, |live| live.sightings.handed.insert(&envelope.trace_id));
-        tx.send(SessionEvent::Envelope(delivered)).await.is_ok()
+        // Its chat may start showing "typing…" (`telegram::typing`).
+        self.inner.shown_bell.notify_one();
+        let handed = tx.send(SessionEvent::Envelope(delivered)).await.is_ok();
+        if let (true, EnvelopeKind::Message, Some(emoji)) =
+            (handed, envelope.kind, self.limits().ack_reaction)
+        {
+            self.react_on_hand_over(envelope, emoji);
+        }
+        handed
+    }
+
+    /// `[outbound] ack_reaction` on a user message just handed to its session, as a task
+    /// of its own: it never holds up the session stream.
+    fn react_on_hand_over(&self, envelope: &StoredEnvelope, emoji: &'static str) {
+        let Ok(message_id) = i32::try_from(envelope.message_id) else { return };
+        let target = MessageActionTarget {
+            envelope_id: envelope.id,
+            trace_id: envelope.trace_id.clone(),
+            agent: envelope.agent.clone().unwrap_or_default(),
+            chat_id: envelope.chat_id,
+            request_id: format!("ack_reaction:{}", envelope.trace_id),
+        };
+        let outbound = self.inner.outbound.clone();
+        self.inner.tasks.spawn(async move { outbound.ack_reaction(&target, message_id, emoji).await });
     }
 }

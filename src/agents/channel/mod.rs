@@ -38,10 +38,13 @@ use tokio_util::task::TaskTracker;
 
 use crate::agents::api::client::{ClientError, DaemonClient};
 use crate::agents::api::wire::{
-    AckRequest, ErrorCode, HandoffReceipt, HandoffRequest, ReplyRequest, RevisionRequest,
+    AckRequest, EditRequest, ErrorCode, HandoffReceipt, HandoffRequest, MessageActionReceipt, ReactRequest,
+    ReplyRequest, RevisionRequest,
 };
 use crate::config::Settings;
 use crate::ids::{AgentName, RequestId};
+use crate::telegram::format::ReplyFormat;
+use crate::telegram::reactions::allowed_reaction;
 
 mod calls;
 mod forwarder;
@@ -53,10 +56,10 @@ mod texts;
 use forwarder::SessionForwarder;
 use startup::{ClientEvent, Startup};
 use texts::{
-    ToolName, ToolNames, describe_ack, describe_call_answer, describe_call_timeout, describe_failure,
-    describe_handoff_receipt, describe_pending, describe_receipt, describe_recovered_receipt,
-    describe_revision, instructions, never_acted_on, optional_trace_id, outcome_not_known_yet,
-    parse_trace_id,
+    ToolName, ToolNames, describe_ack, describe_action_receipt, describe_call_answer, describe_call_timeout,
+    describe_failure, describe_handoff_receipt, describe_pending, describe_receipt,
+    describe_recovered_receipt, describe_revision, instructions, never_acted_on, optional_trace_id,
+    outcome_not_known_yet, parse_trace_id,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -184,6 +187,11 @@ struct ReplyArgs {
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
     again: Option<serde_json::Value>,
+    /// How text is written: "text" (the default, sent as it is), "markdown" (bold, italics,
+    /// code, links, quotes, lists) or "html" (Telegram's HTML: b, i, u, s, code, pre, a,
+    /// blockquote, tg-spoiler).
+    #[serde(default)]
+    format: Option<String>,
 }
 
 /// Arguments of the `ack` tool.
@@ -194,6 +202,33 @@ struct AckArgs {
     /// Why no reply is needed, for the operator's record.
     #[serde(default)]
     note: Option<String>,
+}
+
+/// Arguments of `react`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct ReactArgs {
+    /// The trace_id (env_…) of the message whose conversation you react in.
+    trace_id: String,
+    /// One of Telegram's reaction emoji, e.g. "👍", "👀", "🎉", "🔥", "🙏", "👌", "🤔".
+    emoji: String,
+    /// The message to react to when it is not the envelope's own: a message the bot sent
+    /// in that chat (the ids your replies' answers name).
+    #[serde(default)]
+    message_id: Option<i64>,
+}
+
+/// Arguments of `edit_message`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct EditArgs {
+    /// The trace_id (env_…) of the message whose conversation the edited message is in.
+    trace_id: String,
+    /// The id of a message you sent there (from your reply's answer).
+    message_id: i64,
+    /// The new text, at most one Telegram message.
+    text: String,
+    /// "text" (default), "markdown" or "html", as for reply.
+    #[serde(default)]
+    format: Option<String>,
 }
 
 /// Arguments of `revise_task`.
@@ -310,8 +345,11 @@ impl ChannelPlugin {
             return Err("text is empty: there is nothing to send. Nothing was sent.".into());
         }
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
+        // Refused here, before anything is asked of the daemon (which checks it too).
+        ReplyFormat::parse(args.format.as_deref())?;
         let request = ReplyRequest {
             again: args.again,
+            format: args.format,
             ..ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()))
         };
         tokio::select! {
@@ -322,6 +360,71 @@ impl ChannelPlugin {
                 tracing::info!(request_id = %request.request_id, "reply cancelled by the agent session; the daemon settles it on its own");
                 Err(format!("The reply call was cancelled ({}); the daemon still settles it.", request.request_id))
             }
+        }
+    }
+
+    #[tool(
+        description = "Set a reaction (one of Telegram's reaction emoji) on the message of an envelope, or with \
+                       message_id on a message the bot sent in its chat. It answers nothing: reply or ack as usual.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn react(&self, Parameters(args): Parameters<ReactArgs>) -> Result<String, String> {
+        let trace_id = parse_trace_id(&args.trace_id)?;
+        // Refused here, before anything is asked of the daemon (which checks it too).
+        allowed_reaction(&args.emoji)?;
+        let request = ReactRequest {
+            trace_id: trace_id.to_string(),
+            emoji: args.emoji,
+            message_id: args.message_id,
+            request_id: RequestId::generate().to_string(),
+        };
+        self.wait_for_session().await;
+        match self.daemon.react(&request).await {
+            Ok(receipt) => Ok(describe_action_receipt(&receipt)),
+            Err(error @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
+                self.recover_action(ToolName::React, &error, || self.daemon.react(&request)).await
+            }
+            Err(error) => Err(self.tool_failure(ToolName::React, &error)),
+        }
+    }
+
+    #[tool(
+        description = "Replace the text of a message you sent (message_id, from your reply's answer) in the \
+                       conversation of trace_id. Use it for progress; send the result with reply, since an edit \
+                       does not notify the user. format as for reply.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn edit_message(&self, Parameters(args): Parameters<EditArgs>) -> Result<String, String> {
+        let trace_id = parse_trace_id(&args.trace_id)?;
+        if args.text.trim().is_empty() {
+            return Err("text is empty: there is nothing to edit the message to. Nothing was edited.".into());
+        }
+        ReplyFormat::parse(args.format.as_deref())?;
+        let request = EditRequest {
+            trace_id: trace_id.to_string(),
+            message_id: args.message_id,
+            text: args.text,
+            format: args.format,
+            request_id: RequestId::generate().to_string(),
+        };
+        self.wait_for_session().await;
+        match self.daemon.edit_message(&request).await {
+            Ok(receipt) => Ok(describe_action_receipt(&receipt)),
+            Err(error @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
+                self.recover_action(ToolName::EditMessage, &error, || self.daemon.edit_message(&request))
+                    .await
+            }
+            Err(error) => Err(self.tool_failure(ToolName::EditMessage, &error)),
         }
     }
 
@@ -521,6 +624,26 @@ impl ChannelPlugin {
                 Err(_) => {}
             }
             tokio::time::sleep(OUTCOME_RETRY_DELAY.min(left)).await;
+        }
+    }
+
+    /// After a broken connection during a reaction or an edit, asks again with the same
+    /// request id: the daemon answers a repeat with what the first request came to, and
+    /// never acts twice.
+    async fn recover_action<F>(
+        &self,
+        tool: ToolName,
+        broken: &ClientError,
+        ask: impl Fn() -> F,
+    ) -> Result<String, String>
+    where
+        F: Future<Output = Result<MessageActionReceipt, ClientError>>,
+    {
+        tracing::warn!(tool = tool.as_str(), "the connection broke during a call ({broken}); asking again");
+        match self.once_the_daemon_answers(ask).await {
+            Some(Ok(receipt)) => Ok(describe_action_receipt(&receipt)),
+            Some(Err(error)) => Err(self.tool_failure(tool, &error)),
+            None => Err(self.tool_failure(tool, broken)),
         }
     }
 

@@ -9,8 +9,8 @@ use serde_json::json;
 
 use crate::agents::api::client::ClientError;
 use crate::agents::api::wire::{
-    AckReceipt, AnsweredHandoff, DeliveredEnvelope, DeliveredNotice, ErrorCode, HandoffReceipt, PendingList,
-    PendingSummary, ReplyReceipt, RevisionReceipt, WAITING_NOTICE,
+    AckReceipt, AnsweredHandoff, DeliveredEnvelope, DeliveredNotice, ErrorCode, HandoffReceipt,
+    MessageActionReceipt, PendingList, PendingSummary, ReplyReceipt, RevisionReceipt, WAITING_NOTICE,
 };
 use crate::ids::{AgentName, TraceId};
 
@@ -25,6 +25,8 @@ pub(super) enum ToolName {
     SendToAgent,
     CallAgent,
     ReviseTask,
+    React,
+    EditMessage,
 }
 
 impl ToolName {
@@ -36,6 +38,8 @@ impl ToolName {
             Self::SendToAgent => "send_to_agent",
             Self::CallAgent => "call_agent",
             Self::ReviseTask => "revise_task",
+            Self::React => "react",
+            Self::EditMessage => "edit_message",
         }
     }
 }
@@ -67,6 +71,8 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
     let send = tools.of(ToolName::SendToAgent);
     let call = tools.of(ToolName::CallAgent);
     let revise = tools.of(ToolName::ReviseTask);
+    let react = tools.of(ToolName::React);
+    let edit = tools.of(ToolName::EditMessage);
     format!(
         "Telegram conversations reach you through switchboard (you are its agent '{agent}'). The people you talk \
          to read Telegram, not this session: only what you send with `{reply}` reaches them.\n\
@@ -81,6 +87,13 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          waiting, and the waiting conversations are listed. A message already answered gets no second reply \
          unless you pass again: true (a further message in the same thread); without it you are told what \
          your earlier reply came to, and nothing is sent.\n\
+         - `{reply}` takes format \"markdown\" (bold, italics, code, links, quotes, lists) or \"html\" \
+         (Telegram's HTML); the default \"text\" is sent as written.\n\
+         - `{react}` sets a reaction (one of Telegram's reaction emoji, e.g. 👍 👀 🎉) on the message of an \
+         envelope (trace_id), or on a message the bot sent in its chat (message_id). `{edit}` replaces the text of \
+         a message you sent (trace_id and its message_id, from your reply's answer). Use an edit for progress \
+         (\"working on it… step 2 of 3\") and a new `{reply}` for the result: an edit does not notify the user, \
+         a reply does. Neither answers the message.\n\
          - `{pending}` lists the conversations still waiting for an answer.\n\
          - `{ack}` marks a message handled without replying (when it needs no answer); add a short note.\n\
          - A failed tool says what to do next. If a reply's delivery is reported as unresolved or unknown, \
@@ -279,6 +292,22 @@ pub(super) fn describe_receipt(receipt: &ReplyReceipt) -> String {
     )
 }
 
+/// What a confirmed reaction or edit did.
+pub(super) fn describe_action_receipt(receipt: &MessageActionReceipt) -> String {
+    let place = describe_place(receipt.chat_id, None, None);
+    match receipt.emoji.as_deref() {
+        Some(emoji) => format!(
+            "Reaction {emoji} set on message {} in {place} ({}). It answers nothing: reply or ack the message as \
+             usual.",
+            receipt.message_id, receipt.trace_id
+        ),
+        None => format!(
+            "Message {} in {place} edited ({}). An edit does not notify the user: send the result with reply.",
+            receipt.message_id, receipt.trace_id
+        ),
+    }
+}
+
 /// "handed to 'worker' as hof_x (delivered to its session), on behalf of env_y"
 fn describe_handoff(receipt: &HandoffReceipt) -> String {
     let where_ = if receipt.delivered { "delivered to its session" } else { "queued until it connects" };
@@ -431,6 +460,9 @@ pub(super) fn describe_failure(
             ToolName::ReviseTask => {
                 format!("{error} Nothing was recorded; call revise_task again once the daemon is back.")
             }
+            ToolName::React | ToolName::EditMessage => {
+                format!("{error} Nothing was sent; call {name} again once the daemon is back.")
+            }
         },
         ClientError::NoAnswer { .. } => match tool {
             ToolName::Reply => format!(
@@ -452,6 +484,10 @@ pub(super) fn describe_failure(
                 "{error}. Whether the change was recorded is not known yet: the chat shows the switchboard's \
                  acknowledgement if it was; call revise_task again only if none appears."
             ),
+            // The plugin asks again with the same request id before it gets here.
+            ToolName::React | ToolName::EditMessage => format!(
+                "{error}. Whether Telegram took it is not known yet: look at the chat before calling {name} again."
+            ),
         },
         ClientError::Protocol { .. } => {
             let outcome = match tool {
@@ -460,7 +496,9 @@ pub(super) fn describe_failure(
                 | ToolName::Pending
                 | ToolName::SendToAgent
                 | ToolName::CallAgent
-                | ToolName::ReviseTask => "",
+                | ToolName::ReviseTask
+                | ToolName::React
+                | ToolName::EditMessage => "",
             };
             format!("{error}. The plugin and the daemon may be different versions of switchboard.{outcome}")
         }
@@ -813,6 +851,9 @@ mod tests {
             "`mcp__sb-work__send_to_agent`",
             "`mcp__sb-work__call_agent`",
             "`mcp__sb-work__revise_task`",
+            "`mcp__sb-work__react`",
+            "`mcp__sb-work__edit_message`",
+            "an edit does not notify the user",
             "do NOT send it again",
             "again: true",
             "'worker'",
@@ -820,7 +861,9 @@ mod tests {
             assert!(text.contains(needle), "instructions lack {needle}: {text}");
         }
         // Every tool is named as the session calls it, never by its bare name.
-        for tool in ["reply", "pending", "ack", "send_to_agent", "call_agent", "revise_task"] {
+        for tool in
+            ["reply", "pending", "ack", "send_to_agent", "call_agent", "revise_task", "react", "edit_message"]
+        {
             assert!(!text.contains(&format!("`{tool}`")), "a bare `{tool}`: {text}");
         }
     }
