@@ -32,6 +32,8 @@ fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
             sender: Sender { id: Some(42), username: Some("ann".into()), name: "Ann".into() },
             text: Some(format!("message {update_id}")),
             attachments: vec![],
+            described: None,
+            context: Default::default(),
             sent_at: Utc::now(),
         },
         state,

@@ -18,8 +18,8 @@ use teloxide::types::{Chat, ChatMigration, Message, MessageKind, Update, UpdateK
 
 use crate::ids::TraceId;
 use crate::rules::routes::Channel;
-use crate::telegram::lenient;
 use crate::telegram::updates::RawUpdate;
+use crate::telegram::{lenient, parts};
 
 pub use crate::ledger::EnvelopeKind;
 
@@ -96,14 +96,7 @@ pub fn sender_display(username: Option<&str>, name: &str) -> String {
     }
 }
 
-/// Metadata of a non-text part of a message; the file itself stays with Telegram.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attachment {
-    pub kind: String,
-    pub file_id: Option<String>,
-    /// A short human description: size, name, duration, emoji.
-    pub detail: String,
-}
+pub use crate::telegram::parts::{Attachment, AttachmentKind, Context, Reaction};
 
 /// A message as switchboard records it, before routing.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,21 +109,25 @@ pub struct Envelope {
     pub chat_title: Option<String>,
     pub message_id: i32,
     pub sender: Sender,
-    /// The text, or the caption of media.
+    /// The text, or the caption of media, with the URLs of its links written out.
     pub text: Option<String>,
     pub attachments: Vec<Attachment>,
+    /// A shared location, contact, venue or dice throw, as text.
+    pub described: Option<String>,
+    /// The message it quotes, where it was forwarded from.
+    pub context: Context,
     pub sent_at: DateTime<Utc>,
 }
 
 impl Envelope {
-    /// What the model reads: the text, then one line per attachment.
+    /// What the model reads: the text or caption; for a file without one, a short
+    /// placeholder (`(voice message, 0:12)`); a location, contact or venue as text.
     pub fn content(&self) -> String {
-        let mut lines: Vec<String> = self.text.iter().cloned().collect();
-        lines.extend(self.attachments.iter().map(|a| format!("[{}: {}]", a.kind, a.detail)));
-        if lines.is_empty() {
-            lines.push("[a message without text]".to_owned());
-        }
-        lines.join("\n")
+        self.text
+            .clone()
+            .or_else(|| self.attachments.first().map(Attachment::placeholder))
+            .or_else(|| self.described.clone())
+            .unwrap_or_else(|| "[a message without text]".to_owned())
     }
 }
 
@@ -145,8 +142,11 @@ pub enum Inbound {
     /// A group became a supergroup: routes naming the old chat id must change. The service
     /// message itself is kept like any other ignored one.
     Migrated { envelope: Box<Envelope>, reason: String, to_chat_id: i64 },
-    /// An update that is not a message (channel posts, reactions, callback queries, …):
-    /// switchboard does not record these.
+    /// A user's reaction to a message: recorded, and a notice for the agent whose reply
+    /// it is about (intake decides whether it is one).
+    Reaction(Box<Reaction>),
+    /// An update that is not a message (channel posts, callback queries, …): switchboard
+    /// does not record these.
     NotAMessage { update_id: i64, kind: &'static str },
     /// An update that could not be decoded or converted; it is kept raw. `update_id` is
     /// `None` when not even that could be read.
@@ -187,6 +187,9 @@ pub fn classify(update: &Update) -> Inbound {
     let (message, kind) = match &update.kind {
         UpdateKind::Message(m) => (m, EnvelopeKind::Message),
         UpdateKind::EditedMessage(m) => (m, EnvelopeKind::EditedMessage),
+        UpdateKind::MessageReaction(updated) => {
+            return Inbound::Reaction(Box::new(crate::telegram::parts::reaction(update_id, updated)));
+        }
         UpdateKind::Error(_) => {
             return Inbound::Undecodable {
                 update_id: Some(update_id),
@@ -308,6 +311,8 @@ pub fn undecodable_envelope(raw: &RawUpdate, update_id: Option<i64>) -> Envelope
         },
         text: None,
         attachments: Vec::new(),
+        described: None,
+        context: Context::default(),
         sent_at: field("date")
             .and_then(lenient::integer)
             .and_then(|secs| DateTime::from_timestamp(secs, 0))
@@ -375,57 +380,16 @@ fn envelope_from_message(update_id: i64, kind: EnvelopeKind, message: &Message) 
         chat_title: chat_title(&message.chat),
         message_id: message.id.0,
         sender,
-        text: message.text().or_else(|| message.caption()).map(str::to_owned),
-        attachments: attachments(message),
+        text: parts::text_with_links(message),
+        attachments: parts::attachments(message),
+        described: parts::described(message),
+        context: Context::of(message),
         sent_at: message.date,
     }
 }
 
 fn chat_title(chat: &Chat) -> Option<String> {
     chat.title().map(str::to_owned).or_else(|| chat.first_name().map(str::to_owned))
-}
-
-fn attachments(message: &Message) -> Vec<Attachment> {
-    let mut found = Vec::new();
-    let mut push = |kind: &str, file_id: Option<String>, detail: String| {
-        found.push(Attachment { kind: kind.to_owned(), file_id, detail });
-    };
-    if let Some(sizes) = message.photo() {
-        // Telegram lists sizes smallest first; the largest is the photo itself.
-        if let Some(largest) = sizes.last() {
-            push("photo", Some(largest.file.id.to_string()), format!("{}x{}", largest.width, largest.height));
-        }
-    }
-    if let Some(doc) = message.document() {
-        let name = doc.file_name.clone().unwrap_or_else(|| "unnamed".into());
-        let mime = doc.mime_type.as_ref().map(|m| format!(", {m}")).unwrap_or_default();
-        push("document", Some(doc.file.id.to_string()), format!("{name}{mime}"));
-    }
-    if let Some(audio) = message.audio() {
-        push("audio", Some(audio.file.id.to_string()), format!("{}s", audio.duration.seconds()));
-    }
-    if let Some(video) = message.video() {
-        push("video", Some(video.file.id.to_string()), format!("{}s", video.duration.seconds()));
-    }
-    if let Some(voice) = message.voice() {
-        push("voice", Some(voice.file.id.to_string()), format!("{}s", voice.duration.seconds()));
-    }
-    if let Some(animation) = message.animation() {
-        push("animation", Some(animation.file.id.to_string()), format!("{}s", animation.duration.seconds()));
-    }
-    if let Some(sticker) = message.sticker() {
-        push("sticker", Some(sticker.file.id.to_string()), sticker.emoji.clone().unwrap_or_default());
-    }
-    if let Some(location) = message.location() {
-        push("location", None, format!("{}, {}", location.latitude, location.longitude));
-    }
-    if let Some(dice) = message.dice() {
-        push("dice", None, format!("{:?} {}", dice.emoji, dice.value));
-    }
-    if let Some(contact) = message.contact() {
-        push("contact", None, contact.first_name.clone());
-    }
-    found
 }
 
 fn update_kind_name(kind: &UpdateKind) -> &'static str {

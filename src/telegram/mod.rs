@@ -6,5 +6,6 @@ pub mod bot_api;
 pub mod envelope;
 pub mod lenient;
 pub mod outbound;
+pub mod parts;
 pub mod poller;
 pub mod updates;

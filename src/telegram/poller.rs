@@ -20,7 +20,7 @@ use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ids::AgentName;
 use crate::ledger::{EnvelopeState, LedgerCongestion, LedgerError};
-use crate::ledger::{Ledger, RoutedEnvelope};
+use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::health::PollHealth;
 use crate::operate::metrics;
 use crate::rules::routes::RoutesTable;
@@ -176,7 +176,7 @@ impl Poller {
 
         let update_count = updates.len();
         let routing = Arc::clone(&self.routing.borrow());
-        let batch = read_batch(updates, routing).await;
+        let ReadBatch { envelopes: batch, reactions } = read_batch(updates, routing).await;
         // Agents with a live session get their envelopes handed over by this commit (see
         // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
         let bridge = self.bridge.clone();
@@ -185,7 +185,14 @@ impl Poller {
         let bot_username = bridge.bot_username();
         let recorded = self
             .ledger
-            .record_batch_handing_over(self.bot_id, next_offset, &batch, &handed, bot_username.as_deref())
+            .record_batch_with_reactions(
+                self.bot_id,
+                next_offset,
+                &batch,
+                &reactions,
+                &handed,
+                bot_username.as_deref(),
+            )
             .await;
         let recorded = match recorded {
             Ok(recorded) => recorded,
@@ -210,6 +217,13 @@ impl Poller {
                 }
             }
         });
+        // A reaction owed to an agent reaches its session, if one is connected, by its bell.
+        for reaction in &recorded.reactions {
+            tracing::info!(trace_id = %reaction.trace_id, agent = %reaction.agent, "reaction recorded");
+            if let Ok(agent) = AgentName::parse(&reaction.agent) {
+                self.bridge.wake(&agent);
+            }
+        }
         // Task changes (DESIGN.md §11) are recorded: now the chat and the agents hear of them.
         self.bridge.carry_out(recorded.task_effects);
         Ok(PollOutcome::Committed { updates: update_count, new_envelopes: inserted.len() })
@@ -294,9 +308,16 @@ const READ_IN_PARALLEL_FROM: usize = 16;
 
 /// The rows a batch of updates becomes, in the batch's order. A large batch's second half
 /// is read on a blocking thread meanwhile (see [`READ_IN_PARALLEL_FROM`]).
-async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> Vec<RoutedEnvelope> {
-    let read = |updates: &[RawUpdate], routing: &Routing| -> Vec<RoutedEnvelope> {
-        updates.iter().filter_map(|raw| row(raw, routing)).collect()
+async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> ReadBatch {
+    let read = |updates: &[RawUpdate], routing: &Routing| -> ReadBatch {
+        let mut batch = ReadBatch::default();
+        for read in updates.iter().filter_map(|raw| row(raw, routing)) {
+            match read {
+                ReadUpdate::Envelope(routed) => batch.envelopes.push(routed),
+                ReadUpdate::Reaction(reaction) => batch.reactions.push(reaction),
+            }
+        }
+        batch
     };
     if updates.len() < READ_IN_PARALLEL_FROM {
         return read(&updates, &routing);
@@ -308,7 +329,10 @@ async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> Vec<R
     };
     let mut rows = read(&updates, &routing);
     match helper.await {
-        Ok(more) => rows.extend(more),
+        Ok(more) => {
+            rows.envelopes.extend(more.envelopes);
+            rows.reactions.extend(more.reactions);
+        }
         // A panic reading an update is caught in `envelope::read`; one elsewhere goes on
         // as it would have on this thread.
         Err(e) => std::panic::resume_unwind(e.into_panic()),
@@ -316,27 +340,46 @@ async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> Vec<R
     rows
 }
 
+/// A batch as the ledger records it: rows of `envelopes`, and reactions (`ledger::reactions`),
+/// each in the batch's order.
+#[derive(Default)]
+struct ReadBatch {
+    envelopes: Vec<RoutedEnvelope>,
+    reactions: Vec<RoutedReaction>,
+}
+
+/// What one update becomes in the ledger.
+enum ReadUpdate {
+    Envelope(RoutedEnvelope),
+    Reaction(RoutedReaction),
+}
+
 /// What one update becomes in the ledger, if anything.
-fn row(raw: &RawUpdate, routing: &Routing) -> Option<RoutedEnvelope> {
+fn row(raw: &RawUpdate, routing: &Routing) -> Option<ReadUpdate> {
     let digest = raw.digest();
-    match envelope::read(raw) {
-        Inbound::Envelope(envelope) => Some(route(*envelope, digest, routing)),
+    let routed = match envelope::read(raw) {
+        Inbound::Envelope(envelope) => route(*envelope, digest, routing),
         Inbound::Ignored { envelope, reason } => {
-            Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
         }
         Inbound::Migrated { envelope, reason, to_chat_id } => {
             report_migration(routing, envelope.update_id, envelope.channel.chat_id, to_chat_id);
-            Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
+        }
+        // Whom it reaches, if anyone, intake decides: it knows what the bot sent.
+        Inbound::Reaction(reaction) => {
+            return Some(ReadUpdate::Reaction(RoutedReaction { reaction: *reaction, update_digest: digest }));
         }
         Inbound::NotAMessage { update_id, kind } => {
             tracing::debug!(update_id, kind, "update of a kind switchboard does not route");
-            None
+            return None;
         }
         Inbound::Undecodable { update_id, reason } => {
             let envelope = envelope::undecodable_envelope(raw, update_id);
-            Some(audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone())))
+            audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone()))
         }
-    }
+    };
+    Some(ReadUpdate::Envelope(routed))
 }
 
 fn route(envelope: envelope::Envelope, update_digest: String, routing: &Routing) -> RoutedEnvelope {
@@ -496,8 +539,14 @@ mod tests {
     async fn a_batch_read_on_two_threads_is_the_batch_read_in_order() {
         let routing = routing();
         let batch = updates(100);
-        let one_by_one: Vec<RoutedEnvelope> = batch.iter().filter_map(|raw| row(raw, &routing)).collect();
-        let read = read_batch(batch, Arc::clone(&routing)).await;
+        let one_by_one: Vec<RoutedEnvelope> = batch
+            .iter()
+            .filter_map(|raw| match row(raw, &routing) {
+                Some(ReadUpdate::Envelope(routed)) => Some(routed),
+                _ => None,
+            })
+            .collect();
+        let read = read_batch(batch, Arc::clone(&routing)).await.envelopes;
         assert_eq!(summary(&read), summary(&one_by_one));
         // Every kind of row is in it, and the update that is not a message is not.
         let states: Vec<EnvelopeState> = read.iter().map(|r| r.state).collect();

@@ -16,6 +16,7 @@
 
 mod error;
 mod handoff;
+mod reactions;
 mod reply;
 mod room;
 mod session;
