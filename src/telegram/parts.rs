@@ -68,8 +68,8 @@ impl Attachment {
         Self {
             kind,
             file_id: file_id.to_string(),
-            // teloxide reads a missing `file_size` as 0.
-            size: (size > 0).then_some(u64::from(size)),
+            // teloxide reads a missing `file_size` as u32::MAX.
+            size: (size != u32::MAX).then_some(u64::from(size)),
             mime: None,
             name: None,
             duration_secs: None,
