@@ -81,6 +81,7 @@ const CONFLICT_DESCRIPTION: &str = "Conflict: terminated by other getUpdates req
                                     make sure that only one bot instance is running";
 
 mod limits;
+mod media;
 mod server;
 mod state;
 
