@@ -153,6 +153,17 @@ async fn a_quote_of_a_user_message_names_its_envelope_and_an_unknown_one_names_n
 }
 
 #[tokio::test]
+async fn a_quote_after_a_kill_9_still_finds_what_it_quotes() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("rotate the keys").await;
+    let reply = answer(&fake, &orchestrator, &trace, "rotated").await;
+    daemon.kill9();
+    daemon.restart();
+    fake.push_reply_to_sent(dm(), owner(), reply, "all of them?");
+    let quoting = orchestrator.wait_for_notifications(2, std::time::Duration::from_secs(40)).await.unwrap();
+    assert_eq!(meta(&quoting[1], "reply_to_trace_id"), trace);
+}
+
+#[tokio::test]
 async fn a_reaction_to_the_bots_reply_is_a_notice_that_is_no_work() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("deploy it").await;
     let reply = answer(&fake, &orchestrator, &trace, "deployed").await;

@@ -151,6 +151,10 @@ pub fn attachment_meta(attachments: &[Attachment]) -> BTreeMap<String, String> {
 /// stored before files had their own fields, a location kept as an attachment) is left
 /// out rather than failing the read.
 pub fn stored_attachments(json: &str) -> Vec<Attachment> {
+    // Most messages have none: no parse on the path of every delivery.
+    if json == "[]" {
+        return Vec::new();
+    }
     let Ok(elements) = serde_json::from_str::<Vec<serde_json::Value>>(json) else { return Vec::new() };
     elements.into_iter().filter_map(|element| serde_json::from_value(element).ok()).collect()
 }
