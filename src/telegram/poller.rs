@@ -311,11 +311,8 @@ const READ_IN_PARALLEL_FROM: usize = 16;
 async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> ReadBatch {
     let read = |updates: &[RawUpdate], routing: &Routing| -> ReadBatch {
         let mut batch = ReadBatch::default();
-        for read in updates.iter().filter_map(|raw| row(raw, routing)) {
-            match read {
-                ReadUpdate::Envelope(routed) => batch.envelopes.push(routed),
-                ReadUpdate::Reaction(reaction) => batch.reactions.push(reaction),
-            }
+        for raw in updates {
+            read_update(raw, routing, &mut batch);
         }
         batch
     };
@@ -348,14 +345,8 @@ struct ReadBatch {
     reactions: Vec<RoutedReaction>,
 }
 
-/// What one update becomes in the ledger.
-enum ReadUpdate {
-    Envelope(RoutedEnvelope),
-    Reaction(RoutedReaction),
-}
-
-/// What one update becomes in the ledger, if anything.
-fn row(raw: &RawUpdate, routing: &Routing) -> Option<ReadUpdate> {
+/// Adds what one update becomes in the ledger, if anything, to `batch`.
+fn read_update(raw: &RawUpdate, routing: &Routing, batch: &mut ReadBatch) {
     let digest = raw.digest();
     let routed = match envelope::read(raw) {
         Inbound::Envelope(envelope) => route(*envelope, digest, routing),
@@ -368,18 +359,19 @@ fn row(raw: &RawUpdate, routing: &Routing) -> Option<ReadUpdate> {
         }
         // Whom it reaches, if anyone, intake decides: it knows what the bot sent.
         Inbound::Reaction(reaction) => {
-            return Some(ReadUpdate::Reaction(RoutedReaction { reaction: *reaction, update_digest: digest }));
+            batch.reactions.push(RoutedReaction { reaction: *reaction, update_digest: digest });
+            return;
         }
         Inbound::NotAMessage { update_id, kind } => {
             tracing::debug!(update_id, kind, "update of a kind switchboard does not route");
-            return None;
+            return;
         }
         Inbound::Undecodable { update_id, reason } => {
             let envelope = envelope::undecodable_envelope(raw, update_id);
             audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone()))
         }
     };
-    Some(ReadUpdate::Envelope(routed))
+    batch.envelopes.push(routed);
 }
 
 fn route(envelope: envelope::Envelope, update_digest: String, routing: &Routing) -> RoutedEnvelope {
@@ -539,13 +531,11 @@ mod tests {
     async fn a_batch_read_on_two_threads_is_the_batch_read_in_order() {
         let routing = routing();
         let batch = updates(100);
-        let one_by_one: Vec<RoutedEnvelope> = batch
-            .iter()
-            .filter_map(|raw| match row(raw, &routing) {
-                Some(ReadUpdate::Envelope(routed)) => Some(routed),
-                _ => None,
-            })
-            .collect();
+        let mut one_by_one = ReadBatch::default();
+        for raw in &batch {
+            read_update(raw, &routing, &mut one_by_one);
+        }
+        let one_by_one = one_by_one.envelopes;
         let read = read_batch(batch, Arc::clone(&routing)).await.envelopes;
         assert_eq!(summary(&read), summary(&one_by_one));
         // Every kind of row is in it, and the update that is not a message is not.
