@@ -120,6 +120,20 @@ async fn files_without_a_type_a_size_or_a_name_are_still_envelopes() {
 }
 
 #[tokio::test]
+async fn a_forward_names_its_origin_and_links_keep_their_urls() {
+    let (fake, _daemon, orchestrator) = connected().await;
+    let bob = UserSpec::new(77, "Bob").with_username("bob");
+    fake.push_forwarded_text(dm(), owner(), &bob, 1_690_000_000, "the outage report");
+    fake.push_text_with_links(dm(), owner(), "see ✅ the docs", &[("the docs", "https://example.com/docs")]);
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    assert_eq!(pushed[0].content, "the outage report");
+    assert_eq!(meta(&pushed[0], "forward_from"), "@bob");
+    assert_eq!(meta(&pushed[0], "forward_date"), "2023-07-22T04:26:40Z");
+    assert_eq!(pushed[1].content, "see ✅ the docs (https://example.com/docs)");
+    assert_eq!(pushed[1].meta_str("forward_from"), None);
+}
+
+#[tokio::test]
 async fn a_quote_of_the_bots_reply_names_the_envelope_it_answered() {
     let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace } = owner_waiting("is the API down?").await;
     let reply = answer(&fake, &orchestrator, &trace, "Yes, since 10:02. We are on it.").await;

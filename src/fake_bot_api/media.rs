@@ -112,6 +112,40 @@ impl FakeTelegram {
         self.push_message_content(chat, from, json!({ "text": text, "reply_to_message": quoted }))
     }
 
+    /// Queues `text` as forwarded by `from` from a message `origin` sent at `origin_date`
+    /// (Unix seconds).
+    pub fn push_forwarded_text(
+        &self,
+        chat: impl Borrow<ChatSpec>,
+        from: impl Borrow<UserSpec>,
+        origin: &UserSpec,
+        origin_date: i64,
+        text: &str,
+    ) -> PushedMessage {
+        let forward_origin = json!({"type": "user", "date": origin_date, "sender_user": origin.to_json()});
+        self.push_message_content(chat, from, json!({ "text": text, "forward_origin": forward_origin }))
+    }
+
+    /// Queues `text` with one `text_link` entity per (`linked`, URL): each `linked` is the
+    /// first occurrence of that text in `text`. Offsets count UTF-16 units, as Telegram's do.
+    pub fn push_text_with_links(
+        &self,
+        chat: impl Borrow<ChatSpec>,
+        from: impl Borrow<UserSpec>,
+        text: &str,
+        links: &[(&str, &str)],
+    ) -> PushedMessage {
+        let utf16_len = |s: &str| s.encode_utf16().count();
+        let entities: Vec<Value> = links
+            .iter()
+            .map(|(linked, url)| {
+                let at = text.find(linked).expect("push_text_with_links: the linked text is in the text");
+                json!({"type": "text_link", "offset": utf16_len(&text[..at]), "length": utf16_len(linked), "url": url})
+            })
+            .collect();
+        self.push_message_content(chat, from, json!({ "text": text, "entities": entities }))
+    }
+
     /// Queues `from`'s reaction to message `message_id` of `chat`: `emoji` is what is set
     /// now (empty: all taken back).
     pub fn push_reaction(
