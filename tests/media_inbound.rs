@@ -210,7 +210,7 @@ async fn a_reaction_to_the_bots_reply_is_a_notice_that_is_no_work() {
     let recorded = ledger.reactions_recorded().await.unwrap();
     ledger.close().await;
     let states: Vec<(&str, Option<&str>)> =
-        recorded.iter().map(|(state, _, trace, _, _)| (state.as_str(), trace.as_deref())).collect();
+        recorded.iter().map(|r| (r.state.as_str(), r.trace_id.as_deref())).collect();
     assert_eq!(states, [("delivered", Some(trace.as_str())), ("ignored", None), ("ignored", None)]);
     // Nothing more reached the agent: a message after them is the next notification.
     fake.push_text(dm(), owner(), "last");
@@ -240,7 +240,7 @@ async fn a_reaction_waits_in_the_ledger_through_a_kill_9_for_the_next_session() 
         let recorded = ledger.reactions_recorded().await.unwrap();
         ledger.close().await;
         assert_eq!(recorded.len(), 1, "stored once: {recorded:?}");
-        if recorded[0].0 == "delivered" {
+        if recorded[0].state == "delivered" {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "still {recorded:?}");

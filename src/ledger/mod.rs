@@ -113,7 +113,7 @@ pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use prune::{Pages, PruneReport, Pruned};
-pub use reactions::{RoutedReaction, StoredReaction};
+pub use reactions::{ReactionAudit, RoutedReaction, StoredReaction};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,

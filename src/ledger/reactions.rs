@@ -59,6 +59,18 @@ impl StoredReaction {
     }
 }
 
+/// A reaction as the audit trail shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReactionAudit {
+    /// `owed`, `delivered` or `ignored`.
+    pub state: String,
+    pub agent: Option<String>,
+    pub trace_id: Option<String>,
+    pub emoji: String,
+    /// Why it reaches nobody, when ignored.
+    pub note: Option<String>,
+}
+
 const REACTION_COLUMNS: &str = "id, agent, trace_id, chat_id, message_id, user_id, user, emoji, reacted_at";
 
 /// The envelope a message the bot sent in `chat_id` answered, and the agent it answered
@@ -120,6 +132,7 @@ pub(super) fn record_reactions(
     let mut owed = Vec::new();
     for routed in reactions {
         let r = &routed.reaction;
+        let (emoji, reacted_at) = (r.emoji.join(" "), r.date.to_rfc3339_opts(SecondsFormat::Secs, true));
         let answered = answered_by_bot_message(db, r.chat_id, i64::from(r.message_id))?;
         let note = ignored_because(r, answered.as_ref());
         let (agent, trace_id) = match (note, answered) {
@@ -139,8 +152,8 @@ pub(super) fn record_reactions(
                 r.message_id,
                 r.user_id,
                 r.user,
-                r.emoji.join(" "),
-                r.date.to_rfc3339_opts(SecondsFormat::Secs, true),
+                emoji,
+                reacted_at,
                 received_at,
                 agent,
                 trace_id,
@@ -159,8 +172,8 @@ pub(super) fn record_reactions(
                 message_id: i64::from(r.message_id),
                 user_id: r.user_id,
                 user: r.user.clone(),
-                emoji: r.emoji.join(" "),
-                reacted_at: r.date.to_rfc3339_opts(SecondsFormat::Secs, true),
+                emoji,
+                reacted_at,
             });
         }
     }
@@ -195,17 +208,22 @@ impl Ledger {
         .await
     }
 
-    /// Every reaction recorded, as (state, agent, trace id, emoji, note), oldest first: the
-    /// audit trail (`switchboard ledger`, tests).
-    pub async fn reactions_recorded(
-        &self,
-    ) -> LedgerResult<Vec<(String, Option<String>, Option<String>, String, Option<String>)>> {
+    /// Every reaction recorded, oldest first: the audit trail.
+    pub async fn reactions_recorded(&self) -> LedgerResult<Vec<ReactionAudit>> {
         self.read_in_place(|db| {
             query_all_cached(
                 db,
                 "SELECT state, agent, trace_id, emoji, note FROM reactions ORDER BY id",
                 [],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?)),
+                |row| {
+                    Ok(ReactionAudit {
+                        state: row.get("state")?,
+                        agent: row.get("agent")?,
+                        trace_id: row.get("trace_id")?,
+                        emoji: row.get("emoji")?,
+                        note: row.get("note")?,
+                    })
+                },
             )
         })
         .await

@@ -1306,7 +1306,8 @@ async fn reactions_are_owed_to_the_agent_whose_reply_they_are_on_and_stored_once
     // A re-poll of the same updates stores nothing again and owes nothing more.
     let again = ledger.record_batch_with_reactions(1, 5, &[], &reactions, &[], None).await.unwrap();
     assert!(again.reactions.is_empty());
-    let states: Vec<String> = ledger.reactions_recorded().await.unwrap().into_iter().map(|r| r.0).collect();
+    let states: Vec<String> =
+        ledger.reactions_recorded().await.unwrap().into_iter().map(|r| r.state).collect();
     assert_eq!(states, ["owed", "ignored", "ignored"]);
 
     // Owed until a session was given it; never an envelope, never pending.

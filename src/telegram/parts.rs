@@ -7,7 +7,9 @@
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use teloxide::types::{Message, MessageEntityKind, MessageEntityRef, MessageOrigin};
+use teloxide::types::{
+    Chat, Message, MessageEntityKind, MessageEntityRef, MessageOrigin, MessageReactionUpdated, ReactionType,
+};
 
 /// How many characters of a quoted message an envelope carries (`reply_to_text`).
 pub const QUOTE_CHARS: usize = 200;
@@ -95,26 +97,28 @@ impl Attachment {
     /// What the model reads for a message that has this file and no caption:
     /// `(voice message, 0:12)`, `(document report.pdf)`, `(sticker 😀)`.
     pub fn placeholder(&self) -> String {
-        let duration = self.duration_secs.map(clock);
-        let (what, detail) = match self.kind {
-            AttachmentKind::Photo => ("photo", None),
-            AttachmentKind::Document => ("document", self.name.clone()),
-            AttachmentKind::Voice => ("voice message", duration.map(|d| format!(", {d}"))),
-            AttachmentKind::Audio => {
-                let name = self.name.as_ref().map(|name| format!(" {name}")).unwrap_or_default();
-                let duration = duration.map(|d| format!(", {d}")).unwrap_or_default();
-                ("audio", Some(format!("{name}{duration}")).filter(|d| !d.is_empty()))
-            }
-            AttachmentKind::Video => ("video", duration.map(|d| format!(", {d}"))),
-            AttachmentKind::VideoNote => ("video message", duration.map(|d| format!(", {d}"))),
-            AttachmentKind::Animation => ("animation", None),
-            AttachmentKind::Sticker => ("sticker", self.emoji.clone()),
-        };
-        match detail {
-            // A duration comes with its comma; a name or an emoji after a space.
-            Some(detail) if detail.starts_with([',', ' ']) => format!("({what}{detail})"),
-            Some(detail) => format!("({what} {detail})"),
+        // `(what)`, or `(what, 1:03)` with a duration.
+        let timed = |what: &str| match self.duration_secs {
+            Some(secs) => format!("({what}, {})", clock(secs)),
             None => format!("({what})"),
+        };
+        // `(what)`, or `(what label)` with a name or an emoji.
+        let labelled = |what: &str, label: Option<&String>| match label {
+            Some(label) => format!("({what} {label})"),
+            None => format!("({what})"),
+        };
+        match self.kind {
+            AttachmentKind::Photo => "(photo)".to_owned(),
+            AttachmentKind::Document => labelled("document", self.name.as_ref()),
+            AttachmentKind::Voice => timed("voice message"),
+            AttachmentKind::Audio => match &self.name {
+                Some(name) => timed(&format!("audio {name}")),
+                None => timed("audio"),
+            },
+            AttachmentKind::Video => timed("video"),
+            AttachmentKind::VideoNote => timed("video message"),
+            AttachmentKind::Animation => "(animation)".to_owned(),
+            AttachmentKind::Sticker => labelled("sticker", self.emoji.as_ref()),
         }
     }
 }
@@ -326,7 +330,7 @@ pub struct Forwarded {
 
 pub fn forwarded(message: &Message) -> Option<Forwarded> {
     let origin = message.forward_origin()?;
-    let chat_name = |chat: &teloxide::types::Chat| {
+    let chat_name = |chat: &Chat| {
         chat.title()
             .map(str::to_owned)
             .or_else(|| chat.username().map(|username| format!("@{username}")))
@@ -399,7 +403,7 @@ pub struct Reaction {
     pub date: DateTime<Utc>,
 }
 
-pub fn reaction(update_id: i64, updated: &teloxide::types::MessageReactionUpdated) -> Reaction {
+pub fn reaction(update_id: i64, updated: &MessageReactionUpdated) -> Reaction {
     let (user_id, user) = match (updated.user(), updated.chat()) {
         (Some(user), _) => (
             Some(user.id.0 as i64),
@@ -412,11 +416,11 @@ pub fn reaction(update_id: i64, updated: &teloxide::types::MessageReactionUpdate
         .new_reaction
         .iter()
         .map(|reaction| match reaction {
-            teloxide::types::ReactionType::Emoji { emoji } => emoji.clone(),
-            teloxide::types::ReactionType::CustomEmoji { custom_emoji_id } => {
+            ReactionType::Emoji { emoji } => emoji.clone(),
+            ReactionType::CustomEmoji { custom_emoji_id } => {
                 format!("custom:{custom_emoji_id}")
             }
-            teloxide::types::ReactionType::Paid => "⭐".to_owned(),
+            ReactionType::Paid => "⭐".to_owned(),
         })
         .collect();
     Reaction {
