@@ -196,6 +196,10 @@ async fn a_reaction_to_the_bots_reply_is_a_notice_that_is_no_work() {
     let (is_error, listed) = orchestrator.call_tool("pending", json!({})).await.unwrap();
     assert!(!is_error, "{listed}");
     assert!(listed.contains(&waiting) && !listed.contains(&trace), "{listed}");
+    let ledger = daemon.ledger().await;
+    let pending = ledger.pending(&switchboard::ids::AgentName::parse("orchestrator").unwrap()).await.unwrap();
+    ledger.close().await;
+    assert_eq!(pending.iter().map(|e| e.trace_id.as_str()).collect::<Vec<_>>(), [waiting.as_str()]);
     let (is_error, said) = orchestrator.call_tool("reply", json!({"text": "on it"})).await.unwrap();
     assert!(!is_error, "an unnamed reply must not be ambiguous: {said}");
     assert_eq!(attempts_of(&daemon, &waiting).await.len(), 1);
