@@ -147,7 +147,8 @@ impl FakeTelegram {
     }
 
     /// Queues `from`'s reaction to message `message_id` of `chat`: `emoji` is what is set
-    /// now (empty: all taken back).
+    /// now (empty: all taken back). As Telegram, the fake serves it only to a client whose
+    /// last `allowed_updates` listed `message_reaction`.
     pub fn push_reaction(
         &self,
         chat: impl Borrow<ChatSpec>,
@@ -171,7 +172,10 @@ impl FakeTelegram {
                     "new_reaction": new_reaction,
                 },
             });
-            state.push_update(PendingUpdate::new(id, update.to_string()));
+            let mut pending = PendingUpdate::new(id, update.to_string());
+            // Telegram sends reactions only to a bot that asks for them.
+            pending.opt_in_kind = Some("message_reaction");
+            state.push_update(pending);
             id
         };
         self.shared.changed.notify_waiters();
