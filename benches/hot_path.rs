@@ -37,24 +37,21 @@
 //! `synchronous = normal`) except per-chat pacing, which is off: the fake has no per-chat
 //! limits and the echo bot does not pace either.
 
+#[path = "common/agent_side.rs"]
+mod agent_side;
 mod common;
 
 use std::fmt;
+
+use agent_side::{AgentSession, PluginSpec, Process, context_switches, threads_cpu_seconds};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use rmcp::model::{
-    CallToolRequestParams, ClientCapabilities, ClientConfig, ClientRequest, CustomNotification,
-    Implementation, PingRequest, ProtocolVersion,
-};
-use rmcp::service::{NotificationContext, RunningService};
-use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
-use serde_json::{Value, json};
-use switchboard::agents::api::wire::WAITING_NOTICE;
+use rmcp::model::{ClientRequest, PingRequest};
 use switchboard::app::reported_api_address;
-use switchboard::config::{API_LISTEN_ENV, Synchronous};
+use switchboard::config::Synchronous;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName, TraceId};
 use switchboard::ledger::{
@@ -63,7 +60,6 @@ use switchboard::ledger::{
 };
 use switchboard::rules::routes::Channel;
 use switchboard::telegram::envelope::{ChatType, Envelope, Sender};
-use tokio::sync::mpsc;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 
@@ -101,6 +97,14 @@ const WARMUP_MESSAGES: usize = 20;
 /// read: long enough for deferred work (a WAL checkpoint, a closed task) to end.
 const IDLE_SETTLE: Duration = Duration::from_millis(300);
 
+/// How long each serving side is watched doing nothing (issue 26's idle cost): long enough
+/// that a timer firing every few seconds shows, and that the switchboard's long poll
+/// (`telegram.poll_timeout_secs`, 30 s by default) and the echo bot's (teloxide's default)
+/// each end and restart at least once would take longer than a benchmark should; both are
+/// answered by the fake at their timeout, as Telegram answers.
+const IDLE_WINDOW: Duration = Duration::from_secs(40);
+const QUICK_IDLE_WINDOW: Duration = Duration::from_secs(3);
+
 /// Round trips timed on each of switchboard's own crossings, once its loop is timed (see
 /// [`Crossings`]).
 const CROSSING_SAMPLES: usize = 500;
@@ -116,10 +120,6 @@ const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 const START_TIMEOUT: Duration = Duration::from_secs(30);
 const INGEST_TIMEOUT: Duration = Duration::from_secs(300);
 const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(2);
-const LOG_TAIL_LINES: usize = 40;
-
-/// The notification that carries an envelope into the agent session (DESIGN.md §5).
-const CHANNEL_METHOD: &str = "notifications/claude/channel";
 
 /// The one agent, its secret, and the private chat its route names.
 const AGENT: &str = "a0";
@@ -174,6 +174,7 @@ fn echo_bot(api_url: &str) {
 
 struct Params {
     quick: bool,
+    idle_window: Duration,
     messages: usize,
     updates: usize,
     repetitions: usize,
@@ -189,6 +190,7 @@ impl Params {
         };
         Self {
             quick,
+            idle_window: if quick { QUICK_IDLE_WINDOW } else { IDLE_WINDOW },
             messages: common::env_count("SWITCHBOARD_BENCH_MESSAGES", messages),
             updates: common::env_count("SWITCHBOARD_BENCH_UPDATES", updates),
             repetitions: common::env_count("SWITCHBOARD_BENCH_REPETITIONS", repetitions),
@@ -250,6 +252,8 @@ struct LoopRun {
     cpu: Vec<(&'static str, f64)>,
     /// Each serving process's VmRSS in KiB, warmed up and idle.
     idle_rss_kib: Vec<(&'static str, u64)>,
+    /// Each serving process over [`Params::idle_window`] with nothing to do.
+    idle: Vec<(&'static str, Idle)>,
     /// switchboard's crossings with nothing done on them (switchboard only).
     crossings: Crossings,
 }
@@ -257,6 +261,51 @@ struct LoopRun {
 impl LoopRun {
     fn cpu_total(&self) -> f64 {
         self.cpu.iter().map(|(_, seconds)| seconds).sum()
+    }
+
+    /// Every serving process's idle figures added up, per idle hour and per second.
+    fn idle_total(&self) -> (f64, f64) {
+        let cpu_per_hour = self.idle.iter().map(|(_, idle)| idle.cpu_seconds_per_hour()).sum();
+        let wakeups_per_second = self.idle.iter().map(|(_, idle)| idle.wakeups_per_second()).sum();
+        (cpu_per_hour, wakeups_per_second)
+    }
+}
+
+/// What a process did while it had nothing to do: its CPU time (from its threads'
+/// `schedstat`) and its wake-ups, counted as context switches, voluntary (a thread went to
+/// sleep after waking) and not, of every thread (`/proc/<pid>/task/*/status`).
+struct Idle {
+    window: Duration,
+    cpu_seconds: f64,
+    context_switches: u64,
+}
+
+impl Idle {
+    /// Watches these processes, together, for `window`.
+    async fn watch(processes: &[&Process], window: Duration) -> Vec<(&'static str, Idle)> {
+        let before: Vec<(f64, u64)> =
+            processes.iter().map(|p| (p.cpu_seconds_fine(), context_switches(p.pid()))).collect();
+        tokio::time::sleep(window).await;
+        processes
+            .iter()
+            .zip(before)
+            .map(|(process, (cpu, switches))| {
+                let idle = Idle {
+                    window,
+                    cpu_seconds: process.cpu_seconds_fine() - cpu,
+                    context_switches: context_switches(process.pid()).saturating_sub(switches),
+                };
+                (process.name, idle)
+            })
+            .collect()
+    }
+
+    fn cpu_seconds_per_hour(&self) -> f64 {
+        self.cpu_seconds * 3600.0 / self.window.as_secs_f64()
+    }
+
+    fn wakeups_per_second(&self) -> f64 {
+        self.context_switches as f64 / self.window.as_secs_f64()
     }
 }
 
@@ -311,6 +360,7 @@ async fn echo_run(params: &Params) -> LoopRun {
     }
     tokio::time::sleep(IDLE_SETTLE).await;
     let idle_rss_kib = vec![("echo bot", echo.rss_kib())];
+    let idle = Idle::watch(&[&echo], params.idle_window).await;
 
     let cpu_before = echo.cpu_seconds();
     let started = Instant::now();
@@ -334,6 +384,7 @@ async fn echo_run(params: &Params) -> LoopRun {
         elapsed,
         cpu,
         idle_rss_kib,
+        idle,
         crossings: Crossings::default(),
     }
 }
@@ -348,7 +399,19 @@ async fn switchboard_run(params: &Params) -> LoopRun {
     let spawn_to_poll = spawned.elapsed();
     workdir.wait_until_listening(&daemon).await;
 
-    let mut agent = AgentSession::start(&workdir).await;
+    let bin = switchboard_bin();
+    let (config, log) = (workdir.config(), workdir.plugin_log());
+    let mut agent = AgentSession::start(&PluginSpec {
+        bin: &bin,
+        config: &config,
+        agent: AGENT,
+        secret_env: AGENT_SECRET_ENV,
+        secret: AGENT_SECRET,
+        api_addr: workdir.api_addr(),
+        log: &log,
+        answer: AGENT_ANSWER,
+    })
+    .await;
     let mut count = 0;
     for n in 0..WARMUP_MESSAGES {
         count += 1;
@@ -358,6 +421,7 @@ async fn switchboard_run(params: &Params) -> LoopRun {
     }
     tokio::time::sleep(IDLE_SETTLE).await;
     let idle_rss_kib = vec![("daemon", daemon.rss_kib()), ("plugin", agent.plugin.rss_kib())];
+    let idle = Idle::watch(&[&daemon, &agent.plugin], params.idle_window).await;
     let answered_before = count;
 
     let cpu_before = (daemon.cpu_seconds(), agent.plugin.cpu_seconds());
@@ -388,7 +452,7 @@ async fn switchboard_run(params: &Params) -> LoopRun {
     agent.close().await;
     daemon.stop();
     fake.shutdown().await;
-    LoopRun { spawn_to_poll, loops, notification, reply_call, elapsed, cpu, idle_rss_kib, crossings }
+    LoopRun { spawn_to_poll, loops, notification, reply_call, elapsed, cpu, idle_rss_kib, idle, crossings }
 }
 
 /// Round trips on the two crossings switchboard adds to the echo bot's, with nothing done
@@ -591,139 +655,6 @@ fn routed_message(n: usize, agent: &AgentName) -> RoutedEnvelope {
 }
 
 // ---------------------------------------------------------------------------
-// The agent side: a real plugin process and a real MCP client
-// ---------------------------------------------------------------------------
-
-/// When the client saw a notification, and when its `reply` call left and came back.
-struct AgentTiming {
-    notified: Instant,
-    called: Instant,
-    returned: Instant,
-}
-
-/// A `switchboard channel` child and the MCP client that answers every notification.
-struct AgentSession {
-    plugin: Process,
-    client: RunningService<RoleClient, Answerer>,
-    timings: Vec<AgentTiming>,
-    timings_rx: mpsc::UnboundedReceiver<AgentTiming>,
-}
-
-/// Records channel notifications as they arrive; a task of its own answers them, so the
-/// client's read loop never waits for a tool call.
-struct Answerer {
-    notifications: mpsc::UnboundedSender<(Instant, String)>,
-}
-
-impl ClientHandler for Answerer {
-    fn get_info(&self) -> ClientConfig {
-        ClientConfig::new(
-            ClientCapabilities::default(),
-            Implementation::new("switchboard-hot-path-bench", env!("CARGO_PKG_VERSION")),
-        )
-        .with_protocol_version(ProtocolVersion::LATEST_WITH_INITIALIZE)
-    }
-
-    async fn on_custom_notification(
-        &self,
-        notification: CustomNotification,
-        _context: NotificationContext<RoleClient>,
-    ) {
-        let notified = Instant::now();
-        if notification.method != CHANNEL_METHOD {
-            return;
-        }
-        let meta = |key: &str| {
-            notification.params.as_ref().and_then(|params| params.pointer(&format!("/meta/{key}")).cloned())
-        };
-        // The notice that follows envelopes a session found waiting names one of them: it
-        // is not one more message to answer.
-        if meta("kind").as_ref().and_then(Value::as_str) == Some(WAITING_NOTICE) {
-            return;
-        }
-        let trace_id = meta("trace_id").as_ref().and_then(Value::as_str).unwrap_or_default().to_owned();
-        let _ = self.notifications.send((notified, trace_id));
-    }
-}
-
-impl AgentSession {
-    async fn start(workdir: &Workdir) -> Self {
-        let mut child = tokio::process::Command::new(switchboard_bin())
-            .args(["channel", "--agent", AGENT, "--config"])
-            .arg(workdir.config())
-            .env(AGENT_SECRET_ENV, AGENT_SECRET)
-            // The daemon's address: the file leaves the port to the daemon.
-            .env(API_LISTEN_ENV, workdir.api_addr().to_string())
-            .env_remove("RUST_LOG")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(workdir.plugin_log()).expect("creating the plugin's log"))
-            .kill_on_drop(true)
-            .spawn()
-            .expect("starting switchboard channel");
-        let stdin = child.stdin.take().expect("the plugin's stdin");
-        let stdout = child.stdout.take().expect("the plugin's stdout");
-        let (notifications, mut incoming) = mpsc::unbounded_channel();
-        let client = tokio::time::timeout(START_TIMEOUT, Answerer { notifications }.serve((stdout, stdin)))
-            .await
-            .expect("the MCP handshake within the start timeout")
-            .expect("the MCP handshake");
-        // As an agent session does: the plugin opens its session once the tools are listed.
-        client.list_all_tools().await.expect("tools/list");
-
-        // Answers each notification by name, one after the other, as an agent would.
-        let peer = client.peer().clone();
-        let (timings_tx, timings_rx) = mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            while let Some((notified, trace_id)) = incoming.recv().await {
-                let mut arguments = serde_json::Map::new();
-                arguments.insert("text".into(), json!(AGENT_ANSWER));
-                arguments.insert("trace_id".into(), json!(trace_id));
-                let called = Instant::now();
-                let result =
-                    peer.call_tool(CallToolRequestParams::new("reply").with_arguments(arguments)).await;
-                let returned = Instant::now();
-                match result {
-                    Ok(result) if !result.is_error.unwrap_or(false) => {}
-                    // Reported by the missing timing (and the missing reply at the fake).
-                    failed => {
-                        eprintln!("the reply to {trace_id} failed: {failed:?}");
-                        break;
-                    }
-                }
-                if timings_tx.send(AgentTiming { notified, called, returned }).is_err() {
-                    break;
-                }
-            }
-        });
-        let plugin = Process::new("plugin", Spawned::from_tokio(child), Some(workdir.plugin_log()));
-        Self { plugin, client, timings: Vec::new(), timings_rx }
-    }
-
-    /// Waits for the timings of the first `count` answered notifications.
-    async fn collect_timings(&mut self, count: usize) -> Vec<AgentTiming> {
-        while self.timings.len() < count {
-            match tokio::time::timeout(STEP_TIMEOUT, self.timings_rx.recv()).await {
-                Ok(Some(timing)) => self.timings.push(timing),
-                _ => self.plugin.fail("the agent did not answer every notification"),
-            }
-        }
-        std::mem::take(&mut self.timings)
-    }
-
-    /// Ends the agent session as Claude Code does, by closing the plugin's stdin, and
-    /// gives the plugin a moment to exit by itself.
-    async fn close(self) {
-        let Self { mut plugin, client, .. } = self;
-        let _ = client.cancel().await;
-        let deadline = Instant::now() + STEP_TIMEOUT;
-        while !plugin.exited() && Instant::now() < deadline {
-            tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------
 // Durable ingest and its floor
 // ---------------------------------------------------------------------------
 
@@ -830,173 +761,6 @@ async fn raw_insert_run(params: &Params) -> Duration {
     let elapsed = started.elapsed();
     drop(connection);
     elapsed
-}
-
-// ---------------------------------------------------------------------------
-// Processes
-// ---------------------------------------------------------------------------
-
-/// A child process whose CPU time and memory are read from /proc. Dropping it kills it.
-struct Process {
-    name: &'static str,
-    child: Option<Spawned>,
-    log: Option<PathBuf>,
-}
-
-/// A child process started through std or tokio.
-enum Spawned {
-    Std(std::process::Child),
-    Tokio(tokio::process::Child),
-}
-
-impl Spawned {
-    fn from_tokio(child: tokio::process::Child) -> Self {
-        Self::Tokio(child)
-    }
-
-    fn id(&self) -> u32 {
-        match self {
-            Self::Std(child) => child.id(),
-            Self::Tokio(child) => child.id().expect("a running child has a pid"),
-        }
-    }
-
-    fn exited(&mut self) -> bool {
-        match self {
-            Self::Std(child) => child.try_wait().is_ok_and(|status| status.is_some()),
-            Self::Tokio(child) => child.try_wait().is_ok_and(|status| status.is_some()),
-        }
-    }
-
-    fn kill(&mut self) {
-        match self {
-            Self::Std(child) => {
-                let _ = child.kill();
-                let _ = child.wait();
-            }
-            Self::Tokio(child) => {
-                let _ = child.start_kill();
-            }
-        }
-    }
-}
-
-impl Process {
-    fn new(name: &'static str, child: impl Into<Spawned>, log: Option<PathBuf>) -> Self {
-        Self { name, child: Some(child.into()), log }
-    }
-
-    fn exited(&mut self) -> bool {
-        self.child.as_mut().is_none_or(Spawned::exited)
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().expect("the process is running").id()
-    }
-
-    /// utime + stime of the whole process (every thread), in seconds.
-    fn cpu_seconds(&self) -> f64 {
-        let pid = self.pid();
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .unwrap_or_else(|e| panic!("reading /proc/{pid}/stat: {e}"));
-        // The command name may hold spaces: the fields that follow it come after its ')'.
-        let fields: Vec<&str> = stat.rsplit_once(')').expect("a stat line").1.split_whitespace().collect();
-        // Fields 14 and 15 of stat(5); the first field after ')' is field 3.
-        let ticks: u64 =
-            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-        ticks as f64 / clock_ticks_per_second()
-    }
-
-    /// [`threads_cpu_seconds`] of this process.
-    fn cpu_seconds_fine(&self) -> f64 {
-        threads_cpu_seconds(self.pid())
-    }
-
-    fn rss_kib(&self) -> u64 {
-        let pid = self.pid();
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
-        status
-            .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
-            .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no VmRSS line in /proc/{pid}/status"))
-    }
-
-    /// SIGTERM, then waits for the graceful exit the daemon promises.
-    fn stop(&mut self) {
-        let Some(Spawned::Std(mut child)) = self.child.take() else {
-            panic!("{} is not a std child", self.name);
-        };
-        let pid = child.id().to_string();
-        let signalled = Command::new("kill").args(["-TERM", &pid]).status().expect("running kill");
-        assert!(signalled.success(), "kill -TERM {pid} failed");
-        let deadline = Instant::now() + STEP_TIMEOUT;
-        loop {
-            match child.try_wait().expect("waiting for the process") {
-                Some(status) if status.success() => return,
-                Some(status) => {
-                    panic!("{} exited with {status} after SIGTERM\n{}", self.name, self.log_tail())
-                }
-                None if Instant::now() > deadline => {
-                    let _ = child.kill();
-                    panic!(
-                        "{} did not stop within {STEP_TIMEOUT:?} of SIGTERM\n{}",
-                        self.name,
-                        self.log_tail()
-                    );
-                }
-                None => std::thread::sleep(PROCESS_POLL_INTERVAL),
-            }
-        }
-    }
-
-    fn fail(&self, problem: &str) -> ! {
-        panic!("{problem}\n--- {} log (last {LOG_TAIL_LINES} lines) ---\n{}", self.name, self.log_tail())
-    }
-
-    fn log_tail(&self) -> String {
-        let Some(log) = &self.log else { return "(no log)".into() };
-        let log = std::fs::read_to_string(log).unwrap_or_default();
-        let lines: Vec<&str> = log.lines().collect();
-        lines[lines.len().saturating_sub(LOG_TAIL_LINES)..].join("\n")
-    }
-}
-
-impl From<std::process::Child> for Spawned {
-    fn from(child: std::process::Child) -> Self {
-        Self::Std(child)
-    }
-}
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            child.kill();
-        }
-    }
-}
-
-/// CPU seconds of a process's live threads, from `/proc/<pid>/task/*/schedstat`
-/// (nanoseconds, where `stat` counts clock ticks of 10 ms): for figures too small for
-/// ticks, over a span in which no thread of the process ends.
-fn threads_cpu_seconds(pid: u32) -> f64 {
-    let threads = std::fs::read_dir(format!("/proc/{pid}/task"))
-        .unwrap_or_else(|e| panic!("listing /proc/{pid}/task: {e}"));
-    let nanos: u64 = threads
-        .filter_map(Result::ok)
-        .filter_map(|thread| std::fs::read_to_string(thread.path().join("schedstat")).ok())
-        .filter_map(|line| line.split_whitespace().next()?.parse::<u64>().ok())
-        .sum();
-    nanos as f64 / 1e9
-}
-
-fn clock_ticks_per_second() -> f64 {
-    static TICKS: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *TICKS.get_or_init(|| {
-        let output = Command::new("getconf").arg("CLK_TCK").output().expect("running getconf CLK_TCK");
-        String::from_utf8_lossy(&output.stdout).trim().parse().expect("CLK_TCK is a number")
-    })
 }
 
 /// A temporary directory with one run's configuration, ledger and logs.
@@ -1157,6 +921,10 @@ fn print_report(params: &Params, results: &Results) {
         params.updates,
         if params.quick { "; QUICK smoke run" } else { "" }
     );
+    println!(
+        "idle: each side watched {:.0} s with nothing to do, after its warm-up",
+        params.idle_window.as_secs_f64()
+    );
     println!();
     println!(
         "{:<44} {:>14} {:>30} {:>8}  goal",
@@ -1184,6 +952,17 @@ fn print_report(params: &Params, results: &Results) {
             / 1024.0
     };
     let spawn = |runs: &[LoopRun]| across(runs, |r| millis(r.spawn_to_poll));
+    let idle_cpu = |runs: &[LoopRun]| across(runs, |r| r.idle_total().0);
+    let idle_wakeups = |runs: &[LoopRun]| across(runs, |r| r.idle_total().1);
+    let idle_of = |runs: &[LoopRun], name: &str| {
+        let figure = |r: &LoopRun, of: fn(&Idle) -> f64| {
+            r.idle.iter().find(|(n, _)| *n == name).map_or(0.0, |(_, idle)| of(idle))
+        };
+        (
+            across(runs, |r| figure(r, Idle::cpu_seconds_per_hour)),
+            across(runs, |r| figure(r, Idle::wakeups_per_second)),
+        )
+    };
 
     let lines = [
         Line {
@@ -1224,6 +1003,30 @@ fn print_report(params: &Params, results: &Results) {
             ours: format!("daemon {:.1} / plugin {:.1} MiB", rss(ours, "daemon"), rss(ours, "plugin")),
             ratio: None,
             goal: "daemon ≤ 12, plugin ≤ 8 MiB",
+        },
+        Line {
+            label: "idle: CPU seconds per hour",
+            floor: format!("{:.2}", idle_cpu(echo)),
+            ours: format!(
+                "{:.2} (daemon {:.2}, plugin {:.2})",
+                idle_cpu(ours),
+                idle_of(ours, "daemon").0,
+                idle_of(ours, "plugin").0
+            ),
+            ratio: Some(idle_cpu(ours) / idle_cpu(echo)),
+            goal: "≤ 1.0×",
+        },
+        Line {
+            label: "idle: wake-ups per second",
+            floor: format!("{:.2}", idle_wakeups(echo)),
+            ours: format!(
+                "{:.2} (daemon {:.2}, plugin {:.2})",
+                idle_wakeups(ours),
+                idle_of(ours, "daemon").1,
+                idle_of(ours, "plugin").1
+            ),
+            ratio: Some(idle_wakeups(ours) / idle_wakeups(echo)),
+            goal: "≤ 1.0×",
         },
         Line {
             label: "spawn → first getUpdates",

@@ -278,6 +278,13 @@ struct RoundTrips {
     outbound: Summary,
     reply_call: Summary,
     peak_rss_kib: u64,
+    /// `switchboard run` started → its local API listening, on this ledger.
+    start_up: Duration,
+    /// `switchboard ledger stats`, the whole process, beside the running daemon.
+    stats: Duration,
+    /// The database and its WAL, divided by the envelopes pre-filled (each with its
+    /// attempt and its event).
+    bytes_per_envelope: f64,
 }
 
 /// Fills a fresh ledger with `ledger_rows` answered envelopes, starts the daemon, connects
@@ -288,9 +295,13 @@ async fn round_trips(params: &Params, ledger_rows: usize) -> RoundTrips {
     let workdir = Workdir::new();
     let prepopulation = prepopulate(&workdir.database(), ledger_rows).await;
 
+    let bytes_per_envelope = ledger_bytes(&workdir.database()) as f64 / ledger_rows.max(1) as f64;
+
     eprintln!("round trips over {ledger_rows} acked envelopes: {} round trips…", params.samples);
+    let starting = Instant::now();
     let mut daemon = Daemon::start(&workdir, &fake.api_url());
     daemon.wait_until_listening().await;
+    let start_up = starting.elapsed();
     let mut agents = Vec::with_capacity(AGENTS);
     for k in 0..AGENTS {
         agents.push(Agent::connect(daemon.api_addr(), k).await);
@@ -308,6 +319,7 @@ async fn round_trips(params: &Params, ledger_rows: usize) -> RoundTrips {
         }
     }
     let peak_rss_kib = daemon.peak_rss_kib();
+    let stats = ledger_stats_time(&workdir);
     drop(agents);
     daemon.stop().await;
 
@@ -323,7 +335,37 @@ async fn round_trips(params: &Params, ledger_rows: usize) -> RoundTrips {
         outbound: Summary::of(samples.outbound),
         reply_call: Summary::of(samples.reply_call),
         peak_rss_kib,
+        start_up,
+        stats,
+        bytes_per_envelope,
     }
+}
+
+/// The ledger's size on disk: the database file and what its WAL holds beside it.
+fn ledger_bytes(database: &Path) -> u64 {
+    let wal = database.with_extension("db-wal");
+    [database, wal.as_path()].iter().filter_map(|path| std::fs::metadata(path).ok()).map(|m| m.len()).sum()
+}
+
+/// How long `switchboard ledger stats` takes against the running daemon's ledger, as an
+/// operator would run it: the whole process, start to exit.
+fn ledger_stats_time(workdir: &Workdir) -> Duration {
+    let started = Instant::now();
+    let output = Command::new(BIN)
+        .args(["ledger", "--config"])
+        .arg(workdir.config())
+        .arg("stats")
+        .env(TOKEN_ENV, TEST_TOKEN)
+        .envs((0..AGENTS).map(|k| (agent_secret_env(k), agent_secret(k))))
+        .output()
+        .expect("running switchboard ledger stats");
+    let took = started.elapsed();
+    assert!(
+        output.status.success(),
+        "switchboard ledger stats failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    took
 }
 
 /// The three hops of one round trip.
@@ -961,6 +1003,27 @@ fn print_latency(params: &Params, ledgers: &[RoundTrips]) {
             "  ledger of {} acked envelopes (each with its attempt and event) filled in {:.2} s",
             ledger.ledger_rows,
             ledger.prepopulation.as_secs_f64()
+        );
+    }
+    println!();
+    print_ledger_scale(ledgers);
+}
+
+/// The large ledger against the small one, beside the issue's goals (issue 26: start-up
+/// and `ledger stats` within a second, a reply within 1.1× of a 1,000-envelope ledger).
+fn print_ledger_scale(ledgers: &[RoundTrips]) {
+    let (Some(small), Some(large)) = (ledgers.first(), ledgers.last()) else { return };
+    println!("a ledger of months ({} vs {} acked envelopes):", large.ledger_rows, small.ledger_rows);
+    let ratio = large.reply_call.p50.as_secs_f64() / small.reply_call.p50.as_secs_f64();
+    println!("  reply call p50         {ratio:>6.2}×   (goal ≤ 1.10×)");
+    for ledger in [small, large] {
+        println!(
+            "  {:>10} envelopes: start-up {:>10} (goal ≤ 1 s), ledger stats {:>10} (goal ≤ 1 s), \
+             {:.0} bytes on disk per envelope",
+            ledger.ledger_rows,
+            Millis(ledger.start_up),
+            Millis(ledger.stats),
+            ledger.bytes_per_envelope
         );
     }
     println!();

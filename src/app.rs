@@ -18,6 +18,7 @@ use tokio_util::task::TaskTracker;
 use crate::agents::api;
 use crate::agents::api::server::Operations;
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver};
+use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Retention, Settings};
 use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
 use crate::operate::health::{Health, PollHealth};
@@ -71,6 +72,8 @@ pub struct Daemon {
     tasks: TaskTracker,
     /// `[storage] retain_days`: the scheduled prunes, if any (fixed until a restart).
     retain: Option<Retention>,
+    /// The permission relay's keeper: expiry and the prompts' final edits (DESIGN.md §15).
+    permissions: PermissionRelay,
 }
 
 impl Daemon {
@@ -90,6 +93,17 @@ impl Daemon {
         let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
+        }
+        let unknown_prompts = ledger
+            .recover_prompt_sends()
+            .await
+            .context("recovering interrupted permission prompts")?
+            + ledger.recover_question_sends().await.context("recovering interrupted operator questions")?;
+        if unknown_prompts > 0 {
+            tracing::warn!(
+                unknown_prompts,
+                "prompts with buttons were being posted when the daemon stopped: marked unknown, never posted again"
+            );
         }
         let hangups = reload::catch_hangups();
         let listener = TcpListener::bind(settings.api.listen)
@@ -138,6 +152,14 @@ impl Daemon {
         let health = Health::new(poll_health, probe, ledger.write_watch(), settings.telegram.poll_timeout);
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
+        let permissions = PermissionRelay::new(
+            ledger.clone(),
+            room_api.clone(),
+            PermissionRelay::relays_of(&settings),
+            settings.operator.clone(),
+            tasks.clone(),
+        );
+        bridge.set_permissions(permissions.clone());
         let rooms = bridge.room_driver(room_api);
         let retain = settings.storage.retain;
         let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);
@@ -154,6 +176,7 @@ impl Daemon {
             shutdown,
             tasks,
             retain,
+            permissions,
         })
     }
 
@@ -178,6 +201,7 @@ impl Daemon {
             shutdown,
             tasks,
             retain,
+            permissions,
         } = self;
         tracing::info!(api = %listener.local_addr()?, "{RUNNING_MESSAGE}");
 
@@ -205,6 +229,7 @@ impl Daemon {
         spawn_supervised(&tasks, &shutdown, &failure, "local API", server);
         tasks.spawn(reload::reload_on_sighup(reloader, hangups, shutdown.child_token()));
         tasks.spawn(upkeep);
+        tasks.spawn(permissions.run_keeper(shutdown.child_token()));
         if let Some(retain) = retain {
             tasks.spawn(scheduled_prunes(ledger.clone(), retain, shutdown.child_token()));
         }
@@ -285,10 +310,26 @@ async fn scheduled_prunes(ledger: Ledger, retain: Retention, shutdown: Cancellat
         }
         wait = retain.every;
         let cutoff = chrono::Utc::now() - chrono::Duration::days(i64::from(retain.days));
+        // The ledger's writes run on the thread that awaits them, so a prune runs on a
+        // blocking thread of its own: its batches (tens of milliseconds each) then never
+        // hold up a runtime worker that the poller, the API or a delivery is waiting for.
         // Cancelled between two batches at worst: each batch is one transaction.
-        let pruned = tokio::select! {
-            pruned = ledger.prune(cutoff, false) => pruned,
-            () = shutdown.cancelled() => return,
+        let pruning = {
+            let (ledger, shutdown, runtime) =
+                (ledger.clone(), shutdown.clone(), tokio::runtime::Handle::current());
+            tokio::task::spawn_blocking(move || {
+                runtime.block_on(async {
+                    tokio::select! {
+                        pruned = ledger.prune(cutoff, false) => Some(pruned),
+                        () = shutdown.cancelled() => None,
+                    }
+                })
+            })
+        };
+        let pruned = match pruning.await {
+            Ok(Some(pruned)) => pruned,
+            Ok(None) => return,
+            Err(e) => Err(crate::ledger::LedgerError::other(format!("the prune's thread ended: {e}"))),
         };
         match pruned {
             Ok(report) if report.removed.total() == 0 => {

@@ -90,6 +90,19 @@ pub struct Settings {
     pub room_defaults: RoomLimits,
     /// Every room route (DESIGN.md §10), by route name.
     pub rooms: BTreeMap<RouteName, RoomSettings>,
+    /// `[operator]`: where unresolved sends are asked about, and who answers.
+    pub operator: Option<OperatorSettings>,
+}
+
+/// `[operator]`: each unresolved send is posted to this route's chat with Delivered / Not
+/// delivered buttons, which only `operators` may answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorSettings {
+    pub route: RouteName,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    /// Telegram user ids whose answers count; never empty.
+    pub operators: Vec<i64>,
 }
 
 #[derive(Debug, Clone)]
@@ -119,8 +132,8 @@ pub struct StorageSettings {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Retention {
     pub days: u32,
-    /// Between two scheduled prunes: an hour, which keeps a busy ledger's batches small;
-    /// tests set it shorter with the undocumented `storage.retention_interval_secs`.
+    /// Between two scheduled prunes (`storage.retention_interval_secs`, an hour by
+    /// default, which keeps a busy ledger's batches small).
     pub every: Duration,
 }
 
@@ -165,6 +178,29 @@ pub struct AgentSettings {
     pub display_name: Option<String>,
     /// Extra `@` names it answers to in rooms, without the `@`.
     pub aliases: Vec<String>,
+    /// `[agents.NAME.permissions]`: where its session's tool-use approvals are relayed
+    /// (DESIGN.md §15); `None` when they are not, and then its plugin does not offer to.
+    pub permissions: Option<PermissionSettings>,
+}
+
+/// `timeout_secs` of `[agents.NAME.permissions]` when it is left out.
+pub const DEFAULT_PERMISSION_TIMEOUT_SECS: u64 = 600;
+
+/// The longest `timeout_secs`: a week. A prompt that waits longer is forgotten at the
+/// terminal anyway, and its buttons would stay live in the chat.
+pub const MAX_PERMISSION_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+
+/// An agent's permission relay (DESIGN.md §15): the route whose chat and topic get the
+/// prompts, who may answer them, and when an unanswered one expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionSettings {
+    pub route: RouteName,
+    pub chat_id: i64,
+    /// The route's forum topic, if it has one.
+    pub thread_id: Option<i32>,
+    /// Telegram user ids whose answers count; never empty.
+    pub approvers: Vec<i64>,
+    pub timeout: Duration,
 }
 
 /// The limits of one room's exchanges (`[rooms]`, or a room route's own keys).
@@ -222,6 +258,15 @@ struct RawSettings {
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
     routes: Vec<RawRoute>,
+    operator: Option<RawOperator>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOperator {
+    route: String,
+    #[serde(default)]
+    operators: Vec<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -310,6 +355,21 @@ struct RawAgent {
     display_name: Option<String>,
     #[serde(default)]
     aliases: Vec<String>,
+    permissions: Option<RawPermissions>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPermissions {
+    route: String,
+    #[serde(default)]
+    approvers: Vec<i64>,
+    #[serde(default = "default_permission_timeout")]
+    timeout_secs: u64,
+}
+
+fn default_permission_timeout() -> u64 {
+    DEFAULT_PERMISSION_TIMEOUT_SECS
 }
 
 #[derive(Debug, Deserialize)]
@@ -504,10 +564,15 @@ impl Settings {
             .map_err(|e| err("log.filter", format!("'{}' is not a log filter: {e}", raw.log.filter)))?;
 
         let mut agents = BTreeMap::new();
-        for (name, agent) in raw.agents {
+        // Resolved once the routes are known: a relay names a route.
+        let mut relays = Vec::new();
+        for (name, mut agent) in raw.agents {
             let key = format!("agents.{name}");
             let parsed = AgentName::parse(&name).map_err(|e| err(&key, e))?;
             check_env_name(path, &format!("{key}.token_env"), &agent.token_env)?;
+            if let Some(relay) = agent.permissions.take() {
+                relays.push((parsed.clone(), format!("{key}.permissions"), relay));
+            }
             agents.insert(parsed, validate_agent(path, &key, agent)?);
         }
 
@@ -557,6 +622,20 @@ impl Settings {
             }
         };
         let handoffs = HandoffSettings { max_depth: raw.handoffs.max_depth, audit_route };
+        let operator = match raw.operator {
+            None => None,
+            Some(raw) => {
+                let (route, chat_id, thread_id) = chat_route(path, "operator", &raw.route, &routes)?;
+                let operators = user_ids(path, "operator.operators", raw.operators, "operators")?;
+                Some(OperatorSettings { route, chat_id, thread_id, operators })
+            }
+        };
+        for (agent, key, relay) in relays {
+            let settings = validate_permissions(path, &key, relay, &routes)?;
+            if let Some(agent) = agents.get_mut(&agent) {
+                agent.permissions = Some(settings);
+            }
+        }
 
         Ok(Settings {
             source: path.to_path_buf(),
@@ -588,6 +667,7 @@ impl Settings {
             routes,
             room_defaults,
             rooms,
+            operator,
         })
     }
 
@@ -821,7 +901,76 @@ fn validate_agent(path: &Path, key: &str, raw: RawAgent) -> Result<AgentSettings
         }
         aliases.push(bare.to_owned());
     }
-    Ok(AgentSettings { token_env: raw.token_env, display_name, aliases })
+    Ok(AgentSettings { token_env: raw.token_env, display_name, aliases, permissions: None })
+}
+
+/// `[agents.NAME.permissions]`: the route must exist and have a chat (a prompt needs one
+/// place to go), someone must be able to answer, and a prompt must live a while.
+fn validate_permissions(
+    path: &Path,
+    key: &str,
+    raw: RawPermissions,
+    routes: &RoutesTable,
+) -> Result<PermissionSettings, ConfigError> {
+    let err = |field: &str, problem: String| ConfigError::new(path, format!("{key}.{field}"), problem);
+    let (route, chat_id, thread_id) = chat_route(path, key, &raw.route, routes)?;
+    let approvers = user_ids(path, &format!("{key}.approvers"), raw.approvers, "approvers")?;
+    if !(1..=MAX_PERMISSION_TIMEOUT_SECS).contains(&raw.timeout_secs) {
+        return Err(err(
+            "timeout_secs",
+            format!(
+                "{} must be at least 1 and at most {MAX_PERMISSION_TIMEOUT_SECS} (a week)",
+                raw.timeout_secs
+            ),
+        ));
+    }
+    Ok(PermissionSettings {
+        route,
+        chat_id,
+        thread_id,
+        approvers,
+        timeout: Duration::from_secs(raw.timeout_secs),
+    })
+}
+
+/// The route a table's `route` names, with its chat and topic: it must exist and have a
+/// chat, since a prompt needs one place to go.
+fn chat_route(
+    path: &Path,
+    key: &str,
+    name: &str,
+    routes: &RoutesTable,
+) -> Result<(RouteName, i64, Option<i32>), ConfigError> {
+    let err = |problem: String| ConfigError::new(path, format!("{key}.route"), problem);
+    let route = routes.routes().iter().find(|route| route.name.as_str() == name).ok_or_else(|| {
+        let declared = join_names(routes.routes().iter().map(|route| &route.name));
+        err(format!("no route is named '{name}' (routes: {declared})"))
+    })?;
+    match route.target {
+        RouteTarget::Topic { chat_id, thread_id } => Ok((route.name.clone(), chat_id, Some(thread_id))),
+        RouteTarget::Chat { chat_id } => Ok((route.name.clone(), chat_id, None)),
+        RouteTarget::Default => Err(err(format!(
+            "route '{name}' is the default route: prompts with buttons need a route with a chat_id"
+        ))),
+    }
+}
+
+/// A list of Telegram user ids who may answer: someone must be able to.
+fn user_ids(path: &Path, key: &str, ids: Vec<i64>, who: &str) -> Result<Vec<i64>, ConfigError> {
+    if ids.is_empty() {
+        return Err(ConfigError::new(
+            path,
+            key,
+            format!(
+                "is empty: list the Telegram user ids allowed to answer (without {who} nobody could, so leave the \
+                 whole table out instead)"
+            ),
+        ));
+    }
+    if let Some(bad) = ids.iter().find(|&&id| id <= 0) {
+        return Err(ConfigError::new(path, key, format!("{bad} is not a Telegram user id")));
+    }
+    Ok(ids)
 }
 
 fn cascade_limit(path: &Path, key: &str, limit: u32) -> Result<NonZeroU32, ConfigError> {
@@ -1211,5 +1360,67 @@ agents = ["builder", "reviewer"]
         let e = settings.daemon_secrets().unwrap_err();
         assert_eq!(e.key, "telegram.token_env");
         assert!(e.problem.contains("SB_TEST_SURELY_UNSET is not set"), "{e}");
+    }
+
+    #[test]
+    fn a_permission_relay_takes_its_route_chat_and_defaults_its_timeout() {
+        let text = MINIMAL.replace(
+            "[[routes]]",
+            "[agents.orchestrator.permissions]\nroute = \"dm\"\napprovers = [7]\n\n[[routes]]",
+        );
+        let settings = load_str(&text).unwrap();
+        let relay = settings.agents.values().next().unwrap().permissions.clone().unwrap();
+        assert_eq!((relay.route.as_str(), relay.chat_id, relay.thread_id), ("dm", 42, None));
+        assert_eq!(relay.approvers, [7]);
+        assert_eq!(relay.timeout, Duration::from_secs(DEFAULT_PERMISSION_TIMEOUT_SECS));
+        assert!(load_str(MINIMAL).unwrap().agents.values().all(|agent| agent.permissions.is_none()));
+    }
+
+    #[test]
+    fn a_bad_permission_relay_names_its_key() {
+        let relay = |body: &str| {
+            MINIMAL.replace("[[routes]]", &format!("[agents.orchestrator.permissions]\n{body}\n\n[[routes]]"))
+        };
+        let cases = [
+            (
+                relay("route = \"nowhere\"\napprovers = [7]"),
+                "agents.orchestrator.permissions.route",
+                "nowhere",
+            ),
+            (relay("route = \"dm\"\napprovers = []"), "agents.orchestrator.permissions.approvers", "empty"),
+            (relay("route = \"dm\""), "agents.orchestrator.permissions.approvers", "empty"),
+            (
+                relay("route = \"dm\"\napprovers = [7]\ntimeout_secs = 0"),
+                "agents.orchestrator.permissions.timeout_secs",
+                "at least 1",
+            ),
+            (
+                relay("route = \"dm\"\napprovers = [7]\ntimeout_secs = 99999999"),
+                "agents.orchestrator.permissions.timeout_secs",
+                "at most",
+            ),
+        ];
+        for (text, key, says) in cases {
+            let e = problem(&text);
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains(says), "{says:?} not in: {e}");
+        }
+    }
+
+    #[test]
+    fn the_operator_table_names_a_chat_route_and_someone_to_answer() {
+        let with = |body: &str| format!("{MINIMAL}\n[operator]\n{body}\n");
+        let settings = load_str(&with("route = \"dm\"\noperators = [9]")).unwrap();
+        let operator = settings.operator.unwrap();
+        assert_eq!((operator.route.as_str(), operator.chat_id, operator.operators), ("dm", 42, vec![9]));
+        assert!(load_str(MINIMAL).unwrap().operator.is_none());
+        for (body, key, says) in [
+            ("route = \"dm\"", "operator.operators", "empty"),
+            ("route = \"elsewhere\"\noperators = [9]", "operator.route", "elsewhere"),
+        ] {
+            let e = problem(&with(body));
+            assert_eq!(e.key, key, "{e}");
+            assert!(e.problem.contains(says), "{says:?} not in: {e}");
+        }
     }
 }

@@ -11,6 +11,7 @@ use support::daemon::*;
 use support::mcp::{ChannelClient, ChannelNotification};
 use switchboard::fake_bot_api::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
 use switchboard::ledger::{EnvelopeState, RoomCascadeState, StoredCascade};
+use switchboard::rules::turns::Outcome;
 
 const ROOM_CHAT: i64 = -1_009_876_543_210;
 const OPS_CHAT: i64 = -1_005_555_000_111;
@@ -273,11 +274,10 @@ async fn the_ceiling_ends_a_ping_pong_with_a_budget_exhausted_post_made_once() {
     wait_for_state(&daemon, &cascade_id, RoomCascadeState::BudgetExhausted).await;
     let stored = cascade(&daemon, &cascade_id).await;
     assert_eq!(stored.outcome_text.as_deref(), Some(report.as_str()), "the ledger records what was posted");
-    assert!(
-        stored.outcome.as_deref().is_some_and(|o| o.contains("budget_exhausted")),
-        "{:?}",
-        stored.outcome
-    );
+    let Some(Outcome::BudgetExhausted(recorded)) = &stored.outcome else {
+        panic!("the ledger should record a budget exhausted: {:?}", stored.outcome)
+    };
+    assert_eq!((recorded.turns_used, recorded.next_owner.as_str()), (3, "@olga"), "{recorded:?}");
     assert_eq!(turns_given(&daemon, &cascade_id).await.len(), 3, "no fourth turn");
     assert_eq!(reviewer.notifications().len(), 1, "no fourth turn");
 

@@ -21,6 +21,7 @@ pub fn env_count(var: &str, default: usize) -> usize {
 
 /// The nearest-rank percentile of sorted samples: the smallest sample that at least `p`
 /// percent of all samples do not exceed.
+#[allow(dead_code)] // not every benchmark reports percentiles
 pub fn percentile(sorted: &[Duration], p: usize) -> Duration {
     let rank = (sorted.len() * p).div_ceil(100).max(1);
     sorted[rank - 1]

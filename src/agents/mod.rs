@@ -5,3 +5,4 @@
 pub mod api;
 pub mod bridge;
 pub mod channel;
+pub mod permissions;

@@ -30,6 +30,15 @@ pub(super) fn check(path: &Path) -> anyhow::Result<()> {
     } else {
         println!("senders:      only {:?}", settings.telegram.allowed_users);
     }
+    for line in permission_relays(&settings) {
+        println!("{line}");
+    }
+    if let Some(operator) = &settings.operator {
+        println!(
+            "operator:     unresolved sends are asked in route {} (chat {}); operators {:?}",
+            operator.route, operator.chat_id, operator.operators
+        );
+    }
     println!();
     print!("{}", routes_table(&settings));
     Ok(())
@@ -55,6 +64,27 @@ fn check_warnings(settings: &Settings) -> Vec<ConfigWarning> {
         }),
     }
     warnings
+}
+
+/// One line per agent whose tool-use approvals are relayed (DESIGN.md §15).
+fn permission_relays(settings: &Settings) -> Vec<String> {
+    settings
+        .agents
+        .iter()
+        .filter_map(|(agent, agent_settings)| {
+            let relay = agent_settings.permissions.as_ref()?;
+            let place = match relay.thread_id {
+                Some(thread) => format!("chat {} topic {thread}", relay.chat_id),
+                None => format!("chat {}", relay.chat_id),
+            };
+            Some(format!(
+                "permissions:  agent {agent} asks route {} ({place}); approvers {:?}; unanswered prompts expire after {}s",
+                relay.route,
+                relay.approvers,
+                relay.timeout.as_secs()
+            ))
+        })
+        .collect()
 }
 
 /// The routes table, most specific first, as `check` prints it.

@@ -39,6 +39,12 @@ pub enum LedgerCommand {
         #[arg(long, default_value_t = 50)]
         limit: i64,
     },
+    /// List relayed permission requests (DESIGN.md §15), newest first: who asked, the
+    /// tool, the state, the prompt's send, who answered and when.
+    Permissions {
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
     /// List group-room exchanges (cascades), oldest first (the newest LIMIT that match).
     Cascades {
         /// Only the exchanges of this room route.
@@ -169,6 +175,40 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 if let Some(late) = &h.late_result {
                     println!("    late result (never delivered): \"{}\"", preview(late));
                 }
+            }
+        }
+        LedgerCommand::Permissions { limit } => {
+            let requests = ledger.list_permissions(limit).await?;
+            if requests.is_empty() {
+                println!("no permission requests");
+            }
+            for p in &requests {
+                let outcome = match (&p.answered_by_name, &p.answered_at, &p.expired_because) {
+                    (Some(by), Some(at), _) => {
+                        format!("by {by} ({}) at {at}", p.answered_by.unwrap_or_default())
+                    }
+                    (_, _, Some(because)) => format!("({because})"),
+                    _ => format!("expires {}", p.expires_at),
+                };
+                let prompt = match (p.prompt_message_id, &p.prompt_error) {
+                    (Some(message_id), _) => format!("{} message {message_id}", p.prompt_send.as_str()),
+                    (None, Some(error)) => format!("{} ({error})", p.prompt_send.as_str()),
+                    (None, None) => p.prompt_send.as_str().to_owned(),
+                };
+                println!(
+                    "{}  {:<8}  {}  {} asked {} ({})  tool {}  prompt {} in chat {}  {}  \"{}\"",
+                    p.id,
+                    p.state,
+                    p.asked_at,
+                    p.agent,
+                    p.request_id,
+                    p.plugin_id,
+                    p.tool_name,
+                    prompt,
+                    p.chat_id,
+                    outcome,
+                    preview(&p.description)
+                );
             }
         }
         LedgerCommand::Cascades { room, limit } => {

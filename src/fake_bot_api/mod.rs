@@ -80,11 +80,13 @@ const MIGRATION_ADMIN_ID: i64 = 1_000;
 const CONFLICT_DESCRIPTION: &str = "Conflict: terminated by other getUpdates request; \
                                     make sure that only one bot instance is running";
 
+mod buttons;
 mod limits;
 mod media;
 mod server;
 mod state;
 
+pub use buttons::{CallbackAnswer, EditedMessage, callback_data_of};
 pub use limits::TelegramLimits;
 
 use server::{chat_json, handle_request, merge_into, unix_now};

@@ -108,6 +108,9 @@ async fn dispatch(shared: &Shared, method: &str, params: &Map<String, Value>) ->
 
 /// Any method but `sendMessage`.
 async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> Response {
+    if let Some(response) = super::buttons::answer(shared, method, params) {
+        return response;
+    }
     match method {
         "getupdates" => get_updates(shared, params).await,
         "getme" => ok(bot_me_json(shared.lock().privacy_mode)),
@@ -449,7 +452,7 @@ fn parse_urlencoded(input: &str) -> Vec<(String, Value)> {
 // Parameter accessors fail with the description of the 400 to answer.
 
 /// An integer parameter given as a JSON number or a numeric string.
-fn int_param(params: &Map<String, Value>, name: &str) -> Result<Option<i64>, String> {
+pub(super) fn int_param(params: &Map<String, Value>, name: &str) -> Result<Option<i64>, String> {
     let invalid = || format!("Bad Request: invalid {name} specified");
     match params.get(name) {
         None | Some(Value::Null) => Ok(None),
@@ -460,7 +463,7 @@ fn int_param(params: &Map<String, Value>, name: &str) -> Result<Option<i64>, Str
 }
 
 /// A string parameter; scalars are stringified as Telegram would.
-fn str_param(params: &Map<String, Value>, name: &str) -> Option<String> {
+pub(super) fn str_param(params: &Map<String, Value>, name: &str) -> Option<String> {
     match params.get(name)? {
         Value::String(text) => Some(text.clone()),
         Value::Number(number) => Some(number.to_string()),
@@ -488,7 +491,7 @@ fn obj_param(params: &Map<String, Value>, name: &str) -> Result<Option<Map<Strin
 // Responses and JSON shapes
 // ---------------------------------------------------------------------------
 
-fn ok(result: Value) -> Response {
+pub(super) fn ok(result: Value) -> Response {
     Json(json!({ "ok": true, "result": result })).into_response()
 }
 
@@ -512,7 +515,7 @@ fn api_error(status: StatusCode, description: &str, parameters: Option<Value>) -
     (status, Json(body)).into_response()
 }
 
-fn bad_request(description: &str) -> Response {
+pub(super) fn bad_request(description: &str) -> Response {
     api_error(StatusCode::BAD_REQUEST, description, None)
 }
 
@@ -540,7 +543,7 @@ pub(super) fn chat_json(id: i64, kind: &ChatKind) -> Value {
     }
 }
 
-fn bot_user_json() -> Value {
+pub(super) fn bot_user_json() -> Value {
     json!({
         "id": BOT_USER_ID,
         "is_bot": true,

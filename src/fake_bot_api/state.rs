@@ -96,6 +96,10 @@ pub(super) struct State {
     pub(super) limits: Option<LimitsState>,
     /// Sends answered `429` for going past them.
     pub(super) too_many_requests: usize,
+    /// `answerCallbackQuery` calls, in order.
+    pub(super) callback_answers: Vec<super::CallbackAnswer>,
+    /// Accepted edits of sent messages, in order.
+    pub(super) edits: Vec<super::EditedMessage>,
 }
 
 impl State {
@@ -122,6 +126,8 @@ impl State {
             long_polls_waiting: 0,
             limits: None,
             too_many_requests: 0,
+            callback_answers: Vec::new(),
+            edits: Vec::new(),
         }
     }
 

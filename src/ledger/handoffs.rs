@@ -4,7 +4,7 @@
 
 use rusqlite::OptionalExtension;
 
-use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
+use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 
 use super::envelopes::transition_in;
 use super::{EnvelopeKind, EnvelopeState, Ledger, LedgerError, LedgerResult, StoredEnvelope, now};
@@ -57,7 +57,7 @@ pub struct StoredHandoff {
     pub cause_trace_id: Option<String>,
     pub depth: i64,
     pub followup_of: Option<String>,
-    pub intent: Option<String>,
+    pub intent: Option<Intent>,
     pub request_id: Option<String>,
     pub envelope_id: i64,
     /// The target's `handoff` envelope.
@@ -88,7 +88,7 @@ impl StoredHandoff {
             cause_trace_id: row.get("cause_trace_id")?,
             depth: row.get("depth")?,
             followup_of: row.get("followup_of")?,
-            intent: row.get("intent")?,
+            intent: optional_text_enum(row, "intent")?,
             request_id: row.get("request_id")?,
             envelope_id: row.get("envelope_id")?,
             envelope_trace_id: row.get("envelope_trace_id")?,

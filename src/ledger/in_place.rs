@@ -30,7 +30,7 @@ use std::time::{Duration, Instant};
 
 use rusqlite::{OpenFlags, TransactionBehavior, ffi};
 
-use super::checkpoint::{BACKSTOP_PAGES, Checkpointer};
+use super::checkpoint::{BACKSTOP_PAGES, Checkpointer, WAL_LIMIT_BYTES};
 use super::{BUSY_TIMEOUT, Ledger, LedgerError, LedgerResult};
 use crate::backoff::Backoff;
 use crate::config::Synchronous;
@@ -177,6 +177,9 @@ fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusql
     db.pragma_update(None, "cache_spill", WRITER_SPILL_PAGES)?;
     if let Some(checkpointer) = &settings.checkpointer {
         db.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
+        // When a checkpoint has let the WAL start over, the commit that does cuts its file
+        // back to the bound (see `checkpoint`).
+        db.pragma_update(None, "journal_size_limit", WAL_LIMIT_BYTES)?;
         let ring = checkpointer.on_commit();
         // The hook answers whether to turn the commit into a rollback: never.
         db.commit_hook(Some(move || {
@@ -322,6 +325,23 @@ pub(super) fn optional_text_enum<T: serde::de::DeserializeOwned>(
     column: &str,
 ) -> rusqlite::Result<Option<T>> {
     row.get::<_, Option<String>>(column)?.map(|text| parse_text_enum(row, column, &text)).transpose()
+}
+
+/// A column that holds JSON or NULL, read strictly into `T`: JSON this switchboard cannot
+/// read (a row written by a newer version, say) is an error naming the column, never a
+/// default.
+pub(super) fn optional_json<T: serde::de::DeserializeOwned>(
+    row: &rusqlite::Row<'_>,
+    column: &str,
+) -> rusqlite::Result<Option<T>> {
+    let Some(text) = row.get::<_, Option<String>>(column)? else { return Ok(None) };
+    serde_json::from_str(&text).map(Some).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            row.as_ref().column_index(column).unwrap_or_default(),
+            rusqlite::types::Type::Text,
+            format!("{column} {text:?}: {e}").into(),
+        )
+    })
 }
 
 fn parse_text_enum<T: serde::de::DeserializeOwned>(

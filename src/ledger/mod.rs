@@ -86,8 +86,10 @@ mod inspect;
 mod intake;
 mod lock;
 mod migrations;
+mod permissions;
 mod probe;
 mod prune;
+mod questions;
 mod reactions;
 mod readers;
 mod rooms;
@@ -100,19 +102,25 @@ pub use attempts::{
     AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict,
     StoredAttempt,
 };
+/// How the writer's connection is set up, for a floor that measures SQLite alone with the
+/// same settings (`benches/hot_path.rs`).
+pub use checkpoint::WAL_LIMIT_BYTES;
 pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
 pub use error::{ErrorSource, LedgerError, LedgerResult};
 pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
-/// How the writer's connection is set up, for a floor that measures SQLite alone with the
-/// same settings (`benches/hot_path.rs`).
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
 pub use intake::LedgerCongestion;
 pub use intake::RecordedBatch;
 pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;
+pub use permissions::{
+    AnswerRecorded, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState, PermissionVerdict,
+    PromptOutcome, PromptSend, StoredPermission,
+};
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use prune::{Pages, PruneReport, Pruned};
+pub use questions::{QuestionAnswered, QuestionState, StoredQuestion};
 pub use reactions::{ReactionAudit, RoutedReaction, StoredReaction};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,

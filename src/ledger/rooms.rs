@@ -10,10 +10,12 @@
 use rusqlite::OptionalExtension;
 
 use super::envelopes::transition_in;
-use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
+use super::in_place::{
+    execute_cached, optional_json, optional_text_enum, query_all_cached, query_row_cached, text_enum,
+};
 use super::{EnvelopeState, Ledger, LedgerError, LedgerResult, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
-use crate::rules::turns::{Cascade, CascadeState};
+use crate::rules::turns::{Cascade, CascadeState, Outcome};
 
 /// The `state` column of a cascade: `waiting` behind the room's running exchange, then the
 /// states of [`CascadeState`].
@@ -111,7 +113,9 @@ pub struct StoredCascade {
     pub speaker_timeout_secs: i64,
     pub stop_by: Option<String>,
     pub stop_requested_at: Option<String>,
-    pub outcome: Option<String>,
+    /// How it ended, once it has; read strictly (an outcome this switchboard cannot read is
+    /// an error, not an exchange still running).
+    pub outcome: Option<Outcome>,
     pub outcome_text: Option<String>,
     pub created_at: String,
     pub started_at: Option<String>,
@@ -140,7 +144,7 @@ impl StoredCascade {
             speaker_timeout_secs: row.get("speaker_timeout_secs")?,
             stop_by: row.get("stop_by")?,
             stop_requested_at: row.get("stop_requested_at")?,
-            outcome: row.get("outcome")?,
+            outcome: optional_json(row, "outcome")?,
             outcome_text: row.get("outcome_text")?,
             created_at: row.get("created_at")?,
             started_at: row.get("started_at")?,
@@ -288,8 +292,8 @@ pub struct CascadeUpdate<'a> {
     pub cascade: &'a Cascade,
     /// A `/stop` this step recorded: who sent it.
     pub stop_by: Option<&'a str>,
-    /// Set once the cascade is over: the outcome (JSON) and what the room was told.
-    pub outcome: Option<(String, Option<String>)>,
+    /// Set once the cascade is over: the outcome and what the room was told.
+    pub outcome: Option<(Outcome, Option<String>)>,
 }
 
 /// A turn this step ends.
@@ -412,6 +416,12 @@ impl Ledger {
             ),
             None => None,
         };
+        let outcome = match step.cascade.as_ref().and_then(|update| update.outcome.as_ref()) {
+            Some((outcome, _)) => Some(
+                serde_json::to_string(outcome).map_err(|e| LedgerError::encoding("a room's outcome", e))?,
+            ),
+            None => None,
+        };
         // Every `return Ok(None)` below rolls back what the step wrote before it.
         self.write_in_place_if(|db| {
             let at = now();
@@ -448,10 +458,7 @@ impl Ledger {
             }
             if let (Some(update), Some(json)) = (&step.cascade, &cascade_json) {
                 let state = RoomCascadeState::from(update.cascade.state());
-                let (outcome, outcome_text) = match &update.outcome {
-                    Some((outcome, text)) => (Some(outcome.as_str()), text.as_deref()),
-                    None => (None, None),
-                };
+                let outcome_text = update.outcome.as_ref().and_then(|(_, text)| text.as_deref());
                 let updated = execute_cached(
                     db,
                     "UPDATE cascades SET state = ?1, cascade = ?2, updated_at = ?3, version = version + 1, \
@@ -796,6 +803,27 @@ mod tests {
         let new = NewCascade { message, cascade: &cascade, max_iters: 50, speaker_timeout_secs: 600 };
         let id = ledger.record_cascade(&new, "room message: exchange {cascade}").await.unwrap().unwrap();
         ledger.cascade(&id).await.unwrap().unwrap()
+    }
+
+    /// An exchange's outcome is read back as the outcome it was; one this switchboard
+    /// cannot read (written by a newer version) is an error naming it, not an exchange
+    /// without an outcome, which would look as if it were still running.
+    #[tokio::test]
+    async fn a_cascades_outcome_is_read_strictly() {
+        let (dir, ledger) = ledger().await;
+        let message = room_message(&ledger, 1, "@builder build it").await;
+        let stored = recorded(&ledger, &message).await;
+        let outcome = Outcome::Completed { turns_used: 2, replies: 1 };
+        let json = serde_json::to_string(&outcome).unwrap();
+        let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+        db.execute("UPDATE cascades SET outcome = ?1 WHERE id = ?2", rusqlite::params![json, stored.id])
+            .unwrap();
+        assert_eq!(ledger.cascade(&stored.cascade_id).await.unwrap().unwrap().outcome, Some(outcome));
+
+        db.execute("UPDATE cascades SET outcome = '{\"abandoned\":{}}' WHERE id = ?1", [stored.id]).unwrap();
+        let read = ledger.cascade(&stored.cascade_id).await;
+        assert!(format!("{read:?}").contains("abandoned"), "read as {read:?}");
+        assert!(read.is_err());
     }
 
     /// Gives the floor to the cascade's next speaker; returns the stored cascade after.

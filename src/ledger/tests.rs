@@ -1,4 +1,5 @@
 use super::*;
+use crate::rules::guard::Intent;
 use crate::rules::revisions::TaskState;
 use chrono::Utc;
 
@@ -1053,6 +1054,46 @@ async fn a_handoff_ends_once_and_a_second_end_changes_nothing() {
     assert_eq!(answer_envelopes, 1, "the second end queued no answer");
     let now = ledger.handoff(&open.handoff_id).await.unwrap().unwrap();
     assert_eq!((now.state, now.note), (HandoffState::Answered, None));
+}
+
+/// A follow-up's intent is read as what it says, and one this switchboard does not know
+/// (a row written by a newer version) is an error naming it, not a handoff without one.
+#[tokio::test]
+async fn a_handoffs_intent_is_read_strictly() {
+    let (dir, ledger) = ledger().await;
+    let (orch, worker) = (AgentName::parse("orch").unwrap(), AgentName::parse("worker").unwrap());
+    let first = NewHandoff {
+        from: &orch,
+        to: &worker,
+        instruction: "check staging",
+        cause: None,
+        depth: 1,
+        followup_of: None,
+        intent: None,
+        request_id: "req_1",
+    };
+    let first = ledger.record_handoff(&first).await.unwrap().expect("no task to refuse it");
+    let second = NewHandoff {
+        from: &orch,
+        to: &worker,
+        instruction: "check production instead",
+        cause: None,
+        depth: 1,
+        followup_of: Some(&first.handoff_id),
+        intent: Some(Intent::Replaces),
+        request_id: "req_2",
+    };
+    let second = ledger.record_handoff(&second).await.unwrap().expect("no task to refuse it");
+    let read_back = ledger.handoff(&second.handoff_id).await.unwrap().unwrap();
+    assert_eq!(read_back.intent, Some(Intent::Replaces));
+
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    db.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
+    db.execute("UPDATE handoffs SET intent = 'amends' WHERE handoff_id = ?1", [&second.handoff_id]).unwrap();
+    drop(db);
+    let read = ledger.handoff(&second.handoff_id).await;
+    assert!(read.is_err(), "read as {read:?}");
+    assert!(format!("{:?}", read.unwrap_err()).contains("amends"));
 }
 
 /// The migrations the last release that migrated with sqlx shipped.

@@ -20,7 +20,7 @@ use chrono::{DateTime, Utc};
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::ledger::{AttemptState, EnvelopeKind, EnvelopeState, HandoffState};
+use crate::ledger::{AttemptState, EnvelopeKind, EnvelopeState, HandoffState, PermissionState};
 
 pub const ENVELOPES: &str = "switchboard_envelopes";
 pub const ENVELOPES_RECORDED: &str = "switchboard_envelopes_recorded_total";
@@ -38,6 +38,7 @@ pub const READY: &str = "switchboard_ready";
 pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
 pub const TASK_REVISIONS: &str = "switchboard_task_revisions_total";
 pub const LEDGER_WRITE_FAILURES: &str = "switchboard_ledger_write_failures_total";
+pub const PERMISSION_REQUESTS: &str = "switchboard_permission_requests";
 
 /// Bucket bounds of both hop histograms, in seconds: a local hop takes milliseconds, a
 /// send to Telegram tens to hundreds of them, and an envelope that waited for its agent's
@@ -111,6 +112,10 @@ fn describe() {
     );
     describe_gauge!(HANDOFFS, "Handoffs in the ledger, by state (read from the ledger at scrape time).");
     describe_gauge!(READY, "1 when /readyz answers 200, else 0.");
+    describe_gauge!(
+        PERMISSION_REQUESTS,
+        "Relayed permission requests in the ledger, by outcome (pending, allowed, denied, expired)."
+    );
     describe_counter!(CONFIG_RELOADS, "SIGHUP reloads, by result (applied, refused).");
     describe_counter!(
         TASK_REVISIONS,
@@ -192,6 +197,8 @@ pub struct StateGauges {
     pub unreconciled_attempts: i64,
     pub sessions_connected: usize,
     pub ready: bool,
+    /// Permission requests by state (DESIGN.md §15).
+    pub permissions: Vec<(String, i64)>,
 }
 
 /// Sets the state gauges (every known state, zero when absent, so an alert on
@@ -203,6 +210,8 @@ pub fn render(handle: &PrometheusHandle, gauges: &StateGauges) -> String {
         [HandoffState::Open, HandoffState::Answered, HandoffState::Closed, HandoffState::Superseded]
             .map(HandoffState::as_str);
     set_by_state(HANDOFFS, &handoff_states, &gauges.handoffs);
+    let permission_states = PermissionState::ALL.map(PermissionState::as_str);
+    set_by_state(PERMISSION_REQUESTS, &permission_states, &gauges.permissions);
     gauge!(UNRECONCILED_ATTEMPTS).set(gauges.unreconciled_attempts as f64);
     gauge!(SESSIONS_CONNECTED).set(gauges.sessions_connected as f64);
     gauge!(READY).set(if gauges.ready { 1.0 } else { 0.0 });

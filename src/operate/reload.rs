@@ -128,6 +128,10 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
                 "agents.{agent}.token_env: {} → {} needs a restart; {} stays in effect",
                 settings.token_env, new.token_env, settings.token_env
             )),
+            Some(new) if new.permissions != settings.permissions => agents.push(format!(
+                "agents.{agent}.permissions changed: the permission relay's route, approvers and timeout need a \
+                 restart; the running ones stay in effect"
+            )),
             Some(_) => {}
         }
     }

@@ -29,8 +29,10 @@ pub const QUOTE_CHARS: usize = 400;
 /// How much of an open handoff's instruction `already_running` shows.
 const START_CHARS: usize = 120;
 
-/// What a follow-up does to the instruction it follows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// What a follow-up does to the instruction it follows. Stored as its snake_case name,
+/// read strictly (an unknown name in a row is an error, not a default).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Intent {
     /// Adds to the earlier instruction, which still stands.
     Extends,
@@ -52,6 +54,12 @@ impl Intent {
             "replaces" => Some(Self::Replaces),
             _ => None,
         }
+    }
+}
+
+impl std::fmt::Display for Intent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod guard;
 pub mod pacing;
+pub mod permissions;
 pub mod resolver;
 pub mod retention;
 pub mod revisions;

@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::bridge::Bridge;
+use crate::agents::permissions::{self, AnswerChat, TextAnswer};
 use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ids::AgentName;
@@ -23,6 +24,7 @@ use crate::ledger::{EnvelopeState, LedgerCongestion, LedgerError};
 use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::health::PollHealth;
 use crate::operate::metrics;
+use crate::rules::permissions::Verdict;
 use crate::rules::routes::RoutesTable;
 use crate::rules::routes::{Disposition, dispose};
 use crate::telegram::envelope::{self, Inbound};
@@ -35,13 +37,23 @@ pub struct Routing {
     pub routes: RoutesTable,
     /// Sender ids allowed to reach an agent; empty means everyone in a routed chat.
     pub allowed_users: Vec<i64>,
+    /// Where approvers answer permission prompts by text (DESIGN.md §15): such an answer is
+    /// a verdict, not work for an agent.
+    pub answer_chats: Vec<AnswerChat>,
 }
 
 impl Routing {
     pub fn of(settings: &Settings) -> Self {
-        Self { routes: settings.routes.clone(), allowed_users: settings.telegram.allowed_users.clone() }
+        Self {
+            routes: settings.routes.clone(),
+            allowed_users: settings.telegram.allowed_users.clone(),
+            answer_chats: permissions::answer_chats(settings),
+        }
     }
 }
+
+/// The note of a message kept as an approver's text answer to a permission prompt.
+const TEXT_ANSWER_NOTE: &str = "a text answer to a permission prompt";
 
 /// Telegram's maximum batch.
 const BATCH_LIMIT: u8 = 100;
@@ -175,6 +187,10 @@ impl Poller {
         };
 
         let update_count = updates.len();
+        // Presses on the permission prompts' buttons: not envelopes, handled once the batch
+        // is committed. One lost to a crash before then is pressed again.
+        let presses: Vec<_> =
+            updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
         let routing = Arc::clone(&self.routing.borrow());
         let ReadBatch { envelopes: batch, reactions } = read_batch(updates, routing).await;
         // Agents with a live session get their envelopes handed over by this commit (see
@@ -226,6 +242,8 @@ impl Poller {
         }
         // Task changes (DESIGN.md §11) are recorded: now the chat and the agents hear of them.
         self.bridge.carry_out(recorded.task_effects);
+        let texts = batch.iter().filter_map(text_answer).collect();
+        self.bridge.permission_answers(presses, texts);
         Ok(PollOutcome::Committed { updates: update_count, new_envelopes: inserted.len() })
     }
     /// A ledger error: waited out when it passes by itself (busy, disk full), else fatal.
@@ -349,6 +367,9 @@ struct ReadBatch {
 fn read_update(raw: &RawUpdate, routing: &Routing, batch: &mut ReadBatch) {
     let digest = raw.digest();
     let routed = match envelope::read(raw) {
+        Inbound::Envelope(envelope) if is_text_answer(&envelope, routing) => {
+            audit_row(*envelope, EnvelopeState::Ignored, digest, TEXT_ANSWER_NOTE.to_owned(), None)
+        }
         Inbound::Envelope(envelope) => route(*envelope, digest, routing),
         Inbound::Ignored { envelope, reason } => {
             audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
@@ -412,6 +433,35 @@ fn report_migration(routing: &Routing, update_id: i64, from_chat_id: i64, to_cha
             routes.join(", ")
         );
     }
+}
+
+/// Whether a message is an approver's `yes <id>` / `no <id>` in a relay's chat.
+fn is_text_answer(envelope: &envelope::Envelope, routing: &Routing) -> bool {
+    !routing.answer_chats.is_empty()
+        && envelope.kind == crate::ledger::EnvelopeKind::Message
+        && text_answer_of(envelope, routing).is_some()
+}
+
+fn text_answer_of(envelope: &envelope::Envelope, routing: &Routing) -> Option<(Verdict, String)> {
+    permissions::text_answer(
+        &routing.answer_chats,
+        envelope.channel.chat_id,
+        envelope.channel.thread_id,
+        envelope.sender.id?,
+        envelope.text.as_deref(),
+    )
+}
+
+/// The text answer a recorded row holds, if it is one (see [`TEXT_ANSWER_NOTE`]).
+fn text_answer(routed: &RoutedEnvelope) -> Option<TextAnswer> {
+    if routed.note.as_deref() != Some(TEXT_ANSWER_NOTE) {
+        return None;
+    }
+    let e = &routed.envelope;
+    let (verdict, request_id) = crate::rules::permissions::parse_text_verdict(e.text.as_deref()?)?;
+    let from_shown = e.sender.username.as_ref().map_or_else(|| e.sender.name.clone(), |u| format!("@{u}"));
+    let from = e.sender.id?;
+    Some(TextAnswer { verdict, request_id, chat_id: e.channel.chat_id, from, from_shown })
 }
 
 /// The agent a row is work for, if it is.
@@ -503,7 +553,11 @@ mod tests {
             target: RouteTarget::Chat { chat_id: DM },
             audience: Audience::Agent(AgentName::parse("a").unwrap()),
         };
-        Arc::new(Routing { routes: RoutesTable::new(vec![route]).unwrap(), allowed_users: vec![] })
+        Arc::new(Routing {
+            routes: RoutesTable::new(vec![route]).unwrap(),
+            allowed_users: vec![],
+            answer_chats: vec![],
+        })
     }
 
     /// Routed, unrouted, undecodable and not-a-message updates, in turn.

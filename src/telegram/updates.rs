@@ -104,12 +104,12 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// The kinds of update the poller asks Telegram for, as `allowed_updates` on every call.
-/// Telegram sends `message_reaction` only to a bot that lists it, and otherwise keeps the
-/// list of the last call that gave one, so it is given each time. `callback_query` carries
-/// the presses of inline buttons (permission prompts, DESIGN.md §15); until something
-/// handles it, intake passes it by as it does every kind it does not record. Channel posts
-/// are not asked for: no route takes them.
+/// The kinds of update the poller asks Telegram for, as `allowed_updates` on every call:
+/// messages and their edits (envelopes), reactions (notices about the bot's replies, which
+/// Telegram sends only to a bot that lists them), and presses on the bot's buttons
+/// (permission prompts, DESIGN.md §15). Telegram keeps the last list a bot asked for, so it
+/// is sent on every call rather than left to a default. Channel posts are not asked for:
+/// no route takes them.
 pub const ALLOWED_UPDATES: &[&str] = &["message", "edited_message", "message_reaction", "callback_query"];
 
 /// `getUpdates` for one bot, through the bot's own HTTP client.

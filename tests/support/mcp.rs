@@ -167,7 +167,7 @@ impl ChannelClientBuilder {
             )
             .with_protocol_version(self.protocol_version),
             channel: Arc::clone(&notifications),
-            others: Arc::default(),
+            others: Arc::new(watch::Sender::new(Vec::new())),
         };
         let others = Arc::clone(&recorder.others);
 
@@ -214,7 +214,7 @@ pub struct ChannelClient {
     /// `waiting` notices (see [`WAITING_KIND`]).
     waiting: Arc<watch::Sender<Vec<ChannelNotification>>>,
     /// Custom notifications with any other method.
-    others: Arc<std::sync::Mutex<Vec<CustomNotification>>>,
+    others: Arc<watch::Sender<Vec<CustomNotification>>>,
     /// Channel notifications that came before the client took them (see
     /// [`ChannelClientBuilder::like_claude_code`]).
     dropped: Arc<AtomicUsize>,
@@ -325,7 +325,42 @@ impl ChannelClient {
 
     /// Custom notifications other than channel messages.
     pub fn other_notifications(&self) -> Vec<CustomNotification> {
-        self.others.lock().unwrap().clone()
+        self.others.borrow().clone()
+    }
+
+    /// The custom notifications with `method` received so far.
+    pub fn notifications_named(&self, method: &str) -> Vec<CustomNotification> {
+        self.others.borrow().iter().filter(|n| n.method == method).cloned().collect()
+    }
+
+    /// Waits until at least `n` custom notifications with `method` have arrived, and
+    /// returns them.
+    pub async fn wait_for_named(
+        &self,
+        method: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<Vec<CustomNotification>> {
+        let mut receiver = self.others.subscribe();
+        let enough = |all: &Vec<CustomNotification>| all.iter().filter(|x| x.method == method).count() >= n;
+        match tokio::time::timeout(timeout, receiver.wait_for(enough)).await {
+            Ok(Ok(_)) => Ok(self.notifications_named(method)),
+            _ => bail!(
+                "expected {n} {method} notifications within {timeout:?}, have {:#?}\nstderr:\n{}",
+                self.notifications_named(method),
+                self.stderr_tail()
+            ),
+        }
+    }
+
+    /// Sends the server a custom notification, as Claude Code sends
+    /// `notifications/claude/channel/permission_request`.
+    pub async fn send_notification(&self, method: &str, params: Value) -> anyhow::Result<()> {
+        let notification = CustomNotification::new(method.to_owned(), Some(params));
+        self.client
+            .send_notification(rmcp::model::ClientNotification::CustomNotification(notification))
+            .await
+            .with_context(|| format!("sending {method}"))
     }
 
     pub async fn list_tools(&self) -> anyhow::Result<Vec<Tool>> {
@@ -445,7 +480,7 @@ struct Recorder {
     taking: Arc<AtomicBool>,
     dropped: Arc<AtomicUsize>,
     channel: Arc<watch::Sender<Vec<ChannelNotification>>>,
-    others: Arc<std::sync::Mutex<Vec<CustomNotification>>>,
+    others: Arc<watch::Sender<Vec<CustomNotification>>>,
 }
 
 impl ClientHandler for Recorder {
@@ -459,7 +494,7 @@ impl ClientHandler for Recorder {
         _context: NotificationContext<RoleClient>,
     ) {
         if notification.method != CHANNEL_METHOD {
-            self.others.lock().unwrap().push(notification);
+            self.others.send_modify(|all| all.push(notification));
             return;
         }
         if !self.taking.load(Ordering::SeqCst) {

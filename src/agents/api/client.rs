@@ -17,8 +17,9 @@ use tokio_util::io::StreamReader;
 
 use super::wire::{
     API_PREFIX, AckReceipt, AckRequest, ApiError, ErrorCode, HEARTBEAT_INTERVAL_SECS, HandoffReceipt,
-    HandoffRequest, MAX_SHOWN_IN_HEADER, PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest,
+    HandoffRequest, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER, PendingList, PermissionReceipt, PermissionRequest,
+    ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
+    ShownReceipt, ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -36,6 +37,10 @@ const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
 // The daemon's rate-limit waits must end well before the plugin stops waiting for them.
 const _: () =
     assert!(REPLY_TIMEOUT.as_secs() >= 2 * crate::telegram::outbound::MAX_RATE_LIMIT_WAIT.as_secs());
+
+/// A permission request is answered once its prompt's send is classified, which waits
+/// out Telegram's rate limits for up to a minute.
+const PERMISSION_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// Three missed heartbeats: the daemon is gone even though the connection never closed
 /// (a suspended machine, a wedged process).
@@ -93,7 +98,14 @@ pub struct DaemonClient {
     /// Envelopes pushed into the agent's context that the daemon has not yet been told of,
     /// oldest first: every call carries them in its [`SHOWN_HEADER`].
     unconfirmed: Arc<Mutex<VecDeque<String>>>,
+    /// This plugin process's name for itself (`plg_…`), sent when the session stream
+    /// opens ([`PLUGIN_HEADER`]): the same across reconnects, so a permission verdict finds
+    /// the process that asked even after the daemon restarted.
+    plugin: String,
 }
+
+/// Random characters of a plugin process's name: enough that two never meet.
+const PLUGIN_SUFFIX_LEN: usize = 16;
 
 impl DaemonClient {
     pub fn new(address: SocketAddr, agent: AgentName, secret: Secret) -> Result<Self, reqwest::Error> {
@@ -109,6 +121,7 @@ impl DaemonClient {
             secret,
             session: Arc::new(watch::Sender::new(None)),
             unconfirmed: Arc::default(),
+            plugin: format!("plg_{}", crate::ids::random_suffix(PLUGIN_SUFFIX_LEN)),
         })
     }
 
@@ -130,7 +143,11 @@ impl DaemonClient {
     /// stream is a registered session; from then on this client's calls speak for it.
     /// Dropping the stream ends the session.
     pub async fn open_session(&self) -> Result<SessionStream, ClientError> {
-        let request = self.http.get(self.url("session")).bearer_auth(self.secret.expose());
+        let request = self
+            .http
+            .get(self.url("session"))
+            .bearer_auth(self.secret.expose())
+            .header(PLUGIN_HEADER, &self.plugin);
         // No overall timeout: the stream is meant to stay open. Only the headers must come
         // promptly; after that, `SessionStream` watches for missed heartbeats.
         let response = tokio::time::timeout(QUERY_TIMEOUT, request.send())
@@ -211,6 +228,19 @@ impl DaemonClient {
     pub async fn revise_task(&self, revision: &RevisionRequest) -> Result<RevisionReceipt, ClientError> {
         let request = self.http.post(self.url("revisions")).json(revision).timeout(QUERY_TIMEOUT);
         self.exchange(request).await
+    }
+
+    /// Relays a permission request of the agent session (DESIGN.md §15). Asking again
+    /// with the same `request_id` records and posts nothing more: it answers with what
+    /// became of the first.
+    pub async fn ask_permission(&self, ask: &PermissionRequest) -> Result<PermissionReceipt, ClientError> {
+        let request = self.http.post(self.url("permissions")).json(ask).timeout(PERMISSION_TIMEOUT);
+        self.exchange(request).await
+    }
+
+    /// This plugin process's name for itself.
+    pub fn plugin(&self) -> &str {
+        &self.plugin
     }
 
     /// Marks an envelope handled without a reply.

@@ -9,7 +9,7 @@
 use axum::body::{Body, Bytes};
 use axum::extract::{FromRequestParts, Path, State};
 use axum::http::request::Parts;
-use axum::http::{StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -18,8 +18,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::present;
 use super::wire::{
-    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
+    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER,
+    PermissionRequest, ReplyRequest, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
+    ShownRequest,
 };
 use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
@@ -53,6 +54,7 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/ack", post(ack))
         .route("/v1/agents/{agent}/handoffs", post(handoff))
         .route("/v1/agents/{agent}/revisions", post(revise_task))
+        .route("/v1/agents/{agent}/permissions", post(ask_permission))
         .with_state(bridge)
         .merge(operator)
 }
@@ -80,6 +82,12 @@ async fn metrics_text(State(operations): State<Operations>) -> Response {
             unreconciled_attempts: ledger.unreconciled_attempts().await?,
             sessions_connected: bridge.connected_sessions(),
             ready,
+            permissions: ledger
+                .count_permissions_by_state()
+                .await?
+                .into_iter()
+                .map(|(state, count)| (state.as_str().to_owned(), count))
+                .collect(),
         })
     };
     match read.await {
@@ -295,8 +303,13 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Failure
     serde_json::from_slice(body).map_err(|e| bad_request(format!("bad request body: {e}")))
 }
 
-async fn session(State(bridge): State<Bridge>, caller: Caller) -> Result<Response, Failure> {
-    let opened = bridge.open_session(&caller.agent)?;
+async fn session(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    headers: HeaderMap,
+) -> Result<Response, Failure> {
+    let plugin = headers.get(PLUGIN_HEADER).and_then(|value| value.to_str().ok()).map(str::to_owned);
+    let opened = bridge.open_session(&caller.agent, plugin)?;
     // One JSON document per line. When the client goes away hyper drops this body, the
     // receiver with it, and the session task notices and frees the agent's slot.
     let lines = stream::unfold(opened.events, |mut events| async move {
@@ -351,6 +364,16 @@ async fn revise_task(State(bridge): State<Bridge>, caller: Caller, body: Bytes) 
         .revise_task(&caller.agent, caller.token(), request)
         .await
         .map_err(tool_failure("revise_task"))?;
+    Ok(Json(receipt).into_response())
+}
+
+async fn ask_permission(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    body: Bytes,
+) -> Result<Response, Failure> {
+    let request: PermissionRequest = parse_body(&body)?;
+    let receipt = bridge.ask_permission(&caller.agent, caller.token(), request).await?;
     Ok(Json(receipt).into_response())
 }
 

@@ -15,6 +15,7 @@
 //! | GET    | `replies/{request_id}`  | —                 | what a reply request came to: the same answer `reply` gave (or would give) |
 //! | POST   | `ack`                   | [`AckRequest`]    | [`AckReceipt`]                       |
 //! | POST   | `handoffs`              | [`HandoffRequest`] | [`HandoffReceipt`]                  |
+//! | POST   | `permissions`           | [`PermissionRequest`] | [`PermissionReceipt`]            |
 //!
 //! Every route but `session` also needs the [`SESSION_HEADER`] carrying the token of the
 //! agent's live session (from its `Hello`): a second session using the same secret, or a
@@ -66,6 +67,50 @@ pub enum SessionEvent {
     Notice(DeliveredNotice),
     /// Nothing new; the daemon is alive.
     Heartbeat,
+    /// An approver's verdict on a permission request this plugin process relayed
+    /// (DESIGN.md §15): only the session of the plugin that asked is given it.
+    PermissionVerdict(DeliveredVerdict),
+}
+
+/// The header in which the plugin names its process when it opens the session stream
+/// (`plg_…`, chosen once per process): a permission request is answered to the plugin
+/// that asked, across reconnects, and to no other session of the agent.
+pub const PLUGIN_HEADER: &str = "x-switchboard-plugin";
+
+/// `POST permissions`: Claude Code asks whether a tool call may go ahead
+/// (`notifications/claude/channel/permission_request`, relayed as it came).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PermissionRequest {
+    /// Claude Code's id of the request: five letters a–z without `l`.
+    pub request_id: String,
+    pub tool_name: String,
+    pub description: String,
+    /// The tool's arguments as JSON, cut by Claude Code to 200 characters.
+    #[serde(default)]
+    pub input_preview: String,
+}
+
+/// What became of a relayed permission request.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PermissionReceipt {
+    /// The switchboard's id of the request (`prm_…`).
+    pub permission_id: String,
+    /// `pending`, `allowed`, `denied` or `expired`.
+    pub state: String,
+    /// The prompt's send: `sent`, `not_sent` or `unknown` (`in_flight` only while it runs).
+    pub prompt: String,
+    /// Why the prompt was not posted (or may not have been), when it was not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
+}
+
+/// A verdict for the plugin to hand to Claude Code
+/// (`notifications/claude/channel/permission`).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DeliveredVerdict {
+    pub request_id: String,
+    /// `allow` or `deny`.
+    pub behavior: String,
 }
 
 /// The kind of the notice that follows the envelopes a session found waiting for it (see

@@ -290,8 +290,8 @@ impl Bridge {
             if let Some(earlier) = &handoff.followup_of {
                 meta.insert("followup_of".to_owned(), earlier.clone());
             }
-            if let Some(intent) = &handoff.intent {
-                meta.insert("intent".to_owned(), intent.clone());
+            if let Some(intent) = handoff.intent {
+                meta.insert("intent".to_owned(), intent.as_str().to_owned());
             }
         } else {
             meta.insert("from_agent".to_owned(), handoff.to_agent.clone());

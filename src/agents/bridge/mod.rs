@@ -16,6 +16,7 @@
 
 mod error;
 mod handoff;
+mod permissions;
 mod reactions;
 mod reply;
 mod room;
@@ -69,6 +70,8 @@ struct Inner {
     /// This bot's username, once Telegram told it (`getMe`): `/pause@thisbot` is ours,
     /// `/pause@otherbot` is not.
     bot_username: std::sync::OnceLock<String>,
+    /// The permission relay (DESIGN.md §15), once the daemon set it up.
+    permissions: std::sync::OnceLock<crate::agents::permissions::PermissionRelay>,
 }
 
 /// A reply being delivered; every request with its id awaits the same outcome.
@@ -94,6 +97,9 @@ struct AgentSlot {
     running: Mutex<RunningReplies>,
     /// Notices (DESIGN.md §8) for the live session, about envelopes it already has.
     notices: Mutex<std::collections::VecDeque<crate::agents::api::wire::DeliveredNotice>>,
+    /// Rung when a permission verdict for this agent was recorded: the live session hands
+    /// it over if its plugin asked (DESIGN.md §15).
+    verdicts: Notify,
 }
 
 #[derive(Default)]
@@ -130,6 +136,7 @@ impl Bridge {
                     decisions: tokio::sync::Mutex::new(()),
                     running: Mutex::default(),
                     notices: Mutex::default(),
+                    verdicts: Notify::new(),
                 };
                 (name, slot)
             })
@@ -148,6 +155,7 @@ impl Bridge {
                 shutdown,
                 tasks,
                 bot_username: std::sync::OnceLock::new(),
+                permissions: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -350,6 +350,10 @@ impl Bridge {
                 let state = self.inner.ledger.find(&target.trace_id).await.ok().flatten().map(|e| e.state);
                 let stays_answered = state == Some(EnvelopeState::Acked);
                 tracing::error!(%agent, %error, delivered_parts = sent.len(), stays_answered, "reply outcome unknown: an operator must reconcile it");
+                // `[operator]`, when configured, asks about it in Telegram now.
+                if let Some(relay) = self.inner.permissions.get() {
+                    relay.ring_keeper();
+                }
                 Err(ToolError::Unknown {
                     trace_id: target.trace_id.clone(),
                     error,

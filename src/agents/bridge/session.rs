@@ -35,6 +35,9 @@ pub(super) struct LiveSession {
     id: String,
     /// Known only to whoever reads the session stream; never logged.
     token: String,
+    /// The plugin process behind the session, as it named itself (`wire::PLUGIN_HEADER`): the
+    /// one that permission verdicts go to.
+    plugin: Option<String>,
     sightings: Sightings,
 }
 
@@ -94,10 +97,12 @@ pub struct OpenedSession {
 }
 
 /// Holds an agent's session slot; dropping it frees the slot.
-struct SessionGuard {
+pub(super) struct SessionGuard {
     bridge: Bridge,
-    agent: AgentName,
+    pub(super) agent: AgentName,
     session_id: String,
+    /// The plugin process behind the session, if it named itself.
+    pub(super) plugin: Option<String>,
 }
 
 impl Drop for SessionGuard {
@@ -109,6 +114,7 @@ impl Drop for SessionGuard {
             }
         }
         tracing::info!(agent = %self.agent, session_id = %self.session_id, "agent session disconnected");
+        self.bridge.plugin_session_ended(&self.agent, self.plugin.take());
         let ledger = self.bridge.inner.ledger.clone();
         let session_id = std::mem::take(&mut self.session_id);
         self.bridge.inner.tasks.spawn(async move {
@@ -122,7 +128,12 @@ impl Drop for SessionGuard {
 impl Bridge {
     /// Opens the agent's session, refusing a second one, and returns the stream of
     /// events to send to it. The stream ends when the client goes away or the daemon stops.
-    pub fn open_session(&self, agent: &AgentName) -> Result<OpenedSession, SessionConflict> {
+    /// `plugin` is the plugin process's name for itself, when it gave one.
+    pub fn open_session(
+        &self,
+        agent: &AgentName,
+        plugin: Option<String>,
+    ) -> Result<OpenedSession, SessionConflict> {
         let session_id = format!("ses_{}", &TraceId::generate().as_str()[4..]);
         let token = random_suffix(SESSION_TOKEN_LEN);
         {
@@ -134,10 +145,11 @@ impl Bridge {
             *session = Some(LiveSession {
                 id: session_id.clone(),
                 token: token.clone(),
+                plugin: plugin.clone(),
                 sightings: Sightings::default(),
             });
         }
-        let guard = SessionGuard { bridge: self.clone(), agent: agent.clone(), session_id };
+        let guard = SessionGuard { bridge: self.clone(), agent: agent.clone(), session_id, plugin };
         let (tx, rx) = mpsc::channel(SESSION_BUFFER);
         let bridge = self.clone();
         self.inner.tasks.spawn(async move {
@@ -167,6 +179,17 @@ impl Bridge {
                 Err(ToolError::NotLiveSession { agent: agent.to_string() })
             }
         }
+    }
+
+    /// The live session's id and its plugin's name when `token` is its token.
+    pub(super) fn live_session_and_plugin(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+    ) -> Result<(String, Option<String>), ToolError> {
+        let id = self.live_session(agent, token)?;
+        let plugin = self.slot(agent).with_live_session(&id, |live| live.plugin.clone()).flatten();
+        Ok((id, plugin))
     }
 
     /// Checks that a call comes from the agent's live session (for calls that need
@@ -239,7 +262,11 @@ impl Bridge {
             redelivered
         };
         ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
-        tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), "agent session connected");
+        tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), plugin = guard.plugin.as_deref().unwrap_or("-"), "agent session connected");
+        // Verdicts recorded while this plugin was away (the daemon restarted) go first.
+        if !self.plugin_session_opened(guard, &tx).await? {
+            return Ok(());
+        }
         // Whether envelopes waited for this session: those taken back, or the backlog
         // claimed before the session first finds nothing left to take.
         let mut waited = !redelivered.is_empty();
@@ -301,6 +328,11 @@ impl Bridge {
                 () = slot.wake.notified() => {
                     look_in_ledger = true;
                     look_for_reactions = true;
+                }
+                () = slot.verdicts.notified() => {
+                    if !self.hand_over_verdicts(guard, &tx).await? {
+                        return Ok(());
+                    }
                 }
                 () = tokio::time::sleep(heartbeat) => {
                     if tx.send(SessionEvent::Heartbeat).await.is_err() {

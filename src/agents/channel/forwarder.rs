@@ -140,6 +140,15 @@ impl SessionForwarder {
                     }
                     tracing::debug!(trace_id = %notice.trace_id, kind = %notice.kind, "notice pushed into the agent session");
                 }
+                Ok(Some(SessionEvent::PermissionVerdict(verdict))) => {
+                    let notification = ServerNotification::CustomNotification(
+                        super::permissions::verdict_notification(&verdict),
+                    );
+                    if self.peer.send_notification(notification).await.is_err() {
+                        return SessionEnd::AgentGone;
+                    }
+                    tracing::info!(request_id = %verdict.request_id, behavior = %verdict.behavior, "permission verdict handed to the agent session");
+                }
                 Ok(Some(SessionEvent::Heartbeat)) => {}
                 Ok(Some(SessionEvent::Hello { .. })) => {
                     tracing::warn!("the daemon said hello twice on one session stream; ignoring it");

@@ -25,9 +25,9 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CacheScope, CallToolRequestParams, CallToolResponse, DiscoverRequestMethod, DiscoverResult,
-    ExperimentalCapabilities, Implementation, JsonObject, ListToolsResult, PaginatedRequestParams,
-    ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
+    CacheScope, CallToolRequestParams, CallToolResponse, CustomNotification, DiscoverRequestMethod,
+    DiscoverResult, ExperimentalCapabilities, Implementation, JsonObject, ListToolsResult,
+    PaginatedRequestParams, ProtocolVersion, ResultType, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{NotificationContext, RequestContext, ServerInitializeError};
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt, tool, tool_handler, tool_router};
@@ -45,6 +45,7 @@ use crate::ids::{AgentName, RequestId};
 
 mod calls;
 mod forwarder;
+mod permissions;
 mod startup;
 mod stdio;
 mod texts;
@@ -122,7 +123,10 @@ pub async fn run(settings: Settings, agent: AgentName, server_name: String) -> a
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let tools = ToolNames::new(&server_name);
-    let plugin = ChannelPlugin::new(daemon, secret_env, tools, shutdown.clone(), tasks.clone());
+    // Only an agent whose approvals have somewhere to go offers to relay them (DESIGN.md §15).
+    let relays_permissions = settings.agents.get(&agent).is_some_and(|agent| agent.permissions.is_some());
+    let mut plugin = ChannelPlugin::new(daemon, secret_env, tools, shutdown.clone(), tasks.clone());
+    plugin.relays_permissions = relays_permissions;
     let service = match plugin.serve(stdio::transport()).await {
         Ok(service) => service,
         Err(ServerInitializeError::ConnectionClosed(_)) => {
@@ -158,6 +162,11 @@ struct ChannelPlugin {
     stream_refused: Arc<AtomicBool>,
     /// `call_agent` calls waiting for their answer; shared with the session forwarder.
     calls: calls::WaitingCalls,
+    /// Whether the agent has `[agents.NAME.permissions]`: then the plugin declares
+    /// `claude/channel/permission` and relays Claude Code's approvals ([`permissions`]).
+    relays_permissions: bool,
+    /// Relays of permission requests run here, so the session's end waits for them briefly.
+    tasks: TaskTracker,
 }
 
 /// Arguments of the `reply` tool.
@@ -264,7 +273,7 @@ impl ChannelPlugin {
             refused: Arc::clone(&stream_refused),
             calls: calls.clone(),
             shutdown,
-            tasks,
+            tasks: tasks.clone(),
         };
         Self {
             daemon,
@@ -274,6 +283,8 @@ impl ChannelPlugin {
             stream,
             stream_refused,
             calls,
+            relays_permissions: false,
+            tasks,
         }
     }
 
@@ -567,6 +578,9 @@ impl ServerHandler for ChannelPlugin {
     fn get_info(&self) -> ServerConfig {
         let mut experimental = ExperimentalCapabilities::new();
         experimental.insert(CHANNEL_CAPABILITY.to_owned(), JsonObject::new());
+        if self.relays_permissions {
+            experimental.insert(permissions::PERMISSION_CAPABILITY.to_owned(), JsonObject::new());
+        }
         ServerConfig::new(
             ServerCapabilities::builder().enable_experimental_with(experimental).enable_tools().build(),
         )
@@ -588,6 +602,32 @@ impl ServerHandler for ChannelPlugin {
     /// which makes a client fall back the same way.
     async fn discover(&self, _context: RequestContext<RoleServer>) -> Result<DiscoverResult, ErrorData> {
         Err(ErrorData::method_not_found::<DiscoverRequestMethod>())
+    }
+
+    /// `notifications/claude/channel/permission_request`: relayed to the daemon on a task
+    /// of its own, so the MCP service goes on reading meanwhile.
+    async fn on_custom_notification(
+        &self,
+        notification: CustomNotification,
+        _context: NotificationContext<RoleServer>,
+    ) {
+        if notification.method != permissions::PERMISSION_REQUEST_METHOD {
+            tracing::debug!(method = %notification.method, "ignoring a notification this plugin does not know");
+            return;
+        }
+        if !self.relays_permissions {
+            tracing::warn!(
+                "the agent session sent a permission request, but agent '{}' has no [permissions] table: not relayed",
+                self.daemon.agent()
+            );
+            return;
+        }
+        match permissions::read_request(notification.params.as_ref()) {
+            Ok(request) => {
+                self.tasks.spawn(permissions::relay(self.daemon.clone(), request));
+            }
+            Err(problem) => tracing::warn!("ignoring a permission request: {problem}"),
+        }
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {

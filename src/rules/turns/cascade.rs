@@ -213,7 +213,7 @@ pub enum Next {
 }
 
 /// How a cascade ended, with what the room is told.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
     Completed { turns_used: u32, replies: u32 },
@@ -223,7 +223,7 @@ pub enum Outcome {
 
 /// What the room is told about a `/stop`: who stopped it, after how many replies, and who
 /// was still queued.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct StopReport {
     pub by: String,
     pub at: String,
@@ -247,7 +247,7 @@ impl StopReport {
 }
 
 /// A reply cited as evidence.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Evidence {
     pub speaker: u32,
     pub author: AgentName,
@@ -256,7 +256,7 @@ pub struct Evidence {
 
 /// The question the cascade leaves open: the last message that asked for someone (the
 /// last reply, or the human message if no agent replied), and whom it asked for.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct OpenQuestion {
     pub asked_by: Participant,
     pub text: String,
@@ -268,7 +268,7 @@ pub struct OpenQuestion {
 }
 
 /// What the "budget exhausted" post and the ledger record.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BudgetReport {
     pub cascade_limit: u32,
     pub turns_used: u32,

@@ -393,7 +393,7 @@ impl RoomDriver {
             Stopping::Stopped(report) => {
                 let text = report.render(&room.roster);
                 let outcome = Outcome::Stopped(report.clone());
-                update.outcome = Some((serde_json::to_string(&outcome)?, Some(text.clone())));
+                update.outcome = Some((outcome, Some(text.clone())));
                 (NewPost { key: format!("{}/outcome", stored.cascade_id), answers: &message, text }, None)
             }
         };
@@ -658,7 +658,7 @@ impl RoomDriver {
                         decided_on: stored.version,
                         cascade: &cascade,
                         stop_by: None,
-                        outcome: Some((serde_json::to_string(&outcome)?, text)),
+                        outcome: Some((outcome, text)),
                     }),
                     close,
                     open: None,

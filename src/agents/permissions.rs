@@ -1,0 +1,777 @@
+//! The permission relay (DESIGN.md §15): an agent session's tool-use approvals, asked in
+//! Telegram and answered by the agent's approvers.
+//!
+//! A request is a ledger row before anything is posted ([`crate::ledger`]'s
+//! `permission_requests`); the prompt's `sendMessage` is then recorded there as an attempt
+//! is (in flight, then sent, not sent or unknown; unknown is never sent again). An
+//! approver's press or text answer records the verdict, first one wins, and the bridge
+//! hands it to the session of the plugin process that asked. The keeper
+//! ([`PermissionRelay::run_keeper`]) expires what is due, from the ledger, so expiry
+//! survives restarts, and edits every finished prompt to show its outcome without buttons.
+//! An edit shows a final state, so doing it again is harmless ("message is not modified"):
+//! an edit whose outcome is unknown is simply made again later.
+//!
+//! The decisions are [`crate::rules::permissions`]'; this is the I/O around them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Deserialize;
+use serde_json::json;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use crate::agents::api::wire::{PermissionReceipt, PermissionRequest};
+use crate::config::{OperatorSettings, PermissionSettings};
+use crate::ids::{AgentName, random_suffix};
+use crate::ledger::{
+    AnswerRecorded, Ledger, LedgerError, NewPermissionRequest, PermissionState, PromptOutcome, PromptSend,
+    QuestionAnswered, QuestionState, Reconciliation, StoredPermission, StoredQuestion,
+};
+use crate::operate::metrics;
+use crate::rules::permissions::{
+    self as rules, Finding, PERMISSION_ID_PREFIX, PERMISSION_ID_SUFFIX_LEN, PressAction, PressDecision,
+    PressFacts, PromptEnd, PromptFacts, QUESTION_ID_PREFIX, QuestionFacts, Refusal, RequestFacts, Verdict,
+};
+use crate::telegram::bot_api::{BotApi, Exchange};
+use crate::telegram::outbound::{Observed, classify, error_kind, telegram_thread};
+
+/// The keeper looks at the ledger at least this often, whatever it expects: a clock that
+/// jumped, or a write of another process (`switchboard ledger`), is noticed within it.
+const KEEPER_MAX_SLEEP: Duration = Duration::from_secs(60);
+
+/// After an edit whose outcome is unknown (or a ledger that failed), the keeper tries
+/// again this soon.
+const KEEPER_RETRY: Duration = Duration::from_secs(5);
+
+/// A prompt's send waits out Telegram's rate limits (a 429 proves nothing was posted) for
+/// at most this long in all, then counts as not sent.
+const PROMPT_RATE_LIMIT_BUDGET: Duration = Duration::from_secs(60);
+
+/// Longest description and preview stored: Claude Code cuts the preview at 200
+/// characters; a description far longer than a prompt can show is cut here.
+const MAX_STORED_FIELD_CHARS: usize = 8 * 1024;
+
+/// Relays the approvals of the agents that have `[agents.NAME.permissions]`.
+#[derive(Clone)]
+pub struct PermissionRelay {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    ledger: Ledger,
+    /// The Bot API, through the send client (its timeout makes a slow send unknown).
+    api: BotApi,
+    /// Each relayed agent's route, approvers and timeout.
+    relays: BTreeMap<AgentName, PermissionSettings>,
+    /// `[operator]`: where unresolved sends are asked about, if anywhere.
+    operator: Option<OperatorSettings>,
+    /// Rung when the keeper has something to do (a new request, a verdict, an ended session).
+    keeper: Notify,
+    /// Prompts' sends run here, so a caller that goes away cannot cut one between its
+    /// record and its outcome.
+    tasks: TaskTracker,
+}
+
+/// Who asks: the session and the plugin process behind it.
+#[derive(Debug, Clone, Copy)]
+pub struct Asker<'a> {
+    pub agent: &'a AgentName,
+    pub session_id: &'a str,
+    pub plugin_id: &'a str,
+}
+
+/// Why a request was not relayed; nothing was recorded or posted.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(
+        "agent '{0}' has no [agents.{0}.permissions] in the switchboard configuration: its approvals are not \
+         relayed, answer at the terminal"
+    )]
+    NotRelayed(String),
+    #[error(transparent)]
+    Ledger(#[from] LedgerError),
+}
+
+/// A `callback_query` update: a press on one of the bot's buttons.
+#[derive(Debug, Clone, Deserialize)]
+pub struct CallbackPress {
+    /// Telegram's id of the query, to answer it.
+    pub id: String,
+    pub from: CallbackUser,
+    #[serde(default)]
+    pub data: Option<String>,
+    /// The message the button is under (absent for inline-mode messages).
+    #[serde(default)]
+    pub message: Option<CallbackMessage>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CallbackUser {
+    pub id: i64,
+    #[serde(default)]
+    pub username: Option<String>,
+    #[serde(default)]
+    pub first_name: String,
+}
+
+impl CallbackUser {
+    fn shown(&self) -> String {
+        match &self.username {
+            Some(username) => format!("@{username}"),
+            None => self.first_name.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CallbackMessage {
+    pub message_id: i32,
+    pub chat: CallbackChat,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct CallbackChat {
+    pub id: i64,
+}
+
+/// The callback query of a raw update, if it is one. Cheap for every other update: the
+/// text is looked at before anything is parsed.
+pub fn callback_press(raw_update: &str) -> Option<CallbackPress> {
+    #[derive(Deserialize)]
+    struct Update {
+        callback_query: CallbackPress,
+    }
+    if !raw_update.contains("\"callback_query\"") {
+        return None;
+    }
+    serde_json::from_str::<Update>(raw_update).ok().map(|update| update.callback_query)
+}
+
+/// An approver's `yes <id>` / `no <id>` in a relay's chat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TextAnswer {
+    pub verdict: Verdict,
+    pub request_id: String,
+    pub chat_id: i64,
+    pub from: i64,
+    pub from_shown: String,
+}
+
+/// A chat where approvers answer: what the poller needs to tell a text answer from work
+/// for an agent.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AnswerChat {
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    pub approvers: Vec<i64>,
+}
+
+/// The chats of every relay in `settings`.
+pub fn answer_chats(settings: &crate::config::Settings) -> Vec<AnswerChat> {
+    settings
+        .agents
+        .values()
+        .filter_map(|agent| agent.permissions.as_ref())
+        .map(|relay| AnswerChat {
+            chat_id: relay.chat_id,
+            thread_id: relay.thread_id,
+            approvers: relay.approvers.clone(),
+        })
+        .collect()
+}
+
+/// Whether a message is an approver's text answer in a relay's chat (and so no work for
+/// any agent). Pure: the poller asks it of every message while relays are configured.
+pub fn text_answer(
+    chats: &[AnswerChat],
+    chat_id: i64,
+    thread_id: Option<i32>,
+    sender: i64,
+    text: Option<&str>,
+) -> Option<(Verdict, String)> {
+    let answer = rules::parse_text_verdict(text?)?;
+    let here = |chat: &&AnswerChat| {
+        chat.chat_id == chat_id
+            && chat.thread_id.is_none_or(|thread| Some(thread) == thread_id)
+            && chat.approvers.contains(&sender)
+    };
+    chats.iter().find(here).map(|_| answer)
+}
+
+impl PermissionRelay {
+    pub fn new(
+        ledger: Ledger,
+        api: BotApi,
+        relays: BTreeMap<AgentName, PermissionSettings>,
+        operator: Option<OperatorSettings>,
+        tasks: TaskTracker,
+    ) -> Self {
+        Self { inner: Arc::new(Inner { ledger, api, relays, operator, keeper: Notify::new(), tasks }) }
+    }
+
+    /// The relays of `settings`, by agent.
+    pub fn relays_of(settings: &crate::config::Settings) -> BTreeMap<AgentName, PermissionSettings> {
+        settings
+            .agents
+            .iter()
+            .filter_map(|(name, agent)| Some((name.clone(), agent.permissions.clone()?)))
+            .collect()
+    }
+
+    /// Something for the keeper: a request to time, a prompt to edit.
+    pub fn ring_keeper(&self) {
+        self.inner.keeper.notify_one();
+    }
+
+    /// Records the request, then posts its prompt. A request the same plugin already
+    /// asked is not posted again: the receipt says what became of it.
+    pub async fn ask(
+        &self,
+        asker: Asker<'_>,
+        request: PermissionRequest,
+    ) -> Result<PermissionReceipt, AskError> {
+        let relay = self
+            .inner
+            .relays
+            .get(asker.agent)
+            .ok_or_else(|| AskError::NotRelayed(asker.agent.to_string()))?;
+        if !rules::is_claude_request_id(&request.request_id) {
+            return Err(AskError::Invalid(format!(
+                "request_id {:?} is not a permission request id (five letters a-z without l); nothing was relayed",
+                request.request_id
+            )));
+        }
+        if request.tool_name.trim().is_empty() {
+            return Err(AskError::Invalid("tool_name is empty; nothing was relayed".into()));
+        }
+        let id = format!("{PERMISSION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
+        // The configuration bounds the timeout to a week, well within chrono's range.
+        let timeout = chrono::Duration::from_std(relay.timeout).unwrap_or(chrono::Duration::weeks(1));
+        let expires_at = crate::ledger::timestamp(Utc::now() + timeout);
+        let description = cut(&request.description);
+        let input_preview = cut(&request.input_preview);
+        let new = NewPermissionRequest {
+            id: &id,
+            agent: asker.agent.as_str(),
+            session_id: asker.session_id,
+            plugin_id: asker.plugin_id,
+            request_id: &request.request_id,
+            tool_name: request.tool_name.trim(),
+            description: &description,
+            input_preview: &input_preview,
+            expires_at: &expires_at,
+            route: relay.route.as_str(),
+            chat_id: relay.chat_id,
+            thread_id: relay.thread_id,
+        };
+        let (row, new) = self.inner.ledger.record_permission_request(&new).await?;
+        if !new {
+            tracing::info!(agent = %asker.agent, permission_id = %row.id, "a permission request asked again: not posted again");
+            return Ok(receipt(&row));
+        }
+        tracing::info!(agent = %asker.agent, permission_id = %row.id, request_id = %row.request_id, tool = %row.tool_name, "permission request recorded; posting its prompt");
+        self.ring_keeper();
+        let relay = self.clone();
+        let row = self
+            .inner
+            .tasks
+            .spawn(async move { relay.post_prompt(row).await })
+            .await
+            .map_err(|e| LedgerError::other(format!("the prompt's send was cut short: {e}")))??;
+        Ok(receipt(&row))
+    }
+
+    /// Posts a recorded request's prompt and records what the send came to.
+    async fn post_prompt(&self, row: StoredPermission) -> Result<StoredPermission, LedgerError> {
+        let facts = prompt_facts(&row);
+        let mut params = json!({
+            "chat_id": row.chat_id,
+            "text": rules::prompt_text(&facts),
+            "parse_mode": "HTML",
+            "reply_markup": rules::keyboard(&row.id),
+        });
+        if let Some(thread_id) = telegram_thread(row.thread_id) {
+            params["message_thread_id"] = json!(thread_id);
+        }
+        let mut budget = PROMPT_RATE_LIMIT_BUDGET;
+        let observed = loop {
+            let exchange = self.inner.api.call("sendMessage", &params).await;
+            let observed = classify(&exchange);
+            if let Some(kind) = error_kind(&exchange, &observed) {
+                metrics::bot_api_error("sendMessage", kind);
+            }
+            match observed {
+                // A 429 proves nothing was posted: waiting and sending again is safe.
+                Observed::NotSent { retry_after: Some(wait), .. } if wait <= budget => {
+                    budget -= wait;
+                    tracing::warn!(permission_id = %row.id, wait_secs = wait.as_secs(), "Telegram rate limit on a permission prompt: waiting");
+                    tokio::time::sleep(wait).await;
+                }
+                observed => break observed,
+            }
+        };
+        let outcome = match observed {
+            Observed::Sent { message_id } => PromptOutcome::Sent { message_id },
+            Observed::NotSent { error, .. } => PromptOutcome::NotSent { error },
+            Observed::Unknown { error } => PromptOutcome::Unknown { error },
+        };
+        let row = self.inner.ledger.finish_prompt_send(&row.id, &outcome).await?;
+        // The request may have ended while its prompt was on its way (its session did):
+        // the keeper edits it now that there is a message to edit.
+        if row.state != PermissionState::Pending {
+            self.ring_keeper();
+        }
+        match &outcome {
+            PromptOutcome::Sent { message_id } => {
+                tracing::info!(permission_id = %row.id, message_id, chat_id = row.chat_id, "permission prompt posted")
+            }
+            PromptOutcome::NotSent { error } => tracing::error!(
+                permission_id = %row.id, chat_id = row.chat_id,
+                "the permission prompt could not be posted ({error}): the request expired; it is answered at the terminal"
+            ),
+            PromptOutcome::Unknown { error } => tracing::error!(
+                permission_id = %row.id, chat_id = row.chat_id,
+                "the permission prompt may or may not have been posted ({error}); it is not sent again"
+            ),
+        }
+        Ok(row)
+    }
+
+    /// A press on a button. Returns the agent whose asking session now has a verdict to be
+    /// handed, if the press recorded one.
+    pub async fn press(&self, press: &CallbackPress) -> Option<AgentName> {
+        if let Some(question) = press.data.as_deref().and_then(rules::parse_question_callback) {
+            self.question_press(press, &question).await;
+            return None;
+        }
+        let parsed = press.data.as_deref().and_then(rules::parse_callback);
+        let row = match &parsed {
+            Some(parsed) => match self.inner.ledger.permission(&parsed.permission_id).await {
+                Ok(row) => row,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the permission request a press names");
+                    self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.")
+                        .await;
+                    return None;
+                }
+            },
+            None => None,
+        };
+        // A button of a prompt in another chat than the request's is not that request's.
+        let row =
+            row.filter(|row| press.message.as_ref().is_none_or(|message| message.chat.id == row.chat_id));
+        let (Some(parsed), Some(row)) = (parsed, row) else {
+            tracing::warn!(from = press.from.id, data = ?press.data, "a button press names no permission request: nothing changed");
+            self.answer_callback(&press.id, Refusal::NoSuchRequest.explanation()).await;
+            return None;
+        };
+        let decision = self.decide(&row, parsed.action, press.from.id);
+        if let (None, Some(message)) = (row.prompt_message_id, &press.message)
+            && row.prompt_send == PromptSend::Unknown
+        {
+            // The press proves the prompt was posted, and where: its final edit can be made.
+            match self.inner.ledger.note_prompt_message(&row.id, message.message_id).await {
+                Ok(()) => self.ring_keeper(),
+                Err(e) => {
+                    tracing::warn!(permission_id = %row.id, error = %e, "could not note where a prompt was posted")
+                }
+            }
+        }
+        match decision {
+            PressDecision::Refuse(refusal) => {
+                tracing::warn!(permission_id = %row.id, from = press.from.id, ?refusal, "a press on a permission prompt changed nothing");
+                self.answer_callback(&press.id, refusal.explanation()).await;
+                None
+            }
+            PressDecision::ShowMore => {
+                self.answer_callback(&press.id, "").await;
+                self.show_more(&row, press.message.as_ref().map(|m| m.message_id)).await;
+                None
+            }
+            PressDecision::Record(verdict) => {
+                let recorded = self.record(&row, verdict, press.from.id, &press.from.shown()).await;
+                let text = match &recorded {
+                    Some(_) if verdict == Verdict::Allow => "Allowed.",
+                    Some(_) => "Denied.",
+                    None => Refusal::NoLongerPending.explanation(),
+                };
+                self.answer_callback(&press.id, text).await;
+                recorded
+            }
+        }
+    }
+
+    /// An approver's text answer (the poller has checked the chat and the approver).
+    /// Returns the agent whose session has a verdict to be handed, if it recorded one.
+    pub async fn text_answer(&self, answer: &TextAnswer) -> Option<AgentName> {
+        let named =
+            match self.inner.ledger.pending_permissions_named(&answer.request_id, answer.chat_id).await {
+                Ok(named) => named,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not read the permission request a text answer names");
+                    return None;
+                }
+            };
+        let [row] = named.as_slice() else {
+            tracing::warn!(
+                request_id = %answer.request_id, from = answer.from, matching = named.len(),
+                "a text answer names no single pending permission request in this chat: nothing changed"
+            );
+            return None;
+        };
+        match self.decide(row, PressAction::Answer(answer.verdict), answer.from) {
+            PressDecision::Record(verdict) => {
+                self.record(row, verdict, answer.from, &answer.from_shown).await
+            }
+            other => {
+                tracing::warn!(permission_id = %row.id, from = answer.from, ?other, "a text answer changed nothing");
+                None
+            }
+        }
+    }
+
+    fn decide(&self, row: &StoredPermission, action: PressAction, presser: i64) -> PressDecision {
+        let agent = AgentName::parse(&row.agent).ok();
+        let approvers = agent
+            .as_ref()
+            .and_then(|agent| self.inner.relays.get(agent))
+            .map(|relay| relay.approvers.as_slice())
+            .unwrap_or_default();
+        let facts = RequestFacts {
+            pending: row.state == PermissionState::Pending,
+            past_expiry: row.expires_at <= crate::ledger::now(),
+        };
+        rules::decide_press(action, PressFacts { request: Some(facts), presser, approvers })
+    }
+
+    /// Records a verdict; `Some(agent)` when it was the first.
+    async fn record(
+        &self,
+        row: &StoredPermission,
+        verdict: Verdict,
+        by: i64,
+        by_shown: &str,
+    ) -> Option<AgentName> {
+        match self.inner.ledger.answer_permission(&row.id, verdict, by, by_shown).await {
+            Ok(AnswerRecorded::Recorded(row)) => {
+                tracing::info!(permission_id = %row.id, agent = %row.agent, by, verdict = verdict.behavior(), "permission request answered");
+                self.ring_keeper();
+                AgentName::parse(&row.agent).ok()
+            }
+            Ok(AnswerRecorded::TooLate(row)) => {
+                tracing::warn!(permission_id = %row.id, state = %row.state, by, "a verdict came too late: nothing changed");
+                None
+            }
+            Ok(AnswerRecorded::Unknown) => None,
+            Err(e) => {
+                tracing::error!(permission_id = %row.id, error = %e, "could not record a verdict: nothing changed");
+                None
+            }
+        }
+    }
+
+    /// More: the prompt shows the whole request, its buttons kept.
+    async fn show_more(&self, row: &StoredPermission, pressed_on: Option<i32>) {
+        let Some(message_id) = row.prompt_message_id.or(pressed_on) else { return };
+        let params = json!({
+            "chat_id": row.chat_id,
+            "message_id": message_id,
+            "text": rules::full_prompt_text(&prompt_facts(row)),
+            "parse_mode": "HTML",
+            "reply_markup": rules::keyboard(&row.id),
+        });
+        let exchange = self.inner.api.call("editMessageText", &params).await;
+        if !matches!(classify(&exchange), Observed::Sent { .. }) {
+            tracing::warn!(permission_id = %row.id, ?exchange, "could not show the whole permission request");
+        }
+    }
+
+    async fn answer_callback(&self, query_id: &str, text: &str) {
+        let mut params = json!({ "callback_query_id": query_id });
+        if !text.is_empty() {
+            params["text"] = json!(text);
+        }
+        // The spinner on the presser's button stops on its own after a while; an answer
+        // that failed is only logged.
+        match self.inner.api.call("answerCallbackQuery", &params).await {
+            Exchange::Answered { status: 200, .. } => {}
+            other => tracing::warn!(?other, "answerCallbackQuery failed"),
+        }
+    }
+
+    /// Expires what is due and edits the finished prompts, until `shutdown`.
+    pub async fn run_keeper(self, shutdown: CancellationToken) {
+        loop {
+            let wait = match self.keep_once().await {
+                Ok(wait) => wait,
+                Err(e) => {
+                    tracing::warn!(error = %e, "the permission keeper could not read or write the ledger; trying again");
+                    KEEPER_RETRY
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(wait) => {}
+                () = self.inner.keeper.notified() => {}
+                () = shutdown.cancelled() => return,
+            }
+        }
+    }
+
+    /// One round of the keeper: returns how long it may sleep.
+    pub async fn keep_once(&self) -> Result<Duration, LedgerError> {
+        let ledger = &self.inner.ledger;
+        let questions_wait = self.keep_questions().await?;
+        for row in ledger.expire_due_permissions().await? {
+            tracing::info!(permission_id = %row.id, agent = %row.agent, "permission request expired unanswered");
+        }
+        let mut wait = questions_wait;
+        for row in ledger.unsettled_prompts().await? {
+            match self.settle(&row).await {
+                Ok(true) => ledger.settle_prompt(&row.id).await?,
+                Ok(false) => wait = KEEPER_RETRY,
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(next) = ledger.next_permission_expiry().await? {
+            let until = DateTime::parse_from_rfc3339(&next)
+                .map(|at| (at.with_timezone(&Utc) - Utc::now()).to_std().unwrap_or(Duration::ZERO))
+                .unwrap_or(KEEPER_RETRY);
+            wait = wait.min(until);
+        }
+        Ok(wait)
+    }
+
+    /// Edits a finished prompt to its outcome, without buttons. True once it shows it (or
+    /// has nothing to show it on, or Telegram refused the edit for good); false when the
+    /// edit's outcome is unknown, to be made again.
+    async fn settle(&self, row: &StoredPermission) -> Result<bool, LedgerError> {
+        let Some(message_id) = row.prompt_message_id else { return Ok(true) };
+        let end = match (row.state, &row.answered_by_name, &row.answered_at) {
+            (PermissionState::Allowed, Some(by), Some(at)) => {
+                PromptEnd::Answered { verdict: Verdict::Allow, by, at }
+            }
+            (PermissionState::Denied, Some(by), Some(at)) => {
+                PromptEnd::Answered { verdict: Verdict::Deny, by, at }
+            }
+            _ => PromptEnd::Expired,
+        };
+        let text = rules::final_prompt_text(&prompt_facts(row), end);
+        Ok(self.edit_to_final(row.chat_id, message_id, &text, &row.id).await)
+    }
+}
+
+/// The operator's questions (issue 23): every unresolved send is asked once in the
+/// `[operator]` route's chat, and an operator's answer reconciles it as the CLI does.
+impl PermissionRelay {
+    /// Asks about the unresolved sends not asked about yet, settles questions whose
+    /// envelope was reconciled another way, and edits answered ones; returns how long the
+    /// keeper may sleep as far as questions go.
+    async fn keep_questions(&self) -> Result<Duration, LedgerError> {
+        let Some(operator) = &self.inner.operator else { return Ok(KEEPER_MAX_SLEEP) };
+        let ledger = &self.inner.ledger;
+        let new_id = || format!("{QUESTION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
+        for question in ledger.record_new_questions(operator.chat_id, operator.thread_id, new_id).await? {
+            self.post_question(&question).await?;
+        }
+        ledger.settle_answered_elsewhere().await?;
+        let mut wait = KEEPER_MAX_SLEEP;
+        for question in ledger.unsettled_questions().await? {
+            let Some(message_id) = question.prompt_message_id else {
+                ledger.settle_question_prompt(&question.id).await?;
+                continue;
+            };
+            let found = match (question.state, &question.answered_by_name, &question.answered_at) {
+                (QuestionState::Delivered, Some(by), Some(at)) => {
+                    Some((Finding::Delivered, by.as_str(), at.as_str()))
+                }
+                (QuestionState::NotDelivered, Some(by), Some(at)) => {
+                    Some((Finding::NotDelivered, by.as_str(), at.as_str()))
+                }
+                _ => None,
+            };
+            let text = rules::final_question_text(&question_facts(&question), found);
+            if self.edit_to_final(question.chat_id, message_id, &text, &question.id).await {
+                ledger.settle_question_prompt(&question.id).await?;
+            } else {
+                wait = KEEPER_RETRY;
+            }
+        }
+        Ok(wait)
+    }
+
+    /// Posts a question and records what its send came to; never sent again.
+    async fn post_question(&self, question: &StoredQuestion) -> Result<(), LedgerError> {
+        let mut params = json!({
+            "chat_id": question.chat_id,
+            "text": rules::question_text(&question_facts(question)),
+            "parse_mode": "HTML",
+            "reply_markup": rules::question_keyboard(&question.id),
+        });
+        if let Some(thread_id) = telegram_thread(question.thread_id) {
+            params["message_thread_id"] = json!(thread_id);
+        }
+        let exchange = self.inner.api.call("sendMessage", &params).await;
+        let observed = classify(&exchange);
+        if let Some(kind) = error_kind(&exchange, &observed) {
+            metrics::bot_api_error("sendMessage", kind);
+        }
+        let outcome = match observed {
+            Observed::Sent { message_id } => PromptOutcome::Sent { message_id },
+            Observed::NotSent { error, .. } => PromptOutcome::NotSent { error },
+            Observed::Unknown { error } => PromptOutcome::Unknown { error },
+        };
+        self.inner.ledger.finish_question_send(&question.id, &outcome).await?;
+        match &outcome {
+            PromptOutcome::Sent { .. } => {
+                tracing::info!(question = %question.id, trace_id = %question.trace_id, "asked the operators about an unresolved send")
+            }
+            PromptOutcome::NotSent { error } | PromptOutcome::Unknown { error } => tracing::warn!(
+                question = %question.id, trace_id = %question.trace_id,
+                "could not ask the operators about an unresolved send ({error}); reconcile it with `switchboard ledger reconcile`"
+            ),
+        }
+        Ok(())
+    }
+
+    async fn question_press(&self, press: &CallbackPress, parsed: &rules::QuestionPress) {
+        let question = match self.inner.ledger.question(&parsed.question_id).await {
+            Ok(question) => question,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the question a press names");
+                self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.")
+                    .await;
+                return;
+            }
+        };
+        let question =
+            question.filter(|q| press.message.as_ref().is_none_or(|message| message.chat.id == q.chat_id));
+        let operators = self.inner.operator.as_ref().map(|o| o.operators.as_slice()).unwrap_or_default();
+        let open = question.as_ref().map(|q| q.state == QuestionState::Open);
+        if let Err(refusal) = rules::decide_question(press.from.id, operators, open) {
+            tracing::warn!(
+                from = press.from.id,
+                ?refusal,
+                "a press on an operator's question changed nothing"
+            );
+            self.answer_callback(&press.id, refusal.explanation()).await;
+            return;
+        }
+        let Some(question) = question else { return };
+        let finding = match parsed.finding {
+            Finding::Delivered => Reconciliation::Delivered,
+            Finding::NotDelivered => Reconciliation::NotDelivered,
+        };
+        let text = match self
+            .inner
+            .ledger
+            .answer_question(&question, finding, press.from.id, &press.from.shown())
+            .await
+        {
+            Ok(QuestionAnswered::Reconciled) => {
+                tracing::info!(question = %question.id, trace_id = %question.trace_id, by = press.from.id, ?finding, "an operator reconciled an unresolved send");
+                self.ring_keeper();
+                "Recorded."
+            }
+            Ok(QuestionAnswered::TooLate) => Refusal::NoLongerPending.explanation(),
+            Err(e) => {
+                tracing::error!(question = %question.id, error = %e, "could not record an operator's answer");
+                "The switchboard could not record that; try again."
+            }
+        };
+        self.answer_callback(&press.id, text).await;
+    }
+
+    /// Edits a prompt to its final text, without buttons: true once it shows it (or
+    /// Telegram refused the edit for good), false to try again.
+    async fn edit_to_final(&self, chat_id: i64, message_id: i32, text: &str, id: &str) -> bool {
+        let params =
+            json!({ "chat_id": chat_id, "message_id": message_id, "text": text, "parse_mode": "HTML" });
+        let exchange = self.inner.api.call("editMessageText", &params).await;
+        match classify(&exchange) {
+            Observed::Sent { .. } => true,
+            Observed::NotSent { retry_after: Some(_), .. } => false,
+            Observed::NotSent { error, .. } if error.contains("message is not modified") => true,
+            Observed::NotSent { error, .. } => {
+                tracing::warn!(id, "Telegram refused to edit a prompt ({error}); leaving it");
+                !matches!(exchange, Exchange::NotConnected(_))
+            }
+            Observed::Unknown { error } => {
+                tracing::warn!(id, "a prompt's edit may not have happened ({error}); trying again");
+                false
+            }
+        }
+    }
+}
+
+fn question_facts(question: &StoredQuestion) -> QuestionFacts<'_> {
+    QuestionFacts {
+        trace_id: &question.trace_id,
+        chat_id: question.sent_chat_id,
+        sent_at: &question.sent_at,
+        text: &question.sent_text,
+    }
+}
+
+fn prompt_facts(row: &StoredPermission) -> PromptFacts<'_> {
+    PromptFacts {
+        agent: &row.agent,
+        request_id: &row.request_id,
+        tool_name: &row.tool_name,
+        description: &row.description,
+        input_preview: &row.input_preview,
+    }
+}
+
+fn receipt(row: &StoredPermission) -> PermissionReceipt {
+    PermissionReceipt {
+        permission_id: row.id.clone(),
+        state: row.state.as_str().to_owned(),
+        prompt: row.prompt_send.as_str().to_owned(),
+        detail: row.prompt_error.clone(),
+    }
+}
+
+fn cut(text: &str) -> String {
+    match text.char_indices().nth(MAX_STORED_FIELD_CHARS) {
+        Some((at, _)) => format!("{}…", &text[..at]),
+        None => text.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chats() -> Vec<AnswerChat> {
+        vec![AnswerChat { chat_id: 42, thread_id: Some(5), approvers: vec![7] }]
+    }
+
+    #[test]
+    fn a_text_answer_is_an_approvers_yes_or_no_in_the_relays_chat_and_topic() {
+        let answer = Some((Verdict::Allow, "abcde".to_owned()));
+        assert_eq!(text_answer(&chats(), 42, Some(5), 7, Some("YES abcde")), answer);
+        assert_eq!(text_answer(&chats(), 42, Some(5), 8, Some("yes abcde")), None, "not an approver");
+        assert_eq!(text_answer(&chats(), 42, Some(6), 7, Some("yes abcde")), None, "another topic");
+        assert_eq!(text_answer(&chats(), 43, Some(5), 7, Some("yes abcde")), None, "another chat");
+        assert_eq!(text_answer(&chats(), 42, Some(5), 7, Some("yes, do it")), None, "not an answer");
+        assert_eq!(text_answer(&chats(), 42, Some(5), 7, None), None);
+    }
+
+    #[test]
+    fn only_callback_queries_are_read_as_presses() {
+        let press = callback_press(
+            r#"{"update_id":5,"callback_query":{"id":"q1","from":{"id":7,"is_bot":false,"first_name":"Ann"},
+                "data":"sbp:prm_x:a","message":{"message_id":9,"chat":{"id":42,"type":"private"},"date":0}}}"#,
+        )
+        .unwrap();
+        assert_eq!((press.id.as_str(), press.from.id, press.data.as_deref()), ("q1", 7, Some("sbp:prm_x:a")));
+        assert_eq!(press.message.map(|m| (m.message_id, m.chat.id)), Some((9, 42)));
+        assert!(callback_press(r#"{"update_id":6,"message":{"text":"\"callback_query\""}}"#).is_none());
+    }
+}

@@ -1,0 +1,614 @@
+//! Permission requests (DESIGN.md §15): one row per tool-use approval an agent's session
+//! relayed, written before its prompt is posted. The row says who asked (the session and
+//! the plugin process), where the prompt went and what became of its send, the verdict
+//! and who gave it, and whether the asking plugin has been handed the verdict. The first
+//! verdict wins: every change of state is conditional on the row still being `pending`.
+
+use rusqlite::OptionalExtension;
+
+use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
+use super::{Ledger, LedgerResult, now};
+
+/// The `state` column: what a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PermissionState {
+    /// Asked, and neither answered nor expired.
+    Pending,
+    Allowed,
+    Denied,
+    /// Unanswered at its timeout, its session ended, or its prompt could not be posted:
+    /// the terminal is where it gets answered.
+    Expired,
+}
+
+impl PermissionState {
+    pub const ALL: [Self; 4] = [Self::Pending, Self::Allowed, Self::Denied, Self::Expired];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pending => "pending",
+            Self::Allowed => "allowed",
+            Self::Denied => "denied",
+            Self::Expired => "expired",
+        }
+    }
+}
+
+impl std::fmt::Display for PermissionState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// The `prompt_send` column: the prompt's `sendMessage`, classified as an attempt is
+/// (DESIGN.md §4). `unknown` is never sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PromptSend {
+    InFlight,
+    Sent,
+    NotSent,
+    Unknown,
+}
+
+impl PromptSend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Sent => "sent",
+            Self::NotSent => "not_sent",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+/// What the prompt's send was observed to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PromptOutcome {
+    Sent { message_id: i32 },
+    NotSent { error: String },
+    Unknown { error: String },
+}
+
+/// Why a request expired (`expired_because`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExpiredBecause {
+    /// Nobody answered within `timeout_secs`.
+    Timeout,
+    /// The plugin process that asked is gone.
+    SessionEnded,
+    /// Its prompt was provably not posted.
+    PromptNotSent,
+}
+
+impl ExpiredBecause {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Timeout => "timeout",
+            Self::SessionEnded => "session_ended",
+            Self::PromptNotSent => "prompt_not_sent",
+        }
+    }
+}
+
+/// A request to record, before anything is posted.
+#[derive(Debug, Clone)]
+pub struct NewPermissionRequest<'a> {
+    /// The switchboard's opaque id (`prm_…`): what the prompt's buttons carry.
+    pub id: &'a str,
+    pub agent: &'a str,
+    pub session_id: &'a str,
+    pub plugin_id: &'a str,
+    /// Claude Code's id of the request (five letters).
+    pub request_id: &'a str,
+    pub tool_name: &'a str,
+    pub description: &'a str,
+    pub input_preview: &'a str,
+    pub expires_at: &'a str,
+    pub route: &'a str,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+}
+
+/// A request as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredPermission {
+    pub id: String,
+    pub agent: String,
+    pub session_id: String,
+    pub plugin_id: String,
+    pub request_id: String,
+    pub tool_name: String,
+    pub description: String,
+    pub input_preview: String,
+    pub asked_at: String,
+    pub expires_at: String,
+    pub state: PermissionState,
+    pub route: String,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    pub prompt_send: PromptSend,
+    pub prompt_message_id: Option<i32>,
+    pub prompt_error: Option<String>,
+    pub prompt_settled: bool,
+    pub answered_by: Option<i64>,
+    pub answered_by_name: Option<String>,
+    pub answered_at: Option<String>,
+    pub expired_because: Option<String>,
+    pub verdict_sent_at: Option<String>,
+}
+
+macro_rules! permission_columns {
+    () => {
+        "id, agent, session_id, plugin_id, request_id, tool_name, description, input_preview, asked_at, \
+         expires_at, state, route, chat_id, thread_id, prompt_send, prompt_message_id, prompt_error, \
+         prompt_settled, answered_by, answered_by_name, answered_at, expired_because, verdict_sent_at"
+    };
+}
+
+impl StoredPermission {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get("id")?,
+            agent: row.get("agent")?,
+            session_id: row.get("session_id")?,
+            plugin_id: row.get("plugin_id")?,
+            request_id: row.get("request_id")?,
+            tool_name: row.get("tool_name")?,
+            description: row.get("description")?,
+            input_preview: row.get("input_preview")?,
+            asked_at: row.get("asked_at")?,
+            expires_at: row.get("expires_at")?,
+            state: text_enum(row, "state")?,
+            route: row.get("route")?,
+            chat_id: row.get("chat_id")?,
+            thread_id: row.get("thread_id")?,
+            prompt_send: text_enum(row, "prompt_send")?,
+            prompt_message_id: row.get("prompt_message_id")?,
+            prompt_error: row.get("prompt_error")?,
+            prompt_settled: row.get("prompt_settled")?,
+            answered_by: row.get("answered_by")?,
+            answered_by_name: row.get("answered_by_name")?,
+            answered_at: row.get("answered_at")?,
+            expired_because: row.get("expired_because")?,
+            verdict_sent_at: row.get("verdict_sent_at")?,
+        })
+    }
+}
+
+/// A verdict an approver gave.
+pub use crate::rules::permissions::Verdict as PermissionVerdict;
+
+impl PermissionState {
+    /// The state a verdict puts a request in.
+    pub fn of(verdict: PermissionVerdict) -> Self {
+        match verdict {
+            PermissionVerdict::Allow => Self::Allowed,
+            PermissionVerdict::Deny => Self::Denied,
+        }
+    }
+}
+
+/// What recording a verdict came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AnswerRecorded {
+    /// This verdict is the one: the row as it is now.
+    Recorded(StoredPermission),
+    /// The request was no longer pending (answered first, or expired): nothing changed.
+    TooLate(StoredPermission),
+    /// No request has that id.
+    Unknown,
+}
+
+fn permission_in(db: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<StoredPermission>> {
+    query_row_cached(
+        db,
+        concat!("SELECT ", permission_columns!(), " FROM permission_requests WHERE id = ?"),
+        [id],
+        StoredPermission::from_row,
+    )
+    .optional()
+}
+
+impl Ledger {
+    /// Records a request as `pending` with its prompt's send `in_flight`, unless this
+    /// plugin already asked it (a repeated call after a broken connection). Returns the
+    /// row, and whether it is new: only a new row's prompt is to be posted.
+    pub async fn record_permission_request(
+        &self,
+        new: &NewPermissionRequest<'_>,
+    ) -> LedgerResult<(StoredPermission, bool)> {
+        self.write_in_place(|db| {
+            let inserted = execute_cached(
+                db,
+                "INSERT INTO permission_requests (id, agent, session_id, plugin_id, request_id, tool_name, \
+                 description, input_preview, asked_at, expires_at, state, route, chat_id, thread_id, prompt_send) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, 'pending', ?11, ?12, ?13, 'in_flight') \
+                 ON CONFLICT (plugin_id, request_id) DO NOTHING",
+                rusqlite::params![
+                    new.id,
+                    new.agent,
+                    new.session_id,
+                    new.plugin_id,
+                    new.request_id,
+                    new.tool_name,
+                    new.description,
+                    new.input_preview,
+                    now(),
+                    new.expires_at,
+                    new.route,
+                    new.chat_id,
+                    new.thread_id,
+                ],
+            )?;
+            let row = query_row_cached(
+                db,
+                concat!(
+                    "SELECT ",
+                    permission_columns!(),
+                    " FROM permission_requests WHERE plugin_id = ? AND request_id = ?"
+                ),
+                [new.plugin_id, new.request_id],
+                StoredPermission::from_row,
+            )?;
+            Ok((row, inserted == 1))
+        })
+        .await
+    }
+
+    /// Records what the prompt's send came to. A prompt provably not posted expires its
+    /// request at once: nobody can answer it in Telegram, and the terminal still asks.
+    pub async fn finish_prompt_send(
+        &self,
+        id: &str,
+        outcome: &PromptOutcome,
+    ) -> LedgerResult<StoredPermission> {
+        self.write_in_place(|db| {
+            match outcome {
+                PromptOutcome::Sent { message_id } => execute_cached(
+                    db,
+                    "UPDATE permission_requests SET prompt_send = 'sent', prompt_message_id = ?, prompt_settled = 0 WHERE id = ?",
+                    rusqlite::params![message_id, id],
+                )?,
+                PromptOutcome::NotSent { error } => execute_cached(
+                    db,
+                    "UPDATE permission_requests SET prompt_send = 'not_sent', prompt_error = ?1, prompt_settled = 1, \
+                     state = CASE state WHEN 'pending' THEN 'expired' ELSE state END, \
+                     expired_because = CASE state WHEN 'pending' THEN ?2 ELSE expired_because END \
+                     WHERE id = ?3",
+                    rusqlite::params![error, ExpiredBecause::PromptNotSent.as_str(), id],
+                )?,
+                PromptOutcome::Unknown { error } => execute_cached(
+                    db,
+                    "UPDATE permission_requests SET prompt_send = 'unknown', prompt_error = ? WHERE id = ?",
+                    rusqlite::params![error, id],
+                )?,
+            };
+            permission_in(db, id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)
+        })
+        .await
+    }
+
+    /// Start-up: a prompt whose send was in flight when the daemon died may have been
+    /// posted; it becomes `unknown`, and is never sent again.
+    pub async fn recover_prompt_sends(&self) -> LedgerResult<usize> {
+        self.execute_in_place(
+            "UPDATE permission_requests SET prompt_send = 'unknown', \
+             prompt_error = 'the daemon stopped during the send' WHERE prompt_send = 'in_flight'",
+            [],
+        )
+        .await
+    }
+
+    pub async fn permission(&self, id: &str) -> LedgerResult<Option<StoredPermission>> {
+        self.read_in_place(|db| permission_in(db, id)).await
+    }
+
+    /// The pending requests named by Claude Code's `request_id` whose prompt went to this
+    /// chat (a text verdict names that id).
+    pub async fn pending_permissions_named(
+        &self,
+        request_id: &str,
+        chat_id: i64,
+    ) -> LedgerResult<Vec<StoredPermission>> {
+        let request_id = request_id.to_owned();
+        self.read_in_place(move |db| {
+            query_all_cached(
+                db,
+                concat!(
+                    "SELECT ",
+                    permission_columns!(),
+                    " FROM permission_requests WHERE request_id = ? AND chat_id = ? AND state = 'pending'"
+                ),
+                rusqlite::params![request_id, chat_id],
+                StoredPermission::from_row,
+            )
+        })
+        .await
+    }
+
+    /// Records a verdict if the request is still pending and not past its expiry: the first
+    /// verdict wins, in one transaction.
+    pub async fn answer_permission(
+        &self,
+        id: &str,
+        verdict: PermissionVerdict,
+        by: i64,
+        by_name: &str,
+    ) -> LedgerResult<AnswerRecorded> {
+        let at = now();
+        self.write_in_place(|db| {
+            let changed = execute_cached(
+                db,
+                "UPDATE permission_requests SET state = ?1, answered_by = ?2, answered_by_name = ?3, answered_at = ?4 \
+                 WHERE id = ?5 AND state = 'pending' AND expires_at > ?4",
+                rusqlite::params![PermissionState::of(verdict).as_str(), by, by_name, at, id],
+            )?;
+            Ok(match (permission_in(db, id)?, changed) {
+                (None, _) => AnswerRecorded::Unknown,
+                (Some(row), 1) => AnswerRecorded::Recorded(row),
+                (Some(row), _) => AnswerRecorded::TooLate(row),
+            })
+        })
+        .await
+    }
+
+    /// Expires every pending request whose time is up, returning them.
+    pub async fn expire_due_permissions(&self) -> LedgerResult<Vec<StoredPermission>> {
+        let at = now();
+        self.write_in_place(|db| {
+            query_all_cached(
+                db,
+                concat!(
+                    "UPDATE permission_requests SET state = 'expired', expired_because = ?1 \
+                     WHERE state = 'pending' AND expires_at <= ?2 RETURNING ",
+                    permission_columns!()
+                ),
+                rusqlite::params![ExpiredBecause::Timeout.as_str(), at],
+                StoredPermission::from_row,
+            )
+        })
+        .await
+    }
+
+    /// Expires the pending requests of an agent asked by plugin processes other than
+    /// `except_plugin` (`None`: by `plugin` only), because that session ended. Returns how
+    /// many expired.
+    pub async fn expire_permissions_of_ended_session(
+        &self,
+        agent: &str,
+        ended: EndedPlugins<'_>,
+    ) -> LedgerResult<usize> {
+        let because = ExpiredBecause::SessionEnded.as_str();
+        let (sql, plugin) = match ended {
+            EndedPlugins::This(plugin) => (
+                "UPDATE permission_requests SET state = 'expired', expired_because = ?1 \
+                 WHERE state = 'pending' AND agent = ?2 AND plugin_id = ?3",
+                plugin,
+            ),
+            EndedPlugins::AllBut(plugin) => (
+                "UPDATE permission_requests SET state = 'expired', expired_because = ?1 \
+                 WHERE state = 'pending' AND agent = ?2 AND plugin_id <> ?3",
+                plugin,
+            ),
+        };
+        self.write_in_place(|db| execute_cached(db, sql, rusqlite::params![because, agent, plugin])).await
+    }
+
+    /// When the next pending request expires, if any is pending.
+    pub async fn next_permission_expiry(&self) -> LedgerResult<Option<String>> {
+        self.read_in_place(|db| {
+            query_row_cached(
+                db,
+                "SELECT MIN(expires_at) FROM permission_requests WHERE state = 'pending'",
+                [],
+                |row| row.get(0),
+            )
+        })
+        .await
+    }
+
+    /// Finished requests whose prompt does not show it yet (a prompt still being sent is
+    /// left until its send is classified: then it has a message to edit, or none).
+    pub async fn unsettled_prompts(&self) -> LedgerResult<Vec<StoredPermission>> {
+        self.read_in_place(|db| {
+            query_all_cached(
+                db,
+                concat!(
+                    "SELECT ",
+                    permission_columns!(),
+                    " FROM permission_requests WHERE prompt_settled = 0 AND state <> 'pending' \
+                     AND prompt_send <> 'in_flight' ORDER BY asked_at"
+                ),
+                [],
+                StoredPermission::from_row,
+            )
+        })
+        .await
+    }
+
+    /// The prompt shows the request's final state (or there is nothing to show it on).
+    pub async fn settle_prompt(&self, id: &str) -> LedgerResult<()> {
+        self.execute_in_place("UPDATE permission_requests SET prompt_settled = 1 WHERE id = ?", [id])
+            .await
+            .map(drop)
+    }
+
+    /// A press on a prompt whose send was `unknown` proves it was posted, and where; a
+    /// finished request's prompt can now be edited to show it.
+    pub async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()> {
+        self.execute_in_place(
+            "UPDATE permission_requests SET prompt_message_id = ?, prompt_settled = 0 \
+             WHERE id = ? AND prompt_message_id IS NULL",
+            (message_id, id.to_owned()),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Verdicts for `plugin` not yet written to its session, oldest first.
+    pub async fn undelivered_verdicts(&self, plugin: &str) -> LedgerResult<Vec<StoredPermission>> {
+        let plugin = plugin.to_owned();
+        self.read_in_place(move |db| {
+            query_all_cached(
+                db,
+                concat!(
+                    "SELECT ",
+                    permission_columns!(),
+                    " FROM permission_requests WHERE plugin_id = ? AND verdict_sent_at IS NULL \
+                     AND (state = 'allowed' OR state = 'denied') ORDER BY answered_at"
+                ),
+                [plugin.as_str()],
+                StoredPermission::from_row,
+            )
+        })
+        .await
+    }
+
+    /// The verdict was written to the asking plugin's session.
+    pub async fn verdict_sent(&self, id: &str) -> LedgerResult<()> {
+        self.execute_in_place("UPDATE permission_requests SET verdict_sent_at = ? WHERE id = ?", (now(), id))
+            .await
+            .map(drop)
+    }
+
+    /// The newest requests first, for `switchboard ledger permissions`.
+    pub async fn list_permissions(&self, limit: i64) -> LedgerResult<Vec<StoredPermission>> {
+        self.read_off_thread(move |db| {
+            query_all_cached(
+                db,
+                concat!(
+                    "SELECT ",
+                    permission_columns!(),
+                    " FROM permission_requests ORDER BY asked_at DESC, id LIMIT ?"
+                ),
+                [limit],
+                StoredPermission::from_row,
+            )
+        })
+        .await
+    }
+
+    /// How many requests are in each state, for `/metrics`.
+    pub async fn count_permissions_by_state(&self) -> LedgerResult<Vec<(PermissionState, i64)>> {
+        self.read_off_thread(|db| {
+            let mut statement =
+                db.prepare_cached("SELECT state, COUNT(*) AS n FROM permission_requests GROUP BY state")?;
+            let rows = statement.query_map([], |row| Ok((text_enum(row, "state")?, row.get("n")?)))?;
+            rows.collect()
+        })
+        .await
+    }
+}
+
+/// Whose requests a session's end expires.
+#[derive(Debug, Clone, Copy)]
+pub enum EndedPlugins<'a> {
+    /// This plugin process's session ended.
+    This(&'a str),
+    /// A session of every plugin process but this one (a new one connected for the agent).
+    AllBut(&'a str),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::Synchronous;
+
+    async fn ledger() -> (tempfile::TempDir, Ledger) {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        (dir, ledger)
+    }
+
+    fn request<'a>(id: &'a str, plugin: &'a str, expires_at: &'a str) -> NewPermissionRequest<'a> {
+        NewPermissionRequest {
+            id,
+            agent: "orchestrator",
+            session_id: "ses_1",
+            plugin_id: plugin,
+            request_id: "abcde",
+            tool_name: "Bash",
+            description: "run ls",
+            input_preview: "{\"command\":\"ls\"}",
+            expires_at,
+            route: "dm",
+            chat_id: 42,
+            thread_id: None,
+        }
+    }
+
+    const LATER: &str = "2999-01-01T00:00:00.000Z";
+    const PAST: &str = "2000-01-01T00:00:00.000Z";
+
+    #[tokio::test]
+    async fn a_request_is_recorded_once_per_plugin_and_the_first_verdict_wins() {
+        let (_dir, ledger) = ledger().await;
+        let (row, new) = ledger.record_permission_request(&request("prm_1", "plg_a", LATER)).await.unwrap();
+        assert!(new);
+        assert_eq!((row.state, row.prompt_send), (PermissionState::Pending, PromptSend::InFlight));
+        let (again, new) = ledger.record_permission_request(&request("prm_2", "plg_a", LATER)).await.unwrap();
+        assert!(!new, "the same plugin asking the same request again records nothing");
+        assert_eq!(again.id, "prm_1");
+
+        let first = ledger.answer_permission("prm_1", PermissionVerdict::Allow, 7, "ann").await.unwrap();
+        assert!(matches!(&first, AnswerRecorded::Recorded(row) if row.state == PermissionState::Allowed));
+        let second = ledger.answer_permission("prm_1", PermissionVerdict::Deny, 7, "ann").await.unwrap();
+        assert!(matches!(&second, AnswerRecorded::TooLate(row) if row.state == PermissionState::Allowed));
+        assert_eq!(
+            ledger.answer_permission("prm_x", PermissionVerdict::Deny, 7, "ann").await.unwrap(),
+            AnswerRecorded::Unknown
+        );
+        let undelivered = ledger.undelivered_verdicts("plg_a").await.unwrap();
+        assert_eq!(undelivered.len(), 1);
+        assert!(ledger.undelivered_verdicts("plg_b").await.unwrap().is_empty());
+        ledger.verdict_sent("prm_1").await.unwrap();
+        assert!(ledger.undelivered_verdicts("plg_a").await.unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn expiry_comes_with_time_or_with_the_session_and_is_final() {
+        let (_dir, ledger) = ledger().await;
+        ledger.record_permission_request(&request("prm_old", "plg_a", PAST)).await.unwrap();
+        ledger.record_permission_request(&request("prm_new", "plg_b", LATER)).await.unwrap();
+        for (id, message_id) in [("prm_old", 1), ("prm_new", 2)] {
+            ledger.finish_prompt_send(id, &PromptOutcome::Sent { message_id }).await.unwrap();
+        }
+        // Past its expiry, a verdict is too late even before the timer ran.
+        let late = ledger.answer_permission("prm_old", PermissionVerdict::Allow, 7, "ann").await.unwrap();
+        assert!(matches!(late, AnswerRecorded::TooLate(row) if row.state == PermissionState::Pending));
+        let expired = ledger.expire_due_permissions().await.unwrap();
+        assert_eq!(expired.iter().map(|row| row.id.as_str()).collect::<Vec<_>>(), ["prm_old"]);
+        assert_eq!(ledger.next_permission_expiry().await.unwrap().as_deref(), Some(LATER));
+
+        let ended = EndedPlugins::AllBut("plg_b");
+        assert_eq!(ledger.expire_permissions_of_ended_session("orchestrator", ended).await.unwrap(), 0);
+        let ended = EndedPlugins::This("plg_b");
+        assert_eq!(ledger.expire_permissions_of_ended_session("orchestrator", ended).await.unwrap(), 1);
+        assert_eq!(ledger.next_permission_expiry().await.unwrap(), None);
+        let unsettled: Vec<String> =
+            ledger.unsettled_prompts().await.unwrap().into_iter().map(|row| row.id).collect();
+        assert_eq!(unsettled.len(), 2);
+        let counts = ledger.count_permissions_by_state().await.unwrap();
+        assert_eq!(counts, [(PermissionState::Expired, 2)]);
+    }
+
+    #[tokio::test]
+    async fn a_prompt_not_sent_expires_its_request_and_an_unknown_one_stays_answerable() {
+        let (_dir, ledger) = ledger().await;
+        ledger.record_permission_request(&request("prm_1", "plg_a", LATER)).await.unwrap();
+        let error = PromptOutcome::NotSent { error: "Telegram refused it".into() };
+        let row = ledger.finish_prompt_send("prm_1", &error).await.unwrap();
+        assert_eq!((row.state, row.prompt_send), (PermissionState::Expired, PromptSend::NotSent));
+        assert_eq!(row.expired_because.as_deref(), Some("prompt_not_sent"));
+        assert!(row.prompt_settled);
+
+        let mut other = request("prm_2", "plg_a", LATER);
+        other.request_id = "fghij";
+        ledger.record_permission_request(&other).await.unwrap();
+        assert_eq!(ledger.recover_prompt_sends().await.unwrap(), 1);
+        let row = ledger.permission("prm_2").await.unwrap().unwrap();
+        assert_eq!((row.state, row.prompt_send), (PermissionState::Pending, PromptSend::Unknown));
+    }
+}

@@ -1,0 +1,268 @@
+//! The operator's questions (issue 23): each unresolved send asked once, with buttons, in
+//! the `[operator]` route's chat. An answer reconciles the envelope exactly as
+//! `switchboard ledger reconcile` does, recording who answered and when.
+
+use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
+use super::{
+    EnvelopeState, Ledger, LedgerResult, PromptOutcome, PromptSend, ReconcileError, Reconciliation, now,
+};
+use rusqlite::OptionalExtension;
+
+/// The `state` column of a question.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QuestionState {
+    Open,
+    Delivered,
+    NotDelivered,
+    /// The envelope was settled another way (`switchboard ledger reconcile`).
+    Settled,
+}
+
+impl QuestionState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Open => "open",
+            Self::Delivered => "delivered",
+            Self::NotDelivered => "not_delivered",
+            Self::Settled => "settled",
+        }
+    }
+}
+
+/// A question as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredQuestion {
+    pub id: String,
+    pub op_id: String,
+    pub envelope_id: i64,
+    pub trace_id: String,
+    pub sent_chat_id: i64,
+    pub sent_at: String,
+    pub sent_text: String,
+    pub state: QuestionState,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    pub prompt_send: PromptSend,
+    pub prompt_message_id: Option<i32>,
+    pub prompt_settled: bool,
+    pub answered_by_name: Option<String>,
+    pub answered_at: Option<String>,
+}
+
+macro_rules! question_columns {
+    () => {
+        "id, op_id, envelope_id, trace_id, sent_chat_id, sent_at, sent_text, state, chat_id, thread_id, \
+         prompt_send, prompt_message_id, prompt_settled, answered_by_name, answered_at"
+    };
+}
+
+impl StoredQuestion {
+    fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
+        Ok(Self {
+            id: row.get("id")?,
+            op_id: row.get("op_id")?,
+            envelope_id: row.get("envelope_id")?,
+            trace_id: row.get("trace_id")?,
+            sent_chat_id: row.get("sent_chat_id")?,
+            sent_at: row.get("sent_at")?,
+            sent_text: row.get("sent_text")?,
+            state: text_enum(row, "state")?,
+            chat_id: row.get("chat_id")?,
+            thread_id: row.get("thread_id")?,
+            prompt_send: text_enum(row, "prompt_send")?,
+            prompt_message_id: row.get("prompt_message_id")?,
+            prompt_settled: row.get("prompt_settled")?,
+            answered_by_name: row.get("answered_by_name")?,
+            answered_at: row.get("answered_at")?,
+        })
+    }
+}
+
+fn question_in(db: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<StoredQuestion>> {
+    query_row_cached(
+        db,
+        concat!("SELECT ", question_columns!(), " FROM operator_questions WHERE id = ?"),
+        [id],
+        StoredQuestion::from_row,
+    )
+    .optional()
+}
+
+/// What an operator's answer came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum QuestionAnswered {
+    /// The envelope is reconciled, and the question records who answered.
+    Reconciled,
+    /// The envelope was no longer unresolved (answered first, or settled another way).
+    TooLate,
+}
+
+impl Ledger {
+    /// Records a question for every unresolved send not asked about yet (one per
+    /// envelope: its first unknown attempt), to be posted in `chat_id`. `new_id` names
+    /// each. Returns the questions recorded, their prompts' sends `in_flight`.
+    pub async fn record_new_questions(
+        &self,
+        chat_id: i64,
+        thread_id: Option<i32>,
+        new_id: impl Fn() -> String,
+    ) -> LedgerResult<Vec<StoredQuestion>> {
+        let at = now();
+        self.write_in_place(|db| {
+            let unasked = query_all_cached(
+                db,
+                "SELECT a.op_id, a.envelope_id, e.trace_id, a.chat_id, a.started_at, a.text \
+                 FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+                 WHERE a.outcome = 'unknown' AND a.reconciled_outcome IS NULL AND e.state = 'unresolved' \
+                 AND NOT EXISTS (SELECT 1 FROM operator_questions q WHERE q.op_id = a.op_id) \
+                 AND NOT EXISTS (SELECT 1 FROM operator_questions q WHERE q.envelope_id = a.envelope_id \
+                                 AND q.state = 'open') \
+                 ORDER BY a.id",
+                [],
+                |row| {
+                    Ok((
+                        row.get::<_, String>(0)?,
+                        row.get::<_, i64>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, i64>(3)?,
+                        row.get::<_, String>(4)?,
+                        row.get::<_, String>(5)?,
+                    ))
+                },
+            )?;
+            let mut asked: Vec<StoredQuestion> = Vec::new();
+            for (op_id, envelope_id, trace_id, sent_chat_id, sent_at, text) in unasked {
+                if asked.iter().any(|question| question.envelope_id == envelope_id) {
+                    continue;
+                }
+                let id = new_id();
+                execute_cached(
+                    db,
+                    "INSERT INTO operator_questions (id, op_id, envelope_id, trace_id, sent_chat_id, sent_at, \
+                     sent_text, asked_at, state, chat_id, thread_id, prompt_send) \
+                     VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'open', ?, ?, 'in_flight')",
+                    rusqlite::params![
+                        id,
+                        op_id,
+                        envelope_id,
+                        trace_id,
+                        sent_chat_id,
+                        sent_at,
+                        text,
+                        at,
+                        chat_id,
+                        thread_id
+                    ],
+                )?;
+                asked.extend(question_in(db, &id)?);
+            }
+            Ok(asked)
+        })
+        .await
+    }
+
+    /// Records what a question's prompt send came to. A question whose prompt was not
+    /// posted stays open and is not asked again: `switchboard ledger reconcile` settles
+    /// its send.
+    pub async fn finish_question_send(&self, id: &str, outcome: &PromptOutcome) -> LedgerResult<()> {
+        let (send, message_id, error) = match outcome {
+            PromptOutcome::Sent { message_id } => ("sent", Some(*message_id), None),
+            PromptOutcome::NotSent { error } => ("not_sent", None, Some(error.clone())),
+            PromptOutcome::Unknown { error } => ("unknown", None, Some(error.clone())),
+        };
+        self.execute_in_place(
+            "UPDATE operator_questions SET prompt_send = ?, prompt_message_id = ?, prompt_error = ? WHERE id = ?",
+            (send, message_id, error, id.to_owned()),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// Start-up: a question whose prompt was being sent may have been posted: `unknown`,
+    /// never sent again.
+    pub async fn recover_question_sends(&self) -> LedgerResult<usize> {
+        self.execute_in_place(
+            "UPDATE operator_questions SET prompt_send = 'unknown', \
+             prompt_error = 'the daemon stopped during the send' WHERE prompt_send = 'in_flight'",
+            [],
+        )
+        .await
+    }
+
+    pub async fn question(&self, id: &str) -> LedgerResult<Option<StoredQuestion>> {
+        self.read_in_place(|db| question_in(db, id)).await
+    }
+
+    /// An operator's answer: reconciles the envelope as `switchboard ledger reconcile`
+    /// does (which refuses an envelope no longer unresolved: the first answer wins), then
+    /// records who answered on the question.
+    pub async fn answer_question(
+        &self,
+        question: &StoredQuestion,
+        finding: Reconciliation,
+        by: i64,
+        by_name: &str,
+    ) -> LedgerResult<QuestionAnswered> {
+        let at = now();
+        let reason = format!("answered in Telegram by {by_name} ({by}) at {at}");
+        match self.reconcile(&question.trace_id, finding, &reason).await {
+            Ok(_) => {}
+            Err(ReconcileError::NotUnresolved { .. } | ReconcileError::Unknown(_)) => {
+                return Ok(QuestionAnswered::TooLate);
+            }
+            Err(ReconcileError::Db(e)) => return Err(e),
+        }
+        let state = match finding {
+            Reconciliation::Delivered => QuestionState::Delivered,
+            Reconciliation::NotDelivered => QuestionState::NotDelivered,
+        };
+        self.execute_in_place(
+            "UPDATE operator_questions SET state = ?, answered_by = ?, answered_by_name = ?, answered_at = ? \
+             WHERE id = ? AND state = 'open'",
+            (state.as_str(), by, by_name.to_owned(), at, question.id.clone()),
+        )
+        .await?;
+        Ok(QuestionAnswered::Reconciled)
+    }
+
+    /// Open questions whose envelope is no longer unresolved are settled: reconciled with
+    /// the CLI, or by an answer whose own record (a second transaction, after the
+    /// reconciliation) was cut short.
+    pub async fn settle_answered_elsewhere(&self) -> LedgerResult<usize> {
+        let unresolved = EnvelopeState::Unresolved.as_str();
+        self.write_in_place(|db| {
+            execute_cached(
+                db,
+                "UPDATE operator_questions SET state = 'settled' WHERE state = 'open' AND NOT EXISTS \
+                 (SELECT 1 FROM envelopes e WHERE e.id = operator_questions.envelope_id AND e.state = ?)",
+                [unresolved],
+            )
+        })
+        .await
+    }
+
+    /// Answered questions whose prompt does not show it yet.
+    pub async fn unsettled_questions(&self) -> LedgerResult<Vec<StoredQuestion>> {
+        self.read_in_place(|db| {
+            query_all_cached(
+                db,
+                concat!(
+                    "SELECT ",
+                    question_columns!(),
+                    " FROM operator_questions WHERE prompt_settled = 0 AND state <> 'open' \
+                     AND prompt_send <> 'in_flight' ORDER BY asked_at"
+                ),
+                [],
+                StoredQuestion::from_row,
+            )
+        })
+        .await
+    }
+
+    pub async fn settle_question_prompt(&self, id: &str) -> LedgerResult<()> {
+        self.execute_in_place("UPDATE operator_questions SET prompt_settled = 1 WHERE id = ?", [id])
+            .await
+            .map(drop)
+    }
+}
