@@ -643,6 +643,8 @@ fn routed_message(n: usize, agent: &AgentName) -> RoutedEnvelope {
             sender: Sender { id: Some(CHAT_ID), username: None, name: "Bench user".into() },
             text: Some(text),
             attachments: Vec::new(),
+            described: None,
+            context: Default::default(),
             sent_at: chrono::Utc::now(),
         },
         state: EnvelopeState::Queued,

@@ -173,7 +173,7 @@ async fn run(length: Duration, rate: usize, warmup: Duration) {
                     pushed,
                     answered,
                 };
-                if samples.len() % PRINT_EVERY_SAMPLES == 0 {
+                if samples.len().is_multiple_of(PRINT_EVERY_SAMPLES) {
                     print_sample(&sample);
                 }
                 samples.push(sample);

@@ -598,3 +598,29 @@ async fn privacy_mode_is_on_until_it_is_turned_off() {
     fake.set_privacy_mode(false);
     assert!(bot.get_me().await.expect("getMe").can_read_all_group_messages);
 }
+
+#[tokio::test]
+async fn reactions_are_served_only_to_a_client_that_asks_for_them_and_the_list_is_remembered() {
+    let fake = FakeTelegram::start().await;
+    let chat = ChatSpec::private(42);
+    let reaction = fake.push_reaction(&chat, ann(), 7, &["👍"]);
+    let text = fake.push_text(&chat, ann(), "hello");
+    let served_ids = |body: &Value| -> Vec<i64> {
+        body["result"].as_array().unwrap().iter().map(|u| u["update_id"].as_i64().unwrap()).collect()
+    };
+    // Telegram's default leaves reactions out.
+    let (_, body) = call(&fake, "getUpdates", json!({})).await;
+    assert_eq!(served_ids(&body), [text]);
+    let (_, body) =
+        call(&fake, "getUpdates", json!({ "allowed_updates": ["message", "message_reaction"] })).await;
+    assert_eq!(served_ids(&body), [reaction, text]);
+    // A call without a list keeps the last one; teloxide parses the reaction.
+    let updates = bot_for(&fake).get_updates().await.expect("getUpdates");
+    assert!(matches!(updates[0].kind, UpdateKind::MessageReaction(_)), "{:?}", updates[0].kind);
+    assert_eq!(
+        fake.allowed_updates_requested(),
+        [None, Some(vec!["message".to_owned(), "message_reaction".to_owned()]), None]
+    );
+    let (status, _) = call(&fake, "getUpdates", json!({ "allowed_updates": "not a list" })).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}

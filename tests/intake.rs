@@ -207,7 +207,7 @@ async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_t
 
     // The agent gets the two messages that are work, and nothing else.
     let delivered = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
-    assert!(delivered[0].content.starts_with("[location: "), "{}", delivered[0].content);
+    assert!(delivered[0].content.starts_with("📍 location "), "{}", delivered[0].content);
     assert_eq!(delivered[1].content, "where are you?");
     let rows = wait_for_rows(&daemon, 5).await;
     assert_eq!(

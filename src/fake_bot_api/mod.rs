@@ -83,6 +83,7 @@ const CONFLICT_DESCRIPTION: &str = "Conflict: terminated by other getUpdates req
 mod actions;
 mod buttons;
 mod limits;
+mod media;
 mod server;
 mod state;
 

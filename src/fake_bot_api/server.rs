@@ -170,6 +170,8 @@ struct GetUpdatesParams {
     offset: i64,
     limit: usize,
     timeout: Duration,
+    /// `None` when the call gives no list: the last one given still holds.
+    allowed_updates: Option<Vec<String>>,
 }
 
 impl GetUpdatesParams {
@@ -179,12 +181,25 @@ impl GetUpdatesParams {
             // Telegram clamps rather than rejects out-of-range limits.
             limit: int_param(params, "limit")?.unwrap_or(100).clamp(1, 100) as usize,
             timeout: Duration::from_secs(int_param(params, "timeout")?.unwrap_or(0).max(0).unsigned_abs()),
+            allowed_updates: allowed_updates_param(params)?,
         })
     }
 }
 
+/// `allowed_updates`: a JSON array of kind names, or (from a form or a query string) its
+/// JSON text.
+fn allowed_updates_param(params: &Map<String, Value>) -> Result<Option<Vec<String>>, String> {
+    let invalid = || "Bad Request: can't parse allowed updates".to_owned();
+    let list = match params.get("allowed_updates") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::String(text)) => serde_json::from_str(text).map_err(|_| invalid())?,
+        Some(other) => other.clone(),
+    };
+    serde_json::from_value(list).map(Some).map_err(|_| invalid())
+}
+
 async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
-    let GetUpdatesParams { offset, limit, timeout } = match GetUpdatesParams::parse(params) {
+    let GetUpdatesParams { offset, limit, timeout, allowed_updates } = match GetUpdatesParams::parse(params) {
         Ok(parsed) => parsed,
         Err(description) => return bad_request(&description),
     };
@@ -192,6 +207,9 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
     let (generation, call) = {
         let mut state = shared.lock();
         state.apply_offset(offset);
+        if allowed_updates.is_some() {
+            state.allowed_updates = allowed_updates;
+        }
         state.poll_generation += 1;
         state.long_polls_waiting += 1;
         (state.poll_generation, state.get_updates_calls)
@@ -219,6 +237,7 @@ async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
                 .iter()
                 // Only matters if the client jumped ahead of existing ids.
                 .filter(|update| update.is_served_from(offset))
+                .filter(|update| update.is_allowed(state.allowed_updates.as_deref()))
                 .take(limit)
                 .map(|update| (update.id, update.text.clone()))
                 .collect();

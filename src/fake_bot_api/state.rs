@@ -26,11 +26,24 @@ pub(super) struct PendingUpdate {
     /// confirmed before, until confirmed after it was served.
     pub(super) reused: bool,
     pub(super) served: bool,
+    /// The kind of an update Telegram sends only to a bot that lists it in
+    /// `allowed_updates` (`message_reaction`); `None` for the kinds it sends by default.
+    pub(super) opt_in_kind: Option<&'static str>,
 }
 
 impl PendingUpdate {
     pub(super) fn new(id: i64, text: String) -> Self {
-        Self { id, text, reused: false, served: false }
+        Self { id, text, reused: false, served: false, opt_in_kind: None }
+    }
+
+    /// Whether a bot whose last `allowed_updates` was `allowed` is sent this update. Only
+    /// the opt-in kinds are held back: the fake serves every other kind whatever the list
+    /// says (a client that leaves one out is not told of it, which no test needs).
+    pub(super) fn is_allowed(&self, allowed: Option<&[String]>) -> bool {
+        match self.opt_in_kind {
+            None => true,
+            Some(kind) => allowed.is_some_and(|allowed| allowed.iter().any(|asked| asked == kind)),
+        }
     }
 
     /// Whether a `getUpdates` with this offset serves this update.
@@ -47,6 +60,9 @@ pub(super) fn with_update_id(id: i64, text: &str) -> String {
 }
 
 pub(super) struct State {
+    /// The `allowed_updates` of the last `getUpdates` that gave one: Telegram keeps it
+    /// until a call gives another.
+    pub(super) allowed_updates: Option<Vec<String>>,
     /// Unconfirmed updates, ascending by id (apart from reused ids).
     pub(super) updates: VecDeque<PendingUpdate>,
     pub(super) next_update_id: i64,
@@ -89,6 +105,7 @@ pub(super) struct State {
 impl State {
     pub(super) fn new() -> Self {
         Self {
+            allowed_updates: None,
             updates: VecDeque::new(),
             next_update_id: FIRST_UPDATE_ID,
             next_message_id: FIRST_MESSAGE_ID,

@@ -3,6 +3,7 @@
 
 use crate::ledger::EnvelopeState;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
+use crate::telegram::parts::{Attachment, stored_attachments};
 use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
@@ -106,6 +107,11 @@ impl StoredEnvelope {
         })
     }
 
+    /// Its files, as intake stored them (see `telegram::parts::Attachment`).
+    pub fn attachment_list(&self) -> Vec<Attachment> {
+        stored_attachments(&self.attachments)
+    }
+
     pub fn user(&self) -> String {
         sender_display(self.sender_username.as_deref(), &self.sender_name)
     }
@@ -186,6 +192,19 @@ impl Ledger {
             " FROM envelopes WHERE agent = ? AND state = 'pending' ORDER BY id"
         );
         self.read_in_place(|db| query_all_cached(db, sql, [agent.as_str()], StoredEnvelope::from_row)).await
+    }
+
+    /// The files of the envelope `trace_id` (kind, file id, size, type, name), in the
+    /// message's order; `None` when there is no such envelope.
+    pub async fn attachments_of(&self, trace_id: &str) -> LedgerResult<Option<Vec<Attachment>>> {
+        self.read_in_place(|db| {
+            query_row_cached(db, "SELECT attachments FROM envelopes WHERE trace_id = ?", [trace_id], |row| {
+                row.get::<_, String>(0)
+            })
+            .optional()
+        })
+        .await
+        .map(|stored| stored.as_deref().map(stored_attachments))
     }
 
     pub async fn find(&self, trace_id: &str) -> LedgerResult<Option<StoredEnvelope>> {

@@ -3,6 +3,7 @@
 
 use std::fmt;
 
+use super::reactions::{self, RoutedReaction, StoredReaction};
 use super::tasks::{self, TaskEffect};
 use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
@@ -82,15 +83,35 @@ impl Ledger {
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
     ) -> LedgerResult<RecordedBatch<'a>> {
+        self.record_batch_with_reactions(bot_id, next_offset, batch, &[], claim_for, bot_username).await
+    }
+
+    /// [`Self::record_batch_handing_over`], with the batch's reactions stored in the same
+    /// transaction (see `reactions`): those owed to an agent are returned for the caller
+    /// to ring its bell.
+    pub async fn record_batch_with_reactions<'a>(
+        &self,
+        bot_id: i64,
+        next_offset: i64,
+        batch: &'a [RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>> {
         let recorded = self
-            .write_in_place(|db| insert_batch(db, bot_id, next_offset, batch, claim_for, bot_username))
+            .write_in_place(|db| {
+                let received_at = now();
+                let rows =
+                    insert_batch(db, bot_id, next_offset, batch, claim_for, bot_username, &received_at)?;
+                Ok((rows, reactions::record_reactions(db, reactions, &received_at)?))
+            })
             .await;
         self.writes.observe(LedgerWrite::Intake, &recorded);
-        let (new_rows, mut claimed, task_effects) = recorded?;
+        let ((new_rows, mut claimed, task_effects), reactions) = recorded?;
         let inserted = batch.iter().zip(new_rows).filter_map(|(routed, new)| new.then_some(routed)).collect();
         // RETURNING gives no order guarantee.
         claimed.sort_by_key(|row| row.id);
-        Ok(RecordedBatch { inserted, claimed, task_effects })
+        Ok(RecordedBatch { inserted, claimed, task_effects, reactions })
     }
 
     /// The raw text of an undecodable update, by its envelope's trace id.
@@ -116,6 +137,8 @@ pub struct RecordedBatch<'a> {
     /// What the batch's task changes ask of the switchboard now that they are recorded:
     /// the bot's acknowledgements, notices, wake-ups (DESIGN.md §11).
     pub task_effects: Vec<TaskEffect>,
+    /// The batch's reactions now owed to agents (see `reactions`), oldest first.
+    pub reactions: Vec<StoredReaction>,
 }
 
 /// The transaction of [`Ledger::record_batch_handing_over`], run in place; returns which
@@ -128,17 +151,17 @@ fn insert_batch(
     batch: &[RoutedEnvelope],
     claim_for: &[&AgentName],
     bot_username: Option<&str>,
+    received_at: &str,
 ) -> rusqlite::Result<(Vec<bool>, Vec<StoredEnvelope>, Vec<TaskEffect>)> {
-    let received_at = now();
     // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
     let tasks = tasks::plan_batch(db, batch, bot_username)?;
     // One statement, prepared once and run per row: in place, a row costs microseconds.
     let mut insert = db.prepare_cached(
         "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
          chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
-         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision) \
+         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision, meta) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?17, \
-         ?21, ?22, ?23, ?24) \
+         ?21, ?22, ?23, ?24, ?25) \
          ON CONFLICT (update_id, update_digest) DO NOTHING",
     )?;
     let mut new_rows = Vec::with_capacity(batch.len());
@@ -146,6 +169,16 @@ fn insert_batch(
     for (routed, task) in batch.iter().zip(&tasks.tags) {
         let e = &routed.envelope;
         let attachments = serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into());
+        // What a quote stands for is looked up now, in this transaction: a quote of a
+        // message earlier in the batch finds it, and the answer is stored with the row.
+        let reply_to_trace_id = match &e.context.quoted {
+            Some(quoted) => reactions::quoted_trace_id(db, e.channel.chat_id, i64::from(quoted.message_id))?,
+            None => None,
+        };
+        let meta = e
+            .context
+            .meta(reply_to_trace_id.as_deref())
+            .map(|meta| serde_json::Value::Object(meta).to_string());
         let stored = insert.execute(rusqlite::params![
             e.trace_id.as_str(),
             e.update_id,
@@ -171,6 +204,7 @@ fn insert_batch(
             routed.raw_update,
             task.as_ref().map(|(task_id, _)| task_id),
             task.as_ref().map(|(_, revision)| revision),
+            meta,
         ])? == 1;
         // A re-polled update is already stored (the conflict): skipped.
         if stored && first_id.is_none() {

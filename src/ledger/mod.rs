@@ -100,6 +100,7 @@ mod permissions;
 mod probe;
 mod prune;
 mod questions;
+mod reactions;
 mod readers;
 mod rooms;
 mod sessions;
@@ -130,6 +131,7 @@ pub use permissions::{
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use prune::{Pages, PruneReport, Pruned};
 pub use questions::{QuestionAnswered, QuestionState, StoredQuestion};
+pub use reactions::{ReactionAudit, RoutedReaction, StoredReaction};
 pub use rooms::{
     AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
     StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,

@@ -37,7 +37,8 @@ const TARGET_HOLD: Duration = Duration::from_millis(20);
 const MIN_BATCH_ENVELOPES: i64 = 25;
 const MAX_BATCH_ENVELOPES: i64 = 2000;
 
-/// How many sessions one batch deletes (rows of their own, referenced by nothing).
+/// How many sessions (or reactions) one batch deletes (rows of their own, referenced by
+/// nothing).
 const BATCH_SESSIONS: i64 = 1000;
 
 /// The shortest pause between two batches, even after one that took no time.
@@ -61,11 +62,12 @@ pub struct Pruned {
     pub tasks: u64,
     pub task_revisions: u64,
     pub agent_sessions: u64,
+    pub reactions: u64,
 }
 
 impl Pruned {
     /// Each table with its count, in the order the tables were made.
-    pub fn by_table(&self) -> [(&'static str, u64); 10] {
+    pub fn by_table(&self) -> [(&'static str, u64); 11] {
         [
             ("envelopes", self.envelopes),
             ("attempts", self.attempts),
@@ -77,6 +79,7 @@ impl Pruned {
             ("tasks", self.tasks),
             ("task_revisions", self.task_revisions),
             ("agent_sessions", self.agent_sessions),
+            ("reactions", self.reactions),
         ]
     }
 
@@ -95,6 +98,7 @@ impl Pruned {
         self.tasks += other.tasks;
         self.task_revisions += other.task_revisions;
         self.agent_sessions += other.agent_sessions;
+        self.reactions += other.reactions;
     }
 }
 
@@ -223,6 +227,7 @@ impl Ledger {
             tokio::time::sleep(held.max(MIN_PAUSE)).await;
         }
         report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run).await?;
+        report.removed.reactions = self.prune_reactions(&cutoff, dry_run).await?;
         report.pages_after = self.pages().await?;
         report.took = started.elapsed();
         Ok(report)
@@ -240,6 +245,29 @@ impl Ledger {
         let sql = format!(
             "DELETE FROM agent_sessions WHERE rowid IN (SELECT rowid FROM agent_sessions WHERE {ENDED} LIMIT ?2)"
         );
+        let mut removed = 0;
+        loop {
+            let deleted =
+                self.write_in_place(|db| db.execute(&sql, rusqlite::params![cutoff, BATCH_SESSIONS])).await?;
+            removed += deleted as u64;
+            if (deleted as i64) < BATCH_SESSIONS {
+                return Ok(removed);
+            }
+            tokio::time::sleep(MIN_PAUSE).await;
+        }
+    }
+
+    /// Reactions given to a session, or kept for audit only, before the cutoff: rows of
+    /// their own, referenced by nothing. One still owed to an agent stays.
+    async fn prune_reactions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
+        const DONE: &str = "state <> 'owed' AND COALESCE(delivered_at, received_at) < ?1";
+        if dry_run {
+            let sql = format!("SELECT COUNT(*) FROM reactions WHERE {DONE}");
+            let count: i64 = self.read_in_place(|db| db.query_row(&sql, [cutoff], |r| r.get(0))).await?;
+            return Ok(count.max(0) as u64);
+        }
+        let sql =
+            format!("DELETE FROM reactions WHERE id IN (SELECT id FROM reactions WHERE {DONE} LIMIT ?2)");
         let mut removed = 0;
         loop {
             let deleted =
@@ -642,6 +670,7 @@ fn delete_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result
         tasks,
         task_revisions,
         agent_sessions: 0,
+        reactions: 0,
     })
 }
 
@@ -683,6 +712,7 @@ fn count_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result<
             &tasks,
         )?,
         agent_sessions: 0,
+        reactions: 0,
     })
 }
 
@@ -868,6 +898,14 @@ mod tests {
                 session(db, "s1", OLD, Some(OLD));
                 session(db, "s2", OLD, None);
                 session(db, "s3", "2020-01-02T00:00:00.000Z", Some(OLD));
+                // Reactions: given long ago, ignored long ago, and still owed (stays).
+                for (update_id, state, delivered) in [(1, "delivered", Some(OLD)), (2, "ignored", None), (3, "owed", None)] {
+                    db.execute(
+                        "INSERT INTO reactions (update_id, update_digest, chat_id, message_id, user, emoji, reacted_at, \
+                         received_at, agent, state, delivered_at) VALUES (?1, 'd', 1, 1, 'u', '👍', ?2, ?2, 'orch', ?3, ?4)",
+                        rusqlite::params![update_id, OLD, state, delivered],
+                    )?;
+                }
                 Ok(())
             })
             .await
@@ -891,6 +929,7 @@ mod tests {
             tasks: 1,
             task_revisions: 1,
             agent_sessions: 1,
+            reactions: 2,
         };
         assert_eq!(dry.removed, expected);
         assert_eq!(ids(&ledger, "SELECT COUNT(*) FROM envelopes").await, [28], "a dry run deletes nothing");
@@ -906,6 +945,7 @@ mod tests {
         assert_eq!(ids(&ledger, "SELECT id FROM cascades ORDER BY id").await, [1, 3]);
         assert_eq!(ids(&ledger, "SELECT id FROM tasks ORDER BY id").await, [1, 3]);
         assert_eq!(ids(&ledger, "SELECT COUNT(*) FROM agent_sessions").await, [2]);
+        assert_eq!(ids(&ledger, "SELECT update_id FROM reactions").await, [3], "the owed reaction stays");
         consistent(&ledger).await;
         // Nothing is left that may go.
         assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());

@@ -773,6 +773,8 @@ mod tests {
                 sender: Sender { id: Some(9), username: Some("olga".into()), name: "Olga".into() },
                 text: Some(text.into()),
                 attachments: vec![],
+                described: None,
+                context: Default::default(),
                 sent_at: Utc::now(),
             },
             state: EnvelopeState::Queued,

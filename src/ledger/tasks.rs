@@ -609,7 +609,8 @@ fn carry_change(
 ) -> rusqlite::Result<()> {
     execute_cached(
         db,
-        "UPDATE envelopes SET task_id = ?1, revision = ?2, meta = ?3, \
+        // Merged into what intake stored (a quote, a forward), which the change keeps.
+        "UPDATE envelopes SET task_id = ?1, revision = ?2, meta = json_patch(COALESCE(meta, '{}'), ?3), \
          kind = CASE WHEN ?4 IS NULL THEN kind ELSE 'revision' END, content = COALESCE(?4, content) \
          WHERE id = ?5",
         rusqlite::params![task_id, revision, meta.to_string(), content, carrier.id],

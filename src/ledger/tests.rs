@@ -33,6 +33,8 @@ fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
             sender: Sender { id: Some(42), username: Some("ann".into()), name: "Ann".into() },
             text: Some(format!("message {update_id}")),
             attachments: vec![],
+            described: None,
+            context: Default::default(),
             sent_at: Utc::now(),
         },
         state,
@@ -1422,4 +1424,85 @@ async fn an_unknown_attempt_method_is_an_error() {
     drop(db);
     let read = ledger.attempts_for(e.id).await;
     assert!(format!("{read:?}").contains("send_sticker"), "{read:?}");
+}
+
+/// `routed(update_id)` quoting message `quoted` of its chat.
+fn quoting(update_id: i64, quoted: i32) -> RoutedEnvelope {
+    let mut row = routed(update_id, EnvelopeState::Queued);
+    row.envelope.context.quoted =
+        Some(crate::telegram::parts::Quoted { message_id: quoted, text: Some("quoted".into()) });
+    row
+}
+
+fn reaction_on(update_id: i64, message_id: i32, emoji: &[&str]) -> RoutedReaction {
+    RoutedReaction {
+        reaction: crate::telegram::envelope::Reaction {
+            update_id,
+            chat_id: 42,
+            message_id,
+            user_id: Some(42),
+            user: "@ann".into(),
+            emoji: emoji.iter().map(|e| (*e).to_owned()).collect(),
+            date: Utc::now(),
+        },
+        update_digest: format!("digest of update {update_id}"),
+    }
+}
+
+#[tokio::test]
+async fn quotes_find_the_user_message_or_the_answered_envelope_in_the_transaction_that_records_them() {
+    let (_dir, ledger) = ledger().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let answered = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let sent = ledger.begin_attempt(&one_part_reply(answered.id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&sent, &AttemptOutcome::Sent { message_id: 500 }, "agent:orch").await.unwrap();
+
+    // Message 3 quotes message 2 of the same batch; 4 the user's message 1; 5 the bot's
+    // answer to it; 6 a message switchboard never saw.
+    let batch =
+        [routed(2, EnvelopeState::Queued), quoting(3, 2), quoting(4, 1), quoting(5, 500), quoting(6, 9)];
+    ledger.record_batch(1, 7, &batch).await.unwrap();
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    let quoted_trace = |update_id: i64| {
+        let row = rows.iter().find(|row| row.update_id == Some(update_id)).unwrap();
+        row.task_meta().get("reply_to_trace_id").cloned()
+    };
+    let trace_of =
+        |update_id: i64| rows.iter().find(|row| row.update_id == Some(update_id)).unwrap().trace_id.clone();
+    assert_eq!(quoted_trace(3), Some(trace_of(2)));
+    assert_eq!(quoted_trace(4), Some(answered.trace_id.clone()));
+    assert_eq!(quoted_trace(5), Some(answered.trace_id.clone()));
+    assert_eq!(quoted_trace(6), None);
+    let unknown = rows.iter().find(|row| row.update_id == Some(6)).unwrap().task_meta();
+    assert_eq!(unknown.get("reply_to_message_id").map(String::as_str), Some("9"));
+}
+
+#[tokio::test]
+async fn reactions_are_owed_to_the_agent_whose_reply_they_are_on_and_stored_once() {
+    let (_dir, ledger) = ledger().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let answered = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let sent = ledger.begin_attempt(&one_part_reply(answered.id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&sent, &AttemptOutcome::Sent { message_id: 500 }, "agent:orch").await.unwrap();
+
+    let reactions = [reaction_on(2, 500, &["👍"]), reaction_on(3, 1, &["👍"]), reaction_on(4, 500, &[])];
+    let recorded = ledger.record_batch_with_reactions(1, 5, &[], &reactions, &[], None).await.unwrap();
+    assert_eq!(
+        recorded.reactions.iter().map(|r| r.trace_id.as_str()).collect::<Vec<_>>(),
+        [answered.trace_id.as_str()]
+    );
+    // A re-poll of the same updates stores nothing again and owes nothing more.
+    let again = ledger.record_batch_with_reactions(1, 5, &[], &reactions, &[], None).await.unwrap();
+    assert!(again.reactions.is_empty());
+    let states: Vec<String> =
+        ledger.reactions_recorded().await.unwrap().into_iter().map(|r| r.state).collect();
+    assert_eq!(states, ["owed", "ignored", "ignored"]);
+
+    // Owed until a session was given it; never an envelope, never pending.
+    let owed = ledger.owed_reactions(&orch).await.unwrap();
+    assert_eq!((owed.len(), owed[0].emoji.as_str()), (1, "👍"));
+    assert_eq!(ledger.pending(&orch).await.unwrap().len(), 0, "the answered envelope is acked, nothing else");
+    ledger.reactions_delivered(&[owed[0].id]).await.unwrap();
+    assert!(ledger.owed_reactions(&orch).await.unwrap().is_empty());
 }

@@ -18,8 +18,8 @@ use teloxide::types::{Chat, ChatMigration, Message, MessageKind, Update, UpdateK
 
 use crate::ids::TraceId;
 use crate::rules::routes::Channel;
-use crate::telegram::lenient;
 use crate::telegram::updates::RawUpdate;
+use crate::telegram::{lenient, parts};
 
 pub use crate::ledger::EnvelopeKind;
 
@@ -96,14 +96,7 @@ pub fn sender_display(username: Option<&str>, name: &str) -> String {
     }
 }
 
-/// Metadata of a non-text part of a message; the file itself stays with Telegram.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attachment {
-    pub kind: String,
-    pub file_id: Option<String>,
-    /// A short human description: size, name, duration, emoji.
-    pub detail: String,
-}
+pub use crate::telegram::parts::{Attachment, AttachmentKind, Context, Reaction};
 
 /// A message as switchboard records it, before routing.
 #[derive(Debug, Clone, PartialEq)]
@@ -116,21 +109,25 @@ pub struct Envelope {
     pub chat_title: Option<String>,
     pub message_id: i32,
     pub sender: Sender,
-    /// The text, or the caption of media.
+    /// The text, or the caption of media, with the URLs of its links written out.
     pub text: Option<String>,
     pub attachments: Vec<Attachment>,
+    /// A shared location, contact, venue or dice throw, as text.
+    pub described: Option<String>,
+    /// The message it quotes, where it was forwarded from.
+    pub context: Context,
     pub sent_at: DateTime<Utc>,
 }
 
 impl Envelope {
-    /// What the model reads: the text, then one line per attachment.
+    /// What the model reads: the text or caption; for a file without one, a short
+    /// placeholder (`(voice message, 0:12)`); a location, contact or venue as text.
     pub fn content(&self) -> String {
-        let mut lines: Vec<String> = self.text.iter().cloned().collect();
-        lines.extend(self.attachments.iter().map(|a| format!("[{}: {}]", a.kind, a.detail)));
-        if lines.is_empty() {
-            lines.push("[a message without text]".to_owned());
-        }
-        lines.join("\n")
+        self.text
+            .clone()
+            .or_else(|| self.attachments.first().map(Attachment::placeholder))
+            .or_else(|| self.described.clone())
+            .unwrap_or_else(|| "[a message without text]".to_owned())
     }
 }
 
@@ -145,8 +142,11 @@ pub enum Inbound {
     /// A group became a supergroup: routes naming the old chat id must change. The service
     /// message itself is kept like any other ignored one.
     Migrated { envelope: Box<Envelope>, reason: String, to_chat_id: i64 },
-    /// An update that is not a message (channel posts, reactions, callback queries, …):
-    /// switchboard does not record these.
+    /// A user's reaction to a message: recorded, and a notice for the agent whose reply
+    /// it is about (intake decides whether it is one).
+    Reaction(Box<Reaction>),
+    /// An update that is not a message (channel posts, callback queries, …): switchboard
+    /// does not record these.
     NotAMessage { update_id: i64, kind: &'static str },
     /// An update that could not be decoded or converted; it is kept raw. `update_id` is
     /// `None` when not even that could be read.
@@ -173,6 +173,16 @@ pub fn read(raw: &RawUpdate) -> Inbound {
             };
         }
     };
+    // teloxide reads a voice note, an audio file, a video or an animation without
+    // `mime_type` (which the Bot API makes optional) as a message with no content at all.
+    let update = match &update.kind {
+        UpdateKind::Message(m) | UpdateKind::EditedMessage(m) if matches!(m.kind, MessageKind::Empty {}) => {
+            with_mime_types_filled(&raw.text)
+                .and_then(|text| catching_panics(|| serde_json::from_str::<Update>(&text)).ok()?.ok())
+                .unwrap_or(update)
+        }
+        _ => update,
+    };
     match catching_panics(|| classify(&update)) {
         Ok(inbound) => inbound,
         Err(panic) => Inbound::Undecodable {
@@ -182,11 +192,37 @@ pub fn read(raw: &RawUpdate) -> Inbound {
     }
 }
 
+/// The files whose `mime_type` teloxide needs present (`null` will do).
+const FILES_NEEDING_A_MIME_TYPE: [&str; 4] = ["voice", "audio", "video", "animation"];
+
+/// The update with `"mime_type": null` in each of its message's files that has none;
+/// `None` when there is no such file (nothing to read again).
+fn with_mime_types_filled(text: &str) -> Option<String> {
+    let mut update: serde_json::Value = serde_json::from_str(text).ok()?;
+    let key = ["message", "edited_message"]
+        .into_iter()
+        .find(|key| update.get(key).is_some_and(|m| m.is_object()))?;
+    let message = update.get_mut(key)?;
+    let mut filled = false;
+    for key in FILES_NEEDING_A_MIME_TYPE {
+        if let Some(file) = message.get_mut(key).and_then(serde_json::Value::as_object_mut)
+            && !file.get("mime_type").is_some_and(serde_json::Value::is_string)
+        {
+            file.insert("mime_type".to_owned(), serde_json::Value::Null);
+            filled = true;
+        }
+    }
+    filled.then(|| update.to_string())
+}
+
 pub fn classify(update: &Update) -> Inbound {
     let update_id = i64::from(update.id.0);
     let (message, kind) = match &update.kind {
         UpdateKind::Message(m) => (m, EnvelopeKind::Message),
         UpdateKind::EditedMessage(m) => (m, EnvelopeKind::EditedMessage),
+        UpdateKind::MessageReaction(updated) => {
+            return Inbound::Reaction(Box::new(crate::telegram::parts::reaction(update_id, updated)));
+        }
         UpdateKind::Error(_) => {
             return Inbound::Undecodable {
                 update_id: Some(update_id),
@@ -308,6 +344,8 @@ pub fn undecodable_envelope(raw: &RawUpdate, update_id: Option<i64>) -> Envelope
         },
         text: None,
         attachments: Vec::new(),
+        described: None,
+        context: Context::default(),
         sent_at: field("date")
             .and_then(lenient::integer)
             .and_then(|secs| DateTime::from_timestamp(secs, 0))
@@ -375,57 +413,16 @@ fn envelope_from_message(update_id: i64, kind: EnvelopeKind, message: &Message) 
         chat_title: chat_title(&message.chat),
         message_id: message.id.0,
         sender,
-        text: message.text().or_else(|| message.caption()).map(str::to_owned),
-        attachments: attachments(message),
+        text: parts::text_with_links(message),
+        attachments: parts::attachments(message),
+        described: parts::described(message),
+        context: Context::of(message),
         sent_at: message.date,
     }
 }
 
 fn chat_title(chat: &Chat) -> Option<String> {
     chat.title().map(str::to_owned).or_else(|| chat.first_name().map(str::to_owned))
-}
-
-fn attachments(message: &Message) -> Vec<Attachment> {
-    let mut found = Vec::new();
-    let mut push = |kind: &str, file_id: Option<String>, detail: String| {
-        found.push(Attachment { kind: kind.to_owned(), file_id, detail });
-    };
-    if let Some(sizes) = message.photo() {
-        // Telegram lists sizes smallest first; the largest is the photo itself.
-        if let Some(largest) = sizes.last() {
-            push("photo", Some(largest.file.id.to_string()), format!("{}x{}", largest.width, largest.height));
-        }
-    }
-    if let Some(doc) = message.document() {
-        let name = doc.file_name.clone().unwrap_or_else(|| "unnamed".into());
-        let mime = doc.mime_type.as_ref().map(|m| format!(", {m}")).unwrap_or_default();
-        push("document", Some(doc.file.id.to_string()), format!("{name}{mime}"));
-    }
-    if let Some(audio) = message.audio() {
-        push("audio", Some(audio.file.id.to_string()), format!("{}s", audio.duration.seconds()));
-    }
-    if let Some(video) = message.video() {
-        push("video", Some(video.file.id.to_string()), format!("{}s", video.duration.seconds()));
-    }
-    if let Some(voice) = message.voice() {
-        push("voice", Some(voice.file.id.to_string()), format!("{}s", voice.duration.seconds()));
-    }
-    if let Some(animation) = message.animation() {
-        push("animation", Some(animation.file.id.to_string()), format!("{}s", animation.duration.seconds()));
-    }
-    if let Some(sticker) = message.sticker() {
-        push("sticker", Some(sticker.file.id.to_string()), sticker.emoji.clone().unwrap_or_default());
-    }
-    if let Some(location) = message.location() {
-        push("location", None, format!("{}, {}", location.latitude, location.longitude));
-    }
-    if let Some(dice) = message.dice() {
-        push("dice", None, format!("{:?} {}", dice.emoji, dice.value));
-    }
-    if let Some(contact) = message.contact() {
-        push("contact", None, contact.first_name.clone());
-    }
-    found
 }
 
 fn update_kind_name(kind: &UpdateKind) -> &'static str {
@@ -518,8 +515,13 @@ mod tests {
                                   {"file_id": "big", "file_unique_id": "b", "width": 1280, "height": 853}]}
         }))));
         assert_eq!(e.text.as_deref(), Some("look"));
-        assert_eq!(e.attachments[0].file_id.as_deref(), Some("big"));
-        assert_eq!(e.content(), "look\n[photo: 1280x853]");
+        assert_eq!(e.attachments.len(), 1);
+        assert_eq!(
+            (e.attachments[0].kind, e.attachments[0].file_id.as_str()),
+            (AttachmentKind::Photo, "big")
+        );
+        // The caption is the content; the photo is described in meta.
+        assert_eq!(e.content(), "look");
     }
 
     #[test]
@@ -530,7 +532,8 @@ mod tests {
                         "location": {"latitude": 1.5, "longitude": 2.5}}
         }))));
         assert_eq!(e.text, None);
-        assert_eq!(e.content(), "[location: 1.5, 2.5]");
+        assert!(e.attachments.is_empty());
+        assert_eq!(e.content(), "📍 location 1.5, 2.5");
     }
 
     #[test]
@@ -600,7 +603,7 @@ mod tests {
         // Ordinary content stays work, a dice throw included.
         assert!(matches!(classify(&message(json!({"text": "hi"}))), Inbound::Envelope(_)));
         let dice = envelope(classify(&message(json!({"dice": {"emoji": "🎲", "value": 4}}))));
-        assert_eq!(dice.content(), "[dice: Dice 4]");
+        assert_eq!(dice.content(), "🎲 dice: 4");
     }
 
     #[test]
@@ -683,6 +686,236 @@ mod tests {
         let (update_id, _) = undecodable_reason(read(&nothing));
         assert_eq!(update_id, None);
         assert_eq!(undecodable_envelope(&nothing, None).update_id, 0);
+    }
+
+    /// A message with `extra`, read from its raw text as the poller reads it.
+    fn message(extra: serde_json::Value) -> Envelope {
+        let mut message =
+            json!({"message_id": 50, "date": 1_700_000_000, "chat": private_chat(), "from": from()});
+        message.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        envelope(read(&RawUpdate::new(&json!({"update_id": 60, "message": message}).to_string())))
+    }
+
+    fn file(id: &str, size: Option<u64>) -> serde_json::Value {
+        let mut file = json!({"file_id": id, "file_unique_id": format!("u-{id}")});
+        if let Some(size) = size {
+            file["file_size"] = json!(size);
+        }
+        file
+    }
+
+    fn with(mut base: serde_json::Value, extra: serde_json::Value) -> serde_json::Value {
+        base.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        base
+    }
+
+    fn meta_of(e: &Envelope) -> std::collections::BTreeMap<String, String> {
+        crate::telegram::parts::attachment_meta(&e.attachments)
+    }
+
+    #[test]
+    fn a_photo_is_its_largest_size_with_a_placeholder_when_uncaptioned() {
+        let e = message(json!({"photo": [
+            with(file("small", Some(1_000)), json!({"width": 90, "height": 60})),
+            with(file("big", Some(60_000)), json!({"width": 1280, "height": 853})),
+        ]}));
+        assert_eq!(e.content(), "(photo)");
+        let meta = meta_of(&e);
+        assert_eq!(meta["attachment_kind"], "photo");
+        assert_eq!(meta["attachment_file_id"], "big");
+        assert_eq!(meta["attachment_size"], "60000");
+        assert!(!meta.contains_key("attachment_count") && !meta.contains_key("attachment_mime"));
+    }
+
+    #[test]
+    fn every_kind_of_file_is_described_with_its_placeholder() {
+        let cases = [
+            (
+                json!({"document": with(file("d", Some(2_048)), json!({"file_name": "report.pdf", "mime_type": "application/pdf"}))}),
+                "document",
+                "(document report.pdf)",
+            ),
+            (
+                json!({"voice": with(file("v", Some(9_000)), json!({"duration": 12, "mime_type": "audio/ogg"}))}),
+                "voice",
+                "(voice message, 0:12)",
+            ),
+            (
+                json!({"audio": with(file("a", None), json!({"duration": 200, "file_name": "song.mp3", "mime_type": "audio/mpeg"}))}),
+                "audio",
+                "(audio song.mp3, 3:20)",
+            ),
+            (
+                json!({"video": with(file("vi", None), json!({"duration": 63, "width": 640, "height": 480}))}),
+                "video",
+                "(video, 1:03)",
+            ),
+            (
+                json!({"video_note": with(file("n", None), json!({"duration": 5, "length": 240}))}),
+                "video_note",
+                "(video message, 0:05)",
+            ),
+            (
+                json!({"animation": with(file("g", None), json!({"duration": 2, "width": 200, "height": 200, "file_name": "cat.mp4", "mime_type": "video/mp4"})),
+                       "document": with(file("g", None), json!({"file_name": "cat.mp4"}))}),
+                "animation",
+                "(animation)",
+            ),
+            (
+                json!({"sticker": with(file("s", None), json!({"type": "regular", "width": 512, "height": 512, "is_animated": false, "is_video": false, "emoji": "😀"}))}),
+                "sticker",
+                "(sticker 😀)",
+            ),
+        ];
+        for (content, kind, placeholder) in cases {
+            let e = message(content);
+            assert_eq!(e.content(), placeholder, "{kind}");
+            assert_eq!(meta_of(&e)["attachment_kind"], kind);
+        }
+        let document = message(
+            json!({"document": with(file("d", Some(2_048)), json!({"file_name": "report.pdf", "mime_type": "application/pdf"}))}),
+        );
+        let meta = meta_of(&document);
+        assert_eq!((meta["attachment_file_id"].as_str(), meta["attachment_size"].as_str()), ("d", "2048"));
+        assert_eq!(
+            (meta["attachment_mime"].as_str(), meta["attachment_name"].as_str()),
+            ("application/pdf", "report.pdf")
+        );
+    }
+
+    #[test]
+    fn a_caption_is_the_content_of_a_file() {
+        let e = message(
+            json!({"caption": "the contract", "document": with(file("d", None), json!({"file_name": "c.pdf"}))}),
+        );
+        assert_eq!(e.content(), "the contract");
+        assert_eq!(meta_of(&e)["attachment_name"], "c.pdf");
+    }
+
+    #[test]
+    fn a_file_without_size_type_or_name_is_still_an_envelope() {
+        let e = message(json!({"document": file("bare", None)}));
+        assert_eq!(e.content(), "(document)");
+        let meta = meta_of(&e);
+        assert_eq!(
+            meta.keys().map(String::as_str).collect::<Vec<_>>(),
+            ["attachment_file_id", "attachment_kind"]
+        );
+        let voice = message(json!({"voice": with(file("v", None), json!({"duration": 0}))}));
+        assert_eq!(voice.content(), "(voice message, 0:00)");
+    }
+
+    #[test]
+    fn attachments_are_stored_and_read_back_as_the_same_list() {
+        let e = message(
+            json!({"document": with(file("d", Some(5)), json!({"file_name": "a.txt", "mime_type": "text/plain"}))}),
+        );
+        let stored = serde_json::to_string(&e.attachments).unwrap();
+        assert_eq!(crate::telegram::parts::stored_attachments(&stored), e.attachments);
+    }
+
+    #[test]
+    fn contacts_and_venues_read_as_text() {
+        let contact = message(
+            json!({"contact": {"phone_number": "+4930123", "first_name": "Ann", "last_name": "Lee"}}),
+        );
+        assert_eq!(contact.content(), "contact: Ann Lee +4930123");
+        let venue = message(json!({"venue": {"location": {"latitude": 52.52, "longitude": 13.4},
+                                             "title": "Brandenburger Tor", "address": "Pariser Platz"},
+                                  "location": {"latitude": 52.52, "longitude": 13.4}}));
+        let content = venue.content();
+        assert!(content.contains("Brandenburger Tor") && content.contains("Pariser Platz"), "{content}");
+        assert!(venue.attachments.is_empty());
+    }
+
+    #[test]
+    fn a_reply_carries_the_quoted_message_and_prefers_the_partial_quote() {
+        let quoted = json!({"message_id": 7, "date": 1_699_999_000, "chat": private_chat(), "from": from(),
+                            "text": "x".repeat(300)});
+        let e = message(json!({"text": "how long?", "reply_to_message": quoted}));
+        let q = e.context.quoted.as_ref().expect("a quote");
+        assert_eq!(q.message_id, 7);
+        assert_eq!(q.text.as_ref().map(|t| t.chars().count()), Some(crate::telegram::parts::QUOTE_CHARS));
+        let meta = e.context.meta(Some("env_x")).unwrap();
+        assert_eq!(meta["reply_to_message_id"], "7");
+        assert_eq!(meta["reply_to_trace_id"], "env_x");
+
+        let partial = message(json!({"text": "this?", "reply_to_message": quoted,
+                                     "quote": {"text": "xxx", "position": 0}}));
+        assert_eq!(partial.context.quoted.unwrap().text.as_deref(), Some("xxx"));
+
+        let photo = json!({"message_id": 8, "date": 1_699_999_000, "chat": private_chat(), "from": from(),
+                           "caption": "the chart", "photo": [with(file("p", None), json!({"width": 1, "height": 1}))]});
+        let of_caption = message(json!({"text": "why?", "reply_to_message": photo}));
+        assert_eq!(of_caption.context.quoted.unwrap().text.as_deref(), Some("the chart"));
+        assert_eq!(message(json!({"text": "plain"})).context.meta(None), None);
+    }
+
+    #[test]
+    fn a_forum_topic_root_is_no_quote() {
+        let chat = json!({"id": -100123, "type": "supergroup", "title": "Ops", "is_forum": true});
+        let root = json!({"message_id": 42, "date": 1_699_999_000, "chat": chat, "from": from(),
+                          "forum_topic_created": {"name": "Deploys", "icon_color": 7322096}});
+        let e = envelope(classify(&update(json!({"update_id": 61, "message": {
+            "message_id": 51, "message_thread_id": 42, "is_topic_message": true, "date": 1_700_000_000,
+            "chat": chat, "from": from(), "text": "deploy?", "reply_to_message": root}}))));
+        assert_eq!(e.context.quoted, None);
+    }
+
+    #[test]
+    fn a_forward_names_its_origin() {
+        let e = message(json!({"text": "fyi", "forward_origin": {"type": "user", "date": 1_690_000_000,
+            "sender_user": {"id": 7, "is_bot": false, "first_name": "Bob", "username": "bob"}}}));
+        let meta = e.context.meta(None).unwrap();
+        assert_eq!(meta["forward_from"], "@bob");
+        assert_eq!(meta["forward_date"], "2023-07-22T04:26:40Z");
+        let hidden =
+            message(json!({"text": "x", "forward_origin": {"type": "hidden_user", "date": 1_690_000_000,
+            "sender_user_name": "Someone"}}));
+        assert_eq!(hidden.context.forwarded.unwrap().from, "Someone");
+        let channel =
+            message(json!({"text": "x", "forward_origin": {"type": "channel", "date": 1_690_000_000,
+            "chat": {"id": -1001, "type": "channel", "title": "News"}, "message_id": 3}}));
+        assert_eq!(channel.context.forwarded.unwrap().from, "News");
+    }
+
+    #[test]
+    fn text_link_urls_survive_in_the_content() {
+        let e = message(json!({"text": "read the docs, then ✅ the guide now",
+            "entities": [{"type": "text_link", "offset": 9, "length": 4, "url": "https://example.com/docs"},
+                         {"type": "bold", "offset": 0, "length": 4},
+                         {"type": "text_link", "offset": 26, "length": 5, "url": "https://example.com/guide"}]}));
+        assert_eq!(
+            e.content(),
+            "read the docs (https://example.com/docs), then ✅ the guide (https://example.com/guide) now"
+        );
+        let caption = message(json!({"caption": "see here", "caption_entities": [
+            {"type": "text_link", "offset": 4, "length": 4, "url": "https://example.com/"}],
+            "document": file("d", None)}));
+        assert_eq!(caption.content(), "see here (https://example.com/)");
+    }
+
+    #[test]
+    fn a_reaction_is_read_with_who_set_what() {
+        let inbound = classify(&update(json!({"update_id": 70, "message_reaction": {
+            "chat": private_chat(), "message_id": 9, "date": 1_700_000_000, "user": from(),
+            "old_reaction": [], "new_reaction": [{"type": "emoji", "emoji": "👍"}, {"type": "emoji", "emoji": "🔥"}]}})));
+        let Inbound::Reaction(reaction) = inbound else { panic!("{inbound:?}") };
+        assert_eq!((reaction.update_id, reaction.chat_id, reaction.message_id), (70, 42, 9));
+        assert_eq!((reaction.user_id, reaction.user.as_str()), (Some(42), "@ann"));
+        assert_eq!(reaction.emoji, ["👍", "🔥"]);
+        let removed = classify(&update(json!({"update_id": 71, "message_reaction": {
+            "chat": private_chat(), "message_id": 9, "date": 1_700_000_000, "user": from(),
+            "old_reaction": [{"type": "emoji", "emoji": "👍"}], "new_reaction": []}})));
+        let Inbound::Reaction(removed) = removed else { panic!("{removed:?}") };
+        assert!(removed.emoji.is_empty());
+    }
+
+    #[test]
+    fn a_callback_query_passes_by_as_an_update_that_is_not_a_message() {
+        let query = update(json!({"update_id": 72, "callback_query": {"id": "q1", "from": from(),
+            "chat_instance": "ci", "data": "allow"}}));
+        assert_eq!(classify(&query), Inbound::NotAMessage { update_id: 72, kind: "callback_query" });
     }
 
     #[test]

@@ -8,6 +8,7 @@ pub mod format;
 pub mod lenient;
 pub mod menu;
 pub mod outbound;
+pub mod parts;
 pub mod poller;
 pub mod reactions;
 pub mod typing;

@@ -21,7 +21,7 @@ use crate::backoff::Backoff;
 use crate::config::Settings;
 use crate::ids::AgentName;
 use crate::ledger::{EnvelopeState, LedgerCongestion, LedgerError};
-use crate::ledger::{Ledger, RoutedEnvelope};
+use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::health::PollHealth;
 use crate::operate::metrics;
 use crate::rules::permissions::Verdict;
@@ -192,7 +192,7 @@ impl Poller {
         let presses: Vec<_> =
             updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
         let routing = Arc::clone(&self.routing.borrow());
-        let batch = read_batch(updates, routing).await;
+        let ReadBatch { envelopes: batch, reactions } = read_batch(updates, routing).await;
         // Agents with a live session get their envelopes handed over by this commit (see
         // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
         let bridge = self.bridge.clone();
@@ -201,7 +201,14 @@ impl Poller {
         let bot_username = bridge.bot_username();
         let recorded = self
             .ledger
-            .record_batch_handing_over(self.bot_id, next_offset, &batch, &handed, bot_username.as_deref())
+            .record_batch_with_reactions(
+                self.bot_id,
+                next_offset,
+                &batch,
+                &reactions,
+                &handed,
+                bot_username.as_deref(),
+            )
             .await;
         let recorded = match recorded {
             Ok(recorded) => recorded,
@@ -226,6 +233,13 @@ impl Poller {
                 }
             }
         });
+        // A reaction owed to an agent reaches its session, if one is connected, by its bell.
+        for reaction in &recorded.reactions {
+            tracing::info!(trace_id = %reaction.trace_id, agent = %reaction.agent, "reaction recorded");
+            if let Ok(agent) = AgentName::parse(&reaction.agent) {
+                self.bridge.wake(&agent);
+            }
+        }
         // Task changes (DESIGN.md §11) are recorded: now the chat and the agents hear of them.
         self.bridge.carry_out(recorded.task_effects);
         let texts = batch.iter().filter_map(text_answer).collect();
@@ -312,9 +326,13 @@ const READ_IN_PARALLEL_FROM: usize = 16;
 
 /// The rows a batch of updates becomes, in the batch's order. A large batch's second half
 /// is read on a blocking thread meanwhile (see [`READ_IN_PARALLEL_FROM`]).
-async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> Vec<RoutedEnvelope> {
-    let read = |updates: &[RawUpdate], routing: &Routing| -> Vec<RoutedEnvelope> {
-        updates.iter().filter_map(|raw| row(raw, routing)).collect()
+async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> ReadBatch {
+    let read = |updates: &[RawUpdate], routing: &Routing| -> ReadBatch {
+        let mut batch = ReadBatch::default();
+        for raw in updates {
+            read_update(raw, routing, &mut batch);
+        }
+        batch
     };
     if updates.len() < READ_IN_PARALLEL_FROM {
         return read(&updates, &routing);
@@ -326,7 +344,10 @@ async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> Vec<R
     };
     let mut rows = read(&updates, &routing);
     match helper.await {
-        Ok(more) => rows.extend(more),
+        Ok(more) => {
+            rows.envelopes.extend(more.envelopes);
+            rows.reactions.extend(more.reactions);
+        }
         // A panic reading an update is caught in `envelope::read`; one elsewhere goes on
         // as it would have on this thread.
         Err(e) => std::panic::resume_unwind(e.into_panic()),
@@ -334,30 +355,44 @@ async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> Vec<R
     rows
 }
 
-/// What one update becomes in the ledger, if anything.
-fn row(raw: &RawUpdate, routing: &Routing) -> Option<RoutedEnvelope> {
+/// A batch as the ledger records it: rows of `envelopes`, and reactions (`ledger::reactions`),
+/// each in the batch's order.
+#[derive(Default)]
+struct ReadBatch {
+    envelopes: Vec<RoutedEnvelope>,
+    reactions: Vec<RoutedReaction>,
+}
+
+/// Adds what one update becomes in the ledger, if anything, to `batch`.
+fn read_update(raw: &RawUpdate, routing: &Routing, batch: &mut ReadBatch) {
     let digest = raw.digest();
-    match envelope::read(raw) {
+    let routed = match envelope::read(raw) {
         Inbound::Envelope(envelope) if is_text_answer(&envelope, routing) => {
-            Some(audit_row(*envelope, EnvelopeState::Ignored, digest, TEXT_ANSWER_NOTE.to_owned(), None))
+            audit_row(*envelope, EnvelopeState::Ignored, digest, TEXT_ANSWER_NOTE.to_owned(), None)
         }
-        Inbound::Envelope(envelope) => Some(route(*envelope, digest, routing)),
+        Inbound::Envelope(envelope) => route(*envelope, digest, routing),
         Inbound::Ignored { envelope, reason } => {
-            Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
         }
         Inbound::Migrated { envelope, reason, to_chat_id } => {
             report_migration(routing, envelope.update_id, envelope.channel.chat_id, to_chat_id);
-            Some(audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None))
+            audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
+        }
+        // Whom it reaches, if anyone, intake decides: it knows what the bot sent.
+        Inbound::Reaction(reaction) => {
+            batch.reactions.push(RoutedReaction { reaction: *reaction, update_digest: digest });
+            return;
         }
         Inbound::NotAMessage { update_id, kind } => {
             tracing::debug!(update_id, kind, "update of a kind switchboard does not route");
-            None
+            return;
         }
         Inbound::Undecodable { update_id, reason } => {
             let envelope = envelope::undecodable_envelope(raw, update_id);
-            Some(audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone())))
+            audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone()))
         }
-    }
+    };
+    batch.envelopes.push(routed);
 }
 
 fn route(envelope: envelope::Envelope, update_digest: String, routing: &Routing) -> RoutedEnvelope {
@@ -550,8 +585,12 @@ mod tests {
     async fn a_batch_read_on_two_threads_is_the_batch_read_in_order() {
         let routing = routing();
         let batch = updates(100);
-        let one_by_one: Vec<RoutedEnvelope> = batch.iter().filter_map(|raw| row(raw, &routing)).collect();
-        let read = read_batch(batch, Arc::clone(&routing)).await;
+        let mut one_by_one = ReadBatch::default();
+        for raw in &batch {
+            read_update(raw, &routing, &mut one_by_one);
+        }
+        let one_by_one = one_by_one.envelopes;
+        let read = read_batch(batch, Arc::clone(&routing)).await.envelopes;
         assert_eq!(summary(&read), summary(&one_by_one));
         // Every kind of row is in it, and the update that is not a message is not.
         let states: Vec<EnvelopeState> = read.iter().map(|r| r.state).collect();

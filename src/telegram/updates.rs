@@ -104,10 +104,13 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// The update kinds the poller asks for: messages and their edits (envelopes), and presses
-/// on the bot's buttons (permission prompts, DESIGN.md §15). Telegram keeps the last list a
-/// bot asked for, so it is sent on every call rather than left to a default.
-pub const ALLOWED_UPDATES: &[&str] = &["message", "edited_message", "callback_query"];
+/// The kinds of update the poller asks Telegram for, as `allowed_updates` on every call:
+/// messages and their edits (envelopes), reactions (notices about the bot's replies, which
+/// Telegram sends only to a bot that lists them), and presses on the bot's buttons
+/// (permission prompts, DESIGN.md §15). Telegram keeps the last list a bot asked for, so it
+/// is sent on every call rather than left to a default. Channel posts are not asked for:
+/// no route takes them.
+pub const ALLOWED_UPDATES: &[&str] = &["message", "edited_message", "message_reaction", "callback_query"];
 
 /// `getUpdates` for one bot, through the bot's own HTTP client.
 #[derive(Debug, Clone)]
@@ -137,7 +140,11 @@ impl UpdatesClient {
         timeout: Duration,
         limit: u8,
     ) -> Result<Vec<RawUpdate>, FetchError> {
-        let mut params = serde_json::json!({ "timeout": timeout.as_secs(), "limit": limit, "allowed_updates": ALLOWED_UPDATES });
+        let mut params = serde_json::json!({
+            "timeout": timeout.as_secs(),
+            "limit": limit,
+            "allowed_updates": ALLOWED_UPDATES,
+        });
         if let Some(offset) = offset {
             params["offset"] = offset.into();
         }

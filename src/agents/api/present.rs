@@ -5,6 +5,7 @@
 use crate::agents::api::wire::{DeliveredEnvelope, PendingSummary};
 use crate::ledger::StoredEnvelope;
 use crate::telegram::envelope::EnvelopeKind;
+use crate::telegram::parts::attachment_meta;
 
 /// An envelope in a list of those waiting for an answer (`pending`, a refusal's candidates).
 pub fn summary(envelope: &StoredEnvelope) -> PendingSummary {
@@ -25,7 +26,11 @@ pub fn delivered(envelope: &StoredEnvelope, redelivered: bool) -> DeliveredEnvel
     DeliveredEnvelope {
         trace_id: envelope.trace_id.clone(),
         kind: envelope.kind.meta_kind().to_owned(),
-        extra: envelope.task_meta(),
+        extra: {
+            let mut extra = envelope.task_meta();
+            extra.extend(attachment_meta(&envelope.attachment_list()));
+            extra
+        },
         content: envelope.content.clone(),
         chat_id: envelope.chat_id,
         thread_id: envelope.thread_id(),

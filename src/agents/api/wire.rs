@@ -119,6 +119,10 @@ pub struct DeliveredVerdict {
 /// `bridge::session`): how many are still pending, with their trace ids.
 pub const WAITING_NOTICE: &str = "waiting";
 
+/// The kind of the notice that a user reacted to a message the bot sent answering the
+/// envelope (see `bridge::reactions`): not work, nothing to answer.
+pub const REACTION_NOTICE: &str = "reaction";
+
 /// A notice about a pending envelope: `stop` (a room's exchange ends after this turn),
 /// `pause` and `resume` (its task), `waiting` (the start of a session found it and others
 /// waiting).

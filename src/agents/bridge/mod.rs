@@ -18,6 +18,7 @@ mod actions;
 mod error;
 mod handoff;
 mod permissions;
+mod reactions;
 mod reply;
 mod room;
 mod session;

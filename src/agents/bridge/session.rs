@@ -297,6 +297,7 @@ impl Bridge {
         let heartbeat = Duration::from_secs(HEARTBEAT_INTERVAL_SECS);
         // Whether queued envelopes may wait in the ledger: at first, and after each wake-up.
         let mut look_in_ledger = true;
+        let mut look_for_reactions = true;
         loop {
             // Intake's envelopes first: its claim took every queued envelope of the agent,
             // so any still queued is younger.
@@ -328,6 +329,11 @@ impl Bridge {
                     return Ok(());
                 }
             }
+            // Reactions owed in the ledger: at first, and after each wake-up (intake rings
+            // the bell for a reaction as for an envelope).
+            if std::mem::take(&mut look_for_reactions) && !self.give_owed_reactions(agent, &tx).await? {
+                return Ok(());
+            }
             tokio::select! {
                 biased;
                 envelope = direct.recv() => {
@@ -337,7 +343,10 @@ impl Bridge {
                         return Ok(());
                     }
                 }
-                () = slot.wake.notified() => look_in_ledger = true,
+                () = slot.wake.notified() => {
+                    look_in_ledger = true;
+                    look_for_reactions = true;
+                }
                 () = slot.verdicts.notified() => {
                     if !self.hand_over_verdicts(guard, &tx).await? {
                         return Ok(());

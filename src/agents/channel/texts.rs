@@ -10,7 +10,8 @@ use serde_json::json;
 use crate::agents::api::client::ClientError;
 use crate::agents::api::wire::{
     AckReceipt, AnsweredHandoff, DeliveredEnvelope, DeliveredNotice, ErrorCode, HandoffReceipt,
-    MessageActionReceipt, PendingList, PendingSummary, ReplyReceipt, RevisionReceipt, WAITING_NOTICE,
+    MessageActionReceipt, PendingList, PendingSummary, REACTION_NOTICE, ReplyReceipt, RevisionReceipt,
+    WAITING_NOTICE,
 };
 use crate::ids::{AgentName, TraceId};
 
@@ -162,6 +163,10 @@ pub(super) fn how_to_answer(
         ),
         "stop" => format!("finish your reply or {ack} your turn ({trace_id}); nobody speaks after you"),
         "pause" | "resume" => "nothing to answer: this notice changes the state of the task only".to_owned(),
+        REACTION_NOTICE => format!(
+            "nothing to answer: the user reacted to your reply to {trace_id}; reply again only if the reaction asks \
+             for it"
+        ),
         WAITING_NOTICE => format!(
             "answer each listed message with {} naming its trace_id; {} lists them",
             tools.of(ToolName::Reply),

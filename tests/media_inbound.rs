@@ -1,0 +1,271 @@
+//! What an agent learns of a message beyond its text, end to end: the real daemon polls
+//! the fake Bot API and a real `switchboard channel` pushes each envelope to an MCP client.
+//! Files are described in meta (and readable from the ledger for a later download), a
+//! quote names the envelope it refers to, and a reaction to the bot's reply reaches the
+//! agent as a notice that is no work, even across a kill -9.
+
+mod support;
+
+use serde_json::json;
+use support::agents::*;
+use support::daemon::*;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
+use switchboard::telegram::envelope::AttachmentKind;
+use switchboard::telegram::updates::ALLOWED_UPDATES;
+
+fn dm() -> ChatSpec {
+    ChatSpec::private(OWNER_CHAT)
+}
+
+/// A daemon with the orchestrator's session connected.
+async fn connected() -> (FakeTelegram, TestDaemon, support::mcp::ChannelClient) {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    (fake, daemon, orchestrator)
+}
+
+/// The orchestrator answers the waiting message; returns the Telegram id of its answer.
+async fn answer(
+    fake: &FakeTelegram,
+    orchestrator: &support::mcp::ChannelClient,
+    trace: &str,
+    text: &str,
+) -> i32 {
+    let sent_before = fake.sent_messages().len();
+    let (is_error, said) =
+        orchestrator.call_tool("reply", json!({"text": text, "trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{said}");
+    fake.wait_for_sent(sent_before + 1, WAIT).await[sent_before].message_id
+}
+
+#[tokio::test]
+async fn a_photo_is_described_by_its_largest_size() {
+    let (fake, _daemon, orchestrator) = connected().await;
+    fake.push_photo_with_caption(dm(), owner(), None);
+    fake.push_photo_with_caption(dm(), owner(), Some("the whiteboard"));
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    assert_eq!(pushed[0].content, "(photo)");
+    assert_eq!(meta(&pushed[0], "attachment_kind"), "photo");
+    let file_id = meta(&pushed[0], "attachment_file_id");
+    assert!(file_id.ends_with("-large"), "the largest size, not {file_id}");
+    assert_eq!(meta(&pushed[0], "attachment_size"), "60000");
+    assert_eq!(pushed[0].meta_str("attachment_count"), None, "one file");
+    // A caption is the content; the file is still described.
+    assert_eq!(pushed[1].content, "the whiteboard");
+    assert_eq!(meta(&pushed[1], "attachment_kind"), "photo");
+}
+
+#[tokio::test]
+async fn a_document_is_described_in_meta_and_its_files_are_readable_from_the_ledger() {
+    let (fake, daemon, orchestrator) = connected().await;
+    fake.push_document(dm(), owner(), Some("report.pdf"), Some("application/pdf"), Some(48_213));
+    let pushed = nth(&orchestrator, 1).await;
+    assert_eq!(pushed.content, "(document report.pdf)");
+    assert_eq!(meta(&pushed, "attachment_kind"), "document");
+    assert_eq!(meta(&pushed, "attachment_name"), "report.pdf");
+    assert_eq!(meta(&pushed, "attachment_mime"), "application/pdf");
+    assert_eq!(meta(&pushed, "attachment_size"), "48213");
+
+    let ledger = daemon.ledger().await;
+    let files = ledger.attachments_of(&trace_id(&pushed)).await.unwrap().expect("the envelope exists");
+    ledger.close().await;
+    assert_eq!(files.len(), 1);
+    let file = &files[0];
+    assert_eq!(
+        (file.kind, file.file_id.as_str()),
+        (AttachmentKind::Document, meta(&pushed, "attachment_file_id"))
+    );
+    assert_eq!(
+        (file.size, file.mime.as_deref(), file.name.as_deref()),
+        (Some(48_213), Some("application/pdf"), Some("report.pdf"))
+    );
+}
+
+#[tokio::test]
+async fn a_voice_note_without_a_caption_reads_as_a_placeholder_with_its_length() {
+    let (fake, _daemon, orchestrator) = connected().await;
+    fake.push_voice(dm(), owner(), 12);
+    let pushed = nth(&orchestrator, 1).await;
+    assert_eq!(pushed.content, "(voice message, 0:12)");
+    assert_eq!(meta(&pushed, "attachment_kind"), "voice");
+    assert_eq!(meta(&pushed, "attachment_mime"), "audio/ogg");
+}
+
+#[tokio::test]
+async fn files_without_a_type_a_size_or_a_name_are_still_envelopes() {
+    let (fake, daemon, orchestrator) = connected().await;
+    fake.push_document(dm(), owner(), None, None, None);
+    // teloxide reads a voice note without `mime_type` as a message with no content.
+    fake.push_message_content(
+        dm(),
+        owner(),
+        json!({"voice": {"file_id": "bare-voice", "file_unique_id": "u", "duration": 3}}),
+    );
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    assert_eq!(pushed[0].content, "(document)");
+    assert_eq!(meta(&pushed[0], "attachment_kind"), "document");
+    for missing in ["attachment_size", "attachment_mime", "attachment_name"] {
+        assert_eq!(pushed[0].meta_str(missing), None, "{missing}");
+    }
+    assert_eq!(pushed[1].content, "(voice message, 0:03)");
+    assert_eq!(meta(&pushed[1], "attachment_file_id"), "bare-voice");
+    // Both are work waiting for an answer, not audit rows.
+    for notification in &pushed {
+        assert_eq!(
+            state_of(&daemon, &trace_id(notification)).await,
+            switchboard::ledger::EnvelopeState::Pending
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_forward_names_its_origin_and_links_keep_their_urls() {
+    let (fake, _daemon, orchestrator) = connected().await;
+    let bob = UserSpec::new(77, "Bob").with_username("bob");
+    fake.push_forwarded_text(dm(), owner(), &bob, 1_690_000_000, "the outage report");
+    fake.push_text_with_links(dm(), owner(), "see ✅ the docs", &[("the docs", "https://example.com/docs")]);
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    assert_eq!(pushed[0].content, "the outage report");
+    assert_eq!(meta(&pushed[0], "forward_from"), "@bob");
+    assert_eq!(meta(&pushed[0], "forward_date"), "2023-07-22T04:26:40Z");
+    assert_eq!(pushed[1].content, "see ✅ the docs (https://example.com/docs)");
+    assert_eq!(pushed[1].meta_str("forward_from"), None);
+}
+
+#[tokio::test]
+async fn a_quote_of_the_bots_reply_names_the_envelope_it_answered() {
+    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace } = owner_waiting("is the API down?").await;
+    let reply = answer(&fake, &orchestrator, &trace, "Yes, since 10:02. We are on it.").await;
+
+    fake.push_reply_to_sent(dm(), owner(), reply, "how long until it's back?");
+    let quoting = nth(&orchestrator, 2).await;
+    assert_eq!(quoting.content, "how long until it's back?");
+    assert_eq!(meta(&quoting, "reply_to_trace_id"), trace);
+    assert_eq!(meta(&quoting, "reply_to_message_id"), reply.to_string());
+    assert_eq!(meta(&quoting, "reply_to_text"), "Yes, since 10:02. We are on it.");
+}
+
+#[tokio::test]
+async fn a_quote_of_a_user_message_names_its_envelope_and_an_unknown_one_names_none() {
+    let (fake, _daemon, orchestrator) = connected().await;
+    let first = fake.push_text_message(dm(), owner(), "the build is red");
+    let quoted = nth(&orchestrator, 1).await;
+
+    fake.push_reply_to_user(dm(), owner(), &owner(), first.message_id, "the build is red", "still red?");
+    let quoting = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&quoting, "reply_to_trace_id"), trace_id(&quoted));
+    assert_eq!(meta(&quoting, "reply_to_text"), "the build is red");
+
+    // A message switchboard never saw: its id and text, and no trace id.
+    let stranger = UserSpec::new(77, "Sam");
+    fake.push_reply_to_user(dm(), owner(), &stranger, 9_999, "an old message", "this one");
+    let unknown = nth(&orchestrator, 3).await;
+    assert_eq!(meta(&unknown, "reply_to_message_id"), "9999");
+    assert_eq!(meta(&unknown, "reply_to_text"), "an old message");
+    assert_eq!(unknown.meta_str("reply_to_trace_id"), None);
+}
+
+#[tokio::test]
+async fn a_quote_after_a_kill_9_still_finds_what_it_quotes() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("rotate the keys").await;
+    let reply = answer(&fake, &orchestrator, &trace, "rotated").await;
+    daemon.kill9();
+    daemon.restart();
+    fake.push_reply_to_sent(dm(), owner(), reply, "all of them?");
+    let quoting = orchestrator.wait_for_notifications(2, std::time::Duration::from_secs(40)).await.unwrap();
+    assert_eq!(meta(&quoting[1], "reply_to_trace_id"), trace);
+}
+
+#[tokio::test]
+async fn a_reaction_to_the_bots_reply_is_a_notice_that_is_no_work() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("deploy it").await;
+    let reply = answer(&fake, &orchestrator, &trace, "deployed").await;
+    fake.push_text(dm(), owner(), "and the docs?");
+    let waiting = trace_id(&nth(&orchestrator, 2).await);
+
+    fake.push_reaction(dm(), owner(), reply, &["👍"]);
+    let notice = nth(&orchestrator, 3).await;
+    assert_eq!(meta(&notice, "kind"), "reaction");
+    assert_eq!(meta(&notice, "trace_id"), trace, "about the envelope the reply answered");
+    assert_eq!(meta(&notice, "reaction"), "👍");
+    assert_eq!(meta(&notice, "user"), "@olga");
+    assert_eq!(meta(&notice, "user_id"), OWNER_ID.to_string());
+
+    // Not pending, and an unnamed reply still has one candidate: the waiting message.
+    let (is_error, listed) = orchestrator.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error, "{listed}");
+    assert!(listed.contains(&waiting) && !listed.contains(&trace), "{listed}");
+    let ledger = daemon.ledger().await;
+    let pending = ledger.pending(&switchboard::ids::AgentName::parse("orchestrator").unwrap()).await.unwrap();
+    ledger.close().await;
+    assert_eq!(pending.iter().map(|e| e.trace_id.as_str()).collect::<Vec<_>>(), [waiting.as_str()]);
+    let (is_error, said) = orchestrator.call_tool("reply", json!({"text": "on it"})).await.unwrap();
+    assert!(!is_error, "an unnamed reply must not be ambiguous: {said}");
+    assert_eq!(attempts_of(&daemon, &waiting).await.len(), 1);
+
+    // A reaction to a message the bot did not send, and one taken back, reach nobody.
+    let user_message = fake.push_text_message(dm(), owner(), "thanks");
+    nth(&orchestrator, 4).await;
+    fake.push_reaction(dm(), owner(), user_message.message_id, &["🔥"]);
+    let removed = fake.push_reaction(dm(), owner(), reply, &[]);
+    fake.wait_until_confirmed(removed, WAIT).await;
+    let ledger = daemon.ledger().await;
+    let recorded = ledger.reactions_recorded().await.unwrap();
+    ledger.close().await;
+    let states: Vec<(&str, Option<&str>)> =
+        recorded.iter().map(|r| (r.state.as_str(), r.trace_id.as_deref())).collect();
+    assert_eq!(states, [("delivered", Some(trace.as_str())), ("ignored", None), ("ignored", None)]);
+    // Nothing more reached the agent: a message after them is the next notification.
+    fake.push_text(dm(), owner(), "last");
+    assert_eq!(nth(&orchestrator, 5).await.content, "last");
+}
+
+#[tokio::test]
+async fn a_reaction_waits_in_the_ledger_through_a_kill_9_for_the_next_session() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("restart the worker").await;
+    let reply = answer(&fake, &orchestrator, &trace, "restarted").await;
+    assert!(orchestrator.close().await.unwrap().success());
+    daemon.wait_for_log("agent session disconnected", WAIT).await;
+
+    let reaction = fake.push_reaction(dm(), owner(), reply, &["🎉"]);
+    // Confirmed: the poller committed it and asked for more.
+    fake.wait_until_confirmed(reaction, WAIT).await;
+    daemon.kill9();
+    daemon.restart();
+
+    let next = session(&daemon, "orchestrator").await;
+    let notice = nth(&next, 1).await;
+    assert_eq!((meta(&notice, "kind"), meta(&notice, "trace_id")), ("reaction", trace.as_str()));
+    assert_eq!(meta(&notice, "reaction"), "🎉");
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let ledger = daemon.ledger().await;
+        let recorded = ledger.reactions_recorded().await.unwrap();
+        ledger.close().await;
+        assert_eq!(recorded.len(), 1, "stored once: {recorded:?}");
+        if recorded[0].state == "delivered" {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {recorded:?}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Given once: a message after it is the next notification.
+    fake.push_text(dm(), owner(), "thanks");
+    assert_eq!(nth(&next, 2).await.content, "thanks");
+}
+
+#[tokio::test]
+async fn the_poller_asks_for_reactions_and_button_presses() {
+    let (fake, _daemon, _orchestrator) = connected().await;
+    fake.wait_for_get_updates_calls(2, WAIT).await;
+    let asked = fake.allowed_updates_requested();
+    assert!(!asked.is_empty());
+    for allowed in asked {
+        let allowed = allowed.expect("every getUpdates names its allowed_updates");
+        for kind in ["message", "edited_message", "message_reaction", "callback_query"] {
+            assert!(allowed.iter().any(|a| a == kind), "{kind} missing from {allowed:?}");
+        }
+        assert_eq!(allowed, ALLOWED_UPDATES);
+    }
+}
