@@ -67,7 +67,7 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!(11, "0011_prune_indexes.sql"),
     migration!(12, "0012_reply_lookup.sql"),
     migration!(13, "0013_attempt_methods.sql"),
-    migration!(15, "0015_permission_requests.sql"),
+    migration!(14, "0014_permission_requests.sql"),
 ];
 
 impl Migration {
