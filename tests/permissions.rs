@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, SentMessage, UserSpec};
-use switchboard::ledger::{PermissionState, PromptSend, StoredPermission};
+use switchboard::ledger::{AttemptState, PermissionState, StoredPermission};
 
 use support::agents::{WAIT, nth, owner, plugin_builder, session};
 use support::daemon::{OWNER_CHAT, OWNER_ID, TestDaemon, default_routes, get};
@@ -129,7 +129,7 @@ async fn an_approvers_allow_reaches_the_asking_session_and_the_prompt_shows_who_
     let row = request(&daemon, "abcde").await.unwrap();
     assert_eq!(
         (row.state, row.prompt_send, row.prompt_message_id),
-        (PermissionState::Pending, PromptSend::Sent, Some(prompt.message_id))
+        (PermissionState::Pending, AttemptState::Sent, Some(prompt.message_id))
     );
 
     // More shows the whole request, pretty-printed, and keeps the buttons.
@@ -247,7 +247,7 @@ async fn the_asking_session_ending_expires_its_requests_and_a_new_session_never_
     let Relay { fake, daemon, plugin } = relay(600).await;
     ask(&plugin, "abcde").await;
     let prompt = prompt(&fake).await;
-    wait_for_request(&daemon, "abcde", |row| row.prompt_send == PromptSend::Sent).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
     plugin.close().await.unwrap();
     let edit = fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
     assert!(edit.text.unwrap().contains("Expired"));
@@ -273,7 +273,7 @@ async fn an_answer_after_the_daemon_was_killed_still_reaches_the_plugin_that_ask
     let Relay { fake, mut daemon, plugin } = relay(600).await;
     ask(&plugin, "abcde").await;
     let prompt = prompt(&fake).await;
-    wait_for_request(&daemon, "abcde", |row| row.prompt_send == PromptSend::Sent).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
     daemon.kill9();
     daemon.restart();
     plugin.wait_for_stderr("connected to the switchboard daemon again", WAIT).await.unwrap();
@@ -292,8 +292,8 @@ async fn a_prompt_that_cannot_be_posted_expires_its_request_and_the_plugin_is_to
     let Relay { fake, daemon, plugin } = relay(600).await;
     fake.fail_send_message(Fault::Forbidden("Forbidden: bot was blocked by the user".into()));
     ask(&plugin, "abcde").await;
-    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send != PromptSend::InFlight).await;
-    assert_eq!((row.state, row.prompt_send), (PermissionState::Expired, PromptSend::NotSent));
+    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send != AttemptState::InFlight).await;
+    assert_eq!((row.state, row.prompt_send), (PermissionState::Expired, AttemptState::NotSent));
     assert!(row.prompt_error.as_deref().unwrap().contains("blocked"));
     plugin.wait_for_stderr("could not post the permission prompt", WAIT).await.unwrap();
     // The plugin and its tools carry on; the terminal is where this one is answered.
@@ -361,7 +361,7 @@ async fn a_verdict_for_a_plugin_that_is_gone_never_reaches_the_next_session() {
     let Relay { fake, mut daemon, plugin } = relay(600).await;
     ask(&plugin, "abcde").await;
     let prompt = prompt(&fake).await;
-    wait_for_request(&daemon, "abcde", |row| row.prompt_send == PromptSend::Sent).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
     // The asking plugin dies while the daemon is down, so nothing expires its request, and
     // the approver answers before any other session connects.
     daemon.kill9();
@@ -387,10 +387,10 @@ async fn a_prompt_whose_send_timed_out_is_never_sent_again_and_stays_answerable(
     fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(30)));
     ask(&plugin, "abcde").await;
     let prompt = prompt(&fake).await;
-    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send != PromptSend::InFlight).await;
+    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send != AttemptState::InFlight).await;
     assert_eq!(
         (row.state, row.prompt_send, row.prompt_message_id),
-        (PermissionState::Pending, PromptSend::Unknown, None)
+        (PermissionState::Pending, AttemptState::Unknown, None)
     );
     // Asking again (the plugin retrying) records and posts nothing more.
     ask(&plugin, "abcde").await;

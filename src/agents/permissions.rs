@@ -28,7 +28,7 @@ use crate::agents::api::wire::{PermissionReceipt, PermissionRequest};
 use crate::config::{OperatorSettings, PermissionSettings};
 use crate::ids::{AgentName, random_suffix};
 use crate::ledger::{
-    AnswerRecorded, Ledger, LedgerError, NewPermissionRequest, PermissionState, PromptOutcome, PromptSend,
+    AnswerRecorded, AttemptOutcome, AttemptState, Ledger, LedgerError, NewPermissionRequest, PermissionState,
     QuestionAnswered, QuestionState, Reconciliation, StoredPermission, StoredQuestion,
 };
 use crate::operate::metrics;
@@ -317,9 +317,9 @@ impl PermissionRelay {
             }
         };
         let outcome = match observed {
-            Observed::Sent { message_id } => PromptOutcome::Sent { message_id },
-            Observed::NotSent { error, .. } => PromptOutcome::NotSent { error },
-            Observed::Unknown { error } => PromptOutcome::Unknown { error },
+            Observed::Sent { message_id } => AttemptOutcome::Sent { message_id },
+            Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error },
+            Observed::Unknown { error } => AttemptOutcome::Unknown { error },
         };
         let row = self.inner.ledger.finish_prompt_send(&row.id, &outcome).await?;
         // The request may have ended while its prompt was on its way (its session did):
@@ -328,14 +328,14 @@ impl PermissionRelay {
             self.ring_keeper();
         }
         match &outcome {
-            PromptOutcome::Sent { message_id } => {
+            AttemptOutcome::Sent { message_id } => {
                 tracing::info!(permission_id = %row.id, message_id, chat_id = row.chat_id, "permission prompt posted")
             }
-            PromptOutcome::NotSent { error } => tracing::error!(
+            AttemptOutcome::NotSent { error } => tracing::error!(
                 permission_id = %row.id, chat_id = row.chat_id,
                 "the permission prompt could not be posted ({error}): the request expired; it is answered at the terminal"
             ),
-            PromptOutcome::Unknown { error } => tracing::error!(
+            AttemptOutcome::Unknown { error } => tracing::error!(
                 permission_id = %row.id, chat_id = row.chat_id,
                 "the permission prompt may or may not have been posted ({error}); it is not sent again"
             ),
@@ -373,7 +373,7 @@ impl PermissionRelay {
         };
         let decision = self.decide(&row, parsed.action, press.from.id);
         if let (None, Some(message)) = (row.prompt_message_id, &press.message)
-            && row.prompt_send == PromptSend::Unknown
+            && row.prompt_send == AttemptState::Unknown
         {
             // The press proves the prompt was posted, and where: its final edit can be made.
             match self.inner.ledger.note_prompt_message(&row.id, message.message_id).await {
@@ -622,16 +622,16 @@ impl PermissionRelay {
             metrics::bot_api_error("sendMessage", kind);
         }
         let outcome = match observed {
-            Observed::Sent { message_id } => PromptOutcome::Sent { message_id },
-            Observed::NotSent { error, .. } => PromptOutcome::NotSent { error },
-            Observed::Unknown { error } => PromptOutcome::Unknown { error },
+            Observed::Sent { message_id } => AttemptOutcome::Sent { message_id },
+            Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error },
+            Observed::Unknown { error } => AttemptOutcome::Unknown { error },
         };
         self.inner.ledger.finish_question_send(&question.id, &outcome).await?;
         match &outcome {
-            PromptOutcome::Sent { .. } => {
+            AttemptOutcome::Sent { .. } => {
                 tracing::info!(question = %question.id, trace_id = %question.trace_id, "asked the operators about an unresolved send")
             }
-            PromptOutcome::NotSent { error } | PromptOutcome::Unknown { error } => tracing::warn!(
+            AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => tracing::warn!(
                 question = %question.id, trace_id = %question.trace_id,
                 "could not ask the operators about an unresolved send ({error}); reconcile it with `switchboard ledger reconcile`"
             ),

@@ -126,7 +126,7 @@ pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;
 pub use permissions::{
     AnswerRecorded, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState, PermissionVerdict,
-    PromptOutcome, PromptSend, StoredPermission,
+    StoredPermission,
 };
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 pub use prune::{Pages, PruneReport, Pruned};

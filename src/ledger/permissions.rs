@@ -7,7 +7,7 @@
 use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
-use super::{Ledger, LedgerResult, now};
+use super::{AttemptOutcome, AttemptState, Ledger, LedgerResult, now};
 
 /// The `state` column: what a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -39,36 +39,6 @@ impl std::fmt::Display for PermissionState {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.pad(self.as_str())
     }
-}
-
-/// The `prompt_send` column: the prompt's `sendMessage`, classified as an attempt is
-/// (DESIGN.md §4). `unknown` is never sent again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum PromptSend {
-    InFlight,
-    Sent,
-    NotSent,
-    Unknown,
-}
-
-impl PromptSend {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::InFlight => "in_flight",
-            Self::Sent => "sent",
-            Self::NotSent => "not_sent",
-            Self::Unknown => "unknown",
-        }
-    }
-}
-
-/// What the prompt's send was observed to do.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum PromptOutcome {
-    Sent { message_id: i32 },
-    NotSent { error: String },
-    Unknown { error: String },
 }
 
 /// Why a request expired (`expired_because`).
@@ -128,7 +98,9 @@ pub struct StoredPermission {
     pub route: String,
     pub chat_id: i64,
     pub thread_id: Option<i32>,
-    pub prompt_send: PromptSend,
+    /// The prompt's `sendMessage`, classified as an attempt is (DESIGN.md §4): an
+    /// `unknown` prompt is never sent again.
+    pub prompt_send: AttemptState,
     pub prompt_message_id: Option<i32>,
     pub prompt_error: Option<String>,
     pub prompt_settled: bool,
@@ -262,16 +234,16 @@ impl Ledger {
     pub async fn finish_prompt_send(
         &self,
         id: &str,
-        outcome: &PromptOutcome,
+        outcome: &AttemptOutcome,
     ) -> LedgerResult<StoredPermission> {
         self.write_in_place(|db| {
             match outcome {
-                PromptOutcome::Sent { message_id } => execute_cached(
+                AttemptOutcome::Sent { message_id } => execute_cached(
                     db,
                     "UPDATE permission_requests SET prompt_send = 'sent', prompt_message_id = ?, prompt_settled = 0 WHERE id = ?",
                     rusqlite::params![message_id, id],
                 )?,
-                PromptOutcome::NotSent { error } => execute_cached(
+                AttemptOutcome::NotSent { error } => execute_cached(
                     db,
                     "UPDATE permission_requests SET prompt_send = 'not_sent', prompt_error = ?1, prompt_settled = 1, \
                      state = CASE state WHEN 'pending' THEN 'expired' ELSE state END, \
@@ -279,7 +251,7 @@ impl Ledger {
                      WHERE id = ?3",
                     rusqlite::params![error, ExpiredBecause::PromptNotSent.as_str(), id],
                 )?,
-                PromptOutcome::Unknown { error } => execute_cached(
+                AttemptOutcome::Unknown { error } => execute_cached(
                     db,
                     "UPDATE permission_requests SET prompt_send = 'unknown', prompt_error = ? WHERE id = ?",
                     rusqlite::params![error, id],
@@ -547,7 +519,7 @@ mod tests {
         let (_dir, ledger) = ledger().await;
         let (row, new) = ledger.record_permission_request(&request("prm_1", "plg_a", LATER)).await.unwrap();
         assert!(new);
-        assert_eq!((row.state, row.prompt_send), (PermissionState::Pending, PromptSend::InFlight));
+        assert_eq!((row.state, row.prompt_send), (PermissionState::Pending, AttemptState::InFlight));
         let (again, new) = ledger.record_permission_request(&request("prm_2", "plg_a", LATER)).await.unwrap();
         assert!(!new, "the same plugin asking the same request again records nothing");
         assert_eq!(again.id, "prm_1");
@@ -573,7 +545,7 @@ mod tests {
         ledger.record_permission_request(&request("prm_old", "plg_a", PAST)).await.unwrap();
         ledger.record_permission_request(&request("prm_new", "plg_b", LATER)).await.unwrap();
         for (id, message_id) in [("prm_old", 1), ("prm_new", 2)] {
-            ledger.finish_prompt_send(id, &PromptOutcome::Sent { message_id }).await.unwrap();
+            ledger.finish_prompt_send(id, &AttemptOutcome::Sent { message_id }).await.unwrap();
         }
         // Past its expiry, a verdict is too late even before the timer ran.
         let late = ledger.answer_permission("prm_old", PermissionVerdict::Allow, 7, "ann").await.unwrap();
@@ -598,9 +570,9 @@ mod tests {
     async fn a_prompt_not_sent_expires_its_request_and_an_unknown_one_stays_answerable() {
         let (_dir, ledger) = ledger().await;
         ledger.record_permission_request(&request("prm_1", "plg_a", LATER)).await.unwrap();
-        let error = PromptOutcome::NotSent { error: "Telegram refused it".into() };
+        let error = AttemptOutcome::NotSent { error: "Telegram refused it".into() };
         let row = ledger.finish_prompt_send("prm_1", &error).await.unwrap();
-        assert_eq!((row.state, row.prompt_send), (PermissionState::Expired, PromptSend::NotSent));
+        assert_eq!((row.state, row.prompt_send), (PermissionState::Expired, AttemptState::NotSent));
         assert_eq!(row.expired_because.as_deref(), Some("prompt_not_sent"));
         assert!(row.prompt_settled);
 
@@ -609,6 +581,6 @@ mod tests {
         ledger.record_permission_request(&other).await.unwrap();
         assert_eq!(ledger.recover_prompt_sends().await.unwrap(), 1);
         let row = ledger.permission("prm_2").await.unwrap().unwrap();
-        assert_eq!((row.state, row.prompt_send), (PermissionState::Pending, PromptSend::Unknown));
+        assert_eq!((row.state, row.prompt_send), (PermissionState::Pending, AttemptState::Unknown));
     }
 }

@@ -4,7 +4,7 @@
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{
-    EnvelopeState, Ledger, LedgerResult, PromptOutcome, PromptSend, ReconcileError, Reconciliation, now,
+    AttemptOutcome, AttemptState, EnvelopeState, Ledger, LedgerResult, ReconcileError, Reconciliation, now,
 };
 use rusqlite::OptionalExtension;
 
@@ -43,7 +43,7 @@ pub struct StoredQuestion {
     pub state: QuestionState,
     pub chat_id: i64,
     pub thread_id: Option<i32>,
-    pub prompt_send: PromptSend,
+    pub prompt_send: AttemptState,
     pub prompt_message_id: Option<i32>,
     pub prompt_settled: bool,
     pub answered_by_name: Option<String>,
@@ -165,11 +165,11 @@ impl Ledger {
     /// Records what a question's prompt send came to. A question whose prompt was not
     /// posted stays open and is not asked again: `switchboard ledger reconcile` settles
     /// its send.
-    pub async fn finish_question_send(&self, id: &str, outcome: &PromptOutcome) -> LedgerResult<()> {
+    pub async fn finish_question_send(&self, id: &str, outcome: &AttemptOutcome) -> LedgerResult<()> {
         let (send, message_id, error) = match outcome {
-            PromptOutcome::Sent { message_id } => ("sent", Some(*message_id), None),
-            PromptOutcome::NotSent { error } => ("not_sent", None, Some(error.clone())),
-            PromptOutcome::Unknown { error } => ("unknown", None, Some(error.clone())),
+            AttemptOutcome::Sent { message_id } => ("sent", Some(*message_id), None),
+            AttemptOutcome::NotSent { error } => ("not_sent", None, Some(error.clone())),
+            AttemptOutcome::Unknown { error } => ("unknown", None, Some(error.clone())),
         };
         self.execute_in_place(
             "UPDATE operator_questions SET prompt_send = ?, prompt_message_id = ?, prompt_error = ? WHERE id = ?",
