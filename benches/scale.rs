@@ -32,7 +32,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_side::{AgentSession, PluginSpec, Process};
-use switchboard::app::reported_api_address;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName};
 use switchboard::rules::routes::{Audience, Channel, Disposition, Route, RouteTarget, RoutesTable, dispose};
@@ -63,8 +62,6 @@ const TOPICS_PER_FORUM: usize = 10;
 const IDLE_SETTLE: Duration = Duration::from_millis(500);
 
 const STEP_TIMEOUT: Duration = Duration::from_secs(30);
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 const TOKEN_ENV: &str = "SB_SCALE_BOT_TOKEN";
 const AGENT_ANSWER: &str = "the answer";
@@ -131,7 +128,7 @@ enum Place {
 impl Place {
     fn of(k: usize) -> Self {
         let half = (k / 2) as i64;
-        if k % 2 == 0 {
+        if k.is_multiple_of(2) {
             Self::Private { user_id: FIRST_USER + half }
         } else {
             let forum = half / TOPICS_PER_FORUM as i64;
@@ -264,7 +261,7 @@ impl Run {
             command.spawn().expect("starting switchboard run"),
             Some(daemon_log.clone()),
         );
-        let api_addr = wait_until_listening(&mut daemon, &daemon_log).await;
+        let api_addr = daemon.wait_until_listening(&daemon_log).await;
 
         let bin = PathBuf::from(BIN);
         let mut sessions = Vec::with_capacity(agents);
@@ -309,7 +306,7 @@ impl Run {
                 None => daemon.fail(&format!("message {n} (route r{}) got no reply", n % routes)),
             }
         }
-        let daemon_peak_kib = peak_rss_kib(daemon.pid());
+        let daemon_peak_kib = daemon.peak_rss_kib();
 
         for session in sessions {
             session.close().await;
@@ -342,34 +339,6 @@ async fn one_message(fake: &FakeTelegram, k: usize, n: usize, count: usize) -> O
     assert_eq!(reply.message_thread_id, place.thread_id(), "route r{k}'s reply went to another topic");
     assert_eq!(reply.text, AGENT_ANSWER);
     Some(reply.received_at.duration_since(pushed))
-}
-
-async fn wait_until_listening(daemon: &mut Process, log: &Path) -> std::net::SocketAddr {
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(addr) = reported_api_address(&text) {
-            return addr;
-        }
-        if daemon.exited() {
-            daemon.fail("the daemon exited during start-up");
-        }
-        if Instant::now() > deadline {
-            daemon.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
-        }
-        tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
-    }
-}
-
-/// The process's peak resident set size so far (`VmHWM`), in KiB.
-fn peak_rss_kib(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmHWM:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap_or_else(|| panic!("no VmHWM line in /proc/{pid}/status"))
 }
 
 // ---------------------------------------------------------------------------

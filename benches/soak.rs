@@ -23,7 +23,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_side::{AgentSession, PluginSpec, Process};
-use switchboard::app::reported_api_address;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ledger::WAL_LIMIT_BYTES;
 
@@ -47,8 +46,6 @@ const RSS_GROWTH_GOAL_KIB: u64 = 2 * 1024;
 
 /// A reply that has not arrived this long after its message fails the run.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(60);
-const START_TIMEOUT: Duration = Duration::from_secs(60);
-const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
 const TOKEN_ENV: &str = "SB_SOAK_BOT_TOKEN";
 const AGENT: &str = "a0";
@@ -130,7 +127,7 @@ async fn run(length: Duration, rate: usize, warmup: Duration) {
         .spawn()
         .expect("starting switchboard run");
     let mut daemon = Process::new("daemon", child, Some(daemon_log.clone()));
-    let api_addr = wait_until_listening(&mut daemon, &daemon_log).await;
+    let api_addr = daemon.wait_until_listening(&daemon_log).await;
     let (bin, plugin_log) = (PathBuf::from(BIN), dir.path().join("plugin.log"));
     let session = AgentSession::start(&PluginSpec {
         bin: &bin,
@@ -210,23 +207,6 @@ async fn answered_so_far(fake: &FakeTelegram, before: usize) -> usize {
 
 fn file_len(path: &Path) -> u64 {
     std::fs::metadata(path).map_or(0, |m| m.len())
-}
-
-async fn wait_until_listening(daemon: &mut Process, log: &Path) -> std::net::SocketAddr {
-    let deadline = Instant::now() + START_TIMEOUT;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(addr) = reported_api_address(&text) {
-            return addr;
-        }
-        if daemon.exited() {
-            daemon.fail("the daemon exited during start-up");
-        }
-        if Instant::now() > deadline {
-            daemon.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
-        }
-        tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
-    }
 }
 
 fn mib(kib: u64) -> f64 {

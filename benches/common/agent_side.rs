@@ -133,14 +133,43 @@ impl Process {
     }
 
     pub fn rss_kib(&self) -> u64 {
+        self.status_kib("VmRSS:")
+    }
+
+    /// The peak resident set size so far (`VmHWM`), in KiB.
+    pub fn peak_rss_kib(&self) -> u64 {
+        self.status_kib("VmHWM:")
+    }
+
+    /// A `kB` line of `/proc/<pid>/status`.
+    fn status_kib(&self, key: &str) -> u64 {
         let pid = self.pid();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
             .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
         status
             .lines()
-            .find_map(|line| line.strip_prefix("VmRSS:"))
+            .find_map(|line| line.strip_prefix(key))
             .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-            .unwrap_or_else(|| panic!("no VmRSS line in /proc/{pid}/status"))
+            .unwrap_or_else(|| panic!("no {key} line in /proc/{pid}/status"))
+    }
+
+    /// For a `switchboard run` child writing its log to `log`: waits until it reports
+    /// where its local API listens (port 0 in the configuration), and returns that.
+    pub async fn wait_until_listening(&mut self, log: &Path) -> SocketAddr {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if let Some(addr) = switchboard::app::reported_api_address(&text) {
+                return addr;
+            }
+            if self.exited() {
+                self.fail("the daemon exited during start-up");
+            }
+            if Instant::now() > deadline {
+                self.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
+            }
+            tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
+        }
     }
 
     /// SIGTERM, then waits for the graceful exit the daemon promises.
