@@ -25,6 +25,7 @@ use crate::operate::metrics;
 use crate::operate::reload::{self, Reloader};
 use crate::rules::pacing::Pacer;
 use crate::telegram::bot_api::BotApi;
+use crate::telegram::files::TelegramFiles;
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller, Routing};
 
@@ -138,6 +139,10 @@ impl Daemon {
         let health = Health::new(poll_health, probe, ledger.write_watch(), settings.telegram.poll_timeout);
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
+        bridge.set_files(
+            TelegramFiles::new(token, &telegram.api_url, CONNECT_TIMEOUT, telegram.send_timeout)
+                .context("building the HTTP client for Telegram's files")?,
+        );
         let rooms = bridge.room_driver(room_api);
         let retain = settings.storage.retain;
         let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);

@@ -90,6 +90,16 @@ pub struct Settings {
     pub room_defaults: RoomLimits,
     /// Every room route (DESIGN.md §10), by route name.
     pub rooms: BTreeMap<RouteName, RoomSettings>,
+    pub media: MediaSettings,
+}
+
+/// `[media]`: files between Telegram and the agents (DESIGN.md §14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaSettings {
+    /// A photo up to this size is downloaded into the agent's inbox before its envelope is
+    /// pushed (`meta.image_path`); a larger one waits for `download_attachment`. 0 turns
+    /// eager downloads off.
+    pub eager_photo_max_bytes: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +232,26 @@ struct RawSettings {
     agents: BTreeMap<String, RawAgent>,
     #[serde(default)]
     routes: Vec<RawRoute>,
+    #[serde(default)]
+    media: RawMedia,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMedia {
+    #[serde(default = "default_eager_photo_max_bytes")]
+    eager_photo_max_bytes: u64,
+}
+
+impl Default for RawMedia {
+    fn default() -> Self {
+        Self { eager_photo_max_bytes: default_eager_photo_max_bytes() }
+    }
+}
+
+/// 10 MiB: a phone camera's photo, as Telegram stores its largest size, is well below it.
+fn default_eager_photo_max_bytes() -> u64 {
+    10 * 1024 * 1024
 }
 
 #[derive(Debug, Deserialize)]
@@ -588,6 +618,7 @@ impl Settings {
             routes,
             room_defaults,
             rooms,
+            media: MediaSettings { eager_photo_max_bytes: raw.media.eager_photo_max_bytes },
         })
     }
 

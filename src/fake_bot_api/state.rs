@@ -80,6 +80,8 @@ pub(super) struct State {
     pub(super) limits: Option<LimitsState>,
     /// Sends answered `429` for going past them.
     pub(super) too_many_requests: usize,
+    /// Files to serve, downloads and uploads (`files`).
+    pub(super) files: super::files::FilesState,
 }
 
 impl State {
@@ -105,6 +107,7 @@ impl State {
             long_polls_waiting: 0,
             limits: None,
             too_many_requests: 0,
+            files: Default::default(),
         }
     }
 

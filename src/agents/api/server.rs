@@ -7,7 +7,7 @@
 //! and `GET /metrics` (Prometheus text).
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -18,15 +18,16 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::present;
 use super::wire::{
-    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
+    ATTACHMENT_KIND_HEADER, AckRequest, ApiError, AttachmentQuery, ErrorCode, FILE_NAME_HEADER, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
     RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::ResolveError;
-use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
+use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::{Ledger, LedgerError};
 use crate::operate::health::Health;
 use crate::operate::metrics::{self, StateGauges};
+use crate::rules::media::DownloadRefusal;
 use crate::rules::{guard, revisions};
 
 /// What the operator's routes read.
@@ -53,6 +54,7 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/ack", post(ack))
         .route("/v1/agents/{agent}/handoffs", post(handoff))
         .route("/v1/agents/{agent}/revisions", post(revise_task))
+        .route("/v1/agents/{agent}/attachments/{trace_id}", get(download_attachment))
         .with_state(bridge)
         .merge(operator)
 }
@@ -128,12 +130,16 @@ fn refusal_reason(code: ErrorCode) -> Option<&'static str> {
         ErrorCode::Paused => "paused",
         ErrorCode::Cancelled => "cancelled",
         ErrorCode::NoRevision => "no_revision",
+        ErrorCode::NoSuchAttachment => "no_such_attachment",
+        ErrorCode::FileTooLarge => "file_too_large",
+        ErrorCode::UnknownUpload => "unknown_upload",
         ErrorCode::Unauthorized
         | ErrorCode::SessionConflict
         | ErrorCode::BadRequest
         | ErrorCode::UnknownRequest
         | ErrorCode::NotSent
         | ErrorCode::Unresolved
+        | ErrorCode::FileUnavailable
         | ErrorCode::Internal => return None,
     })
 }
@@ -161,7 +167,11 @@ impl IntoResponse for Failure {
             | ErrorCode::UnknownAgent
             | ErrorCode::SelfHandoff
             | ErrorCode::TurnOver
-            | ErrorCode::NoRevision => StatusCode::UNPROCESSABLE_ENTITY,
+            | ErrorCode::NoRevision
+            | ErrorCode::NoSuchAttachment
+            | ErrorCode::UnknownUpload => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::FileUnavailable => StatusCode::BAD_GATEWAY,
             ErrorCode::Superseded | ErrorCode::Paused | ErrorCode::Cancelled => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -217,6 +227,23 @@ impl From<ToolError> for Failure {
                 }
                 ResolveError::ReplyInProgress { .. } => ErrorCode::ReplyInProgress,
             },
+        };
+        Self(ApiError::new(code, message))
+    }
+}
+
+impl From<AttachmentError> for Failure {
+    fn from(error: AttachmentError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            AttachmentError::Tool(error) => return Self::from(error),
+            AttachmentError::Refused(
+                DownloadRefusal::NoAttachment | DownloadRefusal::NotOfThisEnvelope { .. },
+            ) => ErrorCode::NoSuchAttachment,
+            AttachmentError::Refused(DownloadRefusal::TooLarge { .. } | DownloadRefusal::AboveAsked { .. }) => {
+                ErrorCode::FileTooLarge
+            }
+            AttachmentError::Unavailable(_) => ErrorCode::FileUnavailable,
         };
         Self(ApiError::new(code, message))
     }
@@ -352,6 +379,40 @@ async fn revise_task(State(bridge): State<Bridge>, caller: Caller, body: Bytes) 
         .await
         .map_err(tool_failure("revise_task"))?;
     Ok(Json(receipt).into_response())
+}
+
+/// Streams an attachment from Telegram to the plugin as it arrives: the daemon keeps none
+/// of it. A refusal comes before the first byte, as an error body.
+async fn download_attachment(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    Path((_, trace_id)): Path<(String, String)>,
+    Query(query): Query<AttachmentQuery>,
+) -> Result<Response, Failure> {
+    let download = bridge
+        .open_attachment(&caller.agent, caller.token(), &trace_id, query.file_id.as_deref(), query.max_bytes)
+        .await
+        .map_err(|error| {
+            let failure = Failure::from(error);
+            if let Some(reason) = refusal_reason(failure.0.code) {
+                metrics::refusal("download_attachment", reason);
+            }
+            failure
+        })?;
+    let mut response = Body::from_stream(download.bytes).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
+    if let Some(size) = download.size {
+        headers.insert(header::CONTENT_LENGTH, size.into());
+    }
+    let encoded = percent_encoding::utf8_percent_encode(&download.name, percent_encoding::NON_ALPHANUMERIC);
+    if let Ok(name) = header::HeaderValue::from_str(&encoded.to_string()) {
+        headers.insert(FILE_NAME_HEADER, name);
+    }
+    if let Ok(kind) = header::HeaderValue::from_str(&download.kind) {
+        headers.insert(ATTACHMENT_KIND_HEADER, kind);
+    }
+    Ok(response)
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! task of its own that the request only awaits, so a caller that goes away (a cancelled
 //! tool call, a dead plugin) cannot interrupt a send between its attempt and its outcome.
 
+mod attachments;
 mod error;
 mod handoff;
 mod reply;
@@ -29,6 +30,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use attachments::{AttachmentDownload, AttachmentError};
 pub use error::{ResolveError, SessionConflict, ToolError, Unauthorized};
 pub use handoff::{AuditChat, HandoffRules};
 pub use room::{RoomDriver, Rooms};
@@ -68,6 +70,8 @@ struct Inner {
     /// This bot's username, once Telegram told it (`getMe`): `/pause@thisbot` is ours,
     /// `/pause@otherbot` is not.
     bot_username: std::sync::OnceLock<String>,
+    /// The Bot API's file methods (`attachments`), set once at start-up.
+    files: std::sync::OnceLock<Arc<crate::telegram::files::TelegramFiles>>,
 }
 
 /// A reply being delivered; every request with its id awaits the same outcome.
@@ -147,6 +151,7 @@ impl Bridge {
                 shutdown,
                 tasks,
                 bot_username: std::sync::OnceLock::new(),
+                files: std::sync::OnceLock::new(),
             }),
         }
     }
