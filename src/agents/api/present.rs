@@ -25,7 +25,11 @@ pub fn delivered(envelope: &StoredEnvelope, redelivered: bool) -> DeliveredEnvel
     DeliveredEnvelope {
         trace_id: envelope.trace_id.clone(),
         kind: envelope.kind.meta_kind().to_owned(),
-        extra: envelope.task_meta(),
+        extra: {
+            let mut extra = envelope.task_meta();
+            extra.extend(crate::agents::bridge::attachment_meta(envelope));
+            extra
+        },
         content: envelope.content.clone(),
         chat_id: envelope.chat_id,
         thread_id: envelope.thread_id(),

@@ -98,6 +98,23 @@ impl Bridge {
     }
 }
 
+/// The meta an envelope's attachments give its agent: the first one's `attachment_kind`
+/// and `attachment_file_id`, and `attachment_count` when there are several.
+///
+/// TODO(inbound): inbound's meta (with size, mime and name) replaces this at the merge.
+pub fn attachment_meta(envelope: &StoredEnvelope) -> std::collections::BTreeMap<String, String> {
+    let attachments = stored_attachments(envelope);
+    let mut meta = std::collections::BTreeMap::new();
+    if let Some(first) = attachments.first() {
+        meta.insert("attachment_kind".to_owned(), first.kind.clone());
+        meta.insert("attachment_file_id".to_owned(), first.file_id.clone());
+    }
+    if attachments.len() > 1 {
+        meta.insert("attachment_count".to_owned(), attachments.len().to_string());
+    }
+    meta
+}
+
 /// The downloadable attachments of an envelope, from the JSON its row keeps: those with
 /// a file id (a location or a dice throw has none).
 ///

@@ -30,7 +30,7 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use attachments::{AttachmentDownload, AttachmentError};
+pub use attachments::{AttachmentDownload, AttachmentError, attachment_meta};
 pub use error::{ResolveError, SessionConflict, ToolError, Unauthorized};
 pub use handoff::{AuditChat, HandoffRules};
 pub use room::{RoomDriver, Rooms};

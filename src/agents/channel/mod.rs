@@ -38,13 +38,15 @@ use tokio_util::task::TaskTracker;
 
 use crate::agents::api::client::{ClientError, DaemonClient};
 use crate::agents::api::wire::{
-    AckRequest, ErrorCode, HandoffReceipt, HandoffRequest, ReplyRequest, RevisionRequest,
+    AckRequest, AttachmentQuery, ErrorCode, HandoffReceipt, HandoffRequest, ReplyRequest, RevisionRequest,
 };
 use crate::config::Settings;
 use crate::ids::{AgentName, RequestId};
 
 mod calls;
+mod downloads;
 mod forwarder;
+pub mod inbox;
 mod startup;
 mod stdio;
 mod texts;
@@ -110,19 +112,25 @@ const OUTCOME_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// fails. A daemon that is unreachable or refuses the session, even with 401 for a wrong
 /// secret, is not a reason to exit: the plugin says so on stderr and in every tool answer
 /// and keeps retrying (see the module documentation for why).
-pub async fn run(settings: Settings, agent: AgentName, server_name: String) -> anyhow::Result<()> {
+pub async fn run(
+    settings: Settings,
+    agent: AgentName,
+    server_name: String,
+    inbox: inbox::Inbox,
+) -> anyhow::Result<()> {
     let secret = settings
         .agent_secret(&agent)
         .with_context(|| format!("the channel plugin for agent '{agent}' cannot authenticate"))?;
     let secret_env = settings.agents.get(&agent).map(|a| a.token_env.clone()).unwrap_or_default();
     let daemon = DaemonClient::new(settings.api.listen, agent.clone(), secret)
         .context("cannot build the HTTP client for the daemon's local API")?;
-    tracing::info!(%agent, daemon = %settings.api.listen, "channel plugin starting");
+    tracing::info!(%agent, daemon = %settings.api.listen, inbox = %inbox.dir().display(), "channel plugin starting");
+    let media = Media { inbox: Arc::new(inbox), eager_photo_max_bytes: settings.media.eager_photo_max_bytes };
 
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let tools = ToolNames::new(&server_name);
-    let plugin = ChannelPlugin::new(daemon, secret_env, tools, shutdown.clone(), tasks.clone());
+    let plugin = ChannelPlugin::new(daemon, secret_env, tools, media, shutdown.clone(), tasks.clone());
     let service = match plugin.serve(stdio::transport()).await {
         Ok(service) => service,
         Err(ServerInitializeError::ConnectionClosed(_)) => {
@@ -158,6 +166,27 @@ struct ChannelPlugin {
     stream_refused: Arc<AtomicBool>,
     /// `call_agent` calls waiting for their answer; shared with the session forwarder.
     calls: calls::WaitingCalls,
+    /// Where attachments land; shared with the session forwarder.
+    media: Media,
+}
+
+/// The plugin's side of files (DESIGN.md §14): its inbox, and how large a photo it fetches
+/// before pushing the envelope.
+#[derive(Debug, Clone)]
+pub(crate) struct Media {
+    inbox: Arc<inbox::Inbox>,
+    /// `[media] eager_photo_max_bytes`; 0 is off.
+    eager_photo_max_bytes: u64,
+}
+
+/// Arguments of `download_attachment`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct DownloadArgs {
+    /// The trace_id (env_…) of the message that carries the file.
+    trace_id: String,
+    /// The attachment_file_id from the message's meta; the message's first attachment when omitted.
+    #[serde(default)]
+    file_id: Option<String>,
 }
 
 /// Arguments of the `reply` tool.
@@ -250,6 +279,7 @@ impl ChannelPlugin {
         daemon: DaemonClient,
         secret_env: String,
         tools: ToolNames,
+        media: Media,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
@@ -263,6 +293,7 @@ impl ChannelPlugin {
             tools,
             refused: Arc::clone(&stream_refused),
             calls: calls.clone(),
+            media: media.clone(),
             shutdown,
             tasks,
         };
@@ -274,6 +305,35 @@ impl ChannelPlugin {
             stream,
             stream_refused,
             calls,
+            media,
+        }
+    }
+
+    #[tool(
+        description = "Save an attachment of a message (a document, voice note, video, photo…) on this machine and \
+                       answer with its absolute path. Pass the message's trace_id and, when it has several \
+                       attachments, the attachment_file_id from its meta. Telegram serves files up to 20 MB.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn download_attachment(&self, Parameters(args): Parameters<DownloadArgs>) -> Result<String, String> {
+        let trace_id = parse_trace_id(&args.trace_id)?;
+        let file_id = args.file_id.filter(|id| !id.trim().is_empty());
+        self.wait_for_session().await;
+        let query = AttachmentQuery { file_id, max_bytes: None };
+        match downloads::download_into(&self.daemon, &self.media.inbox, trace_id.as_str(), &query).await {
+            Ok(saved) => Ok(downloads::describe_saved(&saved)),
+            Err(downloads::DownloadFailure::Daemon(error)) => {
+                Err(self.tool_failure(ToolName::DownloadAttachment, &error))
+            }
+            Err(error) => {
+                tracing::warn!(trace_id = %trace_id, "download_attachment failed: {error}");
+                Err(error.to_string())
+            }
         }
     }
 
@@ -633,6 +693,7 @@ struct StreamStarter {
     tools: ToolNames,
     refused: Arc<AtomicBool>,
     calls: calls::WaitingCalls,
+    media: Media,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -664,6 +725,7 @@ impl StreamStarter {
             refused: Arc::clone(&self.refused),
             calls: self.calls.clone(),
             tools: self.tools.clone(),
+            media: self.media.clone(),
         };
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {

@@ -25,6 +25,7 @@ pub(super) enum ToolName {
     SendToAgent,
     CallAgent,
     ReviseTask,
+    DownloadAttachment,
 }
 
 impl ToolName {
@@ -36,6 +37,7 @@ impl ToolName {
             Self::SendToAgent => "send_to_agent",
             Self::CallAgent => "call_agent",
             Self::ReviseTask => "revise_task",
+            Self::DownloadAttachment => "download_attachment",
         }
     }
 }
@@ -67,6 +69,7 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
     let send = tools.of(ToolName::SendToAgent);
     let call = tools.of(ToolName::CallAgent);
     let revise = tools.of(ToolName::ReviseTask);
+    let download = tools.of(ToolName::DownloadAttachment);
     format!(
         "Telegram conversations reach you through switchboard (you are its agent '{agent}'). The people you talk \
          to read Telegram, not this session: only what you send with `{reply}` reaches them.\n\
@@ -110,6 +113,9 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          are refused (cancelled): stop, then ack the cancel envelope — the \
          task counts as stopped only then. When a plain message changes the task, declare it with \
          `{revise}` (its trace_id, kind correction, new_objective, pause or cancel, and a summary).\n\
+         - Attachments: a message with files has attachment_kind and attachment_file_id in its meta. \
+         `{download}` (trace_id, optional file_id; the first attachment without it) saves the file on this \
+         machine and answers its absolute path. A photo comes already saved: its meta has image_path.\n\
          - A notice with kind=\"waiting\" comes once at the start of a session that found messages waiting: it \
          lists those still unanswered, each of which also came as its own event."
     )
@@ -431,6 +437,9 @@ pub(super) fn describe_failure(
             ToolName::ReviseTask => {
                 format!("{error} Nothing was recorded; call revise_task again once the daemon is back.")
             }
+            ToolName::DownloadAttachment => {
+                format!("{error} Nothing was downloaded; call download_attachment again once the daemon is back.")
+            }
         },
         ClientError::NoAnswer { .. } => match tool {
             ToolName::Reply => format!(
@@ -452,6 +461,9 @@ pub(super) fn describe_failure(
                 "{error}. Whether the change was recorded is not known yet: the chat shows the switchboard's \
                  acknowledgement if it was; call revise_task again only if none appears."
             ),
+            ToolName::DownloadAttachment => {
+                format!("{error}. Nothing was saved; call download_attachment again (a download changes nothing).")
+            }
         },
         ClientError::Protocol { .. } => {
             let outcome = match tool {
@@ -460,7 +472,8 @@ pub(super) fn describe_failure(
                 | ToolName::Pending
                 | ToolName::SendToAgent
                 | ToolName::CallAgent
-                | ToolName::ReviseTask => "",
+                | ToolName::ReviseTask
+                | ToolName::DownloadAttachment => "",
             };
             format!("{error}. The plugin and the daemon may be different versions of switchboard.{outcome}")
         }
