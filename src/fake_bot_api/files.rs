@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::server::{api_error, bot_user_json, chat_json, fault_response, ok, unix_now};
 use super::state::Shared;
-use super::{ChatSpec, Fault, FakeTelegram, TEST_TOKEN, UserSpec};
+use super::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
 
 /// The methods that take a file as multipart, lower-cased as the fake matches them.
 const UPLOAD_METHODS: [&str; 6] =
@@ -76,10 +76,7 @@ impl FakeTelegram {
     pub fn add_file_claiming(&self, file_id: &str, bytes: impl Into<Bytes>, reported_size: u64) {
         let mut state = self.shared.lock();
         let path = format!("files/{}", state.take_file_seq());
-        state
-            .files
-            .files
-            .insert(file_id.to_owned(), FakeFile { path, bytes: bytes.into(), reported_size });
+        state.files.files.insert(file_id.to_owned(), FakeFile { path, bytes: bytes.into(), reported_size });
     }
 
     /// Queues a document message carrying `file_id`; returns its update id.
@@ -131,7 +128,8 @@ impl FakeTelegram {
 
     /// Waits until `n` uploads were accepted; returns all of them, or `None` on timeout.
     pub async fn wait_for_uploads(&self, n: usize, within: Duration) -> Option<Vec<Upload>> {
-        let uploads = |state: &super::State| (state.files.uploads.len() >= n).then(|| state.files.uploads.clone());
+        let uploads =
+            |state: &super::State| (state.files.uploads.len() >= n).then(|| state.files.uploads.clone());
         self.shared.wait_for(Some(Instant::now() + within), uploads).await
     }
 
@@ -178,7 +176,9 @@ pub(super) fn download(shared: &Shared, rest: &str) -> Response {
     };
     shared.changed.notify_waiters();
     match bytes {
-        Some(bytes) => ([(header::CONTENT_TYPE, "application/octet-stream")], Body::from(bytes)).into_response(),
+        Some(bytes) => {
+            ([(header::CONTENT_TYPE, "application/octet-stream")], Body::from(bytes)).into_response()
+        }
         None => (StatusCode::NOT_FOUND, "Not Found").into_response(),
     }
 }

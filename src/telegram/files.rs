@@ -157,8 +157,12 @@ mod tests {
     #[test]
     fn file_urls_hold_the_token_and_keep_a_path_prefix() {
         let api = "http://127.0.0.1:8081/prefix".parse().unwrap();
-        let files = TelegramFiles::new("123:abc", &api, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
-        assert_eq!(files.methods.join("getFile").unwrap().as_str(), "http://127.0.0.1:8081/prefix/bot123:abc/getFile");
+        let files =
+            TelegramFiles::new("123:abc", &api, Duration::from_secs(1), Duration::from_secs(1)).unwrap();
+        assert_eq!(
+            files.methods.join("getFile").unwrap().as_str(),
+            "http://127.0.0.1:8081/prefix/bot123:abc/getFile"
+        );
         assert_eq!(
             files.files.join("photos/file_1.jpg").unwrap().as_str(),
             "http://127.0.0.1:8081/prefix/file/bot123:abc/photos/file_1.jpg"

@@ -16,9 +16,10 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::io::StreamReader;
 
 use super::wire::{
-    API_PREFIX, ATTACHMENT_KIND_HEADER, AckReceipt, AckRequest, ApiError, AttachmentQuery, FILE_NAME_HEADER, ErrorCode, HEARTBEAT_INTERVAL_SECS, HandoffReceipt,
-    HandoffRequest, MAX_SHOWN_IN_HEADER, PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest,
+    API_PREFIX, ATTACHMENT_KIND_HEADER, AckReceipt, AckRequest, ApiError, AttachmentQuery, ErrorCode,
+    FILE_NAME_HEADER, HEARTBEAT_INTERVAL_SECS, HandoffReceipt, HandoffRequest, MAX_SHOWN_IN_HEADER,
+    PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest, SESSION_HEADER, SHOWN_HEADER,
+    SessionEvent, ShownReceipt, ShownRequest,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -237,7 +238,8 @@ impl DaemonClient {
             .await
             .map_err(|_| self.no_answer_within(DOWNLOAD_START_TIMEOUT))??;
         let response = self.refusal_or(response).await?;
-        let header_text = |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let header_text =
+            |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
         let name = header_text(FILE_NAME_HEADER)
             .map(|encoded| percent_encoding::percent_decode_str(&encoded).decode_utf8_lossy().into_owned())
             .unwrap_or_default();

@@ -18,8 +18,9 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::present;
 use super::wire::{
-    ATTACHMENT_KIND_HEADER, AckRequest, ApiError, AttachmentQuery, ErrorCode, FILE_NAME_HEADER, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
+    ATTACHMENT_KIND_HEADER, AckRequest, ApiError, AttachmentQuery, ErrorCode, FILE_NAME_HEADER,
+    HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, ReplyRequest, RevisionRequest, SESSION_HEADER,
+    SHOWN_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized};
@@ -240,9 +241,9 @@ impl From<AttachmentError> for Failure {
             AttachmentError::Refused(
                 DownloadRefusal::NoAttachment | DownloadRefusal::NotOfThisEnvelope { .. },
             ) => ErrorCode::NoSuchAttachment,
-            AttachmentError::Refused(DownloadRefusal::TooLarge { .. } | DownloadRefusal::AboveAsked { .. }) => {
-                ErrorCode::FileTooLarge
-            }
+            AttachmentError::Refused(
+                DownloadRefusal::TooLarge { .. } | DownloadRefusal::AboveAsked { .. },
+            ) => ErrorCode::FileTooLarge,
             AttachmentError::Unavailable(_) => ErrorCode::FileUnavailable,
         };
         Self(ApiError::new(code, message))

@@ -6,8 +6,8 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use futures::StreamExt;
+use futures::stream::BoxStream;
 
 use super::{Bridge, ResolveError, ToolError};
 use crate::ids::{AgentName, TraceId};
@@ -127,6 +127,21 @@ fn stored_attachments(envelope: &StoredEnvelope) -> Vec<AttachmentRef> {
     });
     stored
         .into_iter()
-        .filter_map(|a| Some(AttachmentRef { kind: a.kind, file_id: a.file_id?, size: None, name: None }))
+        .filter_map(|a| {
+            let name = document_name(&a);
+            Some(AttachmentRef { kind: a.kind, file_id: a.file_id?, size: None, name })
+        })
         .collect()
+}
+
+/// A document's file name, from the description intake wrote (`name` or `name, mime`).
+fn document_name(attachment: &Attachment) -> Option<String> {
+    if attachment.kind != "document" {
+        return None;
+    }
+    let name = match attachment.detail.rsplit_once(", ") {
+        Some((name, mime)) if mime.contains('/') => name,
+        _ => attachment.detail.as_str(),
+    };
+    (!name.is_empty() && name != "unnamed").then(|| name.to_owned())
 }

@@ -74,7 +74,10 @@ pub async fn attach_image_path(
 ) {
     let Some(file_id) = eager_photo(&envelope.extra, max_bytes) else { return };
     let query = AttachmentQuery { file_id: Some(file_id), max_bytes: Some(max_bytes) };
-    let fetched = tokio::time::timeout(EAGER_DOWNLOAD_TIMEOUT, download_into(daemon, inbox, &envelope.trace_id, &query));
+    let fetched = tokio::time::timeout(
+        EAGER_DOWNLOAD_TIMEOUT,
+        download_into(daemon, inbox, &envelope.trace_id, &query),
+    );
     match fetched.await {
         Ok(Ok(saved)) => {
             envelope.extra.insert(IMAGE_PATH_KEY.to_owned(), saved.path.display().to_string());
@@ -90,7 +93,12 @@ pub async fn attach_image_path(
 
 /// What `download_attachment` answers.
 pub fn describe_saved(saved: &Saved) -> String {
-    format!("Saved the {} ({} bytes) to {}", if saved.kind.is_empty() { "file" } else { &saved.kind }, saved.bytes, saved.path.display())
+    format!(
+        "Saved the {} ({} bytes) to {}",
+        if saved.kind.is_empty() { "file" } else { &saved.kind },
+        saved.bytes,
+        saved.path.display()
+    )
 }
 
 #[cfg(test)]
@@ -103,7 +111,8 @@ mod tests {
 
     #[test]
     fn only_a_photo_within_the_limit_is_fetched_ahead() {
-        let photo = meta(&[("attachment_kind", "photo"), ("attachment_file_id", "p1"), ("attachment_size", "500")]);
+        let photo =
+            meta(&[("attachment_kind", "photo"), ("attachment_file_id", "p1"), ("attachment_size", "500")]);
         assert_eq!(eager_photo(&photo, 500).as_deref(), Some("p1"));
         assert_eq!(eager_photo(&photo, 499), None, "too large");
         assert_eq!(eager_photo(&photo, 0), None, "eager downloads off");

@@ -177,7 +177,8 @@ impl Inbox {
         bytes: impl Stream<Item = std::io::Result<Bytes>>,
     ) -> Result<(), InboxError> {
         let io = |error| InboxError::Io { dir: self.dir.display().to_string(), error };
-        let mut file = tokio::fs::OpenOptions::new().write(true).create_new(true).open(partial).await.map_err(io)?;
+        let mut file =
+            tokio::fs::OpenOptions::new().write(true).create_new(true).open(partial).await.map_err(io)?;
         let mut bytes = std::pin::pin!(bytes);
         let mut written: u64 = 0;
         loop {
@@ -282,19 +283,24 @@ mod tests {
         assert_eq!(plan_cleanup(&entries, 1000, 100).unwrap(), Vec::<String>::new());
         assert_eq!(plan_cleanup(&entries, 350, 100).unwrap(), ["old"]);
         assert_eq!(plan_cleanup(&entries, 300, 250).unwrap(), ["old", "middle", "new"]);
-        assert!(matches!(plan_cleanup(&entries, 300, 301), Err(InboxError::OverBudget { size: 301, budget: 300 })));
+        assert!(matches!(
+            plan_cleanup(&entries, 300, 301),
+            Err(InboxError::OverBudget { size: 301, budget: 300 })
+        ));
     }
 
     #[tokio::test]
     async fn a_received_file_is_complete_at_its_path_and_partial_ones_are_removed() {
         let dir = tempfile::tempdir().unwrap();
         let inbox = Inbox::new(dir.path().join("inbox"), 1000).unwrap();
-        let chunks = futures::stream::iter([Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"world"))]);
+        let chunks =
+            futures::stream::iter([Ok(Bytes::from_static(b"hello ")), Ok(Bytes::from_static(b"world"))]);
         let path = inbox.receive("../greeting.txt", Some(11), chunks).await.unwrap();
         assert!(path.is_absolute() && path.starts_with(inbox.dir()), "{}", path.display());
         assert_eq!(std::fs::read(&path).unwrap(), b"hello world");
 
-        let broken = futures::stream::iter([Ok(Bytes::from_static(b"half")), Err(std::io::Error::other("cut"))]);
+        let broken =
+            futures::stream::iter([Ok(Bytes::from_static(b"half")), Err(std::io::Error::other("cut"))]);
         assert!(matches!(inbox.receive("b", None, broken).await, Err(InboxError::Transfer(_))));
         let short = futures::stream::iter([Ok(Bytes::from_static(b"abc"))]);
         assert!(matches!(inbox.receive("c", Some(5), short).await, Err(InboxError::Truncated { .. })));

@@ -320,7 +320,10 @@ impl ChannelPlugin {
             open_world_hint = true
         )
     )]
-    async fn download_attachment(&self, Parameters(args): Parameters<DownloadArgs>) -> Result<String, String> {
+    async fn download_attachment(
+        &self,
+        Parameters(args): Parameters<DownloadArgs>,
+    ) -> Result<String, String> {
         let trace_id = parse_trace_id(&args.trace_id)?;
         let file_id = args.file_id.filter(|id| !id.trim().is_empty());
         self.wait_for_session().await;

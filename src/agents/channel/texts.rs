@@ -438,7 +438,9 @@ pub(super) fn describe_failure(
                 format!("{error} Nothing was recorded; call revise_task again once the daemon is back.")
             }
             ToolName::DownloadAttachment => {
-                format!("{error} Nothing was downloaded; call download_attachment again once the daemon is back.")
+                format!(
+                    "{error} Nothing was downloaded; call download_attachment again once the daemon is back."
+                )
             }
         },
         ClientError::NoAnswer { .. } => match tool {
@@ -462,7 +464,9 @@ pub(super) fn describe_failure(
                  acknowledgement if it was; call revise_task again only if none appears."
             ),
             ToolName::DownloadAttachment => {
-                format!("{error}. Nothing was saved; call download_attachment again (a download changes nothing).")
+                format!(
+                    "{error}. Nothing was saved; call download_attachment again (a download changes nothing)."
+                )
             }
         },
         ClientError::Protocol { .. } => {

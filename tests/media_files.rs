@@ -1,0 +1,204 @@
+//! Files end to end (DESIGN.md §14): fake Telegram → real daemon → real `switchboard
+//! channel` → the agent's inbox, and back for the files of a reply. Bytes are compared by
+//! SHA-256, so a file that arrives at all arrives whole and unchanged.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use support::agents::*;
+use support::daemon::*;
+use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
+
+/// Bytes that differ at every offset, so a chunk dropped or repeated changes the digest.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(u32::from(seed)) as u8).collect()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn sha256_file(path: &Path) -> String {
+    sha256(&std::fs::read(path).expect("the saved file can be read"))
+}
+
+/// A connected plugin whose inbox is the default one under `state_home`.
+async fn media_session(daemon: &TestDaemon, agent: &str, state_home: &Path) -> ChannelClient {
+    let plugin = plugin_builder(daemon, agent)
+        .env("XDG_STATE_HOME", state_home.display().to_string())
+        .start()
+        .await
+        .expect("the channel plugin starts");
+    plugin
+        .wait_for_stderr("channel::forwarder: connected to the switchboard daemon", WAIT)
+        .await
+        .expect("its session connects");
+    plugin
+}
+
+fn inbox_of(state_home: &Path, agent: &str) -> PathBuf {
+    state_home.join("switchboard").join("inbox").join(agent)
+}
+
+/// The path a successful `download_attachment` names (its answer's last word).
+fn saved_path(answer: &str) -> PathBuf {
+    PathBuf::from(answer.rsplit(' ').next().expect("the answer names a path"))
+}
+
+struct Waiting {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    orchestrator: ChannelClient,
+    state_home: tempfile::TempDir,
+}
+
+async fn orchestrator_with_inbox() -> Waiting {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let state_home = tempfile::tempdir().unwrap();
+    let orchestrator = media_session(&daemon, "orchestrator", state_home.path()).await;
+    Waiting { fake, daemon, orchestrator, state_home }
+}
+
+#[tokio::test]
+async fn download_attachment_saves_exactly_the_bytes_at_an_absolute_path_in_the_inbox() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let bytes = pattern(3 * 1024 * 1024 + 17, 3);
+    fake.add_file("doc-1", bytes.clone());
+    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "doc-1", "report.pdf", bytes.len() as u64);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].meta_str("attachment_kind"), Some("document"));
+    assert_eq!(pushed[0].meta_str("attachment_file_id"), Some("doc-1"));
+    assert!(pushed[0].meta_str("image_path").is_none(), "only a photo is fetched ahead");
+
+    let trace = trace_id(&pushed[0]);
+    let (is_error, answer) =
+        orchestrator.call_tool("download_attachment", json!({"trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{answer}");
+    let path = saved_path(&answer);
+    assert!(path.is_absolute(), "{answer}");
+    let inbox = inbox_of(state_home.path(), "orchestrator");
+    assert_eq!(path.parent(), Some(inbox.as_path()), "{answer}");
+    assert!(path.file_name().unwrap().to_string_lossy().ends_with("report.pdf"), "{answer}");
+    assert_eq!(sha256_file(&path), sha256(&bytes));
+    assert_eq!(fake.file_downloads().len(), 1);
+
+    // The same file again is a second, separate copy: nothing is overwritten.
+    let (is_error, again) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace, "file_id": "doc-1"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{again}");
+    assert_ne!(saved_path(&again), path);
+    assert_eq!(sha256_file(&saved_path(&again)), sha256(&bytes));
+}
+
+#[tokio::test]
+async fn a_file_id_of_another_message_and_another_agents_envelope_are_refused_without_a_download() {
+    let Waiting { fake, daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    fake.add_file("doc-mine", pattern(1000, 1));
+    fake.add_file("doc-elsewhere", pattern(1000, 2));
+    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "doc-mine", "mine.txt", 1000);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let trace = trace_id(&pushed[0]);
+
+    let (is_error, text) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace, "file_id": "doc-elsewhere"}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("no_such_attachment"), "{text}");
+    assert!(text.contains("doc-mine"), "the refusal names the envelope's attachments: {text}");
+
+    let worker = media_session(&daemon, "worker", state_home.path()).await;
+    let (is_error, text) = worker.call_tool("download_attachment", json!({"trace_id": trace})).await.unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("unknown_trace_id"), "another agent's envelope is not told apart: {text}");
+
+    assert!(fake.file_downloads().is_empty(), "nothing was downloaded");
+    assert!(fake.requests_for("getFile").is_empty(), "Telegram was not even asked");
+    assert!(
+        !inbox_of(state_home.path(), "worker").exists()
+            || dir_is_empty(&inbox_of(state_home.path(), "worker"))
+    );
+}
+
+fn dir_is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()).unwrap_or(true)
+}
+
+#[tokio::test]
+async fn a_file_over_telegrams_20_mb_is_refused_before_any_download() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let size = 21 * 1024 * 1024;
+    // getFile says 21 MB; the fake need not hold them.
+    fake.add_file_claiming("huge", pattern(10, 1), size);
+    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "huge", "huge.iso", size);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, text) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("file_too_large"), "{text}");
+    assert!(text.contains("20 MB"), "the refusal names the limit: {text}");
+    assert!(fake.file_downloads().is_empty(), "refused before any download");
+    assert!(dir_is_empty(&inbox_of(state_home.path(), "orchestrator")));
+}
+
+#[tokio::test]
+async fn an_unsafe_file_name_lands_inside_the_inbox() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let bytes = pattern(4096, 5);
+    fake.add_file("evil", bytes.clone());
+    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "evil", "../../etc/x", bytes.len() as u64);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, answer) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{answer}");
+    let path = saved_path(&answer);
+    let inbox = inbox_of(state_home.path(), "orchestrator");
+    assert_eq!(path.parent(), Some(inbox.as_path()), "{answer}");
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(!name.contains("..") && name.ends_with("etc_x"), "{name}");
+    assert_eq!(sha256_file(&path), sha256(&bytes));
+    assert!(!state_home.path().join("etc").exists());
+}
+
+#[tokio::test]
+async fn a_photo_arrives_already_saved_with_its_image_path() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let bytes = pattern(300_000, 7);
+    fake.add_file("photo-1", bytes.clone());
+    fake.push_photo_file(ChatSpec::private(OWNER_CHAT), owner(), "photo-1", bytes.len() as u64);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].meta_str("attachment_kind"), Some("photo"));
+    let image = PathBuf::from(pushed[0].meta_str("image_path").expect("meta.image_path"));
+    assert!(
+        image.is_absolute() && image.starts_with(inbox_of(state_home.path(), "orchestrator")),
+        "{image:?}"
+    );
+    assert_eq!(sha256_file(&image), sha256(&bytes));
+}
+
+#[tokio::test]
+async fn a_photo_that_cannot_be_fetched_is_pushed_anyway_without_an_image_path() {
+    let Waiting { fake, daemon, orchestrator, .. } = orchestrator_with_inbox().await;
+    // Telegram does not know the file: getFile is refused.
+    fake.push_photo_file(ChatSpec::private(OWNER_CHAT), owner(), "photo-gone", 1234);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].meta_str("attachment_kind"), Some("photo"));
+    assert!(pushed[0].meta_str("image_path").is_none());
+    assert_eq!(fake.requests_for("getFile").len(), 1, "the photo was asked for");
+    assert_eq!(
+        state_of(&daemon, &trace_id(&pushed[0])).await,
+        switchboard::ledger::EnvelopeState::Pending,
+        "the envelope waits for its answer as any other"
+    );
+}
