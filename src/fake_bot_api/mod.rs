@@ -82,6 +82,7 @@ const MIGRATION_ADMIN_ID: i64 = 1_000;
 const CONFLICT_DESCRIPTION: &str = "Conflict: terminated by other getUpdates request; \
                                     make sure that only one bot instance is running";
 
+mod actions;
 mod files;
 mod limits;
 mod server;

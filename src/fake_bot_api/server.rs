@@ -128,11 +128,14 @@ async fn dispatch(shared: &Shared, method: &str, params: &Map<String, Value>) ->
     if method == "sendmessage" {
         return send_message(shared, params);
     }
+    if let Some(response) = super::actions::answer(shared, method, params) {
+        return Performed { response, sent_message_id: None };
+    }
     let response = answer(shared, method, params).await;
     Performed { response, sent_message_id: None }
 }
 
-/// Any method but `sendMessage`.
+/// Any method but `sendMessage` and those of [`super::actions`].
 async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> Response {
     match method {
         "getupdates" => get_updates(shared, params).await,
@@ -147,9 +150,7 @@ async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> R
             }))
         }
         "getmycommands" => ok(json!([])),
-        "deletewebhook" | "close" | "logout" | "sendchataction" | "setmycommands" | "deletemycommands" => {
-            ok(json!(true))
-        }
+        "deletewebhook" | "close" | "logout" | "deletemycommands" => ok(json!(true)),
         _ => api_error(
             StatusCode::NOT_FOUND,
             &format!("Not Found: method {method:?} is not implemented by the fake Telegram server"),
@@ -304,12 +305,16 @@ impl SendMessageParams {
         if text.encode_utf16().count() > MAX_MESSAGE_UTF16_LEN {
             return Err("Bad Request: message is too long".to_owned());
         }
+        let parse_mode = str_param(params, "parse_mode");
+        if super::actions::is_html(parse_mode.as_deref()) {
+            super::actions::check_html(&text)?;
+        }
         Ok(Self {
             chat_id,
             text,
             message_thread_id: int_param(params, "message_thread_id")?.map(|id| id as i32),
             reply_to_message_id: reply_target(params)?,
-            parse_mode: str_param(params, "parse_mode"),
+            parse_mode,
         })
     }
 }
@@ -457,7 +462,7 @@ fn parse_urlencoded(input: &str) -> Vec<(String, Value)> {
 // Parameter accessors fail with the description of the 400 to answer.
 
 /// An integer parameter given as a JSON number or a numeric string.
-fn int_param(params: &Map<String, Value>, name: &str) -> Result<Option<i64>, String> {
+pub(super) fn int_param(params: &Map<String, Value>, name: &str) -> Result<Option<i64>, String> {
     let invalid = || format!("Bad Request: invalid {name} specified");
     match params.get(name) {
         None | Some(Value::Null) => Ok(None),
@@ -468,7 +473,7 @@ fn int_param(params: &Map<String, Value>, name: &str) -> Result<Option<i64>, Str
 }
 
 /// A string parameter; scalars are stringified as Telegram would.
-fn str_param(params: &Map<String, Value>, name: &str) -> Option<String> {
+pub(super) fn str_param(params: &Map<String, Value>, name: &str) -> Option<String> {
     match params.get(name)? {
         Value::String(text) => Some(text.clone()),
         Value::Number(number) => Some(number.to_string()),
@@ -520,7 +525,7 @@ pub(super) fn api_error(status: StatusCode, description: &str, parameters: Optio
     (status, Json(body)).into_response()
 }
 
-fn bad_request(description: &str) -> Response {
+pub(super) fn bad_request(description: &str) -> Response {
     api_error(StatusCode::BAD_REQUEST, description, None)
 }
 

@@ -20,6 +20,10 @@ pub struct NewAttempt<'a> {
     /// The `reply` request this attempt belongs to (chosen by the channel plugin).
     pub request_id: Option<&'a str>,
     pub purpose: AttemptPurpose,
+    /// The Bot API call this attempt makes.
+    pub method: AttemptMethod,
+    /// `set_reaction` / `edit_message`: the Telegram message acted on.
+    pub target_message_id: Option<i32>,
     pub chat_id: i64,
     pub thread_id: Option<i32>,
     pub reply_to_message_id: Option<i32>,
@@ -62,6 +66,76 @@ impl AttemptPurpose {
             Self::Reply => "reply",
             Self::Audit => "audit",
         }
+    }
+}
+
+/// The Bot API call an attempt makes (the `method` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptMethod {
+    SendMessage,
+    SendPhoto,
+    SendDocument,
+    SendAnimation,
+    SendVideo,
+    SendVoice,
+    SendAudio,
+    /// `setMessageReaction` on `target_message_id` (the `react` tool).
+    SetReaction,
+    /// `editMessageText` of `target_message_id` (the `edit_message` tool).
+    EditMessage,
+}
+
+impl AttemptMethod {
+    pub const ALL: [Self; 9] = [
+        Self::SendMessage,
+        Self::SendPhoto,
+        Self::SendDocument,
+        Self::SendAnimation,
+        Self::SendVideo,
+        Self::SendVoice,
+        Self::SendAudio,
+        Self::SetReaction,
+        Self::EditMessage,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SendMessage => "send_message",
+            Self::SendPhoto => "send_photo",
+            Self::SendDocument => "send_document",
+            Self::SendAnimation => "send_animation",
+            Self::SendVideo => "send_video",
+            Self::SendVoice => "send_voice",
+            Self::SendAudio => "send_audio",
+            Self::SetReaction => "set_reaction",
+            Self::EditMessage => "edit_message",
+        }
+    }
+
+    /// Whether the attempt is a part of a reply: it posts a message, and its outcome
+    /// settles the envelope (the last part confirmed answers it, an unknown one makes it
+    /// unresolved). A reaction or an edit is admitted like a reply (DESIGN.md §11) but
+    /// answers nothing and, unknown, leaves the envelope as it was; it is not a part of
+    /// any [`RecordedReply`] and does not hold a reply back for reconciliation.
+    /// [`reply_part_method!`] says the same in SQL.
+    pub fn is_reply_part(self) -> bool {
+        match self {
+            Self::SendMessage
+            | Self::SendPhoto
+            | Self::SendDocument
+            | Self::SendAnimation
+            | Self::SendVideo
+            | Self::SendVoice
+            | Self::SendAudio => true,
+            Self::SetReaction | Self::EditMessage => false,
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
     }
 }
 
@@ -121,6 +195,8 @@ pub enum ReconciledOutcome {
 pub struct StoredAttempt {
     pub op_id: String,
     pub request_id: Option<String>,
+    pub method: AttemptMethod,
+    pub target_message_id: Option<i64>,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub reply_to_message_id: Option<i64>,
@@ -210,6 +286,8 @@ impl StoredAttempt {
         Ok(Self {
             op_id: row.get("op_id")?,
             request_id: row.get("request_id")?,
+            method: text_enum(row, "method")?,
+            target_message_id: row.get("target_message_id")?,
             chat_id: row.get("chat_id")?,
             thread_id: row.get("thread_id")?,
             reply_to_message_id: row.get("reply_to_message_id")?,
@@ -230,7 +308,7 @@ impl StoredAttempt {
 /// The columns of [`StoredAttempt`].
 macro_rules! attempt_columns {
     () => {
-        "op_id, request_id, chat_id, thread_id, reply_to_message_id, chunk_index, chunk_count, text, outcome, \
+        "op_id, request_id, method, target_message_id, chat_id, thread_id, reply_to_message_id, chunk_index, chunk_count, text, outcome, \
          telegram_message_id, error, started_at, finished_at, reconciled_outcome, reconciled_reason"
     };
 }
@@ -244,8 +322,8 @@ impl Ledger {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
         let sql = concat!(
             "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
-             reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at) \
-             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'in_flight', ?12 \
+             reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at, method, target_message_id) \
+             SELECT ?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, 'in_flight', ?12, ?13, ?14 \
              WHERE ?5 = 'audit' OR NOT EXISTS (",
             refused_for_envelope!(),
             ")"
@@ -267,6 +345,8 @@ impl Ledger {
                     attempt.chunk_count as i64,
                     attempt.text,
                     now(),
+                    attempt.method.as_str(),
+                    attempt.target_message_id,
                 ],
             )?;
             if recorded == 1 {
@@ -308,14 +388,16 @@ impl Ledger {
         let state = outcome.state();
         let finished = self.write_in_place(|db| {
             let sql = "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? \
-                       WHERE op_id = ? RETURNING envelope_id, chunk_index, chunk_count, purpose";
-            let (envelope_id, chunk_index, chunk_count, purpose): (i64, i64, i64, String) = query_row_cached(
-                db,
-                sql,
-                rusqlite::params![state.as_str(), message_id, error, now(), op_id],
-                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
-            )?;
-            if purpose == AttemptPurpose::Audit.as_str() {
+                       WHERE op_id = ? RETURNING envelope_id, chunk_index, chunk_count, purpose, method";
+            let (envelope_id, chunk_index, chunk_count, purpose, method): (i64, i64, i64, String, AttemptMethod) =
+                query_row_cached(
+                    db,
+                    sql,
+                    rusqlite::params![state.as_str(), message_id, error, now(), op_id],
+                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, text_enum(row, "method")?)),
+                )?;
+            // An audit copy, a reaction or an edit answers nothing: only its own row changes.
+            if purpose == AttemptPurpose::Audit.as_str() || !method.is_reply_part() {
                 return Ok(());
             }
             let answerable = [EnvelopeState::Pending, EnvelopeState::Acked];
@@ -391,13 +473,19 @@ impl Ledger {
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
-            " FROM attempts WHERE agent = ? AND request_id = ? ORDER BY id"
+            " FROM attempts WHERE agent = ? AND request_id = ? AND ",
+            reply_part_method!(),
+            " ORDER BY id"
         );
         self.read_in_place(|db| {
             let envelope: Option<(i64, String)> = query_row_cached(
                 db,
-                "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-                 WHERE a.agent = ? AND a.request_id = ? LIMIT 1",
+                concat!(
+                    "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+                     WHERE a.agent = ? AND a.request_id = ? AND a.",
+                    reply_part_method!(),
+                    " LIMIT 1"
+                ),
                 [agent, request_id],
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
@@ -418,13 +506,18 @@ impl Ledger {
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
-            " FROM attempts WHERE envelope_id = ? AND request_id = ? ORDER BY id"
+            " FROM attempts WHERE envelope_id = ? AND request_id = ? AND ",
+            reply_part_method!(),
+            " ORDER BY id"
         );
         self.read_in_place(|db| {
             let request_id: Option<String> = query_row_cached(
                 db,
-                "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL \
-                 ORDER BY id DESC LIMIT 1",
+                concat!(
+                    "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL AND ",
+                    reply_part_method!(),
+                    " ORDER BY id DESC LIMIT 1"
+                ),
                 [envelope_id],
                 |row| row.get(0),
             )
@@ -452,9 +545,12 @@ impl Ledger {
         self.read_in_place(|db| {
             query_all_cached(
                 db,
-                "SELECT DISTINCT envelope_id FROM attempts WHERE outcome IN ('unknown', 'in_flight') \
-                 AND reconciled_outcome IS NULL AND purpose = 'reply' \
-                 AND envelope_id IN (SELECT value FROM json_each(?))",
+                concat!(
+                    "SELECT DISTINCT envelope_id FROM attempts WHERE outcome IN ('unknown', 'in_flight') \
+                     AND reconciled_outcome IS NULL AND purpose = 'reply' AND ",
+                    reply_part_method!(),
+                    " AND envelope_id IN (SELECT value FROM json_each(?))"
+                ),
                 [&ids],
                 |row| row.get(0),
             )

@@ -203,9 +203,13 @@ impl Ledger {
             envelope_columns!(),
             ", EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
                  AND a.outcome IN ('unknown', 'in_flight') AND a.reconciled_outcome IS NULL \
-                 AND a.purpose = 'reply') AS awaiting_reconciliation, \
+                 AND a.purpose = 'reply' AND a.",
+            reply_part_method!(),
+            ") AS awaiting_reconciliation, \
              EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
-                 AND a.request_id IS NOT NULL) AS replied_before \
+                 AND a.request_id IS NOT NULL AND a.",
+            reply_part_method!(),
+            ") AS replied_before \
              FROM envelopes WHERE trace_id = ?"
         );
         self.read_in_place(|db| {

@@ -65,6 +65,7 @@ pub(super) const MIGRATIONS: &[Migration] = &[
     migration!(9, "0009_ids_without_autoincrement.sql"),
     migration!(10, "0010_cascade_versions.sql"),
     migration!(11, "0011_prune_indexes.sql"),
+    migration!(13, "0013_attempt_methods.sql"),
 ];
 
 impl Migration {

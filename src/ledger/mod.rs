@@ -75,6 +75,16 @@ macro_rules! refused_for_envelope {
     };
 }
 
+/// The attempts that are parts of a reply, in SQL (prefix a table alias as `a.`):
+/// [`AttemptMethod::is_reply_part`]. Reactions and edits are left out of what settles an
+/// envelope, what a repeated reply builds on and what waits for reconciliation.
+/// `tests::reply_part_method_agrees_with_is_reply_part` keeps the two in step.
+macro_rules! reply_part_method {
+    () => {
+        "method NOT IN ('set_reaction', 'edit_message')"
+    };
+}
+
 mod attempts;
 mod checkpoint;
 mod envelopes;
@@ -96,8 +106,8 @@ mod tasks;
 mod write_watch;
 
 pub use attempts::{
-    AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome, RecordedReply, ReplyVerdict,
-    StoredAttempt,
+    AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome,
+    RecordedReply, ReplyVerdict, StoredAttempt,
 };
 pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
 pub use error::{ErrorSource, LedgerError, LedgerResult};

@@ -995,6 +995,8 @@ mod tests {
                 agent: "switchboard",
                 request_id: Some(&post.key),
                 purpose: crate::ledger::AttemptPurpose::Audit,
+                method: crate::ledger::AttemptMethod::SendMessage,
+                target_message_id: None,
                 chat_id: post.chat_id,
                 thread_id: Some(7),
                 reply_to_message_id: Some(41),

@@ -548,6 +548,8 @@ fn one_part_reply(envelope_id: i64) -> NewAttempt<'static> {
         agent: "orch",
         request_id: None,
         purpose: AttemptPurpose::Reply,
+        method: AttemptMethod::SendMessage,
+        target_message_id: None,
         chat_id: 42,
         thread_id: None,
         reply_to_message_id: None,
@@ -1233,4 +1235,124 @@ async fn a_ledger_with_a_failed_or_edited_migration_is_refused() {
         }
         assert!(source.to_string().contains(expected), "{source}");
     }
+}
+
+/// `orch`'s reaction (`set_reaction`) to message `target` of envelope `envelope_id`.
+fn reaction(envelope_id: i64, request_id: &'static str, target: i32) -> NewAttempt<'static> {
+    NewAttempt {
+        request_id: Some(request_id),
+        method: AttemptMethod::SetReaction,
+        target_message_id: Some(target),
+        text: "👍",
+        ..one_part_reply(envelope_id)
+    }
+}
+
+/// A reaction or an edit is an attempt of its own: its method and target are kept, and
+/// whatever it comes to, the envelope is neither answered nor held for reconciliation,
+/// and a reply made after it is still the envelope's first.
+#[tokio::test]
+async fn reactions_and_edits_settle_nothing_and_are_no_part_of_a_reply() {
+    let (_dir, ledger) = ledger().await;
+    let e = one_pending_message(&ledger).await;
+    let confirmed = ledger.begin_attempt(&reaction(e.id, "req_react001", 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&confirmed, &AttemptOutcome::Sent { message_id: 1 }, "agent:orch").await.unwrap();
+    assert_eq!(
+        ledger.find(&e.trace_id).await.unwrap().unwrap().state,
+        EnvelopeState::Pending,
+        "not answered"
+    );
+    let edit = NewAttempt {
+        request_id: Some("req_edit0001"),
+        method: AttemptMethod::EditMessage,
+        target_message_id: Some(77),
+        ..one_part_reply(e.id)
+    };
+    let lost = ledger.begin_attempt(&edit).await.unwrap().unwrap();
+    ledger
+        .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.find(&e.trace_id).await.unwrap().unwrap().state,
+        EnvelopeState::Pending,
+        "not unresolved"
+    );
+
+    assert!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap().is_empty());
+    let found = ledger.find_for_reply(&e.trace_id).await.unwrap().unwrap();
+    assert_eq!((found.awaiting_reconciliation, found.replied_before), (false, false));
+    assert_eq!(ledger.recorded_reply("orch", "req_react001").await.unwrap(), None);
+    assert_eq!(ledger.last_reply_for(e.id).await.unwrap(), None);
+    let attempts = ledger.attempts_for(e.id).await.unwrap();
+    let read: Vec<_> = attempts.iter().map(|a| (a.method, a.target_message_id, a.outcome)).collect();
+    assert_eq!(
+        read,
+        [
+            (AttemptMethod::SetReaction, Some(1), AttemptState::Sent),
+            (AttemptMethod::EditMessage, Some(77), AttemptState::Unknown)
+        ]
+    );
+
+    // The reply that follows answers the envelope as ever.
+    let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_answer01", 0, 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
+    let reply = ledger.recorded_reply("orch", "req_answer01").await.unwrap().unwrap();
+    assert_eq!((reply.parts, reply.sent, reply.verdict), (1, vec![(0, 9)], ReplyVerdict::Delivered));
+}
+
+/// A reaction is admitted like a reply (DESIGN.md §11): a paused task refuses it, and a
+/// refusal records nothing.
+#[tokio::test]
+async fn a_paused_task_refuses_a_reaction() {
+    let (_dir, ledger) = ledger().await;
+    let e = one_pending_message(&ledger).await;
+    let mut pause = routed(2, EnvelopeState::Queued);
+    pause.envelope.text = Some("/pause".into());
+    ledger.record_batch(2, 3, &[pause]).await.unwrap();
+    let refused = ledger.begin_attempt(&reaction(e.id, "req_react001", 1)).await.unwrap().unwrap_err();
+    assert_eq!(refused.code(), "paused");
+    assert!(ledger.attempts_for(e.id).await.unwrap().is_empty());
+}
+
+/// `reply_part_method!` (the SQL) and `AttemptMethod::is_reply_part` agree on every method,
+/// and every method the CHECK allows reads back as itself.
+#[tokio::test]
+async fn reply_part_method_agrees_with_is_reply_part() {
+    let (_dir, ledger) = ledger().await;
+    let e = one_pending_message(&ledger).await;
+    for method in AttemptMethod::ALL {
+        let attempt = NewAttempt { method, ..one_part_reply(e.id) };
+        ledger.begin_attempt(&attempt).await.unwrap().unwrap();
+    }
+    let sql =
+        concat!("SELECT method, ", reply_part_method!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
+    let in_sql: Vec<(String, bool)> = ledger
+        .read_in_place(move |db| {
+            super::in_place::query_all_cached(db, sql, [e.id], |row| Ok((row.get(0)?, row.get(1)?)))
+        })
+        .await
+        .unwrap();
+    let in_rust: Vec<(String, bool)> =
+        AttemptMethod::ALL.iter().map(|m| (m.as_str().to_owned(), m.is_reply_part())).collect();
+    assert_eq!(in_sql, in_rust);
+    let read: Vec<AttemptMethod> =
+        ledger.attempts_for(e.id).await.unwrap().iter().map(|a| a.method).collect();
+    assert_eq!(read, AttemptMethod::ALL);
+}
+
+/// A method this switchboard does not know is an error when read, never a send.
+#[tokio::test]
+async fn an_unknown_attempt_method_is_an_error() {
+    let (dir, ledger) = ledger().await;
+    let e = one_pending_message(&ledger).await;
+    ledger.begin_attempt(&one_part_reply(e.id)).await.unwrap().unwrap();
+    let db = rusqlite::Connection::open(dir.path().join("ledger.db")).unwrap();
+    assert!(db.execute("UPDATE attempts SET method = 'send_sticker'", []).is_err(), "the CHECK refuses it");
+    db.execute_batch("PRAGMA ignore_check_constraints = ON").unwrap();
+    db.execute("UPDATE attempts SET method = 'send_sticker'", []).unwrap();
+    drop(db);
+    let read = ledger.attempts_for(e.id).await;
+    assert!(format!("{read:?}").contains("send_sticker"), "{read:?}");
 }

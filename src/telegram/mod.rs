@@ -5,6 +5,7 @@
 pub mod bot_api;
 pub mod envelope;
 pub mod files;
+pub mod format;
 pub mod lenient;
 pub mod outbound;
 pub mod poller;

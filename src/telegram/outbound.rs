@@ -12,8 +12,9 @@ use teloxide::Bot;
 use tokio_util::sync::CancellationToken;
 
 use super::bot_api::{Answer, BotApi, Exchange};
+use super::format;
 use crate::backoff::Backoff;
-use crate::ledger::{AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
+use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::pacing::{PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
@@ -54,6 +55,9 @@ pub struct ReplyPlan {
     pub request_id: Option<String>,
     pub purpose: AttemptPurpose,
     pub parts: Vec<String>,
+    /// The parts are Telegram HTML, sent with `parse_mode = "HTML"`; a part Telegram
+    /// cannot parse is sent once more as plain text.
+    pub html: bool,
     /// (part index, Telegram message id) of parts already confirmed sent.
     pub already_sent: Vec<(usize, i32)>,
 }
@@ -61,6 +65,8 @@ pub struct ReplyPlan {
 /// One part of a reply that had to be split.
 struct Chunk<'a> {
     text: &'a str,
+    /// Sent with `parse_mode = "HTML"`.
+    html: bool,
     /// 0-based position among `count` parts.
     index: usize,
     count: usize,
@@ -274,7 +280,7 @@ impl Outbound {
             if sent.iter().any(|(done, _)| *done == index) {
                 continue;
             }
-            let chunk = Chunk { text, index, count };
+            let chunk = Chunk { text, html: plan.html, index, count };
             match self.send_chunk(plan, &chunk, &mut rate_limit_budget).await {
                 Ok(Observed::Sent { message_id }) => sent.push((index, message_id)),
                 Ok(Observed::NotSent { error, .. }) => {
@@ -300,7 +306,13 @@ impl Outbound {
         budget: &mut Duration,
     ) -> Result<Observed, Refusal> {
         let target = &plan.target;
+        // The part as plain text, once Telegram refused its HTML.
+        let mut plain: Option<String> = None;
         loop {
+            let chunk = match &plain {
+                Some(text) => &Chunk { text, html: false, ..*chunk },
+                None => chunk,
+            };
             let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
             if !pace.is_zero() {
                 tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
@@ -321,6 +333,15 @@ impl Outbound {
                         continue;
                     }
                     return Ok(stopping());
+                }
+                // A 400 is a confirmed "not sent": the same part once more, as plain text,
+                // is a new attempt that cannot make a duplicate.
+                Observed::NotSent { error, retry_after: None, migrated_to: None }
+                    if chunk.html && format::is_unparsable_entities(error) =>
+                {
+                    tracing::warn!(trace_id = %target.trace_id, chunk = chunk.index + 1, %error, "Telegram could not parse the part's HTML: sending it once more as plain text");
+                    plain = Some(format::html_to_plain(chunk.text));
+                    continue;
                 }
                 Observed::NotSent { migrated_to: Some(new_chat), .. } => {
                     tracing::error!(
@@ -356,6 +377,8 @@ impl Outbound {
             agent: &target.agent,
             request_id: plan.request_id.as_deref(),
             purpose: plan.purpose,
+            method: AttemptMethod::SendMessage,
+            target_message_id: None,
             chat_id: target.chat_id,
             thread_id,
             reply_to_message_id: target.reply_to_message_id,
@@ -385,6 +408,9 @@ impl Outbound {
         }
         if let Some(thread_id) = thread_id {
             params["message_thread_id"] = json!(thread_id);
+        }
+        if chunk.html {
+            params["parse_mode"] = json!("HTML");
         }
         // The attempt is recorded; its moment may have passed while it was (a busy
         // machine): held for the few milliseconds that keep Telegram's overall budget, so

@@ -175,6 +175,10 @@ pub struct ReplyRequest {
     /// call was cancelled and who retries must not reach the user twice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub again: Option<serde_json::Value>,
+    /// How `text` is written: `text` (the default), `markdown` (converted to Telegram
+    /// HTML) or `html` (Telegram HTML). Anything else is refused before anything is sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<String>,
 }
 
 impl ReplyRequest {
@@ -185,6 +189,7 @@ impl ReplyRequest {
             trace_id,
             request_id: crate::ids::RequestId::generate().to_string(),
             again: None,
+            format: None,
         }
     }
 }

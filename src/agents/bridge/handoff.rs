@@ -324,6 +324,7 @@ impl Bridge {
             },
             request_id: None,
             purpose: AttemptPurpose::Audit,
+            html: false,
             parts,
             already_sent: Vec::new(),
         };

@@ -14,7 +14,8 @@ use crate::ledger::{
 };
 use crate::rules::resolver::{self, Answerable, Blocked, Candidate};
 use crate::telegram::envelope::ChatType;
-use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
+use crate::telegram::format::{ReplyFormat, html_to_plain};
+use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT};
 
 /// What the ledger and memory know of a request id seen before.
 enum Repeat {
@@ -50,7 +51,8 @@ impl Bridge {
         }
         let trace_id = parse_optional_trace_id(request.trace_id.as_deref())?;
         let again = parse_again(request.again.as_ref())?;
-        let parts = split_text(&request.text, TELEGRAM_TEXT_LIMIT);
+        let format = ReplyFormat::parse(request.format.as_deref()).map_err(ToolError::Invalid)?;
+        let (parts, html) = format.parts(&request.text, TELEGRAM_TEXT_LIMIT);
         let max = self.limits().max_reply_parts;
         if parts.len() > max {
             tracing::warn!(%agent, parts = parts.len(), max, "reply refused: too long");
@@ -109,7 +111,8 @@ impl Bridge {
                     if let Some(answered) = answered.filter(|_| !again) {
                         self.refuse_unasked_follow_up(agent, &answered, &conversation, &parts).await?;
                     }
-                    let plan = self.plan(agent, conversation, replied_before, request_id, parts).await?;
+                    let plan =
+                        self.plan(agent, conversation, replied_before, request_id, parts, html).await?;
                     self.start_delivery(agent, plan)
                 }
             }
@@ -262,6 +265,7 @@ impl Bridge {
         replied_before: Option<bool>,
         request_id: RequestId,
         parts: Vec<String>,
+        html: bool,
     ) -> Result<ReplyPlan, ToolError> {
         let last_reply = match replied_before {
             Some(false) => None,
@@ -288,6 +292,7 @@ impl Bridge {
             request_id: Some(request_id.to_string()),
             purpose: AttemptPurpose::Reply,
             parts,
+            html,
             already_sent,
         })
     }
@@ -576,7 +581,8 @@ pub fn parts_already_delivered(last_request: &[StoredAttempt], parts: &[String])
         last_request.iter().any(|a| {
             a.outcome == AttemptState::Sent
                 && usize::try_from(a.chunk_index) == Ok(index)
-                && a.text == parts[index]
+                // A part Telegram could not parse as HTML went out as its plain text.
+                && (a.text == parts[index] || a.text == html_to_plain(&parts[index]))
         })
     };
     if summary.sent.iter().all(|(index, _)| same_text(*index)) { summary.sent } else { Vec::new() }
@@ -626,6 +632,8 @@ mod tests {
         StoredAttempt {
             op_id: format!("op_{index}"),
             request_id: Some("req_abcdefgh".into()),
+            method: crate::ledger::AttemptMethod::SendMessage,
+            target_message_id: None,
             chat_id: 1,
             thread_id: None,
             reply_to_message_id: Some(1),

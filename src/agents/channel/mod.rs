@@ -42,6 +42,7 @@ use crate::agents::api::wire::{
 };
 use crate::config::Settings;
 use crate::ids::{AgentName, RequestId};
+use crate::telegram::format::ReplyFormat;
 
 mod calls;
 mod downloads;
@@ -204,6 +205,11 @@ struct ReplyArgs {
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
     again: Option<serde_json::Value>,
+    /// How text is written: "text" (the default, sent as it is), "markdown" (bold, italics,
+    /// code, links, quotes, lists) or "html" (Telegram's HTML: b, i, u, s, code, pre, a,
+    /// blockquote, tg-spoiler).
+    #[serde(default)]
+    format: Option<String>,
 }
 
 /// Arguments of the `ack` tool.
@@ -362,8 +368,11 @@ impl ChannelPlugin {
             return Err("text is empty: there is nothing to send. Nothing was sent.".into());
         }
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
+        // Refused here, before anything is asked of the daemon (which checks it too).
+        ReplyFormat::parse(args.format.as_deref())?;
         let request = ReplyRequest {
             again: args.again,
+            format: args.format,
             ..ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()))
         };
         tokio::select! {

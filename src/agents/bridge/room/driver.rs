@@ -719,6 +719,7 @@ impl RoomDriver {
             request_id: Some(post.key.clone()),
             // It answers nothing an agent waits on: it settles no envelope.
             purpose: AttemptPurpose::Audit,
+            html: false,
             parts,
             already_sent: Vec::new(),
         };

@@ -1,0 +1,598 @@
+//! How a reply's text is formatted for Telegram (issue 22): plain text, Markdown converted
+//! to Telegram's HTML, or HTML as the agent wrote it. Pure functions: the conversion, the
+//! split of long HTML into messages that each parse on their own, and the plain text a
+//! part falls back to when Telegram cannot parse its HTML.
+//!
+//! Telegram's HTML is a small subset (<https://core.telegram.org/bots/api#html-style>):
+//! `b`, `i`, `u`, `s`, `code`, `pre`, `a`, `blockquote`, `tg-spoiler` and the entities
+//! `&lt;` `&gt;` `&amp;` `&quot;`. Markdown is rendered into those tags only; every other
+//! character that HTML gives a meaning to is escaped, raw HTML in the Markdown included.
+//! Lists and headings have no tag of their own and become plain lines.
+
+use pulldown_cmark::{CodeBlockKind, Event, Options, Parser, Tag, TagEnd};
+
+use super::outbound::split_text;
+
+/// How the text of a `reply` or an `edit_message` is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplyFormat {
+    /// Sent as it is, without a parse mode.
+    #[default]
+    Text,
+    /// CommonMark (with ~~strikethrough~~), converted to Telegram HTML.
+    Markdown,
+    /// Telegram HTML, as the agent wrote it.
+    Html,
+}
+
+impl ReplyFormat {
+    /// The `format` argument as a tool receives it: absent means `text`; anything but the
+    /// three names is refused, naming them.
+    pub fn parse(raw: Option<&str>) -> Result<Self, String> {
+        match raw.map(str::trim) {
+            None | Some("text") => Ok(Self::Text),
+            Some("markdown") => Ok(Self::Markdown),
+            Some("html") => Ok(Self::Html),
+            Some(other) => Err(format!(
+                "format must be \"text\", \"markdown\" or \"html\", not {other:?}; nothing was sent"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Text => "text",
+            Self::Markdown => "markdown",
+            Self::Html => "html",
+        }
+    }
+
+    /// The text split into the messages that carry it, each within `limit` UTF-16 units
+    /// (Telegram's count), and whether they are HTML (sent with `parse_mode = "HTML"`).
+    /// An HTML part never ends inside a tag or an entity, and closes the tags it leaves
+    /// open (the next part opens them again), so each part parses on its own.
+    pub fn parts(self, text: &str, limit: usize) -> (Vec<String>, bool) {
+        match self {
+            Self::Text => (split_text(text, limit), false),
+            Self::Markdown => (split_html(&markdown_to_html(text), limit), true),
+            Self::Html => (split_html(text, limit), true),
+        }
+    }
+}
+
+/// What Telegram answers (400) when a message's HTML does not parse.
+const UNPARSABLE: &str = "can't parse entities";
+
+/// Whether Telegram refused a message because it could not parse its entities: then the
+/// part is sent once more as plain text ([`html_to_plain`]).
+pub fn is_unparsable_entities(error: &str) -> bool {
+    error.to_ascii_lowercase().contains(UNPARSABLE)
+}
+
+/// Markdown as Telegram HTML (see the module documentation).
+///
+/// ```
+/// use switchboard::telegram::format::markdown_to_html;
+///
+/// assert_eq!(markdown_to_html("**bold** and `x < y`"), "<b>bold</b> and <code>x &lt; y</code>");
+/// ```
+pub fn markdown_to_html(markdown: &str) -> String {
+    let mut out = Renderer::default();
+    for event in Parser::new_ext(markdown, Options::ENABLE_STRIKETHROUGH | Options::ENABLE_TASKLISTS) {
+        out.event(event);
+    }
+    out.html.trim_end().to_owned()
+}
+
+/// Builds Telegram HTML from Markdown events.
+#[derive(Default)]
+struct Renderer {
+    html: String,
+    /// Open lists, innermost last: the next number of an ordered one, `None` for bullets.
+    lists: Vec<Option<u64>>,
+    /// A block ended: the next block starts after a blank line (a line in a list).
+    block_ended: bool,
+}
+
+impl Renderer {
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::Start(tag) => self.start(tag),
+            Event::End(tag) => self.end(tag),
+            Event::Text(text) => self.text(&text),
+            Event::Code(code) => {
+                self.text_start();
+                self.html.push_str("<code>");
+                escape_into(&mut self.html, &code);
+                self.html.push_str("</code>");
+            }
+            // Raw HTML in Markdown is shown as written, never passed to Telegram as tags.
+            Event::Html(raw) | Event::InlineHtml(raw) => self.text(&raw),
+            Event::InlineMath(math) | Event::DisplayMath(math) => self.text(&math),
+            Event::FootnoteReference(name) => self.text(&format!("[^{name}]")),
+            Event::SoftBreak | Event::HardBreak => self.html.push('\n'),
+            Event::Rule => {
+                self.block_start();
+                self.html.push_str("———");
+                self.block_ended = true;
+            }
+            Event::TaskListMarker(done) => self.html.push_str(if done { "[x] " } else { "[ ] " }),
+        }
+    }
+
+    fn start(&mut self, tag: Tag<'_>) {
+        match tag {
+            Tag::Paragraph | Tag::HtmlBlock | Tag::MetadataBlock(_) => self.block_start(),
+            Tag::Heading { .. } => {
+                self.block_start();
+                self.html.push_str("<b>");
+            }
+            Tag::BlockQuote(_) => {
+                self.block_start();
+                self.html.push_str("<blockquote>");
+                // The quote's first paragraph starts right inside it.
+                self.block_ended = false;
+            }
+            Tag::CodeBlock(kind) => {
+                self.block_start();
+                match kind {
+                    CodeBlockKind::Fenced(language) if !language.trim().is_empty() => {
+                        self.html.push_str("<pre><code class=\"language-");
+                        escape_into(&mut self.html, language.split_whitespace().next().unwrap_or_default());
+                        self.html.push_str("\">");
+                    }
+                    _ => self.html.push_str("<pre><code>"),
+                }
+            }
+            Tag::List(first) => {
+                if self.lists.is_empty() {
+                    self.block_start();
+                }
+                self.lists.push(first);
+            }
+            Tag::Item => {
+                if !self.html.is_empty() && !self.html.ends_with('\n') {
+                    self.html.push('\n');
+                }
+                let depth = self.lists.len().saturating_sub(1);
+                self.html.push_str(&"  ".repeat(depth));
+                match self.lists.last_mut() {
+                    Some(Some(number)) => {
+                        self.html.push_str(&format!("{number}. "));
+                        *number += 1;
+                    }
+                    _ => self.html.push_str("• "),
+                }
+                self.block_ended = false;
+            }
+            Tag::Emphasis => self.inline("<i>"),
+            Tag::Strong => self.inline("<b>"),
+            Tag::Strikethrough => self.inline("<s>"),
+            Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. } => {
+                self.text_start();
+                self.html.push_str("<a href=\"");
+                escape_into(&mut self.html, &dest_url);
+                self.html.push_str("\">");
+            }
+            Tag::FootnoteDefinition(_)
+            | Tag::DefinitionList
+            | Tag::DefinitionListTitle
+            | Tag::DefinitionListDefinition
+            | Tag::Table(_)
+            | Tag::TableHead
+            | Tag::TableRow
+            | Tag::TableCell
+            | Tag::Superscript
+            | Tag::Subscript => self.block_start(),
+        }
+    }
+
+    fn end(&mut self, tag: TagEnd) {
+        match tag {
+            TagEnd::Paragraph | TagEnd::HtmlBlock | TagEnd::MetadataBlock(_) => self.block_ended = true,
+            TagEnd::Heading(_) => {
+                self.html.push_str("</b>");
+                self.block_ended = true;
+            }
+            TagEnd::BlockQuote(_) => {
+                trim_end_in_place(&mut self.html);
+                self.html.push_str("</blockquote>");
+                self.block_ended = true;
+            }
+            TagEnd::CodeBlock => {
+                trim_end_in_place(&mut self.html);
+                self.html.push_str("</code></pre>");
+                self.block_ended = true;
+            }
+            TagEnd::List(_) => {
+                self.lists.pop();
+                self.block_ended = self.lists.is_empty();
+            }
+            TagEnd::Item => {}
+            TagEnd::Emphasis => self.html.push_str("</i>"),
+            TagEnd::Strong => self.html.push_str("</b>"),
+            TagEnd::Strikethrough => self.html.push_str("</s>"),
+            TagEnd::Link | TagEnd::Image => self.html.push_str("</a>"),
+            _ => self.block_ended = true,
+        }
+    }
+
+    fn text(&mut self, text: &str) {
+        self.text_start();
+        escape_into(&mut self.html, text);
+    }
+
+    fn inline(&mut self, open: &str) {
+        self.text_start();
+        self.html.push_str(open);
+    }
+
+    /// Inline content after a finished block starts a new one.
+    fn text_start(&mut self) {
+        if self.block_ended {
+            self.block_start();
+        }
+    }
+
+    /// A new block: after a blank line, or a line break inside a list item.
+    fn block_start(&mut self) {
+        if self.block_ended && !self.html.is_empty() {
+            trim_end_in_place(&mut self.html);
+            self.html.push_str(if self.lists.is_empty() { "\n\n" } else { "\n" });
+            if !self.lists.is_empty() {
+                self.html.push_str(&"  ".repeat(self.lists.len()));
+            }
+        }
+        self.block_ended = false;
+    }
+}
+
+fn trim_end_in_place(text: &mut String) {
+    let kept = text.trim_end().len();
+    text.truncate(kept);
+}
+
+/// Escapes what Telegram's HTML gives a meaning to.
+fn escape_into(out: &mut String, text: &str) {
+    for c in text.chars() {
+        match c {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// One indivisible piece of HTML: a tag, an entity, or a character.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Atom<'a> {
+    /// `<b>`, `<a href="…">`: the tag's name and its whole text.
+    Open {
+        name: &'a str,
+        text: &'a str,
+    },
+    Close {
+        name: &'a str,
+        text: &'a str,
+    },
+    /// An entity (`&amp;`) or one character.
+    Text(&'a str),
+}
+
+impl<'a> Atom<'a> {
+    fn text(self) -> &'a str {
+        match self {
+            Self::Open { text, .. } | Self::Close { text, .. } | Self::Text(text) => text,
+        }
+    }
+}
+
+/// The atoms of `html`. A `<` that starts no well-formed tag and a `&` that starts no
+/// entity are characters like any other (Telegram will refuse them, and the part falls
+/// back to plain text).
+fn atoms(html: &str) -> Vec<Atom<'_>> {
+    let mut atoms = Vec::new();
+    let mut rest = html;
+    while let Some(c) = rest.chars().next() {
+        let atom = match c {
+            '<' => tag_at(rest),
+            '&' => {
+                rest.find(';').filter(|&end| is_entity(&rest[..=end])).map(|end| Atom::Text(&rest[..=end]))
+            }
+            _ => None,
+        }
+        .unwrap_or_else(|| Atom::Text(&rest[..c.len_utf8()]));
+        rest = &rest[atom.text().len()..];
+        atoms.push(atom);
+    }
+    atoms
+}
+
+/// `&name;`, `&#123;` or `&#x1F600;`, no longer than any of Telegram's.
+fn is_entity(text: &str) -> bool {
+    let body = &text[1..text.len() - 1];
+    let named = !body.is_empty() && body.len() <= 8 && body.chars().all(|c| c.is_ascii_alphanumeric());
+    let numeric = body.strip_prefix('#').is_some_and(|n| {
+        let digits = n.strip_prefix(['x', 'X']).map_or((n, 10), |hex| (hex, 16));
+        !digits.0.is_empty() && digits.0.len() <= 8 && u32::from_str_radix(digits.0, digits.1).is_ok()
+    });
+    named || numeric
+}
+
+/// The tag `rest` starts with, if it starts with one: `<name …>` or `</name>`.
+fn tag_at(rest: &str) -> Option<Atom<'_>> {
+    let end = rest.find('>')?;
+    let text = &rest[..=end];
+    let inner = &text[1..text.len() - 1];
+    let (closing, inner) = match inner.strip_prefix('/') {
+        Some(inner) => (true, inner),
+        None => (false, inner),
+    };
+    let name_end = inner.find(|c: char| c.is_whitespace()).unwrap_or(inner.len());
+    let name = &inner[..name_end];
+    let is_name = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    if !is_name || inner.contains('<') {
+        return None;
+    }
+    Some(if closing { Atom::Close { name, text } } else { Atom::Open { name, text } })
+}
+
+fn utf16_len(s: &str) -> usize {
+    s.encode_utf16().count()
+}
+
+/// Splits HTML into parts of at most `limit` UTF-16 units, preferring the ends of
+/// paragraphs, then lines, then words, in the second half of a part. A part never ends
+/// inside a tag or an entity; the tags open where it ends are closed at its end and
+/// opened again at the start of the next part, so each part is well formed on its own.
+/// Whitespace at a break is dropped; nothing else is.
+pub fn split_html(html: &str, limit: usize) -> Vec<String> {
+    assert!(limit > 0, "a part limit of zero cannot hold any text");
+    let atoms = atoms(html);
+    let mut parts = Vec::new();
+    // Open tags at the start of the part being built, outermost first.
+    let mut carried: Vec<Atom<'_>> = Vec::new();
+    let mut start = 0;
+    while start < atoms.len() {
+        let (end, open_at_end) = part_end(&atoms, start, &carried, limit);
+        let mut part: String = carried.iter().map(|atom| atom.text()).collect();
+        part.extend(atoms[start..end].iter().map(|atom| atom.text()));
+        let mut part = part.trim_end().to_owned();
+        for open in open_at_end.iter().rev() {
+            if let Atom::Open { name, .. } = open {
+                part.push_str(&format!("</{name}>"));
+            }
+        }
+        if !is_blank_html(&part) {
+            parts.push(part);
+        }
+        carried = open_at_end;
+        start = end;
+        while atoms.get(start).is_some_and(|atom| atom.text().chars().all(char::is_whitespace)) {
+            start += 1;
+        }
+    }
+    if parts.is_empty() {
+        parts.push(html.to_owned());
+    }
+    parts
+}
+
+/// Where the part that starts at `start` ends (an atom index) and the tags open there.
+fn part_end<'a>(
+    atoms: &[Atom<'a>],
+    start: usize,
+    carried: &[Atom<'a>],
+    limit: usize,
+) -> (usize, Vec<Atom<'a>>) {
+    let mut open: Vec<Atom<'a>> = carried.to_vec();
+    let mut used: usize = carried.iter().map(|atom| utf16_len(atom.text())).sum();
+    // The latest break of each kind so far (end, open tags there): word, line, paragraph.
+    let mut breaks: [Option<(usize, Vec<Atom<'a>>)>; 3] = [None, None, None];
+    let closing = |open: &[Atom<'_>]| -> usize {
+        open.iter().map(|atom| if let Atom::Open { name, .. } = atom { name.len() + 3 } else { 0 }).sum()
+    };
+    for (index, atom) in atoms.iter().enumerate().skip(start) {
+        let mut after = open.clone();
+        match atom {
+            Atom::Open { .. } => after.push(*atom),
+            Atom::Close { name, .. } => {
+                if let Some(at) =
+                    after.iter().rposition(|o| matches!(o, Atom::Open { name: n, .. } if n == name))
+                {
+                    after.truncate(at);
+                }
+            }
+            Atom::Text(_) => {}
+        }
+        let cost = utf16_len(atom.text());
+        if used + cost + closing(&after) > limit && index > start {
+            // A break this far into the part is good enough; an earlier one would make
+            // many small messages, so a hard cut is better there.
+            let half = start + (index - start) / 2;
+            let best = breaks.iter().rev().flatten().find(|(end, _)| *end > half);
+            return match best {
+                Some((end, open)) => (*end, open.clone()),
+                None => (index, open),
+            };
+        }
+        used += cost;
+        open = after;
+        let kind = match atom.text() {
+            "\n" if atoms.get(index + 1).is_some_and(|next| next.text() == "\n") => Some(2),
+            "\n" => Some(1),
+            " " | "\t" => Some(0),
+            _ => None,
+        };
+        if let Some(kind) = kind {
+            breaks[kind] = Some((index + 1, open.clone()));
+        }
+    }
+    (atoms.len(), open)
+}
+
+/// A part with nothing to show: only whitespace and tags.
+fn is_blank_html(part: &str) -> bool {
+    html_to_plain(part).trim().is_empty()
+}
+
+/// What a part reads as without its markup: tags dropped, entities turned back into their
+/// characters. What is sent when Telegram cannot parse the part's HTML.
+///
+/// ```
+/// use switchboard::telegram::format::html_to_plain;
+///
+/// assert_eq!(html_to_plain("<b>x &lt; y</b> &amp; <i>z"), "x < y & z");
+/// ```
+pub fn html_to_plain(html: &str) -> String {
+    let mut plain = String::with_capacity(html.len());
+    for atom in atoms(html) {
+        match atom {
+            Atom::Open { .. } | Atom::Close { .. } => {}
+            Atom::Text(text) if text.starts_with('&') && text.len() > 1 => plain.push_str(&unescape(text)),
+            Atom::Text(text) => plain.push_str(text),
+        }
+    }
+    plain
+}
+
+/// One entity as its character; an entity Telegram does not know stays as written.
+fn unescape(entity: &str) -> String {
+    let body = &entity[1..entity.len() - 1];
+    let named = match body {
+        "lt" => Some('<'),
+        "gt" => Some('>'),
+        "amp" => Some('&'),
+        "quot" => Some('"'),
+        "apos" => Some('\''),
+        "nbsp" => Some('\u{a0}'),
+        _ => None,
+    };
+    let numeric = || {
+        let n = body.strip_prefix('#')?;
+        let code = match n.strip_prefix(['x', 'X']) {
+            Some(hex) => u32::from_str_radix(hex, 16).ok()?,
+            None => n.parse().ok()?,
+        };
+        char::from_u32(code)
+    };
+    named.or_else(numeric).map_or_else(|| entity.to_owned(), String::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn formats_are_read_by_name_and_anything_else_is_refused() {
+        assert_eq!(ReplyFormat::parse(None), Ok(ReplyFormat::Text));
+        assert_eq!(ReplyFormat::parse(Some("markdown")), Ok(ReplyFormat::Markdown));
+        assert_eq!(ReplyFormat::parse(Some("html")), Ok(ReplyFormat::Html));
+        let refused = ReplyFormat::parse(Some("MarkdownV2")).unwrap_err();
+        assert!(refused.contains("MarkdownV2") && refused.contains("markdown"), "{refused}");
+    }
+
+    #[test]
+    fn markdown_becomes_telegram_tags_and_everything_else_is_escaped() {
+        let cases = [
+            ("*it* **bold** ~~gone~~", "<i>it</i> <b>bold</b> <s>gone</s>"),
+            ("a `x<y>&z` b", "a <code>x&lt;y&gt;&amp;z</code> b"),
+            (
+                "[docs](https://e.com/?a=1&b=\"2\")",
+                "<a href=\"https://e.com/?a=1&amp;b=&quot;2&quot;\">docs</a>",
+            ),
+            ("<script>alert(1)</script> & 5 > 3", "&lt;script&gt;alert(1)&lt;/script&gt; &amp; 5 &gt; 3"),
+            ("# Title\n\ntext", "<b>Title</b>\n\ntext"),
+            ("- one\n- two", "• one\n• two"),
+            ("1. one\n2. two\n\nafter", "1. one\n2. two\n\nafter"),
+            ("> quoted\n\nnot", "<blockquote>quoted</blockquote>\n\nnot"),
+            ("```rust\nfn main() {}\n```", "<pre><code class=\"language-rust\">fn main() {}</code></pre>"),
+            ("first\nsecond", "first\nsecond"),
+        ];
+        for (markdown, html) in cases {
+            assert_eq!(markdown_to_html(markdown), html, "{markdown:?}");
+        }
+    }
+
+    #[test]
+    fn nested_lists_are_indented_lines() {
+        assert_eq!(markdown_to_html("- a\n  - b\n- c"), "• a\n  • b\n• c");
+    }
+
+    #[test]
+    fn plain_text_is_the_html_without_tags_and_with_entities_unescaped() {
+        assert_eq!(
+            html_to_plain("<a href=\"u\">l</a> &quot;q&quot; &#65;&#x42; &bogus;"),
+            "l \"q\" AB &bogus;"
+        );
+        assert_eq!(html_to_plain("1 < 2 && 3 > 2"), "1 < 2 && 3 > 2");
+        assert!(is_unparsable_entities("Telegram refused it: Bad Request: can't parse entities: Unclosed"));
+        assert!(!is_unparsable_entities("Telegram refused it: Bad Request: chat not found"));
+    }
+
+    #[test]
+    fn a_split_closes_and_reopens_the_tags_it_cuts_through() {
+        let html = "<b>aaaa bbbb cccc</b> dddd";
+        let parts = split_html(html, 14);
+        for part in &parts {
+            assert!(utf16_len(part) <= 14, "{part:?}");
+            assert_balanced(part);
+        }
+        assert_eq!(
+            parts.iter().map(|p| html_to_plain(p)).collect::<Vec<_>>().join(" "),
+            "aaaa bbbb cccc dddd"
+        );
+        assert!(parts[0].starts_with("<b>") && parts[1].starts_with("<b>"), "{parts:?}");
+    }
+
+    #[test]
+    fn a_split_never_cuts_an_entity_or_a_tag() {
+        let parts = split_html("&amp;&amp;&amp;<a href=\"xyz\">k</a>", 9);
+        assert_eq!(parts[0], "&amp;");
+        assert!(parts.iter().all(|p| !p.ends_with('&') && p.matches('<').count() == p.matches('>').count()));
+        assert_eq!(parts.iter().map(|p| html_to_plain(p)).collect::<String>(), "&&&k");
+    }
+
+    #[test]
+    fn short_html_is_one_part_and_prefers_paragraph_breaks() {
+        assert_eq!(split_html("<b>hi</b>", 4096), ["<b>hi</b>"]);
+        assert_eq!(split_html("aaaa bbbb\n\ncccc", 12), ["aaaa bbbb", "cccc"]);
+    }
+
+    /// Every open tag is closed, in order.
+    fn assert_balanced(part: &str) {
+        let mut open = Vec::new();
+        for atom in atoms(part) {
+            match atom {
+                Atom::Open { name, .. } => open.push(name),
+                Atom::Close { name, .. } => assert_eq!(open.pop(), Some(name), "{part:?}"),
+                Atom::Text(_) => {}
+            }
+        }
+        assert!(open.is_empty(), "{part:?}");
+    }
+
+    proptest! {
+        /// Markdown of any shape renders to parts that fit, are balanced, and lose nothing
+        /// but whitespace.
+        #[test]
+        fn markdown_parts_fit_balance_and_keep_the_text(
+            words in proptest::collection::vec("[a-z]{1,12}|\\*\\*[a-z]{1,8}\\*\\*|`[a-z<&]{1,6}`|\n\n|- |&|<", 1..200),
+            limit in 40usize..300,
+        ) {
+            let markdown = words.join(" ");
+            let html = markdown_to_html(&markdown);
+            let parts = split_html(&html, limit);
+            for part in &parts {
+                prop_assert!(utf16_len(part) <= limit, "{} > {limit}: {part:?}", utf16_len(part));
+                assert_balanced(part);
+            }
+            let squash = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+            let joined: String = parts.iter().map(|p| html_to_plain(p)).collect();
+            prop_assert_eq!(squash(&joined), squash(&html_to_plain(&html)));
+        }
+    }
+}
