@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
 use crate::agents::api::server::Operations;
-use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver};
+use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver, Staging};
 use crate::config::{DaemonSecrets, Retention, Settings};
 use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
 use crate::operate::health::{Health, PollHealth};
@@ -108,12 +108,15 @@ impl Daemon {
 
         let metrics = metrics::install();
         let tasks = TaskTracker::new();
+        let files = TelegramFiles::new(token, &telegram.api_url, CONNECT_TIMEOUT, telegram.send_timeout)
+            .context("building the HTTP client for Telegram's files")?;
         let outbound = Outbound::new(
             send_bot,
             ledger.clone(),
             Pacer::new(settings.outbound.pacing),
             shutdown.child_token(),
-        );
+        )
+        .with_files(files.clone());
         let limits = ReplyLimits { max_reply_parts: settings.outbound.max_reply_parts };
         let bridge = Bridge::new(
             ledger.clone(),
@@ -139,9 +142,11 @@ impl Daemon {
         let health = Health::new(poll_health, probe, ledger.write_watch(), settings.telegram.poll_timeout);
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
-        bridge.set_files(
-            TelegramFiles::new(token, &telegram.api_url, CONNECT_TIMEOUT, telegram.send_timeout)
-                .context("building the HTTP client for Telegram's files")?,
+        bridge.set_files(files);
+        let staging_dir = Staging::dir_beside(&settings.storage.database);
+        bridge.set_staging(
+            Staging::open(staging_dir.clone())
+                .with_context(|| format!("opening the folder for replies' files, {}", staging_dir.display()))?,
         );
         let rooms = bridge.room_driver(room_api);
         let retain = settings.storage.retain;

@@ -23,7 +23,7 @@ use super::wire::{
     SHOWN_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::ResolveError;
-use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized};
+use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized, UploadError};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::{Ledger, LedgerError};
 use crate::operate::health::Health;
@@ -56,6 +56,7 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/handoffs", post(handoff))
         .route("/v1/agents/{agent}/revisions", post(revise_task))
         .route("/v1/agents/{agent}/attachments/{trace_id}", get(download_attachment))
+        .route("/v1/agents/{agent}/uploads", post(upload))
         .with_state(bridge)
         .merge(operator)
 }
@@ -195,6 +196,7 @@ impl From<ToolError> for Failure {
             ToolError::NotSent { .. } => ErrorCode::NotSent,
             ToolError::Unknown { .. } => ErrorCode::Unresolved,
             ToolError::Ledger(_) => ErrorCode::Internal,
+            ToolError::UnknownUpload(_) => ErrorCode::UnknownUpload,
             ToolError::NoConversation { .. } => ErrorCode::NoConversation,
             ToolError::TurnOver(_) => ErrorCode::TurnOver,
             ToolError::AlreadyAnswered(_) => ErrorCode::AlreadyAnswered,
@@ -245,6 +247,20 @@ impl From<AttachmentError> for Failure {
                 DownloadRefusal::TooLarge { .. } | DownloadRefusal::AboveAsked { .. },
             ) => ErrorCode::FileTooLarge,
             AttachmentError::Unavailable(_) => ErrorCode::FileUnavailable,
+        };
+        Self(ApiError::new(code, message))
+    }
+}
+
+impl From<UploadError> for Failure {
+    fn from(error: UploadError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            UploadError::Tool(error) => return Self::from(error),
+            UploadError::TooLarge { .. } | UploadError::StagingFull => ErrorCode::FileTooLarge,
+            UploadError::Unknown(_) => ErrorCode::UnknownUpload,
+            UploadError::Transfer(_) => ErrorCode::BadRequest,
+            UploadError::Io(_) => ErrorCode::Internal,
         };
         Self(ApiError::new(code, message))
     }
@@ -414,6 +430,27 @@ async fn download_attachment(
         headers.insert(ATTACHMENT_KIND_HEADER, kind);
     }
     Ok(response)
+}
+
+/// Stages one file of a reply to come, streamed to disk as it arrives (the daemon holds no
+/// file in memory); its name comes in [`FILE_NAME_HEADER`].
+async fn upload(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    headers: header::HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let name = headers
+        .get(FILE_NAME_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|encoded| percent_encoding::percent_decode_str(encoded).decode_utf8_lossy().into_owned())
+        .ok_or_else(|| bad_request(format!("an upload names its file in the {FILE_NAME_HEADER} header")))?;
+    let announced = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let receipt = bridge
+        .stage_upload(&caller.agent, caller.token(), &name, announced, body.into_data_stream())
+        .await
+        .map_err(Failure::from)?;
+    Ok(Json(receipt).into_response())
 }
 
 #[cfg(test)]

@@ -179,6 +179,11 @@ pub struct ReplyRequest {
     /// HTML) or `html` (Telegram HTML). Anything else is refused before anything is sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<String>,
+    /// Files sent after the text, each as its own message, by the upload ids `POST uploads`
+    /// answered (DESIGN.md §14). An id that is not a staged upload of the caller's refuses
+    /// the whole reply (`unknown_upload`) before anything is sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
 }
 
 impl ReplyRequest {
@@ -190,6 +195,7 @@ impl ReplyRequest {
             request_id: crate::ids::RequestId::generate().to_string(),
             again: None,
             format: None,
+            files: Vec::new(),
         }
     }
 }
@@ -482,3 +488,15 @@ pub const FILE_NAME_HEADER: &str = "x-switchboard-file-name";
 
 /// The header that names a downloaded attachment's kind (`photo`, `document`, …).
 pub const ATTACHMENT_KIND_HEADER: &str = "x-switchboard-attachment-kind";
+
+/// `POST uploads`: a file staged for a reply (the body is the file, its name in
+/// [`FILE_NAME_HEADER`]). A reply names it in `files`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UploadReceipt {
+    pub upload_id: String,
+    /// The name Telegram will show.
+    pub name: String,
+    pub size: u64,
+    /// Of the bytes the daemon received, lower-case hex.
+    pub sha256: String,
+}

@@ -21,6 +21,7 @@ mod reply;
 mod room;
 mod session;
 mod tasks;
+mod uploads;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -35,6 +36,7 @@ pub use error::{ResolveError, SessionConflict, ToolError, Unauthorized};
 pub use handoff::{AuditChat, HandoffRules};
 pub use room::{RoomDriver, Rooms};
 pub use session::OpenedSession;
+pub use uploads::{Staging, UploadError};
 
 use crate::agents::api::wire::ReplyReceipt;
 use crate::ids::{AgentName, Secret};
@@ -72,6 +74,8 @@ struct Inner {
     bot_username: std::sync::OnceLock<String>,
     /// The Bot API's file methods (`attachments`), set once at start-up.
     files: std::sync::OnceLock<Arc<crate::telegram::files::TelegramFiles>>,
+    /// The staging folder of replies' files (`uploads`), set once at start-up.
+    staging: std::sync::OnceLock<Arc<uploads::Staging>>,
 }
 
 /// A reply being delivered; every request with its id awaits the same outcome.
@@ -152,6 +156,7 @@ impl Bridge {
                 tasks,
                 bot_username: std::sync::OnceLock::new(),
                 files: std::sync::OnceLock::new(),
+                staging: std::sync::OnceLock::new(),
             }),
         }
     }

@@ -53,7 +53,7 @@ impl Bridge {
             tracing::warn!(%agent, trace_id = %envelope.trace_id, speaker, ?refused, "room reply refused: one reply per turn");
             return Err(turn_over(&envelope.trace_id, speaker, refused));
         }
-        let plan = self.plan(agent, envelope.clone(), None, request_id, parts, false).await?;
+        let plan = self.plan(agent, envelope.clone(), None, request_id, parts, false, Vec::new()).await?;
         tracing::info!(%agent, cascade_id = %cascade.cascade_id, speaker, "room reply claimed its turn; posting");
         let running = self.start_delivery(agent, plan);
 
