@@ -145,8 +145,9 @@ impl Daemon {
         bridge.set_files(files);
         let staging_dir = Staging::dir_beside(&settings.storage.database);
         bridge.set_staging(
-            Staging::open(staging_dir.clone())
-                .with_context(|| format!("opening the folder for replies' files, {}", staging_dir.display()))?,
+            Staging::open(staging_dir.clone()).with_context(|| {
+                format!("opening the folder for replies' files, {}", staging_dir.display())
+            })?,
         );
         let rooms = bridge.room_driver(room_api);
         let retain = settings.storage.retain;

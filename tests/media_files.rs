@@ -5,6 +5,7 @@
 mod support;
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -201,4 +202,137 @@ async fn a_photo_that_cannot_be_fetched_is_pushed_anyway_without_an_image_path()
         switchboard::ledger::EnvelopeState::Pending,
         "the envelope waits for its answer as any other"
     );
+}
+
+// ---- the files of a reply ----
+
+/// A file of `len` patterned bytes named `name` in `dir`, with its digest.
+fn file_in(dir: &Path, name: &str, len: usize, seed: u8) -> (String, String) {
+    let path = dir.join(name);
+    let bytes = pattern(len, seed);
+    std::fs::write(&path, &bytes).unwrap();
+    (path.display().to_string(), sha256(&bytes))
+}
+
+fn staged_files(daemon: &TestDaemon) -> Vec<PathBuf> {
+    let dir = switchboard::agents::bridge::Staging::dir_beside(&daemon.database());
+    std::fs::read_dir(dir).map(|entries| entries.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+}
+
+/// The message ids a reply's answer names, in order.
+fn message_ids_in(text: &str) -> Vec<i32> {
+    let digits: Vec<i32> = text
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    digits
+}
+
+#[tokio::test]
+async fn a_reply_with_two_files_sends_the_text_then_each_file_by_its_kind_byte_for_byte() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } =
+        owner_waiting("send me the chart and the report").await;
+    let files = tempfile::tempdir().unwrap();
+    let (chart, chart_sha) = file_in(files.path(), "chart.png", 200_003, 1);
+    let (report, report_sha) = file_in(files.path(), "report.pdf", 1_500_000, 2);
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "here you are", "trace_id": trace, "files": [chart, report]}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+
+    let sent = fake.sent_messages();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].text, "here you are");
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 2);
+    assert_eq!((uploads[0].method.as_str(), uploads[0].field.as_str()), ("sendphoto", "photo"));
+    assert_eq!((uploads[1].method.as_str(), uploads[1].field.as_str()), ("senddocument", "document"));
+    assert_eq!((uploads[0].len, uploads[0].sha256.as_str()), (200_003, chart_sha.as_str()));
+    assert_eq!((uploads[1].len, uploads[1].sha256.as_str()), (1_500_000, report_sha.as_str()));
+    assert_eq!(uploads[1].file_name.as_deref(), Some("report.pdf"));
+    for upload in &uploads {
+        assert_eq!(upload.chat_id, OWNER_CHAT);
+        assert_eq!(upload.reply_to_message_id, sent[0].reply_to_message_id, "threaded like the text");
+    }
+    // The answer names every message the reply made.
+    let named = message_ids_in(&text);
+    for id in [sent[0].message_id, uploads[0].message_id, uploads[1].message_id] {
+        assert!(named.contains(&id), "message {id} is named: {text}");
+    }
+    let attempts = attempts_of(&daemon, &trace).await;
+    let methods: Vec<_> = attempts.iter().map(|a| a.method).collect();
+    use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
+    assert_eq!(methods, [AttemptMethod::SendMessage, AttemptMethod::SendPhoto, AttemptMethod::SendDocument]);
+    assert!(attempts.iter().all(|a| a.outcome == AttemptState::Sent), "{attempts:?}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(staged_files(&daemon).is_empty(), "the staged copies are gone once the reply is done");
+}
+
+#[tokio::test]
+async fn a_missing_file_or_one_over_50_mb_refuses_the_whole_reply_and_sends_nothing() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("files please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (fine, _) = file_in(files.path(), "fine.txt", 100, 1);
+    let missing = files.path().join("missing.pdf").display().to_string();
+    let huge = files.path().join("huge.mp4");
+    // Sparse: 51 MB on paper, nothing on disk or in memory.
+    std::fs::File::create(&huge).unwrap().set_len(51 * 1024 * 1024).unwrap();
+    let huge = huge.display().to_string();
+
+    for (bad, why) in [(&missing, "does not exist"), (&huge, "50 MB")] {
+        let (is_error, text) = orchestrator
+            .call_tool("reply", json!({"text": "here", "trace_id": trace, "files": [fine, bad]}))
+            .await
+            .unwrap();
+        assert!(is_error, "{text}");
+        assert!(text.contains(bad.as_str()) && text.contains(why), "names the file and why: {text}");
+        assert!(text.contains("nothing was sent"), "{text}");
+    }
+    assert!(fake.sent_messages().is_empty() && fake.uploads().is_empty(), "nothing was sent");
+    assert!(attempts_of(&daemon, &trace).await.is_empty(), "nothing was attempted");
+    assert!(staged_files(&daemon).is_empty(), "nothing was staged");
+    assert_eq!(state_of(&daemon, &trace).await, switchboard::ledger::EnvelopeState::Pending);
+}
+
+#[tokio::test]
+async fn a_daemon_killed_during_a_multi_file_reply_sends_nothing_again_and_reports_the_unknown_part() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::{AttemptState, EnvelopeState};
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("both files please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (first, _) = file_in(files.path(), "first.pdf", 300_000, 1);
+    let (second, _) = file_in(files.path(), "second.pdf", 300_000, 2);
+    // The first upload goes through; Telegram takes the second and never answers.
+    fake.fail_method("sendDocument", Fault::Pass);
+    fake.fail_method("sendDocument", Fault::RecordThenHang(Duration::MAX));
+
+    let reply = orchestrator
+        .call_tool("reply", json!({"text": "two files", "trace_id": trace, "files": [first, second]}));
+    let crash = async {
+        fake.wait_for_held_upload(WAIT).await.expect("the second upload reaches Telegram");
+        daemon.kill9();
+        daemon.restart();
+    };
+    let ((is_error, text), ()) = tokio::join!(async { reply.await.unwrap() }, crash);
+    assert!(is_error, "{text}");
+    assert!(text.contains("unresolved"), "the unknown part is reported: {text}");
+    assert!(text.contains("Do NOT send") || text.contains("do NOT send"), "{text}");
+
+    assert_eq!(fake.sent_messages().len(), 1, "the text went once");
+    assert_eq!(fake.uploads().len(), 2, "each file went at most once");
+    let outcomes: Vec<_> = attempts_of(&daemon, &trace).await.iter().map(|a| a.outcome).collect();
+    assert_eq!(outcomes, [AttemptState::Sent, AttemptState::Sent, AttemptState::Unknown]);
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+    assert!(staged_files(&daemon).is_empty(), "a restart removes what the killed daemon staged");
+
+    // Asking again sends nothing: the envelope waits for an operator.
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "two files", "trace_id": trace, "files": []}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert_eq!((fake.sent_messages().len(), fake.uploads().len()), (1, 2));
 }

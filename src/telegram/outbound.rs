@@ -13,11 +13,11 @@ use tokio_util::sync::CancellationToken;
 
 use super::bot_api::{Answer, BotApi, Exchange};
 use super::files::TelegramFiles;
-use crate::rules::media::UploadKind;
 use super::format;
 use crate::backoff::Backoff;
 use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
+use crate::rules::media::UploadKind;
 use crate::rules::pacing::{PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
@@ -308,7 +308,13 @@ pub struct Outbound {
 
 impl Outbound {
     pub fn new(bot: Bot, ledger: Ledger, pacer: Pacer, shutdown: CancellationToken) -> Self {
-        Self { api: BotApi::from_bot(&bot), ledger, pacer: Arc::new(Mutex::new(pacer)), shutdown, files: None }
+        Self {
+            api: BotApi::from_bot(&bot),
+            ledger,
+            pacer: Arc::new(Mutex::new(pacer)),
+            shutdown,
+            files: None,
+        }
     }
 
     /// The same, able to send the files of replies.
@@ -332,9 +338,15 @@ impl Outbound {
         let count = plan.parts.len() + plan.files.len();
         let mut sent = plan.already_sent.clone();
         let mut rate_limit_budget = MAX_RATE_LIMIT_WAIT;
-        let texts = plan.parts.iter().map(|text| Chunk { text, html: plan.html, index: 0, count, file: None });
-        let files =
-            plan.files.iter().map(|file| Chunk { text: &file.descriptor, html: false, index: 0, count, file: Some(file) });
+        let texts =
+            plan.parts.iter().map(|text| Chunk { text, html: plan.html, index: 0, count, file: None });
+        let files = plan.files.iter().map(|file| Chunk {
+            text: &file.descriptor,
+            html: false,
+            index: 0,
+            count,
+            file: Some(file),
+        });
         for (index, chunk) in texts.chain(files).enumerate() {
             if sent.iter().any(|(done, _)| *done == index) {
                 continue;
@@ -527,15 +539,21 @@ impl Outbound {
         };
         let staged = match tokio::fs::File::open(&file.path).await {
             Ok(staged) => staged,
-            Err(e) => return Exchange::NotConnected(format!("the staged file {} cannot be read: {e}", file.name)),
+            Err(e) => {
+                return Exchange::NotConnected(format!("the staged file {} cannot be read: {e}", file.name));
+            }
         };
         let mut fields: Vec<(&'static str, String)> = vec![("chat_id", params["chat_id"].to_string())];
-        for (name, key) in [("reply_parameters", "reply_parameters"), ("message_thread_id", "message_thread_id")] {
+        for (name, key) in
+            [("reply_parameters", "reply_parameters"), ("message_thread_id", "message_thread_id")]
+        {
             if let Some(value) = params.get(key) {
                 fields.push((name, value.to_string()));
             }
         }
-        files.upload(file.kind.method(), &fields, file.kind.field(), file.name.clone(), staged, file.size).await
+        files
+            .upload(file.kind.method(), &fields, file.kind.field(), file.name.clone(), staged, file.size)
+            .await
     }
 }
 

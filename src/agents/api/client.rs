@@ -19,7 +19,7 @@ use super::wire::{
     API_PREFIX, ATTACHMENT_KIND_HEADER, AckReceipt, AckRequest, ApiError, AttachmentQuery, ErrorCode,
     FILE_NAME_HEADER, HEARTBEAT_INTERVAL_SECS, HandoffReceipt, HandoffRequest, MAX_SHOWN_IN_HEADER,
     PendingList, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest, SESSION_HEADER, SHOWN_HEADER,
-    SessionEvent, ShownReceipt, ShownRequest,
+    SessionEvent, ShownReceipt, ShownRequest, UploadReceipt,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -41,6 +41,9 @@ const _: () =
 /// The daemon answers a download once Telegram said where the file is (`getFile`, within
 /// `telegram.send_timeout_secs`); the bytes then take as long as they take.
 const DOWNLOAD_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Time for one file of a reply (at most 50 MB) to reach the daemon over loopback.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Three missed heartbeats: the daemon is gone even though the connection never closed
 /// (a suspended machine, a wedged process).
@@ -247,6 +250,31 @@ impl DaemonClient {
         let size = response.content_length();
         let bytes = response.bytes_stream().map_err(std::io::Error::other).boxed();
         Ok(AttachmentStream { name, kind, size, bytes })
+    }
+
+    /// Streams a file to the daemon, which stages it for a reply (`POST uploads`); the file
+    /// is read as it is sent, never held whole.
+    pub async fn upload_file(
+        &self,
+        path: &std::path::Path,
+        name: &str,
+        len: u64,
+    ) -> Result<UploadReceipt, ClientError> {
+        let file = tokio::fs::File::open(path).await.map_err(|e| ClientError::Unreachable {
+            address: self.address,
+            detail: format!("{} could not be opened: {e}", path.display()),
+        })?;
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+        let encoded =
+            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string();
+        let request = self
+            .http
+            .post(self.url("uploads"))
+            .header(FILE_NAME_HEADER, encoded)
+            .header(reqwest::header::CONTENT_LENGTH, len)
+            .body(body)
+            .timeout(UPLOAD_TIMEOUT);
+        self.exchange(request).await
     }
 
     fn url(&self, route: &str) -> String {

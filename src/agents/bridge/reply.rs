@@ -134,8 +134,9 @@ impl Bridge {
                             return Err(refusal);
                         }
                     }
-                    let planned =
-                        self.plan(agent, conversation, replied_before, request_id, parts, html, files.clone()).await;
+                    let planned = self
+                        .plan(agent, conversation, replied_before, request_id, parts, html, files.clone())
+                        .await;
                     let plan = match planned {
                         Ok(plan) => plan,
                         Err(error) => {

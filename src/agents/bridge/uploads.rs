@@ -43,9 +43,13 @@ pub enum UploadError {
         limit = TELEGRAM_UPLOAD_LIMIT
     )]
     TooLarge { name: String, size: u64 },
-    #[error("the daemon holds {MAX_STAGED_BYTES} bytes of staged files already; try again once a reply is done")]
+    #[error(
+        "the daemon holds {MAX_STAGED_BYTES} bytes of staged files already; try again once a reply is done"
+    )]
     StagingFull,
-    #[error("no staged upload {0} of yours (never uploaded, or already used or cleaned up): nothing was sent")]
+    #[error(
+        "no staged upload {0} of yours (never uploaded, or already used or cleaned up): nothing was sent"
+    )]
     Unknown(String),
     #[error("the upload broke off: {0}; nothing was staged")]
     Transfer(String),
@@ -126,7 +130,14 @@ impl Staging {
                 return Err(error);
             }
         };
-        let staged = Staged { agent: agent.clone(), name: name.clone(), size, sha256: sha256.clone(), path, at: Instant::now() };
+        let staged = Staged {
+            agent: agent.clone(),
+            name: name.clone(),
+            size,
+            sha256: sha256.clone(),
+            path,
+            at: Instant::now(),
+        };
         self.index().insert(upload_id.clone(), staged);
         tracing::info!(%agent, upload_id, size, "upload staged");
         Ok(UploadReceipt { upload_id, name, size, sha256 })
@@ -156,8 +167,11 @@ impl Staging {
     fn remove_stale(&self) {
         let stale: Vec<Staged> = {
             let mut index = self.index();
-            let ids: Vec<String> =
-                index.iter().filter(|(_, s)| s.at.elapsed() > STALE_UPLOAD_AGE).map(|(id, _)| id.clone()).collect();
+            let ids: Vec<String> = index
+                .iter()
+                .filter(|(_, s)| s.at.elapsed() > STALE_UPLOAD_AGE)
+                .map(|(id, _)| id.clone())
+                .collect();
             ids.iter().filter_map(|id| index.remove(id)).collect()
         };
         for staged in stale {

@@ -48,6 +48,7 @@ mod calls;
 mod downloads;
 mod forwarder;
 pub mod inbox;
+mod outgoing;
 mod startup;
 mod stdio;
 mod texts;
@@ -210,6 +211,13 @@ struct ReplyArgs {
     /// blockquote, tg-spoiler).
     #[serde(default)]
     format: Option<String>,
+    /// Files to send after the text (at most 10): absolute paths on this machine, each at
+    /// most 50 MB. Images (.jpg .jpeg .png .webp) go as photos, .gif as an animation, .mp4
+    /// .mov as a video, .ogg .oga .opus as a voice note, .mp3 .m4a .flac .wav as audio,
+    /// anything else as a document. One file that is missing, unreadable or too large
+    /// refuses the whole reply before anything is sent.
+    #[serde(default)]
+    files: Option<Vec<String>>,
 }
 
 /// Arguments of the `ack` tool.
@@ -370,13 +378,14 @@ impl ChannelPlugin {
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
         // Refused here, before anything is asked of the daemon (which checks it too).
         ReplyFormat::parse(args.format.as_deref())?;
+        let files = outgoing::check_files(args.files.as_deref().unwrap_or_default())?;
         let request = ReplyRequest {
             again: args.again,
             format: args.format,
             ..ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()))
         };
         tokio::select! {
-            outcome = self.send_reply(&request) => outcome,
+            outcome = self.upload_and_reply(request.clone(), &files) => outcome,
             // The agent session gave up on the call (the user pressed Esc). Stop waiting:
             // the daemon delivers or records the reply on its own, whatever happens here.
             () = cancelled.cancelled() => {
@@ -583,6 +592,22 @@ impl ChannelPlugin {
             }
             tokio::time::sleep(OUTCOME_RETRY_DELAY.min(left)).await;
         }
+    }
+
+    /// Streams the reply's files to the daemon, then sends the reply naming them. A file
+    /// that does not reach the daemon refuses the reply: nothing was sent.
+    async fn upload_and_reply(
+        &self,
+        mut request: ReplyRequest,
+        files: &[outgoing::OutgoingFile],
+    ) -> Result<String, String> {
+        if !files.is_empty() {
+            self.wait_for_session().await;
+            request.files = outgoing::upload_all(&self.daemon, files).await.map_err(|error| {
+                format!("{} Nothing was sent.", self.tool_failure(ToolName::Reply, &error))
+            })?;
+        }
+        self.send_reply(&request).await
     }
 
     async fn send_reply(&self, request: &ReplyRequest) -> Result<String, String> {
