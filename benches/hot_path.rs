@@ -519,6 +519,8 @@ impl LedgerWork {
                     agent: AGENT,
                     request_id: Some(&format!("req-{n}")),
                     purpose: AttemptPurpose::Reply,
+                    method: switchboard::ledger::AttemptMethod::SendMessage,
+                    target_message_id: None,
                     chat_id: envelope.chat_id,
                     thread_id: None,
                     reply_to_message_id: i32::try_from(envelope.message_id).ok(),

@@ -422,7 +422,10 @@ async fn plugin_declares_a_channel_and_pushes_every_envelope() {
     let tools = plugin.list_tools().await.unwrap();
     let mut names: Vec<_> = tools.iter().map(|tool| tool.name.to_string()).collect();
     names.sort();
-    assert_eq!(names, ["ack", "call_agent", "download_attachment", "pending", "reply", "revise_task", "send_to_agent"]);
+    assert_eq!(
+        names,
+        ["ack", "call_agent", "download_attachment", "pending", "reply", "revise_task", "send_to_agent"]
+    );
     for tool in &tools {
         assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{tool:?}");
     }
