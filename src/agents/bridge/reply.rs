@@ -126,17 +126,15 @@ impl Bridge {
                     let files = staged.disarm();
                     let part_texts: Vec<String> =
                         parts.iter().cloned().chain(files.iter().map(|f| f.descriptor.clone())).collect();
-                    if let Some(answered) = answered.filter(|_| !again) {
-                        if let Err(refusal) =
+                    if let Some(answered) = answered.filter(|_| !again)
+                        && let Err(refusal) =
                             self.refuse_unasked_follow_up(agent, &answered, &conversation, &part_texts).await
-                        {
-                            uploads::remove_files(&files);
-                            return Err(refusal);
-                        }
+                    {
+                        uploads::remove_files(&files);
+                        return Err(refusal);
                     }
-                    let planned = self
-                        .plan(agent, conversation, replied_before, request_id, parts, html, files.clone())
-                        .await;
+                    let content = ReplyContent { parts, html, files: files.clone() };
+                    let planned = self.plan(agent, conversation, replied_before, request_id, content).await;
                     let plan = match planned {
                         Ok(plan) => plan,
                         Err(error) => {
@@ -295,10 +293,9 @@ impl Bridge {
         envelope: StoredEnvelope,
         replied_before: Option<bool>,
         request_id: RequestId,
-        parts: Vec<String>,
-        html: bool,
-        files: Vec<PlannedFile>,
+        content: ReplyContent,
     ) -> Result<ReplyPlan, ToolError> {
+        let ReplyContent { parts, html, files } = content;
         let last_reply = match replied_before {
             Some(false) => None,
             Some(true) | None => self.inner.ledger.last_reply_for(envelope.id).await?,
@@ -474,6 +471,13 @@ fn blocked_by(
             Candidate { envelope, blocked }
         })
         .collect()
+}
+
+/// What a reply sends: its text's parts (HTML or plain), then its files.
+pub(super) struct ReplyContent {
+    pub(super) parts: Vec<String>,
+    pub(super) html: bool,
+    pub(super) files: Vec<PlannedFile>,
 }
 
 /// Removes a delivery from the running set when its task ends, however it ends (a panic

@@ -330,8 +330,11 @@ mod tests {
         let refused = staging.stage(&agent, "big.bin", Some(TELEGRAM_UPLOAD_LIMIT + 1), too_large).await;
         assert!(matches!(refused, Err(UploadError::TooLarge { .. })));
 
-        assert!(matches!(staging.take(&other, &[receipt.upload_id.clone()]), Err(UploadError::Unknown(_))));
-        let taken = staging.take(&agent, &[receipt.upload_id.clone()]).unwrap();
+        assert!(matches!(
+            staging.take(&other, std::slice::from_ref(&receipt.upload_id)),
+            Err(UploadError::Unknown(_))
+        ));
+        let taken = staging.take(&agent, std::slice::from_ref(&receipt.upload_id)).unwrap();
         assert_eq!(taken.files[0].kind, media::UploadKind::Photo);
         let path = taken.files[0].path.clone();
         assert!(path.exists());
