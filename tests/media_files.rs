@@ -336,3 +336,32 @@ async fn a_daemon_killed_during_a_multi_file_reply_sends_nothing_again_and_repor
     assert!(is_error, "{text}");
     assert_eq!((fake.sent_messages().len(), fake.uploads().len()), (1, 2));
 }
+
+#[tokio::test]
+async fn an_upload_telegram_never_answers_is_unknown_once_its_bytes_are_sent_and_is_not_retried() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("the clip please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (clip, clip_sha) = file_in(files.path(), "clip.mp4", 400_000, 4);
+    // Telegram takes the video and never answers; send_timeout_secs is 2 in the tests.
+    fake.fail_method("sendVideo", Fault::RecordThenHang(Duration::from_secs(30)));
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "the clip", "trace_id": trace, "files": [clip]}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.contains("unresolved"), "{text}");
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 1, "asked once, not again");
+    assert_eq!((uploads[0].method.as_str(), uploads[0].sha256.as_str()), ("sendvideo", clip_sha.as_str()));
+    let attempts = attempts_of(&daemon, &trace).await;
+    let seen: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome)).collect();
+    assert_eq!(
+        seen,
+        [(AttemptMethod::SendMessage, AttemptState::Sent), (AttemptMethod::SendVideo, AttemptState::Unknown)]
+    );
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+    assert!(staged_files(&daemon).is_empty());
+}

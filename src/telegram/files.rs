@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{Stream, TryStreamExt};
+use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Deserialize;
 
 use super::bot_api::{Answer, Exchange};
@@ -107,22 +107,44 @@ impl TelegramFiles {
             Ok(url) => url,
             Err(e) => return Exchange::NotConnected(format!("bad method name {method}: {e}")),
         };
-        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
-        let part = reqwest::multipart::Part::stream_with_length(body, len).file_name(file_name);
+        // Telegram's answer is awaited for `call_timeout` once the last byte has gone:
+        // however long the bytes take, a silence longer than that leaves the outcome unknown.
+        let (sent_all, all_sent) = tokio::sync::oneshot::channel::<()>();
+        let mut sent_all = Some(sent_all);
+        let end_of_file = futures::stream::poll_fn(move |_| {
+            if let Some(sent_all) = sent_all.take() {
+                let _ = sent_all.send(());
+            }
+            std::task::Poll::Ready(None::<std::io::Result<Bytes>>)
+        });
+        let bytes = tokio_util::io::ReaderStream::new(file).chain(end_of_file);
+        let part = reqwest::multipart::Part::stream_with_length(reqwest::Body::wrap_stream(bytes), len)
+            .file_name(file_name);
         let mut form = reqwest::multipart::Form::new();
         for (name, value) in params {
             form = form.text(*name, value.clone());
         }
         let form = form.part(field, part);
-        let response = match self.client.post(url).multipart(form).send().await {
-            Ok(response) => response,
-            Err(e) => return upload_failure(e),
+        let exchange = async {
+            let response = match self.client.post(url).multipart(form).send().await {
+                Ok(response) => response,
+                Err(e) => return upload_failure(e),
+            };
+            let status = response.status().as_u16();
+            match response.bytes().await {
+                Ok(body) => Exchange::Answered { status, body },
+                Err(e) => upload_failure(e),
+            }
         };
-        let status = response.status().as_u16();
-        match tokio::time::timeout(self.call_timeout, response.bytes()).await {
-            Ok(Ok(body)) => Exchange::Answered { status, body },
-            Ok(Err(e)) => upload_failure(e),
-            Err(_) => Exchange::NoAnswer("Telegram did not finish its answer to the upload in time".into()),
+        let silence = async {
+            let _ = all_sent.await;
+            tokio::time::sleep(self.call_timeout).await;
+        };
+        tokio::select! {
+            exchange = exchange => exchange,
+            () = silence => Exchange::NoAnswer(
+                "Telegram did not answer the upload within telegram.send_timeout_secs of its last byte".into(),
+            ),
         }
     }
 }
