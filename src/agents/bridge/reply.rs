@@ -123,25 +123,18 @@ impl Bridge {
                             .room_reply(agent, &conversation, &request.text, request_id)
                             .await?;
                     }
-                    let files = staged.disarm();
-                    let part_texts: Vec<String> =
-                        parts.iter().cloned().chain(files.iter().map(|f| f.descriptor.clone())).collect();
-                    if let Some(answered) = answered.filter(|_| !again)
-                        && let Err(refusal) =
-                            self.refuse_unasked_follow_up(agent, &answered, &conversation, &part_texts).await
-                    {
-                        uploads::remove_files(&files);
-                        return Err(refusal);
+                    let part_texts: Vec<String> = parts
+                        .iter()
+                        .cloned()
+                        .chain(staged.files.iter().map(|f| f.descriptor.clone()))
+                        .collect();
+                    if let Some(answered) = answered.filter(|_| !again) {
+                        self.refuse_unasked_follow_up(agent, &answered, &conversation, &part_texts).await?;
                     }
-                    let content = ReplyContent { parts, html, files: files.clone() };
-                    let planned = self.plan(agent, conversation, replied_before, request_id, content).await;
-                    let plan = match planned {
-                        Ok(plan) => plan,
-                        Err(error) => {
-                            uploads::remove_files(&files);
-                            return Err(error);
-                        }
-                    };
+                    let content = ReplyContent { parts, html, files: staged.files.clone() };
+                    let plan = self.plan(agent, conversation, replied_before, request_id, content).await?;
+                    // From here the delivery owns the staged files (see `Finished`).
+                    staged.disarm();
                     self.start_delivery(agent, plan)
                 }
             }

@@ -195,9 +195,8 @@ impl StagedFiles {
     }
 
     /// Hands the files over to a delivery, which removes them once it is done.
-    pub fn disarm(mut self) -> Vec<PlannedFile> {
+    pub fn disarm(mut self) {
         self.armed = false;
-        std::mem::take(&mut self.files)
     }
 }
 
