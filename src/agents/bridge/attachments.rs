@@ -101,7 +101,8 @@ impl Bridge {
 /// The meta an envelope's attachments give its agent: the first one's `attachment_kind`
 /// and `attachment_file_id`, and `attachment_count` when there are several.
 ///
-/// TODO(inbound): inbound's meta (with size, mime and name) replaces this at the merge.
+/// TODO(inbound): inbound's `telegram::parts::attachment_meta` (with size, mime and name)
+/// replaces this at the merge, in `present::delivered`.
 pub fn attachment_meta(envelope: &StoredEnvelope) -> std::collections::BTreeMap<String, String> {
     let attachments = stored_attachments(envelope);
     let mut meta = std::collections::BTreeMap::new();
@@ -118,8 +119,9 @@ pub fn attachment_meta(envelope: &StoredEnvelope) -> std::collections::BTreeMap<
 /// The downloadable attachments of an envelope, from the JSON its row keeps: those with
 /// a file id (a location or a dice throw has none).
 ///
-/// TODO(inbound): read the typed attachments the ledger keeps with the envelope (kind,
-/// file id, size, mime, name) instead of this JSON, once that read exists.
+/// TODO(inbound): at the merge this body becomes `envelope.attachment_list()` mapped to
+/// `AttachmentRef { kind, file_id, size, name }` (inbound's typed read, with sizes, so a
+/// file over 20 MB is refused before `getFile` too), and `document_name` goes.
 fn stored_attachments(envelope: &StoredEnvelope) -> Vec<AttachmentRef> {
     let stored: Vec<Attachment> = serde_json::from_str(&envelope.attachments).unwrap_or_else(|e| {
         tracing::warn!(trace_id = %envelope.trace_id, error = %e, "an envelope's attachments do not parse");
