@@ -108,7 +108,7 @@ async fn download(fake: &FakeTelegram, daemon: &TestDaemon, plugin: &ChannelClie
     let bytes = pattern(DOWNLOAD_BYTES);
     let digest = hex::encode(Sha256::digest(&bytes));
     fake.add_file("bench-download", bytes);
-    fake.push_document(
+    fake.push_document_file(
         ChatSpec::private(OWNER_CHAT),
         owner(),
         "bench-download",

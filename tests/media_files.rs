@@ -70,7 +70,13 @@ async fn download_attachment_saves_exactly_the_bytes_at_an_absolute_path_in_the_
     let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
     let bytes = pattern(3 * 1024 * 1024 + 17, 3);
     fake.add_file("doc-1", bytes.clone());
-    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "doc-1", "report.pdf", bytes.len() as u64);
+    fake.push_document_file(
+        ChatSpec::private(OWNER_CHAT),
+        owner(),
+        "doc-1",
+        "report.pdf",
+        bytes.len() as u64,
+    );
     let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
     assert_eq!(pushed[0].meta_str("attachment_kind"), Some("document"));
     assert_eq!(pushed[0].meta_str("attachment_file_id"), Some("doc-1"));
@@ -103,7 +109,7 @@ async fn a_file_id_of_another_message_and_another_agents_envelope_are_refused_wi
     let Waiting { fake, daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
     fake.add_file("doc-mine", pattern(1000, 1));
     fake.add_file("doc-elsewhere", pattern(1000, 2));
-    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "doc-mine", "mine.txt", 1000);
+    fake.push_document_file(ChatSpec::private(OWNER_CHAT), owner(), "doc-mine", "mine.txt", 1000);
     let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
     let trace = trace_id(&pushed[0]);
 
@@ -138,7 +144,7 @@ async fn a_file_over_telegrams_20_mb_is_refused_before_any_download() {
     let size = 21 * 1024 * 1024;
     // getFile says 21 MB; the fake need not hold them.
     fake.add_file_claiming("huge", pattern(10, 1), size);
-    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "huge", "huge.iso", size);
+    fake.push_document_file(ChatSpec::private(OWNER_CHAT), owner(), "huge", "huge.iso", size);
     let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
     let (is_error, text) = orchestrator
         .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
@@ -156,7 +162,13 @@ async fn an_unsafe_file_name_lands_inside_the_inbox() {
     let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
     let bytes = pattern(4096, 5);
     fake.add_file("evil", bytes.clone());
-    fake.push_document(ChatSpec::private(OWNER_CHAT), owner(), "evil", "../../etc/x", bytes.len() as u64);
+    fake.push_document_file(
+        ChatSpec::private(OWNER_CHAT),
+        owner(),
+        "evil",
+        "../../etc/x",
+        bytes.len() as u64,
+    );
     let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
     let (is_error, answer) = orchestrator
         .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))

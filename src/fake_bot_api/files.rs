@@ -79,8 +79,9 @@ impl FakeTelegram {
         state.files.files.insert(file_id.to_owned(), FakeFile { path, bytes: bytes.into(), reported_size });
     }
 
-    /// Queues a document message carrying `file_id`; returns its update id.
-    pub fn push_document(
+    /// Queues a document message carrying `file_id` (one `add_file` registered); returns its
+    /// update id.
+    pub fn push_document_file(
         &self,
         chat: impl Borrow<ChatSpec>,
         from: impl Borrow<UserSpec>,
