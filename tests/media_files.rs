@@ -377,3 +377,51 @@ async fn an_upload_telegram_never_answers_is_unknown_once_its_bytes_are_sent_and
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
     assert!(staged_files(&daemon).is_empty());
 }
+
+#[tokio::test]
+async fn a_full_inbox_removes_its_oldest_files_to_make_room() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let inbox = tempfile::tempdir().unwrap();
+    let orchestrator = plugin_builder(&daemon, "orchestrator")
+        .arg("--inbox")
+        .arg(inbox.path().display().to_string())
+        .arg("--inbox-max-mb")
+        .arg("1")
+        .start()
+        .await
+        .unwrap();
+    orchestrator
+        .wait_for_stderr("channel::forwarder: connected to the switchboard daemon", WAIT)
+        .await
+        .unwrap();
+
+    let mut saved = Vec::new();
+    for (n, seed) in [(1, 1u8), (2, 2)] {
+        let id = format!("doc-{n}");
+        let bytes = pattern(600 * 1024, seed);
+        fake.add_file(&id, bytes.clone());
+        fake.push_document_file(
+            ChatSpec::private(OWNER_CHAT),
+            owner(),
+            &id,
+            &format!("part{n}.bin"),
+            bytes.len() as u64,
+        );
+        let pushed = orchestrator.wait_for_notifications(n, WAIT).await.unwrap();
+        let (is_error, answer) = orchestrator
+            .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[n - 1])}))
+            .await
+            .unwrap();
+        assert!(!is_error, "{answer}");
+        let path = saved_path(&answer);
+        assert!(path.starts_with(inbox.path()), "--inbox is where files land: {answer}");
+        assert_eq!(sha256_file(&path), sha256(&bytes));
+        saved.push(path);
+    }
+    // Two 600 KiB files do not fit in 1 MiB: the older one made room for the newer.
+    assert!(!saved[0].exists(), "the oldest file was removed");
+    assert!(saved[1].exists());
+    let left: Vec<_> = std::fs::read_dir(inbox.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(left, [saved[1].clone()]);
+}
