@@ -10,9 +10,13 @@ use serde::Deserialize;
 
 use super::bot_api::{Answer, Exchange};
 
-/// A transfer that has moved no byte for this long is dead (a stalled connection); a slow
+/// A download that has moved no byte for this long is dead (a stalled connection); a slow
 /// one that keeps moving may take as long as it needs.
 const IDLE_TRANSFER_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// An upload may take this long in all: 50 MB at well under a megabit a second. (Its
+/// client has no idle timeout: while the bytes go out, nothing comes back to read.)
+const MAX_UPLOAD_TIME: Duration = Duration::from_secs(15 * 60);
 
 /// What `getFile` said about a file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -34,7 +38,10 @@ pub enum FetchError {
 /// The Bot API's file methods for one bot.
 #[derive(Debug, Clone)]
 pub struct TelegramFiles {
+    /// For `getFile` and downloads, with an idle timeout.
     client: reqwest::Client,
+    /// For uploads: the whole request is bounded by [`MAX_UPLOAD_TIME`] instead.
+    uploads: reqwest::Client,
     /// `{api_url}/bot{token}/`: holds the token, so it is never logged or shown.
     methods: reqwest::Url,
     /// `{api_url}/file/bot{token}/`.
@@ -55,12 +62,13 @@ impl TelegramFiles {
             .connect_timeout(connect_timeout)
             .read_timeout(IDLE_TRANSFER_TIMEOUT)
             .build()?;
+        let uploads = reqwest::Client::builder().connect_timeout(connect_timeout).build()?;
         let prefix = api_url.path().trim_end_matches('/').to_owned();
         let mut methods = api_url.clone();
         methods.set_path(&format!("{prefix}/bot{token}/"));
         let mut files = api_url.clone();
         files.set_path(&format!("{prefix}/file/bot{token}/"));
-        Ok(Self { client, methods, files, call_timeout })
+        Ok(Self { client, uploads, methods, files, call_timeout })
     }
 
     /// `getFile`: where a file is and how big.
@@ -126,7 +134,8 @@ impl TelegramFiles {
         }
         let form = form.part(field, part);
         let exchange = async {
-            let response = match self.client.post(url).multipart(form).send().await {
+            let request = self.uploads.post(url).multipart(form).timeout(MAX_UPLOAD_TIME);
+            let response = match request.send().await {
                 Ok(response) => response,
                 Err(e) => return upload_failure(e),
             };
