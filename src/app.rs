@@ -17,7 +17,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
 use crate::agents::api::server::Operations;
-use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver};
+use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver, Staging};
 use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Retention, Settings};
 use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
@@ -26,6 +26,7 @@ use crate::operate::metrics;
 use crate::operate::reload::{self, Reloader};
 use crate::rules::pacing::Pacer;
 use crate::telegram::bot_api::BotApi;
+use crate::telegram::files::TelegramFiles;
 use crate::telegram::menu;
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller, Routing};
@@ -129,12 +130,15 @@ impl Daemon {
 
         let metrics = metrics::install();
         let tasks = TaskTracker::new();
+        let files = TelegramFiles::new(token, &telegram.api_url, CONNECT_TIMEOUT, telegram.send_timeout)
+            .context("building the HTTP client for Telegram's files")?;
         let outbound = Outbound::new(
             send_bot,
             ledger.clone(),
             Pacer::new(settings.outbound.pacing),
             shutdown.child_token(),
-        );
+        )
+        .with_files(files.clone());
         let limits = ReplyLimits {
             max_reply_parts: settings.outbound.max_reply_parts,
             ack_reaction: settings.outbound.ack_reaction,
@@ -171,6 +175,13 @@ impl Daemon {
             tasks.clone(),
         );
         bridge.set_permissions(permissions.clone());
+        bridge.set_files(files);
+        let staging_dir = Staging::dir_beside(&settings.storage.database);
+        bridge.set_staging(
+            Staging::open(staging_dir.clone()).with_context(|| {
+                format!("opening the folder for replies' files, {}", staging_dir.display())
+            })?,
+        );
         let rooms = bridge.room_driver(room_api);
         let retain = settings.storage.retain;
         let typing =

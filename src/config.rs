@@ -92,6 +92,8 @@ pub struct Settings {
     pub rooms: BTreeMap<RouteName, RoomSettings>,
     /// `[operator]`: where unresolved sends are asked about, and who answers.
     pub operator: Option<OperatorSettings>,
+    /// `[media]`: files between Telegram and the agents.
+    pub media: MediaSettings,
 }
 
 /// `[operator]`: each unresolved send is posted to this route's chat with Delivered / Not
@@ -103,6 +105,15 @@ pub struct OperatorSettings {
     pub thread_id: Option<i32>,
     /// Telegram user ids whose answers count; never empty.
     pub operators: Vec<i64>,
+}
+
+/// `[media]`: files between Telegram and the agents (DESIGN.md §14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaSettings {
+    /// A photo up to this size is downloaded into the agent's inbox before its envelope is
+    /// pushed (`meta.image_path`); a larger one waits for `download_attachment`. 0 turns
+    /// eager downloads off.
+    pub eager_photo_max_bytes: u64,
 }
 
 #[derive(Debug, Clone)]
@@ -265,6 +276,8 @@ struct RawSettings {
     #[serde(default)]
     routes: Vec<RawRoute>,
     operator: Option<RawOperator>,
+    #[serde(default)]
+    media: RawMedia,
 }
 
 #[derive(Debug, Deserialize)]
@@ -273,6 +286,24 @@ struct RawOperator {
     route: String,
     #[serde(default)]
     operators: Vec<i64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMedia {
+    #[serde(default = "default_eager_photo_max_bytes")]
+    eager_photo_max_bytes: u64,
+}
+
+impl Default for RawMedia {
+    fn default() -> Self {
+        Self { eager_photo_max_bytes: default_eager_photo_max_bytes() }
+    }
+}
+
+/// 10 MiB: a phone camera's photo, as Telegram stores its largest size, is well below it.
+fn default_eager_photo_max_bytes() -> u64 {
+    10 * 1024 * 1024
 }
 
 #[derive(Debug, Deserialize)]
@@ -706,6 +737,7 @@ impl Settings {
             room_defaults,
             rooms,
             operator,
+            media: MediaSettings { eager_photo_max_bytes: raw.media.eager_photo_max_bytes },
         })
     }
 

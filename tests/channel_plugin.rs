@@ -424,7 +424,17 @@ async fn plugin_declares_a_channel_and_pushes_every_envelope() {
     names.sort();
     assert_eq!(
         names,
-        ["ack", "call_agent", "edit_message", "pending", "react", "reply", "revise_task", "send_to_agent"]
+        [
+            "ack",
+            "call_agent",
+            "download_attachment",
+            "edit_message",
+            "pending",
+            "react",
+            "reply",
+            "revise_task",
+            "send_to_agent"
+        ]
     );
     for tool in &tools {
         assert_eq!(tool.input_schema.get("type"), Some(&json!("object")), "{tool:?}");

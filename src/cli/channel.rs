@@ -21,6 +21,13 @@ pub struct ChannelArgs {
     /// and the plugin names them so to the model.
     #[arg(long, default_value = channel::DEFAULT_SERVER_NAME)]
     pub server_name: String,
+    /// The folder downloaded attachments are saved in. Default:
+    /// `$XDG_STATE_HOME/switchboard/inbox/AGENT`, else `~/.local/state/switchboard/inbox/AGENT`.
+    #[arg(long, value_name = "DIR")]
+    pub inbox: Option<std::path::PathBuf>,
+    /// How much the inbox may hold, in MB; its oldest files are removed to make room.
+    #[arg(long, value_name = "MB", default_value_t = channel::inbox::DEFAULT_INBOX_MAX_MB)]
+    pub inbox_max_mb: u64,
     #[command(flatten)]
     pub config: ConfigArg,
 }
@@ -84,5 +91,13 @@ async fn run_channel(args: ChannelArgs) -> anyhow::Result<()> {
     let secret = settings.agent_secret(&agent)?;
     let server_name = channel::parse_server_name(&args.server_name).map_err(anyhow::Error::msg)?;
     telemetry::init(settings.log.format, &settings.log.filter, vec![secret.expose().to_owned()])?;
-    channel::run(settings, agent, server_name).await
+    let dir = match args.inbox {
+        Some(dir) => dir,
+        None => channel::inbox::default_dir(&agent).ok_or_else(|| {
+            anyhow::anyhow!("neither XDG_STATE_HOME nor HOME is set: name the inbox folder with --inbox DIR")
+        })?,
+    };
+    let inbox = channel::inbox::Inbox::new(dir, args.inbox_max_mb.saturating_mul(1024 * 1024))
+        .map_err(|e| anyhow::anyhow!("--inbox: {e}"))?;
+    channel::run(settings, agent, server_name, inbox).await
 }

@@ -31,7 +31,9 @@
 //! names the method (real Telegram says just "Not Found", which teloxide
 //! misreports as an invalid token); update ids and message ids come from two
 //! counters (update ids start at [`FIRST_UPDATE_ID`] so they are never
-//! confused with message ids in assertions); multipart uploads are rejected.
+//! confused with message ids in assertions); multipart bodies are taken only by the
+//! upload methods (`sendPhoto`, `sendDocument`, …), which record the file's length and
+//! SHA-256 ([`FakeTelegram::uploads`]).
 //!
 //! **Waiting without a clock.** Everything the fake observes can be waited for:
 //! a sent message ([`FakeTelegram::wait_for_sent`]), a confirmation
@@ -82,15 +84,17 @@ const CONFLICT_DESCRIPTION: &str = "Conflict: terminated by other getUpdates req
 
 mod actions;
 mod buttons;
+mod files;
 mod limits;
 mod media;
 mod server;
 mod state;
 
 pub use buttons::{CallbackAnswer, EditedMessage, callback_data_of};
+pub use files::Upload;
 pub use limits::TelegramLimits;
 
-use server::{chat_json, handle_request, merge_into, unix_now};
+use server::{chat_json, merge_into, route_request, unix_now};
 use state::{PendingUpdate, Shared, State, with_update_id};
 
 // ---------------------------------------------------------------------------
@@ -279,7 +283,12 @@ impl FakeTelegram {
         let addr = listener.local_addr()?;
 
         let shared = Arc::new(Shared { state: Mutex::new(State::new()), changed: Notify::new() });
-        let app = Router::new().fallback(handle_request).with_state(Arc::clone(&shared));
+        // Uploads are as large as Telegram takes (50 MB); every other body keeps its own
+        // limit (`route_request`).
+        let app = Router::new()
+            .fallback(route_request)
+            .layer(axum::extract::DefaultBodyLimit::disable())
+            .with_state(Arc::clone(&shared));
 
         // Graceful shutdown closes the connections axum already accepted, so
         // a client holding a pooled keep-alive connection sees errors instead

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::Request;
 use axum::extract::State as AxumState;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, Uri, header};
 use axum::response::{IntoResponse, Response};
@@ -22,6 +23,31 @@ use super::{
 // ---------------------------------------------------------------------------
 // HTTP handling
 // ---------------------------------------------------------------------------
+
+/// The largest body of a request that is not an upload, as before uploads existed.
+const MAX_PLAIN_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+/// What every request reaches first: file downloads (`/file/bot<token>/…`) and multipart
+/// uploads go to `files`; the rest to [`handle_request`].
+pub(super) async fn route_request(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
+    if let Some(rest) = request.uri().path().strip_prefix("/file/bot") {
+        return super::files::download(&shared, rest);
+    }
+    let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
+    if let Some((token, method)) = split_path(request.uri().path()) {
+        let method = method.to_ascii_lowercase();
+        // A wrong token is refused by `handle_request`, as for any method.
+        if token == TEST_TOKEN && super::files::is_upload(&method, content_type) {
+            return super::files::upload(shared, method, request).await;
+        }
+    }
+    let (parts, body) = request.into_parts();
+    let body = match axum::body::to_bytes(body, MAX_PLAIN_BODY_BYTES).await {
+        Ok(body) => body,
+        Err(_) => return api_error(StatusCode::PAYLOAD_TOO_LARGE, "Request Entity Too Large", None),
+    };
+    handle_request(AxumState(shared), parts.uri, parts.headers, body).await
+}
 
 /// Single entry point: the Bot API's URL scheme (`/bot<token>/<method>`, any
 /// HTTP verb, case-insensitive method) is easier to parse by hand than to
@@ -117,6 +143,7 @@ async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> R
     match method {
         "getupdates" => get_updates(shared, params).await,
         "getme" => ok(bot_me_json(shared.lock().privacy_mode)),
+        "getfile" => super::files::get_file(shared, params),
         "getwebhookinfo" => {
             let pending = shared.lock().updates.len();
             ok(json!({
@@ -135,7 +162,7 @@ async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> R
     }
 }
 
-async fn fault_response(shared: &Shared, fault: Fault) -> Response {
+pub(super) async fn fault_response(shared: &Shared, fault: Fault) -> Response {
     match fault {
         Fault::TooManyRequests { retry_after } => too_many_requests(u64::from(retry_after)),
         Fault::ServerError => api_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", None),
@@ -508,7 +535,7 @@ fn ok_raw(result: &str) -> Response {
 
 /// A Telegram-shaped error. teloxide ignores the status and `error_code` and
 /// decides by `parameters` first, then by matching `description` text.
-fn api_error(status: StatusCode, description: &str, parameters: Option<Value>) -> Response {
+pub(super) fn api_error(status: StatusCode, description: &str, parameters: Option<Value>) -> Response {
     let mut body = json!({
         "ok": false,
         "error_code": status.as_u16(),

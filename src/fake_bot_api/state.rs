@@ -100,6 +100,8 @@ pub(super) struct State {
     pub(super) callback_answers: Vec<super::CallbackAnswer>,
     /// Accepted edits of sent messages, in order.
     pub(super) edits: Vec<super::EditedMessage>,
+    /// Files to serve, downloads and uploads (`files`).
+    pub(super) files: super::files::FilesState,
 }
 
 impl State {
@@ -128,6 +130,7 @@ impl State {
             too_many_requests: 0,
             callback_answers: Vec::new(),
             edits: Vec::new(),
+            files: Default::default(),
         }
     }
 

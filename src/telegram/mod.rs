@@ -4,6 +4,7 @@
 
 pub mod bot_api;
 pub mod envelope;
+pub mod files;
 pub mod format;
 pub mod lenient;
 pub mod menu;

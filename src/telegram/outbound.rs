@@ -12,12 +12,14 @@ use teloxide::Bot;
 use tokio_util::sync::CancellationToken;
 
 use super::bot_api::{Answer, BotApi, Exchange};
+use super::files::TelegramFiles;
 use super::format;
 
 mod actions;
 use crate::backoff::Backoff;
 use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
+use crate::rules::media::UploadKind;
 use crate::rules::pacing::{PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
@@ -63,6 +65,50 @@ pub struct ReplyPlan {
     pub html: bool,
     /// (part index, Telegram message id) of parts already confirmed sent.
     pub already_sent: Vec<(usize, i32)>,
+    /// Files sent after the text, each a part of its own (its index follows the text's
+    /// parts), uploaded from where the daemon staged them.
+    pub files: Vec<PlannedFile>,
+}
+
+/// A file of a reply, staged by the daemon (DESIGN.md §14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedFile {
+    /// The staged copy; the daemon never opens a path an agent names.
+    pub path: std::path::PathBuf,
+    /// The name Telegram shows.
+    pub name: String,
+    pub size: u64,
+    pub kind: UploadKind,
+    /// What its attempt records as its text (name, size and digest), by which a repeated
+    /// request knows the part it already delivered.
+    pub descriptor: String,
+}
+
+impl PlannedFile {
+    /// The attempt text of a file: the same file (by name, size and content) always gets
+    /// the same one.
+    pub fn describe(name: &str, size: u64, sha256: &str) -> String {
+        format!("[file {name}, {size} bytes, sha256 {sha256}]")
+    }
+}
+
+impl ReplyPlan {
+    /// Every part's attempt text, the text's and then the files', in part order.
+    pub fn part_texts(&self) -> Vec<String> {
+        self.parts.iter().cloned().chain(self.files.iter().map(|f| f.descriptor.clone())).collect()
+    }
+}
+
+/// The attempt method that sends a file of this kind.
+fn upload_method(kind: UploadKind) -> AttemptMethod {
+    match kind {
+        UploadKind::Photo => AttemptMethod::SendPhoto,
+        UploadKind::Animation => AttemptMethod::SendAnimation,
+        UploadKind::Video => AttemptMethod::SendVideo,
+        UploadKind::Voice => AttemptMethod::SendVoice,
+        UploadKind::Audio => AttemptMethod::SendAudio,
+        UploadKind::Document => AttemptMethod::SendDocument,
+    }
 }
 
 /// One part of a reply that had to be split.
@@ -73,6 +119,8 @@ struct Chunk<'a> {
     /// 0-based position among `count` parts.
     index: usize,
     count: usize,
+    /// A file part: `text` is its descriptor, and the file goes instead of a message.
+    file: Option<&'a PlannedFile>,
 }
 
 /// What a reply's delivery came to. `sent` lists (part index, message id) of every part
@@ -266,11 +314,25 @@ pub struct Outbound {
     pacer: Arc<Mutex<Pacer>>,
     /// Ends rate-limit and pacing waits when the daemon stops.
     shutdown: CancellationToken,
+    /// Uploads the files of replies; none in a daemon built without them (tests).
+    files: Option<TelegramFiles>,
 }
 
 impl Outbound {
     pub fn new(bot: Bot, ledger: Ledger, pacer: Pacer, shutdown: CancellationToken) -> Self {
-        Self { api: BotApi::from_bot(&bot), ledger, pacer: Arc::new(Mutex::new(pacer)), shutdown }
+        Self {
+            api: BotApi::from_bot(&bot),
+            ledger,
+            pacer: Arc::new(Mutex::new(pacer)),
+            shutdown,
+            files: None,
+        }
+    }
+
+    /// The same, able to send the files of replies.
+    pub fn with_files(mut self, files: TelegramFiles) -> Self {
+        self.files = Some(files);
+        self
     }
 
     /// New limits to pace sends to (a configuration reload).
@@ -285,14 +347,23 @@ impl Outbound {
     /// Delivers a planned reply part by part, skipping the parts already delivered. Stops
     /// at the first part that is not confirmed sent.
     pub async fn deliver(&self, plan: &ReplyPlan) -> DeliveryOutcome {
-        let count = plan.parts.len();
+        let count = plan.parts.len() + plan.files.len();
         let mut sent = plan.already_sent.clone();
         let mut rate_limit_budget = MAX_RATE_LIMIT_WAIT;
-        for (index, text) in plan.parts.iter().enumerate() {
+        let texts =
+            plan.parts.iter().map(|text| Chunk { text, html: plan.html, index: 0, count, file: None });
+        let files = plan.files.iter().map(|file| Chunk {
+            text: &file.descriptor,
+            html: false,
+            index: 0,
+            count,
+            file: Some(file),
+        });
+        for (index, chunk) in texts.chain(files).enumerate() {
             if sent.iter().any(|(done, _)| *done == index) {
                 continue;
             }
-            let chunk = Chunk { text, html: plan.html, index, count };
+            let chunk = Chunk { index, ..chunk };
             match self.send_chunk(plan, &chunk, &mut rate_limit_budget).await {
                 Ok(Observed::Sent { message_id }) => sent.push((index, message_id)),
                 Ok(Observed::NotSent { error, .. }) => {
@@ -385,7 +456,7 @@ impl Outbound {
             agent: &target.agent,
             request_id: plan.request_id.as_deref(),
             purpose: plan.purpose,
-            method: AttemptMethod::SendMessage,
+            method: chunk.file.map_or(AttemptMethod::SendMessage, |file| upload_method(file.kind)),
             target_message_id: None,
             chat_id: target.chat_id,
             thread_id,
@@ -404,7 +475,8 @@ impl Outbound {
         if chunk.html {
             params["parse_mode"] = json!("HTML");
         }
-        let call = Call { method: "sendMessage", params: &params, read: &classify };
+        let method = chunk.file.map_or("sendMessage", |file| file.kind.method());
+        let call = Call { method, params: &params, read: &classify, file: chunk.file };
         let observed = self.attempt_call(&attempt, &target.trace_id, call).await?;
         // A confirmed send is per-message chatter (the reply's `reply delivered` line says
         // it); any other outcome names its op id for whoever reconciles it.
@@ -455,7 +527,10 @@ impl Outbound {
             tokio::time::sleep(hold).await;
         }
         let started = std::time::Instant::now();
-        let exchange = self.api.call(call.method, call.params).await;
+        let exchange = match call.file {
+            None => self.api.call(call.method, call.params).await,
+            Some(file) => self.upload(file, call.params).await,
+        };
         let elapsed = started.elapsed();
         let observed = (call.read)(&exchange);
         if let Some(kind) = error_kind(&exchange, &observed) {
@@ -489,6 +564,35 @@ struct Call<'a> {
     method: &'static str,
     params: &'a serde_json::Value,
     read: &'a (dyn Fn(&Exchange) -> Observed + Sync),
+    /// The staged file a `send_photo`, `send_document`… uploads; `None` for every other call.
+    file: Option<&'a PlannedFile>,
+}
+
+impl Outbound {
+    /// Sends a staged file with the thread and reply parameters of a text part. A staged
+    /// file that cannot be opened provably did not go out.
+    async fn upload(&self, file: &PlannedFile, params: &serde_json::Value) -> Exchange {
+        let Some(files) = &self.files else {
+            return Exchange::NotConnected("this daemon was built without file uploads".into());
+        };
+        let staged = match tokio::fs::File::open(&file.path).await {
+            Ok(staged) => staged,
+            Err(e) => {
+                return Exchange::NotConnected(format!("the staged file {} cannot be read: {e}", file.name));
+            }
+        };
+        let mut fields: Vec<(&'static str, String)> = vec![("chat_id", params["chat_id"].to_string())];
+        for (name, key) in
+            [("reply_parameters", "reply_parameters"), ("message_thread_id", "message_thread_id")]
+        {
+            if let Some(value) = params.get(key) {
+                fields.push((name, value.to_string()));
+            }
+        }
+        files
+            .upload(file.kind.method(), &fields, file.kind.field(), file.name.clone(), staged, file.size)
+            .await
+    }
 }
 
 fn stopping() -> Observed {

@@ -78,6 +78,8 @@ pub struct ChannelClientBuilder {
     config: PathBuf,
     agent: String,
     env: Vec<(String, String)>,
+    /// Arguments after `--config` (`--inbox DIR`, …).
+    args: Vec<String>,
     protocol_version: ProtocolVersion,
     lifecycle: ClientLifecycleMode,
     /// Whether the client lists the tools after the handshake, as every agent session does.
@@ -108,6 +110,12 @@ impl ChannelClientBuilder {
         self
     }
 
+    /// Adds a command-line argument for `switchboard channel`.
+    pub fn arg(mut self, arg: impl Into<String>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
     /// The protocol revision the client asks for in `initialize`. Defaults to the newest
     /// revision that still has an `initialize` handshake (2025-11-25).
     pub fn protocol_version(mut self, version: ProtocolVersion) -> Self {
@@ -132,6 +140,7 @@ impl ChannelClientBuilder {
             .arg(&self.agent)
             .arg("--config")
             .arg(&self.config)
+            .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -229,6 +238,7 @@ impl ChannelClient {
             config: config.as_ref().to_path_buf(),
             agent: agent.to_owned(),
             env: Vec::new(),
+            args: Vec::new(),
             protocol_version: ProtocolVersion::LATEST_WITH_INITIALIZE,
             lifecycle: ClientLifecycleMode::Initialize,
             list_tools: true,

@@ -16,10 +16,11 @@ use tokio_util::codec::{FramedRead, LinesCodec, LinesCodecError};
 use tokio_util::io::StreamReader;
 
 use super::wire::{
-    API_PREFIX, AckReceipt, AckRequest, ApiError, EditRequest, ErrorCode, HEARTBEAT_INTERVAL_SECS,
-    HandoffReceipt, HandoffRequest, MAX_SHOWN_IN_HEADER, MessageActionReceipt, PLUGIN_HEADER, PendingList,
-    PermissionReceipt, PermissionRequest, ReactRequest, ReplyReceipt, ReplyRequest, RevisionReceipt,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest,
+    API_PREFIX, ATTACHMENT_KIND_HEADER, AckReceipt, AckRequest, ApiError, AttachmentQuery, EditRequest,
+    ErrorCode, FILE_NAME_HEADER, HEARTBEAT_INTERVAL_SECS, HandoffReceipt, HandoffRequest,
+    MAX_SHOWN_IN_HEADER, MessageActionReceipt, PLUGIN_HEADER, PendingList, PermissionReceipt,
+    PermissionRequest, ReactRequest, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest,
+    SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest, UploadReceipt,
 };
 use crate::ids::{AgentName, Secret};
 
@@ -41,6 +42,13 @@ const _: () =
 /// A permission request is answered once its prompt's send is classified, which waits
 /// out Telegram's rate limits for up to a minute.
 const PERMISSION_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// The daemon answers a download once Telegram said where the file is (`getFile`, within
+/// `telegram.send_timeout_secs`); the bytes then take as long as they take.
+const DOWNLOAD_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Time for one file of a reply (at most 50 MB) to reach the daemon over loopback.
+const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// Three missed heartbeats: the daemon is gone even though the connection never closed
 /// (a suspended machine, a wedged process).
@@ -261,6 +269,56 @@ impl DaemonClient {
         self.exchange(request).await
     }
 
+    /// Opens an attachment's download (`GET attachments/{trace_id}`): once the daemon has
+    /// said yes, its bytes arrive as the stream is read.
+    pub async fn download_attachment(
+        &self,
+        trace_id: &str,
+        query: &AttachmentQuery,
+    ) -> Result<AttachmentStream, ClientError> {
+        let request = self.http.get(self.url(&format!("attachments/{trace_id}"))).query(query);
+        // No overall timeout: a large file takes as long as it takes. The answer's headers
+        // come once the daemon asked Telegram where the file is.
+        let response = tokio::time::timeout(DOWNLOAD_START_TIMEOUT, self.send(request))
+            .await
+            .map_err(|_| self.no_answer_within(DOWNLOAD_START_TIMEOUT))??;
+        let response = self.refusal_or(response).await?;
+        let header_text =
+            |name: &str| response.headers().get(name).and_then(|v| v.to_str().ok()).map(str::to_owned);
+        let name = header_text(FILE_NAME_HEADER)
+            .map(|encoded| percent_encoding::percent_decode_str(&encoded).decode_utf8_lossy().into_owned())
+            .unwrap_or_default();
+        let kind = header_text(ATTACHMENT_KIND_HEADER).unwrap_or_default();
+        let size = response.content_length();
+        let bytes = response.bytes_stream().map_err(std::io::Error::other).boxed();
+        Ok(AttachmentStream { name, kind, size, bytes })
+    }
+
+    /// Streams a file to the daemon, which stages it for a reply (`POST uploads`); the file
+    /// is read as it is sent, never held whole.
+    pub async fn upload_file(
+        &self,
+        path: &std::path::Path,
+        name: &str,
+        len: u64,
+    ) -> Result<UploadReceipt, ClientError> {
+        let file = tokio::fs::File::open(path).await.map_err(|e| ClientError::Unreachable {
+            address: self.address,
+            detail: format!("{} could not be opened: {e}", path.display()),
+        })?;
+        let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
+        let encoded =
+            percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string();
+        let request = self
+            .http
+            .post(self.url("uploads"))
+            .header(FILE_NAME_HEADER, encoded)
+            .header(reqwest::header::CONTENT_LENGTH, len)
+            .body(body)
+            .timeout(UPLOAD_TIMEOUT);
+        self.exchange(request).await
+    }
+
     fn url(&self, route: &str) -> String {
         format!("http://{}{API_PREFIX}/{}/{route}", self.address, self.agent)
     }
@@ -270,6 +328,15 @@ impl DaemonClient {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<T, ClientError> {
+        let response = self.send(request).await?;
+        let response = self.refusal_or(response).await?;
+        let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
+        serde_json::from_slice(&body)
+            .map_err(|e| self.protocol(format!("{e} in the answer '{}'", preview(&body))))
+    }
+
+    /// Sends a request with the agent's credentials, its session and the envelopes shown.
+    async fn send(&self, request: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
         let mut request = request.bearer_auth(self.secret.expose());
         if let Some(token) = self.session.borrow().as_deref() {
             request = request.header(SESSION_HEADER, token);
@@ -283,10 +350,7 @@ impl DaemonClient {
         // The daemon read the header before acting on the call, whatever its answer. A call
         // that never got an answer leaves them noted, for the next one.
         self.confirmed(&confirming);
-        let response = self.refusal_or(response).await?;
-        let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
-        serde_json::from_slice(&body)
-            .map_err(|e| self.protocol(format!("{e} in the answer '{}'", preview(&body))))
+        Ok(response)
     }
 
     /// Forgets the noted envelopes a call just confirmed; any noted since stay.
@@ -340,6 +404,16 @@ impl DaemonClient {
     fn protocol(&self, detail: String) -> ClientError {
         ClientError::Protocol { address: self.address, detail }
     }
+}
+
+/// An attachment being downloaded from the daemon.
+pub struct AttachmentStream {
+    /// The name the daemon suggests (the sender's, or Telegram's), not yet made safe.
+    pub name: String,
+    pub kind: String,
+    /// The exact size, when the daemon announced it.
+    pub size: Option<u64>,
+    pub bytes: futures::stream::BoxStream<'static, std::io::Result<bytes::Bytes>>,
 }
 
 /// The agent's session: a stream of [`SessionEvent`]s, one JSON object per line.

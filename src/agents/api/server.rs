@@ -7,7 +7,7 @@
 //! and `GET /metrics` (Prometheus text).
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequestParts, Path, State};
+use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -18,16 +18,17 @@ use metrics_exporter_prometheus::PrometheusHandle;
 
 use super::present;
 use super::wire::{
-    AckRequest, ApiError, ErrorCode, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER,
-    PermissionRequest, ReplyRequest, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
-    ShownRequest,
+    ATTACHMENT_KIND_HEADER, AckRequest, ApiError, AttachmentQuery, ErrorCode, FILE_NAME_HEADER,
+    HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER, PermissionRequest, ReplyRequest,
+    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::ResolveError;
-use crate::agents::bridge::{Bridge, SessionConflict, ToolError, Unauthorized};
+use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized, UploadError};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::{Ledger, LedgerError};
 use crate::operate::health::Health;
 use crate::operate::metrics::{self, StateGauges};
+use crate::rules::media::DownloadRefusal;
 use crate::rules::{guard, revisions};
 
 /// What the operator's routes read.
@@ -57,6 +58,8 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/permissions", post(ask_permission))
         .route("/v1/agents/{agent}/reactions", post(react))
         .route("/v1/agents/{agent}/edits", post(edit_message))
+        .route("/v1/agents/{agent}/attachments/{trace_id}", get(download_attachment))
+        .route("/v1/agents/{agent}/uploads", post(upload))
         .with_state(bridge)
         .merge(operator)
 }
@@ -138,12 +141,16 @@ fn refusal_reason(code: ErrorCode) -> Option<&'static str> {
         ErrorCode::Paused => "paused",
         ErrorCode::Cancelled => "cancelled",
         ErrorCode::NoRevision => "no_revision",
+        ErrorCode::NoSuchAttachment => "no_such_attachment",
+        ErrorCode::FileTooLarge => "file_too_large",
+        ErrorCode::UnknownUpload => "unknown_upload",
         ErrorCode::Unauthorized
         | ErrorCode::SessionConflict
         | ErrorCode::BadRequest
         | ErrorCode::UnknownRequest
         | ErrorCode::NotSent
         | ErrorCode::Unresolved
+        | ErrorCode::FileUnavailable
         | ErrorCode::Internal => return None,
     })
 }
@@ -171,7 +178,11 @@ impl IntoResponse for Failure {
             | ErrorCode::UnknownAgent
             | ErrorCode::SelfHandoff
             | ErrorCode::TurnOver
-            | ErrorCode::NoRevision => StatusCode::UNPROCESSABLE_ENTITY,
+            | ErrorCode::NoRevision
+            | ErrorCode::NoSuchAttachment
+            | ErrorCode::UnknownUpload => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::FileTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::FileUnavailable => StatusCode::BAD_GATEWAY,
             ErrorCode::Superseded | ErrorCode::Paused | ErrorCode::Cancelled => {
                 StatusCode::UNPROCESSABLE_ENTITY
             }
@@ -194,6 +205,7 @@ impl From<ToolError> for Failure {
             ToolError::NotSent { .. } | ToolError::ActionNotSent(_) => ErrorCode::NotSent,
             ToolError::Unknown { .. } | ToolError::ActionUnknown(_) => ErrorCode::Unresolved,
             ToolError::Ledger(_) => ErrorCode::Internal,
+            ToolError::UnknownUpload(_) => ErrorCode::UnknownUpload,
             ToolError::NoConversation { .. } => ErrorCode::NoConversation,
             ToolError::TurnOver(_) => ErrorCode::TurnOver,
             ToolError::AlreadyAnswered(_) => ErrorCode::AlreadyAnswered,
@@ -227,6 +239,37 @@ impl From<ToolError> for Failure {
                 }
                 ResolveError::ReplyInProgress { .. } => ErrorCode::ReplyInProgress,
             },
+        };
+        Self(ApiError::new(code, message))
+    }
+}
+
+impl From<AttachmentError> for Failure {
+    fn from(error: AttachmentError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            AttachmentError::Tool(error) => return Self::from(error),
+            AttachmentError::Refused(
+                DownloadRefusal::NoAttachment | DownloadRefusal::NotOfThisEnvelope { .. },
+            ) => ErrorCode::NoSuchAttachment,
+            AttachmentError::Refused(
+                DownloadRefusal::TooLarge { .. } | DownloadRefusal::AboveAsked { .. },
+            ) => ErrorCode::FileTooLarge,
+            AttachmentError::Unavailable(_) => ErrorCode::FileUnavailable,
+        };
+        Self(ApiError::new(code, message))
+    }
+}
+
+impl From<UploadError> for Failure {
+    fn from(error: UploadError) -> Self {
+        let message = error.to_string();
+        let code = match error {
+            UploadError::Tool(error) => return Self::from(error),
+            UploadError::TooLarge { .. } | UploadError::StagingFull => ErrorCode::FileTooLarge,
+            UploadError::Unknown(_) => ErrorCode::UnknownUpload,
+            UploadError::Transfer(_) => ErrorCode::BadRequest,
+            UploadError::Io(_) => ErrorCode::Internal,
         };
         Self(ApiError::new(code, message))
     }
@@ -396,6 +439,61 @@ async fn ask_permission(
 ) -> Result<Response, Failure> {
     let request: PermissionRequest = parse_body(&body)?;
     let receipt = bridge.ask_permission(&caller.agent, caller.token(), request).await?;
+    Ok(Json(receipt).into_response())
+}
+
+/// Streams an attachment from Telegram to the plugin as it arrives: the daemon keeps none
+/// of it. A refusal comes before the first byte, as an error body.
+async fn download_attachment(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    Path((_, trace_id)): Path<(String, String)>,
+    Query(query): Query<AttachmentQuery>,
+) -> Result<Response, Failure> {
+    let download = bridge
+        .open_attachment(&caller.agent, caller.token(), &trace_id, query.file_id.as_deref(), query.max_bytes)
+        .await
+        .map_err(|error| {
+            let failure = Failure::from(error);
+            if let Some(reason) = refusal_reason(failure.0.code) {
+                metrics::refusal("download_attachment", reason);
+            }
+            failure
+        })?;
+    let mut response = Body::from_stream(download.bytes).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/octet-stream"));
+    if let Some(size) = download.size {
+        headers.insert(header::CONTENT_LENGTH, size.into());
+    }
+    let encoded = percent_encoding::utf8_percent_encode(&download.name, percent_encoding::NON_ALPHANUMERIC);
+    if let Ok(name) = header::HeaderValue::from_str(&encoded.to_string()) {
+        headers.insert(FILE_NAME_HEADER, name);
+    }
+    if let Ok(kind) = header::HeaderValue::from_str(&download.kind) {
+        headers.insert(ATTACHMENT_KIND_HEADER, kind);
+    }
+    Ok(response)
+}
+
+/// Stages one file of a reply to come, streamed to disk as it arrives (the daemon holds no
+/// file in memory); its name comes in [`FILE_NAME_HEADER`].
+async fn upload(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    headers: header::HeaderMap,
+    body: Body,
+) -> Result<Response, Failure> {
+    let name = headers
+        .get(FILE_NAME_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|encoded| percent_encoding::percent_decode_str(encoded).decode_utf8_lossy().into_owned())
+        .ok_or_else(|| bad_request(format!("an upload names its file in the {FILE_NAME_HEADER} header")))?;
+    let announced = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    let receipt = bridge
+        .stage_upload(&caller.agent, caller.token(), &name, announced, body.into_data_stream())
+        .await
+        .map_err(Failure::from)?;
     Ok(Json(receipt).into_response())
 }
 

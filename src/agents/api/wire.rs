@@ -230,6 +230,11 @@ pub struct ReplyRequest {
     /// HTML) or `html` (Telegram HTML). Anything else is refused before anything is sent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<String>,
+    /// Files sent after the text, each as its own message, by the upload ids `POST uploads`
+    /// answered (DESIGN.md §14). An id that is not a staged upload of the caller's refuses
+    /// the whole reply (`unknown_upload`) before anything is sent.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<String>,
 }
 
 impl ReplyRequest {
@@ -241,6 +246,7 @@ impl ReplyRequest {
             request_id: crate::ids::RequestId::generate().to_string(),
             again: None,
             format: None,
+            files: Vec::new(),
         }
     }
 }
@@ -446,6 +452,14 @@ pub enum ErrorCode {
     /// The send's outcome is unknown; the envelope is `unresolved` until an operator
     /// reconciles it. Never retry such a reply yourself.
     Unresolved,
+    /// `download_attachment`: the envelope has no such attachment (or none at all).
+    NoSuchAttachment,
+    /// A file over Telegram's limit (20 MB down, 50 MB up) or the caller's: nothing moved.
+    FileTooLarge,
+    /// Telegram did not hand the file over; nothing was written. Trying again later is safe.
+    FileUnavailable,
+    /// A reply names an upload the daemon does not hold (never staged, or cleaned up).
+    UnknownUpload,
     Internal,
 }
 
@@ -478,6 +492,10 @@ impl ErrorCode {
             Self::NoRevision => "no_revision",
             Self::NotSent => "not_sent",
             Self::Unresolved => "unresolved",
+            Self::NoSuchAttachment => "no_such_attachment",
+            Self::FileTooLarge => "file_too_large",
+            Self::FileUnavailable => "file_unavailable",
+            Self::UnknownUpload => "unknown_upload",
             Self::Internal => "internal",
         }
     }
@@ -542,4 +560,36 @@ mod tests {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str(), "{code:?}");
         }
     }
+}
+
+/// `GET attachments/{trace_id}`: which attachment of the envelope, and how large it may be.
+/// The answer is the file's bytes (`application/octet-stream`, with `content-length` when
+/// Telegram said the size), named in [`FILE_NAME_HEADER`] and [`ATTACHMENT_KIND_HEADER`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct AttachmentQuery {
+    /// The attachment's `attachment_file_id`; the envelope's first attachment when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file_id: Option<String>,
+    /// Refuse (`file_too_large`) a file larger than this, before any download.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_bytes: Option<u64>,
+}
+
+/// The header that names a file moving over the local API (a download's suggested name,
+/// an upload's file name), percent-encoded UTF-8.
+pub const FILE_NAME_HEADER: &str = "x-switchboard-file-name";
+
+/// The header that names a downloaded attachment's kind (`photo`, `document`, …).
+pub const ATTACHMENT_KIND_HEADER: &str = "x-switchboard-attachment-kind";
+
+/// `POST uploads`: a file staged for a reply (the body is the file, its name in
+/// [`FILE_NAME_HEADER`]). A reply names it in `files`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct UploadReceipt {
+    pub upload_id: String,
+    /// The name Telegram will show.
+    pub name: String,
+    pub size: u64,
+    /// Of the bytes the daemon received, lower-case hex.
+    pub sha256: String,
 }

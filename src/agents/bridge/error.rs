@@ -93,6 +93,9 @@ pub enum ToolError {
     /// the change does not apply now).
     #[error("{0}")]
     NoRevision(String),
+    /// A reply names an upload the daemon does not hold for the caller: nothing was sent.
+    #[error("{0}")]
+    UnknownUpload(String),
     #[error("the switchboard ledger failed ({0}); nothing was changed, try again in a moment")]
     Ledger(Arc<LedgerError>),
 }

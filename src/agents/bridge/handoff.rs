@@ -327,6 +327,7 @@ impl Bridge {
             html: false,
             parts,
             already_sent: Vec::new(),
+            files: Vec::new(),
         };
         let outbound = self.inner.outbound.clone();
         let handoff_id = handoff.handoff_id.clone();

@@ -15,6 +15,7 @@
 //! tool call, a dead plugin) cannot interrupt a send between its attempt and its outcome.
 
 mod actions;
+mod attachments;
 mod error;
 mod handoff;
 mod permissions;
@@ -23,6 +24,7 @@ mod reply;
 mod room;
 mod session;
 mod tasks;
+mod uploads;
 mod waiting;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -33,10 +35,12 @@ use tokio::sync::{Notify, mpsc};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use attachments::{AttachmentDownload, AttachmentError};
 pub use error::{ResolveError, SessionConflict, ToolError, Unauthorized};
 pub use handoff::{AuditChat, HandoffRules};
 pub use room::{RoomDriver, Rooms};
 pub use session::OpenedSession;
+pub use uploads::{Staging, UploadError};
 pub use waiting::ShownWaiting;
 
 use crate::agents::api::wire::ReplyReceipt;
@@ -80,6 +84,10 @@ struct Inner {
     /// Rung when a session was handed envelopes or confirmed showing them
     /// ([`Bridge::shown_changed`]).
     shown_bell: Notify,
+    /// The Bot API's file methods (`attachments`), set once at start-up.
+    files: std::sync::OnceLock<Arc<crate::telegram::files::TelegramFiles>>,
+    /// The staging folder of replies' files (`uploads`), set once at start-up.
+    staging: std::sync::OnceLock<Arc<uploads::Staging>>,
 }
 
 /// A reply being delivered; every request with its id awaits the same outcome.
@@ -165,6 +173,8 @@ impl Bridge {
                 bot_username: std::sync::OnceLock::new(),
                 permissions: std::sync::OnceLock::new(),
                 shown_bell: Notify::new(),
+                files: std::sync::OnceLock::new(),
+                staging: std::sync::OnceLock::new(),
             }),
         }
     }

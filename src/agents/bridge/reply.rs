@@ -4,7 +4,7 @@
 use futures::FutureExt;
 use tracing::Instrument;
 
-use super::{AgentSlot, Bridge, ResolveError, RunningReply, ToolError};
+use super::{AgentSlot, Bridge, ResolveError, RunningReply, ToolError, uploads};
 use crate::agents::api::present;
 use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
 use crate::ids::{AgentName, RequestId, TraceId};
@@ -15,7 +15,7 @@ use crate::ledger::{
 use crate::rules::resolver::{self, Answerable, Blocked, Candidate};
 use crate::telegram::envelope::ChatType;
 use crate::telegram::format::{ReplyFormat, html_to_plain};
-use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT};
+use crate::telegram::outbound::{DeliveryOutcome, PlannedFile, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT};
 
 /// What the ledger and memory know of a request id seen before.
 enum Repeat {
@@ -58,6 +58,8 @@ impl Bridge {
             tracing::warn!(%agent, parts = parts.len(), max, "reply refused: too long");
             return Err(ToolError::TooLong { parts: parts.len(), max });
         }
+        // Removed again when this request ends without a delivery taking them over.
+        let staged = self.take_uploads(agent, &request.files)?;
         let slot = self.slot(agent);
         let running = {
             let _decide = slot.decisions.lock().await;
@@ -80,6 +82,13 @@ impl Bridge {
                     };
                     let answered =
                         (envelope.state == EnvelopeState::Acked).then(|| envelope.trace_id.clone());
+                    if !staged.files.is_empty() && envelope.kind == EnvelopeKind::Handoff {
+                        return Err(ToolError::Invalid(format!(
+                            "{} is a handoff from another agent: an answer to it is text only, files go to a \
+                             Telegram conversation; nothing was sent",
+                            envelope.trace_id
+                        )));
+                    }
                     let (conversation, replied_before) = match envelope.kind {
                         // An answer to a handoff goes to the agent that asked, not Telegram.
                         EnvelopeKind::Handoff => {
@@ -102,17 +111,30 @@ impl Bridge {
                         | EnvelopeKind::Revision
                         | EnvelopeKind::RoomTurn => (envelope, replied_before),
                     };
+                    if conversation.kind == EnvelopeKind::RoomTurn && !staged.files.is_empty() {
+                        return Err(ToolError::Invalid(format!(
+                            "{} is a turn in a group room, which takes text only; nothing was sent",
+                            conversation.trace_id
+                        )));
+                    }
                     if conversation.kind == EnvelopeKind::RoomTurn {
                         // A room turn's one reply goes to the room under the agent's name.
                         break 'decided self
                             .room_reply(agent, &conversation, &request.text, request_id)
                             .await?;
                     }
+                    let part_texts: Vec<String> = parts
+                        .iter()
+                        .cloned()
+                        .chain(staged.files.iter().map(|f| f.descriptor.clone()))
+                        .collect();
                     if let Some(answered) = answered.filter(|_| !again) {
-                        self.refuse_unasked_follow_up(agent, &answered, &conversation, &parts).await?;
+                        self.refuse_unasked_follow_up(agent, &answered, &conversation, &part_texts).await?;
                     }
-                    let plan =
-                        self.plan(agent, conversation, replied_before, request_id, parts, html).await?;
+                    let content = ReplyContent { parts, html, files: staged.files.clone() };
+                    let plan = self.plan(agent, conversation, replied_before, request_id, content).await?;
+                    // From here the delivery owns the staged files (see `Finished`).
+                    staged.disarm();
                     self.start_delivery(agent, plan)
                 }
             }
@@ -264,15 +286,18 @@ impl Bridge {
         envelope: StoredEnvelope,
         replied_before: Option<bool>,
         request_id: RequestId,
-        parts: Vec<String>,
-        html: bool,
+        content: ReplyContent,
     ) -> Result<ReplyPlan, ToolError> {
+        let ReplyContent { parts, html, files } = content;
         let last_reply = match replied_before {
             Some(false) => None,
             Some(true) | None => self.inner.ledger.last_reply_for(envelope.id).await?,
         };
+        // A file part is known by its descriptor (name, size, digest), as a text part by its text.
+        let part_texts: Vec<String> =
+            parts.iter().cloned().chain(files.iter().map(|f| f.descriptor.clone())).collect();
         let already_sent = match last_reply {
-            Some((_, attempts)) => parts_already_delivered(&attempts, &parts),
+            Some((_, attempts)) => parts_already_delivered(&attempts, &part_texts),
             None => Vec::new(),
         };
         if !already_sent.is_empty() {
@@ -294,6 +319,7 @@ impl Bridge {
             parts,
             html,
             already_sent,
+            files,
         })
     }
 
@@ -444,6 +470,13 @@ fn blocked_by(
         .collect()
 }
 
+/// What a reply sends: its text's parts (HTML or plain), then its files.
+pub(super) struct ReplyContent {
+    pub(super) parts: Vec<String>,
+    pub(super) html: bool,
+    pub(super) files: Vec<PlannedFile>,
+}
+
 /// Removes a delivery from the running set when its task ends, however it ends (a panic
 /// included), so the envelope is never blocked for good.
 struct Finished {
@@ -454,6 +487,8 @@ struct Finished {
 
 impl Drop for Finished {
     fn drop(&mut self) {
+        // The reply is done with its staged files, whatever it came to.
+        uploads::remove_files(&self.plan.files);
         let mut running = self.bridge.slot(&self.agent).running();
         running.by_request.remove(self.plan.request_id.as_deref().unwrap_or_default());
         running.envelopes.remove(&self.plan.target.envelope_id);

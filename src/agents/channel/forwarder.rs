@@ -38,6 +38,8 @@ pub(super) struct SessionForwarder {
     pub(super) calls: WaitingCalls,
     /// The names of the tools, for the notifications' `how_to_answer`.
     pub(super) tools: ToolNames,
+    /// The inbox a photo is fetched into before its envelope is pushed.
+    pub(super) media: super::Media,
 }
 
 /// Why one connection of the session stream ended.
@@ -112,7 +114,7 @@ impl SessionForwarder {
             match session.next_event().await {
                 Ok(Some(SessionEvent::Envelope(envelope))) => {
                     // An answer a `call_agent` waits for is its result, not a notification.
-                    let envelope = if envelope.kind == "handoff_answer" {
+                    let mut envelope = if envelope.kind == "handoff_answer" {
                         match self.calls.deliver(envelope).await {
                             Some(envelope) => envelope,
                             None => continue,
@@ -120,6 +122,15 @@ impl SessionForwarder {
                     } else {
                         envelope
                     };
+                    // A photo is fetched first, within a bounded wait, so the model can look
+                    // at it at once (`meta.image_path`).
+                    super::downloads::attach_image_path(
+                        &self.daemon,
+                        &self.media.inbox,
+                        &mut envelope,
+                        self.media.eager_photo_max_bytes,
+                    )
+                    .await;
                     // Noted before the push, so that every tool call the agent makes once
                     // it has seen the envelope confirms it to the daemon (see
                     // `DaemonClient::note_shown`).

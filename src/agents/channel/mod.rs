@@ -38,8 +38,8 @@ use tokio_util::task::TaskTracker;
 
 use crate::agents::api::client::{ClientError, DaemonClient};
 use crate::agents::api::wire::{
-    AckRequest, EditRequest, ErrorCode, HandoffReceipt, HandoffRequest, MessageActionReceipt, ReactRequest,
-    ReplyRequest, RevisionRequest,
+    AckRequest, AttachmentQuery, EditRequest, ErrorCode, HandoffReceipt, HandoffRequest,
+    MessageActionReceipt, ReactRequest, ReplyRequest, RevisionRequest,
 };
 use crate::config::Settings;
 use crate::ids::{AgentName, RequestId};
@@ -47,7 +47,10 @@ use crate::telegram::format::ReplyFormat;
 use crate::telegram::reactions::allowed_reaction;
 
 mod calls;
+mod downloads;
 mod forwarder;
+pub mod inbox;
+mod outgoing;
 mod permissions;
 mod startup;
 mod stdio;
@@ -114,21 +117,27 @@ const OUTCOME_RETRY_DELAY: Duration = Duration::from_millis(500);
 /// fails. A daemon that is unreachable or refuses the session, even with 401 for a wrong
 /// secret, is not a reason to exit: the plugin says so on stderr and in every tool answer
 /// and keeps retrying (see the module documentation for why).
-pub async fn run(settings: Settings, agent: AgentName, server_name: String) -> anyhow::Result<()> {
+pub async fn run(
+    settings: Settings,
+    agent: AgentName,
+    server_name: String,
+    inbox: inbox::Inbox,
+) -> anyhow::Result<()> {
     let secret = settings
         .agent_secret(&agent)
         .with_context(|| format!("the channel plugin for agent '{agent}' cannot authenticate"))?;
     let secret_env = settings.agents.get(&agent).map(|a| a.token_env.clone()).unwrap_or_default();
     let daemon = DaemonClient::new(settings.api.listen, agent.clone(), secret)
         .context("cannot build the HTTP client for the daemon's local API")?;
-    tracing::info!(%agent, daemon = %settings.api.listen, "channel plugin starting");
+    tracing::info!(%agent, daemon = %settings.api.listen, inbox = %inbox.dir().display(), "channel plugin starting");
+    let media = Media { inbox: Arc::new(inbox), eager_photo_max_bytes: settings.media.eager_photo_max_bytes };
 
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
     let tools = ToolNames::new(&server_name);
     // Only an agent whose approvals have somewhere to go offers to relay them (DESIGN.md §15).
     let relays_permissions = settings.agents.get(&agent).is_some_and(|agent| agent.permissions.is_some());
-    let mut plugin = ChannelPlugin::new(daemon, secret_env, tools, shutdown.clone(), tasks.clone());
+    let mut plugin = ChannelPlugin::new(daemon, secret_env, tools, media, shutdown.clone(), tasks.clone());
     plugin.relays_permissions = relays_permissions;
     let service = match plugin.serve(stdio::transport()).await {
         Ok(service) => service,
@@ -170,6 +179,27 @@ struct ChannelPlugin {
     relays_permissions: bool,
     /// Relays of permission requests run here, so the session's end waits for them briefly.
     tasks: TaskTracker,
+    /// Where attachments land; shared with the session forwarder.
+    media: Media,
+}
+
+/// The plugin's side of files (DESIGN.md §14): its inbox, and how large a photo it fetches
+/// before pushing the envelope.
+#[derive(Debug, Clone)]
+pub(crate) struct Media {
+    inbox: Arc<inbox::Inbox>,
+    /// `[media] eager_photo_max_bytes`; 0 is off.
+    eager_photo_max_bytes: u64,
+}
+
+/// Arguments of `download_attachment`.
+#[derive(Debug, Deserialize, JsonSchema)]
+struct DownloadArgs {
+    /// The trace_id (env_…) of the message that carries the file.
+    trace_id: String,
+    /// The attachment_file_id from the message's meta; the message's first attachment when omitted.
+    #[serde(default)]
+    file_id: Option<String>,
 }
 
 /// Arguments of the `reply` tool.
@@ -192,6 +222,13 @@ struct ReplyArgs {
     /// blockquote, tg-spoiler).
     #[serde(default)]
     format: Option<String>,
+    /// Files to send after the text (at most 10): absolute paths on this machine, each at
+    /// most 50 MB. Images (.jpg .jpeg .png .webp) go as photos, .gif as an animation, .mp4
+    /// .mov as a video, .ogg .oga .opus as a voice note, .mp3 .m4a .flac .wav as audio,
+    /// anything else as a document. One file that is missing, unreadable or too large
+    /// refuses the whole reply before anything is sent.
+    #[serde(default)]
+    files: Option<Vec<String>>,
 }
 
 /// Arguments of the `ack` tool.
@@ -294,6 +331,7 @@ impl ChannelPlugin {
         daemon: DaemonClient,
         secret_env: String,
         tools: ToolNames,
+        media: Media,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
@@ -307,6 +345,7 @@ impl ChannelPlugin {
             tools,
             refused: Arc::clone(&stream_refused),
             calls: calls.clone(),
+            media: media.clone(),
             shutdown,
             tasks: tasks.clone(),
         };
@@ -320,6 +359,38 @@ impl ChannelPlugin {
             calls,
             relays_permissions: false,
             tasks,
+            media,
+        }
+    }
+
+    #[tool(
+        description = "Save an attachment of a message (a document, voice note, video, photo…) on this machine and \
+                       answer with its absolute path. Pass the message's trace_id and, when it has several \
+                       attachments, the attachment_file_id from its meta. Telegram serves files up to 20 MB.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        )
+    )]
+    async fn download_attachment(
+        &self,
+        Parameters(args): Parameters<DownloadArgs>,
+    ) -> Result<String, String> {
+        let trace_id = parse_trace_id(&args.trace_id)?;
+        let file_id = args.file_id.filter(|id| !id.trim().is_empty());
+        self.wait_for_session().await;
+        let query = AttachmentQuery { file_id, max_bytes: None };
+        match downloads::download_into(&self.daemon, &self.media.inbox, trace_id.as_str(), &query).await {
+            Ok(saved) => Ok(downloads::describe_saved(&saved)),
+            Err(downloads::DownloadFailure::Daemon(error)) => {
+                Err(self.tool_failure(ToolName::DownloadAttachment, &error))
+            }
+            Err(error) => {
+                tracing::warn!(trace_id = %trace_id, "download_attachment failed: {error}");
+                Err(error.to_string())
+            }
         }
     }
 
@@ -347,13 +418,14 @@ impl ChannelPlugin {
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
         // Refused here, before anything is asked of the daemon (which checks it too).
         ReplyFormat::parse(args.format.as_deref())?;
+        let files = outgoing::check_files(args.files.as_deref().unwrap_or_default())?;
         let request = ReplyRequest {
             again: args.again,
             format: args.format,
             ..ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()))
         };
         tokio::select! {
-            outcome = self.send_reply(&request) => outcome,
+            outcome = self.upload_and_reply(request.clone(), &files) => outcome,
             // The agent session gave up on the call (the user pressed Esc). Stop waiting:
             // the daemon delivers or records the reply on its own, whatever happens here.
             () = cancelled.cancelled() => {
@@ -647,6 +719,22 @@ impl ChannelPlugin {
         }
     }
 
+    /// Streams the reply's files to the daemon, then sends the reply naming them. A file
+    /// that does not reach the daemon refuses the reply: nothing was sent.
+    async fn upload_and_reply(
+        &self,
+        mut request: ReplyRequest,
+        files: &[outgoing::OutgoingFile],
+    ) -> Result<String, String> {
+        if !files.is_empty() {
+            self.wait_for_session().await;
+            request.files = outgoing::upload_all(&self.daemon, files).await.map_err(|error| {
+                format!("{} Nothing was sent.", self.tool_failure(ToolName::Reply, &error))
+            })?;
+        }
+        self.send_reply(&request).await
+    }
+
     async fn send_reply(&self, request: &ReplyRequest) -> Result<String, String> {
         self.wait_for_session().await;
         match self.daemon.reply(request).await {
@@ -796,6 +884,7 @@ struct StreamStarter {
     tools: ToolNames,
     refused: Arc<AtomicBool>,
     calls: calls::WaitingCalls,
+    media: Media,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -827,6 +916,7 @@ impl StreamStarter {
             refused: Arc::clone(&self.refused),
             calls: self.calls.clone(),
             tools: self.tools.clone(),
+            media: self.media.clone(),
         };
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {

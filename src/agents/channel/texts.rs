@@ -28,6 +28,7 @@ pub(super) enum ToolName {
     ReviseTask,
     React,
     EditMessage,
+    DownloadAttachment,
 }
 
 impl ToolName {
@@ -41,6 +42,7 @@ impl ToolName {
             Self::ReviseTask => "revise_task",
             Self::React => "react",
             Self::EditMessage => "edit_message",
+            Self::DownloadAttachment => "download_attachment",
         }
     }
 }
@@ -74,6 +76,7 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
     let revise = tools.of(ToolName::ReviseTask);
     let react = tools.of(ToolName::React);
     let edit = tools.of(ToolName::EditMessage);
+    let download = tools.of(ToolName::DownloadAttachment);
     format!(
         "Telegram conversations reach you through switchboard (you are its agent '{agent}'). The people you talk \
          to read Telegram, not this session: only what you send with `{reply}` reaches them.\n\
@@ -124,6 +127,11 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          are refused (cancelled): stop, then ack the cancel envelope — the \
          task counts as stopped only then. When a plain message changes the task, declare it with \
          `{revise}` (its trace_id, kind correction, new_objective, pause or cancel, and a summary).\n\
+         - Attachments: a message with files has attachment_kind and attachment_file_id in its meta. \
+         `{download}` (trace_id, optional file_id; the first attachment without it) saves the file on this \
+         machine and answers its absolute path. A photo comes already saved: its meta has image_path. To send \
+         files, give `{reply}` files: absolute paths on this machine (at most 10, 50 MB each); they go after \
+         the text.\n\
          - A notice with kind=\"waiting\" comes once at the start of a session that found messages waiting: it \
          lists those still unanswered, each of which also came as its own event."
     )
@@ -468,6 +476,11 @@ pub(super) fn describe_failure(
             ToolName::React | ToolName::EditMessage => {
                 format!("{error} Nothing was sent; call {name} again once the daemon is back.")
             }
+            ToolName::DownloadAttachment => {
+                format!(
+                    "{error} Nothing was downloaded; call download_attachment again once the daemon is back."
+                )
+            }
         },
         ClientError::NoAnswer { .. } => match tool {
             ToolName::Reply => format!(
@@ -493,6 +506,11 @@ pub(super) fn describe_failure(
             ToolName::React | ToolName::EditMessage => format!(
                 "{error}. Whether Telegram took it is not known yet: look at the chat before calling {name} again."
             ),
+            ToolName::DownloadAttachment => {
+                format!(
+                    "{error}. Nothing was saved; call download_attachment again (a download changes nothing)."
+                )
+            }
         },
         ClientError::Protocol { .. } => {
             let outcome = match tool {
@@ -503,7 +521,8 @@ pub(super) fn describe_failure(
                 | ToolName::CallAgent
                 | ToolName::ReviseTask
                 | ToolName::React
-                | ToolName::EditMessage => "",
+                | ToolName::EditMessage
+                | ToolName::DownloadAttachment => "",
             };
             format!("{error}. The plugin and the daemon may be different versions of switchboard.{outcome}")
         }

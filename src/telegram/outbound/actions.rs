@@ -151,7 +151,7 @@ impl Outbound {
         self.attempt_call(
             &attempt,
             &target.trace_id,
-            Call { method: api_method, params: &params, read: &read },
+            Call { method: api_method, params: &params, read: &read, file: None },
         )
         .await
     }

@@ -722,6 +722,7 @@ impl RoomDriver {
             html: false,
             parts,
             already_sent: Vec::new(),
+            files: Vec::new(),
         };
         let bridge = self.bridge.clone();
         let posting = Arc::clone(&self.posting);

@@ -12,6 +12,7 @@
 use futures::FutureExt;
 
 use crate::agents::api::wire::RoomReply;
+use crate::agents::bridge::reply::ReplyContent;
 use crate::agents::bridge::{Bridge, RunningReply, ToolError};
 use crate::ids::{AgentName, RequestId, RouteName};
 use crate::ledger::{ClaimRefused, EnvelopeState, StoredEnvelope, TurnEnding};
@@ -53,7 +54,15 @@ impl Bridge {
             tracing::warn!(%agent, trace_id = %envelope.trace_id, speaker, ?refused, "room reply refused: one reply per turn");
             return Err(turn_over(&envelope.trace_id, speaker, refused));
         }
-        let plan = self.plan(agent, envelope.clone(), None, request_id, parts, false).await?;
+        let plan = self
+            .plan(
+                agent,
+                envelope.clone(),
+                None,
+                request_id,
+                ReplyContent { parts, html: false, files: Vec::new() },
+            )
+            .await?;
         tracing::info!(%agent, cascade_id = %cascade.cascade_id, speaker, "room reply claimed its turn; posting");
         let running = self.start_delivery(agent, plan);
 

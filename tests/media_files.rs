@@ -1,0 +1,427 @@
+//! Files end to end (DESIGN.md §14): fake Telegram → real daemon → real `switchboard
+//! channel` → the agent's inbox, and back for the files of a reply. Bytes are compared by
+//! SHA-256, so a file that arrives at all arrives whole and unchanged.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use support::agents::*;
+use support::daemon::*;
+use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
+
+/// Bytes that differ at every offset, so a chunk dropped or repeated changes the digest.
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| (i as u32).wrapping_mul(2_654_435_761).rotate_left(u32::from(seed)) as u8).collect()
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    hex::encode(Sha256::digest(bytes))
+}
+
+fn sha256_file(path: &Path) -> String {
+    sha256(&std::fs::read(path).expect("the saved file can be read"))
+}
+
+/// A connected plugin whose inbox is the default one under `state_home`.
+async fn media_session(daemon: &TestDaemon, agent: &str, state_home: &Path) -> ChannelClient {
+    let plugin = plugin_builder(daemon, agent)
+        .env("XDG_STATE_HOME", state_home.display().to_string())
+        .start()
+        .await
+        .expect("the channel plugin starts");
+    plugin
+        .wait_for_stderr("channel::forwarder: connected to the switchboard daemon", WAIT)
+        .await
+        .expect("its session connects");
+    plugin
+}
+
+fn inbox_of(state_home: &Path, agent: &str) -> PathBuf {
+    state_home.join("switchboard").join("inbox").join(agent)
+}
+
+/// The path a successful `download_attachment` names (its answer's last word).
+fn saved_path(answer: &str) -> PathBuf {
+    PathBuf::from(answer.rsplit(' ').next().expect("the answer names a path"))
+}
+
+struct Waiting {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    orchestrator: ChannelClient,
+    state_home: tempfile::TempDir,
+}
+
+async fn orchestrator_with_inbox() -> Waiting {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let state_home = tempfile::tempdir().unwrap();
+    let orchestrator = media_session(&daemon, "orchestrator", state_home.path()).await;
+    Waiting { fake, daemon, orchestrator, state_home }
+}
+
+#[tokio::test]
+async fn download_attachment_saves_exactly_the_bytes_at_an_absolute_path_in_the_inbox() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let bytes = pattern(3 * 1024 * 1024 + 17, 3);
+    fake.add_file("doc-1", bytes.clone());
+    fake.push_document_file(
+        ChatSpec::private(OWNER_CHAT),
+        owner(),
+        "doc-1",
+        "report.pdf",
+        bytes.len() as u64,
+    );
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].meta_str("attachment_kind"), Some("document"));
+    assert_eq!(pushed[0].meta_str("attachment_file_id"), Some("doc-1"));
+    assert!(pushed[0].meta_str("image_path").is_none(), "only a photo is fetched ahead");
+
+    let trace = trace_id(&pushed[0]);
+    let (is_error, answer) =
+        orchestrator.call_tool("download_attachment", json!({"trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{answer}");
+    let path = saved_path(&answer);
+    assert!(path.is_absolute(), "{answer}");
+    let inbox = inbox_of(state_home.path(), "orchestrator");
+    assert_eq!(path.parent(), Some(inbox.as_path()), "{answer}");
+    assert!(path.file_name().unwrap().to_string_lossy().ends_with("report.pdf"), "{answer}");
+    assert_eq!(sha256_file(&path), sha256(&bytes));
+    assert_eq!(fake.file_downloads().len(), 1);
+
+    // The same file again is a second, separate copy: nothing is overwritten.
+    let (is_error, again) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace, "file_id": "doc-1"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{again}");
+    assert_ne!(saved_path(&again), path);
+    assert_eq!(sha256_file(&saved_path(&again)), sha256(&bytes));
+}
+
+#[tokio::test]
+async fn a_file_id_of_another_message_and_another_agents_envelope_are_refused_without_a_download() {
+    let Waiting { fake, daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    fake.add_file("doc-mine", pattern(1000, 1));
+    fake.add_file("doc-elsewhere", pattern(1000, 2));
+    fake.push_document_file(ChatSpec::private(OWNER_CHAT), owner(), "doc-mine", "mine.txt", 1000);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let trace = trace_id(&pushed[0]);
+
+    let (is_error, text) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace, "file_id": "doc-elsewhere"}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("no_such_attachment"), "{text}");
+    assert!(text.contains("doc-mine"), "the refusal names the envelope's attachments: {text}");
+
+    let worker = media_session(&daemon, "worker", state_home.path()).await;
+    let (is_error, text) = worker.call_tool("download_attachment", json!({"trace_id": trace})).await.unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("unknown_trace_id"), "another agent's envelope is not told apart: {text}");
+
+    assert!(fake.file_downloads().is_empty(), "nothing was downloaded");
+    assert!(fake.requests_for("getFile").is_empty(), "Telegram was not even asked");
+    assert!(
+        !inbox_of(state_home.path(), "worker").exists()
+            || dir_is_empty(&inbox_of(state_home.path(), "worker"))
+    );
+}
+
+fn dir_is_empty(dir: &Path) -> bool {
+    std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()).unwrap_or(true)
+}
+
+#[tokio::test]
+async fn a_file_over_telegrams_20_mb_is_refused_before_any_download() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let size = 21 * 1024 * 1024;
+    // getFile says 21 MB; the fake need not hold them.
+    fake.add_file_claiming("huge", pattern(10, 1), size);
+    fake.push_document_file(ChatSpec::private(OWNER_CHAT), owner(), "huge", "huge.iso", size);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, text) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("file_too_large"), "{text}");
+    assert!(text.contains("20 MB"), "the refusal names the limit: {text}");
+    assert!(fake.file_downloads().is_empty(), "refused before any download");
+    assert!(dir_is_empty(&inbox_of(state_home.path(), "orchestrator")));
+}
+
+#[tokio::test]
+async fn an_unsafe_file_name_lands_inside_the_inbox() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let bytes = pattern(4096, 5);
+    fake.add_file("evil", bytes.clone());
+    fake.push_document_file(
+        ChatSpec::private(OWNER_CHAT),
+        owner(),
+        "evil",
+        "../../etc/x",
+        bytes.len() as u64,
+    );
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, answer) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{answer}");
+    let path = saved_path(&answer);
+    let inbox = inbox_of(state_home.path(), "orchestrator");
+    assert_eq!(path.parent(), Some(inbox.as_path()), "{answer}");
+    let name = path.file_name().unwrap().to_string_lossy().into_owned();
+    assert!(!name.contains("..") && name.ends_with("etc_x"), "{name}");
+    assert_eq!(sha256_file(&path), sha256(&bytes));
+    assert!(!state_home.path().join("etc").exists());
+}
+
+#[tokio::test]
+async fn a_photo_arrives_already_saved_with_its_image_path() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let bytes = pattern(300_000, 7);
+    fake.add_file("photo-1", bytes.clone());
+    fake.push_photo_file(ChatSpec::private(OWNER_CHAT), owner(), "photo-1", bytes.len() as u64);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].meta_str("attachment_kind"), Some("photo"));
+    let image = PathBuf::from(pushed[0].meta_str("image_path").expect("meta.image_path"));
+    assert!(
+        image.is_absolute() && image.starts_with(inbox_of(state_home.path(), "orchestrator")),
+        "{image:?}"
+    );
+    assert_eq!(sha256_file(&image), sha256(&bytes));
+}
+
+#[tokio::test]
+async fn a_photo_that_cannot_be_fetched_is_pushed_anyway_without_an_image_path() {
+    let Waiting { fake, daemon, orchestrator, .. } = orchestrator_with_inbox().await;
+    // Telegram does not know the file: getFile is refused.
+    fake.push_photo_file(ChatSpec::private(OWNER_CHAT), owner(), "photo-gone", 1234);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].meta_str("attachment_kind"), Some("photo"));
+    assert!(pushed[0].meta_str("image_path").is_none());
+    assert_eq!(fake.requests_for("getFile").len(), 1, "the photo was asked for");
+    assert_eq!(
+        state_of(&daemon, &trace_id(&pushed[0])).await,
+        switchboard::ledger::EnvelopeState::Pending,
+        "the envelope waits for its answer as any other"
+    );
+}
+
+// ---- the files of a reply ----
+
+/// A file of `len` patterned bytes named `name` in `dir`, with its digest.
+fn file_in(dir: &Path, name: &str, len: usize, seed: u8) -> (String, String) {
+    let path = dir.join(name);
+    let bytes = pattern(len, seed);
+    std::fs::write(&path, &bytes).unwrap();
+    (path.display().to_string(), sha256(&bytes))
+}
+
+fn staged_files(daemon: &TestDaemon) -> Vec<PathBuf> {
+    let dir = switchboard::agents::bridge::Staging::dir_beside(&daemon.database());
+    std::fs::read_dir(dir).map(|entries| entries.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+}
+
+/// The message ids a reply's answer names, in order.
+fn message_ids_in(text: &str) -> Vec<i32> {
+    let digits: Vec<i32> = text
+        .split(|c: char| !c.is_ascii_digit())
+        .filter(|s| !s.is_empty())
+        .filter_map(|s| s.parse().ok())
+        .collect();
+    digits
+}
+
+#[tokio::test]
+async fn a_reply_with_two_files_sends_the_text_then_each_file_by_its_kind_byte_for_byte() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } =
+        owner_waiting("send me the chart and the report").await;
+    let files = tempfile::tempdir().unwrap();
+    let (chart, chart_sha) = file_in(files.path(), "chart.png", 200_003, 1);
+    let (report, report_sha) = file_in(files.path(), "report.pdf", 1_500_000, 2);
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "here you are", "trace_id": trace, "files": [chart, report]}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+
+    let sent = fake.sent_messages();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].text, "here you are");
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 2);
+    assert_eq!((uploads[0].method.as_str(), uploads[0].field.as_str()), ("sendphoto", "photo"));
+    assert_eq!((uploads[1].method.as_str(), uploads[1].field.as_str()), ("senddocument", "document"));
+    assert_eq!((uploads[0].len, uploads[0].sha256.as_str()), (200_003, chart_sha.as_str()));
+    assert_eq!((uploads[1].len, uploads[1].sha256.as_str()), (1_500_000, report_sha.as_str()));
+    assert_eq!(uploads[1].file_name.as_deref(), Some("report.pdf"));
+    for upload in &uploads {
+        assert_eq!(upload.chat_id, OWNER_CHAT);
+        assert_eq!(upload.reply_to_message_id, sent[0].reply_to_message_id, "threaded like the text");
+    }
+    // The answer names every message the reply made.
+    let named = message_ids_in(&text);
+    for id in [sent[0].message_id, uploads[0].message_id, uploads[1].message_id] {
+        assert!(named.contains(&id), "message {id} is named: {text}");
+    }
+    let attempts = attempts_of(&daemon, &trace).await;
+    let methods: Vec<_> = attempts.iter().map(|a| a.method).collect();
+    use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
+    assert_eq!(methods, [AttemptMethod::SendMessage, AttemptMethod::SendPhoto, AttemptMethod::SendDocument]);
+    assert!(attempts.iter().all(|a| a.outcome == AttemptState::Sent), "{attempts:?}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(staged_files(&daemon).is_empty(), "the staged copies are gone once the reply is done");
+}
+
+#[tokio::test]
+async fn a_missing_file_or_one_over_50_mb_refuses_the_whole_reply_and_sends_nothing() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("files please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (fine, _) = file_in(files.path(), "fine.txt", 100, 1);
+    let missing = files.path().join("missing.pdf").display().to_string();
+    let huge = files.path().join("huge.mp4");
+    // Sparse: 51 MB on paper, nothing on disk or in memory.
+    std::fs::File::create(&huge).unwrap().set_len(51 * 1024 * 1024).unwrap();
+    let huge = huge.display().to_string();
+
+    for (bad, why) in [(&missing, "does not exist"), (&huge, "50 MB")] {
+        let (is_error, text) = orchestrator
+            .call_tool("reply", json!({"text": "here", "trace_id": trace, "files": [fine, bad]}))
+            .await
+            .unwrap();
+        assert!(is_error, "{text}");
+        assert!(text.contains(bad.as_str()) && text.contains(why), "names the file and why: {text}");
+        assert!(text.contains("nothing was sent"), "{text}");
+    }
+    assert!(fake.sent_messages().is_empty() && fake.uploads().is_empty(), "nothing was sent");
+    assert!(attempts_of(&daemon, &trace).await.is_empty(), "nothing was attempted");
+    assert!(staged_files(&daemon).is_empty(), "nothing was staged");
+    assert_eq!(state_of(&daemon, &trace).await, switchboard::ledger::EnvelopeState::Pending);
+}
+
+#[tokio::test]
+async fn a_daemon_killed_during_a_multi_file_reply_sends_nothing_again_and_reports_the_unknown_part() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::{AttemptState, EnvelopeState};
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("both files please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (first, _) = file_in(files.path(), "first.pdf", 300_000, 1);
+    let (second, _) = file_in(files.path(), "second.pdf", 300_000, 2);
+    // The first upload goes through; Telegram takes the second and never answers.
+    fake.fail_method("sendDocument", Fault::Pass);
+    fake.fail_method("sendDocument", Fault::RecordThenHang(Duration::MAX));
+
+    let reply = orchestrator
+        .call_tool("reply", json!({"text": "two files", "trace_id": trace, "files": [first, second]}));
+    let crash = async {
+        fake.wait_for_held_upload(WAIT).await.expect("the second upload reaches Telegram");
+        daemon.kill9();
+        daemon.restart();
+    };
+    let ((is_error, text), ()) = tokio::join!(async { reply.await.unwrap() }, crash);
+    assert!(is_error, "{text}");
+    assert!(text.contains("unresolved"), "the unknown part is reported: {text}");
+    assert!(text.contains("Do NOT send") || text.contains("do NOT send"), "{text}");
+
+    assert_eq!(fake.sent_messages().len(), 1, "the text went once");
+    assert_eq!(fake.uploads().len(), 2, "each file went at most once");
+    let outcomes: Vec<_> = attempts_of(&daemon, &trace).await.iter().map(|a| a.outcome).collect();
+    assert_eq!(outcomes, [AttemptState::Sent, AttemptState::Sent, AttemptState::Unknown]);
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+    assert!(staged_files(&daemon).is_empty(), "a restart removes what the killed daemon staged");
+
+    // Asking again sends nothing: the envelope waits for an operator.
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "two files", "trace_id": trace, "files": []}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert_eq!((fake.sent_messages().len(), fake.uploads().len()), (1, 2));
+}
+
+#[tokio::test]
+async fn an_upload_telegram_never_answers_is_unknown_once_its_bytes_are_sent_and_is_not_retried() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("the clip please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (clip, clip_sha) = file_in(files.path(), "clip.mp4", 400_000, 4);
+    // Telegram takes the video and never answers; send_timeout_secs is 2 in the tests.
+    fake.fail_method("sendVideo", Fault::RecordThenHang(Duration::from_secs(30)));
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "the clip", "trace_id": trace, "files": [clip]}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.contains("unresolved"), "{text}");
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 1, "asked once, not again");
+    assert_eq!((uploads[0].method.as_str(), uploads[0].sha256.as_str()), ("sendvideo", clip_sha.as_str()));
+    let attempts = attempts_of(&daemon, &trace).await;
+    let seen: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome)).collect();
+    assert_eq!(
+        seen,
+        [(AttemptMethod::SendMessage, AttemptState::Sent), (AttemptMethod::SendVideo, AttemptState::Unknown)]
+    );
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+    assert!(staged_files(&daemon).is_empty());
+}
+
+#[tokio::test]
+async fn a_full_inbox_removes_its_oldest_files_to_make_room() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let inbox = tempfile::tempdir().unwrap();
+    let orchestrator = plugin_builder(&daemon, "orchestrator")
+        .arg("--inbox")
+        .arg(inbox.path().display().to_string())
+        .arg("--inbox-max-mb")
+        .arg("1")
+        .start()
+        .await
+        .unwrap();
+    orchestrator
+        .wait_for_stderr("channel::forwarder: connected to the switchboard daemon", WAIT)
+        .await
+        .unwrap();
+
+    let mut saved = Vec::new();
+    for (n, seed) in [(1, 1u8), (2, 2)] {
+        let id = format!("doc-{n}");
+        let bytes = pattern(600 * 1024, seed);
+        fake.add_file(&id, bytes.clone());
+        fake.push_document_file(
+            ChatSpec::private(OWNER_CHAT),
+            owner(),
+            &id,
+            &format!("part{n}.bin"),
+            bytes.len() as u64,
+        );
+        let pushed = orchestrator.wait_for_notifications(n, WAIT).await.unwrap();
+        let (is_error, answer) = orchestrator
+            .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[n - 1])}))
+            .await
+            .unwrap();
+        assert!(!is_error, "{answer}");
+        let path = saved_path(&answer);
+        assert!(path.starts_with(inbox.path()), "--inbox is where files land: {answer}");
+        assert_eq!(sha256_file(&path), sha256(&bytes));
+        saved.push(path);
+    }
+    // Two 600 KiB files do not fit in 1 MiB: the older one made room for the newer.
+    assert!(!saved[0].exists(), "the oldest file was removed");
+    assert!(saved[1].exists());
+    let left: Vec<_> = std::fs::read_dir(inbox.path()).unwrap().map(|e| e.unwrap().path()).collect();
+    assert_eq!(left, [saved[1].clone()]);
+}
