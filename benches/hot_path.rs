@@ -43,7 +43,7 @@ mod common;
 
 use std::fmt;
 
-use agent_side::{AgentSession, PluginSpec, Process, context_switches, threads_cpu_seconds};
+use agent_side::{AgentSession, PluginSpec, Process, thread_counters, threads_cpu_seconds};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -271,9 +271,12 @@ impl LoopRun {
     }
 }
 
-/// What a process did while it had nothing to do: its CPU time (from its threads'
-/// `schedstat`) and its wake-ups, counted as context switches, voluntary (a thread went to
-/// sleep after waking) and not, of every thread (`/proc/<pid>/task/*/status`).
+/// What a process did while it had nothing to do: its CPU time and its wake-ups, counted
+/// as context switches (voluntary: a thread went to sleep after waking; and not), of each
+/// of its threads (`/proc/<pid>/task/*/schedstat` and `status`). Counted per thread, so a
+/// thread that ends during the watch (an idle blocking thread of tokio's pool) takes only
+/// its own time since the watch began with it, rather than all it ever ran; a thread that
+/// starts during it counts whole.
 struct Idle {
     window: Duration,
     cpu_seconds: f64,
@@ -283,18 +286,19 @@ struct Idle {
 impl Idle {
     /// Watches these processes, together, for `window`.
     async fn watch(processes: &[&Process], window: Duration) -> Vec<(&'static str, Idle)> {
-        let before: Vec<(f64, u64)> =
-            processes.iter().map(|p| (p.cpu_seconds_fine(), context_switches(p.pid()))).collect();
+        let before: Vec<_> = processes.iter().map(|p| thread_counters(p.pid())).collect();
         tokio::time::sleep(window).await;
         processes
             .iter()
             .zip(before)
-            .map(|(process, (cpu, switches))| {
-                let idle = Idle {
-                    window,
-                    cpu_seconds: process.cpu_seconds_fine() - cpu,
-                    context_switches: context_switches(process.pid()).saturating_sub(switches),
-                };
+            .map(|(process, before)| {
+                let (mut nanos, mut switches) = (0u64, 0u64);
+                for (tid, (cpu, woke)) in thread_counters(process.pid()) {
+                    let (cpu_before, woke_before) = before.get(&tid).copied().unwrap_or_default();
+                    nanos += cpu.saturating_sub(cpu_before);
+                    switches += woke.saturating_sub(woke_before);
+                }
+                let idle = Idle { window, cpu_seconds: nanos as f64 / 1e9, context_switches: switches };
                 (process.name, idle)
             })
             .collect()

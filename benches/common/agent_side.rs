@@ -32,14 +32,22 @@ const LOG_TAIL_LINES: usize = 40;
 /// The notification that carries an envelope into the agent session (DESIGN.md §5).
 const CHANNEL_METHOD: &str = "notifications/claude/channel";
 
-/// Context switches of a process's live threads, voluntary and not: its wake-ups.
-pub fn context_switches(pid: u32) -> u64 {
-    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return 0 };
+/// Each live thread of a process, by id: its CPU nanoseconds (`schedstat`) and its
+/// context switches, voluntary and not (`status`): its wake-ups.
+pub fn thread_counters(pid: u32) -> std::collections::HashMap<String, (u64, u64)> {
+    let Ok(threads) = std::fs::read_dir(format!("/proc/{pid}/task")) else { return Default::default() };
     threads
         .filter_map(Result::ok)
-        .filter_map(|thread| std::fs::read_to_string(thread.path().join("status")).ok())
-        .flat_map(|status| {
-            status
+        .filter_map(|thread| {
+            let tid = thread.file_name().to_string_lossy().into_owned();
+            let cpu = std::fs::read_to_string(thread.path().join("schedstat"))
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse::<u64>()
+                .ok()?;
+            let status = std::fs::read_to_string(thread.path().join("status")).ok()?;
+            let switches = status
                 .lines()
                 .filter_map(|line| {
                     let value = line
@@ -47,9 +55,10 @@ pub fn context_switches(pid: u32) -> u64 {
                         .or_else(|| line.strip_prefix("nonvoluntary_ctxt_switches:"))?;
                     value.trim().parse::<u64>().ok()
                 })
-                .collect::<Vec<_>>()
+                .sum();
+            Some((tid, (cpu, switches)))
         })
-        .sum()
+        .collect()
 }
 
 // ---------------------------------------------------------------------------
