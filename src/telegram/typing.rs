@@ -84,17 +84,18 @@ impl TypingIndicator {
         Self { bridge, api, max }
     }
 
-    /// Runs until `shutdown`: every [`TYPING_REFRESH`], and at once when a session
-    /// confirmed it showed something.
+    /// Runs until `shutdown`: every [`TYPING_REFRESH`] while a chat is typing, and at once
+    /// when a session was handed or showed something. With no chat typing, only the
+    /// latter can start one, so an idle daemon does not wake for typing at all.
     pub async fn run(self, shutdown: CancellationToken) {
         let mut decision = TypingDecision::default();
         let mut typing: BTreeSet<TypingChat> = BTreeSet::new();
         loop {
-            let waiting = match self.bridge.shown_and_waiting().await {
-                Ok(waiting) => waiting,
+            let (waiting, read) = match self.bridge.shown_and_waiting().await {
+                Ok(waiting) => (waiting, true),
                 Err(e) => {
                     tracing::debug!(error = %e, "typing: could not read what waits; trying again");
-                    Vec::new()
+                    (Vec::new(), false)
                 }
             };
             let now = Instant::now();
@@ -106,10 +107,11 @@ impl TypingIndicator {
                 self.show_typing(chat_id, thread_id).await;
             }
             typing = now_typing;
+            let idle = read && typing.is_empty();
             let next_look = tokio::time::Instant::now() + MIN_LOOK_INTERVAL;
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                () = tokio::time::sleep(TYPING_REFRESH) => {}
+                () = tokio::time::sleep(TYPING_REFRESH), if !idle => {}
                 () = self.bridge.shown_changed() => {
                     tokio::select! {
                         () = shutdown.cancelled() => return,
