@@ -86,7 +86,8 @@ fn transport_failure(error: reqwest::Error) -> Exchange {
     }
 }
 
-fn root_cause(error: &dyn std::error::Error) -> String {
+/// The innermost cause of an error: what went wrong, without the layers that wrapped it.
+pub(super) fn root_cause(error: &dyn std::error::Error) -> String {
     let mut cause = error;
     while let Some(source) = cause.source() {
         cause = source;

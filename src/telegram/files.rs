@@ -8,7 +8,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt, TryStreamExt};
 use serde::Deserialize;
 
-use super::bot_api::{Answer, Exchange};
+use super::bot_api::{Answer, Exchange, root_cause};
 
 /// A download that has moved no byte for this long is dead (a stalled connection); a slow
 /// one that keeps moving may take as long as it needs.
@@ -171,14 +171,6 @@ fn upload_failure(error: reqwest::Error) -> Exchange {
     } else {
         Exchange::NoAnswer(format!("the connection to Telegram failed while uploading: {detail}"))
     }
-}
-
-fn root_cause(error: &dyn std::error::Error) -> String {
-    let mut cause = error;
-    while let Some(source) = cause.source() {
-        cause = source;
-    }
-    cause.to_string()
 }
 
 #[cfg(test)]
