@@ -969,6 +969,20 @@ fn print_report(params: &Params, results: &Results) {
             across(runs, |r| figure(r, Idle::wakeups_per_second)),
         )
     };
+    // Both idle figures side by side: the echo bot's, switchboard's and its two processes'.
+    let idle_line = |label, total: &dyn Fn(&[LoopRun]) -> f64, figure: usize| {
+        let part = |name| {
+            let (cpu, wakeups) = idle_of(ours, name);
+            [cpu, wakeups][figure]
+        };
+        Line {
+            label,
+            floor: format!("{:.2}", total(echo)),
+            ours: format!("{:.2} (daemon {:.2}, plugin {:.2})", total(ours), part("daemon"), part("plugin")),
+            ratio: Some(total(ours) / total(echo)),
+            goal: "≤ 1.0×",
+        }
+    };
 
     let lines = [
         Line {
@@ -1010,30 +1024,8 @@ fn print_report(params: &Params, results: &Results) {
             ratio: None,
             goal: "daemon ≤ 12, plugin ≤ 8 MiB",
         },
-        Line {
-            label: "idle: CPU seconds per hour",
-            floor: format!("{:.2}", idle_cpu(echo)),
-            ours: format!(
-                "{:.2} (daemon {:.2}, plugin {:.2})",
-                idle_cpu(ours),
-                idle_of(ours, "daemon").0,
-                idle_of(ours, "plugin").0
-            ),
-            ratio: Some(idle_cpu(ours) / idle_cpu(echo)),
-            goal: "≤ 1.0×",
-        },
-        Line {
-            label: "idle: wake-ups per second",
-            floor: format!("{:.2}", idle_wakeups(echo)),
-            ours: format!(
-                "{:.2} (daemon {:.2}, plugin {:.2})",
-                idle_wakeups(ours),
-                idle_of(ours, "daemon").1,
-                idle_of(ours, "plugin").1
-            ),
-            ratio: Some(idle_wakeups(ours) / idle_wakeups(echo)),
-            goal: "≤ 1.0×",
-        },
+        idle_line("idle: CPU seconds per hour", &idle_cpu, 0),
+        idle_line("idle: wake-ups per second", &idle_wakeups, 1),
         Line {
             label: "spawn → first getUpdates",
             floor: format!("{:.0} ms", spawn(echo)),

@@ -1074,16 +1074,13 @@ async fn a_handoffs_intent_is_read_strictly() {
         intent: None,
         request_id: "req_1",
     };
-    let first = ledger.record_handoff(&first).await.unwrap().expect("no task to refuse it");
+    let recorded = ledger.record_handoff(&first).await.unwrap().expect("no task to refuse it");
     let second = NewHandoff {
-        from: &orch,
-        to: &worker,
         instruction: "check production instead",
-        cause: None,
-        depth: 1,
-        followup_of: Some(&first.handoff_id),
+        followup_of: Some(&recorded.handoff_id),
         intent: Some(Intent::Replaces),
         request_id: "req_2",
+        ..first
     };
     let second = ledger.record_handoff(&second).await.unwrap().expect("no task to refuse it");
     let read_back = ledger.handoff(&second.handoff_id).await.unwrap().unwrap();
