@@ -7,13 +7,17 @@
 //! still hold (a guard per fact). A step whose guard fails changes nothing and is decided
 //! again from the new facts.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use rusqlite::OptionalExtension;
 
 use super::envelopes::transition_in;
 use super::in_place::{
     execute_cached, optional_json, optional_text_enum, query_all_cached, query_row_cached, text_enum,
 };
-use super::{EnvelopeState, Ledger, LedgerError, LedgerResult, StoredEnvelope, now};
+use super::{EnvelopeState, LedgerError, LedgerResult, SqliteLedger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::turns::{Cascade, CascadeState, Outcome};
 
@@ -269,7 +273,7 @@ macro_rules! post_select {
     };
 }
 
-/// See [`Ledger::room_post_attempted`].
+/// See [`SqliteLedger::room_post_attempted`].
 pub(super) const POST_ATTEMPTED: &str =
     "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ? AND request_id = ?)";
 
@@ -359,9 +363,9 @@ pub enum ClaimRefused {
     NotPending(EnvelopeState),
 }
 
-impl Ledger {
-    /// Room messages and commands not yet taken by the room driver, oldest first.
-    pub async fn room_inbox(&self) -> LedgerResult<Vec<StoredEnvelope>> {
+#[async_trait]
+impl Rooms for SqliteLedger {
+    async fn room_inbox(&self) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -370,10 +374,7 @@ impl Ledger {
         self.read_in_place(|db| query_all_cached(db, sql, [], StoredEnvelope::from_row)).await
     }
 
-    /// Records a human message's cascade (`waiting`) and moves the message from `queued`
-    /// to `acked`, together. Returns the cascade id; `None` if the message was already
-    /// taken (nothing changed).
-    pub async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<String>> {
+    async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<String>> {
         let cascade_id = format!("cas_{}", &TraceId::generate().as_str()[4..]);
         let json =
             serde_json::to_string(new.cascade).map_err(|e| LedgerError::encoding("a room's cascade", e))?;
@@ -406,9 +407,7 @@ impl Ledger {
         .await
     }
 
-    /// Applies a decided step of a room if every fact it was decided on still holds.
-    /// `None`: a guard failed, nothing changed; decide again.
-    pub async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
+    async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
         let cascade_json = match &step.cascade {
             Some(update) => Some(
                 serde_json::to_string(update.cascade)
@@ -516,8 +515,7 @@ impl Ledger {
         .await
     }
 
-    /// The room's exchange that has (or is about to give) the floor, if any.
-    pub async fn active_cascade(&self, route: &str) -> LedgerResult<Option<StoredCascade>> {
+    async fn active_cascade(&self, route: &str) -> LedgerResult<Option<StoredCascade>> {
         let sql = concat!(
             cascade_select!(),
             "WHERE c.route = ? AND c.state IN ('running', 'stop_requested') ORDER BY c.id LIMIT 1"
@@ -525,41 +523,36 @@ impl Ledger {
         self.read_in_place(|db| query_row_cached(db, sql, [route], StoredCascade::from_row).optional()).await
     }
 
-    /// The room's oldest exchange waiting for the room to be free.
-    pub async fn next_waiting_cascade(&self, route: &str) -> LedgerResult<Option<StoredCascade>> {
+    async fn next_waiting_cascade(&self, route: &str) -> LedgerResult<Option<StoredCascade>> {
         let sql =
             concat!(cascade_select!(), "WHERE c.route = ? AND c.state = 'waiting' ORDER BY c.id LIMIT 1");
         self.read_in_place(|db| query_row_cached(db, sql, [route], StoredCascade::from_row).optional()).await
     }
 
-    /// How many exchanges wait in the room.
-    pub async fn waiting_cascades(&self, route: &str) -> LedgerResult<i64> {
+    async fn waiting_cascades(&self, route: &str) -> LedgerResult<i64> {
         let sql = "SELECT COUNT(*) FROM cascades WHERE route = ? AND state = 'waiting'";
         self.read_in_place(|db| query_row_cached(db, sql, [route], |row| row.get(0))).await
     }
 
-    /// Rooms with an exchange waiting or running.
-    pub async fn busy_rooms(&self) -> LedgerResult<Vec<String>> {
+    async fn busy_rooms(&self) -> LedgerResult<Vec<String>> {
         let sql = "SELECT DISTINCT route FROM cascades WHERE state IN ('waiting', 'running', 'stop_requested') \
                    ORDER BY route";
         self.read_in_place(|db| query_all_cached(db, sql, [], |row| row.get(0))).await
     }
 
-    pub async fn cascade(&self, cascade_id: &str) -> LedgerResult<Option<StoredCascade>> {
+    async fn cascade(&self, cascade_id: &str) -> LedgerResult<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.cascade_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [cascade_id], StoredCascade::from_row).optional())
             .await
     }
 
-    /// The cascade a human message made, if it made one.
-    pub async fn cascade_of_message(&self, envelope_id: i64) -> LedgerResult<Option<StoredCascade>> {
+    async fn cascade_of_message(&self, envelope_id: i64) -> LedgerResult<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.message_envelope_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [envelope_id], StoredCascade::from_row).optional())
             .await
     }
 
-    /// For `switchboard ledger cascades`: newest last.
-    pub async fn list_cascades(&self, route: Option<&str>, limit: i64) -> LedgerResult<Vec<StoredCascade>> {
+    async fn list_cascades(&self, route: Option<&str>, limit: i64) -> LedgerResult<Vec<StoredCascade>> {
         let sql =
             concat!(cascade_select!(), "WHERE (?1 IS NULL OR c.route = ?1) ORDER BY c.id DESC LIMIT ?2");
         let mut rows: Vec<StoredCascade> = self
@@ -571,17 +564,12 @@ impl Ledger {
         Ok(rows)
     }
 
-    /// Every turn of a cascade, in order.
-    pub async fn turns_of(&self, cascade_row: i64) -> LedgerResult<Vec<StoredTurn>> {
+    async fn turns_of(&self, cascade_row: i64) -> LedgerResult<Vec<StoredTurn>> {
         let sql = concat!(turn_select!(), "WHERE t.cascade_id = ? ORDER BY t.speaker");
         self.read_in_place(|db| query_all_cached(db, sql, [cascade_row], StoredTurn::from_row)).await
     }
 
-    /// The turn a room_turn envelope gives, with its cascade.
-    pub async fn turn_of_envelope(
-        &self,
-        envelope_id: i64,
-    ) -> LedgerResult<Option<(StoredTurn, StoredCascade)>> {
+    async fn turn_of_envelope(&self, envelope_id: i64) -> LedgerResult<Option<(StoredTurn, StoredCascade)>> {
         self.read_in_place(|db| {
             let sql = concat!(turn_select!(), "WHERE t.envelope_id = ?");
             let Some(turn) = query_row_cached(db, sql, [envelope_id], StoredTurn::from_row).optional()?
@@ -595,9 +583,7 @@ impl Ledger {
         .await
     }
 
-    /// Claims the one reply of the turn `envelope_id` gives, before it is posted. Refused
-    /// when the turn ended, already has its reply, or its envelope is no longer pending.
-    pub async fn claim_room_reply(
+    async fn claim_room_reply(
         &self,
         envelope_id: i64,
         text: &str,
@@ -632,9 +618,7 @@ impl Ledger {
         .await
     }
 
-    /// Gives a turn's claimed reply back when it was not posted and is not being posted
-    /// (its envelope is still pending): the speaker may reply again, or time out.
-    pub async fn release_room_reply(&self, turn_id: i64) -> LedgerResult<bool> {
+    async fn release_room_reply(&self, turn_id: i64) -> LedgerResult<bool> {
         let released = self
             .execute_in_place(
                 "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
@@ -646,26 +630,21 @@ impl Ledger {
         Ok(released == 1)
     }
 
-    /// Posts not yet made, oldest first.
-    pub async fn owed_room_posts(&self) -> LedgerResult<Vec<StoredPost>> {
+    async fn owed_room_posts(&self) -> LedgerResult<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.state = 'owed' ORDER BY p.id");
         self.read_in_place(|db| query_all_cached(db, sql, [], StoredPost::from_row)).await
     }
 
-    /// The posts of a cascade, in order.
-    pub async fn posts_of(&self, cascade_row: i64) -> LedgerResult<Vec<StoredPost>> {
+    async fn posts_of(&self, cascade_row: i64) -> LedgerResult<Vec<StoredPost>> {
         let sql = concat!(post_select!(), "WHERE p.cascade_id = ? ORDER BY p.id");
         self.read_in_place(|db| query_all_cached(db, sql, [cascade_row], StoredPost::from_row)).await
     }
 
-    /// Whether a post was already attempted: any attempt `poster` made carries its key.
-    /// (Looked up by the poster and the key, which `attempts_by_request` indexes: by the
-    /// key alone, every attempt ever made would be read.)
-    pub async fn room_post_attempted(&self, poster: &str, key: &str) -> LedgerResult<bool> {
+    async fn room_post_attempted(&self, poster: &str, key: &str) -> LedgerResult<bool> {
         self.read_in_place(|db| query_row_cached(db, POST_ATTEMPTED, [poster, key], |row| row.get(0))).await
     }
 
-    pub async fn mark_room_post_made(&self, post_id: i64) -> LedgerResult<()> {
+    async fn mark_room_post_made(&self, post_id: i64) -> LedgerResult<()> {
         self.execute_in_place(
             "UPDATE room_posts SET state = 'made', made_at = ? WHERE id = ? AND state = 'owed'",
             (now(), post_id),
@@ -741,9 +720,9 @@ mod tests {
 
     const ROOM_CHAT: i64 = -100_777;
 
-    async fn ledger() -> (tempfile::TempDir, Ledger) {
+    async fn ledger() -> (tempfile::TempDir, SqliteLedger) {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        let ledger = SqliteLedger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
         (dir, ledger)
     }
 
@@ -760,7 +739,7 @@ mod tests {
     }
 
     /// A human message in the room, as the poller stores it: the room's, no agent's.
-    async fn room_message(ledger: &Ledger, update_id: i64, text: &str) -> StoredEnvelope {
+    async fn room_message(ledger: &SqliteLedger, update_id: i64, text: &str) -> StoredEnvelope {
         let routed = RoutedEnvelope {
             envelope: Envelope {
                 trace_id: TraceId::generate(),
@@ -798,7 +777,7 @@ mod tests {
         Cascade::start(&roster(), human, NonZeroU32::new(limit).unwrap())
     }
 
-    async fn recorded(ledger: &Ledger, message: &StoredEnvelope) -> StoredCascade {
+    async fn recorded(ledger: &SqliteLedger, message: &StoredEnvelope) -> StoredCascade {
         let cascade = cascade_for(message, 10);
         let new = NewCascade { message, cascade: &cascade, max_iters: 50, speaker_timeout_secs: 600 };
         let id = ledger.record_cascade(&new, "room message: exchange {cascade}").await.unwrap().unwrap();
@@ -827,7 +806,11 @@ mod tests {
     }
 
     /// Gives the floor to the cascade's next speaker; returns the stored cascade after.
-    async fn open_next(ledger: &Ledger, stored: &StoredCascade, message: &StoredEnvelope) -> StoredCascade {
+    async fn open_next(
+        ledger: &SqliteLedger,
+        stored: &StoredCascade,
+        message: &StoredEnvelope,
+    ) -> StoredCascade {
         let mut cascade = stored.cascade().unwrap();
         let Next::Speak(turn) = cascade.next_speaker() else { panic!("nobody to speak") };
         let content = cascade.transcript_text(&roster());

@@ -1,4 +1,5 @@
 use super::*;
+use crate::ledger::prelude::*;
 use crate::rules::guard::Intent;
 use crate::rules::revisions::TaskState;
 use chrono::Utc;
@@ -10,13 +11,17 @@ use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
 
 /// A read on the ledger's own connections (the idle writer serves it), as the ledger's reads
 /// run: what the writer sees and how it is set up.
-async fn read<T>(ledger: &Ledger, sql: &str, row: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>) -> T {
+async fn read<T>(
+    ledger: &SqliteLedger,
+    sql: &str,
+    row: impl Fn(&rusqlite::Row<'_>) -> rusqlite::Result<T>,
+) -> T {
     ledger.read_in_place(|db| db.query_row(sql, [], &row)).await.unwrap()
 }
 
-async fn ledger() -> (tempfile::TempDir, Ledger) {
+async fn ledger() -> (tempfile::TempDir, SqliteLedger) {
     let dir = tempfile::tempdir().unwrap();
-    let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+    let ledger = SqliteLedger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
     (dir, ledger)
 }
 
@@ -50,7 +55,7 @@ fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
 async fn the_database_uses_wal_and_the_configured_durability() {
     for (setting, expected) in [(Synchronous::Normal, 1), (Synchronous::Full, 2)] {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("ledger.db"), setting).await.unwrap();
+        let ledger = SqliteLedger::open(&dir.path().join("ledger.db"), setting).await.unwrap();
         let mode: String = read(&ledger, "PRAGMA journal_mode", |row| row.get(0)).await;
         assert_eq!(mode, "wal");
         let sync: i64 = read(&ledger, "PRAGMA synchronous", |row| row.get(0)).await;
@@ -84,7 +89,7 @@ async fn a_batch_handed_over_is_pending_when_committed_with_the_older_queued_env
 async fn commits_reach_the_database_file_a_moment_later_without_waiting_for_a_full_wal() {
     let dir = tempfile::tempdir().unwrap();
     let database = dir.path().join("ledger.db");
-    let ledger = Ledger::open(&database, Synchronous::Normal).await.unwrap();
+    let ledger = SqliteLedger::open(&database, Synchronous::Normal).await.unwrap();
     let backstop: i64 = read(&ledger, "PRAGMA wal_autocheckpoint", |row| row.get(0)).await;
     assert_eq!(backstop, i64::from(checkpoint::BACKSTOP_PAGES));
     let size = || std::fs::metadata(&database).unwrap().len();
@@ -107,7 +112,7 @@ async fn the_database_and_its_wal_files_are_private() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     let database = dir.path().join("ledger.db");
-    let ledger = Ledger::open(&database, Synchronous::Normal).await.unwrap();
+    let ledger = SqliteLedger::open(&database, Synchronous::Normal).await.unwrap();
     // A write makes sure SQLite has created the -wal and -shm files.
     ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
     for path in files::database_files(&database) {
@@ -121,11 +126,11 @@ async fn the_database_and_its_wal_files_are_private() {
 async fn open_existing_refuses_a_missing_database_and_creates_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let database = dir.path().join("mistyped.db");
-    assert!(Ledger::open_existing(&database, Synchronous::Normal).await.is_err());
+    assert!(SqliteLedger::open_existing(&database, Synchronous::Normal).await.is_err());
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was created");
 
-    Ledger::open(&database, Synchronous::Normal).await.unwrap().close().await;
-    Ledger::open_existing(&database, Synchronous::Normal).await.unwrap().close().await;
+    SqliteLedger::open(&database, Synchronous::Normal).await.unwrap().close().await;
+    SqliteLedger::open_existing(&database, Synchronous::Normal).await.unwrap().close().await;
 }
 
 #[tokio::test]
@@ -429,7 +434,7 @@ async fn the_intake_migration_keeps_every_row_and_reference() {
     .unwrap();
     drop(db);
 
-    let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+    let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
     let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(
         rows.iter().map(|e| (e.id, e.trace_id.as_str(), e.kind, e.state)).collect::<Vec<_>>(),
@@ -564,7 +569,7 @@ fn one_part_reply(envelope_id: i64) -> NewAttempt<'static> {
 
 /// A human message handed to `orch`'s session, recorded with update 1: pending, and the
 /// first message of its task.
-async fn one_pending_message(ledger: &Ledger) -> StoredEnvelope {
+async fn one_pending_message(ledger: &SqliteLedger) -> StoredEnvelope {
     let orch = AgentName::parse("orch").unwrap();
     let batch = [routed(1, EnvelopeState::Queued)];
     ledger.record_batch_handing_over(1, 2, &batch, &[&orch], None).await.unwrap();
@@ -679,7 +684,7 @@ async fn an_unknown_task_state_is_an_error_not_an_open_task() {
     assert!(format!("{:?}", read.unwrap_err()).contains("archived"));
 }
 
-/// `Ledger::begin_attempt` decides admission in SQL, in the statement that records the
+/// `SqliteLedger::begin_attempt` decides admission in SQL, in the statement that records the
 /// attempt; `rules::revisions::admit` explains a refusal. They must agree on every task.
 #[tokio::test]
 async fn the_admission_in_sql_agrees_with_admit() {
@@ -995,7 +1000,7 @@ async fn ids_are_not_reused_without_autoincrement() {
     assert_eq!(sequence, 2, "the old schema keeps its sequence");
     drop(db);
 
-    let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+    let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
     ledger.record_batch(1, 13, &[routed(12, EnvelopeState::Queued)]).await.unwrap();
     ledger.begin_attempt(&one_part_reply(3)).await.unwrap().expect("the attempt is admitted");
     ledger.close().await;
@@ -1186,7 +1191,7 @@ async fn a_ledger_migrated_by_sqlx_opens_with_its_data_and_no_migration_runs_aga
     assert_eq!(before.len(), MIGRATED_BY_SQLX);
 
     // A migration run again would fail (its tables exist) or change the record.
-    let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+    let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
     let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(
         rows.iter().map(|e| (e.trace_id.as_str(), e.state)).collect::<Vec<_>>(),
@@ -1210,7 +1215,7 @@ async fn a_ledger_migrated_by_sqlx_opens_with_its_data_and_no_migration_runs_aga
     assert_eq!(added, newer, "only the migrations since are applied, once");
 
     // And it opens again, as often as it is opened, with nothing run again.
-    let again = Ledger::open_existing(&path, Synchronous::Normal).await.unwrap();
+    let again = SqliteLedger::open_existing(&path, Synchronous::Normal).await.unwrap();
     assert_eq!(again.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap().len(), 3);
     again.close().await;
     drop(again);
@@ -1224,7 +1229,7 @@ async fn a_fresh_ledger_records_its_migrations_as_sqlx_did() {
     std::fs::create_dir_all(&sqlx_dir).unwrap();
     let made_by_sqlx = ledger_made_by_sqlx(&sqlx_dir);
     let fresh = dir.path().join("fresh.db");
-    Ledger::open(&fresh, Synchronous::Normal).await.unwrap().close().await;
+    SqliteLedger::open(&fresh, Synchronous::Normal).await.unwrap().close().await;
     // Same versions, descriptions, success and checksums: a release that migrates with
     // sqlx opens this ledger as its own.
     let record = |path| {
@@ -1250,7 +1255,7 @@ async fn a_ledger_with_a_migration_this_release_does_not_know_is_refused() {
     )
     .unwrap();
     drop(db);
-    let Err(OpenError::Migrate { source, .. }) = Ledger::open(&path, Synchronous::Normal).await else {
+    let Err(OpenError::Migrate { source, .. }) = SqliteLedger::open(&path, Synchronous::Normal).await else {
         panic!("a ledger a newer release migrated is refused");
     };
     assert!(matches!(source, MigrationError::Unknown { version: 99 }), "{source:?}");
@@ -1266,7 +1271,8 @@ async fn a_ledger_with_a_failed_or_edited_migration_is_refused() {
         let dir = tempfile::tempdir().unwrap();
         let path = ledger_made_by_sqlx(dir.path());
         rusqlite::Connection::open(&path).unwrap().execute(change, []).unwrap();
-        let Err(OpenError::Migrate { source, .. }) = Ledger::open(&path, Synchronous::Normal).await else {
+        let Err(OpenError::Migrate { source, .. }) = SqliteLedger::open(&path, Synchronous::Normal).await
+        else {
             panic!("{change}: the ledger is refused");
         };
         match source {
