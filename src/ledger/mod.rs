@@ -18,6 +18,9 @@ mod error;
 pub mod seam;
 pub mod sqlite;
 
+#[cfg(test)]
+pub(crate) mod conformance;
+
 pub use error::{ErrorSource, LedgerError, LedgerResult};
 pub use seam::Storage;
 pub use sqlite::{
