@@ -19,6 +19,7 @@ pub mod agents;
 pub mod app;
 pub mod backoff;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod demo;
 pub mod fake_bot_api;

@@ -432,7 +432,7 @@ async fn kill_9_mid_exchange_resumes_from_the_ledger_and_posts_nothing_twice() {
         let ledger = daemon.ledger().await;
         let turns = ledger.turns_of(cascade(&daemon, &cascade_id).await.id).await.unwrap();
         ledger.close().await;
-        turns[1].started_at.clone()
+        turns[1].started_at
     };
 
     daemon.kill9();

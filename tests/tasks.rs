@@ -252,7 +252,7 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
     assert!(!status.starts_with("Nothing changed"), "a question is not a refused change: {status}");
     assert!(status.contains(&format!("{task_id} (revision 2): stopped")), "{status}");
     assert!(status.contains("confirmed by agent 'orchestrator'"), "{status}");
-    assert!(status.contains(stopped.stopped_at.as_deref().unwrap()), "says when: {status}");
+    assert!(status.contains(&switchboard::clock::text(stopped.stopped_at.unwrap())), "says when: {status}");
     assert!(status.contains("confirmed sends: none") && status.contains("unresolved attempts"), "{status}");
 
     // An agent that cannot ack: the operator confirms the stop.

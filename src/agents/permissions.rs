@@ -445,7 +445,7 @@ impl PermissionRelay {
             .unwrap_or_default();
         let facts = RequestFacts {
             pending: row.state == PermissionState::Pending,
-            past_expiry: row.expires_at <= crate::ledger::now(),
+            past_expiry: row.expires_at <= Utc::now(),
         };
         rules::decide_press(action, PressFacts { request: Some(facts), presser, approvers })
     }
@@ -554,10 +554,10 @@ impl PermissionRelay {
         let Some(message_id) = row.prompt_message_id else { return Ok(true) };
         let end = match (row.state, &row.answered_by_name, &row.answered_at) {
             (PermissionState::Allowed, Some(by), Some(at)) => {
-                PromptEnd::Answered { verdict: Verdict::Allow, by, at }
+                PromptEnd::Answered { verdict: Verdict::Allow, by, at: *at }
             }
             (PermissionState::Denied, Some(by), Some(at)) => {
-                PromptEnd::Answered { verdict: Verdict::Deny, by, at }
+                PromptEnd::Answered { verdict: Verdict::Deny, by, at: *at }
             }
             _ => PromptEnd::Expired,
         };
@@ -588,10 +588,10 @@ impl PermissionRelay {
             };
             let found = match (question.state, &question.answered_by_name, &question.answered_at) {
                 (QuestionState::Delivered, Some(by), Some(at)) => {
-                    Some((Finding::Delivered, by.as_str(), at.as_str()))
+                    Some((Finding::Delivered, by.as_str(), *at))
                 }
                 (QuestionState::NotDelivered, Some(by), Some(at)) => {
-                    Some((Finding::NotDelivered, by.as_str(), at.as_str()))
+                    Some((Finding::NotDelivered, by.as_str(), *at))
                 }
                 _ => None,
             };
@@ -713,7 +713,7 @@ fn question_facts(question: &StoredQuestion) -> QuestionFacts<'_> {
     QuestionFacts {
         trace_id: &question.trace_id,
         chat_id: question.sent_chat_id,
-        sent_at: &question.sent_at,
+        sent_at: question.sent_at,
         text: &question.sent_text,
     }
 }

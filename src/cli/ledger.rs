@@ -6,6 +6,7 @@ use std::path::Path;
 use anyhow::Context;
 use clap::Subcommand;
 
+use crate::clock::text;
 use crate::config::{ConfigError, Settings};
 use crate::ids::{CascadeId, TaskId, TraceId};
 use crate::ledger::EnvelopeState;
@@ -170,7 +171,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                     h.to_agent,
                     h.depth,
                     h.cause_trace_id.as_deref().unwrap_or("(unprompted)"),
-                    h.opened_at,
+                    text(h.opened_at),
                     preview(&h.instruction)
                 );
                 if let Some(late) = &h.late_result {
@@ -189,7 +190,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                         format!("by {by} ({}) at {at}", p.answered_by.unwrap_or_default())
                     }
                     (_, _, Some(because)) => format!("({because})"),
-                    _ => format!("expires {}", p.expires_at),
+                    _ => format!("expires {}", text(p.expires_at)),
                 };
                 let prompt = match (p.prompt_message_id, &p.prompt_error) {
                     (Some(message_id), _) => format!("{} message {message_id}", p.prompt_send.as_str()),
@@ -200,7 +201,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                     "{}  {:<8}  {}  {} asked {} ({})  tool {}  prompt {} in chat {}  {}  \"{}\"",
                     p.id,
                     p.state,
-                    p.asked_at,
+                    text(p.asked_at),
                     p.agent,
                     p.request_id,
                     p.plugin_id,
@@ -230,7 +231,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                     turns.len(),
                     if replies == 1 { "y" } else { "ies" },
                     speakers.join(" → "),
-                    c.created_at,
+                    text(c.created_at),
                     preview(&started)
                 );
             }
@@ -250,7 +251,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 .await?
                 .with_context(|| format!("no envelope has trace id {trace_id}"))?;
             println!("trace_id:    {}", e.trace_id);
-            println!("state:       {} (since {})", e.state, e.state_changed_at);
+            println!("state:       {} (since {})", e.state, text(e.state_changed_at));
             println!(
                 "agent/route: {} / {}",
                 e.agent.as_deref().unwrap_or("-"),
@@ -270,13 +271,13 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 e.message_id,
                 e.user(),
                 e.sender_id.map_or("-".into(), |id| id.to_string()),
-                e.sent_at
+                text(e.sent_at)
             );
             match e.update_id {
                 Some(update_id) => {
-                    println!("update_id:   {update_id} ({}), received {}", e.kind, e.received_at)
+                    println!("update_id:   {update_id} ({}), received {}", e.kind, text(e.received_at))
                 }
-                None => println!("kind:        {}, made {}", e.kind, e.received_at),
+                None => println!("kind:        {}, made {}", e.kind, text(e.received_at)),
             }
             println!("deliveries:  {}", e.deliveries);
             if let (Some(task), Some(revision)) = (&e.task_id, e.revision) {
@@ -508,8 +509,8 @@ async fn print_task(ledger: &Ledger, task_id: &TaskId) -> anyhow::Result<()> {
     );
     println!(
         "opened {}{}",
-        task.opened_at,
-        task.closed_at.as_ref().map(|c| format!(", closed {c}")).unwrap_or_default()
+        text(task.opened_at),
+        task.closed_at.map(|c| format!(", closed {}", text(c))).unwrap_or_default()
     );
     println!();
     println!("revisions:");
@@ -543,12 +544,12 @@ async fn print_cascade(ledger: &Ledger, c: &StoredCascade) -> anyhow::Result<()>
         c.chat_id,
         c.thread_id.map(|t| format!(", topic {t}")).unwrap_or_default()
     );
-    println!("state:       {} (since {})", c.state, c.updated_at);
+    println!("state:       {} (since {})", c.state, text(c.updated_at));
     println!(
         "started by:  {} with {} at {}",
         cascade.message().author,
         c.message_trace_id,
-        c.started_at.as_deref().unwrap_or("(not yet: waiting for the room)")
+        c.started_at.map_or_else(|| "(not yet: waiting for the room)".to_owned(), text)
     );
     println!("message:     {}", preview(&cascade.message().text));
     println!(
@@ -566,7 +567,7 @@ async fn print_cascade(ledger: &Ledger, c: &StoredCascade) -> anyhow::Result<()>
             (Some(TurnEnding::Replied), Some(text)) => format!("replied \"{}\"", preview(text)),
             (Some(ending), _) => ending.as_str().to_owned(),
             (None, Some(_)) => "has the floor; its reply is being posted".to_owned(),
-            (None, None) => format!("has the floor since {}", t.started_at),
+            (None, None) => format!("has the floor since {}", text(t.started_at)),
         };
         println!(
             "  {}. {:<16} summoned by {:<16} {} ({})",
@@ -607,7 +608,7 @@ async fn print_cascade(ledger: &Ledger, c: &StoredCascade) -> anyhow::Result<()>
                 "  {} {}: \"{}\"",
                 p.key,
                 if p.made {
-                    format!("made {}", p.made_at.as_deref().unwrap_or(""))
+                    format!("made {}", p.made_at.map(text).unwrap_or_default())
                 } else {
                     "owed".to_owned()
                 },
@@ -633,10 +634,10 @@ fn print_handoff(h: &crate::ledger::StoredHandoff) {
     match &h.answer_trace_id {
         Some(answer) => println!(
             "  answer:    {answer} at {}{}",
-            h.closed_at.as_deref().unwrap_or("-"),
+            h.closed_at.map_or_else(|| "-".to_owned(), text),
             h.note.as_deref().map(|note| format!(" (note: {note})")).unwrap_or_default()
         ),
-        None => println!("  answer:    none yet (opened {})", h.opened_at),
+        None => println!("  answer:    none yet (opened {})", text(h.opened_at)),
     }
 }
 

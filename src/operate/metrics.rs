@@ -157,9 +157,8 @@ pub fn attempt_finished(outcome: AttemptState, elapsed: Duration) {
 
 /// An envelope of `kind`, recorded at `received_at` (the ledger's RFC 3339 time), was
 /// handed to its agent's session for the first time.
-pub fn envelope_handed_over(kind: EnvelopeKind, received_at: &str) {
-    let Ok(recorded) = DateTime::parse_from_rfc3339(received_at) else { return };
-    let waited = (Utc::now() - recorded.with_timezone(&Utc)).to_std().unwrap_or(Duration::ZERO);
+pub fn envelope_handed_over(kind: EnvelopeKind, received_at: DateTime<Utc>) {
+    let waited = (Utc::now() - received_at).to_std().unwrap_or(Duration::ZERO);
     histogram!(INBOUND_HOP, "kind" => kind.as_str()).record(waited.as_secs_f64());
 }
 

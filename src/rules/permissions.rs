@@ -6,6 +6,8 @@
 //! as the presser's client sent it, so it is read as untrusted input and only ever looked
 //! up in the ledger.
 
+use chrono::{DateTime, Utc};
+
 /// Telegram's limit on `callback_data`, in bytes.
 pub const CALLBACK_DATA_LIMIT: usize = 64;
 
@@ -209,7 +211,7 @@ pub struct PromptFacts<'a> {
 /// How a prompt ends.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PromptEnd<'a> {
-    Answered { verdict: Verdict, by: &'a str, at: &'a str },
+    Answered { verdict: Verdict, by: &'a str, at: DateTime<Utc> },
     Expired,
 }
 
@@ -289,11 +291,8 @@ pub fn final_prompt_text(facts: &PromptFacts<'_>, end: PromptEnd<'_>) -> String 
 }
 
 /// `2026-12-02T03:04:05.678Z` as `2026-12-02 03:04:05 UTC`; anything else as it is.
-fn clock(at: &str) -> String {
-    match (at.get(..10), at.get(11..19)) {
-        (Some(day), Some(time)) if at.as_bytes().get(10) == Some(&b'T') => format!("{day} {time} UTC"),
-        _ => at.to_owned(),
-    }
+fn clock(at: DateTime<Utc>) -> String {
+    crate::clock::for_people(at)
 }
 
 /// What every `callback_data` of an operator's question begins with.
@@ -363,7 +362,7 @@ pub fn decide_question(presser: i64, operators: &[i64], open: Option<bool>) -> R
 pub struct QuestionFacts<'a> {
     pub trace_id: &'a str,
     pub chat_id: i64,
-    pub sent_at: &'a str,
+    pub sent_at: DateTime<Utc>,
     pub text: &'a str,
 }
 
@@ -386,7 +385,10 @@ pub fn question_text(facts: &QuestionFacts<'_>) -> String {
 }
 
 /// A question once answered: what was found, by whom and when, no buttons.
-pub fn final_question_text(facts: &QuestionFacts<'_>, found: Option<(Finding, &str, &str)>) -> String {
+pub fn final_question_text(
+    facts: &QuestionFacts<'_>,
+    found: Option<(Finding, &str, DateTime<Utc>)>,
+) -> String {
     let outcome = match found {
         Some((Finding::Delivered, by, at)) => {
             format!("✅ <b>Delivered</b>, says {} at {}", escape_html(by), escape_html(&clock(at)))
@@ -549,7 +551,7 @@ mod tests {
 
     #[test]
     fn a_final_prompt_says_who_answered_and_when() {
-        let at = "2026-12-02T03:04:05.678Z";
+        let at = DateTime::parse_from_rfc3339("2026-12-02T03:04:05.678Z").unwrap().with_timezone(&Utc);
         let allowed =
             final_prompt_text(&prompt(), PromptEnd::Answered { verdict: Verdict::Allow, by: "@ann", at });
         assert!(allowed.contains("Allowed") && allowed.contains("@ann") && allowed.contains("03:04:05 UTC"));
@@ -585,7 +587,7 @@ mod tests {
         let facts = QuestionFacts {
             trace_id: "env_abc",
             chat_id: 42,
-            sent_at: "2026-12-02T03:04:05.678Z",
+            sent_at: DateTime::parse_from_rfc3339("2026-12-02T03:04:05.678Z").unwrap().with_timezone(&Utc),
             text: "<b>done</b>",
         };
         assert!(question_text(&facts).contains("&lt;b&gt;done"));

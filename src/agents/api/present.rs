@@ -16,7 +16,7 @@ pub fn summary(envelope: &StoredEnvelope) -> PendingSummary {
         chat_title: envelope.chat_title.clone(),
         user: envelope.user(),
         route: envelope.route.clone().unwrap_or_default(),
-        ts: envelope.sent_at.clone(),
+        ts: crate::clock::text(envelope.sent_at),
         preview: envelope.preview(),
     }
 }
@@ -39,7 +39,7 @@ pub fn delivered(envelope: &StoredEnvelope, redelivered: bool) -> DeliveredEnvel
         message_id: i32::try_from(envelope.message_id).unwrap_or_default(),
         user: envelope.user(),
         user_id: envelope.sender_id.unwrap_or_default(),
-        ts: envelope.sent_at.clone(),
+        ts: crate::clock::text(envelope.sent_at),
         route: envelope.route.clone().unwrap_or_default(),
         redelivered,
         edited: envelope.kind == EnvelopeKind::EditedMessage,

@@ -269,7 +269,7 @@ mod tests {
             outcome,
             telegram_message_id: Some(77),
             error: Some("Bad Request: message to react not found".into()),
-            started_at: String::new(),
+            started_at: chrono::Utc::now(),
             finished_at: None,
             reconciled_outcome: None,
             reconciled_reason: None,

@@ -355,9 +355,7 @@ fn priors(handoffs: Vec<StoredHandoff>, now: DateTime<Utc>) -> Result<Vec<PriorH
                 tracing::error!(handoff_id = %handoff.handoff_id, "a handoff in the ledger cannot be read: {what}");
                 ToolError::from(LedgerError::other(format!("handoff {}: {what}", handoff.handoff_id)))
             };
-            let opened = DateTime::parse_from_rfc3339(&handoff.opened_at)
-                .map_err(|e| unreadable(format!("opened_at {:?}: {e}", handoff.opened_at)))?
-                .with_timezone(&Utc);
+            let opened = handoff.opened_at;
             let to = AgentName::parse(&handoff.to_agent)
                 .map_err(|e| unreadable(format!("to_agent {:?}: {e}", handoff.to_agent)))?;
             Ok(PriorHandoff {
@@ -409,7 +407,7 @@ mod tests {
             answer_trace_id: None,
             answer_request_id: None,
             state: HandoffState::Open,
-            opened_at: opened_at.into(),
+            opened_at: DateTime::parse_from_rfc3339(opened_at).unwrap().with_timezone(&Utc),
             closed_at: None,
             note: None,
             task_id: None,

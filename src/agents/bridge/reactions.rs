@@ -30,7 +30,7 @@ pub(super) fn reaction_notice(reaction: &StoredReaction) -> DeliveredNotice {
             "{} reacted {} to your reply (message {}) to {}. Not a new message: nothing to answer.",
             reaction.user, reaction.emoji, reaction.message_id, reaction.trace_id
         ),
-        ts: reaction.reacted_at.clone(),
+        ts: crate::clock::text(reaction.reacted_at),
         extra,
     }
 }

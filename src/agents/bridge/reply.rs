@@ -682,7 +682,7 @@ mod tests {
             outcome,
             telegram_message_id: message_id,
             error: None,
-            started_at: String::new(),
+            started_at: chrono::Utc::now(),
             finished_at: None,
             reconciled_outcome: None,
             reconciled_reason: None,

@@ -422,7 +422,7 @@ impl Bridge {
             )
         });
         if !redelivered {
-            crate::operate::metrics::envelope_handed_over(envelope.kind, &envelope.received_at);
+            crate::operate::metrics::envelope_handed_over(envelope.kind, envelope.received_at);
         }
         let mut delivered = present::delivered(envelope, redelivered);
         let extra = match envelope.kind {

@@ -2,9 +2,11 @@
 //! settling their envelope in the same transaction.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::ledger::prelude::*;
 
+use super::columns::{optional_timestamp, timestamp_column};
 use super::envelopes::transition_in;
 use crate::ledger::EnvelopeState;
 use rusqlite::OptionalExtension;
@@ -210,8 +212,8 @@ pub struct StoredAttempt {
     pub outcome: AttemptState,
     pub telegram_message_id: Option<i64>,
     pub error: Option<String>,
-    pub started_at: String,
-    pub finished_at: Option<String>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
     pub reconciled_outcome: Option<ReconciledOutcome>,
     pub reconciled_reason: Option<String>,
 }
@@ -317,8 +319,8 @@ impl StoredAttempt {
             outcome: text_enum(row, "outcome")?,
             telegram_message_id: row.get("telegram_message_id")?,
             error: row.get("error")?,
-            started_at: row.get("started_at")?,
-            finished_at: row.get("finished_at")?,
+            started_at: timestamp_column(row, "started_at")?,
+            finished_at: optional_timestamp(row, "finished_at")?,
             reconciled_outcome: optional_text_enum(row, "reconciled_outcome")?,
             reconciled_reason: row.get("reconciled_reason")?,
         })

@@ -1,7 +1,9 @@
-//! How the domain's ids are stored: as their text, and read back strictly (a value that
-//! does not parse is an error naming it, never a default).
+//! How the domain's ids and times are stored: as text, and read back strictly (a value
+//! that does not parse is an error naming it, never a default). Times are written by
+//! [`super::timestamp`] (RFC 3339, milliseconds, `Z`), which compares in time order as text.
 
-use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, ValueRef};
+use chrono::{DateTime, Utc};
+use rusqlite::types::{FromSql, FromSqlError, FromSqlResult, ToSql, ToSqlOutput, Type, ValueRef};
 
 use crate::ids::{AttemptId, CascadeId, HandoffId, TaskId, TraceId};
 
@@ -25,6 +27,30 @@ macro_rules! id_columns {
 
 id_columns!(TraceId, HandoffId, CascadeId, TaskId, AttemptId);
 
+/// The time in `column`, which must hold one.
+pub(super) fn timestamp_column(row: &rusqlite::Row<'_>, column: &str) -> rusqlite::Result<DateTime<Utc>> {
+    let text: String = row.get(column)?;
+    parse_timestamp(row, column, &text)
+}
+
+/// The time in `column`, if it holds one.
+pub(super) fn optional_timestamp(
+    row: &rusqlite::Row<'_>,
+    column: &str,
+) -> rusqlite::Result<Option<DateTime<Utc>>> {
+    row.get::<_, Option<String>>(column)?.map(|text| parse_timestamp(row, column, &text)).transpose()
+}
+
+fn parse_timestamp(row: &rusqlite::Row<'_>, column: &str, text: &str) -> rusqlite::Result<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(text).map(|at| at.with_timezone(&Utc)).map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(
+            row.as_ref().column_index(column).unwrap_or_default(),
+            Type::Text,
+            format!("{column} {text:?} is not a time: {e}").into(),
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -39,5 +65,18 @@ mod tests {
         assert!(bad.is_err(), "{bad:?}");
         let other_kind = db.query_row("SELECT ?1", [TraceId::generate()], |row| row.get::<_, TaskId>(0));
         assert!(other_kind.is_err(), "a trace id is no task id: {other_kind:?}");
+    }
+
+    #[test]
+    fn a_time_reads_back_as_written_and_a_malformed_one_is_an_error() {
+        let db = rusqlite::Connection::open_in_memory().unwrap();
+        let at = DateTime::parse_from_rfc3339("2026-12-02T08:16:31.123Z").unwrap().with_timezone(&Utc);
+        let written = super::super::timestamp(at);
+        let read = db.query_row("SELECT ?1", [&written], |row| timestamp_column(row, "?1")).unwrap();
+        assert_eq!(read, at);
+        let none = db.query_row("SELECT NULL AS t", [], |row| optional_timestamp(row, "t")).unwrap();
+        assert_eq!(none, None);
+        let bad = db.query_row("SELECT 'yesterday' AS t", [], |row| timestamp_column(row, "t"));
+        assert!(format!("{bad:?}").contains("yesterday"), "{bad:?}");
     }
 }

@@ -2,6 +2,7 @@
 //! between states.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::ledger::prelude::*;
 
@@ -10,6 +11,7 @@ use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display
 use crate::telegram::parts::{Attachment, stored_attachments};
 use rusqlite::OptionalExtension;
 
+use super::columns::timestamp_column;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger, now};
 use crate::ids::{AgentName, RouteName, TaskId, TraceId};
@@ -53,13 +55,13 @@ pub struct StoredEnvelope {
     pub text: Option<String>,
     pub attachments: String,
     pub content: String,
-    pub sent_at: String,
-    pub received_at: String,
+    pub sent_at: DateTime<Utc>,
+    pub received_at: DateTime<Utc>,
     pub route: Option<String>,
     pub agent: Option<String>,
     pub state: EnvelopeState,
     pub deliveries: i64,
-    pub state_changed_at: String,
+    pub state_changed_at: DateTime<Utc>,
     pub note: Option<String>,
     /// The task and revision it was made under (DESIGN.md §11), if it belongs to one.
     pub task_id: Option<TaskId>,
@@ -97,13 +99,13 @@ impl StoredEnvelope {
             text: row.get("text")?,
             attachments: row.get("attachments")?,
             content: row.get("content")?,
-            sent_at: row.get("sent_at")?,
-            received_at: row.get("received_at")?,
+            sent_at: timestamp_column(row, "sent_at")?,
+            received_at: timestamp_column(row, "received_at")?,
             route: row.get("route")?,
             agent: row.get("agent")?,
             state: text_enum(row, "state")?,
             deliveries: row.get("deliveries")?,
-            state_changed_at: row.get("state_changed_at")?,
+            state_changed_at: timestamp_column(row, "state_changed_at")?,
             note: row.get("note")?,
             task_id: row.get("task_id")?,
             revision: row.get("revision")?,

@@ -3,11 +3,13 @@
 //! is one transaction, so a handoff and its envelopes never disagree.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::ledger::prelude::*;
 
 use rusqlite::OptionalExtension;
 
+use super::columns::{optional_timestamp, timestamp_column};
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 
 use super::envelopes::transition_in;
@@ -70,8 +72,8 @@ pub struct StoredHandoff {
     pub answer_trace_id: Option<TraceId>,
     pub answer_request_id: Option<String>,
     pub state: HandoffState,
-    pub opened_at: String,
-    pub closed_at: Option<String>,
+    pub opened_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
     pub note: Option<String>,
     /// The task the handoff was made for (DESIGN.md §11), if any.
     pub task_id: Option<TaskId>,
@@ -100,8 +102,8 @@ impl StoredHandoff {
             answer_trace_id: row.get("answer_trace_id")?,
             answer_request_id: row.get("answer_request_id")?,
             state: text_enum(row, "state")?,
-            opened_at: row.get("opened_at")?,
-            closed_at: row.get("closed_at")?,
+            opened_at: timestamp_column(row, "opened_at")?,
+            closed_at: optional_timestamp(row, "closed_at")?,
             note: row.get("note")?,
             task_id: row.get("task_id")?,
             late_result: row.get("late_result")?,

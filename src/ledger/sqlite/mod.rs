@@ -14,7 +14,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, SecondsFormat, Utc};
 use rusqlite::OpenFlags;
 
 use async_trait::async_trait;
@@ -29,15 +28,8 @@ use readers::Readers;
 /// daemon runs) before giving up. SqliteLedger transactions are short, so this is generous.
 const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
 
-pub fn now() -> String {
-    timestamp(Utc::now())
-}
+pub use crate::clock::{now_text as now, text as timestamp};
 
-/// `at` as the ledger's timestamp columns hold it (RFC 3339, milliseconds, `Z`), which
-/// compare in time order as text.
-pub fn timestamp(at: DateTime<Utc>) -> String {
-    at.to_rfc3339_opts(SecondsFormat::Millis, true)
-}
 #[derive(Debug, Clone)]
 pub struct SqliteLedger {
     /// The connection every write of the process runs on, and this process's turn to

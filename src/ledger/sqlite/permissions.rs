@@ -5,11 +5,13 @@
 //! verdict wins: every change of state is conditional on the row still being `pending`.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::ledger::prelude::*;
 
 use rusqlite::OptionalExtension;
 
+use super::columns::{optional_timestamp, timestamp_column};
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{AttemptOutcome, AttemptState, LedgerResult, SqliteLedger, now};
 
@@ -96,8 +98,8 @@ pub struct StoredPermission {
     pub tool_name: String,
     pub description: String,
     pub input_preview: String,
-    pub asked_at: String,
-    pub expires_at: String,
+    pub asked_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
     pub state: PermissionState,
     pub route: String,
     pub chat_id: i64,
@@ -110,9 +112,9 @@ pub struct StoredPermission {
     pub prompt_settled: bool,
     pub answered_by: Option<i64>,
     pub answered_by_name: Option<String>,
-    pub answered_at: Option<String>,
+    pub answered_at: Option<DateTime<Utc>>,
     pub expired_because: Option<String>,
-    pub verdict_sent_at: Option<String>,
+    pub verdict_sent_at: Option<DateTime<Utc>>,
 }
 
 macro_rules! permission_columns {
@@ -134,8 +136,8 @@ impl StoredPermission {
             tool_name: row.get("tool_name")?,
             description: row.get("description")?,
             input_preview: row.get("input_preview")?,
-            asked_at: row.get("asked_at")?,
-            expires_at: row.get("expires_at")?,
+            asked_at: timestamp_column(row, "asked_at")?,
+            expires_at: timestamp_column(row, "expires_at")?,
             state: text_enum(row, "state")?,
             route: row.get("route")?,
             chat_id: row.get("chat_id")?,
@@ -146,9 +148,9 @@ impl StoredPermission {
             prompt_settled: row.get("prompt_settled")?,
             answered_by: row.get("answered_by")?,
             answered_by_name: row.get("answered_by_name")?,
-            answered_at: row.get("answered_at")?,
+            answered_at: optional_timestamp(row, "answered_at")?,
             expired_because: row.get("expired_because")?,
-            verdict_sent_at: row.get("verdict_sent_at")?,
+            verdict_sent_at: optional_timestamp(row, "verdict_sent_at")?,
         })
     }
 }

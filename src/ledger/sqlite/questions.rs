@@ -3,10 +3,12 @@
 //! `switchboard ledger reconcile` does, recording who answered and when.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::ids::TraceId;
 use crate::ledger::prelude::*;
 
+use super::columns::{optional_timestamp, timestamp_column};
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{
     AttemptOutcome, AttemptState, EnvelopeState, LedgerResult, ReconcileError, Reconciliation, SqliteLedger,
@@ -44,7 +46,7 @@ pub struct StoredQuestion {
     pub envelope_id: i64,
     pub trace_id: TraceId,
     pub sent_chat_id: i64,
-    pub sent_at: String,
+    pub sent_at: DateTime<Utc>,
     pub sent_text: String,
     pub state: QuestionState,
     pub chat_id: i64,
@@ -53,7 +55,7 @@ pub struct StoredQuestion {
     pub prompt_message_id: Option<i32>,
     pub prompt_settled: bool,
     pub answered_by_name: Option<String>,
-    pub answered_at: Option<String>,
+    pub answered_at: Option<DateTime<Utc>>,
 }
 
 macro_rules! question_columns {
@@ -71,7 +73,7 @@ impl StoredQuestion {
             envelope_id: row.get("envelope_id")?,
             trace_id: row.get("trace_id")?,
             sent_chat_id: row.get("sent_chat_id")?,
-            sent_at: row.get("sent_at")?,
+            sent_at: timestamp_column(row, "sent_at")?,
             sent_text: row.get("sent_text")?,
             state: text_enum(row, "state")?,
             chat_id: row.get("chat_id")?,
@@ -80,7 +82,7 @@ impl StoredQuestion {
             prompt_message_id: row.get("prompt_message_id")?,
             prompt_settled: row.get("prompt_settled")?,
             answered_by_name: row.get("answered_by_name")?,
-            answered_at: row.get("answered_at")?,
+            answered_at: optional_timestamp(row, "answered_at")?,
         })
     }
 }

@@ -12,11 +12,13 @@
 //! answer, is never listed by `pending` and is never a reply's candidate.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::ledger::prelude::*;
 
 use chrono::SecondsFormat;
 
+use super::columns::timestamp_column;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{LedgerResult, SqliteLedger, now};
 use crate::ids::{AgentName, TraceId};
@@ -44,7 +46,7 @@ pub struct StoredReaction {
     pub user: String,
     /// The reactions now set, space-separated.
     pub emoji: String,
-    pub reacted_at: String,
+    pub reacted_at: DateTime<Utc>,
 }
 
 impl StoredReaction {
@@ -58,7 +60,7 @@ impl StoredReaction {
             user_id: row.get("user_id")?,
             user: row.get("user")?,
             emoji: row.get("emoji")?,
-            reacted_at: row.get("reacted_at")?,
+            reacted_at: timestamp_column(row, "reacted_at")?,
         })
     }
 }
@@ -177,7 +179,7 @@ pub(super) fn record_reactions(
                 user_id: r.user_id,
                 user: r.user.clone(),
                 emoji,
-                reacted_at,
+                reacted_at: r.date,
             });
         }
     }

@@ -8,11 +8,13 @@
 //! again from the new facts.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::ledger::prelude::*;
 
 use rusqlite::OptionalExtension;
 
+use super::columns::{optional_timestamp, timestamp_column};
 use super::envelopes::transition_in;
 use super::in_place::{
     execute_cached, optional_json, optional_text_enum, query_all_cached, query_row_cached, text_enum,
@@ -116,15 +118,15 @@ pub struct StoredCascade {
     pub max_iters: i64,
     pub speaker_timeout_secs: i64,
     pub stop_by: Option<String>,
-    pub stop_requested_at: Option<String>,
+    pub stop_requested_at: Option<DateTime<Utc>>,
     /// How it ended, once it has; read strictly (an outcome this switchboard cannot read is
     /// an error, not an exchange still running).
     pub outcome: Option<Outcome>,
     pub outcome_text: Option<String>,
-    pub created_at: String,
-    pub started_at: Option<String>,
-    pub ended_at: Option<String>,
-    pub updated_at: String,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub ended_at: Option<DateTime<Utc>>,
+    pub updated_at: DateTime<Utc>,
     /// Counts the steps applied to it: a step decided on one version applies only while
     /// the cascade still holds it (see [`CascadeUpdate::decided_on`]).
     pub version: i64,
@@ -147,13 +149,13 @@ impl StoredCascade {
             max_iters: row.get("max_iters")?,
             speaker_timeout_secs: row.get("speaker_timeout_secs")?,
             stop_by: row.get("stop_by")?,
-            stop_requested_at: row.get("stop_requested_at")?,
+            stop_requested_at: optional_timestamp(row, "stop_requested_at")?,
             outcome: optional_json(row, "outcome")?,
             outcome_text: row.get("outcome_text")?,
-            created_at: row.get("created_at")?,
-            started_at: row.get("started_at")?,
-            ended_at: row.get("ended_at")?,
-            updated_at: row.get("updated_at")?,
+            created_at: timestamp_column(row, "created_at")?,
+            started_at: optional_timestamp(row, "started_at")?,
+            ended_at: optional_timestamp(row, "ended_at")?,
+            updated_at: timestamp_column(row, "updated_at")?,
             version: row.get("version")?,
         })
     }
@@ -179,10 +181,10 @@ pub struct StoredTurn {
     pub envelope_id: i64,
     pub envelope_trace_id: TraceId,
     pub envelope_state: EnvelopeState,
-    pub started_at: String,
+    pub started_at: DateTime<Utc>,
     pub reply_text: Option<String>,
     pub reply_request_id: Option<String>,
-    pub ended_at: Option<String>,
+    pub ended_at: Option<DateTime<Utc>>,
     pub ending: Option<TurnEnding>,
 }
 
@@ -198,10 +200,10 @@ impl StoredTurn {
             envelope_id: row.get("envelope_id")?,
             envelope_trace_id: row.get("envelope_trace_id")?,
             envelope_state: text_enum(row, "envelope_state")?,
-            started_at: row.get("started_at")?,
+            started_at: timestamp_column(row, "started_at")?,
             reply_text: row.get("reply_text")?,
             reply_request_id: row.get("reply_request_id")?,
-            ended_at: row.get("ended_at")?,
+            ended_at: optional_timestamp(row, "ended_at")?,
             ending: optional_text_enum(row, "ending")?,
         })
     }
@@ -224,8 +226,8 @@ pub struct StoredPost {
     pub reply_to_message_id: Option<i64>,
     pub text: String,
     pub made: bool,
-    pub created_at: String,
-    pub made_at: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub made_at: Option<DateTime<Utc>>,
 }
 
 impl StoredPost {
@@ -242,8 +244,8 @@ impl StoredPost {
             reply_to_message_id: row.get("reply_to_message_id")?,
             text: row.get("text")?,
             made: row.get("made")?,
-            created_at: row.get("created_at")?,
-            made_at: row.get("made_at")?,
+            created_at: timestamp_column(row, "created_at")?,
+            made_at: optional_timestamp(row, "made_at")?,
         })
     }
 }

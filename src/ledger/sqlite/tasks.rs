@@ -17,6 +17,7 @@ use std::collections::{HashMap, HashSet};
 use rusqlite::OptionalExtension;
 use serde_json::json;
 
+use super::columns::{optional_timestamp, timestamp_column};
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{EnvelopeKind, EnvelopeState, LedgerError, LedgerResult, RoutedEnvelope, SqliteLedger, now};
@@ -84,12 +85,12 @@ fn task_from_row(row: &rusqlite::Row) -> rusqlite::Result<Task> {
         instruction_kind: row.get("instruction_kind")?,
         act_on: row.get("act_on")?,
         stop_requested_by: row.get("stop_requested_by")?,
-        stop_requested_at: row.get("stop_requested_at")?,
-        stopped_at: row.get("stopped_at")?,
+        stop_requested_at: optional_timestamp(row, "stop_requested_at")?,
+        stopped_at: optional_timestamp(row, "stopped_at")?,
         stop_reason: row.get("stop_reason")?,
-        opened_at: row.get("opened_at")?,
-        updated_at: row.get("updated_at")?,
-        closed_at: row.get("closed_at")?,
+        opened_at: timestamp_column(row, "opened_at")?,
+        updated_at: timestamp_column(row, "updated_at")?,
+        closed_at: optional_timestamp(row, "closed_at")?,
     })
 }
 

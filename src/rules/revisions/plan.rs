@@ -299,8 +299,8 @@ mod tests {
             stop_requested_at: None,
             stopped_at: None,
             stop_reason: None,
-            opened_at: "2026-12-01T00:00:00.000Z".into(),
-            updated_at: "2026-12-01T00:00:00.000Z".into(),
+            opened_at: chrono::DateTime::UNIX_EPOCH,
+            updated_at: chrono::DateTime::UNIX_EPOCH,
             closed_at: None,
         }
     }

@@ -2,6 +2,8 @@
 //! the task has done. Plain data; the ledger reads it from its rows, the planner and the
 //! texts take it as it is.
 
+use chrono::{DateTime, Utc};
+
 use super::{ChangeKind, InstructionChange, TaskNow, TaskState};
 use crate::ids::TaskId;
 
@@ -23,12 +25,12 @@ pub struct Task {
     /// The trace id of the envelope that carries the current instruction.
     pub act_on: Option<String>,
     pub stop_requested_by: Option<String>,
-    pub stop_requested_at: Option<String>,
-    pub stopped_at: Option<String>,
+    pub stop_requested_at: Option<DateTime<Utc>>,
+    pub stopped_at: Option<DateTime<Utc>>,
     pub stop_reason: Option<String>,
-    pub opened_at: String,
-    pub updated_at: String,
-    pub closed_at: Option<String>,
+    pub opened_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub closed_at: Option<DateTime<Utc>>,
 }
 
 impl Task {

@@ -3,6 +3,8 @@
 //! an agent acts on, and what `revise_task` tells the agent to do next. Every text of a
 //! task is written here, once; the planner picks them and the ledger stores them.
 
+use chrono::{DateTime, Utc};
+
 use super::task::{Task, TaskEffects};
 use super::{ChangeKind, TaskState};
 
@@ -136,13 +138,14 @@ pub fn after_declaration(kind: ChangeKind, trace_id: &str, task_id: &str) -> Str
 /// `switchboard ledger task`).
 pub fn describe(task: &Task, effects: &TaskEffects) -> String {
     let unknown = |value: &Option<String>| value.clone().unwrap_or_else(|| "?".to_owned());
+    let unknown_time = |at: &Option<DateTime<Utc>>| at.map_or_else(|| "?".to_owned(), crate::clock::text);
     let mut lines = vec![format!("{} (revision {}): {}", task.task_id, task.revision, task.state)];
     lines.push(format!("objective: {}", one_line(&task.objective)));
     match task.state() {
         TaskState::StopRequested => lines.push(format!(
             "stop requested by {} at {}: not stopped yet (the agent has not confirmed)",
             unknown(&task.stop_requested_by),
-            unknown(&task.stop_requested_at),
+            unknown_time(&task.stop_requested_at),
         )),
         TaskState::Stopped => {
             let reason = task.stop_reason.as_deref().unwrap_or_default();
@@ -154,16 +157,16 @@ pub fn describe(task: &Task, effects: &TaskEffects) -> String {
             lines.push(format!(
                 "stop requested by {} at {}; stopped at {}, confirmed by {by}",
                 unknown(&task.stop_requested_by),
-                unknown(&task.stop_requested_at),
-                unknown(&task.stopped_at),
+                unknown_time(&task.stop_requested_at),
+                unknown_time(&task.stopped_at),
             ));
         }
         TaskState::Done => lines.push(format!(
             "done at {}: every message of it was answered or handled, and no handoff of it is open",
-            unknown(&task.closed_at)
+            unknown_time(&task.closed_at)
         )),
         TaskState::Replaced => {
-            lines.push(format!("replaced at {} by a new objective", unknown(&task.closed_at)))
+            lines.push(format!("replaced at {} by a new objective", unknown_time(&task.closed_at)))
         }
         TaskState::Open | TaskState::Paused => {}
     }

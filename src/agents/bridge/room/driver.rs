@@ -477,9 +477,7 @@ impl RoomDriver {
                 tracing::error!(cascade_id = %stored.cascade_id, speaker = current.speaker, "a cascade's open turn has no turn row: its room is stuck until an operator repairs it");
                 return Ok(None);
             };
-            let started = DateTime::parse_from_rfc3339(&turn.started_at)
-                .map(|t| t.with_timezone(&Utc))
-                .unwrap_or_else(|_| Utc::now());
+            let started = turn.started_at;
             let timeout = Duration::from_secs(u64::try_from(stored.speaker_timeout_secs).unwrap_or(0));
             let now = Utc::now();
             match judge_turn(turn.envelope_state, turn.reply_text.is_some(), started, timeout, now) {
