@@ -142,11 +142,11 @@ async fn the_intake_migration_keeps_every_row_and_reference() {
     db.execute_batch(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
-         ('env_old1xxxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
-         ('env_old2xxxxxx', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', 't', 't', 'pending', 1, 't'); \
+         ('env_old1xxxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', 'acked', 1, '2026-01-01T00:00:00.000Z'), \
+         ('env_old2xxxxxx', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', 'pending', 1, '2026-01-01T00:00:00.000Z'); \
          INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
-         VALUES ('op_1xxxxxxxxx', 1, 'orch', 42, 0, 1, 'hello', 'sent', 't'); \
-         INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (1, 't', 'pending', 'acked', 'daemon');",
+         VALUES ('op_1xxxxxxxxx', 1, 'orch', 42, 0, 1, 'hello', 'sent', '2026-01-01T00:00:00.000Z'); \
+         INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (1, '2026-01-01T00:00:00.000Z', 'pending', 'acked', 'daemon');",
     )
     .unwrap();
     drop(db);
@@ -193,8 +193,11 @@ async fn a_busy_lock_and_a_full_disk_are_congestion_and_other_errors_are_not() {
     // Another process holds the write lock: SQLITE_BUSY.
     let holder = other();
     holder.execute_batch("BEGIN EXCLUSIVE; UPDATE poller_offsets SET next_offset = 0;").unwrap();
-    let busy =
-        LedgerError::from(other().execute("INSERT INTO poller_offsets VALUES (1, 1, 't')", []).unwrap_err());
+    let busy = LedgerError::from(
+        other()
+            .execute("INSERT INTO poller_offsets VALUES (1, 1, '2026-01-01T00:00:00.000Z')", [])
+            .unwrap_err(),
+    );
     assert!(matches!(busy, LedgerError::Busy { .. }), "{busy:?}");
     assert_eq!(LedgerCongestion::of(&busy), Some(LedgerCongestion::Busy), "{busy}");
     holder.execute_batch("ROLLBACK").unwrap();
@@ -203,7 +206,8 @@ async fn a_busy_lock_and_a_full_disk_are_congestion_and_other_errors_are_not() {
     let cramped = other();
     let pages: i64 = cramped.query_row("PRAGMA page_count", [], |row| row.get(0)).unwrap();
     cramped.query_row(&format!("PRAGMA max_page_count = {pages}"), [], |_| Ok(())).unwrap();
-    let insert_session = "INSERT INTO agent_sessions (id, agent, connected_at) VALUES (?, 'orch', 't')";
+    let insert_session =
+        "INSERT INTO agent_sessions (id, agent, connected_at) VALUES (?, 'orch', '2026-01-01T00:00:00.000Z')";
     let full = LedgerError::from(cramped.execute(insert_session, ["x".repeat(64 * 1024)]).unwrap_err());
     assert!(matches!(full, LedgerError::DiskFull { .. }), "{full:?}");
     assert_eq!(LedgerCongestion::of(&full), Some(LedgerCongestion::DiskFull), "{full}");
@@ -355,7 +359,7 @@ async fn no_check_builds_a_temporary_tree() {
     };
     for statement in [
         "INSERT INTO envelopes (trace_id, kind, chat_id, chat_type, message_id, sender_name, content, sent_at, \
-         received_at, state, state_changed_at) VALUES (?1, ?2, 1, 'private', 1, 'Ann', 'hi', 't', 't', ?3, 't')",
+         received_at, state, state_changed_at) VALUES (?1, ?2, 1, 'private', 1, 'Ann', 'hi', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', ?3, '2026-01-01T00:00:00.000Z')",
         "UPDATE envelopes SET state = ?1 WHERE id = ?2",
         "UPDATE attempts SET outcome = ?1 WHERE id = ?2",
     ] {
@@ -365,7 +369,7 @@ async fn no_check_builds_a_temporary_tree() {
     let insert = |trace_id: &str, kind: &str, state: &str| {
         db.execute(
             "INSERT INTO envelopes (trace_id, kind, chat_id, chat_type, message_id, sender_name, content, sent_at, \
-             received_at, state, state_changed_at) VALUES (?1, ?2, 1, 'private', 1, 'Ann', 'hi', 't', 't', ?3, 't')",
+             received_at, state, state_changed_at) VALUES (?1, ?2, 1, 'private', 1, 'Ann', 'hi', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', ?3, '2026-01-01T00:00:00.000Z')",
             [trace_id, kind, state],
         )
     };
@@ -387,8 +391,8 @@ async fn ids_are_not_reused_without_autoincrement() {
     db.execute(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
-         ('env_old1xxxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
-         ('env_old2xxxxxx', 11, 'message', 42, 'private', 2, 'Ann', 'hi!', 't', 't', 'acked', 1, 't')",
+         ('env_old1xxxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', 'acked', 1, '2026-01-01T00:00:00.000Z'), \
+         ('env_old2xxxxxx', 11, 'message', 42, 'private', 2, 'Ann', 'hi!', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', 'acked', 1, '2026-01-01T00:00:00.000Z')",
         [],
     )
     .unwrap();
@@ -530,9 +534,9 @@ fn ledger_made_by_sqlx(dir: &std::path::Path) -> std::path::PathBuf {
     db.execute_batch(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
-         ('env_sqlx1xxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
-         ('env_sqlx2xxxxx', 11, 'message', 42, 'private', 2, 'Ann', 'still there?', 't', 't', 'queued', 0, 't'); \
-         INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (7, 12, 't');",
+         ('env_sqlx1xxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', 'acked', 1, '2026-01-01T00:00:00.000Z'), \
+         ('env_sqlx2xxxxx', 11, 'message', 42, 'private', 2, 'Ann', 'still there?', '2026-01-01T00:00:00.000Z', '2026-01-01T00:00:00.000Z', 'queued', 0, '2026-01-01T00:00:00.000Z'); \
+         INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (7, 12, '2026-01-01T00:00:00.000Z');",
     )
     .unwrap();
     path
