@@ -99,7 +99,7 @@ const IDLE_SETTLE: Duration = Duration::from_millis(300);
 
 /// How long each serving side is watched doing nothing (issue 26's idle cost): long enough
 /// that a timer firing every few seconds shows, and that the switchboard's long poll
-/// (`telegram.poll_timeout_secs`, 30 s by default) and the echo bot's (teloxide's default)
+/// (`telegram.poll_timeout_secs`, 10 s by default) and the echo bot's (teloxide's, 10 s)
 /// each end and restart at least once would take longer than a benchmark should; both are
 /// answered by the fake at their timeout, as Telegram answers.
 const IDLE_WINDOW: Duration = Duration::from_secs(40);
