@@ -542,14 +542,11 @@ impl PermissionRelay {
                 Err(e) => return Err(e),
             }
         }
-        let next_expiry = match ledger.next_permission_expiry().await? {
-            Some(next) => Some(
-                DateTime::parse_from_rfc3339(&next)
-                    .map(|at| (at.with_timezone(&Utc) - Utc::now()).to_std().unwrap_or(Duration::ZERO))
-                    .unwrap_or(KEEPER_RETRY),
-            ),
-            None => None,
-        };
+        let next_expiry = ledger.next_permission_expiry().await?.map(|next| {
+            DateTime::parse_from_rfc3339(&next)
+                .map(|at| (at.with_timezone(&Utc) - Utc::now()).to_std().unwrap_or(Duration::ZERO))
+                .unwrap_or(KEEPER_RETRY)
+        });
         Ok(keeper_wait(Outstanding { edit_failed, next_expiry, operator_asks: questions.asked }))
     }
 
