@@ -98,10 +98,10 @@ const WARMUP_MESSAGES: usize = 20;
 const IDLE_SETTLE: Duration = Duration::from_millis(300);
 
 /// How long each serving side is watched doing nothing (issue 26's idle cost): long enough
-/// that a timer firing every few seconds shows, and that the switchboard's long poll
-/// (`telegram.poll_timeout_secs`, 30 s by default) and the echo bot's (teloxide's default)
-/// each end and restart at least once would take longer than a benchmark should; both are
-/// answered by the fake at their timeout, as Telegram answers.
+/// that a timer firing every few seconds shows, that the long polls of both
+/// (`telegram.poll_timeout_secs`, 10 s by default, and teloxide's 10 s) end and restart a
+/// few times, and that the session stream's heartbeat comes once; the fake answers each
+/// poll at its timeout, as Telegram does.
 const IDLE_WINDOW: Duration = Duration::from_secs(40);
 const QUICK_IDLE_WINDOW: Duration = Duration::from_secs(3);
 

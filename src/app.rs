@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::serve::ListenerExt as _;
-use metrics_exporter_prometheus::PrometheusHandle;
 use teloxide::Bot;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
@@ -241,7 +240,7 @@ impl Daemon {
         spawn_supervised(&tasks, &shutdown, &failure, "rooms", rooms.run(shutdown.child_token()));
 
         let server_stop = shutdown.child_token();
-        let upkeep = metrics_upkeep(operations.metrics.clone(), shutdown.child_token());
+        let upkeep = metrics::upkeep(operations.metrics.clone(), shutdown.child_token());
         let server = async move {
             // Each session line is a small write of its own: sent at once, not held
             // back by Nagle's algorithm until the previous one is acknowledged.
@@ -398,17 +397,6 @@ async fn scheduled_prunes(ledger: Ledger, retain: Retention, shutdown: Cancellat
             Err(e) => {
                 tracing::warn!(error = %e, "scheduled prune failed; trying again in {}s", retain.every.as_secs())
             }
-        }
-    }
-}
-
-/// Tidies the metrics recorder's histogram buffers until `shutdown`: without an exporter
-/// thread of its own, the recorder relies on its owner for that.
-async fn metrics_upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
-    loop {
-        tokio::select! {
-            () = tokio::time::sleep(metrics::UPKEEP_INTERVAL) => handle.run_upkeep(),
-            () = shutdown.cancelled() => return,
         }
     }
 }

@@ -283,6 +283,22 @@ async fn metrics_parse_as_prometheus_text_and_count_exactly_what_a_scenario_did(
     assert_eq!(state_of(&daemon, &one.trace_id).await, EnvelopeState::Acked);
 }
 
+/// A plugin that dies (here `kill -9`: nothing said goodbye) closes its connection, and
+/// the daemon notices at once: its session ends and the gauge says so, long before a
+/// heartbeat could have found out.
+#[tokio::test]
+async fn a_killed_plugin_ends_its_session_at_once_and_the_gauge_follows() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let agent = session(&daemon, "orchestrator").await;
+    assert_eq!(value(&scrape(&daemon).await, "switchboard_sessions_connected", &[]), 1.0);
+    let pid = agent.pid().expect("the plugin runs");
+    assert!(Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    let heartbeat = Duration::from_secs(switchboard::agents::api::wire::HEARTBEAT_INTERVAL_SECS);
+    daemon.wait_for_log("agent session disconnected", heartbeat / 2).await;
+    assert_eq!(value(&scrape(&daemon).await, "switchboard_sessions_connected", &[]), 0.0);
+}
+
 // ---- reload ----
 
 fn rewrite_config(daemon: &TestDaemon, edit: impl FnOnce(String) -> String) {

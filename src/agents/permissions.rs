@@ -39,8 +39,12 @@ use crate::rules::permissions::{
 use crate::telegram::bot_api::{BotApi, Exchange};
 use crate::telegram::outbound::{Observed, classify, error_kind, telegram_thread};
 
-/// The keeper looks at the ledger at least this often, whatever it expects: a clock that
-/// jumped, or a write of another process (`switchboard ledger`), is noticed within it.
+/// While something may wait on the keeper (a pending request; with `[operator]`, an
+/// unresolved send to ask about or a question to settle), it looks at the ledger at least
+/// this often, whatever it expects: a clock that jumped, an unknown outcome of a send that
+/// does not ring it (a room's post, a handoff's), or a write of another process
+/// (`switchboard ledger reconcile` answering a question) is noticed within it. With none of
+/// these it sleeps until rung (see [`keeper_wait`]).
 const KEEPER_MAX_SLEEP: Duration = Duration::from_secs(60);
 
 /// After an edit whose outcome is unknown (or a ledger that failed), the keeper tries
@@ -512,39 +516,38 @@ impl PermissionRelay {
                 Ok(wait) => wait,
                 Err(e) => {
                     tracing::warn!(error = %e, "the permission keeper could not read or write the ledger; trying again");
-                    KEEPER_RETRY
+                    Some(KEEPER_RETRY)
                 }
             };
             tokio::select! {
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(wait.unwrap_or_default()), if wait.is_some() => {}
                 () = self.inner.keeper.notified() => {}
                 () = shutdown.cancelled() => return,
             }
         }
     }
 
-    /// One round of the keeper: returns how long it may sleep.
-    pub async fn keep_once(&self) -> Result<Duration, LedgerError> {
+    /// One round of the keeper: returns how long it may sleep, `None` for until rung.
+    pub async fn keep_once(&self) -> Result<Option<Duration>, LedgerError> {
         let ledger = &self.inner.ledger;
-        let questions_wait = self.keep_questions().await?;
+        let questions = self.keep_questions().await?;
         for row in ledger.expire_due_permissions().await? {
             tracing::info!(permission_id = %row.id, agent = %row.agent, "permission request expired unanswered");
         }
-        let mut wait = questions_wait;
+        let mut edit_failed = questions.edit_failed;
         for row in ledger.unsettled_prompts().await? {
             match self.settle(&row).await {
                 Ok(true) => ledger.settle_prompt(&row.id).await?,
-                Ok(false) => wait = KEEPER_RETRY,
+                Ok(false) => edit_failed = true,
                 Err(e) => return Err(e),
             }
         }
-        if let Some(next) = ledger.next_permission_expiry().await? {
-            let until = DateTime::parse_from_rfc3339(&next)
+        let next_expiry = ledger.next_permission_expiry().await?.map(|next| {
+            DateTime::parse_from_rfc3339(&next)
                 .map(|at| (at.with_timezone(&Utc) - Utc::now()).to_std().unwrap_or(Duration::ZERO))
-                .unwrap_or(KEEPER_RETRY);
-            wait = wait.min(until);
-        }
-        Ok(wait)
+                .unwrap_or(KEEPER_RETRY)
+        });
+        Ok(keeper_wait(Outstanding { edit_failed, next_expiry, operator_asks: questions.asked }))
     }
 
     /// Edits a finished prompt to its outcome, without buttons. True once it shows it (or
@@ -566,21 +569,50 @@ impl PermissionRelay {
     }
 }
 
+/// What a keeper's round left waiting on it.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+struct Outstanding {
+    /// An edit of a finished prompt or question came to an unknown outcome: made again.
+    edit_failed: bool,
+    /// Until the earliest pending request expires.
+    next_expiry: Option<Duration>,
+    /// `[operator]` is configured: unresolved sends are asked about, and another process
+    /// (`switchboard ledger reconcile`) may answer a question.
+    operator_asks: bool,
+}
+
+/// What [`PermissionRelay::keep_questions`] left for the keeper.
+#[derive(Debug, Clone, Copy, Default)]
+struct QuestionsLeft {
+    /// `[operator]` is configured.
+    asked: bool,
+    edit_failed: bool,
+}
+
+/// How long the keeper may sleep after a round, `None` for until rung: without a pending
+/// request or `[operator]`, only a new request or a verdict can give it work, and each
+/// rings it.
+fn keeper_wait(left: Outstanding) -> Option<Duration> {
+    let safety_net = (left.operator_asks || left.next_expiry.is_some()).then_some(KEEPER_MAX_SLEEP);
+    let retry = left.edit_failed.then_some(KEEPER_RETRY);
+    [safety_net, retry, left.next_expiry].into_iter().flatten().min()
+}
+
 /// The operator's questions (issue 23): every unresolved send is asked once in the
 /// `[operator]` route's chat, and an operator's answer reconciles it as the CLI does.
 impl PermissionRelay {
     /// Asks about the unresolved sends not asked about yet, settles questions whose
-    /// envelope was reconciled another way, and edits answered ones; returns how long the
-    /// keeper may sleep as far as questions go.
-    async fn keep_questions(&self) -> Result<Duration, LedgerError> {
-        let Some(operator) = &self.inner.operator else { return Ok(KEEPER_MAX_SLEEP) };
+    /// envelope was reconciled another way, and edits answered ones; returns what is left
+    /// for the keeper as far as questions go.
+    async fn keep_questions(&self) -> Result<QuestionsLeft, LedgerError> {
+        let Some(operator) = &self.inner.operator else { return Ok(QuestionsLeft::default()) };
         let ledger = &self.inner.ledger;
         let new_id = || format!("{QUESTION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
         for question in ledger.record_new_questions(operator.chat_id, operator.thread_id, &new_id).await? {
             self.post_question(&question).await?;
         }
         ledger.settle_answered_elsewhere().await?;
-        let mut wait = KEEPER_MAX_SLEEP;
+        let mut edit_failed = false;
         for question in ledger.unsettled_questions().await? {
             let Some(message_id) = question.prompt_message_id else {
                 ledger.settle_question_prompt(&question.id).await?;
@@ -599,10 +631,10 @@ impl PermissionRelay {
             if self.edit_to_final(question.chat_id, message_id, &text, &question.id).await {
                 ledger.settle_question_prompt(&question.id).await?;
             } else {
-                wait = KEEPER_RETRY;
+                edit_failed = true;
             }
         }
-        Ok(wait)
+        Ok(QuestionsLeft { asked: true, edit_failed })
     }
 
     /// Posts a question and records what its send came to; never sent again.
@@ -747,6 +779,20 @@ fn cut(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn with_nothing_outstanding_the_keeper_sleeps_until_rung() {
+        assert_eq!(keeper_wait(Outstanding::default()), None);
+        let operator = Outstanding { operator_asks: true, ..Outstanding::default() };
+        assert_eq!(keeper_wait(operator), Some(KEEPER_MAX_SLEEP), "unresolved sends are looked for");
+        let soon = Duration::from_secs(7);
+        let pending = Outstanding { next_expiry: Some(soon), ..Outstanding::default() };
+        assert_eq!(keeper_wait(pending), Some(soon), "a request expires on time");
+        let later = Outstanding { next_expiry: Some(Duration::from_secs(3600)), ..Outstanding::default() };
+        assert_eq!(keeper_wait(later), Some(KEEPER_MAX_SLEEP), "a clock that jumps is noticed");
+        let failed = Outstanding { edit_failed: true, ..Outstanding::default() };
+        assert_eq!(keeper_wait(failed), Some(KEEPER_RETRY), "an unknown edit is made again");
+    }
 
     fn chats() -> Vec<AnswerChat> {
         vec![AnswerChat { chat_id: 42, thread_id: Some(5), approvers: vec![7] }]

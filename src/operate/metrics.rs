@@ -14,7 +14,11 @@
 //! kinds, refusal codes, tool names).
 
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use chrono::{DateTime, Utc};
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
@@ -46,9 +50,63 @@ pub const PERMISSION_REQUESTS: &str = "switchboard_permission_requests";
 const HOP_BUCKETS: &[f64] =
     &[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0];
 
-/// How often the recorder must be tidied when nobody scrapes: its histograms buffer
-/// samples until then. The exporter's own default.
+/// How soon after a histogram sample the recorder is tidied when nobody scrapes: its
+/// histograms buffer samples until then (or until a scrape, which drains them itself).
+/// The exporter's own default interval.
 pub const UPKEEP_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Rung by the first histogram sample since the last upkeep. Only samples leave the
+/// recorder anything to tidy, so the upkeep waits for this bell rather than waking an
+/// idle daemon on a timer.
+#[derive(Default)]
+struct SampleBell {
+    /// A sample is buffered that no upkeep has tidied yet; later samples ring no more.
+    untidied: AtomicBool,
+    bell: Notify,
+}
+
+impl SampleBell {
+    fn global() -> &'static SampleBell {
+        static BELL: OnceLock<SampleBell> = OnceLock::new();
+        BELL.get_or_init(SampleBell::default)
+    }
+
+    fn ring(&self) {
+        if !self.untidied.load(Ordering::Relaxed) && !self.untidied.swap(true, Ordering::Relaxed) {
+            self.bell.notify_one();
+        }
+    }
+}
+
+/// Tidies the recorder's histogram buffers [`UPKEEP_INTERVAL`] after a sample, until
+/// `shutdown`: without an exporter thread of its own, the recorder relies on its owner
+/// for that. A steady load gets one upkeep per interval, as with a timer; an idle daemon
+/// none. A scrape drains the buffers itself, so what it shows never waits for an upkeep.
+pub async fn upkeep(handle: PrometheusHandle, shutdown: CancellationToken) {
+    tidy_after_samples(SampleBell::global(), UPKEEP_INTERVAL, || handle.run_upkeep(), shutdown).await;
+}
+
+/// [`upkeep`]'s loop: `tidy` once `interval` after `samples` rings.
+async fn tidy_after_samples(
+    samples: &SampleBell,
+    interval: Duration,
+    mut tidy: impl FnMut(),
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = samples.bell.notified() => {}
+            () = shutdown.cancelled() => return,
+        }
+        tokio::select! {
+            () = tokio::time::sleep(interval) => {}
+            () = shutdown.cancelled() => return,
+        }
+        // Before the tidy, so that a sample it might miss rings for the next one.
+        samples.untidied.store(false, Ordering::Relaxed);
+        tidy();
+    }
+}
 
 /// The tools whose refusals are counted, and the reasons they can give (the wire codes).
 pub const REFUSAL_TOOLS: &[&str] = &["reply", "ack", "handoff"];
@@ -153,6 +211,7 @@ pub fn envelope_recorded(state: EnvelopeState) {
 pub fn attempt_finished(outcome: AttemptState, elapsed: Duration) {
     counter!(ATTEMPTS, "outcome" => outcome.as_str()).increment(1);
     histogram!(OUTBOUND_HOP).record(elapsed.as_secs_f64());
+    SampleBell::global().ring();
 }
 
 /// An envelope of `kind`, recorded at `received_at` (the ledger's RFC 3339 time), was
@@ -160,6 +219,7 @@ pub fn attempt_finished(outcome: AttemptState, elapsed: Duration) {
 pub fn envelope_handed_over(kind: EnvelopeKind, received_at: DateTime<Utc>) {
     let waited = (Utc::now() - received_at).to_std().unwrap_or(Duration::ZERO);
     histogram!(INBOUND_HOP, "kind" => kind.as_str()).record(waited.as_secs_f64());
+    SampleBell::global().ring();
 }
 
 /// A Bot API call failed; `kind` is a closed set per method (see the callers).
@@ -226,5 +286,59 @@ fn set_by_state(name: &'static str, known: &[&'static str], counts: &[(String, i
     }
     for (state, count) in counts.iter().filter(|(s, _)| !known.contains(&s.as_str())) {
         gauge!(name, "state" => state.clone()).set(*count as f64);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+
+    /// An idle daemon has no samples, so nothing to tidy: the upkeep must not wake it. The
+    /// waits are real durations (ten intervals each) over which nothing may happen.
+    #[tokio::test]
+    async fn the_upkeep_tidies_once_after_samples_and_never_while_idle() {
+        const INTERVAL: Duration = Duration::from_millis(20);
+        let samples = SampleBell::default();
+        let tidied = Cell::new(0);
+        let shutdown = CancellationToken::new();
+        let tidying =
+            tidy_after_samples(&samples, INTERVAL, || tidied.set(tidied.get() + 1), shutdown.clone());
+        let watch = async {
+            tokio::time::sleep(INTERVAL * 10).await;
+            assert_eq!(tidied.get(), 0, "no samples, no upkeep");
+            // A burst of samples within one interval gets one upkeep.
+            for _ in 0..3 {
+                samples.ring();
+            }
+            while tidied.get() == 0 {
+                tokio::time::sleep(INTERVAL / 4).await;
+            }
+            tokio::time::sleep(INTERVAL * 10).await;
+            assert_eq!(tidied.get(), 1, "the burst was tidied once, and nothing since");
+            shutdown.cancel();
+        };
+        tokio::join!(tidying, watch);
+    }
+
+    /// Without any upkeep, a scrape still shows every sample: rendering drains the
+    /// histograms' buffers itself.
+    #[test]
+    fn a_scrape_shows_every_hop_sample_without_an_upkeep() {
+        let handle = install();
+        let count = |rendered: &str| -> f64 {
+            rendered
+                .lines()
+                .find(|line| line.starts_with(&format!("{OUTBOUND_HOP}_count")))
+                .and_then(|line| line.rsplit(' ').next())
+                .map_or(0.0, |n| n.parse().unwrap())
+        };
+        let before = count(&render(&handle, &StateGauges::default()));
+        for _ in 0..7 {
+            attempt_finished(AttemptState::Sent, Duration::from_millis(3));
+        }
+        let after = count(&render(&handle, &StateGauges::default()));
+        assert_eq!(after - before, 7.0);
     }
 }

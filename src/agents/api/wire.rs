@@ -51,9 +51,14 @@ pub const MAX_SHOWN_IN_HEADER: usize = 256;
 pub const MAX_LISTED: usize = 20;
 
 /// How often an idle session stream carries a heartbeat line. It keeps idle connections
-/// from being reaped by anything in between and lets the daemon notice a vanished client
-/// (a write to a closed socket fails) without waiting for the next envelope.
-pub const HEARTBEAT_INTERVAL_SECS: u64 = 15;
+/// from being reaped by anything in between, lets the plugin tell a daemon that stopped
+/// answering from a quiet one (three missed heartbeats), and lets the daemon notice a
+/// vanished client whose socket never closed (a write fails) without waiting for the next
+/// envelope. A client that goes away on this host closes its socket, which the daemon
+/// notices at once, heartbeat or not. Each heartbeat wakes both processes, so it is as rare
+/// as those allow: under the 45 s after which plugins before this interval gave up on a
+/// quiet stream, so a plugin left running across an upgrade of the daemon stays connected.
+pub const HEARTBEAT_INTERVAL_SECS: u64 = 40;
 
 /// One line of the session stream.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

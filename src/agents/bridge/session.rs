@@ -90,7 +90,8 @@ impl super::AgentSlot {
     /// agent: it confirmed showing it, or it was handed the envelope, which a plugin
     /// pushes at once (it opens its stream only once its agent session is ready, and
     /// confirms with the agent's next call to it, which may be the reply itself). A stream
-    /// whose reader is gone is noticed within a heartbeat, and its session with it.
+    /// whose reader is gone is noticed when its connection closes (at once for a plugin on
+    /// this host), or else at the latest when a heartbeat fails, and its session with it.
     pub(super) fn in_front_of_live_session(&self, trace_id: &str) -> bool {
         let live = self.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         live.as_ref().is_some_and(|live| {

@@ -45,8 +45,11 @@ use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, spl
 /// stops a guard that keeps failing from spinning the driver.
 const MAX_STEPS_PER_ROOM: usize = 64;
 
-/// With nothing scheduled, a pass still runs this often: a safety net under the bell, which
-/// is cheap because a pass over idle rooms is two small queries.
+/// With rooms configured and nothing scheduled, a pass still runs this often: a safety net
+/// under the bell, which is cheap because a pass over idle rooms is two small queries.
+/// With no room configured there is nothing for it to catch (a room message comes through
+/// intake, which rings the bell, and a reload that adds rooms rings it too), so an idle
+/// daemon without rooms waits for the bell alone.
 const IDLE_RECHECK: Duration = Duration::from_secs(30);
 
 /// After a failed pass (a busy or failing ledger), the next one waits this long, doubling.
@@ -131,9 +134,21 @@ impl Bridge {
     }
 }
 
+/// How long after a pass the next one runs unrung, given the wait the pass asked for (a
+/// speaker's time running out): at most [`IDLE_RECHECK`] while rooms are configured, and
+/// never (`None`: the bell alone) with none configured and nothing scheduled.
+fn next_pass(scheduled: Option<Duration>, rooms_configured: bool) -> Option<Duration> {
+    match scheduled {
+        Some(wait) => Some(wait.min(IDLE_RECHECK)),
+        None if rooms_configured => Some(IDLE_RECHECK),
+        None => None,
+    }
+}
+
 impl RoomDriver {
     /// Runs passes until `shutdown`: at once (resuming whatever a previous daemon left),
-    /// then whenever the bell rings, a speaker's time runs out, or [`IDLE_RECHECK`] passes.
+    /// then whenever the bell rings, a speaker's time runs out, or (with rooms configured)
+    /// [`IDLE_RECHECK`] passes.
     /// Failures are logged and retried; they never stop the daemon, and nothing is lost
     /// meanwhile (room messages wait in the ledger).
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
@@ -145,7 +160,7 @@ impl RoomDriver {
             let wait = match self.pass().await {
                 Ok(next) => {
                     retry.reset();
-                    next.unwrap_or(IDLE_RECHECK).min(IDLE_RECHECK)
+                    next_pass(next, !self.bridge.rooms().is_empty())
                 }
                 Err(e) => {
                     let delay = retry.next_delay();
@@ -154,12 +169,12 @@ impl RoomDriver {
                         retry_in_ms = delay.as_millis() as u64,
                         "room driver: a pass failed; retrying"
                     );
-                    delay
+                    Some(delay)
                 }
             };
             tokio::select! {
                 () = self.bridge.inner.rooms.wake.notified() => {}
-                () = tokio::time::sleep(wait) => {}
+                () = tokio::time::sleep(wait.unwrap_or_default()), if wait.is_some() => {}
                 () = shutdown.cancelled() => break,
             }
         }
@@ -766,6 +781,17 @@ mod tests {
     }
 
     const TIMEOUT: Duration = Duration::from_secs(600);
+
+    #[test]
+    fn without_rooms_an_idle_driver_waits_for_the_bell_alone() {
+        assert_eq!(next_pass(None, false), None, "no room, nothing scheduled: no timer");
+        assert_eq!(next_pass(None, true), Some(IDLE_RECHECK), "rooms keep their safety net");
+        let soon = Duration::from_secs(3);
+        for rooms in [false, true] {
+            assert_eq!(next_pass(Some(soon), rooms), Some(soon), "a speaker's time is always kept");
+            assert_eq!(next_pass(Some(TIMEOUT), rooms), Some(IDLE_RECHECK));
+        }
+    }
 
     #[test]
     fn a_posted_or_possibly_posted_reply_ends_the_turn() {
