@@ -127,10 +127,12 @@ pub struct PruneReport {
     pub removed: Pruned,
     /// Batches that deleted (or, dry, would have deleted) something.
     pub batches: u64,
-    /// The longest a batch held the write lock, from taking it to its commit.
+    /// The longest a batch held the write lock, from taking it to the end of its commit.
     pub longest_batch: Duration,
     /// How long each batch held it, in order (a dry run's: how long it read).
     pub batch_holds: Vec<Duration>,
+    /// Of each batch's hold, its commit alone, in order (none for a dry run).
+    pub batch_commits: Vec<Duration>,
     pub took: Duration,
     pub pages_before: Pages,
     pub pages_after: Pages,
@@ -206,15 +208,20 @@ impl Retention for SqliteLedger {
                 counted.note(&doomed.1);
                 (doomed.0, held_from.elapsed())
             } else {
-                let mut lock_taken = None;
+                let (mut lock_taken, mut deleted) = (None, None);
                 let removed = self
                     .write_in_place(|db| {
                         lock_taken = Some(Instant::now());
                         let doomed = gather_and_decide(db, window, &cutoff)?;
-                        delete_doomed(db, &doomed)
+                        let removed = delete_doomed(db, &doomed);
+                        deleted = Some(Instant::now());
+                        removed
                     })
                     .await?;
-                (removed, lock_taken.map(|at| at.elapsed()).unwrap_or_default())
+                let committed = Instant::now();
+                let since = |at: Option<Instant>| at.map(|at| committed - at).unwrap_or_default();
+                report.batch_commits.push(since(deleted));
+                (removed, since(lock_taken))
             };
             if removed.total() > 0 {
                 report.batches += 1;
