@@ -44,6 +44,8 @@ mod common;
 use std::fmt;
 
 use agent_side::{AgentSession, PluginSpec, Process, thread_counters, threads_cpu_seconds};
+use common::config::DaemonConfig;
+use common::{PROCESS_POLL_INTERVAL, START_TIMEOUT, STEP_TIMEOUT};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -58,7 +60,7 @@ use switchboard::ledger::sqlite::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 use switchboard::ledger::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, NewAttempt, RoutedEnvelope,
 };
-use switchboard::rules::routes::Channel;
+use switchboard::rules::routes::{Channel, RouteTarget};
 use switchboard::telegram::envelope::{ChatType, Envelope, Sender};
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
@@ -115,11 +117,8 @@ const CPU_PER_MESSAGES: usize = 200;
 /// Rows per raw-insert transaction: one full `getUpdates` batch, as the daemon commits.
 const RAW_BATCH: usize = 100;
 
-/// Far beyond what a healthy step takes: a stuck run fails with a log instead of hanging.
-const STEP_TIMEOUT: Duration = Duration::from_secs(30);
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an ingest burst may take to be committed: far beyond a healthy one.
 const INGEST_TIMEOUT: Duration = Duration::from_secs(300);
-const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(2);
 
 /// The one agent, its secret, and the private chat its route names.
 const AGENT: &str = "a0";
@@ -780,8 +779,7 @@ impl Workdir {
     fn new(api_url: &str) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let workdir = Self { dir, listen: std::sync::OnceLock::new() };
-        std::fs::write(workdir.config(), config_text(api_url, &workdir.database()))
-            .expect("writing the configuration");
+        daemon_config(api_url, &workdir.database()).write(&workdir.config());
         workdir
     }
 
@@ -840,33 +838,11 @@ impl Workdir {
 
 /// The defaults an operator runs with (log level info, `synchronous = normal`), one agent
 /// routed from one private chat, and no per-chat pacing (see the module documentation).
-fn config_text(api_url: &str, database: &Path) -> String {
-    format!(
-        r#"[telegram]
-token_env = "{TOKEN_ENV}"
-api_url = "{api_url}"
-
-[storage]
-database = "{database}"
-
-# Any free port: the daemon reports the one it got.
-[api]
-listen = "127.0.0.1:0"
-
-[outbound]
-private_chat_interval_ms = 0
-group_chat_interval_ms = 0
-global_per_sec = 0
-
-[agents.{AGENT}]
-token_env = "{AGENT_SECRET_ENV}"
-
-[[routes]]
-name = "dm-{AGENT}"
-chat_id = {CHAT_ID}
-agent = "{AGENT}"
-"#,
-        database = database.display(),
+fn daemon_config(api_url: &str, database: &Path) -> DaemonConfig {
+    DaemonConfig::new(TOKEN_ENV, api_url, database).agent(AGENT, AGENT_SECRET_ENV).route(
+        &format!("dm-{AGENT}"),
+        RouteTarget::Chat { chat_id: CHAT_ID },
+        AGENT,
     )
 }
 

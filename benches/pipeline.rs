@@ -23,6 +23,9 @@
 
 mod common;
 
+use common::config::DaemonConfig;
+use common::{PROCESS_POLL_INTERVAL, STEP_TIMEOUT};
+
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -37,6 +40,7 @@ use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RequestId, Secret};
 use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState};
 use switchboard::operate::metrics;
+use switchboard::rules::routes::RouteTarget;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 
@@ -71,16 +75,12 @@ const FIRST_CHAT_ID: i64 = 500_000_001;
 /// under 1% of a run that takes seconds.
 const COUNT_POLL_INTERVAL: Duration = Duration::from_millis(5);
 
-/// How long the daemon may take to listen; a large ledger opens slower than an empty one.
-const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the daemon may take to listen: twice [`common::START_TIMEOUT`], since a large
+/// ledger opens slower than an empty one.
+const LARGE_LEDGER_START_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Far beyond what any step of a healthy daemon takes: a stuck daemon fails the run with
-/// its log instead of hanging it.
-const STEP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the throughput run may take to be committed: far beyond a healthy one.
 const THROUGHPUT_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// How often to look for the daemon's listening socket or its exit.
-const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(10);
 
 /// How much of the daemon's log a failure shows.
 const LOG_TAIL_LINES: usize = 40;
@@ -559,14 +559,14 @@ const ROOM_CHAT_ID: i64 = -1_000_500_000_001;
 /// gets (and the stored cascade) is as long as a real exchange's can be.
 const ROOM_TURNS: usize = 10;
 
-/// The room's route, for the room run only. Group pacing is already off in every run's
-/// configuration (see `config_text`), so the figure is the switchboard's own cost rather
-/// than Telegram's per-group limit (one post every 3 s).
-fn room_config() -> String {
-    format!(
-        "\n[[routes]]\nname = \"bench-room\"\nchat_id = {ROOM_CHAT_ID}\nagents = [\"{}\", \"{}\"]\n",
-        agent_name(0),
-        agent_name(1),
+/// The room's route, for the room run only, beside every run's. Group pacing is off in
+/// every run's configuration (see [`daemon_config`]), so the figure is the switchboard's
+/// own cost rather than Telegram's per-group limit (one post every 3 s).
+fn room_config(api_url: &str, database: &Path) -> DaemonConfig {
+    daemon_config(api_url, database).log_filter(ROOM_LOG_FILTER).room(
+        "bench-room",
+        ROOM_CHAT_ID,
+        &[&agent_name(0), &agent_name(1)],
     )
 }
 
@@ -591,7 +591,7 @@ async fn room_handovers(params: &Params) -> Handovers {
     eprintln!("room hand-overs: {exchanges} exchanges of {ROOM_TURNS} turns…");
     let fake = FakeTelegram::start().await;
     let workdir = Workdir::new();
-    let mut daemon = Daemon::start_with(&workdir, &fake.api_url(), ROOM_LOG_FILTER, &room_config());
+    let mut daemon = Daemon::start_with(&workdir, &room_config(&fake.api_url(), &workdir.database()));
     daemon.wait_until_listening().await;
     let mut agents = [Agent::connect(daemon.api_addr(), 0).await, Agent::connect(daemon.api_addr(), 1).await];
     let room = ChatSpec::supergroup(ROOM_CHAT_ID, "Bench room");
@@ -721,44 +721,18 @@ impl Workdir {
 
 /// Agents `a0…` with their secrets in environment variables, each routed from its own
 /// private chat. The long poll is short as in the integration tests (a pushed update ends
-/// it at once, so this does not affect latency), and only warnings are logged, so logging
-/// does not dominate the figures.
-fn config_text(api_url: &str, database: &Path, log_filter: &str, extra: &str) -> String {
-    let mut text = format!(
-        r#"[telegram]
-token_env = "{TOKEN_ENV}"
-api_url = "{api_url}"
-poll_timeout_secs = 1
-
-[storage]
-database = "{database}"
-
-# Any free port: the daemon reports the one it got, in a line its `app` module logs at
-# info whatever the filter.
-[api]
-listen = "127.0.0.1:0"
-
-# The fake has no per-chat limits, and the benchmark writes to each chat every few
-# milliseconds: pacing would measure Telegram's rules, not the hot path.
-[outbound]
-private_chat_interval_ms = 0
-group_chat_interval_ms = 0
-global_per_sec = 0
-
-[log]
-filter = "{log_filter},switchboard::app=info"
-"#,
-        database = database.display(),
-    );
+/// it at once, so this does not affect latency).
+fn daemon_config(api_url: &str, database: &Path) -> DaemonConfig {
+    let mut config = DaemonConfig::new(TOKEN_ENV, api_url, database).poll_timeout_secs(1);
     for k in 0..AGENTS {
-        text += &format!(
-            "\n[agents.{name}]\ntoken_env = \"{env}\"\n\n[[routes]]\nname = \"dm-{name}\"\nchat_id = {chat}\nagent = \"{name}\"\n",
-            name = agent_name(k),
-            env = agent_secret_env(k),
-            chat = chat_id(k),
+        let name = agent_name(k);
+        config = config.agent(&name, &agent_secret_env(k)).route(
+            &format!("dm-{name}"),
+            RouteTarget::Chat { chat_id: chat_id(k) },
+            &name,
         );
     }
-    text + extra
+    config
 }
 
 /// A running `switchboard run`. Dropping it kills the process.
@@ -770,15 +744,15 @@ struct Daemon {
 }
 
 impl Daemon {
-    /// Writes the configuration and starts the binary; it may not be listening yet.
+    /// Writes every run's configuration, logging only warnings so that logging does not
+    /// dominate the figures, and starts the binary; it may not be listening yet.
     fn start(workdir: &Workdir, api_url: &str) -> Self {
-        Self::start_with(workdir, api_url, "warn", "")
+        Self::start_with(workdir, &daemon_config(api_url, &workdir.database()).log_filter("warn"))
     }
 
-    /// Like [`Daemon::start`], with this log filter and `extra` added to the configuration.
-    fn start_with(workdir: &Workdir, api_url: &str, log_filter: &str, extra: &str) -> Self {
-        let config = config_text(api_url, &workdir.database(), log_filter, extra);
-        std::fs::write(workdir.config(), config).expect("writing the configuration");
+    /// Like [`Daemon::start`], with this configuration.
+    fn start_with(workdir: &Workdir, config: &DaemonConfig) -> Self {
+        config.write(&workdir.config());
         let log = std::fs::File::create(workdir.log()).expect("creating the daemon's log file");
         let mut command = Command::new(BIN);
         command
@@ -806,7 +780,7 @@ impl Daemon {
     }
 
     async fn wait_until_listening(&mut self) {
-        let deadline = Instant::now() + START_TIMEOUT;
+        let deadline = Instant::now() + LARGE_LEDGER_START_TIMEOUT;
         loop {
             let log = std::fs::read_to_string(&self.log).unwrap_or_default();
             if let Some(addr) = reported_api_address(&log) {
@@ -817,7 +791,7 @@ impl Daemon {
                 self.fail(&format!("the daemon exited during start-up ({status})"));
             }
             if Instant::now() > deadline {
-                self.fail(&format!("the daemon did not listen within {START_TIMEOUT:?}"));
+                self.fail(&format!("the daemon did not listen within {LARGE_LEDGER_START_TIMEOUT:?}"));
             }
             tokio::time::sleep(PROCESS_POLL_INTERVAL).await;
         }

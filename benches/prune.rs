@@ -9,9 +9,11 @@
 //! (`session_opened`, one write transaction through its writer), and the longest any of
 //! those writes took is the longest pause a live daemon would have seen.
 //!
-//! Printed: rows removed, time taken, the longest batch (the longest the prune held the
-//! write lock), the file's bytes and free pages before and after, and the live writer's
-//! longest pause, each beside its goal. Run it with `cargo bench --bench prune`;
+//! Printed: the machine's load average (it is shared, and timings move with it), rows
+//! removed, time taken, how long each batch held the write lock and of that its commit
+//! alone, how long each checkpoint the prune ran between its batches took (off the write
+//! lock), the file's bytes and free pages before and after, and the live writer's longest
+//! pause, each beside its goal. Run it with `cargo bench --bench prune`;
 //! `SWITCHBOARD_BENCH_QUICK=1` makes a smoke run of a few seconds, and
 //! `SWITCHBOARD_BENCH_ENVELOPES` sets the number of envelopes.
 
@@ -55,6 +57,7 @@ async fn run(envelopes: usize, quick: bool) {
     fill(&path, envelopes);
     let filled_in = fill_started.elapsed();
 
+    let load_before = load_average();
     let live = LiveWriter::start(daemon.clone());
     let prune =
         switchboard::ledger::open_existing(&path, Synchronous::Normal).await.expect("the prune's ledger");
@@ -72,6 +75,7 @@ async fn run(envelopes: usize, quick: bool) {
         "prune benchmark: {envelopes} finished envelopes with an attempt and two events each{}",
         if quick { "; QUICK smoke run" } else { "" }
     );
+    println!("  load average (1, 5, 15 min): {load_before} before the prune, {} after", load_average());
     println!("  fill (direct SQL):      {:.1} s", filled_in.as_secs_f64());
     println!(
         "  removed:                {rows} rows ({} envelopes, {} attempts, {} events), {} batches",
@@ -89,6 +93,21 @@ async fn run(envelopes: usize, quick: bool) {
         ms(percentile(&mut holds, 0.99)),
         ms(report.longest_batch),
         GOAL_LONGEST_BATCH.as_millis()
+    );
+    let mut commits = report.batch_commits.clone();
+    println!(
+        "    of which the commit:  p50 {}, p99 {}, longest {}",
+        ms(percentile(&mut commits, 0.50)),
+        ms(percentile(&mut commits, 0.99)),
+        ms(commits.iter().copied().max().unwrap_or_default())
+    );
+    let mut checkpoints = report.checkpoints.clone();
+    println!(
+        "  checkpoints (between batches, not holding the writer): {}, p50 {}, p99 {}, longest {}",
+        checkpoints.len(),
+        ms(percentile(&mut checkpoints, 0.50)),
+        ms(percentile(&mut checkpoints, 0.99)),
+        ms(checkpoints.iter().copied().max().unwrap_or_default())
     );
     println!(
         "  live writer:            {} writes, p50 {}, p99 {}, longest pause {} (goal ≤ {} ms)",
@@ -110,6 +129,13 @@ async fn run(envelopes: usize, quick: bool) {
         after.page_count,
         after.free_pages
     );
+}
+
+/// The machine's load average (`/proc/loadavg`): the machine is shared, and its timings
+/// are read beside it.
+fn load_average() -> String {
+    let text = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    text.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
 }
 
 fn ms(duration: Duration) -> String {

@@ -26,12 +26,13 @@
 mod agent_side;
 mod common;
 
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_side::{AgentSession, PluginSpec, Process};
+use common::STEP_TIMEOUT;
+use common::config::DaemonConfig;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName};
 use switchboard::rules::routes::{Audience, Channel, Disposition, Route, RouteTarget, RoutesTable, dispose};
@@ -60,8 +61,6 @@ const TOPICS_PER_FORUM: usize = 10;
 
 /// After the warm-up, how long the daemon is left alone before its memory is read.
 const IDLE_SETTLE: Duration = Duration::from_millis(500);
-
-const STEP_TIMEOUT: Duration = Duration::from_secs(30);
 
 const TOKEN_ENV: &str = "SB_SCALE_BOT_TOKEN";
 const AGENT_ANSWER: &str = "the answer";
@@ -151,13 +150,6 @@ impl Place {
         }
     }
 
-    fn route_keys(self) -> String {
-        match self {
-            Self::Private { user_id } => format!("chat_id = {user_id}"),
-            Self::Topic { chat_id, thread_id } => format!("chat_id = {chat_id}\nthread_id = {thread_id}"),
-        }
-    }
-
     fn target(self) -> RouteTarget {
         match self {
             Self::Private { user_id } => RouteTarget::Chat { chat_id: user_id },
@@ -183,41 +175,18 @@ fn secret(agent: &str) -> String {
     format!("bench-secret-of-agent-{agent}")
 }
 
-fn config_text(api_url: &str, database: &Path, routes: usize, agents: usize) -> String {
-    let mut text = format!(
-        r#"[telegram]
-token_env = "{TOKEN_ENV}"
-api_url = "{api_url}"
-
-[storage]
-database = "{database}"
-
-[api]
-listen = "127.0.0.1:0"
-
-[outbound]
-private_chat_interval_ms = 0
-group_chat_interval_ms = 0
-global_per_sec = 0
-
-[log]
-filter = "warn,switchboard::app=info"
-"#,
-        database = database.display(),
-    );
+/// `agents` agents and `routes` routes, route `k` at [`Place::of`] for agent
+/// [`agent_of`]; only warnings are logged.
+fn daemon_config(api_url: &str, database: &Path, routes: usize, agents: usize) -> DaemonConfig {
+    let mut config = DaemonConfig::new(TOKEN_ENV, api_url, database).log_filter("warn");
     for a in 0..agents {
         let agent = format!("a{a}");
-        let _ = write!(text, "\n[agents.{agent}]\ntoken_env = \"{}\"\n", secret_env(&agent));
+        config = config.agent(&agent, &secret_env(&agent));
     }
     for k in 0..routes {
-        let _ = write!(
-            text,
-            "\n[[routes]]\nname = \"r{k}\"\n{}\nagent = \"{}\"\n",
-            Place::of(k).route_keys(),
-            agent_of(k, agents)
-        );
+        config = config.route(&format!("r{k}"), Place::of(k).target(), &agent_of(k, agents));
     }
-    text
+    config
 }
 
 // ---------------------------------------------------------------------------
@@ -239,8 +208,7 @@ impl Run {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let config = dir.path().join("switchboard.toml");
         let database = dir.path().join("ledger.db");
-        std::fs::write(&config, config_text(&fake.api_url(), &database, routes, agents))
-            .expect("writing the configuration");
+        daemon_config(&fake.api_url(), &database, routes, agents).write(&config);
 
         let daemon_log = dir.path().join("daemon.log");
         let mut command = Command::new(BIN);

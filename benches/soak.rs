@@ -23,8 +23,10 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use agent_side::{AgentSession, PluginSpec, Process};
+use common::config::DaemonConfig;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ledger::sqlite::WAL_LIMIT_BYTES;
+use switchboard::rules::routes::RouteTarget;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 
@@ -67,32 +69,12 @@ fn main() {
     runtime.block_on(run(Duration::from_secs(seconds as u64), rate, warmup));
 }
 
-fn config_text(api_url: &str, database: &Path) -> String {
-    format!(
-        r#"[telegram]
-token_env = "{TOKEN_ENV}"
-api_url = "{api_url}"
-
-[storage]
-database = "{database}"
-
-[api]
-listen = "127.0.0.1:0"
-
-[outbound]
-private_chat_interval_ms = 0
-group_chat_interval_ms = 0
-global_per_sec = 0
-
-[agents.{AGENT}]
-token_env = "{SECRET_ENV}"
-
-[[routes]]
-name = "dm-{AGENT}"
-chat_id = {CHAT_ID}
-agent = "{AGENT}"
-"#,
-        database = database.display(),
+/// One agent, routed from one private chat.
+fn daemon_config(api_url: &str, database: &Path) -> DaemonConfig {
+    DaemonConfig::new(TOKEN_ENV, api_url, database).agent(AGENT, SECRET_ENV).route(
+        &format!("dm-{AGENT}"),
+        RouteTarget::Chat { chat_id: CHAT_ID },
+        AGENT,
     )
 }
 
@@ -113,7 +95,7 @@ async fn run(length: Duration, rate: usize, warmup: Duration) {
     let dir = tempfile::tempdir().expect("creating a temporary directory");
     let config = dir.path().join("switchboard.toml");
     let database = dir.path().join("ledger.db");
-    std::fs::write(&config, config_text(&fake.api_url(), &database)).expect("writing the configuration");
+    daemon_config(&fake.api_url(), &database).write(&config);
     let daemon_log = dir.path().join("daemon.log");
     let child = Command::new(BIN)
         .args(["run", "--config"])

@@ -10,7 +10,7 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use rmcp::model::{
     CallToolRequestParams, ClientCapabilities, ClientConfig, CustomNotification, Implementation,
@@ -23,10 +23,8 @@ use switchboard::agents::api::wire::WAITING_NOTICE;
 use switchboard::config::API_LISTEN_ENV;
 use tokio::sync::mpsc;
 
-/// Far beyond what a healthy step takes: a stuck run fails with a log instead of hanging.
-const STEP_TIMEOUT: Duration = Duration::from_secs(30);
-const START_TIMEOUT: Duration = Duration::from_secs(30);
-const PROCESS_POLL_INTERVAL: Duration = Duration::from_millis(2);
+use crate::common::{PROCESS_POLL_INTERVAL, START_TIMEOUT, STEP_TIMEOUT};
+
 const LOG_TAIL_LINES: usize = 40;
 
 /// The notification that carries an envelope into the agent session (DESIGN.md §5).
