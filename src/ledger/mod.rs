@@ -97,6 +97,7 @@ mod intake;
 mod lock;
 mod migrations;
 mod permissions;
+pub mod postgres;
 mod probe;
 mod prune;
 mod questions;
