@@ -281,6 +281,32 @@ async fn a_renewing_leader_keeps_its_lease_past_its_length_and_resigning_hands_i
     schema.drop().await;
 }
 
+/// The database does not answer the renewals (here: another transaction holds the lease
+/// row, so the renewal waits): the leader stops leading when its lease ends, not when the
+/// renewal returns.
+#[tokio::test]
+async fn a_leader_whose_renewals_hang_steps_down_when_its_lease_ends() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let lease = lease(1000);
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease).await.unwrap();
+    let mut b = PollerCandidate::connect(&ledger, BOT, "b", lease).await.unwrap();
+    let tenure = elected(&mut a).await;
+    let mut blocker = PgConnection::connect(&schema.url).await.unwrap();
+    let mut blocking = blocker.begin().await.unwrap();
+    sqlx::query("SELECT * FROM poller_leases FOR UPDATE").execute(&mut *blocking).await.unwrap();
+    let holding = tokio::spawn(async move { a.hold(tenure, &CancellationToken::new()).await });
+    let step_down =
+        tokio::time::timeout(lease.duration() * 2, holding).await.expect("stepped down by itself");
+    assert_eq!(step_down.unwrap(), StepDown::Expired);
+    assert!(!tenure.leads_at(Instant::now()), "not before its lease ended");
+    blocking.rollback().await.unwrap();
+    let next = campaign_until_elected(&mut b, lease.duration() * 4).await;
+    assert!(next.term > tenure.term);
+    ledger.close().await;
+    schema.drop().await;
+}
+
 #[tokio::test]
 async fn a_leader_whose_connection_dies_steps_down_by_itself() {
     let schema = TestSchema::create().await;
