@@ -42,6 +42,18 @@ macro_rules! lock_key {
     };
 }
 
+/// The rows of `pg_locks` that are the bot's advisory lock held by another backend, in SQL,
+/// for a query with `key.key` in scope: a 64-bit key shows as its high and low halves
+/// (`classid`, `objid`) with `objsubid = 1`.
+macro_rules! lock_held_elsewhere {
+    () => {
+        "locktype = 'advisory' AND granted AND objsubid = 1 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND classid = ((key.key >> 32) & 4294967295)::oid AND objid = (key.key & 4294967295)::oid \
+         AND pid <> pg_backend_pid()"
+    };
+}
+
 /// One replica's candidacy for polling one bot: its dedicated connection and what it needs
 /// to ask for the lock and the lease.
 #[derive(Debug)]
@@ -109,7 +121,8 @@ impl PollerCandidate {
 
     /// One try: asks for the lock, and is elected if it got it; deposes a holder whose
     /// lease expired and tries once more. A candidate asks every lease/3
-    /// ([`Lease::renewal_interval`]) while it stands by.
+    /// ([`Lease::renewal_interval`]) while it stands by, and never while it leads (the
+    /// lock is re-entrant: it would elect itself again, into the next term).
     pub async fn campaign_once(&mut self) -> LedgerResult<Elected> {
         let result = self.campaign().await;
         if result.is_err() {
@@ -138,12 +151,24 @@ impl PollerCandidate {
                         "the polling leader's lease expired while it still holds its lock: terminating its \
                          database session to take over"
                     );
-                    // Waits (up to a lease) for the backend to be gone, and its lock with it.
-                    sqlx::query("SELECT pg_terminate_backend($1, $2)")
-                        .bind(backend)
-                        .bind(lease.millis())
-                        .execute(self.connection().await?)
-                        .await?;
+                    // Only while that backend still holds the lock and the lease is still
+                    // expired (a pid may be reused; a slow leader may have renewed), checked
+                    // in the statement that terminates it; waits (up to a lease) for the
+                    // backend to be gone, and its lock with it.
+                    sqlx::query(concat!(
+                        "WITH key AS (SELECT ",
+                        lock_key!(),
+                        " AS key) \
+                         SELECT pg_terminate_backend(pid, $3) FROM pg_locks, key WHERE ",
+                        lock_held_elsewhere!(),
+                        " AND pid = $2 \
+                         AND EXISTS (SELECT 1 FROM poller_leases WHERE bot_id = $1 AND expires_at <= now())"
+                    ))
+                    .bind(self.bot_id)
+                    .bind(backend)
+                    .bind(lease.millis())
+                    .execute(self.connection().await?)
+                    .await?;
                 }
             }
         }
@@ -160,10 +185,9 @@ impl PollerCandidate {
              SELECT pg_try_advisory_lock(key.key) AS got_lock, \
              (SELECT term FROM poller_leases WHERE bot_id = $1) AS term, \
              (SELECT expires_at <= now() FROM poller_leases WHERE bot_id = $1) AS expired, \
-             (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
-              AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
-              AND classid = ((key.key >> 32) & 4294967295)::oid AND objid = (key.key & 4294967295)::oid \
-              AND pid <> pg_backend_pid() LIMIT 1) AS holder \
+             (SELECT pid FROM pg_locks WHERE ",
+            lock_held_elsewhere!(),
+            " LIMIT 1) AS holder \
              FROM key"
         ))
         .bind(bot_id)
