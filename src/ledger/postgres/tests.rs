@@ -517,3 +517,108 @@ async fn postgres_errors_map_to_what_callers_decide_on() {
     ledger.close().await;
     schema.drop().await;
 }
+
+/// Figures, not a check: intake's fenced write against a raw batched insert of the same
+/// rows on the same server, alternating, and the takeover time after a leader's session
+/// dies: `cargo test --lib ledger::postgres::tests::figures -- --ignored --nocapture`
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement; run it by name"]
+async fn figures() {
+    const BATCHES: i64 = 40;
+    const BATCH: i64 = 100;
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
+    let term = elected(&mut a).await.term;
+    let (mut fenced, mut raw) = (Duration::ZERO, Duration::ZERO);
+    for round in 0..4 {
+        sqlx::query("TRUNCATE envelopes CASCADE").execute(&ledger.pool).await.unwrap();
+        for batch in 0..BATCHES {
+            let first = (round * BATCHES + batch) * BATCH;
+            let rows: Vec<RoutedEnvelope> = (first..first + BATCH).map(routed).collect();
+            let started = Instant::now();
+            ledger.record_updates(term, BOT, first + BATCH, &rows).await.unwrap();
+            fenced += started.elapsed();
+            // The same rows again, under other update ids, as one plain INSERT in a
+            // transaction: no fence, no deduplication, no offset.
+            let again: Vec<RoutedEnvelope> =
+                (first..first + BATCH).map(|id| routed(id + 1_000_000_000)).collect();
+            let columns = EnvelopeColumns::of(&again);
+            let started = Instant::now();
+            let mut tx = ledger.pool.begin().await.unwrap();
+            sqlx::query(
+                "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
+                 chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
+                 sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, meta) \
+                 SELECT trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
+                 message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, now(), \
+                 route, agent, state, now(), note, raw_update, meta \
+                 FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
+                 $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], \
+                 $14::text[], $15::text[], $16::timestamptz[], $17::text[], $18::text[], $19::text[], $20::text[], \
+                 $21::text[], $22::text[]) \
+                 AS batch (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
+                 message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, route, \
+                 agent, state, note, raw_update, meta)",
+            )
+            .bind(columns.trace_id)
+            .bind(columns.update_id)
+            .bind(columns.update_digest)
+            .bind(columns.kind)
+            .bind(columns.chat_id)
+            .bind(columns.thread_id)
+            .bind(columns.chat_type)
+            .bind(columns.chat_title)
+            .bind(columns.message_id)
+            .bind(columns.sender_id)
+            .bind(columns.sender_username)
+            .bind(columns.sender_name)
+            .bind(columns.text)
+            .bind(columns.attachments)
+            .bind(columns.content)
+            .bind(columns.sent_at)
+            .bind(columns.route)
+            .bind(columns.agent)
+            .bind(columns.state)
+            .bind(columns.note)
+            .bind(columns.raw_update)
+            .bind(columns.meta)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+            tx.commit().await.unwrap();
+            raw += started.elapsed();
+        }
+    }
+    let rows = (4 * BATCHES * BATCH) as f64;
+    let (fenced_rate, raw_rate) = (rows / fenced.as_secs_f64(), rows / raw.as_secs_f64());
+    eprintln!(
+        "ingest, batches of {BATCH}: record_updates {fenced_rate:.0} envelopes/s, raw batched insert {raw_rate:.0}/s, \
+         ratio {:.2}",
+        fenced_rate / raw_rate
+    );
+
+    let lease = lease(3000);
+    let mut takeovers = Vec::new();
+    let mut standby = PollerCandidate::connect(&ledger, BOT, "b", lease).await.unwrap();
+    for _ in 0..10 {
+        let leader = a.backend_pid().await.unwrap();
+        let killed_at = Instant::now();
+        kill_session(leader).await;
+        campaign_until_elected(&mut standby, lease.duration()).await;
+        takeovers.push(killed_at.elapsed());
+        std::mem::swap(&mut a, &mut standby);
+        // The old leader's session is gone: its first try fails and opens a new one.
+        assert!(standby.campaign_once().await.is_err());
+    }
+    takeovers.sort();
+    eprintln!(
+        "takeover after the leader's session died (lease {:?}, standby asking every {:?}): p50 {:?}, max {:?}",
+        lease.duration(),
+        lease.renewal_interval(),
+        takeovers[takeovers.len() / 2],
+        takeovers[takeovers.len() - 1]
+    );
+    ledger.close().await;
+    schema.drop().await;
+}
