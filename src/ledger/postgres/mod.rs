@@ -45,12 +45,19 @@ const POOL_SIZE: u32 = 8;
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The ledger on PostgreSQL, shared by the replicas that name the same database.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct PgLedger {
     /// The ledger's statements.
     pool: PgPool,
     /// How to open a connection of one's own (leadership's, which must outlive no pool).
     options: PgConnectOptions,
+}
+
+/// Without the connection options, whose derived `Debug` would print the password.
+impl std::fmt::Debug for PgLedger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgLedger").field("pool", &self.pool).finish_non_exhaustive()
+    }
 }
 
 /// Why the PostgreSQL ledger could not be opened.
