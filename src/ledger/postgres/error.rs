@@ -11,7 +11,7 @@
 //! deduplicated on the update and sets the offset), and a caller for which it is not
 //! (an attempt's record) must treat `Busy` after a commit as "unknown", as it would here.
 
-use super::super::error::{ErrorSource, LedgerError};
+use crate::ledger::{ErrorSource, LedgerError};
 
 /// What SQLSTATE means to the ledger's callers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -27,7 +27,7 @@ use sqlx::{Connection, PgConnection, Row};
 use tokio_util::sync::CancellationToken;
 
 use super::PgLedger;
-use crate::ledger::error::{LedgerError, LedgerResult};
+use crate::ledger::{LedgerError, LedgerResult};
 use crate::rules::leadership::{
     self, Campaign, Lease, LeaseSeen, Observation, Renewal, Tenancy, Tenure, Term,
 };

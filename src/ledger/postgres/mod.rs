@@ -27,9 +27,8 @@ use chrono::{DateTime, Timelike, Utc};
 use sqlx::PgConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
-use super::envelopes::RoutedEnvelope;
-use super::error::{ErrorSource, LedgerError, LedgerResult};
 use crate::ids::{AgentName, RouteName};
+use crate::ledger::{ErrorSource, LedgerError, LedgerResult, RoutedEnvelope};
 use crate::rules::leadership::Term;
 
 pub use leadership::{Elected, PollerCandidate, StepDown};
