@@ -54,9 +54,9 @@ use switchboard::app::reported_api_address;
 use switchboard::config::Synchronous;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName, TraceId};
+use switchboard::ledger::sqlite::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 use switchboard::ledger::{
-    AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, Ledger, NewAttempt,
-    PAGE_CACHE_KIB, RoutedEnvelope, WRITER_SPILL_PAGES,
+    AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeKind, EnvelopeState, NewAttempt, RoutedEnvelope,
 };
 use switchboard::rules::routes::Channel;
 use switchboard::telegram::envelope::{ChatType, Envelope, Sender};
@@ -540,7 +540,7 @@ struct LedgerWork {
 impl LedgerWork {
     async fn measure(messages: usize) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
-        let ledger = Ledger::open(&dir.path().join("work.db"), Synchronous::Normal)
+        let ledger = switchboard::ledger::open(&dir.path().join("work.db"), Synchronous::Normal)
             .await
             .expect("creating the ledger");
         let agent = AgentName::parse(AGENT).expect("the agent's name");
@@ -714,7 +714,7 @@ struct Row {
 async fn raw_insert_run(params: &Params) -> Duration {
     let dir = tempfile::tempdir().expect("creating a temporary directory");
     let path = dir.path().join("raw.db");
-    Ledger::open(&path, Synchronous::Normal).await.expect("creating the ledger").close().await;
+    switchboard::ledger::open(&path, Synchronous::Normal).await.expect("creating the ledger").close().await;
     let mut connection = rusqlite::Connection::open(&path).expect("opening the raw connection");
     connection
         .execute_batch(&format!(

@@ -35,7 +35,7 @@ use switchboard::app::reported_api_address;
 use switchboard::config::Synchronous;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RequestId, Secret};
-use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState, Ledger};
+use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState};
 use switchboard::operate::metrics;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
@@ -496,7 +496,11 @@ async fn next_envelope(session: &mut SessionStream) -> DeliveredEnvelope {
 /// matches with a chance far below one in a billion. Returns how long it took.
 async fn prepopulate(database: &Path, rows: usize) -> Duration {
     let started = Instant::now();
-    Ledger::open(database, Synchronous::Normal).await.expect("creating the ledger").close().await;
+    switchboard::ledger::open(database, Synchronous::Normal)
+        .await
+        .expect("creating the ledger")
+        .close()
+        .await;
     let now = switchboard::ledger::now();
     let mut db = rusqlite::Connection::open(database).expect("opening the ledger to fill it");
     let tx = db.transaction().expect("beginning the pre-population");

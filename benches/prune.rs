@@ -49,14 +49,15 @@ fn main() {
 async fn run(envelopes: usize, quick: bool) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("ledger.db");
-    let daemon = Ledger::open(&path, Synchronous::Normal).await.expect("the daemon's ledger");
+    let daemon = switchboard::ledger::open(&path, Synchronous::Normal).await.expect("the daemon's ledger");
 
     let fill_started = Instant::now();
     fill(&path, envelopes);
     let filled_in = fill_started.elapsed();
 
     let live = LiveWriter::start(daemon.clone());
-    let prune = Ledger::open_existing(&path, Synchronous::Normal).await.expect("the prune's ledger");
+    let prune =
+        switchboard::ledger::open_existing(&path, Synchronous::Normal).await.expect("the prune's ledger");
     let cutoff = chrono::Utc::now() - chrono::Duration::days(90);
     let report = prune.prune(cutoff, false).await.expect("the prune");
     let mut pauses = live.stop().await;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use agent_side::{AgentSession, PluginSpec, Process};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
-use switchboard::ledger::WAL_LIMIT_BYTES;
+use switchboard::ledger::sqlite::WAL_LIMIT_BYTES;
 
 const BIN: &str = env!("CARGO_BIN_EXE_switchboard");
 

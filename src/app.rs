@@ -20,7 +20,8 @@ use crate::agents::api::server::Operations;
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver, Staging};
 use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Retention, Settings};
-use crate::ledger::{Ledger, LedgerLock, LedgerProbe};
+use crate::ledger::Ledger;
+use crate::ledger::sqlite::{LedgerLock, LedgerProbe};
 use crate::operate::health::{Health, PollHealth};
 use crate::operate::metrics;
 use crate::operate::reload::{self, Reloader};
@@ -97,7 +98,7 @@ impl Daemon {
         // Before the ledger is even opened: a second daemon must not migrate, recover or
         // bind anything while the first one runs.
         let lock = LedgerLock::acquire(&settings.storage.database)?;
-        let ledger = Ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
+        let ledger = crate::ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
         }

@@ -14,7 +14,7 @@ use support::daemon::*;
 use support::mcp::ChannelClient;
 use switchboard::config::Synchronous;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
-use switchboard::ledger::{EnvelopeState, Ledger, ListFilter, StoredEnvelope};
+use switchboard::ledger::{EnvelopeState, ListFilter, StoredEnvelope};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -36,7 +36,7 @@ fn owner_message(message_id: i32, content: &str) -> String {
 }
 
 async fn rows_in(database: &Path) -> Vec<StoredEnvelope> {
-    let ledger = Ledger::open(database, Synchronous::Normal).await.expect("open ledger");
+    let ledger = switchboard::ledger::open(database, Synchronous::Normal).await.expect("open ledger");
     let rows = ledger.list(&ListFilter { limit: 100_000, ..Default::default() }).await.unwrap();
     ledger.close().await;
     rows

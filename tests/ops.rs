@@ -14,7 +14,8 @@ use serde_json::json;
 use support::daemon::*;
 use support::mcp::ChannelClient;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, UserSpec};
-use switchboard::ledger::{EnvelopeState, LedgerLock, files};
+use switchboard::ledger::sqlite::LedgerLock;
+use switchboard::ledger::{EnvelopeState, files};
 
 const WAIT: Duration = Duration::from_secs(20);
 

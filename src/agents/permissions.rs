@@ -576,7 +576,7 @@ impl PermissionRelay {
         let Some(operator) = &self.inner.operator else { return Ok(KEEPER_MAX_SLEEP) };
         let ledger = &self.inner.ledger;
         let new_id = || format!("{QUESTION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
-        for question in ledger.record_new_questions(operator.chat_id, operator.thread_id, new_id).await? {
+        for question in ledger.record_new_questions(operator.chat_id, operator.thread_id, &new_id).await? {
             self.post_question(&question).await?;
         }
         ledger.settle_answered_elsewhere().await?;

@@ -103,7 +103,7 @@ pub(super) async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Resul
     if !exists {
         return Err(missing_ledger(&settings).into());
     }
-    let ledger = Ledger::open_existing(database, settings.storage.synchronous).await?;
+    let ledger = crate::ledger::open_existing(database, settings.storage.synchronous).await?;
     let result = ledger_command(&ledger, command).await;
     ledger.close().await;
     result

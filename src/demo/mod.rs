@@ -67,7 +67,7 @@ pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
     let api = daemon.api_addr().context("the daemon started without reporting its address")?;
     narrate::said("daemon", format!("`switchboard run` as pid {pid}, local API on {api}"));
     narrate::more(format!("its log: {}", daemon.log_path().display()));
-    let ledger = Ledger::open_existing(&workdir.path().join("ledger.db"), Synchronous::Normal).await?;
+    let ledger = crate::ledger::open_existing(&workdir.path().join("ledger.db"), Synchronous::Normal).await?;
     let agent = |name: &'static str, secret: &str| -> anyhow::Result<Agent> {
         let client = DaemonClient::new(
             api,

@@ -20,7 +20,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::ledger::{LedgerProbe, LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
+use crate::ledger::sqlite::LedgerProbe;
+use crate::ledger::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 use crate::operate::metrics;
 use crate::telegram::updates::FetchError;
 

@@ -349,7 +349,7 @@ token_env = "SB_TEST_WORKER_SECRET"
 
     /// Opens the ledger database read-side for assertions.
     pub async fn ledger(&self) -> switchboard::ledger::Ledger {
-        switchboard::ledger::Ledger::open(&self.database(), switchboard::config::Synchronous::Normal)
+        switchboard::ledger::open(&self.database(), switchboard::config::Synchronous::Normal)
             .await
             .expect("open ledger")
     }

@@ -5,7 +5,8 @@
 //! What exists so far is the groundwork: the whole schema, connecting, the error mapping
 //! (`error`), leadership with a fenced term, and the two writes of the poller that the
 //! term fences, [`PgLedger::commit_offset`] and [`PgLedger::record_updates`]. The rest of the
-//! ledger's operations come with the storage seam, which both backends will implement.
+//! ledger's operations come when this backend implements the storage seam (`ledger::seam`)
+//! and passes the conformance suite (`ledger::conformance`).
 //!
 //! **Fencing.** A fenced transaction takes the bot's lease row `FOR SHARE` first and goes on
 //! only while it names the caller's term; an election `UPDATE`s that row. So an election
@@ -154,10 +155,10 @@ impl PgLedger {
     /// on (`update_id`, `update_digest`) as on SQLite, and the offset that confirms them, in
     /// one transaction. Returns, for each row of `batch`, whether it was new.
     ///
-    /// It takes what the SQLite intake takes (`Ledger::record_batch`) and stores the same
+    /// It takes what the seam's intake takes (`seam::Intake::record_batch`) and stores the same
     /// columns, but not yet what SQLite's intake does around the rows: tasks, the hand-over
     /// to live sessions, reactions and a quote's trace id (`meta` is written without
-    /// `reply_to_trace_id`). Those come with the storage seam.
+    /// `reply_to_trace_id`). Those come with the seam's implementation.
     pub async fn record_updates(
         &self,
         term: Term,
@@ -282,7 +283,7 @@ struct EnvelopeColumns {
 }
 
 impl EnvelopeColumns {
-    /// The columns SQLite's intake writes (`ledger/intake.rs`), from the same values.
+    /// The columns SQLite's intake writes (`ledger/sqlite/intake.rs`), from the same values.
     fn of(batch: &[RoutedEnvelope]) -> Self {
         let mut columns = Self::default();
         for routed in batch {

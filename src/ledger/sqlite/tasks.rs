@@ -8,6 +8,10 @@
 //! `plan`; what is said about it: its `texts`); this module reads the plain data they
 //! need and makes the writes they decide.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use std::collections::{HashMap, HashSet};
 
 use rusqlite::OptionalExtension;
@@ -15,7 +19,7 @@ use serde_json::json;
 
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
-use super::{EnvelopeKind, EnvelopeState, Ledger, LedgerError, LedgerResult, RoutedEnvelope, now};
+use super::{EnvelopeKind, EnvelopeState, LedgerError, LedgerResult, RoutedEnvelope, SqliteLedger, now};
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
@@ -104,7 +108,7 @@ pub struct StoredRevision {
 }
 
 impl StoredRevision {
-    /// A row of [`Ledger::task`]'s revisions, read in place.
+    /// A row of [`SqliteLedger::task`]'s revisions, read in place.
     fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
         Ok(Self {
             revision: row.get("revision")?,
@@ -974,16 +978,13 @@ struct ActedFor {
     task: Task,
 }
 
-impl Ledger {
-    /// [`admission_in`] on its own, for a tool's early answer; the check that counts is
-    /// made again in the transaction that records the action.
-    pub async fn admission(&self, envelope_id: i64) -> LedgerResult<Result<(), Refusal>> {
+#[async_trait]
+impl Tasks for SqliteLedger {
+    async fn admission(&self, envelope_id: i64) -> LedgerResult<Result<(), Refusal>> {
         self.read_in_place(|db| admission_in(db, envelope_id)).await
     }
 
-    /// `revise_task`: the agent declares that its pending envelope `trace_id` changes its
-    /// task. Recorded like a command, in one transaction.
-    pub async fn declare_revision(
+    async fn declare_revision(
         &self,
         agent: &AgentName,
         trace_id: &str,
@@ -1073,8 +1074,7 @@ impl Ledger {
         Ok((declared, effects))
     }
 
-    /// A task's state as stored (`open`, `paused`, `stop_requested`, …).
-    pub async fn task_state(&self, task_id: &str) -> LedgerResult<Option<String>> {
+    async fn task_state(&self, task_id: &str) -> LedgerResult<Option<String>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT state FROM tasks WHERE task_id = ?", [task_id], |row| row.get(0))
                 .optional()
@@ -1082,11 +1082,7 @@ impl Ledger {
         .await
     }
 
-    /// A task and its revisions, oldest first.
-    pub async fn task(
-        &self,
-        task_id: &str,
-    ) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
+    async fn task(&self, task_id: &str) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
         // A task that has finished says so, as it would to the next message.
         self.execute_in_place(concat!(close_if_finished!(), "AND task_id = ?2"), (now(), task_id)).await?;
         self.read_in_place(|db| {
@@ -1113,9 +1109,7 @@ impl Ledger {
         .await
     }
 
-    /// `switchboard ledger task ID --stopped --reason …`: an operator confirms that a
-    /// cancelled task has stopped. Only a task whose stop was requested can be.
-    pub async fn mark_task_stopped(&self, task_id: &str, reason: &str) -> Result<(), DeclareTaskError> {
+    async fn mark_task_stopped(&self, task_id: &str, reason: &str) -> Result<(), DeclareTaskError> {
         // A refusal commits the transaction with nothing written in it.
         let marked = self
             .write_in_place(|db| {

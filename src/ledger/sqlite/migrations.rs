@@ -21,7 +21,7 @@ use std::time::Instant;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use sha2::{Digest, Sha384};
 
-use super::error::LedgerError;
+use super::LedgerError;
 
 /// The table that records the migrations applied, sqlx's name and layout (see the module
 /// documentation).
@@ -47,7 +47,11 @@ pub(super) struct Migration {
 
 macro_rules! migration {
     ($version:literal, $file:literal) => {
-        Migration { version: $version, file: $file, sql: include_str!(concat!("../../migrations/", $file)) }
+        Migration {
+            version: $version,
+            file: $file,
+            sql: include_str!(concat!("../../../migrations/", $file)),
+        }
     };
 }
 

@@ -221,7 +221,8 @@ async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::Ledger;
+    use crate::ledger::SqliteLedger;
+    use crate::ledger::prelude::*;
 
     /// A steady load of commits with no pause long enough for SQLite to rewind the WAL by
     /// itself: without the bound, the file grows by every byte written (40 MiB here).
@@ -229,7 +230,7 @@ mod tests {
     async fn under_a_steady_load_of_commits_the_wal_stays_near_its_bound() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
-        let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+        let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
         ledger.execute_in_place("CREATE TABLE load (bytes BLOB)", []).await.unwrap();
         let wal = path.with_extension("db-wal");
         let mut largest = 0;

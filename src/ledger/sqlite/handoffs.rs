@@ -2,12 +2,16 @@
 //! carry its instruction to the target and its answer back to the delegator. Each change
 //! is one transaction, so a handoff and its envelopes never disagree.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 
 use super::envelopes::transition_in;
-use super::{EnvelopeKind, EnvelopeState, Ledger, LedgerError, LedgerResult, StoredEnvelope, now};
+use super::{EnvelopeKind, EnvelopeState, LedgerError, LedgerResult, SqliteLedger, StoredEnvelope, now};
 use crate::ids::{AgentName, TraceId};
 use crate::rules::guard::Intent;
 use crate::rules::revisions::Refusal;
@@ -189,12 +193,9 @@ fn task_of(db: &rusqlite::Connection, sql: &str, id: i64) -> rusqlite::Result<(O
     query_row_cached(db, sql, [id], |row| Ok((row.get(0)?, row.get(1)?)))
 }
 
-impl Ledger {
-    /// Records an admitted handoff and queues its envelope for the target, together.
-    /// A handoff made for an envelope of a task is admitted against that task first and
-    /// records the task and revision it is made under (DESIGN.md §11); a refusal records
-    /// nothing.
-    pub async fn record_handoff(&self, new: &NewHandoff<'_>) -> LedgerResult<Result<StoredHandoff, Refusal>> {
+#[async_trait]
+impl Handoffs for SqliteLedger {
+    async fn record_handoff(&self, new: &NewHandoff<'_>) -> LedgerResult<Result<StoredHandoff, Refusal>> {
         let handoff_id = format!("hof_{}", &TraceId::generate().as_str()[4..]);
         let recorded = self
             .write_in_place(|db| {
@@ -246,10 +247,7 @@ impl Ledger {
             .map(Ok)
     }
 
-    /// Ends an open handoff: its envelope is acked, and an answer envelope is queued for
-    /// the delegator (the answer, or word that it was closed). Returns the handoff as it
-    /// now stands; `None` when it was no longer open (nothing changed).
-    pub async fn end_handoff(
+    async fn end_handoff(
         &self,
         handoff: &StoredHandoff,
         end: HandoffEnd<'_>,
@@ -329,15 +327,7 @@ impl Ledger {
         }
     }
 
-    /// A child's answer to a handoff a change superseded: kept as a late result, never
-    /// delivered to the delegator as an answer (DESIGN.md §11). Returns whether one was
-    /// kept (the first answer is; later ones leave it).
-    pub async fn keep_late_result(
-        &self,
-        agent: &AgentName,
-        trace_id: &str,
-        text: &str,
-    ) -> LedgerResult<bool> {
+    async fn keep_late_result(&self, agent: &AgentName, trace_id: &str, text: &str) -> LedgerResult<bool> {
         let kept = self
             .execute_in_place(
                 "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
@@ -348,7 +338,7 @@ impl Ledger {
         Ok(kept == 1)
     }
 
-    pub async fn handoff(&self, handoff_id: &str) -> LedgerResult<Option<StoredHandoff>> {
+    async fn handoff(&self, handoff_id: &str) -> LedgerResult<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.handoff_id = ?");
         self.read_in_place(|db| {
             query_row_cached(db, sql, rusqlite::params![handoff_id], StoredHandoff::from_row).optional()
@@ -356,8 +346,7 @@ impl Ledger {
         .await
     }
 
-    /// The handoff an envelope carries: as its instruction or as its answer.
-    pub async fn handoff_of_envelope(&self, envelope_id: i64) -> LedgerResult<Option<StoredHandoff>> {
+    async fn handoff_of_envelope(&self, envelope_id: i64) -> LedgerResult<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.envelope_id = ?1 OR h.answer_envelope_id = ?1");
         self.read_in_place(|db| {
             query_row_cached(db, sql, rusqlite::params![envelope_id], StoredHandoff::from_row).optional()
@@ -365,8 +354,7 @@ impl Ledger {
         .await
     }
 
-    /// The handoff a request of `from` recorded, if it did.
-    pub async fn handoff_by_request(
+    async fn handoff_by_request(
         &self,
         from: &AgentName,
         request_id: &str,
@@ -379,8 +367,7 @@ impl Ledger {
         .await
     }
 
-    /// The handoff a `reply` request of `agent` answered, if it did.
-    pub async fn handoff_by_answer_request(
+    async fn handoff_by_answer_request(
         &self,
         agent: &AgentName,
         request_id: &str,
@@ -393,8 +380,7 @@ impl Ledger {
         .await
     }
 
-    /// The handoffs made on behalf of one envelope: a turn's instructions, oldest first.
-    pub async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> LedgerResult<Vec<StoredHandoff>> {
+    async fn handoffs_for_cause(&self, cause_envelope_id: i64) -> LedgerResult<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.cause_envelope_id = ? ORDER BY h.id");
         self.read_in_place(|db| {
             query_all_cached(db, sql, rusqlite::params![cause_envelope_id], StoredHandoff::from_row)
@@ -402,8 +388,7 @@ impl Ledger {
         .await
     }
 
-    /// `from`'s handoffs still open, oldest first.
-    pub async fn open_handoffs_from(&self, from: &AgentName) -> LedgerResult<Vec<StoredHandoff>> {
+    async fn open_handoffs_from(&self, from: &AgentName) -> LedgerResult<Vec<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.from_agent = ? AND h.state = 'open' ORDER BY h.id");
         self.read_in_place(|db| {
             query_all_cached(db, sql, rusqlite::params![from.as_str()], StoredHandoff::from_row)
@@ -411,8 +396,7 @@ impl Ledger {
         .await
     }
 
-    /// For `switchboard ledger handoffs`: newest last.
-    pub async fn list_handoffs(
+    async fn list_handoffs(
         &self,
         open_only: bool,
         agent: Option<&str>,

@@ -5,7 +5,7 @@
 //!
 //! The reads that may scan much of the ledger (the operator's listings, the gauges
 //! `/metrics` reads, start-up recovery's search) run on a reader too, but on a blocking
-//! thread ([`Ledger::read_off_thread`]): they are off the path of a message, and on a large
+//! thread ([`SqliteLedger::read_off_thread`]): they are off the path of a message, and on a large
 //! ledger they take long enough to hold up the runtime.
 //!
 //! Only reads run here; the connections are `query_only`, so a statement that would write
@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::in_place::{BusyWait, open_own_connection};
-use super::{Ledger, LedgerError, LedgerResult};
+use super::{LedgerError, LedgerResult, SqliteLedger};
 
 /// Readers kept open between reads: a reply's and a handoff's lookups come one after
 /// another, so one is nearly always enough.
@@ -78,7 +78,7 @@ impl Readers {
     }
 }
 
-impl Ledger {
+impl SqliteLedger {
     /// Runs the read `work` on this thread: on the writer if it is idle, on a reader
     /// otherwise. On the rare `SQLITE_BUSY` a WAL reader can meet (another connection
     /// recovering the WAL index, say), `work` runs again after an asynchronous pause, for
@@ -128,14 +128,15 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use crate::config::Synchronous;
-    use crate::ledger::Ledger;
+    use crate::ledger::SqliteLedger;
+    use crate::ledger::prelude::*;
 
     /// On the writer while it is idle, as here.
     #[tokio::test]
     async fn reads_see_every_commit_and_cannot_write() {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
-        let count = |ledger: &Ledger| {
+        let ledger = SqliteLedger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        let count = |ledger: &SqliteLedger| {
             let ledger = ledger.clone();
             async move {
                 ledger
@@ -164,7 +165,7 @@ mod tests {
     async fn reads_while_a_write_waits_run_on_a_reader() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("ledger.db");
-        let ledger = Ledger::open(&path, Synchronous::Normal).await.unwrap();
+        let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
         ledger.record_batch(7, 8, &[]).await.unwrap();
 
         let other_process = rusqlite::Connection::open(&path).unwrap();

@@ -2,9 +2,14 @@
 //! the `[operator]` route's chat. An answer reconciles the envelope exactly as
 //! `switchboard ledger reconcile` does, recording who answered and when.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{
-    AttemptOutcome, AttemptState, EnvelopeState, Ledger, LedgerResult, ReconcileError, Reconciliation, now,
+    AttemptOutcome, AttemptState, EnvelopeState, LedgerResult, ReconcileError, Reconciliation, SqliteLedger,
+    now,
 };
 use rusqlite::OptionalExtension;
 
@@ -98,15 +103,13 @@ pub enum QuestionAnswered {
     TooLate,
 }
 
-impl Ledger {
-    /// Records a question for every unresolved send not asked about yet (one per
-    /// envelope: its first unknown attempt), to be posted in `chat_id`. `new_id` names
-    /// each. Returns the questions recorded, their prompts' sends `in_flight`.
-    pub async fn record_new_questions(
+#[async_trait]
+impl Questions for SqliteLedger {
+    async fn record_new_questions(
         &self,
         chat_id: i64,
         thread_id: Option<i32>,
-        new_id: impl Fn() -> String,
+        new_id: &(dyn Fn() -> String + Send + Sync),
     ) -> LedgerResult<Vec<StoredQuestion>> {
         let at = now();
         self.write_in_place(|db| {
@@ -162,10 +165,7 @@ impl Ledger {
         .await
     }
 
-    /// Records what a question's prompt send came to. A question whose prompt was not
-    /// posted stays open and is not asked again: `switchboard ledger reconcile` settles
-    /// its send.
-    pub async fn finish_question_send(&self, id: &str, outcome: &AttemptOutcome) -> LedgerResult<()> {
+    async fn finish_question_send(&self, id: &str, outcome: &AttemptOutcome) -> LedgerResult<()> {
         let (send, message_id, error) = match outcome {
             AttemptOutcome::Sent { message_id } => ("sent", Some(*message_id), None),
             AttemptOutcome::NotSent { error } => ("not_sent", None, Some(error.clone())),
@@ -179,9 +179,7 @@ impl Ledger {
         .map(drop)
     }
 
-    /// Start-up: a question whose prompt was being sent may have been posted: `unknown`,
-    /// never sent again.
-    pub async fn recover_question_sends(&self) -> LedgerResult<usize> {
+    async fn recover_question_sends(&self) -> LedgerResult<usize> {
         self.execute_in_place(
             "UPDATE operator_questions SET prompt_send = 'unknown', \
              prompt_error = 'the daemon stopped during the send' WHERE prompt_send = 'in_flight'",
@@ -190,14 +188,11 @@ impl Ledger {
         .await
     }
 
-    pub async fn question(&self, id: &str) -> LedgerResult<Option<StoredQuestion>> {
+    async fn question(&self, id: &str) -> LedgerResult<Option<StoredQuestion>> {
         self.read_in_place(|db| question_in(db, id)).await
     }
 
-    /// An operator's answer: reconciles the envelope as `switchboard ledger reconcile`
-    /// does (which refuses an envelope no longer unresolved: the first answer wins), then
-    /// records who answered on the question.
-    pub async fn answer_question(
+    async fn answer_question(
         &self,
         question: &StoredQuestion,
         finding: Reconciliation,
@@ -226,10 +221,7 @@ impl Ledger {
         Ok(QuestionAnswered::Reconciled)
     }
 
-    /// Open questions whose envelope is no longer unresolved are settled: reconciled with
-    /// the CLI, or by an answer whose own record (a second transaction, after the
-    /// reconciliation) was cut short.
-    pub async fn settle_answered_elsewhere(&self) -> LedgerResult<usize> {
+    async fn settle_answered_elsewhere(&self) -> LedgerResult<usize> {
         let unresolved = EnvelopeState::Unresolved.as_str();
         self.write_in_place(|db| {
             execute_cached(
@@ -242,8 +234,7 @@ impl Ledger {
         .await
     }
 
-    /// Answered questions whose prompt does not show it yet.
-    pub async fn unsettled_questions(&self) -> LedgerResult<Vec<StoredQuestion>> {
+    async fn unsettled_questions(&self) -> LedgerResult<Vec<StoredQuestion>> {
         self.read_in_place(|db| {
             query_all_cached(
                 db,
@@ -260,7 +251,7 @@ impl Ledger {
         .await
     }
 
-    pub async fn settle_question_prompt(&self, id: &str) -> LedgerResult<()> {
+    async fn settle_question_prompt(&self, id: &str) -> LedgerResult<()> {
         self.execute_in_place("UPDATE operator_questions SET prompt_settled = 1 WHERE id = ?", [id])
             .await
             .map(drop)

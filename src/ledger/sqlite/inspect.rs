@@ -1,11 +1,15 @@
 //! What `switchboard ledger` reads and the one change it makes: reconciliation.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{ReconciledOutcome, StoredEnvelope};
 use crate::ledger::EnvelopeState;
 
-use super::{Ledger, LedgerError, LedgerResult, now};
+use super::{LedgerError, LedgerResult, SqliteLedger, now};
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
@@ -44,8 +48,9 @@ pub enum ReconcileError {
     Db(#[from] LedgerError),
 }
 
-impl Ledger {
-    pub async fn list(&self, filter: &ListFilter) -> LedgerResult<Vec<StoredEnvelope>> {
+#[async_trait]
+impl Inspection for SqliteLedger {
+    async fn list(&self, filter: &ListFilter) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -65,7 +70,7 @@ impl Ledger {
         Ok(rows)
     }
 
-    pub async fn count_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
+    async fn count_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
         self.read_off_thread(|db| {
             query_all_cached(
                 db,
@@ -77,7 +82,7 @@ impl Ledger {
         .await
     }
 
-    pub async fn events_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredEvent>> {
+    async fn events_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredEvent>> {
         self.read_in_place(|db| {
             query_all_cached(
                 db,
@@ -97,12 +102,7 @@ impl Ledger {
         .await
     }
 
-    /// Settles an envelope's unknown attempts with what the operator found out; the reason
-    /// is kept on the envelope, its attempts and its event history. An `unresolved`
-    /// envelope becomes `acked` (delivered) or `pending` again (not delivered, so its
-    /// agent may answer again). An `acked` envelope whose later follow-up was unknown
-    /// stays `acked`: only the follow-up's attempts are settled.
-    pub async fn reconcile(
+    async fn reconcile(
         &self,
         trace_id: &str,
         finding: Reconciliation,
@@ -140,16 +140,25 @@ impl Ledger {
         })
     }
 
-    /// Attempts whose outcome is unknown and that no operator has reconciled yet,
-    /// with their envelope's trace id: `ledger stats` counts them, since an `acked`
-    /// envelope can carry one (a follow-up whose outcome is unknown).
-    pub async fn unreconciled_attempts(&self) -> LedgerResult<i64> {
+    async fn unreconciled_attempts(&self) -> LedgerResult<i64> {
         self.read_off_thread(|db| {
             query_row_cached(
                 db,
                 "SELECT COUNT(*) FROM attempts WHERE outcome = 'unknown' AND reconciled_outcome IS NULL",
                 [],
                 |row| row.get(0),
+            )
+        })
+        .await
+    }
+
+    async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
+        self.read_off_thread(|db| {
+            query_all_cached(
+                db,
+                "SELECT state, COUNT(*) FROM handoffs GROUP BY state ORDER BY state",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
             )
         })
         .await

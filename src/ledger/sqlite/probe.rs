@@ -15,8 +15,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::Mutex;
 
-use super::in_place::query_all_cached;
-use super::{Ledger, LedgerError, LedgerResult};
+use super::{LedgerError, LedgerResult};
 
 /// "SWBD": the header field `PRAGMA application_id` sets, naming the file's application.
 pub const LEDGER_APPLICATION_ID: i32 = 0x5357_4244;
@@ -85,25 +84,12 @@ fn connect(database: &Path) -> LedgerResult<Connection> {
     Ok(db)
 }
 
-impl Ledger {
-    /// Handoffs by state, for `/metrics`.
-    pub async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
-        self.read_off_thread(|db| {
-            query_all_cached(
-                db,
-                "SELECT state, COUNT(*) FROM handoffs GROUP BY state ORDER BY state",
-                [],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
-        })
-        .await
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::config::Synchronous;
+    use crate::ledger::SqliteLedger;
+    use crate::ledger::prelude::*;
 
     #[test]
     fn the_probe_writes_the_application_id() {
@@ -114,7 +100,7 @@ mod tests {
     async fn the_probe_commits_a_write_and_fails_while_another_writer_holds_the_lock() {
         let dir = tempfile::tempdir().unwrap();
         let database = dir.path().join("ledger.db");
-        let ledger = Ledger::open(&database, Synchronous::Normal).await.unwrap();
+        let ledger = SqliteLedger::open(&database, Synchronous::Normal).await.unwrap();
         let probe = LedgerProbe::new(database.clone());
         probe.check().await.unwrap();
         let holder = Connection::open(&database).unwrap();

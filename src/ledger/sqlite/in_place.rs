@@ -7,7 +7,7 @@
 //! path of a message take themselves (docs/performance.md has the figures), and each
 //! transaction on that path (a batch's intake, a reply's attempt and outcome) makes five
 //! or six statements.
-//! All the writes run on [`Writer`] ([`Ledger::write_in_place`]), intake's and the others
+//! All the writes run on [`Writer`] ([`SqliteLedger::write_in_place`]), intake's and the others
 //! (handoffs, rooms, reconciliation): one connection writes, so the writers of this process
 //! queue on its lock in order and never meet in SQLite's busy handler, and every
 //! transaction is written with the same synchronous helpers (`transition_in`, tasks'
@@ -20,7 +20,7 @@
 //! `synchronous = normal` (the default) a commit writes to the WAL without waiting for
 //! the disk, so a section takes tens of microseconds. With `synchronous = full` the
 //! commit's fsync happens on that thread too. Waiting for another process's write lock
-//! never does: [`Ledger::write_in_place`] asks for the lock without SQLite's busy handler
+//! never does: [`SqliteLedger::write_in_place`] asks for the lock without SQLite's busy handler
 //! and waits between tries asynchronously.
 
 use std::fmt;
@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 use rusqlite::{OpenFlags, TransactionBehavior, ffi};
 
 use super::checkpoint::{BACKSTOP_PAGES, Checkpointer, WAL_LIMIT_BYTES};
-use super::{BUSY_TIMEOUT, Ledger, LedgerError, LedgerResult};
+use super::{BUSY_TIMEOUT, LedgerError, LedgerResult, SqliteLedger};
 use crate::backoff::Backoff;
 use crate::config::Synchronous;
 
@@ -198,7 +198,7 @@ pub(super) fn synchronous_pragma(synchronous: Synchronous) -> &'static str {
     }
 }
 
-impl Ledger {
+impl SqliteLedger {
     /// Runs `work` as one write transaction on the writer, on this thread: `BEGIN
     /// IMMEDIATE`, `work`, `COMMIT`, with no hand-over to another thread. An error (or a
     /// panic) in `work` rolls it back.
@@ -371,9 +371,9 @@ mod tests {
     use crate::config::Synchronous;
     use crate::ledger::LedgerCongestion;
 
-    async fn ledger() -> (tempfile::TempDir, Ledger) {
+    async fn ledger() -> (tempfile::TempDir, SqliteLedger) {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        let ledger = SqliteLedger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
         (dir, ledger)
     }
 
@@ -384,7 +384,7 @@ mod tests {
         )
     }
 
-    async fn offsets(ledger: &Ledger) -> Vec<i64> {
+    async fn offsets(ledger: &SqliteLedger) -> Vec<i64> {
         ledger
             .read_in_place(|db| {
                 query_all_cached(db, "SELECT bot_id FROM poller_offsets ORDER BY bot_id", [], |row| {

@@ -1,10 +1,15 @@
 //! Agent sessions, kept for the audit trail.
 
-use super::{Ledger, LedgerResult, now};
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
+use super::{LedgerResult, SqliteLedger, now};
 use crate::ids::AgentName;
 
-impl Ledger {
-    pub async fn session_opened(
+#[async_trait]
+impl Sessions for SqliteLedger {
+    async fn session_opened(
         &self,
         session_id: &str,
         agent: &AgentName,
@@ -18,7 +23,7 @@ impl Ledger {
         .map(drop)
     }
 
-    pub async fn session_closed(&self, session_id: &str) -> LedgerResult<()> {
+    async fn session_closed(&self, session_id: &str) -> LedgerResult<()> {
         self.execute_in_place(
             "UPDATE agent_sessions SET disconnected_at = ? WHERE id = ?",
             (now(), session_id),

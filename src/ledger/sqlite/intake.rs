@@ -1,6 +1,10 @@
 //! The poller's side: a batch of envelopes and the offset that confirms it, committed
 //! together; and which ledger errors intake waits out instead of stopping.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use std::fmt;
 
 use super::reactions::{self, RoutedReaction, StoredReaction};
@@ -10,7 +14,7 @@ use chrono::SecondsFormat;
 
 use super::in_place::{execute_cached, query_row_cached};
 use super::write_watch::LedgerWrite;
-use super::{Ledger, LedgerError, LedgerResult, now};
+use super::{LedgerError, LedgerResult, SqliteLedger, now};
 use crate::ids::{AgentName, RouteName};
 use rusqlite::OptionalExtension;
 
@@ -45,8 +49,9 @@ impl fmt::Display for LedgerCongestion {
     }
 }
 
-impl Ledger {
-    pub async fn next_offset(&self, bot_id: i64) -> LedgerResult<Option<i64>> {
+#[async_trait]
+impl Intake for SqliteLedger {
+    async fn next_offset(&self, bot_id: i64) -> LedgerResult<Option<i64>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT next_offset FROM poller_offsets WHERE bot_id = ?", [bot_id], |row| {
                 row.get(0)
@@ -56,12 +61,7 @@ impl Ledger {
         .await
     }
 
-    /// Stores a batch of rows and advances the offset in one transaction: either both
-    /// happen or neither does, so a crash can neither lose nor duplicate an update.
-    /// Returns the rows that were new: an update already stored with the same id and the
-    /// same digest (a re-poll) is skipped; the same id with other content (Telegram reuses
-    /// ids after a week of silence) is a new row.
-    pub async fn record_batch<'a>(
+    async fn record_batch<'a>(
         &self,
         bot_id: i64,
         next_offset: i64,
@@ -70,12 +70,7 @@ impl Ledger {
         Ok(self.record_batch_handing_over(bot_id, next_offset, batch, &[], None).await?.inserted)
     }
 
-    /// [`Self::record_batch`], and in the same transaction every `queued` envelope of the
-    /// agents in `claim_for` (the batch's and any older ones) moves to `pending`, handed
-    /// to their live sessions: those rows are returned, oldest first, for the caller to
-    /// pass on. The ledger says `pending` before any session sees them, and a crash
-    /// leaves them `pending`, so they are redelivered.
-    pub async fn record_batch_handing_over<'a>(
+    async fn record_batch_handing_over<'a>(
         &self,
         bot_id: i64,
         next_offset: i64,
@@ -86,10 +81,7 @@ impl Ledger {
         self.record_batch_with_reactions(bot_id, next_offset, batch, &[], claim_for, bot_username).await
     }
 
-    /// [`Self::record_batch_handing_over`], with the batch's reactions stored in the same
-    /// transaction (see `reactions`): those owed to an agent are returned for the caller
-    /// to ring its bell.
-    pub async fn record_batch_with_reactions<'a>(
+    async fn record_batch_with_reactions<'a>(
         &self,
         bot_id: i64,
         next_offset: i64,
@@ -114,8 +106,7 @@ impl Ledger {
         Ok(RecordedBatch { inserted, claimed, task_effects, reactions })
     }
 
-    /// The raw text of an undecodable update, by its envelope's trace id.
-    pub async fn raw_update(&self, trace_id: &str) -> LedgerResult<Option<String>> {
+    async fn raw_update(&self, trace_id: &str) -> LedgerResult<Option<String>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT raw_update FROM envelopes WHERE trace_id = ?", [trace_id], |row| {
                 row.get(0)
@@ -127,7 +118,7 @@ impl Ledger {
     }
 }
 
-/// What [`Ledger::record_batch_handing_over`] committed.
+/// What [`SqliteLedger::record_batch_handing_over`] committed.
 #[derive(Debug)]
 pub struct RecordedBatch<'a> {
     /// The rows that were new.
@@ -141,7 +132,7 @@ pub struct RecordedBatch<'a> {
     pub reactions: Vec<StoredReaction>,
 }
 
-/// The transaction of [`Ledger::record_batch_handing_over`], run in place; returns which
+/// The transaction of [`SqliteLedger::record_batch_handing_over`], run in place; returns which
 /// rows of the batch were new, the rows claimed for `claim_for`, and what the task
 /// changes ask for.
 fn insert_batch(

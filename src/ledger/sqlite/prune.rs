@@ -11,6 +11,10 @@
 //! that another process's writes (a live daemon's, waiting out the lock with pauses of up
 //! to 50 ms, see `in_place::BusyWait`) always find it free again soon.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
 
@@ -18,7 +22,7 @@ use chrono::{DateTime, Utc};
 use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
-use super::{Ledger, LedgerResult};
+use super::{LedgerResult, SqliteLedger};
 use crate::ledger::EnvelopeState;
 use crate::rules::retention::{
     self, BatchFacts, CascadeFacts, Doomed, EnvelopeFacts, HandoffFacts, PostFacts, TaskFacts,
@@ -166,11 +170,9 @@ impl AlreadyCounted {
     }
 }
 
-impl Ledger {
-    /// Deletes what finished before `finished_before` (see `rules::retention` for what
-    /// that is), in bounded batches, each its own transaction; with `dry_run`, deletes
-    /// nothing and counts what would go.
-    pub async fn prune(&self, finished_before: DateTime<Utc>, dry_run: bool) -> LedgerResult<PruneReport> {
+#[async_trait]
+impl Retention for SqliteLedger {
+    async fn prune(&self, finished_before: DateTime<Utc>, dry_run: bool) -> LedgerResult<PruneReport> {
         let started = Instant::now();
         let cutoff = super::timestamp(finished_before);
         let mut report = PruneReport { pages_before: self.pages().await?, ..PruneReport::default() };
@@ -233,6 +235,22 @@ impl Ledger {
         Ok(report)
     }
 
+    async fn pages(&self) -> LedgerResult<Pages> {
+        self.read_in_place(|db| {
+            let pragma = |name: &str| -> rusqlite::Result<u64> {
+                db.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0)).map(|n| n.max(0) as u64)
+            };
+            Ok(Pages {
+                page_size: pragma("page_size")?,
+                page_count: pragma("page_count")?,
+                free_pages: pragma("freelist_count")?,
+            })
+        })
+        .await
+    }
+}
+
+impl SqliteLedger {
     /// Sessions that ended before the cutoff, all but the newest.
     async fn prune_sessions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
         const ENDED: &str = "disconnected_at IS NOT NULL AND disconnected_at < ?1 \
@@ -278,21 +296,6 @@ impl Ledger {
             }
             tokio::time::sleep(MIN_PAUSE).await;
         }
-    }
-
-    /// The file's pages and free pages.
-    pub async fn pages(&self) -> LedgerResult<Pages> {
-        self.read_in_place(|db| {
-            let pragma = |name: &str| -> rusqlite::Result<u64> {
-                db.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0)).map(|n| n.max(0) as u64)
-            };
-            Ok(Pages {
-                page_size: pragma("page_size")?,
-                page_count: pragma("page_count")?,
-                free_pages: pragma("freelist_count")?,
-            })
-        })
-        .await
     }
 }
 
@@ -724,9 +727,9 @@ mod tests {
     const OLD: &str = "2020-01-01T00:00:00.000Z";
     const RECENT: &str = "2999-01-01T00:00:00.000Z";
 
-    async fn ledger() -> (tempfile::TempDir, Ledger) {
+    async fn ledger() -> (tempfile::TempDir, SqliteLedger) {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        let ledger = SqliteLedger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
         (dir, ledger)
     }
 
@@ -824,11 +827,11 @@ mod tests {
         .unwrap();
     }
 
-    async fn ids(ledger: &Ledger, sql: &'static str) -> Vec<i64> {
+    async fn ids(ledger: &SqliteLedger, sql: &'static str) -> Vec<i64> {
         ledger.read_in_place(|db| query_all_cached(db, sql, [], |r| r.get(0))).await.unwrap()
     }
 
-    async fn consistent(ledger: &Ledger) {
+    async fn consistent(ledger: &SqliteLedger) {
         let problems: Vec<String> = ledger
             .read_in_place(|db| {
                 query_all_cached(db, "PRAGMA foreign_key_check", [], |r| r.get::<_, String>(0))
@@ -839,7 +842,7 @@ mod tests {
     }
 
     /// One of each row that must stay, and old finished rows that must go.
-    async fn one_of_each(ledger: &Ledger) {
+    async fn one_of_each(ledger: &SqliteLedger) {
         ledger
             .write_in_place(|db| {
                 envelope(db, 1, "acked", OLD, None);

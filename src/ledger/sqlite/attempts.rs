@@ -1,6 +1,10 @@
 //! Send attempts (DESIGN.md §4): recorded before the request, classified after, and
 //! settling their envelope in the same transaction.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use super::envelopes::transition_in;
 use crate::ledger::EnvelopeState;
 use rusqlite::OptionalExtension;
@@ -8,7 +12,7 @@ use rusqlite::OptionalExtension;
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 
 use super::write_watch::LedgerWrite;
-use super::{Ledger, LedgerError, LedgerResult, now};
+use super::{LedgerError, LedgerResult, SqliteLedger, now};
 use crate::ids::TraceId;
 use crate::rules::revisions::Refusal;
 
@@ -313,12 +317,9 @@ macro_rules! attempt_columns {
     };
 }
 
-impl Ledger {
-    /// Records an attempt before its request is made; returns its operation id. A reply's
-    /// attempt is admitted against its envelope's task in the same statement that records
-    /// it (DESIGN.md §11): once a change is recorded, no part of a reply made for what it
-    /// superseded, paused or cancelled goes out. A refusal records nothing.
-    pub async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> LedgerResult<Result<String, Refusal>> {
+#[async_trait]
+impl Attempts for SqliteLedger {
+    async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> LedgerResult<Result<String, Refusal>> {
         let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
         let sql = concat!(
             "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
@@ -366,19 +367,7 @@ impl Ledger {
         })
     }
 
-    /// Records what an attempt came to and, in the same transaction, what that proves
-    /// about its envelope: the last part of a reply confirmed sent answers it (`acked`);
-    /// an unknown outcome makes a `pending` envelope `unresolved`. A crash can therefore
-    /// never leave a confirmed or unknown send beside an envelope that still looks
-    /// unanswered. An envelope already `acked` stays acked when a later follow-up's
-    /// outcome is unknown: the envelope was answered, and the follow-up attempt is what
-    /// needs reconciling.
-    pub async fn finish_attempt(
-        &self,
-        op_id: &str,
-        outcome: &AttemptOutcome,
-        actor: &str,
-    ) -> LedgerResult<()> {
+    async fn finish_attempt(&self, op_id: &str, outcome: &AttemptOutcome, actor: &str) -> LedgerResult<()> {
         let (message_id, error) = match outcome {
             AttemptOutcome::Sent { message_id } => (Some(*message_id), None),
             AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => {
@@ -429,10 +418,7 @@ impl Ledger {
         finished
     }
 
-    /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have
-    /// reached Telegram. They become `unknown` and their envelopes `unresolved`; an
-    /// operator reconciles them. Returns the trace ids affected.
-    pub async fn recover_in_flight(&self) -> LedgerResult<Vec<String>> {
+    async fn recover_in_flight(&self) -> LedgerResult<Vec<String>> {
         let stuck: Vec<(String, String)> = self
             .read_off_thread(|db| {
                 query_all_cached(
@@ -451,10 +437,7 @@ impl Ledger {
         Ok(stuck.into_iter().map(|(_, trace_id)| trace_id).collect())
     }
 
-    /// Whether `agent` made a `reply` request with this id before: it left attempts, or it
-    /// answered a handoff. One statement, so a new request (nearly every one) costs no
-    /// more; [`Self::recorded_reply`] and `handoff_by_answer_request` tell what it came to.
-    pub async fn reply_request_seen(&self, agent: &str, request_id: &str) -> LedgerResult<bool> {
+    async fn reply_request_seen(&self, agent: &str, request_id: &str) -> LedgerResult<bool> {
         self.read_in_place(|db| {
             query_row_cached(
                 db,
@@ -467,9 +450,7 @@ impl Ledger {
         .await
     }
 
-    /// The attempts made for one `reply` request of `agent`, summed up; `None` when no
-    /// attempt carries that id (the request was never acted on).
-    pub async fn recorded_reply(&self, agent: &str, request_id: &str) -> LedgerResult<Option<RecordedReply>> {
+    async fn recorded_reply(&self, agent: &str, request_id: &str) -> LedgerResult<Option<RecordedReply>> {
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
@@ -497,12 +478,7 @@ impl Ledger {
         .await
     }
 
-    /// The most recent `reply` request made for an envelope, summed up: what a repeated
-    /// reply with the same text may build on (parts already delivered are not sent again).
-    pub async fn last_reply_for(
-        &self,
-        envelope_id: i64,
-    ) -> LedgerResult<Option<(String, Vec<StoredAttempt>)>> {
+    async fn last_reply_for(&self, envelope_id: i64) -> LedgerResult<Option<(String, Vec<StoredAttempt>)>> {
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
@@ -534,9 +510,7 @@ impl Ledger {
         .await
     }
 
-    /// Of these envelopes, the ones with an attempt whose outcome is unknown and not yet
-    /// reconciled: nothing more may be sent for them until an operator has looked.
-    pub async fn awaiting_reconciliation(&self, envelope_ids: &[i64]) -> LedgerResult<Vec<i64>> {
+    async fn awaiting_reconciliation(&self, envelope_ids: &[i64]) -> LedgerResult<Vec<i64>> {
         if envelope_ids.is_empty() {
             return Ok(Vec::new());
         }
@@ -558,10 +532,7 @@ impl Ledger {
         .await
     }
 
-    /// Whom a message the bot posted in `chat_id` was sent for (the agent, `switchboard`
-    /// for its own posts) and how: from the confirmed attempt that posted it. `None` when
-    /// the ledger knows of no such message (a reaction or an edit posts none).
-    pub async fn bot_message(
+    async fn bot_message(
         &self,
         chat_id: i64,
         message_id: i32,
@@ -581,9 +552,7 @@ impl Ledger {
         .await
     }
 
-    /// The last attempt of a reaction or edit request of `agent`: what a repeat of that
-    /// request is answered with, instead of acting twice.
-    pub async fn action_attempt(&self, agent: &str, request_id: &str) -> LedgerResult<Option<StoredAttempt>> {
+    async fn action_attempt(&self, agent: &str, request_id: &str) -> LedgerResult<Option<StoredAttempt>> {
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
@@ -597,7 +566,7 @@ impl Ledger {
         .await
     }
 
-    pub async fn attempts_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredAttempt>> {
+    async fn attempts_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredAttempt>> {
         let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
         self.read_in_place(|db| query_all_cached(db, sql, [envelope_id], StoredAttempt::from_row)).await
     }

@@ -11,10 +11,14 @@
 //! it is connected, then `delivered`. It is never an envelope, so it never waits for an
 //! answer, is never listed by `pending` and is never a reply's candidate.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use chrono::SecondsFormat;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
-use super::{Ledger, LedgerResult, now};
+use super::{LedgerResult, SqliteLedger, now};
 use crate::ids::AgentName;
 use crate::telegram::envelope::Reaction;
 use rusqlite::OptionalExtension;
@@ -180,17 +184,16 @@ pub(super) fn record_reactions(
     Ok(owed)
 }
 
-impl Ledger {
-    /// The reactions owed to the agent, oldest first: not yet handed to a session.
-    pub async fn owed_reactions(&self, agent: &AgentName) -> LedgerResult<Vec<StoredReaction>> {
+#[async_trait]
+impl Reactions for SqliteLedger {
+    async fn owed_reactions(&self, agent: &AgentName) -> LedgerResult<Vec<StoredReaction>> {
         let sql = format!(
             "SELECT {REACTION_COLUMNS} FROM reactions WHERE agent = ? AND state = 'owed' ORDER BY id"
         );
         self.read_in_place(|db| query_all_cached(db, &sql, [agent.as_str()], StoredReaction::from_row)).await
     }
 
-    /// The session was given these reactions: they are no longer owed.
-    pub async fn reactions_delivered(&self, ids: &[i64]) -> LedgerResult<()> {
+    async fn reactions_delivered(&self, ids: &[i64]) -> LedgerResult<()> {
         if ids.is_empty() {
             return Ok(());
         }
@@ -208,8 +211,7 @@ impl Ledger {
         .await
     }
 
-    /// Every reaction recorded, oldest first: the audit trail.
-    pub async fn reactions_recorded(&self) -> LedgerResult<Vec<ReactionAudit>> {
+    async fn reactions_recorded(&self) -> LedgerResult<Vec<ReactionAudit>> {
         self.read_in_place(|db| {
             query_all_cached(
                 db,

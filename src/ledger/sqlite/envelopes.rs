@@ -1,13 +1,17 @@
 //! Envelopes: one row each, in one state (DESIGN.md §2), and the audited transitions
 //! between states.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use crate::ledger::EnvelopeState;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
 use crate::telegram::parts::{Attachment, stored_attachments};
 use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
-use super::{Ledger, LedgerResult, now};
+use super::{LedgerResult, SqliteLedger, now};
 use crate::ids::{AgentName, RouteName};
 
 /// How many characters of a message identify it in a candidate list or a listing.
@@ -64,7 +68,7 @@ pub struct StoredEnvelope {
     pub meta: Option<String>,
 }
 
-/// An envelope a reply names, with what its attempts say (see [`Ledger::find_for_reply`]).
+/// An envelope a reply names, with what its attempts say (see [`SqliteLedger::find_for_reply`]).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FoundForReply {
     pub envelope: StoredEnvelope,
@@ -151,9 +155,9 @@ impl StoredEnvelope {
     }
 }
 
-impl Ledger {
-    /// Moves the agent's oldest `queued` envelope to `pending` and returns it.
-    pub async fn claim_next_queued(&self, agent: &AgentName) -> LedgerResult<Option<StoredEnvelope>> {
+#[async_trait]
+impl Envelopes for SqliteLedger {
+    async fn claim_next_queued(&self, agent: &AgentName) -> LedgerResult<Option<StoredEnvelope>> {
         let sql = concat!(
             "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
              WHERE id = (SELECT id FROM envelopes WHERE agent = ? AND state = 'queued' ORDER BY id LIMIT 1) \
@@ -168,9 +172,7 @@ impl Ledger {
         .await
     }
 
-    /// The agent's `pending` envelopes, oldest first, counted as delivered once more: a new
-    /// session gets them again, marked as redelivered.
-    pub async fn take_pending_for_redelivery(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
+    async fn take_pending_for_redelivery(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = ? AND state = 'pending' \
              RETURNING ",
@@ -185,7 +187,7 @@ impl Ledger {
         Ok(rows)
     }
 
-    pub async fn pending(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
+    async fn pending(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -194,9 +196,7 @@ impl Ledger {
         self.read_in_place(|db| query_all_cached(db, sql, [agent.as_str()], StoredEnvelope::from_row)).await
     }
 
-    /// The files of the envelope `trace_id` (kind, file id, size, type, name), in the
-    /// message's order; `None` when there is no such envelope.
-    pub async fn attachments_of(&self, trace_id: &str) -> LedgerResult<Option<Vec<Attachment>>> {
+    async fn attachments_of(&self, trace_id: &str) -> LedgerResult<Option<Vec<Attachment>>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT attachments FROM envelopes WHERE trace_id = ?", [trace_id], |row| {
                 row.get::<_, String>(0)
@@ -207,16 +207,13 @@ impl Ledger {
         .map(|stored| stored.as_deref().map(stored_attachments))
     }
 
-    pub async fn find(&self, trace_id: &str) -> LedgerResult<Option<StoredEnvelope>> {
+    async fn find(&self, trace_id: &str) -> LedgerResult<Option<StoredEnvelope>> {
         let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [trace_id], StoredEnvelope::from_row).optional())
             .await
     }
 
-    /// [`Self::find`] for a reply that names its envelope, with what the envelope's
-    /// attempts say about it, in one statement instead of three on the reply's path: the
-    /// answers of `awaiting_reconciliation` and whether `last_reply_for` has anything.
-    pub async fn find_for_reply(&self, trace_id: &str) -> LedgerResult<Option<FoundForReply>> {
+    async fn find_for_reply(&self, trace_id: &str) -> LedgerResult<Option<FoundForReply>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),
@@ -246,9 +243,7 @@ impl Ledger {
 
     // ---- state transitions ----
 
-    /// Moves an envelope to `to` if it is in one of `from`, recording who did it and why.
-    /// Returns false (and changes nothing) when the envelope was not in an allowed state.
-    pub async fn transition(
+    async fn transition(
         &self,
         envelope_id: i64,
         from: &[EnvelopeState],
@@ -260,7 +255,7 @@ impl Ledger {
     }
 }
 
-/// The body of [`Ledger::transition`], inside a caller's write transaction, run in place
+/// The body of [`SqliteLedger::transition`], inside a caller's write transaction, run in place
 /// (see `in_place`).
 pub(super) fn transition_in(
     db: &rusqlite::Connection,

@@ -4,10 +4,14 @@
 //! and who gave it, and whether the asking plugin has been handed the verdict. The first
 //! verdict wins: every change of state is conditional on the row still being `pending`.
 
+use async_trait::async_trait;
+
+use crate::ledger::prelude::*;
+
 use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
-use super::{AttemptOutcome, AttemptState, Ledger, LedgerResult, now};
+use super::{AttemptOutcome, AttemptState, LedgerResult, SqliteLedger, now};
 
 /// The `state` column: what a request came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
@@ -183,11 +187,9 @@ fn permission_in(db: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option
     .optional()
 }
 
-impl Ledger {
-    /// Records a request as `pending` with its prompt's send `in_flight`, unless this
-    /// plugin already asked it (a repeated call after a broken connection). Returns the
-    /// row, and whether it is new: only a new row's prompt is to be posted.
-    pub async fn record_permission_request(
+#[async_trait]
+impl Permissions for SqliteLedger {
+    async fn record_permission_request(
         &self,
         new: &NewPermissionRequest<'_>,
     ) -> LedgerResult<(StoredPermission, bool)> {
@@ -229,13 +231,7 @@ impl Ledger {
         .await
     }
 
-    /// Records what the prompt's send came to. A prompt provably not posted expires its
-    /// request at once: nobody can answer it in Telegram, and the terminal still asks.
-    pub async fn finish_prompt_send(
-        &self,
-        id: &str,
-        outcome: &AttemptOutcome,
-    ) -> LedgerResult<StoredPermission> {
+    async fn finish_prompt_send(&self, id: &str, outcome: &AttemptOutcome) -> LedgerResult<StoredPermission> {
         self.write_in_place(|db| {
             match outcome {
                 AttemptOutcome::Sent { message_id } => execute_cached(
@@ -262,9 +258,7 @@ impl Ledger {
         .await
     }
 
-    /// Start-up: a prompt whose send was in flight when the daemon died may have been
-    /// posted; it becomes `unknown`, and is never sent again.
-    pub async fn recover_prompt_sends(&self) -> LedgerResult<usize> {
+    async fn recover_prompt_sends(&self) -> LedgerResult<usize> {
         self.execute_in_place(
             "UPDATE permission_requests SET prompt_send = 'unknown', \
              prompt_error = 'the daemon stopped during the send' WHERE prompt_send = 'in_flight'",
@@ -273,13 +267,11 @@ impl Ledger {
         .await
     }
 
-    pub async fn permission(&self, id: &str) -> LedgerResult<Option<StoredPermission>> {
+    async fn permission(&self, id: &str) -> LedgerResult<Option<StoredPermission>> {
         self.read_in_place(|db| permission_in(db, id)).await
     }
 
-    /// The pending requests named by Claude Code's `request_id` whose prompt went to this
-    /// chat (a text verdict names that id).
-    pub async fn pending_permissions_named(
+    async fn pending_permissions_named(
         &self,
         request_id: &str,
         chat_id: i64,
@@ -300,9 +292,7 @@ impl Ledger {
         .await
     }
 
-    /// Records a verdict if the request is still pending and not past its expiry: the first
-    /// verdict wins, in one transaction.
-    pub async fn answer_permission(
+    async fn answer_permission(
         &self,
         id: &str,
         verdict: PermissionVerdict,
@@ -326,8 +316,7 @@ impl Ledger {
         .await
     }
 
-    /// Expires every pending request whose time is up, returning them.
-    pub async fn expire_due_permissions(&self) -> LedgerResult<Vec<StoredPermission>> {
+    async fn expire_due_permissions(&self) -> LedgerResult<Vec<StoredPermission>> {
         let at = now();
         self.write_in_place(|db| {
             query_all_cached(
@@ -344,10 +333,7 @@ impl Ledger {
         .await
     }
 
-    /// Expires the pending requests of an agent asked by plugin processes other than
-    /// `except_plugin` (`None`: by `plugin` only), because that session ended. Returns how
-    /// many expired.
-    pub async fn expire_permissions_of_ended_session(
+    async fn expire_permissions_of_ended_session(
         &self,
         agent: &str,
         ended: EndedPlugins<'_>,
@@ -368,8 +354,7 @@ impl Ledger {
         self.write_in_place(|db| execute_cached(db, sql, rusqlite::params![because, agent, plugin])).await
     }
 
-    /// When the next pending request expires, if any is pending.
-    pub async fn next_permission_expiry(&self) -> LedgerResult<Option<String>> {
+    async fn next_permission_expiry(&self) -> LedgerResult<Option<String>> {
         self.read_in_place(|db| {
             query_row_cached(
                 db,
@@ -381,9 +366,7 @@ impl Ledger {
         .await
     }
 
-    /// Finished requests whose prompt does not show it yet (a prompt still being sent is
-    /// left until its send is classified: then it has a message to edit, or none).
-    pub async fn unsettled_prompts(&self) -> LedgerResult<Vec<StoredPermission>> {
+    async fn unsettled_prompts(&self) -> LedgerResult<Vec<StoredPermission>> {
         self.read_in_place(|db| {
             query_all_cached(
                 db,
@@ -400,16 +383,13 @@ impl Ledger {
         .await
     }
 
-    /// The prompt shows the request's final state (or there is nothing to show it on).
-    pub async fn settle_prompt(&self, id: &str) -> LedgerResult<()> {
+    async fn settle_prompt(&self, id: &str) -> LedgerResult<()> {
         self.execute_in_place("UPDATE permission_requests SET prompt_settled = 1 WHERE id = ?", [id])
             .await
             .map(drop)
     }
 
-    /// A press on a prompt whose send was `unknown` proves it was posted, and where; a
-    /// finished request's prompt can now be edited to show it.
-    pub async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()> {
+    async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()> {
         self.execute_in_place(
             "UPDATE permission_requests SET prompt_message_id = ?, prompt_settled = 0 \
              WHERE id = ? AND prompt_message_id IS NULL",
@@ -419,8 +399,7 @@ impl Ledger {
         .map(drop)
     }
 
-    /// Verdicts for `plugin` not yet written to its session, oldest first.
-    pub async fn undelivered_verdicts(&self, plugin: &str) -> LedgerResult<Vec<StoredPermission>> {
+    async fn undelivered_verdicts(&self, plugin: &str) -> LedgerResult<Vec<StoredPermission>> {
         let plugin = plugin.to_owned();
         self.read_in_place(move |db| {
             query_all_cached(
@@ -438,15 +417,13 @@ impl Ledger {
         .await
     }
 
-    /// The verdict was written to the asking plugin's session.
-    pub async fn verdict_sent(&self, id: &str) -> LedgerResult<()> {
+    async fn verdict_sent(&self, id: &str) -> LedgerResult<()> {
         self.execute_in_place("UPDATE permission_requests SET verdict_sent_at = ? WHERE id = ?", (now(), id))
             .await
             .map(drop)
     }
 
-    /// The newest requests first, for `switchboard ledger permissions`.
-    pub async fn list_permissions(&self, limit: i64) -> LedgerResult<Vec<StoredPermission>> {
+    async fn list_permissions(&self, limit: i64) -> LedgerResult<Vec<StoredPermission>> {
         self.read_off_thread(move |db| {
             query_all_cached(
                 db,
@@ -462,8 +439,7 @@ impl Ledger {
         .await
     }
 
-    /// How many requests are in each state, for `/metrics`.
-    pub async fn count_permissions_by_state(&self) -> LedgerResult<Vec<(PermissionState, i64)>> {
+    async fn count_permissions_by_state(&self) -> LedgerResult<Vec<(PermissionState, i64)>> {
         self.read_off_thread(|db| {
             let mut statement =
                 db.prepare_cached("SELECT state, COUNT(*) AS n FROM permission_requests GROUP BY state")?;
@@ -488,9 +464,9 @@ mod tests {
     use super::*;
     use crate::config::Synchronous;
 
-    async fn ledger() -> (tempfile::TempDir, Ledger) {
+    async fn ledger() -> (tempfile::TempDir, SqliteLedger) {
         let dir = tempfile::tempdir().unwrap();
-        let ledger = Ledger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
+        let ledger = SqliteLedger::open(&dir.path().join("ledger.db"), Synchronous::Normal).await.unwrap();
         (dir, ledger)
     }
 

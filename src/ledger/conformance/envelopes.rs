@@ -1,0 +1,137 @@
+use crate::ids::AgentName;
+use crate::ledger::conformance::Backend;
+use crate::ledger::conformance::fixtures::*;
+use crate::ledger::*;
+
+pub(crate) async fn a_batch_handed_over_is_pending_when_committed_with_the_older_queued_envelopes_first<
+    B: Backend,
+>() {
+    let (_keep, ledger) = B::fresh().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Queued)]).await.unwrap();
+    let mut other = routed(2, EnvelopeState::Queued);
+    other.agent = Some(AgentName::parse("worker").unwrap());
+    let batch = [routed(3, EnvelopeState::Queued), other, routed(4, EnvelopeState::Queued)];
+    let recorded = ledger.record_batch_handing_over(1, 5, &batch, &[&orch], None).await.unwrap();
+    let (inserted, handed) = (recorded.inserted, recorded.claimed);
+    assert_eq!(inserted.len(), 3);
+    // Every queued envelope of the agent, the one recorded earlier first; none of another.
+    let handed_updates: Vec<_> = handed.iter().map(|e| e.update_id).collect();
+    assert_eq!(handed_updates, [Some(1), Some(3), Some(4)]);
+    assert!(handed.iter().all(|e| e.state == EnvelopeState::Pending && e.deliveries == 1), "{handed:?}");
+    // The ledger says so, and nothing is left for a claim.
+    assert_eq!(ledger.pending(&orch).await.unwrap(), handed);
+    assert_eq!(ledger.claim_next_queued(&orch).await.unwrap(), None);
+    let worker = AgentName::parse("worker").unwrap();
+    assert_eq!(ledger.claim_next_queued(&worker).await.unwrap().and_then(|e| e.update_id), Some(2));
+}
+
+pub(crate) async fn a_batch_and_its_offset_commit_together_and_replays_are_skipped<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let batch = [routed(1, EnvelopeState::Queued), routed(2, EnvelopeState::Queued)];
+    assert_eq!(ledger.record_batch(7, 3, &batch).await.unwrap().len(), 2);
+    assert_eq!(ledger.next_offset(7).await.unwrap(), Some(3));
+    // The same updates polled again (new trace ids, same update ids) are not stored twice.
+    let replay = [routed(2, EnvelopeState::Queued), routed(3, EnvelopeState::Queued)];
+    let inserted = ledger.record_batch(7, 4, &replay).await.unwrap();
+    assert_eq!(inserted.iter().map(|r| r.envelope.update_id).collect::<Vec<_>>(), [3]);
+    let all = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(1), Some(2), Some(3)]);
+}
+
+pub(crate) async fn claims_go_oldest_first_and_redelivery_counts<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let agent = AgentName::parse("orch").unwrap();
+    ledger
+        .record_batch(
+            1,
+            4,
+            &[
+                routed(1, EnvelopeState::Queued),
+                routed(2, EnvelopeState::Unrouted),
+                routed(3, EnvelopeState::Queued),
+            ],
+        )
+        .await
+        .unwrap();
+    let first = ledger.claim_next_queued(&agent).await.unwrap().unwrap();
+    assert_eq!((first.update_id, first.state, first.deliveries), (Some(1), EnvelopeState::Pending, 1));
+    let second = ledger.claim_next_queued(&agent).await.unwrap().unwrap();
+    assert_eq!(second.update_id, Some(3));
+    assert!(ledger.claim_next_queued(&agent).await.unwrap().is_none());
+    let again = ledger.take_pending_for_redelivery(&agent).await.unwrap();
+    assert_eq!(
+        again.iter().map(|e| (e.update_id, e.deliveries)).collect::<Vec<_>>(),
+        [(Some(1), 2), (Some(3), 2)]
+    );
+}
+
+pub(crate) async fn transitions_only_from_allowed_states_and_are_audited<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    assert!(
+        !ledger
+            .transition(e.id, &[EnvelopeState::Queued], EnvelopeState::Acked, "agent:orch", None)
+            .await
+            .unwrap()
+    );
+    assert!(
+        ledger
+            .transition(e.id, &[EnvelopeState::Pending], EnvelopeState::Acked, "agent:orch", Some("done"))
+            .await
+            .unwrap()
+    );
+    let e = ledger.find(&e.trace_id).await.unwrap().unwrap();
+    assert_eq!((e.state, e.note.as_deref()), (EnvelopeState::Acked, Some("done")));
+    let events = ledger.events_for(e.id).await.unwrap();
+    assert_eq!(events.len(), 1);
+    assert_eq!((events[0].from_state.as_str(), events[0].to_state.as_str()), ("pending", "acked"));
+}
+
+pub(crate) async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let first = routed(5, EnvelopeState::Queued);
+    assert_eq!(ledger.record_batch(1, 6, std::slice::from_ref(&first)).await.unwrap().len(), 1);
+    // Telegram reuses id 5 for another update after a week of silence: a new row.
+    let mut reused = routed(5, EnvelopeState::Queued);
+    reused.update_digest = "digest of another update".into();
+    // A re-poll of the first one (new trace id, same id and digest), twice in one batch.
+    let repoll = [routed(5, EnvelopeState::Queued), reused.clone(), routed(5, EnvelopeState::Queued)];
+    let inserted = ledger.record_batch(1, 6, &repoll).await.unwrap();
+    assert_eq!(
+        inserted.iter().map(|r| r.envelope.trace_id.as_str()).collect::<Vec<_>>(),
+        [reused.envelope.trace_id.as_str()]
+    );
+    let all = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(5), Some(5)]);
+}
+
+pub(crate) async fn quotes_find_the_user_message_or_the_answered_envelope_in_the_transaction_that_records_them<
+    B: Backend,
+>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let answered = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let sent = ledger.begin_attempt(&one_part_reply(answered.id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&sent, &AttemptOutcome::Sent { message_id: 500 }, "agent:orch").await.unwrap();
+
+    // Message 3 quotes message 2 of the same batch; 4 the user's message 1; 5 the bot's
+    // answer to it; 6 a message switchboard never saw.
+    let batch =
+        [routed(2, EnvelopeState::Queued), quoting(3, 2), quoting(4, 1), quoting(5, 500), quoting(6, 9)];
+    ledger.record_batch(1, 7, &batch).await.unwrap();
+    let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    let quoted_trace = |update_id: i64| {
+        let row = rows.iter().find(|row| row.update_id == Some(update_id)).unwrap();
+        row.task_meta().get("reply_to_trace_id").cloned()
+    };
+    let trace_of =
+        |update_id: i64| rows.iter().find(|row| row.update_id == Some(update_id)).unwrap().trace_id.clone();
+    assert_eq!(quoted_trace(3), Some(trace_of(2)));
+    assert_eq!(quoted_trace(4), Some(answered.trace_id.clone()));
+    assert_eq!(quoted_trace(5), Some(answered.trace_id.clone()));
+    assert_eq!(quoted_trace(6), None);
+    let unknown = rows.iter().find(|row| row.update_id == Some(6)).unwrap().task_meta();
+    assert_eq!(unknown.get("reply_to_message_id").map(String::as_str), Some("9"));
+}

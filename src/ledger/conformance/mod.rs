@@ -1,0 +1,82 @@
+//! The conformance suite: the rules of DESIGN §2-§4 and §9-§11 as a ledger sees them, written
+//! against the seam alone, so every backend is held to the same behaviour. A backend runs
+//! the whole suite with one line in its own tests:
+//!
+//! ```ignore
+//! crate::ledger::conformance::suite!(MyBackend);
+//! ```
+//!
+//! where `MyBackend` implements [`Backend`]. A rule that can only be checked by looking at
+//! one backend's storage (SQLite's pragmas, its migrations) stays in that backend's tests.
+
+use async_trait::async_trait;
+
+use super::Ledger;
+
+pub(crate) mod envelopes;
+pub(crate) mod fixtures;
+pub(crate) mod handoffs;
+pub(crate) mod replies;
+pub(crate) mod rooms;
+pub(crate) mod tasks;
+
+/// A backend under test.
+#[async_trait]
+pub(crate) trait Backend {
+    /// What keeps a fresh ledger's storage (a directory, a schema) alive until the test ends.
+    type Keep: Send;
+
+    /// A new, empty, migrated ledger that no other test sees.
+    async fn fresh() -> (Self::Keep, Ledger);
+}
+
+/// One `#[tokio::test]` per rule of the suite, for the backend `$backend`, plus the model
+/// property of §11.
+macro_rules! suite {
+    ($backend:ty) => {
+        $crate::ledger::conformance::suite!(@tests $backend;
+        // DESIGN §1-§2: intake, claims, redelivery, transitions
+        envelopes::a_batch_handed_over_is_pending_when_committed_with_the_older_queued_envelopes_first,
+        envelopes::a_batch_and_its_offset_commit_together_and_replays_are_skipped,
+        envelopes::claims_go_oldest_first_and_redelivery_counts,
+        envelopes::transitions_only_from_allowed_states_and_are_audited,
+        envelopes::a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not,
+        envelopes::quotes_find_the_user_message_or_the_answered_envelope_in_the_transaction_that_records_them,
+        // DESIGN §3-§4 and §14: attempts, settlement, unknown outcomes, reconciliation, reactions
+        replies::finishing_an_attempt_settles_its_envelope_in_the_same_step,
+        replies::in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled,
+        replies::an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone,
+        replies::a_reply_request_is_summed_up_from_its_attempts,
+        replies::reactions_and_edits_settle_nothing_and_are_no_part_of_a_reply,
+        replies::the_bots_messages_are_known_by_their_confirmed_sends,
+        replies::reactions_are_owed_to_the_agent_whose_reply_they_are_on_and_stored_once,
+        // DESIGN §9: handoffs
+        handoffs::a_handoff_ends_once_and_a_second_end_changes_nothing,
+        // DESIGN §10: rooms
+        rooms::a_room_message_becomes_a_waiting_cascade_once_and_leaves_the_inbox_acked,
+        rooms::giving_the_floor_queues_a_room_turn_in_the_rooms_chat_and_a_stale_step_changes_nothing,
+        rooms::one_reply_per_turn_is_claimed_only_while_the_turn_envelope_is_pending,
+        rooms::a_timeout_decided_before_an_ack_changes_nothing,
+        rooms::a_post_is_owed_with_its_step_and_made_once,
+        // DESIGN §11: tasks and admission
+        tasks::a_correction_recorded_between_resolving_and_sending_refuses_the_attempt,
+        tasks::pause_resume_and_cancel_are_revisions_that_close_and_open_admission,
+        tasks::a_batch_starts_one_task_per_conversation_at_the_message_that_started_it,
+        tasks::a_paused_task_refuses_a_reaction,
+        );
+
+        #[test]
+        fn no_superseded_reply_is_ever_recorded() {
+            $crate::ledger::conformance::tasks::no_superseded_reply_is_ever_recorded::<$backend>();
+        }
+    };
+    (@tests $backend:ty; $($module:ident :: $rule:ident,)*) => {
+        $(
+            #[tokio::test]
+            async fn $rule() {
+                $crate::ledger::conformance::$module::$rule::<$backend>().await;
+            }
+        )*
+    };
+}
+pub(crate) use suite;

@@ -1,0 +1,241 @@
+use crate::ids::AgentName;
+use crate::ledger::conformance::Backend;
+use crate::ledger::conformance::fixtures::*;
+use crate::ledger::*;
+
+pub(crate) async fn finishing_an_attempt_settles_its_envelope_in_the_same_step<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger
+        .record_batch(1, 3, &[routed(1, EnvelopeState::Pending), routed(2, EnvelopeState::Pending)])
+        .await
+        .unwrap();
+    let rows = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
+    let attempt = |envelope_id, chunk_index| NewAttempt {
+        reply_to_message_id: Some(1),
+        chunk_index,
+        chunk_count: 2,
+        text: "part",
+        ..one_part_reply(envelope_id)
+    };
+    let state = |trace: String| {
+        let ledger = ledger.clone();
+        async move { ledger.find(&trace).await.unwrap().unwrap().state }
+    };
+
+    // Two parts: the first confirmed leaves the envelope pending, the last answers it.
+    let first = ledger.begin_attempt(&attempt(rows[0].id, 0)).await.unwrap().unwrap();
+    ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 10 }, "agent:orch").await.unwrap();
+    assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Pending);
+    let last = ledger.begin_attempt(&attempt(rows[0].id, 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&last, &AttemptOutcome::Sent { message_id: 11 }, "agent:orch").await.unwrap();
+    assert_eq!(state(rows[0].trace_id.clone()).await, EnvelopeState::Acked);
+
+    // Not sent changes nothing; unknown makes the envelope unresolved.
+    let refused = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap().unwrap();
+    ledger
+        .finish_attempt(&refused, &AttemptOutcome::NotSent { error: "400".into() }, "agent:orch")
+        .await
+        .unwrap();
+    assert_eq!(state(rows[1].trace_id.clone()).await, EnvelopeState::Pending);
+    let lost = ledger.begin_attempt(&attempt(rows[1].id, 0)).await.unwrap().unwrap();
+    ledger
+        .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+    assert_eq!(state(rows[1].trace_id.clone()).await, EnvelopeState::Unresolved);
+}
+
+pub(crate) async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let attempt = NewAttempt { reply_to_message_id: Some(1), text: "hi", ..one_part_reply(e.id) };
+    ledger.begin_attempt(&attempt).await.unwrap().unwrap();
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
+    assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
+    assert_eq!(ledger.attempts_for(e.id).await.unwrap()[0].outcome, AttemptState::Unknown);
+
+    let state = ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap();
+    assert_eq!(state, EnvelopeState::Pending);
+    let attempts = ledger.attempts_for(e.id).await.unwrap();
+    assert_eq!(attempts[0].reconciled_outcome, Some(ReconciledOutcome::NotSent));
+    assert!(attempts[0].reconciled_reason.as_deref().unwrap().contains("not in the chat"));
+    assert!(matches!(
+        ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
+        Err(ReconcileError::NotUnresolved { .. })
+    ));
+}
+
+pub(crate) async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone<
+    B: Backend,
+>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let facts = |found: Option<FoundForReply>| found.map(|f| (f.awaiting_reconciliation, f.replied_before));
+    assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, false)));
+    assert_eq!(ledger.find_for_reply("env_nonesuchxx").await.unwrap(), None);
+    let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_aaaaaaaa", 0, 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, true)));
+    let follow_up = ledger.begin_attempt(&reply_attempt(e.id, "req_bbbbbbbb", 0, 1)).await.unwrap().unwrap();
+    ledger
+        .finish_attempt(&follow_up, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
+    assert_eq!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap(), [e.id]);
+    let found = ledger.find_for_reply(&e.trace_id).await.unwrap().unwrap();
+    assert_eq!((found.awaiting_reconciliation, found.replied_before), (true, true));
+    assert_eq!(Some(found.envelope), ledger.find(&e.trace_id).await.unwrap());
+    assert_eq!(ledger.unreconciled_attempts().await.unwrap(), 1);
+
+    assert_eq!(
+        ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap(),
+        EnvelopeState::Acked
+    );
+    assert!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap().is_empty());
+    assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, true)));
+    assert!(matches!(
+        ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
+        Err(ReconcileError::NotUnresolved { .. })
+    ));
+}
+
+pub(crate) async fn a_reply_request_is_summed_up_from_its_attempts<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    assert_eq!(ledger.recorded_reply("orch", "req_cccccccc").await.unwrap(), None);
+    assert!(!ledger.reply_request_seen("orch", "req_cccccccc").await.unwrap());
+
+    // Part 1 sent; part 2 rate-limited once, then refused.
+    let first = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 0, 2)).await.unwrap().unwrap();
+    ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 5 }, "agent:orch").await.unwrap();
+    let in_flight = ledger.begin_attempt(&reply_attempt(e.id, "req_cccccccc", 1, 2)).await.unwrap().unwrap();
+    let recorded = ledger.recorded_reply("orch", "req_cccccccc").await.unwrap().unwrap();
+    assert_eq!(recorded.verdict, ReplyVerdict::InFlight);
+    ledger
+        .finish_attempt(&in_flight, &AttemptOutcome::NotSent { error: "400".into() }, "agent:orch")
+        .await
+        .unwrap();
+
+    let recorded = ledger.recorded_reply("orch", "req_cccccccc").await.unwrap().unwrap();
+    assert_eq!((recorded.trace_id.as_str(), recorded.parts), (e.trace_id.as_str(), 2));
+    assert_eq!(recorded.sent, [(0, 5)]);
+    assert_eq!(recorded.verdict, ReplyVerdict::NotSent { error: "400".into() });
+    assert!(ledger.reply_request_seen("orch", "req_cccccccc").await.unwrap());
+    // Another agent cannot read it.
+    assert_eq!(ledger.recorded_reply("worker", "req_cccccccc").await.unwrap(), None);
+    assert!(!ledger.reply_request_seen("worker", "req_cccccccc").await.unwrap());
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
+}
+
+/// A reaction or an edit is an attempt of its own: its method and target are kept, and
+/// whatever it comes to, the envelope is neither answered nor held for reconciliation,
+/// and a reply made after it is still the envelope's first.
+pub(crate) async fn reactions_and_edits_settle_nothing_and_are_no_part_of_a_reply<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let e = one_pending_message(&*ledger).await;
+    let confirmed = ledger.begin_attempt(&reaction(e.id, "req_react001", 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&confirmed, &AttemptOutcome::Sent { message_id: 1 }, "agent:orch").await.unwrap();
+    assert_eq!(
+        ledger.find(&e.trace_id).await.unwrap().unwrap().state,
+        EnvelopeState::Pending,
+        "not answered"
+    );
+    let edit = NewAttempt {
+        request_id: Some("req_edit0001"),
+        method: AttemptMethod::EditMessage,
+        target_message_id: Some(77),
+        ..one_part_reply(e.id)
+    };
+    let lost = ledger.begin_attempt(&edit).await.unwrap().unwrap();
+    ledger
+        .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+    assert_eq!(
+        ledger.find(&e.trace_id).await.unwrap().unwrap().state,
+        EnvelopeState::Pending,
+        "not unresolved"
+    );
+
+    assert!(ledger.awaiting_reconciliation(&[e.id]).await.unwrap().is_empty());
+    let found = ledger.find_for_reply(&e.trace_id).await.unwrap().unwrap();
+    assert_eq!((found.awaiting_reconciliation, found.replied_before), (false, false));
+    assert_eq!(ledger.recorded_reply("orch", "req_react001").await.unwrap(), None);
+    assert_eq!(ledger.last_reply_for(e.id).await.unwrap(), None);
+    let attempts = ledger.attempts_for(e.id).await.unwrap();
+    let read: Vec<_> = attempts.iter().map(|a| (a.method, a.target_message_id, a.outcome)).collect();
+    assert_eq!(
+        read,
+        [
+            (AttemptMethod::SetReaction, Some(1), AttemptState::Sent),
+            (AttemptMethod::EditMessage, Some(77), AttemptState::Unknown)
+        ]
+    );
+
+    // The reply that follows answers the envelope as ever.
+    let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_answer01", 0, 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
+    let reply = ledger.recorded_reply("orch", "req_answer01").await.unwrap().unwrap();
+    assert_eq!((reply.parts, reply.sent, reply.verdict), (1, vec![(0, 9)], ReplyVerdict::Delivered));
+}
+
+/// The messages the bot posted are known by chat and id, with whom they were sent for;
+/// a reaction or an edit posts none. A reaction request is found again by its id.
+pub(crate) async fn the_bots_messages_are_known_by_their_confirmed_sends<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let e = one_pending_message(&*ledger).await;
+    let reply = ledger.begin_attempt(&reply_attempt(e.id, "req_answer01", 0, 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&reply, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    let react = ledger.begin_attempt(&reaction(e.id, "req_react001", 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&react, &AttemptOutcome::Sent { message_id: 1 }, "agent:orch").await.unwrap();
+
+    assert_eq!(
+        ledger.bot_message(42, 9).await.unwrap(),
+        Some(("orch".to_owned(), AttemptMethod::SendMessage))
+    );
+    assert_eq!(ledger.bot_message(43, 9).await.unwrap(), None, "another chat");
+    assert_eq!(ledger.bot_message(42, 1).await.unwrap(), None, "the user's message, reacted to");
+    let found = ledger.action_attempt("orch", "req_react001").await.unwrap().unwrap();
+    assert_eq!(
+        (found.method, found.outcome, found.target_message_id),
+        (AttemptMethod::SetReaction, AttemptState::Sent, Some(1))
+    );
+    assert_eq!(ledger.action_attempt("orch", "req_answer01").await.unwrap(), None, "a reply is no action");
+    assert_eq!(ledger.action_attempt("helper", "req_react001").await.unwrap(), None, "another agent's");
+}
+
+pub(crate) async fn reactions_are_owed_to_the_agent_whose_reply_they_are_on_and_stored_once<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let answered = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let sent = ledger.begin_attempt(&one_part_reply(answered.id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&sent, &AttemptOutcome::Sent { message_id: 500 }, "agent:orch").await.unwrap();
+
+    let reactions = [reaction_on(2, 500, &["👍"]), reaction_on(3, 1, &["👍"]), reaction_on(4, 500, &[])];
+    let recorded = ledger.record_batch_with_reactions(1, 5, &[], &reactions, &[], None).await.unwrap();
+    assert_eq!(
+        recorded.reactions.iter().map(|r| r.trace_id.as_str()).collect::<Vec<_>>(),
+        [answered.trace_id.as_str()]
+    );
+    // A re-poll of the same updates stores nothing again and owes nothing more.
+    let again = ledger.record_batch_with_reactions(1, 5, &[], &reactions, &[], None).await.unwrap();
+    assert!(again.reactions.is_empty());
+    let states: Vec<String> =
+        ledger.reactions_recorded().await.unwrap().into_iter().map(|r| r.state).collect();
+    assert_eq!(states, ["owed", "ignored", "ignored"]);
+
+    // Owed until a session was given it; never an envelope, never pending.
+    let owed = ledger.owed_reactions(&orch).await.unwrap();
+    assert_eq!((owed.len(), owed[0].emoji.as_str()), (1, "👍"));
+    assert_eq!(ledger.pending(&orch).await.unwrap().len(), 0, "the answered envelope is acked, nothing else");
+    ledger.reactions_delivered(&[owed[0].id]).await.unwrap();
+    assert!(ledger.owed_reactions(&orch).await.unwrap().is_empty());
+}

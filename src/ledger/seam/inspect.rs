@@ -1,0 +1,32 @@
+//! The operator's reads and reconciliation (`switchboard ledger`, the gauges).
+
+use super::*;
+
+#[async_trait]
+pub trait Inspection: Send + Sync {
+    async fn list(&self, filter: &ListFilter) -> LedgerResult<Vec<StoredEnvelope>>;
+
+    async fn count_by_state(&self) -> LedgerResult<Vec<(String, i64)>>;
+
+    async fn events_for(&self, envelope_id: i64) -> LedgerResult<Vec<StoredEvent>>;
+
+    /// Settles an envelope's unknown attempts with what the operator found out; the reason
+    /// is kept on the envelope, its attempts and its event history. An `unresolved`
+    /// envelope becomes `acked` (delivered) or `pending` again (not delivered, so its
+    /// agent may answer again). An `acked` envelope whose later follow-up was unknown
+    /// stays `acked`: only the follow-up's attempts are settled.
+    async fn reconcile(
+        &self,
+        trace_id: &str,
+        finding: Reconciliation,
+        reason: &str,
+    ) -> Result<EnvelopeState, ReconcileError>;
+
+    /// Attempts whose outcome is unknown and that no operator has reconciled yet,
+    /// with their envelope's trace id: `ledger stats` counts them, since an `acked`
+    /// envelope can carry one (a follow-up whose outcome is unknown).
+    async fn unreconciled_attempts(&self) -> LedgerResult<i64>;
+
+    /// Handoffs by state, for `/metrics`.
+    async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>>;
+}

@@ -1,0 +1,295 @@
+//! The embedded backend: SQLite, through rusqlite alone, on connections the ledger owns.
+//! The transactions and reads on the path of every message run on the calling thread
+//! (`in_place`, `readers`); the reads that may scan much of the file (the operator's
+//! listings, the gauges) run on a reader on a blocking thread; migrations (`migrations`),
+//! checkpoints (`checkpoint`) and the readiness probe (`probe`) have connections of their
+//! own. Every function fails with [`LedgerError`]: nothing outside `ledger/` knows which
+//! library runs the statements.
+//!
+//! The engine (connections, the writer's turn, checkpoints, the probe, migrations, locks,
+//! file modes) is apart from the tables (`envelopes`, `attempts`, `handoffs`, ...), each of
+//! which implements one trait of the seam (`super::seam`) for [`SqliteLedger`].
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use rusqlite::OpenFlags;
+
+use async_trait::async_trait;
+
+use super::seam::Lifecycle;
+use crate::config::Synchronous;
+use checkpoint::Checkpointer;
+use in_place::{Writer, WriterSettings};
+use readers::Readers;
+
+/// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
+/// daemon runs) before giving up. SqliteLedger transactions are short, so this is generous.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(10);
+
+pub fn now() -> String {
+    timestamp(Utc::now())
+}
+
+/// `at` as the ledger's timestamp columns hold it (RFC 3339, milliseconds, `Z`), which
+/// compare in time order as text.
+pub fn timestamp(at: DateTime<Utc>) -> String {
+    at.to_rfc3339_opts(SecondsFormat::Millis, true)
+}
+#[derive(Debug, Clone)]
+pub struct SqliteLedger {
+    /// The connection every write of the process runs on, and this process's turn to
+    /// write (see `in_place`).
+    writer: Arc<Writer>,
+    /// Connections for the reads on the path of a message (resolving a reply, the guard of
+    /// a handoff) while a write holds the writer (an idle writer serves them itself), and
+    /// for the long reads off it, on a blocking thread: they never wait for the writer in
+    /// WAL mode. Nothing writes here.
+    readers: Arc<Readers>,
+    /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
+    /// `switchboard ledger` leaves that to SQLite.
+    checkpointer: Option<Arc<Checkpointer>>,
+    /// Whether intake, attempts and checkpoints write, for readiness (see `write_watch`).
+    writes: Arc<WriteWatch>,
+}
+
+/// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals,
+/// each prepared once and kept (see `in_place::STATEMENT_CACHE`).
+macro_rules! envelope_columns {
+    () => {
+        "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
+         sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
+         state, deliveries, state_changed_at, note, task_id, revision, meta"
+    };
+}
+
+/// A row when an action for envelope `?2` may not go out: the SQL of
+/// [`crate::rules::revisions::admit`], for statements that record an action and decide its admission in
+/// one step (`SqliteLedger::begin_attempt`). `tests::the_admission_in_sql_agrees_with_admit`
+/// keeps the two in step.
+macro_rules! refused_for_envelope {
+    () => {
+        "SELECT 1 FROM envelopes e JOIN tasks t ON t.task_id = e.task_id WHERE e.id = ?2 \
+         AND (t.state IN ('paused', 'stop_requested', 'stopped', 'replaced') \
+              OR e.revision < COALESCE(t.instruction_revision, 0))"
+    };
+}
+
+/// The attempts that are parts of a reply, in SQL (prefix a table alias as `a.`):
+/// [`AttemptMethod::is_reply_part`]. Reactions and edits are left out of what settles an
+/// envelope, what a repeated reply builds on and what waits for reconciliation.
+/// `tests::reply_part_method_agrees_with_is_reply_part` keeps the two in step.
+macro_rules! reply_part_method {
+    () => {
+        "method NOT IN ('set_reaction', 'edit_message')"
+    };
+}
+
+mod attempts;
+mod checkpoint;
+mod envelopes;
+pub mod files;
+mod handoffs;
+mod in_place;
+mod inspect;
+mod intake;
+mod lock;
+mod migrations;
+mod permissions;
+mod probe;
+mod prune;
+mod questions;
+mod reactions;
+mod readers;
+mod rooms;
+mod sessions;
+mod states;
+mod tasks;
+mod write_watch;
+
+pub use super::error::{ErrorSource, LedgerError, LedgerResult};
+pub use attempts::{
+    AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome,
+    RecordedReply, ReplyVerdict, StoredAttempt,
+};
+/// How the writer's connection is set up, for a floor that measures SQLite alone with the
+/// same settings (`benches/hot_path.rs`).
+pub use checkpoint::WAL_LIMIT_BYTES;
+pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
+pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
+pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
+pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
+pub use intake::LedgerCongestion;
+pub use intake::RecordedBatch;
+pub use lock::{LedgerLock, LockError};
+pub use migrations::MigrationError;
+pub use permissions::{
+    AnswerRecorded, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState, PermissionVerdict,
+    StoredPermission,
+};
+pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
+pub use prune::{Pages, PruneReport, Pruned};
+pub use questions::{QuestionAnswered, QuestionState, StoredQuestion};
+pub use reactions::{ReactionAudit, RoutedReaction, StoredReaction};
+pub use rooms::{
+    AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
+    StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
+};
+pub use states::{EnvelopeKind, EnvelopeState};
+pub use tasks::{BotPost, DeclareError, DeclareTaskError, DeclaredRevision, StoredRevision, TaskEffect};
+pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
+
+/// Why the ledger could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("creating the ledger database {} (mode 0600)", path.display())]
+    Create {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A connection could not be opened or set up; `doing` says which.
+    #[error("{doing} {}", path.display())]
+    Connect {
+        doing: &'static str,
+        path: PathBuf,
+        #[source]
+        source: LedgerError,
+    },
+    #[error("the ledger database {} cannot be put in WAL mode (it stays in {mode:?} mode)", path.display())]
+    NotWal { path: PathBuf, mode: String },
+    #[error("applying migrations to {}", path.display())]
+    Migrate {
+        path: PathBuf,
+        #[source]
+        source: MigrationError,
+    },
+}
+
+impl SqliteLedger {
+    /// Opens the database, creating it (mode `0600`) if needed, and applies pending
+    /// migrations. The daemon's way in.
+    pub async fn open(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
+        files::create_private(path).map_err(|source| OpenError::Create { path: path.to_owned(), source })?;
+        tighten_and_warn(path);
+        Self::connect(path, synchronous, true, Some(Checkpointer::new())).await
+    }
+
+    /// Opens a database that must already exist, and applies pending migrations. For
+    /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
+    pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
+        tighten_and_warn(path);
+        Self::connect(path, synchronous, false, None).await
+    }
+
+    async fn connect(
+        path: &Path,
+        synchronous: Synchronous,
+        create: bool,
+        checkpointer: Option<Checkpointer>,
+    ) -> Result<Self, OpenError> {
+        let connect_error = |doing| move |source| OpenError::Connect { doing, path: path.to_owned(), source };
+        // Opening the file, switching it to WAL and migrating it touch the disk and may
+        // wait for another process's lock: off the runtime's threads.
+        let database = path.to_owned();
+        let prepared = tokio::task::spawn_blocking(move || prepare(&database, synchronous, create))
+            .await
+            .map_err(|e| LedgerError::other(format!("the task preparing the ledger did not finish: {e}")))
+            .map_err(connect_error("preparing the ledger database"))??;
+        let checkpointer = checkpointer.map(Arc::new);
+        let readers = Arc::new(Readers::new(path));
+        let settings = WriterSettings { synchronous, checkpointer: checkpointer.clone() };
+        let writer = Writer::open(path, settings)
+            .map_err(LedgerError::from)
+            .map_err(connect_error("opening for writing the ledger database"))?;
+        // Closed only now that the writer is open: the last connection to a database to
+        // close checkpoints it and deletes its WAL, and the WAL's file is room that writes
+        // reuse (a nearly full disk still takes them) rather than grow into.
+        drop(prepared);
+        let writes = Arc::new(WriteWatch::default());
+        if let Some(checkpointer) = &checkpointer {
+            checkpointer
+                .start(path, synchronous, Arc::clone(&writes))
+                .await
+                .map_err(connect_error("opening a checkpointing connection to"))?;
+        }
+        Ok(Self { writer: Arc::new(writer), readers, checkpointer, writes })
+    }
+}
+
+#[async_trait]
+impl Lifecycle for SqliteLedger {
+    fn write_watch(&self) -> Arc<WriteWatch> {
+        Arc::clone(&self.writes)
+    }
+
+    async fn close(&self) {
+        if let Some(checkpointer) = &self.checkpointer {
+            checkpointer.stop().await;
+        }
+        self.readers.close();
+    }
+}
+
+/// Opens the database at `path` on a connection of its own (creating the file when
+/// `create`), puts it in WAL mode and applies the pending migrations; the connection is
+/// returned, for the caller to close once its own are open. Blocking, and it may wait up
+/// to [`BUSY_TIMEOUT`] for another process's lock (SQLite's busy handler is fine here: this
+/// runs on a blocking thread).
+fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqlite::Connection, OpenError> {
+    let flags = if create {
+        in_place::OWN_CONNECTION_FLAGS.union(OpenFlags::SQLITE_OPEN_CREATE)
+    } else {
+        in_place::OWN_CONNECTION_FLAGS
+    };
+    let set_up = |db: &rusqlite::Connection| -> rusqlite::Result<String> {
+        db.busy_timeout(BUSY_TIMEOUT)?;
+        db.pragma_update(None, "cache_size", in_place::PAGE_CACHE_KIB)?;
+        db.pragma_update(None, "foreign_keys", true)?;
+        db.pragma_update(None, "synchronous", in_place::synchronous_pragma(synchronous))?;
+        db.pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+    };
+    let connect_error = |doing| {
+        move |source: rusqlite::Error| OpenError::Connect {
+            doing,
+            path: path.to_owned(),
+            source: source.into(),
+        }
+    };
+    let db = rusqlite::Connection::open_with_flags(path, flags)
+        .map_err(connect_error("opening the ledger database"))?;
+    let mode = set_up(&db).map_err(connect_error("setting up the ledger database"))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(OpenError::NotWal { path: path.to_owned(), mode });
+    }
+    migrations::migrate(&db, None).map_err(|source| OpenError::Migrate { path: path.to_owned(), source })?;
+    Ok(db)
+}
+
+/// Tightens ledger files that group or others could read, saying so: a warning, not a
+/// failure, because the daemon can still work (and the operator can fix it) when it is
+/// not allowed to change a mode.
+fn tighten_and_warn(database: &Path) {
+    match files::tighten(database) {
+        Ok(tightened) => {
+            for file in tightened {
+                tracing::warn!(
+                    "ledger file {} had mode {:04o}, open to other users: tightened to {:04o}",
+                    file.path.display(),
+                    file.mode,
+                    files::PRIVATE_MODE
+                );
+            }
+        }
+        Err(e) => tracing::warn!(
+            "cannot restrict the ledger files of {} to their owner (mode {:04o}): {e}",
+            database.display(),
+            files::PRIVATE_MODE
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests;
