@@ -15,6 +15,7 @@ use std::sync::Arc;
 use crate::config::Synchronous;
 
 mod error;
+pub mod postgres;
 pub mod seam;
 pub mod sqlite;
 

@@ -2,6 +2,7 @@
 //! database or the clock, so every rule is a unit test away.
 
 pub mod guard;
+pub mod leadership;
 pub mod media;
 pub mod pacing;
 pub mod permissions;

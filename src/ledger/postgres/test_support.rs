@@ -1,0 +1,86 @@
+//! A fresh schema per test on the machine's PostgreSQL (`postgres://postgres@127.0.0.1:5432/test`,
+//! or `SWITCHBOARD_TEST_POSTGRES`), created by the test and dropped at its end. Tests run in
+//! parallel, each in a schema of its own in one database.
+//!
+//! A schema is named after the process that made it (`sb_test_<pid>_<n>`), so a run drops
+//! the schemas that crashed runs left behind: those whose process is gone.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sqlx::{Connection, PgConnection};
+use tokio::sync::OnceCell;
+
+/// The server the tests use unless `SWITCHBOARD_TEST_POSTGRES` names another.
+const DEFAULT_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The prefix of every test schema.
+const PREFIX: &str = "sb_test_";
+
+/// The server's URL for the tests.
+pub fn server_url() -> String {
+    std::env::var("SWITCHBOARD_TEST_POSTGRES").unwrap_or_else(|_| DEFAULT_URL.to_owned())
+}
+
+/// A schema of one's own, and a URL whose connections use it.
+pub struct TestSchema {
+    pub name: String,
+    /// The server's URL with `search_path` set to the schema.
+    pub url: String,
+}
+
+static LEFTOVERS_DROPPED: OnceCell<()> = OnceCell::const_new();
+static NEXT: AtomicU32 = AtomicU32::new(0);
+
+/// A connection to the server as the tests' administrator: the role that creates and drops
+/// schemas and kills sessions to simulate a crash.
+pub async fn admin() -> PgConnection {
+    PgConnection::connect(&server_url())
+        .await
+        .unwrap_or_else(|error| panic!("the tests need PostgreSQL at {}: {error}", server_url()))
+}
+
+impl TestSchema {
+    pub async fn create() -> Self {
+        LEFTOVERS_DROPPED.get_or_init(drop_leftovers).await;
+        let name = format!("{PREFIX}{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let mut admin = admin().await;
+        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}"))).execute(&mut admin).await.unwrap();
+        let base = server_url();
+        let separator = if base.contains('?') { '&' } else { '?' };
+        let url = format!("{base}{separator}options=-c%20search_path%3D{name}");
+        Self { name, url }
+    }
+
+    /// Drops the schema and everything in it.
+    pub async fn drop(self) {
+        let mut admin = admin().await;
+        sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", self.name)))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+}
+
+/// Drops the test schemas of processes that are gone (runs that crashed or were killed).
+async fn drop_leftovers() {
+    let mut admin = admin().await;
+    let schemas: Vec<String> =
+        sqlx::query_scalar("SELECT nspname::text FROM pg_namespace WHERE starts_with(nspname, $1)")
+            .bind(PREFIX)
+            .fetch_all(&mut admin)
+            .await
+            .unwrap();
+    for schema in schemas {
+        let pid = schema
+            .strip_prefix(PREFIX)
+            .and_then(|rest| rest.split('_').next())
+            .and_then(|pid| pid.parse::<u32>().ok());
+        let alive = pid.is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+        if !alive {
+            // Another run may be dropping it too.
+            let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA IF EXISTS {schema} CASCADE")))
+                .execute(&mut admin)
+                .await;
+        }
+    }
+}
