@@ -67,29 +67,97 @@ name_type!(
     "route name"
 );
 
-/// The stable id of an envelope: `env_` and ten lowercase letters or digits. Short enough
-/// for a model to copy without mistakes, long enough (36^10 ≈ 3.7e15) that collisions are
-/// a non-issue; the ledger's unique index catches the impossible case anyway.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct TraceId(String);
-
-const TRACE_PREFIX: &str = "env_";
-const TRACE_SUFFIX_LEN: usize = 10;
-const TRACE_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
-
-/// `len` random characters of [`TRACE_ALPHABET`]: the tail of every generated id.
+/// `len` random characters of [`ID_ALPHABET`]: the tail of every generated id.
 pub fn random_suffix(len: usize) -> String {
     let mut rng = rand::rng();
-    (0..len).map(|_| TRACE_ALPHABET[rng.random_range(0..TRACE_ALPHABET.len())] as char).collect()
+    (0..len).map(|_| ID_ALPHABET[rng.random_range(0..ID_ALPHABET.len())] as char).collect()
 }
 
-impl TraceId {
-    pub fn generate() -> Self {
-        Self(format!("{TRACE_PREFIX}{}", random_suffix(TRACE_SUFFIX_LEN)))
-    }
+/// What the tails of generated ids are made of: lowercase letters and digits, which a model
+/// copies without mistakes.
+const ID_ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
 
-    /// Accepts what a model typed: surrounding whitespace is forgiven, anything else is not.
+/// An id the daemon generates: a prefix naming what it identifies, then `$len` characters
+/// of [`ID_ALPHABET`]. `parse` accepts what a model or an operator typed: surrounding
+/// whitespace is forgiven, anything else is not; deserializing parses.
+macro_rules! generated_id {
+    ($(#[$doc:meta])* $name:ident, $what:literal, $prefix:literal, $len:literal, $example:literal) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn generate() -> Self {
+                Self(format!("{}{}", $prefix, random_suffix($len)))
+            }
+
+            pub fn parse(raw: &str) -> Result<Self, String> {
+                let raw = raw.trim();
+                let valid = raw
+                    .strip_prefix($prefix)
+                    .is_some_and(|tail| tail.len() == $len && tail.bytes().all(|b| ID_ALPHABET.contains(&b)));
+                if valid {
+                    Ok(Self(raw.to_owned()))
+                } else {
+                    Err(format!("'{raw}' is not {} (they look like {})", $what, $example))
+                }
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.pad(&self.0)
+            }
+        }
+
+        /// An id is read as its text wherever text is wanted (a log line, a message, a
+        /// map key); only [`Self::parse`] and [`Self::generate`] make one.
+        impl std::ops::Deref for $name {
+            type Target = str;
+
+            fn deref(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.0 == other
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.0 == *other
+            }
+        }
+
+        impl<'de> Deserialize<'de> for $name {
+            fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let raw = String::deserialize(d)?;
+                Self::parse(&raw).map_err(serde::de::Error::custom)
+            }
+        }
+
+        /// Unit tests write ids as literals; a malformed one fails the test that wrote it.
+        #[cfg(test)]
+        impl From<&str> for $name {
+            fn from(raw: &str) -> Self {
+                Self::parse(raw).unwrap_or_else(|e| panic!("{e}"))
+            }
+        }
+    };
+}
+
+generated_id!(
+    /// The stable id of an envelope. Short enough for a model to copy without mistakes,
+    /// long enough (36^10 ≈ 3.7e15) that collisions are a non-issue; the ledger's unique
+    /// index catches the impossible case anyway.
     ///
     /// ```
     /// use switchboard::ids::TraceId;
@@ -98,35 +166,44 @@ impl TraceId {
     /// assert!(TraceId::parse("k3x9q2m7ab").is_err());
     /// assert!(TraceId::parse("env_K3X9Q2M7AB").is_err());
     /// ```
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        let raw = raw.trim();
-        let suffix = raw
-            .strip_prefix(TRACE_PREFIX)
-            .ok_or_else(|| format!("'{raw}' is not a trace id (they look like env_k3x9q2m7ab)"))?;
-        let valid = suffix.len() == TRACE_SUFFIX_LEN && suffix.bytes().all(|b| TRACE_ALPHABET.contains(&b));
-        if !valid {
-            return Err(format!("'{raw}' is not a trace id (they look like env_k3x9q2m7ab)"));
-        }
-        Ok(Self(raw.to_owned()))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl<'de> Deserialize<'de> for TraceId {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let raw = String::deserialize(d)?;
-        Self::parse(&raw).map_err(serde::de::Error::custom)
-    }
-}
-
-impl fmt::Display for TraceId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.pad(&self.0)
-    }
-}
+    TraceId,
+    "a trace id",
+    "env_",
+    10,
+    "env_k3x9q2m7ab"
+);
+generated_id!(
+    /// A handoff from one agent to another (DESIGN §9).
+    HandoffId,
+    "a handoff id",
+    "hof_",
+    10,
+    "hof_k3x9q2m7ab"
+);
+generated_id!(
+    /// A room's exchange: the cascade of turns one human message starts (DESIGN §10).
+    CascadeId,
+    "an exchange id",
+    "cas_",
+    10,
+    "cas_k3x9q2m7ab"
+);
+generated_id!(
+    /// A task: one conversation's objective and its revisions (DESIGN §11).
+    TaskId,
+    "a task id",
+    "task_",
+    8,
+    "task_k3x9q2m7"
+);
+generated_id!(
+    /// One send attempt: a part of a reply, a reaction, an edit (DESIGN §4).
+    AttemptId,
+    "an attempt id",
+    "op_",
+    10,
+    "op_k3x9q2m7ab"
+);
 
 /// The id a channel plugin gives one `reply` request: `req_` and 8 to 32 lowercase letters
 /// or digits. The daemon records it with the request's attempts, so a repeated request
@@ -148,7 +225,7 @@ impl RequestId {
 
     pub fn parse(raw: &str) -> Result<Self, String> {
         let valid = raw.strip_prefix(REQUEST_PREFIX).is_some_and(|suffix| {
-            REQUEST_SUFFIX_LEN.contains(&suffix.len()) && suffix.bytes().all(|b| TRACE_ALPHABET.contains(&b))
+            REQUEST_SUFFIX_LEN.contains(&suffix.len()) && suffix.bytes().all(|b| ID_ALPHABET.contains(&b))
         });
         if valid {
             Ok(Self(raw.to_owned()))
@@ -223,6 +300,33 @@ mod tests {
             assert!(TraceId::parse(bad).is_err(), "{bad} should be rejected");
         }
         assert!(TraceId::parse("  env_abcdefghij\n").is_ok());
+    }
+
+    #[test]
+    fn every_generated_id_parses_back_as_its_own_kind_only() {
+        fn parses_back<T: std::ops::Deref<Target = str> + PartialEq + fmt::Debug>(
+            generate: fn() -> T,
+            parse: fn(&str) -> Result<T, String>,
+        ) -> String {
+            let id = generate();
+            assert_eq!(parse(&id).as_ref(), Ok(&id));
+            for bad in
+                [format!("{}X", &id[..id.len() - 1]), format!("{}a", &*id), id[..id.len() - 1].to_owned()]
+            {
+                assert!(parse(&bad).is_err(), "{bad} should be rejected");
+            }
+            id.to_string()
+        }
+        let samples = [
+            parses_back(TraceId::generate, TraceId::parse),
+            parses_back(HandoffId::generate, HandoffId::parse),
+            parses_back(CascadeId::generate, CascadeId::parse),
+            parses_back(TaskId::generate, TaskId::parse),
+            parses_back(AttemptId::generate, AttemptId::parse),
+        ];
+        assert!(TaskId::parse(&samples[1]).is_err(), "a handoff id is not a task id");
+        assert!(HandoffId::parse(&samples[0]).is_err(), "a trace id is not a handoff id");
+        assert!(AttemptId::parse(&samples[2]).is_err(), "an exchange id is not an attempt id");
     }
 
     #[test]

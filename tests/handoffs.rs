@@ -10,6 +10,7 @@ use support::agents::*;
 use support::daemon::*;
 use support::mcp::ChannelClient;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
+use switchboard::ids::HandoffId;
 use switchboard::ledger::{EnvelopeState, HandoffState};
 
 /// The orchestrator's session, the worker's, and one owner message waiting for the
@@ -34,7 +35,8 @@ async fn team(env: &[(&str, &str)]) -> Team {
 
 async fn handoff_state(daemon: &TestDaemon, handoff_id: &str) -> HandoffState {
     let ledger = daemon.ledger().await;
-    let state = ledger.handoff(handoff_id).await.unwrap().expect("handoff exists").state;
+    let state =
+        ledger.handoff(&HandoffId::parse(handoff_id).unwrap()).await.unwrap().expect("handoff exists").state;
     ledger.close().await;
     state
 }
@@ -124,7 +126,13 @@ async fn call_agent_returns_the_answer_or_says_it_will_come_later() {
     // The answer was the call's result, not a notification (the next notification is the
     // late answer below), and it is handled.
     assert_eq!(orchestrator.notifications().len(), 1, "{:?}", orchestrator.notifications());
-    let answered = daemon.ledger().await.handoff(meta(&handoff, "handoff_id")).await.unwrap().unwrap();
+    let answered = daemon
+        .ledger()
+        .await
+        .handoff(&HandoffId::parse(meta(&handoff, "handoff_id")).unwrap())
+        .await
+        .unwrap()
+        .unwrap();
     let answer_trace = answered.answer_trace_id.expect("an answer envelope");
     assert_eq!(state_of(&daemon, &answer_trace).await, EnvelopeState::Acked);
 

@@ -14,6 +14,7 @@ use support::daemon::*;
 use support::mcp::ChannelClient;
 use switchboard::config::Synchronous;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
+use switchboard::ids::TraceId;
 use switchboard::ledger::{EnvelopeState, ListFilter, StoredEnvelope};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -60,7 +61,7 @@ async fn wait_for_rows(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope> {
 
 async fn raw_update(daemon: &TestDaemon, trace_id: &str) -> Option<String> {
     let ledger = daemon.ledger().await;
-    let raw = ledger.raw_update(trace_id).await.unwrap();
+    let raw = ledger.raw_update(&TraceId::parse(trace_id).unwrap()).await.unwrap();
     ledger.close().await;
     raw
 }
@@ -110,7 +111,7 @@ async fn a_reaction_that_makes_teloxide_panic_is_recorded_and_intake_goes_on() {
     let raw = raw_update(&daemon, &rows[1].trace_id).await.expect("the raw update is kept");
     assert!(raw.contains("message_reaction") && raw.contains(&reaction.to_string()), "{raw}");
     let (ok, out, err) = daemon.ledger_cli(&["list", "--state", "undecodable"]);
-    assert!(ok && out.contains(&rows[1].trace_id) && out.contains("(1 envelope(s))"), "{out}{err}");
+    assert!(ok && out.contains(rows[1].trace_id.as_str()) && out.contains("(1 envelope(s))"), "{out}{err}");
     let (ok, out, err) = daemon.ledger_cli(&["show", &rows[1].trace_id]);
     assert!(
         ok && out.contains("raw update (as Telegram sent it):") && out.contains("\"message_reaction\""),

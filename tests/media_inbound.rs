@@ -68,7 +68,11 @@ async fn a_document_is_described_in_meta_and_its_files_are_readable_from_the_led
     assert_eq!(meta(&pushed, "attachment_size"), "48213");
 
     let ledger = daemon.ledger().await;
-    let files = ledger.attachments_of(&trace_id(&pushed)).await.unwrap().expect("the envelope exists");
+    let files = ledger
+        .attachments_of(&switchboard::ids::TraceId::parse(&trace_id(&pushed)).unwrap())
+        .await
+        .unwrap()
+        .expect("the envelope exists");
     ledger.close().await;
     assert_eq!(files.len(), 1);
     let file = &files[0];

@@ -55,7 +55,11 @@ fn mode(path: &Path) -> u32 {
 /// (outcome of every attempt, state, number of history events) of one envelope.
 async fn ledger_story(daemon: &TestDaemon, trace_id: &str) -> (Vec<String>, EnvelopeState, usize) {
     let ledger = daemon.ledger().await;
-    let envelope = ledger.find(trace_id).await.unwrap().expect("envelope exists");
+    let envelope = ledger
+        .find(&switchboard::ids::TraceId::parse(trace_id).unwrap())
+        .await
+        .unwrap()
+        .expect("envelope exists");
     let outcomes =
         ledger.attempts_for(envelope.id).await.unwrap().into_iter().map(|a| a.outcome.to_string()).collect();
     let events = ledger.events_for(envelope.id).await.unwrap().len();

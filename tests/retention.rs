@@ -201,7 +201,13 @@ async fn a_live_daemon_answers_while_ledger_prune_runs_and_nothing_open_goes() {
     // The queued and the unresolved one stay; the new message too.
     assert_eq!(old_envelopes(&daemon), 2);
     assert_eq!(
-        daemon.ledger().await.find(&trace).await.unwrap().map(|e| e.state.to_string()),
+        daemon
+            .ledger()
+            .await
+            .find(&switchboard::ids::TraceId::parse(&trace).unwrap())
+            .await
+            .unwrap()
+            .map(|e| e.state.to_string()),
         Some("acked".into())
     );
     assert!(daemon.stop().success(), "{}", daemon.logs());

@@ -10,6 +10,7 @@ use support::agents::{WAIT, meta, nth, owner, posted, trace_id};
 use support::daemon::*;
 use support::mcp::{ChannelClient, ChannelNotification};
 use switchboard::fake_bot_api::{BOT_USERNAME, ChatSpec, FakeTelegram, Fault, SentMessage};
+use switchboard::ids::{CascadeId, TraceId};
 use switchboard::ledger::{EnvelopeState, RoomCascadeState, StoredCascade};
 use switchboard::rules::turns::Outcome;
 
@@ -107,7 +108,8 @@ async fn reply(client: &ChannelClient, turn: &ChannelNotification, text: &str) -
 
 async fn cascade(daemon: &TestDaemon, cascade_id: &str) -> StoredCascade {
     let ledger = daemon.ledger().await;
-    let cascade = ledger.cascade(cascade_id).await.unwrap().expect("the cascade exists");
+    let cascade =
+        ledger.cascade(&CascadeId::parse(cascade_id).unwrap()).await.unwrap().expect("the cascade exists");
     ledger.close().await;
     cascade
 }
@@ -150,7 +152,7 @@ async fn wait_for_state(daemon: &TestDaemon, cascade_id: &str, state: RoomCascad
 
 async fn state_of(daemon: &TestDaemon, trace_id: &str) -> (EnvelopeState, Option<String>) {
     let ledger = daemon.ledger().await;
-    let envelope = ledger.find(trace_id).await.unwrap().expect("envelope exists");
+    let envelope = ledger.find(&TraceId::parse(trace_id).unwrap()).await.unwrap().expect("envelope exists");
     ledger.close().await;
     (envelope.state, envelope.agent)
 }
@@ -379,7 +381,7 @@ async fn a_second_message_waits_for_the_running_exchange() {
 
     assert!(!reply(&builder, &first, "Answer to the first.").await.0);
     let turn = nth(&reviewer, 1).await;
-    assert_eq!(meta(&turn, "cascade_id"), waiting.cascade_id);
+    assert_eq!(waiting.cascade_id, meta(&turn, "cascade_id"));
     assert_eq!(turn.content, "@olga: @reviewer second question");
     assert_eq!(meta(&turn, "speaker"), "1");
     wait_for_state(&daemon, meta(&first, "cascade_id"), RoomCascadeState::Completed).await;

@@ -83,7 +83,7 @@ async fn a_client_that_connects_and_leaves_before_it_is_ready_takes_nothing() {
     // The next session gets it as a first delivery, not as one an earlier session dropped.
     let agent = session(&daemon, "orchestrator").await;
     let message = agent.wait_for_notifications(1, WAIT).await.unwrap().remove(0);
-    assert_eq!(trace_id(&message), trace);
+    assert_eq!(trace_id(&message), trace.as_str());
     assert_eq!(message.meta_str("redelivered"), None);
 }
 
@@ -99,7 +99,11 @@ async fn a_message_recorded_while_nobody_listens(text: &str) -> (FakeTelegram, T
 /// Whether the envelope is still queued and was never handed to a session.
 async fn check_took_nothing(daemon: &TestDaemon, trace: &str) -> bool {
     let ledger = daemon.ledger().await;
-    let envelope = ledger.find(trace).await.unwrap().expect("envelope exists");
+    let envelope = ledger
+        .find(&switchboard::ids::TraceId::parse(trace).unwrap())
+        .await
+        .unwrap()
+        .expect("envelope exists");
     ledger.close().await;
     envelope.state == EnvelopeState::Queued && envelope.deliveries == 0
 }

@@ -22,7 +22,11 @@ fn owner_chat() -> ChatSpec {
 
 async fn task(daemon: &TestDaemon, task_id: &str) -> Task {
     let ledger = daemon.ledger().await;
-    let (task, _, _) = ledger.task(task_id).await.unwrap().expect("the task exists");
+    let (task, _, _) = ledger
+        .task(&switchboard::ids::TaskId::parse(task_id).unwrap())
+        .await
+        .unwrap()
+        .expect("the task exists");
     ledger.close().await;
     task
 }
@@ -125,7 +129,8 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
     let (is_error, text) = reply(&worker, &trace_id(&handoff), "1.4: three fixes").await;
     assert!(is_error && text.contains("superseded"), "{text}");
     let ledger = daemon.ledger().await;
-    let stored = ledger.handoff(&handoff_id).await.unwrap().unwrap();
+    let stored =
+        ledger.handoff(&switchboard::ids::HandoffId::parse(&handoff_id).unwrap()).await.unwrap().unwrap();
     assert_eq!(stored.state, HandoffState::Superseded);
     assert_eq!(stored.answer_envelope_id, None, "never an answer");
     let late: Option<String> = rusqlite::Connection::open(daemon.database())

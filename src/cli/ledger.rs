@@ -7,6 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use crate::config::{ConfigError, Settings};
+use crate::ids::{CascadeId, TaskId, TraceId};
 use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, ListFilter, PruneReport, Reconciliation, StoredCascade, TurnEnding};
 
@@ -235,15 +236,17 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             }
         }
         LedgerCommand::Show { trace_id } if trace_id.trim().starts_with("cas_") => {
+            let cascade_id = CascadeId::parse(&trace_id).map_err(anyhow::Error::msg)?;
             let cascade = ledger
-                .cascade(trace_id.trim())
+                .cascade(&cascade_id)
                 .await?
-                .with_context(|| format!("no room exchange has id {}", trace_id.trim()))?;
+                .with_context(|| format!("no room exchange has id {cascade_id}"))?;
             print_cascade(ledger, &cascade).await?;
         }
         LedgerCommand::Show { trace_id } => {
+            let trace_id = TraceId::parse(&trace_id).map_err(anyhow::Error::msg)?;
             let e = ledger
-                .find(trace_id.trim())
+                .find(&trace_id)
                 .await?
                 .with_context(|| format!("no envelope has trace id {trace_id}"))?;
             println!("trace_id:    {}", e.trace_id);
@@ -348,13 +351,13 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             println!("unreconciled attempts: {}", ledger.unreconciled_attempts().await?);
         }
         LedgerCommand::Task { task_id, stopped, reason } => {
-            let task_id = task_id.trim();
+            let task_id = TaskId::parse(&task_id).map_err(anyhow::Error::msg)?;
             if stopped {
                 let reason = reason.unwrap_or_default();
-                ledger.mark_task_stopped(task_id, reason.trim()).await?;
+                ledger.mark_task_stopped(&task_id, reason.trim()).await?;
                 println!("{task_id}: now stopped");
             }
-            print_task(ledger, task_id).await?;
+            print_task(ledger, &task_id).await?;
         }
         LedgerCommand::Prune { older_than, dry_run } => {
             let cutoff = older_than.cutoff(chrono::Utc::now());
@@ -368,8 +371,9 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
         }
         LedgerCommand::Reconcile { trace_id, delivered, not_delivered: _, reason } => {
             let finding = if delivered { Reconciliation::Delivered } else { Reconciliation::NotDelivered };
-            let state = ledger.reconcile(trace_id.trim(), finding, &reason).await?;
-            println!("{}: now {state}", trace_id.trim());
+            let trace_id = TraceId::parse(&trace_id).map_err(anyhow::Error::msg)?;
+            let state = ledger.reconcile(&trace_id, finding, &reason).await?;
+            println!("{trace_id}: now {state}");
         }
     }
     Ok(())
@@ -490,7 +494,7 @@ impl std::fmt::Display for OlderThan {
 }
 
 /// A task, its revisions, and the tasks before and after it.
-async fn print_task(ledger: &Ledger, task_id: &str) -> anyhow::Result<()> {
+async fn print_task(ledger: &Ledger, task_id: &TaskId) -> anyhow::Result<()> {
     let Some((task, revisions, effects)) = ledger.task(task_id).await? else {
         anyhow::bail!("no task has id {task_id}");
     };

@@ -15,7 +15,7 @@ use super::{BUILDER, Demo, REVIEWER, ROOM_CASCADE_LIMIT, ROOM_ROUTE, WAIT, WORKE
 use crate::agents::api::client::{ClientError, DaemonClient, SessionStream};
 use crate::agents::api::wire::{AckRequest, ErrorCode, HandoffRequest, ReplyRequest, SessionEvent};
 use crate::fake_bot_api::{Fault, PushedMessage, SentMessage};
-use crate::ids::RequestId;
+use crate::ids::{CascadeId, RequestId, TraceId};
 use crate::ledger::{
     AttemptState, EnvelopeState, HandoffState, LedgerError, ListFilter, RoomCascadeState, StoredAttempt,
     StoredEnvelope, TurnEnding,
@@ -56,8 +56,9 @@ pub(super) async fn all(demo: &mut Demo) -> anyhow::Result<()> {
 
 impl Demo {
     async fn envelope(&self, trace_id: &str) -> Result<StoredEnvelope, Broken> {
+        let trace_id = TraceId::parse(trace_id).map_err(Broken)?;
         self.ledger
-            .find(trace_id)
+            .find(&trace_id)
             .await
             .map_err(|e| Broken(format!("reading the ledger: {e}")))?
             .ok_or_else(|| Broken(format!("the ledger has no envelope {trace_id}")))
@@ -443,7 +444,10 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
         let meta = |key: &str| turn.extra.get(key).cloned().unwrap_or_default();
         if n == 0 {
             cascade_id = meta("cascade_id");
-            let state = match demo.ledger.cascade(&cascade_id).await {
+            let Ok(id) = CascadeId::parse(&cascade_id) else {
+                return Err(Broken(format!("the turn names no exchange: {cascade_id:?}")));
+            };
+            let state = match demo.ledger.cascade(&id).await {
                 Ok(Some(stored)) => stored.state.to_string(),
                 Ok(None) => "missing".to_owned(),
                 Err(e) => return Err(Broken(format!("reading the ledger: {e}"))),
@@ -504,7 +508,7 @@ async fn room_exchange(demo: &mut Demo) -> Result<(), Broken> {
     let read = |e: LedgerError| Broken(format!("reading the ledger: {e}"));
     let stored = demo
         .ledger
-        .cascade(&cascade_id)
+        .cascade(&CascadeId::parse(&cascade_id).map_err(Broken)?)
         .await
         .map_err(read)?
         .ok_or_else(|| Broken(format!("the ledger has no exchange {cascade_id}")))?;

@@ -30,10 +30,11 @@ pub use sqlite::{
     EnvelopeKind, EnvelopeState, ExpiredBecause, FoundForReply, HandoffEnd, HandoffState, LedgerCongestion,
     LedgerWrite, ListFilter, NewAttempt, NewCascade, NewHandoff, NewPermissionRequest, NewPost,
     PermissionState, PermissionVerdict, PruneReport, Pruned, QuestionAnswered, QuestionState, ReactionAudit,
-    ReconcileError, ReconciledOutcome, Reconciliation, RecordedBatch, RecordedReply, ReplyVerdict,
-    RoomCascadeState, RoomStep, RoutedEnvelope, RoutedReaction, StoredAttempt, StoredCascade, StoredEnvelope,
-    StoredEvent, StoredHandoff, StoredPermission, StoredPost, StoredQuestion, StoredReaction, StoredRevision,
-    StoredTurn, TaskEffect, TurnClose, TurnEnding, TurnOpen, WriteFailing, WriteProblem, WriteWatch,
+    ReconcileError, ReconciledOutcome, Reconciliation, RecordedBatch, RecordedReply, ReplyTally,
+    ReplyVerdict, RoomCascadeState, RoomStep, RoutedEnvelope, RoutedReaction, StoredAttempt, StoredCascade,
+    StoredEnvelope, StoredEvent, StoredHandoff, StoredPermission, StoredPost, StoredQuestion, StoredReaction,
+    StoredRevision, StoredTurn, TaskEffect, TurnClose, TurnEnding, TurnOpen, WriteFailing, WriteProblem,
+    WriteWatch,
 };
 pub use sqlite::{OpenError, Pages, SqliteLedger, files, now, timestamp};
 

@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::ids::AgentName;
+use crate::ids::{AgentName, HandoffId};
 
 /// How much of the earlier instruction a refusal quotes.
 pub const QUOTE_CHARS: usize = 400;
@@ -66,7 +66,7 @@ impl std::fmt::Display for Intent {
 /// An earlier handoff the new one is weighed against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PriorHandoff {
-    pub handoff_id: String,
+    pub handoff_id: HandoffId,
     pub to: AgentName,
     pub instruction: String,
     /// How long it has been open (for `already_running`).
@@ -105,7 +105,7 @@ pub struct Admitted {
     pub target: AgentName,
     pub depth: u32,
     /// The earlier handoff a follow-up follows.
-    pub followup_of: Option<String>,
+    pub followup_of: Option<HandoffId>,
     pub intent: Option<Intent>,
 }
 
@@ -332,13 +332,13 @@ mod tests {
         let mut turn = Turn::new();
         let first = turn.ask("editor", "schedule it, do NOT publish", None).unwrap();
         assert_eq!(first.target, name("editor"));
-        turn.record("hof_first", &first, "schedule it, do NOT publish");
+        turn.record("hof_firstxxxxx", &first, "schedule it, do NOT publish");
 
         // send_to_agent and call_agent share the guard: the pure rule knows no tool.
         let refusal = turn.ask("Editor", "publish it NOW", None).unwrap_err();
         assert_eq!(refusal.code(), "already_delegated");
         let text = refusal.to_string();
-        assert!(text.contains("do NOT publish") && text.contains("hof_first"), "{text}");
+        assert!(text.contains("do NOT publish") && text.contains("hof_firstxxxxx"), "{text}");
         assert!(text.contains("followup: true"), "{text}");
     }
 
@@ -346,9 +346,9 @@ mod tests {
     fn a_follow_up_passes_and_is_marked_as_one() {
         let mut turn = Turn::new();
         let first = turn.ask("editor", "schedule it, do NOT publish", None).unwrap();
-        turn.record("hof_first", &first, "schedule it, do NOT publish");
+        turn.record("hof_firstxxxxx", &first, "schedule it, do NOT publish");
         let follow_up = turn.ask("editor", "publish it NOW", Some(Intent::Replaces)).unwrap();
-        assert_eq!(follow_up.followup_of.as_deref(), Some("hof_first"));
+        assert_eq!(follow_up.followup_of.as_deref(), Some("hof_firstxxxxx"));
         assert_eq!(follow_up.intent, Some(Intent::Replaces));
     }
 
@@ -356,7 +356,7 @@ mod tests {
     fn a_different_target_passes() {
         let mut turn = Turn::new();
         let first = turn.ask("editor", "schedule it", None).unwrap();
-        turn.record("hof_first", &first, "schedule it");
+        turn.record("hof_firstxxxxx", &first, "schedule it");
         assert_eq!(turn.ask("writer", "draft it", None).unwrap().target, name("writer"));
     }
 
@@ -365,7 +365,7 @@ mod tests {
         let mut turn = Turn::new();
         let first = turn.ask(" Editor ", "one", None).unwrap();
         assert_eq!(first.target, name("editor"));
-        turn.record("hof_first", &first, "one");
+        turn.record("hof_firstxxxxx", &first, "one");
         let refusal = turn.ask("editor", "two", None).unwrap_err();
         assert!(refusal.to_string().contains("instructed 'editor'"), "{refusal}");
     }
@@ -388,13 +388,13 @@ mod tests {
     fn the_next_turn_starts_fresh_but_an_open_handoff_is_still_running() {
         let mut turn = Turn::new();
         let first = turn.ask("editor", "schedule it", None).unwrap();
-        turn.record("hof_first", &first, "schedule it");
+        turn.record("hof_firstxxxxx", &first, "schedule it");
         turn.next_turn();
         let refusal = turn.ask("editor", "and this too", None).unwrap_err();
         assert_eq!(refusal.code(), "already_running");
         let text = refusal.to_string();
         assert!(
-            text.contains("hof_first") && text.contains("1m15s") && text.contains("schedule it"),
+            text.contains("hof_firstxxxxx") && text.contains("1m15s") && text.contains("schedule it"),
             "{text}"
         );
         assert!(text.contains("will arrive as an envelope"), "{text}");
@@ -440,8 +440,10 @@ mod tests {
     #[test]
     fn the_quote_is_the_first_400_characters() {
         let long = "x".repeat(1000);
-        let refusal =
-            Refusal::AlreadyDelegated { target: name("editor"), first: prior("hof_a", "editor", &long) };
+        let refusal = Refusal::AlreadyDelegated {
+            target: name("editor"),
+            first: prior("hof_axxxxxxxxx", "editor", &long),
+        };
         let text = refusal.to_string();
         assert!(text.contains(&format!("\"{}…\"", "x".repeat(QUOTE_CHARS))), "{text}");
     }

@@ -17,6 +17,7 @@ use super::format;
 
 mod actions;
 use crate::backoff::Backoff;
+use crate::ids::TraceId;
 use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::media::UploadKind;
@@ -42,7 +43,7 @@ const MIN_BREAK_FRACTION: usize = 2;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReplyTarget {
     pub envelope_id: i64,
-    pub trace_id: String,
+    pub trace_id: TraceId,
     pub agent: String,
     pub route: String,
     pub chat_id: i64,
@@ -544,7 +545,7 @@ impl Outbound {
         let actor = format!("agent:{}", attempt.agent);
         let mut retry = Backoff::new(LEDGER_RETRY_FIRST, LEDGER_RETRY_CAP);
         while let Err(e) = self.ledger.finish_attempt(&op_id, &outcome, &actor).await {
-            tracing::error!(%trace_id, op_id, error = %e, "could not record an attempt's outcome; trying again");
+            tracing::error!(%trace_id, %op_id, error = %e, "could not record an attempt's outcome; trying again");
             if !self.wait(retry.next_delay()).await {
                 return Ok(Observed::Unknown {
                     error: format!("the daemon stopped before it could record this send's outcome ({e})"),
@@ -553,7 +554,7 @@ impl Outbound {
         }
         metrics::attempt_finished(outcome.state(), elapsed);
         if !matches!(observed, Observed::Sent { .. }) {
-            tracing::info!(%trace_id, op_id, method = call.method, outcome = outcome_label(&observed), "attempt");
+            tracing::info!(%trace_id, %op_id, method = call.method, outcome = outcome_label(&observed), "attempt");
         }
         Ok(observed)
     }

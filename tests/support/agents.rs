@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use switchboard::agents::api::client::{DaemonClient, SessionStream};
 use switchboard::agents::api::wire::{DeliveredEnvelope, SessionEvent};
-use switchboard::ids::{AgentName, Secret};
+use switchboard::ids::{AgentName, Secret, TraceId};
 use switchboard::ledger::{EnvelopeState, StoredAttempt};
 
 use super::daemon::{ORCHESTRATOR_SECRET, OWNER_CHAT, OWNER_ID, TestDaemon, WORKER_SECRET, default_routes};
@@ -83,14 +83,15 @@ pub async fn next_envelope(stream: &mut SessionStream) -> DeliveredEnvelope {
 
 pub async fn state_of(daemon: &TestDaemon, trace_id: &str) -> EnvelopeState {
     let ledger = daemon.ledger().await;
-    let state = ledger.find(trace_id).await.unwrap().expect("envelope exists").state;
+    let state =
+        ledger.find(&TraceId::parse(trace_id).unwrap()).await.unwrap().expect("envelope exists").state;
     ledger.close().await;
     state
 }
 
 pub async fn attempts_of(daemon: &TestDaemon, trace_id: &str) -> Vec<StoredAttempt> {
     let ledger = daemon.ledger().await;
-    let envelope = ledger.find(trace_id).await.unwrap().expect("envelope exists");
+    let envelope = ledger.find(&TraceId::parse(trace_id).unwrap()).await.unwrap().expect("envelope exists");
     let attempts = ledger.attempts_for(envelope.id).await.unwrap();
     ledger.close().await;
     attempts

@@ -10,7 +10,7 @@ use crate::telegram::parts::attachment_meta;
 /// An envelope in a list of those waiting for an answer (`pending`, a refusal's candidates).
 pub fn summary(envelope: &StoredEnvelope) -> PendingSummary {
     PendingSummary {
-        trace_id: envelope.trace_id.clone(),
+        trace_id: envelope.trace_id.to_string(),
         chat_id: envelope.chat_id,
         thread_id: envelope.thread_id(),
         chat_title: envelope.chat_title.clone(),
@@ -24,7 +24,7 @@ pub fn summary(envelope: &StoredEnvelope) -> PendingSummary {
 /// An envelope as its agent's session receives it.
 pub fn delivered(envelope: &StoredEnvelope, redelivered: bool) -> DeliveredEnvelope {
     DeliveredEnvelope {
-        trace_id: envelope.trace_id.clone(),
+        trace_id: envelope.trace_id.to_string(),
         kind: envelope.kind.meta_kind().to_owned(),
         extra: {
             let mut extra = envelope.task_meta();

@@ -112,7 +112,7 @@ impl Bridge {
         trace_id: &TraceId,
         what: &str,
     ) -> Result<StoredEnvelope, ToolError> {
-        let found = self.inner.ledger.find(trace_id.as_str()).await?;
+        let found = self.inner.ledger.find(trace_id).await?;
         let Some(envelope) = found.filter(|envelope| envelope.agent.as_deref() == Some(agent.as_str()))
         else {
             return Err(ToolError::Refused(ResolveError::UnknownTraceId { trace_id: trace_id.to_string() }));
@@ -161,7 +161,7 @@ impl Bridge {
     ) -> Result<MessageActionReceipt, ToolError> {
         let target = MessageActionTarget {
             envelope_id: envelope.id,
-            trace_id: envelope.trace_id.clone(),
+            trace_id: envelope.trace_id.to_string(),
             agent: agent.to_string(),
             chat_id: envelope.chat_id,
             request_id: request_id.to_string(),
@@ -256,7 +256,7 @@ mod tests {
 
     fn recorded(method: AttemptMethod, outcome: AttemptState, text: &str) -> StoredAttempt {
         StoredAttempt {
-            op_id: "op_x".into(),
+            op_id: "op_xxxxxxxxxx".into(),
             request_id: Some("req_abcdefgh".into()),
             method,
             target_message_id: Some(77),

@@ -68,7 +68,7 @@ impl Bridge {
         self.live_session(agent, token)?;
         let trace_id = TraceId::parse(trace_id).map_err(ToolError::Invalid)?;
         let unknown = || ToolError::Refused(ResolveError::UnknownTraceId { trace_id: trace_id.to_string() });
-        let envelope = self.inner.ledger.find(trace_id.as_str()).await.map_err(ToolError::from)?;
+        let envelope = self.inner.ledger.find(&trace_id).await.map_err(ToolError::from)?;
         // Another agent's envelope is refused exactly like one that does not exist.
         let envelope = envelope.filter(|e| e.agent.as_deref() == Some(agent.as_str())).ok_or_else(unknown)?;
         let attachments = stored_attachments(&envelope);

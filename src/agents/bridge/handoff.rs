@@ -104,7 +104,7 @@ impl Bridge {
                 instruction: request.text.trim(),
                 cause: cause.as_ref(),
                 depth: admitted.depth,
-                followup_of: admitted.followup_of.as_deref(),
+                followup_of: admitted.followup_of.as_ref(),
                 intent: admitted.intent,
                 request_id: request_id.as_str(),
             })
@@ -128,12 +128,12 @@ impl Bridge {
             .and_then(|target| self.inner.agents.get(&target))
             .is_some_and(|slot| slot.session.lock().unwrap_or_else(|p| p.into_inner()).is_some());
         HandoffReceipt {
-            handoff_id: handoff.handoff_id.clone(),
+            handoff_id: handoff.handoff_id.to_string(),
             to: handoff.to_agent.clone(),
             delivered,
-            on_behalf_of: handoff.cause_trace_id.clone(),
+            on_behalf_of: handoff.cause_trace_id.as_ref().map(ToString::to_string),
             depth: u32::try_from(handoff.depth).unwrap_or_default(),
-            followup_of: handoff.followup_of.clone(),
+            followup_of: handoff.followup_of.as_ref().map(ToString::to_string),
         }
     }
 
@@ -148,7 +148,7 @@ impl Bridge {
         let ledger = &self.inner.ledger;
         match trace_id {
             Some(trace_id) => {
-                let found = ledger.find(trace_id.as_str()).await?;
+                let found = ledger.find(trace_id).await?;
                 // An envelope a change superseded is refused by its task, naming what to act
                 // on; a pending one is admitted where the handoff is recorded.
                 self.refuse_if_task_moved_on(agent, found.as_ref()).await?;
@@ -283,12 +283,12 @@ impl Bridge {
         let Some(handoff) = self.inner.ledger.handoff_of_envelope(envelope.id).await? else {
             return Ok(meta);
         };
-        meta.insert("handoff_id".to_owned(), handoff.handoff_id.clone());
+        meta.insert("handoff_id".to_owned(), handoff.handoff_id.to_string());
         if handoff.envelope_id == envelope.id {
             meta.insert("from_agent".to_owned(), handoff.from_agent.clone());
             meta.insert("depth".to_owned(), handoff.depth.to_string());
             if let Some(earlier) = &handoff.followup_of {
-                meta.insert("followup_of".to_owned(), earlier.clone());
+                meta.insert("followup_of".to_owned(), earlier.to_string());
             }
             if let Some(intent) = handoff.intent {
                 meta.insert("intent".to_owned(), intent.as_str().to_owned());
@@ -296,7 +296,7 @@ impl Bridge {
         } else {
             meta.insert("from_agent".to_owned(), handoff.to_agent.clone());
             if let Some(cause) = &handoff.cause_trace_id {
-                meta.insert("on_behalf_of".to_owned(), cause.clone());
+                meta.insert("on_behalf_of".to_owned(), cause.to_string());
             }
             if handoff.state == HandoffState::Closed {
                 meta.insert("closed".to_owned(), "true".to_owned());
@@ -378,7 +378,7 @@ fn answered_receipt(handoff: &StoredHandoff, trace_id: &str) -> ReplyReceipt {
         route: String::new(),
         message_ids: Vec::new(),
         answered_handoff: Some(AnsweredHandoff {
-            handoff_id: handoff.handoff_id.clone(),
+            handoff_id: handoff.handoff_id.to_string(),
             to_agent: handoff.from_agent.clone(),
         }),
         room_turn: None,

@@ -24,7 +24,7 @@ pub(super) fn reaction_notice(reaction: &StoredReaction) -> DeliveredNotice {
         ("message_id".to_owned(), reaction.message_id.to_string()),
     ]);
     DeliveredNotice {
-        trace_id: reaction.trace_id.clone(),
+        trace_id: reaction.trace_id.to_string(),
         kind: REACTION_NOTICE.to_owned(),
         content: format!(
             "{} reacted {} to your reply (message {}) to {}. Not a new message: nothing to answer.",

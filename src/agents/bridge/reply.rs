@@ -9,8 +9,8 @@ use crate::agents::api::present;
 use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
-    AttemptPurpose, AttemptState, EnvelopeKind, EnvelopeState, RecordedReply, ReplyVerdict, StoredAttempt,
-    StoredEnvelope,
+    AttemptPurpose, AttemptState, EnvelopeKind, EnvelopeState, RecordedReply, ReplyTally, ReplyVerdict,
+    StoredAttempt, StoredEnvelope,
 };
 use crate::rules::resolver::{self, Answerable, Blocked, Candidate};
 use crate::telegram::envelope::ChatType;
@@ -73,7 +73,7 @@ impl Bridge {
                         // kept as a late result and goes nowhere (DESIGN.md §11).
                         (Err(ToolError::Task(refusal)), Some(trace_id)) => {
                             let ledger = &self.inner.ledger;
-                            if ledger.keep_late_result(agent, trace_id.as_str(), request.text.trim()).await? {
+                            if ledger.keep_late_result(agent, trace_id, request.text.trim()).await? {
                                 tracing::info!(%agent, %trace_id, "late result kept: its handoff was superseded");
                             }
                             return Err(ToolError::Task(refusal));
@@ -218,7 +218,7 @@ impl Bridge {
         let ledger = &self.inner.ledger;
         let resolved = match trace_id {
             Some(trace_id) => {
-                let found = ledger.find_for_reply(trace_id.as_str()).await?;
+                let found = ledger.find_for_reply(trace_id).await?;
                 // An envelope a change superseded is refused by its task, which names the
                 // envelope to act on, before the resolver calls it unanswerable.
                 self.refuse_if_task_moved_on(agent, found.as_ref().map(|found| &found.envelope)).await?;
@@ -258,7 +258,7 @@ impl Bridge {
             None => None,
         };
         let Some(cause) = cause else {
-            return Err(ToolError::NoConversation { trace_id: answer.trace_id.clone() });
+            return Err(ToolError::NoConversation { trace_id: answer.trace_id.to_string() });
         };
         let found = ledger.find(&cause).await?;
         let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
@@ -344,7 +344,7 @@ impl Bridge {
             task.await.unwrap_or_else(|failure| {
                 tracing::error!(%trace_id, error = %failure, "a reply delivery task failed");
                 Err(ToolError::Unknown {
-                    trace_id,
+                    trace_id: trace_id.to_string(),
                     error: format!("the delivery task failed: {failure}"),
                     sent: Vec::new(),
                     parts: 0,
@@ -371,7 +371,7 @@ impl Bridge {
             }
             DeliveryOutcome::NotSent { sent, parts, error } => {
                 tracing::warn!(%agent, %error, delivered_parts = sent.len(), "reply not sent");
-                Err(ToolError::NotSent { trace_id: target.trace_id.clone(), error, sent, parts })
+                Err(ToolError::NotSent { trace_id: target.trace_id.to_string(), error, sent, parts })
             }
             DeliveryOutcome::Refused { sent, refusal } => {
                 tracing::warn!(%agent, delivered_parts = sent.len(), code = refusal.code(), "reply refused at the moment of sending: {refusal}");
@@ -386,7 +386,7 @@ impl Bridge {
                     relay.ring_keeper();
                 }
                 Err(ToolError::Unknown {
-                    trace_id: target.trace_id.clone(),
+                    trace_id: target.trace_id.to_string(),
                     error,
                     sent,
                     parts,
@@ -407,7 +407,7 @@ impl Bridge {
         let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
         let slot = self.slot(agent);
         let _decide = slot.decisions.lock().await;
-        let found = self.inner.ledger.find(trace_id.as_str()).await?;
+        let found = self.inner.ledger.find(&trace_id).await?;
         let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
         let envelope = resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidate)
             .map_err(|refusal| refused("ack", agent, refusal))?;
@@ -525,7 +525,7 @@ const EARLIER_QUOTE_CHARS: usize = 120;
 /// `last_request`: the attempts of the envelope's most recent reply request, if any.
 pub fn already_answered(trace_id: &str, last_request: &[StoredAttempt]) -> String {
     let again = "To add another message to this thread, call reply again with `again: true`.";
-    let summary = RecordedReply::from_attempts(0, trace_id.to_owned(), last_request);
+    let summary = ReplyTally::of(last_request);
     let Some(summary) = summary.filter(|summary| !summary.sent.is_empty()) else {
         return format!(
             "{trace_id} is already answered (it was marked handled, and no reply to it is on record as \
@@ -557,7 +557,7 @@ pub fn already_answered(trace_id: &str, last_request: &[StoredAttempt]) -> Strin
 
 fn receipt(target: &ReplyTarget, message_ids: Vec<i32>) -> ReplyReceipt {
     ReplyReceipt {
-        trace_id: target.trace_id.clone(),
+        trace_id: target.trace_id.to_string(),
         chat_id: target.chat_id,
         thread_id: target.thread_id,
         route: target.route.clone(),
@@ -576,7 +576,7 @@ fn recorded_outcome(
     let (sent, parts) = (recorded.sent.clone(), recorded.parts);
     match &recorded.verdict {
         ReplyVerdict::Delivered => Ok(ReplyReceipt {
-            trace_id,
+            trace_id: trace_id.to_string(),
             chat_id: envelope.map_or(0, |e| e.chat_id),
             thread_id: envelope.and_then(StoredEnvelope::thread_id),
             route: envelope.and_then(|e| e.route.clone()).unwrap_or_default(),
@@ -585,18 +585,18 @@ fn recorded_outcome(
             room_turn: None,
         }),
         ReplyVerdict::NotSent { error } => {
-            Err(ToolError::NotSent { trace_id, error: error.clone(), sent, parts })
+            Err(ToolError::NotSent { trace_id: trace_id.to_string(), error: error.clone(), sent, parts })
         }
         // In flight in the ledger but not running here: the daemon that made it stopped.
         ReplyVerdict::Unknown { error } => Err(ToolError::Unknown {
-            trace_id,
+            trace_id: trace_id.to_string(),
             error: error.clone(),
             sent,
             parts,
             stays_answered: envelope.is_some_and(|e| e.state == EnvelopeState::Acked),
         }),
         ReplyVerdict::InFlight => Err(ToolError::Unknown {
-            trace_id,
+            trace_id: trace_id.to_string(),
             error: "the daemon stopped while this reply was in flight".into(),
             sent,
             parts,
@@ -609,7 +609,7 @@ fn recorded_outcome(
 /// that request was cut off part-way and had exactly these parts: sending the same text
 /// again then only sends what is missing. Anything else starts from scratch.
 pub fn parts_already_delivered(last_request: &[StoredAttempt], parts: &[String]) -> Vec<(usize, i32)> {
-    let Some(summary) = RecordedReply::from_attempts(0, String::new(), last_request) else {
+    let Some(summary) = ReplyTally::of(last_request) else {
         return Vec::new();
     };
     let cut_off = matches!(summary.verdict, ReplyVerdict::NotSent { .. }) && !summary.sent.is_empty();
@@ -669,7 +669,7 @@ mod tests {
         message_id: Option<i64>,
     ) -> StoredAttempt {
         StoredAttempt {
-            op_id: format!("op_{index}"),
+            op_id: format!("op_{index:0>10}").as_str().into(),
             request_id: Some("req_abcdefgh".into()),
             method: crate::ledger::AttemptMethod::SendMessage,
             target_message_id: None,

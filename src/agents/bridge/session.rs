@@ -396,7 +396,7 @@ impl Bridge {
         );
         let extra = BTreeMap::from([("waiting".to_owned(), count.to_string())]);
         Ok(Some(DeliveredNotice {
-            trace_id: oldest.trace_id.clone(),
+            trace_id: oldest.trace_id.to_string(),
             kind: WAITING_NOTICE.to_owned(),
             content,
             ts: crate::ledger::now(),
@@ -470,7 +470,7 @@ impl Bridge {
         let Ok(message_id) = i32::try_from(envelope.message_id) else { return };
         let target = MessageActionTarget {
             envelope_id: envelope.id,
-            trace_id: envelope.trace_id.clone(),
+            trace_id: envelope.trace_id.to_string(),
             agent: envelope.agent.clone().unwrap_or_default(),
             chat_id: envelope.chat_id,
             request_id: format!("ack_reaction:{}", envelope.trace_id),

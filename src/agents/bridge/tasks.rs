@@ -31,11 +31,11 @@ impl Bridge {
                         _ => format!("{task_id} is resumed (revision {revision}): carry on with {trace_id}."),
                     };
                     let extra = BTreeMap::from([
-                        ("task".to_owned(), task_id),
+                        ("task".to_owned(), task_id.to_string()),
                         ("revision".to_owned(), revision.to_string()),
                     ]);
                     let notice = DeliveredNotice {
-                        trace_id,
+                        trace_id: trace_id.to_string(),
                         kind: kind.as_str().to_owned(),
                         content,
                         ts: now(),
@@ -95,7 +95,7 @@ impl Bridge {
         let declared = self
             .inner
             .ledger
-            .declare_revision(agent, trace_id.as_str(), kind, request.summary.as_deref().unwrap_or_default())
+            .declare_revision(agent, &trace_id, kind, request.summary.as_deref().unwrap_or_default())
             .await;
         let (declared, effects) = match declared {
             Ok(declared) => declared,

@@ -34,7 +34,7 @@ impl Bridge {
                 if from_a_chat && slot.in_front_of_live_session(&envelope.trace_id) {
                     waiting.push(ShownWaiting {
                         thread_id: envelope.thread_id(),
-                        trace_id: envelope.trace_id,
+                        trace_id: envelope.trace_id.to_string(),
                         chat_id: envelope.chat_id,
                     });
                 }

@@ -1,4 +1,4 @@
-use crate::ids::AgentName;
+use crate::ids::{AgentName, TraceId};
 use crate::ledger::conformance::Backend;
 use crate::ledger::conformance::fixtures::*;
 use crate::ledger::*;
@@ -124,7 +124,7 @@ pub(crate) async fn quotes_find_the_user_message_or_the_answered_envelope_in_the
     let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     let quoted_trace = |update_id: i64| {
         let row = rows.iter().find(|row| row.update_id == Some(update_id)).unwrap();
-        row.task_meta().get("reply_to_trace_id").cloned()
+        row.task_meta().get("reply_to_trace_id").map(|trace| TraceId::parse(trace).unwrap())
     };
     let trace_of =
         |update_id: i64| rows.iter().find(|row| row.update_id == Some(update_id)).unwrap().trace_id.clone();

@@ -1,4 +1,4 @@
-use crate::ids::AgentName;
+use crate::ids::{AgentName, TraceId};
 use crate::ledger::conformance::Backend;
 use crate::ledger::conformance::fixtures::*;
 use crate::ledger::*;
@@ -17,7 +17,7 @@ pub(crate) async fn finishing_an_attempt_settles_its_envelope_in_the_same_step<B
         text: "part",
         ..one_part_reply(envelope_id)
     };
-    let state = |trace: String| {
+    let state = |trace: TraceId| {
         let ledger = ledger.clone();
         async move { ledger.find(&trace).await.unwrap().unwrap().state }
     };
@@ -75,7 +75,7 @@ pub(crate) async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unkn
     let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
     let facts = |found: Option<FoundForReply>| found.map(|f| (f.awaiting_reconciliation, f.replied_before));
     assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, false)));
-    assert_eq!(ledger.find_for_reply("env_nonesuchxx").await.unwrap(), None);
+    assert_eq!(ledger.find_for_reply(&"env_nonesuchxx".into()).await.unwrap(), None);
     let answer = ledger.begin_attempt(&reply_attempt(e.id, "req_aaaaaaaa", 0, 1)).await.unwrap().unwrap();
     ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
     assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, true)));

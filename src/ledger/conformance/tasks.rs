@@ -1,4 +1,4 @@
-use crate::ids::AgentName;
+use crate::ids::{AgentName, TraceId};
 use crate::ledger::conformance::Backend;
 use crate::ledger::conformance::fixtures::*;
 use crate::ledger::*;
@@ -39,7 +39,7 @@ pub(crate) async fn a_correction_recorded_between_resolving_and_sending_refuses_
 
     let refused = ledger.begin_attempt(&attempt(instruction.id)).await.unwrap().unwrap_err();
     assert_eq!(refused.code(), "superseded");
-    assert!(refused.to_string().contains(&revision.trace_id), "{refused}");
+    assert!(refused.to_string().contains(revision.trace_id.as_str()), "{refused}");
     assert!(ledger.attempts_for(instruction.id).await.unwrap().is_empty(), "nothing recorded, nothing sent");
     assert_eq!(ledger.find(&instruction.trace_id).await.unwrap().unwrap().state, EnvelopeState::Superseded);
     // The revision envelope is admitted.
@@ -113,7 +113,7 @@ pub(crate) async fn a_batch_starts_one_task_per_conversation_at_the_message_that
     assert_ne!(rows[1].task_id, rows[2].task_id);
     assert_ne!(rows[2].task_id, rows[4].task_id);
     for starter in [&rows[1], &rows[2], &rows[4]] {
-        let (task, revisions, _) = ledger.task(starter.task_id.as_deref().unwrap()).await.unwrap().unwrap();
+        let (task, revisions, _) = ledger.task(starter.task_id.as_ref().unwrap()).await.unwrap().unwrap();
         assert_eq!(task.chat_id, starter.chat_id);
         assert_eq!(revisions.len(), 1);
         assert_eq!(revisions[0].kind, "start");
@@ -176,7 +176,7 @@ async fn ledger_agrees_with_the_model<B: Backend>(steps: Vec<Doing>) {
     let mut tasks: Vec<ModelTask> = Vec::new();
     let mut messages: Vec<i32> = Vec::new();
     // The envelopes handed to the agent: trace id, model task, revision made under.
-    let mut given: Vec<(String, usize, i64)> = Vec::new();
+    let mut given: Vec<(TraceId, usize, i64)> = Vec::new();
     let mut update_id = 0;
     for step in steps {
         let current = tasks.len().checked_sub(1);
@@ -274,7 +274,7 @@ async fn ledger_agrees_with_the_model<B: Backend>(steps: Vec<Doing>) {
         };
         ledger.record_batch(1, update_id + 1, &[row.clone()]).await.unwrap();
         if let Some((task, revision)) = carried {
-            given.push((row.envelope.trace_id.to_string(), task, revision));
+            given.push((row.envelope.trace_id.clone(), task, revision));
         }
     }
 }

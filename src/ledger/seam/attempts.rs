@@ -8,7 +8,7 @@ pub trait Attempts: Send + Sync {
     /// attempt is admitted against its envelope's task in the same statement that records
     /// it (DESIGN.md §11): once a change is recorded, no part of a reply made for what it
     /// superseded, paused or cancelled goes out. A refusal records nothing.
-    async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> LedgerResult<Result<String, Refusal>>;
+    async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> LedgerResult<Result<AttemptId, Refusal>>;
 
     /// Records what an attempt came to and, in the same transaction, what that proves
     /// about its envelope: the last part of a reply confirmed sent answers it (`acked`);
@@ -17,12 +17,17 @@ pub trait Attempts: Send + Sync {
     /// unanswered. An envelope already `acked` stays acked when a later follow-up's
     /// outcome is unknown: the envelope was answered, and the follow-up attempt is what
     /// needs reconciling.
-    async fn finish_attempt(&self, op_id: &str, outcome: &AttemptOutcome, actor: &str) -> LedgerResult<()>;
+    async fn finish_attempt(
+        &self,
+        op_id: &AttemptId,
+        outcome: &AttemptOutcome,
+        actor: &str,
+    ) -> LedgerResult<()>;
 
     /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have
     /// reached Telegram. They become `unknown` and their envelopes `unresolved`; an
     /// operator reconciles them. Returns the trace ids affected.
-    async fn recover_in_flight(&self) -> LedgerResult<Vec<String>>;
+    async fn recover_in_flight(&self) -> LedgerResult<Vec<TraceId>>;
 
     /// Whether `agent` made a `reply` request with this id before: it left attempts, or it
     /// answered a handoff. One statement, so a new request (nearly every one) costs no

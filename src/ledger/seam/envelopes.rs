@@ -15,14 +15,14 @@ pub trait Envelopes: Send + Sync {
 
     /// The files of the envelope `trace_id` (kind, file id, size, type, name), in the
     /// message's order; `None` when there is no such envelope.
-    async fn attachments_of(&self, trace_id: &str) -> LedgerResult<Option<Vec<Attachment>>>;
+    async fn attachments_of(&self, trace_id: &TraceId) -> LedgerResult<Option<Vec<Attachment>>>;
 
-    async fn find(&self, trace_id: &str) -> LedgerResult<Option<StoredEnvelope>>;
+    async fn find(&self, trace_id: &TraceId) -> LedgerResult<Option<StoredEnvelope>>;
 
     /// [`Self::find`] for a reply that names its envelope, with what the envelope's
     /// attempts say about it, in one statement instead of three on the reply's path: the
     /// answers of `awaiting_reconciliation` and whether `last_reply_for` has anything.
-    async fn find_for_reply(&self, trace_id: &str) -> LedgerResult<Option<FoundForReply>>;
+    async fn find_for_reply(&self, trace_id: &TraceId) -> LedgerResult<Option<FoundForReply>>;
 
     // ---- state transitions ----
 

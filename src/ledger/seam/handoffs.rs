@@ -23,9 +23,10 @@ pub trait Handoffs: Send + Sync {
     /// A child's answer to a handoff a change superseded: kept as a late result, never
     /// delivered to the delegator as an answer (DESIGN.md §11). Returns whether one was
     /// kept (the first answer is; later ones leave it).
-    async fn keep_late_result(&self, agent: &AgentName, trace_id: &str, text: &str) -> LedgerResult<bool>;
+    async fn keep_late_result(&self, agent: &AgentName, trace_id: &TraceId, text: &str)
+    -> LedgerResult<bool>;
 
-    async fn handoff(&self, handoff_id: &str) -> LedgerResult<Option<StoredHandoff>>;
+    async fn handoff(&self, handoff_id: &HandoffId) -> LedgerResult<Option<StoredHandoff>>;
 
     /// The handoff an envelope carries: as its instruction or as its answer.
     async fn handoff_of_envelope(&self, envelope_id: i64) -> LedgerResult<Option<StoredHandoff>>;

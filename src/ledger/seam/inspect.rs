@@ -17,7 +17,7 @@ pub trait Inspection: Send + Sync {
     /// stays `acked`: only the follow-up's attempts are settled.
     async fn reconcile(
         &self,
-        trace_id: &str,
+        trace_id: &TraceId,
         finding: Reconciliation,
         reason: &str,
     ) -> Result<EnvelopeState, ReconcileError>;

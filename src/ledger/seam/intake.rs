@@ -46,5 +46,5 @@ pub trait Intake: Send + Sync {
     ) -> LedgerResult<RecordedBatch<'a>>;
 
     /// The raw text of an undecodable update, by its envelope's trace id.
-    async fn raw_update(&self, trace_id: &str) -> LedgerResult<Option<String>>;
+    async fn raw_update(&self, trace_id: &TraceId) -> LedgerResult<Option<String>>;
 }

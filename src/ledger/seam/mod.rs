@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::*;
-use crate::ids::AgentName;
+use crate::ids::{AgentName, AttemptId, CascadeId, HandoffId, TaskId, TraceId};
 use crate::rules::revisions::{ChangeKind, Refusal, Task, TaskEffects};
 use crate::telegram::parts::Attachment;
 

@@ -10,7 +10,7 @@ pub trait Rooms: Send + Sync {
     /// Records a human message's cascade (`waiting`) and moves the message from `queued`
     /// to `acked`, together. Returns the cascade id; `None` if the message was already
     /// taken (nothing changed).
-    async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<String>>;
+    async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<CascadeId>>;
 
     /// Applies a decided step of a room if every fact it was decided on still holds.
     /// `None`: a guard failed, nothing changed; decide again.
@@ -28,7 +28,7 @@ pub trait Rooms: Send + Sync {
     /// Rooms with an exchange waiting or running.
     async fn busy_rooms(&self) -> LedgerResult<Vec<String>>;
 
-    async fn cascade(&self, cascade_id: &str) -> LedgerResult<Option<StoredCascade>>;
+    async fn cascade(&self, cascade_id: &CascadeId) -> LedgerResult<Option<StoredCascade>>;
 
     /// The cascade a human message made, if it made one.
     async fn cascade_of_message(&self, envelope_id: i64) -> LedgerResult<Option<StoredCascade>>;

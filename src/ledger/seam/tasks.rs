@@ -13,18 +13,18 @@ pub trait Tasks: Send + Sync {
     async fn declare_revision(
         &self,
         agent: &AgentName,
-        trace_id: &str,
+        trace_id: &TraceId,
         kind: ChangeKind,
         summary: &str,
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError>;
 
     /// A task's state as stored (`open`, `paused`, `stop_requested`, …).
-    async fn task_state(&self, task_id: &str) -> LedgerResult<Option<String>>;
+    async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<String>>;
 
     /// A task and its revisions, oldest first.
-    async fn task(&self, task_id: &str) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>>;
+    async fn task(&self, task_id: &TaskId) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>>;
 
     /// `switchboard ledger task ID --stopped --reason …`: an operator confirms that a
     /// cancelled task has stopped. Only a task whose stop was requested can be.
-    async fn mark_task_stopped(&self, task_id: &str, reason: &str) -> Result<(), DeclareTaskError>;
+    async fn mark_task_stopped(&self, task_id: &TaskId, reason: &str) -> Result<(), DeclareTaskError>;
 }

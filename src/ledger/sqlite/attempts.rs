@@ -13,7 +13,7 @@ use super::in_place::{execute_cached, optional_text_enum, query_all_cached, quer
 
 use super::write_watch::LedgerWrite;
 use super::{LedgerError, LedgerResult, SqliteLedger, now};
-use crate::ids::TraceId;
+use crate::ids::{AttemptId, TraceId};
 use crate::rules::revisions::Refusal;
 
 /// What a send attempt is about to do, recorded before the request is made.
@@ -197,7 +197,7 @@ pub enum ReconciledOutcome {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredAttempt {
-    pub op_id: String,
+    pub op_id: AttemptId,
     pub request_id: Option<String>,
     pub method: AttemptMethod,
     pub target_message_id: Option<i64>,
@@ -220,7 +220,7 @@ pub struct StoredAttempt {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordedReply {
     pub envelope_id: i64,
-    pub trace_id: String,
+    pub trace_id: TraceId,
     /// Parts confirmed sent, by part index, with Telegram's message id.
     pub sent: Vec<(usize, i32)>,
     pub parts: usize,
@@ -240,10 +240,26 @@ pub enum ReplyVerdict {
     InFlight,
 }
 
+/// What the attempts of one `reply` request add up to, whichever envelope they answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyTally {
+    /// Parts confirmed sent, by part index, with Telegram's message id.
+    pub sent: Vec<(usize, i32)>,
+    pub parts: usize,
+    pub verdict: ReplyVerdict,
+}
+
 impl RecordedReply {
+    pub fn from_attempts(envelope_id: i64, trace_id: TraceId, attempts: &[StoredAttempt]) -> Option<Self> {
+        let ReplyTally { sent, parts, verdict } = ReplyTally::of(attempts)?;
+        Some(Self { envelope_id, trace_id, sent, parts, verdict })
+    }
+}
+
+impl ReplyTally {
     /// Sums up the attempts of one request, oldest first. Retries of a rate-limited part
     /// are attempts of their own: a part counts as sent once any of its attempts was.
-    pub fn from_attempts(envelope_id: i64, trace_id: String, attempts: &[StoredAttempt]) -> Option<Self> {
+    pub fn of(attempts: &[StoredAttempt]) -> Option<Self> {
         let parts = usize::try_from(attempts.first()?.chunk_count).unwrap_or(0);
         let mut sent: Vec<(usize, i32)> = Vec::new();
         let mut verdict = None;
@@ -280,7 +296,7 @@ impl RecordedReply {
                 ReplyVerdict::NotSent { error: last_error.unwrap_or_default() }
             }
         });
-        Some(Self { envelope_id, trace_id, sent, parts, verdict })
+        Some(Self { sent, parts, verdict })
     }
 }
 
@@ -319,8 +335,8 @@ macro_rules! attempt_columns {
 
 #[async_trait]
 impl Attempts for SqliteLedger {
-    async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> LedgerResult<Result<String, Refusal>> {
-        let op_id = format!("op_{}", &TraceId::generate().as_str()[4..]);
+    async fn begin_attempt(&self, attempt: &NewAttempt<'_>) -> LedgerResult<Result<AttemptId, Refusal>> {
+        let op_id = AttemptId::generate();
         let sql = concat!(
             "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
              reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at, method, target_message_id) \
@@ -367,7 +383,12 @@ impl Attempts for SqliteLedger {
         })
     }
 
-    async fn finish_attempt(&self, op_id: &str, outcome: &AttemptOutcome, actor: &str) -> LedgerResult<()> {
+    async fn finish_attempt(
+        &self,
+        op_id: &AttemptId,
+        outcome: &AttemptOutcome,
+        actor: &str,
+    ) -> LedgerResult<()> {
         let (message_id, error) = match outcome {
             AttemptOutcome::Sent { message_id } => (Some(*message_id), None),
             AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => {
@@ -418,8 +439,8 @@ impl Attempts for SqliteLedger {
         finished
     }
 
-    async fn recover_in_flight(&self) -> LedgerResult<Vec<String>> {
-        let stuck: Vec<(String, String)> = self
+    async fn recover_in_flight(&self) -> LedgerResult<Vec<TraceId>> {
+        let stuck: Vec<(AttemptId, TraceId)> = self
             .read_off_thread(|db| {
                 query_all_cached(
                     db,
@@ -459,7 +480,7 @@ impl Attempts for SqliteLedger {
             " ORDER BY id"
         );
         self.read_in_place(|db| {
-            let envelope: Option<(i64, String)> = query_row_cached(
+            let envelope: Option<(i64, TraceId)> = query_row_cached(
                 db,
                 concat!(
                     "SELECT a.envelope_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \

@@ -12,7 +12,7 @@ use rusqlite::OptionalExtension;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger, now};
-use crate::ids::{AgentName, RouteName};
+use crate::ids::{AgentName, RouteName, TaskId, TraceId};
 
 /// How many characters of a message identify it in a candidate list or a listing.
 const PREVIEW_CHARS: usize = 80;
@@ -38,7 +38,7 @@ pub struct RoutedEnvelope {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEnvelope {
     pub id: i64,
-    pub trace_id: String,
+    pub trace_id: TraceId,
     /// None for an envelope an agent made.
     pub update_id: Option<i64>,
     pub kind: EnvelopeKind,
@@ -62,7 +62,7 @@ pub struct StoredEnvelope {
     pub state_changed_at: String,
     pub note: Option<String>,
     /// The task and revision it was made under (DESIGN.md §11), if it belongs to one.
-    pub task_id: Option<String>,
+    pub task_id: Option<TaskId>,
     pub revision: Option<i64>,
     /// Extra meta for the agent, a JSON object (a revision envelope's change and texts).
     pub meta: Option<String>,
@@ -136,7 +136,7 @@ impl StoredEnvelope {
     pub fn task_meta(&self) -> std::collections::BTreeMap<String, String> {
         let mut meta = std::collections::BTreeMap::new();
         if let (Some(task), Some(revision)) = (&self.task_id, self.revision) {
-            meta.insert("task".to_owned(), task.clone());
+            meta.insert("task".to_owned(), task.to_string());
             meta.insert("revision".to_owned(), revision.to_string());
         }
         let stored = self.meta.as_deref().and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok());
@@ -196,7 +196,7 @@ impl Envelopes for SqliteLedger {
         self.read_in_place(|db| query_all_cached(db, sql, [agent.as_str()], StoredEnvelope::from_row)).await
     }
 
-    async fn attachments_of(&self, trace_id: &str) -> LedgerResult<Option<Vec<Attachment>>> {
+    async fn attachments_of(&self, trace_id: &TraceId) -> LedgerResult<Option<Vec<Attachment>>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT attachments FROM envelopes WHERE trace_id = ?", [trace_id], |row| {
                 row.get::<_, String>(0)
@@ -207,13 +207,13 @@ impl Envelopes for SqliteLedger {
         .map(|stored| stored.as_deref().map(stored_attachments))
     }
 
-    async fn find(&self, trace_id: &str) -> LedgerResult<Option<StoredEnvelope>> {
+    async fn find(&self, trace_id: &TraceId) -> LedgerResult<Option<StoredEnvelope>> {
         let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [trace_id], StoredEnvelope::from_row).optional())
             .await
     }
 
-    async fn find_for_reply(&self, trace_id: &str) -> LedgerResult<Option<FoundForReply>> {
+    async fn find_for_reply(&self, trace_id: &TraceId) -> LedgerResult<Option<FoundForReply>> {
         let sql = concat!(
             "SELECT ",
             envelope_columns!(),

@@ -12,7 +12,7 @@ use super::in_place::{execute_cached, optional_text_enum, query_all_cached, quer
 
 use super::envelopes::transition_in;
 use super::{EnvelopeKind, EnvelopeState, LedgerError, LedgerResult, SqliteLedger, StoredEnvelope, now};
-use crate::ids::{AgentName, TraceId};
+use crate::ids::{AgentName, HandoffId, TaskId, TraceId};
 use crate::rules::guard::Intent;
 use crate::rules::revisions::Refusal;
 
@@ -52,29 +52,29 @@ impl std::fmt::Display for HandoffState {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredHandoff {
     pub id: i64,
-    pub handoff_id: String,
+    pub handoff_id: HandoffId,
     pub from_agent: String,
     pub to_agent: String,
     pub instruction: String,
     pub cause_envelope_id: Option<i64>,
     /// The cause's trace id, when there is a cause.
-    pub cause_trace_id: Option<String>,
+    pub cause_trace_id: Option<TraceId>,
     pub depth: i64,
-    pub followup_of: Option<String>,
+    pub followup_of: Option<HandoffId>,
     pub intent: Option<Intent>,
     pub request_id: Option<String>,
     pub envelope_id: i64,
     /// The target's `handoff` envelope.
-    pub envelope_trace_id: String,
+    pub envelope_trace_id: TraceId,
     pub answer_envelope_id: Option<i64>,
-    pub answer_trace_id: Option<String>,
+    pub answer_trace_id: Option<TraceId>,
     pub answer_request_id: Option<String>,
     pub state: HandoffState,
     pub opened_at: String,
     pub closed_at: Option<String>,
     pub note: Option<String>,
     /// The task the handoff was made for (DESIGN.md §11), if any.
-    pub task_id: Option<String>,
+    pub task_id: Option<TaskId>,
     /// The child's answer after a change superseded the handoff: kept, never delivered.
     pub late_result: Option<String>,
 }
@@ -130,7 +130,7 @@ pub struct NewHandoff<'a> {
     pub instruction: &'a str,
     pub cause: Option<&'a StoredEnvelope>,
     pub depth: u32,
-    pub followup_of: Option<&'a str>,
+    pub followup_of: Option<&'a HandoffId>,
     pub intent: Option<Intent>,
     pub request_id: &'a str,
 }
@@ -196,7 +196,7 @@ fn task_of(db: &rusqlite::Connection, sql: &str, id: i64) -> rusqlite::Result<(O
 #[async_trait]
 impl Handoffs for SqliteLedger {
     async fn record_handoff(&self, new: &NewHandoff<'_>) -> LedgerResult<Result<StoredHandoff, Refusal>> {
-        let handoff_id = format!("hof_{}", &TraceId::generate().as_str()[4..]);
+        let handoff_id = HandoffId::generate();
         let recorded = self
             .write_in_place(|db| {
                 let mut task: (Option<String>, Option<i64>) = (None, None);
@@ -327,7 +327,12 @@ impl Handoffs for SqliteLedger {
         }
     }
 
-    async fn keep_late_result(&self, agent: &AgentName, trace_id: &str, text: &str) -> LedgerResult<bool> {
+    async fn keep_late_result(
+        &self,
+        agent: &AgentName,
+        trace_id: &TraceId,
+        text: &str,
+    ) -> LedgerResult<bool> {
         let kept = self
             .execute_in_place(
                 "UPDATE handoffs SET late_result = ?, late_at = ? WHERE state = 'superseded' AND late_result IS NULL \
@@ -338,7 +343,7 @@ impl Handoffs for SqliteLedger {
         Ok(kept == 1)
     }
 
-    async fn handoff(&self, handoff_id: &str) -> LedgerResult<Option<StoredHandoff>> {
+    async fn handoff(&self, handoff_id: &HandoffId) -> LedgerResult<Option<StoredHandoff>> {
         let sql = concat!(handoff_select!(), "WHERE h.handoff_id = ?");
         self.read_in_place(|db| {
             query_row_cached(db, sql, rusqlite::params![handoff_id], StoredHandoff::from_row).optional()

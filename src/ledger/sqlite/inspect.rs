@@ -1,5 +1,6 @@
 //! What `switchboard ledger` reads and the one change it makes: reconciliation.
 
+use crate::ids::TraceId;
 use async_trait::async_trait;
 
 use crate::ledger::prelude::*;
@@ -104,12 +105,12 @@ impl Inspection for SqliteLedger {
 
     async fn reconcile(
         &self,
-        trace_id: &str,
+        trace_id: &TraceId,
         finding: Reconciliation,
         reason: &str,
     ) -> Result<EnvelopeState, ReconcileError> {
         let envelope =
-            self.find(trace_id).await?.ok_or_else(|| ReconcileError::Unknown(trace_id.to_owned()))?;
+            self.find(trace_id).await?.ok_or_else(|| ReconcileError::Unknown(trace_id.to_string()))?;
         let (to, attempt_outcome) = match finding {
             Reconciliation::Delivered => (EnvelopeState::Acked, ReconciledOutcome::Sent),
             Reconciliation::NotDelivered => (EnvelopeState::Pending, ReconciledOutcome::NotSent),
@@ -135,7 +136,7 @@ impl Inspection for SqliteLedger {
             })
             .await?;
         reconciled.ok_or_else(|| ReconcileError::NotUnresolved {
-            trace_id: trace_id.to_owned(),
+            trace_id: trace_id.to_string(),
             state: envelope.state,
         })
     }

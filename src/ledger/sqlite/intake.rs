@@ -15,7 +15,7 @@ use chrono::SecondsFormat;
 use super::in_place::{execute_cached, query_row_cached};
 use super::write_watch::LedgerWrite;
 use super::{LedgerError, LedgerResult, SqliteLedger, now};
-use crate::ids::{AgentName, RouteName};
+use crate::ids::{AgentName, RouteName, TraceId};
 use rusqlite::OptionalExtension;
 
 /// A ledger error that passes by itself: intake waits it out (offset not moved, nothing
@@ -106,7 +106,7 @@ impl Intake for SqliteLedger {
         Ok(RecordedBatch { inserted, claimed, task_effects, reactions })
     }
 
-    async fn raw_update(&self, trace_id: &str) -> LedgerResult<Option<String>> {
+    async fn raw_update(&self, trace_id: &TraceId) -> LedgerResult<Option<String>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT raw_update FROM envelopes WHERE trace_id = ?", [trace_id], |row| {
                 row.get(0)

@@ -89,6 +89,7 @@ macro_rules! reply_part_method {
 
 mod attempts;
 mod checkpoint;
+mod columns;
 mod envelopes;
 pub mod files;
 mod handoffs;
@@ -112,7 +113,7 @@ mod write_watch;
 pub use super::error::{ErrorSource, LedgerError, LedgerResult};
 pub use attempts::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome,
-    RecordedReply, ReplyVerdict, StoredAttempt,
+    RecordedReply, ReplyTally, ReplyVerdict, StoredAttempt,
 };
 /// How the writer's connection is set up, for a floor that measures SQLite alone with the
 /// same settings (`benches/hot_path.rs`).

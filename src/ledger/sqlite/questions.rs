@@ -4,6 +4,7 @@
 
 use async_trait::async_trait;
 
+use crate::ids::TraceId;
 use crate::ledger::prelude::*;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
@@ -41,7 +42,7 @@ pub struct StoredQuestion {
     pub id: String,
     pub op_id: String,
     pub envelope_id: i64,
-    pub trace_id: String,
+    pub trace_id: TraceId,
     pub sent_chat_id: i64,
     pub sent_at: String,
     pub sent_text: String,

@@ -19,7 +19,7 @@ use chrono::SecondsFormat;
 
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{LedgerResult, SqliteLedger, now};
-use crate::ids::AgentName;
+use crate::ids::{AgentName, TraceId};
 use crate::telegram::envelope::Reaction;
 use rusqlite::OptionalExtension;
 
@@ -37,7 +37,7 @@ pub struct StoredReaction {
     pub id: i64,
     pub agent: String,
     /// The envelope the reacted message answered.
-    pub trace_id: String,
+    pub trace_id: TraceId,
     pub chat_id: i64,
     pub message_id: i64,
     pub user_id: Option<i64>,
@@ -83,7 +83,7 @@ pub(super) fn answered_by_bot_message(
     db: &rusqlite::Connection,
     chat_id: i64,
     message_id: i64,
-) -> rusqlite::Result<Option<(String, String)>> {
+) -> rusqlite::Result<Option<(TraceId, String)>> {
     query_row_cached(
         db,
         "SELECT e.trace_id, a.agent FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
@@ -100,7 +100,7 @@ pub(super) fn quoted_trace_id(
     db: &rusqlite::Connection,
     chat_id: i64,
     message_id: i64,
-) -> rusqlite::Result<Option<String>> {
+) -> rusqlite::Result<Option<TraceId>> {
     let recorded = query_row_cached(
         db,
         "SELECT trace_id FROM envelopes WHERE chat_id = ? AND message_id = ? AND update_id IS NOT NULL \
@@ -116,7 +116,7 @@ pub(super) fn quoted_trace_id(
 }
 
 /// Why a reaction reaches no agent, or `None` when it is addressed to one.
-fn ignored_because(reaction: &Reaction, answered: Option<&(String, String)>) -> Option<&'static str> {
+fn ignored_because(reaction: &Reaction, answered: Option<&(TraceId, String)>) -> Option<&'static str> {
     if reaction.emoji.is_empty() {
         Some("reaction removed: none is set now")
     } else if answered.is_none() {

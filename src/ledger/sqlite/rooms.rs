@@ -18,7 +18,7 @@ use super::in_place::{
     execute_cached, optional_json, optional_text_enum, query_all_cached, query_row_cached, text_enum,
 };
 use super::{EnvelopeState, LedgerError, LedgerResult, SqliteLedger, StoredEnvelope, now};
-use crate::ids::{AgentName, TraceId};
+use crate::ids::{AgentName, CascadeId, TraceId};
 use crate::rules::turns::{Cascade, CascadeState, Outcome};
 
 /// The `state` column of a cascade: `waiting` behind the room's running exchange, then the
@@ -103,12 +103,12 @@ impl TurnEnding {
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredCascade {
     pub id: i64,
-    pub cascade_id: String,
+    pub cascade_id: CascadeId,
     pub route: String,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub message_envelope_id: i64,
-    pub message_trace_id: String,
+    pub message_trace_id: TraceId,
     pub message_id: i64,
     pub state: RoomCascadeState,
     /// The serialised [`Cascade`]; [`StoredCascade::cascade`] reads it.
@@ -177,7 +177,7 @@ pub struct StoredTurn {
     pub agent: String,
     pub summoned_by: String,
     pub envelope_id: i64,
-    pub envelope_trace_id: String,
+    pub envelope_trace_id: TraceId,
     pub envelope_state: EnvelopeState,
     pub started_at: String,
     pub reply_text: Option<String>,
@@ -217,7 +217,7 @@ pub struct StoredPost {
     pub id: i64,
     pub key: String,
     pub envelope_id: i64,
-    pub envelope_trace_id: String,
+    pub envelope_trace_id: TraceId,
     pub route: String,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
@@ -374,8 +374,8 @@ impl Rooms for SqliteLedger {
         self.read_in_place(|db| query_all_cached(db, sql, [], StoredEnvelope::from_row)).await
     }
 
-    async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<String>> {
-        let cascade_id = format!("cas_{}", &TraceId::generate().as_str()[4..]);
+    async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<CascadeId>> {
+        let cascade_id = CascadeId::generate();
         let json =
             serde_json::to_string(new.cascade).map_err(|e| LedgerError::encoding("a room's cascade", e))?;
         let note = note.replace("{cascade}", &cascade_id);
@@ -540,7 +540,7 @@ impl Rooms for SqliteLedger {
         self.read_in_place(|db| query_all_cached(db, sql, [], |row| row.get(0))).await
     }
 
-    async fn cascade(&self, cascade_id: &str) -> LedgerResult<Option<StoredCascade>> {
+    async fn cascade(&self, cascade_id: &CascadeId) -> LedgerResult<Option<StoredCascade>> {
         let sql = concat!(cascade_select!(), "WHERE c.cascade_id = ?");
         self.read_in_place(|db| query_row_cached(db, sql, [cascade_id], StoredCascade::from_row).optional())
             .await

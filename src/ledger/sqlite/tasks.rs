@@ -20,7 +20,7 @@ use serde_json::json;
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{EnvelopeKind, EnvelopeState, LedgerError, LedgerResult, RoutedEnvelope, SqliteLedger, now};
-use crate::ids::{AgentName, TraceId, random_suffix};
+use crate::ids::{AgentName, TaskId, TraceId};
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
 };
@@ -142,7 +142,7 @@ pub enum TaskEffect {
     Say(BotPost),
     /// A `pause` or `resume` notice to the agent, about its latest pending envelope of the
     /// task.
-    Notice { agent: String, trace_id: String, kind: ChangeKind, task_id: String, revision: u32 },
+    Notice { agent: String, trace_id: TraceId, kind: ChangeKind, task_id: TaskId, revision: u32 },
     /// An envelope was queued for this agent (a child's revision envelope).
     Wake(String),
     /// A change was recorded (for the metrics).
@@ -154,7 +154,7 @@ pub enum TaskEffect {
 pub struct BotPost {
     /// The envelope it is about (its attempts are recorded against it, as audit).
     pub envelope_id: i64,
-    pub trace_id: String,
+    pub trace_id: TraceId,
     pub agent: String,
     pub route: String,
     pub chat_id: i64,
@@ -194,7 +194,7 @@ pub enum DeclareError {
 #[derive(Debug, Clone)]
 struct Carrier {
     id: i64,
-    trace_id: String,
+    trace_id: TraceId,
     message_id: Option<i64>,
     chat_id: i64,
     thread_id: Option<i64>,
@@ -235,9 +235,9 @@ fn belongs_to_a_task(routed: &RoutedEnvelope) -> bool {
 #[derive(Debug, Default)]
 pub(super) struct BatchTasks {
     /// Per row of the batch: the task and revision it is stored with.
-    pub tags: Vec<Option<(String, i64)>>,
+    pub tags: Vec<Option<(TaskId, i64)>>,
     /// Tasks the batch starts: the task id and the row that starts it.
-    starts: Vec<(String, usize)>,
+    starts: Vec<(TaskId, usize)>,
     /// Rows for [`take_in`], in order.
     later: Vec<usize>,
 }
@@ -262,7 +262,7 @@ pub(super) fn plan_batch(
     bot_username: Option<&str>,
 ) -> rusqlite::Result<BatchTasks> {
     let mut plan = BatchTasks { tags: vec![None; batch.len()], ..BatchTasks::default() };
-    let mut current: HashMap<Conversation, (String, i64)> = HashMap::new();
+    let mut current: HashMap<Conversation, (TaskId, i64)> = HashMap::new();
     let mut one_by_one: HashSet<Conversation> = HashSet::new();
     for (index, routed) in batch.iter().enumerate() {
         let Some(agent) = routed.agent.as_ref().filter(|_| belongs_to_a_task(routed)) else { continue };
@@ -283,7 +283,7 @@ pub(super) fn plan_batch(
             // A message after `/cancel` is new work, not part of the task being stopped.
             Some((task_id, revision, TaskState::Open | TaskState::Paused)) => (task_id, revision),
             _ => {
-                let task_id = new_task_id();
+                let task_id = TaskId::generate();
                 plan.starts.push((task_id.clone(), index));
                 (task_id, 1)
             }
@@ -335,10 +335,6 @@ pub(super) fn record_batch_tasks(
     Ok(effects)
 }
 
-fn new_task_id() -> String {
-    format!("task_{}", random_suffix(8))
-}
-
 /// The sender as the lineage names them: @username, else their name.
 fn sender_of(routed: &RoutedEnvelope) -> String {
     let sender = &routed.envelope.sender;
@@ -349,7 +345,7 @@ fn carrier_of(routed: &RoutedEnvelope, id: i64) -> Carrier {
     let e = &routed.envelope;
     Carrier {
         id,
-        trace_id: e.trace_id.to_string(),
+        trace_id: e.trace_id.clone(),
         message_id: Some(i64::from(e.message_id)),
         chat_id: e.channel.chat_id,
         thread_id: e.channel.thread_id.map(i64::from),
@@ -498,8 +494,8 @@ fn latest_task(
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
-) -> rusqlite::Result<Option<(String, i64, TaskState)>> {
-    let latest: Option<(i64, String, i64, TaskState)> = query_row_cached(
+) -> rusqlite::Result<Option<(TaskId, i64, TaskState)>> {
+    let latest: Option<(i64, TaskId, i64, TaskState)> = query_row_cached(
         db,
         "SELECT id, task_id, revision, state FROM tasks WHERE chat_id = ?1 AND agent = ?2 AND thread_id IS ?3 \
          ORDER BY id DESC LIMIT 1",
@@ -542,8 +538,8 @@ fn start_task(
     predecessor: Option<&str>,
     source: Source,
     actor: &str,
-) -> rusqlite::Result<String> {
-    let task_id = new_task_id();
+) -> rusqlite::Result<TaskId> {
+    let task_id = TaskId::generate();
     insert_task(db, &task_id, carrier, objective, predecessor, source, actor)?;
     tag(db, carrier.id, &task_id, 1)?;
     Ok(task_id)
@@ -727,14 +723,14 @@ fn apply_change(
         ChangeKind::Pause | ChangeKind::Resume => latest_pending(db, task_id, carrier.id)?,
         _ => None,
     };
-    let successor_id = if kind == ChangeKind::NewObjective { new_task_id() } else { String::new() };
+    let successor_id = TaskId::generate();
     let plan = plan::plan_change(&ChangeContext {
         task,
         change,
         rewrite: carrier.rewrite,
         old_instruction: old_instruction.as_deref(),
         open_handoffs: &open_handoffs,
-        latest_pending: latest_pending.as_deref(),
+        latest_pending: latest_pending.as_ref(),
         successor_id: &successor_id,
     });
     let mut effects = vec![TaskEffect::Recorded(kind)];
@@ -755,7 +751,7 @@ fn apply_change(
             agent: task.agent.clone(),
             trace_id: about,
             kind,
-            task_id: task_id.to_owned(),
+            task_id: task.task_id.clone(),
             revision: plan.revision,
         });
     }
@@ -909,7 +905,11 @@ fn supersede(
     Ok(())
 }
 
-fn latest_pending(db: &rusqlite::Connection, task_id: &str, except: i64) -> rusqlite::Result<Option<String>> {
+fn latest_pending(
+    db: &rusqlite::Connection,
+    task_id: &str,
+    except: i64,
+) -> rusqlite::Result<Option<TraceId>> {
     query_row_cached(
         db,
         "SELECT trace_id FROM envelopes WHERE task_id = ? AND state = 'pending' AND id <> ? ORDER BY id DESC LIMIT 1",
@@ -987,7 +987,7 @@ impl Tasks for SqliteLedger {
     async fn declare_revision(
         &self,
         agent: &AgentName,
-        trace_id: &str,
+        trace_id: &TraceId,
         kind: ChangeKind,
         summary: &str,
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
@@ -1015,10 +1015,10 @@ impl Tasks for SqliteLedger {
                 .optional()?;
                 let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
                 else {
-                    return Ok(Err(DeclareError::NotPending(trace_id.to_owned())));
+                    return Ok(Err(DeclareError::NotPending(trace_id.to_string())));
                 };
                 let (Some(task_id), Some(revision)) = (task_id, revision) else {
-                    return Ok(Err(DeclareError::NoTask(trace_id.to_owned())));
+                    return Ok(Err(DeclareError::NoTask(trace_id.to_string())));
                 };
                 // A task is written with the envelope that starts it: one missing is an error.
                 let task = stored_task(db, &task_id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
@@ -1034,7 +1034,7 @@ impl Tasks for SqliteLedger {
                 }
                 let carrier = Carrier {
                     id,
-                    trace_id: trace_id.to_owned(),
+                    trace_id: trace_id.clone(),
                     message_id: Some(message_id),
                     chat_id,
                     thread_id,
@@ -1070,11 +1070,11 @@ impl Tasks for SqliteLedger {
         // task's next revision.
         let revision = if kind == ChangeKind::NewObjective { 1 } else { task.revision() + 1 };
         let declared =
-            DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_owned(), next };
+            DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_string(), next };
         Ok((declared, effects))
     }
 
-    async fn task_state(&self, task_id: &str) -> LedgerResult<Option<String>> {
+    async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<String>> {
         self.read_in_place(|db| {
             query_row_cached(db, "SELECT state FROM tasks WHERE task_id = ?", [task_id], |row| row.get(0))
                 .optional()
@@ -1082,7 +1082,7 @@ impl Tasks for SqliteLedger {
         .await
     }
 
-    async fn task(&self, task_id: &str) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
+    async fn task(&self, task_id: &TaskId) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
         // A task that has finished says so, as it would to the next message.
         self.execute_in_place(concat!(close_if_finished!(), "AND task_id = ?2"), (now(), task_id)).await?;
         self.read_in_place(|db| {
@@ -1109,7 +1109,7 @@ impl Tasks for SqliteLedger {
         .await
     }
 
-    async fn mark_task_stopped(&self, task_id: &str, reason: &str) -> Result<(), DeclareTaskError> {
+    async fn mark_task_stopped(&self, task_id: &TaskId, reason: &str) -> Result<(), DeclareTaskError> {
         // A refusal commits the transaction with nothing written in it.
         let marked = self
             .write_in_place(|db| {

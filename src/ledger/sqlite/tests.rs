@@ -102,7 +102,7 @@ async fn audit_rows_keep_their_note_and_raw_update_and_states_kinds_are_stored_b
     );
     assert_eq!(rows[0].kind, EnvelopeKind::Unknown);
     assert_eq!(rows[1].note.as_deref(), Some("service message: pinned_message"));
-    let trace_id = undecodable.envelope.trace_id.as_str();
+    let trace_id = &undecodable.envelope.trace_id;
     assert_eq!(ledger.raw_update(trace_id).await.unwrap(), undecodable.raw_update);
     assert_eq!(ledger.raw_update(&rows[1].trace_id).await.unwrap(), None);
     // The columns hold the names `as_str` gives, which the CLI and SQL filters use.
@@ -142,10 +142,10 @@ async fn the_intake_migration_keeps_every_row_and_reference() {
     db.execute_batch(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
-         ('env_old1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
-         ('env_old2', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', 't', 't', 'pending', 1, 't'); \
+         ('env_old1xxxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
+         ('env_old2xxxxxx', 11, 'edited_message', 42, 'private', 1, 'Ann', 'hi!', 't', 't', 'pending', 1, 't'); \
          INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
-         VALUES ('op_1', 1, 'orch', 42, 0, 1, 'hello', 'sent', 't'); \
+         VALUES ('op_1xxxxxxxxx', 1, 'orch', 42, 0, 1, 'hello', 'sent', 't'); \
          INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) VALUES (1, 't', 'pending', 'acked', 'daemon');",
     )
     .unwrap();
@@ -156,8 +156,8 @@ async fn the_intake_migration_keeps_every_row_and_reference() {
     assert_eq!(
         rows.iter().map(|e| (e.id, e.trace_id.as_str(), e.kind, e.state)).collect::<Vec<_>>(),
         [
-            (1, "env_old1", EnvelopeKind::Message, EnvelopeState::Acked),
-            (2, "env_old2", EnvelopeKind::EditedMessage, EnvelopeState::Pending)
+            (1, "env_old1xxxxxx", EnvelopeKind::Message, EnvelopeState::Acked),
+            (2, "env_old2xxxxxx", EnvelopeKind::EditedMessage, EnvelopeState::Pending)
         ]
     );
     assert_eq!(ledger.attempts_for(1).await.unwrap().len(), 1);
@@ -369,8 +369,10 @@ async fn no_check_builds_a_temporary_tree() {
             [trace_id, kind, state],
         )
     };
-    insert("env_ok", "message", "queued").unwrap();
-    for (trace_id, kind, state) in [("env_kind", "telegram", "queued"), ("env_state", "message", "lost")] {
+    insert("env_okxxxxxxxx", "message", "queued").unwrap();
+    for (trace_id, kind, state) in
+        [("env_kindxxxxxx", "telegram", "queued"), ("env_statexxxxx", "message", "lost")]
+    {
         let error = insert(trace_id, kind, state).unwrap_err();
         assert!(error.to_string().contains("CHECK constraint failed"), "{error}");
     }
@@ -385,8 +387,8 @@ async fn ids_are_not_reused_without_autoincrement() {
     db.execute(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
-         ('env_old1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
-         ('env_old2', 11, 'message', 42, 'private', 2, 'Ann', 'hi!', 't', 't', 'acked', 1, 't')",
+         ('env_old1xxxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
+         ('env_old2xxxxxx', 11, 'message', 42, 'private', 2, 'Ann', 'hi!', 't', 't', 'acked', 1, 't')",
         [],
     )
     .unwrap();
@@ -422,7 +424,7 @@ async fn ids_are_not_reused_without_autoincrement() {
         .collect::<rusqlite::Result<_>>()
         .unwrap();
     assert_eq!(ids.iter().map(|(id, _)| *id).collect::<Vec<_>>(), [1, 2, 3]);
-    assert_eq!(&ids[..2], [(1, "env_old1".to_owned()), (2, "env_old2".to_owned())]);
+    assert_eq!(&ids[..2], [(1, "env_old1xxxxxx".to_owned()), (2, "env_old2xxxxxx".to_owned())]);
     let attempt_envelope: i64 =
         db.query_row("SELECT envelope_id FROM attempts", [], |row| row.get(0)).unwrap();
     assert_eq!(attempt_envelope, 3);
@@ -528,8 +530,8 @@ fn ledger_made_by_sqlx(dir: &std::path::Path) -> std::path::PathBuf {
     db.execute_batch(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, chat_type, message_id, sender_name, content, \
          sent_at, received_at, state, deliveries, state_changed_at) VALUES \
-         ('env_sqlx1', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
-         ('env_sqlx2', 11, 'message', 42, 'private', 2, 'Ann', 'still there?', 't', 't', 'queued', 0, 't'); \
+         ('env_sqlx1xxxxx', 10, 'message', 42, 'private', 1, 'Ann', 'hi', 't', 't', 'acked', 1, 't'), \
+         ('env_sqlx2xxxxx', 11, 'message', 42, 'private', 2, 'Ann', 'still there?', 't', 't', 'queued', 0, 't'); \
          INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (7, 12, 't');",
     )
     .unwrap();
@@ -562,16 +564,19 @@ async fn a_ledger_migrated_by_sqlx_opens_with_its_data_and_no_migration_runs_aga
     let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(
         rows.iter().map(|e| (e.trace_id.as_str(), e.state)).collect::<Vec<_>>(),
-        [("env_sqlx1", EnvelopeState::Acked), ("env_sqlx2", EnvelopeState::Queued)]
+        [("env_sqlx1xxxxx", EnvelopeState::Acked), ("env_sqlx2xxxxx", EnvelopeState::Queued)]
     );
     assert_eq!(ledger.next_offset(7).await.unwrap(), Some(12));
     // The ledger works on: the queued envelope is claimed, and a new batch goes after it.
     let orch = AgentName::parse("orch").unwrap();
     ledger
-        .execute_in_place("UPDATE envelopes SET agent = 'orch' WHERE trace_id = 'env_sqlx2'", [])
+        .execute_in_place("UPDATE envelopes SET agent = 'orch' WHERE trace_id = 'env_sqlx2xxxxx'", [])
         .await
         .unwrap();
-    assert_eq!(ledger.claim_next_queued(&orch).await.unwrap().map(|e| e.trace_id), Some("env_sqlx2".into()));
+    assert_eq!(
+        ledger.claim_next_queued(&orch).await.unwrap().map(|e| e.trace_id),
+        Some("env_sqlx2xxxxx".into())
+    );
     ledger.record_batch(7, 13, &[routed(12, EnvelopeState::Queued)]).await.unwrap();
     ledger.close().await;
     drop(ledger);

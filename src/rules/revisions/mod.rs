@@ -7,6 +7,8 @@
 
 use std::fmt;
 
+use crate::ids::TaskId;
+
 pub mod plan;
 pub mod task;
 pub mod texts;
@@ -145,7 +147,7 @@ pub fn parse_command(text: &str, bot_username: &str) -> Option<Command> {
 /// The conversation's open task, as far as classification needs it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OpenTask {
-    pub task_id: String,
+    pub task_id: TaskId,
     pub revision: u32,
     pub state: TaskState,
     /// Telegram ids of the messages that started the task or one of its revisions: an
@@ -226,7 +228,7 @@ pub fn classify(update: HumanUpdate<'_>, open: Option<&OpenTask>, bot_username: 
 /// The task an outbound action acts for, at the moment it would go out.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaskNow {
-    pub task_id: String,
+    pub task_id: TaskId,
     pub revision: u32,
     pub state: TaskState,
     /// The last change of the instruction (a correction or a new objective), if any.
@@ -249,11 +251,11 @@ pub enum Refusal {
         "superseded: {task_id} is at revision {current} ({change} since this envelope's revision {acted_on}); \
          nothing was sent. Act on {act_on} instead"
     )]
-    Superseded { task_id: String, acted_on: u32, current: u32, change: ChangeKind, act_on: String },
+    Superseded { task_id: TaskId, acted_on: u32, current: u32, change: ChangeKind, act_on: String },
     #[error("paused: {task_id} is paused; nothing was sent. Wait for the resume notice")]
-    Paused { task_id: String },
+    Paused { task_id: TaskId },
     #[error("cancelled: {task_id} was cancelled ({state}); nothing was sent. Ack the cancel envelope")]
-    Cancelled { task_id: String, state: TaskState },
+    Cancelled { task_id: TaskId, state: TaskState },
 }
 
 impl Refusal {
@@ -324,7 +326,7 @@ mod tests {
     const BOT: &str = "switchboard_bot";
 
     fn open(state: TaskState) -> OpenTask {
-        OpenTask { task_id: "task_7".into(), revision: 2, state, instruction_messages: vec![10, 14] }
+        OpenTask { task_id: "task_77777777".into(), revision: 2, state, instruction_messages: vec![10, 14] }
     }
 
     #[test]
@@ -411,7 +413,7 @@ mod tests {
 
     fn now(revision: u32, state: TaskState, change: Option<(ChangeKind, u32)>) -> TaskNow {
         TaskNow {
-            task_id: "task_7".into(),
+            task_id: "task_77777777".into(),
             revision,
             state,
             instruction_change: change.map(|(kind, revision)| InstructionChange {

@@ -8,6 +8,7 @@ use serde_json::{Value, json};
 use super::task::Task;
 use super::texts::{self, RevisionChange};
 use super::{ChangeKind, Command, Meaning, TaskState, parse_command};
+use crate::ids::{TaskId, TraceId};
 
 /// Who made a change, and how.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,9 +133,9 @@ pub struct ChangeContext<'a> {
     pub open_handoffs: &'a [OpenHandoff],
     /// The task's latest pending envelope other than the carrier: a pause's or resume's
     /// notice to the agent is about it.
-    pub latest_pending: Option<&'a str>,
+    pub latest_pending: Option<&'a TraceId>,
     /// The id a new objective's successor gets (ids are minted by the ledger).
-    pub successor_id: &'a str,
+    pub successor_id: &'a TaskId,
 }
 
 /// The writes a change makes, in the transaction that records it as revision `revision`.
@@ -150,7 +151,7 @@ pub struct ChangePlan {
     pub task: TaskWrite,
     pub carrier: CarrierWrite,
     /// The pending envelope a pause or resume notice to the agent is about.
-    pub notice_about: Option<String>,
+    pub notice_about: Option<TraceId>,
     /// What the bot answers in the conversation.
     pub acknowledgement: String,
 }
@@ -171,7 +172,7 @@ pub enum TaskWrite {
     /// The carrier holds the instruction now.
     Corrected,
     /// A successor task takes over, with the carrier as its first envelope.
-    Replaced { successor: String, objective: String },
+    Replaced { successor: TaskId, objective: String },
     /// Paused, or running again.
     State(TaskState),
     /// The change's actor asked it to stop; it is stopped once the agent acks the carrier.
@@ -183,7 +184,7 @@ pub enum TaskWrite {
 pub enum CarrierWrite {
     /// Tagged with the task and revision it now belongs to and the change's meta; a
     /// human's command or edit (`content`) becomes the `revision` envelope the agent acts on.
-    Carry { task_id: String, revision: u32, meta: Value, content: Option<String> },
+    Carry { task_id: TaskId, revision: u32, meta: Value, content: Option<String> },
     /// Settled by the switchboard: never work for the agent.
     Settle { note: String },
 }
@@ -226,7 +227,7 @@ pub fn plan_change(context: &ChangeContext<'_>) -> ChangePlan {
                 content(task_id, revision, RevisionChange::Correction { new, old: old_instruction });
             (
                 TaskWrite::Corrected,
-                CarrierWrite::Carry { task_id: task_id.to_owned(), revision, meta, content },
+                CarrierWrite::Carry { task_id: task.task_id.clone(), revision, meta, content },
             )
         }
         ChangeKind::NewObjective => {
@@ -240,8 +241,8 @@ pub fn plan_change(context: &ChangeContext<'_>) -> ChangePlan {
             let content =
                 content(successor_id, 1, RevisionChange::NewObjective { objective, replacing: task_id });
             (
-                TaskWrite::Replaced { successor: successor_id.to_owned(), objective: objective.to_owned() },
-                CarrierWrite::Carry { task_id: successor_id.to_owned(), revision: 1, meta, content },
+                TaskWrite::Replaced { successor: successor_id.clone(), objective: objective.to_owned() },
+                CarrierWrite::Carry { task_id: successor_id.clone(), revision: 1, meta, content },
             )
         }
         ChangeKind::Pause | ChangeKind::Resume => {
@@ -256,12 +257,12 @@ pub fn plan_change(context: &ChangeContext<'_>) -> ChangePlan {
             let content = content(task_id, revision, RevisionChange::Cancel { by: change.actor });
             (
                 TaskWrite::StopRequested,
-                CarrierWrite::Carry { task_id: task_id.to_owned(), revision, meta, content },
+                CarrierWrite::Carry { task_id: task.task_id.clone(), revision, meta, content },
             )
         }
     };
     let notice_about = match kind {
-        ChangeKind::Pause | ChangeKind::Resume => latest_pending.map(str::to_owned),
+        ChangeKind::Pause | ChangeKind::Resume => latest_pending.cloned(),
         _ => None,
     };
     ChangePlan {
@@ -281,7 +282,7 @@ mod tests {
 
     fn task(state: TaskState) -> Task {
         Task {
-            task_id: "task_a".into(),
+            task_id: "task_aaaaaaaa".into(),
             chat_id: 1,
             thread_id: None,
             agent: "orchestrator".into(),
@@ -323,8 +324,8 @@ mod tests {
             rewrite,
             old_instruction: Some("write the report"),
             open_handoffs: handoffs,
-            latest_pending: Some("env_pending"),
-            successor_id: "task_b",
+            latest_pending: Some(&"env_pendingaaa".into()),
+            successor_id: &"task_bbbbbbbb".into(),
         })
     }
 
@@ -334,7 +335,7 @@ mod tests {
         let correction = change(ChangeKind::Correction, Some("write the summary"));
         let plan = plan(&task, &correction, true, &[handoff()]);
         assert_eq!(plan.revision, 3);
-        assert!(plan.supersede.as_deref().is_some_and(|why| why.contains("task_a revision 3")));
+        assert!(plan.supersede.as_deref().is_some_and(|why| why.contains("task_aaaaaaaa revision 3")));
         assert_eq!(plan.task, TaskWrite::Corrected);
         assert_eq!(plan.retired_handoffs.len(), 1);
         assert_eq!(plan.retired_handoffs[0].to_agent, "researcher");
@@ -345,7 +346,7 @@ mod tests {
         let CarrierWrite::Carry { task_id, revision, meta, content } = &plan.carrier else {
             panic!("{plan:?}")
         };
-        assert_eq!((task_id.as_str(), *revision), ("task_a", 3));
+        assert_eq!((task_id.as_str(), *revision), ("task_aaaaaaaa", 3));
         assert_eq!(meta["old_text"], "write the report");
         assert_eq!(meta["superseded_handoffs"], "hof_1");
         let content = content.as_deref().unwrap();
@@ -368,12 +369,12 @@ mod tests {
         let plan = plan(&task, &change(ChangeKind::NewObjective, Some("do this instead")), true, &[]);
         assert_eq!(
             plan.task,
-            TaskWrite::Replaced { successor: "task_b".into(), objective: "do this instead".into() }
+            TaskWrite::Replaced { successor: "task_bbbbbbbb".into(), objective: "do this instead".into() }
         );
         let CarrierWrite::Carry { task_id, revision, meta, .. } = &plan.carrier else { panic!() };
-        assert_eq!((task_id.as_str(), *revision), ("task_b", 1));
-        assert_eq!(meta["predecessor"], "task_a");
-        assert!(plan.acknowledgement.contains("task_b"), "{}", plan.acknowledgement);
+        assert_eq!((task_id.as_str(), *revision), ("task_bbbbbbbb", 1));
+        assert_eq!(meta["predecessor"], "task_aaaaaaaa");
+        assert!(plan.acknowledgement.contains("task_bbbbbbbb"), "{}", plan.acknowledgement);
     }
 
     #[test]
@@ -385,7 +386,7 @@ mod tests {
             assert!(matches!(plan.carrier, CarrierWrite::Settle { .. }), "{plan:?}");
             assert_eq!(plan.supersede, None);
             assert!(plan.retired_handoffs.is_empty(), "a pause leaves handoffs standing");
-            assert_eq!(plan.notice_about.as_deref(), Some("env_pending"));
+            assert_eq!(plan.notice_about.as_deref(), Some("env_pendingaaa"));
         }
     }
 

@@ -3,11 +3,12 @@
 //! texts take it as it is.
 
 use super::{ChangeKind, InstructionChange, TaskNow, TaskState};
+use crate::ids::TaskId;
 
 /// A task: a conversation's unit of work and where it stands (DESIGN.md §11).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Task {
-    pub task_id: String,
+    pub task_id: TaskId,
     pub chat_id: i64,
     pub thread_id: Option<i64>,
     pub agent: String,

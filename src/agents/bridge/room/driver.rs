@@ -32,7 +32,7 @@ use crate::agents::api::wire::DeliveredNotice;
 use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
 use crate::config::RoomSettings;
-use crate::ids::{AgentName, RouteName, TraceId};
+use crate::ids::{AgentName, CascadeId, RouteName, TraceId};
 use crate::ledger::{
     AttemptPurpose, CascadeUpdate, EnvelopeKind, EnvelopeState, NewCascade, NewPost, ReplyVerdict, RoomStep,
     StoredCascade, StoredEnvelope, StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen, now,
@@ -114,7 +114,7 @@ pub struct RoomDriver {
     /// Routes with exchanges that are no room in the configuration, reported once each.
     reported_missing: HashSet<String>,
     /// Exchanges whose stored state cannot be read, reported once each.
-    reported_damaged: HashSet<String>,
+    reported_damaged: HashSet<CascadeId>,
 }
 
 impl Bridge {
@@ -429,13 +429,13 @@ impl RoomDriver {
             room.route, turn.speaker, turn.envelope_trace_id
         );
         let extra = BTreeMap::from([
-            ("cascade_id".to_owned(), stored.cascade_id.clone()),
+            ("cascade_id".to_owned(), stored.cascade_id.to_string()),
             ("stopped_by".to_owned(), by.to_owned()),
             ("route".to_owned(), room.route.to_string()),
             ("speaker".to_owned(), turn.speaker.to_string()),
         ]);
         let notice = DeliveredNotice {
-            trace_id: turn.envelope_trace_id.clone(),
+            trace_id: turn.envelope_trace_id.to_string(),
             kind: "stop".into(),
             content,
             ts: now(),

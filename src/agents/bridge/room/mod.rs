@@ -98,7 +98,7 @@ impl Bridge {
             return Ok(meta);
         };
         let cascade_limit = stored.cascade().map(|c| c.cascade_limit().get().to_string()).unwrap_or_default();
-        meta.insert("cascade_id".to_owned(), stored.cascade_id.clone());
+        meta.insert("cascade_id".to_owned(), stored.cascade_id.to_string());
         meta.insert("speaker".to_owned(), turn.speaker.to_string());
         meta.insert("cascade_limit".to_owned(), cascade_limit);
         meta.insert("max_iters".to_owned(), stored.max_iters.to_string());

@@ -71,7 +71,7 @@ impl Bridge {
         // outcome. Driven by a task of its own, so it happens however the caller fares.
         let bridge = self.clone();
         let turn_id = turn.id;
-        let room = RoomReply { cascade_id: cascade.cascade_id, speaker, posted_as };
+        let room = RoomReply { cascade_id: cascade.cascade_id.to_string(), speaker, posted_as };
         let observed: RunningReply = async move {
             let outcome = running.await;
             if let Err(ToolError::NotSent { .. }) = &outcome {
