@@ -47,7 +47,11 @@ impl TestSchema {
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}"))).execute(&mut admin).await.unwrap();
         let base = server_url();
         let separator = if base.contains('?') { '&' } else { '?' };
-        let url = format!("{base}{separator}options=-c%20search_path%3D{name}");
+        // Commits not waiting for the server's fsync: durability is not what these tests
+        // check, and their syncs would compete with the SQLite tests' that run beside them
+        // (the checkpointer's WAL bound is timed).
+        let url =
+            format!("{base}{separator}options=-c%20search_path%3D{name}%20-c%20synchronous_commit%3Doff");
         Self { name, url }
     }
 
