@@ -11,9 +11,8 @@
 //!
 //! Printed: the machine's load average (it is shared, and timings move with it), rows
 //! removed, time taken, how long each batch held the write lock and of that its commit
-//! alone, how long each checkpoint the prune ran between its batches took (off the write
-//! lock), the file's bytes and free pages before and after, and the live writer's longest
-//! pause, each beside its goal. Run it with `cargo bench --bench prune`;
+//! alone (which is where SQLite runs an automatic checkpoint), the file's bytes and free
+//! pages before and after, and the live writer's longest pause, each beside its goal. Run it with `cargo bench --bench prune`;
 //! `SWITCHBOARD_BENCH_QUICK=1` makes a smoke run of a few seconds, and
 //! `SWITCHBOARD_BENCH_ENVELOPES` sets the number of envelopes.
 
@@ -100,14 +99,6 @@ async fn run(envelopes: usize, quick: bool) {
         ms(percentile(&mut commits, 0.50)),
         ms(percentile(&mut commits, 0.99)),
         ms(commits.iter().copied().max().unwrap_or_default())
-    );
-    let mut checkpoints = report.checkpoints.clone();
-    println!(
-        "  checkpoints (between batches, not holding the writer): {}, p50 {}, p99 {}, longest {}",
-        checkpoints.len(),
-        ms(percentile(&mut checkpoints, 0.50)),
-        ms(percentile(&mut checkpoints, 0.99)),
-        ms(checkpoints.iter().copied().max().unwrap_or_default())
     );
     println!(
         "  live writer:            {} writes, p50 {}, p99 {}, longest pause {} (goal ≤ {} ms)",

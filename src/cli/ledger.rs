@@ -394,13 +394,6 @@ fn print_prune_report(report: &PruneReport, dry_run: bool) {
         report.took.as_secs_f64(),
         report.longest_batch.as_secs_f64() * 1000.0
     );
-    if let Some(longest) = report.checkpoints.iter().max() {
-        println!(
-            "{} checkpoint(s) between the batches, off the writer; the longest took {:.1} ms",
-            report.checkpoints.len(),
-            longest.as_secs_f64() * 1000.0
-        );
-    }
     let (before, after) = (report.pages_before, report.pages_after);
     println!(
         "file: {} pages ({} bytes), {} free before; {} pages ({} bytes), {} free after",

@@ -28,7 +28,7 @@
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::Notify;
@@ -37,7 +37,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::in_place::{PAGE_CACHE_KIB, synchronous_pragma};
 use super::write_watch::{LedgerWrite, WriteWatch};
-use super::{BUSY_TIMEOUT, LedgerError, LedgerResult, SqliteLedger};
+use super::{BUSY_TIMEOUT, LedgerError, LedgerResult};
 use crate::config::Synchronous;
 
 /// How long commits may gather before they are checkpointed: a burst of them is copied at
@@ -214,99 +214,6 @@ async fn run(
             // after the next commits.
             let Some((db, _)) = on_blocking_thread(connection, mode).await else { break };
             connection = db;
-        }
-    }
-}
-
-/// SQLite's own `wal_autocheckpoint` when nothing sets it: the threshold, in pages, of
-/// the checkpoint it runs inside a commit.
-pub(super) const SQLITE_AUTOCHECKPOINT_PAGES: i64 = 1000;
-
-impl SqliteLedger {
-    /// Whether this ledger checkpoints on a task of its own (a daemon's), or leaves it to
-    /// SQLite (`switchboard ledger`).
-    pub(super) fn has_checkpointer(&self) -> bool {
-        self.checkpointer.is_some()
-    }
-
-    /// Sets the writer's automatic checkpoint threshold, in pages (0: none).
-    async fn set_writer_autocheckpoint(&self, pages: i64) -> LedgerResult<()> {
-        self.write_in_place(|db| db.pragma_update(None, "wal_autocheckpoint", pages)).await
-    }
-}
-
-/// The checkpoints of a long run of batches (a prune) on a ledger with no checkpointer:
-/// run between the batches, on a connection of their own, on a blocking thread, and timed,
-/// with the writer's automatic checkpoint off meanwhile. That one would run inside
-/// whichever commit brought the WAL past [`SQLITE_AUTOCHECKPOINT_PAGES`], copying back
-/// and syncing what every batch before it wrote.
-///
-/// A PASSIVE checkpoint never waits for a reader or a writer (a live daemon's commits go
-/// on beside it), and durability is what it was: each commit is in the WAL when it
-/// returns, and under `synchronous = normal` a power loss may take what was committed
-/// since the last checkpoint, now at most about [`CHECKPOINT_DELAY`] of batches.
-pub(super) struct BetweenBatches {
-    /// `None` while a checkpoint has it on a blocking thread (or after one was lost).
-    connection: Option<Connection>,
-    last: Instant,
-}
-
-impl BetweenBatches {
-    /// Opens the connection and turns the writer's automatic checkpoint off.
-    pub(super) async fn begin(ledger: &SqliteLedger) -> LedgerResult<Self> {
-        let (path, synchronous) = (ledger.writer.path().to_owned(), ledger.writer.synchronous());
-        let connection =
-            tokio::task::spawn_blocking(move || open(&path, synchronous)).await.map_err(|e| {
-                LedgerError::other(format!(
-                    "opening a connection for the prune's checkpoints was cut short: {e}"
-                ))
-            })??;
-        ledger.set_writer_autocheckpoint(0).await?;
-        Ok(Self { connection: Some(connection), last: Instant::now() })
-    }
-
-    /// After a batch: a checkpoint, if [`CHECKPOINT_DELAY`] has passed since the last one.
-    /// How long it took; `None` when none was due, or it failed (logged: what it did not
-    /// copy back stays in the WAL, for the next one).
-    pub(super) async fn after_batch(&mut self) -> Option<Duration> {
-        if self.last.elapsed() < CHECKPOINT_DELAY {
-            return None;
-        }
-        self.checkpoint().await
-    }
-
-    /// A last checkpoint, and the writer's automatic checkpoint back at SQLite's threshold.
-    pub(super) async fn end(mut self, ledger: &SqliteLedger) -> Option<Duration> {
-        let took = self.checkpoint().await;
-        if let Err(e) = ledger.set_writer_autocheckpoint(SQLITE_AUTOCHECKPOINT_PAGES).await {
-            tracing::warn!(error = %e, "could not turn the ledger writer's automatic checkpoint back on");
-        }
-        took
-    }
-
-    async fn checkpoint(&mut self) -> Option<Duration> {
-        let connection = self.connection.take()?;
-        let started = Instant::now();
-        let done = tokio::task::spawn_blocking(move || {
-            let checkpointed = checkpoint(&connection, Mode::Passive);
-            (connection, checkpointed)
-        })
-        .await;
-        self.last = Instant::now();
-        match done {
-            Ok((connection, Ok(_))) => {
-                self.connection = Some(connection);
-                Some(started.elapsed())
-            }
-            Ok((connection, Err(e))) => {
-                self.connection = Some(connection);
-                tracing::warn!(error = %e, "could not checkpoint the ledger's WAL between two batches of the prune");
-                None
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "a checkpoint between two batches of the prune did not finish");
-                None
-            }
         }
     }
 }

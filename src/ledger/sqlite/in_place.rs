@@ -127,15 +127,6 @@ impl Writer {
         Ok(Self { path: path.to_owned(), settings, connection: tokio::sync::Mutex::new(Some(connection)) })
     }
 
-    /// The database file it writes.
-    pub(super) fn path(&self) -> &Path {
-        &self.path
-    }
-
-    pub(super) fn synchronous(&self) -> Synchronous {
-        self.settings.synchronous
-    }
-
     /// Runs the read `work` on the writer's connection if no write holds it or waits for
     /// it; `None` (and `work` not run) otherwise. The writer's page cache holds what its
     /// last commits wrote, the newest rows a message's lookups are after, where a reader's

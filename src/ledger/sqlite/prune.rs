@@ -10,12 +10,6 @@
 //! Between two batches the prune pauses at least as long as the batch held the writer, so
 //! that another process's writes (a live daemon's, waiting out the lock with pauses of up
 //! to 50 ms, see `in_place::BusyWait`) always find it free again soon.
-//!
-//! A batch's commit only appends its pages to the WAL. Copying them back into the database
-//! (a checkpoint) happens apart from the batches: on a daemon's ledger its checkpointer
-//! does it; on a ledger with no checkpointer (`switchboard ledger prune`) the prune does,
-//! after a batch, at most every `checkpoint::CHECKPOINT_DELAY`, with SQLite's automatic
-//! checkpoint, which would run inside a commit, off meanwhile (`BetweenBatches`).
 
 use async_trait::async_trait;
 
@@ -27,7 +21,6 @@ use std::time::{Duration, Instant};
 use chrono::{DateTime, Utc};
 use rusqlite::OptionalExtension;
 
-use super::checkpoint::BetweenBatches;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger};
 use crate::ledger::EnvelopeState;
@@ -140,10 +133,6 @@ pub struct PruneReport {
     pub batch_holds: Vec<Duration>,
     /// Of each batch's hold, its commit alone, in order (none for a dry run).
     pub batch_commits: Vec<Duration>,
-    /// How long each checkpoint the prune ran between its batches took, in order: on a
-    /// ledger with no checkpointer of its own (`switchboard ledger prune`). A daemon's
-    /// prune leaves them to its checkpointer, and has none here.
-    pub checkpoints: Vec<Duration>,
     pub took: Duration,
     pub pages_before: Pages,
     pub pages_after: Pages,
@@ -189,20 +178,65 @@ impl Retention for SqliteLedger {
         let started = Instant::now();
         let cutoff = super::timestamp(finished_before);
         let mut report = PruneReport { pages_before: self.pages().await?, ..PruneReport::default() };
-        // Without a checkpointer, SQLite checkpoints inside whichever commit brings the
-        // WAL past its threshold: that batch's commit would also copy back, and sync, what
-        // the batches before it wrote. The prune checkpoints between its batches instead.
-        let mut checkpoints = match (dry_run, self.has_checkpointer()) {
-            (false, false) => Some(BetweenBatches::begin(self).await?),
-            _ => None,
-        };
-        let pruned = self.prune_in_batches(&cutoff, dry_run, &mut report, checkpoints.as_mut()).await;
-        if let Some(checkpoints) = checkpoints {
-            // The last batches' pages are copied back too, and the writer checkpoints as
-            // before, even after a batch failed.
-            report.checkpoints.extend(checkpoints.end(self).await);
+        // Envelopes stored after the prune began are newer than any cutoff in the past.
+        let last_id: i64 = self
+            .read_in_place(|db| {
+                query_row_cached(db, "SELECT COALESCE(MAX(id), 0) FROM envelopes", [], |r| r.get(0))
+            })
+            .await?;
+        let mut counted = AlreadyCounted::default();
+        let mut after = 0;
+        let mut batch_envelopes = BATCH_ENVELOPES;
+        while after < last_id {
+            let window = (after, after + batch_envelopes);
+            after += batch_envelopes;
+            // A window with nothing finished in it (a run of recent or open envelopes)
+            // costs a read, not a turn of the writer.
+            let anything = self.read_in_place(|db| any_finished(db, window, &cutoff)).await?;
+            if !anything {
+                continue;
+            }
+            let (removed, held) = if dry_run {
+                let held_from = Instant::now();
+                let doomed = self
+                    .read_in_place(|db| {
+                        let doomed = gather_and_decide(db, window, &cutoff)?;
+                        let new = counted.leave_out(&doomed);
+                        Ok((count_doomed(db, &new)?, new))
+                    })
+                    .await?;
+                counted.note(&doomed.1);
+                (doomed.0, held_from.elapsed())
+            } else {
+                let (mut lock_taken, mut deleted) = (None, None);
+                let removed = self
+                    .write_in_place(|db| {
+                        lock_taken = Some(Instant::now());
+                        let doomed = gather_and_decide(db, window, &cutoff)?;
+                        let removed = delete_doomed(db, &doomed);
+                        deleted = Some(Instant::now());
+                        removed
+                    })
+                    .await?;
+                let committed = Instant::now();
+                let since = |at: Option<Instant>| at.map(|at| committed - at).unwrap_or_default();
+                report.batch_commits.push(since(deleted));
+                (removed, since(lock_taken))
+            };
+            if removed.total() > 0 {
+                report.batches += 1;
+                if removed.envelopes > 0 {
+                    tracing::debug!(envelopes = removed.envelopes, up_to_id = window.1, "pruned a batch");
+                }
+            }
+            report.removed.add(&removed);
+            report.longest_batch = report.longest_batch.max(held);
+            report.batch_holds.push(held);
+            batch_envelopes = next_batch_envelopes(batch_envelopes, held);
+            tokio::time::sleep(held.max(MIN_PAUSE)).await;
         }
-        pruned?;
+        report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run).await?;
+        report.removed.reactions = self.prune_reactions(&cutoff, dry_run).await?;
         report.pages_after = self.pages().await?;
         report.took = started.elapsed();
         Ok(report)
@@ -224,81 +258,6 @@ impl Retention for SqliteLedger {
 }
 
 impl SqliteLedger {
-    /// The batches of [`Self::prune`], then the sessions and reactions: what they removed
-    /// and how long each held the writer go into `report`; after each batch,
-    /// `checkpoints` (when the prune runs them) may take one.
-    async fn prune_in_batches(
-        &self,
-        cutoff: &str,
-        dry_run: bool,
-        report: &mut PruneReport,
-        mut checkpoints: Option<&mut BetweenBatches>,
-    ) -> LedgerResult<()> {
-        // Envelopes stored after the prune began are newer than any cutoff in the past.
-        let last_id: i64 = self
-            .read_in_place(|db| {
-                query_row_cached(db, "SELECT COALESCE(MAX(id), 0) FROM envelopes", [], |r| r.get(0))
-            })
-            .await?;
-        let mut counted = AlreadyCounted::default();
-        let mut after = 0;
-        let mut batch_envelopes = BATCH_ENVELOPES;
-        while after < last_id {
-            let window = (after, after + batch_envelopes);
-            after += batch_envelopes;
-            // A window with nothing finished in it (a run of recent or open envelopes)
-            // costs a read, not a turn of the writer.
-            let anything = self.read_in_place(|db| any_finished(db, window, cutoff)).await?;
-            if !anything {
-                continue;
-            }
-            let (removed, held) = if dry_run {
-                let held_from = Instant::now();
-                let doomed = self
-                    .read_in_place(|db| {
-                        let doomed = gather_and_decide(db, window, cutoff)?;
-                        let new = counted.leave_out(&doomed);
-                        Ok((count_doomed(db, &new)?, new))
-                    })
-                    .await?;
-                counted.note(&doomed.1);
-                (doomed.0, held_from.elapsed())
-            } else {
-                let (mut lock_taken, mut deleted) = (None, None);
-                let removed = self
-                    .write_in_place(|db| {
-                        lock_taken = Some(Instant::now());
-                        let doomed = gather_and_decide(db, window, cutoff)?;
-                        let removed = delete_doomed(db, &doomed);
-                        deleted = Some(Instant::now());
-                        removed
-                    })
-                    .await?;
-                let committed = Instant::now();
-                let since = |at: Option<Instant>| at.map(|at| committed - at).unwrap_or_default();
-                report.batch_commits.push(since(deleted));
-                (removed, since(lock_taken))
-            };
-            if removed.total() > 0 {
-                report.batches += 1;
-                if removed.envelopes > 0 {
-                    tracing::debug!(envelopes = removed.envelopes, up_to_id = window.1, "pruned a batch");
-                }
-            }
-            report.removed.add(&removed);
-            report.longest_batch = report.longest_batch.max(held);
-            report.batch_holds.push(held);
-            batch_envelopes = next_batch_envelopes(batch_envelopes, held);
-            if let Some(checkpoints) = checkpoints.as_deref_mut() {
-                report.checkpoints.extend(checkpoints.after_batch().await);
-            }
-            tokio::time::sleep(held.max(MIN_PAUSE)).await;
-        }
-        report.removed.agent_sessions = self.prune_sessions(cutoff, dry_run).await?;
-        report.removed.reactions = self.prune_reactions(cutoff, dry_run).await?;
-        Ok(())
-    }
-
     /// Sessions that ended before the cutoff, all but the newest.
     async fn prune_sessions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
         const ENDED: &str = "disconnected_at IS NOT NULL AND disconnected_at < ?1 \
@@ -771,7 +730,6 @@ fn count_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result<
 mod tests {
     use super::*;
     use crate::config::Synchronous;
-    use crate::ledger::sqlite::checkpoint::SQLITE_AUTOCHECKPOINT_PAGES;
 
     const OLD: &str = "2020-01-01T00:00:00.000Z";
     const RECENT: &str = "2999-01-01T00:00:00.000Z";
@@ -1010,82 +968,6 @@ mod tests {
         assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 3 / 4), 500);
         assert_eq!(next_batch_envelopes(500, Duration::ZERO), 1000);
         assert_eq!(next_batch_envelopes(MAX_BATCH_ENVELOPES, Duration::ZERO), MAX_BATCH_ENVELOPES);
-    }
-
-    /// `count` old acked envelopes with a sent attempt each, written through a daemon's
-    /// ledger (migrated, checkpointed and closed): a ledger `switchboard ledger` then opens.
-    async fn old_ledger_closed(count: i64) -> (tempfile::TempDir, std::path::PathBuf) {
-        let (dir, daemon) = ledger().await;
-        daemon
-            .write_in_place(|db| {
-                for id in 1..=count {
-                    envelope(db, id, "acked", OLD, None);
-                    attempt(db, id, "sent", None);
-                }
-                Ok(())
-            })
-            .await
-            .unwrap();
-        daemon.close().await;
-        let path = dir.path().join("ledger.db");
-        (dir, path)
-    }
-
-    /// How many envelopes the database file holds without its WAL: what checkpoints have
-    /// copied back into it.
-    fn envelopes_in_the_file_alone(dir: &std::path::Path, database: &std::path::Path) -> i64 {
-        let copy = dir.join("file-alone.db");
-        std::fs::copy(database, &copy).unwrap();
-        let db = rusqlite::Connection::open(&copy).unwrap();
-        db.query_row("SELECT COUNT(*) FROM envelopes", [], |r| r.get(0)).unwrap()
-    }
-
-    /// Without a daemon beside it (`switchboard ledger prune`), SQLite would checkpoint
-    /// inside one batch's commit now and then and leave the last batches in the WAL; the
-    /// prune checkpoints between its batches instead, the last time after the last one.
-    #[tokio::test]
-    async fn a_prune_without_a_checkpointer_copies_its_batches_back_into_the_database_itself() {
-        let envelopes = 3 * MAX_BATCH_ENVELOPES;
-        let (dir, path) = old_ledger_closed(envelopes).await;
-        let cli = SqliteLedger::open_existing(&path, Synchronous::Normal).await.unwrap();
-        let report = cli.prune(Utc::now(), false).await.unwrap();
-        assert_eq!(report.removed.envelopes, (envelopes - 1) as u64, "all but the newest go");
-        assert_eq!(
-            envelopes_in_the_file_alone(dir.path(), &path),
-            1,
-            "the database file, without its WAL, still holds what the prune removed"
-        );
-        cli.close().await;
-    }
-
-    #[tokio::test]
-    async fn after_a_prune_the_writer_checkpoints_by_itself_again_and_a_daemons_prune_leaves_checkpoints_to_its_checkpointer()
-     {
-        let (_dir, path) = old_ledger_closed(MAX_BATCH_ENVELOPES).await;
-        let cli = SqliteLedger::open_existing(&path, Synchronous::Normal).await.unwrap();
-        let report = cli.prune(Utc::now(), false).await.unwrap();
-        assert!(!report.checkpoints.is_empty(), "the prune ran no checkpoint of its own");
-        assert_eq!(report.batch_commits.len(), report.batch_holds.len());
-        let threshold: i64 = cli
-            .write_in_place(|db| db.query_row("PRAGMA wal_autocheckpoint", [], |r| r.get(0)))
-            .await
-            .unwrap();
-        assert_eq!(threshold, SQLITE_AUTOCHECKPOINT_PAGES);
-        cli.close().await;
-
-        let daemon = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
-        daemon
-            .write_in_place(|db| {
-                envelope(db, 10 * MAX_BATCH_ENVELOPES, "acked", OLD, None);
-                envelope(db, 10 * MAX_BATCH_ENVELOPES + 1, "acked", OLD, None);
-                Ok(())
-            })
-            .await
-            .unwrap();
-        let report = daemon.prune(Utc::now(), false).await.unwrap();
-        assert!(report.removed.envelopes > 0);
-        assert_eq!(report.checkpoints, Vec::<Duration>::new(), "the daemon's checkpointer checkpoints");
-        daemon.close().await;
     }
 
     #[tokio::test]
