@@ -501,7 +501,7 @@ async fn prepopulate(database: &Path, rows: usize) -> Duration {
         .expect("creating the ledger")
         .close()
         .await;
-    let now = switchboard::ledger::now();
+    let now = switchboard::clock::now_text();
     let mut db = rusqlite::Connection::open(database).expect("opening the ledger to fill it");
     let tx = db.transaction().expect("beginning the pre-population");
     tx.execute(

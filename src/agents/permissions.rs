@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use chrono::{DateTime, Utc};
+use chrono::Utc;
 use serde::Deserialize;
 use serde_json::json;
 use tokio::sync::Notify;
@@ -257,7 +257,7 @@ impl PermissionRelay {
         let id = format!("{PERMISSION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
         // The configuration bounds the timeout to a week, well within chrono's range.
         let timeout = chrono::Duration::from_std(relay.timeout).unwrap_or(chrono::Duration::weeks(1));
-        let expires_at = crate::ledger::timestamp(Utc::now() + timeout);
+        let expires_at = crate::clock::text(Utc::now() + timeout);
         let description = cut(&request.description);
         let input_preview = cut(&request.input_preview);
         let new = NewPermissionRequest {
@@ -542,11 +542,10 @@ impl PermissionRelay {
                 Err(e) => return Err(e),
             }
         }
-        let next_expiry = ledger.next_permission_expiry().await?.map(|next| {
-            DateTime::parse_from_rfc3339(&next)
-                .map(|at| (at.with_timezone(&Utc) - Utc::now()).to_std().unwrap_or(Duration::ZERO))
-                .unwrap_or(KEEPER_RETRY)
-        });
+        let next_expiry = ledger
+            .next_permission_expiry()
+            .await?
+            .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO));
         Ok(keeper_wait(Outstanding { edit_failed, next_expiry, operator_asks: questions.asked }))
     }
 

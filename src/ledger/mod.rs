@@ -36,7 +36,7 @@ pub use sqlite::{
     StoredRevision, StoredTurn, TaskEffect, TurnClose, TurnEnding, TurnOpen, WriteFailing, WriteProblem,
     WriteWatch,
 };
-pub use sqlite::{OpenError, Pages, SqliteLedger, files, now, timestamp};
+pub use sqlite::{OpenError, Pages, SqliteLedger, files};
 
 /// The traits of the seam, for callers that use the ledger's methods.
 pub mod prelude {

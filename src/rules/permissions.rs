@@ -8,6 +8,8 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::clock::for_people;
+
 /// Telegram's limit on `callback_data`, in bytes.
 pub const CALLBACK_DATA_LIMIT: usize = 64;
 
@@ -275,10 +277,10 @@ pub fn full_prompt_text(facts: &PromptFacts<'_>) -> String {
 pub fn final_prompt_text(facts: &PromptFacts<'_>, end: PromptEnd<'_>) -> String {
     let outcome = match end {
         PromptEnd::Answered { verdict: Verdict::Allow, by, at } => {
-            format!("✅ <b>Allowed</b> by {} at {}", escape_html(by), escape_html(&clock(at)))
+            format!("✅ <b>Allowed</b> by {} at {}", escape_html(by), escape_html(&for_people(at)))
         }
         PromptEnd::Answered { verdict: Verdict::Deny, by, at } => {
-            format!("❌ <b>Denied</b> by {} at {}", escape_html(by), escape_html(&clock(at)))
+            format!("❌ <b>Denied</b> by {} at {}", escape_html(by), escape_html(&for_people(at)))
         }
         PromptEnd::Expired => "⌛ <b>Expired</b> — answer at the terminal".to_owned(),
     };
@@ -291,10 +293,6 @@ pub fn final_prompt_text(facts: &PromptFacts<'_>, end: PromptEnd<'_>) -> String 
 }
 
 /// `2026-12-02T03:04:05.678Z` as `2026-12-02 03:04:05 UTC`; anything else as it is.
-fn clock(at: DateTime<Utc>) -> String {
-    crate::clock::for_people(at)
-}
-
 /// What every `callback_data` of an operator's question begins with.
 const QUESTION_PREFIX: &str = "sbq";
 
@@ -374,7 +372,7 @@ fn question_body(facts: &QuestionFacts<'_>) -> String {
         "❓ <b>Did this reply arrive?</b> The daemon could not tell (<code>{}</code>).\nTo chat {} at {}:\n<pre>{}</pre>",
         escape_html(facts.trace_id),
         facts.chat_id,
-        escape_html(&clock(facts.sent_at)),
+        escape_html(&for_people(facts.sent_at)),
         escape_html(&cut(facts.text, QUESTION_TEXT_CHARS)),
     )
 }
@@ -391,12 +389,12 @@ pub fn final_question_text(
 ) -> String {
     let outcome = match found {
         Some((Finding::Delivered, by, at)) => {
-            format!("✅ <b>Delivered</b>, says {} at {}", escape_html(by), escape_html(&clock(at)))
+            format!("✅ <b>Delivered</b>, says {} at {}", escape_html(by), escape_html(&for_people(at)))
         }
         Some((Finding::NotDelivered, by, at)) => format!(
             "↩️ <b>Not delivered</b>, says {} at {}: the agent may answer again",
             escape_html(by),
-            escape_html(&clock(at))
+            escape_html(&for_people(at))
         ),
         None => "Settled with <code>switchboard ledger reconcile</code>".to_owned(),
     };

@@ -14,6 +14,7 @@ use crate::agents::api::wire::{
 };
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};
+use crate::rules::revisions::TaskState;
 use crate::telegram::outbound::MessageActionTarget;
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
@@ -400,7 +401,7 @@ impl Bridge {
             trace_id: oldest.trace_id.to_string(),
             kind: WAITING_NOTICE.to_owned(),
             content,
-            ts: crate::ledger::now(),
+            ts: crate::clock::now_text(),
             extra,
         }))
     }
@@ -442,8 +443,8 @@ impl Bridge {
         // `stop_requested_by`.
         if let (true, Some(task_id)) = (redelivered, &envelope.task_id) {
             match self.inner.ledger.task_state(task_id).await {
-                Ok(Some(state)) if state != "open" => {
-                    delivered.extra.insert("task_state".to_owned(), state);
+                Ok(Some(state)) if state != TaskState::Open => {
+                    delivered.extra.insert("task_state".to_owned(), state.as_str().to_owned());
                 }
                 Ok(_) => {}
                 Err(e) => {

@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::{DeliveredNotice, RevisionReceipt, RevisionRequest};
+use crate::clock::now_text;
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::{DeclareTaskError, EnvelopeState, StoredEnvelope, TaskEffect, now};
+use crate::ledger::{DeclareTaskError, EnvelopeState, StoredEnvelope, TaskEffect};
 use crate::rules::revisions::ChangeKind;
 
 impl Bridge {
@@ -38,7 +39,7 @@ impl Bridge {
                         trace_id: trace_id.to_string(),
                         kind: kind.as_str().to_owned(),
                         content,
-                        ts: now(),
+                        ts: now_text(),
                         extra,
                     };
                     self.notify(&agent, notice);

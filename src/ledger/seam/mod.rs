@@ -13,7 +13,7 @@ use chrono::{DateTime, Utc};
 
 use super::*;
 use crate::ids::{AgentName, AttemptId, CascadeId, HandoffId, TaskId, TraceId};
-use crate::rules::revisions::{ChangeKind, Refusal, Task, TaskEffects};
+use crate::rules::revisions::{ChangeKind, Refusal, Task, TaskEffects, TaskState};
 use crate::telegram::parts::Attachment;
 
 mod attempts;

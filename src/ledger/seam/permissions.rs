@@ -53,7 +53,7 @@ pub trait Permissions: Send + Sync {
     ) -> LedgerResult<usize>;
 
     /// When the next pending request expires, if any is pending.
-    async fn next_permission_expiry(&self) -> LedgerResult<Option<String>>;
+    async fn next_permission_expiry(&self) -> LedgerResult<Option<DateTime<Utc>>>;
 
     /// Finished requests whose prompt does not show it yet (a prompt still being sent is
     /// left until its send is classified: then it has a message to edit, or none).

@@ -19,7 +19,7 @@ pub trait Tasks: Send + Sync {
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError>;
 
     /// A task's state as stored (`open`, `paused`, `stop_requested`, …).
-    async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<String>>;
+    async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<TaskState>>;
 
     /// A task and its revisions, oldest first.
     async fn task(&self, task_id: &TaskId) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>>;

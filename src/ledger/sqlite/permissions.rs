@@ -356,13 +356,13 @@ impl Permissions for SqliteLedger {
         self.write_in_place(|db| execute_cached(db, sql, rusqlite::params![because, agent, plugin])).await
     }
 
-    async fn next_permission_expiry(&self) -> LedgerResult<Option<String>> {
+    async fn next_permission_expiry(&self) -> LedgerResult<Option<DateTime<Utc>>> {
         self.read_in_place(|db| {
             query_row_cached(
                 db,
-                "SELECT MIN(expires_at) FROM permission_requests WHERE state = 'pending'",
+                "SELECT MIN(expires_at) AS next_expiry FROM permission_requests WHERE state = 'pending'",
                 [],
-                |row| row.get(0),
+                |row| optional_timestamp(row, "next_expiry"),
             )
         })
         .await
@@ -530,7 +530,10 @@ mod tests {
         assert!(matches!(late, AnswerRecorded::TooLate(row) if row.state == PermissionState::Pending));
         let expired = ledger.expire_due_permissions().await.unwrap();
         assert_eq!(expired.iter().map(|row| row.id.as_str()).collect::<Vec<_>>(), ["prm_old"]);
-        assert_eq!(ledger.next_permission_expiry().await.unwrap().as_deref(), Some(LATER));
+        assert_eq!(
+            ledger.next_permission_expiry().await.unwrap().map(crate::clock::text).as_deref(),
+            Some(LATER)
+        );
 
         let ended = EndedPlugins::AllBut("plg_b");
         assert_eq!(ledger.expire_permissions_of_ended_session("orchestrator", ended).await.unwrap(), 0);

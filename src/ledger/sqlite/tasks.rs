@@ -1075,10 +1075,12 @@ impl Tasks for SqliteLedger {
         Ok((declared, effects))
     }
 
-    async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<String>> {
+    async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<TaskState>> {
         self.read_in_place(|db| {
-            query_row_cached(db, "SELECT state FROM tasks WHERE task_id = ?", [task_id], |row| row.get(0))
-                .optional()
+            query_row_cached(db, "SELECT task_id, state FROM tasks WHERE task_id = ?", [task_id], |row| {
+                parse_state(row, "state")
+            })
+            .optional()
         })
         .await
     }

@@ -31,11 +31,12 @@ use super::Rooms;
 use crate::agents::api::wire::DeliveredNotice;
 use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
+use crate::clock::now_text;
 use crate::config::RoomSettings;
 use crate::ids::{AgentName, CascadeId, RouteName, TraceId};
 use crate::ledger::{
     AttemptPurpose, CascadeUpdate, EnvelopeKind, EnvelopeState, NewCascade, NewPost, ReplyVerdict, RoomStep,
-    StoredCascade, StoredEnvelope, StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen, now,
+    StoredCascade, StoredEnvelope, StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
 };
 use crate::rules::turns::{Cascade, HumanMessage, Next, Outcome, RoomInput, Stopping, TurnEnd, room_input};
 use crate::telegram::bot_api::{Answer, BotApi, Exchange};
@@ -368,7 +369,7 @@ impl RoomDriver {
                 return Ok(());
             }
         };
-        let at = now();
+        let at = now_text();
         let stopping = match cascade.stop(by.clone(), at) {
             Ok(stopping) => stopping,
             Err(refused) => {
@@ -453,7 +454,7 @@ impl RoomDriver {
             trace_id: turn.envelope_trace_id.to_string(),
             kind: "stop".into(),
             content,
-            ts: now(),
+            ts: now_text(),
             extra,
         };
         self.bridge.notify(&agent, notice);
