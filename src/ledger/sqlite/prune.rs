@@ -262,37 +262,35 @@ impl SqliteLedger {
     async fn prune_sessions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
         const ENDED: &str = "disconnected_at IS NOT NULL AND disconnected_at < ?1 \
              AND rowid <> (SELECT rowid FROM agent_sessions ORDER BY connected_at DESC, rowid DESC LIMIT 1)";
-        if dry_run {
-            let sql = format!("SELECT COUNT(*) FROM agent_sessions WHERE {ENDED}");
-            let count: i64 = self.read_in_place(|db| db.query_row(&sql, [cutoff], |r| r.get(0))).await?;
-            return Ok(count.max(0) as u64);
-        }
-        let sql = format!(
-            "DELETE FROM agent_sessions WHERE rowid IN (SELECT rowid FROM agent_sessions WHERE {ENDED} LIMIT ?2)"
-        );
-        let mut removed = 0;
-        loop {
-            let deleted =
-                self.write_in_place(|db| db.execute(&sql, rusqlite::params![cutoff, BATCH_SESSIONS])).await?;
-            removed += deleted as u64;
-            if (deleted as i64) < BATCH_SESSIONS {
-                return Ok(removed);
-            }
-            tokio::time::sleep(MIN_PAUSE).await;
-        }
+        self.prune_rows("agent_sessions", "rowid", ENDED, cutoff, dry_run).await
     }
 
     /// Reactions given to a session, or kept for audit only, before the cutoff: rows of
     /// their own, referenced by nothing. One still owed to an agent stays.
     async fn prune_reactions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
         const DONE: &str = "state <> 'owed' AND COALESCE(delivered_at, received_at) < ?1";
+        self.prune_rows("reactions", "id", DONE, cutoff, dry_run).await
+    }
+
+    /// The rows of `table` (a table referenced by nothing) that `finished` picks, `?1`
+    /// being the cutoff: counted on a dry run, else deleted [`BATCH_SESSIONS`] at a time,
+    /// the writer released between batches.
+    async fn prune_rows(
+        &self,
+        table: &str,
+        key: &str,
+        finished: &str,
+        cutoff: &str,
+        dry_run: bool,
+    ) -> LedgerResult<u64> {
         if dry_run {
-            let sql = format!("SELECT COUNT(*) FROM reactions WHERE {DONE}");
+            let sql = format!("SELECT COUNT(*) FROM {table} WHERE {finished}");
             let count: i64 = self.read_in_place(|db| db.query_row(&sql, [cutoff], |r| r.get(0))).await?;
             return Ok(count.max(0) as u64);
         }
-        let sql =
-            format!("DELETE FROM reactions WHERE id IN (SELECT id FROM reactions WHERE {DONE} LIMIT ?2)");
+        let sql = format!(
+            "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {finished} LIMIT ?2)"
+        );
         let mut removed = 0;
         loop {
             let deleted =
