@@ -22,6 +22,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod demo;
+pub mod domain;
 pub mod fake_bot_api;
 pub mod ids;
 pub mod ledger;

@@ -18,25 +18,19 @@ mod error;
 pub mod postgres;
 pub mod seam;
 pub mod sqlite;
+mod write_watch;
 
 #[cfg(test)]
 pub(crate) mod conformance;
 
+/// The domain's vocabulary, which the seam speaks.
+pub use crate::domain::*;
+pub use error::LedgerCongestion;
 pub use error::{ErrorSource, LedgerError, LedgerResult};
 pub use seam::Storage;
-pub use sqlite::{
-    AnswerRecorded, AppliedStep, AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, BotPost,
-    CascadeUpdate, ClaimRefused, DeclareError, DeclareTaskError, DeclaredRevision, EndedPlugins,
-    EnvelopeKind, EnvelopeState, ExpiredBecause, FoundForReply, HandoffEnd, HandoffState, LedgerCongestion,
-    LedgerWrite, ListFilter, NewAttempt, NewCascade, NewHandoff, NewPermissionRequest, NewPost,
-    PermissionState, PermissionVerdict, PruneReport, Pruned, QuestionAnswered, QuestionState, ReactionAudit,
-    ReconcileError, ReconciledOutcome, Reconciliation, RecordedBatch, RecordedReply, ReplyTally,
-    ReplyVerdict, RoomCascadeState, RoomStep, RoutedEnvelope, RoutedReaction, StoredAttempt, StoredCascade,
-    StoredEnvelope, StoredEvent, StoredHandoff, StoredPermission, StoredPost, StoredQuestion, StoredReaction,
-    StoredRevision, StoredTurn, TaskEffect, TurnClose, TurnEnding, TurnOpen, WriteFailing, WriteProblem,
-    WriteWatch,
-};
-pub use sqlite::{OpenError, Pages, SqliteLedger, files};
+pub use seam::{ListFilter, Pages, PruneReport, Pruned};
+pub use sqlite::{OpenError, SqliteLedger, files};
+pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 
 /// The traits of the seam, for callers that use the ledger's methods.
 pub mod prelude {

@@ -30,3 +30,12 @@ pub trait Inspection: Send + Sync {
     /// Handoffs by state, for `/metrics`.
     async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>>;
 }
+
+/// Filters of `switchboard ledger list`.
+#[derive(Debug, Clone, Default)]
+pub struct ListFilter {
+    pub state: Option<EnvelopeState>,
+    pub agent: Option<String>,
+    pub route: Option<String>,
+    pub limit: i64,
+}

@@ -36,9 +36,9 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::in_place::{PAGE_CACHE_KIB, synchronous_pragma};
-use super::write_watch::{LedgerWrite, WriteWatch};
 use super::{BUSY_TIMEOUT, LedgerError, LedgerResult};
 use crate::config::Synchronous;
+use crate::ledger::{LedgerWrite, WriteWatch};
 
 /// How long commits may gather before they are checkpointed: a burst of them is copied at
 /// once, and a power loss under `synchronous = normal` can take no more than about this

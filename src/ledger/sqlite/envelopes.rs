@@ -2,83 +2,16 @@
 //! between states.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-
-use crate::ledger::prelude::*;
-
-use crate::ledger::EnvelopeState;
-use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, sender_display};
-use crate::telegram::parts::{Attachment, stored_attachments};
 use rusqlite::OptionalExtension;
 
 use super::columns::timestamp_column;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger, now};
-use crate::ids::{AgentName, RouteName, TaskId, TraceId};
-
-/// How many characters of a message identify it in a candidate list or a listing.
-const PREVIEW_CHARS: usize = 80;
-
-/// A row the poller records: a routed message, or an audit row (an ignored message, an
-/// undecodable update).
-#[derive(Debug, Clone)]
-pub struct RoutedEnvelope {
-    pub envelope: Envelope,
-    pub state: EnvelopeState,
-    pub route: Option<RouteName>,
-    pub agent: Option<AgentName>,
-    /// The digest of the update's raw JSON (see `RawUpdate::digest`): with the update id,
-    /// what makes a re-polled update the same one.
-    pub update_digest: String,
-    /// Why an ignored or undecodable row is no work.
-    pub note: Option<String>,
-    /// An undecodable update as received.
-    pub raw_update: Option<String>,
-}
-
-/// An envelope as stored.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredEnvelope {
-    pub id: i64,
-    pub trace_id: TraceId,
-    /// None for an envelope an agent made.
-    pub update_id: Option<i64>,
-    pub kind: EnvelopeKind,
-    pub chat_id: i64,
-    pub thread_id: Option<i64>,
-    pub chat_type: ChatType,
-    pub chat_title: Option<String>,
-    pub message_id: i64,
-    pub sender_id: Option<i64>,
-    pub sender_username: Option<String>,
-    pub sender_name: String,
-    pub text: Option<String>,
-    pub attachments: String,
-    pub content: String,
-    pub sent_at: DateTime<Utc>,
-    pub received_at: DateTime<Utc>,
-    pub route: Option<String>,
-    pub agent: Option<String>,
-    pub state: EnvelopeState,
-    pub deliveries: i64,
-    pub state_changed_at: DateTime<Utc>,
-    pub note: Option<String>,
-    /// The task and revision it was made under (DESIGN.md §11), if it belongs to one.
-    pub task_id: Option<TaskId>,
-    pub revision: Option<i64>,
-    /// Extra meta for the agent, a JSON object (a revision envelope's change and texts).
-    pub meta: Option<String>,
-}
-
-/// An envelope a reply names, with what its attempts say (see [`SqliteLedger::find_for_reply`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct FoundForReply {
-    pub envelope: StoredEnvelope,
-    /// An attempt for it has an unknown outcome no operator has reconciled yet.
-    pub awaiting_reconciliation: bool,
-    /// A `reply` request was made for it before (its attempts carry a request id).
-    pub replied_before: bool,
-}
+use crate::domain::{FoundForReply, StoredEnvelope};
+use crate::ids::{AgentName, TraceId};
+use crate::ledger::EnvelopeState;
+use crate::ledger::prelude::*;
+use crate::telegram::parts::{Attachment, stored_attachments};
 
 impl StoredEnvelope {
     /// A row of [`envelope_columns!`] read in place (see `in_place`).
@@ -111,49 +44,6 @@ impl StoredEnvelope {
             revision: row.get("revision")?,
             meta: row.get("meta")?,
         })
-    }
-
-    /// Its files, as intake stored them (see `telegram::parts::Attachment`).
-    pub fn attachment_list(&self) -> Vec<Attachment> {
-        stored_attachments(&self.attachments)
-    }
-
-    pub fn user(&self) -> String {
-        sender_display(self.sender_username.as_deref(), &self.sender_name)
-    }
-
-    pub fn thread_id(&self) -> Option<i32> {
-        self.thread_id.and_then(|t| i32::try_from(t).ok())
-    }
-
-    pub fn preview(&self) -> String {
-        let mut preview: String = self.content.chars().take(PREVIEW_CHARS).collect();
-        if self.content.chars().count() > PREVIEW_CHARS {
-            preview.push('…');
-        }
-        preview.replace('\n', " ")
-    }
-
-    /// `task`, `revision`, and the extra meta stored with it, as the agent sees them.
-    pub fn task_meta(&self) -> std::collections::BTreeMap<String, String> {
-        let mut meta = std::collections::BTreeMap::new();
-        if let (Some(task), Some(revision)) = (&self.task_id, self.revision) {
-            meta.insert("task".to_owned(), task.to_string());
-            meta.insert("revision".to_owned(), revision.to_string());
-        }
-        let stored = self.meta.as_deref().and_then(|m| serde_json::from_str::<serde_json::Value>(m).ok());
-        if let Some(serde_json::Value::Object(stored)) = stored {
-            for (key, value) in stored {
-                let value = match value {
-                    serde_json::Value::String(text) => text,
-                    other => other.to_string(),
-                };
-                if !value.is_empty() {
-                    meta.insert(key, value);
-                }
-            }
-        }
-        meta
     }
 }
 

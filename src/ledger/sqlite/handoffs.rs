@@ -3,83 +3,18 @@
 //! is one transaction, so a handoff and its envelopes never disagree.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-
-use crate::ledger::prelude::*;
-
 use rusqlite::OptionalExtension;
 
 use super::columns::{optional_timestamp, timestamp_column};
-use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
-
 use super::envelopes::transition_in;
-use super::{EnvelopeKind, EnvelopeState, LedgerError, LedgerResult, SqliteLedger, StoredEnvelope, now};
-use crate::ids::{AgentName, HandoffId, TaskId, TraceId};
+use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
+use super::tasks;
+use super::{LedgerError, LedgerResult, SqliteLedger, now};
+use crate::domain::{EnvelopeKind, EnvelopeState, HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
+use crate::ids::{AgentName, HandoffId, TraceId};
+use crate::ledger::prelude::*;
 use crate::rules::guard::Intent;
 use crate::rules::revisions::Refusal;
-
-use super::tasks;
-
-/// The `state` column of a handoff.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum HandoffState {
-    /// Waiting for the target's answer.
-    Open,
-    Answered,
-    /// The target acked it without an answer.
-    Closed,
-    /// A change to the task made it obsolete (DESIGN.md §11).
-    Superseded,
-}
-
-impl HandoffState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Answered => "answered",
-            Self::Closed => "closed",
-            Self::Superseded => "superseded",
-        }
-    }
-}
-
-impl std::fmt::Display for HandoffState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.pad(self.as_str())
-    }
-}
-
-/// A handoff as stored, with the trace ids of its envelopes.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredHandoff {
-    pub id: i64,
-    pub handoff_id: HandoffId,
-    pub from_agent: String,
-    pub to_agent: String,
-    pub instruction: String,
-    pub cause_envelope_id: Option<i64>,
-    /// The cause's trace id, when there is a cause.
-    pub cause_trace_id: Option<TraceId>,
-    pub depth: i64,
-    pub followup_of: Option<HandoffId>,
-    pub intent: Option<Intent>,
-    pub request_id: Option<String>,
-    pub envelope_id: i64,
-    /// The target's `handoff` envelope.
-    pub envelope_trace_id: TraceId,
-    pub answer_envelope_id: Option<i64>,
-    pub answer_trace_id: Option<TraceId>,
-    pub answer_request_id: Option<String>,
-    pub state: HandoffState,
-    pub opened_at: DateTime<Utc>,
-    pub closed_at: Option<DateTime<Utc>>,
-    pub note: Option<String>,
-    /// The task the handoff was made for (DESIGN.md §11), if any.
-    pub task_id: Option<TaskId>,
-    /// The child's answer after a change superseded the handoff: kept, never delivered.
-    pub late_result: Option<String>,
-}
 
 impl StoredHandoff {
     /// A row of [`handoff_select!`], read in place.
@@ -122,28 +57,6 @@ macro_rules! handoff_select {
          LEFT JOIN envelopes c ON c.id = h.cause_envelope_id \
          LEFT JOIN envelopes a ON a.id = h.answer_envelope_id "
     };
-}
-
-/// A handoff the guard admitted, to record.
-#[derive(Debug, Clone)]
-pub struct NewHandoff<'a> {
-    pub from: &'a AgentName,
-    pub to: &'a AgentName,
-    pub instruction: &'a str,
-    pub cause: Option<&'a StoredEnvelope>,
-    pub depth: u32,
-    pub followup_of: Option<&'a HandoffId>,
-    pub intent: Option<Intent>,
-    pub request_id: &'a str,
-}
-
-/// How a handoff ends.
-#[derive(Debug, Clone, Copy)]
-pub enum HandoffEnd<'a> {
-    /// The target replied: the text goes to the delegator.
-    Answered { text: &'a str, request_id: Option<&'a str> },
-    /// The target acked it without an answer.
-    Closed { note: Option<&'a str> },
 }
 
 /// Inserts an envelope an agent made: no Telegram fields, queued for `agent`. Returns its id.

@@ -1,53 +1,14 @@
 //! What `switchboard ledger` reads and the one change it makes: reconciliation.
 
-use crate::ids::TraceId;
 use async_trait::async_trait;
-
-use crate::ledger::prelude::*;
 
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
-use super::{ReconciledOutcome, StoredEnvelope};
-use crate::ledger::EnvelopeState;
-
-use super::{LedgerError, LedgerResult, SqliteLedger, now};
-
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredEvent {
-    pub at: String,
-    pub from_state: String,
-    pub to_state: String,
-    pub actor: String,
-    pub reason: Option<String>,
-}
-
-/// Filters of `switchboard ledger list`.
-#[derive(Debug, Clone, Default)]
-pub struct ListFilter {
-    pub state: Option<EnvelopeState>,
-    pub agent: Option<String>,
-    pub route: Option<String>,
-    pub limit: i64,
-}
-
-/// What an operator found out about an unresolved reply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reconciliation {
-    /// The reply did reach the chat: the envelope is answered.
-    Delivered,
-    /// It did not: the envelope goes back to `pending` so its agent can answer again.
-    NotDelivered,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum ReconcileError {
-    #[error("no envelope has trace id {0}")]
-    Unknown(String),
-    #[error("{trace_id} is {state}, not unresolved: there is nothing to reconcile")]
-    NotUnresolved { trace_id: String, state: EnvelopeState },
-    #[error(transparent)]
-    Db(#[from] LedgerError),
-}
+use super::{LedgerResult, SqliteLedger, now};
+use crate::domain::{ReconcileError, ReconciledOutcome, Reconciliation, StoredEnvelope, StoredEvent};
+use crate::ids::TraceId;
+use crate::ledger::prelude::*;
+use crate::ledger::{EnvelopeState, ListFilter};
 
 #[async_trait]
 impl Inspection for SqliteLedger {

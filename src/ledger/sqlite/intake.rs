@@ -2,52 +2,17 @@
 //! together; and which ledger errors intake waits out instead of stopping.
 
 use async_trait::async_trait;
-
-use crate::ledger::prelude::*;
-
-use std::fmt;
-
-use super::reactions::{self, RoutedReaction, StoredReaction};
-use super::tasks::{self, TaskEffect};
-use super::{RoutedEnvelope, StoredEnvelope};
 use chrono::SecondsFormat;
-
-use super::in_place::{execute_cached, query_row_cached};
-use super::write_watch::LedgerWrite;
-use super::{LedgerError, LedgerResult, SqliteLedger, now};
-use crate::ids::{AgentName, RouteName, TraceId};
 use rusqlite::OptionalExtension;
 
-/// A ledger error that passes by itself: intake waits it out (offset not moved, nothing
-/// recorded) instead of stopping the daemon.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LedgerCongestion {
-    /// Another connection holds the write lock past the busy timeout
-    /// ([`LedgerError::Busy`]).
-    Busy,
-    /// The disk (or SQLite's page limit) is full ([`LedgerError::DiskFull`]).
-    DiskFull,
-}
-
-impl LedgerCongestion {
-    /// Whether `error` is one intake waits out; any other ledger error is fatal.
-    pub fn of(error: &LedgerError) -> Option<Self> {
-        match error {
-            LedgerError::Busy { .. } => Some(Self::Busy),
-            LedgerError::DiskFull { .. } => Some(Self::DiskFull),
-            LedgerError::Constraint { .. } | LedgerError::Corrupt { .. } | LedgerError::Other { .. } => None,
-        }
-    }
-}
-
-impl fmt::Display for LedgerCongestion {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Busy => "the ledger is locked by another connection",
-            Self::DiskFull => "the disk holding the ledger is full",
-        })
-    }
-}
+use super::in_place::{execute_cached, query_row_cached};
+use super::reactions;
+use super::tasks;
+use super::{LedgerResult, SqliteLedger, now};
+use crate::domain::{RecordedBatch, RoutedEnvelope, RoutedReaction, StoredEnvelope, TaskEffect};
+use crate::ids::{AgentName, RouteName, TraceId};
+use crate::ledger::LedgerWrite;
+use crate::ledger::prelude::*;
 
 #[async_trait]
 impl Intake for SqliteLedger {
@@ -116,20 +81,6 @@ impl Intake for SqliteLedger {
         .await
         .map(Option::flatten)
     }
-}
-
-/// What [`SqliteLedger::record_batch_handing_over`] committed.
-#[derive(Debug)]
-pub struct RecordedBatch<'a> {
-    /// The rows that were new.
-    pub inserted: Vec<&'a RoutedEnvelope>,
-    /// The envelopes handed to live sessions, oldest first.
-    pub claimed: Vec<StoredEnvelope>,
-    /// What the batch's task changes ask of the switchboard now that they are recorded:
-    /// the bot's acknowledgements, notices, wake-ups (DESIGN.md §11).
-    pub task_effects: Vec<TaskEffect>,
-    /// The batch's reactions now owed to agents (see `reactions`), oldest first.
-    pub reactions: Vec<StoredReaction>,
 }
 
 /// The transaction of [`SqliteLedger::record_batch_handing_over`], run in place; returns which

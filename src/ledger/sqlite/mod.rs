@@ -14,15 +14,15 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rusqlite::OpenFlags;
-
 use async_trait::async_trait;
-
-use super::seam::Lifecycle;
-use crate::config::Synchronous;
 use checkpoint::Checkpointer;
 use in_place::{Writer, WriterSettings};
 use readers::Readers;
+use rusqlite::OpenFlags;
+
+use super::seam::Lifecycle;
+use crate::config::Synchronous;
+use crate::ledger::write_watch::WriteWatch;
 
 /// How long a writer waits for another (e.g. `switchboard ledger reconcile` while the
 /// daemon runs) before giving up. SqliteLedger transactions are short, so this is generous.
@@ -83,6 +83,7 @@ mod attempts;
 mod checkpoint;
 mod columns;
 mod envelopes;
+mod error;
 pub mod files;
 mod handoffs;
 mod in_place;
@@ -98,41 +99,14 @@ mod reactions;
 mod readers;
 mod rooms;
 mod sessions;
-mod states;
 mod tasks;
-mod write_watch;
 
 pub use super::error::{ErrorSource, LedgerError, LedgerResult};
-pub use attempts::{
-    AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconciledOutcome,
-    RecordedReply, ReplyTally, ReplyVerdict, StoredAttempt,
-};
-/// How the writer's connection is set up, for a floor that measures SQLite alone with the
-/// same settings (`benches/hot_path.rs`).
 pub use checkpoint::WAL_LIMIT_BYTES;
-pub use envelopes::{FoundForReply, RoutedEnvelope, StoredEnvelope};
-pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
-pub use inspect::{ListFilter, ReconcileError, Reconciliation, StoredEvent};
-pub use intake::LedgerCongestion;
-pub use intake::RecordedBatch;
 pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;
-pub use permissions::{
-    AnswerRecorded, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState, PermissionVerdict,
-    StoredPermission,
-};
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
-pub use prune::{Pages, PruneReport, Pruned};
-pub use questions::{QuestionAnswered, QuestionState, StoredQuestion};
-pub use reactions::{ReactionAudit, RoutedReaction, StoredReaction};
-pub use rooms::{
-    AppliedStep, CascadeUpdate, ClaimRefused, NewCascade, NewPost, RoomCascadeState, RoomStep, StoredCascade,
-    StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
-};
-pub use states::{EnvelopeKind, EnvelopeState};
-pub use tasks::{BotPost, DeclareError, DeclareTaskError, DeclaredRevision, StoredRevision, TaskEffect};
-pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 
 /// Why the ledger could not be opened.
 #[derive(Debug, thiserror::Error)]

@@ -3,60 +3,16 @@
 //! `switchboard ledger reconcile` does, recording who answered and when.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-
-use crate::ids::TraceId;
-use crate::ledger::prelude::*;
+use rusqlite::OptionalExtension;
 
 use super::columns::{optional_timestamp, timestamp_column};
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
-use super::{
-    AttemptOutcome, AttemptState, EnvelopeState, LedgerResult, ReconcileError, Reconciliation, SqliteLedger,
-    now,
+use super::{LedgerResult, SqliteLedger, now};
+use crate::domain::{
+    AttemptOutcome, EnvelopeState, QuestionAnswered, QuestionState, ReconcileError, Reconciliation,
+    StoredQuestion,
 };
-use rusqlite::OptionalExtension;
-
-/// The `state` column of a question.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum QuestionState {
-    Open,
-    Delivered,
-    NotDelivered,
-    /// The envelope was settled another way (`switchboard ledger reconcile`).
-    Settled,
-}
-
-impl QuestionState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Open => "open",
-            Self::Delivered => "delivered",
-            Self::NotDelivered => "not_delivered",
-            Self::Settled => "settled",
-        }
-    }
-}
-
-/// A question as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredQuestion {
-    pub id: String,
-    pub op_id: String,
-    pub envelope_id: i64,
-    pub trace_id: TraceId,
-    pub sent_chat_id: i64,
-    pub sent_at: DateTime<Utc>,
-    pub sent_text: String,
-    pub state: QuestionState,
-    pub chat_id: i64,
-    pub thread_id: Option<i32>,
-    pub prompt_send: AttemptState,
-    pub prompt_message_id: Option<i32>,
-    pub prompt_settled: bool,
-    pub answered_by_name: Option<String>,
-    pub answered_at: Option<DateTime<Utc>>,
-}
+use crate::ledger::prelude::*;
 
 macro_rules! question_columns {
     () => {
@@ -95,15 +51,6 @@ fn question_in(db: &rusqlite::Connection, id: &str) -> rusqlite::Result<Option<S
         StoredQuestion::from_row,
     )
     .optional()
-}
-
-/// What an operator's answer came to.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum QuestionAnswered {
-    /// The envelope is reconciled, and the question records who answered.
-    Reconciled,
-    /// The envelope was no longer unresolved (answered first, or settled another way).
-    TooLate,
 }
 
 #[async_trait]

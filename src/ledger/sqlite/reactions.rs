@@ -12,42 +12,16 @@
 //! answer, is never listed by `pending` and is never a reply's candidate.
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-
-use crate::ledger::prelude::*;
-
 use chrono::SecondsFormat;
+use rusqlite::OptionalExtension;
 
 use super::columns::timestamp_column;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{LedgerResult, SqliteLedger, now};
+use crate::domain::{ReactionAudit, RoutedReaction, StoredReaction};
 use crate::ids::{AgentName, TraceId};
+use crate::ledger::prelude::*;
 use crate::telegram::envelope::Reaction;
-use rusqlite::OptionalExtension;
-
-/// A reaction the poller records, with what makes a re-polled update the same one.
-#[derive(Debug, Clone)]
-pub struct RoutedReaction {
-    pub reaction: Reaction,
-    /// See `RoutedEnvelope::update_digest`.
-    pub update_digest: String,
-}
-
-/// A reaction owed to (or given to) an agent.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StoredReaction {
-    pub id: i64,
-    pub agent: String,
-    /// The envelope the reacted message answered.
-    pub trace_id: TraceId,
-    pub chat_id: i64,
-    pub message_id: i64,
-    pub user_id: Option<i64>,
-    pub user: String,
-    /// The reactions now set, space-separated.
-    pub emoji: String,
-    pub reacted_at: DateTime<Utc>,
-}
 
 impl StoredReaction {
     fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
@@ -63,18 +37,6 @@ impl StoredReaction {
             reacted_at: timestamp_column(row, "reacted_at")?,
         })
     }
-}
-
-/// A reaction as the audit trail shows it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReactionAudit {
-    /// `owed`, `delivered` or `ignored`.
-    pub state: String,
-    pub agent: Option<String>,
-    pub trace_id: Option<String>,
-    pub emoji: String,
-    /// Why it reaches nobody, when ignored.
-    pub note: Option<String>,
 }
 
 const REACTION_COLUMNS: &str = "id, agent, trace_id, chat_id, message_id, user_id, user, emoji, reacted_at";

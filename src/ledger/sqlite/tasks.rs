@@ -8,20 +8,22 @@
 //! `plan`; what is said about it: its `texts`); this module reads the plain data they
 //! need and makes the writes they decide.
 
-use async_trait::async_trait;
-
-use crate::ledger::prelude::*;
-
 use std::collections::{HashMap, HashSet};
 
+use async_trait::async_trait;
 use rusqlite::OptionalExtension;
 use serde_json::json;
 
 use super::columns::{optional_timestamp, timestamp_column};
 use super::envelopes::transition_in;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached};
-use super::{EnvelopeKind, EnvelopeState, LedgerError, LedgerResult, RoutedEnvelope, SqliteLedger, now};
+use super::{LedgerResult, SqliteLedger, now};
+use crate::domain::{
+    BotPost, DeclareError, DeclareTaskError, DeclaredRevision, EnvelopeKind, EnvelopeState, RoutedEnvelope,
+    StoredRevision, TaskEffect,
+};
 use crate::ids::{AgentName, TaskId, TraceId};
+use crate::ledger::prelude::*;
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
 };
@@ -94,20 +96,6 @@ fn task_from_row(row: &rusqlite::Row) -> rusqlite::Result<Task> {
     })
 }
 
-/// One revision of a task, as `switchboard ledger task` shows it.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StoredRevision {
-    pub revision: i64,
-    pub kind: String,
-    pub source: String,
-    pub actor: String,
-    pub at: String,
-    pub summary: String,
-    pub text: Option<String>,
-    pub envelope_trace_id: Option<String>,
-    pub snapshot: String,
-}
-
 impl StoredRevision {
     /// A row of [`SqliteLedger::task`]'s revisions, read in place.
     fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
@@ -133,61 +121,6 @@ fn snapshot_json(effects: &TaskEffects) -> String {
         "open_handoffs": effects.open_handoffs.iter().map(|(id, to)| json!({"handoff_id": id, "to": to})).collect::<Vec<_>>(),
     })
     .to_string()
-}
-
-/// What the switchboard does once a transaction that changed tasks has committed.
-#[derive(Debug, Clone, PartialEq)]
-pub enum TaskEffect {
-    /// The bot owes a post in the conversation (recorded with the change): an
-    /// acknowledgement, an answer to `/status`, or why nothing changed.
-    Say(BotPost),
-    /// A `pause` or `resume` notice to the agent, about its latest pending envelope of the
-    /// task.
-    Notice { agent: String, trace_id: TraceId, kind: ChangeKind, task_id: TaskId, revision: u32 },
-    /// An envelope was queued for this agent (a child's revision envelope).
-    Wake(String),
-    /// A change was recorded (for the metrics).
-    Recorded(ChangeKind),
-}
-
-/// A message the bot posts in a conversation on the switchboard's behalf.
-#[derive(Debug, Clone, PartialEq)]
-pub struct BotPost {
-    /// The envelope it is about (its attempts are recorded against it, as audit).
-    pub envelope_id: i64,
-    pub trace_id: TraceId,
-    pub agent: String,
-    pub route: String,
-    pub chat_id: i64,
-    pub thread_id: Option<i64>,
-    pub reply_to_message_id: Option<i64>,
-    pub text: String,
-}
-
-/// What `revise_task` recorded.
-#[derive(Debug, Clone, PartialEq)]
-pub struct DeclaredRevision {
-    pub task_id: String,
-    pub revision: u32,
-    pub kind: ChangeKind,
-    /// The envelope to act on from now on (the declared message itself, unless the change
-    /// closed the task's admission).
-    pub act_on: String,
-    /// What the agent should do next.
-    pub next: String,
-}
-
-/// Why `revise_task` recorded nothing.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-pub enum DeclareError {
-    #[error("no pending envelope of this agent has trace id {0}; nothing changed")]
-    NotPending(String),
-    #[error("{0} belongs to no task (only messages of single-agent routes do); nothing changed")]
-    NoTask(String),
-    #[error("{0}; nothing changed")]
-    NotNow(String),
-    #[error(transparent)]
-    Refused(#[from] Refusal),
 }
 
 /// The envelope a change came with: turned into the task's `revision` envelope (a human
@@ -1150,15 +1083,6 @@ impl Tasks for SqliteLedger {
             .await?;
         Ok(marked?)
     }
-}
-
-/// [`DeclareError`] or the ledger failing.
-#[derive(Debug, thiserror::Error)]
-pub enum DeclareTaskError {
-    #[error(transparent)]
-    Declined(#[from] DeclareError),
-    #[error(transparent)]
-    Ledger(#[from] LedgerError),
 }
 
 /// A task's state column, read strictly: a name no state has is an error (logged with the

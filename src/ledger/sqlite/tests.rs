@@ -1,10 +1,10 @@
 use super::*;
+use crate::domain::{AttemptMethod, NewAttempt, NewHandoff};
+use crate::ids::AgentName;
 use crate::ledger::conformance::fixtures::*;
 use crate::ledger::prelude::*;
+use crate::ledger::{EnvelopeState, LedgerCongestion, ListFilter};
 use crate::rules::guard::Intent;
-
-use crate::ids::AgentName;
-use crate::ledger::EnvelopeState;
 use crate::telegram::envelope::{ChatType, EnvelopeKind};
 
 /// A read on the ledger's own connections (the idle writer serves it), as the ledger's reads

@@ -1,0 +1,311 @@
+//! Send attempts (DESIGN.md §3-§4): recorded before the request, classified after; what a
+//! reply's attempts add up to; what an operator finds out about an unknown one.
+
+use chrono::{DateTime, Utc};
+
+use crate::domain::EnvelopeState;
+use crate::ids::{AttemptId, TraceId};
+use crate::ledger::LedgerError;
+
+/// What a send attempt is about to do, recorded before the request is made.
+#[derive(Debug, Clone)]
+pub struct NewAttempt<'a> {
+    pub envelope_id: i64,
+    pub agent: &'a str,
+    /// The `reply` request this attempt belongs to (chosen by the channel plugin).
+    pub request_id: Option<&'a str>,
+    pub purpose: AttemptPurpose,
+    /// The Bot API call this attempt makes.
+    pub method: AttemptMethod,
+    /// `set_reaction` / `edit_message`: the Telegram message acted on.
+    pub target_message_id: Option<i32>,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    pub reply_to_message_id: Option<i32>,
+    pub chunk_index: usize,
+    pub chunk_count: usize,
+    pub text: &'a str,
+}
+
+/// How an attempt ended, as observed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    Sent { message_id: i32 },
+    NotSent { error: String },
+    Unknown { error: String },
+}
+
+impl AttemptOutcome {
+    pub fn state(&self) -> AttemptState {
+        match self {
+            Self::Sent { .. } => AttemptState::Sent,
+            Self::NotSent { .. } => AttemptState::NotSent,
+            Self::Unknown { .. } => AttemptState::Unknown,
+        }
+    }
+}
+
+/// Why a send is made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AttemptPurpose {
+    /// A reply to an envelope: its outcome settles the envelope.
+    Reply,
+    /// A best-effort copy (the handoff audit route): it settles nothing and never waits
+    /// for reconciliation.
+    Audit,
+}
+
+impl AttemptPurpose {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Reply => "reply",
+            Self::Audit => "audit",
+        }
+    }
+}
+
+/// The Bot API call an attempt makes (the `method` column).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptMethod {
+    SendMessage,
+    SendPhoto,
+    SendDocument,
+    SendAnimation,
+    SendVideo,
+    SendVoice,
+    SendAudio,
+    /// `setMessageReaction` on `target_message_id` (the `react` tool).
+    SetReaction,
+    /// `editMessageText` of `target_message_id` (the `edit_message` tool).
+    EditMessage,
+}
+
+impl AttemptMethod {
+    pub const ALL: [Self; 9] = [
+        Self::SendMessage,
+        Self::SendPhoto,
+        Self::SendDocument,
+        Self::SendAnimation,
+        Self::SendVideo,
+        Self::SendVoice,
+        Self::SendAudio,
+        Self::SetReaction,
+        Self::EditMessage,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SendMessage => "send_message",
+            Self::SendPhoto => "send_photo",
+            Self::SendDocument => "send_document",
+            Self::SendAnimation => "send_animation",
+            Self::SendVideo => "send_video",
+            Self::SendVoice => "send_voice",
+            Self::SendAudio => "send_audio",
+            Self::SetReaction => "set_reaction",
+            Self::EditMessage => "edit_message",
+        }
+    }
+
+    /// Whether the attempt is a part of a reply: it posts a message, and its outcome
+    /// settles the envelope (the last part confirmed answers it, an unknown one makes it
+    /// unresolved). A reaction or an edit is admitted like a reply (DESIGN.md §11) but
+    /// answers nothing and, unknown, leaves the envelope as it was; it is not a part of
+    /// any [`RecordedReply`] and does not hold a reply back for reconciliation.
+    /// The SQLite backend says the same in SQL (`reply_part_method!`).
+    pub fn is_reply_part(self) -> bool {
+        match self {
+            Self::SendMessage
+            | Self::SendPhoto
+            | Self::SendDocument
+            | Self::SendAnimation
+            | Self::SendVideo
+            | Self::SendVoice
+            | Self::SendAudio => true,
+            Self::SetReaction | Self::EditMessage => false,
+        }
+    }
+}
+
+impl std::fmt::Display for AttemptMethod {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// The `outcome` column of an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AttemptState {
+    /// Recorded; the request may be on its way. A daemon that dies leaves it so, and
+    /// start-up turns it into `Unknown`.
+    InFlight,
+    Sent,
+    NotSent,
+    Unknown,
+}
+
+impl AttemptState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::InFlight => "in_flight",
+            Self::Sent => "sent",
+            Self::NotSent => "not_sent",
+            Self::Unknown => "unknown",
+        }
+    }
+}
+
+impl ReconciledOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Sent => "sent",
+            Self::NotSent => "not_sent",
+        }
+    }
+}
+
+impl std::fmt::Display for ReconciledOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+impl std::fmt::Display for AttemptState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.pad(self.as_str())
+    }
+}
+
+/// What an operator found out about an attempt whose outcome was unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReconciledOutcome {
+    Sent,
+    NotSent,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct StoredAttempt {
+    pub op_id: AttemptId,
+    pub request_id: Option<String>,
+    pub method: AttemptMethod,
+    pub target_message_id: Option<i64>,
+    pub chat_id: i64,
+    pub thread_id: Option<i64>,
+    pub reply_to_message_id: Option<i64>,
+    pub chunk_index: i64,
+    pub chunk_count: i64,
+    pub text: String,
+    pub outcome: AttemptState,
+    pub telegram_message_id: Option<i64>,
+    pub error: Option<String>,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub reconciled_outcome: Option<ReconciledOutcome>,
+    pub reconciled_reason: Option<String>,
+}
+
+/// What the attempts of one `reply` request add up to, as the ledger tells it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordedReply {
+    pub envelope_id: i64,
+    pub trace_id: TraceId,
+    /// Parts confirmed sent, by part index, with Telegram's message id.
+    pub sent: Vec<(usize, i32)>,
+    pub parts: usize,
+    pub verdict: ReplyVerdict,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplyVerdict {
+    /// Every part confirmed sent.
+    Delivered,
+    /// A part was provably not sent and none is unknown: the request is over.
+    NotSent { error: String },
+    /// A part may or may not have arrived (or is still on its way after a crash, before
+    /// start-up recovery ran): the envelope needs reconciling.
+    Unknown { error: String },
+    /// A part is still in flight in this daemon.
+    InFlight,
+}
+
+/// What the attempts of one `reply` request add up to, whichever envelope they answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplyTally {
+    /// Parts confirmed sent, by part index, with Telegram's message id.
+    pub sent: Vec<(usize, i32)>,
+    pub parts: usize,
+    pub verdict: ReplyVerdict,
+}
+
+impl RecordedReply {
+    pub fn from_attempts(envelope_id: i64, trace_id: TraceId, attempts: &[StoredAttempt]) -> Option<Self> {
+        let ReplyTally { sent, parts, verdict } = ReplyTally::of(attempts)?;
+        Some(Self { envelope_id, trace_id, sent, parts, verdict })
+    }
+}
+
+impl ReplyTally {
+    /// Sums up the attempts of one request, oldest first. Retries of a rate-limited part
+    /// are attempts of their own: a part counts as sent once any of its attempts was.
+    pub fn of(attempts: &[StoredAttempt]) -> Option<Self> {
+        let parts = usize::try_from(attempts.first()?.chunk_count).unwrap_or(0);
+        let mut sent: Vec<(usize, i32)> = Vec::new();
+        let mut verdict = None;
+        let mut last_error = None;
+        for attempt in attempts {
+            let index = usize::try_from(attempt.chunk_index).unwrap_or(0);
+            let effective = match attempt.reconciled_outcome {
+                Some(ReconciledOutcome::Sent) => AttemptState::Sent,
+                Some(ReconciledOutcome::NotSent) => AttemptState::NotSent,
+                None => attempt.outcome,
+            };
+            match effective {
+                AttemptState::Sent => {
+                    let id = attempt.telegram_message_id.and_then(|id| i32::try_from(id).ok()).unwrap_or(0);
+                    if !sent.iter().any(|(i, _)| *i == index) {
+                        sent.push((index, id));
+                    }
+                }
+                AttemptState::InFlight => verdict = Some(ReplyVerdict::InFlight),
+                AttemptState::Unknown => {
+                    if verdict != Some(ReplyVerdict::InFlight) {
+                        verdict =
+                            Some(ReplyVerdict::Unknown { error: attempt.error.clone().unwrap_or_default() });
+                    }
+                }
+                AttemptState::NotSent => last_error = attempt.error.clone(),
+            }
+        }
+        sent.sort_unstable();
+        let verdict = verdict.unwrap_or_else(|| {
+            if sent.len() == parts {
+                ReplyVerdict::Delivered
+            } else {
+                ReplyVerdict::NotSent { error: last_error.unwrap_or_default() }
+            }
+        });
+        Some(Self { sent, parts, verdict })
+    }
+}
+
+/// What an operator found out about an unresolved reply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconciliation {
+    /// The reply did reach the chat: the envelope is answered.
+    Delivered,
+    /// It did not: the envelope goes back to `pending` so its agent can answer again.
+    NotDelivered,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    #[error("no envelope has trace id {0}")]
+    Unknown(String),
+    #[error("{trace_id} is {state}, not unresolved: there is nothing to reconcile")]
+    NotUnresolved { trace_id: String, state: EnvelopeState },
+    #[error(transparent)]
+    Db(#[from] LedgerError),
+}
