@@ -80,29 +80,23 @@ macro_rules! reply_part_method {
 }
 
 mod attempts;
-mod checkpoint;
-mod columns;
+mod engine;
 mod envelopes;
-mod error;
-pub mod files;
 mod handoffs;
-mod in_place;
 mod inspect;
 mod intake;
-mod lock;
-mod migrations;
 mod permissions;
-mod probe;
 mod prune;
 mod questions;
 mod reactions;
-mod readers;
 mod rooms;
 mod sessions;
 mod tasks;
 
 pub use super::error::{ErrorSource, LedgerError, LedgerResult};
 pub use checkpoint::WAL_LIMIT_BYTES;
+pub use engine::files;
+use engine::{checkpoint, columns, in_place, lock, migrations, probe, readers};
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;

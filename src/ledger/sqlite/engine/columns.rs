@@ -28,13 +28,13 @@ macro_rules! id_columns {
 id_columns!(TraceId, HandoffId, CascadeId, TaskId, AttemptId);
 
 /// The time in `column`, which must hold one.
-pub(super) fn timestamp_column(row: &rusqlite::Row<'_>, column: &str) -> rusqlite::Result<DateTime<Utc>> {
+pub(crate) fn timestamp_column(row: &rusqlite::Row<'_>, column: &str) -> rusqlite::Result<DateTime<Utc>> {
     let text: String = row.get(column)?;
     parse_timestamp(row, column, &text)
 }
 
 /// The time in `column`, if it holds one.
-pub(super) fn optional_timestamp(
+pub(crate) fn optional_timestamp(
     row: &rusqlite::Row<'_>,
     column: &str,
 ) -> rusqlite::Result<Option<DateTime<Utc>>> {
@@ -71,7 +71,7 @@ mod tests {
     fn a_time_reads_back_as_written_and_a_malformed_one_is_an_error() {
         let db = rusqlite::Connection::open_in_memory().unwrap();
         let at = DateTime::parse_from_rfc3339("2026-12-02T08:16:31.123Z").unwrap().with_timezone(&Utc);
-        let written = super::super::timestamp(at);
+        let written = crate::ledger::sqlite::timestamp(at);
         let read = db.query_row("SELECT ?1", [&written], |row| timestamp_column(row, "?1")).unwrap();
         assert_eq!(read, at);
         let none = db.query_row("SELECT NULL AS t", [], |row| optional_timestamp(row, "t")).unwrap();

@@ -36,18 +36,18 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::in_place::{PAGE_CACHE_KIB, synchronous_pragma};
-use super::{BUSY_TIMEOUT, LedgerError, LedgerResult};
 use crate::config::Synchronous;
+use crate::ledger::sqlite::{BUSY_TIMEOUT, LedgerError, LedgerResult};
 use crate::ledger::{LedgerWrite, WriteWatch};
 
 /// How long commits may gather before they are checkpointed: a burst of them is copied at
 /// once, and a power loss under `synchronous = normal` can take no more than about this
 /// much (see the module documentation).
-pub(super) const CHECKPOINT_DELAY: Duration = Duration::from_millis(100);
+pub(crate) const CHECKPOINT_DELAY: Duration = Duration::from_millis(100);
 
 /// `wal_autocheckpoint` while the checkpointer runs: SQLite checkpoints inside a commit
 /// only if the checkpointer has fallen this far behind (40 MB of WAL with 4 KiB pages).
-pub(super) const BACKSTOP_PAGES: u32 = 10_000;
+pub(crate) const BACKSTOP_PAGES: u32 = 10_000;
 
 /// The WAL's bound: past it, the next checkpoint rewinds the WAL (RESTART), and the file
 /// is cut back to this size when it does (`journal_size_limit` of the writer).
@@ -59,7 +59,7 @@ const FORCED_CHECKPOINT_WAIT: Duration = Duration::from_millis(50);
 
 /// The checkpointing task of one ledger.
 #[derive(Debug)]
-pub(super) struct Checkpointer {
+pub(crate) struct Checkpointer {
     /// Rung by every commit of the ledger's connections (their commit hook).
     commits: Arc<Notify>,
     /// Stops the task when the ledger closes.
@@ -68,20 +68,20 @@ pub(super) struct Checkpointer {
 }
 
 impl Checkpointer {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { commits: Arc::new(Notify::new()), stop: CancellationToken::new(), task: Mutex::new(None) }
     }
 
     /// What a connection's commit hook calls. It runs inside SQLite's commit, on the
     /// connection's thread, and only rings a bell.
-    pub(super) fn on_commit(&self) -> impl Fn() + Send + 'static {
+    pub(crate) fn on_commit(&self) -> impl Fn() + Send + 'static {
         let commits = Arc::clone(&self.commits);
         move || commits.notify_one()
     }
 
     /// Opens the checkpointer's own connection to the (existing, migrated) database at
     /// `path` and starts it.
-    pub(super) async fn start(
+    pub(crate) async fn start(
         &self,
         path: &Path,
         synchronous: Synchronous,
@@ -98,7 +98,7 @@ impl Checkpointer {
     }
 
     /// Stops the task and closes its connection.
-    pub(super) async fn stop(&self) {
+    pub(crate) async fn stop(&self) {
         self.stop.cancel();
         let task = self.task.lock().unwrap_or_else(|p| p.into_inner()).take();
         if let Some(task) = task {

@@ -31,9 +31,9 @@ use std::time::{Duration, Instant};
 use rusqlite::{OpenFlags, TransactionBehavior, ffi};
 
 use super::checkpoint::{BACKSTOP_PAGES, Checkpointer, WAL_LIMIT_BYTES};
-use super::{BUSY_TIMEOUT, LedgerError, LedgerResult, SqliteLedger};
 use crate::backoff::Backoff;
 use crate::config::Synchronous;
+use crate::ledger::sqlite::{BUSY_TIMEOUT, LedgerError, LedgerResult, SqliteLedger};
 
 /// The page cache of each connection of the ledger: a negative `cache_size` is in KiB
 /// (SQLite's default is 2 MiB). The pages a message touches are the newest rows' and
@@ -58,19 +58,19 @@ const LONGEST_PAUSE: Duration = Duration::from_millis(50);
 /// Waiting out a lock another process holds: between tries, asynchronously, never in
 /// SQLite's busy handler on the runtime's thread; pauses doubling to [`LONGEST_PAUSE`],
 /// for as long as the busy timeout, after which the `SQLITE_BUSY` stands.
-pub(super) struct BusyWait {
+pub(crate) struct BusyWait {
     give_up_at: Instant,
     pauses: Backoff,
 }
 
 impl BusyWait {
-    pub(super) fn new() -> Self {
+    pub(crate) fn new() -> Self {
         Self { give_up_at: Instant::now() + BUSY_TIMEOUT, pauses: Backoff::new(FIRST_PAUSE, LONGEST_PAUSE) }
     }
 
     /// Whether to try again after `error`: true, after a pause, when it was a busy lock
     /// and there is time left.
-    pub(super) async fn retry_after(&mut self, error: &rusqlite::Error) -> bool {
+    pub(crate) async fn retry_after(&mut self, error: &rusqlite::Error) -> bool {
         if !is_busy(error) || Instant::now() >= self.give_up_at {
             return false;
         }
@@ -81,11 +81,11 @@ impl BusyWait {
 
 /// A connection of the ledger's own to its (existing, migrated) database: no busy handler
 /// (see [`BusyWait`]), the ledger's page cache, its statements kept prepared.
-pub(super) fn open_own_connection(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
+pub(crate) fn open_own_connection(path: &Path) -> rusqlite::Result<rusqlite::Connection> {
     set_up_own_connection(rusqlite::Connection::open_with_flags(path, OWN_CONNECTION_FLAGS)?)
 }
 
-pub(super) const OWN_CONNECTION_FLAGS: OpenFlags =
+pub(crate) const OWN_CONNECTION_FLAGS: OpenFlags =
     OpenFlags::SQLITE_OPEN_READ_WRITE.union(OpenFlags::SQLITE_OPEN_NO_MUTEX);
 
 fn set_up_own_connection(db: rusqlite::Connection) -> rusqlite::Result<rusqlite::Connection> {
@@ -98,7 +98,7 @@ fn set_up_own_connection(db: rusqlite::Connection) -> rusqlite::Result<rusqlite:
 /// The ledger's writer: a connection of its own, which every write
 /// transaction of the process runs on, on the calling thread, one at a time (its lock is
 /// the process's turn to write).
-pub(super) struct Writer {
+pub(crate) struct Writer {
     path: PathBuf,
     settings: WriterSettings,
     /// `None` after a failure left the connection unusable: the next turn opens another.
@@ -106,7 +106,7 @@ pub(super) struct Writer {
 }
 
 /// What a writer connection is set up with.
-pub(super) struct WriterSettings {
+pub(crate) struct WriterSettings {
     pub synchronous: Synchronous,
     /// Rung on every commit, when one runs beside (SQLite's own checkpoint is then only a
     /// backstop, see `checkpoint`).
@@ -122,7 +122,7 @@ impl fmt::Debug for Writer {
 impl Writer {
     /// The writer of the (existing, migrated) database at `path`, opened at once so that
     /// a database it cannot write fails at start-up.
-    pub(super) fn open(path: &Path, settings: WriterSettings) -> rusqlite::Result<Self> {
+    pub(crate) fn open(path: &Path, settings: WriterSettings) -> rusqlite::Result<Self> {
         let connection = open_writer(path, &settings)?;
         Ok(Self { path: path.to_owned(), settings, connection: tokio::sync::Mutex::new(Some(connection)) })
     }
@@ -137,7 +137,7 @@ impl Writer {
     /// row fails as it would on a reader (`SQLITE_READONLY`): nothing a read does stays.
     /// (Not `query_only`, as on a reader: setting a flag pragma expires every statement
     /// the connection keeps prepared, and each would be compiled again.)
-    pub(super) fn read_if_idle<T>(
+    pub(crate) fn read_if_idle<T>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> Option<rusqlite::Result<T>> {
@@ -191,7 +191,7 @@ fn open_writer(path: &Path, settings: &WriterSettings) -> rusqlite::Result<rusql
 }
 
 /// `PRAGMA synchronous`'s value for the setting.
-pub(super) fn synchronous_pragma(synchronous: Synchronous) -> &'static str {
+pub(crate) fn synchronous_pragma(synchronous: Synchronous) -> &'static str {
     match synchronous {
         Synchronous::Normal => "NORMAL",
         Synchronous::Full => "FULL",
@@ -208,7 +208,7 @@ impl SqliteLedger {
     /// would sleep on this thread) and tried again after an asynchronous pause, for as long
     /// as the busy timeout, after which the `SQLITE_BUSY` is returned as any statement's
     /// would be.
-    pub(super) async fn write_in_place<T>(
+    pub(crate) async fn write_in_place<T>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> LedgerResult<T> {
@@ -218,7 +218,7 @@ impl SqliteLedger {
     /// [`Self::write_in_place`] for work that checks its premises as it goes (a state it
     /// expects, a row it guards on): `None` rolls back whatever the work wrote before it
     /// found one gone; `Some` commits.
-    pub(super) async fn write_in_place_if<T>(
+    pub(crate) async fn write_in_place_if<T>(
         &self,
         work: impl FnOnce(&rusqlite::Connection) -> rusqlite::Result<Option<T>>,
     ) -> LedgerResult<Option<T>> {
@@ -263,7 +263,7 @@ impl SqliteLedger {
     }
 
     /// One statement committed on its own, on the writer: how many rows it changed.
-    pub(super) async fn execute_in_place(
+    pub(crate) async fn execute_in_place(
         &self,
         sql: &str,
         params: impl rusqlite::Params + Send,
@@ -274,7 +274,7 @@ impl SqliteLedger {
 
 /// `Connection::execute`, with the statement kept prepared on the connection: the writer
 /// and the readers live as long as the ledger, so each statement is parsed once.
-pub(super) fn execute_cached(
+pub(crate) fn execute_cached(
     db: &rusqlite::Connection,
     sql: &str,
     params: impl rusqlite::Params,
@@ -283,7 +283,7 @@ pub(super) fn execute_cached(
 }
 
 /// `Connection::query_row`, with the statement kept prepared (see [`execute_cached`]).
-pub(super) fn query_row_cached<T>(
+pub(crate) fn query_row_cached<T>(
     db: &rusqlite::Connection,
     sql: &str,
     params: impl rusqlite::Params,
@@ -294,7 +294,7 @@ pub(super) fn query_row_cached<T>(
 
 /// Every row of a query, mapped by `row`, with the statement kept prepared (see
 /// [`execute_cached`]).
-pub(super) fn query_all_cached<T>(
+pub(crate) fn query_all_cached<T>(
     db: &rusqlite::Connection,
     sql: &str,
     params: impl rusqlite::Params,
@@ -308,11 +308,11 @@ pub(super) fn query_all_cached<T>(
 /// statements where rooms, handoffs and tasks are all in use; with fewer, the least
 /// recently used of them would be parsed again each time it came back. A statement takes
 /// memory only once it has been prepared.
-pub(super) const STATEMENT_CACHE: usize = 128;
+pub(crate) const STATEMENT_CACHE: usize = 128;
 
 /// A text column holding one of the ledger's enums (a state, a kind), by the snake_case
 /// name serde gives it.
-pub(super) fn text_enum<T: serde::de::DeserializeOwned>(
+pub(crate) fn text_enum<T: serde::de::DeserializeOwned>(
     row: &rusqlite::Row<'_>,
     column: &str,
 ) -> rusqlite::Result<T> {
@@ -320,7 +320,7 @@ pub(super) fn text_enum<T: serde::de::DeserializeOwned>(
 }
 
 /// [`text_enum`] of a column that may be NULL.
-pub(super) fn optional_text_enum<T: serde::de::DeserializeOwned>(
+pub(crate) fn optional_text_enum<T: serde::de::DeserializeOwned>(
     row: &rusqlite::Row<'_>,
     column: &str,
 ) -> rusqlite::Result<Option<T>> {
@@ -330,7 +330,7 @@ pub(super) fn optional_text_enum<T: serde::de::DeserializeOwned>(
 /// A column that holds JSON or NULL, read strictly into `T`: JSON this switchboard cannot
 /// read (a row written by a newer version, say) is an error naming the column, never a
 /// default.
-pub(super) fn optional_json<T: serde::de::DeserializeOwned>(
+pub(crate) fn optional_json<T: serde::de::DeserializeOwned>(
     row: &rusqlite::Row<'_>,
     column: &str,
 ) -> rusqlite::Result<Option<T>> {

@@ -23,13 +23,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use super::in_place::{BusyWait, open_own_connection};
-use super::{LedgerError, LedgerResult, SqliteLedger};
+use crate::ledger::sqlite::{LedgerError, LedgerResult, SqliteLedger};
 
 /// Readers kept open between reads: a reply's and a handoff's lookups come one after
 /// another, so one is nearly always enough.
 const MAX_IDLE: usize = 2;
 
-pub(super) struct Readers {
+pub(crate) struct Readers {
     path: PathBuf,
     idle: Mutex<Vec<rusqlite::Connection>>,
 }
@@ -42,7 +42,7 @@ impl fmt::Debug for Readers {
 
 impl Readers {
     /// Readers of the (existing, migrated) database at `path`, opened when first needed.
-    pub(super) fn new(path: &Path) -> Self {
+    pub(crate) fn new(path: &Path) -> Self {
         Self { path: path.to_owned(), idle: Mutex::new(Vec::new()) }
     }
 
@@ -73,7 +73,7 @@ impl Readers {
         result
     }
 
-    pub(super) fn close(&self) {
+    pub(crate) fn close(&self) {
         self.idle.lock().unwrap_or_else(|p| p.into_inner()).clear();
     }
 }
@@ -83,7 +83,7 @@ impl SqliteLedger {
     /// otherwise. On the rare `SQLITE_BUSY` a WAL reader can meet (another connection
     /// recovering the WAL index, say), `work` runs again after an asynchronous pause, for
     /// as long as the busy timeout.
-    pub(super) async fn read_in_place<T>(
+    pub(crate) async fn read_in_place<T>(
         &self,
         mut work: impl FnMut(&rusqlite::Connection) -> rusqlite::Result<T>,
     ) -> LedgerResult<T> {
@@ -103,7 +103,7 @@ impl SqliteLedger {
     /// Runs the read `work` on a reader, on a blocking thread, for a read that may scan
     /// much of the ledger; busy as [`Self::read_in_place`]. A panic in `work` is the
     /// caller's, as it would be on this thread.
-    pub(super) async fn read_off_thread<T: Send + 'static>(
+    pub(crate) async fn read_off_thread<T: Send + 'static>(
         &self,
         work: impl Fn(&rusqlite::Connection) -> rusqlite::Result<T> + Send + Sync + 'static,
     ) -> LedgerResult<T> {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags};
 use tokio::sync::Mutex;
 
-use super::{LedgerError, LedgerResult};
+use crate::ledger::sqlite::{LedgerError, LedgerResult};
 
 /// "SWBD": the header field `PRAGMA application_id` sets, naming the file's application.
 pub const LEDGER_APPLICATION_ID: i32 = 0x5357_4244;

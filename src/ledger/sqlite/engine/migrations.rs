@@ -21,7 +21,7 @@ use std::time::Instant;
 use rusqlite::{Connection, OptionalExtension, TransactionBehavior};
 use sha2::{Digest, Sha384};
 
-use super::LedgerError;
+use crate::ledger::sqlite::LedgerError;
 
 /// The table that records the migrations applied, sqlx's name and layout (see the module
 /// documentation).
@@ -38,7 +38,7 @@ const APPLIED_TABLE: &str = "CREATE TABLE IF NOT EXISTS _sqlx_migrations (
 const NO_TRANSACTION: &str = "-- no-transaction";
 
 /// One file of `migrations/`.
-pub(super) struct Migration {
+pub(crate) struct Migration {
     pub version: i64,
     /// `NNNN_what_it_does.sql`.
     pub file: &'static str,
@@ -50,14 +50,14 @@ macro_rules! migration {
         Migration {
             version: $version,
             file: $file,
-            sql: include_str!(concat!("../../../migrations/", $file)),
+            sql: include_str!(concat!("../../../../migrations/", $file)),
         }
     };
 }
 
 /// Every migration, in order. A new file in `migrations/` is added here too
 /// (`tests::every_file_is_listed_once` fails until it is).
-pub(super) const MIGRATIONS: &[Migration] = &[
+pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(1, "0001_ledger.sql"),
     migration!(2, "0002_intake.sql"),
     migration!(3, "0003_replies.sql"),
@@ -123,7 +123,7 @@ pub enum MigrationError {
 
 /// Applies, in order, every migration up to `up_to` (all when `None`) that `db` has not
 /// had yet. Blocking: the caller runs it off the runtime's threads.
-pub(super) fn migrate(db: &Connection, up_to: Option<i64>) -> Result<(), MigrationError> {
+pub(crate) fn migrate(db: &Connection, up_to: Option<i64>) -> Result<(), MigrationError> {
     db.execute_batch(APPLIED_TABLE).map_err(LedgerError::from)?;
     let dirty: Option<i64> = db
         .query_row(
