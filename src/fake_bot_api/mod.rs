@@ -854,7 +854,9 @@ impl FakeTelegram {
 
     /// Throws away the answer to the next delivery, as when the connection breaks after
     /// the webhook took the update: Telegram does not know it arrived, and delivers it
-    /// again.
+    /// again. The load balancer takes its backend out with that connection: nothing more
+    /// is delivered until [`FakeTelegram::route_webhook_to`] routes the webhook again (to
+    /// the daemon restarted, say).
     pub fn lose_next_webhook_answer(&self) {
         self.shared.lock().webhook.answers_to_lose += 1;
     }

@@ -70,7 +70,7 @@ pub(super) struct WebhookState {
     /// Every delivery, in order: the update id and what became of it.
     pub(super) deliveries: Vec<(i64, Delivery)>,
     /// Deliveries whose answer is to be thrown away, as if the connection broke after the
-    /// webhook had taken the update.
+    /// webhook had taken the update; each also unroutes the webhook (`target`).
     pub(super) answers_to_lose: usize,
     /// `setWebhook` calls Telegram accepted.
     pub(super) registrations: usize,
@@ -204,6 +204,7 @@ pub(super) async fn deliver(shared: Arc<Shared>) {
             let delivery = match answered {
                 Some(_) if state.webhook.answers_to_lose > 0 => {
                     state.webhook.answers_to_lose -= 1;
+                    state.webhook.target = None;
                     Delivery::NoAnswer
                 }
                 Some(status) => Delivery::Answered(status),
