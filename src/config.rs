@@ -1609,9 +1609,8 @@ agents = ["builder", "reviewer"]
         let unset = with_webhook(
             r#"{ public_url = "https://b.example/h", listen = "0.0.0.0:8443", secret_env = "SB_TEST_SURELY_UNSET" }"#,
         );
-        let e =
-            load_str(&unset).unwrap().webhook_secret(&load_str(&unset).unwrap().telegram.webhook.unwrap());
-        let e = e.unwrap_err();
+        let settings = load_str(&unset).unwrap();
+        let e = settings.webhook_secret(settings.telegram.webhook.as_ref().unwrap()).unwrap_err();
         assert_eq!(e.key, "telegram.webhook.secret_env");
         assert!(e.problem.contains("SB_TEST_SURELY_UNSET is not set"), "{e}");
         // HOME holds a path: its slashes are not allowed.

@@ -188,6 +188,8 @@ async fn take_delivery(deliveries: &Deliveries, headers: &HeaderMap, body: Bytes
         Ok(taken) => taken,
         // A panic outside the decoder (which catches its own) goes on as on this task.
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        // Cancelled only as the runtime goes away: nothing was recorded for sure, so
+        // Telegram must deliver it again.
         Err(_) => return Answered::LedgerCongested,
     };
     match taken {
