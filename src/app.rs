@@ -21,16 +21,18 @@ use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Retention, Settings};
 use crate::ledger::Ledger;
 use crate::ledger::sqlite::{LedgerLock, LedgerProbe};
-use crate::operate::health::{Health, PollHealth};
+use crate::operate::health::{Health, IntakeHealth, PollHealth, WebhookHealth};
 use crate::operate::metrics;
 use crate::operate::reload::{self, Reloader};
 use crate::rules::pacing::Pacer;
 use crate::telegram::bot_api::BotApi;
 use crate::telegram::files::TelegramFiles;
+use crate::telegram::intake::{Routing, UpdateIntake};
 use crate::telegram::menu;
 use crate::telegram::outbound::Outbound;
-use crate::telegram::poller::{self, Poller, Routing};
+use crate::telegram::poller::{self, Poller};
 use crate::telegram::typing::TypingIndicator;
+use crate::telegram::webhook::{self, WebhookListener};
 
 /// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
 /// up, so a healthy long poll is never cut short by our own timeout.
@@ -49,9 +51,25 @@ pub const RUNNING_MESSAGE: &str = "switchboard running";
 /// in either log format (`api=127.0.0.1:7797` as text, `"api":"127.0.0.1:7797"` as JSON).
 /// `None` until that line is there.
 pub fn reported_api_address(log: &str) -> Option<SocketAddr> {
-    let line = log.lines().find(|line| line.contains(RUNNING_MESSAGE))?;
+    reported_address(log, RUNNING_MESSAGE)
+}
+
+/// The webhook listener's address in a daemon's log, read as [`reported_api_address`]
+/// reads the API's (the line [`webhook::LISTENING_MESSAGE`] comes before the running one).
+pub fn reported_webhook_address(log: &str) -> Option<SocketAddr> {
+    reported_address(log, webhook::LISTENING_MESSAGE)
+}
+
+fn reported_address(log: &str, message: &str) -> Option<SocketAddr> {
+    let line = log.lines().find(|line| line.contains(message))?;
     line.split(|c: char| c.is_whitespace() || matches!(c, '"' | '=' | ',' | '{' | '}'))
         .find_map(|word| word.parse().ok())
+}
+
+/// How updates reach the daemon: polled, or pushed to the webhook's listener.
+enum Ingress {
+    Polling(Poller),
+    Webhook(WebhookListener),
 }
 
 pub struct Daemon {
@@ -61,7 +79,10 @@ pub struct Daemon {
     ledger: Ledger,
     listener: TcpListener,
     bridge: Bridge,
-    poller: Poller,
+    /// The poller, or the webhook's listener when `telegram.webhook` is set.
+    ingress: Ingress,
+    /// Calls `setWebhook` in webhook mode.
+    webhook_api: BotApi,
     /// Runs the group rooms' exchanges (DESIGN.md §10).
     rooms: RoomDriver,
     /// What `/healthz`, `/readyz` and `/metrics` read.
@@ -126,6 +147,7 @@ impl Daemon {
         let send_bot = bot(token, &telegram.api_url, telegram.send_timeout)?;
         let room_api = BotApi::from_bot(&send_bot);
         let menu_api = BotApi::from_bot(&send_bot);
+        let webhook_api = BotApi::from_bot(&send_bot);
         let typing_api = BotApi::from_bot(&send_bot);
 
         let metrics = metrics::install();
@@ -153,18 +175,22 @@ impl Daemon {
             tasks.clone(),
         );
         let (routing, routing_now) = watch::channel(Arc::new(Routing::of(&settings)));
-        let poll_health = PollHealth::new();
-        let poller = Poller::new(
-            poll_bot,
-            bot_id,
-            ledger.clone(),
-            bridge.clone(),
-            &settings,
-            routing_now,
-            poll_health.clone(),
-        );
+        let intake = UpdateIntake::new(bot_id, ledger.clone(), bridge.clone(), routing_now);
+        let (ingress, intake_health) = match (&settings.telegram.webhook, secrets.webhook) {
+            (Some(webhook), Some(secret)) => {
+                let health = WebhookHealth::default();
+                let listener = WebhookListener::bind(webhook.clone(), secret, intake, health.clone()).await?;
+                (Ingress::Webhook(listener), IntakeHealth::Webhook(health))
+            }
+            (Some(_), None) => anyhow::bail!("telegram.webhook is set but its secret was not read"),
+            (None, _) => {
+                let health = PollHealth::new();
+                let poller = Poller::new(poll_bot, intake, ledger.clone(), &settings, health.clone());
+                (Ingress::Polling(poller), IntakeHealth::Polling(health))
+            }
+        };
         let probe = LedgerProbe::new(settings.storage.database.clone());
-        let health = Health::new(poll_health, probe, ledger.write_watch(), settings.telegram.poll_timeout);
+        let health = Health::new(intake_health, probe, ledger.write_watch(), settings.telegram.poll_timeout);
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
         let permissions = PermissionRelay::new(
@@ -192,7 +218,8 @@ impl Daemon {
             ledger,
             listener,
             bridge,
-            poller,
+            ingress,
+            webhook_api,
             rooms,
             operations,
             reloader,
@@ -219,7 +246,8 @@ impl Daemon {
             ledger,
             listener,
             bridge,
-            poller,
+            ingress,
+            webhook_api,
             rooms,
             operations,
             reloader,
@@ -231,12 +259,22 @@ impl Daemon {
             menu_api,
             typing,
         } = self;
-        tracing::info!(api = %listener.local_addr()?, "{RUNNING_MESSAGE}");
-
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
 
-        let poller_stop = shutdown.child_token();
-        spawn_supervised(&tasks, &shutdown, &failure, "poller", poller.run(poller_stop));
+        // The webhook's listener logs its address before the running line, so whoever waits
+        // for that line finds both.
+        match ingress {
+            Ingress::Polling(poller) => {
+                spawn_supervised(&tasks, &shutdown, &failure, "poller", poller.run(shutdown.child_token()))
+            }
+            Ingress::Webhook(listener) => {
+                tracing::info!(webhook = %listener.local_addr()?, path = listener.path(), "{}", webhook::LISTENING_MESSAGE);
+                let webhook = listener.run(webhook_api, tasks.clone(), shutdown.child_token());
+                spawn_supervised(&tasks, &shutdown, &failure, "webhook", webhook)
+            }
+        }
+        tracing::info!(api = %listener.local_addr()?, "{RUNNING_MESSAGE}");
+
         spawn_supervised(&tasks, &shutdown, &failure, "rooms", rooms.run(shutdown.child_token()));
 
         let server_stop = shutdown.child_token();

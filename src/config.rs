@@ -128,6 +128,50 @@ pub struct TelegramSettings {
     /// How long Telegram may refuse the bot token (401) before the daemon stops: a
     /// revoked token must not leave a daemon that silently polls forever.
     pub unauthorized_exit: Duration,
+    /// `telegram.webhook`: Telegram pushes updates to this daemon's listener instead of
+    /// being polled. `None` polls.
+    pub webhook: Option<WebhookSettings>,
+}
+
+/// `[telegram] webhook = { public_url, listen, secret_env }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// What Telegram is told to call (`setWebhook`): an https URL with a path, served by
+    /// the user's load balancer or reverse proxy, which terminates TLS and forwards to
+    /// `listen`.
+    pub public_url: reqwest::Url,
+    /// Where this daemon listens for Telegram's requests, in plain HTTP: the route is
+    /// `public_url`'s path.
+    pub listen: SocketAddr,
+    /// The environment variable holding the secret Telegram sends back with every request
+    /// (`X-Telegram-Bot-Api-Secret-Token`).
+    pub secret_env: String,
+}
+
+impl WebhookSettings {
+    /// The path Telegram's requests arrive on, as the proxy forwards them.
+    pub fn path(&self) -> &str {
+        self.public_url.path()
+    }
+}
+
+impl fmt::Display for WebhookSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{{ public_url = {}, listen = {}, secret_env = {} }}",
+            self.public_url, self.listen, self.secret_env
+        )
+    }
+}
+
+/// Telegram's rule for a webhook's `secret_token`: 1-256 characters, each `A-Z`, `a-z`,
+/// `0-9`, `_` or `-`.
+const MAX_WEBHOOK_SECRET_LEN: usize = 256;
+
+fn is_webhook_secret(secret: &str) -> bool {
+    (1..=MAX_WEBHOOK_SECRET_LEN).contains(&secret.len())
+        && secret.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
 }
 
 #[derive(Debug, Clone)]
@@ -321,6 +365,21 @@ struct RawTelegram {
     allowed_users: Vec<i64>,
     #[serde(default = "default_unauthorized_exit")]
     unauthorized_exit_secs: u64,
+    #[serde(default)]
+    webhook: Option<RawWebhook>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWebhook {
+    public_url: String,
+    listen: String,
+    #[serde(default = "default_webhook_secret_env")]
+    secret_env: String,
+}
+
+fn default_webhook_secret_env() -> String {
+    "SWITCHBOARD_WEBHOOK_SECRET".into()
 }
 
 #[derive(Debug, Deserialize)]
@@ -588,6 +647,7 @@ impl Settings {
             return Err(err("telegram.send_timeout_secs", "must be at least 1".into()));
         }
         check_env_name(path, "telegram.token_env", &raw.telegram.token_env)?;
+        let webhook = raw.telegram.webhook.map(|raw| validate_webhook(path, raw)).transpose()?;
 
         let listen: SocketAddr = raw.api.listen.parse().map_err(|_| {
             err("api.listen", format!("'{}' is not an address like 127.0.0.1:7797", raw.api.listen))
@@ -713,6 +773,7 @@ impl Settings {
                 send_timeout: Duration::from_secs(raw.telegram.send_timeout_secs),
                 allowed_users: raw.telegram.allowed_users,
                 unauthorized_exit: Duration::from_secs(raw.telegram.unauthorized_exit_secs),
+                webhook,
             },
             storage: StorageSettings {
                 database: raw.storage.database,
@@ -775,7 +836,28 @@ impl Settings {
             .map(|(agent, secret)| (agent, self.agents[agent].token_env.as_str(), secret))
             .collect::<Vec<_>>();
         check_distinct_secrets(&self.source, &named)?;
-        Ok(DaemonSecrets { telegram, agents })
+        let webhook =
+            self.telegram.webhook.as_ref().map(|webhook| self.webhook_secret(webhook)).transpose()?;
+        Ok(DaemonSecrets { telegram, agents, webhook })
+    }
+
+    /// The webhook's secret, from the variable `telegram.webhook.secret_env` names, held to
+    /// Telegram's rules for a `secret_token`.
+    fn webhook_secret(&self, webhook: &WebhookSettings) -> Result<Secret, ConfigError> {
+        let key = "telegram.webhook.secret_env";
+        let secret = read_secret(&self.source, key, &webhook.secret_env)?;
+        if !is_webhook_secret(secret.expose()) {
+            return Err(ConfigError::new(
+                &self.source,
+                key,
+                format!(
+                    "the value of {} is not a secret Telegram accepts: 1-{MAX_WEBHOOK_SECRET_LEN} characters, \
+                     each A-Z, a-z, 0-9, _ or - (e.g. from `openssl rand -hex 32`)",
+                    webhook.secret_env
+                ),
+            ));
+        }
+        Ok(secret)
     }
 
     /// What is allowed but risky in these settings. Pure: file permissions are checked
@@ -806,12 +888,14 @@ impl Settings {
 pub struct DaemonSecrets {
     pub telegram: Secret,
     pub agents: BTreeMap<AgentName, Secret>,
+    /// What Telegram sends with every webhook request, when `telegram.webhook` is set.
+    pub webhook: Option<Secret>,
 }
 
 impl DaemonSecrets {
     /// Every secret value, for scrubbing logs.
     pub fn all(&self) -> impl Iterator<Item = &Secret> {
-        std::iter::once(&self.telegram).chain(self.agents.values())
+        std::iter::once(&self.telegram).chain(self.agents.values()).chain(self.webhook.as_ref())
     }
 }
 
@@ -1088,6 +1172,36 @@ fn check_distinct_secrets(path: &Path, agents: &[(&AgentName, &str, &Secret)]) -
         }
     }
     Ok(())
+}
+
+fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSettings, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    let key = "telegram.webhook.public_url";
+    let public_url = reqwest::Url::parse(&raw.public_url)
+        .map_err(|e| err(key, format!("'{}' is not a URL: {e}", raw.public_url)))?;
+    if public_url.scheme() != "https" || public_url.host().is_none() {
+        return Err(err(
+            key,
+            format!(
+                "'{public_url}' must be an https URL with a host: Telegram calls webhooks over TLS only \
+                 (your load balancer or reverse proxy terminates it)"
+            ),
+        ));
+    }
+    if public_url.path() == "/" {
+        return Err(err(
+            key,
+            format!(
+                "'{public_url}' has no path: give the one Telegram should call, e.g. \
+                 https://bot.example.org/telegram/webhook, which the daemon serves on telegram.webhook.listen"
+            ),
+        ));
+    }
+    let listen = raw.listen.parse().map_err(|_| {
+        err("telegram.webhook.listen", format!("'{}' is not an address like 0.0.0.0:8443", raw.listen))
+    })?;
+    check_env_name(path, "telegram.webhook.secret_env", &raw.secret_env)?;
+    Ok(WebhookSettings { public_url, listen, secret_env: raw.secret_env })
 }
 
 fn check_env_name(path: &Path, key: &str, name: &str) -> Result<(), ConfigError> {
@@ -1435,6 +1549,78 @@ agents = ["builder", "reviewer"]
             assert_eq!(e.key, key, "{e}");
             assert!(e.problem.contains(says), "{says:?} not in: {e}");
         }
+    }
+
+    fn with_webhook(webhook: &str) -> String {
+        MINIMAL.replace(
+            "token_env = \"SB_TEST_TOKEN\"",
+            &format!("token_env = \"SB_TEST_TOKEN\"\nwebhook = {webhook}"),
+        )
+    }
+
+    #[test]
+    fn a_webhook_takes_an_https_url_with_a_path_and_a_listen_address() {
+        assert!(load_str(MINIMAL).unwrap().telegram.webhook.is_none(), "absent: polling");
+        let settings = load_str(&with_webhook(
+            r#"{ public_url = "https://bot.example.org/telegram/hook", listen = "0.0.0.0:8443" }"#,
+        ))
+        .unwrap();
+        let webhook = settings.telegram.webhook.unwrap();
+        assert_eq!(webhook.path(), "/telegram/hook");
+        assert_eq!(webhook.listen.to_string(), "0.0.0.0:8443");
+        assert_eq!(webhook.secret_env, "SWITCHBOARD_WEBHOOK_SECRET");
+    }
+
+    #[test]
+    fn a_bad_webhook_names_its_key() {
+        let cases = [
+            (
+                r#"{ public_url = "http://bot.example.org/hook", listen = "0.0.0.0:8443" }"#,
+                "telegram.webhook.public_url",
+            ),
+            (
+                r#"{ public_url = "https://bot.example.org/", listen = "0.0.0.0:8443" }"#,
+                "telegram.webhook.public_url",
+            ),
+            (r#"{ public_url = "not a url", listen = "0.0.0.0:8443" }"#, "telegram.webhook.public_url"),
+            (
+                r#"{ public_url = "https://bot.example.org/hook", listen = "8443" }"#,
+                "telegram.webhook.listen",
+            ),
+            (
+                r#"{ public_url = "https://bot.example.org/hook", listen = "0.0.0.0:8443", secret_env = "no-such name" }"#,
+                "telegram.webhook.secret_env",
+            ),
+        ];
+        for (webhook, key) in cases {
+            assert_eq!(problem(&with_webhook(webhook)).key, key, "{webhook}");
+        }
+        let e = problem(&with_webhook(r#"{ public_url = "https://bot.example.org/hook" }"#));
+        assert!(e.key.starts_with("telegram.webhook"), "{e}");
+    }
+
+    #[test]
+    fn a_webhook_secret_must_be_one_telegram_accepts_and_set() {
+        assert!(is_webhook_secret("abc_DEF-123"));
+        assert!(is_webhook_secret(&"x".repeat(256)));
+        for refused in ["", "has space", "slash/", "é", &"x".repeat(257)] {
+            assert!(!is_webhook_secret(refused), "{refused:?}");
+        }
+        let unset = with_webhook(
+            r#"{ public_url = "https://b.example/h", listen = "0.0.0.0:8443", secret_env = "SB_TEST_SURELY_UNSET" }"#,
+        );
+        let settings = load_str(&unset).unwrap();
+        let e = settings.webhook_secret(settings.telegram.webhook.as_ref().unwrap()).unwrap_err();
+        assert_eq!(e.key, "telegram.webhook.secret_env");
+        assert!(e.problem.contains("SB_TEST_SURELY_UNSET is not set"), "{e}");
+        // HOME holds a path: its slashes are not allowed.
+        let home = with_webhook(
+            r#"{ public_url = "https://b.example/h", listen = "0.0.0.0:8443", secret_env = "HOME" }"#,
+        );
+        let settings = load_str(&home).unwrap();
+        let e = settings.webhook_secret(settings.telegram.webhook.as_ref().unwrap()).unwrap_err();
+        assert!(e.problem.contains("not a secret Telegram accepts"), "{e}");
+        assert!(!e.problem.contains(&std::env::var("HOME").unwrap()), "the value is never shown: {e}");
     }
 
     #[test]

@@ -22,6 +22,9 @@
 //!   ([`FakeTelegram::reuse_update_id`]);
 //! * long polls wake as soon as an update is pushed, and a newer `getUpdates`
 //!   terminates an older one still waiting with the real 409 "Conflict";
+//! * with a webhook set (`setWebhook`), the same pending updates are POSTed to it
+//!   instead, one at a time, with the secret header, until answered 2xx, and
+//!   `getUpdates` answers 409 (see `webhook`);
 //! * once a group has migrated ([`FakeTelegram::push_migration`]) `sendMessage`
 //!   to the old id fails with `migrate_to_chat_id`;
 //! * errors carry the HTTP status, `error_code`, `description` and
@@ -89,10 +92,12 @@ mod limits;
 mod media;
 mod server;
 mod state;
+mod webhook;
 
 pub use buttons::{CallbackAnswer, EditedMessage, callback_data_of};
 pub use files::Upload;
 pub use limits::TelegramLimits;
+pub use webhook::{Delivery, WebhookInfo};
 
 use server::{chat_json, merge_into, route_request, unix_now};
 use state::{PendingUpdate, Shared, State, with_update_id};
@@ -303,6 +308,8 @@ impl FakeTelegram {
             // runtime is going away, when there is nobody left to tell.
             let _ = axum::serve(listener, app).with_graceful_shutdown(shutdown_signal).await;
         });
+        // Idle until a webhook is set and a test says where its requests go.
+        tokio::spawn(webhook::deliver(Arc::clone(&shared)));
 
         Ok(Self { shared, addr, server: Some(server) })
     }
@@ -765,6 +772,112 @@ impl FakeTelegram {
         self.shared.lock().unauthorized_requests
     }
 
+    // -- the webhook ----------------------------------------------------------
+
+    /// Where requests to the webhook's URL go, as a load balancer in front of the daemon
+    /// would forward them: `addr`'s plain HTTP, with the URL's path. Until this is called
+    /// (and a webhook is set) nothing is delivered; after a restart on another port, call
+    /// it again.
+    pub fn route_webhook_to(&self, addr: SocketAddr) {
+        self.shared.lock().webhook.target = Some(format!("http://{addr}"));
+        self.shared.changed.notify_waiters();
+    }
+
+    /// The webhook `setWebhook` set, if one is.
+    pub fn webhook(&self) -> Option<WebhookInfo> {
+        self.shared.lock().webhook.set.clone()
+    }
+
+    /// Waits until a webhook is set; returns it. Panics if `within` elapses first.
+    pub async fn wait_for_webhook(&self, within: Duration) -> WebhookInfo {
+        let deadline = Instant::now() + within;
+        let set = self.shared.wait_for(Some(deadline), |state| state.webhook.set.clone()).await;
+        set.unwrap_or_else(|| panic!("fake Telegram: no webhook set within {within:?}\n{}", self.describe()))
+    }
+
+    /// Every delivery of `update_id` to the webhook so far, in order.
+    pub fn deliveries_of(&self, update_id: i64) -> Vec<Delivery> {
+        let state = self.shared.lock();
+        state.webhook.deliveries.iter().filter(|(id, _)| *id == update_id).map(|(_, d)| *d).collect()
+    }
+
+    /// Waits until the webhook has answered a delivery of `update_id` with a 2xx (the
+    /// `n`th such answer, for an update delivered again): Telegram forgets it then. Panics
+    /// if `within` elapses first.
+    pub async fn wait_until_delivered(&self, update_id: i64, n: usize, within: Duration) {
+        let deadline = Instant::now() + within;
+        let delivered = self
+            .shared
+            .wait_for(Some(deadline), |state| {
+                let count = state
+                    .webhook
+                    .deliveries
+                    .iter()
+                    .filter(|(id, d)| *id == update_id && d.succeeded())
+                    .count();
+                (count >= n).then_some(())
+            })
+            .await;
+        if delivered.is_none() {
+            panic!(
+                "fake Telegram: update {update_id} was not delivered to the webhook {n} time(s) within {within:?}: {:?}\n{}",
+                self.deliveries_of(update_id),
+                self.describe()
+            );
+        }
+    }
+
+    /// Waits until `update_id` has been delivered at least `n` times, whatever the
+    /// answers; returns what became of each. Panics if `within` elapses first.
+    pub async fn wait_for_deliveries(&self, update_id: i64, n: usize, within: Duration) -> Vec<Delivery> {
+        let deadline = Instant::now() + within;
+        let deliveries = self
+            .shared
+            .wait_for(Some(deadline), |state| {
+                let of: Vec<Delivery> = state
+                    .webhook
+                    .deliveries
+                    .iter()
+                    .filter(|(id, _)| *id == update_id)
+                    .map(|(_, d)| *d)
+                    .collect();
+                (of.len() >= n).then_some(of)
+            })
+            .await;
+        deliveries.unwrap_or_else(|| {
+            panic!(
+                "fake Telegram: update {update_id} was not delivered {n} time(s) within {within:?}\n{}",
+                self.describe()
+            )
+        })
+    }
+
+    /// Throws away the answer to the next delivery, as when the connection breaks after
+    /// the webhook took the update: Telegram does not know it arrived, and delivers it
+    /// again. The load balancer takes its backend out with that connection: nothing more
+    /// is delivered until [`FakeTelegram::route_webhook_to`] routes the webhook again (to
+    /// the daemon restarted, say).
+    pub fn lose_next_webhook_answer(&self) {
+        self.shared.lock().webhook.answers_to_lose += 1;
+    }
+
+    /// Delivers `update_id` once more after its delivery, with the same content, as
+    /// Telegram does when it did not see an answer. Panics if the fake never had it.
+    pub fn deliver_again(&self, update_id: i64) {
+        {
+            let mut state = self.shared.lock();
+            let text = state
+                .webhook
+                .delivered
+                .get(&update_id)
+                .cloned()
+                .or_else(|| state.updates.iter().find(|u| u.id == update_id).map(|u| u.text.clone()))
+                .unwrap_or_else(|| panic!("deliver_again: no update {update_id} was pushed"));
+            state.push_update(PendingUpdate::new(update_id, text));
+        }
+        self.shared.changed.notify_waiters();
+    }
+
     // -- fault injection ----------------------------------------------------
 
     /// Makes the next not-yet-faulted `getUpdates` request fail with `fault`.
@@ -822,6 +935,11 @@ impl FakeTelegram {
             out,
             "requests per method: {per_method:?}; unauthorized: {}",
             state.unauthorized_requests
+        );
+        let _ = writeln!(
+            out,
+            "webhook: {:?} routed to {:?}; deliveries: {:?}",
+            state.webhook.set, state.webhook.target, state.webhook.deliveries
         );
         let queued: Vec<_> = state.faults.iter().filter(|(_, faults)| !faults.is_empty()).collect();
         let _ = write!(out, "unconsumed faults: {queued:?}");

@@ -140,20 +140,15 @@ async fn answer(shared: &Shared, method: &str, params: &Map<String, Value>) -> R
     if let Some(response) = super::buttons::answer(shared, method, params) {
         return response;
     }
+    if let Some(response) = super::webhook::answer(shared, method, params) {
+        return response;
+    }
     match method {
         "getupdates" => get_updates(shared, params).await,
         "getme" => ok(bot_me_json(shared.lock().privacy_mode)),
         "getfile" => super::files::get_file(shared, params),
-        "getwebhookinfo" => {
-            let pending = shared.lock().updates.len();
-            ok(json!({
-                "url": "",
-                "has_custom_certificate": false,
-                "pending_update_count": pending,
-            }))
-        }
         "getmycommands" => ok(json!([])),
-        "deletewebhook" | "close" | "logout" | "deletemycommands" => ok(json!(true)),
+        "close" | "logout" | "deletemycommands" => ok(json!(true)),
         _ => api_error(
             StatusCode::NOT_FOUND,
             &format!("Not Found: method {method:?} is not implemented by the fake Telegram server"),
@@ -215,7 +210,7 @@ impl GetUpdatesParams {
 
 /// `allowed_updates`: a JSON array of kind names, or (from a form or a query string) its
 /// JSON text.
-fn allowed_updates_param(params: &Map<String, Value>) -> Result<Option<Vec<String>>, String> {
+pub(super) fn allowed_updates_param(params: &Map<String, Value>) -> Result<Option<Vec<String>>, String> {
     let invalid = || "Bad Request: can't parse allowed updates".to_owned();
     let list = match params.get("allowed_updates") {
         None | Some(Value::Null) => return Ok(None),
@@ -226,6 +221,9 @@ fn allowed_updates_param(params: &Map<String, Value>) -> Result<Option<Vec<Strin
 }
 
 async fn get_updates(shared: &Shared, params: &Map<String, Value>) -> Response {
+    if shared.lock().webhook.set.is_some() {
+        return api_error(StatusCode::CONFLICT, super::webhook::WEBHOOK_ACTIVE_DESCRIPTION, None);
+    }
     let GetUpdatesParams { offset, limit, timeout, allowed_updates } = match GetUpdatesParams::parse(params) {
         Ok(parsed) => parsed,
         Err(description) => return bad_request(&description),

@@ -102,6 +102,8 @@ pub(super) struct State {
     pub(super) edits: Vec<super::EditedMessage>,
     /// Files to serve, downloads and uploads (`files`).
     pub(super) files: super::files::FilesState,
+    /// The webhook, where its deliveries go, and what became of them (`webhook`).
+    pub(super) webhook: super::webhook::WebhookState,
 }
 
 impl State {
@@ -131,6 +133,7 @@ impl State {
             callback_answers: Vec::new(),
             edits: Vec::new(),
             files: Default::default(),
+            webhook: Default::default(),
         }
     }
 

@@ -1,18 +1,22 @@
-//! Readiness (DESIGN.md §12): is this daemon doing its job right now? Three facts decide
+//! Readiness (DESIGN.md §12): is this daemon doing its job right now? These facts decide
 //! it, each from where it is known:
 //!
 //! - the ledger takes a write (probed when asked, see [`LedgerProbe`]);
-//! - the last successful `getUpdates` is recent: no older than twice the poll timeout plus
-//!   a margin, since a healthy long poll answers at least once per poll timeout;
-//! - Telegram is not refusing the poller: a 401 (token revoked or wrong) or a 409 (another
-//!   poller on the token, or a webhook) lasts until a `getUpdates` succeeds again.
+//! - when polling, the last successful `getUpdates` is recent: no older than twice the poll
+//!   timeout plus a margin, since a healthy long poll answers at least once per poll timeout;
+//! - when polling, Telegram is not refusing the poller: a 401 (token revoked or wrong) or a
+//!   409 (another poller on the token, or a webhook) lasts until a `getUpdates` succeeds again;
+//! - in webhook mode, Telegram has accepted the webhook (`setWebhook`) and the listener is
+//!   up: it is bound before the daemon reports itself running, and a listener that fails
+//!   stops the daemon, so `setWebhook` is the fact left to wait for;
 //!
 //! - intake, attempts and checkpoints write: the probe is one page, which still fits on a
 //!   disk too full for a batch, so a failed write of the daemon's own makes it not ready
 //!   (`ledger_full`, `intake_failing`, …) until that kind of write succeeds again.
 //!
-//! The poller publishes its side through [`PollHealth`], the ledger its writes through its
-//! `WriteWatch`; [`assess`] and [`assess_writes`] are the pure decision.
+//! The poller publishes its side through [`PollHealth`], the webhook its through
+//! [`WebhookHealth`], the ledger its writes through its `WriteWatch`; [`assess`] and
+//! [`assess_writes`] are the pure decision.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -114,6 +118,84 @@ impl PollHealth {
     }
 }
 
+/// What the webhook has seen, shared with the health routes.
+#[derive(Debug, Clone, Default)]
+pub struct WebhookHealth {
+    inner: Arc<Mutex<WebhookState>>,
+}
+
+#[derive(Debug, Default)]
+struct WebhookState {
+    /// `setWebhook` succeeded: Telegram delivers to this daemon's public URL.
+    registered: bool,
+    /// Why the last `setWebhook` failed, while none has succeeded.
+    refused: Option<String>,
+}
+
+impl WebhookHealth {
+    fn state(&self) -> MutexGuard<'_, WebhookState> {
+        self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Telegram accepted the webhook.
+    pub fn registered(&self) {
+        let mut state = self.state();
+        state.registered = true;
+        state.refused = None;
+    }
+
+    /// A `setWebhook` failed, for this reason (no secrets, no content).
+    pub fn refused(&self, why: String) {
+        self.state().refused = Some(why);
+    }
+
+    pub fn facts(&self) -> WebhookFacts {
+        let state = self.state();
+        WebhookFacts { registered: state.registered, refused: state.refused.clone() }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookFacts {
+    pub registered: bool,
+    /// Why the last `setWebhook` failed, while none has succeeded.
+    pub refused: Option<String>,
+}
+
+/// How updates reach this daemon, and what that way of intake has seen.
+#[derive(Debug, Clone)]
+pub enum IntakeHealth {
+    Polling(PollHealth),
+    Webhook(WebhookHealth),
+}
+
+impl IntakeHealth {
+    pub fn facts(&self, now: Instant) -> IntakeFacts {
+        match self {
+            Self::Polling(poll) => IntakeFacts::Polling(poll.facts(now)),
+            Self::Webhook(webhook) => IntakeFacts::Webhook(webhook.facts()),
+        }
+    }
+}
+
+/// Intake's side of readiness.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IntakeFacts {
+    Polling(PollFacts),
+    Webhook(WebhookFacts),
+}
+
+/// How updates reach the daemon, as `/readyz` says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum IntakeMode {
+    /// `getUpdates`, the default.
+    #[default]
+    Polling,
+    /// Telegram pushes updates to `telegram.webhook`.
+    Webhook,
+}
+
 /// The metric label of a `getUpdates` failure.
 pub fn fetch_error_kind(error: &FetchError) -> &'static str {
     match error {
@@ -151,7 +233,11 @@ pub struct NotReady {
 pub struct Readiness {
     pub ready: bool,
     pub reasons: Vec<NotReady>,
-    /// Seconds since the last successful `getUpdates`; none before the first.
+    /// How updates reach the daemon.
+    #[serde(default)]
+    pub intake: IntakeMode,
+    /// Seconds since the last successful `getUpdates`; none before the first, and none in
+    /// webhook mode.
     pub last_poll_success_secs: Option<u64>,
 }
 
@@ -207,7 +293,7 @@ fn what_cannot_be_written(write: LedgerWrite) -> &'static str {
 pub fn assess(
     ledger: Result<(), String>,
     writes: &[WriteFailing],
-    poll: PollFacts,
+    intake: IntakeFacts,
     poll_timeout: Duration,
 ) -> Readiness {
     let mut reasons = Vec::new();
@@ -215,6 +301,40 @@ pub fn assess(
         reasons.push(NotReady { code: "ledger_not_writable".into(), detail: problem });
     }
     reasons.extend(assess_writes(writes));
+    match intake {
+        IntakeFacts::Polling(poll) => {
+            reasons.extend(assess_polling(poll, poll_timeout));
+            Readiness {
+                ready: reasons.is_empty(),
+                reasons,
+                intake: IntakeMode::Polling,
+                last_poll_success_secs: poll.ever_succeeded.then_some(poll.since_success.as_secs()),
+            }
+        }
+        IntakeFacts::Webhook(webhook) => {
+            if !webhook.registered {
+                let why = webhook.refused.unwrap_or_else(|| "no answer yet".to_owned());
+                reasons.push(NotReady {
+                    code: "webhook_not_set".into(),
+                    detail: format!(
+                        "Telegram has not accepted the webhook (setWebhook to telegram.webhook.public_url): {why}; \
+                         retrying"
+                    ),
+                });
+            }
+            Readiness {
+                ready: reasons.is_empty(),
+                reasons,
+                intake: IntakeMode::Webhook,
+                last_poll_success_secs: None,
+            }
+        }
+    }
+}
+
+/// The poller's reasons: a lasting refusal, a poll gone stale.
+fn assess_polling(poll: PollFacts, poll_timeout: Duration) -> Vec<NotReady> {
+    let mut reasons = Vec::new();
     if let Some((refusal, lasting)) = poll.refusal {
         let secs = lasting.as_secs();
         let (code, detail) = match refusal {
@@ -254,18 +374,15 @@ pub fn assess(
         };
         reasons.push(NotReady { code: "polling_stale".into(), detail });
     }
-    Readiness {
-        ready: reasons.is_empty(),
-        reasons,
-        last_poll_success_secs: poll.ever_succeeded.then_some(poll.since_success.as_secs()),
-    }
+    reasons
 }
 
 /// Everything the health routes need: the poller's facts, the ledger probe and the poll
 /// timeout the staleness limit derives from.
 #[derive(Debug, Clone)]
 pub struct Health {
-    pub poll: PollHealth,
+    /// The poller's or the webhook's side.
+    pub intake: IntakeHealth,
     probe: Arc<LedgerProbe>,
     /// The ledger's own writes: intake, attempts, checkpoints.
     writes: Arc<WriteWatch>,
@@ -274,18 +391,18 @@ pub struct Health {
 
 impl Health {
     pub fn new(
-        poll: PollHealth,
+        intake: IntakeHealth,
         probe: LedgerProbe,
         writes: Arc<WriteWatch>,
         poll_timeout: Duration,
     ) -> Self {
-        Self { poll, probe: Arc::new(probe), writes, poll_timeout }
+        Self { intake, probe: Arc::new(probe), writes, poll_timeout }
     }
 
     /// Probes the ledger and assesses readiness now.
     pub async fn readiness(&self) -> Readiness {
         let ledger = self.probe.check().await;
-        assess(ledger, &self.writes.failing(), self.poll.facts(Instant::now()), self.poll_timeout)
+        assess(ledger, &self.writes.failing(), self.intake.facts(Instant::now()), self.poll_timeout)
     }
 }
 
@@ -295,12 +412,16 @@ mod tests {
 
     const POLL_TIMEOUT: Duration = Duration::from_secs(10);
 
-    fn facts(since_success: u64, refusal: Option<TelegramRefusal>) -> PollFacts {
+    fn poll(since_success: u64, refusal: Option<TelegramRefusal>) -> PollFacts {
         PollFacts {
             since_success: Duration::from_secs(since_success),
             ever_succeeded: true,
             refusal: refusal.map(|r| (r, Duration::from_secs(3))),
         }
+    }
+
+    fn facts(since_success: u64, refusal: Option<TelegramRefusal>) -> IntakeFacts {
+        IntakeFacts::Polling(poll(since_success, refusal))
     }
 
     fn codes(readiness: &Readiness) -> Vec<&str> {
@@ -378,10 +499,31 @@ mod tests {
         let stale = assess(Ok(()), &[], facts(31, None), POLL_TIMEOUT);
         assert_eq!(codes(&stale), ["polling_stale"]);
         assert!(stale.reasons[0].detail.contains("31s ago"), "{:?}", stale.reasons);
-        let never = PollFacts { ever_succeeded: false, ..facts(31, None) };
-        let stale = assess(Ok(()), &[], never, POLL_TIMEOUT);
+        let never = PollFacts { ever_succeeded: false, ..poll(31, None) };
+        let stale = assess(Ok(()), &[], IntakeFacts::Polling(never), POLL_TIMEOUT);
         assert!(stale.reasons[0].detail.contains("since start"), "{:?}", stale.reasons);
         assert_eq!(stale.last_poll_success_secs, None);
+    }
+
+    #[test]
+    fn in_webhook_mode_readiness_waits_for_set_webhook_and_never_for_a_poll() {
+        let webhook = WebhookHealth::default();
+        let not_yet = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT);
+        assert_eq!(codes(&not_yet), ["webhook_not_set"]);
+        assert_eq!(not_yet.intake, IntakeMode::Webhook);
+        webhook.refused("Telegram refused setWebhook (400): bad webhook: HTTPS url must be provided".into());
+        let refused = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT);
+        assert!(refused.reasons[0].detail.contains("HTTPS url must be provided"), "{:?}", refused.reasons);
+        webhook.registered();
+        // No getUpdates ever succeeds in webhook mode, and that is no reason.
+        let ready = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT);
+        assert!(ready.ready, "{:?}", ready.reasons);
+        assert_eq!(ready.last_poll_success_secs, None);
+        let full = [failing(LedgerWrite::Intake, WriteProblem::DiskFull, 2)];
+        assert_eq!(
+            codes(&assess(Ok(()), &full, IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT)),
+            ["ledger_full"]
+        );
     }
 
     #[test]

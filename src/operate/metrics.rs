@@ -43,6 +43,7 @@ pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
 pub const TASK_REVISIONS: &str = "switchboard_task_revisions_total";
 pub const LEDGER_WRITE_FAILURES: &str = "switchboard_ledger_write_failures_total";
 pub const PERMISSION_REQUESTS: &str = "switchboard_permission_requests";
+pub const WEBHOOK_REQUESTS: &str = "switchboard_webhook_requests_total";
 
 /// Bucket bounds of both hop histograms, in seconds: a local hop takes milliseconds, a
 /// send to Telegram tens to hundreds of them, and an envelope that waited for its agent's
@@ -136,7 +137,12 @@ pub fn install() -> PrometheusHandle {
 
 fn describe() {
     describe_gauge!(ENVELOPES, "Envelopes in the ledger, by state (read from the ledger at scrape time).");
-    describe_counter!(ENVELOPES_RECORDED, "Envelopes recorded by the poller since start, by initial state.");
+    describe_counter!(ENVELOPES_RECORDED, "Envelopes recorded by intake since start, by initial state.");
+    describe_counter!(
+        WEBHOOK_REQUESTS,
+        "Requests to the webhook listener since start, by answer (stored, unauthorized, not_an_update, \
+         ledger_congested, ledger_failed)."
+    );
     describe_counter!(
         ATTEMPTS,
         "Send attempts to Telegram since start, by outcome (sent, not_sent, unknown)."
@@ -202,7 +208,13 @@ pub fn ledger_write_failed(write: &'static str, reason: &'static str) {
     counter!(LEDGER_WRITE_FAILURES, "write" => write, "reason" => reason).increment(1);
 }
 
-/// The poller recorded a new envelope in `state`.
+/// The webhook listener answered a request with `answer` (a closed set, see
+/// `telegram::webhook`).
+pub fn webhook_request(answer: &'static str) {
+    counter!(WEBHOOK_REQUESTS, "answer" => answer).increment(1);
+}
+
+/// Intake recorded a new envelope in `state`.
 pub fn envelope_recorded(state: EnvelopeState) {
     counter!(ENVELOPES_RECORDED, "state" => state.as_str()).increment(1);
 }

@@ -27,8 +27,8 @@ use crate::config::Settings;
 use crate::ids::AgentName;
 use crate::operate::metrics;
 use crate::rules::routes::{Route, RouteTarget};
+use crate::telegram::intake::Routing;
 use crate::telegram::outbound::Outbound;
-use crate::telegram::poller::Routing;
 
 /// What a new file changes, sorted by whether the running daemon can apply it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -101,6 +101,10 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
         &old.unauthorized_exit.as_secs(),
         &new_t.unauthorized_exit.as_secs(),
     );
+    // The listener is bound and `setWebhook` called at start-up, and the intake mode with them.
+    let webhook =
+        |settings: &Settings| settings.telegram.webhook.as_ref().map_or("none".to_owned(), |w| w.to_string());
+    fixed("telegram.webhook", &webhook(running), &webhook(new));
     fixed("storage.database", &running.storage.database.display(), &new.storage.database.display());
     fixed(
         "storage.synchronous",

@@ -104,7 +104,8 @@ fn error_chain(error: &(dyn std::error::Error + 'static)) -> String {
     text
 }
 
-/// The kinds of update the poller asks Telegram for, as `allowed_updates` on every call:
+/// The kinds of update intake asks Telegram for, as `allowed_updates` on every `getUpdates`
+/// call (and in `setWebhook`, in webhook mode):
 /// messages and their edits (envelopes), reactions (notices about the bot's replies, which
 /// Telegram sends only to a bot that lists them), and presses on the bot's buttons
 /// (permission prompts, DESIGN.md §15). Telegram keeps the last list a bot asked for, so it

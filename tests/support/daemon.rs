@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use switchboard::app::reported_api_address;
+use switchboard::app::{reported_api_address, reported_webhook_address};
 use switchboard::config::API_LISTEN_ENV;
 use switchboard::fake_bot_api::TEST_TOKEN;
 
@@ -68,6 +68,9 @@ pub struct TestDaemon {
     /// Where the local API listens, as the first start reported it; restarts keep it, as
     /// a configured daemon would, so a running plugin finds the daemon again.
     api_addr: Option<SocketAddr>,
+    /// Where the webhook listener (`telegram.webhook`) of the current start listens, if the
+    /// configuration has one: on port 0, so each start reports its own.
+    webhook_addr: Option<SocketAddr>,
     child: Option<Child>,
     /// Each start appends to its own numbered log file, so restarts keep earlier logs.
     starts: usize,
@@ -148,12 +151,26 @@ token_env = "SB_TEST_WORKER_SECRET"
         let config_path = dir.path().join("switchboard.toml");
         std::fs::write(&config_path, config).expect("write config");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-        Self { dir, config_path, api_addr: None, child: None, starts: 0, env, launcher: Vec::new() }
+        Self {
+            dir,
+            config_path,
+            api_addr: None,
+            webhook_addr: None,
+            child: None,
+            starts: 0,
+            env,
+            launcher: Vec::new(),
+        }
     }
 
     /// The local API's address, as the daemon reported it.
     pub fn api_addr(&self) -> SocketAddr {
         self.api_addr.expect("the daemon has not started: its address is the one it reports once it listens")
+    }
+
+    /// Where this start's webhook listener listens, as the daemon reported it.
+    pub fn webhook_addr(&self) -> SocketAddr {
+        self.webhook_addr.expect("the daemon reported no webhook listener: is telegram.webhook configured?")
     }
 
     /// The environment a `switchboard channel` for this daemon needs besides its secret:
@@ -244,8 +261,10 @@ token_env = "SB_TEST_WORKER_SECRET"
         let deadline = Instant::now() + START_TIMEOUT;
         let log = self.log_path(self.starts);
         loop {
-            let reported = std::fs::read_to_string(&log).ok().and_then(|text| reported_api_address(&text));
-            if let Some(addr) = reported {
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            if let Some(addr) = reported_api_address(&text) {
+                // Logged before the running line, when there is a listener.
+                self.webhook_addr = reported_webhook_address(&text);
                 if self.api_addr.is_none() {
                     // Later starts, plugins and subcommands use the address the first one got.
                     self.env.push((API_LISTEN_ENV.to_owned(), addr.to_string()));

@@ -39,6 +39,29 @@ pub(crate) async fn a_batch_and_its_offset_commit_together_and_replays_are_skipp
     assert_eq!(all.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(1), Some(2), Some(3)]);
 }
 
+pub(crate) async fn a_pushed_batch_leaves_the_offset_alone_and_a_redelivery_is_skipped<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger
+        .record_batch(7, 3, &[routed(1, EnvelopeState::Queued), routed(2, EnvelopeState::Queued)])
+        .await
+        .unwrap();
+    let pushed = [routed(5, EnvelopeState::Queued)];
+    let recorded = ledger.record_pushed_batch(&pushed, &[], &[&orch], None).await.unwrap();
+    assert_eq!(recorded.inserted.len(), 1);
+    // Handed over with the agent's older queued envelopes, as a polled batch is.
+    let handed: Vec<_> = recorded.claimed.iter().map(|e| e.update_id).collect();
+    assert_eq!(handed, [Some(1), Some(2), Some(5)]);
+    assert_eq!(ledger.next_offset(7).await.unwrap(), Some(3), "no offset moves for a pushed update");
+    // Telegram delivers it again (its 200 was lost): same id, same digest, new trace id.
+    let redelivered = [routed(5, EnvelopeState::Queued)];
+    let again = ledger.record_pushed_batch(&redelivered, &[], &[], None).await.unwrap();
+    assert!(again.inserted.is_empty(), "{:?}", again.inserted);
+    let all = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    assert_eq!(all.iter().filter(|e| e.update_id == Some(5)).count(), 1);
+    assert_eq!(ledger.next_offset(8).await.unwrap(), None, "nor is one made up");
+}
+
 pub(crate) async fn claims_go_oldest_first_and_redelivery_counts<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
     let agent = AgentName::parse("orch").unwrap();

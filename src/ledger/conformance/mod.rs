@@ -38,6 +38,7 @@ macro_rules! suite {
         // DESIGN §1-§2: intake, claims, redelivery, transitions
         envelopes::a_batch_handed_over_is_pending_when_committed_with_the_older_queued_envelopes_first,
         envelopes::a_batch_and_its_offset_commit_together_and_replays_are_skipped,
+        envelopes::a_pushed_batch_leaves_the_offset_alone_and_a_redelivery_is_skipped,
         envelopes::claims_go_oldest_first_and_redelivery_counts,
         envelopes::transitions_only_from_allowed_states_and_are_audited,
         envelopes::a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not,

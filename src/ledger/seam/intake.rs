@@ -1,4 +1,5 @@
-//! The poller's side: the offset and each batch of updates, committed together (DESIGN §1-§2).
+//! Intake's side: each batch of updates, with the poller's offset when it polled them
+//! (committed together, DESIGN §1-§2), or without one when Telegram pushed them.
 
 use super::*;
 
@@ -39,6 +40,18 @@ pub trait Intake: Send + Sync {
         &self,
         bot_id: i64,
         next_offset: i64,
+        batch: &'a [RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>>;
+
+    /// [`Self::record_batch_with_reactions`] for updates Telegram pushed (a webhook
+    /// delivery): no offset confirms them, so none is moved. An update already stored with
+    /// the same id and digest (Telegram delivering it again because our answer never
+    /// reached it) is skipped, as a re-poll is.
+    async fn record_pushed_batch<'a>(
+        &self,
         batch: &'a [RoutedEnvelope],
         reactions: &[RoutedReaction],
         claim_for: &[&AgentName],

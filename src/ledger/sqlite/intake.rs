@@ -1,5 +1,5 @@
-//! The poller's side: a batch of envelopes and the offset that confirms it, committed
-//! together; and which ledger errors intake waits out instead of stopping.
+//! Intake's side: a batch of envelopes and, when it was polled, the offset that confirms
+//! it, committed together; and which ledger errors intake waits out instead of stopping.
 
 use async_trait::async_trait;
 use chrono::SecondsFormat;
@@ -55,20 +55,18 @@ impl Intake for SqliteLedger {
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
     ) -> LedgerResult<RecordedBatch<'a>> {
-        let recorded = self
-            .write_in_place(|db| {
-                let received_at = now();
-                let rows =
-                    insert_batch(db, bot_id, next_offset, batch, claim_for, bot_username, &received_at)?;
-                Ok((rows, reactions::record_reactions(db, reactions, &received_at)?))
-            })
-            .await;
-        self.writes.observe(LedgerWrite::Intake, &recorded);
-        let ((new_rows, mut claimed, task_effects), reactions) = recorded?;
-        let inserted = batch.iter().zip(new_rows).filter_map(|(routed, new)| new.then_some(routed)).collect();
-        // RETURNING gives no order guarantee.
-        claimed.sort_by_key(|row| row.id);
-        Ok(RecordedBatch { inserted, claimed, task_effects, reactions })
+        let offset = Some(PollOffset { bot_id, next_offset });
+        self.record_intake(offset, batch, reactions, claim_for, bot_username).await
+    }
+
+    async fn record_pushed_batch<'a>(
+        &self,
+        batch: &'a [RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>> {
+        self.record_intake(None, batch, reactions, claim_for, bot_username).await
     }
 
     async fn raw_update(&self, trace_id: &TraceId) -> LedgerResult<Option<String>> {
@@ -83,13 +81,46 @@ impl Intake for SqliteLedger {
     }
 }
 
+/// The poller's offset that a polled batch moves: the next `getUpdates` starts there.
+#[derive(Debug, Clone, Copy)]
+struct PollOffset {
+    bot_id: i64,
+    next_offset: i64,
+}
+
+impl SqliteLedger {
+    /// One intake transaction: the batch's rows, its reactions, its claims and, for a
+    /// polled batch, the offset that confirms it.
+    async fn record_intake<'a>(
+        &self,
+        offset: Option<PollOffset>,
+        batch: &'a [RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>> {
+        let recorded = self
+            .write_in_place(|db| {
+                let received_at = now();
+                let rows = insert_batch(db, offset, batch, claim_for, bot_username, &received_at)?;
+                Ok((rows, reactions::record_reactions(db, reactions, &received_at)?))
+            })
+            .await;
+        self.writes.observe(LedgerWrite::Intake, &recorded);
+        let ((new_rows, mut claimed, task_effects), reactions) = recorded?;
+        let inserted = batch.iter().zip(new_rows).filter_map(|(routed, new)| new.then_some(routed)).collect();
+        // RETURNING gives no order guarantee.
+        claimed.sort_by_key(|row| row.id);
+        Ok(RecordedBatch { inserted, claimed, task_effects, reactions })
+    }
+}
+
 /// The transaction of [`SqliteLedger::record_batch_handing_over`], run in place; returns which
 /// rows of the batch were new, the rows claimed for `claim_for`, and what the task
 /// changes ask for.
 fn insert_batch(
     db: &rusqlite::Connection,
-    bot_id: i64,
-    next_offset: i64,
+    offset: Option<PollOffset>,
     batch: &[RoutedEnvelope],
     claim_for: &[&AgentName],
     bot_username: Option<&str>,
@@ -159,12 +190,14 @@ fn insert_batch(
     // transaction: a change and the messages around it are serialised.
     let task_effects =
         tasks::record_batch_tasks(db, batch, &tasks, &new_rows, first_id.unwrap_or_default(), bot_username)?;
-    execute_cached(
-        db,
-        "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
-         ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",
-        rusqlite::params![bot_id, next_offset, received_at],
-    )?;
+    if let Some(PollOffset { bot_id, next_offset }) = offset {
+        execute_cached(
+            db,
+            "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES (?, ?, ?) \
+             ON CONFLICT (bot_id) DO UPDATE SET next_offset = excluded.next_offset, updated_at = excluded.updated_at",
+            rusqlite::params![bot_id, next_offset, received_at],
+        )?;
+    }
     let mut claim = db.prepare_cached(concat!(
         "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = ? \
          WHERE agent = ? AND state = 'queued' RETURNING ",

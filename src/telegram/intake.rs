@@ -1,0 +1,437 @@
+//! Intake: what becomes of updates once Telegram has handed them over, however they came
+//! (a `getUpdates` batch or a webhook delivery). Each update is decoded on its own (one
+//! that cannot be decoded, or makes the decoder panic, is recorded raw as `undecodable`),
+//! routed with one snapshot of the routes, and the batch is committed in one ledger
+//! transaction, handing the queued envelopes of live sessions over; only then are the
+//! agents' bells rung and the task changes and permission answers carried out.
+//!
+//! The caller says what confirms the batch to Telegram: the poller's next offset, committed
+//! with it, or nothing (a webhook's answer, sent once this returns).
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+use crate::agents::bridge::Bridge;
+use crate::agents::permissions::{self, AnswerChat, TextAnswer};
+use crate::config::Settings;
+use crate::ids::AgentName;
+use crate::ledger::{EnvelopeState, LedgerError};
+use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
+use crate::operate::metrics;
+use crate::rules::permissions::Verdict;
+use crate::rules::routes::RoutesTable;
+use crate::rules::routes::{Disposition, dispose};
+use crate::telegram::envelope::{self, Inbound};
+use crate::telegram::updates::RawUpdate;
+use crate::telemetry;
+
+/// What intake routes with: one snapshot per batch.
+#[derive(Debug, Clone, Default)]
+pub struct Routing {
+    pub routes: RoutesTable,
+    /// Sender ids allowed to reach an agent; empty means everyone in a routed chat.
+    pub allowed_users: Vec<i64>,
+    /// Where approvers answer permission prompts by text (DESIGN.md §15): such an answer is
+    /// a verdict, not work for an agent.
+    pub answer_chats: Vec<AnswerChat>,
+}
+
+impl Routing {
+    pub fn of(settings: &Settings) -> Self {
+        Self {
+            routes: settings.routes.clone(),
+            allowed_users: settings.telegram.allowed_users.clone(),
+            answer_chats: permissions::answer_chats(settings),
+        }
+    }
+}
+
+/// The note of a message kept as an approver's text answer to a permission prompt.
+const TEXT_ANSWER_NOTE: &str = "a text answer to a permission prompt";
+
+/// What confirms a batch to Telegram, so that it is not sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Confirmation {
+    /// The poller's next `getUpdates` offset, committed in the batch's transaction.
+    Offset(i64),
+    /// The webhook's answer, given once the batch is committed: no offset moves.
+    Answer,
+}
+
+/// What one batch came to in the ledger.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Taken {
+    /// Rows that were new; an update stored before (a re-poll, a redelivery) is not one.
+    pub new_envelopes: usize,
+}
+
+/// Takes batches of updates into the ledger and on to the agents. Cheap to clone: the
+/// poller holds one, and every webhook request a clone.
+#[derive(Clone)]
+pub struct UpdateIntake {
+    /// Telegram's numeric bot id: the key of this bot's offset in the ledger.
+    bot_id: i64,
+    ledger: Ledger,
+    bridge: Bridge,
+    /// The routes and the allowlist; a configuration reload replaces them, and each batch
+    /// is routed with one snapshot.
+    routing: watch::Receiver<Arc<Routing>>,
+}
+
+impl UpdateIntake {
+    pub fn new(bot_id: i64, ledger: Ledger, bridge: Bridge, routing: watch::Receiver<Arc<Routing>>) -> Self {
+        Self { bot_id, ledger, bridge, routing }
+    }
+
+    pub fn bot_id(&self) -> i64 {
+        self.bot_id
+    }
+
+    /// Decodes, routes and commits `updates` as one batch, confirmed by `confirmation`;
+    /// then hands over, rings the bells and carries out what the batch asks for. A ledger
+    /// error means nothing of the batch was recorded (and no offset moved).
+    pub async fn take(
+        &self,
+        updates: Vec<RawUpdate>,
+        confirmation: Confirmation,
+    ) -> Result<Taken, LedgerError> {
+        // Presses on the permission prompts' buttons: not envelopes, handled once the batch
+        // is committed. One lost to a crash before then is pressed again.
+        let presses: Vec<_> =
+            updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
+        let routing = Arc::clone(&self.routing.borrow());
+        let ReadBatch { envelopes: batch, reactions } = read_batch(updates, routing).await;
+        // Agents with a live session get their envelopes handed over by this commit (see
+        // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
+        let bridge = self.bridge.clone();
+        let inboxes = bridge.open_inboxes(batch.iter().filter_map(queued_for)).await;
+        let handed = inboxes.agents();
+        let bot_username = bridge.bot_username();
+        let recorded = match confirmation {
+            Confirmation::Offset(next_offset) => {
+                self.ledger
+                    .record_batch_with_reactions(
+                        self.bot_id,
+                        next_offset,
+                        &batch,
+                        &reactions,
+                        &handed,
+                        bot_username.as_deref(),
+                    )
+                    .await?
+            }
+            Confirmation::Answer => {
+                self.ledger.record_pushed_batch(&batch, &reactions, &handed, bot_username.as_deref()).await?
+            }
+        };
+        let handed: Vec<AgentName> = handed.into_iter().cloned().collect();
+        inboxes.hand_over(recorded.claimed);
+        let inserted = recorded.inserted;
+        // A line per envelope, written together: a full batch is a hundred.
+        telemetry::in_one_write(|| {
+            for routed in &inserted {
+                log_recorded(routed);
+                metrics::envelope_recorded(routed.state);
+                match (routed.state, &routed.agent) {
+                    (EnvelopeState::Queued, Some(agent)) if !handed.contains(agent) => {
+                        self.bridge.wake(agent)
+                    }
+                    (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
+                    _ => {}
+                }
+            }
+        });
+        // A reaction owed to an agent reaches its session, if one is connected, by its bell.
+        for reaction in &recorded.reactions {
+            tracing::info!(trace_id = %reaction.trace_id, agent = %reaction.agent, "reaction recorded");
+            if let Ok(agent) = AgentName::parse(&reaction.agent) {
+                self.bridge.wake(&agent);
+            }
+        }
+        // Task changes (DESIGN.md §11) are recorded: now the chat and the agents hear of them.
+        self.bridge.carry_out(recorded.task_effects);
+        let texts = batch.iter().filter_map(text_answer).collect();
+        self.bridge.permission_answers(presses, texts);
+        Ok(Taken { new_envelopes: inserted.len() })
+    }
+}
+
+/// From how many updates a batch is read on two threads: decoding is a fifth of intake's
+/// time, and a batch's commit cannot start before its last update is read. A single
+/// message stays on the runtime's thread, with no hand-over.
+const READ_IN_PARALLEL_FROM: usize = 16;
+
+/// The rows a batch of updates becomes, in the batch's order. A large batch's second half
+/// is read on a blocking thread meanwhile (see [`READ_IN_PARALLEL_FROM`]).
+async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> ReadBatch {
+    let read = |updates: &[RawUpdate], routing: &Routing| -> ReadBatch {
+        let mut batch = ReadBatch::default();
+        for raw in updates {
+            read_update(raw, routing, &mut batch);
+        }
+        batch
+    };
+    if updates.len() < READ_IN_PARALLEL_FROM {
+        return read(&updates, &routing);
+    }
+    let second_half = updates.split_off(updates.len() / 2);
+    let helper = {
+        let routing = Arc::clone(&routing);
+        tokio::task::spawn_blocking(move || read(&second_half, &routing))
+    };
+    let mut rows = read(&updates, &routing);
+    match helper.await {
+        Ok(more) => {
+            rows.envelopes.extend(more.envelopes);
+            rows.reactions.extend(more.reactions);
+        }
+        // A panic reading an update is caught in `envelope::read`; one elsewhere goes on
+        // as it would have on this thread.
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+    rows
+}
+
+/// A batch as the ledger records it: rows of `envelopes`, and reactions (`ledger::reactions`),
+/// each in the batch's order.
+#[derive(Default)]
+struct ReadBatch {
+    envelopes: Vec<RoutedEnvelope>,
+    reactions: Vec<RoutedReaction>,
+}
+
+/// Adds what one update becomes in the ledger, if anything, to `batch`.
+fn read_update(raw: &RawUpdate, routing: &Routing, batch: &mut ReadBatch) {
+    let digest = raw.digest();
+    let routed = match envelope::read(raw) {
+        Inbound::Envelope(envelope) if is_text_answer(&envelope, routing) => {
+            audit_row(*envelope, EnvelopeState::Ignored, digest, TEXT_ANSWER_NOTE.to_owned(), None)
+        }
+        Inbound::Envelope(envelope) => route(*envelope, digest, routing),
+        Inbound::Ignored { envelope, reason } => {
+            audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
+        }
+        Inbound::Migrated { envelope, reason, to_chat_id } => {
+            report_migration(routing, envelope.update_id, envelope.channel.chat_id, to_chat_id);
+            audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
+        }
+        // Whom it reaches, if anyone, intake decides: it knows what the bot sent.
+        Inbound::Reaction(reaction) => {
+            batch.reactions.push(RoutedReaction { reaction: *reaction, update_digest: digest });
+            return;
+        }
+        Inbound::NotAMessage { update_id, kind } => {
+            tracing::debug!(update_id, kind, "update of a kind switchboard does not route");
+            return;
+        }
+        Inbound::Undecodable { update_id, reason } => {
+            let envelope = envelope::undecodable_envelope(raw, update_id);
+            audit_row(envelope, EnvelopeState::Undecodable, digest, reason, Some(raw.text.clone()))
+        }
+    };
+    batch.envelopes.push(routed);
+}
+
+fn route(envelope: envelope::Envelope, update_digest: String, routing: &Routing) -> RoutedEnvelope {
+    let (state, route) =
+        match dispose(&routing.routes, &routing.allowed_users, envelope.channel, envelope.sender.id) {
+            Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
+            Disposition::Unrouted => (EnvelopeState::Unrouted, None),
+            Disposition::Rejected(route) => (EnvelopeState::Rejected, Some(route)),
+        };
+    RoutedEnvelope {
+        state,
+        route: route.map(|r| r.name.clone()),
+        // A room's messages belong to the room, not to one of its agents.
+        agent: route.and_then(|r| r.agent().cloned()),
+        envelope,
+        update_digest,
+        note: None,
+        raw_update: None,
+    }
+}
+
+fn report_migration(routing: &Routing, update_id: i64, from_chat_id: i64, to_chat_id: i64) {
+    let routes: Vec<&str> = routing.routes.routes_for_chat(from_chat_id).map(|r| r.name.as_str()).collect();
+    if routes.is_empty() {
+        tracing::warn!(
+            update_id,
+            from_chat_id,
+            to_chat_id,
+            "chat {from_chat_id} became supergroup {to_chat_id}; no route names it"
+        );
+    } else {
+        tracing::error!(
+            update_id,
+            from_chat_id,
+            to_chat_id,
+            ?routes,
+            "chat {from_chat_id} became supergroup {to_chat_id}: change chat_id to {to_chat_id} in route(s) {} and restart, or its messages go unrouted",
+            routes.join(", ")
+        );
+    }
+}
+
+/// Whether a message is an approver's `yes <id>` / `no <id>` in a relay's chat.
+fn is_text_answer(envelope: &envelope::Envelope, routing: &Routing) -> bool {
+    !routing.answer_chats.is_empty()
+        && envelope.kind == crate::ledger::EnvelopeKind::Message
+        && text_answer_of(envelope, routing).is_some()
+}
+
+fn text_answer_of(envelope: &envelope::Envelope, routing: &Routing) -> Option<(Verdict, String)> {
+    permissions::text_answer(
+        &routing.answer_chats,
+        envelope.channel.chat_id,
+        envelope.channel.thread_id,
+        envelope.sender.id?,
+        envelope.text.as_deref(),
+    )
+}
+
+/// The text answer a recorded row holds, if it is one (see [`TEXT_ANSWER_NOTE`]).
+fn text_answer(routed: &RoutedEnvelope) -> Option<TextAnswer> {
+    if routed.note.as_deref() != Some(TEXT_ANSWER_NOTE) {
+        return None;
+    }
+    let e = &routed.envelope;
+    let (verdict, request_id) = crate::rules::permissions::parse_text_verdict(e.text.as_deref()?)?;
+    let from_shown = e.sender.username.as_ref().map_or_else(|| e.sender.name.clone(), |u| format!("@{u}"));
+    let from = e.sender.id?;
+    Some(TextAnswer { verdict, request_id, chat_id: e.channel.chat_id, from, from_shown })
+}
+
+/// The agent a row is work for, if it is.
+fn queued_for(routed: &RoutedEnvelope) -> Option<&AgentName> {
+    routed.agent.as_ref().filter(|_| routed.state == EnvelopeState::Queued)
+}
+
+/// A row kept for audit, handed to no agent.
+fn audit_row(
+    envelope: envelope::Envelope,
+    state: EnvelopeState,
+    update_digest: String,
+    note: String,
+    raw_update: Option<String>,
+) -> RoutedEnvelope {
+    RoutedEnvelope { envelope, state, route: None, agent: None, update_digest, note: Some(note), raw_update }
+}
+
+fn log_recorded(routed: &RoutedEnvelope) {
+    let e = &routed.envelope;
+    let span = tracing::info_span!("envelope", trace_id = %e.trace_id);
+    let _entered = span.enter();
+    let route = routed.route.as_ref().map(|r| r.as_str()).unwrap_or("-");
+    let agent = routed.agent.as_ref().map(|a| a.as_str()).unwrap_or("-");
+    match routed.state {
+        EnvelopeState::Unrouted => tracing::warn!(
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            thread_id = e.channel.thread_id,
+            "no route matches this chat: recorded as unrouted"
+        ),
+        EnvelopeState::Rejected => tracing::warn!(
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            sender_id = e.sender.id,
+            route,
+            "sender is not on telegram.allowed_users: recorded as rejected"
+        ),
+        EnvelopeState::Ignored => tracing::info!(
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            reason = routed.note.as_deref().unwrap_or_default(),
+            "no work for an agent: recorded as ignored"
+        ),
+        EnvelopeState::Undecodable => {
+            // The update id only: the raw text carries the message, and the reason may
+            // quote it.
+            tracing::warn!(
+                update_id = e.update_id,
+                "undecodable update recorded raw and confirmed (Telegram sent something teloxide could not read): see `switchboard ledger show` for this trace id"
+            );
+            tracing::debug!(
+                reason = routed.note.as_deref().unwrap_or_default(),
+                raw = routed.raw_update.as_deref().unwrap_or_default(),
+                "undecodable update"
+            );
+            return;
+        }
+        _ => tracing::info!(
+            update_id = e.update_id,
+            chat_id = e.channel.chat_id,
+            thread_id = e.channel.thread_id,
+            route,
+            agent,
+            kind = e.kind.as_str(),
+            "envelope recorded"
+        ),
+    }
+    tracing::debug!(text = e.content(), "envelope content");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use crate::ids::{AgentName, RouteName};
+    use crate::rules::routes::{Audience, Route, RouteTarget, RoutesTable};
+
+    const DM: i64 = 123_456_789;
+
+    fn routing() -> Arc<Routing> {
+        let route = Route {
+            name: RouteName::parse("owner-dm").unwrap(),
+            target: RouteTarget::Chat { chat_id: DM },
+            audience: Audience::Agent(AgentName::parse("a").unwrap()),
+        };
+        Arc::new(Routing {
+            routes: RoutesTable::new(vec![route]).unwrap(),
+            allowed_users: vec![],
+            answer_chats: vec![],
+        })
+    }
+
+    /// Routed, unrouted, undecodable and not-a-message updates, in turn.
+    fn updates(count: i64) -> Vec<RawUpdate> {
+        (1..=count)
+            .map(|id| {
+                let chat = if id % 3 == 0 { 42 } else { DM };
+                let text = match id % 5 {
+                    0 => format!(r#"{{"update_id":{id},"message":"not an object"}}"#),
+                    4 => format!(r#"{{"update_id":{id},"poll_answer":{{"poll_id":"p","user":{{"id":1,"is_bot":false,"first_name":"U"}},"option_ids":[]}}}}"#),
+                    _ => format!(
+                        r#"{{"update_id":{id},"message":{{"message_id":{id},"date":1,"chat":{{"id":{chat},"type":"private","first_name":"U"}},"from":{{"id":{chat},"is_bot":false,"first_name":"U"}},"text":"message {id}"}}}}"#
+                    ),
+                };
+                RawUpdate::new(&text)
+            })
+            .collect()
+    }
+
+    fn summary(rows: &[RoutedEnvelope]) -> Vec<(i64, EnvelopeState, Option<String>)> {
+        rows.iter().map(|r| (r.envelope.update_id, r.state, r.envelope.text.clone())).collect()
+    }
+
+    #[tokio::test]
+    async fn a_batch_read_on_two_threads_is_the_batch_read_in_order() {
+        let routing = routing();
+        let batch = updates(100);
+        let mut one_by_one = ReadBatch::default();
+        for raw in &batch {
+            read_update(raw, &routing, &mut one_by_one);
+        }
+        let one_by_one = one_by_one.envelopes;
+        let read = read_batch(batch, Arc::clone(&routing)).await.envelopes;
+        assert_eq!(summary(&read), summary(&one_by_one));
+        // Every kind of row is in it, and the update that is not a message is not.
+        let states: Vec<EnvelopeState> = read.iter().map(|r| r.state).collect();
+        for state in [EnvelopeState::Queued, EnvelopeState::Unrouted, EnvelopeState::Undecodable] {
+            assert!(states.contains(&state), "no {state:?} row in {states:?}");
+        }
+        assert_eq!(read.len(), 80);
+        let ids: Vec<i64> = read.iter().map(|r| r.envelope.update_id).collect();
+        assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "out of order: {ids:?}");
+    }
+}
