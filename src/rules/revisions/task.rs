@@ -5,7 +5,7 @@
 use chrono::{DateTime, Utc};
 
 use super::{ChangeKind, InstructionChange, TaskNow, TaskState};
-use crate::ids::TaskId;
+use crate::ids::{TaskId, TraceId};
 
 /// A task: a conversation's unit of work and where it stands (DESIGN.md §11).
 #[derive(Debug, Clone, PartialEq)]
@@ -18,12 +18,13 @@ pub struct Task {
     pub state: TaskState,
     pub revision: i64,
     pub objective: String,
-    pub predecessor: Option<String>,
-    pub successor: Option<String>,
+    /// The task this one replaced with a new objective, and the one that replaced it.
+    pub predecessor: Option<TaskId>,
+    pub successor: Option<TaskId>,
     pub instruction_revision: Option<i64>,
     pub instruction_kind: Option<String>,
     /// The trace id of the envelope that carries the current instruction.
-    pub act_on: Option<String>,
+    pub act_on: Option<TraceId>,
     pub stop_requested_by: Option<String>,
     pub stop_requested_at: Option<DateTime<Utc>>,
     pub stopped_at: Option<DateTime<Utc>>,
@@ -49,7 +50,7 @@ impl Task {
             (Some(kind), Some(revision)) => Some(InstructionChange {
                 kind: if kind == "new_objective" { ChangeKind::NewObjective } else { ChangeKind::Correction },
                 revision: to_u32(revision),
-                act_on: self.act_on.clone().unwrap_or_default(),
+                act_on: self.act_on.as_ref().map(ToString::to_string).unwrap_or_default(),
             }),
             _ => None,
         };
