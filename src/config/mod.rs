@@ -1,0 +1,176 @@
+//! Typed settings from one TOML file plus `SWITCHBOARD__SECTION__KEY` environment overrides.
+//!
+//! Loading parses the file, applies the overrides, deserializes into raw structs that deny
+//! unknown keys, and then validates everything that can be checked without touching the
+//! network. What comes out cannot be wrong later. Secrets are never in the file: it names
+//! the environment variables that hold them, read by [`Settings::telegram_token`] and
+//! [`Settings::agent_secret`].
+
+mod raw;
+mod settings;
+#[cfg(test)]
+mod tests;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use crate::ids::{AgentName, Secret};
+
+/// Prefix and separator of environment overrides: `SWITCHBOARD__TELEGRAM__API_URL`.
+const ENV_PREFIX: &str = "SWITCHBOARD";
+const ENV_SEPARATOR: &str = "__";
+
+/// The environment override of `api.listen`. A daemon configured with port 0 reports the
+/// port it got; whoever then starts a plugin beside the same file, or restarts the daemon
+/// on that address, gives it this way (the tests, the benchmarks, `switchboard demo`).
+pub const API_LISTEN_ENV: &str = "SWITCHBOARD__API__LISTEN";
+
+/// Telegram holds a long poll open for at most 50 seconds.
+const MAX_POLL_TIMEOUT_SECS: u64 = 50;
+
+/// One clear message for bad configuration: which file, which key, what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{file}: {key}: {problem}")]
+pub struct ConfigError {
+    pub file: String,
+    pub key: String,
+    pub problem: String,
+}
+
+impl ConfigError {
+    fn new(file: &Path, key: impl Into<String>, problem: impl Into<String>) -> Self {
+        Self { file: file.display().to_string(), key: key.into(), problem: problem.into() }
+    }
+}
+
+/// A setting that is allowed but risky: `check` prints it and `run` logs it at `warn`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigWarning {
+    pub key: String,
+    pub problem: String,
+}
+
+use raw::RawSettings;
+pub use settings::*;
+use settings::{MAX_WEBHOOK_SECRET_LEN, is_webhook_secret};
+use validate::{check_distinct_secrets, config_crate_error, join_names, read_secret};
+
+impl Settings {
+    /// Loads and validates a configuration file with its environment overrides.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
+        let raw: RawSettings = config::Config::builder()
+            .add_source(config::File::from_str(&text, config::FileFormat::Toml))
+            .add_source(
+                config::Environment::with_prefix(ENV_PREFIX)
+                    .prefix_separator(ENV_SEPARATOR)
+                    .separator(ENV_SEPARATOR)
+                    .try_parsing(true)
+                    .list_separator(",")
+                    .with_list_parse_key("telegram.allowed_users"),
+            )
+            .build()
+            .and_then(config::Config::try_deserialize)
+            .map_err(|e| config_crate_error(path, &text, e))?;
+        Self::validate(path, raw)
+    }
+
+    /// The bot token, from the variable `telegram.token_env` names.
+    pub fn telegram_token(&self) -> Result<Secret, ConfigError> {
+        read_secret(&self.source, "telegram.token_env", &self.telegram.token_env)
+    }
+
+    /// An agent's secret for the local API, from the variable its `token_env` names.
+    pub fn agent_secret(&self, agent: &AgentName) -> Result<Secret, ConfigError> {
+        let settings = self.agents.get(agent).ok_or_else(|| {
+            ConfigError::new(
+                &self.source,
+                format!("agents.{agent}"),
+                format!("no such agent (declared: {})", self.agent_list()),
+            )
+        })?;
+        read_secret(&self.source, &format!("agents.{agent}.token_env"), &settings.token_env)
+    }
+
+    /// Every secret the daemon needs, so a missing one stops start-up before anything runs.
+    ///
+    /// Two agents with the same secret (whether they name one variable or two that hold
+    /// the same value) are refused: the local API knows an agent only by its secret, so
+    /// either could act as the other.
+    pub fn daemon_secrets(&self) -> Result<DaemonSecrets, ConfigError> {
+        let telegram = self.telegram_token()?;
+        let agents = self
+            .agents
+            .keys()
+            .map(|agent| Ok((agent.clone(), self.agent_secret(agent)?)))
+            .collect::<Result<BTreeMap<_, _>, ConfigError>>()?;
+        let named = agents
+            .iter()
+            .map(|(agent, secret)| (agent, self.agents[agent].token_env.as_str(), secret))
+            .collect::<Vec<_>>();
+        check_distinct_secrets(&self.source, &named)?;
+        let webhook =
+            self.telegram.webhook.as_ref().map(|webhook| self.webhook_secret(webhook)).transpose()?;
+        Ok(DaemonSecrets { telegram, agents, webhook })
+    }
+
+    /// The webhook's secret, from the variable `telegram.webhook.secret_env` names, held to
+    /// Telegram's rules for a `secret_token`.
+    fn webhook_secret(&self, webhook: &WebhookSettings) -> Result<Secret, ConfigError> {
+        let key = "telegram.webhook.secret_env";
+        let secret = read_secret(&self.source, key, &webhook.secret_env)?;
+        if !is_webhook_secret(secret.expose()) {
+            return Err(ConfigError::new(
+                &self.source,
+                key,
+                format!(
+                    "the value of {} is not a secret Telegram accepts: 1-{MAX_WEBHOOK_SECRET_LEN} characters, \
+                     each A-Z, a-z, 0-9, _ or - (e.g. from `openssl rand -hex 32`)",
+                    webhook.secret_env
+                ),
+            ));
+        }
+        Ok(secret)
+    }
+
+    /// What is allowed but risky in these settings. Pure: file permissions are checked
+    /// where the files are (`ledger::loose_files`).
+    pub fn warnings(&self) -> Vec<ConfigWarning> {
+        let mut warnings = Vec::new();
+        let listen = self.api.listen;
+        if !listen.ip().is_loopback() {
+            warnings.push(ConfigWarning {
+                key: "api.listen".into(),
+                problem: format!(
+                    "{listen} is not a loopback address: the local API has no TLS and every \
+                     request carries an agent's secret, readable by anyone on the network path; \
+                     listen on 127.0.0.1 unless a TLS tunnel or a private network protects it"
+                ),
+            });
+        }
+        warnings
+    }
+
+    pub fn agent_list(&self) -> String {
+        join_names(self.agents.keys())
+    }
+}
+
+/// Secrets read from the environment at start-up.
+#[derive(Debug, Clone)]
+pub struct DaemonSecrets {
+    pub telegram: Secret,
+    pub agents: BTreeMap<AgentName, Secret>,
+    /// What Telegram sends with every webhook request, when `telegram.webhook` is set.
+    pub webhook: Option<Secret>,
+}
+
+impl DaemonSecrets {
+    /// Every secret value, for scrubbing logs.
+    pub fn all(&self) -> impl Iterator<Item = &Secret> {
+        std::iter::once(&self.telegram).chain(self.agents.values()).chain(self.webhook.as_ref())
+    }
+}

@@ -1,0 +1,257 @@
+//! The typed settings that loading and validation produce: what the rest of the daemon reads.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::ids::{AgentName, RouteName};
+use crate::rules::pacing::PaceLimits;
+use crate::rules::routes::RoutesTable;
+use crate::rules::turns::{self, RoomRoster};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// SQLite's `synchronous` setting. With WAL, `normal` never loses a committed transaction
+/// when the process dies (`kill -9`); `full` also survives power loss, at an fsync per
+/// commit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Synchronous {
+    #[default]
+    Normal,
+    Full,
+}
+
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The file these settings came from, for messages.
+    pub source: PathBuf,
+    pub telegram: TelegramSettings,
+    pub storage: StorageSettings,
+    pub api: ApiSettings,
+    pub log: LogSettings,
+    pub outbound: OutboundSettings,
+    pub handoffs: HandoffSettings,
+    pub agents: BTreeMap<AgentName, AgentSettings>,
+    pub routes: RoutesTable,
+    /// `[rooms]`: the limits of a room route that does not set its own.
+    pub room_defaults: RoomLimits,
+    /// Every room route (DESIGN.md §10), by route name.
+    pub rooms: BTreeMap<RouteName, RoomSettings>,
+    /// `[operator]`: where unresolved sends are asked about, and who answers.
+    pub operator: Option<OperatorSettings>,
+    /// `[media]`: files between Telegram and the agents.
+    pub media: MediaSettings,
+}
+
+/// `[operator]`: each unresolved send is posted to this route's chat with Delivered / Not
+/// delivered buttons, which only `operators` may answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorSettings {
+    pub route: RouteName,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    /// Telegram user ids whose answers count; never empty.
+    pub operators: Vec<i64>,
+}
+
+/// `[media]`: files between Telegram and the agents (DESIGN.md §14).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MediaSettings {
+    /// A photo up to this size is downloaded into the agent's inbox before its envelope is
+    /// pushed (`meta.image_path`); a larger one waits for `download_attachment`. 0 turns
+    /// eager downloads off.
+    pub eager_photo_max_bytes: u64,
+}
+
+#[derive(Debug, Clone)]
+pub struct TelegramSettings {
+    pub token_env: String,
+    pub api_url: reqwest::Url,
+    pub poll_timeout: Duration,
+    /// How long one `sendMessage` may take before its outcome counts as unknown.
+    pub send_timeout: Duration,
+    /// Sender ids allowed to reach an agent; empty means everyone in a routed chat.
+    pub allowed_users: Vec<i64>,
+    /// How long Telegram may refuse the bot token (401) before the daemon stops: a
+    /// revoked token must not leave a daemon that silently polls forever.
+    pub unauthorized_exit: Duration,
+    /// `telegram.webhook`: Telegram pushes updates to this daemon's listener instead of
+    /// being polled. `None` polls.
+    pub webhook: Option<WebhookSettings>,
+}
+
+/// `[telegram] webhook = { public_url, listen, secret_env }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WebhookSettings {
+    /// What Telegram is told to call (`setWebhook`): an https URL with a path, served by
+    /// the user's load balancer or reverse proxy, which terminates TLS and forwards to
+    /// `listen`.
+    pub public_url: reqwest::Url,
+    /// Where this daemon listens for Telegram's requests, in plain HTTP: the route is
+    /// `public_url`'s path.
+    pub listen: SocketAddr,
+    /// The environment variable holding the secret Telegram sends back with every request
+    /// (`X-Telegram-Bot-Api-Secret-Token`).
+    pub secret_env: String,
+}
+
+impl WebhookSettings {
+    /// The path Telegram's requests arrive on, as the proxy forwards them.
+    pub fn path(&self) -> &str {
+        self.public_url.path()
+    }
+}
+
+impl fmt::Display for WebhookSettings {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{{ public_url = {}, listen = {}, secret_env = {} }}",
+            self.public_url, self.listen, self.secret_env
+        )
+    }
+}
+
+/// Telegram's rule for a webhook's `secret_token`: 1-256 characters, each `A-Z`, `a-z`,
+/// `0-9`, `_` or `-`.
+pub(super) const MAX_WEBHOOK_SECRET_LEN: usize = 256;
+
+pub(super) fn is_webhook_secret(secret: &str) -> bool {
+    (1..=MAX_WEBHOOK_SECRET_LEN).contains(&secret.len())
+        && secret.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+#[derive(Debug, Clone)]
+pub struct StorageSettings {
+    pub database: PathBuf,
+    pub synchronous: Synchronous,
+    /// The daemon prunes what finished longer ago than this, on a schedule (`None`: keeps
+    /// everything, the default).
+    pub retain: Option<Retention>,
+}
+
+/// `[storage] retain_days`, and how often the daemon prunes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub days: u32,
+    /// Between two scheduled prunes (`storage.retention_interval_secs`, an hour by
+    /// default, which keeps a busy ledger's batches small).
+    pub every: Duration,
+}
+
+/// How often the daemon prunes by default: old rows wait at most an hour past their age.
+pub(super) const DEFAULT_RETENTION_INTERVAL_SECS: u64 = 3600;
+
+#[derive(Debug, Clone)]
+pub struct ApiSettings {
+    pub listen: SocketAddr,
+}
+
+#[derive(Debug, Clone)]
+pub struct OutboundSettings {
+    /// A reply that would need more Telegram messages than this is refused before
+    /// anything is sent: a runaway agent must not flood a chat.
+    pub max_reply_parts: usize,
+    /// Telegram's limits sends are paced to: the spacing of sends to one private chat and
+    /// to one group, and sends a second across all chats; zero turns that pacing off.
+    pub pacing: PaceLimits,
+    /// `typing` and `typing_max_secs`: how long at most a chat shows "typing…" while a
+    /// message the agent was shown waits for its answer; `None` when typing is off.
+    pub typing: Option<Duration>,
+    /// `ack_reaction`: the reaction set on each user message as it is handed to a
+    /// session, one of Telegram's reaction emoji; `None` for none.
+    pub ack_reaction: Option<&'static str>,
+}
+
+#[derive(Debug, Clone)]
+pub struct HandoffSettings {
+    /// How deep a chain of handoffs may go: a handoff made for a handoff envelope is one
+    /// level deeper than it. Stops two agents from bouncing work forever.
+    pub max_depth: u32,
+    /// A route whose chat receives a copy of every instruction and answer, best-effort.
+    pub audit_route: Option<RouteName>,
+}
+
+#[derive(Debug, Clone)]
+pub struct LogSettings {
+    pub format: LogFormat,
+    /// An `EnvFilter` directive; `RUST_LOG` overrides it.
+    pub filter: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub token_env: String,
+    /// How rooms show the agent (`Builder: …`); `None` shows its name.
+    pub display_name: Option<String>,
+    /// Extra `@` names it answers to in rooms, without the `@`.
+    pub aliases: Vec<String>,
+    /// `[agents.NAME.permissions]`: where its session's tool-use approvals are relayed
+    /// (DESIGN.md §15); `None` when they are not, and then its plugin does not offer to.
+    pub permissions: Option<PermissionSettings>,
+}
+
+/// `timeout_secs` of `[agents.NAME.permissions]` when it is left out.
+pub const DEFAULT_PERMISSION_TIMEOUT_SECS: u64 = 600;
+
+/// The longest `timeout_secs`: a week. A prompt that waits longer is forgotten at the
+/// terminal anyway, and its buttons would stay live in the chat.
+pub const MAX_PERMISSION_TIMEOUT_SECS: u64 = 7 * 24 * 3600;
+
+/// An agent's permission relay (DESIGN.md §15): the route whose chat and topic get the
+/// prompts, who may answer them, and when an unanswered one expires.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PermissionSettings {
+    pub route: RouteName,
+    pub chat_id: i64,
+    /// The route's forum topic, if it has one.
+    pub thread_id: Option<i32>,
+    /// Telegram user ids whose answers count; never empty.
+    pub approvers: Vec<i64>,
+    pub timeout: Duration,
+}
+
+/// The limits of one room's exchanges (`[rooms]`, or a room route's own keys).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RoomLimits {
+    /// Agent turns one human message may use.
+    pub cascade_limit: NonZeroU32,
+    /// The tool-loop budget each speaker is told (`group_max_iters`; 0 or negative
+    /// selects [`turns::DEFAULT_GROUP_MAX_ITERS`]). The switchboard cannot enforce it.
+    pub max_iters: u32,
+    /// A speaker that neither replies nor acks by then loses the floor.
+    pub speaker_timeout: Duration,
+}
+
+impl Default for RoomLimits {
+    fn default() -> Self {
+        Self {
+            cascade_limit: NonZeroU32::new(turns::DEFAULT_CASCADE_LIMIT).expect("the default is not zero"),
+            max_iters: turns::DEFAULT_GROUP_MAX_ITERS,
+            speaker_timeout: Duration::from_secs(turns::DEFAULT_SPEAKER_TIMEOUT_SECS),
+        }
+    }
+}
+
+/// A room route: its chat, its agents in room order with the names they answer to, and
+/// its limits.
+#[derive(Debug, Clone)]
+pub struct RoomSettings {
+    pub route: RouteName,
+    pub chat_id: i64,
+    pub thread_id: Option<i32>,
+    pub roster: RoomRoster,
+    pub limits: RoomLimits,
+}

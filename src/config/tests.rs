@@ -1,0 +1,421 @@
+use std::time::Duration;
+
+use super::settings::*;
+use super::validate::*;
+use super::*;
+
+#[test]
+fn the_listen_override_is_named_like_every_override() {
+    assert_eq!(API_LISTEN_ENV, format!("{ENV_PREFIX}{ENV_SEPARATOR}API{ENV_SEPARATOR}LISTEN"));
+}
+use std::io::Write;
+
+const MINIMAL: &str = r#"
+[telegram]
+token_env = "SB_TEST_TOKEN"
+
+[agents.orchestrator]
+token_env = "SB_TEST_ORCH"
+
+[[routes]]
+name = "dm"
+chat_id = 42
+agent = "orchestrator"
+"#;
+
+fn load_str(text: &str) -> Result<Settings, ConfigError> {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    Settings::load(file.path())
+}
+
+#[test]
+fn minimal_file_gets_defaults() {
+    let settings = load_str(MINIMAL).unwrap();
+    assert_eq!(settings.telegram.api_url.as_str(), "https://api.telegram.org/");
+    assert_eq!(settings.telegram.poll_timeout, Duration::from_secs(10));
+    assert_eq!(settings.telegram.unauthorized_exit, Duration::from_secs(300));
+    assert_eq!(settings.api.listen.to_string(), "127.0.0.1:7797");
+    assert_eq!(settings.storage.synchronous, Synchronous::Normal);
+    assert_eq!(settings.routes.routes().len(), 1);
+}
+
+#[test]
+fn the_example_file_is_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/switchboard.example.toml");
+    let settings = Settings::load(&path).unwrap();
+    assert_eq!(settings.routes.routes().len(), 4);
+    assert_eq!(settings.rooms.len(), 1);
+}
+
+fn problem(text: &str) -> ConfigError {
+    load_str(text).expect_err("configuration should be refused")
+}
+
+#[test]
+fn typing_is_on_for_two_minutes_by_default_and_the_ack_reaction_must_be_telegrams() {
+    let outbound = load_str(MINIMAL).unwrap().outbound;
+    assert_eq!((outbound.typing, outbound.ack_reaction), (Some(Duration::from_secs(120)), None));
+    let with = |outbound: &str| format!("[outbound]\n{outbound}\n{MINIMAL}");
+    let set = load_str(&with("typing_max_secs = 30\nack_reaction = \"👀\"")).unwrap().outbound;
+    assert_eq!((set.typing, set.ack_reaction), (Some(Duration::from_secs(30)), Some("👀")));
+    assert_eq!(load_str(&with("typing = false")).unwrap().outbound.typing, None);
+    let e = problem(&with("ack_reaction = \"🦀\""));
+    assert!(e.key == "outbound.ack_reaction" && e.to_string().contains("👍"), "{e}");
+    assert_eq!(problem(&with("typing_max_secs = 0")).key, "outbound.typing_max_secs");
+}
+
+#[test]
+fn retention_is_off_by_default_hourly_when_set_and_at_least_a_day() {
+    assert_eq!(load_str(MINIMAL).unwrap().storage.retain, None);
+    let with = |storage: &str| format!("[storage]\n{storage}\n{MINIMAL}");
+    let retain = load_str(&with("retain_days = 90")).unwrap().storage.retain;
+    assert_eq!(retain, Some(Retention { days: 90, every: Duration::from_secs(3600) }));
+    let e = problem(&with("retain_days = 0"));
+    assert_eq!(e.key, "storage.retain_days");
+    assert!(e.problem.contains("at least 1"), "{e}");
+    assert!(load_str(&with("retain_days = -3")).is_err());
+    let quick = load_str(&with("retain_days = 1\nretention_interval_secs = 1")).unwrap().storage.retain;
+    assert_eq!(quick.map(|r| r.every), Some(Duration::from_secs(1)));
+}
+
+#[test]
+fn syntax_errors_name_the_line() {
+    let e = problem("[telegram]\ntoken_env = \"X\"\napi_url = \n");
+    assert_eq!(e.key, "(syntax)");
+    assert!(e.problem.contains("line 3"), "{e}");
+}
+
+#[test]
+fn unknown_agent_in_a_route_is_named() {
+    let e = problem(&MINIMAL.replace("agent = \"orchestrator\"", "agent = \"ghost\""));
+    assert_eq!(e.key, "routes[0].agent");
+    assert!(e.problem.contains("'ghost'") && e.problem.contains("orchestrator"), "{e}");
+}
+
+#[test]
+fn route_without_agent_is_refused() {
+    let e = problem(&MINIMAL.replace("agent = \"orchestrator\"", ""));
+    assert_eq!(e.key, "routes[0].agent");
+}
+
+#[test]
+fn duplicate_routes_are_refused() {
+    let text = format!("{MINIMAL}\n[[routes]]\nname = \"dm2\"\nchat_id = 42\nagent = \"orchestrator\"\n");
+    let e = problem(&text);
+    assert_eq!(e.key, "routes[1]");
+    assert!(e.problem.contains("'dm'") && e.problem.contains("'dm2'"), "{e}");
+}
+
+#[test]
+fn two_default_routes_are_refused() {
+    let text = format!(
+        "{MINIMAL}\n[[routes]]\nname = \"a\"\nagent = \"orchestrator\"\n[[routes]]\nname = \"b\"\nagent = \"orchestrator\"\n"
+    );
+    assert_eq!(problem(&text).key, "routes[2]");
+}
+
+#[test]
+fn thread_without_chat_is_refused() {
+    let e = problem(&MINIMAL.replace("chat_id = 42", "thread_id = 7"));
+    assert_eq!(e.key, "routes[0].thread_id");
+}
+
+#[test]
+fn bad_api_url_is_refused() {
+    let e = problem(&MINIMAL.replace("[telegram]", "[telegram]\napi_url = \"not a url\""));
+    assert_eq!(e.key, "telegram.api_url");
+    let e = problem(&MINIMAL.replace("[telegram]", "[telegram]\napi_url = \"ftp://example.org\""));
+    assert_eq!(e.key, "telegram.api_url");
+}
+
+#[test]
+fn unknown_keys_are_refused() {
+    let e = problem(&MINIMAL.replace("chat_id = 42", "chat_id = 42\nchat-id = 43"));
+    assert!(e.problem.contains("chat-id"), "{e}");
+}
+
+#[test]
+fn wrong_types_name_the_key() {
+    let e = problem(&MINIMAL.replace("[telegram]", "[telegram]\npoll_timeout_secs = \"soon\""));
+    assert!(e.to_string().contains("poll_timeout_secs"), "{e}");
+}
+
+#[test]
+fn only_a_non_loopback_listen_address_is_a_warning() {
+    assert_eq!(load_str(MINIMAL).unwrap().warnings(), []);
+    let ipv6 = MINIMAL.replace("[telegram]", "[api]\nlisten = \"[::1]:7797\"\n[telegram]");
+    assert_eq!(load_str(&ipv6).unwrap().warnings(), []);
+    for open in ["0.0.0.0:7797", "192.168.1.5:7797", "[::]:7797"] {
+        let text = MINIMAL.replace("[telegram]", &format!("[api]\nlisten = \"{open}\"\n[telegram]"));
+        let warnings = load_str(&text).unwrap().warnings();
+        assert_eq!(warnings.len(), 1, "{open}");
+        assert_eq!(warnings[0].key, "api.listen");
+        assert!(
+            warnings[0].problem.contains(open) && warnings[0].problem.contains("no TLS"),
+            "{}",
+            warnings[0]
+        );
+    }
+}
+
+#[test]
+fn agents_sharing_a_secret_are_refused_naming_both_keys_but_not_the_value() {
+    let path = Path::new("switchboard.toml");
+    let (orch, worker) = (AgentName::parse("orch").unwrap(), AgentName::parse("worker").unwrap());
+    let (one, other) = (Secret::new("s3cret-value-1".into()), Secret::new("s3cret-value-2".into()));
+
+    let distinct = [(&orch, "ORCH", &one), (&worker, "WORKER", &other)];
+    assert_eq!(check_distinct_secrets(path, &distinct), Ok(()));
+
+    let same_value = [(&orch, "ORCH", &one), (&worker, "WORKER", &one.clone())];
+    let e = check_distinct_secrets(path, &same_value).unwrap_err();
+    assert_eq!(e.key, "agents.worker.token_env");
+    assert!(e.problem.contains("agents.orch.token_env") && e.problem.contains("same secret"), "{e}");
+    assert!(!e.to_string().contains("s3cret"), "the value is never shown: {e}");
+
+    let same_variable = [(&orch, "SHARED", &one), (&worker, "SHARED", &one.clone())];
+    let e = check_distinct_secrets(path, &same_variable).unwrap_err();
+    assert_eq!(e.key, "agents.worker.token_env");
+    assert!(e.problem.contains("agents.orch.token_env") && e.problem.contains("SHARED"), "{e}");
+    assert!(!e.to_string().contains("s3cret"), "{e}");
+}
+
+const ROOM: &str = r#"
+[telegram]
+token_env = "SB_TEST_TOKEN"
+
+[agents.builder]
+token_env = "SB_TEST_BUILDER"
+display_name = "Builder"
+aliases = ["bob", "@bobby"]
+
+[agents.reviewer]
+token_env = "SB_TEST_REVIEWER"
+
+[[routes]]
+name = "dev-room"
+chat_id = -1001
+agents = ["builder", "reviewer"]
+"#;
+
+#[test]
+fn a_room_route_takes_its_agents_in_order_and_the_room_defaults() {
+    let settings = load_str(ROOM).unwrap();
+    let route = &settings.routes.routes()[0];
+    assert!(route.is_room());
+    assert_eq!(route.agent(), None);
+    let room = &settings.rooms[&route.name];
+    let names: Vec<&str> = room.roster.members().iter().map(|m| m.name.as_str()).collect();
+    assert_eq!(names, ["builder", "reviewer"]);
+    assert_eq!((room.chat_id, room.thread_id), (-1001, None));
+    assert_eq!(room.roster.first().display_name(), "Builder");
+    assert_eq!(room.roster.members()[0].aliases, ["bob", "bobby"], "a leading @ is forgiven");
+    assert_eq!(room.roster.members()[1].display_name(), "reviewer");
+    assert_eq!(room.limits, RoomLimits::default());
+    assert_eq!(room.limits.cascade_limit.get(), 10);
+    assert_eq!(room.limits.max_iters, 50);
+    assert_eq!(room.limits.speaker_timeout, Duration::from_secs(600));
+}
+
+#[test]
+fn a_room_route_may_override_the_room_defaults() {
+    let text = ROOM.replace(
+        "[[routes]]",
+        "[rooms]\ncascade_limit = 4\ngroup_max_iters = 30\nspeaker_timeout_secs = 120\n\n[[routes]]",
+    ) + "cascade_limit = 2\nspeaker_timeout_secs = 5\n";
+    let settings = load_str(&text).unwrap();
+    assert_eq!(settings.room_defaults.cascade_limit.get(), 4);
+    let room = settings.rooms.values().next().unwrap();
+    assert_eq!(room.limits.cascade_limit.get(), 2);
+    assert_eq!(room.limits.max_iters, 30, "from [rooms]");
+    assert_eq!(room.limits.speaker_timeout, Duration::from_secs(5));
+    for (configured, told) in [("0", 50), ("-3", 50), ("7", 7)] {
+        let text = ROOM.replace("agents = [", &format!("group_max_iters = {configured}\nagents = ["));
+        assert_eq!(load_str(&text).unwrap().rooms.values().next().unwrap().limits.max_iters, told);
+    }
+}
+
+#[test]
+fn room_configuration_errors_name_the_key() {
+    let cases = [
+        (ROOM.replace("agents = [", "agent = \"builder\"\nagents = ["), "routes[0].agents", "both"),
+        (ROOM.replace("[\"builder\", \"reviewer\"]", "[]"), "routes[0].agents", "at least one agent"),
+        (ROOM.replace("\"reviewer\"]", "\"builder\"]"), "routes[0].agents", "listed twice"),
+        (ROOM.replace("\"reviewer\"]", "\"ghost\"]"), "routes[0].agents", "unknown agent 'ghost'"),
+        (ROOM.replace("\"bob\"", "\"reviewer\""), "routes[0].agents", "name of agent 'reviewer'"),
+        (
+            ROOM.replace("display_name = \"Builder\"", "display_name = \"Reviewer\""),
+            "routes[0].agents",
+            "same room",
+        ),
+        (ROOM.replace("\"bob\"", "\"bob smith\""), "agents.builder.aliases", "cannot be mentioned"),
+        (
+            ROOM.replace("display_name = \"Builder\"", "display_name = \" \""),
+            "agents.builder.display_name",
+            "empty",
+        ),
+        (ROOM.replace("chat_id = -1001\n", ""), "routes[0].chat_id", "needs a chat_id"),
+        (
+            ROOM.replace("agents = [", "cascade_limit = 0\nagents = ["),
+            "routes[0].cascade_limit",
+            "at least 1",
+        ),
+        (
+            ROOM.replace("agents = [", "speaker_timeout_secs = 0\nagents = ["),
+            "routes[0].speaker_timeout_secs",
+            "at least 1",
+        ),
+        (
+            ROOM.replace("[[routes]]", "[rooms]\ncascade_limit = 0\n[[routes]]"),
+            "rooms.cascade_limit",
+            "at least 1",
+        ),
+        (
+            ROOM.replace("agents = [\"builder\", \"reviewer\"]", "agent = \"builder\"\ncascade_limit = 3"),
+            "routes[0].cascade_limit",
+            "not a room",
+        ),
+        (ROOM.replace("agents = [\"builder\", \"reviewer\"]", ""), "routes[0].agent", "names no agent"),
+    ];
+    for (text, key, says) in cases {
+        let e = problem(&text);
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.problem.contains(says), "{says:?} not in: {e}");
+    }
+}
+
+fn with_webhook(webhook: &str) -> String {
+    MINIMAL.replace(
+        "token_env = \"SB_TEST_TOKEN\"",
+        &format!("token_env = \"SB_TEST_TOKEN\"\nwebhook = {webhook}"),
+    )
+}
+
+#[test]
+fn a_webhook_takes_an_https_url_with_a_path_and_a_listen_address() {
+    assert!(load_str(MINIMAL).unwrap().telegram.webhook.is_none(), "absent: polling");
+    let settings = load_str(&with_webhook(
+        r#"{ public_url = "https://bot.example.org/telegram/hook", listen = "0.0.0.0:8443" }"#,
+    ))
+    .unwrap();
+    let webhook = settings.telegram.webhook.unwrap();
+    assert_eq!(webhook.path(), "/telegram/hook");
+    assert_eq!(webhook.listen.to_string(), "0.0.0.0:8443");
+    assert_eq!(webhook.secret_env, "SWITCHBOARD_WEBHOOK_SECRET");
+}
+
+#[test]
+fn a_bad_webhook_names_its_key() {
+    let cases = [
+        (
+            r#"{ public_url = "http://bot.example.org/hook", listen = "0.0.0.0:8443" }"#,
+            "telegram.webhook.public_url",
+        ),
+        (
+            r#"{ public_url = "https://bot.example.org/", listen = "0.0.0.0:8443" }"#,
+            "telegram.webhook.public_url",
+        ),
+        (r#"{ public_url = "not a url", listen = "0.0.0.0:8443" }"#, "telegram.webhook.public_url"),
+        (r#"{ public_url = "https://bot.example.org/hook", listen = "8443" }"#, "telegram.webhook.listen"),
+        (
+            r#"{ public_url = "https://bot.example.org/hook", listen = "0.0.0.0:8443", secret_env = "no-such name" }"#,
+            "telegram.webhook.secret_env",
+        ),
+    ];
+    for (webhook, key) in cases {
+        assert_eq!(problem(&with_webhook(webhook)).key, key, "{webhook}");
+    }
+    let e = problem(&with_webhook(r#"{ public_url = "https://bot.example.org/hook" }"#));
+    assert!(e.key.starts_with("telegram.webhook"), "{e}");
+}
+
+#[test]
+fn a_webhook_secret_must_be_one_telegram_accepts_and_set() {
+    assert!(is_webhook_secret("abc_DEF-123"));
+    assert!(is_webhook_secret(&"x".repeat(256)));
+    for refused in ["", "has space", "slash/", "é", &"x".repeat(257)] {
+        assert!(!is_webhook_secret(refused), "{refused:?}");
+    }
+    let unset = with_webhook(
+        r#"{ public_url = "https://b.example/h", listen = "0.0.0.0:8443", secret_env = "SB_TEST_SURELY_UNSET" }"#,
+    );
+    let settings = load_str(&unset).unwrap();
+    let e = settings.webhook_secret(settings.telegram.webhook.as_ref().unwrap()).unwrap_err();
+    assert_eq!(e.key, "telegram.webhook.secret_env");
+    assert!(e.problem.contains("SB_TEST_SURELY_UNSET is not set"), "{e}");
+    // HOME holds a path: its slashes are not allowed.
+    let home = with_webhook(
+        r#"{ public_url = "https://b.example/h", listen = "0.0.0.0:8443", secret_env = "HOME" }"#,
+    );
+    let settings = load_str(&home).unwrap();
+    let e = settings.webhook_secret(settings.telegram.webhook.as_ref().unwrap()).unwrap_err();
+    assert!(e.problem.contains("not a secret Telegram accepts"), "{e}");
+    assert!(!e.problem.contains(&std::env::var("HOME").unwrap()), "the value is never shown: {e}");
+}
+
+#[test]
+fn missing_secret_names_the_variable() {
+    let settings = load_str(&MINIMAL.replace("SB_TEST_TOKEN", "SB_TEST_SURELY_UNSET")).unwrap();
+    let e = settings.daemon_secrets().unwrap_err();
+    assert_eq!(e.key, "telegram.token_env");
+    assert!(e.problem.contains("SB_TEST_SURELY_UNSET is not set"), "{e}");
+}
+
+#[test]
+fn a_permission_relay_takes_its_route_chat_and_defaults_its_timeout() {
+    let text = MINIMAL.replace(
+        "[[routes]]",
+        "[agents.orchestrator.permissions]\nroute = \"dm\"\napprovers = [7]\n\n[[routes]]",
+    );
+    let settings = load_str(&text).unwrap();
+    let relay = settings.agents.values().next().unwrap().permissions.clone().unwrap();
+    assert_eq!((relay.route.as_str(), relay.chat_id, relay.thread_id), ("dm", 42, None));
+    assert_eq!(relay.approvers, [7]);
+    assert_eq!(relay.timeout, Duration::from_secs(DEFAULT_PERMISSION_TIMEOUT_SECS));
+    assert!(load_str(MINIMAL).unwrap().agents.values().all(|agent| agent.permissions.is_none()));
+}
+
+#[test]
+fn a_bad_permission_relay_names_its_key() {
+    let relay = |body: &str| {
+        MINIMAL.replace("[[routes]]", &format!("[agents.orchestrator.permissions]\n{body}\n\n[[routes]]"))
+    };
+    let cases = [
+        (relay("route = \"nowhere\"\napprovers = [7]"), "agents.orchestrator.permissions.route", "nowhere"),
+        (relay("route = \"dm\"\napprovers = []"), "agents.orchestrator.permissions.approvers", "empty"),
+        (relay("route = \"dm\""), "agents.orchestrator.permissions.approvers", "empty"),
+        (
+            relay("route = \"dm\"\napprovers = [7]\ntimeout_secs = 0"),
+            "agents.orchestrator.permissions.timeout_secs",
+            "at least 1",
+        ),
+        (
+            relay("route = \"dm\"\napprovers = [7]\ntimeout_secs = 99999999"),
+            "agents.orchestrator.permissions.timeout_secs",
+            "at most",
+        ),
+    ];
+    for (text, key, says) in cases {
+        let e = problem(&text);
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.problem.contains(says), "{says:?} not in: {e}");
+    }
+}
+
+#[test]
+fn the_operator_table_names_a_chat_route_and_someone_to_answer() {
+    let with = |body: &str| format!("{MINIMAL}\n[operator]\n{body}\n");
+    let settings = load_str(&with("route = \"dm\"\noperators = [9]")).unwrap();
+    let operator = settings.operator.unwrap();
+    assert_eq!((operator.route.as_str(), operator.chat_id, operator.operators), ("dm", 42, vec![9]));
+    assert!(load_str(MINIMAL).unwrap().operator.is_none());
+    for (body, key, says) in [
+        ("route = \"dm\"", "operator.operators", "empty"),
+        ("route = \"elsewhere\"\noperators = [9]", "operator.route", "elsewhere"),
+    ] {
+        let e = problem(&with(body));
+        assert_eq!(e.key, key, "{e}");
+        assert!(e.problem.contains(says), "{says:?} not in: {e}");
+    }
+}

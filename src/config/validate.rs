@@ -1,0 +1,565 @@
+//! Validation: from the raw configuration to typed settings, with every error naming its key.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::Path;
+use std::time::Duration;
+
+use crate::ids::{AgentName, RouteName, Secret};
+use crate::rules::pacing::PaceLimits;
+use crate::rules::routes::{Audience, Route, RouteTarget, RoutesError, RoutesTable};
+use crate::rules::turns::{self, RoomMember, RoomRoster, RosterError};
+
+use super::raw::*;
+use super::settings::*;
+use super::{ConfigError, MAX_POLL_TIMEOUT_SECS};
+
+impl Settings {
+    pub(super) fn validate(path: &Path, raw: RawSettings) -> Result<Self, ConfigError> {
+        let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+
+        let api_url = reqwest::Url::parse(&raw.telegram.api_url)
+            .map_err(|e| err("telegram.api_url", format!("'{}' is not a URL: {e}", raw.telegram.api_url)))?;
+        if !matches!(api_url.scheme(), "http" | "https") || api_url.host().is_none() {
+            return Err(err(
+                "telegram.api_url",
+                format!("'{api_url}' must be an http or https URL with a host"),
+            ));
+        }
+        if raw.telegram.poll_timeout_secs > MAX_POLL_TIMEOUT_SECS {
+            return Err(err(
+                "telegram.poll_timeout_secs",
+                format!(
+                    "{} is above Telegram's maximum of {MAX_POLL_TIMEOUT_SECS}",
+                    raw.telegram.poll_timeout_secs
+                ),
+            ));
+        }
+        if raw.telegram.send_timeout_secs == 0 {
+            return Err(err("telegram.send_timeout_secs", "must be at least 1".into()));
+        }
+        check_env_name(path, "telegram.token_env", &raw.telegram.token_env)?;
+        let webhook = raw.telegram.webhook.map(|raw| validate_webhook(path, raw)).transpose()?;
+
+        let listen: SocketAddr = raw.api.listen.parse().map_err(|_| {
+            err("api.listen", format!("'{}' is not an address like 127.0.0.1:7797", raw.api.listen))
+        })?;
+
+        let retain = match raw.storage.retain_days {
+            None => None,
+            Some(0) => {
+                return Err(err(
+                    "storage.retain_days",
+                    "must be at least 1 (leave it out to keep everything)".into(),
+                ));
+            }
+            Some(days) => {
+                let every = raw.storage.retention_interval_secs.unwrap_or(DEFAULT_RETENTION_INTERVAL_SECS);
+                if every == 0 {
+                    return Err(err("storage.retention_interval_secs", "must be at least 1".into()));
+                }
+                Some(Retention { days, every: Duration::from_secs(every) })
+            }
+        };
+
+        if raw.outbound.max_reply_parts == 0 {
+            return Err(err("outbound.max_reply_parts", "must be at least 1".into()));
+        }
+        if raw.outbound.typing_max_secs == 0 {
+            return Err(err(
+                "outbound.typing_max_secs",
+                "must be at least 1 (turn typing off with typing = false)".into(),
+            ));
+        }
+        let ack_reaction = match raw.outbound.ack_reaction.as_deref() {
+            None => None,
+            Some(emoji) => Some(
+                crate::telegram::reactions::allowed_reaction(emoji)
+                    .map_err(|why| err("outbound.ack_reaction", why.replace(". Nothing was sent", "")))?,
+            ),
+        };
+
+        tracing_subscriber::EnvFilter::try_new(&raw.log.filter)
+            .map_err(|e| err("log.filter", format!("'{}' is not a log filter: {e}", raw.log.filter)))?;
+
+        let mut agents = BTreeMap::new();
+        // Resolved once the routes are known: a relay names a route.
+        let mut relays = Vec::new();
+        for (name, mut agent) in raw.agents {
+            let key = format!("agents.{name}");
+            let parsed = AgentName::parse(&name).map_err(|e| err(&key, e))?;
+            check_env_name(path, &format!("{key}.token_env"), &agent.token_env)?;
+            if let Some(relay) = agent.permissions.take() {
+                relays.push((parsed.clone(), format!("{key}.permissions"), relay));
+            }
+            agents.insert(parsed, validate_agent(path, &key, agent)?);
+        }
+
+        let room_defaults = RoomLimits {
+            cascade_limit: cascade_limit(path, "rooms.cascade_limit", raw.rooms.cascade_limit)?,
+            max_iters: turns::effective_max_iters(raw.rooms.group_max_iters),
+            speaker_timeout: speaker_timeout(
+                path,
+                "rooms.speaker_timeout_secs",
+                raw.rooms.speaker_timeout_secs,
+            )?,
+        };
+        let mut routes = Vec::with_capacity(raw.routes.len());
+        let mut rooms = BTreeMap::new();
+        for (index, route) in raw.routes.into_iter().enumerate() {
+            let (route, room) = validate_route(path, index, route, &agents, room_defaults)?;
+            if let Some(room) = room {
+                rooms.insert(route.name.clone(), room);
+            }
+            routes.push(route);
+        }
+        let routes = RoutesTable::new(routes).map_err(|e| {
+            let index = match &e {
+                RoutesError::DuplicateName { second, .. } | RoutesError::SameTarget { second, .. } => *second,
+            };
+            err(&format!("routes[{index}]"), e.to_string())
+        })?;
+
+        if raw.handoffs.max_depth == 0 {
+            return Err(err("handoffs.max_depth", "must be at least 1".into()));
+        }
+        let audit_route = match raw.handoffs.audit_route {
+            None => None,
+            Some(name) => {
+                let route = routes
+                    .routes()
+                    .iter()
+                    .find(|route| route.name.as_str() == name)
+                    .ok_or_else(|| err("handoffs.audit_route", format!("no route is named '{name}'")))?;
+                if !matches!(route.target, RouteTarget::Chat { .. } | RouteTarget::Topic { .. }) {
+                    return Err(err(
+                        "handoffs.audit_route",
+                        format!("route '{name}' is the default route: the audit copy needs a chat"),
+                    ));
+                }
+                Some(route.name.clone())
+            }
+        };
+        let handoffs = HandoffSettings { max_depth: raw.handoffs.max_depth, audit_route };
+        let operator = match raw.operator {
+            None => None,
+            Some(raw) => {
+                let (route, chat_id, thread_id) = chat_route(path, "operator", &raw.route, &routes)?;
+                let operators = user_ids(path, "operator.operators", raw.operators, "operators")?;
+                Some(OperatorSettings { route, chat_id, thread_id, operators })
+            }
+        };
+        for (agent, key, relay) in relays {
+            let settings = validate_permissions(path, &key, relay, &routes)?;
+            if let Some(agent) = agents.get_mut(&agent) {
+                agent.permissions = Some(settings);
+            }
+        }
+
+        Ok(Settings {
+            source: path.to_path_buf(),
+            telegram: TelegramSettings {
+                token_env: raw.telegram.token_env,
+                api_url,
+                poll_timeout: Duration::from_secs(raw.telegram.poll_timeout_secs),
+                send_timeout: Duration::from_secs(raw.telegram.send_timeout_secs),
+                allowed_users: raw.telegram.allowed_users,
+                unauthorized_exit: Duration::from_secs(raw.telegram.unauthorized_exit_secs),
+                webhook,
+            },
+            storage: StorageSettings {
+                database: raw.storage.database,
+                synchronous: raw.storage.synchronous,
+                retain,
+            },
+            api: ApiSettings { listen },
+            log: LogSettings { format: raw.log.format, filter: raw.log.filter },
+            outbound: OutboundSettings {
+                max_reply_parts: raw.outbound.max_reply_parts,
+                pacing: PaceLimits {
+                    private: Duration::from_millis(raw.outbound.private_chat_interval_ms),
+                    group: Duration::from_millis(raw.outbound.group_chat_interval_ms),
+                    overall_per_sec: raw.outbound.global_per_sec,
+                },
+                typing: raw.outbound.typing.then(|| Duration::from_secs(raw.outbound.typing_max_secs)),
+                ack_reaction,
+            },
+            handoffs,
+            agents,
+            routes,
+            room_defaults,
+            rooms,
+            operator,
+            media: MediaSettings { eager_photo_max_bytes: raw.media.eager_photo_max_bytes },
+        })
+    }
+}
+
+pub(super) fn validate_route(
+    path: &Path,
+    index: usize,
+    raw: RawRoute,
+    agents: &BTreeMap<AgentName, AgentSettings>,
+    room_defaults: RoomLimits,
+) -> Result<(Route, Option<RoomSettings>), ConfigError> {
+    let key = |field: &str| format!("routes[{index}].{field}");
+    let err = |field: &str, problem: String| ConfigError::new(path, key(field), problem);
+
+    let name = raw.name.ok_or_else(|| err("name", "every route needs a name".into()))?;
+    let name = RouteName::parse(&name).map_err(|e| err("name", e))?;
+    let known = |field: &str, agent: &str| -> Result<AgentName, ConfigError> {
+        let agent = AgentName::parse(agent).map_err(|e| err(field, e))?;
+        if agents.contains_key(&agent) {
+            return Ok(agent);
+        }
+        let declared = if agents.is_empty() {
+            "none; add an [agents.NAME] table".to_owned()
+        } else {
+            join_names(agents.keys())
+        };
+        Err(err(field, format!("route '{name}' names unknown agent '{agent}' (declared: {declared})")))
+    };
+    let audience = match (raw.agent, raw.agents) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "agents",
+                format!(
+                    "route '{name}' has both `agent` and `agents`: a route belongs to one agent (`agent`) or is \
+                     a room of several (`agents`), not both"
+                ),
+            ));
+        }
+        (None, None) => {
+            return Err(err(
+                "agent",
+                format!("route '{name}' names no agent (set `agent`, or `agents` for a group room)"),
+            ));
+        }
+        (Some(agent), None) => Audience::Agent(known("agent", &agent)?),
+        (None, Some(members)) => {
+            let members =
+                members.iter().map(|agent| known("agents", agent)).collect::<Result<Vec<_>, _>>()?;
+            Audience::Room(members)
+        }
+    };
+    let target = match (raw.chat_id, raw.thread_id) {
+        (Some(0), _) => return Err(err("chat_id", format!("route '{name}': 0 is not a Telegram chat id"))),
+        (Some(chat_id), Some(thread_id)) if thread_id > 0 => RouteTarget::Topic { chat_id, thread_id },
+        (Some(_), Some(thread_id)) => {
+            return Err(err("thread_id", format!("route '{name}': {thread_id} is not a forum topic id")));
+        }
+        (Some(chat_id), None) => RouteTarget::Chat { chat_id },
+        (None, Some(_)) => {
+            return Err(err("thread_id", format!("route '{name}' has a thread_id but no chat_id")));
+        }
+        (None, None) => RouteTarget::Default,
+    };
+    let room = match &audience {
+        Audience::Agent(_) => {
+            let room_keys = [
+                ("cascade_limit", raw.cascade_limit.is_some()),
+                ("group_max_iters", raw.group_max_iters.is_some()),
+                ("speaker_timeout_secs", raw.speaker_timeout_secs.is_some()),
+            ];
+            if let Some((field, _)) = room_keys.iter().find(|(_, set)| *set) {
+                return Err(err(
+                    field,
+                    format!("route '{name}' is not a room: only a route with `agents = [...]` takes {field}"),
+                ));
+            }
+            None
+        }
+        Audience::Room(members) => {
+            let (chat_id, thread_id) = match target {
+                RouteTarget::Topic { chat_id, thread_id } => (chat_id, Some(thread_id)),
+                RouteTarget::Chat { chat_id } => (chat_id, None),
+                RouteTarget::Default => {
+                    return Err(err(
+                        "chat_id",
+                        format!(
+                            "route '{name}' is a room and needs a chat_id: a room is one group or forum topic, \
+                             not the default route"
+                        ),
+                    ));
+                }
+            };
+            let roster =
+                room_roster(members, agents).map_err(|e| err("agents", format!("route '{name}': {e}")))?;
+            let limits = RoomLimits {
+                cascade_limit: match raw.cascade_limit {
+                    Some(limit) => cascade_limit(path, &key("cascade_limit"), limit)?,
+                    None => room_defaults.cascade_limit,
+                },
+                max_iters: raw.group_max_iters.map_or(room_defaults.max_iters, turns::effective_max_iters),
+                speaker_timeout: match raw.speaker_timeout_secs {
+                    Some(secs) => speaker_timeout(path, &key("speaker_timeout_secs"), secs)?,
+                    None => room_defaults.speaker_timeout,
+                },
+            };
+            Some(RoomSettings { route: name.clone(), chat_id, thread_id, roster, limits })
+        }
+    };
+    Ok((Route { name, target, audience }, room))
+}
+
+/// A room's members with their display names and aliases, checked by the pure core.
+pub(super) fn room_roster(
+    members: &[AgentName],
+    agents: &BTreeMap<AgentName, AgentSettings>,
+) -> Result<RoomRoster, RosterError> {
+    RoomRoster::new(
+        members
+            .iter()
+            .map(|name| {
+                let settings = &agents[name];
+                let mut member = RoomMember::new(name.clone()).with_aliases(settings.aliases.iter().cloned());
+                if let Some(display_name) = &settings.display_name {
+                    member = member.with_display_name(display_name.clone());
+                }
+                member
+            })
+            .collect(),
+    )
+}
+
+/// An agent's table: its display name must show something, and each alias must be
+/// something a room message can `@`-mention.
+pub(super) fn validate_agent(path: &Path, key: &str, raw: RawAgent) -> Result<AgentSettings, ConfigError> {
+    let display_name = match raw.display_name.as_deref().map(str::trim) {
+        None => None,
+        Some("") => {
+            return Err(ConfigError::new(
+                path,
+                format!("{key}.display_name"),
+                "is empty; leave it out to show the agent's name",
+            ));
+        }
+        Some(shown) => Some(shown.to_owned()),
+    };
+    let mut aliases = Vec::with_capacity(raw.aliases.len());
+    for alias in &raw.aliases {
+        let bare = alias.trim().trim_start_matches('@');
+        if turns::mention_tokens(&format!("@{bare}")) != [turns::normalise(bare)] {
+            return Err(ConfigError::new(
+                path,
+                format!("{key}.aliases"),
+                format!(
+                    "'{alias}' cannot be mentioned: an alias is one word of letters, digits, '_' or '-' (a room \
+                     message mentions it as @{bare})"
+                ),
+            ));
+        }
+        aliases.push(bare.to_owned());
+    }
+    Ok(AgentSettings { token_env: raw.token_env, display_name, aliases, permissions: None })
+}
+
+/// `[agents.NAME.permissions]`: the route must exist and have a chat (a prompt needs one
+/// place to go), someone must be able to answer, and a prompt must live a while.
+pub(super) fn validate_permissions(
+    path: &Path,
+    key: &str,
+    raw: RawPermissions,
+    routes: &RoutesTable,
+) -> Result<PermissionSettings, ConfigError> {
+    let err = |field: &str, problem: String| ConfigError::new(path, format!("{key}.{field}"), problem);
+    let (route, chat_id, thread_id) = chat_route(path, key, &raw.route, routes)?;
+    let approvers = user_ids(path, &format!("{key}.approvers"), raw.approvers, "approvers")?;
+    if !(1..=MAX_PERMISSION_TIMEOUT_SECS).contains(&raw.timeout_secs) {
+        return Err(err(
+            "timeout_secs",
+            format!(
+                "{} must be at least 1 and at most {MAX_PERMISSION_TIMEOUT_SECS} (a week)",
+                raw.timeout_secs
+            ),
+        ));
+    }
+    Ok(PermissionSettings {
+        route,
+        chat_id,
+        thread_id,
+        approvers,
+        timeout: Duration::from_secs(raw.timeout_secs),
+    })
+}
+
+/// The route a table's `route` names, with its chat and topic: it must exist and have a
+/// chat, since a prompt needs one place to go.
+pub(super) fn chat_route(
+    path: &Path,
+    key: &str,
+    name: &str,
+    routes: &RoutesTable,
+) -> Result<(RouteName, i64, Option<i32>), ConfigError> {
+    let err = |problem: String| ConfigError::new(path, format!("{key}.route"), problem);
+    let route = routes.routes().iter().find(|route| route.name.as_str() == name).ok_or_else(|| {
+        let declared = join_names(routes.routes().iter().map(|route| &route.name));
+        err(format!("no route is named '{name}' (routes: {declared})"))
+    })?;
+    match route.target {
+        RouteTarget::Topic { chat_id, thread_id } => Ok((route.name.clone(), chat_id, Some(thread_id))),
+        RouteTarget::Chat { chat_id } => Ok((route.name.clone(), chat_id, None)),
+        RouteTarget::Default => Err(err(format!(
+            "route '{name}' is the default route: prompts with buttons need a route with a chat_id"
+        ))),
+    }
+}
+
+/// A list of Telegram user ids who may answer: someone must be able to.
+pub(super) fn user_ids(path: &Path, key: &str, ids: Vec<i64>, who: &str) -> Result<Vec<i64>, ConfigError> {
+    if ids.is_empty() {
+        return Err(ConfigError::new(
+            path,
+            key,
+            format!(
+                "is empty: list the Telegram user ids allowed to answer (without {who} nobody could, so leave the \
+                 whole table out instead)"
+            ),
+        ));
+    }
+    if let Some(bad) = ids.iter().find(|&&id| id <= 0) {
+        return Err(ConfigError::new(path, key, format!("{bad} is not a Telegram user id")));
+    }
+    Ok(ids)
+}
+
+pub(super) fn cascade_limit(path: &Path, key: &str, limit: u32) -> Result<NonZeroU32, ConfigError> {
+    NonZeroU32::new(limit).ok_or_else(|| {
+        ConfigError::new(
+            path,
+            key,
+            "must be at least 1: it is how many agent turns one human message may use",
+        )
+    })
+}
+
+pub(super) fn speaker_timeout(path: &Path, key: &str, secs: u64) -> Result<Duration, ConfigError> {
+    if secs == 0 {
+        return Err(ConfigError::new(
+            path,
+            key,
+            "must be at least 1 (seconds a speaker has to reply or ack)",
+        ));
+    }
+    Ok(Duration::from_secs(secs))
+}
+
+/// Refuses two agents that share a secret, naming both agents' keys and never the value.
+/// `agents` is (agent, the variable its `token_env` names, the secret read from it).
+pub(super) fn check_distinct_secrets(
+    path: &Path,
+    agents: &[(&AgentName, &str, &Secret)],
+) -> Result<(), ConfigError> {
+    for (later, &(agent, var, secret)) in agents.iter().enumerate() {
+        for &(earlier, earlier_var, earlier_secret) in &agents[..later] {
+            let key = format!("agents.{agent}.token_env");
+            let problem = if var == earlier_var {
+                format!(
+                    "names the same variable as agents.{earlier}.token_env ({var}); \
+                     each agent needs a secret of its own, or either could act as the other"
+                )
+            } else if secret.matches(earlier_secret.expose()) {
+                format!(
+                    "holds the same secret as agents.{earlier}.token_env ({var} and {earlier_var} \
+                     have the same value); each agent needs a secret of its own, or either could \
+                     act as the other"
+                )
+            } else {
+                continue;
+            };
+            return Err(ConfigError::new(path, key, problem));
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSettings, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    let key = "telegram.webhook.public_url";
+    let public_url = reqwest::Url::parse(&raw.public_url)
+        .map_err(|e| err(key, format!("'{}' is not a URL: {e}", raw.public_url)))?;
+    if public_url.scheme() != "https" || public_url.host().is_none() {
+        return Err(err(
+            key,
+            format!(
+                "'{public_url}' must be an https URL with a host: Telegram calls webhooks over TLS only \
+                 (your load balancer or reverse proxy terminates it)"
+            ),
+        ));
+    }
+    if public_url.path() == "/" {
+        return Err(err(
+            key,
+            format!(
+                "'{public_url}' has no path: give the one Telegram should call, e.g. \
+                 https://bot.example.org/telegram/webhook, which the daemon serves on telegram.webhook.listen"
+            ),
+        ));
+    }
+    let listen = raw.listen.parse().map_err(|_| {
+        err("telegram.webhook.listen", format!("'{}' is not an address like 0.0.0.0:8443", raw.listen))
+    })?;
+    check_env_name(path, "telegram.webhook.secret_env", &raw.secret_env)?;
+    Ok(WebhookSettings { public_url, listen, secret_env: raw.secret_env })
+}
+
+pub(super) fn check_env_name(path: &Path, key: &str, name: &str) -> Result<(), ConfigError> {
+    let valid = !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && !name.starts_with(|c: char| c.is_ascii_digit());
+    if valid {
+        Ok(())
+    } else {
+        Err(ConfigError::new(path, key, format!("'{name}' is not an environment variable name")))
+    }
+}
+
+pub(super) fn read_secret(path: &Path, key: &str, var: &str) -> Result<Secret, ConfigError> {
+    match std::env::var(var) {
+        Ok(value) if !value.trim().is_empty() => Ok(Secret::new(value.trim().to_owned())),
+        Ok(_) => Err(ConfigError::new(path, key, format!("environment variable {var} is empty"))),
+        Err(_) => Err(ConfigError::new(path, key, format!("environment variable {var} is not set"))),
+    }
+}
+
+pub(super) fn join_names<T: fmt::Display>(names: impl Iterator<Item = T>) -> String {
+    names.map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// "line L, column C: what is wrong" — toml's own Display spans several lines.
+pub(super) fn toml_error_message(text: &str, e: &toml::de::Error) -> String {
+    let message = e.message().trim();
+    let Some(span) = e.span() else {
+        return message.to_owned();
+    };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+    format!("line {line}, column {column}: {message}")
+}
+
+/// Turns the `config` crate's error into ours, with the key the crate's deserializer
+/// names (it wraps a problem found under a key in `At`), or the line and column of a
+/// syntax error from the toml parser's own error, which the crate keeps as its cause
+/// (`config` parses with the same `toml` as this crate).
+pub(super) fn config_crate_error(path: &Path, text: &str, e: config::ConfigError) -> ConfigError {
+    match e {
+        config::ConfigError::FileParse { cause, .. } => match cause.downcast_ref::<toml::de::Error>() {
+            Some(syntax) => ConfigError::new(path, "(syntax)", toml_error_message(text, syntax)),
+            None => ConfigError::new(path, "(syntax)", cause.to_string()),
+        },
+        config::ConfigError::Type { key: Some(key), unexpected, expected, .. } => {
+            ConfigError::new(path, key, format!("expected {expected}, found {unexpected}"))
+        }
+        config::ConfigError::At { error, key: Some(key), .. } => match *error {
+            // A problem of a value further down keeps the longer key.
+            inner @ (config::ConfigError::At { key: Some(_), .. }
+            | config::ConfigError::Type { key: Some(_), .. }) => config_crate_error(path, text, inner),
+            inner => ConfigError::new(path, key, inner.to_string()),
+        },
+        config::ConfigError::NotFound(key) => ConfigError::new(path, key, "is missing".to_owned()),
+        other => ConfigError::new(path, "(file)", other.to_string()),
+    }
+}
