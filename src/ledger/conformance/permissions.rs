@@ -159,7 +159,11 @@ pub(crate) async fn a_prompt_not_sent_expires_its_request_and_an_unknown_one_sta
     // A press proves where the unknown prompt was posted; once answered, it is to be edited.
     ledger.note_prompt_message("prm_2", 55).await.unwrap();
     ledger.note_prompt_message("prm_2", 66).await.unwrap();
-    assert_eq!(ledger.permission("prm_2").await.unwrap().unwrap().prompt_message_id, Some(55), "the first proof");
+    assert_eq!(
+        ledger.permission("prm_2").await.unwrap().unwrap().prompt_message_id,
+        Some(55),
+        "the first proof"
+    );
     let answered = ledger.answer_permission("prm_2", PermissionVerdict::Allow, 7, "ann").await.unwrap();
     assert!(matches!(answered, AnswerRecorded::Recorded(_)));
     let unsettled = ledger.unsettled_prompts().await.unwrap();

@@ -41,7 +41,8 @@ pub(crate) async fn a_question_is_asked_once_per_unresolved_send_and_answered_on
     let envelopes = unresolved_envelopes(&ledger, 2).await;
     let new_id = numbered();
     let asked = ledger.record_new_questions(7, Some(3), &new_id).await.unwrap();
-    let read: Vec<_> = asked.iter().map(|q| (q.envelope_id, q.trace_id.clone(), q.state, q.prompt_send)).collect();
+    let read: Vec<_> =
+        asked.iter().map(|q| (q.envelope_id, q.trace_id.clone(), q.state, q.prompt_send)).collect();
     assert_eq!(
         read,
         envelopes
@@ -80,15 +81,15 @@ pub(crate) async fn a_question_is_asked_once_per_unresolved_send_and_answered_on
     let unsettled = |ledger: Ledger| async move {
         ledger.unsettled_questions().await.unwrap().into_iter().map(|q| q.id).collect::<Vec<_>>()
     };
-    assert_eq!(unsettled(ledger.clone()).await, [first.id.clone()], "the second's send is in flight");
+    assert_eq!(unsettled(ledger.clone()).await, [first.id.as_str()], "the second's send is in flight");
     assert_eq!(ledger.recover_question_sends().await.unwrap(), 1);
     assert_eq!(ledger.recover_question_sends().await.unwrap(), 0, "recovered once");
     assert_eq!(ledger.question(&second.id).await.unwrap().unwrap().prompt_send, AttemptState::Unknown);
     let mut both = unsettled(ledger.clone()).await;
     both.sort();
-    assert_eq!(both, [first.id.clone(), second.id.clone()]);
+    assert_eq!(both, [first.id.as_str(), second.id.as_str()]);
     ledger.settle_question_prompt(&first.id).await.unwrap();
-    assert_eq!(unsettled(ledger.clone()).await, [second.id.clone()]);
+    assert_eq!(unsettled(ledger.clone()).await, [second.id.as_str()]);
 }
 
 pub(crate) async fn a_question_reconciled_elsewhere_is_settled_and_one_not_posted_is_not_asked_again<
@@ -115,6 +116,10 @@ pub(crate) async fn a_question_reconciled_elsewhere_is_settled_and_one_not_poste
     assert_eq!(ledger.question(&asked[1].id).await.unwrap().unwrap().state, QuestionState::Open);
     let late = ledger.answer_question(&asked[0], Reconciliation::Delivered, 7, "ann").await.unwrap();
     assert_eq!(late, QuestionAnswered::TooLate);
-    assert_eq!(state_of(&ledger, &envelopes[0].trace_id).await, EnvelopeState::Pending, "the CLI's finding stands");
+    assert_eq!(
+        state_of(&ledger, &envelopes[0].trace_id).await,
+        EnvelopeState::Pending,
+        "the CLI's finding stands"
+    );
     assert_eq!(ledger.question("qst_nonesuch").await.unwrap(), None);
 }

@@ -86,9 +86,11 @@ pub(crate) async fn an_unreconciled_follow_up_keeps_its_answered_envelope_until_
         .unwrap();
     let mut rows = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
     rows.sort_by_key(|row| row.id);
-    let answer = ledger.begin_attempt(&reply_attempt(rows[0].id, "req_aaaaaaaa", 0, 1)).await.unwrap().unwrap();
+    let answer =
+        ledger.begin_attempt(&reply_attempt(rows[0].id, "req_aaaaaaaa", 0, 1)).await.unwrap().unwrap();
     ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
-    let follow_up = ledger.begin_attempt(&reply_attempt(rows[0].id, "req_bbbbbbbb", 0, 1)).await.unwrap().unwrap();
+    let follow_up =
+        ledger.begin_attempt(&reply_attempt(rows[0].id, "req_bbbbbbbb", 0, 1)).await.unwrap().unwrap();
     ledger
         .finish_attempt(&follow_up, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
         .await

@@ -327,4 +327,3 @@ impl Permissions for SqliteLedger {
         .await
     }
 }
-
