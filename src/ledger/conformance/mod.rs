@@ -16,8 +16,12 @@ use super::Ledger;
 pub(crate) mod envelopes;
 pub(crate) mod fixtures;
 pub(crate) mod handoffs;
+pub(crate) mod permissions;
+pub(crate) mod questions;
 pub(crate) mod replies;
+pub(crate) mod retention;
 pub(crate) mod rooms;
+pub(crate) mod sessions;
 pub(crate) mod tasks;
 
 /// A backend under test.
@@ -64,6 +68,18 @@ macro_rules! suite {
         tasks::pause_resume_and_cancel_are_revisions_that_close_and_open_admission,
         tasks::a_batch_starts_one_task_per_conversation_at_the_message_that_started_it,
         tasks::a_paused_task_refuses_a_reaction,
+        // DESIGN §15: the permission relay
+        permissions::a_request_is_recorded_once_per_plugin_and_the_first_verdict_wins,
+        permissions::expiry_comes_with_time_or_with_the_session_and_is_final,
+        permissions::a_sessions_end_expires_only_its_agents_requests_from_the_ended_plugins,
+        permissions::a_prompt_not_sent_expires_its_request_and_an_unknown_one_stays_answerable,
+        // DESIGN §15: operator questions
+        questions::a_question_is_asked_once_per_unresolved_send_and_answered_once,
+        questions::a_question_reconciled_elsewhere_is_settled_and_one_not_posted_is_not_asked_again,
+        // DESIGN §17: retention, and the sessions it prunes
+        retention::a_prune_removes_only_what_finished_before_the_cut_off_and_a_dry_run_deletes_nothing,
+        retention::an_unreconciled_follow_up_keeps_its_answered_envelope_until_reconciled,
+        sessions::only_a_closed_session_that_is_not_the_newest_is_pruned,
         );
 
         #[test]

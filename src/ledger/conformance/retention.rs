@@ -1,0 +1,111 @@
+//! Retention (DESIGN §17): a prune removes only what finished before its cut-off and
+//! nothing work, an operator or an open task still needs; a dry run counts the same and
+//! deletes nothing.
+
+use chrono::{Duration, Utc};
+
+use crate::ids::TraceId;
+use crate::ledger::conformance::Backend;
+use crate::ledger::conformance::fixtures::*;
+use crate::ledger::*;
+
+pub(crate) async fn a_prune_removes_only_what_finished_before_the_cut_off_and_a_dry_run_deletes_nothing<
+    B: Backend,
+>() {
+    let (_keep, ledger) = B::fresh().await;
+    // Under an open task: answered, and still kept for the task.
+    let in_task = one_pending_message(&*ledger).await;
+    assert!(in_task.task_id.is_some());
+    let sent = |message_id| AttemptOutcome::Sent { message_id };
+    let answer = ledger.begin_attempt(&one_part_reply(in_task.id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &sent(100), "agent:orch").await.unwrap();
+
+    let batch = [
+        routed(2, EnvelopeState::Ignored),
+        routed(3, EnvelopeState::Pending),
+        routed(4, EnvelopeState::Pending),
+        routed(5, EnvelopeState::Pending),
+        routed(6, EnvelopeState::Pending),
+    ];
+    ledger.record_batch(1, 7, &batch).await.unwrap();
+    let mut rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    rows.sort_by_key(|row| row.id);
+    let [_, ignored, answered, pending, unresolved, newest] = &rows[..] else {
+        panic!("six envelopes, found {rows:?}")
+    };
+    assert_eq!(answered.task_id, None, "only the first message is under a task");
+    for (row, message_id) in [(answered, 101), (newest, 102)] {
+        let attempt = ledger.begin_attempt(&one_part_reply(row.id)).await.unwrap().unwrap();
+        ledger.finish_attempt(&attempt, &sent(message_id), "agent:orch").await.unwrap();
+    }
+    let lost = ledger.begin_attempt(&one_part_reply(unresolved.id)).await.unwrap().unwrap();
+    ledger
+        .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+    let state = |trace: TraceId| {
+        let ledger = ledger.clone();
+        async move { ledger.find(&trace).await.unwrap().map(|row| row.state) }
+    };
+    assert_eq!(state(unresolved.trace_id.clone()).await, Some(EnvelopeState::Unresolved));
+
+    // Everything finished after a cut-off an hour ago.
+    let early = ledger.prune(Utc::now() - Duration::hours(1), false).await.unwrap();
+    assert_eq!(early.removed, Pruned::default(), "nothing finished before the cut-off");
+
+    let cutoff = Utc::now() + Duration::seconds(1);
+    let dry = ledger.prune(cutoff, true).await.unwrap();
+    assert_eq!((dry.removed.envelopes, dry.removed.attempts), (2, 1), "{:?}", dry.removed);
+    assert_eq!(ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap().len(), 6, "dry");
+    assert_eq!(ledger.attempts_for(answered.id).await.unwrap().len(), 1, "a dry run deletes no attempt");
+
+    let real = ledger.prune(cutoff, false).await.unwrap();
+    assert_eq!(real.removed, dry.removed, "the dry run counted what the real one removes");
+    assert_eq!(state(ignored.trace_id.clone()).await, None);
+    assert_eq!(state(answered.trace_id.clone()).await, None);
+    assert!(ledger.attempts_for(answered.id).await.unwrap().is_empty(), "its attempt went with it");
+    assert_eq!(state(in_task.trace_id.clone()).await, Some(EnvelopeState::Acked), "its task is open");
+    assert_eq!(state(pending.trace_id.clone()).await, Some(EnvelopeState::Pending));
+    assert_eq!(state(unresolved.trace_id.clone()).await, Some(EnvelopeState::Unresolved));
+    assert_eq!(ledger.attempts_for(unresolved.id).await.unwrap()[0].outcome, AttemptState::Unknown);
+    assert_eq!(state(newest.trace_id.clone()).await, Some(EnvelopeState::Acked), "the newest stays");
+    assert_eq!(ledger.unreconciled_attempts().await.unwrap(), 1);
+
+    // Nothing is left that may go.
+    assert_eq!(ledger.prune(cutoff, true).await.unwrap().removed, Pruned::default());
+    assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());
+}
+
+/// A follow-up whose send is unknown keeps even an answered envelope, until it is
+/// reconciled: an operator may still need it.
+pub(crate) async fn an_unreconciled_follow_up_keeps_its_answered_envelope_until_reconciled<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger
+        .record_batch(1, 3, &[routed(1, EnvelopeState::Pending), routed(2, EnvelopeState::Pending)])
+        .await
+        .unwrap();
+    let mut rows = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
+    rows.sort_by_key(|row| row.id);
+    let answer =
+        ledger.begin_attempt(&reply_attempt(rows[0].id, "req_aaaaaaaa", 0, 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 9 }, "agent:orch").await.unwrap();
+    let follow_up =
+        ledger.begin_attempt(&reply_attempt(rows[0].id, "req_bbbbbbbb", 0, 1)).await.unwrap().unwrap();
+    ledger
+        .finish_attempt(&follow_up, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+        .await
+        .unwrap();
+    // The newest envelope, answered last, keeps the newest attempt and event away from rows[0].
+    let last = ledger.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&last, &AttemptOutcome::Sent { message_id: 10 }, "agent:orch").await.unwrap();
+    assert_eq!(ledger.find(&rows[0].trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
+
+    let cutoff = || Utc::now() + Duration::seconds(1);
+    assert_eq!(ledger.prune(cutoff(), false).await.unwrap().removed.envelopes, 0);
+    assert!(ledger.find(&rows[0].trace_id).await.unwrap().is_some());
+
+    ledger.reconcile(&rows[0].trace_id, Reconciliation::Delivered, "seen in the chat").await.unwrap();
+    let pruned = ledger.prune(cutoff(), false).await.unwrap().removed;
+    assert_eq!((pruned.envelopes, pruned.attempts), (1, 2));
+    assert_eq!(ledger.find(&rows[0].trace_id).await.unwrap(), None);
+}
