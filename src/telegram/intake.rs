@@ -144,7 +144,7 @@ impl UpdateIntake {
         });
         // A reaction owed to an agent reaches its session, if one is connected, by its bell.
         for reaction in &recorded.reactions {
-            tracing::info!(trace_id = %reaction.trace_id, agent = %reaction.agent, "reaction recorded");
+            tracing::info!(target: RECORD_LOG_TARGET, trace_id = %reaction.trace_id, agent = %reaction.agent, "reaction recorded");
             if let Ok(agent) = AgentName::parse(&reaction.agent) {
                 self.bridge.wake(&agent);
             }
@@ -318,20 +318,28 @@ fn audit_row(
     RoutedEnvelope { envelope, state, route: None, agent: None, update_digest, note: Some(note), raw_update }
 }
 
+/// The target of the lines that follow each update into the ledger (`envelope recorded`,
+/// `recorded as unrouted`, ...): the one they had before intake served the webhook too,
+/// since operators' log filters and tools that follow a message by its lines select them
+/// by it. A webhook delivery is logged the same way.
+const RECORD_LOG_TARGET: &str = "switchboard::telegram::poller";
+
 fn log_recorded(routed: &RoutedEnvelope) {
     let e = &routed.envelope;
-    let span = tracing::info_span!("envelope", trace_id = %e.trace_id);
+    let span = tracing::info_span!(target: RECORD_LOG_TARGET, "envelope", trace_id = %e.trace_id);
     let _entered = span.enter();
     let route = routed.route.as_ref().map(|r| r.as_str()).unwrap_or("-");
     let agent = routed.agent.as_ref().map(|a| a.as_str()).unwrap_or("-");
     match routed.state {
         EnvelopeState::Unrouted => tracing::warn!(
+            target: RECORD_LOG_TARGET,
             update_id = e.update_id,
             chat_id = e.channel.chat_id,
             thread_id = e.channel.thread_id,
             "no route matches this chat: recorded as unrouted"
         ),
         EnvelopeState::Rejected => tracing::warn!(
+            target: RECORD_LOG_TARGET,
             update_id = e.update_id,
             chat_id = e.channel.chat_id,
             sender_id = e.sender.id,
@@ -339,6 +347,7 @@ fn log_recorded(routed: &RoutedEnvelope) {
             "sender is not on telegram.allowed_users: recorded as rejected"
         ),
         EnvelopeState::Ignored => tracing::info!(
+            target: RECORD_LOG_TARGET,
             update_id = e.update_id,
             chat_id = e.channel.chat_id,
             reason = routed.note.as_deref().unwrap_or_default(),
@@ -348,10 +357,12 @@ fn log_recorded(routed: &RoutedEnvelope) {
             // The update id only: the raw text carries the message, and the reason may
             // quote it.
             tracing::warn!(
+                target: RECORD_LOG_TARGET,
                 update_id = e.update_id,
                 "undecodable update recorded raw and confirmed (Telegram sent something teloxide could not read): see `switchboard ledger show` for this trace id"
             );
             tracing::debug!(
+                target: RECORD_LOG_TARGET,
                 reason = routed.note.as_deref().unwrap_or_default(),
                 raw = routed.raw_update.as_deref().unwrap_or_default(),
                 "undecodable update"
@@ -359,6 +370,7 @@ fn log_recorded(routed: &RoutedEnvelope) {
             return;
         }
         _ => tracing::info!(
+            target: RECORD_LOG_TARGET,
             update_id = e.update_id,
             chat_id = e.channel.chat_id,
             thread_id = e.channel.thread_id,
@@ -368,7 +380,7 @@ fn log_recorded(routed: &RoutedEnvelope) {
             "envelope recorded"
         ),
     }
-    tracing::debug!(text = e.content(), "envelope content");
+    tracing::debug!(target: RECORD_LOG_TARGET, text = e.content(), "envelope content");
 }
 
 #[cfg(test)]

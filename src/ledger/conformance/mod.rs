@@ -1,4 +1,4 @@
-//! The conformance suite: the rules of DESIGN §2-§4 and §9-§11 as a ledger sees them, written
+//! The conformance suite: the rules of DESIGN §2-§4, §9-§11, §15 and §17 as a ledger sees them, written
 //! against the seam alone, so every backend is held to the same behaviour. A backend runs
 //! the whole suite with one line in its own tests:
 //!
