@@ -197,7 +197,7 @@ impl Settings {
     }
 }
 
-pub(super) fn validate_route(
+fn validate_route(
     path: &Path,
     index: usize,
     raw: RawRoute,
@@ -305,7 +305,7 @@ pub(super) fn validate_route(
 }
 
 /// A room's members with their display names and aliases, checked by the pure core.
-pub(super) fn room_roster(
+fn room_roster(
     members: &[AgentName],
     agents: &BTreeMap<AgentName, AgentSettings>,
 ) -> Result<RoomRoster, RosterError> {
@@ -326,7 +326,7 @@ pub(super) fn room_roster(
 
 /// An agent's table: its display name must show something, and each alias must be
 /// something a room message can `@`-mention.
-pub(super) fn validate_agent(path: &Path, key: &str, raw: RawAgent) -> Result<AgentSettings, ConfigError> {
+fn validate_agent(path: &Path, key: &str, raw: RawAgent) -> Result<AgentSettings, ConfigError> {
     let display_name = match raw.display_name.as_deref().map(str::trim) {
         None => None,
         Some("") => {
@@ -358,7 +358,7 @@ pub(super) fn validate_agent(path: &Path, key: &str, raw: RawAgent) -> Result<Ag
 
 /// `[agents.NAME.permissions]`: the route must exist and have a chat (a prompt needs one
 /// place to go), someone must be able to answer, and a prompt must live a while.
-pub(super) fn validate_permissions(
+fn validate_permissions(
     path: &Path,
     key: &str,
     raw: RawPermissions,
@@ -387,7 +387,7 @@ pub(super) fn validate_permissions(
 
 /// The route a table's `route` names, with its chat and topic: it must exist and have a
 /// chat, since a prompt needs one place to go.
-pub(super) fn chat_route(
+fn chat_route(
     path: &Path,
     key: &str,
     name: &str,
@@ -408,7 +408,7 @@ pub(super) fn chat_route(
 }
 
 /// A list of Telegram user ids who may answer: someone must be able to.
-pub(super) fn user_ids(path: &Path, key: &str, ids: Vec<i64>, who: &str) -> Result<Vec<i64>, ConfigError> {
+fn user_ids(path: &Path, key: &str, ids: Vec<i64>, who: &str) -> Result<Vec<i64>, ConfigError> {
     if ids.is_empty() {
         return Err(ConfigError::new(
             path,
@@ -425,7 +425,7 @@ pub(super) fn user_ids(path: &Path, key: &str, ids: Vec<i64>, who: &str) -> Resu
     Ok(ids)
 }
 
-pub(super) fn cascade_limit(path: &Path, key: &str, limit: u32) -> Result<NonZeroU32, ConfigError> {
+fn cascade_limit(path: &Path, key: &str, limit: u32) -> Result<NonZeroU32, ConfigError> {
     NonZeroU32::new(limit).ok_or_else(|| {
         ConfigError::new(
             path,
@@ -435,7 +435,7 @@ pub(super) fn cascade_limit(path: &Path, key: &str, limit: u32) -> Result<NonZer
     })
 }
 
-pub(super) fn speaker_timeout(path: &Path, key: &str, secs: u64) -> Result<Duration, ConfigError> {
+fn speaker_timeout(path: &Path, key: &str, secs: u64) -> Result<Duration, ConfigError> {
     if secs == 0 {
         return Err(ConfigError::new(
             path,
@@ -475,7 +475,7 @@ pub(super) fn check_distinct_secrets(
     Ok(())
 }
 
-pub(super) fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSettings, ConfigError> {
+fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSettings, ConfigError> {
     let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
     let key = "telegram.webhook.public_url";
     let public_url = reqwest::Url::parse(&raw.public_url)
@@ -505,7 +505,7 @@ pub(super) fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSe
     Ok(WebhookSettings { public_url, listen, secret_env: raw.secret_env })
 }
 
-pub(super) fn check_env_name(path: &Path, key: &str, name: &str) -> Result<(), ConfigError> {
+fn check_env_name(path: &Path, key: &str, name: &str) -> Result<(), ConfigError> {
     let valid = !name.is_empty()
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
         && !name.starts_with(|c: char| c.is_ascii_digit());
@@ -529,7 +529,7 @@ pub(super) fn join_names<T: fmt::Display>(names: impl Iterator<Item = T>) -> Str
 }
 
 /// "line L, column C: what is wrong" — toml's own Display spans several lines.
-pub(super) fn toml_error_message(text: &str, e: &toml::de::Error) -> String {
+fn toml_error_message(text: &str, e: &toml::de::Error) -> String {
     let message = e.message().trim();
     let Some(span) = e.span() else {
         return message.to_owned();
