@@ -627,7 +627,11 @@ async fn figures() {
 async fn the_ledger_never_prints_the_databases_password() {
     let options =
         PgConnectOptions::from_str("postgres://switchboard:s3cret-password@127.0.0.1:1/ledger").unwrap();
-    let ledger = PgLedger { pool: PgPoolOptions::new().connect_lazy_with(options.clone()), options };
+    let ledger = PgLedger {
+        pool: PgPoolOptions::new().connect_lazy_with(options.clone()),
+        options,
+        writes: Default::default(),
+    };
     let printed = format!("{ledger:?}");
     assert!(printed.starts_with("PgLedger"), "{printed}");
     assert!(!printed.contains("s3cret"), "{printed}");
