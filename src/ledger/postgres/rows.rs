@@ -116,3 +116,12 @@ impl FromRow<'_, PgRow> for StoredEnvelope {
         })
     }
 }
+
+/// The SQL test that an attempt's `method` sends a part of a reply (not a reaction or an
+/// edit), as SQLite's `reply_part_method!` writes it: `domain::AttemptMethod::is_reply_part`.
+macro_rules! reply_part_method {
+    () => {
+        "method NOT IN ('set_reaction', 'edit_message')"
+    };
+}
+pub(super) use reply_part_method;
