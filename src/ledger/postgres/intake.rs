@@ -137,7 +137,10 @@ impl PgLedger {
                 Ok(()) => {}
                 Err(FencedError::Ledger(error)) => return Err(error),
                 // Nothing was written: the transaction ends with nothing in it.
-                Err(deposed) => return Ok(Err(deposed)),
+                Err(deposed) => {
+                    tx.rollback().await?;
+                    return Ok(Err(deposed));
+                }
             }
         }
         // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.

@@ -18,6 +18,7 @@
 mod conformance;
 mod envelopes;
 mod error;
+mod handoffs;
 mod intake;
 pub mod leadership;
 mod reactions;

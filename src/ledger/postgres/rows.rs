@@ -48,7 +48,6 @@ pub(super) fn text_enum<T: serde::de::DeserializeOwned>(row: &PgRow, column: &st
 }
 
 /// [`text_enum`] of a column that may be NULL.
-#[allow(dead_code)] // for the permission and question rows, built next
 pub(super) fn optional_text_enum<T: serde::de::DeserializeOwned>(
     row: &PgRow,
     column: &str,

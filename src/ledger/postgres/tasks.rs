@@ -971,9 +971,11 @@ impl Tasks for PgLedger {
         // A declaration refused ends the transaction with nothing written in it.
         let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
         else {
+            tx.rollback().await.map_err(LedgerError::from)?;
             return Err(DeclareError::NotPending(trace_id.to_string()).into());
         };
         let (Some(task_id), Some(revision)) = (task_id, revision) else {
+            tx.rollback().await.map_err(LedgerError::from)?;
             return Err(DeclareError::NoTask(trace_id.to_string()).into());
         };
         hold_conversation(&mut tx, chat_id, thread_id, agent.as_str()).await?;
@@ -986,9 +988,13 @@ impl Tasks for PgLedger {
         match (kind, revisions::admit(to_u32(revision), &task.now())) {
             (_, Ok(())) => {}
             (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
-            (_, Err(refusal)) => return Err(DeclareError::Refused(refusal).into()),
+            (_, Err(refusal)) => {
+                tx.rollback().await.map_err(LedgerError::from)?;
+                return Err(DeclareError::Refused(refusal).into());
+            }
         }
         if kind == ChangeKind::Pause && task.state() != TaskState::Open {
+            tx.rollback().await.map_err(LedgerError::from)?;
             return Err(DeclareError::NotNow(format!("{task_id} is {}", task.state)).into());
         }
         let carrier = Carrier {
@@ -1046,6 +1052,7 @@ impl Tasks for PgLedger {
             .await?;
         let sql = concat!("SELECT ", task_columns!(), task_from!(), "WHERE t.task_id = $1");
         let Some(task) = sqlx::query_as::<_, Task>(sql).bind(task_id).fetch_optional(&mut *tx).await? else {
+            tx.commit().await?;
             return Ok(None);
         };
         // Revision 1 is the task itself; the changes follow.
@@ -1072,9 +1079,11 @@ impl Tasks for PgLedger {
         let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
         // A refusal ends the transaction with nothing written in it.
         let Some(task) = stored_task(&mut tx, task_id).await? else {
+            tx.rollback().await.map_err(LedgerError::from)?;
             return Err(DeclareError::NotNow(format!("no task has id {task_id}")).into());
         };
         if task.state() != TaskState::StopRequested {
+            tx.rollback().await.map_err(LedgerError::from)?;
             return Err(DeclareError::NotNow(format!(
                 "{task_id} is {}, not stop_requested: only a cancelled task can be marked stopped",
                 task.state

@@ -58,6 +58,10 @@ impl TestSchema {
     /// Drops the schema and everything in it.
     pub async fn drop(self) {
         let mut admin = admin().await;
+        // A test that failed may leave a connection in a transaction holding locks in the
+        // schema: the drop gives up rather than hang the run, and the next run drops the
+        // schema with the leftovers of dead processes.
+        sqlx::query("SET lock_timeout = '10s'").execute(&mut admin).await.unwrap();
         sqlx::query(sqlx::AssertSqlSafe(format!("DROP SCHEMA {} CASCADE", self.name)))
             .execute(&mut admin)
             .await

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::PgLedger;
-use crate::ids::{AgentName, AttemptId, CascadeId, HandoffId, TraceId};
+use crate::ids::{AgentName, AttemptId, CascadeId, TraceId};
 use crate::ledger::seam::*;
 use crate::ledger::*;
 use crate::rules::revisions::Refusal;
@@ -67,72 +67,6 @@ impl Attempts for PgLedger {
 
     async fn attempts_for(&self, _envelope_id: i64) -> LedgerResult<Vec<StoredAttempt>> {
         Err(unbuilt("Attempts::attempts_for"))
-    }
-}
-
-#[async_trait]
-impl Handoffs for PgLedger {
-    async fn record_handoff(&self, _new: &NewHandoff<'_>) -> LedgerResult<Result<StoredHandoff, Refusal>> {
-        Err(unbuilt("Handoffs::record_handoff"))
-    }
-
-    async fn end_handoff(
-        &self,
-        _handoff: &StoredHandoff,
-        _end: HandoffEnd<'_>,
-        _actor: &str,
-    ) -> LedgerResult<Result<Option<StoredHandoff>, Refusal>> {
-        Err(unbuilt("Handoffs::end_handoff"))
-    }
-
-    async fn keep_late_result(
-        &self,
-        _agent: &AgentName,
-        _trace_id: &TraceId,
-        _text: &str,
-    ) -> LedgerResult<bool> {
-        Err(unbuilt("Handoffs::keep_late_result"))
-    }
-
-    async fn handoff(&self, _handoff_id: &HandoffId) -> LedgerResult<Option<StoredHandoff>> {
-        Err(unbuilt("Handoffs::handoff"))
-    }
-
-    async fn handoff_of_envelope(&self, _envelope_id: i64) -> LedgerResult<Option<StoredHandoff>> {
-        Err(unbuilt("Handoffs::handoff_of_envelope"))
-    }
-
-    async fn handoff_by_request(
-        &self,
-        _from: &AgentName,
-        _request_id: &str,
-    ) -> LedgerResult<Option<StoredHandoff>> {
-        Err(unbuilt("Handoffs::handoff_by_request"))
-    }
-
-    async fn handoff_by_answer_request(
-        &self,
-        _agent: &AgentName,
-        _request_id: &str,
-    ) -> LedgerResult<Option<StoredHandoff>> {
-        Err(unbuilt("Handoffs::handoff_by_answer_request"))
-    }
-
-    async fn handoffs_for_cause(&self, _cause_envelope_id: i64) -> LedgerResult<Vec<StoredHandoff>> {
-        Err(unbuilt("Handoffs::handoffs_for_cause"))
-    }
-
-    async fn open_handoffs_from(&self, _from: &AgentName) -> LedgerResult<Vec<StoredHandoff>> {
-        Err(unbuilt("Handoffs::open_handoffs_from"))
-    }
-
-    async fn list_handoffs(
-        &self,
-        _open_only: bool,
-        _agent: Option<&str>,
-        _limit: i64,
-    ) -> LedgerResult<Vec<StoredHandoff>> {
-        Err(unbuilt("Handoffs::list_handoffs"))
     }
 }
 
