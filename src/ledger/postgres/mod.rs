@@ -22,6 +22,7 @@ mod handoffs;
 mod intake;
 pub mod leadership;
 mod reactions;
+mod rooms;
 mod rows;
 mod sessions;
 mod tasks;

@@ -58,7 +58,6 @@ pub(super) fn optional_text_enum<T: serde::de::DeserializeOwned>(
 /// A column that holds JSON or NULL, read strictly into `T`: JSON this switchboard cannot
 /// read (a row written by a newer version, say) is an error naming the column, never a
 /// default.
-#[allow(dead_code)] // for the permission and question rows, built next
 pub(super) fn optional_json<T: serde::de::DeserializeOwned>(
     row: &PgRow,
     column: &str,

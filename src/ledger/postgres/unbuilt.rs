@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::PgLedger;
-use crate::ids::{AgentName, AttemptId, CascadeId, TraceId};
+use crate::ids::{AgentName, AttemptId, TraceId};
 use crate::ledger::seam::*;
 use crate::ledger::*;
 use crate::rules::revisions::Refusal;
@@ -259,85 +259,5 @@ impl Reactions for PgLedger {
 
     async fn reactions_recorded(&self) -> LedgerResult<Vec<ReactionAudit>> {
         Err(unbuilt("Reactions::reactions_recorded"))
-    }
-}
-
-#[async_trait]
-impl Rooms for PgLedger {
-    async fn room_inbox(&self) -> LedgerResult<Vec<StoredEnvelope>> {
-        Err(unbuilt("Rooms::room_inbox"))
-    }
-
-    async fn record_cascade(&self, _new: &NewCascade<'_>, _note: &str) -> LedgerResult<Option<CascadeId>> {
-        Err(unbuilt("Rooms::record_cascade"))
-    }
-
-    async fn apply_room_step(&self, _step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
-        Err(unbuilt("Rooms::apply_room_step"))
-    }
-
-    async fn active_cascade(&self, _route: &str) -> LedgerResult<Option<StoredCascade>> {
-        Err(unbuilt("Rooms::active_cascade"))
-    }
-
-    async fn next_waiting_cascade(&self, _route: &str) -> LedgerResult<Option<StoredCascade>> {
-        Err(unbuilt("Rooms::next_waiting_cascade"))
-    }
-
-    async fn waiting_cascades(&self, _route: &str) -> LedgerResult<i64> {
-        Err(unbuilt("Rooms::waiting_cascades"))
-    }
-
-    async fn busy_rooms(&self) -> LedgerResult<Vec<String>> {
-        Err(unbuilt("Rooms::busy_rooms"))
-    }
-
-    async fn cascade(&self, _cascade_id: &CascadeId) -> LedgerResult<Option<StoredCascade>> {
-        Err(unbuilt("Rooms::cascade"))
-    }
-
-    async fn cascade_of_message(&self, _envelope_id: i64) -> LedgerResult<Option<StoredCascade>> {
-        Err(unbuilt("Rooms::cascade_of_message"))
-    }
-
-    async fn list_cascades(&self, _route: Option<&str>, _limit: i64) -> LedgerResult<Vec<StoredCascade>> {
-        Err(unbuilt("Rooms::list_cascades"))
-    }
-
-    async fn turns_of(&self, _cascade_row: i64) -> LedgerResult<Vec<StoredTurn>> {
-        Err(unbuilt("Rooms::turns_of"))
-    }
-
-    async fn turn_of_envelope(&self, _envelope_id: i64) -> LedgerResult<Option<(StoredTurn, StoredCascade)>> {
-        Err(unbuilt("Rooms::turn_of_envelope"))
-    }
-
-    async fn claim_room_reply(
-        &self,
-        _envelope_id: i64,
-        _text: &str,
-        _request_id: &str,
-    ) -> LedgerResult<Result<StoredTurn, ClaimRefused>> {
-        Err(unbuilt("Rooms::claim_room_reply"))
-    }
-
-    async fn release_room_reply(&self, _turn_id: i64) -> LedgerResult<bool> {
-        Err(unbuilt("Rooms::release_room_reply"))
-    }
-
-    async fn owed_room_posts(&self) -> LedgerResult<Vec<StoredPost>> {
-        Err(unbuilt("Rooms::owed_room_posts"))
-    }
-
-    async fn posts_of(&self, _cascade_row: i64) -> LedgerResult<Vec<StoredPost>> {
-        Err(unbuilt("Rooms::posts_of"))
-    }
-
-    async fn room_post_attempted(&self, _poster: &str, _key: &str) -> LedgerResult<bool> {
-        Err(unbuilt("Rooms::room_post_attempted"))
-    }
-
-    async fn mark_room_post_made(&self, _post_id: i64) -> LedgerResult<()> {
-        Err(unbuilt("Rooms::mark_room_post_made"))
     }
 }
