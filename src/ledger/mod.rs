@@ -16,6 +16,7 @@ use crate::config::Synchronous;
 
 mod error;
 pub mod postgres;
+mod prune_batches;
 pub mod seam;
 pub mod sqlite;
 mod write_watch;

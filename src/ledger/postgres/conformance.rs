@@ -65,4 +65,4 @@ async fn lead_the_rules_bots(ledger: &PgLedger) {
     }
 }
 
-crate::ledger::conformance::suite!(Postgres; envelopes, tasks, handoffs, rooms);
+crate::ledger::conformance::suite!(Postgres; envelopes, tasks, handoffs, rooms, retention, sessions);

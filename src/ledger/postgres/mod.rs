@@ -21,6 +21,7 @@ mod error;
 mod handoffs;
 mod intake;
 pub mod leadership;
+mod prune;
 mod reactions;
 mod rooms;
 mod rows;

@@ -191,17 +191,6 @@ impl Permissions for PgLedger {
 }
 
 #[async_trait]
-impl Retention for PgLedger {
-    async fn prune(&self, _finished_before: DateTime<Utc>, _dry_run: bool) -> LedgerResult<PruneReport> {
-        Err(unbuilt("Retention::prune"))
-    }
-
-    async fn pages(&self) -> LedgerResult<Pages> {
-        Err(unbuilt("Retention::pages"))
-    }
-}
-
-#[async_trait]
 impl Questions for PgLedger {
     async fn record_new_questions(
         &self,

@@ -12,7 +12,7 @@
 //! to 50 ms, see `in_place::BusyWait`) always find it free again soon.
 
 use std::collections::{BTreeSet, HashSet};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -21,69 +21,18 @@ use rusqlite::OptionalExtension;
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger};
 use crate::ledger::prelude::*;
-use crate::ledger::{EnvelopeState, Pages, PruneReport, Pruned};
+use crate::ledger::prune_batches::{
+    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, MIN_PAUSE, final_states_sql, next_batch_envelopes,
+};
+use crate::ledger::{Pages, PruneReport, Pruned};
 use crate::rules::retention::{
     self, BatchFacts, CascadeFacts, Doomed, EnvelopeFacts, HandoffFacts, PostFacts, TaskFacts,
 };
-
-/// How many envelope ids the first batch looks at. A few hundred envelopes with their
-/// attempts and events are a few milliseconds of deletes: short enough that a daemon's
-/// write waiting behind one does not notice, long enough that a million rows take
-/// minutes, not hours.
-const BATCH_ENVELOPES: i64 = 500;
-
-/// How long a batch should hold the writer. The window of the next batch halves after a
-/// batch that took longer (a slow disk, a busy machine, a window full of tasks) and
-/// doubles, up to [`MAX_BATCH_ENVELOPES`], after one that took less than half of it.
-const TARGET_HOLD: Duration = Duration::from_millis(20);
-const MIN_BATCH_ENVELOPES: i64 = 25;
-const MAX_BATCH_ENVELOPES: i64 = 2000;
-
-/// How many sessions (or reactions) one batch deletes (rows of their own, referenced by
-/// nothing).
-const BATCH_SESSIONS: i64 = 1000;
-
-/// The shortest pause between two batches, even after one that took no time.
-const MIN_PAUSE: Duration = Duration::from_millis(2);
 
 /// How many times a batch follows references out of its window (an envelope's task, the
 /// task's other envelopes, their handoffs…) before it stops looking: what it did not reach
 /// stays, for a later batch or a later prune to see whole.
 const EXPANSION_ROUNDS: usize = 2;
-
-/// The ids of a dry run's earlier batches: a dry run deletes nothing, so a later batch
-/// finds again what an earlier one would have removed; it is counted once.
-#[derive(Default)]
-struct AlreadyCounted {
-    envelopes: HashSet<i64>,
-    handoffs: HashSet<i64>,
-    cascades: HashSet<i64>,
-    task_posts: HashSet<i64>,
-    tasks: HashSet<i64>,
-}
-
-impl AlreadyCounted {
-    fn leave_out(&self, doomed: &Doomed) -> Doomed {
-        let new = |ids: &BTreeSet<i64>, seen: &HashSet<i64>| -> BTreeSet<i64> {
-            ids.iter().filter(|id| !seen.contains(id)).copied().collect()
-        };
-        Doomed {
-            envelopes: new(&doomed.envelopes, &self.envelopes),
-            handoffs: new(&doomed.handoffs, &self.handoffs),
-            cascades: new(&doomed.cascades, &self.cascades),
-            task_posts: new(&doomed.task_posts, &self.task_posts),
-            tasks: new(&doomed.tasks, &self.tasks),
-        }
-    }
-
-    fn note(&mut self, doomed: &Doomed) {
-        self.envelopes.extend(&doomed.envelopes);
-        self.handoffs.extend(&doomed.handoffs);
-        self.cascades.extend(&doomed.cascades);
-        self.task_posts.extend(&doomed.task_posts);
-        self.tasks.extend(&doomed.tasks);
-    }
-}
 
 #[async_trait]
 impl Retention for SqliteLedger {
@@ -215,27 +164,6 @@ impl SqliteLedger {
             tokio::time::sleep(MIN_PAUSE).await;
         }
     }
-}
-
-/// The window of the batch after one of `envelopes` ids that held the writer `held`.
-fn next_batch_envelopes(envelopes: i64, held: Duration) -> i64 {
-    if held > TARGET_HOLD {
-        (envelopes / 2).max(MIN_BATCH_ENVELOPES)
-    } else if held < TARGET_HOLD / 2 {
-        (envelopes * 2).min(MAX_BATCH_ENVELOPES)
-    } else {
-        envelopes
-    }
-}
-
-/// The final states, as the SQL of the seed query lists them.
-fn final_states_sql() -> String {
-    let finals: Vec<String> = EnvelopeState::ALL
-        .into_iter()
-        .filter(|state| retention::is_final(*state))
-        .map(|state| format!("'{}'", state.as_str()))
-        .collect();
-    finals.join(", ")
 }
 
 /// Whether the window holds an envelope that finished before the cutoff.
@@ -641,6 +569,7 @@ fn count_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result<
 mod tests {
     use super::*;
     use crate::config::Synchronous;
+    use crate::ledger::prune_batches::MAX_BATCH_ENVELOPES;
 
     const OLD: &str = "2020-01-01T00:00:00.000Z";
     const RECENT: &str = "2999-01-01T00:00:00.000Z";
@@ -870,15 +799,6 @@ mod tests {
         consistent(&ledger).await;
         // Nothing is left that may go.
         assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());
-    }
-
-    #[test]
-    fn a_slow_batch_halves_the_next_window_and_a_quick_one_doubles_it_within_bounds() {
-        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 2), 250);
-        assert_eq!(next_batch_envelopes(MIN_BATCH_ENVELOPES, TARGET_HOLD * 2), MIN_BATCH_ENVELOPES);
-        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 3 / 4), 500);
-        assert_eq!(next_batch_envelopes(500, Duration::ZERO), 1000);
-        assert_eq!(next_batch_envelopes(MAX_BATCH_ENVELOPES, Duration::ZERO), MAX_BATCH_ENVELOPES);
     }
 
     #[tokio::test]

@@ -1,0 +1,551 @@
+//! Retention (DESIGN §17, issue 26) on PostgreSQL: what SQLite's prune does
+//! (`sqlite/prune.rs`, whose documentation says how a batch gathers its facts), in the same
+//! batches (`ledger::prune_batches`), each its own transaction.
+//!
+//! **Beside live replicas.** SQLite's one writer keeps every other write out of a batch.
+//! Here a batch takes the envelopes it decides on `FOR UPDATE` as it reads their facts: a
+//! reply, a transition or a handoff being recorded on one of them at that moment waits for
+//! the batch, and then finds the envelope still there (it was kept) or gone (its write
+//! fails and changes nothing; nothing had been sent). A batch never deletes a row that
+//! came in after it read its facts.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::Instant;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use sqlx::{PgConnection, Row};
+
+use super::PgLedger;
+use super::rows::text_enum;
+use crate::ledger::prelude::*;
+use crate::ledger::prune_batches::{
+    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, MIN_PAUSE, final_states_sql, next_batch_envelopes,
+};
+use crate::ledger::{LedgerResult, Pages, PruneReport, Pruned};
+use crate::rules::retention::{
+    self, BatchFacts, CascadeFacts, Doomed, EnvelopeFacts, HandoffFacts, PostFacts, TaskFacts,
+};
+
+/// How many times a batch follows references out of its window (see SQLite's).
+const EXPANSION_ROUNDS: usize = 2;
+
+#[async_trait]
+impl Retention for PgLedger {
+    async fn prune(&self, finished_before: DateTime<Utc>, dry_run: bool) -> LedgerResult<PruneReport> {
+        let started = Instant::now();
+        let mut report = PruneReport { pages_before: self.pages().await?, ..PruneReport::default() };
+        // Envelopes stored after the prune began are newer than any cutoff in the past.
+        let last_id: i64 =
+            sqlx::query_scalar("SELECT COALESCE(MAX(id), 0) FROM envelopes").fetch_one(&self.pool).await?;
+        let mut counted = AlreadyCounted::default();
+        let mut after = 0;
+        let mut batch_envelopes = BATCH_ENVELOPES;
+        while after < last_id {
+            let window = (after, after + batch_envelopes);
+            after += batch_envelopes;
+            // A window with nothing finished in it costs a read, not a transaction.
+            let mut connection = self.pool.acquire().await?;
+            if !any_finished(&mut connection, window, finished_before).await? {
+                continue;
+            }
+            drop(connection);
+            let held_from = Instant::now();
+            let mut tx = self.pool.begin().await?;
+            let doomed = gather_and_decide(&mut tx, window, finished_before).await?;
+            let removed = if dry_run {
+                let new = counted.leave_out(&doomed);
+                let removed = count_doomed(&mut tx, &new).await?;
+                counted.note(&new);
+                tx.rollback().await?;
+                removed
+            } else {
+                let removed = delete_doomed(&mut tx, &doomed).await?;
+                let committing = Instant::now();
+                tx.commit().await?;
+                report.batch_commits.push(committing.elapsed());
+                removed
+            };
+            let held = held_from.elapsed();
+            if removed.total() > 0 {
+                report.batches += 1;
+                if removed.envelopes > 0 {
+                    tracing::debug!(envelopes = removed.envelopes, up_to_id = window.1, "pruned a batch");
+                }
+            }
+            report.removed.add(&removed);
+            report.longest_batch = report.longest_batch.max(held);
+            report.batch_holds.push(held);
+            batch_envelopes = next_batch_envelopes(batch_envelopes, held);
+            tokio::time::sleep(held.max(MIN_PAUSE)).await;
+        }
+        report.removed.agent_sessions = self.prune_sessions(finished_before, dry_run).await?;
+        report.removed.reactions = self.prune_reactions(finished_before, dry_run).await?;
+        report.pages_after = self.pages().await?;
+        report.took = started.elapsed();
+        Ok(report)
+    }
+
+    /// The ledger's tables in blocks (`page_count`: heap, indexes and TOAST). PostgreSQL
+    /// keeps no count of free blocks the way SQLite's freelist does (its free space map
+    /// is reused in place, and `VACUUM` returns space), so `free_pages` is 0.
+    async fn pages(&self) -> LedgerResult<Pages> {
+        let row = sqlx::query(
+            "SELECT current_setting('block_size')::bigint AS page_size, \
+             COALESCE(SUM(pg_total_relation_size(c.oid)), 0)::bigint AS bytes \
+             FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = current_schema() AND c.relkind = 'r'",
+        )
+        .fetch_one(&self.pool)
+        .await?;
+        let page_size = u64::try_from(row.try_get::<i64, _>("page_size")?).unwrap_or(8192).max(1);
+        let bytes = u64::try_from(row.try_get::<i64, _>("bytes")?).unwrap_or_default();
+        Ok(Pages { page_size, page_count: bytes.div_ceil(page_size), free_pages: 0 })
+    }
+}
+
+impl PgLedger {
+    /// Sessions that ended before the cutoff, all but the newest.
+    async fn prune_sessions(&self, cutoff: DateTime<Utc>, dry_run: bool) -> LedgerResult<u64> {
+        const ENDED: &str = "disconnected_at IS NOT NULL AND disconnected_at < $1 \
+             AND id <> (SELECT id FROM agent_sessions ORDER BY connected_at DESC, id DESC LIMIT 1)";
+        self.prune_rows("agent_sessions", ENDED, cutoff, dry_run).await
+    }
+
+    /// Reactions given to a session, or kept for audit only, before the cutoff. One still
+    /// owed to an agent stays.
+    async fn prune_reactions(&self, cutoff: DateTime<Utc>, dry_run: bool) -> LedgerResult<u64> {
+        const DONE: &str = "state <> 'owed' AND COALESCE(delivered_at, received_at) < $1";
+        self.prune_rows("reactions", DONE, cutoff, dry_run).await
+    }
+
+    /// The rows of `table` (referenced by nothing, keyed by `id`) that `finished` picks,
+    /// `$1` being the cutoff: counted on a dry run, else deleted [`BATCH_SESSIONS`] at a time.
+    async fn prune_rows(
+        &self,
+        table: &'static str,
+        finished: &'static str,
+        cutoff: DateTime<Utc>,
+        dry_run: bool,
+    ) -> LedgerResult<u64> {
+        if dry_run {
+            let sql = format!("SELECT COUNT(*) FROM {table} WHERE {finished}");
+            let count: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(cutoff).fetch_one(&self.pool).await?;
+            return Ok(count.max(0) as u64);
+        }
+        let sql =
+            format!("DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {finished} LIMIT $2)");
+        let mut removed = 0;
+        loop {
+            let deleted = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
+                .bind(cutoff)
+                .bind(BATCH_SESSIONS)
+                .execute(&self.pool)
+                .await?
+                .rows_affected();
+            removed += deleted;
+            if (deleted as i64) < BATCH_SESSIONS {
+                return Ok(removed);
+            }
+            tokio::time::sleep(MIN_PAUSE).await;
+        }
+    }
+}
+
+/// Whether the window holds an envelope that finished before the cutoff.
+async fn any_finished(
+    db: &mut PgConnection,
+    (after, up_to): (i64, i64),
+    cutoff: DateTime<Utc>,
+) -> LedgerResult<bool> {
+    let sql = format!(
+        "SELECT EXISTS (SELECT 1 FROM envelopes WHERE id > $1 AND id <= $2 \
+         AND state IN ({}) AND state_changed_at < $3)",
+        final_states_sql()
+    );
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(after)
+        .bind(up_to)
+        .bind(cutoff)
+        .fetch_one(&mut *db)
+        .await?)
+}
+
+fn id_array<'a>(ids: impl IntoIterator<Item = &'a i64>) -> Vec<i64> {
+    ids.into_iter().copied().collect()
+}
+
+/// The newest row of each table, which stays (as on SQLite).
+#[derive(Debug, Default)]
+struct Newest {
+    envelopes: BTreeSet<i64>,
+    handoff: Option<i64>,
+    cascade: Option<i64>,
+    turn: Option<i64>,
+    post: Option<i64>,
+    task: Option<i64>,
+    revision: Option<i64>,
+}
+
+async fn newest(tx: &mut PgConnection) -> LedgerResult<Newest> {
+    async fn one(tx: &mut PgConnection, sql: &'static str) -> LedgerResult<Option<i64>> {
+        Ok(sqlx::query_scalar(sql).fetch_one(&mut *tx).await?)
+    }
+    let envelopes = [
+        one(tx, "SELECT MAX(id) FROM envelopes").await?,
+        one(tx, "SELECT MAX(envelope_id) FROM attempts WHERE id = (SELECT MAX(id) FROM attempts)").await?,
+        one(
+            tx,
+            "SELECT MAX(envelope_id) FROM envelope_events WHERE id = (SELECT MAX(id) FROM envelope_events)",
+        )
+        .await?,
+    ];
+    Ok(Newest {
+        envelopes: envelopes.into_iter().flatten().collect(),
+        handoff: one(tx, "SELECT MAX(id) FROM handoffs").await?,
+        cascade: one(tx, "SELECT MAX(id) FROM cascades").await?,
+        turn: one(tx, "SELECT MAX(id) FROM cascade_turns").await?,
+        post: one(tx, "SELECT MAX(id) FROM room_posts").await?,
+        task: one(tx, "SELECT MAX(id) FROM tasks").await?,
+        revision: one(tx, "SELECT MAX(id) FROM task_revisions").await?,
+    })
+}
+
+/// What a batch has loaded so far.
+#[derive(Default)]
+struct Gathered {
+    facts: BatchFacts,
+    handoffs: HashSet<i64>,
+    cascades: HashSet<i64>,
+    task_posts: HashSet<i64>,
+    tasks: HashSet<String>,
+}
+
+/// The facts of the window's finished envelopes and of what reaches them, and the
+/// decision on them.
+async fn gather_and_decide(
+    tx: &mut PgConnection,
+    window: (i64, i64),
+    cutoff: DateTime<Utc>,
+) -> LedgerResult<Doomed> {
+    let newest = newest(tx).await?;
+    let seed_sql = format!(
+        "SELECT id FROM envelopes WHERE id > $1 AND id <= $2 AND state IN ({}) AND state_changed_at < $3 ORDER BY id",
+        final_states_sql()
+    );
+    let seeds: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(seed_sql))
+        .bind(window.0)
+        .bind(window.1)
+        .bind(cutoff)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut gathered = Gathered::default();
+    let mut envelopes: BTreeSet<i64> = seeds.iter().copied().collect();
+    let mut frontier = seeds;
+    for round in 0..=EXPANSION_ROUNDS {
+        let reached = discover(tx, &frontier, cutoff, &newest, &mut gathered).await?;
+        // The last round only looks: what references the envelopes reached so far is
+        // loaded, so that a row outside the batch keeps what it points at.
+        if round == EXPANSION_ROUNDS {
+            break;
+        }
+        frontier = reached.into_iter().filter(|id| envelopes.insert(*id)).collect();
+        if frontier.is_empty() {
+            break;
+        }
+    }
+    gathered.facts.envelopes = envelope_facts(tx, &envelopes, cutoff, &newest).await?;
+    Ok(retention::decide(&gathered.facts))
+}
+
+/// The envelopes' facts, each envelope held `FOR UPDATE` until the batch ends (see the
+/// module's documentation).
+async fn envelope_facts(
+    tx: &mut PgConnection,
+    ids: &BTreeSet<i64>,
+    cutoff: DateTime<Utc>,
+    newest: &Newest,
+) -> LedgerResult<Vec<EnvelopeFacts>> {
+    let rows = sqlx::query(
+        "SELECT e.id, e.state, e.state_changed_at < $2 AS settled_before_cutoff, e.task_id, \
+         EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = e.id AND (a.outcome = 'in_flight' \
+           OR (a.outcome = 'unknown' AND a.reconciled_outcome IS NULL))) AS unreconciled_attempt \
+         FROM envelopes e WHERE e.id = ANY($1) ORDER BY e.id FOR UPDATE OF e",
+    )
+    .bind(id_array(ids))
+    .bind(cutoff)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut facts = Vec::with_capacity(rows.len());
+    for row in rows {
+        let id: i64 = row.try_get("id")?;
+        facts.push(EnvelopeFacts {
+            id,
+            state: text_enum(&row, "state")?,
+            settled_before_cutoff: row.try_get("settled_before_cutoff")?,
+            task: row.try_get("task_id")?,
+            unreconciled_attempt: row.try_get("unreconciled_attempt")?,
+            holds_newest: newest.envelopes.contains(&id),
+        });
+    }
+    Ok(facts)
+}
+
+/// Loads every row not loaded yet that references an envelope of `frontier`, whole: the
+/// envelopes those rows reference.
+async fn discover(
+    tx: &mut PgConnection,
+    frontier: &[i64],
+    cutoff: DateTime<Utc>,
+    newest: &Newest,
+    gathered: &mut Gathered,
+) -> LedgerResult<BTreeSet<i64>> {
+    let mut reached = BTreeSet::new();
+    if frontier.is_empty() {
+        return Ok(reached);
+    }
+    let ids = id_array(frontier);
+    let handoffs = sqlx::query(
+        "SELECT id, state <> 'open' AND COALESCE(closed_at, opened_at) < $2 AS ended_before_cutoff, \
+         cause_envelope_id, envelope_id, answer_envelope_id FROM handoffs \
+         WHERE cause_envelope_id = ANY($1) OR envelope_id = ANY($1) OR answer_envelope_id = ANY($1) ORDER BY id",
+    )
+    .bind(&ids)
+    .bind(cutoff)
+    .fetch_all(&mut *tx)
+    .await?;
+    for row in handoffs {
+        let id: i64 = row.try_get("id")?;
+        let handoff = HandoffFacts {
+            id,
+            ended_before_cutoff: row.try_get("ended_before_cutoff")?,
+            is_newest: newest.handoff == Some(id),
+            cause: row.try_get("cause_envelope_id")?,
+            envelope: row.try_get("envelope_id")?,
+            answer: row.try_get("answer_envelope_id")?,
+        };
+        if gathered.handoffs.insert(handoff.id) {
+            reached.extend(handoff.cause.into_iter().chain([handoff.envelope]).chain(handoff.answer));
+            gathered.facts.handoffs.push(handoff);
+        }
+    }
+
+    let cascades: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM cascades WHERE message_envelope_id = ANY($1) \
+         UNION SELECT cascade_id FROM cascade_turns WHERE envelope_id = ANY($1) \
+         UNION SELECT cascade_id FROM room_posts WHERE envelope_id = ANY($1) AND cascade_id IS NOT NULL",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    for id in cascades {
+        if gathered.cascades.insert(id) {
+            let cascade = cascade_facts(tx, id, cutoff, newest).await?;
+            reached.extend(&cascade.envelopes);
+            gathered.facts.cascades.push(cascade);
+        }
+    }
+
+    let posts = sqlx::query(
+        "SELECT id, state = 'made' AND COALESCE(made_at, created_at) < $2 AS made_before_cutoff, envelope_id \
+         FROM room_posts WHERE envelope_id = ANY($1) AND cascade_id IS NULL ORDER BY id",
+    )
+    .bind(&ids)
+    .bind(cutoff)
+    .fetch_all(&mut *tx)
+    .await?;
+    for row in posts {
+        let id: i64 = row.try_get("id")?;
+        let post = PostFacts {
+            id,
+            made_before_cutoff: row.try_get("made_before_cutoff")?,
+            is_newest: newest.post == Some(id),
+            envelope: row.try_get("envelope_id")?,
+        };
+        if gathered.task_posts.insert(post.id) {
+            reached.insert(post.envelope);
+            gathered.facts.task_posts.push(post);
+        }
+    }
+
+    let tasks: Vec<String> = sqlx::query_scalar(
+        "SELECT task_id FROM envelopes WHERE id = ANY($1) AND task_id IS NOT NULL \
+         UNION SELECT task_id FROM tasks WHERE first_envelope_id = ANY($1) \
+           OR act_on_envelope_id = ANY($1) OR cancel_envelope_id = ANY($1) \
+         UNION SELECT task_id FROM task_revisions WHERE envelope_id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    for task_id in tasks {
+        if gathered.tasks.insert(task_id.clone())
+            && let Some(task) = task_facts(tx, &task_id, cutoff, newest).await?
+        {
+            reached.extend(&task.envelopes);
+            gathered.facts.tasks.push(task);
+        }
+    }
+    Ok(reached)
+}
+
+async fn cascade_facts(
+    tx: &mut PgConnection,
+    id: i64,
+    cutoff: DateTime<Utc>,
+    newest: &Newest,
+) -> LedgerResult<CascadeFacts> {
+    let (over_before_cutoff, message): (bool, i64) = sqlx::query_as(
+        "SELECT state IN ('stopped', 'completed', 'budget_exhausted') AND COALESCE(ended_at, updated_at) < $2, \
+           message_envelope_id FROM cascades WHERE id = $1",
+    )
+    .bind(id)
+    .bind(cutoff)
+    .fetch_one(&mut *tx)
+    .await?;
+    let turns: Vec<(i64, i64, bool)> = sqlx::query_as(
+        "SELECT id, envelope_id, ended_at IS NOT NULL FROM cascade_turns WHERE cascade_id = $1",
+    )
+    .bind(id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let posts: Vec<(i64, i64, bool)> =
+        sqlx::query_as("SELECT id, envelope_id, state = 'owed' FROM room_posts WHERE cascade_id = $1")
+            .bind(id)
+            .fetch_all(&mut *tx)
+            .await?;
+    let holds_newest = newest.cascade == Some(id)
+        || turns.iter().any(|(turn, ..)| newest.turn == Some(*turn))
+        || posts.iter().any(|(post, ..)| newest.post == Some(*post));
+    // A turn still open means the cascade is not over, whatever its state says.
+    let turns_ended = turns.iter().all(|(_, _, ended)| *ended);
+    Ok(CascadeFacts {
+        id,
+        over_before_cutoff: over_before_cutoff && turns_ended,
+        owes_post: posts.iter().any(|(_, _, owed)| *owed),
+        holds_newest,
+        envelopes: [message]
+            .into_iter()
+            .chain(turns.iter().map(|(_, envelope, _)| *envelope))
+            .chain(posts.iter().map(|(_, envelope, _)| *envelope))
+            .collect(),
+    })
+}
+
+/// A task's row as its facts need it: id, whether it closed before the cutoff, and its
+/// first, act-on and cancel envelopes.
+type TaskRow = (i64, bool, i64, Option<i64>, Option<i64>);
+
+async fn task_facts(
+    tx: &mut PgConnection,
+    task_id: &str,
+    cutoff: DateTime<Utc>,
+    newest: &Newest,
+) -> LedgerResult<Option<TaskFacts>> {
+    let task: Option<TaskRow> = sqlx::query_as(
+        "SELECT id, state IN ('done', 'stopped', 'replaced') AND closed_at IS NOT NULL AND closed_at < $2, \
+           first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = $1",
+    )
+    .bind(task_id)
+    .bind(cutoff)
+    .fetch_optional(&mut *tx)
+    .await?;
+    // An envelope names a task that is not there: its envelopes stay.
+    let Some((id, closed_before_cutoff, first, act_on, cancel)) = task else { return Ok(None) };
+    let revisions: Vec<(i64, Option<i64>)> =
+        sqlx::query_as("SELECT id, envelope_id FROM task_revisions WHERE task_id = $1")
+            .bind(task_id)
+            .fetch_all(&mut *tx)
+            .await?;
+    let made_under: Vec<i64> = sqlx::query_scalar("SELECT id FROM envelopes WHERE task_id = $1")
+        .bind(task_id)
+        .fetch_all(&mut *tx)
+        .await?;
+    let holds_newest =
+        newest.task == Some(id) || revisions.iter().any(|(revision, _)| newest.revision == Some(*revision));
+    let envelopes = [Some(first), act_on, cancel]
+        .into_iter()
+        .flatten()
+        .chain(revisions.iter().filter_map(|(_, envelope)| *envelope))
+        .chain(made_under)
+        .collect::<BTreeSet<i64>>()
+        .into_iter()
+        .collect();
+    Ok(Some(TaskFacts { id, task_id: task_id.to_owned(), closed_before_cutoff, holds_newest, envelopes }))
+}
+
+/// Deletes what was decided, children before parents, so every foreign key holds.
+async fn delete_doomed(tx: &mut PgConnection, doomed: &Doomed) -> LedgerResult<Pruned> {
+    if doomed.is_empty() {
+        return Ok(Pruned::default());
+    }
+    let envelopes = id_array(&doomed.envelopes);
+    let cascades = id_array(&doomed.cascades);
+    let tasks = id_array(&doomed.tasks);
+    async fn delete(tx: &mut PgConnection, sql: &'static str, ids: &[i64]) -> LedgerResult<u64> {
+        Ok(sqlx::query(sql).bind(ids).execute(&mut *tx).await?.rows_affected())
+    }
+    let task_revisions = delete(
+        tx,
+        "DELETE FROM task_revisions WHERE task_id IN (SELECT task_id FROM tasks WHERE id = ANY($1))",
+        &tasks,
+    )
+    .await?;
+    let tasks = delete(tx, "DELETE FROM tasks WHERE id = ANY($1)", &tasks).await?;
+    let room_posts = delete(tx, "DELETE FROM room_posts WHERE cascade_id = ANY($1)", &cascades).await?
+        + delete(tx, "DELETE FROM room_posts WHERE id = ANY($1)", &id_array(&doomed.task_posts)).await?;
+    let cascade_turns = delete(tx, "DELETE FROM cascade_turns WHERE cascade_id = ANY($1)", &cascades).await?;
+    let cascades = delete(tx, "DELETE FROM cascades WHERE id = ANY($1)", &cascades).await?;
+    let handoffs = delete(tx, "DELETE FROM handoffs WHERE id = ANY($1)", &id_array(&doomed.handoffs)).await?;
+    let attempts = delete(tx, "DELETE FROM attempts WHERE envelope_id = ANY($1)", &envelopes).await?;
+    let envelope_events =
+        delete(tx, "DELETE FROM envelope_events WHERE envelope_id = ANY($1)", &envelopes).await?;
+    let envelopes = delete(tx, "DELETE FROM envelopes WHERE id = ANY($1)", &envelopes).await?;
+    Ok(Pruned {
+        envelopes,
+        attempts,
+        envelope_events,
+        handoffs,
+        cascades,
+        cascade_turns,
+        room_posts,
+        tasks,
+        task_revisions,
+        agent_sessions: 0,
+        reactions: 0,
+    })
+}
+
+/// What [`delete_doomed`] would delete, counted.
+async fn count_doomed(tx: &mut PgConnection, doomed: &Doomed) -> LedgerResult<Pruned> {
+    if doomed.is_empty() {
+        return Ok(Pruned::default());
+    }
+    let envelopes = id_array(&doomed.envelopes);
+    let cascades = id_array(&doomed.cascades);
+    let tasks = id_array(&doomed.tasks);
+    async fn count(tx: &mut PgConnection, sql: &'static str, ids: &[i64]) -> LedgerResult<u64> {
+        let n: i64 = sqlx::query_scalar(sql).bind(ids).fetch_one(&mut *tx).await?;
+        Ok(n.max(0) as u64)
+    }
+    Ok(Pruned {
+        envelopes: doomed.envelopes.len() as u64,
+        attempts: count(tx, "SELECT COUNT(*) FROM attempts WHERE envelope_id = ANY($1)", &envelopes).await?,
+        envelope_events: count(tx, "SELECT COUNT(*) FROM envelope_events WHERE envelope_id = ANY($1)", &envelopes)
+            .await?,
+        handoffs: doomed.handoffs.len() as u64,
+        cascades: doomed.cascades.len() as u64,
+        cascade_turns: count(tx, "SELECT COUNT(*) FROM cascade_turns WHERE cascade_id = ANY($1)", &cascades).await?,
+        room_posts: doomed.task_posts.len() as u64
+            + count(tx, "SELECT COUNT(*) FROM room_posts WHERE cascade_id = ANY($1)", &cascades).await?,
+        tasks: doomed.tasks.len() as u64,
+        task_revisions: count(
+            tx,
+            "SELECT COUNT(*) FROM task_revisions WHERE task_id IN (SELECT task_id FROM tasks WHERE id = ANY($1))",
+            &tasks,
+        )
+        .await?,
+        agent_sessions: 0,
+        reactions: 0,
+    })
+}

@@ -1,0 +1,100 @@
+//! How a prune goes through the ledger, whichever backend keeps it (DESIGN §17, issue 26):
+//! the envelopes a window of ids at a time, oldest first, each window one transaction, the
+//! window sized so that a batch holds the writer about [`TARGET_HOLD`], and a dry run's
+//! batches each counting only what no earlier one counted. What may go is decided by
+//! `rules::retention`; each backend gathers its facts and deletes.
+
+use std::collections::{BTreeSet, HashSet};
+use std::time::Duration;
+
+use crate::ledger::EnvelopeState;
+use crate::rules::retention::{self, Doomed};
+
+/// How many envelope ids the first batch looks at. A few hundred envelopes with their
+/// attempts and events are a few milliseconds of deletes: short enough that a daemon's
+/// write waiting behind one does not notice, long enough that a million rows take
+/// minutes, not hours.
+pub(crate) const BATCH_ENVELOPES: i64 = 500;
+
+/// How long a batch should hold the writer. The window of the next batch halves after a
+/// batch that took longer (a slow disk, a busy machine, a window full of tasks) and
+/// doubles, up to [`MAX_BATCH_ENVELOPES`], after one that took less than half of it.
+pub(crate) const TARGET_HOLD: Duration = Duration::from_millis(20);
+pub(crate) const MIN_BATCH_ENVELOPES: i64 = 25;
+pub(crate) const MAX_BATCH_ENVELOPES: i64 = 2000;
+
+/// How many sessions (or reactions) one batch deletes (rows of their own, referenced by
+/// nothing).
+pub(crate) const BATCH_SESSIONS: i64 = 1000;
+
+/// The shortest pause between two batches, even after one that took no time.
+pub(crate) const MIN_PAUSE: Duration = Duration::from_millis(2);
+
+/// The ids of a dry run's earlier batches: a dry run deletes nothing, so a later batch
+/// finds again what an earlier one would have removed; it is counted once.
+#[derive(Default)]
+pub(crate) struct AlreadyCounted {
+    envelopes: HashSet<i64>,
+    handoffs: HashSet<i64>,
+    cascades: HashSet<i64>,
+    task_posts: HashSet<i64>,
+    tasks: HashSet<i64>,
+}
+
+impl AlreadyCounted {
+    pub(crate) fn leave_out(&self, doomed: &Doomed) -> Doomed {
+        let new = |ids: &BTreeSet<i64>, seen: &HashSet<i64>| -> BTreeSet<i64> {
+            ids.iter().filter(|id| !seen.contains(id)).copied().collect()
+        };
+        Doomed {
+            envelopes: new(&doomed.envelopes, &self.envelopes),
+            handoffs: new(&doomed.handoffs, &self.handoffs),
+            cascades: new(&doomed.cascades, &self.cascades),
+            task_posts: new(&doomed.task_posts, &self.task_posts),
+            tasks: new(&doomed.tasks, &self.tasks),
+        }
+    }
+
+    pub(crate) fn note(&mut self, doomed: &Doomed) {
+        self.envelopes.extend(&doomed.envelopes);
+        self.handoffs.extend(&doomed.handoffs);
+        self.cascades.extend(&doomed.cascades);
+        self.task_posts.extend(&doomed.task_posts);
+        self.tasks.extend(&doomed.tasks);
+    }
+}
+
+/// The window of the batch after one of `envelopes` ids that held the writer `held`.
+pub(crate) fn next_batch_envelopes(envelopes: i64, held: Duration) -> i64 {
+    if held > TARGET_HOLD {
+        (envelopes / 2).max(MIN_BATCH_ENVELOPES)
+    } else if held < TARGET_HOLD / 2 {
+        (envelopes * 2).min(MAX_BATCH_ENVELOPES)
+    } else {
+        envelopes
+    }
+}
+
+/// The final states, as the SQL of the seed query lists them.
+pub(crate) fn final_states_sql() -> String {
+    let finals: Vec<String> = EnvelopeState::ALL
+        .into_iter()
+        .filter(|state| retention::is_final(*state))
+        .map(|state| format!("'{}'", state.as_str()))
+        .collect();
+    finals.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_slow_batch_halves_the_next_window_and_a_quick_one_doubles_it_within_bounds() {
+        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 2), 250);
+        assert_eq!(next_batch_envelopes(MIN_BATCH_ENVELOPES, TARGET_HOLD * 2), MIN_BATCH_ENVELOPES);
+        assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 3 / 4), 500);
+        assert_eq!(next_batch_envelopes(500, Duration::ZERO), 1000);
+        assert_eq!(next_batch_envelopes(MAX_BATCH_ENVELOPES, Duration::ZERO), MAX_BATCH_ENVELOPES);
+    }
+}
