@@ -42,3 +42,5 @@ impl Backend for Postgres {
         (SchemaKept(Some(schema)), Arc::new(ledger))
     }
 }
+
+crate::ledger::conformance::suite!(Postgres; permissions);

@@ -19,6 +19,7 @@
 mod conformance;
 mod error;
 pub mod leadership;
+mod permissions;
 // Until every concern of the seam is built here (`unbuilt.rs`), some helpers wait for
 // their callers.
 #[allow(unused)]
