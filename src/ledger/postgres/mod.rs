@@ -20,6 +20,8 @@ mod conformance;
 mod error;
 pub mod leadership;
 mod permissions;
+#[cfg(test)]
+mod replica_races;
 // Until every concern of the seam is built here (`unbuilt.rs`), some helpers wait for
 // their callers.
 #[allow(unused)]
