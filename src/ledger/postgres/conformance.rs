@@ -10,6 +10,7 @@ use super::PgLedger;
 use super::test_support::TestSchema;
 use crate::ledger::Ledger;
 use crate::ledger::conformance::Backend;
+use crate::rules::leadership::Term;
 
 pub(super) struct Postgres;
 
@@ -39,8 +40,29 @@ impl Backend for Postgres {
     async fn fresh() -> (SchemaKept, Ledger) {
         let schema = TestSchema::create().await;
         let ledger = PgLedger::connect(&schema.url).await.expect("a fresh PostgreSQL ledger");
+        lead_the_rules_bots(&ledger).await;
         (SchemaKept(Some(schema)), Arc::new(ledger))
     }
 }
 
-crate::ledger::conformance::suite!(Postgres; permissions);
+/// The bots whose polled batches the rules record (`record_batch(BOT, …)`).
+const RULES_BOTS: std::ops::RangeInclusive<i64> = 1..=9;
+
+/// Makes the ledger the polling leader of [`RULES_BOTS`] in term 1, as an election would
+/// (`leadership`), so the rules' polled batches pass the fence: the rules are about what a
+/// leader's intake records, and elections have tests of their own (`tests.rs`).
+async fn lead_the_rules_bots(ledger: &PgLedger) {
+    for bot_id in RULES_BOTS {
+        sqlx::query(
+            "INSERT INTO poller_leases (bot_id, term, holder, holder_pid, elected_at, renewed_at, expires_at) \
+             VALUES ($1, 1, 'conformance', pg_backend_pid(), now(), now(), now() + interval '1 hour')",
+        )
+        .bind(bot_id)
+        .execute(&ledger.pool)
+        .await
+        .expect("a lease for the rules' bot");
+        ledger.lead_polling(bot_id, Term::new(1));
+    }
+}
+
+crate::ledger::conformance::suite!(Postgres; envelopes, tasks, permissions);

@@ -8,12 +8,29 @@
 //! admitted after the change reads the task as changed. So a correction recorded while a
 //! reply is being resolved can never let the old reply out, on any replica.
 
+use std::collections::{HashMap, HashSet};
+
+use async_trait::async_trait;
+use serde_json::json;
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
 
-use crate::ledger::LedgerResult;
+use super::PgLedger;
+use super::envelopes::transition_in;
+use crate::domain::{
+    BotPost, DeclareError, DeclareTaskError, DeclaredRevision, EnvelopeKind, EnvelopeState, RoutedEnvelope,
+    StoredRevision, TaskEffect,
+};
+use crate::ids::{AgentName, TaskId, TraceId};
+use crate::ledger::prelude::*;
+use crate::ledger::{LedgerError, LedgerResult};
+use crate::rules::revisions::plan::{
+    self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
+};
 use crate::rules::revisions::task::to_u32;
-use crate::rules::revisions::{self, Refusal, Task, TaskState};
+use crate::rules::revisions::{
+    self, ChangeKind, HumanUpdate, OpenTask, Refusal, Task, TaskEffects, TaskState, texts,
+};
 
 /// The columns of a [`Task`] (`t` the task, `a` the envelope to act on), as SQLite's
 /// `task_columns!` names them.
@@ -25,14 +42,12 @@ macro_rules! task_columns {
          t.closed_at"
     };
 }
-pub(super) use task_columns;
 
 macro_rules! task_from {
     () => {
         " FROM tasks t LEFT JOIN envelopes a ON a.id = t.act_on_envelope_id "
     };
 }
-pub(super) use task_from;
 
 /// A [`Task`] from a row of [`task_columns!`]. A state no task has is an error, never a
 /// task read as open.
@@ -95,4 +110,999 @@ pub(super) fn task_state(row: &PgRow, column: &str) -> sqlx::Result<TaskState> {
         tracing::error!(task_id, state = %name, "a task in the ledger has a state this switchboard does not know");
         sqlx::Error::ColumnDecode { index: column.to_owned(), source: format!("unknown task state {name:?}").into() }
     })
+}
+
+/// Whether anything of the task whose id is the SQL expression `$task` still runs: an
+/// envelope queued, pending or unresolved, or an open handoff.
+macro_rules! busy_of {
+    ($task:literal) => {
+        concat!(
+            "(EXISTS (SELECT 1 FROM envelopes WHERE task_id = ",
+            $task,
+            " AND state IN ('queued', 'pending', 'unresolved')) \
+             OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ",
+            $task,
+            " AND state = 'open'))"
+        )
+    };
+}
+
+/// `UPDATE tasks` that makes an `open` task with nothing left queued, pending or
+/// unresolved and no open handoff `done`; the caller adds `AND` which task (`$1`). An
+/// envelope whose reply's outcome is unknown keeps its task open: it is not known to be
+/// done, and a correction must still reach it.
+macro_rules! close_if_finished {
+    () => {
+        concat!(
+            "UPDATE tasks SET state = 'done', closed_at = now(), updated_at = now() WHERE state = 'open' AND NOT ",
+            busy_of!("tasks.task_id"),
+            " "
+        )
+    };
+}
+
+/// The envelope a change came with: turned into the task's `revision` envelope (a human
+/// message or edit), or kept as it is and re-tagged (an agent's declaration about it).
+#[derive(Debug, Clone)]
+struct Carrier {
+    id: i64,
+    trace_id: TraceId,
+    message_id: Option<i64>,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    route: String,
+    agent: String,
+    /// Whether the carrier becomes a `revision` envelope (a human's command or edit).
+    rewrite: bool,
+}
+
+// ---- intake ----
+
+/// Whether a newly stored row is a human message of a single-agent conversation, which
+/// belongs to a task.
+fn belongs_to_a_task(routed: &RoutedEnvelope) -> bool {
+    routed.state == EnvelopeState::Queued
+        && routed.agent.is_some()
+        && matches!(routed.envelope.kind, EnvelopeKind::Message | EnvelopeKind::EditedMessage)
+}
+
+/// The tasks of a batch's human messages, decided before its rows are inserted so that
+/// each plain message is stored with its task in the batch's one insert, as on SQLite
+/// (`sqlite/tasks.rs`). A conversation whose part of the batch holds a command or an edit
+/// is left to [`take_in`], message by message, after the insert (`later`).
+#[derive(Debug, Default)]
+pub(super) struct BatchTasks {
+    /// Per row of the batch: the task and revision it is stored with.
+    pub tags: Vec<Option<(TaskId, i64)>>,
+    /// Tasks the batch starts: the task id and the row that starts it.
+    starts: Vec<(TaskId, usize)>,
+    /// Rows for [`take_in`], in order.
+    later: Vec<usize>,
+}
+
+/// A conversation: chat, topic, agent.
+type Conversation = (i64, Option<i64>, String);
+
+/// Whether a human message is plainly work: not an edit and not a command.
+fn plain_work(routed: &RoutedEnvelope, bot_username: Option<&str>) -> bool {
+    let e = &routed.envelope;
+    let text = e.text.as_deref().unwrap_or_default();
+    e.kind == EnvelopeKind::Message
+        && revisions::parse_command(text, bot_username.unwrap_or_default()).is_none()
+}
+
+/// Plans [`BatchTasks`] for `batch`; reads each conversation's open task once (and marks
+/// a finished one `done`), holding the conversation (see [`hold_conversation`]).
+pub(super) async fn plan_batch(
+    tx: &mut PgConnection,
+    batch: &[RoutedEnvelope],
+    bot_username: Option<&str>,
+) -> LedgerResult<BatchTasks> {
+    let mut plan = BatchTasks { tags: vec![None; batch.len()], ..BatchTasks::default() };
+    let mut current: HashMap<Conversation, (TaskId, i64)> = HashMap::new();
+    let mut one_by_one: HashSet<Conversation> = HashSet::new();
+    for (index, routed) in batch.iter().enumerate() {
+        let Some(agent) = routed.agent.as_ref().filter(|_| belongs_to_a_task(routed)) else { continue };
+        let channel = routed.envelope.channel;
+        let conversation: Conversation =
+            (channel.chat_id, channel.thread_id.map(i64::from), agent.to_string());
+        if one_by_one.contains(&conversation) || !plain_work(routed, bot_username) {
+            one_by_one.insert(conversation);
+            plan.later.push(index);
+            continue;
+        }
+        if let Some(task) = current.get(&conversation) {
+            plan.tags[index] = Some(task.clone());
+            continue;
+        }
+        let (chat_id, thread_id, agent) = &conversation;
+        let task = match latest_task(tx, *chat_id, *thread_id, agent).await? {
+            // A message after `/cancel` is new work, not part of the task being stopped.
+            Some((task_id, revision, TaskState::Open | TaskState::Paused)) => (task_id, revision),
+            _ => {
+                let task_id = TaskId::generate();
+                plan.starts.push((task_id.clone(), index));
+                (task_id, 1)
+            }
+        };
+        plan.tags[index] = Some(task.clone());
+        current.insert(conversation, task);
+    }
+    Ok(plan)
+}
+
+/// After the batch's insert (`ids`: each row's id, `None` where the row was already
+/// stored): records the tasks its plain messages start, then takes in its commands and
+/// edits one by one. When a row of the batch was already stored (a re-polled update), the
+/// plan may count on rows that were not inserted: every new human row is then taken in one
+/// by one instead.
+pub(super) async fn record_batch_tasks(
+    tx: &mut PgConnection,
+    batch: &[RoutedEnvelope],
+    plan: &BatchTasks,
+    ids: &[Option<i64>],
+    bot_username: Option<&str>,
+) -> LedgerResult<Vec<TaskEffect>> {
+    let mut effects = Vec::new();
+    if !ids.iter().all(Option::is_some) {
+        for (routed, id) in batch.iter().zip(ids) {
+            let Some(id) = id.filter(|_| belongs_to_a_task(routed)) else { continue };
+            sqlx::query("UPDATE envelopes SET task_id = NULL, revision = NULL WHERE id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            effects.extend(take_in(tx, routed, id, bot_username).await?);
+        }
+        return Ok(effects);
+    }
+    for (task_id, index) in &plan.starts {
+        let routed = &batch[*index];
+        let Some(id) = ids[*index] else { continue };
+        let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
+        let carrier = carrier_of(routed, id);
+        insert_task(tx, task_id, &carrier, &text, None, Source::Command, &sender_of(routed)).await?;
+    }
+    for index in &plan.later {
+        let Some(id) = ids[*index] else { continue };
+        effects.extend(take_in(tx, &batch[*index], id, bot_username).await?);
+    }
+    Ok(effects)
+}
+
+/// The sender as the lineage names them: @username, else their name.
+fn sender_of(routed: &RoutedEnvelope) -> String {
+    let sender = &routed.envelope.sender;
+    sender.username.as_ref().map_or_else(|| sender.name.clone(), |u| format!("@{u}"))
+}
+
+fn carrier_of(routed: &RoutedEnvelope, id: i64) -> Carrier {
+    let e = &routed.envelope;
+    Carrier {
+        id,
+        trace_id: e.trace_id.clone(),
+        message_id: Some(i64::from(e.message_id)),
+        chat_id: e.channel.chat_id,
+        thread_id: e.channel.thread_id.map(i64::from),
+        route: routed.route.as_ref().map(ToString::to_string).unwrap_or_default(),
+        agent: routed.agent.as_ref().map(ToString::to_string).unwrap_or_default(),
+        rewrite: true,
+    }
+}
+
+/// Gives a newly stored human message (row `id`) its task, or applies the change it
+/// makes; inside the batch's transaction. Returns what to do once it commits.
+async fn take_in(
+    tx: &mut PgConnection,
+    routed: &RoutedEnvelope,
+    id: i64,
+    bot_username: Option<&str>,
+) -> LedgerResult<Vec<TaskEffect>> {
+    let e = &routed.envelope;
+    let Some(agent) = routed.agent.as_ref() else { return Ok(vec![]) };
+    let carrier = carrier_of(routed, id);
+    let open = open_task(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await?;
+    let text = e.text.clone().unwrap_or_else(|| e.content());
+    let update = match e.kind {
+        EnvelopeKind::EditedMessage => HumanUpdate::Edit { message_id: e.message_id, text: &text },
+        _ => HumanUpdate::Message { text: &text },
+    };
+    // Which messages carry the instruction matters to an edit only: a new message is
+    // classified by its text.
+    let open_view = match (&open, update) {
+        (Some(task), HumanUpdate::Edit { .. }) => Some(open_view(tx, task).await?),
+        (Some(task), HumanUpdate::Message { .. }) => Some(OpenTask {
+            task_id: task.task_id.clone(),
+            revision: to_u32(task.revision),
+            state: task.state(),
+            instruction_messages: Vec::new(),
+        }),
+        (None, _) => None,
+    };
+    let username = bot_username.unwrap_or_default();
+    let meaning = revisions::classify(update, open_view.as_ref(), username);
+    let who = sender_of(routed);
+    match (plan::plan_message(meaning, open.as_ref().map(Task::state), &text, username), open) {
+        (MessagePlan::Start { objective }, _) => {
+            start_task(tx, &carrier, &objective, None, Source::Command, &who).await?;
+            Ok(vec![])
+        }
+        (MessagePlan::Join, Some(task)) => {
+            tag(tx, id, &task.task_id, task.revision).await?;
+            Ok(vec![])
+        }
+        (MessagePlan::Status, Some(task)) => {
+            let status = texts::describe(&task, &effects_of(tx, &task.task_id).await?);
+            answer(tx, &carrier, texts::STATUS_ANSWERED, status).await
+        }
+        // No open task: the most recent one, so a user who asked to stop hears that it did.
+        (MessagePlan::Status, None) => {
+            let latest = match latest_task(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await? {
+                Some((task_id, _, _)) => stored_task(tx, &task_id).await?,
+                None => None,
+            };
+            let latest = match latest {
+                Some(task) => Some((effects_of(tx, &task.task_id).await?, task)),
+                None => None,
+            };
+            let status =
+                texts::status_without_open_task(latest.as_ref().map(|(effects, task)| (task, effects)));
+            answer(tx, &carrier, texts::STATUS_ANSWERED, status).await
+        }
+        (MessagePlan::NothingChanged { why }, _) => {
+            let (text, note) = texts::nothing_changed(&why);
+            answer(tx, &carrier, &note, text).await
+        }
+        (MessagePlan::Change { kind, text: new_text }, Some(task)) => {
+            let source = if e.kind == EnvelopeKind::EditedMessage { Source::Edit } else { Source::Command };
+            let summary = plan::human_summary(&who, kind, source);
+            let change = Change { kind, text: new_text.as_deref(), source, actor: &who, summary };
+            apply_change(tx, &task, &carrier, &change).await
+        }
+        // The plan joins or changes only a task that is open; kept total all the same.
+        (MessagePlan::Join | MessagePlan::Change { .. }, None) => {
+            let (text, note) = texts::nothing_changed("there is no open task here");
+            answer(tx, &carrier, &note, text).await
+        }
+    }
+}
+
+/// A message the bot answers instead of acting on: settled with `note`, and `text` owed
+/// as the bot's post.
+async fn answer(
+    tx: &mut PgConnection,
+    carrier: &Carrier,
+    note: &str,
+    text: String,
+) -> LedgerResult<Vec<TaskEffect>> {
+    settle_carrier(tx, carrier, note).await?;
+    Ok(vec![owe_post(tx, carrier, answer_key(carrier), text).await?])
+}
+
+/// The conversation's open task, if any (a finished one is closed on the way, see
+/// [`latest_task`]). A paused or cancelled task stays open until it is resumed or stopped.
+async fn open_task(
+    tx: &mut PgConnection,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    agent: &str,
+) -> LedgerResult<Option<Task>> {
+    match latest_task(tx, chat_id, thread_id, agent).await? {
+        Some((task_id, _, TaskState::Open | TaskState::Paused | TaskState::StopRequested)) => {
+            stored_task(tx, &task_id).await
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The task `task_id`, its row held `FOR UPDATE` until the transaction ends: every caller
+/// reads a task to change it, and admission waits for the change (see the module's
+/// documentation).
+async fn stored_task(tx: &mut PgConnection, task_id: &TaskId) -> LedgerResult<Option<Task>> {
+    let sql = concat!("SELECT ", task_columns!(), task_from!(), "WHERE t.task_id = $1 FOR UPDATE OF t");
+    Ok(sqlx::query_as(sql).bind(task_id).fetch_optional(&mut *tx).await?)
+}
+
+/// Holds the conversation's task decisions until the transaction ends: which task a
+/// message joins, whether it starts one. SQLite's one writer serialises them; here two
+/// replicas taking in messages of one conversation at once (webhook deliveries, an agent's
+/// declaration beside a poll) would otherwise both find no open task and start two. A
+/// transaction-level advisory lock, keyed by the schema and the conversation.
+async fn hold_conversation(
+    tx: &mut PgConnection,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    agent: &str,
+) -> LedgerResult<()> {
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended('switchboard task ' || current_schema() || ' ' \
+         || $1::bigint::text || ' ' || COALESCE($2::bigint::text, '-') || ' ' || $3, 0))",
+    )
+    .bind(chat_id)
+    .bind(thread_id)
+    .bind(agent)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// The conversation's latest task: its id, revision and state, once a finished `open` one
+/// is marked `done`. Holds the conversation first ([`hold_conversation`]).
+async fn latest_task(
+    tx: &mut PgConnection,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    agent: &str,
+) -> LedgerResult<Option<(TaskId, i64, TaskState)>> {
+    hold_conversation(tx, chat_id, thread_id, agent).await?;
+    let latest = sqlx::query(
+        "SELECT id, task_id, revision, state FROM tasks WHERE chat_id = $1 AND agent = $2 \
+         AND thread_id IS NOT DISTINCT FROM $3 ORDER BY id DESC LIMIT 1",
+    )
+    .bind(chat_id)
+    .bind(agent)
+    .bind(thread_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(latest) = latest else { return Ok(None) };
+    let id: i64 = latest.try_get("id")?;
+    let task_id: TaskId = latest.try_get("task_id")?;
+    let revision: i64 = latest.try_get("revision")?;
+    let mut state = task_state(&latest, "state")?;
+    if state == TaskState::Open
+        && sqlx::query(concat!(close_if_finished!(), "AND id = $1"))
+            .bind(id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected()
+            == 1
+    {
+        state = TaskState::Done;
+    }
+    Ok(Some((task_id, revision, state)))
+}
+
+async fn open_view(tx: &mut PgConnection, task: &Task) -> LedgerResult<OpenTask> {
+    let messages: Vec<i64> = sqlx::query_scalar(
+        "SELECT e.message_id FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = $1 \
+         UNION SELECT message_id FROM task_revisions WHERE task_id = $1 AND message_id IS NOT NULL \
+         AND kind IN ('correction', 'new_objective')",
+    )
+    .bind(&task.task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(OpenTask {
+        task_id: task.task_id.clone(),
+        revision: to_u32(task.revision),
+        state: task.state(),
+        instruction_messages: messages.into_iter().filter_map(|m| i32::try_from(m).ok()).collect(),
+    })
+}
+
+/// Starts a task with `carrier` as its first envelope (revision 1).
+async fn start_task(
+    tx: &mut PgConnection,
+    carrier: &Carrier,
+    objective: &str,
+    predecessor: Option<&TaskId>,
+    source: Source,
+    actor: &str,
+) -> LedgerResult<TaskId> {
+    let task_id = TaskId::generate();
+    insert_task(tx, &task_id, carrier, objective, predecessor, source, actor).await?;
+    tag(tx, carrier.id, &task_id, 1).await?;
+    Ok(task_id)
+}
+
+/// The task's row, which is also its revision 1 (who started it, how, with which
+/// envelope); tagging that envelope is the caller's.
+async fn insert_task(
+    tx: &mut PgConnection,
+    task_id: &TaskId,
+    carrier: &Carrier,
+    objective: &str,
+    predecessor: Option<&TaskId>,
+    source: Source,
+    actor: &str,
+) -> LedgerResult<()> {
+    let source = if predecessor.is_some() { source.as_str() } else { "message" };
+    sqlx::query(
+        "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, first_envelope_id, \
+         started_by, started_source, predecessor, opened_at, updated_at) \
+         VALUES ($1, $2, $3, $4, $5, 'open', 1, $6, $7, $8, $9, $10, now(), now())",
+    )
+    .bind(task_id)
+    .bind(carrier.chat_id)
+    .bind(carrier.thread_id)
+    .bind(&carrier.agent)
+    .bind(&carrier.route)
+    .bind(objective)
+    .bind(carrier.id)
+    .bind(actor)
+    .bind(source)
+    .bind(predecessor)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Records the task and revision an envelope was made under.
+pub(super) async fn tag(
+    tx: &mut PgConnection,
+    envelope_id: i64,
+    task_id: &TaskId,
+    revision: i64,
+) -> LedgerResult<()> {
+    sqlx::query("UPDATE envelopes SET task_id = $1, revision = $2 WHERE id = $3")
+        .bind(task_id)
+        .bind(revision)
+        .bind(envelope_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The carrier of a change, in one statement: the task and revision it now belongs to, the
+/// change's meta merged into what intake stored (a quote, a forward), and — for a human's
+/// command or edit (`content`) — its new life as the `revision` envelope the agent acts on.
+async fn carry_change(
+    tx: &mut PgConnection,
+    carrier: &Carrier,
+    task_id: &TaskId,
+    revision: i64,
+    meta: &serde_json::Value,
+    content: Option<&str>,
+) -> LedgerResult<()> {
+    sqlx::query(
+        "UPDATE envelopes SET task_id = $1, revision = $2, \
+         meta = (COALESCE(meta, '{}')::jsonb || $3::jsonb)::text, \
+         kind = CASE WHEN $4::text IS NULL THEN kind ELSE 'revision' END, content = COALESCE($4, content) \
+         WHERE id = $5",
+    )
+    .bind(task_id)
+    .bind(revision)
+    .bind(meta.to_string())
+    .bind(content)
+    .bind(carrier.id)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// The change as the task's revision `revision`, with what the task had done before it.
+async fn record_revision(
+    tx: &mut PgConnection,
+    task_id: &TaskId,
+    revision: i64,
+    change: &Change<'_>,
+    carrier: &Carrier,
+    snapshot: &TaskEffects,
+) -> LedgerResult<()> {
+    sqlx::query(
+        "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, text, message_id, \
+         envelope_id, snapshot) VALUES ($1, $2, $3, $4, $5, now(), $6, $7, $8, $9, $10)",
+    )
+    .bind(task_id)
+    .bind(revision)
+    .bind(change.kind.as_str())
+    .bind(change.source.as_str())
+    .bind(change.actor)
+    .bind(&change.summary)
+    .bind(change.text)
+    .bind(carrier.message_id)
+    .bind(carrier.id)
+    .bind(snapshot_json(snapshot))
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// A task's effects as a revision's snapshot stores them.
+fn snapshot_json(effects: &TaskEffects) -> String {
+    json!({
+        "confirmed": effects.confirmed.iter().map(|(op, message)| json!({"op_id": op, "message_id": message})).collect::<Vec<_>>(),
+        "unresolved": effects.unresolved,
+        "open_handoffs": effects.open_handoffs.iter().map(|(id, to)| json!({"handoff_id": id, "to": to})).collect::<Vec<_>>(),
+    })
+    .to_string()
+}
+
+/// A handled command or edit: acked by the switchboard, never work for the agent.
+async fn settle_carrier(tx: &mut PgConnection, carrier: &Carrier, note: &str) -> LedgerResult<()> {
+    transition_in(
+        tx,
+        carrier.id,
+        &[EnvelopeState::Queued, EnvelopeState::Pending],
+        EnvelopeState::Acked,
+        "switchboard",
+        Some(note),
+    )
+    .await?;
+    Ok(())
+}
+
+/// What the bot says about a change or a question, owed in the same transaction: a post
+/// in `room_posts` (no cascade), which the room driver makes once and never twice.
+async fn owe_post(
+    tx: &mut PgConnection,
+    carrier: &Carrier,
+    key: String,
+    text: String,
+) -> LedgerResult<TaskEffect> {
+    let post = BotPost {
+        envelope_id: carrier.id,
+        trace_id: carrier.trace_id.clone(),
+        agent: carrier.agent.clone(),
+        route: carrier.route.clone(),
+        chat_id: carrier.chat_id,
+        thread_id: carrier.thread_id,
+        reply_to_message_id: carrier.message_id.filter(|_| carrier.rewrite),
+        text,
+    };
+    sqlx::query(
+        "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, reply_to_message_id, text, \
+         state, created_at) VALUES ($1, NULL, $2, $3, $4, $5, $6, $7, 'owed', now())",
+    )
+    .bind(key)
+    .bind(post.envelope_id)
+    .bind(&post.route)
+    .bind(post.chat_id)
+    .bind(post.thread_id)
+    .bind(post.reply_to_message_id)
+    .bind(&post.text)
+    .execute(&mut *tx)
+    .await?;
+    Ok(TaskEffect::Say(post))
+}
+
+/// The key of the bot's answer to a message (a `/status`, or why nothing changed).
+fn answer_key(carrier: &Carrier) -> String {
+    format!("{}/answer", carrier.trace_id)
+}
+
+// ---- changes ----
+
+/// Records `change` as the task's next revision and makes the writes its plan decides
+/// (`rules::revisions::plan`), in the caller's transaction.
+async fn apply_change(
+    tx: &mut PgConnection,
+    task: &Task,
+    carrier: &Carrier,
+    change: &Change<'_>,
+) -> LedgerResult<Vec<TaskEffect>> {
+    let task_id = &task.task_id;
+    let kind = change.kind;
+    let snapshot = effects_of(tx, task_id).await?;
+    let old_instruction =
+        last_instruction(tx, task_id, carrier.message_id.filter(|_| carrier.rewrite)).await?;
+    let (handoff_rows, open_handoffs) =
+        if plan::retires(kind) { open_handoffs(tx, task_id).await? } else { (Vec::new(), Vec::new()) };
+    let latest_pending = match kind {
+        ChangeKind::Pause | ChangeKind::Resume => latest_pending(tx, task_id, carrier.id).await?,
+        _ => None,
+    };
+    let successor_id = TaskId::generate();
+    let plan = plan::plan_change(&ChangeContext {
+        task,
+        change,
+        rewrite: carrier.rewrite,
+        old_instruction: old_instruction.as_deref(),
+        open_handoffs: &open_handoffs,
+        latest_pending: latest_pending.as_ref(),
+        successor_id: &successor_id,
+    });
+    let mut effects = vec![TaskEffect::Recorded(kind)];
+    let revision = i64::from(plan.revision);
+    if let Some(reason) = &plan.supersede {
+        supersede(tx, task_id, &plan, &handoff_rows, carrier, reason, &mut effects).await?;
+    }
+    record_revision(tx, task_id, revision, change, carrier, &snapshot).await?;
+    write_task(tx, task_id, revision, &plan.task, carrier, change).await?;
+    match &plan.carrier {
+        CarrierWrite::Carry { task_id, revision, meta, content } => {
+            carry_change(tx, carrier, task_id, i64::from(*revision), meta, content.as_deref()).await?;
+        }
+        CarrierWrite::Settle { note } => settle_carrier(tx, carrier, note).await?,
+    }
+    if let Some(about) = plan.notice_about {
+        effects.push(TaskEffect::Notice {
+            agent: task.agent.clone(),
+            trace_id: about,
+            kind,
+            task_id: task.task_id.clone(),
+            revision: plan.revision,
+        });
+    }
+    let key = format!("{task_id}/r{revision}");
+    effects.push(owe_post(tx, carrier, key, plan.acknowledgement).await?);
+    Ok(effects)
+}
+
+/// The task's own row after a change ([`TaskWrite`]); a new objective also starts its
+/// successor with the carrier as its first envelope.
+async fn write_task(
+    tx: &mut PgConnection,
+    task_id: &TaskId,
+    revision: i64,
+    write: &TaskWrite,
+    carrier: &Carrier,
+    change: &Change<'_>,
+) -> LedgerResult<()> {
+    let statement = match write {
+        TaskWrite::Corrected => sqlx::query(
+            "UPDATE tasks SET revision = $1, instruction_revision = $1, instruction_kind = 'correction', \
+             act_on_envelope_id = $2, updated_at = now() WHERE task_id = $3",
+        )
+        .bind(revision)
+        .bind(carrier.id)
+        .bind(task_id),
+        TaskWrite::Replaced { successor, objective } => {
+            insert_task(tx, successor, carrier, objective, Some(task_id), change.source, change.actor)
+                .await?;
+            sqlx::query(
+                "UPDATE tasks SET state = 'replaced', revision = $1, successor = $2, instruction_revision = $1, \
+                 instruction_kind = 'new_objective', act_on_envelope_id = $3, updated_at = now(), closed_at = now() \
+                 WHERE task_id = $4",
+            )
+            .bind(revision)
+            .bind(successor)
+            .bind(carrier.id)
+            .bind(task_id)
+        }
+        TaskWrite::State(state) => {
+            sqlx::query("UPDATE tasks SET state = $1, revision = $2, updated_at = now() WHERE task_id = $3")
+                .bind(state.as_str())
+                .bind(revision)
+                .bind(task_id)
+        }
+        TaskWrite::StopRequested => sqlx::query(
+            "UPDATE tasks SET state = 'stop_requested', revision = $1, cancel_envelope_id = $2, \
+             stop_requested_by = $3, stop_requested_at = now(), updated_at = now() WHERE task_id = $4",
+        )
+        .bind(revision)
+        .bind(carrier.id)
+        .bind(change.actor)
+        .bind(task_id),
+    };
+    statement.execute(&mut *tx).await?;
+    Ok(())
+}
+
+/// The instruction as it stood: the text of `message_id`'s latest correction (an edit of
+/// it), or the task's latest correction, else its objective.
+async fn last_instruction(
+    tx: &mut PgConnection,
+    task_id: &TaskId,
+    message_id: Option<i64>,
+) -> LedgerResult<Option<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT COALESCE((SELECT text FROM task_revisions WHERE task_id = $1 AND text IS NOT NULL \
+         AND kind = 'correction' AND ($2::bigint IS NULL OR message_id = $2) ORDER BY id DESC LIMIT 1), \
+         (SELECT objective FROM tasks WHERE task_id = $1))",
+    )
+    .bind(task_id)
+    .bind(message_id)
+    .fetch_one(&mut *tx)
+    .await?)
+}
+
+/// A handoff's row and its instruction envelope's.
+type HandoffRow = (i64, i64);
+
+/// The task's open handoffs, oldest first: their rows, and what the planner sees of each,
+/// in the same order. Held `FOR UPDATE`: the change retires them.
+async fn open_handoffs(
+    tx: &mut PgConnection,
+    task_id: &TaskId,
+) -> LedgerResult<(Vec<HandoffRow>, Vec<OpenHandoff>)> {
+    let rows = sqlx::query(
+        "SELECT id, envelope_id, handoff_id, from_agent, to_agent FROM handoffs WHERE task_id = $1 \
+         AND state = 'open' ORDER BY id FOR UPDATE",
+    )
+    .bind(task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut handoffs = (Vec::with_capacity(rows.len()), Vec::with_capacity(rows.len()));
+    for row in rows {
+        handoffs.0.push((row.try_get("id")?, row.try_get("envelope_id")?));
+        handoffs.1.push(OpenHandoff {
+            handoff_id: row.try_get("handoff_id")?,
+            from_agent: row.try_get("from_agent")?,
+            to_agent: row.try_get("to_agent")?,
+        });
+    }
+    Ok(handoffs)
+}
+
+/// What a change that retires older work writes: the task's queued and pending envelopes
+/// made under earlier revisions become `superseded` (the carrier excepted), and so do the
+/// retired handoffs and their instructions, whose agents are each queued the `revision`
+/// envelope the plan wrote for them.
+async fn supersede(
+    tx: &mut PgConnection,
+    task_id: &TaskId,
+    plan: &ChangePlan,
+    handoff_rows: &[HandoffRow],
+    carrier: &Carrier,
+    reason: &str,
+    effects: &mut Vec<TaskEffect>,
+) -> LedgerResult<()> {
+    let revision = i64::from(plan.revision);
+    let stale: Vec<i64> = sqlx::query_scalar(
+        "SELECT id FROM envelopes WHERE task_id = $1 AND revision < $2 AND state IN ('queued', 'pending') \
+         AND id <> $3 ORDER BY id",
+    )
+    .bind(task_id)
+    .bind(revision)
+    .bind(carrier.id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let from = [EnvelopeState::Queued, EnvelopeState::Pending];
+    for id in stale {
+        transition_in(tx, id, &from, EnvelopeState::Superseded, "switchboard", Some(reason)).await?;
+    }
+    // The plan retires every open handoff it was given, in their order.
+    for (retired, (id, instruction)) in plan.retired_handoffs.iter().zip(handoff_rows) {
+        sqlx::query("UPDATE handoffs SET state = 'superseded', closed_at = now(), note = $1 WHERE id = $2")
+            .bind(reason)
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        transition_in(tx, *instruction, &from, EnvelopeState::Superseded, "switchboard", Some(reason))
+            .await?;
+        sqlx::query(
+            "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
+             sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, \
+             agent, state, state_changed_at, task_id, revision, meta) \
+             VALUES ($1, NULL, 'revision', 0, NULL, 'agent', NULL, 0, NULL, NULL, 'switchboard', NULL, '[]', $2, \
+             now(), now(), $3, $4, 'queued', now(), $5, $6, $7)",
+        )
+        .bind(TraceId::generate())
+        .bind(&retired.notice)
+        .bind(&carrier.route)
+        .bind(&retired.to_agent)
+        .bind(task_id)
+        .bind(revision)
+        .bind(retired.meta.to_string())
+        .execute(&mut *tx)
+        .await?;
+        effects.push(TaskEffect::Wake(retired.to_agent.clone()));
+    }
+    Ok(())
+}
+
+async fn latest_pending(
+    tx: &mut PgConnection,
+    task_id: &TaskId,
+    except: i64,
+) -> LedgerResult<Option<TraceId>> {
+    Ok(sqlx::query_scalar(
+        "SELECT trace_id FROM envelopes WHERE task_id = $1 AND state = 'pending' AND id <> $2 \
+         ORDER BY id DESC LIMIT 1",
+    )
+    .bind(task_id)
+    .bind(except)
+    .fetch_optional(&mut *tx)
+    .await?)
+}
+
+/// Confirmed sends, unresolved attempts and open handoffs of a task.
+async fn effects_of(tx: &mut PgConnection, task_id: &TaskId) -> LedgerResult<TaskEffects> {
+    let confirmed = sqlx::query_as(
+        "SELECT a.op_id, a.telegram_message_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+         WHERE e.task_id = $1 AND a.purpose = 'reply' AND a.outcome = 'sent' ORDER BY a.id",
+    )
+    .bind(task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let unresolved = sqlx::query_scalar(
+        "SELECT a.op_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+         WHERE e.task_id = $1 AND a.purpose = 'reply' AND a.outcome IN ('unknown', 'in_flight') \
+         AND a.reconciled_outcome IS NULL ORDER BY a.id",
+    )
+    .bind(task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    let open_handoffs = sqlx::query_as(
+        "SELECT handoff_id, to_agent FROM handoffs WHERE task_id = $1 AND state = 'open' ORDER BY id",
+    )
+    .bind(task_id)
+    .fetch_all(&mut *tx)
+    .await?;
+    Ok(TaskEffects { confirmed, unresolved, open_handoffs })
+}
+
+/// The envelope a `revise_task` declaration is about.
+#[derive(Debug, FromRow)]
+struct DeclaredFor {
+    id: i64,
+    task_id: Option<TaskId>,
+    revision: Option<i64>,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    route: Option<String>,
+    text: Option<String>,
+    message_id: i64,
+}
+
+impl FromRow<'_, PgRow> for StoredRevision {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            revision: row.try_get("revision")?,
+            kind: row.try_get("kind")?,
+            source: row.try_get("source")?,
+            actor: row.try_get("actor")?,
+            // As SQLite stores it, so both backends list a revision alike.
+            at: crate::clock::text(row.try_get("at")?),
+            summary: row.try_get("summary")?,
+            text: row.try_get("text")?,
+            envelope_trace_id: row.try_get("envelope_trace_id")?,
+            snapshot: row.try_get("snapshot")?,
+        })
+    }
+}
+
+#[async_trait]
+impl Tasks for PgLedger {
+    async fn admission(&self, envelope_id: i64) -> LedgerResult<Result<(), Refusal>> {
+        let mut tx = self.pool.begin().await?;
+        let admitted = admission_in(&mut tx, envelope_id).await?;
+        tx.commit().await?;
+        Ok(admitted)
+    }
+
+    async fn declare_revision(
+        &self,
+        agent: &AgentName,
+        trace_id: &TraceId,
+        kind: ChangeKind,
+        summary: &str,
+    ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
+        let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
+        // The envelope is held until the transaction ends: it is the change's carrier.
+        let row: Option<DeclaredFor> = sqlx::query_as(
+            "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
+             WHERE trace_id = $1 AND agent = $2 AND state = 'pending' FOR UPDATE",
+        )
+        .bind(trace_id)
+        .bind(agent.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(LedgerError::from)?;
+        // A declaration refused ends the transaction with nothing written in it.
+        let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
+        else {
+            return Err(DeclareError::NotPending(trace_id.to_string()).into());
+        };
+        let (Some(task_id), Some(revision)) = (task_id, revision) else {
+            return Err(DeclareError::NoTask(trace_id.to_string()).into());
+        };
+        hold_conversation(&mut tx, chat_id, thread_id, agent.as_str()).await?;
+        // A task is written with the envelope that starts it: one missing is an error.
+        let task = stored_task(&mut tx, &task_id).await?.ok_or_else(|| {
+            LedgerError::other(format!("{trace_id} names task {task_id}, which is not stored"))
+        })?;
+        // The declaration is itself an action for that envelope: a superseded or cancelled
+        // one cannot change the task.
+        match (kind, revisions::admit(to_u32(revision), &task.now())) {
+            (_, Ok(())) => {}
+            (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
+            (_, Err(refusal)) => return Err(DeclareError::Refused(refusal).into()),
+        }
+        if kind == ChangeKind::Pause && task.state() != TaskState::Open {
+            return Err(DeclareError::NotNow(format!("{task_id} is {}", task.state)).into());
+        }
+        let carrier = Carrier {
+            id,
+            trace_id: trace_id.clone(),
+            message_id: Some(message_id),
+            chat_id,
+            thread_id,
+            route: route.unwrap_or_default(),
+            agent: agent.to_string(),
+            rewrite: false,
+        };
+        let actor = format!("agent:{agent}");
+        let change = Change {
+            kind,
+            text: text.as_deref(),
+            source: Source::Agent,
+            actor: &actor,
+            summary: if summary.trim().is_empty() {
+                format!("{actor} declared a {kind}")
+            } else {
+                summary.to_owned()
+            },
+        };
+        let effects = apply_change(&mut tx, &task, &carrier, &change).await?;
+        let now_task: String = sqlx::query_scalar("SELECT task_id FROM envelopes WHERE id = $1")
+            .bind(id)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(LedgerError::from)?;
+        tx.commit().await.map_err(LedgerError::from)?;
+        let next = texts::after_declaration(kind, trace_id, &now_task);
+        // A new objective starts the successor at revision 1; any other change is the
+        // task's next revision.
+        let revision = if kind == ChangeKind::NewObjective { 1 } else { task.revision() + 1 };
+        let declared =
+            DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_string(), next };
+        Ok((declared, effects))
+    }
+
+    async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<TaskState>> {
+        let row = sqlx::query("SELECT task_id, state FROM tasks WHERE task_id = $1")
+            .bind(task_id)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|row| task_state(&row, "state")).transpose()?)
+    }
+
+    async fn task(&self, task_id: &TaskId) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
+        let mut tx = self.pool.begin().await?;
+        // A task that has finished says so, as it would to the next message.
+        sqlx::query(concat!(close_if_finished!(), "AND task_id = $1"))
+            .bind(task_id)
+            .execute(&mut *tx)
+            .await?;
+        let sql = concat!("SELECT ", task_columns!(), task_from!(), "WHERE t.task_id = $1");
+        let Some(task) = sqlx::query_as::<_, Task>(sql).bind(task_id).fetch_optional(&mut *tx).await? else {
+            return Ok(None);
+        };
+        // Revision 1 is the task itself; the changes follow.
+        let revisions = sqlx::query_as(
+            "SELECT 1::bigint AS revision, 'start' AS kind, t.started_source AS source, t.started_by AS actor, \
+             t.opened_at AS at, CASE WHEN t.predecessor IS NULL THEN t.started_by || ' started it' \
+             ELSE t.started_by || ' replaced ' || t.predecessor || ' with a new objective' END AS summary, \
+             t.objective AS text, e.trace_id AS envelope_trace_id, '{}' AS snapshot, 0::bigint AS position \
+             FROM tasks t JOIN envelopes e ON e.id = t.first_envelope_id WHERE t.task_id = $1 \
+             UNION ALL \
+             SELECT r.revision, r.kind, r.source, r.actor, r.at, r.summary, r.text, e.trace_id, r.snapshot, \
+             r.id FROM task_revisions r LEFT JOIN envelopes e ON e.id = r.envelope_id WHERE r.task_id = $1 \
+             ORDER BY position",
+        )
+        .bind(task_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let effects = effects_of(&mut tx, task_id).await?;
+        tx.commit().await?;
+        Ok(Some((task, revisions, effects)))
+    }
+
+    async fn mark_task_stopped(&self, task_id: &TaskId, reason: &str) -> Result<(), DeclareTaskError> {
+        let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
+        // A refusal ends the transaction with nothing written in it.
+        let Some(task) = stored_task(&mut tx, task_id).await? else {
+            return Err(DeclareError::NotNow(format!("no task has id {task_id}")).into());
+        };
+        if task.state() != TaskState::StopRequested {
+            return Err(DeclareError::NotNow(format!(
+                "{task_id} is {}, not stop_requested: only a cancelled task can be marked stopped",
+                task.state
+            ))
+            .into());
+        }
+        sqlx::query(
+            "UPDATE tasks SET state = 'stopped', stopped_at = now(), stop_reason = $1, updated_at = now(), \
+             closed_at = now() WHERE task_id = $2",
+        )
+        .bind(reason)
+        .bind(task_id)
+        .execute(&mut *tx)
+        .await
+        .map_err(LedgerError::from)?;
+        let effects = effects_of(&mut tx, task_id).await?;
+        sqlx::query(
+            "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, snapshot) \
+             VALUES ($1, $2, 'stopped', 'operator', 'operator', now(), $3, $4)",
+        )
+        .bind(task_id)
+        .bind(task.revision)
+        .bind(format!("an operator confirmed it stopped: {reason}"))
+        .bind(snapshot_json(&effects))
+        .execute(&mut *tx)
+        .await
+        .map_err(LedgerError::from)?;
+        tx.commit().await.map_err(LedgerError::from)?;
+        Ok(())
+    }
 }

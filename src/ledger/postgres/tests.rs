@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 use super::test_support::{TestSchema, admin};
 use super::*;
 use crate::ids::{AgentName, RouteName, TraceId};
-use crate::ledger::EnvelopeState;
+use crate::ledger::prelude::*;
+use crate::ledger::{EnvelopeState, RoutedEnvelope};
 use crate::rules::leadership::{Lease, Renewal, Tenure};
 use crate::rules::routes::Channel;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
@@ -470,14 +471,46 @@ async fn record_updates_stores_what_sqlite_intake_stores() {
             (Some("ann"), Some("Ann"))
         );
         assert_eq!(get_i64("deliveries"), Some(0));
-        assert_eq!(get_text("task_id"), None, "tasks are not assigned on this backend yet");
+        assert!(
+            get_text("task_id").is_some_and(|task| task.starts_with("task_")),
+            "a message is work of a task"
+        );
         let sent_at: DateTime<Utc> = row.try_get("sent_at").unwrap();
         assert_eq!(sent_at.timestamp(), e.sent_at.timestamp());
         assert_eq!(sent_at.timestamp_subsec_nanos(), 0, "Telegram's times are whole seconds");
         let received_at: DateTime<Utc> = row.try_get("received_at").unwrap();
         assert!((Utc::now() - received_at).num_seconds().abs() < 60, "received now, on the server's clock");
     }
+    let task_of = |row: &sqlx::postgres::PgRow| row.try_get::<String, _>("task_id").unwrap();
+    assert_eq!(task_of(&rows[0]), task_of(&rows[1]), "one conversation, one task");
     assert_eq!(ledger.next_offset(BOT).await.unwrap(), Some(13));
+    ledger.close().await;
+    schema.drop().await;
+}
+
+#[tokio::test]
+async fn a_replica_that_leads_no_term_records_no_polled_batch_and_a_deposed_one_stops() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let refused = ledger.record_batch(BOT, 2, &[routed(1)]).await.unwrap_err();
+    assert!(refused.to_string().contains("does not lead"), "{refused}");
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(500)).await.unwrap();
+    let first = elected(&mut a).await.term;
+    ledger.lead_polling(BOT, first);
+    assert_eq!(ledger.record_batch(BOT, 2, &[routed(1)]).await.unwrap().len(), 1);
+    // Another replica is elected: this one's next batch fails, and so does every one after.
+    a.resign(first).await;
+    let other = PgLedger::connect(&schema.url).await.unwrap();
+    let mut b = PollerCandidate::connect(&other, BOT, "b", lease(500)).await.unwrap();
+    let second = campaign_until_elected(&mut b, Duration::from_secs(10)).await.term;
+    assert!(second > first);
+    let deposed = ledger.record_batch(BOT, 3, &[routed(2)]).await.unwrap_err();
+    assert!(deposed.to_string().contains("deposed"), "{deposed}");
+    let after = ledger.record_batch(BOT, 3, &[routed(2)]).await.unwrap_err();
+    assert!(after.to_string().contains("does not lead"), "{after}");
+    assert_eq!(envelope_count(&ledger).await, 1, "nothing of the deposed batches was written");
+    assert_eq!(ledger.next_offset(BOT).await.unwrap(), Some(2), "the offset did not move");
+    other.close().await;
     ledger.close().await;
     schema.drop().await;
 }
@@ -543,7 +576,8 @@ async fn figures() {
             // transaction: no fence, no deduplication, no offset.
             let again: Vec<RoutedEnvelope> =
                 (first..first + BATCH).map(|id| routed(id + 1_000_000_000)).collect();
-            let columns = EnvelopeColumns::of(&again);
+            let untagged = vec![None; again.len()];
+            let columns = intake::EnvelopeColumns::of(&again, &untagged, &vec![None; again.len()]);
             let started = Instant::now();
             let mut tx = ledger.pool.begin().await.unwrap();
             sqlx::query(
@@ -631,6 +665,7 @@ async fn the_ledger_never_prints_the_databases_password() {
         pool: PgPoolOptions::new().connect_lazy_with(options.clone()),
         options,
         writes: Default::default(),
+        polling_terms: Default::default(),
     };
     let printed = format!("{ledger:?}");
     assert!(printed.starts_with("PgLedger"), "{printed}");

@@ -8,11 +8,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 
 use super::PgLedger;
-use crate::ids::{AgentName, AttemptId, CascadeId, HandoffId, TaskId, TraceId};
+use crate::ids::{AgentName, AttemptId, CascadeId, HandoffId, TraceId};
 use crate::ledger::seam::*;
 use crate::ledger::*;
-use crate::rules::revisions::{ChangeKind, Refusal, Task, TaskEffects, TaskState};
-use crate::telegram::parts::Attachment;
+use crate::rules::revisions::Refusal;
 
 /// The error of a seam method this backend does not implement yet.
 fn unbuilt(method: &str) -> LedgerError {
@@ -68,44 +67,6 @@ impl Attempts for PgLedger {
 
     async fn attempts_for(&self, _envelope_id: i64) -> LedgerResult<Vec<StoredAttempt>> {
         Err(unbuilt("Attempts::attempts_for"))
-    }
-}
-
-#[async_trait]
-impl Envelopes for PgLedger {
-    async fn claim_next_queued(&self, _agent: &AgentName) -> LedgerResult<Option<StoredEnvelope>> {
-        Err(unbuilt("Envelopes::claim_next_queued"))
-    }
-
-    async fn take_pending_for_redelivery(&self, _agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
-        Err(unbuilt("Envelopes::take_pending_for_redelivery"))
-    }
-
-    async fn pending(&self, _agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
-        Err(unbuilt("Envelopes::pending"))
-    }
-
-    async fn attachments_of(&self, _trace_id: &TraceId) -> LedgerResult<Option<Vec<Attachment>>> {
-        Err(unbuilt("Envelopes::attachments_of"))
-    }
-
-    async fn find(&self, _trace_id: &TraceId) -> LedgerResult<Option<StoredEnvelope>> {
-        Err(unbuilt("Envelopes::find"))
-    }
-
-    async fn find_for_reply(&self, _trace_id: &TraceId) -> LedgerResult<Option<FoundForReply>> {
-        Err(unbuilt("Envelopes::find_for_reply"))
-    }
-
-    async fn transition(
-        &self,
-        _envelope_id: i64,
-        _from: &[EnvelopeState],
-        _to: EnvelopeState,
-        _actor: &str,
-        _reason: Option<&str>,
-    ) -> LedgerResult<bool> {
-        Err(unbuilt("Envelopes::transition"))
     }
 }
 
@@ -204,59 +165,6 @@ impl Inspection for PgLedger {
 
     async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
         Err(unbuilt("Inspection::count_handoffs_by_state"))
-    }
-}
-
-#[async_trait]
-impl Intake for PgLedger {
-    async fn next_offset(&self, _bot_id: i64) -> LedgerResult<Option<i64>> {
-        Err(unbuilt("Intake::next_offset"))
-    }
-
-    async fn record_batch<'a>(
-        &self,
-        _bot_id: i64,
-        _next_offset: i64,
-        _batch: &'a [RoutedEnvelope],
-    ) -> LedgerResult<Vec<&'a RoutedEnvelope>> {
-        Err(unbuilt("Intake::record_batch"))
-    }
-
-    async fn record_batch_handing_over<'a>(
-        &self,
-        _bot_id: i64,
-        _next_offset: i64,
-        _batch: &'a [RoutedEnvelope],
-        _claim_for: &[&AgentName],
-        _bot_username: Option<&str>,
-    ) -> LedgerResult<RecordedBatch<'a>> {
-        Err(unbuilt("Intake::record_batch_handing_over"))
-    }
-
-    async fn record_batch_with_reactions<'a>(
-        &self,
-        _bot_id: i64,
-        _next_offset: i64,
-        _batch: &'a [RoutedEnvelope],
-        _reactions: &[RoutedReaction],
-        _claim_for: &[&AgentName],
-        _bot_username: Option<&str>,
-    ) -> LedgerResult<RecordedBatch<'a>> {
-        Err(unbuilt("Intake::record_batch_with_reactions"))
-    }
-
-    async fn record_pushed_batch<'a>(
-        &self,
-        _batch: &'a [RoutedEnvelope],
-        _reactions: &[RoutedReaction],
-        _claim_for: &[&AgentName],
-        _bot_username: Option<&str>,
-    ) -> LedgerResult<RecordedBatch<'a>> {
-        Err(unbuilt("Intake::record_pushed_batch"))
-    }
-
-    async fn raw_update(&self, _trace_id: &TraceId) -> LedgerResult<Option<String>> {
-        Err(unbuilt("Intake::raw_update"))
     }
 }
 
@@ -409,53 +317,5 @@ impl Rooms for PgLedger {
 
     async fn mark_room_post_made(&self, _post_id: i64) -> LedgerResult<()> {
         Err(unbuilt("Rooms::mark_room_post_made"))
-    }
-}
-
-#[async_trait]
-impl Sessions for PgLedger {
-    async fn session_opened(
-        &self,
-        _session_id: &str,
-        _agent: &AgentName,
-        _redelivered: usize,
-    ) -> LedgerResult<()> {
-        Err(unbuilt("Sessions::session_opened"))
-    }
-
-    async fn session_closed(&self, _session_id: &str) -> LedgerResult<()> {
-        Err(unbuilt("Sessions::session_closed"))
-    }
-}
-
-#[async_trait]
-impl Tasks for PgLedger {
-    async fn admission(&self, _envelope_id: i64) -> LedgerResult<Result<(), Refusal>> {
-        Err(unbuilt("Tasks::admission"))
-    }
-
-    async fn declare_revision(
-        &self,
-        _agent: &AgentName,
-        _trace_id: &TraceId,
-        _kind: ChangeKind,
-        _summary: &str,
-    ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
-        Err(unbuilt("Tasks::declare_revision").into())
-    }
-
-    async fn task_state(&self, _task_id: &TaskId) -> LedgerResult<Option<TaskState>> {
-        Err(unbuilt("Tasks::task_state"))
-    }
-
-    async fn task(
-        &self,
-        _task_id: &TaskId,
-    ) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
-        Err(unbuilt("Tasks::task"))
-    }
-
-    async fn mark_task_stopped(&self, _task_id: &TaskId, _reason: &str) -> Result<(), DeclareTaskError> {
-        Err(unbuilt("Tasks::mark_task_stopped").into())
     }
 }

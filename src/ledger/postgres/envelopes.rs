@@ -1,0 +1,160 @@
+//! Envelopes on PostgreSQL: one row each, in one state (DESIGN.md §2), and the audited
+//! transitions between states.
+//!
+//! Every move is a conditional `UPDATE … WHERE state = …`: PostgreSQL re-checks the
+//! condition on the row's newest version once a concurrent writer commits, so of two
+//! replicas moving one envelope from the same state only one moves it.
+
+use async_trait::async_trait;
+use sqlx::{FromRow, PgConnection, Row};
+
+use super::PgLedger;
+use super::rows::{envelope_columns, reply_part_method};
+use crate::domain::{FoundForReply, StoredEnvelope};
+use crate::ids::{AgentName, TraceId};
+use crate::ledger::prelude::*;
+use crate::ledger::{EnvelopeState, LedgerResult};
+use crate::telegram::parts::{Attachment, stored_attachments};
+
+#[async_trait]
+impl Envelopes for PgLedger {
+    async fn claim_next_queued(&self, agent: &AgentName) -> LedgerResult<Option<StoredEnvelope>> {
+        // SKIP LOCKED: a replica claiming for the same agent at the same moment takes the
+        // next queued envelope instead of waiting for this one.
+        let sql = concat!(
+            "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
+             WHERE id = (SELECT id FROM envelopes WHERE agent = $1 AND state = 'queued' ORDER BY id LIMIT 1 \
+             FOR UPDATE SKIP LOCKED) RETURNING ",
+            envelope_columns!()
+        );
+        Ok(sqlx::query_as(sql).bind(agent.as_str()).fetch_optional(&self.pool).await?)
+    }
+
+    async fn take_pending_for_redelivery(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
+        let sql = concat!(
+            "UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = $1 AND state = 'pending' RETURNING ",
+            envelope_columns!()
+        );
+        let mut rows: Vec<StoredEnvelope> =
+            sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?;
+        // RETURNING gives no order guarantee.
+        rows.sort_by_key(|row| row.id);
+        Ok(rows)
+    }
+
+    async fn pending(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
+        let sql = concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM envelopes WHERE agent = $1 AND state = 'pending' ORDER BY id"
+        );
+        Ok(sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?)
+    }
+
+    async fn attachments_of(&self, trace_id: &TraceId) -> LedgerResult<Option<Vec<Attachment>>> {
+        let stored: Option<String> =
+            sqlx::query_scalar("SELECT attachments FROM envelopes WHERE trace_id = $1")
+                .bind(trace_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(stored.as_deref().map(stored_attachments))
+    }
+
+    async fn find(&self, trace_id: &TraceId) -> LedgerResult<Option<StoredEnvelope>> {
+        let sql = concat!("SELECT ", envelope_columns!(), " FROM envelopes WHERE trace_id = $1");
+        Ok(sqlx::query_as(sql).bind(trace_id).fetch_optional(&self.pool).await?)
+    }
+
+    async fn find_for_reply(&self, trace_id: &TraceId) -> LedgerResult<Option<FoundForReply>> {
+        let sql = concat!(
+            "SELECT ",
+            envelope_columns!(),
+            ", EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
+                 AND a.outcome IN ('unknown', 'in_flight') AND a.reconciled_outcome IS NULL \
+                 AND a.purpose = 'reply' AND a.",
+            reply_part_method!(),
+            ") AS awaiting_reconciliation, \
+             EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
+                 AND a.request_id IS NOT NULL AND a.",
+            reply_part_method!(),
+            ") AS replied_before \
+             FROM envelopes WHERE trace_id = $1"
+        );
+        let Some(row) = sqlx::query(sql).bind(trace_id).fetch_optional(&self.pool).await? else {
+            return Ok(None);
+        };
+        Ok(Some(FoundForReply {
+            envelope: StoredEnvelope::from_row(&row)?,
+            awaiting_reconciliation: row.try_get("awaiting_reconciliation")?,
+            replied_before: row.try_get("replied_before")?,
+        }))
+    }
+
+    async fn transition(
+        &self,
+        envelope_id: i64,
+        from: &[EnvelopeState],
+        to: EnvelopeState,
+        actor: &str,
+        reason: Option<&str>,
+    ) -> LedgerResult<bool> {
+        let mut tx = self.pool.begin().await?;
+        let moved = transition_in(&mut tx, envelope_id, from, to, actor, reason).await?;
+        tx.commit().await?;
+        Ok(moved)
+    }
+}
+
+/// The body of [`Envelopes::transition`], inside a caller's transaction.
+pub(super) async fn transition_in(
+    tx: &mut PgConnection,
+    envelope_id: i64,
+    from: &[EnvelopeState],
+    to: EnvelopeState,
+    actor: &str,
+    reason: Option<&str>,
+) -> LedgerResult<bool> {
+    // Each allowed state in turn, as a guard of the update itself: where the envelope is in
+    // the first one (nearly always), the move costs one statement and its event another.
+    for &current in from.iter().filter(|&&state| state != to) {
+        let moved = sqlx::query(
+            "UPDATE envelopes SET state = $1, state_changed_at = now(), note = COALESCE($2, note) \
+             WHERE id = $3 AND state = $4",
+        )
+        .bind(to.as_str())
+        .bind(reason)
+        .bind(envelope_id)
+        .bind(current.as_str())
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        if moved == 1 {
+            sqlx::query(
+                "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+                 VALUES ($1, now(), $2, $3, $4, $5)",
+            )
+            .bind(envelope_id)
+            .bind(current.as_str())
+            .bind(to.as_str())
+            .bind(actor)
+            .bind(reason)
+            .execute(&mut *tx)
+            .await?;
+            return Ok(true);
+        }
+    }
+    if !from.contains(&to) {
+        return Ok(false);
+    }
+    // Already there, which the caller allows: the note is updated, no event.
+    let kept = sqlx::query(
+        "UPDATE envelopes SET state_changed_at = now(), note = COALESCE($1, note) WHERE id = $2 AND state = $3",
+    )
+    .bind(reason)
+    .bind(envelope_id)
+    .bind(to.as_str())
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    Ok(kept == 1)
+}

@@ -1,0 +1,432 @@
+//! Intake on PostgreSQL: each batch of updates with what SQLite's intake stores around it
+//! (`sqlite/intake.rs`): the rows, each with its task (`tasks`) and its quote's trace id,
+//! the batch's commands and edits taken in, its reactions, the hand-over of queued
+//! envelopes to live sessions and, for a polled batch, the offset that confirms it, in one
+//! transaction.
+//!
+//! **Fencing.** Exactly one replica polls a bot (`leadership`). A polled batch is written
+//! only under the term this replica was elected for ([`PgLedger::lead_polling`]): the
+//! transaction is fenced by it (see the parent module), so a deposed leader's late batch
+//! fails and changes nothing, and the offset never moves back. A replica that leads no
+//! term for the bot records no polled batch at all. A pushed batch (a webhook delivery)
+//! is not fenced: every replica takes deliveries, and deduplication on (`update_id`,
+//! `update_digest`) keeps a delivery repeated on two replicas one envelope.
+
+use std::collections::HashMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Timelike, Utc};
+use sqlx::{PgConnection, Row};
+
+use super::rows::envelope_columns;
+use super::{CurrentTerm, FencedError, PgLedger, fence, reactions, set_offset, tasks};
+use crate::domain::{RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect};
+use crate::ids::{AgentName, RouteName, TraceId};
+use crate::ledger::prelude::*;
+use crate::ledger::{LedgerError, LedgerResult, LedgerWrite, RoutedEnvelope};
+use crate::rules::leadership::Term;
+
+/// What a polled batch is fenced by and moves.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct PolledUnder {
+    pub term: Term,
+    pub bot_id: i64,
+    pub next_offset: i64,
+}
+
+/// One intake transaction's result, before it is matched to the caller's batch.
+struct Recorded {
+    /// Per row of the batch: its id when it was new, `None` when already stored.
+    ids: Vec<Option<i64>>,
+    claimed: Vec<StoredEnvelope>,
+    task_effects: Vec<TaskEffect>,
+    reactions: Vec<StoredReaction>,
+}
+
+impl PgLedger {
+    /// This replica was elected to poll `bot_id` for `term`: its polled batches for the
+    /// bot are written under that term from now on.
+    pub fn lead_polling(&self, bot_id: i64, term: Term) {
+        self.polling_terms().insert(bot_id, term);
+    }
+
+    /// This replica's `term` for `bot_id` is over (it stepped down or was deposed): it
+    /// records no polled batch for the bot until it is elected again. A newer term held
+    /// meanwhile is left alone.
+    pub fn stop_leading_polling(&self, bot_id: i64, term: Term) {
+        let mut terms = self.polling_terms();
+        if terms.get(&bot_id) == Some(&term) {
+            terms.remove(&bot_id);
+        }
+    }
+
+    fn polling_terms(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Term>> {
+        self.polling_terms.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Intake's write fenced by an explicit `term`: the batch and the offset that confirms
+    /// it, with no hand-over and no reactions. Returns, for each row of `batch`, whether it
+    /// was new.
+    pub async fn record_updates(
+        &self,
+        term: Term,
+        bot_id: i64,
+        next_offset: i64,
+        batch: &[RoutedEnvelope],
+    ) -> Result<Vec<bool>, FencedError> {
+        let polled = PolledUnder { term, bot_id, next_offset };
+        let recorded = self.record_intake(Some(polled), batch, &[], &[], None).await?;
+        Ok(recorded.ids.iter().map(Option::is_some).collect())
+    }
+
+    /// A polled batch under the term this replica leads the bot for.
+    async fn record_polled<'a>(
+        &self,
+        bot_id: i64,
+        next_offset: i64,
+        batch: &'a [RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>> {
+        let Some(term) = self.polling_terms().get(&bot_id).copied() else {
+            return Err(LedgerError::other(format!(
+                "this replica does not lead polling for bot {bot_id}: a polled batch is recorded only by the \
+                 elected leader"
+            )));
+        };
+        let polled = PolledUnder { term, bot_id, next_offset };
+        match self.record_intake(Some(polled), batch, reactions, claim_for, bot_username).await {
+            Ok(recorded) => Ok(recorded.matched_to(batch)),
+            Err(FencedError::Deposed { term, current }) => {
+                self.stop_leading_polling(bot_id, term);
+                Err(LedgerError::other(format!(
+                    "deposed: this replica's {term} for bot {bot_id} is over ({}); the batch was not recorded",
+                    describe(current)
+                )))
+            }
+            Err(FencedError::Ledger(error)) => Err(error),
+        }
+    }
+
+    /// One intake transaction; fenced when `polled` names a term.
+    async fn record_intake(
+        &self,
+        polled: Option<PolledUnder>,
+        batch: &[RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> Result<Recorded, FencedError> {
+        let outcome = self.intake_transaction(polled, batch, reactions, claim_for, bot_username).await;
+        self.writes.observe(LedgerWrite::Intake, &outcome);
+        outcome?
+    }
+
+    async fn intake_transaction(
+        &self,
+        polled: Option<PolledUnder>,
+        batch: &[RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<Result<Recorded, FencedError>> {
+        let mut tx = self.pool.begin().await?;
+        if let Some(PolledUnder { term, bot_id, .. }) = polled {
+            match fence(&mut tx, term, bot_id).await {
+                Ok(()) => {}
+                Err(FencedError::Ledger(error)) => return Err(error),
+                // Nothing was written: the transaction ends with nothing in it.
+                Err(deposed) => return Ok(Err(deposed)),
+            }
+        }
+        // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
+        let plan = tasks::plan_batch(&mut tx, batch, bot_username).await?;
+        let quotes = quoted_trace_ids(&mut tx, batch).await?;
+        let ids = insert_rows(&mut tx, batch, &plan.tags, &quotes).await?;
+        // The tasks the batch starts, then its commands and edits in arrival order, in this
+        // transaction: a change and the messages around it are serialised.
+        let task_effects = tasks::record_batch_tasks(&mut tx, batch, &plan, &ids, bot_username).await?;
+        if let Some(PolledUnder { bot_id, next_offset, .. }) = polled {
+            set_offset(&mut tx, bot_id, next_offset).await?;
+        }
+        let mut claimed: Vec<StoredEnvelope> = if claim_for.is_empty() {
+            Vec::new()
+        } else {
+            let agents: Vec<&str> = claim_for.iter().map(|agent| agent.as_str()).collect();
+            let sql = concat!(
+                "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
+                 WHERE agent = ANY($1) AND state = 'queued' RETURNING ",
+                envelope_columns!()
+            );
+            sqlx::query_as(sql).bind(agents).fetch_all(&mut *tx).await?
+        };
+        // RETURNING gives no order guarantee.
+        claimed.sort_by_key(|row| row.id);
+        let reactions = reactions::record_reactions(&mut tx, reactions).await?;
+        tx.commit().await?;
+        Ok(Ok(Recorded { ids, claimed, task_effects, reactions }))
+    }
+}
+
+impl Recorded {
+    fn matched_to(self, batch: &[RoutedEnvelope]) -> RecordedBatch<'_> {
+        let inserted = batch.iter().zip(&self.ids).filter_map(|(routed, id)| id.map(|_| routed)).collect();
+        RecordedBatch {
+            inserted,
+            claimed: self.claimed,
+            task_effects: self.task_effects,
+            reactions: self.reactions,
+        }
+    }
+}
+
+fn describe(current: CurrentTerm) -> String {
+    match current {
+        CurrentTerm::None => "nobody leads it".to_owned(),
+        CurrentTerm::Term(term) => format!("the bot is at {term}"),
+    }
+}
+
+/// What each row's quote stands for, looked up in this transaction: the user's message as
+/// first recorded — in the ledger, else earlier in this batch — else the envelope the
+/// bot's quoted message answered. SQLite finds the same by looking each row's quote up
+/// after the rows before it are inserted; here the batch is one insert, so an earlier row
+/// of the batch is found in the batch.
+async fn quoted_trace_ids(
+    tx: &mut PgConnection,
+    batch: &[RoutedEnvelope],
+) -> LedgerResult<Vec<Option<TraceId>>> {
+    let mut quotes = Vec::with_capacity(batch.len());
+    for (index, routed) in batch.iter().enumerate() {
+        let e = &routed.envelope;
+        let Some(quoted) = &e.context.quoted else {
+            quotes.push(None);
+            continue;
+        };
+        let (chat_id, message_id) = (e.channel.chat_id, i64::from(quoted.message_id));
+        let found = match reactions::recorded_message(tx, chat_id, message_id).await? {
+            Some(trace_id) => Some(trace_id),
+            None => match earlier_in_batch(&batch[..index], chat_id, message_id) {
+                Some(trace_id) => Some(trace_id),
+                None => reactions::answered_by_bot_message(tx, chat_id, message_id)
+                    .await?
+                    .map(|(trace_id, _)| trace_id),
+            },
+        };
+        quotes.push(found);
+    }
+    Ok(quotes)
+}
+
+/// The first row of `earlier` that records the user's message `message_id` in `chat_id`.
+fn earlier_in_batch(earlier: &[RoutedEnvelope], chat_id: i64, message_id: i64) -> Option<TraceId> {
+    earlier
+        .iter()
+        .find(|routed| {
+            let e = &routed.envelope;
+            e.channel.chat_id == chat_id
+                && i64::from(e.message_id) == message_id
+                && routed.state != crate::ledger::EnvelopeState::Undecodable
+        })
+        .map(|routed| routed.envelope.trace_id.clone())
+}
+
+/// The batch's rows in one statement (a statement is a round trip here), deduplicated on
+/// (`update_id`, `update_digest`) as on SQLite. Returns each row's id, `None` for a row
+/// already stored (a re-poll, a delivery repeated).
+async fn insert_rows(
+    tx: &mut PgConnection,
+    batch: &[RoutedEnvelope],
+    tags: &[Option<(crate::ids::TaskId, i64)>],
+    quotes: &[Option<TraceId>],
+) -> LedgerResult<Vec<Option<i64>>> {
+    let rows = EnvelopeColumns::of(batch, tags, quotes);
+    let stored = sqlx::query(
+        "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
+         chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
+         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision, meta) \
+         SELECT trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
+         message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, now(), \
+         route, agent, state, now(), note, raw_update, task_id, revision, meta \
+         FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
+         $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], \
+         $14::text[], $15::text[], $16::timestamptz[], $17::text[], $18::text[], $19::text[], $20::text[], \
+         $21::text[], $22::text[], $23::bigint[], $24::text[]) WITH ORDINALITY \
+         AS batch (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
+         message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, route, \
+         agent, state, note, raw_update, task_id, revision, meta, position) \
+         ORDER BY position \
+         ON CONFLICT (update_id, update_digest) DO NOTHING \
+         RETURNING id, trace_id",
+    )
+    .bind(rows.trace_id)
+    .bind(rows.update_id)
+    .bind(rows.update_digest)
+    .bind(rows.kind)
+    .bind(rows.chat_id)
+    .bind(rows.thread_id)
+    .bind(rows.chat_type)
+    .bind(rows.chat_title)
+    .bind(rows.message_id)
+    .bind(rows.sender_id)
+    .bind(rows.sender_username)
+    .bind(rows.sender_name)
+    .bind(rows.text)
+    .bind(rows.attachments)
+    .bind(rows.content)
+    .bind(rows.sent_at)
+    .bind(rows.route)
+    .bind(rows.agent)
+    .bind(rows.state)
+    .bind(rows.note)
+    .bind(rows.raw_update)
+    .bind(rows.task_id)
+    .bind(rows.revision)
+    .bind(rows.meta)
+    .fetch_all(&mut *tx)
+    .await?;
+    // Trace ids are the batch's own and unique: they say which rows were new.
+    let mut ids: HashMap<String, i64> = HashMap::with_capacity(stored.len());
+    for row in stored {
+        ids.insert(row.try_get("trace_id")?, row.try_get("id")?);
+    }
+    Ok(batch.iter().map(|routed| ids.get(routed.envelope.trace_id.as_str()).copied()).collect())
+}
+
+/// A batch of envelopes column by column, as `UNNEST` takes it (and the tests' raw insert,
+/// the floor intake is measured against).
+#[derive(Default)]
+pub(super) struct EnvelopeColumns {
+    pub(super) trace_id: Vec<String>,
+    pub(super) update_id: Vec<i64>,
+    pub(super) update_digest: Vec<String>,
+    pub(super) kind: Vec<&'static str>,
+    pub(super) chat_id: Vec<i64>,
+    pub(super) thread_id: Vec<Option<i64>>,
+    pub(super) chat_type: Vec<&'static str>,
+    pub(super) chat_title: Vec<Option<String>>,
+    pub(super) message_id: Vec<i64>,
+    pub(super) sender_id: Vec<Option<i64>>,
+    pub(super) sender_username: Vec<Option<String>>,
+    pub(super) sender_name: Vec<String>,
+    pub(super) text: Vec<Option<String>>,
+    pub(super) attachments: Vec<String>,
+    pub(super) content: Vec<String>,
+    pub(super) sent_at: Vec<DateTime<Utc>>,
+    pub(super) route: Vec<Option<String>>,
+    pub(super) agent: Vec<Option<String>>,
+    pub(super) state: Vec<&'static str>,
+    pub(super) note: Vec<Option<String>>,
+    pub(super) raw_update: Vec<Option<String>>,
+    pub(super) task_id: Vec<Option<String>>,
+    pub(super) revision: Vec<Option<i64>>,
+    pub(super) meta: Vec<Option<String>>,
+}
+
+impl EnvelopeColumns {
+    /// The columns SQLite's intake writes (`ledger/sqlite/intake.rs`), from the same values.
+    pub(super) fn of(
+        batch: &[RoutedEnvelope],
+        tags: &[Option<(crate::ids::TaskId, i64)>],
+        quotes: &[Option<TraceId>],
+    ) -> Self {
+        let mut columns = Self::default();
+        for ((routed, tag), quote) in batch.iter().zip(tags).zip(quotes) {
+            let e = &routed.envelope;
+            columns.trace_id.push(e.trace_id.as_str().to_owned());
+            columns.update_id.push(e.update_id);
+            columns.update_digest.push(routed.update_digest.clone());
+            columns.kind.push(e.kind.as_str());
+            columns.chat_id.push(e.channel.chat_id);
+            columns.thread_id.push(e.channel.thread_id.map(i64::from));
+            columns.chat_type.push(e.chat_type.as_str());
+            columns.chat_title.push(e.chat_title.clone());
+            columns.message_id.push(i64::from(e.message_id));
+            columns.sender_id.push(e.sender.id);
+            columns.sender_username.push(e.sender.username.clone());
+            columns.sender_name.push(e.sender.name.clone());
+            columns.text.push(e.text.clone());
+            columns.attachments.push(serde_json::to_string(&e.attachments).unwrap_or_else(|_| "[]".into()));
+            columns.content.push(e.content());
+            // Telegram's times are whole seconds, as SQLite stores them.
+            columns.sent_at.push(e.sent_at.with_nanosecond(0).unwrap_or(e.sent_at));
+            columns.route.push(routed.route.as_ref().map(RouteName::as_str).map(str::to_owned));
+            columns.agent.push(routed.agent.as_ref().map(AgentName::as_str).map(str::to_owned));
+            columns.state.push(routed.state.as_str());
+            columns.note.push(routed.note.clone());
+            columns.raw_update.push(routed.raw_update.clone());
+            columns.task_id.push(tag.as_ref().map(|(task_id, _)| task_id.as_str().to_owned()));
+            columns.revision.push(tag.as_ref().map(|(_, revision)| *revision));
+            let meta = e.context.meta(quote.as_ref().map(TraceId::as_str));
+            columns.meta.push(meta.map(|meta| serde_json::Value::Object(meta).to_string()));
+        }
+        columns
+    }
+}
+
+#[async_trait]
+impl Intake for PgLedger {
+    async fn next_offset(&self, bot_id: i64) -> LedgerResult<Option<i64>> {
+        Ok(sqlx::query_scalar("SELECT next_offset FROM poller_offsets WHERE bot_id = $1")
+            .bind(bot_id)
+            .fetch_optional(&self.pool)
+            .await?)
+    }
+
+    async fn record_batch<'a>(
+        &self,
+        bot_id: i64,
+        next_offset: i64,
+        batch: &'a [RoutedEnvelope],
+    ) -> LedgerResult<Vec<&'a RoutedEnvelope>> {
+        Ok(self.record_polled(bot_id, next_offset, batch, &[], &[], None).await?.inserted)
+    }
+
+    async fn record_batch_handing_over<'a>(
+        &self,
+        bot_id: i64,
+        next_offset: i64,
+        batch: &'a [RoutedEnvelope],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>> {
+        self.record_polled(bot_id, next_offset, batch, &[], claim_for, bot_username).await
+    }
+
+    async fn record_batch_with_reactions<'a>(
+        &self,
+        bot_id: i64,
+        next_offset: i64,
+        batch: &'a [RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>> {
+        self.record_polled(bot_id, next_offset, batch, reactions, claim_for, bot_username).await
+    }
+
+    async fn record_pushed_batch<'a>(
+        &self,
+        batch: &'a [RoutedEnvelope],
+        reactions: &[RoutedReaction],
+        claim_for: &[&AgentName],
+        bot_username: Option<&str>,
+    ) -> LedgerResult<RecordedBatch<'a>> {
+        match self.record_intake(None, batch, reactions, claim_for, bot_username).await {
+            Ok(recorded) => Ok(recorded.matched_to(batch)),
+            Err(FencedError::Ledger(error)) => Err(error),
+            // Only a polled batch is fenced; kept total all the same.
+            Err(deposed @ FencedError::Deposed { .. }) => Err(LedgerError::other(deposed.to_string())),
+        }
+    }
+
+    async fn raw_update(&self, trace_id: &TraceId) -> LedgerResult<Option<String>> {
+        let raw: Option<Option<String>> =
+            sqlx::query_scalar("SELECT raw_update FROM envelopes WHERE trace_id = $1")
+                .bind(trace_id)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(raw.flatten())
+    }
+}

@@ -1,0 +1,108 @@
+//! What a user's quote or reaction refers to, on PostgreSQL, looked up inside intake's
+//! transaction as on SQLite (`sqlite/reactions.rs`, whose documentation says what these
+//! mean): a quote or a reaction of the same batch finds what came before it.
+
+use sqlx::{PgConnection, Row};
+
+use crate::domain::{RoutedReaction, StoredReaction};
+use crate::ids::TraceId;
+use crate::ledger::LedgerResult;
+use crate::telegram::envelope::Reaction;
+
+/// The envelope a message the bot sent in `chat_id` answered, and the agent it answered
+/// for: the first reply attempt Telegram confirmed with that message id.
+pub(super) async fn answered_by_bot_message(
+    tx: &mut PgConnection,
+    chat_id: i64,
+    message_id: i64,
+) -> LedgerResult<Option<(TraceId, String)>> {
+    Ok(sqlx::query_as(
+        "SELECT e.trace_id, a.agent FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+         WHERE a.chat_id = $1 AND a.telegram_message_id = $2 AND a.purpose = 'reply' ORDER BY a.id LIMIT 1",
+    )
+    .bind(chat_id)
+    .bind(message_id)
+    .fetch_optional(&mut *tx)
+    .await?)
+}
+
+/// The trace id of the user's message `message_id` in `chat_id` as first recorded (not a
+/// later edit of it), if the ledger holds it.
+pub(super) async fn recorded_message(
+    tx: &mut PgConnection,
+    chat_id: i64,
+    message_id: i64,
+) -> LedgerResult<Option<TraceId>> {
+    Ok(sqlx::query_scalar(
+        "SELECT trace_id FROM envelopes WHERE chat_id = $1 AND message_id = $2 AND update_id IS NOT NULL \
+         AND state <> 'undecodable' ORDER BY id LIMIT 1",
+    )
+    .bind(chat_id)
+    .bind(message_id)
+    .fetch_optional(&mut *tx)
+    .await?)
+}
+
+/// Why a reaction reaches no agent, or `None` when it is addressed to one.
+fn ignored_because(reaction: &Reaction, answered: Option<&(TraceId, String)>) -> Option<&'static str> {
+    if reaction.emoji.is_empty() {
+        Some("reaction removed: none is set now")
+    } else if answered.is_none() {
+        Some("reaction on a message the bot did not send for an agent")
+    } else {
+        None
+    }
+}
+
+/// Stores the batch's reactions, inside intake's transaction; returns those newly owed
+/// to an agent. A re-polled reaction is skipped.
+pub(super) async fn record_reactions(
+    tx: &mut PgConnection,
+    reactions: &[RoutedReaction],
+) -> LedgerResult<Vec<StoredReaction>> {
+    let mut owed = Vec::new();
+    for routed in reactions {
+        let r = &routed.reaction;
+        let emoji = r.emoji.join(" ");
+        let answered = answered_by_bot_message(tx, r.chat_id, i64::from(r.message_id)).await?;
+        let note = ignored_because(r, answered.as_ref());
+        let (agent, trace_id) = match (note, answered) {
+            (None, Some((trace_id, agent))) => (Some(agent), Some(trace_id)),
+            _ => (None, None),
+        };
+        let stored = sqlx::query(
+            "INSERT INTO reactions (update_id, update_digest, chat_id, message_id, user_id, \"user\", emoji, \
+             reacted_at, received_at, agent, trace_id, state, note) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10, $11, $12) \
+             ON CONFLICT (update_id, update_digest) DO NOTHING RETURNING id",
+        )
+        .bind(r.update_id)
+        .bind(&routed.update_digest)
+        .bind(r.chat_id)
+        .bind(i64::from(r.message_id))
+        .bind(r.user_id)
+        .bind(&r.user)
+        .bind(&emoji)
+        .bind(r.date)
+        .bind(&agent)
+        .bind(&trace_id)
+        .bind(if note.is_some() { "ignored" } else { "owed" })
+        .bind(note)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if let (Some(row), Some(agent), Some(trace_id)) = (stored, agent, trace_id) {
+            owed.push(StoredReaction {
+                id: row.try_get("id")?,
+                agent,
+                trace_id,
+                chat_id: r.chat_id,
+                message_id: i64::from(r.message_id),
+                user_id: r.user_id,
+                user: r.user.clone(),
+                emoji,
+                reacted_at: r.date,
+            });
+        }
+    }
+    Ok(owed)
+}
