@@ -14,13 +14,16 @@
 //! transaction reads the new term: a deposed leader's late write fails with
 //! [`FencedError::Deposed`] and changes nothing, however late it comes.
 
+mod attempts;
 #[cfg(test)]
 mod conformance;
 mod envelopes;
 mod error;
+mod inspect;
 mod intake;
 pub mod leadership;
 mod permissions;
+mod questions;
 mod reactions;
 #[cfg(test)]
 mod replica_races;

@@ -137,7 +137,6 @@ impl FromRow<'_, PgRow> for StoredEnvelope {
 /// The columns of a [`StoredAttempt`], of the attempts aliased `a` (the statements that
 /// read them join envelopes, whose column names overlap), in the order of SQLite's
 /// `attempt_columns!`.
-#[allow(unused_macros)] // for the attempt, reaction and question rows, built next
 macro_rules! attempt_columns {
     () => {
         "a.op_id, a.request_id, a.method, a.target_message_id, a.chat_id, a.thread_id, a.reply_to_message_id, \
@@ -145,7 +144,6 @@ macro_rules! attempt_columns {
          a.finished_at, a.reconciled_outcome, a.reconciled_reason"
     };
 }
-#[allow(unused_imports)]
 pub(super) use attempt_columns;
 
 impl FromRow<'_, PgRow> for StoredAttempt {
@@ -187,13 +185,11 @@ impl FromRow<'_, PgRow> for StoredEvent {
 }
 
 /// The columns of a [`StoredReaction`]; `user` is a reserved word here, hence quoted.
-#[allow(unused_macros)] // for the attempt, reaction and question rows, built next
 macro_rules! reaction_columns {
     () => {
         "id, agent, trace_id, chat_id, message_id, user_id, \"user\", emoji, reacted_at"
     };
 }
-#[allow(unused_imports)]
 pub(super) use reaction_columns;
 
 impl FromRow<'_, PgRow> for StoredReaction {
@@ -225,14 +221,12 @@ impl FromRow<'_, PgRow> for ReactionAudit {
 }
 
 /// The columns of a [`StoredQuestion`], in the order of SQLite's `question_columns!`.
-#[allow(unused_macros)] // for the attempt, reaction and question rows, built next
 macro_rules! question_columns {
     () => {
         "id, op_id, envelope_id, trace_id, sent_chat_id, sent_at, sent_text, state, chat_id, thread_id, \
          prompt_send, prompt_message_id, prompt_settled, answered_by_name, answered_at"
     };
 }
-#[allow(unused_imports)]
 pub(super) use question_columns;
 
 impl FromRow<'_, PgRow> for StoredQuestion {
