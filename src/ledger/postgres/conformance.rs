@@ -1,6 +1,5 @@
 //! The conformance suite (`crate::ledger::conformance`) on PostgreSQL: each rule on a
-//! fresh schema of the machine's server, dropped when the rule ends. The concerns run here
-//! are those this backend implements (see `unbuilt.rs` for the rest).
+//! fresh schema of the machine's server, dropped when the rule ends.
 
 use std::sync::Arc;
 
@@ -51,7 +50,7 @@ const RULES_BOTS: std::ops::RangeInclusive<i64> = 1..=9;
 /// Makes the ledger the polling leader of [`RULES_BOTS`] in term 1, as an election would
 /// (`leadership`), so the rules' polled batches pass the fence: the rules are about what a
 /// leader's intake records, and elections have tests of their own (`tests.rs`).
-async fn lead_the_rules_bots(ledger: &PgLedger) {
+pub(super) async fn lead_the_rules_bots(ledger: &PgLedger) {
     for bot_id in RULES_BOTS {
         sqlx::query(
             "INSERT INTO poller_leases (bot_id, term, holder, holder_pid, elected_at, renewed_at, expires_at) \
@@ -65,4 +64,4 @@ async fn lead_the_rules_bots(ledger: &PgLedger) {
     }
 }
 
-crate::ledger::conformance::suite!(Postgres; envelopes, tasks, handoffs, rooms, retention, sessions);
+crate::ledger::conformance::suite!(Postgres);

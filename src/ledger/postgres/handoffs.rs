@@ -332,7 +332,6 @@ impl Handoffs for PgLedger {
 
 /// Settles, inside a reply's transaction, the pending answers made on behalf of the
 /// envelope the reply answered: one reply to the human answers them all.
-#[allow(dead_code)] // for the reply's transaction (`attempts`), built next
 pub(super) async fn settle_answers_for(
     tx: &mut PgConnection,
     cause_envelope_id: i64,

@@ -2,11 +2,10 @@
 //! ledger's statements, the schema of `migrations/postgres/` applied when it connects, and
 //! polling leadership across replicas (`leadership`) with the writes it fences.
 //!
-//! What exists so far is the groundwork: the whole schema, connecting, the error mapping
-//! (`error`), leadership with a fenced term, and the two writes of the poller that the
-//! term fences, [`PgLedger::commit_offset`] and [`PgLedger::record_updates`]. The rest of the
-//! ledger's operations come when this backend implements the storage seam (`ledger::seam`)
-//! and passes the conformance suite (`ledger::conformance`).
+//! `PgLedger` implements the storage seam (`ledger::seam`), one file per concern as on
+//! SQLite, and passes the conformance suite (`ledger::conformance`). Where SQLite's one
+//! writer serialised a rule, each file says what keeps two replicas from both winning here
+//! (docs/deploy-postgres.md lists them). The daemon does not open this backend yet.
 //!
 //! **Fencing.** A fenced transaction takes the bot's lease row `FOR SHARE` first and goes on
 //! only while it names the caller's term; an election `UPDATE`s that row. So an election
@@ -14,15 +13,21 @@
 //! transaction reads the new term: a deposed leader's late write fails with
 //! [`FencedError::Deposed`] and changes nothing, however late it comes.
 
+mod attempts;
 #[cfg(test)]
 mod conformance;
 mod envelopes;
 mod error;
 mod handoffs;
+mod inspect;
 mod intake;
 pub mod leadership;
+mod permissions;
 mod prune;
+mod questions;
 mod reactions;
+#[cfg(test)]
+mod replica_races;
 mod rooms;
 mod rows;
 mod sessions;
@@ -31,7 +36,6 @@ mod tasks;
 mod test_support;
 #[cfg(test)]
 mod tests;
-mod unbuilt;
 
 use std::collections::HashMap;
 use std::str::FromStr;

@@ -1,12 +1,21 @@
 //! What a user's quote or reaction refers to, on PostgreSQL, looked up inside intake's
 //! transaction as on SQLite (`sqlite/reactions.rs`, whose documentation says what these
-//! mean): a quote or a reaction of the same batch finds what came before it.
+//! mean): a quote or a reaction of the same batch finds what came before it. Intake stores
+//! reactions; [`Reactions`] hands them over.
+//!
+//! **Races.** A reaction is handed to the agent's one session (one per agent across
+//! replicas, DESIGN §16); marking it delivered is a conditional update (`state = 'owed'`),
+//! so a second marking changes nothing.
 
+use async_trait::async_trait;
 use sqlx::{PgConnection, Row};
 
-use crate::domain::{RoutedReaction, StoredReaction};
-use crate::ids::TraceId;
+use super::PgLedger;
+use super::rows::reaction_columns;
+use crate::domain::{ReactionAudit, RoutedReaction, StoredReaction};
+use crate::ids::{AgentName, TraceId};
 use crate::ledger::LedgerResult;
+use crate::ledger::prelude::*;
 use crate::telegram::envelope::Reaction;
 
 /// The envelope a message the bot sent in `chat_id` answered, and the agent it answered
@@ -105,4 +114,34 @@ pub(super) async fn record_reactions(
         }
     }
     Ok(owed)
+}
+
+#[async_trait]
+impl Reactions for PgLedger {
+    async fn owed_reactions(&self, agent: &AgentName) -> LedgerResult<Vec<StoredReaction>> {
+        let sql = concat!(
+            "SELECT ",
+            reaction_columns!(),
+            " FROM reactions WHERE agent = $1 AND state = 'owed' ORDER BY id"
+        );
+        Ok(sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?)
+    }
+
+    async fn reactions_delivered(&self, ids: &[i64]) -> LedgerResult<()> {
+        if ids.is_empty() {
+            return Ok(());
+        }
+        // One statement for them all: it is one transaction, as SQLite's loop is.
+        sqlx::query("UPDATE reactions SET state = 'delivered', delivered_at = now() WHERE id = ANY($1) AND state = 'owed'")
+            .bind(ids)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    async fn reactions_recorded(&self) -> LedgerResult<Vec<ReactionAudit>> {
+        Ok(sqlx::query_as("SELECT state, agent, trace_id, emoji, note FROM reactions ORDER BY id")
+            .fetch_all(&self.pool)
+            .await?)
+    }
 }

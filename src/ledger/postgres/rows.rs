@@ -9,7 +9,10 @@ use sqlx::error::BoxDynError;
 use sqlx::postgres::{PgArgumentBuffer, PgRow, PgTypeInfo, PgValueRef};
 use sqlx::{Decode, Encode, FromRow, Postgres, Row, Type};
 
-use crate::domain::StoredEnvelope;
+use crate::domain::{
+    ReactionAudit, StoredAttempt, StoredEnvelope, StoredEvent, StoredPermission, StoredQuestion,
+    StoredReaction,
+};
 use crate::ids::{AttemptId, CascadeId, HandoffId, TaskId, TraceId};
 
 macro_rules! id_columns {
@@ -69,6 +72,19 @@ pub(super) fn optional_json<T: serde::de::DeserializeOwned>(
     })
 }
 
+/// A `BIGINT` column the domain holds as `i32` (a Telegram message or thread id), read
+/// strictly: a value out of `i32`'s range is an error naming the column, never truncated.
+pub(super) fn optional_i32(row: &PgRow, column: &str) -> sqlx::Result<Option<i32>> {
+    row.try_get::<Option<i64>, _>(column)?
+        .map(|value| {
+            i32::try_from(value).map_err(|error| sqlx::Error::ColumnDecode {
+                index: column.to_owned(),
+                source: format!("{value}: {error}").into(),
+            })
+        })
+        .transpose()
+}
+
 fn parse_text_enum<T: serde::de::DeserializeOwned>(column: &str, text: &str) -> sqlx::Result<T> {
     T::deserialize(serde::de::value::StrDeserializer::<serde::de::value::Error>::new(text))
         .map_err(|error| sqlx::Error::ColumnDecode { index: column.to_owned(), source: Box::new(error) })
@@ -113,6 +129,163 @@ impl FromRow<'_, PgRow> for StoredEnvelope {
             task_id: row.try_get("task_id")?,
             revision: row.try_get("revision")?,
             meta: row.try_get("meta")?,
+        })
+    }
+}
+
+/// The columns of a [`StoredAttempt`], of the attempts aliased `a` (the statements that
+/// read them join envelopes, whose column names overlap), in the order of SQLite's
+/// `attempt_columns!`.
+macro_rules! attempt_columns {
+    () => {
+        "a.op_id, a.request_id, a.method, a.target_message_id, a.chat_id, a.thread_id, a.reply_to_message_id, \
+         a.chunk_index, a.chunk_count, a.text, a.outcome, a.telegram_message_id, a.error, a.started_at, \
+         a.finished_at, a.reconciled_outcome, a.reconciled_reason"
+    };
+}
+pub(super) use attempt_columns;
+
+impl FromRow<'_, PgRow> for StoredAttempt {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            op_id: row.try_get("op_id")?,
+            request_id: row.try_get("request_id")?,
+            method: text_enum(row, "method")?,
+            target_message_id: row.try_get("target_message_id")?,
+            chat_id: row.try_get("chat_id")?,
+            thread_id: row.try_get("thread_id")?,
+            reply_to_message_id: row.try_get("reply_to_message_id")?,
+            chunk_index: row.try_get("chunk_index")?,
+            chunk_count: row.try_get("chunk_count")?,
+            text: row.try_get("text")?,
+            outcome: text_enum(row, "outcome")?,
+            telegram_message_id: row.try_get("telegram_message_id")?,
+            error: row.try_get("error")?,
+            started_at: row.try_get("started_at")?,
+            finished_at: row.try_get("finished_at")?,
+            reconciled_outcome: optional_text_enum(row, "reconciled_outcome")?,
+            reconciled_reason: row.try_get("reconciled_reason")?,
+        })
+    }
+}
+
+/// An envelope's event. Its time is text in the domain (what `switchboard ledger events`
+/// prints), written as SQLite stores it (`clock::text`).
+impl FromRow<'_, PgRow> for StoredEvent {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            at: crate::clock::text(row.try_get("at")?),
+            from_state: row.try_get("from_state")?,
+            to_state: row.try_get("to_state")?,
+            actor: row.try_get("actor")?,
+            reason: row.try_get("reason")?,
+        })
+    }
+}
+
+/// The columns of a [`StoredReaction`]; `user` is a reserved word here, hence quoted.
+macro_rules! reaction_columns {
+    () => {
+        "id, agent, trace_id, chat_id, message_id, user_id, \"user\", emoji, reacted_at"
+    };
+}
+pub(super) use reaction_columns;
+
+impl FromRow<'_, PgRow> for StoredReaction {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            agent: row.try_get("agent")?,
+            trace_id: row.try_get("trace_id")?,
+            chat_id: row.try_get("chat_id")?,
+            message_id: row.try_get("message_id")?,
+            user_id: row.try_get("user_id")?,
+            user: row.try_get("user")?,
+            emoji: row.try_get("emoji")?,
+            reacted_at: row.try_get("reacted_at")?,
+        })
+    }
+}
+
+impl FromRow<'_, PgRow> for ReactionAudit {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            state: row.try_get("state")?,
+            agent: row.try_get("agent")?,
+            trace_id: row.try_get("trace_id")?,
+            emoji: row.try_get("emoji")?,
+            note: row.try_get("note")?,
+        })
+    }
+}
+
+/// The columns of a [`StoredQuestion`], in the order of SQLite's `question_columns!`.
+macro_rules! question_columns {
+    () => {
+        "id, op_id, envelope_id, trace_id, sent_chat_id, sent_at, sent_text, state, chat_id, thread_id, \
+         prompt_send, prompt_message_id, prompt_settled, answered_by_name, answered_at"
+    };
+}
+pub(super) use question_columns;
+
+impl FromRow<'_, PgRow> for StoredQuestion {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            op_id: row.try_get("op_id")?,
+            envelope_id: row.try_get("envelope_id")?,
+            trace_id: row.try_get("trace_id")?,
+            sent_chat_id: row.try_get("sent_chat_id")?,
+            sent_at: row.try_get("sent_at")?,
+            sent_text: row.try_get("sent_text")?,
+            state: text_enum(row, "state")?,
+            chat_id: row.try_get("chat_id")?,
+            thread_id: optional_i32(row, "thread_id")?,
+            prompt_send: text_enum(row, "prompt_send")?,
+            prompt_message_id: optional_i32(row, "prompt_message_id")?,
+            prompt_settled: row.try_get("prompt_settled")?,
+            answered_by_name: row.try_get("answered_by_name")?,
+            answered_at: row.try_get("answered_at")?,
+        })
+    }
+}
+
+/// The columns of a [`StoredPermission`], in the order of SQLite's `permission_columns!`.
+macro_rules! permission_columns {
+    () => {
+        "id, agent, session_id, plugin_id, request_id, tool_name, description, input_preview, asked_at, \
+         expires_at, state, route, chat_id, thread_id, prompt_send, prompt_message_id, prompt_error, \
+         prompt_settled, answered_by, answered_by_name, answered_at, expired_because, verdict_sent_at"
+    };
+}
+pub(super) use permission_columns;
+
+impl FromRow<'_, PgRow> for StoredPermission {
+    fn from_row(row: &PgRow) -> sqlx::Result<Self> {
+        Ok(Self {
+            id: row.try_get("id")?,
+            agent: row.try_get("agent")?,
+            session_id: row.try_get("session_id")?,
+            plugin_id: row.try_get("plugin_id")?,
+            request_id: row.try_get("request_id")?,
+            tool_name: row.try_get("tool_name")?,
+            description: row.try_get("description")?,
+            input_preview: row.try_get("input_preview")?,
+            asked_at: row.try_get("asked_at")?,
+            expires_at: row.try_get("expires_at")?,
+            state: text_enum(row, "state")?,
+            route: row.try_get("route")?,
+            chat_id: row.try_get("chat_id")?,
+            thread_id: optional_i32(row, "thread_id")?,
+            prompt_send: text_enum(row, "prompt_send")?,
+            prompt_message_id: optional_i32(row, "prompt_message_id")?,
+            prompt_error: row.try_get("prompt_error")?,
+            prompt_settled: row.try_get("prompt_settled")?,
+            answered_by: row.try_get("answered_by")?,
+            answered_by_name: row.try_get("answered_by_name")?,
+            answered_at: row.try_get("answered_at")?,
+            expired_because: row.try_get("expired_because")?,
+            verdict_sent_at: row.try_get("verdict_sent_at")?,
         })
     }
 }
