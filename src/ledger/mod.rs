@@ -19,6 +19,7 @@ pub mod postgres;
 mod prune_batches;
 pub mod seam;
 pub mod sqlite;
+mod task_rows;
 mod write_watch;
 
 #[cfg(test)]

@@ -11,7 +11,6 @@
 use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
-use serde_json::json;
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
 
@@ -23,6 +22,9 @@ use crate::domain::{
 };
 use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::prelude::*;
+use crate::ledger::task_rows::{
+    Carrier, Conversation, answer_key, belongs_to_a_task, carrier_of, plain_work, sender_of, snapshot_json,
+};
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
@@ -141,30 +143,7 @@ macro_rules! close_if_finished {
     };
 }
 
-/// The envelope a change came with: turned into the task's `revision` envelope (a human
-/// message or edit), or kept as it is and re-tagged (an agent's declaration about it).
-#[derive(Debug, Clone)]
-struct Carrier {
-    id: i64,
-    trace_id: TraceId,
-    message_id: Option<i64>,
-    chat_id: i64,
-    thread_id: Option<i64>,
-    route: String,
-    agent: String,
-    /// Whether the carrier becomes a `revision` envelope (a human's command or edit).
-    rewrite: bool,
-}
-
 // ---- intake ----
-
-/// Whether a newly stored row is a human message of a single-agent conversation, which
-/// belongs to a task.
-fn belongs_to_a_task(routed: &RoutedEnvelope) -> bool {
-    routed.state == EnvelopeState::Queued
-        && routed.agent.is_some()
-        && matches!(routed.envelope.kind, EnvelopeKind::Message | EnvelopeKind::EditedMessage)
-}
 
 /// The tasks of a batch's human messages, decided before its rows are inserted so that
 /// each plain message is stored with its task in the batch's one insert, as on SQLite
@@ -178,17 +157,6 @@ pub(super) struct BatchTasks {
     starts: Vec<(TaskId, usize)>,
     /// Rows for [`take_in`], in order.
     later: Vec<usize>,
-}
-
-/// A conversation: chat, topic, agent.
-type Conversation = (i64, Option<i64>, String);
-
-/// Whether a human message is plainly work: not an edit and not a command.
-fn plain_work(routed: &RoutedEnvelope, bot_username: Option<&str>) -> bool {
-    let e = &routed.envelope;
-    let text = e.text.as_deref().unwrap_or_default();
-    e.kind == EnvelopeKind::Message
-        && revisions::parse_command(text, bot_username.unwrap_or_default()).is_none()
 }
 
 /// Plans [`BatchTasks`] for `batch`; reads each conversation's open task once (and marks
@@ -267,26 +235,6 @@ pub(super) async fn record_batch_tasks(
         effects.extend(take_in(tx, &batch[*index], id, bot_username).await?);
     }
     Ok(effects)
-}
-
-/// The sender as the lineage names them: @username, else their name.
-fn sender_of(routed: &RoutedEnvelope) -> String {
-    let sender = &routed.envelope.sender;
-    sender.username.as_ref().map_or_else(|| sender.name.clone(), |u| format!("@{u}"))
-}
-
-fn carrier_of(routed: &RoutedEnvelope, id: i64) -> Carrier {
-    let e = &routed.envelope;
-    Carrier {
-        id,
-        trace_id: e.trace_id.clone(),
-        message_id: Some(i64::from(e.message_id)),
-        chat_id: e.channel.chat_id,
-        thread_id: e.channel.thread_id.map(i64::from),
-        route: routed.route.as_ref().map(ToString::to_string).unwrap_or_default(),
-        agent: routed.agent.as_ref().map(ToString::to_string).unwrap_or_default(),
-        rewrite: true,
-    }
 }
 
 /// Gives a newly stored human message (row `id`) its task, or applies the change it
@@ -596,16 +544,6 @@ async fn record_revision(
     Ok(())
 }
 
-/// A task's effects as a revision's snapshot stores them.
-fn snapshot_json(effects: &TaskEffects) -> String {
-    json!({
-        "confirmed": effects.confirmed.iter().map(|(op, message)| json!({"op_id": op, "message_id": message})).collect::<Vec<_>>(),
-        "unresolved": effects.unresolved,
-        "open_handoffs": effects.open_handoffs.iter().map(|(id, to)| json!({"handoff_id": id, "to": to})).collect::<Vec<_>>(),
-    })
-    .to_string()
-}
-
 /// A handled command or edit: acked by the switchboard, never work for the agent.
 async fn settle_carrier(tx: &mut PgConnection, carrier: &Carrier, note: &str) -> LedgerResult<()> {
     transition_in(
@@ -652,11 +590,6 @@ async fn owe_post(
     .execute(&mut *tx)
     .await?;
     Ok(TaskEffect::Say(post))
-}
-
-/// The key of the bot's answer to a message (a `/status`, or why nothing changed).
-fn answer_key(carrier: &Carrier) -> String {
-    format!("{}/answer", carrier.trace_id)
 }
 
 // ---- changes ----
