@@ -128,3 +128,28 @@ async fn two_replicas_reconciling_one_envelope_at_once_settle_it_once() {
     }
     close(schema, one, two).await;
 }
+
+/// Two replicas taking in a message of one conversation at the same moment (two webhook
+/// deliveries, say): the conversation gets one task, which both messages belong to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_taking_in_one_conversation_at_once_start_one_task() {
+    let (schema, one, two) = two_replicas().await;
+    for round in 0..ROUNDS as i64 {
+        let in_chat = |update_id: i64| {
+            let mut message = routed(update_id, EnvelopeState::Queued);
+            message.envelope.channel.chat_id = 1_000 + round;
+            message
+        };
+        let (first, second) = ([in_chat(2 * round + 1)], [in_chat(2 * round + 2)]);
+        let (a, b) = tokio::join!(
+            one.record_pushed_batch(&first, &[], &[], None),
+            two.record_pushed_batch(&second, &[], &[], None)
+        );
+        assert_eq!((a.unwrap().inserted.len(), b.unwrap().inserted.len()), (1, 1));
+        let first = one.find(&first[0].envelope.trace_id).await.unwrap().unwrap();
+        let second = one.find(&second[0].envelope.trace_id).await.unwrap().unwrap();
+        assert!(first.task_id.is_some(), "round {round}: a message is work of a task");
+        assert_eq!(first.task_id, second.task_id, "round {round}: one conversation, one task");
+    }
+    close(schema, one, two).await;
+}
