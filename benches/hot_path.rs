@@ -53,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{ClientRequest, PingRequest};
 use switchboard::app::reported_api_address;
-use switchboard::config::Synchronous;
+use switchboard::config::{Database, Synchronous};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RouteName, TraceId};
 use switchboard::ledger::sqlite::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
@@ -539,7 +539,7 @@ struct LedgerWork {
 impl LedgerWork {
     async fn measure(messages: usize) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
-        let ledger = switchboard::ledger::open(&dir.path().join("work.db"), Synchronous::Normal)
+        let ledger = switchboard::ledger::open(&Database::Sqlite(dir.path().join("work.db")), Synchronous::Normal)
             .await
             .expect("creating the ledger");
         let agent = AgentName::parse(AGENT).expect("the agent's name");
@@ -713,7 +713,7 @@ struct Row {
 async fn raw_insert_run(params: &Params) -> Duration {
     let dir = tempfile::tempdir().expect("creating a temporary directory");
     let path = dir.path().join("raw.db");
-    switchboard::ledger::open(&path, Synchronous::Normal).await.expect("creating the ledger").close().await;
+    switchboard::ledger::open(&Database::Sqlite(path.clone()), Synchronous::Normal).await.expect("creating the ledger").close().await;
     let mut connection = rusqlite::Connection::open(&path).expect("opening the raw connection");
     connection
         .execute_batch(&format!(

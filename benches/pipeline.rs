@@ -35,7 +35,7 @@ use std::time::{Duration, Instant};
 use switchboard::agents::api::client::{DaemonClient, SessionStream};
 use switchboard::agents::api::wire::{DeliveredEnvelope, HandoffRequest, ReplyRequest, SessionEvent};
 use switchboard::app::reported_api_address;
-use switchboard::config::Synchronous;
+use switchboard::config::{Database, Synchronous};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN, UserSpec};
 use switchboard::ids::{AgentName, RequestId, Secret};
 use switchboard::ledger::{AttemptState, EnvelopeKind, EnvelopeState};
@@ -496,7 +496,7 @@ async fn next_envelope(session: &mut SessionStream) -> DeliveredEnvelope {
 /// matches with a chance far below one in a billion. Returns how long it took.
 async fn prepopulate(database: &Path, rows: usize) -> Duration {
     let started = Instant::now();
-    switchboard::ledger::open(database, Synchronous::Normal)
+    switchboard::ledger::open(&Database::Sqlite(database.to_path_buf()), Synchronous::Normal)
         .await
         .expect("creating the ledger")
         .close()

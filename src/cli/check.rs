@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use crate::config::{ConfigWarning, Settings};
+use crate::config::{ConfigWarning, Database, Settings};
 use crate::ledger::files;
 use crate::rules::routes::{Audience, RouteTarget};
 
@@ -15,7 +15,14 @@ pub(super) fn check(path: &Path) -> anyhow::Result<()> {
     println!("{}: configuration is valid", path.display());
     println!("telegram api: {}", settings.telegram.api_url);
     println!("local api:    {}", settings.api.listen);
-    println!("database:     {}", settings.storage.database.display());
+    println!("database:     {}", settings.storage.database);
+    if let Database::Postgres(postgres) = &settings.storage.database {
+        println!(
+            "replica:      {} (leads the bot or stands by; a lease lasts {}s)",
+            postgres.replica,
+            postgres.lease.duration().as_secs()
+        );
+    }
     match settings.storage.retain {
         Some(retain) => println!(
             "retention:    prunes what finished more than {} day(s) ago, every {}s",
@@ -48,7 +55,10 @@ pub(super) fn check(path: &Path) -> anyhow::Result<()> {
 /// users could read (reported, not changed: `run` tightens them).
 fn check_warnings(settings: &Settings) -> Vec<ConfigWarning> {
     let mut warnings = settings.warnings();
-    match files::loose_files(&settings.storage.database) {
+    let Database::Sqlite(database) = &settings.storage.database else {
+        return warnings;
+    };
+    match files::loose_files(database) {
         Ok(loose) => warnings.extend(loose.into_iter().map(|file| ConfigWarning {
             key: "storage.database".into(),
             problem: format!(
@@ -60,7 +70,7 @@ fn check_warnings(settings: &Settings) -> Vec<ConfigWarning> {
         })),
         Err(e) => warnings.push(ConfigWarning {
             key: "storage.database".into(),
-            problem: format!("cannot check the permissions of {}: {e}", settings.storage.database.display()),
+            problem: format!("cannot check the permissions of {}: {e}", database.display()),
         }),
     }
     warnings

@@ -7,7 +7,7 @@ use anyhow::Context;
 use clap::Subcommand;
 
 use crate::clock::text;
-use crate::config::{ConfigError, Settings};
+use crate::config::{ConfigError, Database, Settings};
 use crate::ids::{CascadeId, TaskId, TraceId};
 use crate::ledger::EnvelopeState;
 use crate::ledger::{Ledger, ListFilter, PruneReport, Reconciliation, StoredCascade, TurnEnding};
@@ -98,21 +98,25 @@ pub(super) async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Resul
     let settings = Settings::load(path)?;
     let database = &settings.storage.database;
     // Only the daemon creates a ledger: here a missing file is a mistyped path (or the
-    // wrong working directory), and an empty ledger would only hide that.
-    let exists = database
-        .try_exists()
-        .with_context(|| format!("cannot look for the ledger database {}", database.display()))?;
-    if !exists {
-        return Err(missing_ledger(&settings).into());
+    // wrong working directory), and an empty ledger would only hide that. (PostgreSQL's
+    // opening checks the schema holds a ledger.)
+    if let Database::Sqlite(file) = database {
+        let exists = file
+            .try_exists()
+            .with_context(|| format!("cannot look for the ledger database {}", file.display()))?;
+        if !exists {
+            return Err(missing_ledger(&settings, file).into());
+        }
     }
-    let ledger = crate::ledger::open_existing(database, settings.storage.synchronous).await?;
+    let ledger = crate::ledger::open_existing(database, settings.storage.synchronous)
+        .await
+        .with_context(|| format!("opening the ledger {database}"))?;
     let result = ledger_command(&ledger, command).await;
     ledger.close().await;
     result
 }
 
-fn missing_ledger(settings: &Settings) -> ConfigError {
-    let database = &settings.storage.database;
+fn missing_ledger(settings: &Settings, database: &Path) -> ConfigError {
     let relative = if database.is_relative() {
         std::env::current_dir()
             .map(|dir| format!(" (relative to the working directory {})", dir.display()))

@@ -14,7 +14,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::Daemon;
+use crate::app::{Daemon, LedgerHold, Taken};
 use crate::config::{LogFormat, Settings};
 use crate::telemetry;
 
@@ -138,8 +138,21 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
     // action that kills the process with the signal.
     let stop_signals = StopSignals::install()?;
     let shutdown = CancellationToken::new();
-    let daemon = Daemon::build(settings, secrets, shutdown.clone()).await?;
-    tokio::spawn(stop_signals.stop_on_signal(shutdown));
+    // Listening from here on: a standby waiting for its election stops on a signal too.
+    tokio::spawn(stop_signals.stop_on_signal(shutdown.clone()));
+    for warning in settings.warnings() {
+        tracing::warn!("{}: {warning}", settings.source.display());
+    }
+    let bot_id = crate::app::bot_id_of(&secrets)?;
+    let storage = &settings.storage;
+    let hold = match LedgerHold::take(&storage.database, storage.synchronous, bot_id, &shutdown).await? {
+        Taken::Hold(hold) => hold,
+        Taken::StoppedStandingBy => {
+            tracing::info!("stopped while standing by");
+            return Ok(());
+        }
+    };
+    let daemon = Daemon::build(settings, secrets, hold, shutdown.clone()).await?;
     daemon.run().await
 }
 

@@ -2,7 +2,6 @@
 //! and unknown keys denied.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
 use serde::Deserialize;
 
@@ -98,10 +97,16 @@ fn default_webhook_secret_env() -> String {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawStorage {
+    /// A file path (SQLite), or a `postgres://` URL.
     #[serde(default = "default_database")]
-    pub(super) database: PathBuf,
+    pub(super) database: String,
     #[serde(default)]
     pub(super) synchronous: Synchronous,
+    /// PostgreSQL only: this replica's name in the lease, and how long a lease lasts.
+    #[serde(default)]
+    pub(super) replica: Option<String>,
+    #[serde(default)]
+    pub(super) lease_secs: Option<u64>,
     #[serde(default)]
     pub(super) retain_days: Option<u32>,
     /// For tests: how often to prune (docs do not offer it; an hour is right for a daemon).
@@ -219,7 +224,7 @@ fn default_send_timeout() -> u64 {
 fn default_unauthorized_exit() -> u64 {
     300
 }
-fn default_database() -> PathBuf {
+fn default_database() -> String {
     "switchboard.db".into()
 }
 fn default_listen() -> String {
@@ -281,6 +286,8 @@ impl Default for RawStorage {
         Self {
             database: default_database(),
             synchronous: Synchronous::default(),
+            replica: None,
+            lease_secs: None,
             retain_days: None,
             retention_interval_secs: None,
         }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::ids::{AgentName, RouteName};
+use crate::rules::leadership::Lease;
 use crate::rules::pacing::PaceLimits;
 use crate::rules::routes::RoutesTable;
 use crate::rules::turns::{self, RoomRoster};
@@ -135,11 +136,68 @@ pub(super) fn is_webhook_secret(secret: &str) -> bool {
 
 #[derive(Debug, Clone)]
 pub struct StorageSettings {
-    pub database: PathBuf,
+    pub database: Database,
     pub synchronous: Synchronous,
     /// The daemon prunes what finished longer ago than this, on a schedule (`None`: keeps
     /// everything, the default).
     pub retain: Option<Retention>,
+}
+
+/// `[storage] database`: which backend keeps the ledger, and where.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    /// An embedded SQLite file (the default, `switchboard.db`), which one daemon holds.
+    Sqlite(PathBuf),
+    /// A PostgreSQL database that several replicas share (DESIGN.md §16).
+    Postgres(PostgresLedger),
+}
+
+/// Where a replicated ledger lives, and who this replica is.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresLedger {
+    /// `postgres://…` as written, password and all: shown only through [`Database`]'s
+    /// `Display`, which hides the password.
+    pub url: String,
+    /// This replica's name in the lease (`[storage] replica`; the host's name and the
+    /// process id unless set), for the operator reading who leads.
+    pub replica: String,
+    /// `[storage] lease_secs`: how long a leader goes on without a renewal, so about how
+    /// long a standby waits before it takes over from a leader that stopped.
+    pub lease: Lease,
+}
+
+/// Without the URL, whose password a log line must not carry.
+impl fmt::Debug for PostgresLedger {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresLedger")
+            .field("url", &redact_password(&self.url))
+            .field("replica", &self.replica)
+            .field("lease", &self.lease)
+            .finish()
+    }
+}
+
+impl fmt::Display for Database {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Sqlite(path) => path.display().fmt(f),
+            Self::Postgres(postgres) => f.write_str(&redact_password(&postgres.url)),
+        }
+    }
+}
+
+/// `postgres://user:secret@host/db` as `postgres://user:***@host/db`; a URL it cannot
+/// read is hidden whole rather than risk showing a password.
+fn redact_password(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut parsed) => {
+            if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
+                return "postgres://(a URL that cannot be shown)".into();
+            }
+            parsed.to_string()
+        }
+        Err(_) => "postgres://(a URL that cannot be read)".into(),
+    }
 }
 
 /// `[storage] retain_days`, and how often the daemon prunes.

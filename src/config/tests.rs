@@ -80,6 +80,39 @@ fn retention_is_off_by_default_hourly_when_set_and_at_least_a_day() {
 }
 
 #[test]
+fn a_postgres_url_selects_postgresql_with_a_lease_and_a_replica_name() {
+    let with = |storage: &str| format!("[storage]\n{storage}\n{MINIMAL}");
+    let sqlite = load_str(MINIMAL).unwrap().storage.database;
+    assert_eq!(sqlite, Database::Sqlite("switchboard.db".into()));
+
+    let url = "postgres://switchboard:s3cret@db.internal:5432/bot";
+    let Database::Postgres(postgres) =
+        load_str(&with(&format!("database = \"{url}\""))).unwrap().storage.database
+    else {
+        panic!("a postgres:// URL is PostgreSQL")
+    };
+    assert_eq!(postgres.url, url);
+    assert_eq!(postgres.lease.duration(), Duration::from_secs(10), "the issue's default lease");
+    assert!(postgres.replica.ends_with(&std::process::id().to_string()), "{}", postgres.replica);
+    let shown = Database::Postgres(postgres.clone());
+    assert_eq!(shown.to_string(), "postgres://switchboard:***@db.internal:5432/bot");
+    assert!(!format!("{postgres:?}").contains("s3cret"), "{postgres:?}");
+
+    let set =
+        load_str(&with("database = \"postgresql://db/bot\"\nreplica = \"eu-1\"\nlease_secs = 4"))
+            .unwrap();
+    let Database::Postgres(postgres) = set.storage.database else { panic!("postgresql:// too") };
+    assert_eq!((postgres.replica.as_str(), postgres.lease.duration()), ("eu-1", Duration::from_secs(4)));
+
+    assert_eq!(problem(&with("database = \"postgres://db\"\nlease_secs = 0")).key, "storage.lease_secs");
+    assert_eq!(problem(&with("database = \"postgres://db\"\nreplica = \" \"")).key, "storage.replica");
+    assert_eq!(problem(&with("database = \"postgres://\"")).key, "storage.database");
+    let e = problem(&with("database = \"ledger.db\"\nlease_secs = 5"));
+    assert!(e.key == "storage.lease_secs" && e.problem.contains("PostgreSQL"), "{e}");
+    assert_eq!(problem(&with("database = \"\"")).key, "storage.database");
+}
+
+#[test]
 fn syntax_errors_name_the_line() {
     let e = problem("[telegram]\ntoken_env = \"X\"\napi_url = \n");
     assert_eq!(e.key, "(syntax)");

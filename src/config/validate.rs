@@ -8,6 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::ids::{AgentName, RouteName, Secret};
+use crate::rules::leadership::{DEFAULT_LEASE, Lease};
 use crate::rules::pacing::PaceLimits;
 use crate::rules::routes::{Audience, Route, RouteTarget, RoutesError, RoutesTable};
 use crate::rules::turns::{self, RoomMember, RoomRoster, RosterError};
@@ -47,6 +48,7 @@ impl Settings {
             err("api.listen", format!("'{}' is not an address like 127.0.0.1:7797", raw.api.listen))
         })?;
 
+        let database = validate_database(path, &raw.storage)?;
         let retain = match raw.storage.retain_days {
             None => None,
             Some(0) => {
@@ -169,11 +171,7 @@ impl Settings {
                 unauthorized_exit: Duration::from_secs(raw.telegram.unauthorized_exit_secs),
                 webhook,
             },
-            storage: StorageSettings {
-                database: raw.storage.database,
-                synchronous: raw.storage.synchronous,
-                retain,
-            },
+            storage: StorageSettings { database, synchronous: raw.storage.synchronous, retain },
             api: ApiSettings { listen },
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
             outbound: OutboundSettings {
@@ -562,4 +560,56 @@ pub(super) fn config_crate_error(path: &Path, text: &str, e: config::ConfigError
         config::ConfigError::NotFound(key) => ConfigError::new(path, key, "is missing".to_owned()),
         other => ConfigError::new(path, "(file)", other.to_string()),
     }
+}
+
+/// `[storage] database`: a `postgres://` (or `postgresql://`) URL selects PostgreSQL, and
+/// with it `replica` and `lease_secs`; anything else is the SQLite file's path.
+fn validate_database(path: &Path, raw: &RawStorage) -> Result<Database, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    let is_postgres = ["postgres://", "postgresql://"].iter().any(|scheme| raw.database.starts_with(scheme));
+    if !is_postgres {
+        for (key, set) in
+            [("storage.replica", raw.replica.is_some()), ("storage.lease_secs", raw.lease_secs.is_some())]
+        {
+            if set {
+                return Err(err(
+                    key,
+                    "is for a PostgreSQL ledger only (storage.database is a SQLite file)".into(),
+                ));
+            }
+        }
+        if raw.database.is_empty() {
+            return Err(err("storage.database", "is empty: give a file path or a postgres:// URL".into()));
+        }
+        return Ok(Database::Sqlite(raw.database.clone().into()));
+    }
+    if reqwest::Url::parse(&raw.database).map_or(true, |url| url.host().is_none()) {
+        return Err(err(
+            "storage.database",
+            "is not a PostgreSQL URL like postgres://user@host:5432/database".into(),
+        ));
+    }
+    let lease = match raw.lease_secs {
+        None => Lease::new(DEFAULT_LEASE),
+        Some(0) => return Err(err("storage.lease_secs", "must be at least 1".into())),
+        Some(secs) => Lease::new(Duration::from_secs(secs)),
+    }
+    .map_err(|short| err("storage.lease_secs", short.to_string()))?;
+    let replica = match &raw.replica {
+        Some(name) if name.trim().is_empty() => return Err(err("storage.replica", "is empty".into())),
+        Some(name) => name.clone(),
+        None => default_replica_name(),
+    };
+    Ok(Database::Postgres(PostgresLedger { url: raw.database.clone(), replica, lease }))
+}
+
+/// The host's name and the process id: unique among replicas on one machine, and still
+/// saying where a lease's holder runs.
+fn default_replica_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .unwrap_or_else(|| "replica".into());
+    format!("{host}-{}", std::process::id())
 }

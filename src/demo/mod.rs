@@ -21,7 +21,7 @@ use anyhow::Context;
 
 use crate::agents::api::client::{ClientError, DaemonClient, SessionStream};
 use crate::agents::api::wire::{DeliveredEnvelope, SessionEvent};
-use crate::config::Synchronous;
+use crate::config::{Database, Synchronous};
 use crate::fake_bot_api::{self, FakeTelegram};
 use crate::ids::{AgentName, Secret, random_suffix};
 use crate::ledger::Ledger;
@@ -67,7 +67,11 @@ pub async fn run(keep: Option<PathBuf>) -> anyhow::Result<()> {
     let api = daemon.api_addr().context("the daemon started without reporting its address")?;
     narrate::said("daemon", format!("`switchboard run` as pid {pid}, local API on {api}"));
     narrate::more(format!("its log: {}", daemon.log_path().display()));
-    let ledger = crate::ledger::open_existing(&workdir.path().join("ledger.db"), Synchronous::Normal).await?;
+    let ledger = crate::ledger::open_existing(
+        &Database::Sqlite(workdir.path().join("ledger.db")),
+        Synchronous::Normal,
+    )
+    .await?;
     let agent = |name: &'static str, secret: &str| -> anyhow::Result<Agent> {
         let client = DaemonClient::new(
             api,

@@ -3,16 +3,16 @@
 //!
 //! The rest of the daemon sees the ledger through one seam (`seam`): traits in the domain's
 //! terms, which a backend implements and the conformance suite (`conformance`) checks.
-//! Today's backend is SQLite (`sqlite`), embedded in the daemon. Every method fails with
+//! Two backends implement it: SQLite (`sqlite`), embedded in the daemon and the default,
+//! and PostgreSQL (`postgres`), which replicas share (`[storage] database = "postgres://…"`). Every method fails with
 //! [`LedgerError`], and nothing outside `ledger/` knows which library runs the statements.
 //!
 //! The ledger only stores and transitions; what a transition *means* is decided by the
 //! pure code in `rules`.
 
-use std::path::Path;
 use std::sync::Arc;
 
-use crate::config::Synchronous;
+use crate::config::{Database, Synchronous};
 
 mod error;
 pub mod postgres;
@@ -29,9 +29,10 @@ pub(crate) mod conformance;
 pub use crate::domain::*;
 pub use error::LedgerCongestion;
 pub use error::{ErrorSource, LedgerError, LedgerResult};
+pub use postgres::{PgLedger, PgOpenError};
 pub use seam::Storage;
 pub use seam::{ListFilter, Pages, PruneReport, Pruned};
-pub use sqlite::{OpenError, SqliteLedger, files};
+pub use sqlite::{SqliteLedger, files};
 pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 
 /// The traits of the seam, for callers that use the ledger's methods.
@@ -46,14 +47,30 @@ pub mod prelude {
 /// the local API and the CLI share.
 pub type Ledger = Arc<dyn Storage>;
 
-/// Opens the daemon's ledger at `path`, creating it (mode `0600`) if needed, and applies
-/// pending migrations.
-pub async fn open(path: &Path, synchronous: Synchronous) -> Result<Ledger, OpenError> {
-    Ok(Arc::new(SqliteLedger::open(path, synchronous).await?))
+/// Why a ledger could not be opened.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Sqlite(#[from] sqlite::OpenError),
+    #[error(transparent)]
+    Postgres(#[from] PgOpenError),
 }
 
-/// Opens a ledger that must already exist, for `switchboard ledger`: a mistyped path must
-/// not become a new, empty ledger.
-pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Ledger, OpenError> {
-    Ok(Arc::new(SqliteLedger::open_existing(path, synchronous).await?))
+/// Opens the ledger `[storage] database` names, creating it if needed (a SQLite file, mode
+/// `0600`; PostgreSQL's tables in an existing database and schema), and applies pending
+/// migrations. `synchronous` is SQLite's; PostgreSQL's durability is the server's.
+pub async fn open(database: &Database, synchronous: Synchronous) -> Result<Ledger, OpenError> {
+    Ok(match database {
+        Database::Sqlite(path) => Arc::new(SqliteLedger::open(path, synchronous).await?),
+        Database::Postgres(postgres) => Arc::new(PgLedger::connect(&postgres.url).await?),
+    })
+}
+
+/// Opens a ledger that must already exist, for `switchboard ledger`: a mistyped path or
+/// URL must not become a new, empty ledger.
+pub async fn open_existing(database: &Database, synchronous: Synchronous) -> Result<Ledger, OpenError> {
+    Ok(match database {
+        Database::Sqlite(path) => Arc::new(SqliteLedger::open_existing(path, synchronous).await?),
+        Database::Postgres(postgres) => Arc::new(PgLedger::connect_existing(&postgres.url).await?),
+    })
 }

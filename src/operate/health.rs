@@ -1,7 +1,7 @@
 //! Readiness (DESIGN.md §12): is this daemon doing its job right now? These facts decide
 //! it, each from where it is known:
 //!
-//! - the ledger takes a write (probed when asked, see [`LedgerProbe`]);
+//! - the ledger takes a write (probed when asked, see `Lifecycle::probe_write`);
 //! - when polling, the last successful `getUpdates` is recent: no older than twice the poll
 //!   timeout plus a margin, since a healthy long poll answers at least once per poll timeout;
 //! - when polling, Telegram is not refusing the poller: a 401 (token revoked or wrong) or a
@@ -24,7 +24,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::ledger::sqlite::LedgerProbe;
+use crate::ledger::Ledger;
 use crate::ledger::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 use crate::operate::metrics;
 use crate::telegram::updates::FetchError;
@@ -377,31 +377,27 @@ fn assess_polling(poll: PollFacts, poll_timeout: Duration) -> Vec<NotReady> {
     reasons
 }
 
-/// Everything the health routes need: the poller's facts, the ledger probe and the poll
+/// Everything the health routes need: the poller's facts, the ledger (probed) and the poll
 /// timeout the staleness limit derives from.
 #[derive(Debug, Clone)]
 pub struct Health {
     /// The poller's or the webhook's side.
     pub intake: IntakeHealth,
-    probe: Arc<LedgerProbe>,
+    ledger: Ledger,
     /// The ledger's own writes: intake, attempts, checkpoints.
     writes: Arc<WriteWatch>,
     poll_timeout: Duration,
 }
 
 impl Health {
-    pub fn new(
-        intake: IntakeHealth,
-        probe: LedgerProbe,
-        writes: Arc<WriteWatch>,
-        poll_timeout: Duration,
-    ) -> Self {
-        Self { intake, probe: Arc::new(probe), writes, poll_timeout }
+    pub fn new(intake: IntakeHealth, ledger: Ledger, poll_timeout: Duration) -> Self {
+        let writes = ledger.write_watch();
+        Self { intake, ledger, writes, poll_timeout }
     }
 
     /// Probes the ledger and assesses readiness now.
     pub async fn readiness(&self) -> Readiness {
-        let ledger = self.probe.check().await;
+        let ledger = self.ledger.probe_write().await;
         assess(ledger, &self.writes.failing(), self.intake.facts(Instant::now()), self.poll_timeout)
     }
 }

@@ -23,7 +23,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits};
-use crate::config::Settings;
+use crate::config::{Database, Settings};
 use crate::ids::AgentName;
 use crate::operate::metrics;
 use crate::rules::routes::{Route, RouteTarget};
@@ -105,7 +105,17 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
     let webhook =
         |settings: &Settings| settings.telegram.webhook.as_ref().map_or("none".to_owned(), |w| w.to_string());
     fixed("telegram.webhook", &webhook(running), &webhook(new));
-    fixed("storage.database", &running.storage.database.display(), &new.storage.database.display());
+    fixed("storage.database", &running.storage.database, &new.storage.database);
+    // The candidacy is made once, at start-up (see `app::hold`).
+    let replica = |settings: &Settings| match &settings.storage.database {
+        Database::Postgres(postgres) => {
+            (postgres.replica.clone(), postgres.lease.duration().as_secs().to_string())
+        }
+        Database::Sqlite(_) => ("none".to_owned(), "none".to_owned()),
+    };
+    let ((old_replica, old_lease), (new_replica, new_lease)) = (replica(running), replica(new));
+    fixed("storage.replica", &old_replica, &new_replica);
+    fixed("storage.lease_secs", &old_lease, &new_lease);
     fixed(
         "storage.synchronous",
         &format!("{:?}", running.storage.synchronous).to_lowercase(),

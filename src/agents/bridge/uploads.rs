@@ -91,6 +91,24 @@ impl Staging {
         Ok(Self { dir, staged: Mutex::default() })
     }
 
+    /// Where this daemon stages: beside a SQLite ledger; beside the configuration file for
+    /// a replica on PostgreSQL, named after the replica, since every start empties it and
+    /// two replicas may share a machine and a file.
+    pub fn dir_for(settings: &crate::config::Settings) -> PathBuf {
+        match &settings.storage.database {
+            crate::config::Database::Sqlite(path) => Self::dir_beside(path),
+            crate::config::Database::Postgres(postgres) => {
+                let replica: String = postgres
+                    .replica
+                    .chars()
+                    .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
+                    .collect();
+                let folder = settings.source.parent().unwrap_or(Path::new("."));
+                folder.join(format!("switchboard-{replica}.uploads"))
+            }
+        }
+    }
+
     /// The folder beside a ledger file: `ledger.db` stages into `ledger.db.uploads/`.
     pub fn dir_beside(database: &Path) -> PathBuf {
         let mut name = database.file_name().map(|n| n.to_os_string()).unwrap_or_default();

@@ -5,7 +5,8 @@
 //! `PgLedger` implements the storage seam (`ledger::seam`), one file per concern as on
 //! SQLite, and passes the conformance suite (`ledger::conformance`). Where SQLite's one
 //! writer serialised a rule, each file says what keeps two replicas from both winning here
-//! (docs/deploy-postgres.md lists them). The daemon does not open this backend yet.
+//! (docs/deploy-postgres.md lists them). The daemon opens it when `[storage] database` is
+//! a `postgres://` URL.
 //!
 //! **Fencing.** A fenced transaction takes the bot's lease row `FOR SHARE` first and goes on
 //! only while it names the caller's term; an election `UPDATE`s that row. So an election
@@ -61,6 +62,9 @@ const POOL_SIZE: u32 = 8;
 /// How long a statement waits for a pooled connection before it fails as `Busy`.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long readiness's write may take before the ledger counts as not taking writes.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// The ledger on PostgreSQL, shared by the replicas that name the same database.
 #[derive(Clone)]
 pub struct PgLedger {
@@ -89,6 +93,11 @@ pub enum PgOpenError {
     Url { detail: String },
     #[error("connecting to PostgreSQL")]
     Connect(#[source] LedgerError),
+    #[error(
+        "no switchboard ledger in this PostgreSQL database and schema (no `_sqlx_migrations` table): \
+         check `[storage] database`, or start `switchboard run` once to create it"
+    )]
+    NoLedger,
     #[error("applying the PostgreSQL ledger's migrations (`_sqlx_migrations` says which were applied)")]
     Migrate(#[source] ErrorSource),
 }
@@ -133,6 +142,28 @@ impl PgLedger {
     /// schema up to date. Migrations already applied are left alone, so every replica
     /// may do this as it starts; sqlx serialises concurrent migrators with a lock of its own.
     pub async fn connect(url: &str) -> Result<Self, PgOpenError> {
+        let ledger = Self::pool(url).await?;
+        MIGRATOR.run(&ledger.pool).await?;
+        Ok(ledger)
+    }
+
+    /// Like [`PgLedger::connect`], for `switchboard ledger`: the schema must already hold a
+    /// ledger, so a mistyped URL or schema never becomes a new, empty one.
+    pub async fn connect_existing(url: &str) -> Result<Self, PgOpenError> {
+        let ledger = Self::pool(url).await?;
+        let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
+            .fetch_one(&ledger.pool)
+            .await
+            .map_err(|error| PgOpenError::Connect(error.into()))?;
+        if !exists {
+            ledger.pool.close().await;
+            return Err(PgOpenError::NoLedger);
+        }
+        MIGRATOR.run(&ledger.pool).await?;
+        Ok(ledger)
+    }
+
+    async fn pool(url: &str) -> Result<Self, PgOpenError> {
         let options = PgConnectOptions::from_str(url)
             .map_err(|error| PgOpenError::Url { detail: error.to_string() })?;
         let pool = PgPoolOptions::new()
@@ -141,7 +172,6 @@ impl PgLedger {
             .connect_with(options.clone())
             .await
             .map_err(|error| PgOpenError::Connect(error.into()))?;
-        MIGRATOR.run(&pool).await?;
         Ok(Self { pool, options, writes: Arc::default(), polling_terms: Arc::default() })
     }
 
@@ -170,6 +200,22 @@ impl PgLedger {
 impl Lifecycle for PgLedger {
     fn write_watch(&self) -> Arc<WriteWatch> {
         Arc::clone(&self.writes)
+    }
+
+    /// A transaction that takes a transaction id and commits: the server must write its
+    /// log for that, so a full disk, a read-only standby or a server that does not answer
+    /// in time all fail it.
+    async fn probe_write(&self) -> Result<(), String> {
+        let probe = async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SELECT pg_current_xact_id()").execute(&mut *tx).await?;
+            tx.commit().await
+        };
+        match tokio::time::timeout(PROBE_TIMEOUT, probe).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(error)) => Err(format!("the ledger refused a write: {}", LedgerError::from(error))),
+            Err(_) => Err(format!("the ledger did not take a write within {}s", PROBE_TIMEOUT.as_secs())),
+        }
     }
 
     async fn close(&self) {

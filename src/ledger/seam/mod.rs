@@ -48,6 +48,10 @@ pub trait Lifecycle: Send + Sync {
     /// What intake, attempts and checkpoints came to lately, for readiness.
     fn write_watch(&self) -> Arc<WriteWatch>;
 
+    /// Commits one small write of its own, for readiness: whether the ledger takes writes
+    /// right now, or why not. Bounded in time: a hung disk or server fails it.
+    async fn probe_write(&self) -> Result<(), String>;
+
     /// Stops the backend's own tasks and closes its connections; the ledger is not used after.
     async fn close(&self);
 }

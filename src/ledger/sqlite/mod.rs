@@ -45,6 +45,8 @@ pub struct SqliteLedger {
     checkpointer: Option<Arc<Checkpointer>>,
     /// Whether intake, attempts and checkpoints write, for readiness (see `write_watch`).
     writes: Arc<WriteWatch>,
+    /// Readiness's own write, on a connection of its own (see `probe`).
+    probe: Arc<LedgerProbe>,
 }
 
 /// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals,
@@ -176,7 +178,8 @@ impl SqliteLedger {
                 .await
                 .map_err(connect_error("opening a checkpointing connection to"))?;
         }
-        Ok(Self { writer: Arc::new(writer), readers, checkpointer, writes })
+        let probe = Arc::new(LedgerProbe::new(path.to_owned()));
+        Ok(Self { writer: Arc::new(writer), readers, checkpointer, writes, probe })
     }
 }
 
@@ -184,6 +187,10 @@ impl SqliteLedger {
 impl Lifecycle for SqliteLedger {
     fn write_watch(&self) -> Arc<WriteWatch> {
         Arc::clone(&self.writes)
+    }
+
+    async fn probe_write(&self) -> Result<(), String> {
+        self.probe.check().await
     }
 
     async fn close(&self) {

@@ -2,6 +2,8 @@
 //! a task tracker to wait on, and a subsystem that dies takes the daemon down loudly
 //! instead of leaving it half-alive.
 
+pub mod hold;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,7 +22,7 @@ use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver, Stagi
 use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Retention, Settings};
 use crate::ledger::Ledger;
-use crate::ledger::sqlite::{LedgerLock, LedgerProbe};
+use crate::ledger::postgres::StepDown;
 use crate::operate::health::{Health, IntakeHealth, PollHealth, WebhookHealth};
 use crate::operate::metrics;
 use crate::operate::reload::{self, Reloader};
@@ -33,6 +35,7 @@ use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller};
 use crate::telegram::typing::TypingIndicator;
 use crate::telegram::webhook::{self, WebhookListener};
+pub use hold::{Entitlement, Leadership, LedgerHold, Taken};
 
 /// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
 /// up, so a healthy long poll is never cut short by our own timeout.
@@ -75,7 +78,8 @@ enum Ingress {
 pub struct Daemon {
     /// One daemon per ledger: held from before the ledger is opened until after it is
     /// closed, so no second daemon can recover (or send) beside this one.
-    lock: LedgerLock,
+    /// The ledger's lock, or this replica's leadership: held until the daemon has stopped.
+    entitlement: Entitlement,
     ledger: Ledger,
     listener: TcpListener,
     bridge: Bridge,
@@ -105,20 +109,15 @@ pub struct Daemon {
 }
 
 impl Daemon {
-    /// Takes the ledger lock, opens the ledger, recovers interrupted sends, binds the local
-    /// API and wires the parts together. Nothing talks to Telegram yet.
+    /// With the ledger held ([`LedgerHold::take`]): recovers interrupted sends, binds the
+    /// local API and wires the parts together. Nothing talks to Telegram yet.
     pub async fn build(
         settings: Settings,
         secrets: DaemonSecrets,
+        hold: LedgerHold,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
-        for warning in settings.warnings() {
-            tracing::warn!("{}: {warning}", settings.source.display());
-        }
-        // Before the ledger is even opened: a second daemon must not migrate, recover or
-        // bind anything while the first one runs.
-        let lock = LedgerLock::acquire(&settings.storage.database)?;
-        let ledger = crate::ledger::open(&settings.storage.database, settings.storage.synchronous).await?;
+        let LedgerHold { ledger, entitlement } = hold;
         for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
             tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
         }
@@ -139,9 +138,7 @@ impl Daemon {
             .with_context(|| format!("binding the local API to {} (api.listen)", settings.api.listen))?;
 
         let token = secrets.telegram.expose();
-        let bot_id = poller::bot_id_from_token(token).context(
-            "the bot token does not look like a Telegram token (NUMBER:SECRET); check telegram.token_env",
-        )?;
+        let bot_id = bot_id_of(&secrets)?;
         let telegram = &settings.telegram;
         let poll_bot = bot(token, &telegram.api_url, telegram.poll_timeout + POLL_HTTP_MARGIN)?;
         let send_bot = bot(token, &telegram.api_url, telegram.send_timeout)?;
@@ -189,8 +186,7 @@ impl Daemon {
                 (Ingress::Polling(poller), IntakeHealth::Polling(health))
             }
         };
-        let probe = LedgerProbe::new(settings.storage.database.clone());
-        let health = Health::new(intake_health, probe, ledger.write_watch(), settings.telegram.poll_timeout);
+        let health = Health::new(intake_health, ledger.clone(), settings.telegram.poll_timeout);
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
         let permissions = PermissionRelay::new(
@@ -202,7 +198,7 @@ impl Daemon {
         );
         bridge.set_permissions(permissions.clone());
         bridge.set_files(files);
-        let staging_dir = Staging::dir_beside(&settings.storage.database);
+        let staging_dir = Staging::dir_for(&settings);
         bridge.set_staging(
             Staging::open(staging_dir.clone()).with_context(|| {
                 format!("opening the folder for replies' files, {}", staging_dir.display())
@@ -214,7 +210,7 @@ impl Daemon {
             settings.outbound.typing.map(|max| TypingIndicator::new(bridge.clone(), typing_api, max));
         let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);
         Ok(Self {
-            lock,
+            entitlement,
             ledger,
             listener,
             bridge,
@@ -242,7 +238,7 @@ impl Daemon {
     /// stops, in-flight replies finish and are recorded, session streams end.
     pub async fn run(self) -> anyhow::Result<()> {
         let Self {
-            lock,
+            entitlement,
             ledger,
             listener,
             bridge,
@@ -260,6 +256,18 @@ impl Daemon {
             typing,
         } = self;
         let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+        // Outside `tasks`: a leader gives its lease up only once everything it started has
+        // finished and been recorded, or a standby would find those sends in flight.
+        let resign = CancellationToken::new();
+        let leading = match entitlement {
+            Entitlement::FileLock(lock) => Leading::Locked(lock),
+            Entitlement::Leader(leadership) => Leading::Renewing(tokio::spawn(lead(
+                leadership,
+                resign.clone(),
+                shutdown.clone(),
+                Arc::clone(&failure),
+            ))),
+        };
 
         // The webhook's listener logs its address before the running line, so whoever waits
         // for that line finds both.
@@ -318,8 +326,19 @@ impl Daemon {
         tracing::info!("stopping: waiting for in-flight work");
         tasks.close();
         tasks.wait().await;
-        ledger.close().await;
-        drop(lock);
+        match leading {
+            Leading::Locked(lock) => {
+                ledger.close().await;
+                drop(lock);
+            }
+            Leading::Renewing(renewing) => {
+                resign.cancel();
+                if let Err(e) = renewing.await {
+                    tracing::error!(error = %e, "the task renewing this replica's lease did not finish");
+                }
+                ledger.close().await;
+            }
+        }
         let failed = failure.lock().unwrap_or_else(|p| p.into_inner()).take();
         match failed {
             Some(e) => Err(e),
@@ -329,6 +348,45 @@ impl Daemon {
             }
         }
     }
+}
+
+/// What a running daemon holds on its ledger, until it has stopped.
+enum Leading {
+    Locked(crate::ledger::sqlite::LedgerLock),
+    Renewing(tokio::task::JoinHandle<()>),
+}
+
+/// Renews this replica's leadership until the daemon has stopped (`resign`). Leading that
+/// ends otherwise is a failure that stops the daemon: another replica leads now, or will
+/// within a lease, and this one must not go on serving.
+async fn lead(
+    leadership: Box<Leadership>,
+    resign: CancellationToken,
+    shutdown: CancellationToken,
+    failure: Arc<Mutex<Option<anyhow::Error>>>,
+) {
+    let step_down = leadership.hold(resign).await;
+    if step_down == StepDown::Resigned {
+        return;
+    }
+    let error = anyhow::anyhow!(
+        "this replica no longer leads the bot ({step_down:?}): stopping, so that only the elected \
+         replica serves; started again, it stands by"
+    );
+    tracing::error!(error = format!("{error:#}"), "{LEADERSHIP_LOST_MESSAGE}");
+    failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(error);
+    shutdown.cancel();
+}
+
+/// Logged when a leading replica stops leading while it runs.
+pub const LEADERSHIP_LOST_MESSAGE: &str = "leadership lost: stopping the daemon";
+
+/// The bot's id, the number before the token's colon: what leadership and the ledger's
+/// offsets are kept by.
+pub fn bot_id_of(secrets: &DaemonSecrets) -> anyhow::Result<i64> {
+    poller::bot_id_from_token(secrets.telegram.expose()).context(
+        "the bot token does not look like a Telegram token (NUMBER:SECRET); check telegram.token_env",
+    )
 }
 
 /// Runs `work` as a task of its own and watches it: an error, a panic, or an end before

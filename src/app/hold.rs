@@ -1,0 +1,147 @@
+//! What entitles this process to run the daemon on its ledger, taken before anything
+//! else touches it, and held until the daemon has stopped.
+//!
+//! - **SQLite:** the file's lock. One daemon per ledger file; a second one refuses to start.
+//! - **PostgreSQL:** leadership of the bot (DESIGN.md §16). Replicas with the same
+//!   configuration on one database elect one leader per bot token; the others stand by,
+//!   asking every lease/3, and one of them is elected within about a lease once the leader
+//!   dies, is paused past its lease, or loses the database. Only the leader runs: it
+//!   polls (or takes the webhook's deliveries), serves the agents' sessions, sends and
+//!   drives rooms and tasks. That is what makes start-up recovery right on a shared
+//!   database: when a replica is elected, every other one is a standby that sends nothing
+//!   or a deposed leader that is stopping, so the sends it finds in flight are the ones
+//!   whose outcome nobody will learn, and they are marked unknown, as after a crash.
+//!
+//! A leader that stops leading (deposed, its lease ran out, its connection to the
+//! database broke) stops the daemon with an error, so whatever supervises it (systemd,
+//! Docker, Kubernetes) starts it again, and it stands by. Its writes under the old term are
+//! refused by the ledger meanwhile (`ledger::postgres`'s fencing).
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Database, PostgresLedger, Synchronous};
+use crate::ledger::postgres::{Elected, PollerCandidate, StepDown};
+use crate::ledger::sqlite::LedgerLock;
+use crate::ledger::{Ledger, PgLedger, SqliteLedger};
+use crate::rules::leadership::Tenure;
+
+/// The ledger, opened, with what lets this process run on it.
+#[derive(Debug)]
+pub struct LedgerHold {
+    pub ledger: Ledger,
+    pub entitlement: Entitlement,
+}
+
+/// Why this process may run on the ledger.
+#[derive(Debug)]
+pub enum Entitlement {
+    /// SQLite's file lock, let go when the process ends.
+    FileLock(LedgerLock),
+    /// This replica leads the bot on PostgreSQL (boxed: its candidacy holds a connection).
+    Leader(Box<Leadership>),
+}
+
+/// This replica's tenure as the bot's leader, and the candidacy that renews it.
+#[derive(Debug)]
+pub struct Leadership {
+    candidate: PollerCandidate,
+    tenure: Tenure,
+    ledger: PgLedger,
+    bot_id: i64,
+}
+
+/// What came of waiting for the ledger.
+#[derive(Debug)]
+pub enum Taken {
+    Hold(LedgerHold),
+    /// Stopped (a signal) while standing by: there is nothing to run and nothing to undo.
+    StoppedStandingBy,
+}
+
+impl LedgerHold {
+    /// Takes the ledger `[storage] database` names: SQLite's lock at once (or an error if
+    /// another daemon holds it), PostgreSQL's leadership of `bot_id` once elected, standing
+    /// by until then or until `shutdown`.
+    pub async fn take(
+        database: &Database,
+        synchronous: Synchronous,
+        bot_id: i64,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Taken> {
+        match database {
+            Database::Sqlite(path) => {
+                // Before the ledger is even opened: a second daemon must not migrate,
+                // recover or bind anything while the first one runs.
+                let lock = LedgerLock::acquire(path)?;
+                let ledger = SqliteLedger::open(path, synchronous).await?;
+                Ok(Taken::Hold(Self {
+                    ledger: std::sync::Arc::new(ledger),
+                    entitlement: Entitlement::FileLock(lock),
+                }))
+            }
+            Database::Postgres(postgres) => Leadership::stand(postgres, bot_id, shutdown).await,
+        }
+    }
+}
+
+impl Leadership {
+    /// Connects, then campaigns every lease/3 until elected or stopped. An unreachable
+    /// database at start is an error (the configuration may be wrong); once connected, a
+    /// failed campaign is logged and tried again.
+    async fn stand(
+        postgres: &PostgresLedger,
+        bot_id: i64,
+        shutdown: &CancellationToken,
+    ) -> anyhow::Result<Taken> {
+        let ledger = PgLedger::connect(&postgres.url).await.with_context(|| {
+            format!("opening the PostgreSQL ledger {}", Database::Postgres(postgres.clone()))
+        })?;
+        let mut candidate = PollerCandidate::connect(&ledger, bot_id, &postgres.replica, postgres.lease)
+            .await
+            .context("opening the connection that holds this replica's candidacy")?;
+        let mut said_standing_by = false;
+        let tenure = loop {
+            match candidate.campaign_once().await {
+                Ok(Elected::Leader(tenure)) => break tenure,
+                Ok(Elected::StandBy) if !said_standing_by => {
+                    tracing::info!(replica = %postgres.replica, bot_id, "{STANDING_BY_MESSAGE}");
+                    said_standing_by = true;
+                }
+                Ok(Elected::StandBy) => {}
+                Err(error) => {
+                    tracing::warn!(bot_id, %error, "campaigning for the bot's lease failed; trying again")
+                }
+            }
+            tokio::select! {
+                () = tokio::time::sleep(postgres.lease.renewal_interval()) => {}
+                () = shutdown.cancelled() => {
+                    ledger.close().await;
+                    return Ok(Taken::StoppedStandingBy);
+                }
+            }
+        };
+        tracing::info!(replica = %postgres.replica, bot_id, term = tenure.term.get(), "{LEADING_MESSAGE}");
+        ledger.lead_polling(bot_id, tenure.term);
+        let hold = LedgerHold {
+            ledger: std::sync::Arc::new(ledger.clone()),
+            entitlement: Entitlement::Leader(Box::new(Self { candidate, tenure, ledger, bot_id })),
+        };
+        Ok(Taken::Hold(hold))
+    }
+
+    /// Renews the lease until `resign` (the daemon has stopped: the lease is given up, so a
+    /// standby is elected at once) or until leading ends otherwise, which is returned.
+    /// Either way this replica's polled intake is refused from then on.
+    pub async fn hold(mut self, resign: CancellationToken) -> StepDown {
+        let step_down = self.candidate.hold(self.tenure, &resign).await;
+        self.ledger.stop_leading_polling(self.bot_id, self.tenure.term);
+        step_down
+    }
+}
+
+/// Logged once by a replica that another one leads.
+pub const STANDING_BY_MESSAGE: &str = "standing by: another replica leads this bot";
+
+/// Logged when this replica is elected, before it recovers and starts.
+pub const LEADING_MESSAGE: &str = "elected: this replica leads the bot";
