@@ -539,9 +539,10 @@ struct LedgerWork {
 impl LedgerWork {
     async fn measure(messages: usize) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
-        let ledger = switchboard::ledger::open(&Database::Sqlite(dir.path().join("work.db")), Synchronous::Normal)
-            .await
-            .expect("creating the ledger");
+        let ledger =
+            switchboard::ledger::open(&Database::Sqlite(dir.path().join("work.db")), Synchronous::Normal)
+                .await
+                .expect("creating the ledger");
         let agent = AgentName::parse(AGENT).expect("the agent's name");
         let actor = format!("agent:{AGENT}");
         let mut work = Self::default();
@@ -713,7 +714,11 @@ struct Row {
 async fn raw_insert_run(params: &Params) -> Duration {
     let dir = tempfile::tempdir().expect("creating a temporary directory");
     let path = dir.path().join("raw.db");
-    switchboard::ledger::open(&Database::Sqlite(path.clone()), Synchronous::Normal).await.expect("creating the ledger").close().await;
+    switchboard::ledger::open(&Database::Sqlite(path.clone()), Synchronous::Normal)
+        .await
+        .expect("creating the ledger")
+        .close()
+        .await;
     let mut connection = rusqlite::Connection::open(&path).expect("opening the raw connection");
     connection
         .execute_batch(&format!(

@@ -50,7 +50,9 @@ fn main() {
 async fn run(envelopes: usize, quick: bool) {
     let dir = tempfile::tempdir().expect("a temporary directory");
     let path = dir.path().join("ledger.db");
-    let daemon = switchboard::ledger::open(&Database::Sqlite(path.clone()), Synchronous::Normal).await.expect("the daemon's ledger");
+    let daemon = switchboard::ledger::open(&Database::Sqlite(path.clone()), Synchronous::Normal)
+        .await
+        .expect("the daemon's ledger");
 
     let fill_started = Instant::now();
     fill(&path, envelopes);
@@ -58,8 +60,9 @@ async fn run(envelopes: usize, quick: bool) {
 
     let load_before = load_average();
     let live = LiveWriter::start(daemon.clone());
-    let prune =
-        switchboard::ledger::open_existing(&Database::Sqlite(path.clone()), Synchronous::Normal).await.expect("the prune's ledger");
+    let prune = switchboard::ledger::open_existing(&Database::Sqlite(path.clone()), Synchronous::Normal)
+        .await
+        .expect("the prune's ledger");
     let cutoff = chrono::Utc::now() - chrono::Duration::days(90);
     let report = prune.prune(cutoff, false).await.expect("the prune");
     let mut pauses = live.stop().await;

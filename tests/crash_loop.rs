@@ -102,14 +102,14 @@ async fn kill_9_under_load_for_hundreds_of_cycles_with_agents_that_resend() {
 }
 
 /// `CRASH_LOOP_CYCLES` overrides a test's number of cycles.
-fn cycles(default: usize) -> usize {
+pub(crate) fn cycles(default: usize) -> usize {
     std::env::var("CRASH_LOOP_CYCLES").ok().and_then(|n| n.parse().ok()).unwrap_or(default)
 }
 
 /// What an agent does with a reply whose outcome it did not learn: the daemon was not
 /// reachable, or the connection broke before the answer came.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Caller {
+pub(crate) enum Caller {
     /// Takes it as final, as the plugin tells the model today ("do not send it again"). If
     /// the envelope is still pending it comes back redelivered, and is answered then.
     TakesUnknownAsFinal,
@@ -153,23 +153,75 @@ fn seed() -> u64 {
 }
 
 async fn crash_loop(caller: Caller, cycles: usize) {
+    let fake = Arc::new(FakeTelegram::start().await);
+    // The load is far above Telegram's per-chat limits; the fake has none, so sends are not
+    // paced here (pacing has its own test).
+    let mut daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), UNPACED);
+    crash_loop_on(&fake, &mut daemon, caller, cycles, RUN_MS).await;
+}
+
+/// Sends not paced: the load is far above Telegram's per-chat limits, which the fake does
+/// not enforce (pacing has its own test).
+pub(crate) const UNPACED: &[(&str, &str)] = &[
+    ("SWITCHBOARD__OUTBOUND__PRIVATE_CHAT_INTERVAL_MS", "0"),
+    ("SWITCHBOARD__OUTBOUND__GROUP_CHAT_INTERVAL_MS", "0"),
+];
+
+/// What the crash loop kills: one daemon, or the leader of replicas (`on_postgres`).
+pub(crate) trait Deployment {
+    /// Where the agents reach whichever daemon serves.
+    fn api_addr(&self) -> std::net::SocketAddr;
+    /// Kills what serves with SIGKILL and waits until something serves again: how long
+    /// that took.
+    fn kill_and_recover(&mut self) -> Duration;
+    /// The ledger they share (only `switchboard` types cross between test modules, each of
+    /// which compiles the harness for itself).
+    fn database(&self) -> switchboard::config::Database;
+    /// The log of the daemon that serves now.
+    fn logs(&self) -> String;
+    /// Stops everything gracefully: whether all of it stopped cleanly.
+    fn stop(&mut self) -> std::process::ExitStatus;
+}
+
+impl Deployment for TestDaemon {
+    fn api_addr(&self) -> std::net::SocketAddr {
+        TestDaemon::api_addr(self)
+    }
+
+    fn kill_and_recover(&mut self) -> Duration {
+        self.kill9();
+        let killed = Instant::now();
+        self.restart();
+        killed.elapsed()
+    }
+
+    fn database(&self) -> switchboard::config::Database {
+        self.ledger_at.database()
+    }
+
+    fn logs(&self) -> String {
+        TestDaemon::logs(self)
+    }
+
+    fn stop(&mut self) -> std::process::ExitStatus {
+        TestDaemon::stop(self)
+    }
+}
+
+/// The crash loop on `deployment`, its daemons on `fake`: `cycles` kills, each after a run
+/// of `run_ms`.
+pub(crate) async fn crash_loop_on(
+    fake: &Arc<FakeTelegram>,
+    deployment: &mut dyn Deployment,
+    caller: Caller,
+    cycles: usize,
+    run_ms: std::ops::Range<u64>,
+) {
     let seed = seed();
     eprintln!("crash loop: {caller:?}, {cycles} cycles, seed {seed} (replay with CRASH_LOOP_SEED={seed})");
     let mut schedule = StdRng::seed_from_u64(seed);
     let load_rng = StdRng::seed_from_u64(seed.wrapping_add(1));
-
-    let fake = Arc::new(FakeTelegram::start().await);
-    // The load is far above Telegram's per-chat limits; the fake has none, so sends are not
-    // paced here (pacing has its own test).
-    let mut daemon = TestDaemon::start_with_env(
-        &fake.api_url(),
-        "",
-        &default_routes(),
-        &[
-            ("SWITCHBOARD__OUTBOUND__PRIVATE_CHAT_INTERVAL_MS", "0"),
-            ("SWITCHBOARD__OUTBOUND__GROUP_CHAT_INTERVAL_MS", "0"),
-        ],
-    );
+    let fake = Arc::clone(fake);
     let stop_load = CancellationToken::new();
     let stop_agents = CancellationToken::new();
     let pushed: Arc<Mutex<Vec<Pushed>>> = Arc::default();
@@ -178,7 +230,7 @@ async fn crash_loop(caller: Caller, cycles: usize) {
         .into_iter()
         .map(|(name, secret)| {
             let client = DaemonClient::new(
-                daemon.api_addr(),
+                deployment.api_addr(),
                 AgentName::parse(name).unwrap(),
                 Secret::new(secret.to_owned()),
             )
@@ -191,31 +243,35 @@ async fn crash_loop(caller: Caller, cycles: usize) {
         .collect();
 
     let started = Instant::now();
+    let mut recoveries = Vec::with_capacity(cycles);
     for _ in 0..cycles {
-        tokio::time::sleep(Duration::from_millis(schedule.random_range(RUN_MS))).await;
+        tokio::time::sleep(Duration::from_millis(schedule.random_range(run_ms.clone()))).await;
         if schedule.random_bool(SLOW_SEND_CHANCE) {
             let held = Duration::from_millis(schedule.random_range(SLOW_SEND_MS));
             fake.fail_send_message(Fault::RecordThenHang(held));
         }
         // Blocking: killing, reaping and waiting for the new daemon to listen. The load
         // and the agents go on on the other worker thread.
-        tokio::task::block_in_place(|| {
-            daemon.kill9();
-            daemon.restart();
-        });
+        recoveries.push(tokio::task::block_in_place(|| deployment.kill_and_recover()));
     }
     let cycling = started.elapsed();
+    recoveries.sort_unstable();
+    if let (Some(p50), Some(max)) = (recoveries.get(recoveries.len() / 2), recoveries.last()) {
+        eprintln!("crash loop: from a kill until a daemon serves again: p50 {p50:.2?}, max {max:.2?}");
+    }
 
     stop_load.cancel();
     load.await.unwrap();
     let pushed = pushed.lock().unwrap().clone();
     let last = pushed.iter().map(|p| p.update_id).max().expect("the load pushed something");
     fake.wait_until_confirmed(last, SETTLE_LIMIT).await;
-    let ledger = daemon.ledger().await;
+    let ledger = switchboard::ledger::open(&deployment.database(), switchboard::config::Synchronous::Normal)
+        .await
+        .expect("open the ledger");
     let settled = settle(&ledger).await;
     if let Err(stuck) = &settled {
         eprintln!("crash loop: {stuck}");
-        let logs = daemon.logs();
+        let logs = deployment.logs();
         let tail: Vec<&str> = logs.lines().rev().take(80).collect();
         eprintln!("crash loop: not settled; the daemon's last log lines:");
         for line in tail.iter().rev() {
@@ -229,7 +285,7 @@ async fn crash_loop(caller: Caller, cycles: usize) {
         task.await.unwrap();
         agent_stats.push((name, std::mem::take(&mut *stats.lock().unwrap())));
     }
-    let status = tokio::task::block_in_place(|| daemon.stop());
+    let status = tokio::task::block_in_place(|| deployment.stop());
     assert!(status.success(), "seed {seed}: the daemon stops cleanly at the end ({status})");
 
     let envelopes = ledger.list(&ListFilter { limit: i64::MAX, ..Default::default() }).await.unwrap();

@@ -12,7 +12,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use support::daemon::*;
 use support::mcp::ChannelClient;
-use switchboard::config::Synchronous;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 use switchboard::ids::TraceId;
 use switchboard::ledger::{EnvelopeState, ListFilter, StoredEnvelope};
@@ -36,27 +35,23 @@ fn owner_message(message_id: i32, content: &str) -> String {
     )
 }
 
-async fn rows_in(database: &Path) -> Vec<StoredEnvelope> {
-    let ledger = switchboard::ledger::open(database, Synchronous::Normal).await.expect("open ledger");
+async fn rows_in(daemon: &TestDaemon) -> Vec<StoredEnvelope> {
+    let ledger = daemon.ledger().await;
     let rows = ledger.list(&ListFilter { limit: 100_000, ..Default::default() }).await.unwrap();
     ledger.close().await;
     rows
 }
 
-async fn wait_for_rows_in(database: &Path, n: usize, logs: impl Fn() -> String) -> Vec<StoredEnvelope> {
+async fn wait_for_rows(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope> {
     let deadline = Instant::now() + WAIT;
     loop {
-        let rows = rows_in(database).await;
+        let rows = rows_in(daemon).await;
         if rows.len() >= n {
             return rows;
         }
-        assert!(Instant::now() < deadline, "expected {n} rows, have {}:\n{}", rows.len(), logs());
+        assert!(Instant::now() < deadline, "expected {n} rows, have {}:\n{}", rows.len(), daemon.logs());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-async fn wait_for_rows(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope> {
-    wait_for_rows_in(&daemon.database(), n, || daemon.logs()).await
 }
 
 async fn raw_update(daemon: &TestDaemon, trace_id: &str) -> Option<String> {
@@ -270,7 +265,7 @@ async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     // The poller came back after the batch with the marker, which the re-polls preceded:
     // all of them are recorded (or not) by now.
     fake.wait_for_poll_after(marker, WAIT).await;
-    let rows_after = rows_in(&daemon.database()).await;
+    let rows_after = rows_in(&daemon).await;
     assert_eq!(summary(&rows_after), summary(&rows));
     assert_eq!(
         rows_after.iter().map(|e| e.update_id).collect::<Vec<_>>(),

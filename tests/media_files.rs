@@ -227,8 +227,13 @@ fn file_in(dir: &Path, name: &str, len: usize, seed: u8) -> (String, String) {
 }
 
 fn staged_files(daemon: &TestDaemon) -> Vec<PathBuf> {
-    let dir = switchboard::agents::bridge::Staging::dir_beside(&daemon.database());
-    std::fs::read_dir(dir).map(|entries| entries.map(|e| e.unwrap().path()).collect()).unwrap_or_default()
+    // The daemon makes the folder as it starts: a missing one means the test looks in the
+    // wrong place, and its emptiness would prove nothing.
+    let dir = daemon.uploads_dir();
+    std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.unwrap().path())
+        .collect()
 }
 
 /// The message ids a reply's answer names, in order.

@@ -448,7 +448,8 @@ async fn an_operator_answers_an_unresolved_send_from_telegram_once() {
     // `reconcile --not-delivered`.
     assert_eq!(support::agents::state_of(&daemon, &trace).await, EnvelopeState::Pending);
     let edit = fake.wait_for_edit(question.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
-    assert!(edit.text.unwrap().contains("Not delivered"));
+    let text = edit.text.unwrap();
+    assert!(text.contains("Not delivered"), "{text}");
     // The keeper is one loop, and each of its rounds looks for sends to ask about before
     // it edits: the round that made this edit, and the one at start-up before it, asked
     // nothing more.

@@ -99,8 +99,7 @@ fn a_postgres_url_selects_postgresql_with_a_lease_and_a_replica_name() {
     assert!(!format!("{postgres:?}").contains("s3cret"), "{postgres:?}");
 
     let set =
-        load_str(&with("database = \"postgresql://db/bot\"\nreplica = \"eu-1\"\nlease_secs = 4"))
-            .unwrap();
+        load_str(&with("database = \"postgresql://db/bot\"\nreplica = \"eu-1\"\nlease_secs = 4")).unwrap();
     let Database::Postgres(postgres) = set.storage.database else { panic!("postgresql:// too") };
     assert_eq!((postgres.replica.as_str(), postgres.lease.duration()), ("eu-1", Duration::from_secs(4)));
 

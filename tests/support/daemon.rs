@@ -10,7 +10,10 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use super::postgres::TestSchema;
 
 use switchboard::app::{reported_api_address, reported_webhook_address};
 use switchboard::config::API_LISTEN_ENV;
@@ -62,8 +65,53 @@ agent = "worker"
     )
 }
 
+/// Where a test daemon's ledger is: a SQLite file in its directory, or a schema of the
+/// test's own on the machine's PostgreSQL, which its replicas share.
+#[derive(Debug, Clone)]
+pub enum TestLedger {
+    Sqlite(PathBuf),
+    Postgres(Arc<TestSchema>),
+}
+
+impl TestLedger {
+    /// The backend this test binary runs its daemons on: PostgreSQL for the binaries named
+    /// `on_postgres…` (which `include!` a suite written for either), or for any binary when
+    /// `SWITCHBOARD_TEST_LEDGER=postgres`; SQLite otherwise.
+    pub fn for_this_test(dir: &Path) -> Self {
+        let chosen = std::env::var("SWITCHBOARD_TEST_LEDGER").unwrap_or_default();
+        if env!("CARGO_CRATE_NAME").starts_with("on_postgres") || chosen == "postgres" {
+            Self::Postgres(Arc::new(TestSchema::create()))
+        } else {
+            Self::Sqlite(dir.join("ledger.db"))
+        }
+    }
+
+    /// `[storage] database` for it.
+    pub fn setting(&self) -> String {
+        match self {
+            Self::Sqlite(path) => path.display().to_string(),
+            Self::Postgres(schema) => schema.url.clone(),
+        }
+    }
+
+    pub fn database(&self) -> switchboard::config::Database {
+        match self {
+            Self::Sqlite(path) => switchboard::config::Database::Sqlite(path.clone()),
+            Self::Postgres(schema) => {
+                switchboard::config::Database::Postgres(switchboard::config::PostgresLedger {
+                    url: schema.url.clone(),
+                    replica: "the test".into(),
+                    lease: switchboard::rules::leadership::Lease::new(Duration::from_secs(10)).unwrap(),
+                })
+            }
+        }
+    }
+}
+
 pub struct TestDaemon {
     pub dir: tempfile::TempDir,
+    /// Where its ledger is.
+    pub ledger_at: TestLedger,
     pub config_path: PathBuf,
     /// Where the local API listens, as the first start reported it; restarts keep it, as
     /// a configured daemon would, so a running plugin finds the daemon again.
@@ -121,6 +169,7 @@ impl TestDaemon {
     /// for tests of what happens before the first start. [`TestDaemon::launch`] starts it.
     pub fn configure(api_url: &str, extra_telegram: &str, routes: &str, env: &[(&str, &str)]) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
+        let ledger_at = TestLedger::for_this_test(dir.path());
         let config = format!(
             r#"
 [telegram]
@@ -146,13 +195,14 @@ token_env = "SB_TEST_ORCHESTRATOR_SECRET"
 token_env = "SB_TEST_WORKER_SECRET"
 {routes}
 "#,
-            db = dir.path().join("ledger.db").display(),
+            db = ledger_at.setting(),
         );
         let config_path = dir.path().join("switchboard.toml");
         std::fs::write(&config_path, config).expect("write config");
         let env = env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         Self {
             dir,
+            ledger_at,
             config_path,
             api_addr: None,
             webhook_addr: None,
@@ -208,8 +258,65 @@ token_env = "SB_TEST_WORKER_SECRET"
         command
     }
 
+    /// The SQLite ledger's file, for tests of what happens to the file itself.
     pub fn database(&self) -> PathBuf {
-        self.dir.path().join("ledger.db")
+        match &self.ledger_at {
+            TestLedger::Sqlite(path) => path.clone(),
+            TestLedger::Postgres(_) => {
+                panic!("this test reads the SQLite ledger's file; its daemon is on PostgreSQL")
+            }
+        }
+    }
+
+    /// Where the daemon stages replies' files: beside a SQLite ledger's file, or beside the
+    /// configuration for a daemon on PostgreSQL.
+    pub fn uploads_dir(&self) -> PathBuf {
+        match &self.ledger_at {
+            TestLedger::Sqlite(path) => switchboard::agents::bridge::Staging::dir_beside(path),
+            TestLedger::Postgres(_) => self.config_path.with_extension("uploads"),
+        }
+    }
+
+    /// Another replica of this daemon: the same configuration (so the same ledger) in a
+    /// directory of its own, not started. For a ledger on PostgreSQL. It listens where this
+    /// one does, as replicas on one machine would: only the leader binds, so a plugin finds
+    /// whichever leads at the address it knows.
+    pub fn replica(&self) -> Self {
+        self.replica_with_env(self.env.clone())
+    }
+
+    /// Like [`TestDaemon::replica`], on a local API port of its own: for a leader that keeps
+    /// its port while it is paused.
+    pub fn replica_on_own_port(&self) -> Self {
+        self.replica_with_env(self.env.iter().filter(|(key, _)| key != API_LISTEN_ENV).cloned().collect())
+    }
+
+    fn replica_with_env(&self, env: Vec<(String, String)>) -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config_path = dir.path().join("switchboard.toml");
+        std::fs::copy(&self.config_path, &config_path).expect("copy config");
+        Self {
+            dir,
+            ledger_at: self.ledger_at.clone(),
+            config_path,
+            api_addr: None,
+            webhook_addr: None,
+            child: None,
+            starts: 0,
+            env,
+            launcher: self.launcher.clone(),
+        }
+    }
+
+    /// Starts the daemon without waiting for it to listen: a replica that stands by does
+    /// not, until it is elected. [`TestDaemon::wait_until_serving`] waits for that.
+    pub fn launch_standby(&mut self) {
+        self.start_process();
+    }
+
+    /// Waits (up to `within`) until this start listens, and takes the address it reports.
+    pub fn wait_until_serving(&mut self, within: Duration) {
+        self.wait_until_listening_within(within);
     }
 
     /// A command for the binary with this daemon's secrets in its environment.
@@ -231,6 +338,11 @@ token_env = "SB_TEST_WORKER_SECRET"
     }
 
     fn spawn(&mut self) {
+        self.start_process();
+        self.wait_until_listening();
+    }
+
+    fn start_process(&mut self) {
         assert!(self.child.is_none(), "daemon already running");
         self.starts += 1;
         let log = std::fs::File::create(self.log_path(self.starts)).expect("log file");
@@ -253,12 +365,15 @@ token_env = "SB_TEST_WORKER_SECRET"
             .spawn()
             .expect("spawn switchboard run");
         self.child = Some(child);
-        self.wait_until_listening();
     }
 
     /// Waits for this start's log to report the address the local API listens on.
     fn wait_until_listening(&mut self) {
-        let deadline = Instant::now() + START_TIMEOUT;
+        self.wait_until_listening_within(START_TIMEOUT);
+    }
+
+    fn wait_until_listening_within(&mut self, within: Duration) {
+        let deadline = Instant::now() + within;
         let log = self.log_path(self.starts);
         loop {
             let text = std::fs::read_to_string(&log).unwrap_or_default();
@@ -278,6 +393,11 @@ token_env = "SB_TEST_WORKER_SECRET"
             assert!(Instant::now() < deadline, "switchboard did not start listening:\n{}", self.logs());
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The log of the latest start alone.
+    pub fn latest_logs(&self) -> String {
+        std::fs::read_to_string(self.log_path(self.starts)).unwrap_or_default()
     }
 
     /// Every log line of every start so far.
@@ -368,7 +488,7 @@ token_env = "SB_TEST_WORKER_SECRET"
 
     /// Opens the ledger database read-side for assertions.
     pub async fn ledger(&self) -> switchboard::ledger::Ledger {
-        switchboard::ledger::open(&self.database(), switchboard::config::Synchronous::Normal)
+        switchboard::ledger::open(&self.ledger_at.database(), switchboard::config::Synchronous::Normal)
             .await
             .expect("open ledger")
     }

@@ -5,3 +5,4 @@
 pub mod agents;
 pub mod daemon;
 pub mod mcp;
+pub mod postgres;

@@ -91,21 +91,14 @@ impl Staging {
         Ok(Self { dir, staged: Mutex::default() })
     }
 
-    /// Where this daemon stages: beside a SQLite ledger; beside the configuration file for
-    /// a replica on PostgreSQL, named after the replica, since every start empties it and
-    /// two replicas may share a machine and a file.
+    /// Where this daemon stages: beside a SQLite ledger; beside the configuration file on
+    /// PostgreSQL (`switchboard.toml` stages into `switchboard.uploads/`). Only the leader
+    /// opens it, so replicas on one machine share it: the one elected after a leader died
+    /// removes what that leader left, as a restart does.
     pub fn dir_for(settings: &crate::config::Settings) -> PathBuf {
         match &settings.storage.database {
             crate::config::Database::Sqlite(path) => Self::dir_beside(path),
-            crate::config::Database::Postgres(postgres) => {
-                let replica: String = postgres
-                    .replica
-                    .chars()
-                    .map(|c| if c.is_ascii_alphanumeric() || c == '-' || c == '_' { c } else { '_' })
-                    .collect();
-                let folder = settings.source.parent().unwrap_or(Path::new("."));
-                folder.join(format!("switchboard-{replica}.uploads"))
-            }
+            crate::config::Database::Postgres(_) => settings.source.with_extension("uploads"),
         }
     }
 

@@ -1,0 +1,45 @@
+//! The daemon on PostgreSQL (DESIGN.md §16): the integration suites that hold whichever
+//! backend keeps the ledger, run again with each daemon's ledger in a schema of its own on
+//! the machine's PostgreSQL (`support::daemon::TestLedger`, chosen by this binary's name),
+//! and the replicas' own tests (`on_postgres/replicas.rs`).
+//!
+//! Left out: the suites with tests of the SQLite file itself (its locks, its modes, a
+//! writer holding it, rows damaged in it), which have no PostgreSQL counterpart here.
+
+// Each suite declares `mod support;` for itself, so this binary holds the harness once per
+// suite; the copies are what lets each suite be compiled unchanged.
+#![allow(clippy::duplicate_mod)]
+
+mod support;
+
+#[path = "on_postgres/replicas.rs"]
+mod replicas;
+
+#[path = "channel_plugin.rs"]
+mod channel_plugin;
+#[path = "crash_loop.rs"]
+mod crash_loop;
+#[path = "handoffs.rs"]
+mod handoffs;
+#[path = "inbound.rs"]
+mod inbound;
+#[path = "interruptions.rs"]
+mod interruptions;
+#[path = "local_api.rs"]
+mod local_api;
+#[path = "media_files.rs"]
+mod media_files;
+#[path = "media_inbound.rs"]
+mod media_inbound;
+#[path = "outbound_surface.rs"]
+mod outbound_surface;
+#[path = "permissions.rs"]
+mod permissions;
+#[path = "refusal_codes.rs"]
+mod refusal_codes;
+#[path = "replies.rs"]
+mod replies;
+#[path = "session_start.rs"]
+mod session_start;
+#[path = "telegram_limits.rs"]
+mod telegram_limits;
