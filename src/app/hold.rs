@@ -17,6 +17,9 @@
 //! Docker, Kubernetes) starts it again, and it stands by. Its writes under the old term are
 //! refused by the ledger meanwhile (`ledger::postgres`'s fencing).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
@@ -24,6 +27,7 @@ use crate::config::{Database, PostgresLedger, Synchronous};
 use crate::ledger::postgres::{Elected, PollerCandidate, StepDown};
 use crate::ledger::sqlite::LedgerLock;
 use crate::ledger::{Ledger, PgLedger, SqliteLedger};
+use crate::operate::health::Leading;
 use crate::rules::leadership::Tenure;
 
 /// The ledger, opened, with what lets this process run on it.
@@ -49,6 +53,8 @@ pub struct Leadership {
     tenure: Tenure,
     ledger: PgLedger,
     bot_id: i64,
+    /// What `/readyz` shows of it; `leads` is cleared when the tenure ends.
+    status: Leading,
 }
 
 /// What came of waiting for the ledger.
@@ -75,10 +81,7 @@ impl LedgerHold {
                 // recover or bind anything while the first one runs.
                 let lock = LedgerLock::acquire(path)?;
                 let ledger = SqliteLedger::open(path, synchronous).await?;
-                Ok(Taken::Hold(Self {
-                    ledger: std::sync::Arc::new(ledger),
-                    entitlement: Entitlement::FileLock(lock),
-                }))
+                Ok(Taken::Hold(Self { ledger: Arc::new(ledger), entitlement: Entitlement::FileLock(lock) }))
             }
             Database::Postgres(postgres) => Leadership::stand(postgres, bot_id, shutdown).await,
         }
@@ -124,8 +127,18 @@ impl Leadership {
         tracing::info!(replica = %postgres.replica, bot_id, term = tenure.term.get(), "{LEADING_MESSAGE}");
         ledger.lead_polling(bot_id, tenure.term);
         let hold = LedgerHold {
-            ledger: std::sync::Arc::new(ledger.clone()),
-            entitlement: Entitlement::Leader(Box::new(Self { candidate, tenure, ledger, bot_id })),
+            ledger: Arc::new(ledger.clone()),
+            entitlement: Entitlement::Leader(Box::new(Self {
+                candidate,
+                tenure,
+                ledger,
+                bot_id,
+                status: Leading {
+                    replica: postgres.replica.clone(),
+                    term: tenure.term.get(),
+                    leads: Arc::new(AtomicBool::new(true)),
+                },
+            })),
         };
         Ok(Taken::Hold(hold))
     }
@@ -135,8 +148,14 @@ impl Leadership {
     /// Either way this replica's polled intake is refused from then on.
     pub async fn hold(mut self, resign: CancellationToken) -> StepDown {
         let step_down = self.candidate.hold(self.tenure, &resign).await;
+        self.status.leads.store(false, Ordering::Release);
         self.ledger.stop_leading_polling(self.bot_id, self.tenure.term);
         step_down
+    }
+
+    /// Who this replica is and whether it still leads, for `/readyz` and `/metrics`.
+    pub fn status(&self) -> Leading {
+        self.status.clone()
     }
 }
 

@@ -147,7 +147,14 @@ impl Daemon {
         let webhook_api = BotApi::from_bot(&send_bot);
         let typing_api = BotApi::from_bot(&send_bot);
 
-        let metrics = metrics::install();
+        let leading = match &entitlement {
+            Entitlement::Leader(leadership) => Some(leadership.status()),
+            Entitlement::FileLock(_) => None,
+        };
+        let metrics = metrics::install(leading.as_ref().map(|leading| leading.replica.as_str()));
+        if let Some(leading) = &leading {
+            metrics::set_leader_term(leading.term);
+        }
         let tasks = TaskTracker::new();
         let files = TelegramFiles::new(token, &telegram.api_url, CONNECT_TIMEOUT, telegram.send_timeout)
             .context("building the HTTP client for Telegram's files")?;
@@ -186,7 +193,10 @@ impl Daemon {
                 (Ingress::Polling(poller), IntakeHealth::Polling(health))
             }
         };
-        let health = Health::new(intake_health, ledger.clone(), settings.telegram.poll_timeout);
+        let mut health = Health::new(intake_health, ledger.clone(), settings.telegram.poll_timeout);
+        if let Some(leading) = leading {
+            health = health.with_leading(leading);
+        }
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
         bridge.set_rooms(settings.rooms.clone());
         let permissions = PermissionRelay::new(

@@ -239,6 +239,43 @@ pub struct Readiness {
     /// Seconds since the last successful `getUpdates`; none before the first, and none in
     /// webhook mode.
     pub last_poll_success_secs: Option<u64>,
+    /// On PostgreSQL: this replica, and whether it still leads the bot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica: Option<ReplicaReadiness>,
+}
+
+/// A replica's part of `/readyz`. Only a leader serves, so `leads` is false only while a
+/// replica that lost its lease stops.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplicaReadiness {
+    pub name: String,
+    pub leads: bool,
+    /// The term it was elected for.
+    pub term: i64,
+}
+
+/// What a replica on PostgreSQL knows of its leadership, shared with the health routes.
+#[derive(Debug, Clone)]
+pub struct Leading {
+    pub replica: String,
+    pub term: i64,
+    /// Cleared when its tenure ends.
+    pub leads: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Leading {
+    fn readiness(&self) -> (ReplicaReadiness, Option<NotReady>) {
+        let leads = self.leads.load(std::sync::atomic::Ordering::Acquire);
+        let status = ReplicaReadiness { name: self.replica.clone(), leads, term: self.term };
+        let reason = (!leads).then(|| NotReady {
+            code: "not_leading".into(),
+            detail: format!(
+                "replica {} no longer leads the bot (term {} is over): it is stopping, and another replica serves",
+                self.replica, self.term
+            ),
+        });
+        (status, reason)
+    }
 }
 
 /// The reasons the daemon's own failing writes give: one `ledger_full` for every kind
@@ -309,6 +346,7 @@ pub fn assess(
                 reasons,
                 intake: IntakeMode::Polling,
                 last_poll_success_secs: poll.ever_succeeded.then_some(poll.since_success.as_secs()),
+                replica: None,
             }
         }
         IntakeFacts::Webhook(webhook) => {
@@ -327,6 +365,7 @@ pub fn assess(
                 reasons,
                 intake: IntakeMode::Webhook,
                 last_poll_success_secs: None,
+                replica: None,
             }
         }
     }
@@ -387,18 +426,36 @@ pub struct Health {
     /// The ledger's own writes: intake, attempts, checkpoints.
     writes: Arc<WriteWatch>,
     poll_timeout: Duration,
+    /// On PostgreSQL, this replica's leadership.
+    leading: Option<Leading>,
 }
 
 impl Health {
     pub fn new(intake: IntakeHealth, ledger: Ledger, poll_timeout: Duration) -> Self {
         let writes = ledger.write_watch();
-        Self { intake, ledger, writes, poll_timeout }
+        Self { intake, ledger, writes, poll_timeout, leading: None }
+    }
+
+    /// For a replica on PostgreSQL: `/readyz` says which it is and whether it still leads.
+    pub fn with_leading(mut self, leading: Leading) -> Self {
+        self.leading = Some(leading);
+        self
     }
 
     /// Probes the ledger and assesses readiness now.
     pub async fn readiness(&self) -> Readiness {
         let ledger = self.ledger.probe_write().await;
-        assess(ledger, &self.writes.failing(), self.intake.facts(Instant::now()), self.poll_timeout)
+        let mut readiness =
+            assess(ledger, &self.writes.failing(), self.intake.facts(Instant::now()), self.poll_timeout);
+        if let Some(leading) = &self.leading {
+            let (status, not_leading) = leading.readiness();
+            readiness.replica = Some(status);
+            if let Some(reason) = not_leading {
+                readiness.reasons.push(reason);
+                readiness.ready = false;
+            }
+        }
+        readiness
     }
 }
 

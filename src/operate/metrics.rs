@@ -44,6 +44,7 @@ pub const TASK_REVISIONS: &str = "switchboard_task_revisions_total";
 pub const LEDGER_WRITE_FAILURES: &str = "switchboard_ledger_write_failures_total";
 pub const PERMISSION_REQUESTS: &str = "switchboard_permission_requests";
 pub const WEBHOOK_REQUESTS: &str = "switchboard_webhook_requests_total";
+pub const LEADER_TERM: &str = "switchboard_leader_term";
 
 /// Bucket bounds of both hop histograms, in seconds: a local hop takes milliseconds, a
 /// send to Telegram tens to hundreds of them, and an envelope that waited for its agent's
@@ -112,17 +113,27 @@ async fn tidy_after_samples(
 /// The tools whose refusals are counted, and the reasons they can give (the wire codes).
 pub const REFUSAL_TOOLS: &[&str] = &["reply", "ack", "handoff"];
 
+/// On PostgreSQL: the term this replica was elected for.
+pub fn set_leader_term(term: i64) {
+    metrics::gauge!(LEADER_TERM).set(term as f64);
+}
+
 /// Installs the Prometheus recorder as the process's global recorder, once; later calls
-/// return the same handle. A process that already has another recorder (a test harness,
+/// return the same handle. A replica on PostgreSQL labels every series with its name
+/// (`replica`). A process that already has another recorder (a test harness,
 /// say) still gets a handle, which then renders only what was described here.
-pub fn install() -> PrometheusHandle {
+pub fn install(replica: Option<&str>) -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new()
+            let mut builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_hop_seconds".into()), HOP_BUCKETS)
-                .expect("the hop buckets are not empty")
-                .build_recorder();
+                .expect("the hop buckets are not empty");
+            // Replicas scraped side by side: every series says which one it came from.
+            if let Some(replica) = replica {
+                builder = builder.add_global_label("replica", replica);
+            }
+            let recorder = builder.build_recorder();
             let handle = recorder.handle();
             if metrics::set_global_recorder(recorder).is_err() {
                 tracing::warn!(
@@ -176,6 +187,10 @@ fn describe() {
     );
     describe_gauge!(HANDOFFS, "Handoffs in the ledger, by state (read from the ledger at scrape time).");
     describe_gauge!(READY, "1 when /readyz answers 200, else 0.");
+    describe_gauge!(
+        LEADER_TERM,
+        "On PostgreSQL: the term this replica leads the bot under (only a leader serves /metrics)."
+    );
     describe_gauge!(
         PERMISSION_REQUESTS,
         "Relayed permission requests in the ledger, by outcome (pending, allowed, denied, expired)."
@@ -338,7 +353,7 @@ mod tests {
     /// histograms' buffers itself.
     #[test]
     fn a_scrape_shows_every_hop_sample_without_an_upkeep() {
-        let handle = install();
+        let handle = install(None);
         let count = |rendered: &str| -> f64 {
             rendered
                 .lines()

@@ -165,6 +165,13 @@ async fn a_leader_that_stops_gracefully_hands_over_at_once() {
     let fake = FakeTelegram::start().await;
     let (mut leader, mut standby) = leader_and_standby(&fake);
     wait_standing_by(&standby).await;
+    // The leader says who it is and that it leads, on /readyz and on every metric.
+    let (status, ready) = readiness(&leader).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["replica"], json!({"name": "first", "leads": true, "term": 1}), "{ready}");
+    let (_, metrics) = get(&leader, "/metrics").await;
+    assert!(metrics.contains("switchboard_leader_term{replica=\"first\"} 1"), "{metrics}");
+
     assert!(leader.stop().success(), "{}", leader.logs());
     let stopped = Instant::now();
     standby.wait_until_serving(WAIT);
@@ -173,6 +180,8 @@ async fn a_leader_that_stops_gracefully_hands_over_at_once() {
     assert!(stopped.elapsed() < Duration::from_secs(2), "took {:?}", stopped.elapsed());
     let orchestrator = session(&standby, "orchestrator").await;
     assert_eq!(standby.api_addr(), leader.api_addr(), "where the leader listened");
+    let (_, ready) = readiness(&standby).await;
+    assert_eq!(ready["replica"], json!({"name": "second", "leads": true, "term": 2}), "{ready}");
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "after the handover");
     orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
 }
