@@ -283,9 +283,8 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
     wait_for_rows(&daemon, 1).await;
 
     // Another process takes the write lock and keeps it past the daemon's 10 s busy
-    // timeout (e.g. an operator's sqlite3 shell left in a transaction).
-    let holder = rusqlite::Connection::open(daemon.database()).unwrap();
-    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    // timeout (e.g. an operator's sqlite3 or psql shell left in a transaction).
+    let holder = daemon.hold_write_lock();
     let during = fake.push_text(&dm, owner(), "while the ledger is locked");
     // Intake waits for the lock between tries, not in SQLite's busy handler on the
     // daemon's one runtime thread: the daemon answers meanwhile. It holds the update once
@@ -310,8 +309,7 @@ async fn a_ledger_locked_past_the_busy_timeout_is_waited_out() {
     assert_eq!(level(&line), "ERROR", "{line}");
     assert!(fake.pending_update_count() > 0, "the offset did not move");
 
-    holder.execute_batch("ROLLBACK").unwrap();
-    drop(holder);
+    holder.release();
     let rows = wait_for_rows(&daemon, 2).await;
     assert_eq!(rows[1].update_id, Some(during));
     assert!(daemon.is_running());

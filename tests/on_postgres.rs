@@ -23,6 +23,8 @@ mod crash_loop;
 mod handoffs;
 #[path = "inbound.rs"]
 mod inbound;
+#[path = "intake.rs"]
+mod intake;
 #[path = "interruptions.rs"]
 mod interruptions;
 #[path = "local_api.rs"]
@@ -43,3 +45,5 @@ mod replies;
 mod session_start;
 #[path = "telegram_limits.rs"]
 mod telegram_limits;
+#[path = "webhook.rs"]
+mod webhook;

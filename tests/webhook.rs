@@ -100,7 +100,9 @@ async fn a_message_through_the_webhook_reaches_the_agent_and_its_reply_goes_out(
     assert_eq!(fake.get_updates_calls(), 0, "nobody polls in webhook mode:\n{}", daemon.logs());
     let (_, metrics) = get(&daemon, "/metrics").await;
     assert!(
-        metrics.lines().any(|l| l.starts_with("switchboard_webhook_requests_total{answer=\"stored\"} 1")),
+        metrics.lines().any(|l| l.starts_with("switchboard_webhook_requests_total{")
+            && l.contains("answer=\"stored\"")
+            && l.ends_with("} 1")),
         "{metrics}"
     );
 }
@@ -174,19 +176,14 @@ async fn a_busy_ledger_is_answered_with_an_error_and_telegrams_retry_stores_the_
     let fake = FakeTelegram::start().await;
     let daemon = webhook_daemon(&fake).await;
     // Another process holds the write lock past the daemon's 10 s busy timeout.
-    let holder = rusqlite::Connection::open(daemon.database()).unwrap();
-    holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let holder = daemon.hold_write_lock();
     let update_id = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "while the ledger is locked");
     let first = fake.wait_for_deliveries(update_id, 1, Duration::from_secs(40)).await[0];
     assert!(matches!(first, Delivery::Answered(500..=599)), "never 200 for an update not stored: {first:?}");
-    let count: i64 = holder
-        .query_row("SELECT count(*) FROM envelopes WHERE update_id = ?", [update_id], |row| row.get(0))
-        .unwrap();
-    assert_eq!(count, 0, "nothing stored while the lock is held");
+    assert_eq!(holder.envelopes_of_update(update_id), 0, "nothing stored while the lock is held");
     assert!(daemon.logs().contains("answered 503"), "{}", daemon.logs());
 
-    holder.execute_batch("ROLLBACK").unwrap();
-    drop(holder);
+    holder.release();
     fake.wait_until_delivered(update_id, 1, Duration::from_secs(40)).await;
     assert_eq!(stored(&daemon, update_id).await, 1);
 }

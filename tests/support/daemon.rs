@@ -108,6 +108,37 @@ impl TestLedger {
     }
 }
 
+/// Another session holding the ledger's write lock, as an operator's `sqlite3` or `psql`
+/// left in a transaction would: the daemon's writes wait, then fail as busy.
+pub enum HeldLedger {
+    Sqlite(rusqlite::Connection),
+    Postgres(super::postgres::WriteLock, Arc<TestSchema>),
+}
+
+impl HeldLedger {
+    /// How many envelopes hold `update_id`, read beside the lock.
+    pub fn envelopes_of_update(&self, update_id: i64) -> i64 {
+        match self {
+            Self::Sqlite(holder) => holder
+                .query_row("SELECT count(*) FROM envelopes WHERE update_id = ?", [update_id], |row| {
+                    row.get(0)
+                })
+                .unwrap(),
+            Self::Postgres(_, schema) => schema
+                .scalar(&format!("SELECT count(*)::text FROM envelopes WHERE update_id = {update_id}"))
+                .and_then(|n| n.parse().ok())
+                .unwrap(),
+        }
+    }
+
+    pub fn release(self) {
+        match self {
+            Self::Sqlite(holder) => holder.execute_batch("ROLLBACK").unwrap(),
+            Self::Postgres(lock, _) => lock.release(),
+        }
+    }
+}
+
 pub struct TestDaemon {
     pub dir: tempfile::TempDir,
     /// Where its ledger is.
@@ -256,6 +287,20 @@ token_env = "SB_TEST_WORKER_SECRET"
             .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(Stdio::null());
         command
+    }
+
+    /// Takes the ledger's write lock in a session of the test's own (see [`HeldLedger`]).
+    pub fn hold_write_lock(&self) -> HeldLedger {
+        match &self.ledger_at {
+            TestLedger::Sqlite(path) => {
+                let holder = rusqlite::Connection::open(path).unwrap();
+                holder.execute_batch("BEGIN EXCLUSIVE").unwrap();
+                HeldLedger::Sqlite(holder)
+            }
+            TestLedger::Postgres(schema) => {
+                HeldLedger::Postgres(schema.lock_against_writes(), Arc::clone(schema))
+            }
+        }
     }
 
     /// The SQLite ledger's file, for tests of what happens to the file itself.

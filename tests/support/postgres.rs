@@ -143,3 +143,57 @@ fn drop_leftovers() {
         }
     })
 }
+
+/// A session of the test's that holds the schema's intake tables locked against writes
+/// (`LOCK TABLE … IN EXCLUSIVE MODE`: reads go on), as an operator's `psql` left in a
+/// transaction would, until [`WriteLock::release`] or drop.
+pub struct WriteLock {
+    release: Option<std::sync::mpsc::Sender<()>>,
+    holder: Option<std::thread::JoinHandle<()>>,
+}
+
+impl TestSchema {
+    pub fn lock_against_writes(&self) -> WriteLock {
+        let name = self.name.clone();
+        let (locked_tx, locked) = std::sync::mpsc::channel();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let holder = std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            runtime.block_on(async {
+                let mut admin = admin().await;
+                for statement in [
+                    format!("SET search_path = {name}"),
+                    "BEGIN".to_owned(),
+                    "LOCK TABLE envelopes, poller_offsets IN EXCLUSIVE MODE".to_owned(),
+                ] {
+                    sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&mut admin).await.unwrap();
+                }
+                locked_tx.send(()).unwrap();
+                // Released, or the test is gone.
+                let _ = tokio::task::spawn_blocking(move || released.recv()).await;
+                sqlx::query("ROLLBACK").execute(&mut admin).await.unwrap();
+            });
+        });
+        locked.recv().expect("the lock is taken");
+        WriteLock { release: Some(release), holder: Some(holder) }
+    }
+}
+
+impl WriteLock {
+    pub fn release(mut self) {
+        self.let_go();
+    }
+
+    fn let_go(&mut self) {
+        drop(self.release.take());
+        if let Some(holder) = self.holder.take() {
+            holder.join().expect("the lock's session ended");
+        }
+    }
+}
+
+impl Drop for WriteLock {
+    fn drop(&mut self) {
+        self.let_go();
+    }
+}

@@ -18,8 +18,9 @@
 //!   ([`PollerCandidate::hold`]), and closes its connection, so its lock goes too.
 //!
 //! Whatever a deposed leader still believes, its writes are fenced by its term (see
-//! `postgres::fence`): an election `UPDATE`s the lease row that every fenced write holds
-//! `FOR SHARE`, so nothing under an older term passes once it is over.
+//! `postgres::fence`): an election takes the lease row `FOR UPDATE`, which waits for every
+//! fenced write holding it `FOR KEY SHARE`, so nothing under an older term passes once it
+//! is over. Renewals lock it only `FOR NO KEY UPDATE`, so they never wait for fenced writes.
 
 use std::time::Instant;
 
@@ -202,11 +203,17 @@ impl PollerCandidate {
         })
     }
 
-    /// Takes the next term, holding the lock. The `UPDATE` waits for the fenced writes in
-    /// flight (they hold the row `FOR SHARE`), and none of an older term passes after it.
+    /// Takes the next term, holding the lock. The row is taken `FOR UPDATE` first, which
+    /// waits for the fenced writes in flight (they hold it `FOR KEY SHARE`, which the
+    /// upsert's own lock would not wait for), and none of an older term passes after it.
     async fn elect(&mut self) -> LedgerResult<Term> {
         let (bot_id, lease) = (self.bot_id, self.lease);
         let replica = self.replica.clone();
+        let mut tx = self.connection().await?.begin().await?;
+        sqlx::query("SELECT 1 FROM poller_leases WHERE bot_id = $1 FOR UPDATE")
+            .bind(bot_id)
+            .execute(&mut *tx)
+            .await?;
         let term: i64 = sqlx::query_scalar(
             "INSERT INTO poller_leases AS lease (bot_id, term, holder, holder_pid, elected_at, renewed_at, expires_at) \
              VALUES ($1, 1, $2, pg_backend_pid(), now(), now(), now() + $3 * interval '1 millisecond') \
@@ -218,8 +225,9 @@ impl PollerCandidate {
         .bind(bot_id)
         .bind(replica)
         .bind(lease.millis() as f64)
-        .fetch_one(self.connection().await?)
+        .fetch_one(&mut *tx)
         .await?;
+        tx.commit().await?;
         tracing::info!(bot_id, term, replica = %self.replica, "elected the bot's polling leader");
         Ok(Term::new(term))
     }

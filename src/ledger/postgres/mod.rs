@@ -8,11 +8,15 @@
 //! (docs/deploy-postgres.md lists them). The daemon opens it when `[storage] database` is
 //! a `postgres://` URL.
 //!
-//! **Fencing.** A fenced transaction takes the bot's lease row `FOR SHARE` first and goes on
-//! only while it names the caller's term; an election `UPDATE`s that row. So an election
-//! waits for the fenced transactions in flight, and after it commits every fenced
-//! transaction reads the new term: a deposed leader's late write fails with
-//! [`FencedError::Deposed`] and changes nothing, however late it comes.
+//! **Fencing.** A fenced transaction takes the bot's lease row `FOR KEY SHARE` first and goes
+//! on only while it names the caller's term; an election takes that row `FOR UPDATE` before
+//! it changes the term. So an election waits for the fenced transactions in flight, and
+//! after it commits every fenced transaction reads the new term: a deposed leader's late
+//! write fails with [`FencedError::Deposed`] and changes nothing, however late it comes.
+//! `KEY SHARE`, the weakest row lock, because the leader's renewals (a plain `UPDATE` of the
+//! lease's end, which locks `FOR NO KEY UPDATE`) must not wait for its own fenced writes:
+//! one stuck behind another session's table lock for the whole lock timeout would
+//! otherwise hold the renewal past the lease, and the leader would depose itself.
 
 mod attempts;
 #[cfg(test)]
@@ -58,6 +62,10 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres")
 /// How many connections one replica keeps to the database for the ledger's statements.
 /// Leadership has its own, outside the pool (see `leadership`).
 const POOL_SIZE: u32 = 8;
+
+/// How long a statement waits for a row or table lock another session holds before it fails
+/// as `Busy`: SQLite's busy timeout.
+const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a statement waits for a pooled connection before it fails as `Busy`.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -164,8 +172,14 @@ impl PgLedger {
     }
 
     async fn pool(url: &str) -> Result<Self, PgOpenError> {
-        let options = PgConnectOptions::from_str(url)
+        let mut options = PgConnectOptions::from_str(url)
             .map_err(|error| PgOpenError::Url { detail: error.to_string() })?;
+        // As SQLite's busy timeout: a lock held elsewhere (an operator's session left in a
+        // transaction) is waited for this long, then the statement fails as `Busy`, which
+        // intake waits out, instead of hanging the write forever. The URL may set its own.
+        if !options.get_options().is_some_and(|given| given.contains("lock_timeout")) {
+            options = options.options([("lock_timeout", format!("{}ms", LOCK_TIMEOUT.as_millis()))]);
+        }
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -223,12 +237,12 @@ impl Lifecycle for PgLedger {
     }
 }
 
-/// Goes on only while `term` is the bot's current term, holding the lease row `FOR SHARE`
+/// Goes on only while `term` is the bot's current term, holding the lease row `FOR KEY SHARE`
 /// until the transaction ends, so no election commits in between (see the module
 /// documentation).
 async fn fence(tx: &mut PgConnection, term: Term, bot_id: i64) -> Result<(), FencedError> {
     let current: Option<i64> =
-        sqlx::query_scalar("SELECT term FROM poller_leases WHERE bot_id = $1 FOR SHARE")
+        sqlx::query_scalar("SELECT term FROM poller_leases WHERE bot_id = $1 FOR KEY SHARE")
             .bind(bot_id)
             .fetch_optional(&mut *tx)
             .await

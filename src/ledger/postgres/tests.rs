@@ -407,6 +407,26 @@ async fn an_election_waits_for_the_fenced_writes_in_flight() {
     schema.drop().await;
 }
 
+/// The leader's renewal never waits for its own fenced writes: a batch stuck behind another
+/// session's lock for the whole lock timeout must not hold the lease past its end (with
+/// the fence `FOR SHARE`, this renewal waited, and the leader deposed itself).
+#[tokio::test]
+async fn a_renewal_does_not_wait_for_a_fenced_write_in_flight() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let mut leader = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
+    let tenure = elected(&mut leader).await;
+    let mut in_flight = ledger.pool.begin().await.unwrap();
+    fence(&mut in_flight, tenure.term, BOT).await.unwrap();
+    let renewal = tokio::time::timeout(Duration::from_secs(2), leader.renew_once(tenure.term)).await;
+    assert_eq!(renewal, Ok(Renewal::Renewed), "renewed beside the fenced write");
+    set_offset(&mut in_flight, BOT, 3).await.unwrap();
+    in_flight.commit().await.unwrap();
+    assert_eq!(ledger.next_offset(BOT).await.unwrap(), Some(3));
+    ledger.close().await;
+    schema.drop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_replicas_recording_the_same_update_at_once_record_it_once() {
     let schema = TestSchema::create().await;
