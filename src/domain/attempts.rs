@@ -134,6 +134,16 @@ impl std::fmt::Display for AttemptMethod {
     }
 }
 
+/// What finishing an attempt came to (`Attempts::finish_attempt`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishedAttempt {
+    /// Its outcome is recorded, with what it proves about its envelope.
+    Recorded,
+    /// It was no longer in flight: recovery had settled it (as `unknown`), and that stands.
+    /// Nothing was changed.
+    AlreadySettled(AttemptState),
+}
+
 /// The `outcome` column of an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]

@@ -17,7 +17,7 @@ pub mod rooms;
 pub mod tasks;
 
 pub use attempts::{
-    AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, NewAttempt, ReconcileError,
+    AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, FinishedAttempt, NewAttempt, ReconcileError,
     ReconciledOutcome, Reconciliation, RecordedReply, ReplyTally, ReplyVerdict, StoredAttempt,
 };
 pub use envelopes::{

@@ -18,7 +18,7 @@ use super::format;
 mod actions;
 use crate::backoff::Backoff;
 use crate::ids::TraceId;
-use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, Ledger, NewAttempt};
+use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::media::UploadKind;
 use crate::rules::pacing::{PaceLimits, Pacer};
@@ -544,12 +544,35 @@ impl Outbound {
         };
         let actor = format!("agent:{}", attempt.agent);
         let mut retry = Backoff::new(LEDGER_RETRY_FIRST, LEDGER_RETRY_CAP);
-        while let Err(e) = self.ledger.finish_attempt(&op_id, &outcome, &actor).await {
-            tracing::error!(%trace_id, %op_id, error = %e, "could not record an attempt's outcome; trying again");
-            if !self.wait(retry.next_delay()).await {
-                return Ok(Observed::Unknown {
-                    error: format!("the daemon stopped before it could record this send's outcome ({e})"),
-                });
+        loop {
+            match self.ledger.finish_attempt(&op_id, &outcome, &actor).await {
+                Ok(FinishedAttempt::Recorded) => break,
+                Ok(FinishedAttempt::AlreadySettled(settled)) => {
+                    // Recovery settled it while the request was out: on PostgreSQL, the
+                    // replica that took over from this one. Its word stands, so the agent
+                    // hears what the ledger says and an operator reconciles it.
+                    tracing::warn!(
+                        %trace_id, %op_id, learned = outcome_label(&observed), settled = settled.as_str(),
+                        "a send's outcome came after recovery had settled it: the ledger's outcome stands"
+                    );
+                    return Ok(Observed::Unknown {
+                        error: format!(
+                            "this send was settled as {} while it was on its way (another replica took over); \
+                             an operator reconciles it",
+                            settled.as_str()
+                        ),
+                    });
+                }
+                Err(e) => {
+                    tracing::error!(%trace_id, %op_id, error = %e, "could not record an attempt's outcome; trying again");
+                    if !self.wait(retry.next_delay()).await {
+                        return Ok(Observed::Unknown {
+                            error: format!(
+                                "the daemon stopped before it could record this send's outcome ({e})"
+                            ),
+                        });
+                    }
+                }
             }
         }
         metrics::attempt_finished(outcome.state(), elapsed);

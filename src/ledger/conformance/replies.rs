@@ -67,6 +67,29 @@ pub(crate) async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_rec
     ));
 }
 
+/// A send whose outcome arrives after recovery settled it (a replica that took over from
+/// the one making it) keeps the settled outcome: the ledger tells one story, the late
+/// answer changes nothing, and the caller hears it was settled.
+pub(crate) async fn an_outcome_learned_after_recovery_settled_the_attempt_changes_nothing<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let attempt = NewAttempt { reply_to_message_id: Some(1), text: "hi", ..one_part_reply(e.id) };
+    let op_id = ledger.begin_attempt(&attempt).await.unwrap().unwrap();
+    assert_eq!(ledger.recover_in_flight().await.unwrap(), std::slice::from_ref(&e.trace_id));
+
+    let late = ledger.finish_attempt(&op_id, &AttemptOutcome::Sent { message_id: 5 }, "agent:orch").await;
+    assert_eq!(late.unwrap(), FinishedAttempt::AlreadySettled(AttemptState::Unknown));
+    let attempts = ledger.attempts_for(e.id).await.unwrap();
+    assert_eq!((attempts[0].outcome, attempts[0].telegram_message_id), (AttemptState::Unknown, None));
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
+
+    // An attempt that was never recorded is still an error.
+    let unknown_op = crate::ids::AttemptId::generate();
+    let outcome = AttemptOutcome::Sent { message_id: 6 };
+    assert!(ledger.finish_attempt(&unknown_op, &outcome, "agent:orch").await.is_err());
+}
+
 pub(crate) async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone<
     B: Backend,
 >() {

@@ -24,7 +24,8 @@ use super::handoffs::settle_answers_for;
 use super::rows::{attempt_columns, reply_part_method, text_enum};
 use super::tasks::admission_in;
 use crate::domain::{
-    AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, NewAttempt, RecordedReply, StoredAttempt,
+    AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
+    StoredAttempt,
 };
 use crate::ids::{AttemptId, TraceId};
 use crate::ledger::prelude::*;
@@ -44,7 +45,7 @@ impl Attempts for PgLedger {
         op_id: &AttemptId,
         outcome: &AttemptOutcome,
         actor: &str,
-    ) -> LedgerResult<()> {
+    ) -> LedgerResult<FinishedAttempt> {
         let finished = self.classify_attempt(op_id, outcome, actor).await;
         self.writes.observe(LedgerWrite::Attempt, &finished);
         finished
@@ -212,7 +213,7 @@ impl PgLedger {
         op_id: &AttemptId,
         outcome: &AttemptOutcome,
         actor: &str,
-    ) -> LedgerResult<()> {
+    ) -> LedgerResult<FinishedAttempt> {
         let (message_id, error) = match outcome {
             AttemptOutcome::Sent { message_id } => (Some(i64::from(*message_id)), None),
             AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => {
@@ -222,15 +223,26 @@ impl PgLedger {
         let mut tx = self.pool.begin().await?;
         let finished = sqlx::query(
             "UPDATE attempts SET outcome = $1, telegram_message_id = $2, error = $3, finished_at = now() \
-             WHERE op_id = $4 RETURNING envelope_id, chunk_index, chunk_count, purpose, method",
+             WHERE op_id = $4 AND outcome = 'in_flight' \
+             RETURNING envelope_id, chunk_index, chunk_count, purpose, method",
         )
         .bind(outcome.state().as_str())
         .bind(message_id)
         .bind(error)
         .bind(op_id)
         .fetch_optional(&mut *tx)
-        .await?
-        .ok_or_else(|| LedgerError::other(format!("no attempt {op_id} was recorded to finish")))?;
+        .await?;
+        let Some(finished) = finished else {
+            tx.rollback().await?;
+            let settled = sqlx::query("SELECT outcome FROM attempts WHERE op_id = $1")
+                .bind(op_id)
+                .fetch_optional(&self.pool)
+                .await?;
+            return match settled {
+                Some(row) => Ok(FinishedAttempt::AlreadySettled(text_enum(&row, "outcome")?)),
+                None => Err(LedgerError::other(format!("no attempt {op_id} was recorded to finish"))),
+            };
+        };
         let envelope_id: i64 = finished.try_get("envelope_id")?;
         let chunk_index: i64 = finished.try_get("chunk_index")?;
         let chunk_count: i64 = finished.try_get("chunk_count")?;
@@ -272,6 +284,6 @@ impl PgLedger {
             }
         }
         tx.commit().await?;
-        Ok(())
+        Ok(FinishedAttempt::Recorded)
     }
 }

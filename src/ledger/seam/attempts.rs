@@ -17,12 +17,17 @@ pub trait Attempts: Send + Sync {
     /// unanswered. An envelope already `acked` stays acked when a later follow-up's
     /// outcome is unknown: the envelope was answered, and the follow-up attempt is what
     /// needs reconciling.
+    ///
+    /// Only an attempt still in flight is finished. One that start-up recovery settled
+    /// meanwhile (as `unknown`: the replica that took over from this one, on PostgreSQL)
+    /// keeps that outcome whatever comes later, so the ledger never tells two stories; the
+    /// caller learns it from [`FinishedAttempt::AlreadySettled`].
     async fn finish_attempt(
         &self,
         op_id: &AttemptId,
         outcome: &AttemptOutcome,
         actor: &str,
-    ) -> LedgerResult<()>;
+    ) -> LedgerResult<FinishedAttempt>;
 
     /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have
     /// reached Telegram. They become `unknown` and their envelopes `unresolved`; an

@@ -9,7 +9,8 @@ use super::envelopes::transition_in;
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerError, LedgerResult, SqliteLedger, now};
 use crate::domain::{
-    AttemptMethod, AttemptOutcome, AttemptPurpose, NewAttempt, RecordedReply, StoredAttempt,
+    AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, FinishedAttempt, NewAttempt, RecordedReply,
+    StoredAttempt,
 };
 use crate::ids::{AttemptId, TraceId};
 use crate::ledger::prelude::*;
@@ -104,7 +105,7 @@ impl Attempts for SqliteLedger {
         op_id: &AttemptId,
         outcome: &AttemptOutcome,
         actor: &str,
-    ) -> LedgerResult<()> {
+    ) -> LedgerResult<FinishedAttempt> {
         let (message_id, error) = match outcome {
             AttemptOutcome::Sent { message_id } => (Some(*message_id), None),
             AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => {
@@ -114,17 +115,30 @@ impl Attempts for SqliteLedger {
         let state = outcome.state();
         let finished = self.write_in_place(|db| {
             let sql = "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? \
-                       WHERE op_id = ? RETURNING envelope_id, chunk_index, chunk_count, purpose, method";
-            let (envelope_id, chunk_index, chunk_count, purpose, method): (i64, i64, i64, String, AttemptMethod) =
-                query_row_cached(
+                       WHERE op_id = ? AND outcome = 'in_flight' \
+                       RETURNING envelope_id, chunk_index, chunk_count, purpose, method";
+            let finished: Vec<(i64, i64, i64, String, AttemptMethod)> = query_all_cached(
+                db,
+                sql,
+                rusqlite::params![state.as_str(), message_id, error, now(), op_id],
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, text_enum(row, "method")?)),
+            )?;
+            let Some((envelope_id, chunk_index, chunk_count, purpose, method)) = finished.into_iter().next() else {
+                let settled: Vec<AttemptState> = query_all_cached(
                     db,
-                    sql,
-                    rusqlite::params![state.as_str(), message_id, error, now(), op_id],
-                    |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, text_enum(row, "method")?)),
+                    "SELECT outcome FROM attempts WHERE op_id = ?",
+                    [op_id],
+                    |row| text_enum(row, "outcome"),
                 )?;
+                return match settled.first() {
+                    Some(&state) => Ok(FinishedAttempt::AlreadySettled(state)),
+                    // No such attempt, as before this guard: the caller's mistake.
+                    None => Err(rusqlite::Error::QueryReturnedNoRows),
+                };
+            };
             // An audit copy, a reaction or an edit answers nothing: only its own row changes.
             if purpose == AttemptPurpose::Audit.as_str() || !method.is_reply_part() {
-                return Ok(());
+                return Ok(FinishedAttempt::Recorded);
             }
             let answerable = [EnvelopeState::Pending, EnvelopeState::Acked];
             match outcome {
@@ -148,7 +162,7 @@ impl Attempts for SqliteLedger {
                 }
                 _ => {}
             }
-            Ok(())
+            Ok(FinishedAttempt::Recorded)
         })
         .await;
         self.writes.observe(LedgerWrite::Attempt, &finished);
