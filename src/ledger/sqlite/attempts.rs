@@ -9,8 +9,7 @@ use super::envelopes::transition_in;
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerError, LedgerResult, SqliteLedger, now};
 use crate::domain::{
-    AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, FinishedAttempt, NewAttempt, RecordedReply,
-    StoredAttempt,
+    AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, NewAttempt, RecordedReply, StoredAttempt,
 };
 use crate::ids::{AttemptId, TraceId};
 use crate::ledger::prelude::*;
@@ -117,24 +116,19 @@ impl Attempts for SqliteLedger {
             let sql = "UPDATE attempts SET outcome = ?, telegram_message_id = ?, error = ?, finished_at = ? \
                        WHERE op_id = ? AND outcome = 'in_flight' \
                        RETURNING envelope_id, chunk_index, chunk_count, purpose, method";
-            let finished: Vec<(i64, i64, i64, String, AttemptMethod)> = query_all_cached(
+            let finished: Option<(i64, i64, i64, String, AttemptMethod)> = query_row_cached(
                 db,
                 sql,
                 rusqlite::params![state.as_str(), message_id, error, now(), op_id],
                 |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, text_enum(row, "method")?)),
-            )?;
-            let Some((envelope_id, chunk_index, chunk_count, purpose, method)) = finished.into_iter().next() else {
-                let settled: Vec<AttemptState> = query_all_cached(
-                    db,
-                    "SELECT outcome FROM attempts WHERE op_id = ?",
-                    [op_id],
-                    |row| text_enum(row, "outcome"),
-                )?;
-                return match settled.first() {
-                    Some(&state) => Ok(FinishedAttempt::AlreadySettled(state)),
-                    // No such attempt, as before this guard: the caller's mistake.
-                    None => Err(rusqlite::Error::QueryReturnedNoRows),
-                };
+            )
+            .optional()?;
+            let Some((envelope_id, chunk_index, chunk_count, purpose, method)) = finished else {
+                // No such attempt is the caller's mistake, as before this guard.
+                let settled = query_row_cached(db, "SELECT outcome FROM attempts WHERE op_id = ?", [op_id], |row| {
+                    text_enum(row, "outcome")
+                })?;
+                return Ok(FinishedAttempt::AlreadySettled(settled));
             };
             // An audit copy, a reaction or an edit answers nothing: only its own row changes.
             if purpose == AttemptPurpose::Audit.as_str() || !method.is_reply_part() {
