@@ -2,8 +2,11 @@
 //! or `SWITCHBOARD_TEST_POSTGRES`), created by the test and dropped at its end. Tests run in
 //! parallel, each in a schema of its own in one database.
 //!
-//! A schema is named after the process that made it (`sb_test_<pid>_<n>`), so a run drops
-//! the schemas that crashed runs left behind: those whose process is gone.
+//! A schema is named after the process that made it (`sb_test_<pid>_<n>_<random>`), so a
+//! run drops the schemas that crashed runs left behind: those whose process is gone. The
+//! integration tests' harness uses this file too (`tests/support/postgres.rs`), in a
+//! binary that compiles it once per suite, each copy with a counter of its own: the random
+//! part keeps their names apart.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -42,7 +45,13 @@ pub async fn admin() -> PgConnection {
 impl TestSchema {
     pub async fn create() -> Self {
         LEFTOVERS_DROPPED.get_or_init(drop_leftovers).await;
-        let name = format!("{PREFIX}{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
+        let random = std::hash::BuildHasher::hash_one(&std::collections::hash_map::RandomState::new(), 0u8);
+        let name = format!(
+            "{PREFIX}{}_{}_{:08x}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            random as u32
+        );
         let mut admin = admin().await;
         sqlx::query(sqlx::AssertSqlSafe(format!("CREATE SCHEMA {name}"))).execute(&mut admin).await.unwrap();
         let base = server_url();
