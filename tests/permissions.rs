@@ -126,7 +126,8 @@ async fn an_approvers_allow_reaches_the_asking_session_and_the_prompt_shows_who_
     for data in &data {
         assert!(data.len() <= 64 && !data.contains("abcde") && !data.contains("ls"), "{data}");
     }
-    let row = request(&daemon, "abcde").await.unwrap();
+    // The prompt reaches the chat a moment before the daemon records that it did.
+    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send != AttemptState::InFlight).await;
     assert_eq!(
         (row.state, row.prompt_send, row.prompt_message_id),
         (PermissionState::Pending, AttemptState::Sent, Some(prompt.message_id))
