@@ -279,14 +279,25 @@ async fn two_agents_with_the_same_secret_are_a_configuration_error() {
 }
 
 #[tokio::test]
-async fn a_local_api_open_to_the_network_is_a_warning_in_check_and_at_start_up() {
+async fn a_local_api_open_to_the_network_without_tls_is_refused_unless_called_private() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
     let (output, stderr) = finish(daemon.subcommand("check")).await;
     assert!(output.status.success() && !stderr.contains("warning"), "loopback is quiet:\n{stderr}");
 
     let open = "0.0.0.0:0".to_owned();
-    let mut daemon = daemon.with_env("SWITCHBOARD__API__LISTEN", &open);
+    let daemon = daemon.with_env("SWITCHBOARD__API__LISTEN", &open);
+    for command in ["check", "run"] {
+        let (output, stderr) = finish(daemon.subcommand(command)).await;
+        assert!(!output.status.success(), "{command}: no TLS beyond loopback:\n{stderr}");
+        assert!(
+            stderr.contains("api.listen") && stderr.contains("api.tls"),
+            "{command} says how to fix it:\n{stderr}"
+        );
+    }
+
+    // On a private network (a container's bridge), the operator's word makes it a warning.
+    let mut daemon = daemon.with_env("SWITCHBOARD__API__PLAINTEXT_BEYOND_LOOPBACK", "true");
     let (output, stderr) = finish(daemon.subcommand("check")).await;
     assert!(output.status.success(), "a warning, not an error:\n{stderr}");
     let warning = format!("api.listen: {open} is not a loopback address");

@@ -9,14 +9,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use axum::serve::ListenerExt as _;
 use teloxide::Bot;
-use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api;
+use crate::agents::api::listener::ApiListener;
 use crate::agents::api::server::Operations;
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver, Staging};
 use crate::agents::permissions::PermissionRelay;
@@ -81,7 +80,7 @@ pub struct Daemon {
     /// The ledger's lock, or this replica's leadership: held until the daemon has stopped.
     entitlement: Entitlement,
     ledger: Ledger,
-    listener: TcpListener,
+    listener: ApiListener,
     bridge: Bridge,
     /// The poller, or the webhook's listener when `telegram.webhook` is set.
     ingress: Ingress,
@@ -133,9 +132,7 @@ impl Daemon {
             );
         }
         let hangups = reload::catch_hangups();
-        let listener = TcpListener::bind(settings.api.listen)
-            .await
-            .with_context(|| format!("binding the local API to {} (api.listen)", settings.api.listen))?;
+        let listener = ApiListener::bind(&settings.api).await?;
 
         let token = secrets.telegram.expose();
         let bot_id = bot_id_of(&secrets)?;
@@ -297,19 +294,7 @@ impl Daemon {
 
         let server_stop = shutdown.child_token();
         let upkeep = metrics::upkeep(operations.metrics.clone(), shutdown.child_token());
-        let server = async move {
-            // Each session line is a small write of its own: sent at once, not held
-            // back by Nagle's algorithm until the previous one is acknowledged.
-            let listener = listener.tap_io(|tcp| {
-                if let Err(e) = tcp.set_nodelay(true) {
-                    tracing::debug!(error = %e, "could not set TCP_NODELAY on a local API connection");
-                }
-            });
-            axum::serve(listener, api::server::router(bridge, operations))
-                .with_graceful_shutdown(server_stop.cancelled_owned())
-                .await
-                .context("local API server")
-        };
+        let server = listener.serve(api::server::router(bridge, operations), server_stop);
         spawn_supervised(&tasks, &shutdown, &failure, "local API", server);
         tasks.spawn(reload::reload_on_sighup(reloader, hangups, shutdown.child_token()));
         tasks.spawn(upkeep);

@@ -7,7 +7,7 @@ use clap::{Args, Parser};
 
 use super::{ConfigArg, block_on};
 use crate::agents::channel;
-use crate::config::Settings;
+use crate::config::{DaemonUrl, Settings};
 use crate::ids::AgentName;
 use crate::telemetry;
 
@@ -28,6 +28,10 @@ pub struct ChannelArgs {
     /// How much the inbox may hold, in MB; its oldest files are removed to make room.
     #[arg(long, value_name = "MB", default_value_t = channel::inbox::DEFAULT_INBOX_MAX_MB)]
     pub inbox_max_mb: u64,
+    /// Where the daemon is, as `https://HOST:PORT` (or `http://` on loopback); give it once
+    /// per replica, in the order to try them. Replaces `api.daemon`; default: `api.listen`.
+    #[arg(long = "daemon", value_name = "URL")]
+    pub daemons: Vec<String>,
     #[command(flatten)]
     pub config: ConfigArg,
 }
@@ -86,7 +90,18 @@ pub(super) fn hand_over_to_channel_executable() -> anyhow::Error {
 
 /// `switchboard channel`: the MCP channel plugin for one agent session.
 async fn run_channel(args: ChannelArgs) -> anyhow::Result<()> {
-    let settings = Settings::load(&args.config.config)?;
+    let mut settings = Settings::load(&args.config.config)?;
+    if !args.daemons.is_empty() {
+        let plaintext_allowed = settings.api.plaintext_beyond_loopback;
+        settings.api.daemon = args
+            .daemons
+            .iter()
+            .map(|text| {
+                DaemonUrl::parse(text, plaintext_allowed)
+                    .map_err(|problem| anyhow::anyhow!("--daemon: {problem}"))
+            })
+            .collect::<anyhow::Result<_>>()?;
+    }
     let agent = AgentName::parse(&args.agent).map_err(anyhow::Error::msg)?;
     let secret = settings.agent_secret(&agent)?;
     let server_name = channel::parse_server_name(&args.server_name).map_err(anyhow::Error::msg)?;

@@ -14,7 +14,15 @@ pub(super) fn check(path: &Path) -> anyhow::Result<()> {
     }
     println!("{}: configuration is valid", path.display());
     println!("telegram api: {}", settings.telegram.api_url);
-    println!("local api:    {}", settings.api.listen);
+    match &settings.api.tls {
+        Some(files) => {
+            crate::agents::api::tls::server_config(files)?;
+            println!("local api:    {} over TLS ({})", settings.api.listen, files.cert.display());
+        }
+        None => println!("local api:    {}", settings.api.listen),
+    }
+    let plugins_reach: Vec<String> = settings.api.daemon_urls().iter().map(ToString::to_string).collect();
+    println!("plugins use:  {}", plugins_reach.join(", "));
     println!("database:     {}", settings.storage.database);
     if let Database::Postgres(postgres) = &settings.storage.database {
         println!(

@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{Daemon, LedgerHold, Taken};
-use crate::config::{LogFormat, Settings};
+use crate::config::{DaemonUrl, LogFormat, Settings};
 use crate::telemetry;
 
 pub use channel::{ChannelArgs, channel_main};
@@ -61,7 +61,7 @@ pub enum Command {
         /// The daemon's configuration: its `api.listen` is asked (0.0.0.0 on loopback).
         #[arg(long, short = 'c', env = "SWITCHBOARD_CONFIG", required_unless_present = "address")]
         config: Option<PathBuf>,
-        /// Ask this address (host:port) instead.
+        /// Ask this address (host:port, plain HTTP) instead.
         #[arg(long)]
         address: Option<SocketAddr>,
     },
@@ -119,12 +119,15 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Ledger { config, command } => ledger::ledger(&config.config, command).await,
         Command::Demo { keep } => crate::demo::run(keep).await,
         Command::Healthcheck { config, address } => {
-            let address = match (address, config) {
-                (Some(address), _) => address,
-                (None, Some(config)) => Settings::load(&config)?.api.listen,
+            let daemon = match (address, config) {
+                (Some(address), _) => DaemonUrl::beside(address, false),
+                (None, Some(config)) => {
+                    let api = Settings::load(&config)?.api;
+                    DaemonUrl::beside(api.listen, api.tls.is_some())
+                }
                 (None, None) => anyhow::bail!("give --config FILE or --address HOST:PORT"),
             };
-            crate::operate::healthcheck::check(crate::operate::healthcheck::address_to_ask(address)).await
+            crate::operate::healthcheck::check(&daemon).await
         }
     }
 }
@@ -144,6 +147,10 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
         tracing::warn!("{}: {warning}", settings.source.display());
     }
     let bot_id = crate::app::bot_id_of(&secrets)?;
+    // A certificate that cannot be served fails now, not when a standby is elected.
+    if let Some(files) = &settings.api.tls {
+        crate::agents::api::tls::server_config(files)?;
+    }
     let storage = &settings.storage;
     let hold = match LedgerHold::take(&storage.database, storage.synchronous, bot_id, &shutdown).await? {
         Taken::Hold(hold) => hold,

@@ -141,13 +141,13 @@ impl Settings {
     pub fn warnings(&self) -> Vec<ConfigWarning> {
         let mut warnings = Vec::new();
         let listen = self.api.listen;
-        if !listen.ip().is_loopback() {
+        if self.api.tls.is_none() && !listen.ip().is_loopback() {
             warnings.push(ConfigWarning {
                 key: "api.listen".into(),
                 problem: format!(
-                    "{listen} is not a loopback address: the local API has no TLS and every \
+                    "{listen} is not a loopback address and the local API has no TLS: every \
                      request carries an agent's secret, readable by anyone on the network path; \
-                     listen on 127.0.0.1 unless a TLS tunnel or a private network protects it"
+                     api.plaintext_beyond_loopback says this network is private, so make sure it is"
                 ),
             });
         }

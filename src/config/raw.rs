@@ -119,6 +119,23 @@ pub(super) struct RawStorage {
 pub(super) struct RawApi {
     #[serde(default = "default_listen")]
     pub(super) listen: String,
+    #[serde(default)]
+    pub(super) tls: Option<RawApiTls>,
+    /// Beyond loopback without TLS: allowed only when the operator says so.
+    #[serde(default)]
+    pub(super) plaintext_beyond_loopback: bool,
+    /// The plugin's side: where to reach the daemon.
+    #[serde(default)]
+    pub(super) daemon: Vec<String>,
+    #[serde(default)]
+    pub(super) ca: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawApiTls {
+    pub(super) cert: String,
+    pub(super) key: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -295,7 +312,13 @@ impl Default for RawStorage {
 }
 impl Default for RawApi {
     fn default() -> Self {
-        Self { listen: default_listen() }
+        Self {
+            listen: default_listen(),
+            tls: None,
+            plaintext_beyond_loopback: false,
+            daemon: Vec::new(),
+            ca: None,
+        }
     }
 }
 impl Default for RawOutbound {

@@ -215,6 +215,107 @@ pub(super) const DEFAULT_RETENTION_INTERVAL_SECS: u64 = 3600;
 #[derive(Debug, Clone)]
 pub struct ApiSettings {
     pub listen: SocketAddr,
+    /// `api.tls`: the daemon serves its local API over TLS with this certificate.
+    pub tls: Option<ApiTls>,
+    /// `api.plaintext_beyond_loopback`: the operator's word that a network path without
+    /// TLS is private (a container's bridge, a VPN), so `listen` may leave loopback.
+    pub plaintext_beyond_loopback: bool,
+    /// `api.daemon` (or the plugin's `--daemon`): where a plugin reaches the daemon, tried
+    /// in turn; by default, `listen` itself.
+    pub daemon: Vec<DaemonUrl>,
+    /// `api.ca`: certificates (PEM) a plugin trusts for the daemon's, beside the system's.
+    pub ca: Option<PathBuf>,
+}
+
+impl ApiSettings {
+    /// Where a plugin with these settings reaches the daemon, in the order it tries them.
+    pub fn daemon_urls(&self) -> Vec<DaemonUrl> {
+        if self.daemon.is_empty() {
+            vec![DaemonUrl::beside(self.listen, self.tls.is_some())]
+        } else {
+            self.daemon.clone()
+        }
+    }
+}
+
+/// `api.tls`: the certificate chain and private key files (PEM) the daemon serves with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ApiTls {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// Where a plugin reaches a daemon: `http://` or `https://`, a host and a port, nothing
+/// more. Plain `http://` only to loopback, unless `api.plaintext_beyond_loopback`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonUrl(reqwest::Url);
+
+impl DaemonUrl {
+    /// Parses one address a plugin is given; the problem, for the key that gave it.
+    pub fn parse(text: &str, plaintext_allowed: bool) -> Result<Self, String> {
+        let url = reqwest::Url::parse(text)
+            .map_err(|e| format!("'{text}' is not a URL like https://switchboard.internal:7797 ({e})"))?;
+        let tls = match url.scheme() {
+            "https" => true,
+            "http" => false,
+            other => return Err(format!("'{text}': the scheme is {other}; give http:// or https://")),
+        };
+        if url.host().is_none() || url.port_or_known_default().is_none() {
+            return Err(format!("'{text}' names no host"));
+        }
+        if !matches!(url.path(), "" | "/") || url.query().is_some() || !url.username().is_empty() {
+            return Err(format!(
+                "'{text}' has more than a scheme, a host and a port: the daemon's routes are its own"
+            ));
+        }
+        if !tls && !plaintext_allowed && !Self::is_loopback(&url) {
+            return Err(format!(
+                "'{text}' is plain http beyond loopback: the agent's secret would cross the network \
+                 readable; give https:// (the daemon's api.tls), or set api.plaintext_beyond_loopback \
+                 = true on a private network"
+            ));
+        }
+        Ok(Self(url))
+    }
+
+    /// The address a plugin beside the daemon uses: `listen`, asked on loopback when it
+    /// is a wildcard.
+    pub fn beside(listen: SocketAddr, tls: bool) -> Self {
+        let ask = match listen.ip() {
+            std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+                SocketAddr::new(std::net::Ipv4Addr::LOCALHOST.into(), listen.port())
+            }
+            std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+                SocketAddr::new(std::net::Ipv6Addr::LOCALHOST.into(), listen.port())
+            }
+            _ => listen,
+        };
+        let scheme = if tls { "https" } else { "http" };
+        Self(reqwest::Url::parse(&format!("{scheme}://{ask}")).expect("a socket address makes a URL"))
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.0.scheme() == "https"
+    }
+
+    /// `scheme://host:port`, without a trailing slash, for routes to follow.
+    pub fn origin(&self) -> String {
+        self.0.origin().ascii_serialization()
+    }
+
+    fn is_loopback(url: &reqwest::Url) -> bool {
+        let host = url.host_str().unwrap_or_default();
+        match host.trim_start_matches('[').trim_end_matches(']').parse::<std::net::IpAddr>() {
+            Ok(ip) => ip.is_loopback(),
+            Err(_) => host.eq_ignore_ascii_case("localhost"),
+        }
+    }
+}
+
+impl fmt::Display for DaemonUrl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.origin())
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -173,14 +173,26 @@ fn wrong_types_name_the_key() {
     assert!(e.to_string().contains("poll_timeout_secs"), "{e}");
 }
 
+fn with_api(api: &str) -> String {
+    MINIMAL.replace("[telegram]", &format!("[api]\n{api}\n[telegram]"))
+}
+
 #[test]
-fn only_a_non_loopback_listen_address_is_a_warning() {
+fn the_local_api_leaves_loopback_only_with_tls_or_the_operators_word() {
     assert_eq!(load_str(MINIMAL).unwrap().warnings(), []);
-    let ipv6 = MINIMAL.replace("[telegram]", "[api]\nlisten = \"[::1]:7797\"\n[telegram]");
-    assert_eq!(load_str(&ipv6).unwrap().warnings(), []);
+    assert_eq!(load_str(&with_api("listen = \"[::1]:7797\"")).unwrap().warnings(), []);
     for open in ["0.0.0.0:7797", "192.168.1.5:7797", "[::]:7797"] {
-        let text = MINIMAL.replace("[telegram]", &format!("[api]\nlisten = \"{open}\"\n[telegram]"));
-        let warnings = load_str(&text).unwrap().warnings();
+        let e = problem(&with_api(&format!("listen = \"{open}\"")));
+        assert_eq!(e.key, "api.listen", "{open}");
+        assert!(e.problem.contains(open) && e.problem.contains("api.tls"), "{e}");
+
+        let tls = with_api(&format!("listen = \"{open}\"\ntls = {{ cert = \"a.pem\", key = \"k.pem\" }}"));
+        let settings = load_str(&tls).unwrap();
+        assert_eq!(settings.warnings(), [], "{open}");
+        assert_eq!(settings.api.tls, Some(ApiTls { cert: "a.pem".into(), key: "k.pem".into() }));
+
+        let private = with_api(&format!("listen = \"{open}\"\nplaintext_beyond_loopback = true"));
+        let warnings = load_str(&private).unwrap().warnings();
         assert_eq!(warnings.len(), 1, "{open}");
         assert_eq!(warnings[0].key, "api.listen");
         assert!(
@@ -189,6 +201,56 @@ fn only_a_non_loopback_listen_address_is_a_warning() {
             warnings[0]
         );
     }
+}
+
+#[test]
+fn api_tls_needs_both_files() {
+    assert!(problem(&with_api("tls = { cert = \"a.pem\" }")).to_string().contains("key"));
+    let e = problem(&with_api("tls = { cert = \"\", key = \"k.pem\" }"));
+    assert_eq!(e.key, "api.tls.cert");
+    assert_eq!(problem(&with_api("ca = \" \"")).key, "api.ca");
+}
+
+#[test]
+fn plugins_reach_the_daemon_where_it_listens_unless_told_otherwise() {
+    let urls = |api: &str| -> Vec<String> {
+        load_str(&with_api(api)).unwrap().api.daemon_urls().iter().map(ToString::to_string).collect()
+    };
+    assert_eq!(urls("listen = \"127.0.0.1:7797\""), ["http://127.0.0.1:7797"]);
+    // A wildcard listens on loopback too, which is where a plugin beside it asks.
+    assert_eq!(
+        urls("listen = \"0.0.0.0:7797\"\nplaintext_beyond_loopback = true"),
+        ["http://127.0.0.1:7797"]
+    );
+    assert_eq!(urls("listen = \"[::]:7797\"\nplaintext_beyond_loopback = true"), ["http://[::1]:7797"]);
+    assert_eq!(
+        urls("listen = \"0.0.0.0:7797\"\ntls = { cert = \"a.pem\", key = \"k.pem\" }"),
+        ["https://127.0.0.1:7797"]
+    );
+    assert_eq!(
+        urls("daemon = [\"https://sb-1.internal:7797\", \"https://sb-2.internal:7797/\"]"),
+        ["https://sb-1.internal:7797", "https://sb-2.internal:7797"]
+    );
+    assert_eq!(urls("daemon = [\"http://localhost:7797\"]"), ["http://localhost:7797"]);
+}
+
+#[test]
+fn a_daemon_address_a_plugin_cannot_use_safely_is_refused() {
+    for (given, says) in [
+        ("sb-1.internal:7797", "https://"),
+        ("https://", "not a URL"),
+        ("ftp://sb-1.internal:7797", "scheme"),
+        ("https://sb-1.internal:7797/api", "more than"),
+        ("https://user@sb-1.internal:7797", "more than"),
+        ("http://sb-1.internal:7797", "plain http beyond loopback"),
+        ("http://10.0.0.5:7797", "plain http beyond loopback"),
+    ] {
+        let e = problem(&with_api(&format!("daemon = [\"{given}\"]")));
+        assert_eq!(e.key, "api.daemon", "{given}");
+        assert!(e.problem.contains(says), "{given}: {e}");
+    }
+    let private = with_api("daemon = [\"http://10.0.0.5:7797\"]\nplaintext_beyond_loopback = true");
+    assert_eq!(load_str(&private).unwrap().api.daemon_urls()[0].to_string(), "http://10.0.0.5:7797");
 }
 
 #[test]

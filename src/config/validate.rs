@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::num::NonZeroU32;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::ids::{AgentName, RouteName, Secret};
@@ -44,9 +44,7 @@ impl Settings {
         check_env_name(path, "telegram.token_env", &raw.telegram.token_env)?;
         let webhook = raw.telegram.webhook.map(|raw| validate_webhook(path, raw)).transpose()?;
 
-        let listen: SocketAddr = raw.api.listen.parse().map_err(|_| {
-            err("api.listen", format!("'{}' is not an address like 127.0.0.1:7797", raw.api.listen))
-        })?;
+        let api = validate_api(path, raw.api)?;
 
         let database = validate_database(path, &raw.storage)?;
         let retain = match raw.storage.retain_days {
@@ -172,7 +170,7 @@ impl Settings {
                 webhook,
             },
             storage: StorageSettings { database, synchronous: raw.storage.synchronous, retain },
-            api: ApiSettings { listen },
+            api,
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
             outbound: OutboundSettings {
                 max_reply_parts: raw.outbound.max_reply_parts,
@@ -501,6 +499,56 @@ fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSettings, Con
     })?;
     check_env_name(path, "telegram.webhook.secret_env", &raw.secret_env)?;
     Ok(WebhookSettings { public_url, listen, secret_env: raw.secret_env })
+}
+
+fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    let listen: SocketAddr = raw
+        .listen
+        .parse()
+        .map_err(|_| err("api.listen", format!("'{}' is not an address like 127.0.0.1:7797", raw.listen)))?;
+    let tls = raw
+        .tls
+        .map(|tls| {
+            let file = |key: &str, value: String| {
+                if value.trim().is_empty() {
+                    Err(err(key, "names no file: give the path of a PEM file".into()))
+                } else {
+                    Ok(PathBuf::from(value))
+                }
+            };
+            Ok::<_, ConfigError>(ApiTls {
+                cert: file("api.tls.cert", tls.cert)?,
+                key: file("api.tls.key", tls.key)?,
+            })
+        })
+        .transpose()?;
+    if tls.is_none() && !listen.ip().is_loopback() && !raw.plaintext_beyond_loopback {
+        return Err(err(
+            "api.listen",
+            format!(
+                "{listen} is not a loopback address, and the local API has no TLS: every request \
+                 carries an agent's secret, readable by anyone on the network path. Configure \
+                 api.tls = {{ cert = \"…\", key = \"…\" }}, or listen on 127.0.0.1, or (on a private \
+                 network such as a container's bridge) set api.plaintext_beyond_loopback = true"
+            ),
+        ));
+    }
+    let daemon = raw
+        .daemon
+        .iter()
+        .map(|text| {
+            DaemonUrl::parse(text, raw.plaintext_beyond_loopback)
+                .map_err(|problem| err("api.daemon", problem))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let ca = match raw.ca {
+        Some(ca) if ca.trim().is_empty() => {
+            return Err(err("api.ca", "names no file: give the path of a PEM file".into()));
+        }
+        ca => ca.map(PathBuf::from),
+    };
+    Ok(ApiSettings { listen, tls, plaintext_beyond_loopback: raw.plaintext_beyond_loopback, daemon, ca })
 }
 
 fn check_env_name(path: &Path, key: &str, name: &str) -> Result<(), ConfigError> {

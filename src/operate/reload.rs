@@ -126,6 +126,16 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
         |settings: &Settings| settings.storage.retain.map_or("none".to_owned(), |r| r.days.to_string());
     fixed("storage.retain_days", &retain_days(running), &retain_days(new));
     fixed("api.listen", &running.api.listen, &new.api.listen);
+    // The certificate is read as the local API binds. (`api.daemon` and `api.ca` are the
+    // plugins': each reads them as it starts.)
+    let tls = |settings: &Settings| {
+        settings
+            .api
+            .tls
+            .as_ref()
+            .map_or("none".to_owned(), |tls| format!("{}, {}", tls.cert.display(), tls.key.display()))
+    };
+    fixed("api.tls", &tls(running), &tls(new));
     fixed(
         "log.format",
         &format!("{:?}", running.log.format).to_lowercase(),

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,9 +23,11 @@ use super::wire::{
     PermissionRequest, ReactRequest, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest,
     SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest, UploadReceipt,
 };
+use crate::config::DaemonUrl;
 use crate::ids::{AgentName, Secret};
 
-/// The daemon listens on loopback: a connection it has not accepted by then is not coming.
+/// A daemon on loopback or a private network accepts at once: a connection (and its TLS
+/// handshake) not made by then is not coming, and the next replica may be tried.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// Answers to `pending` and `ack` are a database read or write away.
@@ -66,18 +69,18 @@ const BODY_PREVIEW_CHARS: usize = 200;
 pub enum ClientError {
     /// The request never reached the daemon, so nothing happened there; trying again is safe.
     #[error("switchboard daemon at {address} is not reachable: {detail}; is `switchboard run` running?")]
-    Unreachable { address: SocketAddr, detail: String },
+    Unreachable { address: String, detail: String },
     /// The request was sent but no complete answer came back: what the daemon did with it
     /// is unknown.
     #[error("the switchboard daemon at {address} did not answer: {detail}")]
-    NoAnswer { address: SocketAddr, detail: String },
+    NoAnswer { address: String, detail: String },
     /// The daemon refused the request; its message is written for the model.
     #[error("{}", .error.message)]
     Refused { status: StatusCode, error: ApiError },
     /// The daemon answered something this client does not understand: another program on
     /// that port, or a daemon of a different version.
     #[error("the switchboard daemon at {address} sent an answer this plugin does not understand: {detail}")]
-    Protocol { address: SocketAddr, detail: String },
+    Protocol { address: String, detail: String },
 }
 
 impl ClientError {
@@ -95,9 +98,9 @@ impl ClientError {
 #[derive(Debug, Clone)]
 pub struct DaemonClient {
     http: reqwest::Client,
-    /// Where the daemon listens; also named in every error, so an operator knows which
-    /// daemon the plugin was looking for.
-    address: SocketAddr,
+    /// Where the daemon listens (each replica's address, with several); the one in use is
+    /// named in every error, so an operator knows which daemon the plugin was looking for.
+    daemons: Arc<Daemons>,
     agent: AgentName,
     secret: Secret,
     /// The live session's token (from its `Hello`), sent with every call; `None` while no
@@ -116,15 +119,32 @@ pub struct DaemonClient {
 const PLUGIN_SUFFIX_LEN: usize = 16;
 
 impl DaemonClient {
+    /// A client of the daemon listening at `address` on this machine, over plain HTTP.
     pub fn new(address: SocketAddr, agent: AgentName, secret: Secret) -> Result<Self, reqwest::Error> {
-        let http = reqwest::Client::builder()
+        Self::for_daemons(vec![DaemonUrl::beside(address, false)], Vec::new(), agent, secret)
+    }
+
+    /// A client of the daemon at the first of `daemons` that accepts a connection: with
+    /// replicas, the one that leads (the others listen nowhere). `trusted` are certificates
+    /// to trust for an `https://` daemon beside the system's roots (`api.ca`).
+    pub fn for_daemons(
+        daemons: Vec<DaemonUrl>,
+        trusted: Vec<reqwest::Certificate>,
+        agent: AgentName,
+        secret: Secret,
+    ) -> Result<Self, reqwest::Error> {
+        assert!(!daemons.is_empty(), "a plugin is given at least one daemon's address");
+        let mut http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
-            // The daemon is local: a proxy from the environment must never see the secret.
-            .no_proxy()
-            .build()?;
+            // The daemon is ours to reach directly: a proxy from the environment must never
+            // see the secret (nor, over TLS, learn where the agents' daemon is).
+            .no_proxy();
+        for certificate in trusted {
+            http = http.add_root_certificate(certificate);
+        }
         Ok(Self {
-            http,
-            address,
+            http: http.build()?,
+            daemons: Arc::new(Daemons { urls: daemons, in_use: AtomicUsize::new(0) }),
             agent,
             secret,
             session: Arc::new(watch::Sender::new(None)),
@@ -139,8 +159,9 @@ impl DaemonClient {
         tokio::time::timeout(within, session.wait_for(Option::is_some)).await.is_ok_and(|found| found.is_ok())
     }
 
-    pub fn address(&self) -> SocketAddr {
-        self.address
+    /// The daemon's address in use (`scheme://host:port`).
+    pub fn address(&self) -> String {
+        self.daemons.in_use().origin()
     }
 
     pub fn agent(&self) -> &AgentName {
@@ -168,7 +189,7 @@ impl DaemonClient {
             FramedRead::new(StreamReader::new(body), LinesCodec::new_with_max_length(MAX_SESSION_LINE_BYTES));
         let mut stream = SessionStream {
             lines: lines.boxed(),
-            address: self.address,
+            address: self.address(),
             session_id: String::new(),
             token: String::new(),
             session: Arc::clone(&self.session),
@@ -303,7 +324,7 @@ impl DaemonClient {
         len: u64,
     ) -> Result<UploadReceipt, ClientError> {
         let file = tokio::fs::File::open(path).await.map_err(|e| ClientError::Unreachable {
-            address: self.address,
+            address: self.address(),
             detail: format!("{} could not be opened: {e}", path.display()),
         })?;
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
@@ -320,7 +341,7 @@ impl DaemonClient {
     }
 
     fn url(&self, route: &str) -> String {
-        format!("http://{}{API_PREFIX}/{}/{route}", self.address, self.agent)
+        format!("{}{API_PREFIX}/{}/{route}", self.daemons.in_use().origin(), self.agent)
     }
 
     /// Sends an authenticated request and decodes a success body as `T`.
@@ -375,26 +396,30 @@ impl DaemonClient {
             Err(_) => Err(self.protocol(format!(
                 "HTTP {status} with the body '{}' (is another program listening on {}?)",
                 preview(&body),
-                self.address
+                self.address()
             ))),
         }
     }
 
     /// Classifies a reqwest failure: a connection that was never made means the request
     /// did not reach the daemon; anything later leaves its outcome unknown.
+    /// A daemon that could not be reached is passed over: the next call goes to the next
+    /// address, as the retries of every caller then do.
     fn transport_error(&self, error: &reqwest::Error) -> ClientError {
         let detail = root_cause(error);
+        let address = error.url().map_or_else(|| self.address(), |url| url.origin().ascii_serialization());
         if error.is_connect() {
-            ClientError::Unreachable { address: self.address, detail }
+            self.daemons.pass_over(&address);
+            ClientError::Unreachable { address, detail }
         } else if error.is_timeout() {
-            ClientError::NoAnswer { address: self.address, detail: "it did not answer in time".into() }
+            ClientError::NoAnswer { address, detail: "it did not answer in time".into() }
         } else {
-            ClientError::NoAnswer { address: self.address, detail }
+            ClientError::NoAnswer { address, detail }
         }
     }
 
     fn no_answer(&self, detail: String) -> ClientError {
-        ClientError::NoAnswer { address: self.address, detail }
+        ClientError::NoAnswer { address: self.address(), detail }
     }
 
     fn no_answer_within(&self, limit: Duration) -> ClientError {
@@ -402,7 +427,36 @@ impl DaemonClient {
     }
 
     fn protocol(&self, detail: String) -> ClientError {
-        ClientError::Protocol { address: self.address, detail }
+        ClientError::Protocol { address: self.address(), detail }
+    }
+}
+
+/// The daemons a plugin may reach and the one it uses: each replica listens only while it
+/// leads, so the one that accepts a connection is the one to use.
+#[derive(Debug)]
+struct Daemons {
+    urls: Vec<DaemonUrl>,
+    in_use: AtomicUsize,
+}
+
+impl Daemons {
+    fn in_use(&self) -> &DaemonUrl {
+        &self.urls[self.in_use.load(Ordering::Relaxed) % self.urls.len()]
+    }
+
+    /// Moves on from `unreachable` to the next address, unless another call already did.
+    fn pass_over(&self, unreachable: &str) {
+        if self.urls.len() < 2 {
+            return;
+        }
+        let seen = self.in_use.load(Ordering::Relaxed);
+        if self.urls[seen % self.urls.len()].origin() != unreachable {
+            return;
+        }
+        let next = (seen + 1) % self.urls.len();
+        if self.in_use.compare_exchange(seen, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
+            tracing::info!(unreachable, next = %self.urls[next], "the daemon is not reachable there; trying the next address");
+        }
     }
 }
 
@@ -419,7 +473,7 @@ pub struct AttachmentStream {
 /// The agent's session: a stream of [`SessionEvent`]s, one JSON object per line.
 pub struct SessionStream {
     lines: futures::stream::BoxStream<'static, Result<String, LinesCodecError>>,
-    address: SocketAddr,
+    address: String,
     /// The daemon's id for this session, from its `Hello`.
     pub session_id: String,
     /// This session's token, cleared from the client when the stream is dropped.
@@ -460,7 +514,7 @@ impl SessionStream {
         loop {
             let line = tokio::time::timeout(SESSION_IDLE_LIMIT, self.lines.next()).await.map_err(|_| {
                 ClientError::NoAnswer {
-                    address: self.address,
+                    address: self.address.clone(),
                     detail: format!(
                         "no heartbeat on the session stream for {}s",
                         SESSION_IDLE_LIMIT.as_secs()
@@ -472,12 +526,15 @@ impl SessionStream {
                 Some(Ok(line)) => line,
                 Some(Err(LinesCodecError::MaxLineLengthExceeded)) => {
                     return Err(ClientError::Protocol {
-                        address: self.address,
+                        address: self.address.clone(),
                         detail: format!("a session line longer than {MAX_SESSION_LINE_BYTES} bytes"),
                     });
                 }
                 Some(Err(LinesCodecError::Io(e))) => {
-                    return Err(ClientError::NoAnswer { address: self.address, detail: root_cause(&e) });
+                    return Err(ClientError::NoAnswer {
+                        address: self.address.clone(),
+                        detail: root_cause(&e),
+                    });
                 }
             };
             let line = line.trim();
@@ -485,7 +542,7 @@ impl SessionStream {
                 continue;
             }
             return serde_json::from_str(line).map(Some).map_err(|e| ClientError::Protocol {
-                address: self.address,
+                address: self.address.clone(),
                 detail: format!("{e} in the session line '{}'", preview(line.as_bytes())),
             });
         }
@@ -527,12 +584,12 @@ mod tests {
     #[test]
     fn unreachable_error_names_the_address_and_the_fix() {
         let error = ClientError::Unreachable {
-            address: "127.0.0.1:7797".parse().unwrap(),
+            address: "http://127.0.0.1:7797".into(),
             detail: "Connection refused (os error 111)".into(),
         };
         assert_eq!(
             error.to_string(),
-            "switchboard daemon at 127.0.0.1:7797 is not reachable: Connection refused (os error 111); \
+            "switchboard daemon at http://127.0.0.1:7797 is not reachable: Connection refused (os error 111); \
              is `switchboard run` running?"
         );
     }

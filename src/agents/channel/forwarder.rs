@@ -77,7 +77,7 @@ impl SessionForwarder {
                 SessionEnd::Failed(error) => {
                     self.refused.store(matches!(error, ClientError::Refused { .. }), Ordering::SeqCst);
                     let problem =
-                        session_problem(error, self.daemon.agent(), &self.secret_env, self.daemon.address());
+                        session_problem(error, self.daemon.agent(), &self.secret_env, &self.daemon.address());
                     if reported.as_deref() == Some(problem.text.as_str()) {
                         tracing::debug!("{}", problem.text);
                     } else {
@@ -220,7 +220,7 @@ fn session_problem(
     error: &ClientError,
     agent: &AgentName,
     secret_env: &str,
-    address: std::net::SocketAddr,
+    address: &str,
 ) -> SessionProblem {
     let retry_secs = REFUSED_RETRY_DELAY.as_secs();
     let (severity, text) = match error {
@@ -273,7 +273,7 @@ mod tests {
 
     fn unreachable() -> ClientError {
         ClientError::Unreachable {
-            address: "127.0.0.1:7797".parse().unwrap(),
+            address: "http://127.0.0.1:7797".into(),
             detail: "Connection refused (os error 111)".into(),
         }
     }
@@ -298,7 +298,7 @@ mod tests {
 
     #[test]
     fn session_problems_say_what_is_wrong() {
-        let address = "127.0.0.1:7797".parse().unwrap();
+        let address = "http://127.0.0.1:7797";
         let conflict = session_problem(&refused(ErrorCode::SessionConflict, "taken"), &agent(), "S", address);
         assert_eq!(conflict.severity, Severity::Error);
         assert!(

@@ -111,6 +111,17 @@ const MAX_CALL_TIMEOUT_SECS: u64 = 600;
 /// Pause between two questions about a reply's outcome while the daemon is away.
 const OUTCOME_RETRY_DELAY: Duration = Duration::from_millis(500);
 
+/// `api.ca`'s certificates: what the plugin trusts for the daemon's, beside the system's.
+fn trusted_certificates(ca: &std::path::Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let pem = std::fs::read(ca).with_context(|| format!("api.ca: cannot read {}", ca.display()))?;
+    let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("api.ca: {} is not PEM certificates", ca.display()))?;
+    if certificates.is_empty() {
+        anyhow::bail!("api.ca: {} holds no certificate (PEM, BEGIN CERTIFICATE)", ca.display());
+    }
+    Ok(certificates)
+}
+
 /// Runs the channel plugin for `agent` until the agent session closes stdin.
 ///
 /// Fails only when it cannot start: the agent's secret is missing, or the MCP handshake
@@ -127,9 +138,15 @@ pub async fn run(
         .agent_secret(&agent)
         .with_context(|| format!("the channel plugin for agent '{agent}' cannot authenticate"))?;
     let secret_env = settings.agents.get(&agent).map(|a| a.token_env.clone()).unwrap_or_default();
-    let daemon = DaemonClient::new(settings.api.listen, agent.clone(), secret)
+    let daemons = settings.api.daemon_urls();
+    let trusted = match &settings.api.ca {
+        Some(ca) => trusted_certificates(ca)?,
+        None => Vec::new(),
+    };
+    let named: Vec<String> = daemons.iter().map(ToString::to_string).collect();
+    let daemon = DaemonClient::for_daemons(daemons, trusted, agent.clone(), secret)
         .context("cannot build the HTTP client for the daemon's local API")?;
-    tracing::info!(%agent, daemon = %settings.api.listen, inbox = %inbox.dir().display(), "channel plugin starting");
+    tracing::info!(%agent, daemon = named.join(","), inbox = %inbox.dir().display(), "channel plugin starting");
     let media = Media { inbox: Arc::new(inbox), eager_photo_max_bytes: settings.media.eager_photo_max_bytes };
 
     let shutdown = CancellationToken::new();

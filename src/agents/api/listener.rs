@@ -1,0 +1,55 @@
+//! Where the local API listens: plain TCP on loopback, or TLS with `[api] tls`.
+
+use std::net::SocketAddr;
+
+use anyhow::Context as _;
+use axum::Router;
+use axum::serve::ListenerExt as _;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::tls::{self, TlsListener};
+use crate::config::ApiSettings;
+
+pub enum ApiListener {
+    Plain(TcpListener),
+    Tls(TlsListener),
+}
+
+impl ApiListener {
+    /// Binds `api.listen`, with `api.tls`'s certificate read now when it is set.
+    pub async fn bind(api: &ApiSettings) -> anyhow::Result<Self> {
+        let tcp = TcpListener::bind(api.listen)
+            .await
+            .with_context(|| format!("binding the local API to {} (api.listen)", api.listen))?;
+        match &api.tls {
+            None => Ok(Self::Plain(tcp)),
+            Some(files) => Ok(Self::Tls(TlsListener::new(tcp, tls::server_config(files)?)?)),
+        }
+    }
+
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        match self {
+            Self::Plain(tcp) => tcp.local_addr(),
+            Self::Tls(tls) => axum::serve::Listener::local_addr(tls),
+        }
+    }
+
+    /// Serves `router` until `stop`, then lets the requests in progress finish.
+    pub async fn serve(self, router: Router, stop: CancellationToken) -> anyhow::Result<()> {
+        match self {
+            Self::Plain(tcp) => {
+                // Each session line is a small write of its own: sent at once, not held
+                // back by Nagle's algorithm until the previous one is acknowledged.
+                let tcp = tcp.tap_io(|tcp| {
+                    if let Err(e) = tcp.set_nodelay(true) {
+                        tracing::debug!(error = %e, "could not set TCP_NODELAY on a local API connection");
+                    }
+                });
+                axum::serve(tcp, router).with_graceful_shutdown(stop.cancelled_owned()).await
+            }
+            Self::Tls(tls) => axum::serve(tls, router).with_graceful_shutdown(stop.cancelled_owned()).await,
+        }
+        .context("local API server")
+    }
+}

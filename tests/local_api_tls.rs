@@ -1,0 +1,189 @@
+//! The local API over TLS (`[api] tls`), as a plugin on another machine meets it: the real
+//! daemon serving a certificate its test CA signed, the real `switchboard channel` trusting
+//! that CA (`api.ca`), and the refusals around them.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+use serde_json::json;
+use support::agents::*;
+use support::daemon::*;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
+
+/// A CA of the test's own, and a certificate it signed for the daemon on loopback.
+struct TestCertificates {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    /// A key that belongs to no certificate here.
+    stray_key: PathBuf,
+}
+
+impl TestCertificates {
+    fn write_into(dir: &Path) -> Self {
+        let mut ca_params = CertificateParams::new(Vec::new()).unwrap();
+        ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let ca_key = KeyPair::generate().unwrap();
+        let ca = ca_params.self_signed(&ca_key).unwrap();
+        let issuer = Issuer::new(ca_params, ca_key);
+        let daemon_key = KeyPair::generate().unwrap();
+        let daemon = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .unwrap()
+            .signed_by(&daemon_key, &issuer)
+            .unwrap();
+        let write = |name: &str, pem: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        Self {
+            ca: write("ca.pem", ca.pem()),
+            cert: write("daemon.pem", daemon.pem()),
+            key: write("daemon.key", daemon_key.serialize_pem()),
+            stray_key: write("stray.key", KeyPair::generate().unwrap().serialize_pem()),
+        }
+    }
+}
+
+/// A daemon configured with `api` lines added to its `[api]` table, not started.
+fn configure_with_api(fake: &FakeTelegram, api: &str) -> TestDaemon {
+    let daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
+    let config = std::fs::read_to_string(daemon.config_path()).unwrap();
+    std::fs::write(daemon.config_path(), config.replacen("[api]\n", &format!("[api]\n{api}\n"), 1)).unwrap();
+    daemon
+}
+
+fn tls_lines(certs: &TestCertificates, key: &Path) -> String {
+    format!("tls = {{ cert = \"{}\", key = \"{}\" }}", certs.cert.display(), key.display())
+}
+
+/// An HTTPS client that trusts the test CA only.
+fn https_client(certs: &TestCertificates) -> reqwest::Client {
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
+    reqwest::Client::builder()
+        .no_proxy()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(ca)
+        .timeout(WAIT)
+        .build()
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_plugin_that_trusts_the_daemons_ca_carries_a_message_and_its_reply_over_tls() {
+    let fake = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCertificates::write_into(dir.path());
+    let mut daemon = configure_with_api(
+        &fake,
+        &format!("{}\nca = \"{}\"", tls_lines(&certs, &certs.key), certs.ca.display()),
+    );
+    daemon.launch();
+    let orchestrator = session(&daemon, "orchestrator").await;
+    assert!(
+        orchestrator.stderr().contains(&format!("https://{}", daemon.api_addr())),
+        "the plugin goes to the daemon over https: {}",
+        orchestrator.stderr()
+    );
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "over TLS?");
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].content, "over TLS?");
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "over TLS."})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!((sent[0].chat_id, sent[0].text.as_str()), (OWNER_CHAT, "over TLS."));
+
+    // The operator's routes are served over TLS too, and plain HTTP gets nothing.
+    let https = https_client(&certs);
+    let ready = https.get(format!("https://{}/readyz", daemon.api_addr())).send().await.unwrap();
+    assert!(ready.status().is_success(), "{:?}", ready.status());
+    let plain = reqwest::Client::builder().no_proxy().timeout(WAIT).build().unwrap();
+    let refused = plain.get(format!("http://{}/readyz", daemon.api_addr())).send().await;
+    assert!(refused.is_err() || !refused.unwrap().status().is_success(), "plain HTTP must not be served");
+
+    // The container health check asks over TLS on its own.
+    let health = daemon.subcommand("healthcheck").output().unwrap();
+    assert!(health.status.success(), "{}", String::from_utf8_lossy(&health.stderr));
+}
+
+#[tokio::test]
+async fn a_plugin_that_does_not_trust_the_certificate_never_connects() {
+    let fake = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCertificates::write_into(dir.path());
+    // No `api.ca`: the system's roots do not know the test CA.
+    let mut daemon = configure_with_api(&fake, &tls_lines(&certs, &certs.key));
+    daemon.launch();
+    let worker = plugin(&daemon, "worker").await;
+    let why = worker.wait_for_stderr("not reachable", WAIT).await.unwrap();
+    assert!(why.to_lowercase().contains("certificate"), "the plugin says the certificate is why: {why}");
+    assert!(!worker.stderr().contains("connected to the switchboard daemon"), "{}", worker.stderr());
+    let (is_error, text) = worker.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
+    assert!(is_error, "nothing can be answered without the daemon: {text}");
+    assert!(fake.sent_messages().is_empty());
+    daemon.wait_for_log("TLS handshake on the local API failed", WAIT).await;
+}
+
+#[tokio::test]
+async fn a_certificate_the_daemon_cannot_serve_stops_it_before_it_listens() {
+    let fake = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCertificates::write_into(dir.path());
+    let missing = dir.path().join("missing.pem");
+    for (key, says) in [(&certs.stray_key, "does not fit"), (&missing, "api.tls.key")] {
+        let daemon = configure_with_api(&fake, &tls_lines(&certs, key));
+        for command in ["check", "run"] {
+            let output = daemon.subcommand(command).output().unwrap();
+            let stderr = String::from_utf8_lossy(&output.stderr);
+            assert!(!output.status.success(), "{command} with {}: {stderr}", key.display());
+            assert!(stderr.contains(says), "{command} names what is wrong ({says}): {stderr}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_plugin_given_several_daemons_uses_the_one_that_listens() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    // Nothing listens on the first address (a replica standing by binds nothing).
+    let nobody = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let worker = plugin_builder(&daemon, "worker")
+        .arg("--daemon")
+        .arg(format!("http://{nobody}"))
+        .arg("--daemon")
+        .arg(format!("http://{}", daemon.api_addr()))
+        .start()
+        .await
+        .unwrap();
+    worker.wait_for_stderr("connected to the switchboard daemon", WAIT).await.unwrap();
+    assert!(worker.stderr().contains("trying the next address"), "{}", worker.stderr());
+
+    fake.push_topic_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), OPS_TOPIC, owner(), "which daemon?");
+    worker.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, text) = worker.call_tool("reply", json!({"text": "the one that listens"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(1, WAIT).await[0].text, "the one that listens");
+}
+
+#[tokio::test]
+async fn a_daemon_address_that_would_send_the_secret_in_the_clear_is_refused() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
+    let output = std::process::Command::new(BIN)
+        .args(["channel", "--agent", "worker", "--config"])
+        .arg(daemon.config_path())
+        .args(["--daemon", "http://sb-1.internal:7797"])
+        .env("SB_TEST_WORKER_SECRET", WORKER_SECRET)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success(),
+        "a plugin told to send its secret in the clear must not start: {stderr}"
+    );
+    assert!(stderr.contains("--daemon") && stderr.contains("plain http"), "{stderr}");
+}
