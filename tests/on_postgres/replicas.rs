@@ -126,6 +126,80 @@ async fn a_standby_takes_over_when_the_leader_is_killed_and_loses_nothing() {
     assert_eq!(fake.sent_messages().len(), 3, "nothing sent twice");
 }
 
+/// A port nothing listens on now, for a replica to bind once it is elected.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+#[tokio::test]
+async fn a_plugin_given_every_replicas_address_follows_the_leader_to_another_machine() {
+    // Replicas on ports of their own stand for replicas on machines of their own: the
+    // plugin knows both addresses, and only the leader listens at its own.
+    let fake = FakeTelegram::start().await;
+    let (first_port, second_port) = (free_port(), free_port());
+    let (first_at, second_at) = (format!("127.0.0.1:{first_port}"), format!("127.0.0.1:{second_port}"));
+    let mut leader = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[
+            ("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE),
+            ("SWITCHBOARD__STORAGE__REPLICA", "first"),
+            (switchboard::config::API_LISTEN_ENV, &first_at),
+        ],
+    );
+    let mut standby = leader
+        .replica_on_own_port()
+        .with_env("SWITCHBOARD__STORAGE__REPLICA", "second")
+        .with_env(switchboard::config::API_LISTEN_ENV, &second_at);
+    standby.launch_standby();
+    wait_standing_by(&standby).await;
+
+    // The standby's address first: the plugin passes over it to the leader.
+    let orchestrator = plugin_builder(&leader, "orchestrator")
+        .arg("--daemon")
+        .arg(format!("http://{second_at}"))
+        .arg("--daemon")
+        .arg(format!("http://{first_at}"))
+        .start()
+        .await
+        .unwrap();
+    orchestrator.wait_for_stderr("connected to the switchboard daemon", WAIT).await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "to the first leader");
+    orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "from the first"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    fake.wait_for_sent(1, WAIT).await;
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "while the leader dies");
+    orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    leader.kill9();
+    standby.wait_until_serving(WAIT);
+    assert_eq!(standby.api_addr().port(), second_port, "the new leader listens at its own address");
+
+    let shown = orchestrator.wait_for_notifications(3, WAIT).await.unwrap()[2].clone();
+    assert_eq!(shown.content, "while the leader dies");
+    assert_eq!(shown.meta_str("redelivered"), Some("true"), "it had been shown before the crash");
+    assert!(
+        orchestrator
+            .stderr()
+            .contains(&format!("connected to the switchboard daemon again daemon=http://{second_at}")),
+        "{}",
+        orchestrator.stderr()
+    );
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "from the second", "trace_id": trace_id(&shown)}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(2, WAIT).await;
+    let replies: Vec<&str> = sent.iter().map(|m| m.text.as_str()).collect();
+    assert_eq!(replies, ["from the first", "from the second"], "each answered once");
+    let rows = envelopes(&standby).await;
+    assert_each_update_once(&rows, 2);
+    assert!(rows.iter().all(|row| row.state == EnvelopeState::Acked), "{rows:?}");
+}
+
 #[tokio::test]
 async fn a_deposed_leader_records_nothing_when_it_resumes_and_stops() {
     let fake = FakeTelegram::start().await;
