@@ -23,12 +23,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Database, PostgresLedger, Synchronous};
+use crate::config::{Database, PostgresLedger, Synchronous, WebhookSettings};
+use crate::ids::Secret;
 use crate::ledger::postgres::{Elected, PollerCandidate, StepDown};
 use crate::ledger::sqlite::LedgerLock;
 use crate::ledger::{Ledger, PgLedger, SqliteLedger};
 use crate::operate::health::Leading;
 use crate::rules::leadership::Tenure;
+use crate::telegram::relay::UpdateRelay;
+use crate::telegram::webhook::{self, UpdateSink, WebhookListener};
 
 /// The ledger, opened, with what lets this process run on it.
 #[derive(Debug)]
@@ -57,6 +60,15 @@ pub struct Leadership {
     status: Leading,
 }
 
+/// The webhook a standby listens on while another replica leads: it commits each delivery
+/// for the leader (`telegram::relay`), so Telegram and the load balancer in front of the
+/// replicas may send to any of them.
+#[derive(Debug, Clone)]
+pub struct StandbyWebhook {
+    pub settings: WebhookSettings,
+    pub secret: Secret,
+}
+
 /// What came of waiting for the ledger.
 #[derive(Debug)]
 pub enum Taken {
@@ -73,6 +85,7 @@ impl LedgerHold {
         database: &Database,
         synchronous: Synchronous,
         bot_id: i64,
+        webhook: Option<StandbyWebhook>,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Taken> {
         match database {
@@ -83,7 +96,7 @@ impl LedgerHold {
                 let ledger = SqliteLedger::open(path, synchronous).await?;
                 Ok(Taken::Hold(Self { ledger: Arc::new(ledger), entitlement: Entitlement::FileLock(lock) }))
             }
-            Database::Postgres(postgres) => Leadership::stand(postgres, bot_id, shutdown).await,
+            Database::Postgres(postgres) => Leadership::stand(postgres, bot_id, webhook, shutdown).await,
         }
     }
 }
@@ -95,6 +108,7 @@ impl Leadership {
     async fn stand(
         postgres: &PostgresLedger,
         bot_id: i64,
+        webhook: Option<StandbyWebhook>,
         shutdown: &CancellationToken,
     ) -> anyhow::Result<Taken> {
         let ledger = PgLedger::connect(&postgres.url).await.with_context(|| {
@@ -104,26 +118,48 @@ impl Leadership {
             .await
             .context("opening the connection that holds this replica's candidacy")?;
         let mut said_standing_by = false;
+        let mut relaying: Option<Relaying> = None;
         let tenure = loop {
             match candidate.campaign_once().await {
                 Ok(Elected::Leader(tenure)) => break tenure,
                 Ok(Elected::StandBy) if !said_standing_by => {
                     tracing::info!(replica = %postgres.replica, bot_id, "{STANDING_BY_MESSAGE}");
                     said_standing_by = true;
+                    if let Some(webhook) = &webhook {
+                        let relay = UpdateRelay::new(ledger.clone(), bot_id, postgres.replica.clone());
+                        relaying = Some(Relaying::start(webhook.clone(), relay).await?);
+                    }
                 }
                 Ok(Elected::StandBy) => {}
                 Err(error) => {
                     tracing::warn!(bot_id, %error, "campaigning for the bot's lease failed; trying again")
                 }
             }
+            let relay_failed = async {
+                match relaying.as_mut() {
+                    Some(relaying) => relaying.failed().await,
+                    None => std::future::pending().await,
+                }
+            };
             tokio::select! {
                 () = tokio::time::sleep(postgres.lease.renewal_interval()) => {}
+                error = relay_failed => {
+                    ledger.close().await;
+                    return Err(error);
+                }
                 () = shutdown.cancelled() => {
+                    if let Some(relaying) = relaying {
+                        relaying.stop().await;
+                    }
                     ledger.close().await;
                     return Ok(Taken::StoppedStandingBy);
                 }
             }
         };
+        // The daemon binds the webhook's address itself, and takes deliveries in.
+        if let Some(relaying) = relaying {
+            relaying.stop().await;
+        }
         tracing::info!(replica = %postgres.replica, bot_id, term = tenure.term.get(), "{LEADING_MESSAGE}");
         ledger.lead_polling(bot_id, tenure.term);
         let hold = LedgerHold {
@@ -153,6 +189,11 @@ impl Leadership {
         step_down
     }
 
+    /// The ledger this replica leads on, for what only PostgreSQL has (relayed deliveries).
+    pub fn ledger(&self) -> PgLedger {
+        self.ledger.clone()
+    }
+
     /// Who this replica is and whether it still leads, for `/readyz` and `/metrics`.
     pub fn status(&self) -> Leading {
         self.status.clone()
@@ -164,3 +205,44 @@ pub const STANDING_BY_MESSAGE: &str = "standing by: another replica leads this b
 
 /// Logged when this replica is elected, before it recovers and starts.
 pub const LEADING_MESSAGE: &str = "elected: this replica leads the bot";
+
+/// A standby's webhook listener, relaying deliveries to the leader.
+struct Relaying {
+    serving: tokio::task::JoinHandle<anyhow::Result<()>>,
+    tasks: tokio_util::task::TaskTracker,
+    stop: CancellationToken,
+}
+
+impl Relaying {
+    async fn start(webhook: StandbyWebhook, relay: UpdateRelay) -> anyhow::Result<Self> {
+        let health = crate::operate::health::WebhookHealth::default();
+        let listener = WebhookListener::bind(
+            webhook.settings,
+            webhook.secret,
+            UpdateSink::Relay(Box::new(relay)),
+            health,
+        )
+        .await?;
+        tracing::info!(webhook = %listener.local_addr()?, path = listener.path(), "{}", webhook::RELAYING_MESSAGE);
+        let (tasks, stop) = (tokio_util::task::TaskTracker::new(), CancellationToken::new());
+        let serving = tokio::spawn(listener.run(None, tasks.clone(), stop.clone()));
+        Ok(Self { serving, tasks, stop })
+    }
+
+    /// Waits until the listener fails; what it failed with.
+    async fn failed(&mut self) -> anyhow::Error {
+        match (&mut self.serving).await {
+            Ok(Err(error)) => error.context("the standby's webhook listener"),
+            Ok(Ok(())) => anyhow::anyhow!("the standby's webhook listener stopped by itself"),
+            Err(panicked) => anyhow::anyhow!("the standby's webhook listener failed: {panicked}"),
+        }
+    }
+
+    /// Stops listening once the deliveries being committed are: the port is free after.
+    async fn stop(self) {
+        self.stop.cancel();
+        self.tasks.close();
+        self.tasks.wait().await;
+        let _ = self.serving.await;
+    }
+}

@@ -32,9 +32,10 @@ use crate::telegram::intake::{Routing, UpdateIntake};
 use crate::telegram::menu;
 use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller};
+use crate::telegram::relay::RelayedDeliveries;
 use crate::telegram::typing::TypingIndicator;
-use crate::telegram::webhook::{self, WebhookListener};
-pub use hold::{Entitlement, Leadership, LedgerHold, Taken};
+use crate::telegram::webhook::{self, UpdateSink, WebhookListener};
+pub use hold::{Entitlement, Leadership, LedgerHold, StandbyWebhook, Taken};
 
 /// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
 /// up, so a healthy long poll is never cut short by our own timeout.
@@ -71,7 +72,11 @@ fn reported_address(log: &str, message: &str) -> Option<SocketAddr> {
 /// How updates reach the daemon: polled, or pushed to the webhook's listener.
 enum Ingress {
     Polling(Poller),
-    Webhook(WebhookListener),
+    Webhook {
+        listener: WebhookListener,
+        /// A leader's: where its standbys' deliveries wait, and the intake to take them in.
+        relayed: Option<Box<RelayedDeliveries>>,
+    },
 }
 
 pub struct Daemon {
@@ -180,8 +185,19 @@ impl Daemon {
         let (ingress, intake_health) = match (&settings.telegram.webhook, secrets.webhook) {
             (Some(webhook), Some(secret)) => {
                 let health = WebhookHealth::default();
-                let listener = WebhookListener::bind(webhook.clone(), secret, intake, health.clone()).await?;
-                (Ingress::Webhook(listener), IntakeHealth::Webhook(health))
+                // A leader on PostgreSQL also takes in what its standbys took (`telegram::relay`).
+                let relayed = match &entitlement {
+                    Entitlement::Leader(leadership) => Some(RelayedDeliveries {
+                        ledger: leadership.ledger(),
+                        bot_id,
+                        intake: intake.clone(),
+                    }),
+                    Entitlement::FileLock(_) => None,
+                };
+                let relayed = relayed.map(Box::new);
+                let sink = UpdateSink::Intake(intake);
+                let listener = WebhookListener::bind(webhook.clone(), secret, sink, health.clone()).await?;
+                (Ingress::Webhook { listener, relayed }, IntakeHealth::Webhook(health))
             }
             (Some(_), None) => anyhow::bail!("telegram.webhook is set but its secret was not read"),
             (None, _) => {
@@ -282,10 +298,14 @@ impl Daemon {
             Ingress::Polling(poller) => {
                 spawn_supervised(&tasks, &shutdown, &failure, "poller", poller.run(shutdown.child_token()))
             }
-            Ingress::Webhook(listener) => {
+            Ingress::Webhook { listener, relayed } => {
                 tracing::info!(webhook = %listener.local_addr()?, path = listener.path(), "{}", webhook::LISTENING_MESSAGE);
-                let webhook = listener.run(webhook_api, tasks.clone(), shutdown.child_token());
-                spawn_supervised(&tasks, &shutdown, &failure, "webhook", webhook)
+                let webhook = listener.run(Some(webhook_api), tasks.clone(), shutdown.child_token());
+                spawn_supervised(&tasks, &shutdown, &failure, "webhook", webhook);
+                if let Some(relayed) = relayed {
+                    let taking_in = relayed.take_in(shutdown.child_token());
+                    spawn_supervised(&tasks, &shutdown, &failure, "relayed webhook deliveries", taking_in);
+                }
             }
         }
         tracing::info!(api = %listener.local_addr()?, "{RUNNING_MESSAGE}");

@@ -14,7 +14,7 @@ use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
-use crate::app::{Daemon, LedgerHold, Taken};
+use crate::app::{Daemon, LedgerHold, StandbyWebhook, Taken};
 use crate::config::{DaemonUrl, LogFormat, Settings};
 use crate::telemetry;
 
@@ -152,13 +152,22 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
         crate::agents::api::tls::server_config(files)?;
     }
     let storage = &settings.storage;
-    let hold = match LedgerHold::take(&storage.database, storage.synchronous, bot_id, &shutdown).await? {
-        Taken::Hold(hold) => hold,
-        Taken::StoppedStandingBy => {
-            tracing::info!("stopped while standing by");
-            return Ok(());
+    let standby_webhook = match (&settings.telegram.webhook, &secrets.webhook) {
+        (Some(settings), Some(secret)) => {
+            Some(StandbyWebhook { settings: settings.clone(), secret: secret.clone() })
         }
+        _ => None,
     };
+    let hold =
+        match LedgerHold::take(&storage.database, storage.synchronous, bot_id, standby_webhook, &shutdown)
+            .await?
+        {
+            Taken::Hold(hold) => hold,
+            Taken::StoppedStandingBy => {
+                tracing::info!("stopped while standing by");
+                return Ok(());
+            }
+        };
     let daemon = Daemon::build(settings, secrets, hold, shutdown.clone()).await?;
     daemon.run().await
 }

@@ -29,7 +29,7 @@ pub(crate) mod conformance;
 pub use crate::domain::*;
 pub use error::LedgerCongestion;
 pub use error::{ErrorSource, LedgerError, LedgerResult};
-pub use postgres::{PgLedger, PgOpenError};
+pub use postgres::{PgLedger, PgOpenError, RelayedUpdate};
 pub use seam::Storage;
 pub use seam::{ListFilter, Pages, PruneReport, Pruned};
 pub use sqlite::{SqliteLedger, files};

@@ -14,6 +14,7 @@ pub mod outbound;
 pub mod parts;
 pub mod poller;
 pub mod reactions;
+pub mod relay;
 pub mod typing;
 pub mod updates;
 pub mod webhook;

@@ -9,6 +9,9 @@
 //! answered `503`) only make it come again, and a redelivery of a stored update is skipped
 //! by the ledger (same `update_id`, same digest). A request without the right secret is
 //! answered `401` and stores nothing.
+//!
+//! With replicas on PostgreSQL, a standby listens too: it commits each update for the
+//! leader to take in ([`crate::telegram::relay`]) before its `200`, and registers nothing.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +36,7 @@ use crate::operate::health::WebhookHealth;
 use crate::operate::metrics;
 use crate::telegram::bot_api::{Answer, BotApi, Exchange};
 use crate::telegram::intake::{Confirmation, UpdateIntake};
+use crate::telegram::relay::UpdateRelay;
 use crate::telegram::updates::{ALLOWED_UPDATES, RawUpdate};
 
 /// The header Telegram sends the webhook's `secret_token` back in.
@@ -46,12 +50,40 @@ pub const LISTENING_MESSAGE: &str = "webhook listening";
 const REGISTER_FIRST: Duration = Duration::from_millis(500);
 const REGISTER_CAP: Duration = Duration::from_secs(30);
 
+/// What logs a standby's webhook listener once bound, with the address as `webhook`.
+pub const RELAYING_MESSAGE: &str = "webhook listening, relaying deliveries to the leader";
+
+/// Where a delivery goes once its secret is checked.
+#[derive(Clone)]
+pub enum UpdateSink {
+    /// Taken in here: the daemon that serves (SQLite's, or the leader's).
+    Intake(UpdateIntake),
+    /// Committed for the leader: a standby's.
+    /// Boxed: it carries a ledger handle of its own.
+    Relay(Box<UpdateRelay>),
+}
+
+impl UpdateSink {
+    /// Commits one update; how many envelopes it made here (none when relayed).
+    async fn take(&self, update: RawUpdate, update_id: i64) -> Result<usize, LedgerError> {
+        match self {
+            Self::Intake(intake) => Ok(intake.take(vec![update], Confirmation::Answer).await?.new_envelopes),
+            Self::Relay(relay) => {
+                if !relay.relay(&update, update_id).await? {
+                    tracing::debug!(update_id, "webhook update relayed before (a redelivery): answered 200");
+                }
+                Ok(0)
+            }
+        }
+    }
+}
+
 /// The webhook's listener, bound at build time so a taken port fails start-up.
 pub struct WebhookListener {
     listener: TcpListener,
     settings: WebhookSettings,
     secret: Secret,
-    intake: UpdateIntake,
+    sink: UpdateSink,
     health: WebhookHealth,
 }
 
@@ -59,13 +91,13 @@ impl WebhookListener {
     pub async fn bind(
         settings: WebhookSettings,
         secret: Secret,
-        intake: UpdateIntake,
+        sink: UpdateSink,
         health: WebhookHealth,
     ) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(settings.listen).await.with_context(|| {
             format!("binding the webhook listener to {} (telegram.webhook.listen)", settings.listen)
         })?;
-        Ok(Self { listener, settings, secret, intake, health })
+        Ok(Self { listener, settings, secret, sink, health })
     }
 
     /// Where Telegram's requests are taken (useful when configured with port 0).
@@ -78,22 +110,25 @@ impl WebhookListener {
         self.settings.path()
     }
 
-    /// Registers the webhook with Telegram (until it is accepted) and serves Telegram's
-    /// requests until `shutdown`. Returns an error, which stops the daemon, when the
-    /// listener fails or the ledger fails in a way that does not pass by itself.
+    /// Registers the webhook with Telegram (until it is accepted) when given `register`'s
+    /// API (a standby leaves that to the leader), and serves Telegram's requests until
+    /// `shutdown`. Returns an error, which stops the daemon, when the listener fails or the
+    /// ledger fails in a way that does not pass by itself.
     pub async fn run(
         self,
-        api: BotApi,
+        register_with: Option<BotApi>,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        let Self { listener, settings, secret, intake, health } = self;
+        let Self { listener, settings, secret, sink, health } = self;
         let (fatal, mut fatal_errors) = mpsc::channel(1);
-        let deliveries = Deliveries { intake, secret: secret.clone(), tasks: tasks.clone(), fatal };
+        let deliveries = Deliveries { sink, secret: secret.clone(), tasks: tasks.clone(), fatal };
         let server = axum::serve(listener, router(settings.path(), deliveries))
             .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         // The listener is up before Telegram is told of it, so its first delivery finds it.
-        tasks.spawn(register(api, settings, secret, health, shutdown.child_token()));
+        if let Some(api) = register_with {
+            tasks.spawn(register(api, settings, secret, health, shutdown.child_token()));
+        }
         tokio::select! {
             served = server => served.context("webhook listener"),
             Some(error) = fatal_errors.recv() => {
@@ -106,7 +141,7 @@ impl WebhookListener {
 /// What each request needs.
 #[derive(Clone)]
 struct Deliveries {
-    intake: UpdateIntake,
+    sink: UpdateSink,
     /// What Telegram must send in [`SECRET_HEADER`].
     secret: Secret,
     /// Intake runs as a task of its own on the daemon's tracker: a request cut off by
@@ -173,7 +208,10 @@ async fn take_delivery(deliveries: &Deliveries, headers: &HeaderMap, body: Bytes
         );
         return Answered::Unauthorized;
     }
-    let Some(update) = std::str::from_utf8(&body).ok().map(RawUpdate::new).filter(|u| u.update_id.is_some())
+    let Some((update, update_id)) = std::str::from_utf8(&body)
+        .ok()
+        .map(RawUpdate::new)
+        .and_then(|update| update.update_id.map(|update_id| (update, update_id)))
     else {
         tracing::warn!(
             bytes = body.len(),
@@ -181,9 +219,8 @@ async fn take_delivery(deliveries: &Deliveries, headers: &HeaderMap, body: Bytes
         );
         return Answered::NotAnUpdate;
     };
-    let update_id = update.update_id;
-    let intake = deliveries.intake.clone();
-    let taking = deliveries.tasks.spawn(async move { intake.take(vec![update], Confirmation::Answer).await });
+    let sink = deliveries.sink.clone();
+    let taking = deliveries.tasks.spawn(async move { sink.take(update, update_id).await });
     let taken = match taking.await {
         Ok(taken) => taken,
         // A panic outside the decoder (which catches its own) goes on as on this task.
@@ -193,8 +230,8 @@ async fn take_delivery(deliveries: &Deliveries, headers: &HeaderMap, body: Bytes
         Err(_) => return Answered::LedgerCongested,
     };
     match taken {
-        Ok(taken) => {
-            if taken.new_envelopes == 0 {
+        Ok(new_envelopes) => {
+            if new_envelopes == 0 && matches!(deliveries.sink, UpdateSink::Intake(_)) {
                 tracing::debug!(
                     update_id,
                     "webhook update stored before (a redelivery) or no envelope: answered 200"

@@ -14,7 +14,7 @@ use support::agents::*;
 use support::daemon::*;
 use switchboard::app::hold::{LEADING_MESSAGE, STANDING_BY_MESSAGE};
 use switchboard::app::{LEADERSHIP_LOST_MESSAGE, reported_api_address};
-use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
+use switchboard::fake_bot_api::{ChatSpec, Delivery, FakeTelegram};
 use switchboard::ledger::{EnvelopeState, ListFilter};
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -198,6 +198,134 @@ async fn a_plugin_given_every_replicas_address_follows_the_leader_to_another_mac
     let rows = envelopes(&standby).await;
     assert_each_update_once(&rows, 2);
     assert!(rows.iter().all(|row| row.state == EnvelopeState::Acked), "{rows:?}");
+}
+
+const WEBHOOK_SECRET: &str = "webhook-secret_0123456789";
+const WEBHOOK_SECRET_ENV: &str = "SB_TEST_WEBHOOK_SECRET";
+const WEBHOOK_LISTEN_ENV: &str = "SWITCHBOARD__TELEGRAM__WEBHOOK__LISTEN";
+
+/// A leader and a standby in webhook mode, each listening for Telegram at a port of its
+/// own (as replicas behind a load balancer do), the standby relaying what it takes.
+async fn webhook_leader_and_standby(fake: &FakeTelegram) -> (TestDaemon, TestDaemon, String, String) {
+    let (leader_hook, standby_hook) =
+        (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let webhook = format!(
+        r#"webhook = {{ public_url = "https://bot.example.test/telegram/hook", listen = "127.0.0.1:0", secret_env = "{WEBHOOK_SECRET_ENV}" }}"#
+    );
+    let leader = TestDaemon::start_with_env(
+        &fake.api_url(),
+        &webhook,
+        &default_routes(),
+        &[
+            ("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE),
+            ("SWITCHBOARD__STORAGE__REPLICA", "first"),
+            (WEBHOOK_SECRET_ENV, WEBHOOK_SECRET),
+            (WEBHOOK_LISTEN_ENV, &leader_hook),
+        ],
+    );
+    fake.wait_for_webhook(WAIT).await;
+    let mut standby = leader
+        .replica()
+        .with_env("SWITCHBOARD__STORAGE__REPLICA", "second")
+        .with_env(WEBHOOK_LISTEN_ENV, &standby_hook);
+    standby.launch_standby();
+    let deadline = Instant::now() + WAIT;
+    while !standby.latest_logs().contains(switchboard::telegram::webhook::RELAYING_MESSAGE) {
+        assert!(
+            Instant::now() < deadline,
+            "the standby's webhook does not listen:\n{}",
+            standby.latest_logs()
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    (leader, standby, leader_hook, standby_hook)
+}
+
+/// Relayed deliveries the leader has not taken in yet.
+fn relayed_waiting(daemon: &TestDaemon) -> i64 {
+    let TestLedger::Postgres(schema) = &daemon.ledger_at else { panic!("replicas are on PostgreSQL") };
+    schema.scalar("SELECT count(*)::text FROM relayed_updates").unwrap().parse().unwrap()
+}
+
+#[tokio::test]
+async fn a_standby_takes_webhook_deliveries_for_the_leader_and_serves_them_itself_after_a_takeover() {
+    let fake = FakeTelegram::start().await;
+    let (mut leader, mut standby, _, standby_hook) = webhook_leader_and_standby(&fake).await;
+    let orchestrator = session(&leader, "orchestrator").await;
+    let dm = ChatSpec::private(OWNER_CHAT);
+
+    // The load balancer sends this one to the standby: committed there, answered 200, and
+    // taken in by the leader, whose session is shown it.
+    fake.route_webhook_to(standby_hook.parse().unwrap());
+    let relayed = fake.push_text(&dm, owner(), "through the standby");
+    fake.wait_until_delivered(relayed, 1, WAIT).await;
+    assert_eq!(fake.deliveries_of(relayed), [Delivery::Answered(200)]);
+    let shown = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(shown[0].content, "through the standby");
+    // Telegram delivering it again, to the standby: still one envelope, shown once.
+    fake.deliver_again(relayed);
+    fake.wait_until_delivered(relayed, 2, WAIT).await;
+    fake.push_text(&dm, owner(), "marker");
+    let shown = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    assert_eq!(
+        shown.iter().map(|n| n.content.as_str()).collect::<Vec<_>>(),
+        ["through the standby", "marker"]
+    );
+    assert_eq!(fake.get_updates_calls(), 0, "nobody polls in webhook mode");
+
+    // The leader dies; the standby, elected, takes deliveries in at the same address.
+    leader.kill9();
+    standby.wait_until_serving(WAIT);
+    assert_eq!(standby.webhook_addr().to_string(), standby_hook);
+    let after = fake.push_text(&dm, owner(), "after the takeover");
+    fake.wait_until_delivered(after, 1, WAIT).await;
+    let texts: Vec<String> = orchestrator
+        .wait_for_notifications(5, WAIT)
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.content.clone())
+        .collect();
+    // Both shown before the crash come again (unanswered), then the new one.
+    assert_eq!(texts[2..], ["through the standby", "marker", "after the takeover"], "{texts:?}");
+    let rows = envelopes(&standby).await;
+    assert_each_update_once(&rows, 3);
+    let relayed_left = relayed_waiting(&standby);
+    assert_eq!(relayed_left, 0, "every relayed delivery was taken in and forgotten");
+}
+
+#[tokio::test]
+async fn a_standby_killed_between_its_commit_and_its_answer_leaves_one_envelope() {
+    let fake = FakeTelegram::start().await;
+    let (leader, mut standby, leader_hook, standby_hook) = webhook_leader_and_standby(&fake).await;
+    let orchestrator = session(&leader, "orchestrator").await;
+
+    // The standby commits and answers, but Telegram never sees the answer; then the standby
+    // dies, and the load balancer sends Telegram's retry to the leader.
+    fake.route_webhook_to(standby_hook.parse().unwrap());
+    fake.lose_next_webhook_answer();
+    let update_id = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "committed, never confirmed");
+    assert_eq!(fake.wait_for_deliveries(update_id, 1, WAIT).await, [Delivery::NoAnswer]);
+    standby.kill9();
+    fake.route_webhook_to(leader_hook.parse().unwrap());
+    fake.wait_until_delivered(update_id, 1, WAIT).await;
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    let shown = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    assert_eq!(
+        shown.iter().map(|n| n.content.as_str()).collect::<Vec<_>>(),
+        ["committed, never confirmed", "marker"],
+        "the relayed copy and Telegram's retry are one envelope, shown once"
+    );
+    let rows = envelopes(&leader).await;
+    assert_each_update_once(&rows, 2);
+    // The relayed copy is taken in (stored already) and forgotten, within a sweep.
+    let deadline = Instant::now() + WAIT;
+    while relayed_waiting(&leader) != 0 {
+        assert!(Instant::now() < deadline, "the relayed copy is never taken in:\n{}", leader.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_each_update_once(&envelopes(&leader).await, 2);
 }
 
 #[tokio::test]

@@ -31,6 +31,7 @@ mod permissions;
 mod prune;
 mod questions;
 mod reactions;
+mod relay;
 #[cfg(test)]
 mod replica_races;
 mod rooms;
@@ -55,6 +56,7 @@ use crate::ledger::{ErrorSource, LedgerError, LedgerResult, WriteWatch};
 use crate::rules::leadership::Term;
 
 pub use leadership::{Elected, PollerCandidate, StepDown};
+pub use relay::{RELAYED_CHANNEL, RelayedUpdate};
 
 /// The schema, embedded at build time (`build.rs` rebuilds when a file changes).
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
