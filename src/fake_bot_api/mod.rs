@@ -712,14 +712,18 @@ impl FakeTelegram {
         self.shared.lock().updates.len()
     }
 
-    /// Waits until `update_id` is confirmed (some `getUpdates` sent an offset
-    /// greater than it). Panics if `within` elapses first.
+    /// Waits until `update_id` is confirmed: some `getUpdates` sent an offset greater than
+    /// it, or a delivery of it to the webhook was answered 2xx. Panics if `within` elapses
+    /// first.
     pub async fn wait_until_confirmed(&self, update_id: i64, within: Duration) {
         let deadline = Instant::now() + within;
         let confirmed = self
             .shared
             .wait_for(Some(deadline), |state| {
-                state.confirmed_offset.is_some_and(|offset| offset > update_id).then_some(())
+                // Polled and confirmed by a later offset, or delivered to the webhook (in
+                // order, so everything before it was too).
+                let polled = state.confirmed_offset.is_some_and(|offset| offset > update_id);
+                (polled || state.webhook.delivered.contains_key(&update_id)).then_some(())
             })
             .await;
         if confirmed.is_none() {
@@ -779,7 +783,14 @@ impl FakeTelegram {
     /// (and a webhook is set) nothing is delivered; after a restart on another port, call
     /// it again.
     pub fn route_webhook_to(&self, addr: SocketAddr) {
-        self.shared.lock().webhook.target = Some(format!("http://{addr}"));
+        self.route_webhook_to_each(&[addr]);
+    }
+
+    /// Like [`FakeTelegram::route_webhook_to`], to several backends in turn, as a load
+    /// balancer in front of replicas does: each delivery goes to the next, and a delivery
+    /// that failed is retried at the next.
+    pub fn route_webhook_to_each(&self, addrs: &[SocketAddr]) {
+        self.shared.lock().webhook.targets = addrs.iter().map(|addr| format!("http://{addr}")).collect();
         self.shared.changed.notify_waiters();
     }
 
@@ -939,7 +950,7 @@ impl FakeTelegram {
         let _ = writeln!(
             out,
             "webhook: {:?} routed to {:?}; deliveries: {:?}",
-            state.webhook.set, state.webhook.target, state.webhook.deliveries
+            state.webhook.set, state.webhook.targets, state.webhook.deliveries
         );
         let queued: Vec<_> = state.faults.iter().filter(|(_, faults)| !faults.is_empty()).collect();
         let _ = write!(out, "unconsumed faults: {queued:?}");

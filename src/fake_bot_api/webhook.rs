@@ -65,12 +65,14 @@ impl Delivery {
 pub(super) struct WebhookState {
     pub(super) set: Option<WebhookInfo>,
     /// Where the webhook URL's requests go (`http://host:port`): the load balancer's
-    /// backend. Nothing is delivered until a test says.
-    pub(super) target: Option<String>,
+    /// backends, taken in turn. Nothing is delivered until a test says.
+    pub(super) targets: Vec<String>,
+    /// How many deliveries were made: the next one goes to `targets[turn % len]`.
+    pub(super) turn: usize,
     /// Every delivery, in order: the update id and what became of it.
     pub(super) deliveries: Vec<(i64, Delivery)>,
     /// Deliveries whose answer is to be thrown away, as if the connection broke after the
-    /// webhook had taken the update; each also unroutes the webhook (`target`).
+    /// webhook had taken the update; each also unroutes the webhook (`targets`).
     pub(super) answers_to_lose: usize,
     /// `setWebhook` calls Telegram accepted.
     pub(super) registrations: usize,
@@ -175,7 +177,8 @@ pub(super) async fn deliver(shared: Arc<Shared>) {
                     return Some(None);
                 }
                 let set = state.webhook.set.as_ref()?;
-                let target = state.webhook.target.as_ref()?;
+                let targets = &state.webhook.targets;
+                let target = targets.get(state.webhook.turn % targets.len().max(1))?;
                 let update = state.updates.iter().find(|u| u.is_allowed(state.allowed_updates.as_deref()))?;
                 // The load balancer forwards the URL's path (and query) to its backend.
                 let path =
@@ -204,13 +207,16 @@ pub(super) async fn deliver(shared: Arc<Shared>) {
             let delivery = match answered {
                 Some(_) if state.webhook.answers_to_lose > 0 => {
                     state.webhook.answers_to_lose -= 1;
-                    state.webhook.target = None;
+                    state.webhook.targets.clear();
                     Delivery::NoAnswer
                 }
                 Some(status) => Delivery::Answered(status),
                 None => Delivery::NoAnswer,
             };
             state.webhook.deliveries.push((next.update_id, delivery));
+            // Round robin, as a load balancer spreads requests; a failed delivery is
+            // retried at the next backend.
+            state.webhook.turn += 1;
             if delivery.succeeded() {
                 // The first queued update with this id and text: a redelivery the test
                 // queued again stays for its own turn.

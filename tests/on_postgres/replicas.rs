@@ -204,17 +204,21 @@ const WEBHOOK_SECRET: &str = "webhook-secret_0123456789";
 const WEBHOOK_SECRET_ENV: &str = "SB_TEST_WEBHOOK_SECRET";
 const WEBHOOK_LISTEN_ENV: &str = "SWITCHBOARD__TELEGRAM__WEBHOOK__LISTEN";
 
+/// `telegram.webhook`, its address left to `WEBHOOK_LISTEN_ENV`.
+fn webhook_setting() -> String {
+    format!(
+        r#"webhook = {{ public_url = "https://bot.example.test/telegram/hook", listen = "127.0.0.1:0", secret_env = "{WEBHOOK_SECRET_ENV}" }}"#
+    )
+}
+
 /// A leader and a standby in webhook mode, each listening for Telegram at a port of its
 /// own (as replicas behind a load balancer do), the standby relaying what it takes.
 async fn webhook_leader_and_standby(fake: &FakeTelegram) -> (TestDaemon, TestDaemon, String, String) {
     let (leader_hook, standby_hook) =
         (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
-    let webhook = format!(
-        r#"webhook = {{ public_url = "https://bot.example.test/telegram/hook", listen = "127.0.0.1:0", secret_env = "{WEBHOOK_SECRET_ENV}" }}"#
-    );
     let leader = TestDaemon::start_with_env(
         &fake.api_url(),
-        &webhook,
+        &webhook_setting(),
         &default_routes(),
         &[
             ("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE),
@@ -463,6 +467,9 @@ async fn a_password_in_the_url_is_never_logged() {
 struct Replicas {
     daemons: Vec<TestDaemon>,
     leader: usize,
+    /// In webhook mode, a standby is killed too at each kill of the leader, so that some
+    /// die between a relay's commit and its answer.
+    kill_a_standby_too: bool,
 }
 
 impl Replicas {
@@ -479,7 +486,30 @@ impl Replicas {
             wait_standing_by(&standby).await;
             daemons.push(standby);
         }
-        Self { daemons, leader: 0 }
+        Self { daemons, leader: 0, kill_a_standby_too: false }
+    }
+
+    /// Like [`Replicas::start`] in webhook mode: each replica listens for Telegram at a
+    /// port of its own, and the fake's load balancer sends to each in turn.
+    async fn start_on_webhooks(fake: &FakeTelegram, n: usize, env: &[(&str, &str)]) -> Self {
+        let hooks: Vec<String> = (0..n).map(|_| format!("127.0.0.1:{}", free_port())).collect();
+        let mut env = env.to_vec();
+        env.extend([
+            ("SWITCHBOARD__STORAGE__LEASE_SECS", CHAOS_LEASE),
+            (WEBHOOK_SECRET_ENV, WEBHOOK_SECRET),
+            (WEBHOOK_LISTEN_ENV, hooks[0].as_str()),
+        ]);
+        let first = TestDaemon::start_with_env(&fake.api_url(), &webhook_setting(), &default_routes(), &env);
+        fake.wait_for_webhook(WAIT).await;
+        let mut daemons = vec![first];
+        for hook in &hooks[1..] {
+            let mut standby = daemons[0].replica().with_env(WEBHOOK_LISTEN_ENV, hook);
+            standby.launch_standby();
+            wait_standing_by(&standby).await;
+            daemons.push(standby);
+        }
+        fake.route_webhook_to_each(&hooks.iter().map(|hook| hook.parse().unwrap()).collect::<Vec<_>>());
+        Self { daemons, leader: 0, kill_a_standby_too: true }
     }
 }
 
@@ -511,6 +541,12 @@ impl crate::crash_loop::Deployment for Replicas {
         self.leader = elected;
         // The killed one comes back, as its supervisor would start it, and stands by.
         self.daemons[old].launch_standby();
+        if self.kill_a_standby_too {
+            let standby =
+                (0..self.daemons.len()).find(|&i| i != elected && i != old).expect("three replicas");
+            self.daemons[standby].kill9();
+            self.daemons[standby].launch_standby();
+        }
         took
     }
 
@@ -546,5 +582,17 @@ async fn kill_9_of_the_leader_of_three_replicas_under_load_loses_and_repeats_not
     use crate::crash_loop::{Caller, UNPACED, crash_loop_on, cycles};
     let fake = std::sync::Arc::new(FakeTelegram::start().await);
     let mut replicas = Replicas::start(&fake, 3, UNPACED).await;
+    crash_loop_on(&fake, &mut replicas, Caller::TakesUnknownAsFinal, cycles(20), 300..1500).await;
+}
+
+/// The chaos test in webhook mode: the same load delivered by Telegram to the three
+/// replicas' webhooks in turn (the standbys relay theirs to the leader), the leader and a
+/// standby killed with SIGKILL at each of 20 cycles, so some die between a commit and its
+/// answer and Telegram delivers again elsewhere. The same invariants hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_replicas_taking_webhook_deliveries_under_load_loses_and_repeats_nothing() {
+    use crate::crash_loop::{Caller, UNPACED, crash_loop_on, cycles};
+    let fake = std::sync::Arc::new(FakeTelegram::start().await);
+    let mut replicas = Replicas::start_on_webhooks(&fake, 3, UNPACED).await;
     crash_loop_on(&fake, &mut replicas, Caller::TakesUnknownAsFinal, cycles(20), 300..1500).await;
 }
