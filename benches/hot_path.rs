@@ -29,6 +29,11 @@
 //! repetitions, so a noisy neighbour on a shared machine skews one repetition rather than
 //! one side.
 //!
+//! With `SWITCHBOARD_BENCH_POSTGRES=1`, each repetition also runs switchboard's loop with its
+//! ledger on PostgreSQL (the tests' server: `SWITCHBOARD_TEST_POSTGRES`, by default
+//! `postgres://postgres@127.0.0.1:5432/test`, in a schema of its own that is dropped after),
+//! and the report sets its figures beside the SQLite ledger's.
+//!
 //! Run it with `cargo bench --bench hot_path`; `SWITCHBOARD_BENCH_QUICK=1` makes a smoke
 //! run of a few seconds. `SWITCHBOARD_BENCH_MESSAGES` (one-at-a-time messages per
 //! repetition), `SWITCHBOARD_BENCH_UPDATES` (ingest) and `SWITCHBOARD_BENCH_REPETITIONS`
@@ -40,6 +45,9 @@
 #[path = "common/agent_side.rs"]
 mod agent_side;
 mod common;
+#[allow(dead_code)]
+#[path = "../src/ledger/postgres/test_support.rs"]
+mod postgres_schemas;
 
 use std::fmt;
 
@@ -173,6 +181,8 @@ fn echo_bot(api_url: &str) {
 
 struct Params {
     quick: bool,
+    /// Also run the loop with the ledger on PostgreSQL.
+    postgres: bool,
     idle_window: Duration,
     messages: usize,
     updates: usize,
@@ -189,6 +199,7 @@ impl Params {
         };
         Self {
             quick,
+            postgres: std::env::var_os("SWITCHBOARD_BENCH_POSTGRES").is_some_and(|v| v != "0"),
             idle_window: if quick { QUICK_IDLE_WINDOW } else { IDLE_WINDOW },
             messages: common::env_count("SWITCHBOARD_BENCH_MESSAGES", messages),
             updates: common::env_count("SWITCHBOARD_BENCH_UPDATES", updates),
@@ -205,6 +216,8 @@ impl Params {
 struct Results {
     echo: Vec<LoopRun>,
     switchboard: Vec<LoopRun>,
+    /// switchboard with its ledger on PostgreSQL (idle figures not watched).
+    on_postgres: Vec<LoopRun>,
     raw_insert: Vec<Duration>,
     ingest: Vec<IngestRun>,
     ledger_work: Vec<LedgerWork>,
@@ -225,7 +238,13 @@ async fn run(params: &Params) {
         eprintln!("repetition {repetition}/{}: echo floor…", params.repetitions);
         results.echo.push(echo_run(params).await);
         eprintln!("repetition {repetition}/{}: switchboard…", params.repetitions);
-        results.switchboard.push(switchboard_run(params).await);
+        results.switchboard.push(switchboard_run(params, Ledger::Sqlite).await);
+        if params.postgres {
+            eprintln!("repetition {repetition}/{}: switchboard on PostgreSQL…", params.repetitions);
+            let schema = postgres_schemas::TestSchema::create().await;
+            results.on_postgres.push(switchboard_run(params, Ledger::Postgres(&schema.url)).await);
+            schema.drop().await;
+        }
         eprintln!("repetition {repetition}/{}: the ledger's work alone…", params.repetitions);
         results.ledger_work.push(LedgerWork::measure(params.messages).await);
         eprintln!("repetition {repetition}/{}: raw SQLite insert…", params.repetitions);
@@ -392,10 +411,19 @@ async fn echo_run(params: &Params) -> LoopRun {
     }
 }
 
-async fn switchboard_run(params: &Params) -> LoopRun {
+/// Where a run's daemon keeps its ledger.
+#[derive(Clone, Copy)]
+enum Ledger<'a> {
+    /// A file in the run's directory.
+    Sqlite,
+    /// This URL's schema.
+    Postgres(&'a str),
+}
+
+async fn switchboard_run(params: &Params, ledger: Ledger<'_>) -> LoopRun {
     let fake = FakeTelegram::start().await;
     let speaker = Speaker::new();
-    let workdir = Workdir::new(&fake.api_url());
+    let workdir = Workdir::new(&fake.api_url(), ledger);
     let spawned = Instant::now();
     let mut daemon = workdir.start_daemon();
     fake.wait_for_get_updates_calls(1, START_TIMEOUT).await;
@@ -424,7 +452,11 @@ async fn switchboard_run(params: &Params) -> LoopRun {
     }
     tokio::time::sleep(IDLE_SETTLE).await;
     let idle_rss_kib = vec![("daemon", daemon.rss_kib()), ("plugin", agent.plugin.rss_kib())];
-    let idle = Idle::watch(&[&daemon, &agent.plugin], params.idle_window).await;
+    // The idle figures are SQLite's daemon's; on PostgreSQL the loop is what is compared.
+    let idle = match ledger {
+        Ledger::Sqlite => Idle::watch(&[&daemon, &agent.plugin], params.idle_window).await,
+        Ledger::Postgres(_) => Vec::new(),
+    };
     let answered_before = count;
 
     let cpu_before = (daemon.cpu_seconds(), agent.plugin.cpu_seconds());
@@ -670,7 +702,7 @@ fn routed_message(n: usize, agent: &AgentName) -> RoutedEnvelope {
 async fn ingest_run(params: &Params) -> IngestRun {
     let fake = FakeTelegram::start().await;
     let speaker = Speaker::new();
-    let workdir = Workdir::new(&fake.api_url());
+    let workdir = Workdir::new(&fake.api_url(), Ledger::Sqlite);
     let mut daemon = workdir.start_daemon();
     fake.wait_for_get_updates_calls(1, START_TIMEOUT).await;
     workdir.wait_until_listening(&daemon).await;
@@ -781,10 +813,15 @@ struct Workdir {
 }
 
 impl Workdir {
-    fn new(api_url: &str) -> Self {
+    fn new(api_url: &str, ledger: Ledger<'_>) -> Self {
         let dir = tempfile::tempdir().expect("creating a temporary directory");
         let workdir = Self { dir, listen: std::sync::OnceLock::new() };
-        daemon_config(api_url, &workdir.database()).write(&workdir.config());
+        let config = daemon_config(api_url, &workdir.database());
+        let config = match ledger {
+            Ledger::Sqlite => config,
+            Ledger::Postgres(url) => config.on_postgres(url),
+        };
+        config.write(&workdir.config());
         workdir
     }
 
@@ -1063,6 +1100,9 @@ fn print_report(params: &Params, results: &Results) {
         design_cpu / floor_cpu
     );
     println!();
+    if !results.on_postgres.is_empty() {
+        print_on_postgres(ours, &results.on_postgres);
+    }
 
     let per_second =
         |runs: &[Duration]| median(runs.iter().map(|d| params.updates as f64 / d.as_secs_f64()).collect());
@@ -1085,4 +1125,42 @@ fn print_report(params: &Params, results: &Results) {
         "  daemon RSS once the burst is committed, idle: {:.1} MiB",
         across(&results.ingest, |run| run.rss_after_kib as f64) / 1024.0
     );
+}
+
+/// The loop with its ledger on PostgreSQL beside the same loop on SQLite, in one run.
+fn print_on_postgres(sqlite: &[LoopRun], postgres: &[LoopRun]) {
+    println!("{:<44} {:>14} {:>30} {:>8}  goal", "the ledger on PostgreSQL", "SQLite", "PostgreSQL", "ratio");
+    let p = |runs: &[LoopRun], pct| across(runs, |r| millis(percentile(&r.loops, pct)));
+    let per = CPU_PER_MESSAGES as f64;
+    let daemon_cpu = |runs: &[LoopRun]| {
+        across(runs, |r| {
+            r.cpu.iter().filter(|(n, _)| *n == "daemon").map(|(_, s)| s).sum::<f64>() * per
+                / r.loops.len() as f64
+        })
+    };
+    let lines = [
+        (
+            "loop p50",
+            format!("{:.2} ms", p(sqlite, 50)),
+            format!("{:.2} ms", p(postgres, 50)),
+            p(postgres, 50) / p(sqlite, 50),
+        ),
+        (
+            "loop p99",
+            format!("{:.2} ms", p(sqlite, 99)),
+            format!("{:.2} ms", p(postgres, 99)),
+            p(postgres, 99) / p(sqlite, 99),
+        ),
+        (
+            "daemon CPU seconds per 200 messages",
+            format!("{:.3}", daemon_cpu(sqlite)),
+            format!("{:.3}", daemon_cpu(postgres)),
+            daemon_cpu(postgres) / daemon_cpu(sqlite),
+        ),
+    ];
+    for (label, floor, ours, ratio) in lines {
+        println!("{}", Line { label, floor, ours, ratio: Some(ratio), goal: "printed (issue 24)" });
+    }
+    println!("  PostgreSQL's own CPU (the server's processes) is not counted.");
+    println!();
 }

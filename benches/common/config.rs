@@ -4,7 +4,7 @@
 //! names. Each benchmark says only what it changes.
 
 use std::fmt::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use switchboard::rules::routes::RouteTarget;
 
@@ -22,7 +22,8 @@ enum RouteTo {
 pub struct DaemonConfig {
     token_env: String,
     api_url: String,
-    database: PathBuf,
+    /// `[storage] database`: a SQLite file's path or a `postgres://` URL.
+    database: String,
     poll_timeout_secs: Option<u64>,
     log_filter: Option<String>,
     /// Each agent by name, with the variable its secret is in.
@@ -41,12 +42,18 @@ impl DaemonConfig {
         Self {
             token_env: token_env.to_owned(),
             api_url: api_url.to_owned(),
-            database: database.to_owned(),
+            database: database.display().to_string(),
             poll_timeout_secs: None,
             log_filter: None,
             agents: Vec::new(),
             routes: Vec::new(),
         }
+    }
+
+    /// The ledger on PostgreSQL at `url` instead of the SQLite file.
+    pub fn on_postgres(mut self, url: &str) -> Self {
+        self.database = url.to_owned();
+        self
     }
 
     /// The long poll's timeout (`telegram.poll_timeout_secs`).
@@ -97,7 +104,7 @@ impl DaemonConfig {
             "\n[storage]\ndatabase = {}\n\n\
              [api]\nlisten = \"127.0.0.1:0\"\n\n\
              [outbound]\nprivate_chat_interval_ms = 0\ngroup_chat_interval_ms = 0\nglobal_per_sec = 0\n",
-            quoted(&self.database.display().to_string())
+            quoted(&self.database)
         );
         if let Some(filter) = &self.log_filter {
             let _ =

@@ -7,8 +7,9 @@
 //!   asking every lease/3, and one of them is elected within about a lease once the leader
 //!   dies, is paused past its lease, or loses the database. Only the leader runs: it
 //!   polls (or takes the webhook's deliveries), serves the agents' sessions, sends and
-//!   drives rooms and tasks. That is what makes start-up recovery right on a shared
-//!   database: when a replica is elected, every other one is a standby that sends nothing
+//!   drives rooms and tasks; in webhook mode a standby also listens for Telegram and
+//!   relays each delivery to it (`telegram::relay`). That is what makes start-up
+//!   recovery right on a shared database: when a replica is elected, every other one is a standby that sends nothing
 //!   or a deposed leader that is stopping, so the sends it finds in flight are the ones
 //!   whose outcome nobody will learn, and they are marked unknown, as after a crash.
 //!

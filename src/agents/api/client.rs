@@ -455,7 +455,7 @@ impl Daemons {
         }
         let next = (seen + 1) % self.urls.len();
         if self.in_use.compare_exchange(seen, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-            tracing::info!(unreachable, next = %self.urls[next], "the daemon is not reachable there; trying the next address");
+            tracing::debug!(unreachable, next = %self.urls[next], "the daemon is not reachable there; trying the next address");
         }
     }
 }
