@@ -659,7 +659,7 @@ async fn unreachable_daemon_is_reported_and_the_stream_is_retried_until_it_is_ba
     let dir = tempfile::tempdir().unwrap();
     let plugin = start_plugin(&write_config(&dir, addr), SECRET).await;
 
-    let expected = format!("switchboard daemon at {addr} is not reachable");
+    let expected = format!("switchboard daemon at http://{addr} is not reachable");
     let (is_error, text) = plugin.call_tool("pending", json!({})).await.unwrap();
     assert!(is_error, "{text}");
     assert!(text.contains(&expected) && text.contains("is `switchboard run` running?"), "{text}");
