@@ -372,7 +372,7 @@ async fn an_election_waits_for_the_fenced_writes_in_flight() {
     let old = elected(&mut a).await;
     // A fenced write of the old leader, in flight: it passed its fence and has not committed.
     let mut in_flight = ledger.pool.begin().await.unwrap();
-    fence(&mut in_flight, old.term, BOT).await.unwrap();
+    fence_and_move_offset(&mut in_flight, old.term, BOT, 7).await.unwrap();
     kill_session(a.backend_pid().await.unwrap()).await;
     let b_backend = b.backend_pid().await.unwrap();
     let election = tokio::spawn(async move { campaign_until_elected(&mut b, Duration::from_secs(5)).await });
@@ -394,7 +394,6 @@ async fn an_election_waits_for_the_fenced_writes_in_flight() {
         assert!(!election.is_finished(), "the election went past a fenced write in flight");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    set_offset(&mut in_flight, BOT, 7).await.unwrap();
     in_flight.commit().await.unwrap();
     let new = election.await.unwrap();
     assert!(new.term > old.term);
@@ -403,6 +402,63 @@ async fn an_election_waits_for_the_fenced_writes_in_flight() {
         Some(7),
         "the write in flight committed under its term"
     );
+    ledger.close().await;
+    schema.drop().await;
+}
+
+/// A fenced write that reaches the lease row while an election holds it waits, then reads
+/// the term the election committed: refused, with nothing of its batch written and its
+/// offset not moved (the fence and the offset's move are one statement).
+#[tokio::test]
+async fn a_fenced_write_waiting_behind_an_election_is_refused() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(5000)).await.unwrap();
+    let term = elected(&mut a).await.term;
+    ledger.commit_offset(term, BOT, 2).await.unwrap();
+    // An election under way, as `leadership` makes one: the row locked, the term moved on.
+    let mut election = PgConnection::connect(&schema.url).await.unwrap();
+    let election_backend: i32 =
+        sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut election).await.unwrap();
+    let mut electing = election.begin().await.unwrap();
+    sqlx::query("SELECT term FROM poller_leases WHERE bot_id = $1 FOR UPDATE")
+        .bind(BOT)
+        .execute(&mut *electing)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE poller_leases SET term = term + 1 WHERE bot_id = $1")
+        .bind(BOT)
+        .execute(&mut *electing)
+        .await
+        .unwrap();
+    let writer = ledger.clone();
+    let write =
+        tokio::spawn(async move { writer.record_updates(term, BOT, 9, &[routed(1), routed(2)]).await });
+    let mut watcher = admin().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let blocked: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid)))",
+        )
+        .bind(election_backend)
+        .fetch_one(&mut watcher)
+        .await
+        .unwrap();
+        if blocked {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the fenced write never waited for the election");
+        assert!(!write.is_finished(), "the fenced write went past an election under way");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    electing.commit().await.unwrap();
+    let refused = write.await.unwrap().unwrap_err();
+    assert!(
+        matches!(refused, FencedError::Deposed { current: CurrentTerm::Term(current), .. } if current > term),
+        "{refused}"
+    );
+    assert_eq!(envelope_count(&ledger).await, 0, "nothing of the batch was written");
+    assert_eq!(ledger.next_offset(BOT).await.unwrap(), Some(2), "the offset did not move");
     ledger.close().await;
     schema.drop().await;
 }
@@ -417,10 +473,9 @@ async fn a_renewal_does_not_wait_for_a_fenced_write_in_flight() {
     let mut leader = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
     let tenure = elected(&mut leader).await;
     let mut in_flight = ledger.pool.begin().await.unwrap();
-    fence(&mut in_flight, tenure.term, BOT).await.unwrap();
+    fence_and_move_offset(&mut in_flight, tenure.term, BOT, 3).await.unwrap();
     let renewal = tokio::time::timeout(Duration::from_secs(2), leader.renew_once(tenure.term)).await;
     assert_eq!(renewal, Ok(Renewal::Renewed), "renewed beside the fenced write");
-    set_offset(&mut in_flight, BOT, 3).await.unwrap();
     in_flight.commit().await.unwrap();
     assert_eq!(ledger.next_offset(BOT).await.unwrap(), Some(3));
     ledger.close().await;
