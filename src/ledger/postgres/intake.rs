@@ -19,7 +19,7 @@ use chrono::{DateTime, Timelike, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::rows::envelope_columns;
-use super::{CurrentTerm, FencedError, PgLedger, fence, reactions, set_offset, tasks};
+use super::{CurrentTerm, FencedError, PgLedger, fence_and_move_offset, reactions, tasks};
 use crate::domain::{RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect};
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::prelude::*;
@@ -132,8 +132,10 @@ impl PgLedger {
         bot_username: Option<&str>,
     ) -> LedgerResult<Result<Recorded, FencedError>> {
         let mut tx = self.pool.begin().await?;
-        if let Some(PolledUnder { term, bot_id, .. }) = polled {
-            match fence(&mut tx, term, bot_id).await {
+        // The fence moves the offset in the same statement (a round trip saved); in this
+        // transaction, so the offset still moves only with the batch.
+        if let Some(PolledUnder { term, bot_id, next_offset }) = polled {
+            match fence_and_move_offset(&mut tx, term, bot_id, next_offset).await {
                 Ok(()) => {}
                 Err(FencedError::Ledger(error)) => return Err(error),
                 // Nothing was written: the transaction ends with nothing in it.
@@ -150,9 +152,6 @@ impl PgLedger {
         // The tasks the batch starts, then its commands and edits in arrival order, in this
         // transaction: a change and the messages around it are serialised.
         let task_effects = tasks::record_batch_tasks(&mut tx, batch, &plan, &ids, bot_username).await?;
-        if let Some(PolledUnder { bot_id, next_offset, .. }) = polled {
-            set_offset(&mut tx, bot_id, next_offset).await?;
-        }
         let mut claimed: Vec<StoredEnvelope> = if claim_for.is_empty() {
             Vec::new()
         } else {

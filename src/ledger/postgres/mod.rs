@@ -205,8 +205,7 @@ impl PgLedger {
     /// Moves the bot's offset to `next_offset`, if `term` is still the bot's current term.
     pub async fn commit_offset(&self, term: Term, bot_id: i64, next_offset: i64) -> Result<(), FencedError> {
         let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
-        fence(&mut tx, term, bot_id).await?;
-        set_offset(&mut tx, bot_id, next_offset).await?;
+        fence_and_move_offset(&mut tx, term, bot_id, next_offset).await?;
         tx.commit().await.map_err(LedgerError::from)?;
         Ok(())
     }
@@ -241,29 +240,34 @@ impl Lifecycle for PgLedger {
 
 /// Goes on only while `term` is the bot's current term, holding the lease row `FOR KEY SHARE`
 /// until the transaction ends, so no election commits in between (see the module
-/// documentation).
-async fn fence(tx: &mut PgConnection, term: Term, bot_id: i64) -> Result<(), FencedError> {
-    let current: Option<i64> =
-        sqlx::query_scalar("SELECT term FROM poller_leases WHERE bot_id = $1 FOR KEY SHARE")
-            .bind(bot_id)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(LedgerError::from)?;
+/// documentation), and moves the bot's offset to `next_offset` under it.
+///
+/// One statement, so one round trip: the offset is written from the lease row the
+/// statement locked, and only while that row names `term`. Under `READ COMMITTED` a lock
+/// that waited for an election reads the row the election committed, so a deposed
+/// leader's write is refused, as when the check and the write were two statements.
+async fn fence_and_move_offset(
+    tx: &mut PgConnection,
+    term: Term,
+    bot_id: i64,
+    next_offset: i64,
+) -> Result<(), FencedError> {
+    let current: Option<i64> = sqlx::query_scalar(
+        "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $1 FOR KEY SHARE), \
+         moved AS (INSERT INTO poller_offsets (bot_id, next_offset, updated_at) \
+         SELECT $1, $3, now() FROM lease WHERE term = $2 \
+         ON CONFLICT (bot_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at) \
+         SELECT term FROM lease",
+    )
+    .bind(bot_id)
+    .bind(term.get())
+    .bind(next_offset)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(LedgerError::from)?;
     match current {
         Some(current) if current == term.get() => Ok(()),
         Some(current) => Err(FencedError::Deposed { term, current: CurrentTerm::Term(Term::new(current)) }),
         None => Err(FencedError::Deposed { term, current: CurrentTerm::None }),
     }
-}
-
-async fn set_offset(tx: &mut PgConnection, bot_id: i64, next_offset: i64) -> LedgerResult<()> {
-    sqlx::query(
-        "INSERT INTO poller_offsets (bot_id, next_offset, updated_at) VALUES ($1, $2, now()) \
-         ON CONFLICT (bot_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at",
-    )
-    .bind(bot_id)
-    .bind(next_offset)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
 }

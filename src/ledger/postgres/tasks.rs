@@ -375,6 +375,10 @@ async fn hold_conversation(
 
 /// The conversation's latest task: its id, revision and state, once a finished `open` one
 /// is marked `done`. Holds the conversation first ([`hold_conversation`]).
+///
+/// The read and the marking are one statement (one round trip, intake makes it once per
+/// conversation of a batch), after the conversation is held: a statement reads what was
+/// committed when it began, so the read must not share the lock's statement.
 async fn latest_task(
     tx: &mut PgConnection,
     chat_id: i64,
@@ -382,31 +386,24 @@ async fn latest_task(
     agent: &str,
 ) -> LedgerResult<Option<(TaskId, i64, TaskState)>> {
     hold_conversation(tx, chat_id, thread_id, agent).await?;
-    let latest = sqlx::query(
-        "SELECT id, task_id, revision, state FROM tasks WHERE chat_id = $1 AND agent = $2 \
-         AND thread_id IS NOT DISTINCT FROM $3 ORDER BY id DESC LIMIT 1",
-    )
+    let latest = sqlx::query(concat!(
+        "WITH latest AS MATERIALIZED (SELECT id, task_id, revision, state FROM tasks WHERE chat_id = $1 \
+         AND agent = $2 AND thread_id IS NOT DISTINCT FROM $3 ORDER BY id DESC LIMIT 1), \
+         finished AS (",
+        close_if_finished!(),
+        "AND id = (SELECT id FROM latest) RETURNING id) \
+         SELECT task_id, revision, CASE WHEN EXISTS (SELECT 1 FROM finished) THEN 'done' ELSE state END AS state \
+         FROM latest"
+    ))
     .bind(chat_id)
     .bind(agent)
     .bind(thread_id)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(latest) = latest else { return Ok(None) };
-    let id: i64 = latest.try_get("id")?;
     let task_id: TaskId = latest.try_get("task_id")?;
     let revision: i64 = latest.try_get("revision")?;
-    let mut state = task_state(&latest, "state")?;
-    if state == TaskState::Open
-        && sqlx::query(concat!(close_if_finished!(), "AND id = $1"))
-            .bind(id)
-            .execute(&mut *tx)
-            .await?
-            .rows_affected()
-            == 1
-    {
-        state = TaskState::Done;
-    }
-    Ok(Some((task_id, revision, state)))
+    Ok(Some((task_id, revision, task_state(&latest, "state")?)))
 }
 
 async fn open_view(tx: &mut PgConnection, task: &Task) -> LedgerResult<OpenTask> {
