@@ -42,11 +42,7 @@ fn leader_and(fake: &FakeTelegram, replica: fn(&TestDaemon) -> TestDaemon) -> (T
 }
 
 async fn wait_standing_by(standby: &TestDaemon) {
-    let deadline = Instant::now() + WAIT;
-    while !standby.latest_logs().contains(STANDING_BY_MESSAGE) {
-        assert!(Instant::now() < deadline, "not standing by:\n{}", standby.latest_logs());
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    standby.wait_for_latest_log(STANDING_BY_MESSAGE, WAIT).await;
     let log = standby.latest_logs();
     assert_eq!(reported_api_address(&log), None, "a standby serves nothing:\n{log}");
 }
@@ -233,15 +229,7 @@ async fn webhook_leader_and_standby(fake: &FakeTelegram) -> (TestDaemon, TestDae
         .with_env("SWITCHBOARD__STORAGE__REPLICA", "second")
         .with_env(WEBHOOK_LISTEN_ENV, &standby_hook);
     standby.launch_standby();
-    let deadline = Instant::now() + WAIT;
-    while !standby.latest_logs().contains(switchboard::telegram::webhook::RELAYING_MESSAGE) {
-        assert!(
-            Instant::now() < deadline,
-            "the standby's webhook does not listen:\n{}",
-            standby.latest_logs()
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    standby.wait_for_latest_log(switchboard::telegram::webhook::RELAYING_MESSAGE, WAIT).await;
     (leader, standby, leader_hook, standby_hook)
 }
 

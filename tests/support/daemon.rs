@@ -451,11 +451,13 @@ token_env = "SB_TEST_WORKER_SECRET"
     }
 
     pub async fn wait_for_log(&self, needle: &str, within: Duration) {
-        let deadline = Instant::now() + within;
-        while !self.logs().contains(needle) {
-            assert!(Instant::now() < deadline, "no log line contains {needle:?}:\n{}", self.logs());
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        wait_for_text(needle, within, || self.logs()).await;
+    }
+
+    /// Like [`TestDaemon::wait_for_log`], in the latest start's log alone: for what this
+    /// start must say, when an earlier one said it too.
+    pub async fn wait_for_latest_log(&self, needle: &str, within: Duration) {
+        wait_for_text(needle, within, || self.latest_logs()).await;
     }
 
     /// SIGTERM, then wait for a graceful exit.
@@ -563,6 +565,15 @@ fn wait_with_timeout(child: &mut Child, within: Duration) -> ExitStatus {
             panic!("switchboard did not exit within {within:?} of SIGTERM");
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits until `read` (a log) contains `needle`; panics with what it read if `within` passes.
+async fn wait_for_text(needle: &str, within: Duration, read: impl Fn() -> String) {
+    let deadline = Instant::now() + within;
+    while !read().contains(needle) {
+        assert!(Instant::now() < deadline, "no log line contains {needle:?}:\n{}", read());
+        tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
 
