@@ -39,17 +39,19 @@ impl ApiListener {
     pub async fn serve(self, router: Router, stop: CancellationToken) -> anyhow::Result<()> {
         match self {
             Self::Plain(tcp) => {
-                // Each session line is a small write of its own: sent at once, not held
-                // back by Nagle's algorithm until the previous one is acknowledged.
-                let tcp = tcp.tap_io(|tcp| {
-                    if let Err(e) = tcp.set_nodelay(true) {
-                        tracing::debug!(error = %e, "could not set TCP_NODELAY on a local API connection");
-                    }
-                });
+                let tcp = tcp.tap_io(|tcp| send_writes_at_once(tcp));
                 axum::serve(tcp, router).with_graceful_shutdown(stop.cancelled_owned()).await
             }
             Self::Tls(tls) => axum::serve(tls, router).with_graceful_shutdown(stop.cancelled_owned()).await,
         }
         .context("local API server")
+    }
+}
+
+/// Each session line is a small write of its own: sent at once, not held back by Nagle's
+/// algorithm until the previous one is acknowledged.
+pub(super) fn send_writes_at_once(tcp: &tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!(error = %e, "could not set TCP_NODELAY on a local API connection");
     }
 }

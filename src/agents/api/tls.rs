@@ -103,10 +103,7 @@ async fn accept_and_shake_hands(
         tokio::select! {
             accepted = tcp.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    // Each session line is a small write of its own: sent at once.
-                    if let Err(e) = stream.set_nodelay(true) {
-                        tracing::debug!(error = %e, "could not set TCP_NODELAY on a local API connection");
-                    }
+                    super::listener::send_writes_at_once(&stream);
                     let acceptor = acceptor.clone();
                     handshakes.spawn(async move {
                         (tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await, peer)
