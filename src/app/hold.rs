@@ -216,14 +216,8 @@ struct Relaying {
 
 impl Relaying {
     async fn start(webhook: StandbyWebhook, relay: UpdateRelay) -> anyhow::Result<Self> {
-        let health = crate::operate::health::WebhookHealth::default();
-        let listener = WebhookListener::bind(
-            webhook.settings,
-            webhook.secret,
-            UpdateSink::Relay(Box::new(relay)),
-            health,
-        )
-        .await?;
+        let sink = UpdateSink::Relay(Box::new(relay));
+        let listener = WebhookListener::bind(webhook.settings, webhook.secret, sink).await?;
         tracing::info!(webhook = %listener.local_addr()?, path = listener.path(), "{}", webhook::RELAYING_MESSAGE);
         let (tasks, stop) = (tokio_util::task::TaskTracker::new(), CancellationToken::new());
         let serving = tokio::spawn(listener.run(None, tasks.clone(), stop.clone()));

@@ -34,7 +34,7 @@ use crate::telegram::outbound::Outbound;
 use crate::telegram::poller::{self, Poller};
 use crate::telegram::relay::RelayedDeliveries;
 use crate::telegram::typing::TypingIndicator;
-use crate::telegram::webhook::{self, UpdateSink, WebhookListener};
+use crate::telegram::webhook::{self, Registration, UpdateSink, WebhookListener};
 pub use hold::{Entitlement, Leadership, LedgerHold, StandbyWebhook, Taken};
 
 /// The long poll's HTTP request may take `poll_timeout` plus this before the client gives
@@ -74,6 +74,8 @@ enum Ingress {
     Polling(Poller),
     Webhook {
         listener: WebhookListener,
+        /// Told whether Telegram accepted the webhook.
+        health: WebhookHealth,
         /// A leader's: where its standbys' deliveries wait, and the intake to take them in.
         relayed: Option<Box<RelayedDeliveries>>,
     },
@@ -196,8 +198,9 @@ impl Daemon {
                 };
                 let relayed = relayed.map(Box::new);
                 let sink = UpdateSink::Intake(intake);
-                let listener = WebhookListener::bind(webhook.clone(), secret, sink, health.clone()).await?;
-                (Ingress::Webhook { listener, relayed }, IntakeHealth::Webhook(health))
+                let listener = WebhookListener::bind(webhook.clone(), secret, sink).await?;
+                let ingress = Ingress::Webhook { listener, health: health.clone(), relayed };
+                (ingress, IntakeHealth::Webhook(health))
             }
             (Some(_), None) => anyhow::bail!("telegram.webhook is set but its secret was not read"),
             (None, _) => {
@@ -298,9 +301,10 @@ impl Daemon {
             Ingress::Polling(poller) => {
                 spawn_supervised(&tasks, &shutdown, &failure, "poller", poller.run(shutdown.child_token()))
             }
-            Ingress::Webhook { listener, relayed } => {
+            Ingress::Webhook { listener, health, relayed } => {
                 tracing::info!(webhook = %listener.local_addr()?, path = listener.path(), "{}", webhook::LISTENING_MESSAGE);
-                let webhook = listener.run(Some(webhook_api), tasks.clone(), shutdown.child_token());
+                let registration = Registration { api: webhook_api, health };
+                let webhook = listener.run(Some(registration), tasks.clone(), shutdown.child_token());
                 spawn_supervised(&tasks, &shutdown, &failure, "webhook", webhook);
                 if let Some(relayed) = relayed {
                     let taking_in = relayed.take_in(shutdown.child_token());

@@ -78,26 +78,27 @@ impl UpdateSink {
     }
 }
 
+/// What registering the webhook with Telegram takes: the API to call `setWebhook` on, and
+/// the health told whether Telegram accepted it (`/readyz`).
+pub struct Registration {
+    pub api: BotApi,
+    pub health: WebhookHealth,
+}
+
 /// The webhook's listener, bound at build time so a taken port fails start-up.
 pub struct WebhookListener {
     listener: TcpListener,
     settings: WebhookSettings,
     secret: Secret,
     sink: UpdateSink,
-    health: WebhookHealth,
 }
 
 impl WebhookListener {
-    pub async fn bind(
-        settings: WebhookSettings,
-        secret: Secret,
-        sink: UpdateSink,
-        health: WebhookHealth,
-    ) -> anyhow::Result<Self> {
+    pub async fn bind(settings: WebhookSettings, secret: Secret, sink: UpdateSink) -> anyhow::Result<Self> {
         let listener = TcpListener::bind(settings.listen).await.with_context(|| {
             format!("binding the webhook listener to {} (telegram.webhook.listen)", settings.listen)
         })?;
-        Ok(Self { listener, settings, secret, sink, health })
+        Ok(Self { listener, settings, secret, sink })
     }
 
     /// Where Telegram's requests are taken (useful when configured with port 0).
@@ -110,23 +111,23 @@ impl WebhookListener {
         self.settings.path()
     }
 
-    /// Registers the webhook with Telegram (until it is accepted) when given `register`'s
-    /// API (a standby leaves that to the leader), and serves Telegram's requests until
-    /// `shutdown`. Returns an error, which stops the daemon, when the listener fails or the
+    /// Registers the webhook with Telegram (until it is accepted) when given a
+    /// [`Registration`] (a standby leaves that to the leader), and serves Telegram's
+    /// requests until `shutdown`. Returns an error, which stops the daemon, when the listener fails or the
     /// ledger fails in a way that does not pass by itself.
     pub async fn run(
         self,
-        register_with: Option<BotApi>,
+        registration: Option<Registration>,
         tasks: TaskTracker,
         shutdown: CancellationToken,
     ) -> anyhow::Result<()> {
-        let Self { listener, settings, secret, sink, health } = self;
+        let Self { listener, settings, secret, sink } = self;
         let (fatal, mut fatal_errors) = mpsc::channel(1);
         let deliveries = Deliveries { sink, secret: secret.clone(), tasks: tasks.clone(), fatal };
         let server = axum::serve(listener, router(settings.path(), deliveries))
             .with_graceful_shutdown(shutdown.clone().cancelled_owned());
         // The listener is up before Telegram is told of it, so its first delivery finds it.
-        if let Some(api) = register_with {
+        if let Some(Registration { api, health }) = registration {
             tasks.spawn(register(api, settings, secret, health, shutdown.child_token()));
         }
         tokio::select! {
