@@ -121,10 +121,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Healthcheck { config, address } => {
             let daemon = match (address, config) {
                 (Some(address), _) => DaemonUrl::beside(address, false),
-                (None, Some(config)) => {
-                    let api = Settings::load(&config)?.api;
-                    DaemonUrl::beside(api.listen, api.tls.is_some())
-                }
+                (None, Some(config)) => Settings::load(&config)?.api.own_url(),
                 (None, None) => anyhow::bail!("give --config FILE or --address HOST:PORT"),
             };
             crate::operate::healthcheck::check(&daemon).await
@@ -147,7 +144,8 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
         tracing::warn!("{}: {warning}", settings.source.display());
     }
     let bot_id = crate::app::bot_id_of(&secrets)?;
-    // A certificate that cannot be served fails now, not when a standby is elected.
+    // A certificate that cannot be served fails now, not when a standby is elected. It is
+    // read again as the local API binds: a standby may wait past a certificate's renewal.
     if let Some(files) = &settings.api.tls {
         crate::agents::api::tls::server_config(files)?;
     }

@@ -230,11 +230,12 @@ pub struct ApiSettings {
 impl ApiSettings {
     /// Where a plugin with these settings reaches the daemon, in the order it tries them.
     pub fn daemon_urls(&self) -> Vec<DaemonUrl> {
-        if self.daemon.is_empty() {
-            vec![DaemonUrl::beside(self.listen, self.tls.is_some())]
-        } else {
-            self.daemon.clone()
-        }
+        if self.daemon.is_empty() { vec![self.own_url()] } else { self.daemon.clone() }
+    }
+
+    /// The daemon's own local API as asked on its machine (`listen`, over TLS with `tls`).
+    pub fn own_url(&self) -> DaemonUrl {
+        DaemonUrl::beside(self.listen, self.tls.is_some())
     }
 }
 
@@ -246,9 +247,10 @@ pub struct ApiTls {
 }
 
 /// Where a plugin reaches a daemon: `http://` or `https://`, a host and a port, nothing
-/// more. Plain `http://` only to loopback, unless `api.plaintext_beyond_loopback`.
+/// more. Plain `http://` only to loopback, unless `api.plaintext_beyond_loopback`. Held as
+/// its origin (`scheme://host:port`), which every call's URL begins with.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DaemonUrl(reqwest::Url);
+pub struct DaemonUrl(String);
 
 impl DaemonUrl {
     /// Parses one address a plugin is given; the problem, for the key that gave it.
@@ -275,7 +277,7 @@ impl DaemonUrl {
                  = true on a private network"
             ));
         }
-        Ok(Self(url))
+        Ok(Self(url.origin().ascii_serialization()))
     }
 
     /// The address a plugin beside the daemon uses: `listen`, asked on loopback when it
@@ -291,16 +293,18 @@ impl DaemonUrl {
             _ => listen,
         };
         let scheme = if tls { "https" } else { "http" };
-        Self(reqwest::Url::parse(&format!("{scheme}://{ask}")).expect("a socket address makes a URL"))
+        // Through the URL parser, so a default port is left out as in every other origin.
+        let url = reqwest::Url::parse(&format!("{scheme}://{ask}")).expect("a socket address makes a URL");
+        Self(url.origin().ascii_serialization())
     }
 
     pub fn is_tls(&self) -> bool {
-        self.0.scheme() == "https"
+        self.0.starts_with("https://")
     }
 
     /// `scheme://host:port`, without a trailing slash, for routes to follow.
-    pub fn origin(&self) -> String {
-        self.0.origin().ascii_serialization()
+    pub fn origin(&self) -> &str {
+        &self.0
     }
 
     fn is_loopback(url: &reqwest::Url) -> bool {
@@ -314,7 +318,7 @@ impl DaemonUrl {
 
 impl fmt::Display for DaemonUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.origin())
+        f.write_str(&self.0)
     }
 }
 

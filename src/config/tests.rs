@@ -235,6 +235,15 @@ fn plugins_reach_the_daemon_where_it_listens_unless_told_otherwise() {
 }
 
 #[test]
+fn a_daemon_beside_its_plugin_is_asked_on_loopback_when_it_listens_on_a_wildcard() {
+    let ask = |listen: &str, tls| DaemonUrl::beside(listen.parse().unwrap(), tls).to_string();
+    assert_eq!(ask("0.0.0.0:7797", false), "http://127.0.0.1:7797");
+    assert_eq!(ask("[::]:7797", false), "http://[::1]:7797");
+    assert_eq!(ask("127.0.0.1:7797", true), "https://127.0.0.1:7797");
+    assert_eq!(ask("10.0.0.5:8080", false), "http://10.0.0.5:8080");
+}
+
+#[test]
 fn a_daemon_address_a_plugin_cannot_use_safely_is_refused() {
     for (given, says) in [
         ("sb-1.internal:7797", "https://"),

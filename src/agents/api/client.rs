@@ -161,7 +161,7 @@ impl DaemonClient {
 
     /// The daemon's address in use (`scheme://host:port`).
     pub fn address(&self) -> String {
-        self.daemons.in_use().origin()
+        self.daemons.in_use().origin().to_owned()
     }
 
     pub fn agent(&self) -> &AgentName {
