@@ -19,6 +19,8 @@ struct TestCertificates {
     key: PathBuf,
     /// A key that belongs to no certificate here.
     stray_key: PathBuf,
+    /// The CA, to sign renewals with.
+    issuer: Issuer<'static, KeyPair>,
 }
 
 impl TestCertificates {
@@ -28,23 +30,34 @@ impl TestCertificates {
         let ca_key = KeyPair::generate().unwrap();
         let ca = ca_params.self_signed(&ca_key).unwrap();
         let issuer = Issuer::new(ca_params, ca_key);
-        let daemon_key = KeyPair::generate().unwrap();
-        let daemon = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .unwrap()
-            .signed_by(&daemon_key, &issuer)
-            .unwrap();
         let write = |name: &str, pem: String| {
             let path = dir.join(name);
             std::fs::write(&path, pem).unwrap();
             path
         };
+        let (daemon, daemon_key) = daemon_certificate(&issuer);
         Self {
             ca: write("ca.pem", ca.pem()),
             cert: write("daemon.pem", daemon.pem()),
             key: write("daemon.key", daemon_key.serialize_pem()),
             stray_key: write("stray.key", KeyPair::generate().unwrap().serialize_pem()),
+            issuer,
         }
     }
+
+    /// A new certificate from the same CA, with a key of its own, as a renewal is.
+    fn renewal(&self) -> (rcgen::Certificate, KeyPair) {
+        daemon_certificate(&self.issuer)
+    }
+}
+
+fn daemon_certificate(issuer: &Issuer<'static, KeyPair>) -> (rcgen::Certificate, KeyPair) {
+    let key = KeyPair::generate().unwrap();
+    let certificate = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+        .unwrap()
+        .signed_by(&key, issuer)
+        .unwrap();
+    (certificate, key)
 }
 
 /// A daemon configured with `api` lines added to its `[api]` table, not started.
@@ -66,6 +79,7 @@ fn https_client(certs: &TestCertificates) -> reqwest::Client {
         .no_proxy()
         .tls_built_in_root_certs(false)
         .add_root_certificate(ca)
+        .tls_info(true)
         .timeout(WAIT)
         .build()
         .unwrap()
@@ -186,4 +200,72 @@ async fn a_daemon_address_that_would_send_the_secret_in_the_clear_is_refused() {
         "a plugin told to send its secret in the clear must not start: {stderr}"
     );
     assert!(stderr.contains("--daemon") && stderr.contains("plain http"), "{stderr}");
+}
+
+#[tokio::test]
+async fn a_renewed_certificate_is_served_after_sighup_and_one_that_cannot_be_served_is_refused() {
+    let fake = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCertificates::write_into(dir.path());
+    let mut daemon = configure_with_api(
+        &fake,
+        &format!("{}\nca = \"{}\"", tls_lines(&certs, &certs.key), certs.ca.display()),
+    );
+    daemon.launch();
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let https = https_client(&certs);
+    // The certificate a new connection is shown (a client of its own, so none is reused).
+    let served = || async {
+        let answer =
+            https_client(&certs).get(format!("https://{}/readyz", daemon.api_addr())).send().await.unwrap();
+        assert!(answer.status().is_success(), "{:?}", answer.status());
+        let tls = answer.extensions().get::<reqwest::tls::TlsInfo>().expect("TLS information");
+        tls.peer_certificate().expect("the daemon's certificate").to_vec()
+    };
+    let first = served().await;
+
+    // The renewal is written over the files the daemon serves, as certbot's deploy step
+    // would, and announced with SIGHUP.
+    let (renewed, renewed_key) = certs.renewal();
+    std::fs::write(&certs.cert, renewed.pem()).unwrap();
+    std::fs::write(&certs.key, renewed_key.serialize_pem()).unwrap();
+    daemon.signal("HUP");
+    daemon.wait_for_log("serves the renewed certificate", WAIT).await;
+    let now_served = served().await;
+    assert_ne!(now_served, first, "a new connection is shown the renewed certificate");
+    assert_eq!(now_served, renewed.der().to_vec());
+
+    // The session goes on: a message and its reply, over whichever connection the plugin uses.
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "still there?");
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].content, "still there?");
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "still here."})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(1, WAIT).await[0].text, "still here.");
+
+    // A renewal caught half written (a new certificate beside the old key) is refused, and
+    // the running certificate is still served.
+    let (half, _) = certs.renewal();
+    std::fs::write(&certs.cert, half.pem()).unwrap();
+    daemon.signal("HUP");
+    daemon.wait_for_log("was not read again", WAIT).await;
+    assert!(daemon.logs().contains("does not fit"), "the daemon says what is wrong: {}", daemon.logs());
+    assert_eq!(served().await, renewed.der().to_vec(), "the running certificate stays");
+
+    let metrics = https
+        .get(format!("https://{}/metrics", daemon.api_addr()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for result in ["renewed", "refused"] {
+        assert!(
+            metrics.lines().any(|line| line.starts_with("switchboard_api_certificate_reads_total")
+                && line.contains(&format!("result=\"{result}\""))
+                && line.ends_with(" 1")),
+            "one read {result}: {metrics}"
+        );
+    }
 }

@@ -234,7 +234,7 @@ impl Daemon {
         let retain = settings.storage.retain;
         let typing =
             settings.outbound.typing.map(|max| TypingIndicator::new(bridge.clone(), typing_api, max));
-        let reloader = Reloader::new(settings, routing, bridge.clone(), outbound);
+        let reloader = Reloader::new(settings, routing, bridge.clone(), outbound, listener.certificate());
         Ok(Self {
             entitlement,
             ledger,

@@ -40,6 +40,7 @@ pub const REFUSALS: &str = "switchboard_refusals_total";
 pub const HANDOFFS: &str = "switchboard_handoffs";
 pub const READY: &str = "switchboard_ready";
 pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
+pub const CERTIFICATE_READS: &str = "switchboard_api_certificate_reads_total";
 pub const TASK_REVISIONS: &str = "switchboard_task_revisions_total";
 pub const LEDGER_WRITE_FAILURES: &str = "switchboard_ledger_write_failures_total";
 pub const PERMISSION_REQUESTS: &str = "switchboard_permission_requests";
@@ -197,6 +198,10 @@ fn describe() {
     );
     describe_counter!(CONFIG_RELOADS, "SIGHUP reloads, by result (applied, refused).");
     describe_counter!(
+        CERTIFICATE_READS,
+        "The local API's certificate read again at a SIGHUP, by result (renewed, unchanged, refused)."
+    );
+    describe_counter!(
         TASK_REVISIONS,
         "Changes recorded to tasks (DESIGN.md §11), by change (correction, new_objective, pause, resume, cancel)."
     );
@@ -273,6 +278,11 @@ pub fn task_revision(change: &'static str) {
 /// A SIGHUP reload was applied or refused.
 pub fn config_reload(applied: bool) {
     counter!(CONFIG_RELOADS, "result" => if applied { "applied" } else { "refused" }).increment(1);
+}
+
+/// `api.tls`'s files read again at a SIGHUP: `renewed`, `unchanged` or `refused`.
+pub fn certificate_read(result: &'static str) {
+    counter!(CERTIFICATE_READS, "result" => result).increment(1);
 }
 
 /// What the scrape reads from its sources of truth.

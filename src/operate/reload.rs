@@ -6,6 +6,10 @@
 //! Everything is logged with what changed. A file that does not load is logged with the
 //! usual one-line error and changes nothing.
 //!
+//! The local API's certificate (`api.tls`) is read again from the same files at every
+//! SIGHUP, whatever the configuration file holds: renewing a certificate is a reload, not a
+//! restart (see `agents::api::tls`).
+//!
 //! Some settings are fixed for the life of the process: the bot token, Telegram's URL and
 //! timeouts, the ledger, the local API's address, the log setup, and the agents (each has a
 //! session slot and a secret read from the environment at start). A change to any of them
@@ -22,6 +26,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::agents::api::tls::{Reread, ServedCertificate};
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits};
 use crate::config::{Database, Settings};
 use crate::ids::AgentName;
@@ -126,8 +131,8 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
         |settings: &Settings| settings.storage.retain.map_or("none".to_owned(), |r| r.days.to_string());
     fixed("storage.retain_days", &retain_days(running), &retain_days(new));
     fixed("api.listen", &running.api.listen, &new.api.listen);
-    // The certificate is read as the local API binds. (`api.daemon` and `api.ca` are the
-    // plugins': each reads them as it starts.)
+    // The files are named as the local API binds; what they hold is read at every reload.
+    // (`api.daemon` and `api.ca` are the plugins': each reads them as it starts.)
     let tls = |settings: &Settings| {
         settings
             .api
@@ -215,6 +220,8 @@ pub struct Reloader {
     routing: watch::Sender<Arc<Routing>>,
     bridge: Bridge,
     outbound: Outbound,
+    /// The local API's certificate, with `api.tls`.
+    certificate: Option<ServedCertificate>,
 }
 
 impl Reloader {
@@ -223,8 +230,16 @@ impl Reloader {
         routing: watch::Sender<Arc<Routing>>,
         bridge: Bridge,
         outbound: Outbound,
+        certificate: Option<ServedCertificate>,
     ) -> Self {
-        Self { path: settings.source.clone(), running: Mutex::new(settings), routing, bridge, outbound }
+        Self {
+            path: settings.source.clone(),
+            running: Mutex::new(settings),
+            routing,
+            bridge,
+            outbound,
+            certificate,
+        }
     }
 
     fn running(&self) -> MutexGuard<'_, Settings> {
@@ -232,7 +247,10 @@ impl Reloader {
     }
 
     /// Re-reads the file and applies it, or refuses it; logs either way. True when applied.
+    /// The certificate is read again first, and on its own: a renewal is served even when
+    /// the configuration file is refused, and a certificate refused leaves the rest to apply.
     pub fn reload(&self) -> bool {
+        self.read_certificate_again();
         let new = match Settings::load(&self.path) {
             Ok(new) => new,
             Err(e) => {
@@ -288,6 +306,33 @@ impl Reloader {
         }
         metrics::config_reload(true);
         true
+    }
+}
+
+impl Reloader {
+    fn read_certificate_again(&self) {
+        let Some(certificate) = &self.certificate else { return };
+        let files = certificate.files();
+        match certificate.read_again() {
+            Ok(Reread::Renewed) => {
+                tracing::info!(
+                    cert = %files.cert.display(),
+                    "api.tls: the local API serves the renewed certificate; connections already open keep the one \
+                     they were made with"
+                );
+                metrics::certificate_read("renewed");
+            }
+            Ok(Reread::Unchanged) => {
+                tracing::info!(cert = %files.cert.display(), "api.tls: the certificate is unchanged");
+                metrics::certificate_read("unchanged");
+            }
+            Err(e) => {
+                tracing::error!(
+                    "api.tls: the certificate was not read again: {e:#}; the running one is still served"
+                );
+                metrics::certificate_read("refused");
+            }
+        }
     }
 }
 

@@ -8,12 +8,12 @@ use axum::serve::ListenerExt as _;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::tls::{self, TlsListener};
+use super::tls::{ServedCertificate, TlsListener};
 use crate::config::ApiSettings;
 
 pub enum ApiListener {
     Plain(TcpListener),
-    Tls(TlsListener),
+    Tls(TlsListener, ServedCertificate),
 }
 
 impl ApiListener {
@@ -24,14 +24,25 @@ impl ApiListener {
             .with_context(|| format!("binding the local API to {} (api.listen)", api.listen))?;
         match &api.tls {
             None => Ok(Self::Plain(tcp)),
-            Some(files) => Ok(Self::Tls(TlsListener::new(tcp, tls::server_config(files)?)?)),
+            Some(files) => {
+                let certificate = ServedCertificate::read(files)?;
+                Ok(Self::Tls(TlsListener::new(tcp, certificate.clone())?, certificate))
+            }
+        }
+    }
+
+    /// The certificate a TLS listener serves, which a reload reads again.
+    pub fn certificate(&self) -> Option<ServedCertificate> {
+        match self {
+            Self::Plain(_) => None,
+            Self::Tls(_, certificate) => Some(certificate.clone()),
         }
     }
 
     pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
         match self {
             Self::Plain(tcp) => tcp.local_addr(),
-            Self::Tls(tls) => axum::serve::Listener::local_addr(tls),
+            Self::Tls(tls, _) => axum::serve::Listener::local_addr(tls),
         }
     }
 
@@ -42,7 +53,9 @@ impl ApiListener {
                 let tcp = tcp.tap_io(|tcp| send_writes_at_once(tcp));
                 axum::serve(tcp, router).with_graceful_shutdown(stop.cancelled_owned()).await
             }
-            Self::Tls(tls) => axum::serve(tls, router).with_graceful_shutdown(stop.cancelled_owned()).await,
+            Self::Tls(tls, _) => {
+                axum::serve(tls, router).with_graceful_shutdown(stop.cancelled_owned()).await
+            }
         }
         .context("local API server")
     }

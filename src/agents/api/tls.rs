@@ -3,6 +3,13 @@
 //!
 //! The handshakes run beside the accept loop, each on a task of its own with a deadline,
 //! so a client that opens a connection and never finishes its handshake holds up nobody.
+//!
+//! Certificates are renewed while the daemon runs (Let's Encrypt's last 90 days, a
+//! private CA's often less): SIGHUP reads `api.tls`'s files again ([`ServedCertificate::
+//! read_again`]), and each handshake from then on uses what they hold. A pair that cannot
+//! be served (a renewal half written, a key that does not fit) is refused and the running
+//! certificate stays, so a reload can never leave the local API without one. Connections
+//! already open keep the certificate they were made with.
 
 use std::io;
 use std::net::SocketAddr;
@@ -11,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
@@ -32,10 +39,74 @@ const HANDSHAKEN_BACKLOG: usize = 64;
 /// as axum's own listener makes, instead of a loop that spins.
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 
+/// The certificate the local API serves, and the files it came from.
+#[derive(Clone)]
+pub struct ServedCertificate {
+    files: ApiTls,
+    current: Arc<watch::Sender<Certificate>>,
+}
+
+/// One reading of the files: the chain, to tell a renewal from the same files read again,
+/// and the configuration handshakes use.
+#[derive(Clone)]
+struct Certificate {
+    chain: Vec<CertificateDer<'static>>,
+    config: Arc<ServerConfig>,
+}
+
+/// What reading the files again found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reread {
+    /// A certificate other than the one served: served from now on.
+    Renewed,
+    /// The one served already.
+    Unchanged,
+}
+
+impl ServedCertificate {
+    /// Reads `files` now; fails as [`server_config`] does.
+    pub fn read(files: &ApiTls) -> anyhow::Result<Self> {
+        let (current, _) = watch::channel(read(files)?);
+        Ok(Self { files: files.clone(), current: Arc::new(current) })
+    }
+
+    /// Reads the same files again. A pair that can be served replaces the served one for
+    /// every handshake after this; one that cannot is the error, and changes nothing.
+    pub fn read_again(&self) -> anyhow::Result<Reread> {
+        let fresh = read(&self.files)?;
+        let renewed = self.current.send_if_modified(|served| {
+            let renewed = served.chain != fresh.chain;
+            if renewed {
+                *served = fresh;
+            }
+            renewed
+        });
+        Ok(if renewed { Reread::Renewed } else { Reread::Unchanged })
+    }
+
+    /// The files, as `api.tls` names them.
+    pub fn files(&self) -> &ApiTls {
+        &self.files
+    }
+
+    fn config_now(&self) -> Arc<ServerConfig> {
+        Arc::clone(&self.current.borrow().config)
+    }
+}
+
+fn read(files: &ApiTls) -> anyhow::Result<Certificate> {
+    let (chain, config) = chain_and_config(files)?;
+    Ok(Certificate { chain, config })
+}
+
 /// The daemon's TLS configuration from `api.tls`'s files, read now: an unreadable file, a
 /// file with no certificate or no key, or a key that does not match fails here, naming
 /// the file.
 pub fn server_config(tls: &ApiTls) -> anyhow::Result<Arc<ServerConfig>> {
+    chain_and_config(tls).map(|(_, config)| config)
+}
+
+fn chain_and_config(tls: &ApiTls) -> anyhow::Result<(Vec<CertificateDer<'static>>, Arc<ServerConfig>)> {
     let chain = CertificateDer::pem_file_iter(&tls.cert)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
         .with_context(|| format!("api.tls.cert: reading certificates (PEM) from {}", tls.cert.display()))?;
@@ -48,7 +119,7 @@ pub fn server_config(tls: &ApiTls) -> anyhow::Result<Arc<ServerConfig>> {
         .with_safe_default_protocol_versions()
         .context("api.tls: the TLS versions")?
         .with_no_client_auth()
-        .with_single_cert(chain, key)
+        .with_single_cert(chain.clone(), key)
         .with_context(|| {
             format!(
                 "api.tls: the key in {} does not fit the certificate in {}",
@@ -56,7 +127,7 @@ pub fn server_config(tls: &ApiTls) -> anyhow::Result<Arc<ServerConfig>> {
                 tls.cert.display()
             )
         })?;
-    Ok(Arc::new(config))
+    Ok((chain, Arc::new(config)))
 }
 
 /// A listener whose connections have finished their TLS handshake.
@@ -68,10 +139,10 @@ pub struct TlsListener {
 }
 
 impl TlsListener {
-    pub fn new(tcp: TcpListener, config: Arc<ServerConfig>) -> io::Result<Self> {
+    pub fn new(tcp: TcpListener, certificate: ServedCertificate) -> io::Result<Self> {
         let local_addr = tcp.local_addr()?;
         let (handshaken, to_axum) = mpsc::channel(HANDSHAKEN_BACKLOG);
-        let accepting = tokio::spawn(accept_and_shake_hands(tcp, TlsAcceptor::from(config), handshaken));
+        let accepting = tokio::spawn(accept_and_shake_hands(tcp, certificate, handshaken));
         Ok(Self { handshaken: to_axum, local_addr, _accepting: AbortOnDropHandle::new(accepting) })
     }
 }
@@ -95,7 +166,7 @@ impl axum::serve::Listener for TlsListener {
 
 async fn accept_and_shake_hands(
     tcp: TcpListener,
-    acceptor: TlsAcceptor,
+    certificate: ServedCertificate,
     handshaken: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
     let mut handshakes = JoinSet::new();
@@ -104,7 +175,8 @@ async fn accept_and_shake_hands(
             accepted = tcp.accept() => match accepted {
                 Ok((stream, peer)) => {
                     super::listener::send_writes_at_once(&stream);
-                    let acceptor = acceptor.clone();
+                    // The certificate served now: a renewal applies from the next handshake.
+                    let acceptor = TlsAcceptor::from(certificate.config_now());
                     handshakes.spawn(async move {
                         (tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await, peer)
                     });
@@ -137,4 +209,55 @@ fn is_one_connections_error(e: &io::Error) -> bool {
         e.kind(),
         io::ErrorKind::ConnectionRefused | io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use rcgen::{CertificateParams, KeyPair};
+
+    use super::*;
+
+    /// A self-signed certificate for localhost written to `cert`, and its key to `key` if
+    /// given (without, the certificate is a renewal half written).
+    fn write_certificate(cert: &Path, key: Option<&Path>) {
+        let pair = KeyPair::generate().unwrap();
+        let certificate =
+            CertificateParams::new(vec!["localhost".to_owned()]).unwrap().self_signed(&pair).unwrap();
+        std::fs::write(cert, certificate.pem()).unwrap();
+        if let Some(key) = key {
+            std::fs::write(key, pair.serialize_pem()).unwrap();
+        }
+    }
+
+    #[test]
+    fn a_renewed_pair_is_served_from_the_next_handshake_and_one_that_cannot_be_served_changes_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ApiTls { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+        write_certificate(&files.cert, Some(&files.key));
+        let served = ServedCertificate::read(&files).unwrap();
+        let first = served.config_now();
+
+        assert_eq!(served.read_again().unwrap(), Reread::Unchanged);
+        assert!(
+            Arc::ptr_eq(&first, &served.config_now()),
+            "the same files read again serve what they served"
+        );
+
+        write_certificate(&files.cert, Some(&files.key));
+        assert_eq!(served.read_again().unwrap(), Reread::Renewed);
+        let renewed = served.config_now();
+        assert!(!Arc::ptr_eq(&first, &renewed), "a renewal is served");
+
+        // A renewal half written: the new certificate beside the old key.
+        write_certificate(&files.cert, None);
+        let refused = served.read_again().unwrap_err().to_string();
+        assert!(refused.contains("does not fit"), "{refused}");
+        assert!(Arc::ptr_eq(&renewed, &served.config_now()), "the running certificate stays");
+
+        std::fs::write(&files.cert, "not a certificate").unwrap();
+        assert!(served.read_again().is_err());
+        assert!(Arc::ptr_eq(&renewed, &served.config_now()), "the running certificate stays");
+    }
 }
