@@ -103,7 +103,8 @@ impl LedgerHold {
 }
 
 impl Leadership {
-    /// Connects, then campaigns every lease/3 until elected or stopped. An unreachable
+    /// Connects, then campaigns every lease/3, waiting for the lock in between, until
+    /// elected or stopped. An unreachable
     /// database at start is an error (the configuration may be wrong); once connected, a
     /// failed campaign is logged and tried again.
     async fn stand(
@@ -143,7 +144,9 @@ impl Leadership {
                 }
             };
             tokio::select! {
-                () = tokio::time::sleep(postgres.lease.renewal_interval()) => {}
+                // A leader that dies lets go of the lock at once: waiting for it, rather than
+                // asking again after a pause, makes its end the moment of the takeover.
+                () = candidate.wait_for_lock(postgres.lease.renewal_interval()) => {}
                 error = relay_failed => {
                     ledger.close().await;
                     return Err(error);

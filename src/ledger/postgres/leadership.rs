@@ -8,8 +8,9 @@
 //! bot's row of `poller_leases`: its term, its backend's pid and the lease's end on the
 //! server's clock, renewed every lease/3 on the same connection.
 //!
-//! - A leader whose process or connection dies loses the lock with its session: the next
-//!   candidate to ask gets it and is elected (term + 1) at once.
+//! - A leader whose process or connection dies loses the lock with its session: a standby
+//!   waits for the lock ([`PollerCandidate::wait_for_lock`]), so it gets it as soon as the
+//!   server has ended that session, and is elected (term + 1) at once.
 //! - A leader that is paused or hung keeps its session and its lock, but stops renewing:
 //!   once the lease has expired on the server's clock, a candidate terminates the backend
 //!   holding the lock (`pg_terminate_backend`, which the same database role may do), then
@@ -22,7 +23,7 @@
 //! fenced write holding it `FOR KEY SHARE`, so nothing under an older term passes once it
 //! is over. Renewals lock it only `FOR NO KEY UPDATE`, so they never wait for fenced writes.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sqlx::{Connection, PgConnection, Row};
 use tokio_util::sync::CancellationToken;
@@ -122,8 +123,9 @@ impl PollerCandidate {
 
     /// One try: asks for the lock, and is elected if it got it; deposes a holder whose
     /// lease expired and tries once more. A candidate asks every lease/3
-    /// ([`Lease::renewal_interval`]) while it stands by, and never while it leads (the
-    /// lock is re-entrant: it would elect itself again, into the next term).
+    /// ([`Lease::renewal_interval`]) while it stands by, waiting for the lock in between
+    /// ([`Self::wait_for_lock`]), and never while it leads (the lock is re-entrant: it
+    /// would elect itself again, into the next term).
     pub async fn campaign_once(&mut self) -> LedgerResult<Elected> {
         let result = self.campaign().await;
         if result.is_err() {
@@ -174,6 +176,29 @@ impl PollerCandidate {
             }
         }
         Ok(Elected::StandBy)
+    }
+
+    /// Waits up to `within` for the lock, as a standby does between campaigns: a leader
+    /// that dies lets go of it with its session, and the waiting standby has it at once,
+    /// instead of at its next try. The next [`Self::campaign_once`] finds it held and is
+    /// elected; one that is not had in time (a leader alive, or paused: its lease is looked
+    /// at then) is no failure. Any other error closes the connection (the next campaign
+    /// opens another) after waiting `within`, so a database that refuses does not make the
+    /// standby spin.
+    pub async fn wait_for_lock(&mut self, within: Duration) {
+        let bot_id = self.bot_id;
+        let waited = match self.connection().await {
+            Ok(connection) => match lock_within(connection, bot_id, within).await {
+                Err(error) if is_lock_timeout(&error) => Ok(()),
+                waited => waited.map_err(LedgerError::from),
+            },
+            Err(error) => Err(error),
+        };
+        if let Err(error) = waited {
+            tracing::debug!(bot_id, %error, "waiting for the polling lock failed");
+            self.close().await;
+            tokio::time::sleep(within).await;
+        }
     }
 
     /// Asks for the lock, and reads the lease and the lock's holder, in one round trip.
@@ -326,6 +351,27 @@ impl PollerCandidate {
             let _ = connection.close().await;
         }
     }
+}
+
+/// Takes the bot's advisory lock on `connection` if it can be had within `within`.
+async fn lock_within(
+    connection: &mut PgConnection,
+    bot_id: i64,
+    within: Duration,
+) -> Result<(), sqlx::Error> {
+    // `lock_timeout` bounds an advisory lock's wait as any lock's; `SET LOCAL` ends with the
+    // transaction, and the session-level lock it may take outlives it.
+    let mut tx = connection.begin().await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("SET LOCAL lock_timeout = {}", within.as_millis().max(1))))
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(concat!("SELECT pg_advisory_lock(", lock_key!(), ")")).bind(bot_id).execute(&mut *tx).await?;
+    tx.commit().await
+}
+
+/// Whether `error` is a lock's wait that outlasted `lock_timeout`.
+fn is_lock_timeout(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(database) if database.code().as_deref() == Some("55P03"))
 }
 
 /// Whether `error` means the session is gone (and any advisory lock with it).

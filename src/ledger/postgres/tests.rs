@@ -233,6 +233,41 @@ async fn a_standby_leads_within_the_lease_when_the_leaders_connection_dies() {
 }
 
 #[tokio::test]
+async fn a_standby_waiting_for_the_lock_has_it_the_moment_the_leaders_session_ends() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    // A long lease, so that asking again after a pause could not take over this soon.
+    let lease = lease(30_000);
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease).await.unwrap();
+    let mut b = PollerCandidate::connect(&ledger, BOT, "b", lease).await.unwrap();
+    let first = elected(&mut a).await;
+    assert_eq!(b.campaign_once().await.unwrap(), Elected::StandBy);
+
+    // While the leader lives, the wait ends after its time, and the standby stands by.
+    let waited_from = Instant::now();
+    b.wait_for_lock(Duration::from_millis(300)).await;
+    assert!(waited_from.elapsed() >= Duration::from_millis(300), "waited {:?}", waited_from.elapsed());
+    assert_eq!(b.campaign_once().await.unwrap(), Elected::StandBy);
+
+    let leader_backend = a.backend_pid().await.unwrap();
+    let killed_at = Instant::now();
+    let (_, ()) = tokio::join!(b.wait_for_lock(lease.renewal_interval()), async {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        kill_session(leader_backend).await;
+    });
+    let second = elected(&mut b).await;
+    let takeover = killed_at.elapsed();
+    assert!(
+        takeover < Duration::from_secs(3),
+        "took over in {takeover:?}, not after the wait of {:?}",
+        lease.renewal_interval()
+    );
+    assert!(second.term > first.term);
+    ledger.close().await;
+    schema.drop().await;
+}
+
+#[tokio::test]
 async fn a_leader_that_stops_renewing_is_terminated_and_replaced_after_its_lease() {
     let schema = TestSchema::create().await;
     let ledger = PgLedger::connect(&schema.url).await.unwrap();
