@@ -321,6 +321,111 @@ async fn a_standby_killed_between_its_commit_and_its_answer_leaves_one_envelope(
 }
 
 #[tokio::test]
+async fn a_standby_that_cannot_commit_a_delivery_never_answers_200_and_the_retry_is_one_envelope() {
+    let fake = FakeTelegram::start().await;
+    let (leader, standby, _, standby_hook) = webhook_leader_and_standby(&fake).await;
+    let orchestrator = session(&leader, "orchestrator").await;
+
+    // Another session holds the relay's table past the standby's lock timeout (10 s).
+    fake.route_webhook_to(standby_hook.parse().unwrap());
+    let holder = standby.hold_write_lock();
+    let update_id = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "while the ledger is locked");
+    let first = fake.wait_for_deliveries(update_id, 1, Duration::from_secs(40)).await[0];
+    assert!(
+        matches!(first, Delivery::Answered(500..=599)),
+        "never 200 for an update not committed: {first:?}"
+    );
+    assert_eq!(relayed_waiting(&standby), 0, "nothing relayed while the lock is held");
+    assert!(standby.logs().contains("answered 503"), "{}", standby.logs());
+
+    holder.release();
+    fake.wait_until_delivered(update_id, 1, Duration::from_secs(40)).await;
+    let shown = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(shown[0].content, "while the ledger is locked");
+    assert_each_update_once(&envelopes(&leader).await, 1);
+}
+
+/// A webhook delivery of a text message from the owner, as Telegram makes it.
+fn webhook_update(update_id: i64, text: &str) -> String {
+    json!({
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id,
+            "date": 1_700_000_000,
+            "chat": {"id": OWNER_CHAT, "type": "private", "first_name": "Owner"},
+            "from": {"id": OWNER_ID, "is_bot": false, "first_name": "Owner"},
+            "text": text,
+        },
+    })
+    .to_string()
+}
+
+/// A delivery written whole to `hook`, and the connection closed at once, before any
+/// answer: Telegram giving up on a request (its timeout, a network cut) part-way. Whether
+/// the replica had read it by then is left to the scheduler.
+async fn deliver_and_hang_up(hook: &str, body: &str) {
+    use tokio::io::AsyncWriteExt as _;
+    let request = format!(
+        "POST /telegram/hook HTTP/1.1\r\nhost: {hook}\r\ncontent-type: application/json\r\n\
+         x-telegram-bot-api-secret-token: {WEBHOOK_SECRET}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut connection = tokio::net::TcpStream::connect(hook).await.unwrap();
+    connection.write_all(request.as_bytes()).await.unwrap();
+    connection.shutdown().await.unwrap();
+}
+
+/// A delivery to `hook` whose answer is waited for, as Telegram's retry.
+async fn deliver(hook: &str, body: &str) -> u16 {
+    let client = reqwest::Client::builder().no_proxy().timeout(WAIT).build().unwrap();
+    client
+        .post(format!("http://{hook}/telegram/hook"))
+        .header("content-type", "application/json")
+        .header("x-telegram-bot-api-secret-token", WEBHOOK_SECRET)
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[tokio::test]
+async fn deliveries_whose_caller_hangs_up_at_a_standby_are_each_one_envelope_once_retried() {
+    let fake = FakeTelegram::start().await;
+    let (leader, standby, _, standby_hook) = webhook_leader_and_standby(&fake).await;
+    let orchestrator = session(&leader, "orchestrator").await;
+
+    // Each delivery's caller hangs up, at whatever point the standby has reached (not yet
+    // read, read and committing, committed); then Telegram, never answered, delivers it
+    // again. A commit begun is the standby's to finish, one not begun leaves nothing, and
+    // either way the retry makes one envelope.
+    const DELIVERIES: i64 = 20;
+    let first_id = 777_000_000;
+    let texts: Vec<String> = (0..DELIVERIES).map(|i| format!("hung up {i}")).collect();
+    for (i, text) in texts.iter().enumerate() {
+        let body = webhook_update(first_id + i as i64, text);
+        deliver_and_hang_up(&standby_hook, &body).await;
+        assert_eq!(deliver(&standby_hook, &body).await, 200, "{}", standby.logs());
+    }
+    let shown = orchestrator
+        .wait_for_notifications(DELIVERIES as usize, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nthe standby's log:\n{}", standby.logs()));
+    let mut shown: Vec<&str> = shown.iter().map(|n| n.content.as_str()).collect();
+    shown.sort_unstable();
+    let mut expected: Vec<&str> = texts.iter().map(String::as_str).collect();
+    expected.sort_unstable();
+    assert_eq!(shown, expected, "each delivery shown once");
+    // Nothing more comes: the marker is next.
+    fake.route_webhook_to(standby_hook.parse().unwrap());
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    let all = orchestrator.wait_for_notifications(DELIVERIES as usize + 1, WAIT).await.unwrap();
+    assert_eq!(all.last().unwrap().content, "marker", "{all:?}");
+    assert_each_update_once(&envelopes(&leader).await, DELIVERIES as usize + 1);
+}
+
+#[tokio::test]
 async fn a_deposed_leader_records_nothing_when_it_resumes_and_stops() {
     let fake = FakeTelegram::start().await;
     // The paused leader keeps its port: the standby listens on one of its own.

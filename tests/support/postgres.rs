@@ -85,7 +85,7 @@ impl TestSchema {
                 for statement in [
                     format!("SET search_path = {name}"),
                     "BEGIN".to_owned(),
-                    "LOCK TABLE envelopes, poller_offsets IN EXCLUSIVE MODE".to_owned(),
+                    "LOCK TABLE envelopes, poller_offsets, relayed_updates IN EXCLUSIVE MODE".to_owned(),
                 ] {
                     sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&mut admin).await.unwrap();
                 }
