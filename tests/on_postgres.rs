@@ -41,6 +41,8 @@ mod permissions;
 mod refusal_codes;
 #[path = "replies.rs"]
 mod replies;
+#[path = "retention.rs"]
+mod retention;
 #[path = "session_start.rs"]
 mod session_start;
 #[path = "telegram_limits.rs"]

@@ -1,8 +1,9 @@
 //! Retention (issue 26) as an operator meets it: `switchboard ledger prune` beside a live
 //! daemon, `kill -9` of a prune halfway, and `[storage] retain_days` pruning a running
 //! daemon's ledger on its schedule. What exactly stays and goes is tested row by row in
-//! `src/ledger/prune.rs` and `src/rules/retention.rs`; here, that nothing open goes and
-//! that the ledger stays whole.
+//! `src/ledger/*/prune.rs` and `src/rules/retention.rs`; here, that nothing open goes and
+//! that the ledger stays whole. On either backend: `tests/on_postgres.rs` runs this suite
+//! again with the ledger on PostgreSQL.
 
 mod support;
 
@@ -18,8 +19,11 @@ const WAIT: Duration = Duration::from_secs(30);
 /// Old enough for any cutoff the tests use (`--older-than 30d`, `retain_days = 1`).
 const LONG_AGO: &str = "2020-01-01T00:00:00.000Z";
 
-/// Envelopes of a ledger big enough that a debug build's prune takes seconds.
-const BIG_LEDGER: i64 = 150_000;
+/// Envelopes of a ledger big enough that a debug build's prune takes seconds: on
+/// PostgreSQL, whose batches each cross to the server several times, fewer do.
+fn big_ledger() -> i64 {
+    if TestLedger::is_postgres_here() { 20_000 } else { 150_000 }
+}
 
 /// The trace ids of two rows that must survive every prune here: an old queued envelope
 /// (for the worker, which never connects), and an old unresolved one with its unknown
@@ -29,8 +33,15 @@ const QUEUED: &str = "env_oldqueued";
 const UNRESOLVED: &str = "env_oldunresolved";
 
 /// Writes `count` envelopes acked long ago, each with a sent attempt and two events, and
-/// the rows that must stay, straight into the (migrated) ledger at `path`.
-fn fill(path: &Path, count: i64) {
+/// the rows that must stay, straight into the daemon's (migrated) ledger.
+fn fill(daemon: &TestDaemon, count: i64) {
+    match &daemon.ledger_at {
+        TestLedger::Sqlite(path) => fill_sqlite(path, count),
+        TestLedger::Postgres(schema) => fill_postgres(schema, count),
+    }
+}
+
+fn fill_sqlite(path: &Path, count: i64) {
     let mut db = rusqlite::Connection::open(path).unwrap();
     let tx = db.transaction().unwrap();
     let envelope = |tx: &rusqlite::Transaction<'_>, id: i64, trace: &str, agent: &str, state: &str| {
@@ -100,17 +111,94 @@ fn fill(path: &Path, count: i64) {
     tx.commit().unwrap();
 }
 
+/// [`fill_sqlite`]'s rows, on PostgreSQL: the same open work, and the old rows made by
+/// the server in a few statements.
+fn fill_postgres(schema: &support::postgres::TestSchema, count: i64) {
+    let envelope_columns = "(id, trace_id, kind, chat_id, chat_type, message_id, sender_name, content, sent_at, \
+                            received_at, route, agent, state, state_changed_at)";
+    // An envelope's values, its id and trace id given as SQL (a number or a series' `g`).
+    let envelope = |id: &str, trace: &str, agent: &str, state: &str| {
+        format!(
+            "{id}, {trace}, 'message', 42, 'private', {id}, 'Ann', 'old words', '{LONG_AGO}', '{LONG_AGO}', 'dm', \
+             '{agent}', '{state}', '{LONG_AGO}'"
+        )
+    };
+    let last = count + 8;
+    let statements = [
+        format!(
+            "INSERT INTO envelopes {envelope_columns} VALUES ({}), ({}), ({})",
+            envelope("1", &format!("'{QUEUED}'"), "worker", "queued"),
+            envelope("2", &format!("'{UNRESOLVED}'"), "orchestrator", "unresolved"),
+            envelope("3", "'env_keep_pending'", "worker", "pending"),
+        ),
+        format!(
+            "INSERT INTO envelopes {envelope_columns} SELECT {} FROM generate_series(4, 8) AS g",
+            envelope("g", "'env_keep_' || g", "worker", "acked")
+        ),
+        format!(
+            "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
+             VALUES ('op_old2', 2, 'orchestrator', 42, 0, 1, 'old answer', 'unknown', '{LONG_AGO}')"
+        ),
+        format!(
+            "INSERT INTO handoffs (handoff_id, from_agent, to_agent, instruction, cause_envelope_id, depth, envelope_id, state, opened_at) \
+             VALUES ('hof_open', 'orchestrator', 'worker', 'look into it', 4, 1, 5, 'open', '{LONG_AGO}')"
+        ),
+        format!(
+            "INSERT INTO cascades (cascade_id, route, chat_id, message_envelope_id, state, cascade, max_iters, speaker_timeout_secs, created_at, updated_at) \
+             VALUES ('cas_running', 'room', 7, 6, 'running', '{{}}', 3, 60, '{LONG_AGO}', '{LONG_AGO}')"
+        ),
+        format!(
+            "INSERT INTO cascade_turns (cascade_id, speaker, agent, summoned_by, envelope_id, started_at) \
+             VALUES ((SELECT id FROM cascades WHERE cascade_id = 'cas_running'), 1, 'worker', 'Ann', 7, '{LONG_AGO}')"
+        ),
+        "UPDATE envelopes SET task_id = 'task_open' WHERE id = 8".to_owned(),
+        format!(
+            "INSERT INTO tasks (task_id, chat_id, agent, route, state, revision, objective, first_envelope_id, started_by, started_source, opened_at, updated_at) \
+             VALUES ('task_open', 42, 'worker', 'dm', 'open', 1, 'keep going', 8, 'Ann', 'message', '{LONG_AGO}', '{LONG_AGO}')"
+        ),
+        format!(
+            "INSERT INTO envelopes {envelope_columns} SELECT {} FROM generate_series(9, {last}) AS g",
+            envelope("g", "'env_old' || g", "orchestrator", "acked")
+        ),
+        format!(
+            "INSERT INTO attempts (op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
+             SELECT 'op_old' || g, g, 'orchestrator', 42, 0, 1, 'old answer', 'sent', '{LONG_AGO}' FROM generate_series(9, {last}) AS g"
+        ),
+        format!(
+            "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor) \
+             SELECT g, '{LONG_AGO}', change.from_state, change.to_state, 'daemon' \
+             FROM generate_series(9, {last}) AS g, (VALUES ('queued', 'pending'), ('pending', 'acked')) AS change (from_state, to_state) \
+             ORDER BY g, change.to_state DESC"
+        ),
+        // The ids were given: the daemon's next envelope comes after them.
+        "SELECT setval(pg_get_serial_sequence('envelopes', 'id'), (SELECT max(id) FROM envelopes))::text"
+            .to_owned(),
+        "ANALYZE".to_owned(),
+    ];
+    for statement in statements {
+        schema.scalar(&statement);
+    }
+}
+
 /// A daemon's ledger, created and migrated, with `count` old finished envelopes in it;
 /// the daemon is configured (with `env`), not started.
 async fn daemon_with_old_rows(fake: &FakeTelegram, count: i64, env: &[(&str, &str)]) -> TestDaemon {
     let daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), env);
     daemon.ledger().await.close().await;
-    fill(&daemon.database(), count);
+    fill(&daemon, count);
     daemon
 }
 
-fn count(db: &rusqlite::Connection, sql: &str) -> i64 {
-    db.query_row(sql, [], |r| r.get(0)).unwrap()
+/// The one number `sql` (a `SELECT COUNT(*) …`) reads from the daemon's ledger.
+fn count(daemon: &TestDaemon, sql: &str) -> i64 {
+    match &daemon.ledger_at {
+        TestLedger::Sqlite(path) => {
+            rusqlite::Connection::open(path).unwrap().query_row(sql, [], |r| r.get(0)).unwrap()
+        }
+        TestLedger::Postgres(schema) => {
+            schema.scalar(&format!("SELECT ({sql})::text")).expect("a count").parse().unwrap()
+        }
+    }
 }
 
 /// The ledger opens (and migrates) as a daemon's would, SQLite finds it whole, no row
@@ -118,24 +206,29 @@ fn count(db: &rusqlite::Connection, sql: &str) -> i64 {
 /// a batch went whole or not at all.
 async fn assert_consistent(daemon: &TestDaemon) {
     daemon.ledger().await.close().await;
-    let db = rusqlite::Connection::open(daemon.database()).unwrap();
-    let integrity: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
-    assert_eq!(integrity, "ok");
-    let dangling = count(&db, "SELECT COUNT(*) FROM pragma_foreign_key_check");
-    assert_eq!(dangling, 0, "rows reference rows that are gone");
+    // PostgreSQL checks every reference as it is written; SQLite's file is checked here.
+    if let TestLedger::Sqlite(path) = &daemon.ledger_at {
+        let db = rusqlite::Connection::open(path).unwrap();
+        let integrity: String = db.query_row("PRAGMA integrity_check", [], |r| r.get(0)).unwrap();
+        assert_eq!(integrity, "ok");
+        let dangling = count(daemon, "SELECT COUNT(*) FROM pragma_foreign_key_check");
+        assert_eq!(dangling, 0, "rows reference rows that are gone");
+    }
     let old = "FROM envelopes WHERE trace_id LIKE 'env_old%' AND trace_id NOT IN ('env_oldqueued', 'env_oldunresolved')";
-    let envelopes = count(&db, &format!("SELECT COUNT(*) {old}"));
+    let envelopes = count(daemon, &format!("SELECT COUNT(*) {old}"));
     let attempts =
-        count(&db, &format!("SELECT COUNT(*) FROM attempts WHERE envelope_id IN (SELECT id {old})"));
-    let events =
-        count(&db, &format!("SELECT COUNT(*) FROM envelope_events WHERE envelope_id IN (SELECT id {old})"));
+        count(daemon, &format!("SELECT COUNT(*) FROM attempts WHERE envelope_id IN (SELECT id {old})"));
+    let events = count(
+        daemon,
+        &format!("SELECT COUNT(*) FROM envelope_events WHERE envelope_id IN (SELECT id {old})"),
+    );
     assert_eq!((attempts, events), (envelopes, 2 * envelopes), "an envelope lost part of its story");
     for trace in [QUEUED, UNRESOLVED] {
-        let kept = count(&db, &format!("SELECT COUNT(*) FROM envelopes WHERE trace_id = '{trace}'"));
+        let kept = count(daemon, &format!("SELECT COUNT(*) FROM envelopes WHERE trace_id = '{trace}'"));
         assert_eq!(kept, 1, "{trace} is open and must stay");
     }
     assert_eq!(
-        count(&db, "SELECT COUNT(*) FROM attempts WHERE outcome = 'unknown'"),
+        count(daemon, "SELECT COUNT(*) FROM attempts WHERE outcome = 'unknown'"),
         1,
         "the unknown attempt stays"
     );
@@ -146,13 +239,12 @@ async fn assert_consistent(daemon: &TestDaemon) {
         "SELECT COUNT(*) FROM cascade_turns",
         "SELECT COUNT(*) FROM tasks WHERE task_id = 'task_open'",
     ];
-    let kept: Vec<i64> = open_work.iter().map(|sql| count(&db, sql)).collect();
+    let kept: Vec<i64> = open_work.iter().map(|sql| count(daemon, sql)).collect();
     assert_eq!(kept, [6, 1, 1, 1, 1], "open work and everything it references stay");
 }
 
 fn old_envelopes(daemon: &TestDaemon) -> i64 {
-    let db = rusqlite::Connection::open(daemon.database()).unwrap();
-    count(&db, "SELECT COUNT(*) FROM envelopes WHERE trace_id LIKE 'env_old%'")
+    count(daemon, "SELECT COUNT(*) FROM envelopes WHERE trace_id LIKE 'env_old%'")
 }
 
 fn prune_command(daemon: &TestDaemon, args: &[&str]) -> tokio::process::Command {
@@ -165,20 +257,21 @@ fn prune_command(daemon: &TestDaemon, args: &[&str]) -> tokio::process::Command 
 #[tokio::test]
 async fn a_live_daemon_answers_while_ledger_prune_runs_and_nothing_open_goes() {
     let fake = FakeTelegram::start().await;
-    let mut daemon = daemon_with_old_rows(&fake, BIG_LEDGER, &[]).await;
+    let big_ledger = big_ledger();
+    let mut daemon = daemon_with_old_rows(&fake, big_ledger, &[]).await;
 
     // A dry run counts and deletes nothing.
     let (ok, dry, stderr) = daemon.ledger_cli(&["prune", "--older-than", "30d", "--dry-run"]);
     assert!(ok, "{stderr}");
-    assert!(dry.contains(&format!("envelopes        {}", BIG_LEDGER - 1)), "all but the newest:\n{dry}");
-    assert_eq!(old_envelopes(&daemon), BIG_LEDGER + 2);
+    assert!(dry.contains(&format!("envelopes        {}", big_ledger - 1)), "all but the newest:\n{dry}");
+    assert_eq!(old_envelopes(&daemon), big_ledger + 2);
 
     daemon.launch();
     let orchestrator = support::agents::session(&daemon, "orchestrator").await;
     let mut prune = prune_command(&daemon, &["--older-than", "30d"]).spawn().unwrap();
     // Under way: some old rows are gone already, and most are still there.
     let started = Instant::now();
-    while old_envelopes(&daemon) == BIG_LEDGER + 2 {
+    while old_envelopes(&daemon) == big_ledger + 2 {
         assert!(started.elapsed() < WAIT, "the prune did not begin");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -196,7 +289,7 @@ async fn a_live_daemon_answers_while_ledger_prune_runs_and_nothing_open_goes() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     // The message's rows are the newest now, so the last old envelope goes too.
-    assert!(stdout.contains(&format!("envelopes        {BIG_LEDGER}")), "{stdout}");
+    assert!(stdout.contains(&format!("envelopes        {big_ledger}")), "{stdout}");
     assert!(stdout.contains("the file does not shrink"), "{stdout}");
     // The queued and the unresolved one stay; the new message too.
     assert_eq!(old_envelopes(&daemon), 2);
@@ -217,10 +310,11 @@ async fn a_live_daemon_answers_while_ledger_prune_runs_and_nothing_open_goes() {
 #[tokio::test]
 async fn kill_9_of_a_prune_halfway_leaves_a_whole_ledger_that_a_second_prune_finishes() {
     let fake = FakeTelegram::start().await;
-    let daemon = daemon_with_old_rows(&fake, BIG_LEDGER, &[]).await;
+    let big_ledger = big_ledger();
+    let daemon = daemon_with_old_rows(&fake, big_ledger, &[]).await;
     let mut prune = prune_command(&daemon, &["--older-than", "30d"]).spawn().unwrap();
     let started = Instant::now();
-    while old_envelopes(&daemon) > BIG_LEDGER / 2 {
+    while old_envelopes(&daemon) > big_ledger / 2 {
         assert!(started.elapsed() < WAIT, "the prune did not get halfway");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

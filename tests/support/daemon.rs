@@ -78,12 +78,17 @@ impl TestLedger {
     /// `on_postgres…` (which `include!` a suite written for either), or for any binary when
     /// `SWITCHBOARD_TEST_LEDGER=postgres`; SQLite otherwise.
     pub fn for_this_test(dir: &Path) -> Self {
-        let chosen = std::env::var("SWITCHBOARD_TEST_LEDGER").unwrap_or_default();
-        if env!("CARGO_CRATE_NAME").starts_with("on_postgres") || chosen == "postgres" {
+        if Self::is_postgres_here() {
             Self::Postgres(Arc::new(TestSchema::create()))
         } else {
             Self::Sqlite(dir.join("ledger.db"))
         }
+    }
+
+    /// Whether [`Self::for_this_test`] chooses PostgreSQL in this test binary.
+    pub fn is_postgres_here() -> bool {
+        env!("CARGO_CRATE_NAME").starts_with("on_postgres")
+            || std::env::var("SWITCHBOARD_TEST_LEDGER").is_ok_and(|chosen| chosen == "postgres")
     }
 
     /// `[storage] database` for it.
