@@ -13,12 +13,12 @@
 
 use std::io;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
@@ -43,12 +43,12 @@ const ACCEPT_ERROR_PAUSE: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub struct ServedCertificate {
     files: ApiTls,
-    current: Arc<watch::Sender<Certificate>>,
+    /// What each handshake reads, and a reload replaces.
+    current: Arc<RwLock<Certificate>>,
 }
 
 /// One reading of the files: the chain, to tell a renewal from the same files read again,
 /// and the configuration handshakes use.
-#[derive(Clone)]
 struct Certificate {
     chain: Vec<CertificateDer<'static>>,
     config: Arc<ServerConfig>,
@@ -66,22 +66,19 @@ pub enum Reread {
 impl ServedCertificate {
     /// Reads `files` now; fails as [`server_config`] does.
     pub fn read(files: &ApiTls) -> anyhow::Result<Self> {
-        let (current, _) = watch::channel(read(files)?);
-        Ok(Self { files: files.clone(), current: Arc::new(current) })
+        Ok(Self { files: files.clone(), current: Arc::new(RwLock::new(read(files)?)) })
     }
 
     /// Reads the same files again. A pair that can be served replaces the served one for
     /// every handshake after this; one that cannot is the error, and changes nothing.
     pub fn read_again(&self) -> anyhow::Result<Reread> {
         let fresh = read(&self.files)?;
-        let renewed = self.current.send_if_modified(|served| {
-            let renewed = served.chain != fresh.chain;
-            if renewed {
-                *served = fresh;
-            }
-            renewed
-        });
-        Ok(if renewed { Reread::Renewed } else { Reread::Unchanged })
+        let mut served = self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if served.chain == fresh.chain {
+            return Ok(Reread::Unchanged);
+        }
+        *served = fresh;
+        Ok(Reread::Renewed)
     }
 
     /// The files, as `api.tls` names them.
@@ -90,7 +87,7 @@ impl ServedCertificate {
     }
 
     fn config_now(&self) -> Arc<ServerConfig> {
-        Arc::clone(&self.current.borrow().config)
+        Arc::clone(&self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner()).config)
     }
 }
 
