@@ -66,9 +66,14 @@ impl AlreadyCounted {
 
 /// The window of the batch after one of `envelopes` ids that held the writer `held`.
 pub(crate) fn next_batch_envelopes(envelopes: i64, held: Duration) -> i64 {
-    if held > TARGET_HOLD {
+    next_batch_envelopes_for(envelopes, held, TARGET_HOLD)
+}
+
+/// [`next_batch_envelopes`] for a backend that aims its batches at `target` instead.
+pub(crate) fn next_batch_envelopes_for(envelopes: i64, held: Duration, target: Duration) -> i64 {
+    if held > target {
         (envelopes / 2).max(MIN_BATCH_ENVELOPES)
-    } else if held < TARGET_HOLD / 2 {
+    } else if held < target / 2 {
         (envelopes * 2).min(MAX_BATCH_ENVELOPES)
     } else {
         envelopes

@@ -2,6 +2,12 @@
 //! (`sqlite/prune.rs`, whose documentation says how a batch gathers its facts), in the same
 //! batches (`ledger::prune_batches`), each its own transaction.
 //!
+//! **Batches.** SQLite's batches are short and paced, because each holds the one writer
+//! every other write waits for. Here a batch locks only the finished envelopes it decided
+//! on, which no live replica writes, so batches aim at [`TARGET_HOLD`] (ten times
+//! SQLite's), and follow each other after [`MIN_PAUSE`] only: each batch makes a dozen
+//! round trips to the server, and short paced ones spent most of a prune waiting.
+//!
 //! **Beside live replicas.** SQLite's one writer keeps every other write out of a batch.
 //! Here a batch takes the envelopes it decides on `FOR UPDATE` as it reads their facts: a
 //! reply, a transition or a handoff being recorded on one of them at that moment waits for
@@ -10,7 +16,7 @@
 //! came in after it read its facts.
 
 use std::collections::{BTreeSet, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -20,12 +26,15 @@ use super::PgLedger;
 use super::rows::text_enum;
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
-    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, MIN_PAUSE, final_states_sql, next_batch_envelopes,
+    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, MIN_PAUSE, final_states_sql, next_batch_envelopes_for,
 };
 use crate::ledger::{LedgerResult, Pages, PruneReport, Pruned};
 use crate::rules::retention::{
     self, BatchFacts, CascadeFacts, Doomed, EnvelopeFacts, HandoffFacts, PostFacts, TaskFacts,
 };
+
+/// How long a batch should take (see the module documentation).
+const TARGET_HOLD: Duration = Duration::from_millis(200);
 
 /// How many times a batch follows references out of its window (see SQLite's).
 const EXPANSION_ROUNDS: usize = 2;
@@ -76,8 +85,8 @@ impl Retention for PgLedger {
             report.removed.add(&removed);
             report.longest_batch = report.longest_batch.max(held);
             report.batch_holds.push(held);
-            batch_envelopes = next_batch_envelopes(batch_envelopes, held);
-            tokio::time::sleep(held.max(MIN_PAUSE)).await;
+            batch_envelopes = next_batch_envelopes_for(batch_envelopes, held, TARGET_HOLD);
+            tokio::time::sleep(MIN_PAUSE).await;
         }
         report.removed.agent_sessions = self.prune_sessions(finished_before, dry_run).await?;
         report.removed.reactions = self.prune_reactions(finished_before, dry_run).await?;
