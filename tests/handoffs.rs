@@ -384,10 +384,11 @@ async fn a_handoff_waits_for_a_target_that_connects_later_and_survives_kill_9() 
 async fn closing_a_handoff_tells_the_delegator_and_the_audit_route_reads_along() {
     let Team { fake, daemon: _daemon, orchestrator, worker, question: _ } =
         team(&[("SWITCHBOARD__HANDOFFS__AUDIT_ROUTE", "team-group")]).await;
-    orchestrator
+    let (is_error, text) = orchestrator
         .call_tool("send_to_agent", json!({"agent": "worker", "text": "tidy the logs"}))
         .await
         .unwrap();
+    assert!(!is_error, "{text}");
     let handoff = nth(&worker, 1).await;
     let (is_error, text) = worker
         .call_tool("ack", json!({"trace_id": trace_id(&handoff), "note": "nothing to tidy"}))

@@ -72,6 +72,16 @@ fn tls_lines(certs: &TestCertificates, key: &Path) -> String {
     format!("tls = {{ cert = \"{}\", key = \"{}\" }}", certs.cert.display(), key.display())
 }
 
+/// A daemon serving `certs`' certificate, started, whose plugins trust the test CA.
+fn launched_trusting_its_ca(fake: &FakeTelegram, certs: &TestCertificates) -> TestDaemon {
+    let mut daemon = configure_with_api(
+        fake,
+        &format!("{}\nca = \"{}\"", tls_lines(certs, &certs.key), certs.ca.display()),
+    );
+    daemon.launch();
+    daemon
+}
+
 /// An HTTPS client that trusts the test CA only.
 fn https_client(certs: &TestCertificates) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
@@ -90,11 +100,7 @@ async fn a_plugin_that_trusts_the_daemons_ca_carries_a_message_and_its_reply_ove
     let fake = FakeTelegram::start().await;
     let dir = tempfile::tempdir().unwrap();
     let certs = TestCertificates::write_into(dir.path());
-    let mut daemon = configure_with_api(
-        &fake,
-        &format!("{}\nca = \"{}\"", tls_lines(&certs, &certs.key), certs.ca.display()),
-    );
-    daemon.launch();
+    let daemon = launched_trusting_its_ca(&fake, &certs);
     let orchestrator = session(&daemon, "orchestrator").await;
     assert!(
         orchestrator.stderr().contains(&format!("https://{}", daemon.api_addr())),
@@ -207,11 +213,7 @@ async fn a_renewed_certificate_is_served_after_sighup_and_one_that_cannot_be_ser
     let fake = FakeTelegram::start().await;
     let dir = tempfile::tempdir().unwrap();
     let certs = TestCertificates::write_into(dir.path());
-    let mut daemon = configure_with_api(
-        &fake,
-        &format!("{}\nca = \"{}\"", tls_lines(&certs, &certs.key), certs.ca.display()),
-    );
-    daemon.launch();
+    let daemon = launched_trusting_its_ca(&fake, &certs);
     let orchestrator = session(&daemon, "orchestrator").await;
     let https = https_client(&certs);
     // The certificate a new connection is shown (a client of its own, so none is reused).

@@ -63,6 +63,11 @@ pub fn reported_webhook_address(log: &str) -> Option<SocketAddr> {
     reported_address(log, webhook::LISTENING_MESSAGE)
 }
 
+/// Where a standby's webhook listener relays from, from the line it logs as it listens.
+pub fn reported_relay_address(log: &str) -> Option<SocketAddr> {
+    reported_address(log, webhook::RELAYING_MESSAGE)
+}
+
 fn reported_address(log: &str, message: &str) -> Option<SocketAddr> {
     let line = log.lines().find(|line| line.contains(message))?;
     line.split(|c: char| c.is_whitespace() || matches!(c, '"' | '=' | ',' | '{' | '}'))

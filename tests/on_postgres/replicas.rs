@@ -208,10 +208,30 @@ fn webhook_setting() -> String {
 }
 
 /// A leader and a standby in webhook mode, each listening for Telegram at a port of its
-/// own (as replicas behind a load balancer do), the standby relaying what it takes.
+/// own (as replicas behind a load balancer do), the standby relaying what it takes. The
+/// ports are fixed, so that the standby, once elected, serves its own.
 async fn webhook_leader_and_standby(fake: &FakeTelegram) -> (TestDaemon, TestDaemon, String, String) {
     let (leader_hook, standby_hook) =
         (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()));
+    let (leader, standby) = webhook_replicas(fake, &leader_hook, &standby_hook).await;
+    (leader, standby, leader_hook, standby_hook)
+}
+
+/// [`webhook_leader_and_standby`] for a test that never elects the standby: each listener
+/// on a port the system picks (none is handed over, so none can be taken meanwhile), the
+/// standby's as it reported it.
+async fn webhook_leader_and_relaying_standby(fake: &FakeTelegram) -> (TestDaemon, TestDaemon, String) {
+    let (leader, standby) = webhook_replicas(fake, "127.0.0.1:0", "127.0.0.1:0").await;
+    let relaying = switchboard::app::reported_relay_address(&standby.latest_logs())
+        .expect("the standby reports where it relays from");
+    (leader, standby, relaying.to_string())
+}
+
+async fn webhook_replicas(
+    fake: &FakeTelegram,
+    leader_hook: &str,
+    standby_hook: &str,
+) -> (TestDaemon, TestDaemon) {
     let leader = TestDaemon::start_with_env(
         &fake.api_url(),
         &webhook_setting(),
@@ -220,17 +240,17 @@ async fn webhook_leader_and_standby(fake: &FakeTelegram) -> (TestDaemon, TestDae
             ("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE),
             ("SWITCHBOARD__STORAGE__REPLICA", "first"),
             (WEBHOOK_SECRET_ENV, WEBHOOK_SECRET),
-            (WEBHOOK_LISTEN_ENV, &leader_hook),
+            (WEBHOOK_LISTEN_ENV, leader_hook),
         ],
     );
     fake.wait_for_webhook(WAIT).await;
     let mut standby = leader
         .replica()
         .with_env("SWITCHBOARD__STORAGE__REPLICA", "second")
-        .with_env(WEBHOOK_LISTEN_ENV, &standby_hook);
+        .with_env(WEBHOOK_LISTEN_ENV, standby_hook);
     standby.launch_standby();
     standby.wait_for_latest_log(switchboard::telegram::webhook::RELAYING_MESSAGE, WAIT).await;
-    (leader, standby, leader_hook, standby_hook)
+    (leader, standby)
 }
 
 /// Relayed deliveries the leader has not taken in yet.
@@ -323,7 +343,7 @@ async fn a_standby_killed_between_its_commit_and_its_answer_leaves_one_envelope(
 #[tokio::test]
 async fn a_standby_that_cannot_commit_a_delivery_never_answers_200_and_the_retry_is_one_envelope() {
     let fake = FakeTelegram::start().await;
-    let (leader, standby, _, standby_hook) = webhook_leader_and_standby(&fake).await;
+    let (leader, standby, standby_hook) = webhook_leader_and_relaying_standby(&fake).await;
     let orchestrator = session(&leader, "orchestrator").await;
 
     // Another session holds the relay's table past the standby's lock timeout (10 s).
@@ -393,7 +413,7 @@ async fn deliver(hook: &str, body: &str) -> u16 {
 #[tokio::test]
 async fn deliveries_whose_caller_hangs_up_at_a_standby_are_each_one_envelope_once_retried() {
     let fake = FakeTelegram::start().await;
-    let (leader, standby, _, standby_hook) = webhook_leader_and_standby(&fake).await;
+    let (leader, standby, standby_hook) = webhook_leader_and_relaying_standby(&fake).await;
     let orchestrator = session(&leader, "orchestrator").await;
 
     // Each delivery's caller hangs up, at whatever point the standby has reached (not yet
