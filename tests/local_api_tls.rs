@@ -35,7 +35,7 @@ impl TestCertificates {
             std::fs::write(&path, pem).unwrap();
             path
         };
-        let (daemon, daemon_key) = daemon_certificate(&issuer);
+        let (daemon, daemon_key) = daemon_certificate(&issuer, None);
         Self {
             ca: write("ca.pem", ca.pem()),
             cert: write("daemon.pem", daemon.pem()),
@@ -45,19 +45,23 @@ impl TestCertificates {
         }
     }
 
-    /// A new certificate from the same CA, with a key of its own, as a renewal is.
-    fn renewal(&self) -> (rcgen::Certificate, KeyPair) {
-        daemon_certificate(&self.issuer)
+    /// A new certificate from the same CA, with a key of its own, as a renewal is; valid
+    /// until the start of `expiry_year`.
+    fn renewal(&self, expiry_year: i32) -> (rcgen::Certificate, KeyPair) {
+        daemon_certificate(&self.issuer, Some(expiry_year))
     }
 }
 
-fn daemon_certificate(issuer: &Issuer<'static, KeyPair>) -> (rcgen::Certificate, KeyPair) {
+fn daemon_certificate(
+    issuer: &Issuer<'static, KeyPair>,
+    expiry_year: Option<i32>,
+) -> (rcgen::Certificate, KeyPair) {
     let key = KeyPair::generate().unwrap();
-    let certificate = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-        .unwrap()
-        .signed_by(&key, issuer)
-        .unwrap();
-    (certificate, key)
+    let mut params = CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()]).unwrap();
+    if let Some(year) = expiry_year {
+        params.not_after = rcgen::date_time_ymd(year, 1, 1);
+    }
+    (params.signed_by(&key, issuer).unwrap(), key)
 }
 
 /// A daemon configured with `api` lines added to its `[api]` table, not started.
@@ -228,7 +232,7 @@ async fn a_renewed_certificate_is_served_after_sighup_and_one_that_cannot_be_ser
 
     // The renewal is written over the files the daemon serves, as certbot's deploy step
     // would, and announced with SIGHUP.
-    let (renewed, renewed_key) = certs.renewal();
+    let (renewed, renewed_key) = certs.renewal(2040);
     std::fs::write(&certs.cert, renewed.pem()).unwrap();
     std::fs::write(&certs.key, renewed_key.serialize_pem()).unwrap();
     daemon.signal("HUP");
@@ -247,7 +251,7 @@ async fn a_renewed_certificate_is_served_after_sighup_and_one_that_cannot_be_ser
 
     // A renewal caught half written (a new certificate beside the old key) is refused, and
     // the running certificate is still served.
-    let (half, _) = certs.renewal();
+    let (half, _) = certs.renewal(2041);
     std::fs::write(&certs.cert, half.pem()).unwrap();
     daemon.signal("HUP");
     daemon.wait_for_log("was not read again", WAIT).await;
@@ -262,6 +266,12 @@ async fn a_renewed_certificate_is_served_after_sighup_and_one_that_cannot_be_ser
         .text()
         .await
         .unwrap();
+    // When the served certificate expires: the renewal's 1 January 2040 (00:00 UTC).
+    assert!(
+        metrics.lines().any(|line| line.starts_with("switchboard_api_certificate_expires_at_seconds")
+            && line.split_whitespace().last().and_then(|v| v.parse::<f64>().ok()) == Some(2_208_988_800.0)),
+        "{metrics}"
+    );
     for result in ["renewed", "refused"] {
         assert!(
             metrics.lines().any(|line| line.starts_with("switchboard_api_certificate_reads_total")

@@ -164,6 +164,9 @@ impl Daemon {
         if let Some(leading) = &leading {
             metrics::set_leader_term(leading.term);
         }
+        if let Some(certificate) = listener.certificate() {
+            metrics::certificate_expires_at(certificate.expires_at());
+        }
         let tasks = TaskTracker::new();
         let files = TelegramFiles::new(token, &telegram.api_url, CONNECT_TIMEOUT, telegram.send_timeout)
             .context("building the HTTP client for Telegram's files")?;

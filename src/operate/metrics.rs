@@ -41,6 +41,7 @@ pub const HANDOFFS: &str = "switchboard_handoffs";
 pub const READY: &str = "switchboard_ready";
 pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
 pub const CERTIFICATE_READS: &str = "switchboard_api_certificate_reads_total";
+pub const CERTIFICATE_EXPIRY: &str = "switchboard_api_certificate_expires_at_seconds";
 pub const TASK_REVISIONS: &str = "switchboard_task_revisions_total";
 pub const LEDGER_WRITE_FAILURES: &str = "switchboard_ledger_write_failures_total";
 pub const PERMISSION_REQUESTS: &str = "switchboard_permission_requests";
@@ -201,6 +202,10 @@ fn describe() {
         CERTIFICATE_READS,
         "The local API's certificate read again at a SIGHUP, by result (renewed, unchanged, refused)."
     );
+    describe_gauge!(
+        CERTIFICATE_EXPIRY,
+        "When the certificate the local API serves (api.tls) expires, in Unix seconds."
+    );
     describe_counter!(
         TASK_REVISIONS,
         "Changes recorded to tasks (DESIGN.md §11), by change (correction, new_objective, pause, resume, cancel)."
@@ -283,6 +288,11 @@ pub fn config_reload(applied: bool) {
 /// `api.tls`'s files read again at a SIGHUP: `renewed`, `unchanged` or `refused`.
 pub fn certificate_read(result: &'static str) {
     counter!(CERTIFICATE_READS, "result" => result).increment(1);
+}
+
+/// When the certificate the local API serves expires.
+pub fn certificate_expires_at(at: chrono::DateTime<chrono::Utc>) {
+    gauge!(CERTIFICATE_EXPIRY).set(at.timestamp() as f64);
 }
 
 /// What the scrape reads from its sources of truth.

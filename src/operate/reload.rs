@@ -316,11 +316,12 @@ impl Reloader {
         match certificate.read_again() {
             Ok(Reread::Renewed) => {
                 tracing::info!(
-                    cert = %files.cert.display(),
+                    cert = %files.cert.display(), expires_at = %certificate.expires_at(),
                     "api.tls: the local API serves the renewed certificate; connections already open keep the one \
                      they were made with"
                 );
                 metrics::certificate_read("renewed");
+                metrics::certificate_expires_at(certificate.expires_at());
             }
             Ok(Reread::Unchanged) => {
                 tracing::info!(cert = %files.cert.display(), "api.tls: the certificate is unchanged");

@@ -17,6 +17,7 @@ use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use chrono::{DateTime, Utc};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
@@ -48,11 +49,15 @@ pub struct ServedCertificate {
 }
 
 /// One reading of the files: the chain, to tell a renewal from the same files read again,
-/// and the configuration handshakes use.
+/// when its certificate expires, and the configuration handshakes use.
 struct Certificate {
     chain: Vec<CertificateDer<'static>>,
+    expires_at: DateTime<Utc>,
     config: Arc<ServerConfig>,
 }
+
+/// Under this long before its certificate expires, a daemon that reads it says so.
+const EXPIRY_WARNING: chrono::TimeDelta = chrono::TimeDelta::days(14);
 
 /// What reading the files again found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,6 +86,11 @@ impl ServedCertificate {
         Ok(Reread::Renewed)
     }
 
+    /// When the certificate served now expires.
+    pub fn expires_at(&self) -> DateTime<Utc> {
+        self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner()).expires_at
+    }
+
     /// The files, as `api.tls` names them.
     pub fn files(&self) -> &ApiTls {
         &self.files
@@ -93,7 +103,30 @@ impl ServedCertificate {
 
 fn read(files: &ApiTls) -> anyhow::Result<Certificate> {
     let (chain, config) = chain_and_config(files)?;
-    Ok(Certificate { chain, config })
+    let expires_at = expiry_of(&chain[0]).with_context(|| {
+        format!("api.tls.cert: reading the first certificate of {}", files.cert.display())
+    })?;
+    let left = expires_at - Utc::now();
+    if left <= chrono::TimeDelta::zero() {
+        tracing::error!(
+            cert = %files.cert.display(), %expires_at,
+            "api.tls: the certificate has expired: plugins will refuse it; renew it and send SIGHUP"
+        );
+    } else if left < EXPIRY_WARNING {
+        tracing::warn!(
+            cert = %files.cert.display(), %expires_at, days_left = left.num_days(),
+            "api.tls: the certificate expires soon; renew it and send SIGHUP"
+        );
+    }
+    Ok(Certificate { chain, expires_at, config })
+}
+
+/// When a certificate stops being valid (its `notAfter`).
+fn expiry_of(certificate: &CertificateDer<'_>) -> anyhow::Result<DateTime<Utc>> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(certificate.as_ref())
+        .map_err(|e| anyhow::anyhow!("not an X.509 certificate: {e}"))?;
+    let seconds = parsed.validity().not_after.timestamp();
+    DateTime::from_timestamp(seconds, 0).context("its expiry is out of range")
 }
 
 /// The daemon's TLS configuration from `api.tls`'s files, read now: an unreadable file, a
@@ -229,6 +262,22 @@ mod tests {
     }
 
     #[test]
+    fn an_expired_certificate_is_still_served_and_says_when_it_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ApiTls { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+        let pair = KeyPair::generate().unwrap();
+        let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+        std::fs::write(&files.cert, params.self_signed(&pair).unwrap().pem()).unwrap();
+        std::fs::write(&files.key, pair.serialize_pem()).unwrap();
+        // Refusing it would take the local API away for what the operator can fix with a
+        // renewal and SIGHUP; the daemon logs it as an error instead.
+        let served = ServedCertificate::read(&files).unwrap();
+        assert_eq!(served.expires_at().to_rfc3339(), "2021-01-01T00:00:00+00:00");
+    }
+
+    #[test]
     fn a_renewed_pair_is_served_from_the_next_handshake_and_one_that_cannot_be_served_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
         let files = ApiTls { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
@@ -241,6 +290,9 @@ mod tests {
             Arc::ptr_eq(&first, &served.config_now()),
             "the same files read again serve what they served"
         );
+
+        // rcgen's certificates are valid until 4096 unless told otherwise.
+        assert_eq!(served.expires_at().format("%Y").to_string(), "4096");
 
         write_certificate(&files.cert, Some(&files.key));
         assert_eq!(served.read_again().unwrap(), Reread::Renewed);
