@@ -311,6 +311,76 @@ async fn run(
     }
 }
 
+/// The checkpoints of a long run of write transactions (a prune's batches): one after each,
+/// waited for, on a connection of their own. Left to the background checkpointer, such a
+/// run writes the WAL faster than a PASSIVE checkpoint copies it back (a checkpoint writes
+/// pages all over the database file, a batch appends them to the WAL), and the RESTART
+/// that rewinds the WAL at last would copy everything left while it holds every writer
+/// off, a live daemon's included. Waited for between the batches, a PASSIVE copies a
+/// batch's pages back with no lock held, and the RESTART after it has only what other
+/// connections committed meanwhile to copy: the WAL starts over after every batch.
+pub(crate) struct BetweenBatches {
+    /// `None` while a checkpoint has it on a blocking thread, or after one was lost.
+    connection: Option<Connection>,
+}
+
+impl BetweenBatches {
+    pub(crate) async fn open(path: &Path, synchronous: Synchronous) -> LedgerResult<Self> {
+        let path = path.to_owned();
+        let connection =
+            tokio::task::spawn_blocking(move || open(&path, synchronous)).await.map_err(|e| {
+                LedgerError::other(format!(
+                    "opening a connection for the checkpoints between batches was cut short: {e}"
+                ))
+            })??;
+        Ok(Self { connection: Some(connection) })
+    }
+
+    /// A PASSIVE checkpoint, then, once one has caught up, a RESTART waiting at most
+    /// [`FORCED_CHECKPOINT_WAIT`]. One that fails or cannot be had is no failure of the
+    /// batches (what it did not copy back stays in the WAL for the next): logged, at debug
+    /// level when merely busy.
+    pub(crate) async fn checkpoint(&mut self) {
+        for _ in 0..PASSIVE_TRIES {
+            match self.run(Mode::Passive).await {
+                Some(passive) if restart_is_cheap_after(passive) => {
+                    self.run(Mode::Restart(FORCED_CHECKPOINT_WAIT)).await;
+                    return;
+                }
+                Some(_) => tokio::time::sleep(PASSIVE_RETRY).await,
+                None => return,
+            }
+        }
+        tracing::debug!("no checkpoint between two batches caught up with the WAL; the next one tries again");
+    }
+
+    async fn run(&mut self, mode: Mode) -> Option<Checkpointed> {
+        let connection = self.connection.take()?;
+        let (connection, checkpointed) = on_blocking_thread(connection, mode).await?;
+        self.connection = Some(connection);
+        match checkpointed {
+            Ok(checkpointed) => Some(checkpointed),
+            Err(e) => {
+                tracing::warn!(error = %e, ?mode, "could not checkpoint the ledger's WAL between two batches");
+                None
+            }
+        }
+    }
+}
+
+/// How many PASSIVE checkpoints a pause between two batches tries for one that catches up,
+/// and how long it waits between two.
+const PASSIVE_TRIES: usize = 3;
+const PASSIVE_RETRY: Duration = Duration::from_millis(10);
+
+/// Whether a RESTART right after this PASSIVE copies little while it holds the writers off:
+/// only when the PASSIVE copied every frame. After one that another connection's checkpoint
+/// kept from running, or a reader kept from finishing, the RESTART would copy back (and
+/// sync) a whole batch with every writer waiting.
+fn restart_is_cheap_after(passive: Checkpointed) -> bool {
+    !passive.busy && passive.wal_frames >= 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -375,6 +445,17 @@ mod tests {
         assert!(
             (0..=frames_at_bound).contains(&wal_frames),
             "the WAL still holds {wal_frames} frames, its bound is {frames_at_bound}"
+        );
+    }
+
+    #[test]
+    fn between_batches_a_restart_follows_only_a_passive_that_caught_up() {
+        assert!(restart_is_cheap_after(Checkpointed { busy: false, wal_frames: 600 }));
+        assert!(restart_is_cheap_after(Checkpointed { busy: false, wal_frames: 0 }));
+        assert!(!restart_is_cheap_after(Checkpointed { busy: true, wal_frames: 600 }), "a reader in the way");
+        assert!(
+            !restart_is_cheap_after(Checkpointed { busy: true, wal_frames: -1 }),
+            "another checkpoint ran"
         );
     }
 
