@@ -30,6 +30,16 @@ pub(crate) const BATCH_SESSIONS: i64 = 1000;
 /// The shortest pause between two batches, even after one that took no time.
 pub(crate) const MIN_PAUSE: Duration = Duration::from_millis(2);
 
+/// The pause after a batch that held the writer `held`, when another process's write
+/// waiting for it tries again at least every `waiter_retries_every` (zero where waiters
+/// queue on the lock, as PostgreSQL's do). As long as the batch, so that the prune takes at
+/// most about half the writer's time; and twice the waiter's longest pause between two
+/// tries, so that a waiter, even one that wakes late, tries while the writer is free and
+/// waits at most one batch, not several in a row.
+pub(crate) fn pause_after(held: Duration, waiter_retries_every: Duration) -> Duration {
+    held.max(MIN_PAUSE).max(waiter_retries_every.saturating_mul(2))
+}
+
 /// The ids of a dry run's earlier batches: a dry run deletes nothing, so a later batch
 /// finds again what an earlier one would have removed; it is counted once.
 #[derive(Default)]
@@ -101,5 +111,14 @@ mod tests {
         assert_eq!(next_batch_envelopes(500, TARGET_HOLD * 3 / 4), 500);
         assert_eq!(next_batch_envelopes(500, Duration::ZERO), 1000);
         assert_eq!(next_batch_envelopes(MAX_BATCH_ENVELOPES, Duration::ZERO), MAX_BATCH_ENVELOPES);
+    }
+
+    #[test]
+    fn a_pause_lasts_as_long_as_its_batch_and_leaves_a_retrying_waiter_two_tries() {
+        let ms = Duration::from_millis;
+        assert_eq!(pause_after(ms(30), ms(10)), ms(30));
+        assert_eq!(pause_after(ms(5), ms(10)), ms(20), "a short batch: still two tries of a waiter");
+        assert_eq!(pause_after(Duration::ZERO, Duration::ZERO), MIN_PAUSE);
+        assert_eq!(pause_after(ms(5), Duration::ZERO), ms(5), "waiters that queue need no more");
     }
 }

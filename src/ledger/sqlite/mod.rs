@@ -40,9 +40,10 @@ pub struct SqliteLedger {
     /// for the long reads off it, on a blocking thread: they never wait for the writer in
     /// WAL mode. Nothing writes here.
     readers: Arc<Readers>,
-    /// The daemon's ledger checkpoints off the path of its commits (see `checkpoint`);
-    /// `switchboard ledger` leaves that to SQLite.
-    checkpointer: Option<Arc<Checkpointer>>,
+    /// Checkpoints off the path of its commits (see `checkpoint`), the daemon's ledger's
+    /// and `switchboard ledger`'s alike: left to SQLite, a checkpoint would run inside
+    /// whichever commit brought the WAL past 1,000 pages (a prune's batch, say).
+    checkpointer: Arc<Checkpointer>,
     /// Whether intake, attempts and checkpoints write, for readiness (see `write_watch`).
     writes: Arc<WriteWatch>,
     /// Readiness's own write, on a connection of its own (see `probe`).
@@ -137,22 +138,17 @@ impl SqliteLedger {
     pub async fn open(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
         files::create_private(path).map_err(|source| OpenError::Create { path: path.to_owned(), source })?;
         tighten_and_warn(path);
-        Self::connect(path, synchronous, true, Some(Checkpointer::new())).await
+        Self::connect(path, synchronous, true).await
     }
 
     /// Opens a database that must already exist, and applies pending migrations. For
     /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
     pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
         tighten_and_warn(path);
-        Self::connect(path, synchronous, false, None).await
+        Self::connect(path, synchronous, false).await
     }
 
-    async fn connect(
-        path: &Path,
-        synchronous: Synchronous,
-        create: bool,
-        checkpointer: Option<Checkpointer>,
-    ) -> Result<Self, OpenError> {
+    async fn connect(path: &Path, synchronous: Synchronous, create: bool) -> Result<Self, OpenError> {
         let connect_error = |doing| move |source| OpenError::Connect { doing, path: path.to_owned(), source };
         // Opening the file, switching it to WAL and migrating it touch the disk and may
         // wait for another process's lock: off the runtime's threads.
@@ -161,9 +157,9 @@ impl SqliteLedger {
             .await
             .map_err(|e| LedgerError::other(format!("the task preparing the ledger did not finish: {e}")))
             .map_err(connect_error("preparing the ledger database"))??;
-        let checkpointer = checkpointer.map(Arc::new);
+        let checkpointer = Arc::new(Checkpointer::new());
         let readers = Arc::new(Readers::new(path));
-        let settings = WriterSettings { synchronous, checkpointer: checkpointer.clone() };
+        let settings = WriterSettings { synchronous, checkpointer: Some(Arc::clone(&checkpointer)) };
         let writer = Writer::open(path, settings)
             .map_err(LedgerError::from)
             .map_err(connect_error("opening for writing the ledger database"))?;
@@ -172,12 +168,10 @@ impl SqliteLedger {
         // reuse (a nearly full disk still takes them) rather than grow into.
         drop(prepared);
         let writes = Arc::new(WriteWatch::default());
-        if let Some(checkpointer) = &checkpointer {
-            checkpointer
-                .start(path, synchronous, Arc::clone(&writes))
-                .await
-                .map_err(connect_error("opening a checkpointing connection to"))?;
-        }
+        checkpointer
+            .start(path, synchronous, Arc::clone(&writes))
+            .await
+            .map_err(connect_error("opening a checkpointing connection to"))?;
         let probe = Arc::new(LedgerProbe::new(path.to_owned()));
         Ok(Self { writer: Arc::new(writer), readers, checkpointer, writes, probe })
     }
@@ -194,9 +188,7 @@ impl Lifecycle for SqliteLedger {
     }
 
     async fn close(&self) {
-        if let Some(checkpointer) = &self.checkpointer {
-            checkpointer.stop().await;
-        }
+        self.checkpointer.stop().await;
         self.readers.close();
     }
 }

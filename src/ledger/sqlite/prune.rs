@@ -7,9 +7,18 @@
 //! deletes that, children before parents, so that every foreign key holds at every
 //! statement. A batch is atomic: `kill -9` mid-batch loses the batch, never half of it.
 //!
-//! Between two batches the prune pauses at least as long as the batch held the writer, so
-//! that another process's writes (a live daemon's, waiting out the lock with pauses of up
-//! to 50 ms, see `in_place::BusyWait`) always find it free again soon.
+//! Between two batches the prune pauses at least as long as the batch held the writer, and
+//! at least twice as long as another process's write waiting for the lock pauses between
+//! two tries (`in_place::BusyWait`, `prune_batches::pause_after`): a live daemon's write
+//! then gets in at the first pause, having waited one batch at most.
+//!
+//! A batch's commit only appends to the WAL. The prune checkpoints after each batch, on a
+//! connection of its own, and waits for it before the next (`checkpoint::BetweenBatches`):
+//! the WAL is copied back with no lock held and starts over after every batch, and no
+//! batch can write faster than the file takes it back. `switchboard ledger prune`'s ledger
+//! has a background checkpointer too, as a daemon's has, so SQLite's own checkpoint (which
+//! would run inside the commit of whichever batch brought the WAL past 1,000 pages) is
+//! only a backstop.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::Instant;
@@ -18,11 +27,12 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use rusqlite::OptionalExtension;
 
-use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
+use super::checkpoint::BetweenBatches;
+use super::in_place::{LONGEST_PAUSE, execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger};
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
-    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, MIN_PAUSE, final_states_sql, next_batch_envelopes,
+    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, final_states_sql, next_batch_envelopes, pause_after,
 };
 use crate::ledger::{Pages, PruneReport, Pruned};
 use crate::rules::retention::{
@@ -49,6 +59,12 @@ impl Retention for SqliteLedger {
         let mut counted = AlreadyCounted::default();
         let mut after = 0;
         let mut batch_envelopes = BATCH_ENVELOPES;
+        let mut checkpoints = if dry_run {
+            None
+        } else {
+            let (path, synchronous) = self.writer.file();
+            Some(BetweenBatches::open(path, synchronous).await?)
+        };
         while after < last_id {
             let window = (after, after + batch_envelopes);
             after += batch_envelopes;
@@ -95,7 +111,10 @@ impl Retention for SqliteLedger {
             report.longest_batch = report.longest_batch.max(held);
             report.batch_holds.push(held);
             batch_envelopes = next_batch_envelopes(batch_envelopes, held);
-            tokio::time::sleep(held.max(MIN_PAUSE)).await;
+            if let Some(checkpoints) = &mut checkpoints {
+                checkpoints.checkpoint().await;
+            }
+            tokio::time::sleep(pause_after(held, LONGEST_PAUSE)).await;
         }
         report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run).await?;
         report.removed.reactions = self.prune_reactions(&cutoff, dry_run).await?;
@@ -155,13 +174,19 @@ impl SqliteLedger {
         );
         let mut removed = 0;
         loop {
-            let deleted =
-                self.write_in_place(|db| db.execute(&sql, rusqlite::params![cutoff, BATCH_SESSIONS])).await?;
+            let mut lock_taken = None;
+            let deleted = self
+                .write_in_place(|db| {
+                    lock_taken = Some(Instant::now());
+                    db.execute(&sql, rusqlite::params![cutoff, BATCH_SESSIONS])
+                })
+                .await?;
             removed += deleted as u64;
             if (deleted as i64) < BATCH_SESSIONS {
                 return Ok(removed);
             }
-            tokio::time::sleep(MIN_PAUSE).await;
+            let held = lock_taken.map(|at| at.elapsed()).unwrap_or_default();
+            tokio::time::sleep(pause_after(held, LONGEST_PAUSE)).await;
         }
     }
 }

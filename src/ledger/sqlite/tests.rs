@@ -37,24 +37,37 @@ async fn the_database_uses_wal_and_the_configured_durability() {
 
 #[tokio::test]
 async fn commits_reach_the_database_file_a_moment_later_without_waiting_for_a_full_wal() {
-    let dir = tempfile::tempdir().unwrap();
-    let database = dir.path().join("ledger.db");
-    let ledger = SqliteLedger::open(&database, Synchronous::Normal).await.unwrap();
-    let backstop: i64 = read(&ledger, "PRAGMA wal_autocheckpoint", |row| row.get(0)).await;
-    assert_eq!(backstop, i64::from(checkpoint::BACKSTOP_PAGES));
-    let size = || std::fs::metadata(&database).unwrap().len();
-    // The migrations' own commits are checkpointed first.
-    tokio::time::sleep(3 * checkpoint::CHECKPOINT_DELAY).await;
-    let before = size();
-    // Far fewer pages than the backstop: only the checkpointer moves them into the file.
-    let batch: Vec<_> = (1..=300).map(|id| routed(id, EnvelopeState::Queued)).collect();
-    ledger.record_batch(1, 301, &batch).await.unwrap();
-    let deadline = std::time::Instant::now() + 20 * checkpoint::CHECKPOINT_DELAY;
-    while size() == before {
-        assert!(std::time::Instant::now() < deadline, "no checkpoint after the commit");
-        tokio::time::sleep(checkpoint::CHECKPOINT_DELAY / 4).await;
+    // The daemon's ledger, and `switchboard ledger`'s (whose prune would otherwise run
+    // SQLite's checkpoint inside one batch's commit in every thousand pages).
+    for existing in [false, true] {
+        let dir = tempfile::tempdir().unwrap();
+        let database = dir.path().join("ledger.db");
+        let ledger = SqliteLedger::open(&database, Synchronous::Normal).await.unwrap();
+        let ledger = if existing {
+            ledger.close().await;
+            SqliteLedger::open_existing(&database, Synchronous::Normal).await.unwrap()
+        } else {
+            ledger
+        };
+        let backstop: i64 = read(&ledger, "PRAGMA wal_autocheckpoint", |row| row.get(0)).await;
+        assert_eq!(backstop, i64::from(checkpoint::BACKSTOP_PAGES), "existing: {existing}");
+        let size = || std::fs::metadata(&database).unwrap().len();
+        // The migrations' own commits are checkpointed first.
+        tokio::time::sleep(3 * checkpoint::CHECKPOINT_DELAY).await;
+        let before = size();
+        // Far fewer pages than the backstop: only the checkpointer moves them into the file.
+        let batch: Vec<_> = (1..=300).map(|id| routed(id, EnvelopeState::Queued)).collect();
+        ledger.record_batch(1, 301, &batch).await.unwrap();
+        let deadline = std::time::Instant::now() + 20 * checkpoint::CHECKPOINT_DELAY;
+        while size() == before {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no checkpoint after the commit (existing: {existing})"
+            );
+            tokio::time::sleep(checkpoint::CHECKPOINT_DELAY / 4).await;
+        }
+        ledger.close().await;
     }
-    ledger.close().await;
 }
 
 #[tokio::test]

@@ -16,9 +16,17 @@
 //! the checkpointer asks for a RESTART checkpoint, after which the next commit writes from
 //! the start of the file again and cuts it back to that size (`journal_size_limit`). The
 //! file is not emptied when the daemon goes idle: what it keeps is room the next commits
-//! reuse, which a nearly full disk still has. A RESTART waits for other connections at
-//! most [`FORCED_CHECKPOINT_WAIT`] (new writers are held off while it is pending, and wait
-//! asynchronously); one that could not be had is asked for again after the next commits.
+//! reuse, which a nearly full disk still has.
+//!
+//! A RESTART holds new writers off while it waits for the connections in its way (they
+//! wait asynchronously), so it waits only so long: [`FORCED_CHECKPOINT_WAIT`] at first.
+//! On a loaded machine a reader or a write can take longer than that, and the WAL grew
+//! past its bound for as long as RESTARTs kept giving up. So one that could not be had is
+//! tried again [`FORCED_CHECKPOINT_RETRY`] later, commits or not (a PASSIVE first, so that
+//! the RESTART has only what came since to copy), each waiting twice as long as the one
+//! before, up to [`LONGEST_FORCED_CHECKPOINT_WAIT`]: the longer waits, which hold the
+//! daemon's writes off longer, come only while the WAL is already past its bound and
+//! shorter ones have failed. The decision is [`WalBound`]'s.
 //!
 //! What a commit guarantees does not change: it is in the WAL when it returns, as before
 //! (and `synchronous = full` still syncs the WAL at every commit). Under `normal`, a power
@@ -53,9 +61,19 @@ pub(crate) const BACKSTOP_PAGES: u32 = 10_000;
 /// is cut back to this size when it does (`journal_size_limit` of the writer).
 pub const WAL_LIMIT_BYTES: i64 = 4 * 1024 * 1024;
 
-/// How long a RESTART checkpoint may wait for a reader or writer (and holds
-/// new writers off meanwhile) before it gives up until the next time.
+/// How long a RESTART checkpoint first waits for a reader or writer (holding new writers
+/// off meanwhile) before it gives up; each one in a row that could not be had waits twice
+/// as long as the one before, up to [`LONGEST_FORCED_CHECKPOINT_WAIT`].
 const FORCED_CHECKPOINT_WAIT: Duration = Duration::from_millis(50);
+
+/// The longest a RESTART checkpoint waits: the longest a write of the daemon can be held
+/// off by one, and only after several in a row could not be had while the WAL was past
+/// its bound.
+const LONGEST_FORCED_CHECKPOINT_WAIT: Duration = Duration::from_millis(400);
+
+/// How soon a RESTART checkpoint that could not be had is tried again (a PASSIVE first),
+/// with or without commits meanwhile.
+const FORCED_CHECKPOINT_RETRY: Duration = CHECKPOINT_DELAY;
 
 /// The checkpointing task of one ledger.
 #[derive(Debug)]
@@ -124,42 +142,104 @@ fn open(path: &Path, synchronous: Synchronous) -> LedgerResult<Connection> {
 enum Mode {
     /// Copy what it can without waiting for anyone: after commits.
     Passive,
-    /// Copy everything and have the next commit start the WAL over: when it is too long.
-    Restart,
+    /// Copy everything and have the next commit start the WAL over, waiting for others at
+    /// most this long: when the WAL is too long.
+    Restart(Duration),
 }
 
 impl Mode {
     fn pragma(self) -> &'static str {
         match self {
             Self::Passive => "PRAGMA wal_checkpoint(PASSIVE)",
-            Self::Restart => "PRAGMA wal_checkpoint(RESTART)",
+            Self::Restart(_) => "PRAGMA wal_checkpoint(RESTART)",
         }
     }
 }
 
-/// What the next checkpoint should be, given how long the WAL was at the last one: a
-/// pure decision, so the bound is a unit test away.
-fn after_passive(wal_frames: i64, page_size: i64) -> Option<Mode> {
-    (wal_frames.saturating_mul(page_size) > WAL_LIMIT_BYTES).then_some(Mode::Restart)
+/// What a checkpoint reported.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Checkpointed {
+    /// A reader or writer kept it from doing all it was asked (SQLite's `busy` column),
+    /// which is no failure: what was not done is done next time.
+    busy: bool,
+    /// How many frames the WAL held; -1 when the checkpoint could not run at all (another
+    /// connection's was running).
+    wal_frames: i64,
 }
 
-/// One checkpoint; answers how many frames the WAL held. It reports a checkpoint it could
-/// not write as an error, or in its first column (`busy`) when a reader or writer was in
-/// the way, which is no failure: what was not copied is copied next time. A RESTART waits
-/// for others only [`FORCED_CHECKPOINT_WAIT`].
-fn checkpoint(db: &Connection, mode: Mode) -> LedgerResult<i64> {
-    if mode != Mode::Passive {
-        db.busy_timeout(FORCED_CHECKPOINT_WAIT)?;
+/// The checkpointer's hold on the WAL's bound, from one checkpoint to the next: a pure
+/// decision, so the bound is a unit test away.
+#[derive(Debug, Default)]
+struct WalBound {
+    /// Whether the last checkpoint that could say found the WAL past its bound.
+    past_bound: bool,
+    /// RESTART checkpoints in a row that could not be had.
+    failed_restarts: u32,
+}
+
+impl WalBound {
+    /// After a PASSIVE checkpoint: a RESTART, and how long it may wait for others, when the
+    /// WAL is past its bound.
+    fn after_passive(&mut self, passive: Checkpointed, page_size: i64) -> Option<Mode> {
+        if passive.wal_frames < 0 {
+            // Another connection's checkpoint ran instead: it says nothing of the WAL now,
+            // and a bound already passed still stands.
+            return self.past_bound.then(|| self.restart());
+        }
+        self.past_bound = passive.wal_frames.saturating_mul(page_size) > WAL_LIMIT_BYTES;
+        if !self.past_bound {
+            self.failed_restarts = 0;
+            return None;
+        }
+        Some(self.restart())
     }
-    let frames = db.query_row(mode.pragma(), [], |row| row.get::<_, i64>(1));
+
+    /// A RESTART waiting twice as long as the last for every one in a row that failed.
+    fn restart(&self) -> Mode {
+        let doublings = self.failed_restarts.min(u32::BITS - 1);
+        Mode::Restart(
+            FORCED_CHECKPOINT_WAIT.saturating_mul(1 << doublings).min(LONGEST_FORCED_CHECKPOINT_WAIT),
+        )
+    }
+
+    /// After a RESTART checkpoint: how soon to try again, when it could not be had (the
+    /// WAL is still past its bound, and no commit may come to ask again).
+    fn after_restart(&mut self, restart: Checkpointed) -> Option<Duration> {
+        if restart.wal_frames < 0 {
+            // Another connection's checkpoint was running (another process's checkpointer,
+            // say): this one did not wait for anyone, and the next need not wait longer.
+            Some(FORCED_CHECKPOINT_RETRY)
+        } else if restart.busy {
+            self.failed_restarts = self.failed_restarts.saturating_add(1);
+            Some(FORCED_CHECKPOINT_RETRY)
+        } else {
+            self.past_bound = false;
+            self.failed_restarts = 0;
+            None
+        }
+    }
+}
+
+/// One checkpoint. It reports a checkpoint it could not write as an error, and a reader or
+/// writer in its way as `busy`. A RESTART waits for others only as long as it says.
+fn checkpoint(db: &Connection, mode: Mode) -> LedgerResult<Checkpointed> {
+    if let Mode::Restart(wait) = mode {
+        db.busy_timeout(wait)?;
+    }
+    let reported = db.query_row(mode.pragma(), [], |row| {
+        Ok(Checkpointed { busy: row.get::<_, i64>(0)? != 0, wal_frames: row.get(1)? })
+    });
     if mode != Mode::Passive {
         db.busy_timeout(BUSY_TIMEOUT)?;
     }
-    Ok(frames?)
+    Ok(reported?)
 }
 
 /// Runs one checkpoint on a blocking thread; the connection goes there and comes back.
-async fn on_blocking_thread(connection: Connection, mode: Mode) -> Option<(Connection, LedgerResult<i64>)> {
+async fn on_blocking_thread(
+    connection: Connection,
+    mode: Mode,
+) -> Option<(Connection, LedgerResult<Checkpointed>)> {
     match tokio::task::spawn_blocking(move || {
         let checkpointed = checkpoint(&connection, mode);
         (connection, checkpointed)
@@ -184,38 +264,132 @@ async fn run(
     writes: Arc<WriteWatch>,
 ) {
     let page_size: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0)).unwrap_or(4096);
+    let mut bound = WalBound::default();
+    let mut retry_in = None;
     loop {
-        tokio::select! {
-            () = commits.notified() => {}
-            () = stop.cancelled() => break,
-        }
-        // Let the burst this commit began go by; the commits meanwhile ring again, and
-        // get the next checkpoint.
-        tokio::select! {
-            () = tokio::time::sleep(CHECKPOINT_DELAY) => {}
-            () = stop.cancelled() => break,
+        if let Some(pause) = retry_in.take() {
+            // The WAL is past its bound and the last RESTART could not be had: try again
+            // soon, commits or not. An idle daemon's next commit could be hours away, and
+            // the reader that was in the way may be gone.
+            tokio::select! {
+                () = tokio::time::sleep(pause) => {}
+                () = stop.cancelled() => break,
+            }
+        } else {
+            tokio::select! {
+                () = commits.notified() => {}
+                () = stop.cancelled() => break,
+            }
+            // Let the burst this commit began go by; the commits meanwhile ring again, and
+            // get the next checkpoint.
+            tokio::select! {
+                () = tokio::time::sleep(CHECKPOINT_DELAY) => {}
+                () = stop.cancelled() => break,
+            }
         }
         // Copying the WAL back and syncing both files takes milliseconds: off the runtime.
-        let Some((db, checkpointed)) = on_blocking_thread(connection, Mode::Passive).await else { break };
+        // A PASSIVE first even when the WAL is past its bound, so that the RESTART, which
+        // holds new writers off, has only what came since to copy.
+        let Some((db, passive)) = on_blocking_thread(connection, Mode::Passive).await else { break };
         connection = db;
-        let forced = match &checkpointed {
-            Ok(frames) => after_passive(*frames, page_size),
+        let forced = match &passive {
+            Ok(passive) => bound.after_passive(*passive, page_size),
             Err(_) => None,
         };
-        writes.observe(LedgerWrite::Checkpoint, &checkpointed);
-        if let Err(e) = checkpointed {
+        writes.observe(LedgerWrite::Checkpoint, &passive);
+        if let Err(e) = passive {
             tracing::warn!(
                 error = %e,
                 "could not checkpoint the ledger's WAL; SQLite checkpoints by itself once it holds {BACKSTOP_PAGES} pages"
             );
         }
         if let Some(mode) = forced {
-            // Busy (a long read elsewhere) is no failure: the bound is tried for again
-            // after the next commits.
-            let Some((db, _)) = on_blocking_thread(connection, mode).await else { break };
+            let Some((db, restart)) = on_blocking_thread(connection, mode).await else { break };
             connection = db;
+            // A RESTART that failed outright (not merely busy) is asked for again after the
+            // next commits, as a PASSIVE that failed is.
+            if let Ok(restart) = restart {
+                retry_in = bound.after_restart(restart);
+                if restart.busy {
+                    tracing::debug!(
+                        ?mode,
+                        failed_in_a_row = bound.failed_restarts,
+                        "the WAL is past its bound and a RESTART checkpoint could not be had"
+                    );
+                }
+            }
         }
     }
+}
+
+/// The checkpoints of a long run of write transactions (a prune's batches): one after each,
+/// waited for, on a connection of their own. Left to the background checkpointer, such a
+/// run writes the WAL faster than a PASSIVE checkpoint copies it back (a checkpoint writes
+/// pages all over the database file, a batch appends them to the WAL), and the RESTART
+/// that rewinds the WAL at last would copy everything left while it holds every writer
+/// off, a live daemon's included. Waited for between the batches, a PASSIVE copies a
+/// batch's pages back with no lock held, and the RESTART after it has only what other
+/// connections committed meanwhile to copy: the WAL starts over after every batch.
+pub(crate) struct BetweenBatches {
+    /// `None` while a checkpoint has it on a blocking thread, or after one was lost.
+    connection: Option<Connection>,
+}
+
+impl BetweenBatches {
+    pub(crate) async fn open(path: &Path, synchronous: Synchronous) -> LedgerResult<Self> {
+        let path = path.to_owned();
+        let connection =
+            tokio::task::spawn_blocking(move || open(&path, synchronous)).await.map_err(|e| {
+                LedgerError::other(format!(
+                    "opening a connection for the checkpoints between batches was cut short: {e}"
+                ))
+            })??;
+        Ok(Self { connection: Some(connection) })
+    }
+
+    /// A PASSIVE checkpoint, then, once one has caught up, a RESTART waiting at most
+    /// [`FORCED_CHECKPOINT_WAIT`]. One that fails or cannot be had is no failure of the
+    /// batches (what it did not copy back stays in the WAL for the next): logged, at debug
+    /// level when merely busy.
+    pub(crate) async fn checkpoint(&mut self) {
+        for _ in 0..PASSIVE_TRIES {
+            match self.run(Mode::Passive).await {
+                Some(passive) if restart_is_cheap_after(passive) => {
+                    self.run(Mode::Restart(FORCED_CHECKPOINT_WAIT)).await;
+                    return;
+                }
+                Some(_) => tokio::time::sleep(PASSIVE_RETRY).await,
+                None => return,
+            }
+        }
+        tracing::debug!("no checkpoint between two batches caught up with the WAL; the next one tries again");
+    }
+
+    async fn run(&mut self, mode: Mode) -> Option<Checkpointed> {
+        let connection = self.connection.take()?;
+        let (connection, checkpointed) = on_blocking_thread(connection, mode).await?;
+        self.connection = Some(connection);
+        match checkpointed {
+            Ok(checkpointed) => Some(checkpointed),
+            Err(e) => {
+                tracing::warn!(error = %e, ?mode, "could not checkpoint the ledger's WAL between two batches");
+                None
+            }
+        }
+    }
+}
+
+/// How many PASSIVE checkpoints a pause between two batches tries for one that catches up,
+/// and how long it waits between two.
+const PASSIVE_TRIES: usize = 3;
+const PASSIVE_RETRY: Duration = Duration::from_millis(10);
+
+/// Whether a RESTART right after this PASSIVE copies little while it holds the writers off:
+/// only when the PASSIVE copied every frame. After one that another connection's checkpoint
+/// kept from running, or a reader kept from finishing, the RESTART would copy back (and
+/// sync) a whole batch with every writer waiting.
+fn restart_is_cheap_after(passive: Checkpointed) -> bool {
+    !passive.busy && passive.wal_frames >= 0
 }
 
 #[cfg(test)]
@@ -246,14 +420,112 @@ mod tests {
         assert!(largest <= 3 * bound, "the WAL grew to {largest} bytes, its bound is {bound}");
     }
 
+    /// A reader holding its snapshot while the WAL passes its bound keeps every RESTART
+    /// from being had. Once it lets go, the WAL is rewound with no commit to ask for it:
+    /// before, the next RESTART came only after the next commits, and an idle ledger's WAL
+    /// stayed past its bound.
+    #[tokio::test]
+    async fn a_wal_a_reader_held_past_its_bound_is_rewound_once_it_lets_go_with_no_commit_since() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ledger.db");
+        let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
+        ledger.execute_in_place("CREATE TABLE load (bytes BLOB)", []).await.unwrap();
+        let reader = Connection::open(&path).unwrap();
+        reader.execute_batch("BEGIN").unwrap();
+        let _: i64 = reader.query_row("SELECT COUNT(*) FROM load", [], |row| row.get(0)).unwrap();
+        // Twice the bound, slowly enough that the checkpointer tries (and fails) a few times.
+        for _ in 0..(2 * WAL_LIMIT_BYTES / 10_000) {
+            ledger.execute_in_place("INSERT INTO load VALUES (randomblob(10000))", []).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // Long enough for the checkpointer to be done with every commit's ring, having failed.
+        tokio::time::sleep(15 * FORCED_CHECKPOINT_RETRY).await;
+        reader.execute_batch("COMMIT").unwrap();
+        // The retries run on a clock, with no commit to ring them: this waits out a few.
+        tokio::time::sleep(10 * FORCED_CHECKPOINT_RETRY).await;
+        // One commit now starts the WAL over, if a RESTART was had since the reader let go,
+        // and cuts the file back to the bound; else it appends to the long WAL.
+        ledger.execute_in_place("INSERT INTO load VALUES (randomblob(10))", []).await.unwrap();
+        let wal = std::fs::metadata(path.with_extension("db-wal")).unwrap().len();
+        ledger.close().await;
+        assert!(wal <= WAL_LIMIT_BYTES as u64, "the WAL holds {wal} bytes, its bound is {WAL_LIMIT_BYTES}");
+    }
+
+    #[test]
+    fn between_batches_a_restart_follows_only_a_passive_that_caught_up() {
+        assert!(restart_is_cheap_after(Checkpointed { busy: false, wal_frames: 600 }));
+        assert!(restart_is_cheap_after(Checkpointed { busy: false, wal_frames: 0 }));
+        assert!(!restart_is_cheap_after(Checkpointed { busy: true, wal_frames: 600 }), "a reader in the way");
+        assert!(
+            !restart_is_cheap_after(Checkpointed { busy: true, wal_frames: -1 }),
+            "another checkpoint ran"
+        );
+    }
+
+    fn passive(wal_frames: i64) -> Checkpointed {
+        Checkpointed { busy: false, wal_frames }
+    }
+
+    const BUSY: Checkpointed = Checkpointed { busy: true, wal_frames: 2000 };
+    const DONE: Checkpointed = Checkpointed { busy: false, wal_frames: 2000 };
+
     #[test]
     fn a_wal_past_its_bound_is_rewound_and_one_within_it_is_left_to_passive_checkpoints() {
         let page = 4096;
         let frames_at_bound = WAL_LIMIT_BYTES / page;
-        assert_eq!(after_passive(0, page), None);
-        assert_eq!(after_passive(frames_at_bound, page), None);
-        assert_eq!(after_passive(frames_at_bound + 1, page), Some(Mode::Restart));
-        // A WAL SQLite reports as not in WAL mode (-1) is no reason to force anything.
-        assert_eq!(after_passive(-1, page), None);
+        let mut bound = WalBound::default();
+        assert_eq!(bound.after_passive(passive(0), page), None);
+        assert_eq!(bound.after_passive(passive(frames_at_bound), page), None);
+        assert_eq!(
+            bound.after_passive(passive(frames_at_bound + 1), page),
+            Some(Mode::Restart(FORCED_CHECKPOINT_WAIT))
+        );
+        // A WAL SQLite reports as not in WAL mode, or a checkpoint another connection was
+        // running (-1), is no reason to force anything.
+        assert_eq!(WalBound::default().after_passive(passive(-1), page), None);
+    }
+
+    #[test]
+    fn a_restart_that_could_not_be_had_is_tried_again_soon_waiting_longer_each_time_up_to_a_cap() {
+        let page = 4096;
+        let past_bound = passive(WAL_LIMIT_BYTES / page + 1);
+        let mut bound = WalBound::default();
+        let mut waits = Vec::new();
+        for _ in 0..6 {
+            let Some(Mode::Restart(wait)) = bound.after_passive(past_bound, page) else {
+                panic!("a WAL past its bound is rewound")
+            };
+            waits.push(wait.as_millis());
+            assert_eq!(
+                bound.after_restart(BUSY),
+                Some(FORCED_CHECKPOINT_RETRY),
+                "tried again, commits or not"
+            );
+        }
+        assert_eq!(waits, [50, 100, 200, 400, 400, 400]);
+
+        // One that another connection's checkpoint kept from running waited for no one: tried
+        // again, no longer.
+        let other_checkpoint = Checkpointed { busy: true, wal_frames: -1 };
+        assert_eq!(bound.after_restart(other_checkpoint), Some(FORCED_CHECKPOINT_RETRY));
+        assert_eq!(
+            bound.after_passive(past_bound, page),
+            Some(Mode::Restart(LONGEST_FORCED_CHECKPOINT_WAIT))
+        );
+        // Nor does another connection's PASSIVE in the way of this one put the bound aside.
+        bound.after_restart(BUSY);
+        assert_eq!(
+            bound.after_passive(other_checkpoint, page),
+            Some(Mode::Restart(LONGEST_FORCED_CHECKPOINT_WAIT))
+        );
+
+        // One that was had waits for commits again, and the next starts from the shortest wait.
+        assert_eq!(bound.after_restart(DONE), None);
+        assert_eq!(bound.after_passive(past_bound, page), Some(Mode::Restart(FORCED_CHECKPOINT_WAIT)));
+        // So does the next one after the WAL came back within its bound by itself.
+        bound.after_restart(BUSY);
+        bound.after_restart(BUSY);
+        assert_eq!(bound.after_passive(passive(10), page), None);
+        assert_eq!(bound.after_passive(past_bound, page), Some(Mode::Restart(FORCED_CHECKPOINT_WAIT)));
     }
 }

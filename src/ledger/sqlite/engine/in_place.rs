@@ -52,8 +52,12 @@ pub const PAGE_CACHE_KIB: i64 = -256;
 pub const WRITER_SPILL_PAGES: u32 = 1024;
 
 /// The first pause between two tries for a lock another process holds, and the longest.
+/// A try costs a few system calls, and happens only while another process holds the lock
+/// (`switchboard ledger prune`, `reconcile`), so tries come often: a waiting write gets in
+/// soon after the lock is free, even when the holder takes it again after a short gap (a
+/// prune pauses between its batches, see `prune_batches::pause_after`).
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
-const LONGEST_PAUSE: Duration = Duration::from_millis(50);
+pub(crate) const LONGEST_PAUSE: Duration = Duration::from_millis(10);
 
 /// Waiting out a lock another process holds: between tries, asynchronously, never in
 /// SQLite's busy handler on the runtime's thread; pauses doubling to [`LONGEST_PAUSE`],
@@ -125,6 +129,11 @@ impl Writer {
     pub(crate) fn open(path: &Path, settings: WriterSettings) -> rusqlite::Result<Self> {
         let connection = open_writer(path, &settings)?;
         Ok(Self { path: path.to_owned(), settings, connection: tokio::sync::Mutex::new(Some(connection)) })
+    }
+
+    /// The database file it writes, and how its commits sync.
+    pub(crate) fn file(&self) -> (&Path, Synchronous) {
+        (&self.path, self.settings.synchronous)
     }
 
     /// Runs the read `work` on the writer's connection if no write holds it or waits for
