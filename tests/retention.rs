@@ -16,6 +16,10 @@ use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 
 const WAIT: Duration = Duration::from_secs(30);
 
+/// How long half of [`big_ledger`]'s prune may take in a debug build on a loaded machine:
+/// each batch waits for its checkpoint, so the prune goes at the pace the file takes pages.
+const PRUNE_HALFWAY: Duration = Duration::from_secs(180);
+
 /// Old enough for any cutoff the tests use (`--older-than 30d`, `retain_days = 1`).
 const LONG_AGO: &str = "2020-01-01T00:00:00.000Z";
 
@@ -314,8 +318,12 @@ async fn kill_9_of_a_prune_halfway_leaves_a_whole_ledger_that_a_second_prune_fin
     let daemon = daemon_with_old_rows(&fake, big_ledger, &[]).await;
     let mut prune = prune_command(&daemon, &["--older-than", "30d"]).spawn().unwrap();
     let started = Instant::now();
-    while old_envelopes(&daemon) > big_ledger / 2 {
-        assert!(started.elapsed() < WAIT, "the prune did not get halfway");
+    loop {
+        let left = old_envelopes(&daemon);
+        if left <= big_ledger / 2 {
+            break;
+        }
+        assert!(started.elapsed() < PRUNE_HALFWAY, "the prune did not get halfway ({left} left)");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     prune.kill().await.unwrap();
