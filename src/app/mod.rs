@@ -164,7 +164,8 @@ impl Daemon {
         if let Some(leading) = &leading {
             metrics::set_leader_term(leading.term);
         }
-        if let Some(certificate) = listener.certificate() {
+        let certificate = listener.certificate();
+        if let Some(certificate) = &certificate {
             metrics::certificate_expires_at(certificate.expires_at());
         }
         let tasks = TaskTracker::new();
@@ -242,7 +243,7 @@ impl Daemon {
         let retain = settings.storage.retain;
         let typing =
             settings.outbound.typing.map(|max| TypingIndicator::new(bridge.clone(), typing_api, max));
-        let reloader = Reloader::new(settings, routing, bridge.clone(), outbound, listener.certificate());
+        let reloader = Reloader::new(settings, routing, bridge.clone(), outbound, certificate);
         Ok(Self {
             entitlement,
             ledger,

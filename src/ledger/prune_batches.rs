@@ -30,9 +30,9 @@ pub(crate) const BATCH_SESSIONS: i64 = 1000;
 /// The shortest pause between two batches, even after one that took no time.
 pub(crate) const MIN_PAUSE: Duration = Duration::from_millis(2);
 
-/// The pause after a batch that held the writer `held`, when another process's write
-/// waiting for it tries again at least every `waiter_retries_every` (zero where waiters
-/// queue on the lock, as PostgreSQL's do). As long as the batch, so that the prune takes at
+/// The pause after a batch that held the one writer `held` (SQLite's), when another
+/// process's write waiting for it tries again at least every `waiter_retries_every`. As
+/// long as the batch, so that the prune takes at
 /// most about half the writer's time; and twice the waiter's longest pause between two
 /// tries, so that a waiter, even one that wakes late, tries while the writer is free and
 /// waits at most one batch, not several in a row.

@@ -307,9 +307,7 @@ impl Reloader {
         metrics::config_reload(true);
         true
     }
-}
 
-impl Reloader {
     fn read_certificate_again(&self) {
         let Some(certificate) = &self.certificate else { return };
         let files = certificate.files();

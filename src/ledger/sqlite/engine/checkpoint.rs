@@ -105,11 +105,7 @@ impl Checkpointer {
         synchronous: Synchronous,
         writes: Arc<WriteWatch>,
     ) -> LedgerResult<()> {
-        let path = path.to_owned();
-        let connection =
-            tokio::task::spawn_blocking(move || open(&path, synchronous)).await.map_err(|e| {
-                LedgerError::other(format!("opening the checkpointer's connection was cut short: {e}"))
-            })??;
+        let connection = open_off_runtime(path, synchronous, "the checkpointer's connection").await?;
         let task = tokio::spawn(run(connection, Arc::clone(&self.commits), self.stop.clone(), writes));
         *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         Ok(())
@@ -135,6 +131,15 @@ fn open(path: &Path, synchronous: Synchronous) -> LedgerResult<Connection> {
     db.pragma_update(None, "synchronous", synchronous_pragma(synchronous))?;
     db.pragma_update(None, "wal_autocheckpoint", BACKSTOP_PAGES)?;
     Ok(db)
+}
+
+/// [`open`] on a blocking thread (opening the file may wait in SQLite's busy handler);
+/// `what` names the connection if that thread is lost.
+async fn open_off_runtime(path: &Path, synchronous: Synchronous, what: &str) -> LedgerResult<Connection> {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || open(&path, synchronous))
+        .await
+        .map_err(|e| LedgerError::other(format!("opening {what} was cut short: {e}")))?
 }
 
 /// What a checkpoint is asked to do.
@@ -337,13 +342,8 @@ pub(crate) struct BetweenBatches {
 
 impl BetweenBatches {
     pub(crate) async fn open(path: &Path, synchronous: Synchronous) -> LedgerResult<Self> {
-        let path = path.to_owned();
         let connection =
-            tokio::task::spawn_blocking(move || open(&path, synchronous)).await.map_err(|e| {
-                LedgerError::other(format!(
-                    "opening a connection for the checkpoints between batches was cut short: {e}"
-                ))
-            })??;
+            open_off_runtime(path, synchronous, "a connection for the checkpoints between batches").await?;
         Ok(Self { connection: Some(connection) })
     }
 
