@@ -556,8 +556,22 @@ impl Drop for TestDaemon {
             let _ = child.kill();
             let _ = child.wait();
         }
+        // A test that failed shows what the daemon was doing: a failure seen once under
+        // load must be explainable from its CI log alone.
+        if std::thread::panicking() {
+            let logs = self.logs();
+            let lines: Vec<&str> = logs.lines().collect();
+            let tail = &lines[lines.len().saturating_sub(FAILED_TEST_LOG_LINES)..];
+            eprintln!("the daemon's last {} log lines (of {}):", tail.len(), lines.len());
+            for line in tail {
+                eprintln!("  {line}");
+            }
+        }
     }
 }
+
+/// How much of a daemon's log a failed test prints.
+const FAILED_TEST_LOG_LINES: usize = 120;
 
 fn wait_with_timeout(child: &mut Child, within: Duration) -> ExitStatus {
     let deadline = Instant::now() + within;

@@ -19,12 +19,18 @@ use crate::telegram::parts::{Attachment, stored_attachments};
 #[async_trait]
 impl Envelopes for PgLedger {
     async fn claim_next_queued(&self, agent: &AgentName) -> LedgerResult<Option<StoredEnvelope>> {
-        // SKIP LOCKED: a replica claiming for the same agent at the same moment takes the
-        // next queued envelope instead of waiting for this one.
+        // The session asks again only when woken, so a queued envelope passed over here
+        // waits until the next message rings. Hence no SKIP LOCKED: a row another
+        // transaction holds is waited for and looked at again once it is let go (and the
+        // next queued one taken if it is queued no longer). And NO KEY UPDATE, not UPDATE:
+        // a row inserted elsewhere that refers to this envelope (an attempt, a task, a
+        // handoff's audit copy) holds it KEY SHARE until its transaction ends, which only
+        // FOR UPDATE would wait for. Only the leader serves sessions, so no other replica
+        // claims beside this one.
         let sql = concat!(
             "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
              WHERE id = (SELECT id FROM envelopes WHERE agent = $1 AND state = 'queued' ORDER BY id LIMIT 1 \
-             FOR UPDATE SKIP LOCKED) RETURNING ",
+             FOR NO KEY UPDATE) RETURNING ",
             envelope_columns!()
         );
         Ok(sqlx::query_as(sql).bind(agent.as_str()).fetch_optional(&self.pool).await?)

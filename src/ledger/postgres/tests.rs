@@ -598,6 +598,76 @@ async fn record_updates_stores_what_sqlite_intake_stores() {
     schema.drop().await;
 }
 
+/// A session claims its next envelope only when woken, so a claim that passes over a
+/// queued envelope leaves it waiting until the next message rings: a held row must be
+/// waited for, never skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_claims_a_queued_envelope_that_another_transaction_holds() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(5000)).await.unwrap();
+    let term = elected(&mut a).await.term;
+    let worker = AgentName::parse("worker").unwrap();
+    let mut other = PgConnection::connect(&schema.url).await.unwrap();
+
+    // Held KEY SHARE, as by a transaction inserting a row that refers to the envelope (its
+    // foreign key check): claimed at once.
+    ledger.record_updates(term, BOT, 2, &[routed(1)]).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("SELECT id FROM envelopes WHERE state = 'queued' FOR KEY SHARE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let claimed = tokio::time::timeout(Duration::from_secs(10), ledger.claim_next_queued(&worker))
+        .await
+        .expect("a claim does not wait for a foreign key check")
+        .unwrap();
+    assert_eq!(
+        claimed.and_then(|e| e.update_id),
+        Some(1),
+        "the envelope a foreign key check holds is claimed"
+    );
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+
+    // Held by an update that leaves it queued: claimed once it is let go.
+    ledger.record_updates(term, BOT, 3, &[routed(2)]).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("UPDATE envelopes SET deliveries = deliveries WHERE state = 'queued'")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let ledger = ledger.clone();
+        let worker = worker.clone();
+        async move { ledger.claim_next_queued(&worker).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!claim.is_finished(), "the claim waits for the transaction that holds the envelope");
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    let claimed = tokio::time::timeout(Duration::from_secs(10), claim).await.unwrap().unwrap().unwrap();
+    assert_eq!(claimed.and_then(|e| e.update_id), Some(2), "claimed once the other transaction let it go");
+
+    // Claimed meanwhile by the other transaction: the claim takes the next queued one.
+    ledger.record_updates(term, BOT, 5, &[routed(3), routed(4)]).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("UPDATE envelopes SET state = 'pending' WHERE update_id = 3")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let claim = tokio::spawn({
+        let ledger = ledger.clone();
+        async move { ledger.claim_next_queued(&worker).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
+    let claimed = tokio::time::timeout(Duration::from_secs(10), claim).await.unwrap().unwrap().unwrap();
+    assert_eq!(claimed.and_then(|e| e.update_id), Some(4), "the next queued envelope, not none");
+
+    other.close().await.unwrap();
+    ledger.close().await;
+    schema.drop().await;
+}
+
 #[tokio::test]
 async fn a_replica_that_leads_no_term_records_no_polled_batch_and_a_deposed_one_stops() {
     let schema = TestSchema::create().await;
