@@ -81,6 +81,41 @@ fn healthcheck(daemon: &TestDaemon) -> (bool, String) {
     (output.status.success(), text)
 }
 
+/// `api.health_listen` on one daemon (SQLite): the operator's routes answer there as they
+/// do at the local API.
+#[tokio::test]
+async fn the_health_address_answers_as_the_local_api_does() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[("SWITCHBOARD__API__HEALTH_LISTEN", "127.0.0.1:0")],
+    );
+    let health =
+        switchboard::app::reported_health_address(&daemon.logs()).expect("the health address is logged");
+    assert_ne!(health, daemon.api_addr());
+    assert_eq!(get_at(health, "/healthz").await.0, 200);
+    fake.wait_for_get_updates_calls(1, WAIT).await;
+    let deadline = Instant::now() + WAIT;
+    let ready = loop {
+        let (status, ready) = readiness_at(health).await;
+        if status == 200 || Instant::now() > deadline {
+            break ready;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let at_the_api = readiness(&daemon).await.1;
+    for key in ["ready", "reasons", "intake"] {
+        assert_eq!(ready[key], at_the_api[key], "the same report at both addresses: {ready} {at_the_api}");
+    }
+    assert_eq!(ready["ready"], true, "{ready}");
+    assert!(ready.get("replica").is_none(), "no replica on SQLite: {ready}");
+    let (_, metrics) = get_at(health, "/metrics").await;
+    assert!(metrics.contains("switchboard_ready 1"), "{metrics}");
+    assert!(!metrics.contains("switchboard_standing_by"), "no replica on SQLite: {metrics}");
+}
+
 #[tokio::test]
 async fn readiness_follows_what_telegram_answers_and_recovers_when_the_cause_is_gone() {
     let fake = FakeTelegram::start().await;

@@ -63,6 +63,12 @@ pub fn reported_webhook_address(log: &str) -> Option<SocketAddr> {
     reported_address(log, webhook::LISTENING_MESSAGE)
 }
 
+/// Where `api.health_listen` answers, from the line logged as it binds (before the ledger
+/// is taken, so a standby logs it too).
+pub fn reported_health_address(log: &str) -> Option<SocketAddr> {
+    reported_address(log, crate::operate::health_listener::HEALTH_LISTENING_MESSAGE)
+}
+
 /// Where a standby's webhook listener relays from, from the line it logs as it listens.
 pub fn reported_relay_address(log: &str) -> Option<SocketAddr> {
     reported_address(log, webhook::RELAYING_MESSAGE)
@@ -262,6 +268,11 @@ impl Daemon {
             menu_api,
             typing,
         })
+    }
+
+    /// What the operator's routes read, for `api.health_listen`'s listener.
+    pub fn operations(&self) -> Operations {
+        self.operations.clone()
     }
 
     /// Where the local API listens (useful when configured with port 0).

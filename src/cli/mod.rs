@@ -15,7 +15,9 @@ use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{Daemon, LedgerHold, StandbyWebhook, Taken};
-use crate::config::{DaemonUrl, LogFormat, Settings};
+use crate::config::{DaemonUrl, Database, LogFormat, Settings};
+use crate::operate::health::IntakeMode;
+use crate::operate::health_listener::HealthListener;
 use crate::telemetry;
 
 pub use channel::{ChannelArgs, channel_main};
@@ -58,12 +60,18 @@ pub enum Command {
     /// Ask a running daemon whether it is ready (`GET /readyz`); exit 0 only when it is.
     /// For container health checks, where no curl is at hand.
     Healthcheck {
-        /// The daemon's configuration: its `api.listen` is asked (0.0.0.0 on loopback).
+        /// The daemon's configuration: its `api.health_listen` is asked, or else its
+        /// `api.listen` (0.0.0.0 on loopback).
         #[arg(long, short = 'c', env = "SWITCHBOARD_CONFIG", required_unless_present = "address")]
         config: Option<PathBuf>,
         /// Ask this address (host:port, plain HTTP) instead.
         #[arg(long)]
         address: Option<SocketAddr>,
+        /// Exit 0 too for a replica that stands by while another leads (and has no other
+        /// reason not to be ready): for a container's check beside replicas, with
+        /// `api.health_listen`.
+        #[arg(long)]
+        standby_is_healthy: bool,
     },
     /// Inspect envelopes and attempts; reconcile unresolved replies.
     Ledger {
@@ -118,13 +126,13 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Channel(_) => Err(channel::hand_over_to_channel_executable()),
         Command::Ledger { config, command } => ledger::ledger(&config.config, command).await,
         Command::Demo { keep } => crate::demo::run(keep).await,
-        Command::Healthcheck { config, address } => {
+        Command::Healthcheck { config, address, standby_is_healthy } => {
             let daemon = match (address, config) {
                 (Some(address), _) => DaemonUrl::beside(address, false),
-                (None, Some(config)) => Settings::load(&config)?.api.own_url(),
+                (None, Some(config)) => Settings::load(&config)?.api.health_url(),
                 (None, None) => anyhow::bail!("give --config FILE or --address HOST:PORT"),
             };
-            crate::operate::healthcheck::check(&daemon).await
+            crate::operate::healthcheck::check(&daemon, standby_is_healthy).await
         }
     }
 }
@@ -150,6 +158,20 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
         crate::agents::api::tls::server_config(files)?;
     }
     let storage = &settings.storage;
+    // Bound before the ledger is taken: a standby (or a daemon still recovering) answers
+    // its supervisor's probes too.
+    let health = match settings.api.health_listen {
+        Some(address) => {
+            let replica = match &storage.database {
+                Database::Postgres(postgres) => Some(postgres.replica.clone()),
+                Database::Sqlite(_) => None,
+            };
+            let intake =
+                if settings.telegram.webhook.is_some() { IntakeMode::Webhook } else { IntakeMode::Polling };
+            Some(HealthListener::bind(address, replica, intake, shutdown.clone()).await?)
+        }
+        None => None,
+    };
     let standby_webhook = match (&settings.telegram.webhook, &secrets.webhook) {
         (Some(settings), Some(secret)) => {
             Some(StandbyWebhook { settings: settings.clone(), secret: secret.clone() })
@@ -167,6 +189,9 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
             }
         };
     let daemon = Daemon::build(settings, secrets, hold, shutdown.clone()).await?;
+    if let Some(health) = &health {
+        health.serve(daemon.operations());
+    }
     daemon.run().await
 }
 

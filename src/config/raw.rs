@@ -129,6 +129,9 @@ pub(super) struct RawApi {
     pub(super) daemon: Vec<String>,
     #[serde(default)]
     pub(super) ca: Option<String>,
+    /// This process's own address for the operator's routes, in either role.
+    #[serde(default)]
+    pub(super) health_listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -318,6 +321,7 @@ impl Default for RawApi {
             plaintext_beyond_loopback: false,
             daemon: Vec::new(),
             ca: None,
+            health_listen: None,
         }
     }
 }

@@ -225,6 +225,9 @@ pub struct ApiSettings {
     pub daemon: Vec<DaemonUrl>,
     /// `api.ca`: certificates (PEM) a plugin trusts for the daemon's, beside the system's.
     pub ca: Option<PathBuf>,
+    /// `api.health_listen`: this process's own address for `/healthz`, `/readyz` and
+    /// `/metrics`, served whether it leads or stands by (`operate::health_listener`).
+    pub health_listen: Option<SocketAddr>,
 }
 
 impl ApiSettings {
@@ -236,6 +239,15 @@ impl ApiSettings {
     /// The daemon's own local API as asked on its machine (`listen`, over TLS with `tls`).
     pub fn own_url(&self) -> DaemonUrl {
         DaemonUrl::beside(self.listen, self.tls.is_some())
+    }
+
+    /// Where `switchboard healthcheck` asks on this machine: `health_listen` (plain HTTP,
+    /// answered by a standby too) when it is set, else the local API.
+    pub fn health_url(&self) -> DaemonUrl {
+        match self.health_listen {
+            Some(address) => DaemonUrl::beside(address, false),
+            None => self.own_url(),
+        }
     }
 }
 

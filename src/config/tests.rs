@@ -204,6 +204,25 @@ fn the_local_api_leaves_loopback_only_with_tls_or_the_operators_word() {
 }
 
 #[test]
+fn the_health_address_is_an_address_of_its_own_and_healthcheck_asks_there() {
+    let settings = load_str(MINIMAL).unwrap();
+    assert_eq!(settings.api.health_listen, None);
+    assert_eq!(settings.api.health_url(), settings.api.own_url(), "the local API's, by default");
+
+    let settings = load_str(&with_api("health_listen = \"0.0.0.0:7798\"")).unwrap();
+    assert_eq!(settings.api.health_listen, Some("0.0.0.0:7798".parse().unwrap()));
+    assert_eq!(settings.warnings(), [], "beyond loopback without TLS: it carries no secret");
+    assert_eq!(settings.api.health_url().to_string(), "http://127.0.0.1:7798", "asked on loopback");
+
+    let e = problem(&with_api("health_listen = \"localhost\""));
+    assert_eq!(e.key, "api.health_listen");
+    assert!(e.problem.contains("localhost"), "{e}");
+    let e = problem(&with_api("listen = \"127.0.0.1:7797\"\nhealth_listen = \"127.0.0.1:7797\""));
+    assert_eq!(e.key, "api.health_listen");
+    assert!(e.problem.contains("api.listen"), "{e}");
+}
+
+#[test]
 fn api_tls_needs_both_files() {
     assert!(problem(&with_api("tls = { cert = \"a.pem\" }")).to_string().contains("key"));
     let e = problem(&with_api("tls = { cert = \"\", key = \"k.pem\" }"));

@@ -548,7 +548,32 @@ fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
         }
         ca => ca.map(PathBuf::from),
     };
-    Ok(ApiSettings { listen, tls, plaintext_beyond_loopback: raw.plaintext_beyond_loopback, daemon, ca })
+    let health_listen = raw
+        .health_listen
+        .map(|text| {
+            let address: SocketAddr = text.parse().map_err(|_| {
+                err("api.health_listen", format!("'{text}' is not an address like 127.0.0.1:7798"))
+            })?;
+            if address == listen && address.port() != 0 {
+                return Err(err(
+                    "api.health_listen",
+                    format!(
+                        "{address} is api.listen's address too: give the health routes a port of their own \
+                         (the local API serves them already)"
+                    ),
+                ));
+            }
+            Ok(address)
+        })
+        .transpose()?;
+    Ok(ApiSettings {
+        listen,
+        tls,
+        plaintext_beyond_loopback: raw.plaintext_beyond_loopback,
+        daemon,
+        ca,
+        health_listen,
+    })
 }
 
 fn check_env_name(path: &Path, key: &str, name: &str) -> Result<(), ConfigError> {

@@ -244,14 +244,15 @@ pub struct Readiness {
     pub replica: Option<ReplicaReadiness>,
 }
 
-/// A replica's part of `/readyz`. Only a leader serves, so `leads` is false only while a
-/// replica that lost its lease stops.
+/// A replica's part of `/readyz`. `leads` is false while a replica that lost its lease
+/// stops, and at a standby's `api.health_listen`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplicaReadiness {
     pub name: String,
     pub leads: bool,
-    /// The term it was elected for.
-    pub term: i64,
+    /// The term it was elected for; none for a standby.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<i64>,
 }
 
 /// What a replica on PostgreSQL knows of its leadership, shared with the health routes.
@@ -266,7 +267,7 @@ pub struct Leading {
 impl Leading {
     fn readiness(&self) -> (ReplicaReadiness, Option<NotReady>) {
         let leads = self.leads.load(std::sync::atomic::Ordering::Acquire);
-        let status = ReplicaReadiness { name: self.replica.clone(), leads, term: self.term };
+        let status = ReplicaReadiness { name: self.replica.clone(), leads, term: Some(self.term) };
         let reason = (!leads).then(|| NotReady {
             code: "not_leading".into(),
             detail: format!(
@@ -275,6 +276,35 @@ impl Leading {
             ),
         });
         (status, reason)
+    }
+}
+
+/// `/readyz`'s reason at a replica that stands by.
+pub const STANDING_BY_CODE: &str = "standing_by";
+
+/// `/readyz` of a process that does not run the daemon yet (`api.health_listen`): a replica
+/// standing by while another leads (`replica`), or a daemon still starting (recovering its
+/// ledger, binding its listeners).
+pub fn not_running_yet(replica: Option<&str>, intake: IntakeMode) -> Readiness {
+    let reason = match replica {
+        Some(name) => NotReady {
+            code: STANDING_BY_CODE.into(),
+            detail: format!(
+                "replica {name} stands by: another replica leads this bot and serves its agents (its /readyz \
+                 names it); this one is elected once that one stops leading"
+            ),
+        },
+        None => NotReady {
+            code: "starting".into(),
+            detail: "the daemon is starting: it recovers its ledger, then binds its listeners".into(),
+        },
+    };
+    Readiness {
+        ready: false,
+        reasons: vec![reason],
+        intake,
+        last_poll_success_secs: None,
+        replica: replica.map(|name| ReplicaReadiness { name: name.to_owned(), leads: false, term: None }),
     }
 }
 

@@ -7,15 +7,16 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::config::DaemonUrl;
-use crate::operate::health::Readiness;
+use crate::operate::health::{Readiness, STANDING_BY_CODE};
 
 /// A readiness check answers in well under a second (one small ledger write); beyond this
 /// the daemon counts as not ready.
 const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Asks `/readyz` at `address`: Ok when ready (its answer printed), an error naming every
-/// reason when not.
-pub async fn check(daemon: &DaemonUrl) -> anyhow::Result<()> {
+/// reason when not. With `standby_is_healthy`, a replica that stands by and has no other
+/// reason not to be ready passes too.
+pub async fn check(daemon: &DaemonUrl, standby_is_healthy: bool) -> anyhow::Result<()> {
     let client = reqwest::Client::builder()
         .no_proxy()
         .timeout(TIMEOUT)
@@ -31,11 +32,52 @@ pub async fn check(daemon: &DaemonUrl) -> anyhow::Result<()> {
     let readiness: Readiness = serde_json::from_str(&body).with_context(|| {
         format!("{url} answered HTTP {status} with something that is not a readiness report")
     })?;
-    if status.is_success() && readiness.ready {
-        println!("ready ({url})");
-        return Ok(());
+    match verdict(status.is_success(), &readiness, standby_is_healthy) {
+        Verdict::Ready => println!("ready ({url})"),
+        Verdict::StandingBy => println!("standing by ({url}): another replica leads"),
+        Verdict::NotReady => {
+            let reasons: Vec<String> =
+                readiness.reasons.iter().map(|r| format!("{}: {}", r.code, r.detail)).collect();
+            anyhow::bail!("not ready (HTTP {status} from {url}): {}", reasons.join("; "))
+        }
     }
-    let reasons: Vec<String> =
-        readiness.reasons.iter().map(|r| format!("{}: {}", r.code, r.detail)).collect();
-    anyhow::bail!("not ready (HTTP {status} from {url}): {}", reasons.join("; "))
+    Ok(())
+}
+
+#[derive(Debug, PartialEq, Eq)]
+enum Verdict {
+    Ready,
+    /// Healthy for a supervisor that runs replicas: waiting to be elected, nothing wrong.
+    StandingBy,
+    NotReady,
+}
+
+fn verdict(answered_ok: bool, readiness: &Readiness, standby_is_healthy: bool) -> Verdict {
+    if answered_ok && readiness.ready {
+        return Verdict::Ready;
+    }
+    let only_standing_by = !readiness.reasons.is_empty()
+        && readiness.reasons.iter().all(|reason| reason.code == STANDING_BY_CODE);
+    if standby_is_healthy && only_standing_by { Verdict::StandingBy } else { Verdict::NotReady }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::operate::health::{IntakeMode, NotReady, not_running_yet};
+
+    #[test]
+    fn a_standby_passes_only_when_asked_to_and_only_for_standing_by() {
+        let standby = not_running_yet(Some("b"), IntakeMode::Polling);
+        assert_eq!(verdict(false, &standby, false), Verdict::NotReady);
+        assert_eq!(verdict(false, &standby, true), Verdict::StandingBy);
+        let starting = not_running_yet(None, IntakeMode::Polling);
+        assert_eq!(verdict(false, &starting, true), Verdict::NotReady, "starting is not standing by");
+        let mut failing = standby.clone();
+        failing.reasons.push(NotReady { code: "ledger_unwritable".into(), detail: "…".into() });
+        assert_eq!(verdict(false, &failing, true), Verdict::NotReady, "another reason fails it");
+        let ready = Readiness { ready: true, reasons: vec![], ..starting };
+        assert_eq!(verdict(true, &ready, false), Verdict::Ready);
+        assert_eq!(verdict(false, &ready, true), Verdict::NotReady, "a 503 is never ready");
+    }
 }

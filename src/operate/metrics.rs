@@ -47,6 +47,7 @@ pub const LEDGER_WRITE_FAILURES: &str = "switchboard_ledger_write_failures_total
 pub const PERMISSION_REQUESTS: &str = "switchboard_permission_requests";
 pub const WEBHOOK_REQUESTS: &str = "switchboard_webhook_requests_total";
 pub const LEADER_TERM: &str = "switchboard_leader_term";
+pub const STANDING_BY: &str = "switchboard_standing_by";
 
 /// Bucket bounds of both hop histograms, in seconds: a local hop takes milliseconds, a
 /// send to Telegram tens to hundreds of them, and an envelope that waited for its agent's
@@ -118,6 +119,7 @@ pub const REFUSAL_TOOLS: &[&str] = &["reply", "ack", "handoff"];
 /// On PostgreSQL: the term this replica was elected for.
 pub fn set_leader_term(term: i64) {
     metrics::gauge!(LEADER_TERM).set(term as f64);
+    metrics::gauge!(STANDING_BY).set(0.0);
 }
 
 /// Installs the Prometheus recorder as the process's global recorder, once; later calls
@@ -192,6 +194,10 @@ fn describe() {
     describe_gauge!(
         LEADER_TERM,
         "On PostgreSQL: the term this replica leads the bot under (only a leader serves /metrics)."
+    );
+    describe_gauge!(
+        STANDING_BY,
+        "On PostgreSQL: 1 while this replica stands by (at api.health_listen), 0 once it leads."
     );
     describe_gauge!(
         PERMISSION_REQUESTS,

@@ -3,6 +3,7 @@
 //! the local API (`agents::api::server`); the demo is `crate::demo`.
 
 pub mod health;
+pub mod health_listener;
 pub mod healthcheck;
 pub mod metrics;
 pub mod reload;

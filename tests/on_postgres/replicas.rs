@@ -13,7 +13,7 @@ use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
 use switchboard::app::hold::{LEADING_MESSAGE, STANDING_BY_MESSAGE};
-use switchboard::app::{LEADERSHIP_LOST_MESSAGE, reported_api_address};
+use switchboard::app::{LEADERSHIP_LOST_MESSAGE, reported_api_address, reported_health_address};
 use switchboard::fake_bot_api::{ChatSpec, Delivery, FakeTelegram};
 use switchboard::ledger::{EnvelopeState, ListFilter};
 
@@ -503,6 +503,81 @@ async fn a_leader_that_stops_gracefully_hands_over_at_once() {
     assert_eq!(ready["replica"], json!({"name": "second", "leads": true, "term": 2}), "{ready}");
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "after the handover");
     orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+}
+
+/// `switchboard healthcheck --address ADDRESS [more]` run beside `daemon`: whether it passed,
+/// and what it printed.
+fn healthcheck_at(daemon: &TestDaemon, address: std::net::SocketAddr, more: &[&str]) -> (bool, String) {
+    let output = daemon
+        .subcommand("healthcheck")
+        .arg("--address")
+        .arg(address.to_string())
+        .args(more)
+        .output()
+        .unwrap();
+    let said =
+        format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    (output.status.success(), said)
+}
+
+/// A supervisor probes every replica (Kubernetes, a load balancer): at `api.health_listen`
+/// a standby is alive and not ready, and the same address answers as the leader's local
+/// API does once it is elected.
+#[tokio::test]
+async fn every_replica_answers_its_supervisors_probes_at_its_own_health_address() {
+    let fake = FakeTelegram::start().await;
+    let health_listen = ("SWITCHBOARD__API__HEALTH_LISTEN", "127.0.0.1:0");
+    let mut leader = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[
+            ("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE),
+            ("SWITCHBOARD__STORAGE__REPLICA", "first"),
+            health_listen,
+        ],
+    );
+    let leader_health = reported_health_address(&leader.latest_logs()).expect("the leader's health address");
+    let mut standby = leader.replica().with_env("SWITCHBOARD__STORAGE__REPLICA", "second");
+    standby.launch_standby();
+    wait_standing_by(&standby).await;
+    let standby_health =
+        reported_health_address(&standby.latest_logs()).expect("the standby's health address");
+    assert_ne!(standby_health, leader.api_addr(), "an address of the standby's own");
+
+    // The standby: alive, not ready, standing by under its name.
+    assert_eq!(get_at(standby_health, "/healthz").await.0, 200);
+    let (status, ready) = readiness_at(standby_health).await;
+    assert_eq!(status, 503, "{ready}");
+    assert_eq!(ready["ready"], false, "{ready}");
+    assert_eq!(ready["reasons"][0]["code"], "standing_by", "{ready}");
+    assert_eq!(ready["replica"], json!({"name": "second", "leads": false}), "{ready}");
+    let (_, metrics) = get_at(standby_health, "/metrics").await;
+    assert!(metrics.contains("switchboard_ready{replica=\"second\"} 0"), "{metrics}");
+    assert!(metrics.contains("switchboard_standing_by{replica=\"second\"} 1"), "{metrics}");
+    let (passed, said) = healthcheck_at(&standby, standby_health, &[]);
+    assert!(!passed, "a standby is not ready: {said}");
+    assert!(said.contains("standing_by"), "{said}");
+    let (passed, said) = healthcheck_at(&standby, standby_health, &["--standby-is-healthy"]);
+    assert!(passed, "a standby counts as healthy when asked so: {said}");
+
+    // The leader's health address answers as its local API does.
+    let (status, ready) = readiness_at(leader_health).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["replica"], json!({"name": "first", "leads": true, "term": 1}), "{ready}");
+    let (passed, said) = healthcheck_at(&leader, leader_health, &[]);
+    assert!(passed, "{said}");
+
+    // Once elected, the standby's same address answers as a leader's.
+    leader.kill9();
+    standby.wait_until_serving(WAIT);
+    let (status, ready) = readiness_at(standby_health).await;
+    assert_eq!(status, 200, "{ready}");
+    assert_eq!(ready["replica"], json!({"name": "second", "leads": true, "term": 2}), "{ready}");
+    let (_, metrics) = get_at(standby_health, "/metrics").await;
+    assert!(metrics.contains("switchboard_leader_term{replica=\"second\"} 2"), "{metrics}");
+    assert!(metrics.contains("switchboard_standing_by{replica=\"second\"} 0"), "{metrics}");
+    assert!(metrics.contains("switchboard_envelopes"), "the daemon's own series: {metrics}");
 }
 
 #[tokio::test]

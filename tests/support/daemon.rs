@@ -599,15 +599,25 @@ async fn wait_for_text(needle: &str, within: Duration, read: impl Fn() -> String
 /// A GET on the daemon's local API, without credentials (the health and metrics routes):
 /// the status and the body.
 pub async fn get(daemon: &TestDaemon, path: &str) -> (u16, String) {
+    get_at(daemon.api_addr(), path).await
+}
+
+/// `GET path` over plain HTTP at `address`: the status and the body.
+pub async fn get_at(address: std::net::SocketAddr, path: &str) -> (u16, String) {
     let client = reqwest::Client::builder().no_proxy().timeout(START_TIMEOUT).build().unwrap();
-    let response = client.get(format!("http://{}{path}", daemon.api_addr())).send().await.expect(path);
+    let response = client.get(format!("http://{address}{path}")).send().await.expect(path);
     let status = response.status().as_u16();
     (status, response.text().await.unwrap())
 }
 
 /// `GET /readyz`: the status and the body as JSON.
 pub async fn readiness(daemon: &TestDaemon) -> (u16, serde_json::Value) {
-    let (status, body) = get(daemon, "/readyz").await;
+    readiness_at(daemon.api_addr()).await
+}
+
+/// `GET /readyz` at `address`.
+pub async fn readiness_at(address: std::net::SocketAddr) -> (u16, serde_json::Value) {
+    let (status, body) = get_at(address, "/readyz").await;
     (status, serde_json::from_str(&body).unwrap_or_else(|e| panic!("/readyz is not JSON ({e}): {body}")))
 }
 

@@ -26,7 +26,7 @@ use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized, UploadError};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::{Ledger, LedgerError};
-use crate::operate::health::Health;
+use crate::operate::health::{Health, Readiness};
 use crate::operate::metrics::{self, StateGauges};
 use crate::rules::media::DownloadRefusal;
 use crate::rules::{guard, revisions};
@@ -43,8 +43,8 @@ pub struct Operations {
 pub fn router(bridge: Bridge, operations: Operations) -> Router {
     let operator = Router::new()
         .route("/healthz", get(healthz))
-        .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics_text))
+        .route("/readyz", get(|State(operations)| readyz(operations)))
+        .route("/metrics", get(|State(operations)| metrics_text(operations)))
         .with_state(operations);
     Router::new()
         .route("/v1/agents/{agent}/session", get(session))
@@ -65,19 +65,23 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
 }
 
 /// Alive: the process answers HTTP.
-async fn healthz() -> Response {
+pub(crate) async fn healthz() -> Response {
     Json(serde_json::json!({"alive": true})).into_response()
 }
 
 /// Ready: 200, or 503 with the reasons (`operate::health`).
-async fn readyz(State(operations): State<Operations>) -> Response {
-    let readiness = operations.health.readiness().await;
+pub(crate) async fn readyz(operations: Operations) -> Response {
+    readiness_answer(operations.health.readiness().await)
+}
+
+/// `/readyz`'s answer for `readiness`.
+pub(crate) fn readiness_answer(readiness: Readiness) -> Response {
     let status = if readiness.ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     (status, Json(readiness)).into_response()
 }
 
 /// Prometheus text; the state gauges are read from the ledger and the bridge now.
-async fn metrics_text(State(operations): State<Operations>) -> Response {
+pub(crate) async fn metrics_text(operations: Operations) -> Response {
     let Operations { bridge, ledger, health, metrics: handle } = operations;
     let ready = health.readiness().await.ready;
     let read = async {
