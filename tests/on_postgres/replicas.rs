@@ -29,16 +29,21 @@ fn leader_and_standby(fake: &FakeTelegram) -> (TestDaemon, TestDaemon) {
 }
 
 fn leader_and(fake: &FakeTelegram, replica: fn(&TestDaemon) -> TestDaemon) -> (TestDaemon, TestDaemon) {
-    let leader = TestDaemon::start_with_env(
-        &fake.api_url(),
-        "",
-        &default_routes(),
-        &[("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE), ("SWITCHBOARD__STORAGE__REPLICA", "first")],
-    );
-    assert!(leader.logs().contains(LEADING_MESSAGE), "{}", leader.logs());
+    let leader = first_replica(fake, &[]);
     let mut standby = replica(&leader).with_env("SWITCHBOARD__STORAGE__REPLICA", "second");
     standby.launch_standby();
     (leader, standby)
+}
+
+/// The replica named `first`, started alone and so elected, with `extra` in its
+/// environment (and its replicas').
+fn first_replica(fake: &FakeTelegram, extra: &[(&str, &str)]) -> TestDaemon {
+    let mut env =
+        vec![("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE), ("SWITCHBOARD__STORAGE__REPLICA", "first")];
+    env.extend_from_slice(extra);
+    let leader = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), &env);
+    assert!(leader.logs().contains(LEADING_MESSAGE), "{}", leader.logs());
+    leader
 }
 
 async fn wait_standing_by(standby: &TestDaemon) {
@@ -134,16 +139,7 @@ async fn a_plugin_given_every_replicas_address_follows_the_leader_to_another_mac
     let fake = FakeTelegram::start().await;
     let (first_port, second_port) = (free_port(), free_port());
     let (first_at, second_at) = (format!("127.0.0.1:{first_port}"), format!("127.0.0.1:{second_port}"));
-    let mut leader = TestDaemon::start_with_env(
-        &fake.api_url(),
-        "",
-        &default_routes(),
-        &[
-            ("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE),
-            ("SWITCHBOARD__STORAGE__REPLICA", "first"),
-            (switchboard::config::API_LISTEN_ENV, &first_at),
-        ],
-    );
+    let mut leader = first_replica(&fake, &[(switchboard::config::API_LISTEN_ENV, &first_at)]);
     let mut standby = leader
         .replica_on_own_port()
         .with_env("SWITCHBOARD__STORAGE__REPLICA", "second")
@@ -526,17 +522,7 @@ fn healthcheck_at(daemon: &TestDaemon, address: std::net::SocketAddr, more: &[&s
 #[tokio::test]
 async fn every_replica_answers_its_supervisors_probes_at_its_own_health_address() {
     let fake = FakeTelegram::start().await;
-    let health_listen = ("SWITCHBOARD__API__HEALTH_LISTEN", "127.0.0.1:0");
-    let mut leader = TestDaemon::start_with_env(
-        &fake.api_url(),
-        "",
-        &default_routes(),
-        &[
-            ("SWITCHBOARD__STORAGE__LEASE_SECS", LEASE),
-            ("SWITCHBOARD__STORAGE__REPLICA", "first"),
-            health_listen,
-        ],
-    );
+    let mut leader = first_replica(&fake, &[("SWITCHBOARD__API__HEALTH_LISTEN", "127.0.0.1:0")]);
     let leader_health = reported_health_address(&leader.latest_logs()).expect("the leader's health address");
     let mut standby = leader.replica().with_env("SWITCHBOARD__STORAGE__REPLICA", "second");
     standby.launch_standby();

@@ -72,6 +72,14 @@ const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a statement waits for a pooled connection before it fails as `Busy`.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A pooled connection idle longer than this is pinged before it is handed out, and
+/// replaced if the server no longer answers on it (ended by a server restart, by
+/// `idle_session_timeout`, by a proxy that cuts idle connections). One used more recently
+/// was answered on a moment ago: pinging it too cost a round trip on every statement of a
+/// message's path, about a fifth of the loop on this machine's loopback (see
+/// docs/deploy-postgres.md, "The loop on PostgreSQL").
+const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
+
 /// How long readiness's write may take before the ledger counts as not taking writes.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -185,6 +193,15 @@ impl PgLedger {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(ACQUIRE_TIMEOUT)
+            .test_before_acquire(false)
+            .before_acquire(|connection, held| {
+                Box::pin(async move {
+                    if held.idle_for > PING_AFTER_IDLE {
+                        sqlx::Connection::ping(connection).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options.clone())
             .await
             .map_err(|error| PgOpenError::Connect(error.into()))?;

@@ -12,7 +12,7 @@ use super::test_support::{TestSchema, admin};
 use super::*;
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::prelude::*;
-use crate::ledger::{EnvelopeState, RoutedEnvelope};
+use crate::ledger::{EnvelopeState, LedgerResult, RoutedEnvelope, StoredEnvelope};
 use crate::rules::leadership::{Lease, Renewal, Tenure};
 use crate::rules::routes::Channel;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
@@ -598,6 +598,14 @@ async fn record_updates_stores_what_sqlite_intake_stores() {
     schema.drop().await;
 }
 
+fn claim_in_background(
+    ledger: &PgLedger,
+    agent: &AgentName,
+) -> tokio::task::JoinHandle<LedgerResult<Option<StoredEnvelope>>> {
+    let (ledger, agent) = (ledger.clone(), agent.clone());
+    tokio::spawn(async move { ledger.claim_next_queued(&agent).await })
+}
+
 /// A session claims its next envelope only when woken, so a claim that passes over a
 /// queued envelope leaves it waiting until the next message rings: a held row must be
 /// waited for, never skipped.
@@ -636,11 +644,7 @@ async fn a_session_claims_a_queued_envelope_that_another_transaction_holds() {
         .execute(&mut other)
         .await
         .unwrap();
-    let claim = tokio::spawn({
-        let ledger = ledger.clone();
-        let worker = worker.clone();
-        async move { ledger.claim_next_queued(&worker).await }
-    });
+    let claim = claim_in_background(&ledger, &worker);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!claim.is_finished(), "the claim waits for the transaction that holds the envelope");
     sqlx::query("COMMIT").execute(&mut other).await.unwrap();
@@ -654,16 +658,39 @@ async fn a_session_claims_a_queued_envelope_that_another_transaction_holds() {
         .execute(&mut other)
         .await
         .unwrap();
-    let claim = tokio::spawn({
-        let ledger = ledger.clone();
-        async move { ledger.claim_next_queued(&worker).await }
-    });
+    let claim = claim_in_background(&ledger, &worker);
     tokio::time::sleep(Duration::from_millis(300)).await;
     sqlx::query("COMMIT").execute(&mut other).await.unwrap();
     let claimed = tokio::time::timeout(Duration::from_secs(10), claim).await.unwrap().unwrap().unwrap();
     assert_eq!(claimed.and_then(|e| e.update_id), Some(4), "the next queued envelope, not none");
 
     other.close().await.unwrap();
+    ledger.close().await;
+    schema.drop().await;
+}
+
+/// A pooled connection the server ended while it sat idle (a restart, `idle_session_timeout`,
+/// a proxy) is pinged and replaced before it is handed out: the next statement succeeds.
+#[tokio::test]
+async fn a_pooled_connection_the_server_ended_while_it_was_idle_is_replaced_unseen() {
+    let schema = TestSchema::create().await;
+    let application = format!("idle_{}", schema.name);
+    let ledger = PgLedger::connect(&format!("{}&application_name={application}", schema.url)).await.unwrap();
+    sqlx::query("SELECT 1").execute(&ledger.pool).await.unwrap();
+    tokio::time::sleep(PING_AFTER_IDLE + Duration::from_millis(500)).await;
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid, 5000) FROM pg_stat_activity WHERE application_name = $1",
+    )
+    .bind(&application)
+    .fetch_all(&mut admin().await)
+    .await
+    .unwrap();
+    assert!(!ended.is_empty() && ended.iter().all(|&ended| ended), "the pool's connections ended: {ended:?}");
+    let answer: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&ledger.pool)
+        .await
+        .expect("a connection the server ended is not handed out");
+    assert_eq!(answer, 1);
     ledger.close().await;
     schema.drop().await;
 }
