@@ -143,6 +143,38 @@ struct AgentStats {
     cut_off_by_the_end: usize,
     /// Failed replies by kind: unreachable, no answer, refused (with the code), protocol.
     failures: BTreeMap<String, usize>,
+    /// What the agent is doing now, and since when: shown when the run does not settle, to
+    /// tell an agent stuck in a call from a daemon that hands nothing over.
+    doing: Option<DoingSince>,
+}
+
+/// What an agent does, since when (shown as how long ago).
+struct DoingSince(Doing, Instant);
+
+impl std::fmt::Debug for DoingSince {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?} for {:.1?}", self.0, self.1.elapsed())
+    }
+}
+
+#[derive(Debug, Clone)]
+#[expect(dead_code, reason = "its fields are read through Debug, in the report")]
+enum Doing {
+    Connecting,
+    /// Its session is open; waiting for the next event.
+    Listening {
+        session: usize,
+        envelopes_in_session: usize,
+    },
+    Replying {
+        trace_id: Option<String>,
+    },
+}
+
+impl AgentStats {
+    fn now(&mut self, doing: Doing) {
+        self.doing = Some(DoingSince(doing, Instant::now()));
+    }
 }
 
 fn seed() -> u64 {
@@ -273,6 +305,13 @@ pub(crate) async fn crash_loop_on(
     let settled = settle(&ledger).await;
     if let Err(stuck) = &settled {
         eprintln!("crash loop: {stuck}");
+        for (name, stats, _) in &agents {
+            let stats = stats.lock().unwrap();
+            eprintln!(
+                "crash loop: {name} is now {:?} (sessions {}, replies sent {})",
+                stats.doing, stats.sessions, stats.replies_sent
+            );
+        }
         let logs = deployment.logs();
         let tail: Vec<&str> = logs.lines().rev().take(80).collect();
         eprintln!("crash loop: not settled; the daemon's last log lines:");
@@ -378,6 +417,7 @@ async fn answer_everything(
     let mut answered: HashSet<String> = HashSet::new();
     let mut unsettled: Vec<ReplyRequest> = Vec::new();
     while !stop.is_cancelled() {
+        stats.lock().unwrap().now(Doing::Connecting);
         let mut session = tokio::select! {
             () = stop.cancelled() => return,
             opened = client.open_session() => match opened {
@@ -388,7 +428,12 @@ async fn answer_everything(
                 }
             },
         };
-        stats.lock().unwrap().sessions += 1;
+        let this_session = {
+            let mut stats = stats.lock().unwrap();
+            stats.sessions += 1;
+            stats.sessions
+        };
+        let mut envelopes_in_session = 0;
         for reply in std::mem::take(&mut unsettled) {
             stats.lock().unwrap().resent += 1;
             if !send_reply(&client, caller, reply, &mut answered, &mut unsettled, &stats, &stop).await {
@@ -396,6 +441,7 @@ async fn answer_everything(
             }
         }
         loop {
+            stats.lock().unwrap().now(Doing::Listening { session: this_session, envelopes_in_session });
             let event = tokio::select! {
                 () = stop.cancelled() => return,
                 event = session.next_event() => event,
@@ -405,6 +451,7 @@ async fn answer_everything(
                 Ok(Some(_)) | Err(ClientError::Protocol { .. }) => continue,
                 Ok(None) | Err(_) => break,
             };
+            envelopes_in_session += 1;
             {
                 let mut stats = stats.lock().unwrap();
                 stats.envelopes += 1;
@@ -438,6 +485,7 @@ async fn send_reply(
     stop: &CancellationToken,
 ) -> bool {
     let started = Instant::now();
+    stats.lock().unwrap().now(Doing::Replying { trace_id: reply.trace_id.clone() });
     let outcome = tokio::select! {
         () = stop.cancelled() => {
             stats.lock().unwrap().cut_off_by_the_end += 1;
