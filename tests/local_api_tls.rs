@@ -281,3 +281,146 @@ async fn a_renewed_certificate_is_served_after_sighup_and_one_that_cannot_be_ser
         );
     }
 }
+
+/// A CA for clients, of the test's own, and certificates for plugins: one it signed, and
+/// one another CA signed.
+struct ClientCertificates {
+    ca: PathBuf,
+    cert: PathBuf,
+    key: PathBuf,
+    stray_cert: PathBuf,
+    stray_key: PathBuf,
+}
+
+impl ClientCertificates {
+    fn write_into(dir: &Path) -> Self {
+        let write = |name: &str, pem: String| {
+            let path = dir.join(name);
+            std::fs::write(&path, pem).unwrap();
+            path
+        };
+        let (ca, issuer) = client_ca();
+        let (cert, key) = client_certificate(&issuer);
+        let (_, stray_issuer) = client_ca();
+        let (stray_cert, stray_key) = client_certificate(&stray_issuer);
+        Self {
+            ca: write("clients-ca.pem", ca.pem()),
+            cert: write("plugin.pem", cert.pem()),
+            key: write("plugin.key", key.serialize_pem()),
+            stray_cert: write("stray-plugin.pem", stray_cert.pem()),
+            stray_key: write("stray-plugin.key", stray_key.serialize_pem()),
+        }
+    }
+
+    fn identity(cert: &Path, key: &Path) -> reqwest::Identity {
+        let mut pem = std::fs::read(cert).unwrap();
+        pem.extend(std::fs::read(key).unwrap());
+        reqwest::Identity::from_pem(&pem).unwrap()
+    }
+}
+
+fn client_ca() -> (rcgen::Certificate, Issuer<'static, KeyPair>) {
+    let mut params = CertificateParams::new(Vec::new()).unwrap();
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let key = KeyPair::generate().unwrap();
+    let ca = params.self_signed(&key).unwrap();
+    (ca, Issuer::new(params, key))
+}
+
+fn client_certificate(issuer: &Issuer<'static, KeyPair>) -> (rcgen::Certificate, KeyPair) {
+    let key = KeyPair::generate().unwrap();
+    let mut params = CertificateParams::new(Vec::new()).unwrap();
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    (params.signed_by(&key, issuer).unwrap(), key)
+}
+
+/// `[api]` lines for a daemon serving `certs` that requires certificates `clients`' CA
+/// signed, trusted by its plugins (`api.ca`).
+fn mutual_tls_lines(certs: &TestCertificates, clients: &ClientCertificates) -> String {
+    format!(
+        "tls = {{ cert = \"{}\", key = \"{}\", client_ca = \"{}\" }}\nca = \"{}\"",
+        certs.cert.display(),
+        certs.key.display(),
+        clients.ca.display(),
+        certs.ca.display()
+    )
+}
+
+#[tokio::test]
+async fn a_plugin_showing_the_client_certificate_the_daemon_requires_carries_a_message_and_its_reply() {
+    let fake = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCertificates::write_into(dir.path());
+    let clients = ClientCertificates::write_into(dir.path());
+    let mut daemon = configure_with_api(
+        &fake,
+        &format!(
+            "{}\nclient_cert = \"{}\"\nclient_key = \"{}\"",
+            mutual_tls_lines(&certs, &clients),
+            clients.cert.display(),
+            clients.key.display()
+        ),
+    );
+    daemon.launch();
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "with a client certificate?");
+    orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "with one."})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent[0].text, "with one.");
+
+    // Nothing of the API answers a connection without a certificate the clients' CA signed.
+    let readyz = format!("https://{}/readyz", daemon.api_addr());
+    let ca = || reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
+    let client = |identity: Option<reqwest::Identity>| {
+        let mut builder =
+            reqwest::Client::builder().no_proxy().tls_built_in_root_certs(false).add_root_certificate(ca());
+        if let Some(identity) = identity {
+            builder = builder.identity(identity);
+        }
+        builder.timeout(WAIT).build().unwrap()
+    };
+    assert!(client(None).get(&readyz).send().await.is_err(), "no certificate, no answer");
+    let stray = ClientCertificates::identity(&clients.stray_cert, &clients.stray_key);
+    assert!(client(Some(stray)).get(&readyz).send().await.is_err(), "another CA's certificate, no answer");
+    let shown = ClientCertificates::identity(&clients.cert, &clients.key);
+    let ready = client(Some(shown)).get(&readyz).send().await.unwrap();
+    assert!(ready.status().is_success(), "{:?}", ready.status());
+
+    // `healthcheck --config` shows the configured certificate too.
+    let health = daemon.subcommand("healthcheck").output().unwrap();
+    assert!(health.status.success(), "{}", String::from_utf8_lossy(&health.stderr));
+}
+
+#[tokio::test]
+async fn a_plugin_without_the_client_certificate_the_daemon_requires_never_connects() {
+    let fake = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCertificates::write_into(dir.path());
+    let clients = ClientCertificates::write_into(dir.path());
+    let mut daemon = configure_with_api(&fake, &mutual_tls_lines(&certs, &clients));
+    daemon.launch();
+    let worker = plugin(&daemon, "worker").await;
+    // Under TLS 1.3 the plugin learns it from the daemon's first answer, an alert; the
+    // daemon read no request, so the daemon is unreachable, not an unknown outcome.
+    let why = worker.wait_for_stderr("not reachable", WAIT).await.unwrap();
+    assert!(why.to_lowercase().contains("certificate"), "the plugin says a certificate is why: {why}");
+    assert!(!worker.stderr().contains("connected to the switchboard daemon"), "{}", worker.stderr());
+    let asked = std::time::Instant::now();
+    let (is_error, text) = worker.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
+    assert!(is_error, "nothing can be answered without the daemon: {text}");
+    assert!(
+        asked.elapsed() < WAIT,
+        "refused at once, not waited on as an unknown outcome: {:?}",
+        asked.elapsed()
+    );
+    assert!(fake.sent_messages().is_empty());
+    daemon.wait_for_log("TLS handshake on the local API failed", WAIT).await;
+
+    // The healthcheck has no certificate to show either, and says where to ask instead.
+    let health = daemon.subcommand("healthcheck").output().unwrap();
+    assert!(!health.status.success());
+    let said = String::from_utf8_lossy(&health.stderr);
+    assert!(said.contains("api.health_listen") && said.contains("client_ca"), "{said}");
+}

@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{Daemon, LedgerHold, StandbyWebhook, Taken};
-use crate::config::{DaemonUrl, Database, LogFormat, Settings};
+use crate::config::{ApiSettings, DaemonUrl, Database, LogFormat, Settings};
 use crate::operate::health::IntakeMode;
 use crate::operate::health_listener::HealthListener;
 use crate::telemetry;
@@ -127,15 +127,33 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Ledger { config, command } => ledger::ledger(&config.config, command).await,
         Command::Demo { keep } => crate::demo::run(keep).await,
         Command::Healthcheck { config, address, standby_is_healthy } => {
-            let daemon = match (address, config) {
-                (Some(address), _) => DaemonUrl::beside(address, false),
-                (None, Some(config)) => Settings::load(&config)?.api.health_url(),
+            let (daemon, identity) = match (address, config) {
+                (Some(address), _) => (DaemonUrl::beside(address, false), None),
+                (None, Some(config)) => healthcheck_target(&Settings::load(&config)?.api)?,
                 (None, None) => anyhow::bail!("give --config FILE or --address HOST:PORT"),
             };
-            crate::operate::healthcheck::check(&daemon, standby_is_healthy).await
+            crate::operate::healthcheck::check(&daemon, identity, standby_is_healthy).await
         }
     }
 }
+/// Where `healthcheck --config` asks, and the client certificate it shows there: the local
+/// API asks for one when `api.tls.client_ca` is set, `api.health_listen` never does.
+fn healthcheck_target(api: &ApiSettings) -> anyhow::Result<(DaemonUrl, Option<reqwest::Identity>)> {
+    let url = api.health_url();
+    let asks_for_a_certificate =
+        api.health_listen.is_none() && api.tls.as_ref().is_some_and(|tls| tls.client_ca.is_some());
+    if !asks_for_a_certificate {
+        return Ok((url, None));
+    }
+    match crate::agents::channel::daemon_tls(api)?.identity {
+        Some(identity) => Ok((url, Some(identity))),
+        None => anyhow::bail!(
+            "the local API requires client certificates (api.tls.client_ca): set api.health_listen, which \
+             answers health checks without one, or api.client_cert and api.client_key"
+        ),
+    }
+}
+
 async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
     let settings = Settings::load(path)?;
     let secrets = settings.daemon_secrets()?;

@@ -132,6 +132,11 @@ pub(super) struct RawApi {
     /// This process's own address for the operator's routes, in either role.
     #[serde(default)]
     pub(super) health_listen: Option<String>,
+    /// The plugin's side: the certificate and key it shows a daemon that asks for one.
+    #[serde(default)]
+    pub(super) client_cert: Option<String>,
+    #[serde(default)]
+    pub(super) client_key: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -139,6 +144,9 @@ pub(super) struct RawApi {
 pub(super) struct RawApiTls {
     pub(super) cert: String,
     pub(super) key: String,
+    /// Client certificates required, signed by these CAs.
+    #[serde(default)]
+    pub(super) client_ca: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -322,6 +330,8 @@ impl Default for RawApi {
             daemon: Vec::new(),
             ca: None,
             health_listen: None,
+            client_cert: None,
+            client_key: None,
         }
     }
 }

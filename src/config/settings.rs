@@ -228,6 +228,16 @@ pub struct ApiSettings {
     /// `api.health_listen`: this process's own address for `/healthz`, `/readyz` and
     /// `/metrics`, served whether it leads or stands by (`operate::health_listener`).
     pub health_listen: Option<SocketAddr>,
+    /// `api.client_cert` and `api.client_key`: what a plugin (or `healthcheck`) shows a
+    /// daemon whose `api.tls.client_ca` asks for a client certificate.
+    pub client_identity: Option<ClientIdentity>,
+}
+
+/// A client certificate chain and its private key (PEM files).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientIdentity {
+    pub cert: PathBuf,
+    pub key: PathBuf,
 }
 
 impl ApiSettings {
@@ -251,11 +261,14 @@ impl ApiSettings {
     }
 }
 
-/// `api.tls`: the certificate chain and private key files (PEM) the daemon serves with.
+/// `api.tls`: the certificate chain and private key files (PEM) the daemon serves with,
+/// and the CAs whose client certificates it requires, if any.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ApiTls {
     pub cert: PathBuf,
     pub key: PathBuf,
+    /// `api.tls.client_ca`: every connection must show a certificate one of these signed.
+    pub client_ca: Option<PathBuf>,
 }
 
 /// Where a plugin reaches a daemon: `http://` or `https://`, a host and a port, nothing

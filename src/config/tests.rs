@@ -189,7 +189,10 @@ fn the_local_api_leaves_loopback_only_with_tls_or_the_operators_word() {
         let tls = with_api(&format!("listen = \"{open}\"\ntls = {{ cert = \"a.pem\", key = \"k.pem\" }}"));
         let settings = load_str(&tls).unwrap();
         assert_eq!(settings.warnings(), [], "{open}");
-        assert_eq!(settings.api.tls, Some(ApiTls { cert: "a.pem".into(), key: "k.pem".into() }));
+        assert_eq!(
+            settings.api.tls,
+            Some(ApiTls { cert: "a.pem".into(), key: "k.pem".into(), client_ca: None })
+        );
 
         let private = with_api(&format!("listen = \"{open}\"\nplaintext_beyond_loopback = true"));
         let warnings = load_str(&private).unwrap().warnings();
@@ -220,6 +223,26 @@ fn the_health_address_is_an_address_of_its_own_and_healthcheck_asks_there() {
     let e = problem(&with_api("listen = \"127.0.0.1:7797\"\nhealth_listen = \"127.0.0.1:7797\""));
     assert_eq!(e.key, "api.health_listen");
     assert!(e.problem.contains("api.listen"), "{e}");
+}
+
+#[test]
+fn a_client_certificate_needs_both_files_and_client_ca_a_file() {
+    let settings = load_str(&with_api(
+        "tls = { cert = \"a.pem\", key = \"k.pem\", client_ca = \"clients.pem\" }\nclient_cert = \"p.pem\"\nclient_key = \"p.key\"",
+    ))
+    .unwrap();
+    assert_eq!(settings.api.tls.unwrap().client_ca, Some("clients.pem".into()));
+    assert_eq!(
+        settings.api.client_identity,
+        Some(ClientIdentity { cert: "p.pem".into(), key: "p.key".into() })
+    );
+    assert_eq!(problem(&with_api("client_cert = \"p.pem\"")).key, "api.client_key");
+    assert_eq!(problem(&with_api("client_key = \"p.key\"")).key, "api.client_cert");
+    assert_eq!(problem(&with_api("client_cert = \" \"\nclient_key = \"p.key\"")).key, "api.client_cert");
+    assert_eq!(
+        problem(&with_api("tls = { cert = \"a.pem\", key = \"k.pem\", client_ca = \"\" }")).key,
+        "api.tls.client_ca"
+    );
 }
 
 #[test]

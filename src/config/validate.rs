@@ -520,6 +520,7 @@ fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
             Ok::<_, ConfigError>(ApiTls {
                 cert: file("api.tls.cert", tls.cert)?,
                 key: file("api.tls.key", tls.key)?,
+                client_ca: tls.client_ca.map(|ca| file("api.tls.client_ca", ca)).transpose()?,
             })
         })
         .transpose()?;
@@ -566,6 +567,25 @@ fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
             Ok(address)
         })
         .transpose()?;
+    let client_identity = match (raw.client_cert, raw.client_key) {
+        (None, None) => None,
+        (Some(cert), Some(key)) if !cert.trim().is_empty() && !key.trim().is_empty() => {
+            Some(ClientIdentity { cert: PathBuf::from(cert), key: PathBuf::from(key) })
+        }
+        (cert, _) => {
+            let missing = if cert.is_none_or(|cert| cert.trim().is_empty()) {
+                "api.client_cert"
+            } else {
+                "api.client_key"
+            };
+            return Err(err(
+                missing,
+                "is missing or empty: a client certificate needs both api.client_cert and api.client_key \
+                 (PEM files)"
+                    .into(),
+            ));
+        }
+    };
     Ok(ApiSettings {
         listen,
         tls,
@@ -573,6 +593,7 @@ fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
         daemon,
         ca,
         health_listen,
+        client_identity,
     })
 }
 

@@ -16,15 +16,23 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// Asks `/readyz` at `address`: Ok when ready (its answer printed), an error naming every
 /// reason when not. With `standby_is_healthy`, a replica that stands by and has no other
 /// reason not to be ready passes too.
-pub async fn check(daemon: &DaemonUrl, standby_is_healthy: bool) -> anyhow::Result<()> {
-    let client = reqwest::Client::builder()
+pub async fn check(
+    daemon: &DaemonUrl,
+    identity: Option<reqwest::Identity>,
+    standby_is_healthy: bool,
+) -> anyhow::Result<()> {
+    let mut client = reqwest::Client::builder()
         .no_proxy()
         .timeout(TIMEOUT)
         // Over TLS the certificate names the daemon as plugins reach it, not as the loopback
         // address asked here. The check sends no credential and believes nothing but a
         // readiness report, so whose certificate answers does not matter to it.
-        .danger_accept_invalid_certs(daemon.is_tls())
-        .build()?;
+        .danger_accept_invalid_certs(daemon.is_tls());
+    // A daemon that requires client certificates (`api.tls.client_ca`) is shown this one.
+    if let Some(identity) = identity {
+        client = client.identity(identity);
+    }
+    let client = client.build()?;
     let url = format!("{daemon}/readyz");
     let response = client.get(&url).send().await.with_context(|| format!("no answer from {url}"))?;
     let status = response.status();

@@ -118,18 +118,26 @@ pub struct DaemonClient {
 /// Random characters of a plugin process's name: enough that two never meet.
 const PLUGIN_SUFFIX_LEN: usize = 16;
 
+/// What a plugin brings to an `https://` daemon.
+#[derive(Default)]
+pub struct DaemonTls {
+    /// Certificates to trust for the daemon's, beside the system's roots (`api.ca`).
+    pub trusted: Vec<reqwest::Certificate>,
+    /// The certificate it shows a daemon that asks for one (`api.client_cert`).
+    pub identity: Option<reqwest::Identity>,
+}
+
 impl DaemonClient {
     /// A client of the daemon listening at `address` on this machine, over plain HTTP.
     pub fn new(address: SocketAddr, agent: AgentName, secret: Secret) -> Result<Self, reqwest::Error> {
-        Self::for_daemons(vec![DaemonUrl::beside(address, false)], Vec::new(), agent, secret)
+        Self::for_daemons(vec![DaemonUrl::beside(address, false)], DaemonTls::default(), agent, secret)
     }
 
     /// A client of the daemon at the first of `daemons` that accepts a connection: with
-    /// replicas, the one that leads (the others listen nowhere). `trusted` are certificates
-    /// to trust for an `https://` daemon beside the system's roots (`api.ca`).
+    /// replicas, the one that leads (the others listen nowhere), over TLS as `tls` says.
     pub fn for_daemons(
         daemons: Vec<DaemonUrl>,
-        trusted: Vec<reqwest::Certificate>,
+        tls: DaemonTls,
         agent: AgentName,
         secret: Secret,
     ) -> Result<Self, reqwest::Error> {
@@ -139,8 +147,11 @@ impl DaemonClient {
             // The daemon is ours to reach directly: a proxy from the environment must never
             // see the secret (nor, over TLS, learn where the agents' daemon is).
             .no_proxy();
-        for certificate in trusted {
+        for certificate in tls.trusted {
             http = http.add_root_certificate(certificate);
+        }
+        if let Some(identity) = tls.identity {
+            http = http.identity(identity);
         }
         Ok(Self {
             http: http.build()?,
@@ -408,7 +419,7 @@ impl DaemonClient {
     fn transport_error(&self, error: &reqwest::Error) -> ClientError {
         let detail = root_cause(error);
         let address = error.url().map_or_else(|| self.address(), |url| url.origin().ascii_serialization());
-        if error.is_connect() {
+        if error.is_connect() || refused_our_certificate(error) {
             self.daemons.pass_over(&address);
             ClientError::Unreachable { address, detail }
         } else if error.is_timeout() {
@@ -429,6 +440,39 @@ impl DaemonClient {
     fn protocol(&self, detail: String) -> ClientError {
         ClientError::Protocol { address: self.address(), detail }
     }
+}
+
+/// Whether the daemon ended the connection with a TLS alert about our certificate (none
+/// shown, or one its `api.tls.client_ca` did not sign). Under TLS 1.3 the client has sent
+/// its request before it reads that alert, so reqwest reports a request that failed, not a
+/// connection; but a server that refuses the client's certificate aborts its handshake and
+/// never reads a request. So the request did not reach the daemon: it is unreachable, not
+/// an unknown outcome.
+fn refused_our_certificate(error: &reqwest::Error) -> bool {
+    use tokio_rustls::rustls::{AlertDescription, Error as TlsError};
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(error);
+    while let Some(current) = cause {
+        // An io::Error's `source` skips the error it wraps: look inside it first.
+        let wrapped = current.downcast_ref::<std::io::Error>().and_then(|io| io.get_ref());
+        let tls = wrapped
+            .and_then(|inner| inner.downcast_ref::<TlsError>())
+            .or_else(|| current.downcast_ref::<TlsError>());
+        if let Some(TlsError::AlertReceived(alert)) = tls {
+            return matches!(
+                alert,
+                AlertDescription::CertificateRequired
+                    | AlertDescription::BadCertificate
+                    | AlertDescription::UnknownCA
+                    | AlertDescription::CertificateUnknown
+                    | AlertDescription::CertificateExpired
+                    | AlertDescription::CertificateRevoked
+                    | AlertDescription::UnsupportedCertificate
+                    | AlertDescription::AccessDenied
+            );
+        }
+        cause = current.source();
+    }
+    false
 }
 
 /// The daemons a plugin may reach and the one it uses: each replica listens only while it

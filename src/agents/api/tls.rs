@@ -13,6 +13,7 @@
 
 use std::io;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
@@ -24,6 +25,7 @@ use tokio::task::JoinSet;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::pki_types::pem::PemObject as _;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{self, ServerConfig};
 use tokio_rustls::server::TlsStream;
 use tokio_util::task::AbortOnDropHandle;
@@ -48,10 +50,11 @@ pub struct ServedCertificate {
     current: Arc<RwLock<Certificate>>,
 }
 
-/// One reading of the files: the chain, to tell a renewal from the same files read again,
-/// when its certificate expires, and the configuration handshakes use.
+/// One reading of the files: the chain and the client CAs, to tell a renewal from the same
+/// files read again, when its certificate expires, and the configuration handshakes use.
 struct Certificate {
     chain: Vec<CertificateDer<'static>>,
+    client_cas: Vec<CertificateDer<'static>>,
     expires_at: DateTime<Utc>,
     config: Arc<ServerConfig>,
 }
@@ -79,7 +82,7 @@ impl ServedCertificate {
     pub fn read_again(&self) -> anyhow::Result<Reread> {
         let fresh = read(&self.files)?;
         let mut served = self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if served.chain == fresh.chain {
+        if served.chain == fresh.chain && served.client_cas == fresh.client_cas {
             return Ok(Reread::Unchanged);
         }
         *served = fresh;
@@ -102,7 +105,7 @@ impl ServedCertificate {
 }
 
 fn read(files: &ApiTls) -> anyhow::Result<Certificate> {
-    let (chain, config) = chain_and_config(files)?;
+    let Served { chain, client_cas, config } = served(files)?;
     let expires_at = expiry_of(&chain[0]).with_context(|| {
         format!("api.tls.cert: reading the first certificate of {}", files.cert.display())
     })?;
@@ -118,7 +121,7 @@ fn read(files: &ApiTls) -> anyhow::Result<Certificate> {
             "api.tls: the certificate expires soon; renew it and send SIGHUP"
         );
     }
-    Ok(Certificate { chain, expires_at, config })
+    Ok(Certificate { chain, client_cas, expires_at, config })
 }
 
 /// When a certificate stops being valid (its `notAfter`).
@@ -130,34 +133,63 @@ fn expiry_of(certificate: &CertificateDer<'_>) -> anyhow::Result<DateTime<Utc>> 
 }
 
 /// The daemon's TLS configuration from `api.tls`'s files, read now: an unreadable file, a
-/// file with no certificate or no key, or a key that does not match fails here, naming
-/// the file.
+/// file with no certificate or no key, a key that does not match, or a client CA file with
+/// no usable certificate fails here, naming the file.
 pub fn server_config(tls: &ApiTls) -> anyhow::Result<Arc<ServerConfig>> {
-    chain_and_config(tls).map(|(_, config)| config)
+    served(tls).map(|served| served.config)
 }
 
-fn chain_and_config(tls: &ApiTls) -> anyhow::Result<(Vec<CertificateDer<'static>>, Arc<ServerConfig>)> {
-    let chain = CertificateDer::pem_file_iter(&tls.cert)
+/// What `api.tls`'s files hold, and the configuration built from them.
+struct Served {
+    chain: Vec<CertificateDer<'static>>,
+    client_cas: Vec<CertificateDer<'static>>,
+    config: Arc<ServerConfig>,
+}
+
+fn certificates_in(file: &Path, key: &str) -> anyhow::Result<Vec<CertificateDer<'static>>> {
+    let certificates = CertificateDer::pem_file_iter(file)
         .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
-        .with_context(|| format!("api.tls.cert: reading certificates (PEM) from {}", tls.cert.display()))?;
-    if chain.is_empty() {
-        anyhow::bail!("api.tls.cert: {} holds no certificate (PEM, BEGIN CERTIFICATE)", tls.cert.display());
+        .with_context(|| format!("{key}: reading certificates (PEM) from {}", file.display()))?;
+    if certificates.is_empty() {
+        anyhow::bail!("{key}: {} holds no certificate (PEM, BEGIN CERTIFICATE)", file.display());
     }
+    Ok(certificates)
+}
+
+fn served(tls: &ApiTls) -> anyhow::Result<Served> {
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let chain = certificates_in(&tls.cert, "api.tls.cert")?;
     let key = PrivateKeyDer::from_pem_file(&tls.key)
         .with_context(|| format!("api.tls.key: reading a private key (PEM) from {}", tls.key.display()))?;
-    let config = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+    let builder = ServerConfig::builder_with_provider(Arc::clone(&provider))
         .with_safe_default_protocol_versions()
-        .context("api.tls: the TLS versions")?
-        .with_no_client_auth()
-        .with_single_cert(chain.clone(), key)
-        .with_context(|| {
-            format!(
-                "api.tls: the key in {} does not fit the certificate in {}",
-                tls.key.display(),
-                tls.cert.display()
-            )
-        })?;
-    Ok((chain, Arc::new(config)))
+        .context("api.tls: the TLS versions")?;
+    let (builder, client_cas) = match &tls.client_ca {
+        None => (builder.with_no_client_auth(), Vec::new()),
+        Some(file) => {
+            let client_cas = certificates_in(file, "api.tls.client_ca")?;
+            let mut roots = rustls::RootCertStore::empty();
+            for ca in &client_cas {
+                roots.add(ca.clone()).with_context(|| {
+                    format!("api.tls.client_ca: a certificate in {} cannot be a CA to trust", file.display())
+                })?;
+            }
+            // Every connection must show a certificate one of these CAs signed, or its
+            // handshake fails: nothing of the API is reachable without one.
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .with_context(|| format!("api.tls.client_ca: {}", file.display()))?;
+            (builder.with_client_cert_verifier(verifier), client_cas)
+        }
+    };
+    let config = builder.with_single_cert(chain.clone(), key).with_context(|| {
+        format!(
+            "api.tls: the key in {} does not fit the certificate in {}",
+            tls.key.display(),
+            tls.cert.display()
+        )
+    })?;
+    Ok(Served { chain, client_cas, config: Arc::new(config) })
 }
 
 /// A listener whose connections have finished their TLS handshake.
@@ -262,9 +294,33 @@ mod tests {
     }
 
     #[test]
+    fn client_cas_are_read_with_the_pair_and_a_changed_set_is_served_after_a_reload() {
+        let dir = tempfile::tempdir().unwrap();
+        let files = ApiTls {
+            cert: dir.path().join("cert.pem"),
+            key: dir.path().join("key.pem"),
+            client_ca: Some(dir.path().join("clients.pem")),
+        };
+        write_certificate(&files.cert, Some(&files.key));
+        let client_ca = files.client_ca.as_deref().unwrap();
+        std::fs::write(client_ca, "not PEM").unwrap();
+        let refused = ServedCertificate::read(&files).err().expect("a client CA file with no certificate");
+        assert!(format!("{refused:#}").contains("api.tls.client_ca"), "{refused:#}");
+
+        write_certificate(client_ca, None);
+        let served = ServedCertificate::read(&files).unwrap();
+        assert_eq!(served.read_again().unwrap(), Reread::Unchanged);
+        // Another CA for clients, the daemon's own pair unchanged: served from the next
+        // handshake, as a renewal is.
+        write_certificate(client_ca, None);
+        assert_eq!(served.read_again().unwrap(), Reread::Renewed);
+    }
+
+    #[test]
     fn an_expired_certificate_is_still_served_and_says_when_it_expired() {
         let dir = tempfile::tempdir().unwrap();
-        let files = ApiTls { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+        let files =
+            ApiTls { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem"), client_ca: None };
         let pair = KeyPair::generate().unwrap();
         let mut params = CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
         params.not_before = rcgen::date_time_ymd(2020, 1, 1);
@@ -280,7 +336,8 @@ mod tests {
     #[test]
     fn a_renewed_pair_is_served_from_the_next_handshake_and_one_that_cannot_be_served_changes_nothing() {
         let dir = tempfile::tempdir().unwrap();
-        let files = ApiTls { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem") };
+        let files =
+            ApiTls { cert: dir.path().join("cert.pem"), key: dir.path().join("key.pem"), client_ca: None };
         write_certificate(&files.cert, Some(&files.key));
         let served = ServedCertificate::read(&files).unwrap();
         let first = served.config_now();

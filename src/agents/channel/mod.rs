@@ -36,12 +36,12 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::agents::api::client::{ClientError, DaemonClient};
+use crate::agents::api::client::{ClientError, DaemonClient, DaemonTls};
 use crate::agents::api::wire::{
     AckRequest, AttachmentQuery, EditRequest, ErrorCode, HandoffReceipt, HandoffRequest,
     MessageActionReceipt, ReactRequest, ReplyRequest, RevisionRequest,
 };
-use crate::config::Settings;
+use crate::config::{ApiSettings, ClientIdentity, Settings};
 use crate::ids::{AgentName, RequestId};
 use crate::telegram::format::ReplyFormat;
 use crate::telegram::reactions::allowed_reaction;
@@ -122,6 +122,34 @@ fn trusted_certificates(ca: &std::path::Path) -> anyhow::Result<Vec<reqwest::Cer
     Ok(certificates)
 }
 
+/// What the plugin brings to an `https://` daemon: `api.ca`'s certificates to trust, and
+/// `api.client_cert`'s identity to show.
+pub fn daemon_tls(api: &ApiSettings) -> anyhow::Result<DaemonTls> {
+    let trusted = match &api.ca {
+        Some(ca) => trusted_certificates(ca)?,
+        None => Vec::new(),
+    };
+    let identity = api.client_identity.as_ref().map(client_identity).transpose()?;
+    Ok(DaemonTls { trusted, identity })
+}
+
+/// `api.client_cert` and `api.client_key`, read as one identity.
+fn client_identity(files: &ClientIdentity) -> anyhow::Result<reqwest::Identity> {
+    let read = |key: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("{key}: cannot read {}", path.display()))
+    };
+    let mut pem = read("api.client_cert", &files.cert)?;
+    pem.push(b'\n');
+    pem.extend(read("api.client_key", &files.key)?);
+    reqwest::Identity::from_pem(&pem).with_context(|| {
+        format!(
+            "api.client_cert and api.client_key: {} and {} are not a PEM certificate chain and its private key",
+            files.cert.display(),
+            files.key.display()
+        )
+    })
+}
+
 /// Runs the channel plugin for `agent` until the agent session closes stdin.
 ///
 /// Fails only when it cannot start: the agent's secret is missing, or the MCP handshake
@@ -139,12 +167,9 @@ pub async fn run(
         .with_context(|| format!("the channel plugin for agent '{agent}' cannot authenticate"))?;
     let secret_env = settings.agents.get(&agent).map(|a| a.token_env.clone()).unwrap_or_default();
     let daemons = settings.api.daemon_urls();
-    let trusted = match &settings.api.ca {
-        Some(ca) => trusted_certificates(ca)?,
-        None => Vec::new(),
-    };
+    let tls = daemon_tls(&settings.api)?;
     let named: Vec<String> = daemons.iter().map(ToString::to_string).collect();
-    let daemon = DaemonClient::for_daemons(daemons, trusted, agent.clone(), secret)
+    let daemon = DaemonClient::for_daemons(daemons, tls, agent.clone(), secret)
         .context("cannot build the HTTP client for the daemon's local API")?;
     tracing::info!(%agent, daemon = named.join(","), inbox = %inbox.dir().display(), "channel plugin starting");
     let media = Media { inbox: Arc::new(inbox), eager_photo_max_bytes: settings.media.eager_photo_max_bytes };
