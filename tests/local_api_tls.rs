@@ -88,15 +88,21 @@ fn launched_trusting_its_ca(fake: &FakeTelegram, certs: &TestCertificates) -> Te
 
 /// An HTTPS client that trusts the test CA only.
 fn https_client(certs: &TestCertificates) -> reqwest::Client {
+    https_client_showing(certs, None)
+}
+
+/// An HTTPS client that trusts the test CA only and shows `identity`, if any.
+fn https_client_showing(certs: &TestCertificates, identity: Option<reqwest::Identity>) -> reqwest::Client {
     let ca = reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
-    reqwest::Client::builder()
+    let mut builder = reqwest::Client::builder()
         .no_proxy()
         .tls_built_in_root_certs(false)
         .add_root_certificate(ca)
-        .tls_info(true)
-        .timeout(WAIT)
-        .build()
-        .unwrap()
+        .tls_info(true);
+    if let Some(identity) = identity {
+        builder = builder.identity(identity);
+    }
+    builder.timeout(WAIT).build().unwrap()
 }
 
 #[tokio::test]
@@ -372,15 +378,7 @@ async fn a_plugin_showing_the_client_certificate_the_daemon_requires_carries_a_m
 
     // Nothing of the API answers a connection without a certificate the clients' CA signed.
     let readyz = format!("https://{}/readyz", daemon.api_addr());
-    let ca = || reqwest::Certificate::from_pem(&std::fs::read(&certs.ca).unwrap()).unwrap();
-    let client = |identity: Option<reqwest::Identity>| {
-        let mut builder =
-            reqwest::Client::builder().no_proxy().tls_built_in_root_certs(false).add_root_certificate(ca());
-        if let Some(identity) = identity {
-            builder = builder.identity(identity);
-        }
-        builder.timeout(WAIT).build().unwrap()
-    };
+    let client = |identity| https_client_showing(&certs, identity);
     assert!(client(None).get(&readyz).send().await.is_err(), "no certificate, no answer");
     let stray = ClientCertificates::identity(&clients.stray_cert, &clients.stray_key);
     assert!(client(Some(stray)).get(&readyz).send().await.is_err(), "another CA's certificate, no answer");
