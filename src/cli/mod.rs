@@ -136,6 +136,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         }
     }
 }
+
 /// Where `healthcheck --config` asks, and the client certificate it shows there: the local
 /// API asks for one when `api.tls.client_ca` is set, `api.health_listen` never does.
 fn healthcheck_target(api: &ApiSettings) -> anyhow::Result<(DaemonUrl, Option<reqwest::Identity>)> {
@@ -145,7 +146,7 @@ fn healthcheck_target(api: &ApiSettings) -> anyhow::Result<(DaemonUrl, Option<re
     if !asks_for_a_certificate {
         return Ok((url, None));
     }
-    match crate::agents::channel::daemon_tls(api)?.identity {
+    match crate::agents::api::client::DaemonTls::from_settings(api)?.identity {
         Some(identity) => Ok((url, Some(identity))),
         None => anyhow::bail!(
             "the local API requires client certificates (api.tls.client_ca): set api.health_listen, which \

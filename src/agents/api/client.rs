@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use anyhow::Context as _;
 use futures::{StreamExt, TryStreamExt};
 use reqwest::StatusCode;
 use serde::de::DeserializeOwned;
@@ -23,7 +24,7 @@ use super::wire::{
     PermissionRequest, ReactRequest, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest,
     SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest, UploadReceipt,
 };
-use crate::config::DaemonUrl;
+use crate::config::{ApiSettings, ClientIdentity, DaemonUrl};
 use crate::ids::{AgentName, Secret};
 
 /// A daemon on loopback or a private network accepts at once: a connection (and its TLS
@@ -125,6 +126,47 @@ pub struct DaemonTls {
     pub trusted: Vec<reqwest::Certificate>,
     /// The certificate it shows a daemon that asks for one (`api.client_cert`).
     pub identity: Option<reqwest::Identity>,
+}
+
+impl DaemonTls {
+    /// `api.ca`'s certificates and `api.client_cert`'s identity, read now: a file that
+    /// cannot be read or holds nothing usable fails, naming its key.
+    pub fn from_settings(api: &ApiSettings) -> anyhow::Result<Self> {
+        let trusted = match &api.ca {
+            Some(ca) => trusted_certificates(ca)?,
+            None => Vec::new(),
+        };
+        let identity = api.client_identity.as_ref().map(client_identity).transpose()?;
+        Ok(Self { trusted, identity })
+    }
+}
+
+/// `api.ca`'s certificates: what the plugin trusts for the daemon's, beside the system's.
+fn trusted_certificates(ca: &std::path::Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let pem = std::fs::read(ca).with_context(|| format!("api.ca: cannot read {}", ca.display()))?;
+    let certificates = reqwest::Certificate::from_pem_bundle(&pem)
+        .with_context(|| format!("api.ca: {} is not PEM certificates", ca.display()))?;
+    if certificates.is_empty() {
+        anyhow::bail!("api.ca: {} holds no certificate (PEM, BEGIN CERTIFICATE)", ca.display());
+    }
+    Ok(certificates)
+}
+
+/// `api.client_cert` and `api.client_key`, read as one identity.
+fn client_identity(files: &ClientIdentity) -> anyhow::Result<reqwest::Identity> {
+    let read = |key: &str, path: &std::path::Path| {
+        std::fs::read(path).with_context(|| format!("{key}: cannot read {}", path.display()))
+    };
+    let mut pem = read("api.client_cert", &files.cert)?;
+    pem.push(b'\n');
+    pem.extend(read("api.client_key", &files.key)?);
+    reqwest::Identity::from_pem(&pem).with_context(|| {
+        format!(
+            "api.client_cert and api.client_key: {} and {} are not a PEM certificate chain and its private key",
+            files.cert.display(),
+            files.key.display()
+        )
+    })
 }
 
 impl DaemonClient {

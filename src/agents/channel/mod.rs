@@ -41,7 +41,7 @@ use crate::agents::api::wire::{
     AckRequest, AttachmentQuery, EditRequest, ErrorCode, HandoffReceipt, HandoffRequest,
     MessageActionReceipt, ReactRequest, ReplyRequest, RevisionRequest,
 };
-use crate::config::{ApiSettings, ClientIdentity, Settings};
+use crate::config::Settings;
 use crate::ids::{AgentName, RequestId};
 use crate::telegram::format::ReplyFormat;
 use crate::telegram::reactions::allowed_reaction;
@@ -111,45 +111,6 @@ const MAX_CALL_TIMEOUT_SECS: u64 = 600;
 /// Pause between two questions about a reply's outcome while the daemon is away.
 const OUTCOME_RETRY_DELAY: Duration = Duration::from_millis(500);
 
-/// `api.ca`'s certificates: what the plugin trusts for the daemon's, beside the system's.
-fn trusted_certificates(ca: &std::path::Path) -> anyhow::Result<Vec<reqwest::Certificate>> {
-    let pem = std::fs::read(ca).with_context(|| format!("api.ca: cannot read {}", ca.display()))?;
-    let certificates = reqwest::Certificate::from_pem_bundle(&pem)
-        .with_context(|| format!("api.ca: {} is not PEM certificates", ca.display()))?;
-    if certificates.is_empty() {
-        anyhow::bail!("api.ca: {} holds no certificate (PEM, BEGIN CERTIFICATE)", ca.display());
-    }
-    Ok(certificates)
-}
-
-/// What the plugin brings to an `https://` daemon: `api.ca`'s certificates to trust, and
-/// `api.client_cert`'s identity to show.
-pub fn daemon_tls(api: &ApiSettings) -> anyhow::Result<DaemonTls> {
-    let trusted = match &api.ca {
-        Some(ca) => trusted_certificates(ca)?,
-        None => Vec::new(),
-    };
-    let identity = api.client_identity.as_ref().map(client_identity).transpose()?;
-    Ok(DaemonTls { trusted, identity })
-}
-
-/// `api.client_cert` and `api.client_key`, read as one identity.
-fn client_identity(files: &ClientIdentity) -> anyhow::Result<reqwest::Identity> {
-    let read = |key: &str, path: &std::path::Path| {
-        std::fs::read(path).with_context(|| format!("{key}: cannot read {}", path.display()))
-    };
-    let mut pem = read("api.client_cert", &files.cert)?;
-    pem.push(b'\n');
-    pem.extend(read("api.client_key", &files.key)?);
-    reqwest::Identity::from_pem(&pem).with_context(|| {
-        format!(
-            "api.client_cert and api.client_key: {} and {} are not a PEM certificate chain and its private key",
-            files.cert.display(),
-            files.key.display()
-        )
-    })
-}
-
 /// Runs the channel plugin for `agent` until the agent session closes stdin.
 ///
 /// Fails only when it cannot start: the agent's secret is missing, or the MCP handshake
@@ -167,7 +128,7 @@ pub async fn run(
         .with_context(|| format!("the channel plugin for agent '{agent}' cannot authenticate"))?;
     let secret_env = settings.agents.get(&agent).map(|a| a.token_env.clone()).unwrap_or_default();
     let daemons = settings.api.daemon_urls();
-    let tls = daemon_tls(&settings.api)?;
+    let tls = DaemonTls::from_settings(&settings.api)?;
     let named: Vec<String> = daemons.iter().map(ToString::to_string).collect();
     let daemon = DaemonClient::for_daemons(daemons, tls, agent.clone(), secret)
         .context("cannot build the HTTP client for the daemon's local API")?;
