@@ -146,8 +146,9 @@ fn healthcheck_target(api: &ApiSettings) -> anyhow::Result<(DaemonUrl, Option<re
     if !asks_for_a_certificate {
         return Ok((url, None));
     }
-    match crate::agents::api::client::DaemonTls::from_settings(api)?.identity {
-        Some(identity) => Ok((url, Some(identity))),
+    // Only the identity: the check believes any certificate (api.ca is the plugins').
+    match &api.client_identity {
+        Some(files) => Ok((url, Some(crate::agents::api::client::client_identity(files)?))),
         None => anyhow::bail!(
             "the local API requires client certificates (api.tls.client_ca): set api.health_listen, which \
              answers health checks without one, or api.client_cert and api.client_key"

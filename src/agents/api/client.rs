@@ -153,7 +153,7 @@ fn trusted_certificates(ca: &std::path::Path) -> anyhow::Result<Vec<reqwest::Cer
 }
 
 /// `api.client_cert` and `api.client_key`, read as one identity.
-fn client_identity(files: &ClientIdentity) -> anyhow::Result<reqwest::Identity> {
+pub fn client_identity(files: &ClientIdentity) -> anyhow::Result<reqwest::Identity> {
     let read = |key: &str, path: &std::path::Path| {
         std::fs::read(path).with_context(|| format!("{key}: cannot read {}", path.display()))
     };
