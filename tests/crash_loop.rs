@@ -211,8 +211,6 @@ pub(crate) trait Deployment {
     /// The ledger they share (only `switchboard` types cross between test modules, each of
     /// which compiles the harness for itself).
     fn database(&self) -> switchboard::config::Database;
-    /// The log of the daemon that serves now.
-    fn logs(&self) -> String;
     /// Stops everything gracefully: whether all of it stopped cleanly.
     fn stop(&mut self) -> std::process::ExitStatus;
 }
@@ -231,10 +229,6 @@ impl Deployment for TestDaemon {
 
     fn database(&self) -> switchboard::config::Database {
         self.ledger_at.database()
-    }
-
-    fn logs(&self) -> String {
-        TestDaemon::logs(self)
     }
 
     fn stop(&mut self) -> std::process::ExitStatus {
@@ -304,6 +298,8 @@ pub(crate) async fn crash_loop_on(
         .expect("open the ledger");
     let settled = settle(&ledger).await;
     if let Err(stuck) = &settled {
+        // The daemons' own last log lines follow the failed assertion below: each
+        // `TestDaemon` prints them when dropped by a test that panics.
         eprintln!("crash loop: {stuck}");
         for (name, stats, _) in &agents {
             let stats = stats.lock().unwrap();
@@ -311,12 +307,6 @@ pub(crate) async fn crash_loop_on(
                 "crash loop: {name} is now {:?} (sessions {}, replies sent {})",
                 stats.doing, stats.sessions, stats.replies_sent
             );
-        }
-        let logs = deployment.logs();
-        let tail: Vec<&str> = logs.lines().rev().take(80).collect();
-        eprintln!("crash loop: not settled; the daemon's last log lines:");
-        for line in tail.iter().rev() {
-            eprintln!("  {line}");
         }
     }
 

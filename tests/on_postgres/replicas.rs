@@ -728,10 +728,6 @@ impl crate::crash_loop::Deployment for Replicas {
         self.daemons[self.leader].ledger_at.database()
     }
 
-    fn logs(&self) -> String {
-        self.daemons[self.leader].logs()
-    }
-
     fn stop(&mut self) -> std::process::ExitStatus {
         // The standbys first, so none is elected while the leader stops.
         let leader = self.leader;
