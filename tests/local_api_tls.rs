@@ -139,6 +139,26 @@ async fn a_plugin_that_trusts_the_daemons_ca_carries_a_message_and_its_reply_ove
     assert!(health.status.success(), "{}", String::from_utf8_lossy(&health.stderr));
 }
 
+/// Starts `agent`'s plugin beside `daemon` and checks that a certificate keeps it from ever
+/// connecting: it says so, its reply is refused at once (the daemon read no request, so the
+/// outcome is known: not sent), nothing reaches Telegram, and the daemon logs the handshake.
+async fn assert_a_certificate_keeps_the_plugin_out(daemon: &TestDaemon, fake: &FakeTelegram, agent: &str) {
+    let plugin = plugin(daemon, agent).await;
+    let why = plugin.wait_for_stderr("not reachable", WAIT).await.unwrap();
+    assert!(why.to_lowercase().contains("certificate"), "the plugin says a certificate is why: {why}");
+    assert!(!plugin.stderr().contains("connected to the switchboard daemon"), "{}", plugin.stderr());
+    let asked = std::time::Instant::now();
+    let (is_error, text) = plugin.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
+    assert!(is_error, "nothing can be answered without the daemon: {text}");
+    assert!(
+        asked.elapsed() < WAIT,
+        "refused at once, not waited on as an unknown outcome: {:?}",
+        asked.elapsed()
+    );
+    assert!(fake.sent_messages().is_empty());
+    daemon.wait_for_log("TLS handshake on the local API failed", WAIT).await;
+}
+
 #[tokio::test]
 async fn a_plugin_that_does_not_trust_the_certificate_never_connects() {
     let fake = FakeTelegram::start().await;
@@ -147,14 +167,7 @@ async fn a_plugin_that_does_not_trust_the_certificate_never_connects() {
     // No `api.ca`: the system's roots do not know the test CA.
     let mut daemon = configure_with_api(&fake, &tls_lines(&certs, &certs.key));
     daemon.launch();
-    let worker = plugin(&daemon, "worker").await;
-    let why = worker.wait_for_stderr("not reachable", WAIT).await.unwrap();
-    assert!(why.to_lowercase().contains("certificate"), "the plugin says the certificate is why: {why}");
-    assert!(!worker.stderr().contains("connected to the switchboard daemon"), "{}", worker.stderr());
-    let (is_error, text) = worker.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
-    assert!(is_error, "nothing can be answered without the daemon: {text}");
-    assert!(fake.sent_messages().is_empty());
-    daemon.wait_for_log("TLS handshake on the local API failed", WAIT).await;
+    assert_a_certificate_keeps_the_plugin_out(&daemon, &fake, "worker").await;
 }
 
 #[tokio::test]
@@ -399,22 +412,9 @@ async fn a_plugin_without_the_client_certificate_the_daemon_requires_never_conne
     let clients = ClientCertificates::write_into(dir.path());
     let mut daemon = configure_with_api(&fake, &mutual_tls_lines(&certs, &clients));
     daemon.launch();
-    let worker = plugin(&daemon, "worker").await;
-    // Under TLS 1.3 the plugin learns it from the daemon's first answer, an alert; the
-    // daemon read no request, so the daemon is unreachable, not an unknown outcome.
-    let why = worker.wait_for_stderr("not reachable", WAIT).await.unwrap();
-    assert!(why.to_lowercase().contains("certificate"), "the plugin says a certificate is why: {why}");
-    assert!(!worker.stderr().contains("connected to the switchboard daemon"), "{}", worker.stderr());
-    let asked = std::time::Instant::now();
-    let (is_error, text) = worker.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
-    assert!(is_error, "nothing can be answered without the daemon: {text}");
-    assert!(
-        asked.elapsed() < WAIT,
-        "refused at once, not waited on as an unknown outcome: {:?}",
-        asked.elapsed()
-    );
-    assert!(fake.sent_messages().is_empty());
-    daemon.wait_for_log("TLS handshake on the local API failed", WAIT).await;
+    // Under TLS 1.3 the plugin learns it from the daemon's first answer, an alert, after it
+    // sent its request; still the daemon read none.
+    assert_a_certificate_keeps_the_plugin_out(&daemon, &fake, "worker").await;
 
     // The healthcheck has no certificate to show either, and says where to ask instead.
     let health = daemon.subcommand("healthcheck").output().unwrap();

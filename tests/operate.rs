@@ -61,9 +61,18 @@ fn the_demo_runs_every_step_as_narrated_and_keeps_its_ledger_on_request() {
 
 /// Polls `/readyz` until it answers `status` (with a reason of `code`, for a 503).
 async fn wait_for_readiness(daemon: &TestDaemon, status: u16, code: Option<&str>) -> serde_json::Value {
+    wait_for_readiness_at(daemon.api_addr(), status, code).await
+}
+
+/// [`wait_for_readiness`] at `address`.
+async fn wait_for_readiness_at(
+    address: std::net::SocketAddr,
+    status: u16,
+    code: Option<&str>,
+) -> serde_json::Value {
     let deadline = Instant::now() + WAIT;
     loop {
-        let (now, body) = readiness(daemon).await;
+        let (now, body) = readiness_at(address).await;
         let codes: Vec<&str> =
             body["reasons"].as_array().unwrap().iter().filter_map(|r| r["code"].as_str()).collect();
         if now == status && code.is_none_or(|code| codes.contains(&code)) {
@@ -97,14 +106,7 @@ async fn the_health_address_answers_as_the_local_api_does() {
     assert_ne!(health, daemon.api_addr());
     assert_eq!(get_at(health, "/healthz").await.0, 200);
     fake.wait_for_get_updates_calls(1, WAIT).await;
-    let deadline = Instant::now() + WAIT;
-    let ready = loop {
-        let (status, ready) = readiness_at(health).await;
-        if status == 200 || Instant::now() > deadline {
-            break ready;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let ready = wait_for_readiness_at(health, 200, None).await;
     let at_the_api = readiness(&daemon).await.1;
     for key in ["ready", "reasons", "intake"] {
         assert_eq!(ready[key], at_the_api[key], "the same report at both addresses: {ready} {at_the_api}");

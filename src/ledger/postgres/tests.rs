@@ -12,7 +12,7 @@ use super::test_support::{TestSchema, admin};
 use super::*;
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::prelude::*;
-use crate::ledger::{EnvelopeState, LedgerResult, RoutedEnvelope, StoredEnvelope};
+use crate::ledger::{EnvelopeState, RoutedEnvelope};
 use crate::rules::leadership::{Lease, Renewal, Tenure};
 use crate::rules::routes::Channel;
 use crate::telegram::envelope::{ChatType, Envelope, EnvelopeKind, Sender};
@@ -598,12 +598,25 @@ async fn record_updates_stores_what_sqlite_intake_stores() {
     schema.drop().await;
 }
 
-fn claim_in_background(
+/// A claim while `other` holds rows with `hold` in a transaction it commits 300 ms later:
+/// whether the claim was still waiting then, and the update id of what it claimed.
+async fn claim_while_held(
     ledger: &PgLedger,
     agent: &AgentName,
-) -> tokio::task::JoinHandle<LedgerResult<Option<StoredEnvelope>>> {
-    let (ledger, agent) = (ledger.clone(), agent.clone());
-    tokio::spawn(async move { ledger.claim_next_queued(&agent).await })
+    other: &mut PgConnection,
+    hold: &str,
+) -> (bool, Option<i64>) {
+    sqlx::query("BEGIN").execute(&mut *other).await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(hold)).execute(&mut *other).await.unwrap();
+    let claim = tokio::spawn({
+        let (ledger, agent) = (ledger.clone(), agent.clone());
+        async move { ledger.claim_next_queued(&agent).await }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waited = !claim.is_finished();
+    sqlx::query("COMMIT").execute(&mut *other).await.unwrap();
+    let claimed = tokio::time::timeout(Duration::from_secs(10), claim).await.unwrap().unwrap().unwrap();
+    (waited, claimed.and_then(|e| e.update_id))
 }
 
 /// A session claims its next envelope only when woken, so a claim that passes over a
@@ -639,30 +652,16 @@ async fn a_session_claims_a_queued_envelope_that_another_transaction_holds() {
 
     // Held by an update that leaves it queued: claimed once it is let go.
     ledger.record_updates(term, BOT, 3, &[routed(2)]).await.unwrap();
-    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
-    sqlx::query("UPDATE envelopes SET deliveries = deliveries WHERE state = 'queued'")
-        .execute(&mut other)
-        .await
-        .unwrap();
-    let claim = claim_in_background(&ledger, &worker);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!claim.is_finished(), "the claim waits for the transaction that holds the envelope");
-    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
-    let claimed = tokio::time::timeout(Duration::from_secs(10), claim).await.unwrap().unwrap().unwrap();
-    assert_eq!(claimed.and_then(|e| e.update_id), Some(2), "claimed once the other transaction let it go");
+    let hold = "UPDATE envelopes SET deliveries = deliveries WHERE state = 'queued'";
+    let (waited, claimed) = claim_while_held(&ledger, &worker, &mut other, hold).await;
+    assert!(waited, "the claim waits for the transaction that holds the envelope");
+    assert_eq!(claimed, Some(2), "claimed once the other transaction let it go");
 
     // Claimed meanwhile by the other transaction: the claim takes the next queued one.
     ledger.record_updates(term, BOT, 5, &[routed(3), routed(4)]).await.unwrap();
-    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
-    sqlx::query("UPDATE envelopes SET state = 'pending' WHERE update_id = 3")
-        .execute(&mut other)
-        .await
-        .unwrap();
-    let claim = claim_in_background(&ledger, &worker);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    sqlx::query("COMMIT").execute(&mut other).await.unwrap();
-    let claimed = tokio::time::timeout(Duration::from_secs(10), claim).await.unwrap().unwrap().unwrap();
-    assert_eq!(claimed.and_then(|e| e.update_id), Some(4), "the next queued envelope, not none");
+    let hold = "UPDATE envelopes SET state = 'pending' WHERE update_id = 3";
+    let (_, claimed) = claim_while_held(&ledger, &worker, &mut other, hold).await;
+    assert_eq!(claimed, Some(4), "the next queued envelope, not none");
 
     other.close().await.unwrap();
     ledger.close().await;

@@ -398,14 +398,20 @@ mod tests {
     use crate::ledger::SqliteLedger;
     use crate::ledger::prelude::*;
 
+    /// A new ledger in `dir` with a `load` table to fill, and its file's path.
+    async fn ledger_with_a_load_table(dir: &Path) -> (SqliteLedger, std::path::PathBuf) {
+        let path = dir.join("ledger.db");
+        let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
+        ledger.execute_in_place("CREATE TABLE load (bytes BLOB)", []).await.unwrap();
+        (ledger, path)
+    }
+
     /// A steady load of commits with no pause long enough for SQLite to rewind the WAL by
     /// itself: without the bound, the file grows by every byte written (40 MiB here).
     #[tokio::test]
     async fn under_a_steady_load_of_commits_the_wal_stays_near_its_bound() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ledger.db");
-        let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
-        ledger.execute_in_place("CREATE TABLE load (bytes BLOB)", []).await.unwrap();
+        let (ledger, path) = ledger_with_a_load_table(dir.path()).await;
         let wal = path.with_extension("db-wal");
         let mut largest = 0;
         for _ in 0..4_000 {
@@ -427,9 +433,7 @@ mod tests {
     #[tokio::test]
     async fn a_wal_a_reader_held_past_its_bound_is_rewound_once_it_lets_go_with_no_commit_since() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("ledger.db");
-        let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
-        ledger.execute_in_place("CREATE TABLE load (bytes BLOB)", []).await.unwrap();
+        let (ledger, path) = ledger_with_a_load_table(dir.path()).await;
         let reader = Connection::open(&path).unwrap();
         reader.execute_batch("BEGIN").unwrap();
         let _: i64 = reader.query_row("SELECT COUNT(*) FROM load", [], |row| row.get(0)).unwrap();
