@@ -116,7 +116,7 @@ async fn tidy_after_samples(
 /// The tools whose refusals are counted, and the reasons they can give (the wire codes).
 pub const REFUSAL_TOOLS: &[&str] = &["reply", "ack", "handoff"];
 
-/// On PostgreSQL: the term this replica was elected for.
+/// On PostgreSQL: the term this replica was elected for, and that it no longer stands by.
 pub fn set_leader_term(term: i64) {
     metrics::gauge!(LEADER_TERM).set(term as f64);
     metrics::gauge!(STANDING_BY).set(0.0);
