@@ -28,19 +28,33 @@
 //! daemon's writes off longer, come only while the WAL is already past its bound and
 //! shorter ones have failed. The decision is [`WalBound`]'s.
 //!
+//! Syncing and copying back are two jobs, done at two paces. A burst of commits is made
+//! safe from a power loss [`CHECKPOINT_DELAY`] after it began, by syncing the WAL file
+//! alone; the copy back into the database file, which writes each page again and syncs the
+//! database file too, waits until the WAL nears its bound or [`COPY_BACK_INTERVAL`] has
+//! passed since the last one ([`CopyBack`] decides). A page that many commits rewrite (an
+//! index's last page, the poll offset) is then copied once a second instead of once a
+//! burst, and a moderate load (a message every 50 ms) syncs one file a burst instead of
+//! two. An idle ledger is still copied back within the interval.
+//!
 //! What a commit guarantees does not change: it is in the WAL when it returns, as before
 //! (and `synchronous = full` still syncs the WAL at every commit). Under `normal`, a power
-//! loss may take what was committed since the last checkpoint synced the WAL: now at most
-//! about [`CHECKPOINT_DELAY`] of commits; before, up to 1000 pages (a hundred messages or
-//! so), and at a quiet time every commit since the last busy one.
+//! loss may take what was committed since the WAL was last synced: at most about
+//! [`CHECKPOINT_DELAY`] of commits. SQLite's recovery reads a WAL frame by frame and keeps
+//! every transaction whose frames all carry valid checksums, so a sync of the file by
+//! another descriptor (POSIX syncs the file, not the descriptor) is all it needs; it is the
+//! sync SQLite itself makes before each checkpoint.
 
-use std::path::Path;
+use std::ffi::OsString;
+use std::io;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rusqlite::Connection;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::in_place::{PAGE_CACHE_KIB, synchronous_pragma};
@@ -48,10 +62,16 @@ use crate::config::Synchronous;
 use crate::ledger::sqlite::{BUSY_TIMEOUT, LedgerError, LedgerResult};
 use crate::ledger::{LedgerWrite, WriteWatch};
 
-/// How long commits may gather before they are checkpointed: a burst of them is copied at
-/// once, and a power loss under `synchronous = normal` can take no more than about this
-/// much (see the module documentation).
+/// How long commits may gather before the WAL is synced (or checkpointed): a burst of them
+/// is made safe at once, and a power loss under `synchronous = normal` can take no more
+/// than about this much (see the module documentation).
 pub(crate) const CHECKPOINT_DELAY: Duration = Duration::from_millis(100);
+
+/// How long synced commits may wait in the WAL before they are copied back into the
+/// database file, while the WAL is within its bound. Longer saves more copies of pages that
+/// commits keep rewriting; the copy back is what lets the WAL start over and what a copy of
+/// the database file alone shows, so it stays short.
+pub(crate) const COPY_BACK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// `wal_autocheckpoint` while the checkpointer runs: SQLite checkpoints inside a commit
 /// only if the checkpointer has fallen this far behind (40 MB of WAL with 4 KiB pages).
@@ -106,7 +126,8 @@ impl Checkpointer {
         writes: Arc<WriteWatch>,
     ) -> LedgerResult<()> {
         let connection = open_off_runtime(path, synchronous, "the checkpointer's connection").await?;
-        let task = tokio::spawn(run(connection, Arc::clone(&self.commits), self.stop.clone(), writes));
+        let wal = WalFile { path: wal_path(path), synced_by_commits: synchronous == Synchronous::Full };
+        let task = tokio::spawn(run(connection, wal, Arc::clone(&self.commits), self.stop.clone(), writes));
         *self.task.lock().unwrap_or_else(|p| p.into_inner()) = Some(task);
         Ok(())
     }
@@ -225,6 +246,102 @@ impl WalBound {
     }
 }
 
+/// What the checkpointer does for a burst of commits, once it has gathered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AfterCommits {
+    /// Sync the WAL file: the burst is safe from a power loss, and its copy back into the
+    /// database file waits for more.
+    SyncWal,
+    /// Copy the WAL back into the database file (a PASSIVE checkpoint, which syncs the WAL
+    /// first), then see to the WAL's bound.
+    Checkpoint,
+}
+
+/// When the WAL is copied back into the database file: a pure decision, from the time of
+/// the last checkpoint and the WAL file's length.
+#[derive(Debug)]
+struct CopyBack {
+    /// When the last checkpoint ran (or the checkpointer started).
+    last: Instant,
+}
+
+impl CopyBack {
+    fn new(now: Instant) -> Self {
+        Self { last: now }
+    }
+
+    /// For a burst of commits that has gathered: a checkpoint once the WAL file is past its
+    /// bound or the last checkpoint is [`COPY_BACK_INTERVAL`] old, else a sync.
+    ///
+    /// The file's length is the WAL's high-water mark: a WAL that starts over is written
+    /// again from its start, and cut back to the bound, so a file past the bound means
+    /// frames past it (or a file not yet cut back, which one checkpoint more settles).
+    fn after_commits(&self, now: Instant, wal_bytes: u64) -> AfterCommits {
+        if wal_bytes > WAL_LIMIT_BYTES.unsigned_abs() || now.duration_since(self.last) >= COPY_BACK_INTERVAL {
+            AfterCommits::Checkpoint
+        } else {
+            AfterCommits::SyncWal
+        }
+    }
+
+    /// When commits synced but not copied back are due to be, with or without more commits.
+    fn due(&self) -> Instant {
+        self.last + COPY_BACK_INTERVAL
+    }
+
+    fn checkpointed(&mut self, at: Instant) {
+        self.last = at;
+    }
+}
+
+/// The ledger's WAL file, which the checkpointer syncs between checkpoints.
+#[derive(Debug, Clone)]
+struct WalFile {
+    path: PathBuf,
+    /// Under `synchronous = full` every commit has synced it already.
+    synced_by_commits: bool,
+}
+
+impl WalFile {
+    fn bytes(&self) -> u64 {
+        std::fs::metadata(&self.path).map_or(0, |m| m.len())
+    }
+
+    /// Syncs the file's data (the frames and the length that counts them), as SQLite's own
+    /// sync of the WAL before a checkpoint does, on a blocking thread: it takes
+    /// milliseconds.
+    async fn sync_off_runtime(&self) -> LedgerResult<()> {
+        if self.synced_by_commits {
+            return Ok(());
+        }
+        let path = self.path.clone();
+        tokio::task::spawn_blocking(move || {
+            std::fs::File::open(&path).and_then(|file| file.sync_data()).map_err(|e| wal_sync_error(&path, e))
+        })
+        .await
+        .unwrap_or_else(|e| Err(LedgerError::other(format!("syncing the ledger's WAL was cut short: {e}"))))
+    }
+}
+
+/// Where SQLite keeps the WAL of the database at `database`: its name with `-wal` after it.
+fn wal_path(database: &Path) -> PathBuf {
+    let mut name = OsString::from(database.as_os_str());
+    name.push("-wal");
+    PathBuf::from(name)
+}
+
+fn wal_sync_error(wal: &Path, error: io::Error) -> LedgerError {
+    let detail = format!("syncing {}: {error}", wal.display());
+    if error.kind() == io::ErrorKind::StorageFull {
+        LedgerError::DiskFull { detail, source: Box::new(error) }
+    } else {
+        LedgerError::Other {
+            message: format!("could not sync the ledger's WAL ({detail})"),
+            source: Some(Box::new(error)),
+        }
+    }
+}
+
 /// One checkpoint. It reports a checkpoint it could not write as an error, and a reader or
 /// writer in its way as `busy`. A RESTART waits for others only as long as it says.
 fn checkpoint(db: &Connection, mode: Mode) -> LedgerResult<Checkpointed> {
@@ -264,32 +381,54 @@ async fn on_blocking_thread(
 
 async fn run(
     mut connection: Connection,
+    wal: WalFile,
     commits: Arc<Notify>,
     stop: CancellationToken,
     writes: Arc<WriteWatch>,
 ) {
     let page_size: i64 = connection.query_row("PRAGMA page_size", [], |row| row.get(0)).unwrap_or(4096);
     let mut bound = WalBound::default();
+    let mut copy_back = CopyBack::new(Instant::now());
     let mut retry_in = None;
+    // Commits synced but not copied back yet: the copy back is due at `copy_back.due()`.
+    let mut copy_back_owed = false;
     loop {
-        if let Some(pause) = retry_in.take() {
+        let step = if let Some(pause) = retry_in.take() {
             // The WAL is past its bound and the last RESTART could not be had: try again
             // soon, commits or not. An idle daemon's next commit could be hours away, and
             // the reader that was in the way may be gone.
             tokio::select! {
-                () = tokio::time::sleep(pause) => {}
+                () = tokio::time::sleep(pause) => AfterCommits::Checkpoint,
                 () = stop.cancelled() => break,
             }
         } else {
             tokio::select! {
-                () = commits.notified() => {}
+                () = commits.notified() => {
+                    // Let the burst this commit began go by; the commits meanwhile ring
+                    // again, and get the next sync.
+                    tokio::select! {
+                        () = tokio::time::sleep(CHECKPOINT_DELAY) => {}
+                        () = stop.cancelled() => break,
+                    }
+                    copy_back.after_commits(Instant::now(), wal.bytes())
+                }
+                () = tokio::time::sleep_until(copy_back.due()), if copy_back_owed => AfterCommits::Checkpoint,
                 () = stop.cancelled() => break,
             }
-            // Let the burst this commit began go by; the commits meanwhile ring again, and
-            // get the next checkpoint.
-            tokio::select! {
-                () = tokio::time::sleep(CHECKPOINT_DELAY) => {}
-                () = stop.cancelled() => break,
+        };
+        if step == AfterCommits::SyncWal {
+            match wal.sync_off_runtime().await {
+                // Not observed as a checkpoint that succeeded: a sync needs no room on the
+                // disk, and a checkpoint failing for want of it fails until one succeeds.
+                Ok(()) => {
+                    copy_back_owed = true;
+                    continue;
+                }
+                // The checkpoint syncs the WAL too, and says whether it can.
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not sync the ledger's WAL; checkpointing it instead");
+                    writes.observe::<()>(LedgerWrite::Checkpoint, &Err(e));
+                }
             }
         }
         // Copying the WAL back and syncing both files takes milliseconds: off the runtime.
@@ -297,6 +436,8 @@ async fn run(
         // holds new writers off, has only what came since to copy.
         let Some((db, passive)) = on_blocking_thread(connection, Mode::Passive).await else { break };
         connection = db;
+        copy_back.checkpointed(Instant::now());
+        copy_back_owed = false;
         let forced = match &passive {
             Ok(passive) => bound.after_passive(*passive, page_size),
             Err(_) => None,
@@ -453,6 +594,41 @@ mod tests {
         let wal = std::fs::metadata(path.with_extension("db-wal")).unwrap().len();
         ledger.close().await;
         assert!(wal <= WAL_LIMIT_BYTES as u64, "the WAL holds {wal} bytes, its bound is {WAL_LIMIT_BYTES}");
+    }
+
+    #[test]
+    fn a_burst_of_commits_is_synced_and_copied_back_once_the_interval_is_up_or_the_wal_past_its_bound() {
+        let start = Instant::now();
+        let mut copy_back = CopyBack::new(start);
+        let within = WAL_LIMIT_BYTES.unsigned_abs();
+        let soon = start + CHECKPOINT_DELAY;
+        assert_eq!(copy_back.after_commits(soon, within), AfterCommits::SyncWal);
+        assert_eq!(copy_back.after_commits(soon, 0), AfterCommits::SyncWal, "no WAL file yet");
+        assert_eq!(copy_back.after_commits(soon, within + 1), AfterCommits::Checkpoint, "past the bound");
+        let just_before = start + COPY_BACK_INTERVAL - Duration::from_millis(1);
+        assert_eq!(copy_back.after_commits(just_before, within), AfterCommits::SyncWal);
+        assert_eq!(copy_back.after_commits(start + COPY_BACK_INTERVAL, 0), AfterCommits::Checkpoint);
+        // Synced commits are copied back at the interval, with or without commits since.
+        assert_eq!(copy_back.due(), start + COPY_BACK_INTERVAL);
+        let later = start + 3 * COPY_BACK_INTERVAL;
+        copy_back.checkpointed(later);
+        assert_eq!(copy_back.due(), later + COPY_BACK_INTERVAL);
+        assert_eq!(copy_back.after_commits(later + CHECKPOINT_DELAY, within), AfterCommits::SyncWal);
+    }
+
+    #[tokio::test]
+    async fn the_wal_synced_between_checkpoints_is_the_file_sqlite_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (ledger, path) = ledger_with_a_load_table(dir.path()).await;
+        ledger.execute_in_place("INSERT INTO load VALUES (randomblob(10))", []).await.unwrap();
+        let wal = WalFile { path: wal_path(&path), synced_by_commits: false };
+        assert_eq!(wal.path, dir.path().join("ledger.db-wal"));
+        assert!(wal.bytes() > 0, "SQLite's WAL is where the checkpointer looks for it");
+        wal.sync_off_runtime().await.unwrap();
+        ledger.close().await;
+        // A WAL that is not there is not synced silently.
+        let gone = WalFile { path: dir.path().join("nothing-wal"), synced_by_commits: false };
+        assert!(gone.sync_off_runtime().await.is_err());
     }
 
     #[test]
