@@ -31,8 +31,10 @@
 //! Syncing and copying back are two jobs, done at two paces. A burst of commits is made
 //! safe from a power loss [`CHECKPOINT_DELAY`] after it began, by syncing the WAL file
 //! alone; the copy back into the database file, which writes each page again and syncs the
-//! database file too, waits until the WAL nears its bound or [`COPY_BACK_INTERVAL`] has
-//! passed since the last one ([`CopyBack`] decides). A page that many commits rewrite (an
+//! database file too, waits for [`COMMITS_PER_COPY_BACK`] commits (about half the WAL's
+//! bound), a WAL file past its bound, or [`COPY_BACK_INTERVAL`] since the last one
+//! ([`CopyBack`] decides). A PASSIVE checkpoint with half a bound to copy catches up, and
+//! the WAL then starts over by itself, with no RESTART to hold writers off. A page that many commits rewrite (an
 //! index's last page, the poll offset) is then copied once a second instead of once a
 //! burst, and a moderate load (a message every 50 ms) syncs one file a burst instead of
 //! two. An idle ledger is still copied back within the interval.
@@ -48,6 +50,7 @@
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -73,6 +76,12 @@ pub(crate) const CHECKPOINT_DELAY: Duration = Duration::from_millis(100);
 /// the database file alone shows, so it stays short.
 pub(crate) const COPY_BACK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How many commits may wait in the WAL before they are copied back, whatever the time:
+/// about half the WAL's bound at the frames a message's three commits write (26 pages of
+/// 4 KiB in all), so that a steady load is copied back well before the bound would force a
+/// RESTART. (The WAL file's length cannot say: it stays at its high-water mark.)
+pub(crate) const COMMITS_PER_COPY_BACK: u64 = 64;
+
 /// `wal_autocheckpoint` while the checkpointer runs: SQLite checkpoints inside a commit
 /// only if the checkpointer has fallen this far behind (40 MB of WAL with 4 KiB pages).
 pub(crate) const BACKSTOP_PAGES: u32 = 10_000;
@@ -95,11 +104,26 @@ const LONGEST_FORCED_CHECKPOINT_WAIT: Duration = Duration::from_millis(400);
 /// with or without commits meanwhile.
 const FORCED_CHECKPOINT_RETRY: Duration = CHECKPOINT_DELAY;
 
+/// The commits of the ledger's connections, as their commit hooks tell the checkpointer.
+#[derive(Debug, Default)]
+struct Commits {
+    /// Rung by each commit; one ring stands for all the commits before it is heard.
+    bell: Notify,
+    /// Commits since the checkpointer last took the count.
+    count: AtomicU64,
+}
+
+impl Commits {
+    fn take_count(&self) -> u64 {
+        self.count.swap(0, Ordering::Relaxed)
+    }
+}
+
 /// The checkpointing task of one ledger.
 #[derive(Debug)]
 pub(crate) struct Checkpointer {
-    /// Rung by every commit of the ledger's connections (their commit hook).
-    commits: Arc<Notify>,
+    /// Rung and counted by every commit of the ledger's connections (their commit hook).
+    commits: Arc<Commits>,
     /// Stops the task when the ledger closes.
     stop: CancellationToken,
     task: Mutex<Option<JoinHandle<()>>>,
@@ -107,14 +131,17 @@ pub(crate) struct Checkpointer {
 
 impl Checkpointer {
     pub(crate) fn new() -> Self {
-        Self { commits: Arc::new(Notify::new()), stop: CancellationToken::new(), task: Mutex::new(None) }
+        Self { commits: Arc::default(), stop: CancellationToken::new(), task: Mutex::new(None) }
     }
 
     /// What a connection's commit hook calls. It runs inside SQLite's commit, on the
-    /// connection's thread, and only rings a bell.
+    /// connection's thread, and only counts the commit and rings a bell.
     pub(crate) fn on_commit(&self) -> impl Fn() + Send + 'static {
         let commits = Arc::clone(&self.commits);
-        move || commits.notify_one()
+        move || {
+            commits.count.fetch_add(1, Ordering::Relaxed);
+            commits.bell.notify_one();
+        }
     }
 
     /// Opens the checkpointer's own connection to the (existing, migrated) database at
@@ -263,21 +290,28 @@ enum AfterCommits {
 struct CopyBack {
     /// When the last checkpoint ran (or the checkpointer started).
     last: Instant,
+    /// Commits since then.
+    commits: u64,
 }
 
 impl CopyBack {
     fn new(now: Instant) -> Self {
-        Self { last: now }
+        Self { last: now, commits: 0 }
     }
 
-    /// For a burst of commits that has gathered: a checkpoint once the WAL file is past its
-    /// bound or the last checkpoint is [`COPY_BACK_INTERVAL`] old, else a sync.
+    /// For a burst of `commits` that has gathered: a checkpoint once [`COMMITS_PER_COPY_BACK`]
+    /// commits wait in the WAL, the WAL file is past its bound or the last checkpoint is
+    /// [`COPY_BACK_INTERVAL`] old; else a sync.
     ///
     /// The file's length is the WAL's high-water mark: a WAL that starts over is written
     /// again from its start, and cut back to the bound, so a file past the bound means
     /// frames past it (or a file not yet cut back, which one checkpoint more settles).
-    fn after_commits(&self, now: Instant, wal_bytes: u64) -> AfterCommits {
-        if wal_bytes > WAL_LIMIT_BYTES.unsigned_abs() || now.duration_since(self.last) >= COPY_BACK_INTERVAL {
+    fn after_commits(&mut self, commits: u64, now: Instant, wal_bytes: u64) -> AfterCommits {
+        self.commits = self.commits.saturating_add(commits);
+        if self.commits >= COMMITS_PER_COPY_BACK
+            || wal_bytes > WAL_LIMIT_BYTES.unsigned_abs()
+            || now.duration_since(self.last) >= COPY_BACK_INTERVAL
+        {
             AfterCommits::Checkpoint
         } else {
             AfterCommits::SyncWal
@@ -291,6 +325,7 @@ impl CopyBack {
 
     fn checkpointed(&mut self, at: Instant) {
         self.last = at;
+        self.commits = 0;
     }
 }
 
@@ -382,7 +417,7 @@ async fn on_blocking_thread(
 async fn run(
     mut connection: Connection,
     wal: WalFile,
-    commits: Arc<Notify>,
+    commits: Arc<Commits>,
     stop: CancellationToken,
     writes: Arc<WriteWatch>,
 ) {
@@ -403,14 +438,14 @@ async fn run(
             }
         } else {
             tokio::select! {
-                () = commits.notified() => {
+                () = commits.bell.notified() => {
                     // Let the burst this commit began go by; the commits meanwhile ring
                     // again, and get the next sync.
                     tokio::select! {
                         () = tokio::time::sleep(CHECKPOINT_DELAY) => {}
                         () = stop.cancelled() => break,
                     }
-                    copy_back.after_commits(Instant::now(), wal.bytes())
+                    copy_back.after_commits(commits.take_count(), Instant::now(), wal.bytes())
                 }
                 () = tokio::time::sleep_until(copy_back.due()), if copy_back_owed => AfterCommits::Checkpoint,
                 () = stop.cancelled() => break,
@@ -434,9 +469,12 @@ async fn run(
         // Copying the WAL back and syncing both files takes milliseconds: off the runtime.
         // A PASSIVE first even when the WAL is past its bound, so that the RESTART, which
         // holds new writers off, has only what came since to copy.
+        // What committed until now is in this checkpoint's reach.
+        let started = Instant::now();
+        commits.take_count();
         let Some((db, passive)) = on_blocking_thread(connection, Mode::Passive).await else { break };
         connection = db;
-        copy_back.checkpointed(Instant::now());
+        copy_back.checkpointed(started);
         copy_back_owed = false;
         let forced = match &passive {
             Ok(passive) => bound.after_passive(*passive, page_size),
@@ -597,23 +635,33 @@ mod tests {
     }
 
     #[test]
-    fn a_burst_of_commits_is_synced_and_copied_back_once_the_interval_is_up_or_the_wal_past_its_bound() {
+    fn a_burst_of_commits_is_synced_and_copied_back_once_enough_wait_or_the_interval_is_up() {
         let start = Instant::now();
-        let mut copy_back = CopyBack::new(start);
-        let within = WAL_LIMIT_BYTES.unsigned_abs();
         let soon = start + CHECKPOINT_DELAY;
-        assert_eq!(copy_back.after_commits(soon, within), AfterCommits::SyncWal);
-        assert_eq!(copy_back.after_commits(soon, 0), AfterCommits::SyncWal, "no WAL file yet");
-        assert_eq!(copy_back.after_commits(soon, within + 1), AfterCommits::Checkpoint, "past the bound");
+        let within = WAL_LIMIT_BYTES.unsigned_abs();
+        let mut copy_back = CopyBack::new(start);
+        assert_eq!(copy_back.after_commits(3, soon, within), AfterCommits::SyncWal);
+        assert_eq!(copy_back.after_commits(1, soon, 0), AfterCommits::SyncWal, "no WAL file yet");
+        assert_eq!(copy_back.after_commits(1, soon, within + 1), AfterCommits::Checkpoint, "past the bound");
+
+        // Commits add up across syncs, and a checkpoint starts the count again.
+        let mut copy_back = CopyBack::new(start);
+        assert_eq!(copy_back.after_commits(COMMITS_PER_COPY_BACK - 1, soon, within), AfterCommits::SyncWal);
+        assert_eq!(copy_back.after_commits(1, soon, within), AfterCommits::Checkpoint);
+        copy_back.checkpointed(soon);
+        assert_eq!(copy_back.after_commits(1, soon + CHECKPOINT_DELAY, within), AfterCommits::SyncWal);
+
+        // Time alone: synced commits are copied back at the interval, with or without commits
+        // since.
+        let mut copy_back = CopyBack::new(start);
         let just_before = start + COPY_BACK_INTERVAL - Duration::from_millis(1);
-        assert_eq!(copy_back.after_commits(just_before, within), AfterCommits::SyncWal);
-        assert_eq!(copy_back.after_commits(start + COPY_BACK_INTERVAL, 0), AfterCommits::Checkpoint);
-        // Synced commits are copied back at the interval, with or without commits since.
+        assert_eq!(copy_back.after_commits(1, just_before, within), AfterCommits::SyncWal);
         assert_eq!(copy_back.due(), start + COPY_BACK_INTERVAL);
+        assert_eq!(copy_back.after_commits(1, start + COPY_BACK_INTERVAL, 0), AfterCommits::Checkpoint);
         let later = start + 3 * COPY_BACK_INTERVAL;
         copy_back.checkpointed(later);
         assert_eq!(copy_back.due(), later + COPY_BACK_INTERVAL);
-        assert_eq!(copy_back.after_commits(later + CHECKPOINT_DELAY, within), AfterCommits::SyncWal);
+        assert_eq!(copy_back.after_commits(1, later + CHECKPOINT_DELAY, within), AfterCommits::SyncWal);
     }
 
     #[tokio::test]
