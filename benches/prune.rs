@@ -16,6 +16,7 @@
 //! `SWITCHBOARD_BENCH_QUICK=1` makes a smoke run of a few seconds, and
 //! `SWITCHBOARD_BENCH_ENVELOPES` sets the number of envelopes.
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -23,6 +24,14 @@ use std::time::{Duration, Instant};
 use switchboard::config::{Database, Synchronous};
 use switchboard::ids::AgentName;
 use switchboard::ledger::Ledger;
+use switchboard::ledger::sqlite::WAL_LIMIT_BYTES;
+
+/// Where SQLite keeps the WAL of the database at `database`.
+fn wal_path(database: &Path) -> PathBuf {
+    let mut name = database.as_os_str().to_owned();
+    name.push("-wal");
+    PathBuf::from(name)
+}
 
 const ENVELOPES: usize = 1_000_000;
 const QUICK_ENVELOPES: usize = 20_000;
@@ -59,13 +68,13 @@ async fn run(envelopes: usize, quick: bool) {
     let filled_in = fill_started.elapsed();
 
     let load_before = load_average();
-    let live = LiveWriter::start(daemon.clone());
+    let live = LiveWriter::start(daemon.clone(), wal_path(&path));
     let prune = switchboard::ledger::open_existing(&Database::Sqlite(path.clone()), Synchronous::Normal)
         .await
         .expect("the prune's ledger");
     let cutoff = chrono::Utc::now() - chrono::Duration::days(90);
     let report = prune.prune(cutoff, false).await.expect("the prune");
-    let mut pauses = live.stop().await;
+    let (mut pauses, largest_wal) = live.stop().await;
     prune.close().await;
     daemon.close().await;
 
@@ -110,6 +119,11 @@ async fn run(envelopes: usize, quick: bool) {
         ms(percentile(&mut pauses, 0.99)),
         ms(pauses.iter().copied().max().unwrap_or_default()),
         GOAL_LONGEST_PAUSE.as_millis()
+    );
+    println!(
+        "  WAL:                    largest {:.1} MiB (its bound between checkpoints: {:.1} MiB)",
+        mib(largest_wal),
+        mib(WAL_LIMIT_BYTES.unsigned_abs())
     );
     println!(
         "  file before:            {:.1} MiB ({} pages, {} free)",
@@ -192,33 +206,35 @@ fn fill(path: &std::path::Path, count: usize) {
 }
 
 /// A daemon's writes during the prune: one session recorded every [`LIVE_WRITE_EVERY`],
-/// each timed.
+/// each timed. Between writes it reads the WAL file's size, whose largest it reports.
 struct LiveWriter {
     stop: Arc<AtomicBool>,
-    task: tokio::task::JoinHandle<Vec<Duration>>,
+    task: tokio::task::JoinHandle<(Vec<Duration>, u64)>,
 }
 
 impl LiveWriter {
-    fn start(ledger: Ledger) -> Self {
+    fn start(ledger: Ledger, wal: PathBuf) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let task = tokio::spawn(async move {
             let agent = AgentName::parse("orch").expect("an agent name");
             let mut pauses = Vec::new();
+            let mut largest_wal = 0;
             while !stopping.load(Ordering::Relaxed) {
                 let started = Instant::now();
                 let session = format!("bench-{}", pauses.len());
                 ledger.session_opened(&session, &agent, 0).await.expect("a live write");
                 pauses.push(started.elapsed());
+                largest_wal = largest_wal.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
                 tokio::time::sleep(LIVE_WRITE_EVERY).await;
             }
-            pauses
+            (pauses, largest_wal)
         });
         Self { stop, task }
     }
 
-    /// How long each write took.
-    async fn stop(self) -> Vec<Duration> {
+    /// How long each write took, and the WAL's largest size meanwhile.
+    async fn stop(self) -> (Vec<Duration>, u64) {
         self.stop.store(true, Ordering::Relaxed);
         self.task.await.expect("the live writer")
     }

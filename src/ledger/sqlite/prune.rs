@@ -14,8 +14,9 @@
 //!
 //! A batch's commit only appends to the WAL. The prune checkpoints after each batch, on a
 //! connection of its own, and waits for it before the next (`checkpoint::BetweenBatches`):
-//! the WAL is copied back with no lock held and starts over after every batch, and no
-//! batch can write faster than the file takes it back. `switchboard ledger prune`'s ledger
+//! the WAL is copied back with no lock held, and no batch can write faster than the file
+//! takes it back. The WAL may pass its bound meanwhile; the background checkpointer brings
+//! it back. `switchboard ledger prune`'s ledger
 //! has a background checkpointer too, as a daemon's has, so SQLite's own checkpoint (which
 //! would run inside the commit of whichever batch brought the WAL past 1,000 pages) is
 //! only a backstop.

@@ -18,8 +18,14 @@
 //! file is not emptied when the daemon goes idle: what it keeps is room the next commits
 //! reuse, which a nearly full disk still has.
 //!
-//! A RESTART holds new writers off while it waits for the connections in its way (they
-//! wait asynchronously), so it waits only so long: [`FORCED_CHECKPOINT_WAIT`] at first.
+//! A RESTART holds new writers off while it copies and while it waits for the connections
+//! in its way (they wait asynchronously). So it is asked for only right after a PASSIVE
+//! that copied every frame, and has nothing left to copy but what was committed since;
+//! after a PASSIVE that could not (a reader in its way, another connection's checkpoint
+//! running, as a prune's between its batches) a PASSIVE is tried again soon instead. A
+//! RESTART there would copy the rest, a whole batch of a prune, with every writer waiting:
+//! a daemon's write beside a prune waited half a second for one. And it waits for others
+//! only so long: [`FORCED_CHECKPOINT_WAIT`] at first.
 //! On a loaded machine a reader or a write can take longer than that, and the WAL grew
 //! past its bound for as long as RESTARTs kept giving up. So one that could not be had is
 //! tried again [`FORCED_CHECKPOINT_RETRY`] later, commits or not (a PASSIVE first, so that
@@ -97,8 +103,8 @@ const FORCED_CHECKPOINT_WAIT: Duration = Duration::from_millis(50);
 
 /// The longest a RESTART checkpoint waits: the longest a write of the daemon can be held
 /// off by one, and only after several in a row could not be had while the WAL was past
-/// its bound.
-const LONGEST_FORCED_CHECKPOINT_WAIT: Duration = Duration::from_millis(400);
+/// its bound. Below the quarter of a second a daemon's write may wait beside a prune.
+const LONGEST_FORCED_CHECKPOINT_WAIT: Duration = Duration::from_millis(200);
 
 /// How soon a RESTART checkpoint that could not be had is tried again (a PASSIVE first),
 /// with or without commits meanwhile.
@@ -230,29 +236,42 @@ struct WalBound {
     failed_restarts: u32,
 }
 
+/// What the WAL's bound asks for after a PASSIVE checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum BoundStep {
+    /// The WAL is within its bound: nothing more.
+    Within,
+    /// Past it, and the PASSIVE copied every frame: a RESTART, waiting for other connections
+    /// at most this long, only waits (for readers to move on) while it holds writers off.
+    Restart(Duration),
+    /// Past it, and the PASSIVE did not copy everything (a reader in its way, or another
+    /// connection's checkpoint running): another PASSIVE soon. A RESTART now would copy the
+    /// rest, a whole batch of a prune say, while it holds every writer off.
+    PassiveAgain,
+}
+
 impl WalBound {
-    /// After a PASSIVE checkpoint: a RESTART, and how long it may wait for others, when the
-    /// WAL is past its bound.
-    fn after_passive(&mut self, passive: Checkpointed, page_size: i64) -> Option<Mode> {
-        if passive.wal_frames < 0 {
-            // Another connection's checkpoint ran instead: it says nothing of the WAL now,
-            // and a bound already passed still stands.
-            return self.past_bound.then(|| self.restart());
+    /// After a PASSIVE checkpoint: what the bound asks for.
+    fn after_passive(&mut self, passive: Checkpointed, page_size: i64) -> BoundStep {
+        if passive.wal_frames >= 0 {
+            self.past_bound = passive.wal_frames.saturating_mul(page_size) > WAL_LIMIT_BYTES;
         }
-        self.past_bound = passive.wal_frames.saturating_mul(page_size) > WAL_LIMIT_BYTES;
+        // Otherwise another connection's checkpoint ran instead: it says nothing of the WAL
+        // now, and a bound already passed still stands.
         if !self.past_bound {
             self.failed_restarts = 0;
-            return None;
+            BoundStep::Within
+        } else if caught_up(passive) {
+            BoundStep::Restart(self.restart_wait())
+        } else {
+            BoundStep::PassiveAgain
         }
-        Some(self.restart())
     }
 
-    /// A RESTART waiting twice as long as the last for every one in a row that failed.
-    fn restart(&self) -> Mode {
+    /// A RESTART waits twice as long as the last for every one in a row that failed.
+    fn restart_wait(&self) -> Duration {
         let doublings = self.failed_restarts.min(u32::BITS - 1);
-        Mode::Restart(
-            FORCED_CHECKPOINT_WAIT.saturating_mul(1 << doublings).min(LONGEST_FORCED_CHECKPOINT_WAIT),
-        )
+        FORCED_CHECKPOINT_WAIT.saturating_mul(1 << doublings).min(LONGEST_FORCED_CHECKPOINT_WAIT)
     }
 
     /// After a RESTART checkpoint: how soon to try again, when it could not be had (the
@@ -476,9 +495,9 @@ async fn run(
         connection = db;
         copy_back.checkpointed(started);
         copy_back_owed = false;
-        let forced = match &passive {
+        let step = match &passive {
             Ok(passive) => bound.after_passive(*passive, page_size),
-            Err(_) => None,
+            Err(_) => BoundStep::Within,
         };
         writes.observe(LedgerWrite::Checkpoint, &passive);
         if let Err(e) = passive {
@@ -487,7 +506,11 @@ async fn run(
                 "could not checkpoint the ledger's WAL; SQLite checkpoints by itself once it holds {BACKSTOP_PAGES} pages"
             );
         }
-        if let Some(mode) = forced {
+        if step == BoundStep::PassiveAgain {
+            retry_in = Some(FORCED_CHECKPOINT_RETRY);
+        }
+        if let BoundStep::Restart(wait) = step {
+            let mode = Mode::Restart(wait);
             let Some((db, restart)) = on_blocking_thread(connection, mode).await else { break };
             connection = db;
             // A RESTART that failed outright (not merely busy) is asked for again after the
@@ -509,11 +532,16 @@ async fn run(
 /// The checkpoints of a long run of write transactions (a prune's batches): one after each,
 /// waited for, on a connection of their own. Left to the background checkpointer, such a
 /// run writes the WAL faster than a PASSIVE checkpoint copies it back (a checkpoint writes
-/// pages all over the database file, a batch appends them to the WAL), and the RESTART
-/// that rewinds the WAL at last would copy everything left while it holds every writer
-/// off, a live daemon's included. Waited for between the batches, a PASSIVE copies a
-/// batch's pages back with no lock held, and the RESTART after it has only what other
-/// connections committed meanwhile to copy: the WAL starts over after every batch.
+/// pages all over the database file, a batch appends them to the WAL). Waited for between
+/// the batches, a PASSIVE copies a batch's pages back with no lock held, and paces the
+/// batches at the rate the file takes them.
+///
+/// No RESTART follows it here. A RESTART holds every writer off while it copies what was
+/// committed since and syncs the database file, and on a disk busy with a prune's writes
+/// that sync took up to 440 ms, which a live daemon's write waited out. Without it the WAL
+/// may pass its bound while a prune runs (a live writer's commits keep it from starting
+/// over by itself); the background checkpointer's RESTART, which follows only a PASSIVE
+/// that caught up, brings it back.
 pub(crate) struct BetweenBatches {
     /// `None` while a checkpoint has it on a blocking thread, or after one was lost.
     connection: Option<Connection>,
@@ -526,17 +554,13 @@ impl BetweenBatches {
         Ok(Self { connection: Some(connection) })
     }
 
-    /// A PASSIVE checkpoint, then, once one has caught up, a RESTART waiting at most
-    /// [`FORCED_CHECKPOINT_WAIT`]. One that fails or cannot be had is no failure of the
-    /// batches (what it did not copy back stays in the WAL for the next): logged, at debug
-    /// level when merely busy.
+    /// PASSIVE checkpoints, until one has caught up with the WAL. One that fails or cannot
+    /// catch up is no failure of the batches (what it did not copy back stays in the WAL for
+    /// the next): logged, at debug level when merely busy.
     pub(crate) async fn checkpoint(&mut self) {
         for _ in 0..PASSIVE_TRIES {
             match self.run(Mode::Passive).await {
-                Some(passive) if restart_is_cheap_after(passive) => {
-                    self.run(Mode::Restart(FORCED_CHECKPOINT_WAIT)).await;
-                    return;
-                }
+                Some(passive) if caught_up(passive) => return,
                 Some(_) => tokio::time::sleep(PASSIVE_RETRY).await,
                 None => return,
             }
@@ -563,11 +587,11 @@ impl BetweenBatches {
 const PASSIVE_TRIES: usize = 3;
 const PASSIVE_RETRY: Duration = Duration::from_millis(10);
 
-/// Whether a RESTART right after this PASSIVE copies little while it holds the writers off:
-/// only when the PASSIVE copied every frame. After one that another connection's checkpoint
-/// kept from running, or a reader kept from finishing, the RESTART would copy back (and
-/// sync) a whole batch with every writer waiting.
-fn restart_is_cheap_after(passive: Checkpointed) -> bool {
+/// Whether this PASSIVE copied every frame, so that a RESTART right after it copies little
+/// while it holds the writers off. After one that another connection's checkpoint kept
+/// from running, or a reader kept from finishing, a RESTART would copy back (and sync) a
+/// whole batch with every writer waiting.
+fn caught_up(passive: Checkpointed) -> bool {
     !passive.busy && passive.wal_frames >= 0
 }
 
@@ -680,14 +704,11 @@ mod tests {
     }
 
     #[test]
-    fn between_batches_a_restart_follows_only_a_passive_that_caught_up() {
-        assert!(restart_is_cheap_after(Checkpointed { busy: false, wal_frames: 600 }));
-        assert!(restart_is_cheap_after(Checkpointed { busy: false, wal_frames: 0 }));
-        assert!(!restart_is_cheap_after(Checkpointed { busy: true, wal_frames: 600 }), "a reader in the way");
-        assert!(
-            !restart_is_cheap_after(Checkpointed { busy: true, wal_frames: -1 }),
-            "another checkpoint ran"
-        );
+    fn a_passive_caught_up_only_when_it_copied_every_frame() {
+        assert!(caught_up(Checkpointed { busy: false, wal_frames: 600 }));
+        assert!(caught_up(Checkpointed { busy: false, wal_frames: 0 }));
+        assert!(!caught_up(Checkpointed { busy: true, wal_frames: 600 }), "a reader in the way");
+        assert!(!caught_up(Checkpointed { busy: true, wal_frames: -1 }), "another checkpoint ran");
     }
 
     fn passive(wal_frames: i64) -> Checkpointed {
@@ -702,15 +723,35 @@ mod tests {
         let page = 4096;
         let frames_at_bound = WAL_LIMIT_BYTES / page;
         let mut bound = WalBound::default();
-        assert_eq!(bound.after_passive(passive(0), page), None);
-        assert_eq!(bound.after_passive(passive(frames_at_bound), page), None);
+        assert_eq!(bound.after_passive(passive(0), page), BoundStep::Within);
+        assert_eq!(bound.after_passive(passive(frames_at_bound), page), BoundStep::Within);
         assert_eq!(
             bound.after_passive(passive(frames_at_bound + 1), page),
-            Some(Mode::Restart(FORCED_CHECKPOINT_WAIT))
+            BoundStep::Restart(FORCED_CHECKPOINT_WAIT)
         );
         // A WAL SQLite reports as not in WAL mode, or a checkpoint another connection was
         // running (-1), is no reason to force anything.
-        assert_eq!(WalBound::default().after_passive(passive(-1), page), None);
+        assert_eq!(WalBound::default().after_passive(passive(-1), page), BoundStep::Within);
+    }
+
+    #[test]
+    fn a_restart_follows_only_a_passive_that_copied_every_frame() {
+        let page = 4096;
+        let past_bound = WAL_LIMIT_BYTES / page + 1;
+        let mut bound = WalBound::default();
+        // A reader kept the PASSIVE from copying everything: a RESTART would copy the rest
+        // with every writer held off. Another PASSIVE soon instead.
+        let held = Checkpointed { busy: true, wal_frames: past_bound };
+        assert_eq!(bound.after_passive(held, page), BoundStep::PassiveAgain);
+        // Another connection's checkpoint ran instead (a prune's, between its batches): the
+        // bound stands, and the next PASSIVE comes soon.
+        let other_checkpoint = Checkpointed { busy: true, wal_frames: -1 };
+        assert_eq!(bound.after_passive(other_checkpoint, page), BoundStep::PassiveAgain);
+        // Once one catches up, the RESTART only waits.
+        assert_eq!(
+            bound.after_passive(passive(past_bound), page),
+            BoundStep::Restart(FORCED_CHECKPOINT_WAIT)
+        );
     }
 
     #[test]
@@ -720,7 +761,7 @@ mod tests {
         let mut bound = WalBound::default();
         let mut waits = Vec::new();
         for _ in 0..6 {
-            let Some(Mode::Restart(wait)) = bound.after_passive(past_bound, page) else {
+            let BoundStep::Restart(wait) = bound.after_passive(past_bound, page) else {
                 panic!("a WAL past its bound is rewound")
             };
             waits.push(wait.as_millis());
@@ -730,30 +771,25 @@ mod tests {
                 "tried again, commits or not"
             );
         }
-        assert_eq!(waits, [50, 100, 200, 400, 400, 400]);
+        assert_eq!(waits, [50, 100, 200, 200, 200, 200]);
 
         // One that another connection's checkpoint kept from running waited for no one: tried
         // again, no longer.
         let other_checkpoint = Checkpointed { busy: true, wal_frames: -1 };
         assert_eq!(bound.after_restart(other_checkpoint), Some(FORCED_CHECKPOINT_RETRY));
-        assert_eq!(
-            bound.after_passive(past_bound, page),
-            Some(Mode::Restart(LONGEST_FORCED_CHECKPOINT_WAIT))
-        );
+        assert_eq!(bound.after_passive(past_bound, page), BoundStep::Restart(LONGEST_FORCED_CHECKPOINT_WAIT));
         // Nor does another connection's PASSIVE in the way of this one put the bound aside.
         bound.after_restart(BUSY);
-        assert_eq!(
-            bound.after_passive(other_checkpoint, page),
-            Some(Mode::Restart(LONGEST_FORCED_CHECKPOINT_WAIT))
-        );
+        assert_eq!(bound.after_passive(other_checkpoint, page), BoundStep::PassiveAgain);
+        assert_eq!(bound.after_passive(past_bound, page), BoundStep::Restart(LONGEST_FORCED_CHECKPOINT_WAIT));
 
         // One that was had waits for commits again, and the next starts from the shortest wait.
         assert_eq!(bound.after_restart(DONE), None);
-        assert_eq!(bound.after_passive(past_bound, page), Some(Mode::Restart(FORCED_CHECKPOINT_WAIT)));
+        assert_eq!(bound.after_passive(past_bound, page), BoundStep::Restart(FORCED_CHECKPOINT_WAIT));
         // So does the next one after the WAL came back within its bound by itself.
         bound.after_restart(BUSY);
         bound.after_restart(BUSY);
-        assert_eq!(bound.after_passive(passive(10), page), None);
-        assert_eq!(bound.after_passive(past_bound, page), Some(Mode::Restart(FORCED_CHECKPOINT_WAIT)));
+        assert_eq!(bound.after_passive(passive(10), page), BoundStep::Within);
+        assert_eq!(bound.after_passive(past_bound, page), BoundStep::Restart(FORCED_CHECKPOINT_WAIT));
     }
 }
