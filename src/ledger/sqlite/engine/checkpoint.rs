@@ -40,10 +40,10 @@
 //! database file too, waits for [`COMMITS_PER_COPY_BACK`] commits (about half the WAL's
 //! bound), a WAL file past its bound, or [`COPY_BACK_INTERVAL`] since the last one
 //! ([`CopyBack`] decides). A PASSIVE checkpoint with half a bound to copy catches up, and
-//! the WAL then starts over by itself, with no RESTART to hold writers off. A page that many commits rewrite (an
-//! index's last page, the poll offset) is then copied once a second instead of once a
-//! burst, and a moderate load (a message every 50 ms) syncs one file a burst instead of
-//! two. An idle ledger is still copied back within the interval.
+//! the WAL then starts over by itself, with no RESTART to hold writers off. A page that
+//! many commits rewrite (an index's last page, the poll offset) is copied once per copy
+//! back instead of once a burst, and a moderate load (a message every 50 ms) syncs one file
+//! a burst instead of two. An idle ledger is still copied back within the interval.
 //!
 //! What a commit guarantees does not change: it is in the WAL when it returns, as before
 //! (and `synchronous = full` still syncs the WAL at every commit). Under `normal`, a power
