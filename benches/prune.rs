@@ -16,7 +16,7 @@
 //! `SWITCHBOARD_BENCH_QUICK=1` makes a smoke run of a few seconds, and
 //! `SWITCHBOARD_BENCH_ENVELOPES` sets the number of envelopes.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -24,14 +24,7 @@ use std::time::{Duration, Instant};
 use switchboard::config::{Database, Synchronous};
 use switchboard::ids::AgentName;
 use switchboard::ledger::Ledger;
-use switchboard::ledger::sqlite::WAL_LIMIT_BYTES;
-
-/// Where SQLite keeps the WAL of the database at `database`.
-fn wal_path(database: &Path) -> PathBuf {
-    let mut name = database.as_os_str().to_owned();
-    name.push("-wal");
-    PathBuf::from(name)
-}
+use switchboard::ledger::sqlite::{WAL_LIMIT_BYTES, wal_path};
 
 const ENVELOPES: usize = 1_000_000;
 const QUICK_ENVELOPES: usize = 20_000;

@@ -97,7 +97,7 @@ mod sessions;
 mod tasks;
 
 pub use super::error::{ErrorSource, LedgerError, LedgerResult};
-pub use checkpoint::WAL_LIMIT_BYTES;
+pub use checkpoint::{WAL_LIMIT_BYTES, wal_path};
 pub use engine::files;
 use engine::{checkpoint, columns, in_place, lock, migrations, probe, readers};
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};

@@ -342,6 +342,11 @@ impl CopyBack {
         self.last + COPY_BACK_INTERVAL
     }
 
+    /// Whether commits synced but not copied back wait in the WAL.
+    fn owes(&self) -> bool {
+        self.commits > 0
+    }
+
     fn checkpointed(&mut self, at: Instant) {
         self.last = at;
         self.commits = 0;
@@ -378,7 +383,7 @@ impl WalFile {
 }
 
 /// Where SQLite keeps the WAL of the database at `database`: its name with `-wal` after it.
-fn wal_path(database: &Path) -> PathBuf {
+pub fn wal_path(database: &Path) -> PathBuf {
     let mut name = OsString::from(database.as_os_str());
     name.push("-wal");
     PathBuf::from(name)
@@ -444,8 +449,6 @@ async fn run(
     let mut bound = WalBound::default();
     let mut copy_back = CopyBack::new(Instant::now());
     let mut retry_in = None;
-    // Commits synced but not copied back yet: the copy back is due at `copy_back.due()`.
-    let mut copy_back_owed = false;
     loop {
         let step = if let Some(pause) = retry_in.take() {
             // The WAL is past its bound and the last RESTART could not be had: try again
@@ -466,7 +469,8 @@ async fn run(
                     }
                     copy_back.after_commits(commits.take_count(), Instant::now(), wal.bytes())
                 }
-                () = tokio::time::sleep_until(copy_back.due()), if copy_back_owed => AfterCommits::Checkpoint,
+                // Commits synced but not copied back yet are due at `copy_back.due()`.
+                () = tokio::time::sleep_until(copy_back.due()), if copy_back.owes() => AfterCommits::Checkpoint,
                 () = stop.cancelled() => break,
             }
         };
@@ -474,10 +478,7 @@ async fn run(
             match wal.sync_off_runtime().await {
                 // Not observed as a checkpoint that succeeded: a sync needs no room on the
                 // disk, and a checkpoint failing for want of it fails until one succeeds.
-                Ok(()) => {
-                    copy_back_owed = true;
-                    continue;
-                }
+                Ok(()) => continue,
                 // The checkpoint syncs the WAL too, and says whether it can.
                 Err(e) => {
                     tracing::warn!(error = %e, "could not sync the ledger's WAL; checkpointing it instead");
@@ -494,7 +495,6 @@ async fn run(
         let Some((db, passive)) = on_blocking_thread(connection, Mode::Passive).await else { break };
         connection = db;
         copy_back.checkpointed(started);
-        copy_back_owed = false;
         let step = match &passive {
             Ok(passive) => bound.after_passive(*passive, page_size),
             Err(_) => BoundStep::Within,
