@@ -19,7 +19,10 @@
 //! * **durable ingest**: `getUpdates` → committed envelopes, against a raw batched insert
 //!   loop of the same rows into a ledger with the same pragmas as the daemon's writer
 //!   (WAL, `synchronous = normal`, its page cache and its `cache_spill`), through the same
-//!   SQLite driver, 100 rows (one full `getUpdates` batch) per transaction.
+//!   SQLite driver, 100 rows (one full `getUpdates` batch) per transaction. And the same
+//!   burst fetched alone through the daemon's `getUpdates` client, nothing stored: a batch
+//!   is fetched only once the one before is committed, so fetch and insert add up to the
+//!   floor of this design.
 //!
 //! Every figure is printed beside its floor, with the ratio and the issue's goal. CPU is
 //! read from `/proc/<pid>/stat` (utime + stime of every process on the serving side:
@@ -219,6 +222,7 @@ struct Results {
     /// switchboard with its ledger on PostgreSQL (idle figures not watched).
     on_postgres: Vec<LoopRun>,
     raw_insert: Vec<Duration>,
+    fetch: Vec<Duration>,
     ingest: Vec<IngestRun>,
     ledger_work: Vec<LedgerWork>,
 }
@@ -249,6 +253,8 @@ async fn run(params: &Params) {
         results.ledger_work.push(LedgerWork::measure(params.messages).await);
         eprintln!("repetition {repetition}/{}: raw SQLite insert…", params.repetitions);
         results.raw_insert.push(raw_insert_run(params).await);
+        eprintln!("repetition {repetition}/{}: fetching alone…", params.repetitions);
+        results.fetch.push(fetch_run(params).await);
         eprintln!("repetition {repetition}/{}: durable ingest…", params.repetitions);
         results.ingest.push(ingest_run(params).await);
     }
@@ -733,6 +739,36 @@ async fn ingest_run(params: &Params) -> IngestRun {
     IngestRun { elapsed, rss_after_kib }
 }
 
+/// What a poller pays before it stores anything: the same burst fetched from the same
+/// fake through the daemon's own `getUpdates` client, in full batches, each call confirming
+/// the batch before, until the fake has seen the offset that confirms the last update, as
+/// in [`ingest_run`]. Nothing is read or stored. A poller may ask for the next batch only
+/// once it has committed the one before (the offset confirms it to Telegram), so fetching
+/// and storing add up: with the raw insert, this is the floor of durable ingest.
+async fn fetch_run(params: &Params) -> Duration {
+    use switchboard::telegram::updates::UpdatesClient;
+
+    let fake = FakeTelegram::start().await;
+    let speaker = Speaker::new();
+    let bot = teloxide::Bot::new(TEST_TOKEN).set_api_url(fake.api_url().parse().expect("the fake's URL"));
+    let client = UpdatesClient::new(&bot);
+    let mut last = 0;
+    for n in 0..params.updates {
+        last = fake.push_text(&speaker.chat, &speaker.user, &format!("update {n}"));
+    }
+    let started = Instant::now();
+    let mut offset = None;
+    while offset <= Some(last) {
+        let batch = client.get_updates(offset, Duration::ZERO, 100).await.expect("fetching a batch");
+        if let Some(newest) = batch.iter().filter_map(|update| update.update_id).max() {
+            offset = Some(newest + 1);
+        }
+    }
+    let elapsed = started.elapsed();
+    fake.shutdown().await;
+    elapsed
+}
+
 /// One envelope row as the poller writes it.
 struct Row {
     trace_id: String,
@@ -1110,6 +1146,10 @@ fn print_report(params: &Params, results: &Results) {
         per_second(&results.raw_insert),
         per_second(&results.ingest.iter().map(|run| run.elapsed).collect::<Vec<_>>()),
     );
+    // Fetching and storing one after the other, repetition by repetition.
+    let design: Vec<Duration> =
+        results.raw_insert.iter().zip(&results.fetch).map(|(raw, fetch)| *raw + *fetch).collect();
+    let (fetch, design) = (per_second(&results.fetch), per_second(&design));
     println!("{:<44} {:>14} {:>30} {:>8}  goal", "durable ingest", "raw SQLite", "switchboard", "ratio");
     println!(
         "{}",
@@ -1120,6 +1160,13 @@ fn print_report(params: &Params, results: &Results) {
             ratio: Some(ingest / raw),
             goal: "≥ 0.8×",
         }
+    );
+    println!(
+        "  fetching alone (the daemon's getUpdates client, nothing stored): {fetch:.0} a second; \
+         fetch then raw insert, the floor of this design: {design:.0} a second, {:.2}× the raw insert; \
+         switchboard {:.2}× that floor",
+        design / raw,
+        ingest / design
     );
     println!(
         "  daemon RSS once the burst is committed, idle: {:.1} MiB",

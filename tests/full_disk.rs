@@ -4,18 +4,22 @@
 //! back, `/metrics` must count the failed writes, and nothing may be lost: the messages
 //! arrive, once each, afterwards, and the reply can be sent again.
 //!
-//! The disk is a real one: a small tmpfs mounted for the test (root only; skipped with a
-//! message elsewhere), filled with a filler file, unmounted by a drop guard.
-
+//! On SQLite the disk is a real one: a small tmpfs mounted for the test (root only;
+//! skipped with a message elsewhere), filled with a filler file, unmounted by a drop guard.
+//! On PostgreSQL (`on_postgres`) the server's disk is not the daemon's, and a test cannot
+//! fill the machine's: the server answers as it does when a table cannot grow, refusing
+//! new envelopes and attempts with SQLSTATE `53100` (`disk_full`), until room is made.
 mod support;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::agents::*;
 use support::daemon::*;
+use support::postgres::TestSchema;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 
 /// Room for the ledger as migrations leave it, and a little more.
@@ -69,6 +73,59 @@ fn fill(path: &Path) -> PathBuf {
     filler
 }
 
+/// A disk under the ledger that fills up, and room made on it again.
+enum FullDisk {
+    Tmpfs { tmpfs: Tmpfs, filler: Option<PathBuf> },
+    Server(Arc<TestSchema>),
+}
+
+/// What PostgreSQL says when a table cannot grow, for every new row of the tables that
+/// intake and a reply's attempt add to.
+const SERVER_DISK_FULL: [&str; 3] = [
+    "CREATE FUNCTION refuse_as_on_a_full_disk() RETURNS trigger LANGUAGE plpgsql AS $$ \
+     BEGIN RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = 'disk_full'; END $$",
+    "CREATE TRIGGER full_disk BEFORE INSERT ON envelopes FOR EACH ROW EXECUTE FUNCTION refuse_as_on_a_full_disk()",
+    "CREATE TRIGGER full_disk BEFORE INSERT ON attempts FOR EACH ROW EXECUTE FUNCTION refuse_as_on_a_full_disk()",
+];
+
+impl FullDisk {
+    /// Starts a daemon whose ledger is on a disk this test can fill; `None` where it cannot.
+    fn start_daemon(api_url: &str) -> Option<(TestDaemon, Self)> {
+        if TestLedger::is_postgres_here() {
+            let daemon = TestDaemon::start(api_url, "", &default_routes());
+            let TestLedger::Postgres(schema) = &daemon.ledger_at else { unreachable!("chosen above") };
+            let disk = Self::Server(Arc::clone(schema));
+            return Some((daemon, disk));
+        }
+        let Some(tmpfs) = Tmpfs::mount(TMPFS_SIZE) else {
+            eprintln!(
+                "skipped: cannot mount a tmpfs here (not root?); this test needs a real full file system"
+            );
+            return None;
+        };
+        let database = tmpfs.path().join("ledger.db");
+        let env = [("SWITCHBOARD__STORAGE__DATABASE", database.to_str().unwrap())];
+        let daemon = TestDaemon::start_with_env(api_url, "", &default_routes(), &env);
+        Some((daemon, Self::Tmpfs { tmpfs, filler: None }))
+    }
+
+    fn fill(&mut self) {
+        match self {
+            Self::Tmpfs { tmpfs, filler } => *filler = Some(fill(tmpfs.path())),
+            Self::Server(schema) => schema.execute(&SERVER_DISK_FULL),
+        }
+    }
+
+    fn make_room(&mut self) {
+        match self {
+            Self::Tmpfs { filler, .. } => std::fs::remove_file(filler.take().expect("filled")).unwrap(),
+            Self::Server(schema) => {
+                schema.execute(&["DROP TRIGGER full_disk ON envelopes", "DROP TRIGGER full_disk ON attempts"])
+            }
+        }
+    }
+}
+
 fn reason<'a>(body: &'a serde_json::Value, code: &str) -> Option<&'a serde_json::Value> {
     body["reasons"].as_array().unwrap().iter().find(|reason| reason["code"] == code)
 }
@@ -89,23 +146,17 @@ async fn intake_failures_on_a_full_disk(daemon: &TestDaemon) -> f64 {
 
 #[tokio::test]
 async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_nothing() {
-    let Some(tmpfs) = Tmpfs::mount(TMPFS_SIZE) else {
-        eprintln!("skipped: cannot mount a tmpfs here (not root?); this test needs a real full file system");
-        return;
-    };
     let fake = FakeTelegram::start().await;
-    let database = tmpfs.path().join("ledger.db");
-    let env = [("SWITCHBOARD__STORAGE__DATABASE", database.to_str().unwrap())];
-    let daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), &env);
+    let Some((daemon, mut disk)) = FullDisk::start_daemon(&fake.api_url()) else { return };
     let orchestrator = session(&daemon, "orchestrator").await;
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "before the disk filled up");
     let first = trace_id(&nth(&orchestrator, 1).await);
     assert_eq!(readiness(&daemon).await.0, 200);
     assert_eq!(intake_failures_on_a_full_disk(&daemon).await, 0.0);
 
-    let filler = fill(tmpfs.path());
-    // Batches of messages until intake cannot record one: the WAL has room for a few
-    // before it must grow.
+    disk.fill();
+    // Batches of messages until intake cannot record one: on SQLite the WAL has room for a
+    // few before it must grow.
     let text = "x".repeat(3000);
     let mut pushed = 0;
     let deadline = Instant::now() + RECOVERY;
@@ -116,8 +167,8 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
         let (status, body) = readiness(&daemon).await;
-        // A checkpoint may fail first (the database file cannot grow); intake is what
-        // this waits for.
+        // A SQLite checkpoint may fail first (the database file cannot grow); intake is
+        // what this waits for.
         let full = reason(&body, "ledger_full").and_then(|r| r["detail"].as_str()).unwrap_or_default();
         if status == 503 && full.contains("incoming messages") {
             break body;
@@ -142,7 +193,7 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
     assert!(status == 503 && full.contains("send attempts"), "{body}");
     assert!(fake.sent_messages().is_empty(), "nothing was sent that could not be recorded");
 
-    std::fs::remove_file(&filler).unwrap();
+    disk.make_room();
     let deadline = Instant::now() + RECOVERY;
     loop {
         let (status, body) = readiness(&daemon).await;

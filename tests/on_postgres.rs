@@ -19,6 +19,8 @@ mod replicas;
 mod channel_plugin;
 #[path = "crash_loop.rs"]
 mod crash_loop;
+#[path = "full_disk.rs"]
+mod full_disk;
 #[path = "handoffs.rs"]
 mod handoffs;
 #[path = "inbound.rs"]

@@ -46,6 +46,24 @@ impl TestSchema {
     }
 }
 
+impl TestSchema {
+    /// Runs `statements` in the schema, one after the other, as the server's superuser.
+    pub fn execute(&self, statements: &[&str]) {
+        let name = self.name.clone();
+        let statements: Vec<String> = statements.iter().map(|statement| (*statement).to_owned()).collect();
+        on_own_runtime(move || async move {
+            let mut admin = admin().await;
+            sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path = {name}")))
+                .execute(&mut admin)
+                .await
+                .unwrap();
+            for statement in statements {
+                sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&mut admin).await.unwrap();
+            }
+        });
+    }
+}
+
 impl Drop for TestSchema {
     fn drop(&mut self) {
         let schema = shared::TestSchema { name: self.name.clone(), url: self.url.clone() };
