@@ -32,36 +32,32 @@ impl TestSchema {
     pub fn scalar(&self, query: &str) -> Option<String> {
         let (name, query) = (self.name.clone(), query.to_owned());
         on_own_runtime(move || async move {
-            let mut admin = admin().await;
-            sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path = {name}")))
-                .execute(&mut admin)
-                .await
-                .unwrap();
             sqlx::query_scalar::<_, Option<String>>(sqlx::AssertSqlSafe(query))
-                .fetch_optional(&mut admin)
+                .fetch_optional(&mut in_schema(&name).await)
                 .await
                 .unwrap()
                 .flatten()
         })
     }
-}
 
-impl TestSchema {
     /// Runs `statements` in the schema, one after the other, as the server's superuser.
     pub fn execute(&self, statements: &[&str]) {
         let name = self.name.clone();
         let statements: Vec<String> = statements.iter().map(|statement| (*statement).to_owned()).collect();
         on_own_runtime(move || async move {
-            let mut admin = admin().await;
-            sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path = {name}")))
-                .execute(&mut admin)
-                .await
-                .unwrap();
+            let mut admin = in_schema(&name).await;
             for statement in statements {
                 sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&mut admin).await.unwrap();
             }
         });
     }
+}
+
+/// A superuser's connection whose unqualified names are the schema `name`'s.
+async fn in_schema(name: &str) -> sqlx::PgConnection {
+    let mut admin = admin().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("SET search_path = {name}"))).execute(&mut admin).await.unwrap();
+    admin
 }
 
 impl Drop for TestSchema {
@@ -99,13 +95,11 @@ impl TestSchema {
         let holder = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async {
-                let mut admin = admin().await;
-                for statement in [
-                    format!("SET search_path = {name}"),
-                    "BEGIN".to_owned(),
-                    "LOCK TABLE envelopes, poller_offsets, relayed_updates IN EXCLUSIVE MODE".to_owned(),
-                ] {
-                    sqlx::query(sqlx::AssertSqlSafe(statement)).execute(&mut admin).await.unwrap();
+                let mut admin = in_schema(&name).await;
+                for statement in
+                    ["BEGIN", "LOCK TABLE envelopes, poller_offsets, relayed_updates IN EXCLUSIVE MODE"]
+                {
+                    sqlx::query(statement).execute(&mut admin).await.unwrap();
                 }
                 locked_tx.send(()).unwrap();
                 // Released, or the test is gone.
