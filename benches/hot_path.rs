@@ -707,16 +707,12 @@ fn routed_message(n: usize, agent: &AgentName) -> RoutedEnvelope {
 /// offset is committed in the transaction that stores its batch).
 async fn ingest_run(params: &Params) -> IngestRun {
     let fake = FakeTelegram::start().await;
-    let speaker = Speaker::new();
     let workdir = Workdir::new(&fake.api_url(), Ledger::Sqlite);
     let mut daemon = workdir.start_daemon();
     fake.wait_for_get_updates_calls(1, START_TIMEOUT).await;
     workdir.wait_until_listening(&daemon).await;
 
-    let mut last = 0;
-    for n in 0..params.updates {
-        last = fake.push_text(&speaker.chat, &speaker.user, &format!("update {n}"));
-    }
+    let last = push_burst(&fake, params.updates);
     // The waiting long poll runs only once this task yields: the clock starts first.
     let started = Instant::now();
     tokio::time::timeout(INGEST_TIMEOUT, fake.wait_until_confirmed(last, INGEST_TIMEOUT))
@@ -739,6 +735,17 @@ async fn ingest_run(params: &Params) -> IngestRun {
     IngestRun { elapsed, rss_after_kib }
 }
 
+/// Queues `updates` text messages from the bench's speaker at once, as a backlog; returns
+/// the last one's update id.
+fn push_burst(fake: &FakeTelegram, updates: usize) -> i64 {
+    let speaker = Speaker::new();
+    let mut last = 0;
+    for n in 0..updates {
+        last = fake.push_text(&speaker.chat, &speaker.user, &format!("update {n}"));
+    }
+    last
+}
+
 /// What a poller pays before it stores anything: the same burst fetched from the same
 /// fake through the daemon's own `getUpdates` client, in full batches, each call confirming
 /// the batch before, until the fake has seen the offset that confirms the last update, as
@@ -749,13 +756,9 @@ async fn fetch_run(params: &Params) -> Duration {
     use switchboard::telegram::updates::UpdatesClient;
 
     let fake = FakeTelegram::start().await;
-    let speaker = Speaker::new();
     let bot = teloxide::Bot::new(TEST_TOKEN).set_api_url(fake.api_url().parse().expect("the fake's URL"));
     let client = UpdatesClient::new(&bot);
-    let mut last = 0;
-    for n in 0..params.updates {
-        last = fake.push_text(&speaker.chat, &speaker.user, &format!("update {n}"));
-    }
+    let last = push_burst(&fake, params.updates);
     let started = Instant::now();
     let mut offset = None;
     while offset <= Some(last) {
