@@ -125,8 +125,12 @@ const CROSSING_SAMPLES: usize = 500;
 /// The CPU figure is given per this many messages, as in the issue.
 const CPU_PER_MESSAGES: usize = 200;
 
+/// Updates in one full `getUpdates` batch (Telegram's largest `limit`), as the daemon
+/// asks for them.
+const FULL_BATCH: u8 = 100;
+
 /// Rows per raw-insert transaction: one full `getUpdates` batch, as the daemon commits.
-const RAW_BATCH: usize = 100;
+const RAW_BATCH: usize = FULL_BATCH as usize;
 
 /// How long an ingest burst may take to be committed: far beyond a healthy one.
 const INGEST_TIMEOUT: Duration = Duration::from_secs(300);
@@ -762,7 +766,7 @@ async fn fetch_run(params: &Params) -> Duration {
     let started = Instant::now();
     let mut offset = None;
     while offset <= Some(last) {
-        let batch = client.get_updates(offset, Duration::ZERO, 100).await.expect("fetching a batch");
+        let batch = client.get_updates(offset, Duration::ZERO, FULL_BATCH).await.expect("fetching a batch");
         if let Some(newest) = batch.iter().filter_map(|update| update.update_id).max() {
             offset = Some(newest + 1);
         }
