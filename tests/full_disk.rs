@@ -11,14 +11,13 @@
 //! new envelopes and attempts with SQLSTATE `53100` (`disk_full`), until room is made.
 mod support;
 
-use std::io::Write as _;
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use support::agents::*;
 use support::daemon::*;
+use support::disk::{Tmpfs, fill};
 use support::postgres::TestSchema;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 
@@ -28,50 +27,6 @@ const TMPFS_SIZE: &str = "8m";
 /// The poller's backoff between batches the ledger refused reaches 16 s after a few
 /// failures (30 s at most): long enough to wait for intake to come back.
 const RECOVERY: Duration = Duration::from_secs(60);
-
-/// A tmpfs mounted on a fresh directory, unmounted on drop (even when the test fails).
-struct Tmpfs {
-    dir: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    /// `None` when mounting is not allowed here (not root, or no mount namespace rights).
-    fn mount(size: &str) -> Option<Self> {
-        let dir = tempfile::tempdir().ok()?;
-        let mounted = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .is_ok_and(|status| status.success());
-        mounted.then_some(Self { dir })
-    }
-
-    fn path(&self) -> &Path {
-        self.dir.path()
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        // Lazily: a daemon still holding the ledger open must not keep the mount.
-        let _ = Command::new("umount").arg("-l").arg(self.dir.path()).status();
-    }
-}
-
-/// Fills the file system holding `path` until a write fails with "no space left".
-fn fill(path: &Path) -> PathBuf {
-    let filler = path.join("filler");
-    let mut file = std::fs::File::create(&filler).expect("create the filler");
-    let chunk = vec![0u8; 64 * 1024];
-    loop {
-        match file.write_all(&chunk).and_then(|()| file.sync_all()) {
-            Ok(()) => {}
-            Err(e) if e.raw_os_error() == Some(28) => break, // ENOSPC
-            Err(e) => panic!("filling the disk failed otherwise: {e}"),
-        }
-    }
-    filler
-}
 
 /// A disk under the ledger that fills up, and room made on it again.
 enum FullDisk {

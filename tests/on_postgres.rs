@@ -15,6 +15,8 @@ mod support;
 #[path = "on_postgres/replicas.rs"]
 mod replicas;
 
+#[path = "backup.rs"]
+mod backup;
 #[path = "channel_plugin.rs"]
 mod channel_plugin;
 #[path = "crash_loop.rs"]

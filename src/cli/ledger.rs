@@ -1,7 +1,7 @@
 //! `switchboard ledger …`: inspects envelopes, attempts, handoffs, rooms and tasks, and
 //! reconciles unresolved ones.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -79,6 +79,13 @@ pub enum LedgerCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Copy the ledger into a new file while the daemon runs: one consistent snapshot,
+    /// compacted, checked, and named PATH only once it is whole. On PostgreSQL, use pg_dump.
+    Backup {
+        /// The copy to make; it must not exist yet.
+        #[arg(value_name = "PATH")]
+        to: PathBuf,
+    },
     /// Settle an unresolved envelope with what you found in the chat.
     Reconcile {
         trace_id: String,
@@ -108,12 +115,37 @@ pub(super) async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Resul
             return Err(missing_ledger(&settings, file).into());
         }
     }
+    if let LedgerCommand::Backup { to } = command {
+        return back_up(database, &to).await;
+    }
     let ledger = crate::ledger::open_existing(database, settings.storage.synchronous)
         .await
         .with_context(|| format!("opening the ledger {database}"))?;
     let result = ledger_command(&ledger, command).await;
     ledger.close().await;
     result
+}
+
+/// `switchboard ledger backup`: a copy of the file, made beside the running daemon.
+async fn back_up(database: &Database, to: &Path) -> anyhow::Result<()> {
+    let Database::Sqlite(file) = database else {
+        anyhow::bail!(
+            "`switchboard ledger backup` copies a SQLite ledger; this one is on PostgreSQL ({database}): \
+             back it up with pg_dump"
+        );
+    };
+    let (from, target) = (file.clone(), to.to_owned());
+    let backup = tokio::task::spawn_blocking(move || crate::ledger::sqlite::back_up(&from, &target))
+        .await
+        .context("the backup's thread did not finish")??;
+    println!(
+        "backed up {} envelope(s) to {} ({:.1} MiB) in {:.1} s",
+        backup.envelopes,
+        to.display(),
+        backup.bytes as f64 / (1024.0 * 1024.0),
+        backup.took.as_secs_f64()
+    );
+    Ok(())
 }
 
 fn missing_ledger(settings: &Settings, database: &Path) -> ConfigError {
@@ -374,6 +406,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             let report = ledger.prune(cutoff, dry_run).await?;
             print_prune_report(&report, dry_run);
         }
+        LedgerCommand::Backup { .. } => unreachable!("a backup copies the file: `ledger` makes it unopened"),
         LedgerCommand::Reconcile { trace_id, delivered, not_delivered: _, reason } => {
             let finding = if delivered { Reconciliation::Delivered } else { Reconciliation::NotDelivered };
             let trace_id = TraceId::parse(&trace_id).map_err(anyhow::Error::msg)?;

@@ -4,5 +4,6 @@
 
 pub mod agents;
 pub mod daemon;
+pub mod disk;
 pub mod mcp;
 pub mod postgres;

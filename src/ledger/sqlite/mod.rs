@@ -97,9 +97,10 @@ mod sessions;
 mod tasks;
 
 pub use super::error::{ErrorSource, LedgerError, LedgerResult};
+pub use backup::{Backup, BackupError, back_up, staging_path};
 pub use checkpoint::{WAL_LIMIT_BYTES, wal_path};
 pub use engine::files;
-use engine::{checkpoint, columns, in_place, lock, migrations, probe, readers};
+use engine::{backup, checkpoint, columns, in_place, lock, migrations, probe, readers};
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 pub use lock::{LedgerLock, LockError};
 pub use migrations::MigrationError;

@@ -2,9 +2,10 @@
 //! from the tables that use them. The writer's connection and its turn (`in_place`), the
 //! readers (`readers`), checkpoints off the path of commits (`checkpoint`), the readiness
 //! probe (`probe`), migrations (`migrations`), the lock file (`lock`), file modes (`files`),
-//! how the domain's values are encoded in columns (`columns`) and SQLite's result codes read
-//! as the ledger's errors (`error`).
+//! copies taken while the daemon runs (`backup`), how the domain's values are encoded in
+//! columns (`columns`) and SQLite's result codes read as the ledger's errors (`error`).
 
+pub(super) mod backup;
 pub(super) mod checkpoint;
 pub(super) mod columns;
 mod error;

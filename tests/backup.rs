@@ -1,0 +1,180 @@
+//! `switchboard ledger backup` as an operator meets it: a copy taken while the daemon
+//! receives and answers, which switchboard's own commands then read as the ledger it was;
+//! and a backup that cannot be made (its name taken, its disk full) leaves nothing a
+//! restore could take for one. On PostgreSQL (`tests/on_postgres.rs` runs this suite
+//! again) the command points at `pg_dump` and the SQLite tests have nothing to copy.
+
+mod support;
+
+use std::path::Path;
+use std::process::Output;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use support::daemon::*;
+use support::disk::{Tmpfs, fill};
+use support::mcp::ChannelClient;
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
+use switchboard::ledger::sqlite::staging_path;
+
+const WAIT: Duration = Duration::from_secs(20);
+
+fn owner() -> UserSpec {
+    UserSpec::new(OWNER_ID, "Olga").with_username("olga")
+}
+
+async fn orchestrator(daemon: &TestDaemon) -> ChannelClient {
+    let (address_var, address) = daemon.address_env();
+    ChannelClient::start(
+        daemon.config_path(),
+        "orchestrator",
+        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
+    )
+    .await
+    .expect("channel plugin starts")
+}
+
+/// Runs `switchboard ledger backup target` beside the daemon, leaving the test's runtime
+/// (and the fake Bot API on it) free meanwhile.
+async fn backup_to(daemon: &TestDaemon, target: &Path) -> Output {
+    let mut command = daemon.command();
+    command.args(["ledger", "--config"]).arg(daemon.config_path()).arg("backup").arg(target);
+    tokio::process::Command::from(command).output().await.expect("run switchboard ledger backup")
+}
+
+/// `switchboard ledger show` run against `copy` in place of the daemon's ledger: the
+/// state it reports for `trace_id`.
+fn state_in_copy(daemon: &TestDaemon, copy: &Path, trace_id: &str) -> String {
+    let output = daemon
+        .command()
+        .env("SWITCHBOARD__STORAGE__DATABASE", copy)
+        .args(["ledger", "--config"])
+        .arg(daemon.config_path())
+        .args(["show", trace_id])
+        .output()
+        .expect("run switchboard ledger show");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "show {trace_id} in the copy: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let state = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("state:"))
+        .and_then(|rest| rest.split_whitespace().next());
+    state.unwrap_or_else(|| panic!("no state in: {stdout}")).to_owned()
+}
+
+#[tokio::test]
+async fn a_backup_taken_while_the_daemon_works_holds_what_it_had_recorded_and_the_daemon_goes_on() {
+    if TestLedger::is_postgres_here() {
+        return; // pg_dump's: see the test below
+    }
+    let fake = Arc::new(FakeTelegram::start().await);
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = orchestrator(&daemon).await;
+    for n in 0..6 {
+        fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), &format!("before the backup {n}"));
+    }
+    let traces: Vec<String> = orchestrator
+        .wait_for_notifications(6, WAIT)
+        .await
+        .unwrap()
+        .iter()
+        .map(|n| n.meta_str("trace_id").unwrap().to_owned())
+        .collect();
+    for trace in &traces[..3] {
+        let (is_error, text) =
+            orchestrator.call_tool("reply", json!({"text": "answered", "trace_id": trace})).await.unwrap();
+        assert!(!is_error, "{text}");
+    }
+    fake.wait_for_sent(3, WAIT).await;
+
+    // Messages keep arriving while the copy is made.
+    let pusher = {
+        let fake = Arc::clone(&fake);
+        std::thread::spawn(move || {
+            for n in 0..40 {
+                fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), &format!("during the backup {n}"));
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("switchboard-backup.db");
+    let output = backup_to(&daemon, &copy).await;
+    pusher.join().unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(copy.exists() && !staging_path(&copy).exists(), "{stdout}");
+
+    // The copy is the ledger as it was: what was answered is acked there, what waited
+    // still waits, and switchboard's own commands read it.
+    for trace in &traces[..3] {
+        assert_eq!(state_in_copy(&daemon, &copy, trace), "acked", "{trace}");
+    }
+    for trace in &traces[3..] {
+        assert_eq!(state_in_copy(&daemon, &copy, trace), "pending", "{trace}");
+    }
+
+    // The daemon went on: everything that arrived meanwhile reaches the agent, and a
+    // waiting message is still answered.
+    orchestrator.wait_for_notifications(46, WAIT).await.unwrap();
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "after the backup", "trace_id": traces[3]}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    fake.wait_for_sent(4, WAIT).await;
+}
+
+#[tokio::test]
+async fn a_backup_that_cannot_be_made_leaves_no_file_that_looks_like_one() {
+    if TestLedger::is_postgres_here() {
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let update = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "recorded");
+    fake.wait_until_confirmed(update, WAIT).await;
+
+    // The name is taken: yesterday's backup stays as it was.
+    let dir = tempfile::tempdir().unwrap();
+    let taken = dir.path().join("taken.db");
+    std::fs::write(&taken, b"yesterday's backup").unwrap();
+    let output = backup_to(&daemon, &taken).await;
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("already exists"), "{output:?}");
+    assert_eq!(std::fs::read(&taken).unwrap(), b"yesterday's backup");
+
+    // The disk fills up halfway: an error that says so, and neither the copy nor its
+    // staging file is left.
+    let Some(tmpfs) = Tmpfs::mount("1m") else {
+        eprintln!("skipped the full disk: cannot mount a tmpfs here (not root?)");
+        return;
+    };
+    fill(tmpfs.path());
+    let copy = tmpfs.path().join("copy.db");
+    let output = backup_to(&daemon, &copy).await;
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("full"), "{stderr}");
+    assert!(!copy.exists() && !staging_path(&copy).exists(), "{stderr}");
+}
+
+#[tokio::test]
+async fn on_postgresql_the_command_points_at_pg_dump() {
+    if !TestLedger::is_postgres_here() {
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy.db");
+    let output = backup_to(&daemon, &copy).await;
+    assert!(!output.status.success());
+    assert!(String::from_utf8_lossy(&output.stderr).contains("pg_dump"), "{output:?}");
+    assert!(!copy.exists());
+}
