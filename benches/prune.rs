@@ -12,7 +12,10 @@
 //! Printed: the machine's load average (it is shared, and timings move with it), rows
 //! removed, time taken, how long each batch held the write lock and of that its commit
 //! alone (which is where SQLite runs an automatic checkpoint), the file's bytes and free
-//! pages before and after, and the live writer's longest pause, each beside its goal. Run it with `cargo bench --bench prune`;
+//! pages before and after, and the live writer's longest pause, each beside its goal. And
+//! `switchboard ledger backup` of the ledger before and after the prune, beside the same
+//! live writer: how long it takes, the copy's size, what the writer saw meanwhile. Run it
+//! with `cargo bench --bench prune`;
 //! `SWITCHBOARD_BENCH_QUICK=1` makes a smoke run of a few seconds, and
 //! `SWITCHBOARD_BENCH_ENVELOPES` sets the number of envelopes.
 
@@ -60,14 +63,20 @@ async fn run(envelopes: usize, quick: bool) {
     fill(&path, envelopes);
     let filled_in = fill_started.elapsed();
 
+    // `switchboard ledger backup` of the whole ledger, beside the same live writer.
+    let live = LiveWriter::start(daemon.clone(), wal_path(&path), "backup");
+    let full_backup = back_up(&path, dir.path().join("before-the-prune.db")).await;
+    let (mut backup_pauses, backup_wal) = live.stop().await;
+
     let load_before = load_average();
-    let live = LiveWriter::start(daemon.clone(), wal_path(&path));
+    let live = LiveWriter::start(daemon.clone(), wal_path(&path), "prune");
     let prune = switchboard::ledger::open_existing(&Database::Sqlite(path.clone()), Synchronous::Normal)
         .await
         .expect("the prune's ledger");
     let cutoff = chrono::Utc::now() - chrono::Duration::days(90);
     let report = prune.prune(cutoff, false).await.expect("the prune");
     let (mut pauses, largest_wal) = live.stop().await;
+    let pruned_backup = back_up(&path, dir.path().join("after-the-prune.db")).await;
     prune.close().await;
     daemon.close().await;
 
@@ -119,6 +128,21 @@ async fn run(envelopes: usize, quick: bool) {
         mib(WAL_LIMIT_BYTES.unsigned_abs())
     );
     println!(
+        "  backup before the prune (live writer beside it): {:.1} s, {} envelopes, copy {:.1} MiB; live writer: \
+         longest pause {}, WAL largest {:.1} MiB",
+        full_backup.took.as_secs_f64(),
+        full_backup.envelopes,
+        mib(full_backup.bytes),
+        ms(backup_pauses.iter().copied().max().unwrap_or_default()),
+        mib(backup_wal)
+    );
+    println!(
+        "    p50 of its writes meanwhile {}; backup after the prune: {:.1} s, copy {:.1} MiB (free pages left out)",
+        ms(percentile(&mut backup_pauses, 0.50)),
+        pruned_backup.took.as_secs_f64(),
+        mib(pruned_backup.bytes)
+    );
+    println!(
         "  file before:            {:.1} MiB ({} pages, {} free)",
         mib(before.bytes()),
         before.page_count,
@@ -130,6 +154,15 @@ async fn run(envelopes: usize, quick: bool) {
         after.page_count,
         after.free_pages
     );
+}
+
+/// `switchboard ledger backup` of the ledger at `path`, to `to`.
+async fn back_up(path: &std::path::Path, to: PathBuf) -> switchboard::ledger::sqlite::Backup {
+    let path = path.to_owned();
+    tokio::task::spawn_blocking(move || switchboard::ledger::sqlite::back_up(&path, &to))
+        .await
+        .expect("the backup's thread")
+        .expect("the backup")
 }
 
 /// The machine's load average (`/proc/loadavg`): the machine is shared, and its timings
@@ -206,7 +239,8 @@ struct LiveWriter {
 }
 
 impl LiveWriter {
-    fn start(ledger: Ledger, wal: PathBuf) -> Self {
+    /// `during` names its sessions, apart from another writer's on the same ledger.
+    fn start(ledger: Ledger, wal: PathBuf, during: &'static str) -> Self {
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
         let task = tokio::spawn(async move {
@@ -215,7 +249,7 @@ impl LiveWriter {
             let mut largest_wal = 0;
             while !stopping.load(Ordering::Relaxed) {
                 let started = Instant::now();
-                let session = format!("bench-{}", pauses.len());
+                let session = format!("{during}-{}", pauses.len());
                 ledger.session_opened(&session, &agent, 0).await.expect("a live write");
                 pauses.push(started.elapsed());
                 largest_wal = largest_wal.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
