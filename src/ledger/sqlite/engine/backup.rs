@@ -6,15 +6,15 @@
 //! copy compacted, free pages left out. (SQLite's online backup API would start over each
 //! time the daemon commits, and under a steady load might never finish.)
 //!
-//! The copy is made under a staging name beside the target and takes the target's name
-//! only once it is whole: synced (`VACUUM INTO` does not sync what it writes), checked
+//! The copy is made under a staging name beside the target (locked while it is written)
+//! and takes the target's name only once it is whole: synced (`VACUUM INTO` does not sync what it writes), checked
 //! (`quick_check`, and that it holds a ledger's tables), mode `0600` from its creation, like the ledger
 //! itself. So a backup cut short (a full disk, `kill -9`, a power loss) leaves no file a
 //! restore could mistake for a backup: at most the staging file, which the next backup
 //! removes.
 
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
+use std::fs::{File, OpenOptions, TryLockError};
 use std::io;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -43,6 +43,8 @@ pub struct Backup {
 pub enum BackupError {
     #[error("{} already exists; remove it or back up to another name", .0.display())]
     TargetExists(PathBuf),
+    #[error("another backup to {} is running", .0.display())]
+    Running(PathBuf),
     #[error("preparing the copy {}", path.display())]
     Staging {
         path: PathBuf,
@@ -70,18 +72,16 @@ pub fn back_up(database: &Path, target: &Path) -> Result<Backup, BackupError> {
     if target.try_exists().map_err(|source| BackupError::Staging { path: target.to_owned(), source })? {
         return Err(BackupError::TargetExists(target.to_owned()));
     }
-    let staging = staging_path(target);
-    let outcome = copy_into(database, &staging).and_then(|envelopes| {
-        std::fs::rename(&staging, target)
-            .and_then(|()| sync_directory_of(target))
-            .map_err(|source| BackupError::Staging { path: target.to_owned(), source })?;
+    let staging = Staging::claim(target)?;
+    let outcome = copy_into(database, &staging.path).and_then(|envelopes| {
+        staging.finish_as(target)?;
         Ok(envelopes)
     });
     let envelopes = match outcome {
         Ok(envelopes) => envelopes,
         Err(error) => {
             // Whatever was written is not a backup; a file already gone is fine.
-            let _ = std::fs::remove_file(&staging);
+            let _ = std::fs::remove_file(&staging.path);
             return Err(error);
         }
     };
@@ -90,30 +90,81 @@ pub fn back_up(database: &Path, target: &Path) -> Result<Backup, BackupError> {
 }
 
 /// Where a backup to `target` is written until it is whole: `<target>.partial`, in the
-/// same directory, so that the rename that finishes it is atomic.
+/// same directory, so that the link that finishes it is atomic.
 pub fn staging_path(target: &Path) -> PathBuf {
     let mut name = OsString::from(target.as_os_str());
     name.push(".partial");
     PathBuf::from(name)
 }
 
-/// Writes the copy to `staging` (replacing one a backup cut short left), syncs and checks
-/// it; returns the envelopes it holds.
+/// The staging file of one backup, created empty and private (which `VACUUM INTO`
+/// accepts, keeping the mode), and locked (`flock`) for as long as the backup runs: a
+/// second backup to the same name at the same time must not remove or finish this one's
+/// half-written copy. SQLite's own locks on the file are of another kind (`fcntl`), and
+/// closing its descriptor does not release this one.
+struct Staging {
+    path: PathBuf,
+    _locked: File,
+}
+
+impl Staging {
+    /// A staging file left by a backup cut short is not locked, and is replaced.
+    fn claim(target: &Path) -> Result<Self, BackupError> {
+        let path = staging_path(target);
+        let staging_error = |source| BackupError::Staging { path: path.clone(), source };
+        let running = || BackupError::Running(target.to_owned());
+        // Each turn either claims the file or removes a stale one; only another backup
+        // racing this one for the name makes it take a second turn.
+        for _ in 0..3 {
+            match OpenOptions::new().write(true).create_new(true).mode(PRIVATE_MODE).open(&path) {
+                Ok(file) => {
+                    return match file.try_lock() {
+                        Ok(()) => Ok(Self { path, _locked: file }),
+                        Err(TryLockError::WouldBlock) => Err(running()),
+                        Err(TryLockError::Error(e)) => Err(staging_error(e)),
+                    };
+                }
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(staging_error(e)),
+            }
+            let left = match File::open(&path) {
+                Ok(left) => left,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+                Err(e) => return Err(staging_error(e)),
+            };
+            match left.try_lock() {
+                Ok(()) => match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(staging_error(e)),
+                },
+                Err(TryLockError::WouldBlock) => return Err(running()),
+                Err(TryLockError::Error(e)) => return Err(staging_error(e)),
+            }
+        }
+        Err(running())
+    }
+
+    /// Gives the whole copy the target's name: a hard link, which fails rather than
+    /// replace a file that took the name meanwhile, then the staging name removed.
+    fn finish_as(&self, target: &Path) -> Result<(), BackupError> {
+        match std::fs::hard_link(&self.path, target) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+                return Err(BackupError::TargetExists(target.to_owned()));
+            }
+            Err(source) => return Err(BackupError::Staging { path: target.to_owned(), source }),
+        }
+        std::fs::remove_file(&self.path)
+            .and_then(|()| sync_directory_of(target))
+            .map_err(|source| BackupError::Staging { path: self.path.clone(), source })
+    }
+}
+
+/// Writes the copy into the empty file at `staging`, syncs and checks it; returns the
+/// envelopes it holds.
 fn copy_into(database: &Path, staging: &Path) -> Result<u64, BackupError> {
     let staging_error = |source| BackupError::Staging { path: staging.to_owned(), source };
-    match std::fs::remove_file(staging) {
-        Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(staging_error(e)),
-    }
-    // Created private and empty, which `VACUUM INTO` accepts: it keeps the mode.
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(PRIVATE_MODE)
-        .open(staging)
-        .map_err(staging_error)?;
-
     let copy_error = |source: rusqlite::Error| match LedgerError::from(source) {
         LedgerError::DiskFull { .. } => BackupError::DiskFull(directory_of(staging).to_owned()),
         source => BackupError::Copy { from: database.to_owned(), to: staging.to_owned(), source },
@@ -212,6 +263,21 @@ mod tests {
         back_up(&database, &target).unwrap();
         assert_eq!(check(&target).unwrap(), 0);
         assert!(!staging_path(&target).exists());
+    }
+
+    #[tokio::test]
+    async fn a_backup_running_to_the_same_name_is_left_to_finish() {
+        let dir = tempfile::tempdir().unwrap();
+        let database = ledger_in(dir.path()).await;
+        let target = dir.path().join("copy.db");
+        let running = Staging::claim(&target).unwrap();
+        let error = back_up(&database, &target).unwrap_err();
+        assert!(matches!(error, BackupError::Running(_)), "{error}");
+        assert!(running.path.exists() && !target.exists());
+        // Once it is over (here: cut short), its file is a stale one, and replaced.
+        drop(running);
+        back_up(&database, &target).unwrap();
+        assert_eq!(check(&target).unwrap(), 0);
     }
 
     #[tokio::test]
