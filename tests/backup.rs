@@ -12,28 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use support::agents::{WAIT, owner, session};
 use support::daemon::*;
 use support::disk::{Tmpfs, fill};
-use support::mcp::ChannelClient;
-use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 use switchboard::ledger::sqlite::staging_path;
-
-const WAIT: Duration = Duration::from_secs(20);
-
-fn owner() -> UserSpec {
-    UserSpec::new(OWNER_ID, "Olga").with_username("olga")
-}
-
-async fn orchestrator(daemon: &TestDaemon) -> ChannelClient {
-    let (address_var, address) = daemon.address_env();
-    ChannelClient::start(
-        daemon.config_path(),
-        "orchestrator",
-        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
-    )
-    .await
-    .expect("channel plugin starts")
-}
 
 /// Runs `switchboard ledger backup target` beside the daemon, leaving the test's runtime
 /// (and the fake Bot API on it) free meanwhile.
@@ -74,7 +57,7 @@ async fn a_backup_taken_while_the_daemon_works_holds_what_it_had_recorded_and_th
     }
     let fake = Arc::new(FakeTelegram::start().await);
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = orchestrator(&daemon).await;
+    let orchestrator = session(&daemon, "orchestrator").await;
     for n in 0..6 {
         fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), &format!("before the backup {n}"));
     }
