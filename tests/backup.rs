@@ -161,3 +161,61 @@ async fn on_postgresql_the_command_points_at_pg_dump() {
     assert!(String::from_utf8_lossy(&output.stderr).contains("pg_dump"), "{output:?}");
     assert!(!copy.exists());
 }
+
+/// Envelopes of [`kill_9_of_a_backup_halfway_leaves_no_backup_and_the_next_one_is_whole`]'s
+/// ledger, each with this much text: about 150 MB, which takes a debug build's backup
+/// long enough to be killed halfway.
+const BIG_LEDGER: i64 = 36_000;
+const BIG_TEXT: usize = 4_000;
+
+#[tokio::test]
+async fn kill_9_of_a_backup_halfway_leaves_no_backup_and_the_next_one_is_whole() {
+    if TestLedger::is_postgres_here() {
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
+    daemon.ledger().await.close().await;
+    {
+        let mut db = rusqlite::Connection::open(daemon.database()).unwrap();
+        let tx = db.transaction().unwrap();
+        let text = "x".repeat(BIG_TEXT);
+        for id in 1..=BIG_LEDGER {
+            tx.prepare_cached(
+                "INSERT INTO envelopes (id, trace_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+                 sent_at, received_at, route, agent, state, state_changed_at) \
+                 VALUES (?1, printf('env_%010d', ?1), 'message', 42, 'private', ?1, 'Ann', ?2, ?3, ?3, 'dm', \
+                 'orchestrator', 'acked', ?3)",
+            )
+            .unwrap()
+            .execute(rusqlite::params![id, text, "2026-01-01T00:00:00.000Z"])
+            .unwrap();
+        }
+        tx.commit().unwrap();
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("copy.db");
+    let staging = staging_path(&copy);
+    let mut command = daemon.command();
+    command.args(["ledger", "--config"]).arg(daemon.config_path()).arg("backup").arg(&copy);
+    let mut backup = tokio::process::Command::from(command).spawn().unwrap();
+    // Halfway: the staging file has grown, and the backup has not finished.
+    let grown = |path: &Path| std::fs::metadata(path).is_ok_and(|m| m.len() > 16 * 1024 * 1024);
+    let started = std::time::Instant::now();
+    while !grown(&staging) {
+        assert!(backup.try_wait().unwrap().is_none(), "the backup ended before it could be killed halfway");
+        assert!(started.elapsed() < Duration::from_secs(60), "the backup never wrote 16 MB");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    backup.kill().await.unwrap();
+    assert!(!copy.exists(), "a backup killed halfway left a file under the backup's name");
+
+    // The next backup replaces what was left, and is whole.
+    let output = backup_to(&daemon, &copy).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains(&format!("{BIG_LEDGER} envelope")), "{stdout}");
+    assert!(!staging.exists());
+    assert_eq!(state_in_copy(&daemon, &copy, &format!("env_{BIG_LEDGER:010}")), "acked");
+}
