@@ -1,5 +1,5 @@
-//! `switchboard ledger …`: inspects envelopes, attempts, handoffs, rooms and tasks, and
-//! reconciles unresolved ones.
+//! `switchboard ledger …`: inspects envelopes, attempts, handoffs, rooms and tasks,
+//! reconciles unresolved ones, prunes what finished long ago, and backs the ledger up.
 
 use std::path::{Path, PathBuf};
 

@@ -7,11 +7,11 @@
 //! time the daemon commits, and under a steady load might never finish.)
 //!
 //! The copy is made under a staging name beside the target (locked while it is written)
-//! and takes the target's name only once it is whole: synced (`VACUUM INTO` does not sync what it writes), checked
-//! (`quick_check`, and that it holds a ledger's tables), mode `0600` from its creation, like the ledger
-//! itself. So a backup cut short (a full disk, `kill -9`, a power loss) leaves no file a
-//! restore could mistake for a backup: at most the staging file, which the next backup
-//! removes.
+//! and takes the target's name only once it is whole: synced (`VACUUM INTO` does not sync
+//! what it writes), checked (`quick_check`, and that it holds a ledger's tables), mode
+//! `0600` from its creation, like the ledger itself. So a backup cut short (a full disk,
+//! `kill -9`, a power loss) leaves no file a restore could mistake for a backup: at most
+//! the staging file, which the next backup removes.
 
 use std::ffi::OsString;
 use std::fs::{File, OpenOptions, TryLockError};
@@ -191,7 +191,7 @@ fn check(path: &Path) -> Result<u64, BackupError> {
     if verdict != "ok" {
         return Err(unsound(format!("quick_check: {verdict}")));
     }
-    // A ledger's migrations are recorded in it, every one of them applied.
+    // A ledger records the migrations applied to it: a copy of another database has none.
     let migrations: i64 = copy
         .query_row("SELECT count(*) FROM _sqlx_migrations WHERE success", [], |row| row.get(0))
         .map_err(|e| unsound(format!("no record of a ledger's migrations: {e}")))?;
@@ -204,7 +204,7 @@ fn check(path: &Path) -> Result<u64, BackupError> {
     Ok(envelopes.unsigned_abs())
 }
 
-/// Makes the rename of a file in this directory survive a power loss.
+/// Makes a new name of a file in this directory (the backup's link) survive a power loss.
 fn sync_directory_of(path: &Path) -> io::Result<()> {
     File::open(directory_of(path))?.sync_all()
 }
