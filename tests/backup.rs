@@ -114,6 +114,37 @@ async fn a_backup_taken_while_the_daemon_works_holds_what_it_had_recorded_and_th
 }
 
 #[tokio::test]
+async fn the_ledger_a_killed_daemon_left_backs_up_whole() {
+    if TestLedger::is_postgres_here() {
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let mut updates = Vec::new();
+    for n in 0..5 {
+        updates.push(fake.push_text(
+            ChatSpec::private(OWNER_CHAT),
+            owner(),
+            &format!("before the crash {n}"),
+        ));
+    }
+    for update in &updates {
+        fake.wait_until_confirmed(*update, WAIT).await;
+    }
+    // Its last commits are still in the WAL, which nobody has recovered yet.
+    daemon.kill9();
+    let wal = switchboard::ledger::sqlite::wal_path(&daemon.database());
+    assert!(std::fs::metadata(&wal).is_ok_and(|m| m.len() > 0), "the killed daemon left no WAL");
+
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("after-the-crash.db");
+    let output = backup_to(&daemon, &copy).await;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(stdout.contains("backed up 5 envelope"), "{stdout}");
+}
+
+#[tokio::test]
 async fn a_backup_that_cannot_be_made_leaves_no_file_that_looks_like_one() {
     if TestLedger::is_postgres_here() {
         return;
