@@ -18,12 +18,17 @@ use support::disk::{Tmpfs, fill};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
 use switchboard::ledger::sqlite::staging_path;
 
-/// Runs `switchboard ledger backup target` beside the daemon, leaving the test's runtime
-/// (and the fake Bot API on it) free meanwhile.
-async fn backup_to(daemon: &TestDaemon, target: &Path) -> Output {
+/// `switchboard ledger backup target` for the daemon's ledger, run beside it without
+/// blocking the test's runtime (and the fake Bot API on it).
+fn backup_command(daemon: &TestDaemon, target: &Path) -> tokio::process::Command {
     let mut command = daemon.command();
     command.args(["ledger", "--config"]).arg(daemon.config_path()).arg("backup").arg(target);
-    tokio::process::Command::from(command).output().await.expect("run switchboard ledger backup")
+    tokio::process::Command::from(command)
+}
+
+/// Runs [`backup_command`] to its end.
+async fn backup_to(daemon: &TestDaemon, target: &Path) -> Output {
+    backup_command(daemon, target).output().await.expect("run switchboard ledger backup")
 }
 
 /// `switchboard ledger show` run against `copy` in place of the daemon's ledger: the
@@ -228,9 +233,7 @@ async fn kill_9_of_a_backup_halfway_leaves_no_backup_and_the_next_one_is_whole()
     let dir = tempfile::tempdir().unwrap();
     let copy = dir.path().join("copy.db");
     let staging = staging_path(&copy);
-    let mut command = daemon.command();
-    command.args(["ledger", "--config"]).arg(daemon.config_path()).arg("backup").arg(&copy);
-    let mut backup = tokio::process::Command::from(command).spawn().unwrap();
+    let mut backup = backup_command(&daemon, &copy).spawn().unwrap();
     // Halfway: the staging file has grown, and the backup has not finished.
     let grown = |path: &Path| std::fs::metadata(path).is_ok_and(|m| m.len() > 16 * 1024 * 1024);
     let started = std::time::Instant::now();

@@ -73,7 +73,7 @@ pub fn back_up(database: &Path, target: &Path) -> Result<Backup, BackupError> {
         return Err(BackupError::TargetExists(target.to_owned()));
     }
     let staging = Staging::claim(target)?;
-    let outcome = copy_into(database, &staging.path).and_then(|envelopes| {
+    let outcome = copy_into(database, &staging).and_then(|envelopes| {
         staging.finish_as(target)?;
         Ok(envelopes)
     });
@@ -104,7 +104,8 @@ pub fn staging_path(target: &Path) -> PathBuf {
 /// closing its descriptor does not release this one.
 struct Staging {
     path: PathBuf,
-    _locked: File,
+    /// Open, and locked, for as long as the backup runs.
+    file: File,
 }
 
 impl Staging {
@@ -119,7 +120,7 @@ impl Staging {
             match OpenOptions::new().write(true).create_new(true).mode(PRIVATE_MODE).open(&path) {
                 Ok(file) => {
                     return match file.try_lock() {
-                        Ok(()) => Ok(Self { path, _locked: file }),
+                        Ok(()) => Ok(Self { path, file }),
                         Err(TryLockError::WouldBlock) => Err(running()),
                         Err(TryLockError::Error(e)) => Err(staging_error(e)),
                     };
@@ -161,9 +162,10 @@ impl Staging {
     }
 }
 
-/// Writes the copy into the empty file at `staging`, syncs and checks it; returns the
-/// envelopes it holds.
-fn copy_into(database: &Path, staging: &Path) -> Result<u64, BackupError> {
+/// Writes the copy into the empty staging file, syncs and checks it; returns the envelopes
+/// it holds.
+fn copy_into(database: &Path, staging: &Staging) -> Result<u64, BackupError> {
+    let (file, staging) = (&staging.file, staging.path.as_path());
     let staging_error = |source| BackupError::Staging { path: staging.to_owned(), source };
     let copy_error = |source: rusqlite::Error| match LedgerError::from(source) {
         LedgerError::DiskFull { .. } => BackupError::DiskFull(directory_of(staging).to_owned()),
@@ -178,7 +180,8 @@ fn copy_into(database: &Path, staging: &Path) -> Result<u64, BackupError> {
     source.execute("VACUUM INTO ?1", [staging_text]).map_err(copy_error)?;
     drop(source);
 
-    File::open(staging).and_then(|file| file.sync_all()).map_err(staging_error)?;
+    // SQLite wrote through a descriptor of its own; a sync of the file by this one covers it.
+    file.sync_all().map_err(staging_error)?;
     check(staging)
 }
 
