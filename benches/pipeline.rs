@@ -343,7 +343,7 @@ async fn round_trips(params: &Params, ledger_rows: usize) -> RoundTrips {
 
 /// The ledger's size on disk: the database file and what its WAL holds beside it.
 fn ledger_bytes(database: &Path) -> u64 {
-    let wal = database.with_extension("db-wal");
+    let wal = switchboard::ledger::sqlite::wal_path(database);
     [database, wal.as_path()].iter().filter_map(|path| std::fs::metadata(path).ok()).map(|m| m.len()).sum()
 }
 

@@ -148,7 +148,7 @@ async fn run(length: Duration, rate: usize, warmup: Duration) {
                     daemon_kib: daemon.rss_kib(),
                     plugin_kib: session.plugin.rss_kib(),
                     database_bytes: file_len(&database),
-                    wal_bytes: file_len(&database.with_extension("db-wal")),
+                    wal_bytes: file_len(&switchboard::ledger::sqlite::wal_path(&database)),
                     pushed,
                     answered,
                 };

@@ -627,7 +627,7 @@ mod tests {
     async fn under_a_steady_load_of_commits_the_wal_stays_near_its_bound() {
         let dir = tempfile::tempdir().unwrap();
         let (ledger, path) = ledger_with_a_load_table(dir.path()).await;
-        let wal = path.with_extension("db-wal");
+        let wal = wal_path(&path);
         let mut largest = 0;
         for _ in 0..(6 * WAL_LIMIT_BYTES / 40_000) {
             ledger.execute_in_place("INSERT INTO load VALUES (randomblob(40000))", []).await.unwrap();
@@ -665,7 +665,7 @@ mod tests {
         // One commit now starts the WAL over, if a RESTART was had since the reader let go,
         // and cuts the file back to the bound; else it appends to the long WAL.
         ledger.execute_in_place("INSERT INTO load VALUES (randomblob(10))", []).await.unwrap();
-        let wal = std::fs::metadata(path.with_extension("db-wal")).unwrap().len();
+        let wal = std::fs::metadata(wal_path(&path)).unwrap().len();
         ledger.close().await;
         assert!(wal <= WAL_LIMIT_BYTES as u64, "the WAL holds {wal} bytes, its bound is {WAL_LIMIT_BYTES}");
     }
