@@ -33,6 +33,14 @@ pub(crate) fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
     }
 }
 
+/// `routed(update_id)`, queued, saying `text` in chat `chat_id`.
+pub(crate) fn in_chat(update_id: i64, chat_id: i64, text: &str) -> RoutedEnvelope {
+    let mut row = routed(update_id, EnvelopeState::Queued);
+    row.envelope.channel.chat_id = chat_id;
+    row.envelope.text = Some(text.into());
+    row
+}
+
 pub(crate) fn reply_attempt(
     envelope_id: i64,
     request_id: &'static str,

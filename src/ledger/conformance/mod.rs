@@ -107,6 +107,7 @@ macro_rules! suite {
             tasks::a_correction_recorded_between_resolving_and_sending_refuses_the_attempt,
             tasks::pause_resume_and_cancel_are_revisions_that_close_and_open_admission,
             tasks::a_batch_starts_one_task_per_conversation_at_the_message_that_started_it,
+            tasks::a_batch_over_several_conversations_joins_or_starts_each_ones_task,
             tasks::a_paused_task_refuses_a_reaction,
             );
             #[test]

@@ -1,4 +1,4 @@
-use crate::ids::{AgentName, TraceId};
+use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::conformance::Backend;
 use crate::ledger::conformance::fixtures::*;
 use crate::ledger::*;
@@ -98,14 +98,14 @@ pub(crate) async fn pause_resume_and_cancel_are_revisions_that_close_and_open_ad
 /// conversation, its first revision pointing at the message that started it.
 pub(crate) async fn a_batch_starts_one_task_per_conversation_at_the_message_that_started_it<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
-    let in_chat = |update_id: i64, chat_id: i64| {
-        let mut row = routed(update_id, EnvelopeState::Queued);
-        row.envelope.channel.chat_id = chat_id;
-        row
-    };
     // An audit row first, so the human rows do not start at the batch's first id.
-    let batch =
-        [routed(1, EnvelopeState::Ignored), in_chat(2, 7), in_chat(3, 8), in_chat(4, 7), in_chat(5, 9)];
+    let batch = [
+        routed(1, EnvelopeState::Ignored),
+        in_chat(2, 7, "one"),
+        in_chat(3, 8, "two"),
+        in_chat(4, 7, "three"),
+        in_chat(5, 9, "four"),
+    ];
     ledger.record_batch(1, 6, &batch).await.unwrap();
     let rows = ledger.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     assert_eq!(rows[0].task_id, None, "an audit row belongs to no task");
@@ -120,6 +120,71 @@ pub(crate) async fn a_batch_starts_one_task_per_conversation_at_the_message_that
         assert_eq!(revisions[0].envelope_trace_id.as_deref(), Some(starter.trace_id.as_str()));
         assert_eq!(revisions[0].text.as_deref(), starter.text.as_deref());
     }
+}
+
+/// A batch spread over several conversations takes each one's task as a batch of its own
+/// would: a message joins its conversation's open task; where the last task is finished it
+/// is marked `done` and the message starts a new one, as it does where the last task was
+/// asked to stop; a conversation with a command in the batch takes its messages one by one,
+/// and the other conversations are not held back by it.
+pub(crate) async fn a_batch_over_several_conversations_joins_or_starts_each_ones_task<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let orch = AgentName::parse("orch").unwrap();
+    // Three conversations' first messages, handed to the agent: chat 7's task stays open,
+    // chat 8's is answered (so finished), chat 9's is asked to stop.
+    let firsts = [in_chat(1, 7, "work"), in_chat(2, 8, "work"), in_chat(3, 9, "work")];
+    ledger.record_batch_handing_over(1, 4, &firsts, &[&orch], None).await.unwrap();
+    let answered = ledger.find(&firsts[1].envelope.trace_id).await.unwrap().unwrap();
+    let sent = ledger
+        .begin_attempt(&NewAttempt { chat_id: 8, ..one_part_reply(answered.id) })
+        .await
+        .unwrap()
+        .unwrap();
+    ledger.finish_attempt(&sent, &AttemptOutcome::Sent { message_id: 500 }, "agent:orch").await.unwrap();
+    ledger.record_batch(1, 5, &[in_chat(4, 9, "/cancel")]).await.unwrap();
+    let (open, finished, stopping) = (
+        task_of(&ledger, &firsts[0]).await,
+        task_of(&ledger, &firsts[1]).await,
+        task_of(&ledger, &firsts[2]).await,
+    );
+
+    let batch = [
+        in_chat(5, 7, "more"),
+        in_chat(6, 8, "next"),
+        in_chat(7, 9, "again"),
+        in_chat(8, 10, "new here"),
+        in_chat(9, 11, "/status"),
+        in_chat(10, 7, "and more"),
+        in_chat(11, 11, "after the status"),
+    ];
+    ledger.record_batch(1, 12, &batch).await.unwrap();
+    assert_eq!(task_of(&ledger, &batch[0]).await, open, "joins the open task");
+    assert_eq!(task_of(&ledger, &batch[5]).await, open, "and so does the conversation's next message");
+    let after_finished = task_of(&ledger, &batch[1]).await;
+    assert_ne!(after_finished, finished, "a finished task is not joined");
+    assert_eq!(ledger.task_state(&finished).await.unwrap(), Some(TaskState::Done));
+    let after_stopping = task_of(&ledger, &batch[2]).await;
+    assert_ne!(after_stopping, stopping, "a message after /cancel is new work");
+    assert_eq!(ledger.task_state(&stopping).await.unwrap(), Some(TaskState::StopRequested));
+    let started = [
+        after_finished,
+        after_stopping,
+        task_of(&ledger, &batch[3]).await,
+        task_of(&ledger, &batch[6]).await,
+    ];
+    for (task_id, starter) in started.iter().zip([&batch[1], &batch[2], &batch[3], &batch[6]]) {
+        let (task, revisions, _) = ledger.task(task_id).await.unwrap().unwrap();
+        assert_eq!((task.chat_id, task.state), (starter.envelope.channel.chat_id, TaskState::Open));
+        assert_eq!(revisions[0].kind, "start");
+        assert_eq!(revisions[0].envelope_trace_id.as_deref(), Some(starter.envelope.trace_id.as_str()));
+    }
+    let distinct: std::collections::HashSet<_> = started.iter().chain([&open]).collect();
+    assert_eq!(distinct.len(), 5, "one task per conversation: {started:?}");
+}
+
+/// The task `row` was stored with.
+async fn task_of(ledger: &Ledger, row: &RoutedEnvelope) -> TaskId {
+    ledger.find(&row.envelope.trace_id).await.unwrap().unwrap().task_id.expect("a task")
 }
 
 /// What the user and the agent do, in the model-based test below.

@@ -143,6 +143,21 @@ macro_rules! close_if_finished {
     };
 }
 
+/// The rest of a statement that begins with a `latest` CTE of tasks (`position`, `id`,
+/// `task_id`, `revision`, `state`): marks those that are finished `done` and reads them as
+/// marked.
+macro_rules! finish_latest {
+    () => {
+        concat!(
+            "finished AS (",
+            close_if_finished!(),
+            "AND id IN (SELECT id FROM latest) RETURNING id) \
+             SELECT position, task_id, revision, \
+             CASE WHEN id IN (SELECT id FROM finished) THEN 'done' ELSE state END AS state FROM latest"
+        )
+    };
+}
+
 // ---- intake ----
 
 /// The tasks of a batch's human messages, decided before its rows are inserted so that
@@ -159,42 +174,99 @@ pub(super) struct BatchTasks {
     later: Vec<usize>,
 }
 
-/// Plans [`BatchTasks`] for `batch`; reads each conversation's open task once (and marks
-/// a finished one `done`), holding the conversation (see [`hold_conversation`]).
+/// What a row of a batch is to its conversation's task, decided before anything is read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RowTask {
+    /// Not a human message of a single-agent conversation: no task.
+    None,
+    /// Plain work: it joins the latest task of the conversation `Conversations::to_read`
+    /// names at this index if that task is open or paused, else the task the first such
+    /// row starts.
+    Joins(usize),
+    /// A command or an edit, or any message after one in its conversation: taken in by
+    /// [`take_in`] after the insert.
+    Later,
+}
+
+/// A batch's rows sorted by conversation, before anything is read.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Conversations {
+    /// Every conversation a row's task is decided in, in the batch's order: held for the
+    /// transaction before anything is read.
+    held: Vec<Conversation>,
+    /// The conversations whose latest task a plain message joins, in the batch's order.
+    to_read: Vec<Conversation>,
+    /// Per row of the batch.
+    rows: Vec<RowTask>,
+}
+
+fn conversations_of(batch: &[RoutedEnvelope], bot_username: Option<&str>) -> Conversations {
+    let mut sorted = Conversations::default();
+    let mut read_at: HashMap<Conversation, usize> = HashMap::new();
+    let mut one_by_one: HashSet<Conversation> = HashSet::new();
+    for routed in batch {
+        let Some(agent) = routed.agent.as_ref().filter(|_| belongs_to_a_task(routed)) else {
+            sorted.rows.push(RowTask::None);
+            continue;
+        };
+        let channel = routed.envelope.channel;
+        let conversation: Conversation =
+            (channel.chat_id, channel.thread_id.map(i64::from), agent.to_string());
+        if !sorted.held.contains(&conversation) {
+            sorted.held.push(conversation.clone());
+        }
+        if one_by_one.contains(&conversation) || !plain_work(routed, bot_username) {
+            one_by_one.insert(conversation);
+            sorted.rows.push(RowTask::Later);
+            continue;
+        }
+        let next = sorted.to_read.len();
+        let at = *read_at.entry(conversation.clone()).or_insert(next);
+        if at == next {
+            sorted.to_read.push(conversation);
+        }
+        sorted.rows.push(RowTask::Joins(at));
+    }
+    sorted
+}
+
+/// Decides the batch's tasks ([`BatchTasks`]): holds every conversation of the batch (see
+/// [`hold_conversations`]), then reads the latest task of each conversation its plain
+/// messages join (marking a finished one `done`). Two statements whatever the number of
+/// conversations: each is a round trip.
 pub(super) async fn plan_batch(
     tx: &mut PgConnection,
     batch: &[RoutedEnvelope],
     bot_username: Option<&str>,
 ) -> LedgerResult<BatchTasks> {
+    let Conversations { held, to_read, rows } = conversations_of(batch, bot_username);
     let mut plan = BatchTasks { tags: vec![None; batch.len()], ..BatchTasks::default() };
-    let mut current: HashMap<Conversation, (TaskId, i64)> = HashMap::new();
-    let mut one_by_one: HashSet<Conversation> = HashSet::new();
-    for (index, routed) in batch.iter().enumerate() {
-        let Some(agent) = routed.agent.as_ref().filter(|_| belongs_to_a_task(routed)) else { continue };
-        let channel = routed.envelope.channel;
-        let conversation: Conversation =
-            (channel.chat_id, channel.thread_id.map(i64::from), agent.to_string());
-        if one_by_one.contains(&conversation) || !plain_work(routed, bot_username) {
-            one_by_one.insert(conversation);
-            plan.later.push(index);
-            continue;
-        }
-        if let Some(task) = current.get(&conversation) {
-            plan.tags[index] = Some(task.clone());
-            continue;
-        }
-        let (chat_id, thread_id, agent) = &conversation;
-        let task = match latest_task(tx, *chat_id, *thread_id, agent).await? {
+    if held.is_empty() {
+        return Ok(plan);
+    }
+    hold_conversations(tx, &held).await?;
+    let mut joined: Vec<Option<(TaskId, i64)>> = latest_tasks(tx, &to_read)
+        .await?
+        .into_iter()
+        .map(|latest| match latest {
             // A message after `/cancel` is new work, not part of the task being stopped.
-            Some((task_id, revision, TaskState::Open | TaskState::Paused)) => (task_id, revision),
-            _ => {
-                let task_id = TaskId::generate();
-                plan.starts.push((task_id.clone(), index));
-                (task_id, 1)
+            Some((task_id, revision, TaskState::Open | TaskState::Paused)) => Some((task_id, revision)),
+            _ => None,
+        })
+        .collect();
+    for (index, row) in rows.into_iter().enumerate() {
+        match row {
+            RowTask::None => {}
+            RowTask::Later => plan.later.push(index),
+            RowTask::Joins(conversation) => {
+                let task = joined[conversation].get_or_insert_with(|| {
+                    let task_id = TaskId::generate();
+                    plan.starts.push((task_id.clone(), index));
+                    (task_id, 1)
+                });
+                plan.tags[index] = Some(task.clone());
             }
-        };
-        plan.tags[index] = Some(task.clone());
-        current.insert(conversation, task);
+        }
     }
     Ok(plan)
 }
@@ -350,60 +422,119 @@ async fn stored_task(tx: &mut PgConnection, task_id: &TaskId) -> LedgerResult<Op
     Ok(sqlx::query_as(sql).bind(task_id).fetch_optional(&mut *tx).await?)
 }
 
-/// Holds the conversation's task decisions until the transaction ends: which task a
+/// Holds the conversations' task decisions until the transaction ends: which task a
 /// message joins, whether it starts one. SQLite's one writer serialises them; here two
 /// replicas taking in messages of one conversation at once (webhook deliveries, an agent's
 /// declaration beside a poll) would otherwise both find no open task and start two. A
-/// transaction-level advisory lock, keyed by the schema and the conversation.
+/// transaction-level advisory lock per conversation, keyed by the schema and the
+/// conversation, all taken in one statement in the keys' order, so two transactions
+/// holding several never wait for each other crosswise. (PostgreSQL evaluates a volatile
+/// function of the select list after `ORDER BY`.)
+async fn hold_conversations(tx: &mut PgConnection, conversations: &[Conversation]) -> LedgerResult<()> {
+    let (chat_ids, thread_ids, agents) = conversation_columns(conversations);
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(key) FROM (SELECT DISTINCT hashtextextended('switchboard task ' \
+         || current_schema() || ' ' || chat_id::text || ' ' || COALESCE(thread_id::text, '-') || ' ' || agent, 0) \
+         AS key FROM UNNEST($1::bigint[], $2::bigint[], $3::text[]) AS c (chat_id, thread_id, agent)) AS keys \
+         ORDER BY key",
+    )
+    .bind(chat_ids)
+    .bind(thread_ids)
+    .bind(agents)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Holds one conversation ([`hold_conversations`]).
 async fn hold_conversation(
     tx: &mut PgConnection,
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
 ) -> LedgerResult<()> {
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock(hashtextextended('switchboard task ' || current_schema() || ' ' \
-         || $1::bigint::text || ' ' || COALESCE($2::bigint::text, '-') || ' ' || $3, 0))",
-    )
-    .bind(chat_id)
-    .bind(thread_id)
-    .bind(agent)
-    .execute(&mut *tx)
-    .await?;
-    Ok(())
+    hold_conversations(tx, &[(chat_id, thread_id, agent.to_owned())]).await
+}
+
+/// Conversations column by column, as `UNNEST` takes them.
+fn conversation_columns(conversations: &[Conversation]) -> (Vec<i64>, Vec<Option<i64>>, Vec<&str>) {
+    let chat_ids = conversations.iter().map(|(chat_id, _, _)| *chat_id).collect();
+    let thread_ids = conversations.iter().map(|(_, thread_id, _)| *thread_id).collect();
+    let agents = conversations.iter().map(|(_, _, agent)| agent.as_str()).collect();
+    (chat_ids, thread_ids, agents)
 }
 
 /// The conversation's latest task: its id, revision and state, once a finished `open` one
 /// is marked `done`. Holds the conversation first ([`hold_conversation`]).
-///
-/// The read and the marking are one statement (one round trip, intake makes it once per
-/// conversation of a batch), after the conversation is held: a statement reads what was
-/// committed when it began, so the read must not share the lock's statement.
 async fn latest_task(
     tx: &mut PgConnection,
     chat_id: i64,
     thread_id: Option<i64>,
     agent: &str,
 ) -> LedgerResult<Option<(TaskId, i64, TaskState)>> {
-    hold_conversation(tx, chat_id, thread_id, agent).await?;
-    let latest = sqlx::query(concat!(
-        "WITH latest AS MATERIALIZED (SELECT id, task_id, revision, state FROM tasks WHERE chat_id = $1 \
-         AND agent = $2 AND thread_id IS NOT DISTINCT FROM $3 ORDER BY id DESC LIMIT 1), \
-         finished AS (",
-        close_if_finished!(),
-        "AND id = (SELECT id FROM latest) RETURNING id) \
-         SELECT task_id, revision, CASE WHEN EXISTS (SELECT 1 FROM finished) THEN 'done' ELSE state END AS state \
-         FROM latest"
-    ))
-    .bind(chat_id)
-    .bind(agent)
-    .bind(thread_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(latest) = latest else { return Ok(None) };
-    let task_id: TaskId = latest.try_get("task_id")?;
-    let revision: i64 = latest.try_get("revision")?;
-    Ok(Some((task_id, revision, task_state(&latest, "state")?)))
+    let conversation = (chat_id, thread_id, agent.to_owned());
+    hold_conversations(tx, std::slice::from_ref(&conversation)).await?;
+    Ok(latest_tasks(tx, &[conversation]).await?.pop().flatten())
+}
+
+/// Each conversation's latest task (`None` where it has none), in the order given: its id,
+/// revision and state, once a finished `open` one is marked `done`. The caller holds the
+/// conversations ([`hold_conversations`]).
+///
+/// The reads and the marking are one statement, after the conversations are held in an
+/// earlier one: a statement reads what was committed when it began, so the read must not
+/// share the locks' statement.
+///
+/// One conversation, the usual case, has a statement of its own. The statement for several
+/// takes arrays, which PostgreSQL's generic plan assumes hold ten elements: for one it costs
+/// that plan ten times too high and plans the statement afresh at every call, which takes
+/// longer than the round trip it saves.
+async fn latest_tasks(
+    tx: &mut PgConnection,
+    conversations: &[Conversation],
+) -> LedgerResult<Vec<Option<(TaskId, i64, TaskState)>>> {
+    let rows = match conversations {
+        [] => return Ok(Vec::new()),
+        [(chat_id, thread_id, agent)] => {
+            sqlx::query(concat!(
+                "WITH latest AS MATERIALIZED (SELECT 1::bigint AS position, id, task_id, revision, state \
+                 FROM tasks WHERE chat_id = $1 AND thread_id IS NOT DISTINCT FROM $2 AND agent = $3 \
+                 ORDER BY id DESC LIMIT 1), ",
+                finish_latest!()
+            ))
+            .bind(chat_id)
+            .bind(thread_id)
+            .bind(agent)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+        several => {
+            let (chat_ids, thread_ids, agents) = conversation_columns(several);
+            sqlx::query(concat!(
+                "WITH latest AS MATERIALIZED (SELECT c.position, t.id, t.task_id, t.revision, t.state \
+                 FROM UNNEST($1::bigint[], $2::bigint[], $3::text[]) WITH ORDINALITY \
+                 AS c (chat_id, thread_id, agent, position) \
+                 CROSS JOIN LATERAL (SELECT id, task_id, revision, state FROM tasks WHERE chat_id = c.chat_id \
+                 AND thread_id IS NOT DISTINCT FROM c.thread_id AND agent = c.agent ORDER BY id DESC LIMIT 1) AS t), ",
+                finish_latest!()
+            ))
+            .bind(chat_ids)
+            .bind(thread_ids)
+            .bind(agents)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+    };
+    let mut latest = vec![None; conversations.len()];
+    for row in rows {
+        let position: i64 = row.try_get("position")?;
+        let task_id: TaskId = row.try_get("task_id")?;
+        let revision: i64 = row.try_get("revision")?;
+        let slot = usize::try_from(position - 1).ok().and_then(|at| latest.get_mut(at));
+        let slot = slot.ok_or_else(|| LedgerError::other(format!("a latest task at position {position}")))?;
+        *slot = Some((task_id, revision, task_state(&row, "state")?));
+    }
+    Ok(latest)
 }
 
 async fn open_view(tx: &mut PgConnection, task: &Task) -> LedgerResult<OpenTask> {
@@ -1043,5 +1174,47 @@ impl Tasks for PgLedger {
         .map_err(LedgerError::from)?;
         tx.commit().await.map_err(LedgerError::from)?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ledger::conformance::fixtures::{in_chat, routed};
+
+    #[test]
+    fn a_batch_is_sorted_by_conversation_before_anything_is_read() {
+        let mut edit = in_chat(7, 9, "fixed");
+        edit.envelope.kind = EnvelopeKind::EditedMessage;
+        let batch = [
+            routed(1, EnvelopeState::Ignored),
+            in_chat(2, 7, "work"),
+            in_chat(3, 8, "work"),
+            in_chat(4, 7, "/pause"),
+            in_chat(5, 7, "more"),
+            in_chat(6, 8, "more"),
+            edit,
+        ];
+        let sorted = conversations_of(&batch, None);
+        let conversation = |chat_id: i64| (chat_id, None, "orch".to_owned());
+        assert_eq!(
+            sorted.held,
+            [conversation(7), conversation(8), conversation(9)],
+            "every conversation, once"
+        );
+        assert_eq!(sorted.to_read, [conversation(7), conversation(8)], "those a plain message joins");
+        use RowTask::{Joins, Later};
+        assert_eq!(
+            sorted.rows,
+            // After the command, chat 7's messages are taken one by one; chat 8's are not.
+            [RowTask::None, Joins(0), Joins(1), Later, Later, Joins(1), Later]
+        );
+    }
+
+    #[test]
+    fn a_batch_of_no_human_messages_holds_nothing() {
+        let sorted =
+            conversations_of(&[routed(1, EnvelopeState::Unrouted), routed(2, EnvelopeState::Ignored)], None);
+        assert_eq!(sorted, Conversations { rows: vec![RowTask::None, RowTask::None], ..Default::default() });
     }
 }

@@ -545,6 +545,54 @@ async fn two_replicas_recording_the_same_update_at_once_record_it_once() {
     schema.drop().await;
 }
 
+/// Two replicas taking in webhook deliveries that each span the same conversations, in
+/// opposite orders, at once. Each conversation is held for the batch's transaction (its task
+/// decisions); held one by one in each batch's order, the two would wait for each other
+/// crosswise, and PostgreSQL would end one with a deadlock error after a second. Both go
+/// through, and each conversation has one task.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deliveries_spanning_the_same_conversations_in_opposite_orders_both_go_through() {
+    const CONVERSATIONS: i64 = 10;
+    let schema = TestSchema::create().await;
+    let one = PgLedger::connect(&schema.url).await.unwrap();
+    let two = PgLedger::connect(&schema.url).await.unwrap();
+    let in_chat = |update_id: i64, chat_id: i64| {
+        let mut row = routed(update_id);
+        row.envelope.channel.chat_id = chat_id;
+        row
+    };
+    let mut update_id = 0;
+    for round in 0..10 {
+        let mut next = || {
+            update_id += 1;
+            update_id
+        };
+        let forward: Vec<_> = (0..CONVERSATIONS).map(|chat| in_chat(next(), 100 + chat)).collect();
+        let backward: Vec<_> = (0..CONVERSATIONS).rev().map(|chat| in_chat(next(), 100 + chat)).collect();
+        let started = Instant::now();
+        let (x, y) = tokio::join!(
+            one.record_pushed_batch(&forward, &[], &[], None),
+            two.record_pushed_batch(&backward, &[], &[], None)
+        );
+        x.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        y.unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert!(
+            started.elapsed() < Duration::from_millis(900),
+            "round {round} waited {:?}",
+            started.elapsed()
+        );
+    }
+    let tasks: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT chat_id, count(*) FROM tasks GROUP BY chat_id ORDER BY chat_id")
+            .fetch_all(&one.pool)
+            .await
+            .unwrap();
+    assert_eq!(tasks, (0..CONVERSATIONS).map(|chat| (100 + chat, 1)).collect::<Vec<_>>());
+    one.close().await;
+    two.close().await;
+    schema.drop().await;
+}
+
 #[tokio::test]
 async fn record_updates_stores_what_sqlite_intake_stores() {
     let schema = TestSchema::create().await;
@@ -763,16 +811,60 @@ async fn postgres_errors_map_to_what_callers_decide_on() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement; run it by name"]
 async fn figures() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
+    let term = elected(&mut a).await.term;
+    // One conversation, as the issue's figure; then a batch spread over many, as a burst
+    // to many chats is.
+    for conversations in [1, 25] {
+        ingest_figures(&ledger, term, conversations).await;
+    }
+
+    let lease = lease(3000);
+    let mut takeovers = Vec::new();
+    let mut standby = PollerCandidate::connect(&ledger, BOT, "b", lease).await.unwrap();
+    for _ in 0..10 {
+        let leader = a.backend_pid().await.unwrap();
+        // The standby waits for the lock, as `app::hold` has it, while the leader dies.
+        let (_, killed_at) = tokio::join!(standby.wait_for_lock(lease.renewal_interval()), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let killed_at = Instant::now();
+            kill_session(leader).await;
+            killed_at
+        });
+        elected(&mut standby).await;
+        takeovers.push(killed_at.elapsed());
+        std::mem::swap(&mut a, &mut standby);
+        // The old leader's session is gone: its first try fails and opens a new one.
+        assert!(standby.campaign_once().await.is_err());
+    }
+    takeovers.sort();
+    eprintln!(
+        "takeover after the leader's session died (lease {:?}, standby waiting for the lock {:?} at a time): p50 {:?}, max {:?}",
+        lease.duration(),
+        lease.renewal_interval(),
+        takeovers[takeovers.len() / 2],
+        takeovers[takeovers.len() - 1]
+    );
+    ledger.close().await;
+    schema.drop().await;
+}
+
+/// Prints intake's fenced write against a raw batched insert of the same rows, alternating
+/// batch by batch, each batch's messages spread over `conversations` conversations.
+async fn ingest_figures(ledger: &PgLedger, term: Term, conversations: i64) {
     const BATCHES: i64 = 40;
     const BATCH: i64 = 100;
     // Rounds of BATCHES batches, each round from an empty table: 360 batches a side
     // counted, as the machine's two cores are shared and one round's figure swings by a
     // tenth.
     const ROUNDS: i64 = 10;
-    let schema = TestSchema::create().await;
-    let ledger = PgLedger::connect(&schema.url).await.unwrap();
-    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
-    let term = elected(&mut a).await.term;
+    let in_conversation = |update_id: i64| {
+        let mut row = routed(update_id);
+        row.envelope.channel.chat_id = 42 + update_id % conversations;
+        row
+    };
     let (mut fenced, mut raw) = (Vec::new(), Vec::new());
     let raw_task = crate::ids::TaskId::generate();
     for round in 0..ROUNDS {
@@ -788,17 +880,17 @@ async fn figures() {
         sqlx::query("TRUNCATE envelopes CASCADE").execute(&ledger.pool).await.unwrap();
         for batch in 0..BATCHES {
             let first = (round * BATCHES + batch) * BATCH;
-            let rows: Vec<RoutedEnvelope> = (first..first + BATCH).map(routed).collect();
+            let rows: Vec<RoutedEnvelope> = (first..first + BATCH).map(in_conversation).collect();
             let started = Instant::now();
             ledger.record_updates(term, BOT, first + BATCH, &rows).await.unwrap();
             fenced.push(started.elapsed());
             // The same rows again, under other update ids, as one plain INSERT in a
             // transaction: no fence, no deduplication, no offset. The same columns as
-            // intake's, each row under one task as intake stores a conversation's plain
+            // intake's, each row under a task as intake stores a conversation's plain
             // messages, so both touch the same indexes (`envelopes_by_task` is partial on
             // a task).
             let again: Vec<RoutedEnvelope> =
-                (first..first + BATCH).map(|id| routed(id + 1_000_000_000)).collect();
+                (first..first + BATCH).map(|id| in_conversation(id + 1_000_000_000)).collect();
             let tagged = vec![Some((raw_task.clone(), 1)); again.len()];
             let columns = intake::EnvelopeColumns::of(&again, &tagged, &vec![None; again.len()]);
             let started = Instant::now();
@@ -860,39 +952,10 @@ async fn figures() {
     let (fenced_rate, raw_rate) =
         (BATCH as f64 / fenced_batch.as_secs_f64(), BATCH as f64 / raw_batch.as_secs_f64());
     eprintln!(
-        "ingest, batches of {BATCH} (median batch): record_updates {fenced_rate:.0} envelopes/s ({fenced_batch:?}), \
+        "ingest, batches of {BATCH} in {conversations} conversation(s) (median batch): record_updates {fenced_rate:.0} envelopes/s ({fenced_batch:?}), \
          raw batched insert {raw_rate:.0}/s ({raw_batch:?}), ratio {:.2}",
         fenced_rate / raw_rate
     );
-
-    let lease = lease(3000);
-    let mut takeovers = Vec::new();
-    let mut standby = PollerCandidate::connect(&ledger, BOT, "b", lease).await.unwrap();
-    for _ in 0..10 {
-        let leader = a.backend_pid().await.unwrap();
-        // The standby waits for the lock, as `app::hold` has it, while the leader dies.
-        let (_, killed_at) = tokio::join!(standby.wait_for_lock(lease.renewal_interval()), async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            let killed_at = Instant::now();
-            kill_session(leader).await;
-            killed_at
-        });
-        elected(&mut standby).await;
-        takeovers.push(killed_at.elapsed());
-        std::mem::swap(&mut a, &mut standby);
-        // The old leader's session is gone: its first try fails and opens a new one.
-        assert!(standby.campaign_once().await.is_err());
-    }
-    takeovers.sort();
-    eprintln!(
-        "takeover after the leader's session died (lease {:?}, standby waiting for the lock {:?} at a time): p50 {:?}, max {:?}",
-        lease.duration(),
-        lease.renewal_interval(),
-        takeovers[takeovers.len() / 2],
-        takeovers[takeovers.len() - 1]
-    );
-    ledger.close().await;
-    schema.drop().await;
 }
 
 #[tokio::test]
