@@ -295,13 +295,28 @@ pub(super) async fn record_batch_tasks(
         }
         return Ok(effects);
     }
-    for (task_id, index) in &plan.starts {
-        let routed = &batch[*index];
-        let Some(id) = ids[*index] else { continue };
-        let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
-        let carrier = carrier_of(routed, id);
-        insert_task(tx, task_id, &carrier, &text, None, Source::Command, &sender_of(routed)).await?;
-    }
+    // Every row was inserted (above): each start has its envelope's id.
+    let starts: Vec<(&TaskId, Carrier, String, String)> = plan
+        .starts
+        .iter()
+        .filter_map(|(task_id, index)| {
+            let routed = &batch[*index];
+            let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
+            Some((task_id, carrier_of(routed, ids[*index]?), text, sender_of(routed)))
+        })
+        .collect();
+    let started: Vec<NewTask<'_>> = starts
+        .iter()
+        .map(|(task_id, carrier, objective, actor)| NewTask {
+            task_id,
+            carrier,
+            objective,
+            predecessor: None,
+            source: Source::Command,
+            actor,
+        })
+        .collect();
+    insert_tasks(tx, &started).await?;
     for index in &plan.later {
         let Some(id) = ids[*index] else { continue };
         effects.extend(take_in(tx, &batch[*index], id, bot_username).await?);
@@ -580,22 +595,58 @@ async fn insert_task(
     source: Source,
     actor: &str,
 ) -> LedgerResult<()> {
-    let source = if predecessor.is_some() { source.as_str() } else { "message" };
+    insert_tasks(tx, &[NewTask { task_id, carrier, objective, predecessor, source, actor }]).await
+}
+
+/// A task's row as [`insert_task`] writes it.
+struct NewTask<'a> {
+    task_id: &'a TaskId,
+    carrier: &'a Carrier,
+    objective: &'a str,
+    predecessor: Option<&'a TaskId>,
+    source: Source,
+    actor: &'a str,
+}
+
+/// Inserts `tasks` in one statement (a statement is a round trip), in their order: a
+/// task's id orders it among its conversation's, the latest being the last inserted.
+async fn insert_tasks(tx: &mut PgConnection, tasks: &[NewTask<'_>]) -> LedgerResult<()> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    let task_ids: Vec<&str> = tasks.iter().map(|t| t.task_id.as_str()).collect();
+    let chat_ids: Vec<i64> = tasks.iter().map(|t| t.carrier.chat_id).collect();
+    let thread_ids: Vec<Option<i64>> = tasks.iter().map(|t| t.carrier.thread_id).collect();
+    let agents: Vec<&str> = tasks.iter().map(|t| t.carrier.agent.as_str()).collect();
+    let routes: Vec<&str> = tasks.iter().map(|t| t.carrier.route.as_str()).collect();
+    let objectives: Vec<&str> = tasks.iter().map(|t| t.objective).collect();
+    let first_envelope_ids: Vec<i64> = tasks.iter().map(|t| t.carrier.id).collect();
+    let actors: Vec<&str> = tasks.iter().map(|t| t.actor).collect();
+    // A task with no predecessor was started by a message, whatever carried it.
+    let sources: Vec<&str> =
+        tasks.iter().map(|t| if t.predecessor.is_some() { t.source.as_str() } else { "message" }).collect();
+    let predecessors: Vec<Option<&str>> = tasks.iter().map(|t| t.predecessor.map(TaskId::as_str)).collect();
     sqlx::query(
         "INSERT INTO tasks (task_id, chat_id, thread_id, agent, route, state, revision, objective, first_envelope_id, \
          started_by, started_source, predecessor, opened_at, updated_at) \
-         VALUES ($1, $2, $3, $4, $5, 'open', 1, $6, $7, $8, $9, $10, now(), now())",
+         SELECT task_id, chat_id, thread_id, agent, route, 'open', 1, objective, first_envelope_id, started_by, \
+         started_source, predecessor, now(), now() \
+         FROM UNNEST($1::text[], $2::bigint[], $3::bigint[], $4::text[], $5::text[], $6::text[], $7::bigint[], \
+         $8::text[], $9::text[], $10::text[]) WITH ORDINALITY \
+         AS t (task_id, chat_id, thread_id, agent, route, objective, first_envelope_id, started_by, started_source, \
+         predecessor, position) \
+         ORDER BY position",
     )
-    .bind(task_id)
-    .bind(carrier.chat_id)
-    .bind(carrier.thread_id)
-    .bind(&carrier.agent)
-    .bind(&carrier.route)
-    .bind(objective)
-    .bind(carrier.id)
-    .bind(actor)
-    .bind(source)
-    .bind(predecessor)
+    .bind(task_ids)
+    .bind(chat_ids)
+    .bind(thread_ids)
+    .bind(agents)
+    .bind(routes)
+    .bind(objectives)
+    .bind(first_envelope_ids)
+    .bind(actors)
+    .bind(sources)
+    .bind(predecessors)
     .execute(&mut *tx)
     .await?;
     Ok(())

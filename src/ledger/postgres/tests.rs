@@ -815,11 +815,12 @@ async fn figures() {
     let ledger = PgLedger::connect(&schema.url).await.unwrap();
     let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
     let term = elected(&mut a).await.term;
-    // One conversation, as the issue's figure; then a batch spread over many, as a burst
-    // to many chats is.
-    for conversations in [1, 25] {
-        ingest_figures(&ledger, term, conversations).await;
-    }
+    // One conversation, as the issue's figure; then a batch spread over 25 conversations,
+    // as a burst to many chats is; then every message a conversation's first, as in a
+    // backlog from many chats, where each message starts a task.
+    ingest_figures(&ledger, term, "1 conversation", |_| 42).await;
+    ingest_figures(&ledger, term, "25 conversations", |update_id| 42 + update_id % 25).await;
+    ingest_figures(&ledger, term, "a new conversation a message", |update_id| 42 + update_id).await;
 
     let lease = lease(3000);
     let mut takeovers = Vec::new();
@@ -852,8 +853,8 @@ async fn figures() {
 }
 
 /// Prints intake's fenced write against a raw batched insert of the same rows, alternating
-/// batch by batch, each batch's messages spread over `conversations` conversations.
-async fn ingest_figures(ledger: &PgLedger, term: Term, conversations: i64) {
+/// batch by batch, each message in the chat `chat_of` its update id (`spread` says how).
+async fn ingest_figures(ledger: &PgLedger, term: Term, spread: &str, chat_of: fn(i64) -> i64) {
     const BATCHES: i64 = 40;
     const BATCH: i64 = 100;
     // Rounds of BATCHES batches, each round from an empty table: 360 batches a side
@@ -862,7 +863,7 @@ async fn ingest_figures(ledger: &PgLedger, term: Term, conversations: i64) {
     const ROUNDS: i64 = 10;
     let in_conversation = |update_id: i64| {
         let mut row = routed(update_id);
-        row.envelope.channel.chat_id = 42 + update_id % conversations;
+        row.envelope.channel.chat_id = chat_of(update_id);
         row
     };
     let (mut fenced, mut raw) = (Vec::new(), Vec::new());
@@ -952,7 +953,7 @@ async fn ingest_figures(ledger: &PgLedger, term: Term, conversations: i64) {
     let (fenced_rate, raw_rate) =
         (BATCH as f64 / fenced_batch.as_secs_f64(), BATCH as f64 / raw_batch.as_secs_f64());
     eprintln!(
-        "ingest, batches of {BATCH} in {conversations} conversation(s) (median batch): record_updates {fenced_rate:.0} envelopes/s ({fenced_batch:?}), \
+        "ingest, batches of {BATCH}, {spread} (median batch): record_updates {fenced_rate:.0} envelopes/s ({fenced_batch:?}), \
          raw batched insert {raw_rate:.0}/s ({raw_batch:?}), ratio {:.2}",
         fenced_rate / raw_rate
     );
