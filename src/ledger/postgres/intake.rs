@@ -132,10 +132,13 @@ impl PgLedger {
         bot_username: Option<&str>,
     ) -> LedgerResult<Result<Recorded, FencedError>> {
         let mut tx = self.pool.begin().await?;
-        // The fence moves the offset in the same statement (a round trip saved); in this
-        // transaction, so the offset still moves only with the batch.
+        // The batch's conversations are held before their tasks are read.
+        let conversations = tasks::conversations_of(batch, bot_username);
+        // The fence moves the offset and holds the conversations in the same statement (two
+        // round trips saved); in this transaction, so the offset still moves only with the
+        // batch.
         if let Some(PolledUnder { term, bot_id, next_offset }) = polled {
-            match fence_and_move_offset(&mut tx, term, bot_id, next_offset).await {
+            match fence_and_move_offset(&mut tx, term, bot_id, next_offset, &conversations.held).await {
                 Ok(()) => {}
                 Err(FencedError::Ledger(error)) => return Err(error),
                 // Nothing was written: the transaction ends with nothing in it.
@@ -144,9 +147,11 @@ impl PgLedger {
                     return Ok(Err(deposed));
                 }
             }
+        } else {
+            tasks::hold_conversations(&mut tx, &conversations.held).await?;
         }
         // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
-        let plan = tasks::plan_batch(&mut tx, batch, bot_username).await?;
+        let plan = tasks::plan_batch(&mut tx, batch.len(), conversations).await?;
         let quotes = quoted_trace_ids(&mut tx, batch).await?;
         let ids = insert_rows(&mut tx, batch, &plan.tags, &quotes).await?;
         // The tasks the batch starts, then its commands and edits in arrival order, in this

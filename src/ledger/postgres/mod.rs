@@ -52,6 +52,7 @@ use sqlx::PgConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::ledger::seam::Lifecycle;
+use crate::ledger::task_rows::Conversation;
 use crate::ledger::{ErrorSource, LedgerError, LedgerResult, WriteWatch};
 use crate::rules::leadership::Term;
 
@@ -222,7 +223,7 @@ impl PgLedger {
     /// Moves the bot's offset to `next_offset`, if `term` is still the bot's current term.
     pub async fn commit_offset(&self, term: Term, bot_id: i64, next_offset: i64) -> Result<(), FencedError> {
         let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
-        fence_and_move_offset(&mut tx, term, bot_id, next_offset).await?;
+        fence_and_move_offset(&mut tx, term, bot_id, next_offset, &[]).await?;
         tx.commit().await.map_err(LedgerError::from)?;
         Ok(())
     }
@@ -257,28 +258,40 @@ impl Lifecycle for PgLedger {
 
 /// Goes on only while `term` is the bot's current term, holding the lease row `FOR KEY SHARE`
 /// until the transaction ends, so no election commits in between (see the module
-/// documentation), and moves the bot's offset to `next_offset` under it.
+/// documentation), and moves the bot's offset to `next_offset` under it. Under the same
+/// term it holds the conversations `hold` (intake's, see `tasks::hold_conversations`).
 ///
 /// One statement, so one round trip: the offset is written from the lease row the
 /// statement locked, and only while that row names `term`. Under `READ COMMITTED` a lock
 /// that waited for an election reads the row the election committed, so a deposed
-/// leader's write is refused, as when the check and the write were two statements.
+/// leader's write is refused, as when the check and the write were two statements. The
+/// conversations' locks are taken once the lease row is (the select list reads `held` for
+/// it); what they guard is read by later statements, which see what their holders
+/// committed. A deposed leader's transaction is rolled back, its locks with it.
 async fn fence_and_move_offset(
     tx: &mut PgConnection,
     term: Term,
     bot_id: i64,
     next_offset: i64,
+    hold: &[Conversation],
 ) -> Result<(), FencedError> {
-    let current: Option<i64> = sqlx::query_scalar(
+    let (chat_ids, thread_ids, agents) = tasks::conversation_columns(hold);
+    let current: Option<i64> = sqlx::query_scalar(concat!(
         "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $1 FOR KEY SHARE), \
          moved AS (INSERT INTO poller_offsets (bot_id, next_offset, updated_at) \
          SELECT $1, $3, now() FROM lease WHERE term = $2 \
-         ON CONFLICT (bot_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at) \
-         SELECT term FROM lease",
-    )
+         ON CONFLICT (bot_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at), \
+         held AS MATERIALIZED (SELECT pg_advisory_xact_lock(key) FROM (",
+        tasks::conversation_lock_keys!("$4", "$5", "$6"),
+        ") AS keys ORDER BY key) \
+         SELECT term, (SELECT count(*) FROM held) AS held FROM lease",
+    ))
     .bind(bot_id)
     .bind(term.get())
     .bind(next_offset)
+    .bind(chat_ids)
+    .bind(thread_ids)
+    .bind(agents)
     .fetch_optional(&mut *tx)
     .await
     .map_err(LedgerError::from)?;

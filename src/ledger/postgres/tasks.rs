@@ -190,17 +190,17 @@ enum RowTask {
 
 /// A batch's rows sorted by conversation, before anything is read.
 #[derive(Debug, Default, PartialEq, Eq)]
-struct Conversations {
+pub(super) struct Conversations {
     /// Every conversation a row's task is decided in, in the batch's order: held for the
     /// transaction before anything is read.
-    held: Vec<Conversation>,
+    pub(super) held: Vec<Conversation>,
     /// The conversations whose latest task a plain message joins, in the batch's order.
     to_read: Vec<Conversation>,
     /// Per row of the batch.
     rows: Vec<RowTask>,
 }
 
-fn conversations_of(batch: &[RoutedEnvelope], bot_username: Option<&str>) -> Conversations {
+pub(super) fn conversations_of(batch: &[RoutedEnvelope], bot_username: Option<&str>) -> Conversations {
     let mut sorted = Conversations::default();
     let mut read_at: HashMap<Conversation, usize> = HashMap::new();
     let mut one_by_one: HashSet<Conversation> = HashSet::new();
@@ -230,21 +230,17 @@ fn conversations_of(batch: &[RoutedEnvelope], bot_username: Option<&str>) -> Con
     sorted
 }
 
-/// Decides the batch's tasks ([`BatchTasks`]): holds every conversation of the batch (see
-/// [`hold_conversations`]), then reads the latest task of each conversation its plain
-/// messages join (marking a finished one `done`). Two statements whatever the number of
-/// conversations: each is a round trip.
+/// Decides the batch's tasks ([`BatchTasks`]) once the caller holds every conversation of
+/// the batch (`conversations.held`, see [`hold_conversations`]): reads the latest task of
+/// each conversation its plain messages join (marking a finished one `done`), in one
+/// statement whatever their number (a statement is a round trip).
 pub(super) async fn plan_batch(
     tx: &mut PgConnection,
-    batch: &[RoutedEnvelope],
-    bot_username: Option<&str>,
+    batch_len: usize,
+    conversations: Conversations,
 ) -> LedgerResult<BatchTasks> {
-    let Conversations { held, to_read, rows } = conversations_of(batch, bot_username);
-    let mut plan = BatchTasks { tags: vec![None; batch.len()], ..BatchTasks::default() };
-    if held.is_empty() {
-        return Ok(plan);
-    }
-    hold_conversations(tx, &held).await?;
+    let Conversations { to_read, rows, .. } = conversations;
+    let mut plan = BatchTasks { tags: vec![None; batch_len], ..BatchTasks::default() };
     let mut joined: Vec<Option<(TaskId, i64)>> = latest_tasks(tx, &to_read)
         .await?
         .into_iter()
@@ -437,22 +433,48 @@ async fn stored_task(tx: &mut PgConnection, task_id: &TaskId) -> LedgerResult<Op
     Ok(sqlx::query_as(sql).bind(task_id).fetch_optional(&mut *tx).await?)
 }
 
+/// The advisory-lock keys of the conversations given as three arrays (chat ids, thread ids,
+/// agents: the statement's parameters named), each once, in the keys' order (see
+/// [`hold_conversations`]). A volatile function in the select list of a query over these
+/// keys, as `pg_advisory_xact_lock`, is evaluated after its `ORDER BY`.
+macro_rules! conversation_lock_keys {
+    ($chat_ids:literal, $thread_ids:literal, $agents:literal) => {
+        concat!(
+            "SELECT DISTINCT hashtextextended('switchboard task ' || current_schema() || ' ' || chat_id::text \
+             || ' ' || COALESCE(thread_id::text, '-') || ' ' || agent, 0) AS key \
+             FROM UNNEST(",
+            $chat_ids,
+            "::bigint[], ",
+            $thread_ids,
+            "::bigint[], ",
+            $agents,
+            "::text[]) AS c (chat_id, thread_id, agent)"
+        )
+    };
+}
+pub(super) use conversation_lock_keys;
+
 /// Holds the conversations' task decisions until the transaction ends: which task a
 /// message joins, whether it starts one. SQLite's one writer serialises them; here two
 /// replicas taking in messages of one conversation at once (webhook deliveries, an agent's
 /// declaration beside a poll) would otherwise both find no open task and start two. A
 /// transaction-level advisory lock per conversation, keyed by the schema and the
-/// conversation, all taken in one statement in the keys' order, so two transactions
-/// holding several never wait for each other crosswise. (PostgreSQL evaluates a volatile
-/// function of the select list after `ORDER BY`.)
-async fn hold_conversations(tx: &mut PgConnection, conversations: &[Conversation]) -> LedgerResult<()> {
+/// conversation ([`conversation_lock_keys!`]), all taken in one statement in the keys'
+/// order, so two transactions holding several never wait for each other crosswise. A
+/// polled batch takes them in its fence's statement instead (`fence_and_move_offset`).
+pub(super) async fn hold_conversations(
+    tx: &mut PgConnection,
+    conversations: &[Conversation],
+) -> LedgerResult<()> {
+    if conversations.is_empty() {
+        return Ok(());
+    }
     let (chat_ids, thread_ids, agents) = conversation_columns(conversations);
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock(key) FROM (SELECT DISTINCT hashtextextended('switchboard task ' \
-         || current_schema() || ' ' || chat_id::text || ' ' || COALESCE(thread_id::text, '-') || ' ' || agent, 0) \
-         AS key FROM UNNEST($1::bigint[], $2::bigint[], $3::text[]) AS c (chat_id, thread_id, agent)) AS keys \
-         ORDER BY key",
-    )
+    sqlx::query(concat!(
+        "SELECT pg_advisory_xact_lock(key) FROM (",
+        conversation_lock_keys!("$1", "$2", "$3"),
+        ") AS keys ORDER BY key"
+    ))
     .bind(chat_ids)
     .bind(thread_ids)
     .bind(agents)
@@ -472,7 +494,9 @@ async fn hold_conversation(
 }
 
 /// Conversations column by column, as `UNNEST` takes them.
-fn conversation_columns(conversations: &[Conversation]) -> (Vec<i64>, Vec<Option<i64>>, Vec<&str>) {
+pub(super) fn conversation_columns(
+    conversations: &[Conversation],
+) -> (Vec<i64>, Vec<Option<i64>>, Vec<&str>) {
     let chat_ids = conversations.iter().map(|(chat_id, _, _)| *chat_id).collect();
     let thread_ids = conversations.iter().map(|(_, thread_id, _)| *thread_id).collect();
     let agents = conversations.iter().map(|(_, _, agent)| agent.as_str()).collect();

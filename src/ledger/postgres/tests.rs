@@ -407,7 +407,7 @@ async fn an_election_waits_for_the_fenced_writes_in_flight() {
     let old = elected(&mut a).await;
     // A fenced write of the old leader, in flight: it passed its fence and has not committed.
     let mut in_flight = ledger.pool.begin().await.unwrap();
-    fence_and_move_offset(&mut in_flight, old.term, BOT, 7).await.unwrap();
+    fence_and_move_offset(&mut in_flight, old.term, BOT, 7, &[]).await.unwrap();
     kill_session(a.backend_pid().await.unwrap()).await;
     let b_backend = b.backend_pid().await.unwrap();
     let election = tokio::spawn(async move { campaign_until_elected(&mut b, Duration::from_secs(5)).await });
@@ -508,7 +508,7 @@ async fn a_renewal_does_not_wait_for_a_fenced_write_in_flight() {
     let mut leader = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
     let tenure = elected(&mut leader).await;
     let mut in_flight = ledger.pool.begin().await.unwrap();
-    fence_and_move_offset(&mut in_flight, tenure.term, BOT, 3).await.unwrap();
+    fence_and_move_offset(&mut in_flight, tenure.term, BOT, 3, &[]).await.unwrap();
     let renewal = tokio::time::timeout(Duration::from_secs(2), leader.renew_once(tenure.term)).await;
     assert_eq!(renewal, Ok(Renewal::Renewed), "renewed beside the fenced write");
     in_flight.commit().await.unwrap();
@@ -590,6 +590,36 @@ async fn deliveries_spanning_the_same_conversations_in_opposite_orders_both_go_t
     assert_eq!(tasks, (0..CONVERSATIONS).map(|chat| (100 + chat, 1)).collect::<Vec<_>>());
     one.close().await;
     two.close().await;
+    schema.drop().await;
+}
+
+/// A polled batch holds its conversations in its fence's statement: it waits for another
+/// transaction holding one of them (an agent's declaration, a delivery on another
+/// replica), and then reads the task that one committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_polled_batch_waits_for_a_conversation_held_elsewhere() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease(5000)).await.unwrap();
+    let term = elected(&mut a).await.term;
+    let first = routed(1);
+    let conversation = (
+        first.envelope.channel.chat_id,
+        first.envelope.channel.thread_id.map(i64::from),
+        "worker".to_owned(),
+    );
+    let mut holder = ledger.pool.begin().await.unwrap();
+    tasks::hold_conversations(&mut holder, &[conversation]).await.unwrap();
+    let batch = [first];
+    let polled = ledger.record_updates(term, BOT, 2, &batch);
+    tokio::pin!(polled);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), &mut polled).await.is_err(),
+        "the polled batch went on while its conversation was held elsewhere"
+    );
+    holder.commit().await.unwrap();
+    assert_eq!(polled.await.unwrap(), [true]);
+    ledger.close().await;
     schema.drop().await;
 }
 
