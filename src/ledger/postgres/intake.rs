@@ -199,29 +199,45 @@ fn describe(current: CurrentTerm) -> String {
 /// first recorded — in the ledger, else earlier in this batch — else the envelope the
 /// bot's quoted message answered. SQLite finds the same by looking each row's quote up
 /// after the rows before it are inserted; here the batch is one insert, so an earlier row
-/// of the batch is found in the batch.
+/// of the batch is found in the batch. Every quote of the batch is looked up in one
+/// statement (a statement is a round trip): in a group where the bot sees only what
+/// answers it, nearly every message quotes.
 async fn quoted_trace_ids(
     tx: &mut PgConnection,
     batch: &[RoutedEnvelope],
 ) -> LedgerResult<Vec<Option<TraceId>>> {
-    let mut quotes = Vec::with_capacity(batch.len());
-    for (index, routed) in batch.iter().enumerate() {
-        let e = &routed.envelope;
-        let Some(quoted) = &e.context.quoted else {
-            quotes.push(None);
-            continue;
-        };
-        let (chat_id, message_id) = (e.channel.chat_id, i64::from(quoted.message_id));
-        let found = match reactions::recorded_message(tx, chat_id, message_id).await? {
-            Some(trace_id) => Some(trace_id),
-            None => match earlier_in_batch(&batch[..index], chat_id, message_id) {
-                Some(trace_id) => Some(trace_id),
-                None => reactions::answered_by_bot_message(tx, chat_id, message_id)
-                    .await?
-                    .map(|(trace_id, _)| trace_id),
-            },
-        };
-        quotes.push(found);
+    let quoting: Vec<(usize, i64, i64)> = batch
+        .iter()
+        .enumerate()
+        .filter_map(|(index, routed)| {
+            let e = &routed.envelope;
+            Some((index, e.channel.chat_id, i64::from(e.context.quoted.as_ref()?.message_id)))
+        })
+        .collect();
+    let mut quotes = vec![None; batch.len()];
+    if quoting.is_empty() {
+        return Ok(quotes);
+    }
+    let chat_ids: Vec<i64> = quoting.iter().map(|(_, chat_id, _)| *chat_id).collect();
+    let message_ids: Vec<i64> = quoting.iter().map(|(_, _, message_id)| *message_id).collect();
+    let found: Vec<(Option<TraceId>, Option<TraceId>)> = sqlx::query_as(concat!(
+        "SELECT (",
+        reactions::user_message!("q.chat_id", "q.message_id"),
+        ") AS user_message, (",
+        reactions::bot_answer!("e.trace_id", "q.chat_id", "q.message_id"),
+        ") AS answered FROM UNNEST($1::bigint[], $2::bigint[]) WITH ORDINALITY AS q (chat_id, message_id, position) \
+         ORDER BY q.position"
+    ))
+    .bind(chat_ids)
+    .bind(message_ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    if found.len() != quoting.len() {
+        return Err(LedgerError::other(format!("{} quotes looked up, {} found", quoting.len(), found.len())));
+    }
+    for ((index, chat_id, message_id), (user_message, answered)) in quoting.into_iter().zip(found) {
+        quotes[index] =
+            user_message.or_else(|| earlier_in_batch(&batch[..index], chat_id, message_id)).or(answered);
     }
     Ok(quotes)
 }

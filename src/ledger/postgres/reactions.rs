@@ -18,6 +18,39 @@ use crate::ledger::LedgerResult;
 use crate::ledger::prelude::*;
 use crate::telegram::envelope::Reaction;
 
+/// A query of `$columns` of the first reply attempt `a` (with its envelope `e`) that
+/// Telegram confirmed as the bot's message `$message` in `$chat` (SQL expressions): what
+/// that message answered.
+macro_rules! bot_answer {
+    ($columns:literal, $chat:literal, $message:literal) => {
+        concat!(
+            "SELECT ",
+            $columns,
+            " FROM attempts a JOIN envelopes e ON e.id = a.envelope_id WHERE a.chat_id = ",
+            $chat,
+            " AND a.telegram_message_id = ",
+            $message,
+            " AND a.purpose = 'reply' ORDER BY a.id LIMIT 1"
+        )
+    };
+}
+pub(super) use bot_answer;
+
+/// A query of the trace id of the user's message `$message` in `$chat` (SQL expressions)
+/// as first recorded (not a later edit of it).
+macro_rules! user_message {
+    ($chat:literal, $message:literal) => {
+        concat!(
+            "SELECT trace_id FROM envelopes WHERE chat_id = ",
+            $chat,
+            " AND message_id = ",
+            $message,
+            " AND update_id IS NOT NULL AND state <> 'undecodable' ORDER BY id LIMIT 1"
+        )
+    };
+}
+pub(super) use user_message;
+
 /// The envelope a message the bot sent in `chat_id` answered, and the agent it answered
 /// for: the first reply attempt Telegram confirmed with that message id.
 pub(super) async fn answered_by_bot_message(
@@ -25,31 +58,11 @@ pub(super) async fn answered_by_bot_message(
     chat_id: i64,
     message_id: i64,
 ) -> LedgerResult<Option<(TraceId, String)>> {
-    Ok(sqlx::query_as(
-        "SELECT e.trace_id, a.agent FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-         WHERE a.chat_id = $1 AND a.telegram_message_id = $2 AND a.purpose = 'reply' ORDER BY a.id LIMIT 1",
-    )
-    .bind(chat_id)
-    .bind(message_id)
-    .fetch_optional(&mut *tx)
-    .await?)
-}
-
-/// The trace id of the user's message `message_id` in `chat_id` as first recorded (not a
-/// later edit of it), if the ledger holds it.
-pub(super) async fn recorded_message(
-    tx: &mut PgConnection,
-    chat_id: i64,
-    message_id: i64,
-) -> LedgerResult<Option<TraceId>> {
-    Ok(sqlx::query_scalar(
-        "SELECT trace_id FROM envelopes WHERE chat_id = $1 AND message_id = $2 AND update_id IS NOT NULL \
-         AND state <> 'undecodable' ORDER BY id LIMIT 1",
-    )
-    .bind(chat_id)
-    .bind(message_id)
-    .fetch_optional(&mut *tx)
-    .await?)
+    Ok(sqlx::query_as(bot_answer!("e.trace_id, a.agent", "$1", "$2"))
+        .bind(chat_id)
+        .bind(message_id)
+        .fetch_optional(&mut *tx)
+        .await?)
 }
 
 /// Why a reaction reaches no agent, or `None` when it is addressed to one.

@@ -842,9 +842,23 @@ async fn figures() {
     // One conversation, as the figure; then a batch spread over 25 conversations,
     // as a burst to many chats is; then every message a conversation's first, as in a
     // backlog from many chats, where each message starts a task.
-    ingest_figures(&ledger, term, "1 conversation", |_| 42).await;
-    ingest_figures(&ledger, term, "25 conversations", |update_id| 42 + update_id % 25).await;
-    ingest_figures(&ledger, term, "a new conversation a message", |update_id| 42 + update_id).await;
+    // And a batch in 25 group topics where every message quotes the bot, as where the bot
+    // sees only what answers it.
+    ingest_figures(&ledger, term, "1 conversation", |_| {}).await;
+    ingest_figures(&ledger, term, "25 conversations", |row| {
+        row.envelope.channel.chat_id += row.envelope.update_id % 25
+    })
+    .await;
+    ingest_figures(&ledger, term, "a new conversation a message", |row| {
+        row.envelope.channel.chat_id += row.envelope.update_id;
+    })
+    .await;
+    ingest_figures(&ledger, term, "25 conversations, each message quoting", |row| {
+        row.envelope.channel.chat_id += row.envelope.update_id % 25;
+        row.envelope.context.quoted =
+            Some(crate::telegram::parts::Quoted { message_id: 7, text: Some("the bot's question".into()) });
+    })
+    .await;
 
     let lease = lease(3000);
     let mut takeovers = Vec::new();
@@ -877,8 +891,8 @@ async fn figures() {
 }
 
 /// Prints intake's fenced write against a raw batched insert of the same rows, alternating
-/// batch by batch, each message in the chat `chat_of` its update id (`spread` says how).
-async fn ingest_figures(ledger: &PgLedger, term: Term, spread: &str, chat_of: fn(i64) -> i64) {
+/// batch by batch, each message in chat 42 and then changed by `shape` (`spread` says how).
+async fn ingest_figures(ledger: &PgLedger, term: Term, spread: &str, shape: fn(&mut RoutedEnvelope)) {
     const BATCHES: i64 = 40;
     const BATCH: i64 = 100;
     // Rounds of BATCHES batches, each round from an empty table: 360 batches a side
@@ -887,7 +901,7 @@ async fn ingest_figures(ledger: &PgLedger, term: Term, spread: &str, chat_of: fn
     const ROUNDS: i64 = 10;
     let in_conversation = |update_id: i64| {
         let mut row = routed(update_id);
-        row.envelope.channel.chat_id = chat_of(update_id);
+        shape(&mut row);
         row
     };
     let (mut fenced, mut raw) = (Vec::new(), Vec::new());
