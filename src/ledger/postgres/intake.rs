@@ -218,20 +218,41 @@ async fn quoted_trace_ids(
     if quoting.is_empty() {
         return Ok(quotes);
     }
-    let chat_ids: Vec<i64> = quoting.iter().map(|(_, chat_id, _)| *chat_id).collect();
-    let message_ids: Vec<i64> = quoting.iter().map(|(_, _, message_id)| *message_id).collect();
-    let found: Vec<(Option<TraceId>, Option<TraceId>)> = sqlx::query_as(concat!(
-        "SELECT (",
-        reactions::user_message!("q.chat_id", "q.message_id"),
-        ") AS user_message, (",
-        reactions::bot_answer!("e.trace_id", "q.chat_id", "q.message_id"),
-        ") AS answered FROM UNNEST($1::bigint[], $2::bigint[]) WITH ORDINALITY AS q (chat_id, message_id, position) \
-         ORDER BY q.position"
-    ))
-    .bind(chat_ids)
-    .bind(message_ids)
-    .fetch_all(&mut *tx)
-    .await?;
+    // One quote, the usual case, has a statement of its own: the generic plan of the
+    // statement for several assumes arrays of ten, so PostgreSQL would plan it afresh at
+    // every call (see `tasks::latest_tasks`), which costs a single quote more than the
+    // round trip saved.
+    let found: Vec<(Option<TraceId>, Option<TraceId>)> = match quoting.as_slice() {
+        [(_, chat_id, message_id)] => {
+            sqlx::query_as(concat!(
+                "SELECT (",
+                reactions::user_message!("$1", "$2"),
+                ") AS user_message, (",
+                reactions::bot_answer!("e.trace_id", "$1", "$2"),
+                ") AS answered"
+            ))
+            .bind(chat_id)
+            .bind(message_id)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+        several => {
+            let chat_ids: Vec<i64> = several.iter().map(|(_, chat_id, _)| *chat_id).collect();
+            let message_ids: Vec<i64> = several.iter().map(|(_, _, message_id)| *message_id).collect();
+            sqlx::query_as(concat!(
+                "SELECT (",
+                reactions::user_message!("q.chat_id", "q.message_id"),
+                ") AS user_message, (",
+                reactions::bot_answer!("e.trace_id", "q.chat_id", "q.message_id"),
+                ") AS answered FROM UNNEST($1::bigint[], $2::bigint[]) WITH ORDINALITY \
+                 AS q (chat_id, message_id, position) ORDER BY q.position"
+            ))
+            .bind(chat_ids)
+            .bind(message_ids)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+    };
     if found.len() != quoting.len() {
         return Err(LedgerError::other(format!("{} quotes looked up, {} found", quoting.len(), found.len())));
     }
