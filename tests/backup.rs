@@ -1,8 +1,9 @@
 //! `switchboard ledger backup` as an operator meets it: a copy taken while the daemon
 //! receives and answers, which switchboard's own commands then read as the ledger it was;
 //! and a backup that cannot be made (its name taken, its disk full) or is killed halfway
-//! leaves nothing a restore could take for one. On PostgreSQL (`tests/on_postgres.rs` runs this suite
-//! again) the command points at `pg_dump` and the SQLite tests have nothing to copy.
+//! leaves nothing a restore could take for one. On PostgreSQL (`tests/on_postgres.rs`
+//! runs this suite again) the command points at `pg_dump` and the SQLite tests have
+//! nothing to copy.
 
 mod support;
 

@@ -151,7 +151,7 @@ impl PgLedger {
             tasks::hold_conversations(&mut tx, &conversations.held).await?;
         }
         // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
-        let plan = tasks::plan_batch(&mut tx, batch.len(), conversations).await?;
+        let plan = tasks::plan_batch(&mut tx, conversations).await?;
         let quotes = quoted_trace_ids(&mut tx, batch).await?;
         let ids = insert_rows(&mut tx, batch, &plan.tags, &quotes).await?;
         // The tasks the batch starts, then its commands and edits in arrival order, in this

@@ -196,7 +196,7 @@ pub(super) struct Conversations {
     pub(super) held: Vec<Conversation>,
     /// The conversations whose latest task a plain message joins, in the batch's order.
     to_read: Vec<Conversation>,
-    /// Per row of the batch.
+    /// Per row of the batch, one each.
     rows: Vec<RowTask>,
 }
 
@@ -236,11 +236,10 @@ pub(super) fn conversations_of(batch: &[RoutedEnvelope], bot_username: Option<&s
 /// statement whatever their number (a statement is a round trip).
 pub(super) async fn plan_batch(
     tx: &mut PgConnection,
-    batch_len: usize,
     conversations: Conversations,
 ) -> LedgerResult<BatchTasks> {
     let Conversations { to_read, rows, .. } = conversations;
-    let mut plan = BatchTasks { tags: vec![None; batch_len], ..BatchTasks::default() };
+    let mut plan = BatchTasks { tags: vec![None; rows.len()], ..BatchTasks::default() };
     let mut joined: Vec<Option<(TaskId, i64)>> = latest_tasks(tx, &to_read)
         .await?
         .into_iter()
