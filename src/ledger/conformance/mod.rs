@@ -77,6 +77,7 @@ macro_rules! suite {
             replies::reactions_and_edits_settle_nothing_and_are_no_part_of_a_reply,
             replies::the_bots_messages_are_known_by_their_confirmed_sends,
             replies::reactions_are_owed_to_the_agent_whose_reply_they_are_on_and_stored_once,
+            replies::a_batch_of_reactions_is_stored_in_order_and_each_owed_for_itself,
             );
         }
     };

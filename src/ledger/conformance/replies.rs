@@ -262,3 +262,56 @@ pub(crate) async fn reactions_are_owed_to_the_agent_whose_reply_they_are_on_and_
     ledger.reactions_delivered(&[owed[0].id]).await.unwrap();
     assert!(ledger.owed_reactions(&orch).await.unwrap().is_empty());
 }
+
+/// A batch's reactions are stored in its order, whatever their number: alone, a reaction
+/// is owed as in a batch of several, and in a batch each finds what it is on, is owed or
+/// ignored for itself, and one repeated in the batch is stored once.
+pub(crate) async fn a_batch_of_reactions_is_stored_in_order_and_each_owed_for_itself<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let orch = AgentName::parse("orch").unwrap();
+    ledger
+        .record_batch(1, 3, &[routed(1, EnvelopeState::Pending), routed(2, EnvelopeState::Pending)])
+        .await
+        .unwrap();
+    let mut answered = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
+    answered.sort_by_key(|e| e.id);
+    for (envelope, bot_message) in answered.iter().zip([500, 501]) {
+        let sent = ledger.begin_attempt(&one_part_reply(envelope.id)).await.unwrap().unwrap();
+        ledger
+            .finish_attempt(&sent, &AttemptOutcome::Sent { message_id: bot_message }, "agent:orch")
+            .await
+            .unwrap();
+    }
+    let (on_500, on_501) = (answered[0].trace_id.as_str(), answered[1].trace_id.as_str());
+
+    let alone = ledger
+        .record_batch_with_reactions(1, 11, &[], &[reaction_on(10, 500, &["👍"])], &[], None)
+        .await
+        .unwrap();
+    assert_eq!(alone.reactions.iter().map(|r| r.trace_id.as_str()).collect::<Vec<_>>(), [on_500]);
+
+    let batch = [
+        reaction_on(11, 501, &["🔥"]),
+        reaction_on(12, 999, &["👍"]),
+        reaction_on(13, 500, &[]),
+        reaction_on(11, 501, &["🔥"]),
+        reaction_on(14, 500, &["👎"]),
+    ];
+    let recorded = ledger.record_batch_with_reactions(1, 15, &[], &batch, &[], None).await.unwrap();
+    let owed: Vec<(&str, &str)> =
+        recorded.reactions.iter().map(|r| (r.trace_id.as_str(), r.emoji.as_str())).collect();
+    assert_eq!(owed, [(on_501, "🔥"), (on_500, "👎")], "owed in the batch's order, the repeated one once");
+    let states: Vec<String> =
+        ledger.reactions_recorded().await.unwrap().into_iter().map(|r| r.state).collect();
+    assert_eq!(states, ["owed", "owed", "ignored", "ignored", "owed"], "one row an update, in arrival order");
+
+    let owed_now = ledger.owed_reactions(&orch).await.unwrap();
+    assert_eq!(owed_now.iter().map(|r| r.emoji.as_str()).collect::<Vec<_>>(), ["👍", "🔥", "👎"]);
+    assert!(owed_now.windows(2).all(|pair| pair[0].id < pair[1].id), "ids in arrival order");
+    let returned: Vec<i64> = alone.reactions.iter().chain(&recorded.reactions).map(|r| r.id).collect();
+    assert_eq!(
+        returned,
+        owed_now.iter().map(|r| r.id).collect::<Vec<_>>(),
+        "each handed over with its own row's id"
+    );
+}

@@ -8,14 +8,14 @@
 //! so a second marking changes nothing.
 
 use async_trait::async_trait;
-use sqlx::{PgConnection, Row};
+use sqlx::PgConnection;
 
 use super::PgLedger;
 use super::rows::reaction_columns;
 use crate::domain::{ReactionAudit, RoutedReaction, StoredReaction};
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::LedgerResult;
 use crate::ledger::prelude::*;
+use crate::ledger::{LedgerError, LedgerResult};
 use crate::telegram::envelope::Reaction;
 
 /// A query of `$columns` of the first reply attempt `a` (with its envelope `e`) that
@@ -51,20 +51,6 @@ macro_rules! user_message {
 }
 pub(super) use user_message;
 
-/// The envelope a message the bot sent in `chat_id` answered, and the agent it answered
-/// for: the first reply attempt Telegram confirmed with that message id.
-pub(super) async fn answered_by_bot_message(
-    tx: &mut PgConnection,
-    chat_id: i64,
-    message_id: i64,
-) -> LedgerResult<Option<(TraceId, String)>> {
-    Ok(sqlx::query_as(bot_answer!("e.trace_id, a.agent", "$1", "$2"))
-        .bind(chat_id)
-        .bind(message_id)
-        .fetch_optional(&mut *tx)
-        .await?)
-}
-
 /// Why a reaction reaches no agent, or `None` when it is addressed to one.
 fn ignored_because(reaction: &Reaction, answered: Option<&(TraceId, String)>) -> Option<&'static str> {
     if reaction.emoji.is_empty() {
@@ -77,56 +63,154 @@ fn ignored_because(reaction: &Reaction, answered: Option<&(TraceId, String)>) ->
 }
 
 /// Stores the batch's reactions, inside intake's transaction; returns those newly owed
-/// to an agent. A re-polled reaction is skipped.
+/// to an agent, in the batch's order. A re-polled reaction is skipped. However many
+/// reactions a batch holds, they cost two statements: what each is on, then the rows.
 pub(super) async fn record_reactions(
     tx: &mut PgConnection,
     reactions: &[RoutedReaction],
 ) -> LedgerResult<Vec<StoredReaction>> {
-    let mut owed = Vec::new();
-    for routed in reactions {
-        let r = &routed.reaction;
-        let emoji = r.emoji.join(" ");
-        let answered = answered_by_bot_message(tx, r.chat_id, i64::from(r.message_id)).await?;
-        let note = ignored_because(r, answered.as_ref());
-        let (agent, trace_id) = match (note, answered) {
-            (None, Some((trace_id, agent))) => (Some(agent), Some(trace_id)),
-            _ => (None, None),
-        };
-        let stored = sqlx::query(
-            "INSERT INTO reactions (update_id, update_digest, chat_id, message_id, user_id, \"user\", emoji, \
-             reacted_at, received_at, agent, trace_id, state, note) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9, $10, $11, $12) \
-             ON CONFLICT (update_id, update_digest) DO NOTHING RETURNING id",
-        )
-        .bind(r.update_id)
-        .bind(&routed.update_digest)
-        .bind(r.chat_id)
-        .bind(i64::from(r.message_id))
-        .bind(r.user_id)
-        .bind(&r.user)
-        .bind(&emoji)
-        .bind(r.date)
-        .bind(&agent)
-        .bind(&trace_id)
-        .bind(if note.is_some() { "ignored" } else { "owed" })
-        .bind(note)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if let (Some(row), Some(agent), Some(trace_id)) = (stored, agent, trace_id) {
-            owed.push(StoredReaction {
-                id: row.try_get("id")?,
-                agent,
-                trace_id,
-                chat_id: r.chat_id,
-                message_id: i64::from(r.message_id),
-                user_id: r.user_id,
-                user: r.user.clone(),
-                emoji,
-                reacted_at: r.date,
-            });
+    if reactions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let answered = answered_by_bot_messages(tx, reactions).await?;
+    let rows: Vec<ReactionRow<'_>> =
+        reactions.iter().zip(answered).map(|(routed, answered)| ReactionRow::of(routed, answered)).collect();
+    let ids = insert_reactions(tx, &rows).await?;
+    Ok(rows.into_iter().zip(ids).filter_map(|(row, id)| row.owed(id?)).collect())
+}
+
+/// A reaction as its row stores it: to whom it is owed, or why it reaches nobody.
+struct ReactionRow<'a> {
+    routed: &'a RoutedReaction,
+    emoji: String,
+    /// The envelope and the agent it is owed to; `None` when `note` says why it is not.
+    owed_to: Option<(TraceId, String)>,
+    note: Option<&'static str>,
+}
+
+impl<'a> ReactionRow<'a> {
+    fn of(routed: &'a RoutedReaction, answered: Option<(TraceId, String)>) -> Self {
+        let note = ignored_because(&routed.reaction, answered.as_ref());
+        let owed_to = if note.is_none() { answered } else { None };
+        Self { routed, emoji: routed.reaction.emoji.join(" "), owed_to, note }
+    }
+
+    fn reaction(&self) -> &Reaction {
+        &self.routed.reaction
+    }
+
+    fn state(&self) -> &'static str {
+        if self.note.is_some() { "ignored" } else { "owed" }
+    }
+
+    /// What a session is handed, once the row is stored as `id`.
+    fn owed(self, id: i64) -> Option<StoredReaction> {
+        let (trace_id, agent) = self.owed_to?;
+        let r = &self.routed.reaction;
+        Some(StoredReaction {
+            id,
+            agent,
+            trace_id,
+            chat_id: r.chat_id,
+            message_id: i64::from(r.message_id),
+            user_id: r.user_id,
+            user: r.user.clone(),
+            emoji: self.emoji,
+            reacted_at: r.date,
+        })
+    }
+}
+
+/// For each reaction, the envelope the bot's message it is on answered, and the agent it
+/// answered for: the first reply attempt Telegram confirmed with that message id. One
+/// reaction, the usual case, has a statement of its own (see `intake::quoted_trace_ids`).
+async fn answered_by_bot_messages(
+    tx: &mut PgConnection,
+    reactions: &[RoutedReaction],
+) -> LedgerResult<Vec<Option<(TraceId, String)>>> {
+    let found: Vec<(Option<TraceId>, Option<String>)> = match reactions {
+        [routed] => {
+            let r = &routed.reaction;
+            let answered: Option<(TraceId, String)> =
+                sqlx::query_as(bot_answer!("e.trace_id, a.agent", "$1", "$2"))
+                    .bind(r.chat_id)
+                    .bind(i64::from(r.message_id))
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            vec![answered.map_or((None, None), |(trace_id, agent)| (Some(trace_id), Some(agent)))]
+        }
+        several => {
+            let chat_ids: Vec<i64> = several.iter().map(|routed| routed.reaction.chat_id).collect();
+            let message_ids: Vec<i64> =
+                several.iter().map(|routed| i64::from(routed.reaction.message_id)).collect();
+            sqlx::query_as(concat!(
+                "SELECT b.trace_id, b.agent FROM UNNEST($1::bigint[], $2::bigint[]) WITH ORDINALITY \
+                 AS q (chat_id, message_id, position) LEFT JOIN LATERAL (",
+                bot_answer!("e.trace_id, a.agent", "q.chat_id", "q.message_id"),
+                ") b ON true ORDER BY q.position"
+            ))
+            .bind(chat_ids)
+            .bind(message_ids)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+    };
+    if found.len() != reactions.len() {
+        return Err(LedgerError::other(format!(
+            "{} reactions looked up, {} found",
+            reactions.len(),
+            found.len()
+        )));
+    }
+    Ok(found.into_iter().map(|(trace_id, agent)| trace_id.zip(agent)).collect())
+}
+
+/// The rows in one statement, in the batch's order; returns each one's id, `None` for a
+/// reaction already stored (a re-poll, a delivery repeated).
+async fn insert_reactions(tx: &mut PgConnection, rows: &[ReactionRow<'_>]) -> LedgerResult<Vec<Option<i64>>> {
+    let stored: Vec<(i64, i64, String)> = sqlx::query_as(
+        "INSERT INTO reactions (update_id, update_digest, chat_id, message_id, user_id, \"user\", emoji, \
+         reacted_at, received_at, agent, trace_id, state, note) \
+         SELECT update_id, update_digest, chat_id, message_id, user_id, \"user\", emoji, reacted_at, now(), \
+         agent, trace_id, state, note \
+         FROM UNNEST($1::bigint[], $2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::text[], \
+         $7::text[], $8::timestamptz[], $9::text[], $10::text[], $11::text[], $12::text[]) WITH ORDINALITY \
+         AS r (update_id, update_digest, chat_id, message_id, user_id, \"user\", emoji, reacted_at, agent, \
+         trace_id, state, note, position) \
+         ORDER BY position \
+         ON CONFLICT (update_id, update_digest) DO NOTHING \
+         RETURNING id, update_id, update_digest",
+    )
+    .bind(rows.iter().map(|row| row.reaction().update_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.routed.update_digest.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.reaction().chat_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| i64::from(row.reaction().message_id)).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.reaction().user_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.reaction().user.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.emoji.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.reaction().date).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.owed_to.as_ref().map(|(_, agent)| agent.as_str())).collect::<Vec<_>>())
+    .bind(
+        rows.iter()
+            .map(|row| row.owed_to.as_ref().map(|(trace_id, _)| trace_id.as_str()))
+            .collect::<Vec<_>>(),
+    )
+    .bind(rows.iter().map(ReactionRow::state).collect::<Vec<_>>())
+    .bind(rows.iter().map(|row| row.note).collect::<Vec<_>>())
+    .fetch_all(&mut *tx)
+    .await?;
+    // RETURNING gives no order: each id goes back to the first row of its update (a
+    // second of the same update in one batch conflicts with the first, as a re-poll does).
+    let mut ids = vec![None; rows.len()];
+    for (id, update_id, digest) in stored {
+        let first = rows
+            .iter()
+            .position(|row| row.reaction().update_id == update_id && row.routed.update_digest == digest);
+        if let Some(first) = first {
+            ids[first] = Some(id);
         }
     }
-    Ok(owed)
+    Ok(ids)
 }
 
 #[async_trait]
