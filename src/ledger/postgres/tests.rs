@@ -830,8 +830,8 @@ async fn postgres_errors_map_to_what_callers_decide_on() {
 }
 
 /// Figures, not a check: intake's fenced write against a raw batched insert of the same
-/// rows on the same server, alternating, and the takeover time after a leader's session
-/// dies: `cargo test --lib ledger::postgres::tests::figures -- --ignored --nocapture`
+/// rows on the same server, alternating; a batch of reactions and a batch of one message;
+/// and the takeover time after a leader's session dies: `cargo test --lib ledger::postgres::tests::figures -- --ignored --nocapture`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a measurement; run it by name"]
 async fn figures() {
@@ -859,6 +859,8 @@ async fn figures() {
             Some(crate::telegram::parts::Quoted { message_id: 7, text: Some("the bot's question".into()) });
     })
     .await;
+    reaction_figures(&ledger, term).await;
+    one_message_figures(&ledger, term).await;
 
     let lease = lease(3000);
     let mut takeovers = Vec::new();
@@ -994,6 +996,72 @@ async fn ingest_figures(ledger: &PgLedger, term: Term, spread: &str, shape: fn(&
         "ingest, batches of {BATCH}, {spread} (median batch): record_updates {fenced_rate:.0} envelopes/s ({fenced_batch:?}), \
          raw batched insert {raw_rate:.0}/s ({raw_batch:?}), ratio {:.2}",
         fenced_rate / raw_rate
+    );
+}
+
+/// Prints what a polled batch of one message costs when it joins its conversation's task
+/// and when it starts one (its conversation's first message): medians of 400 batches each,
+/// alternating.
+async fn one_message_figures(ledger: &PgLedger, term: Term) {
+    const FIRST_UPDATE: i64 = 3_000_000_000;
+    sqlx::query("TRUNCATE envelopes CASCADE").execute(&ledger.pool).await.unwrap();
+    let (mut joining, mut starting) = (Vec::new(), Vec::new());
+    for n in 0..800 {
+        let update_id = FIRST_UPDATE + n;
+        let mut row = routed(update_id);
+        let starts = n % 2 == 1;
+        if starts {
+            row.envelope.channel.chat_id += update_id;
+        }
+        let started = Instant::now();
+        ledger.record_updates(term, BOT, update_id + 1, &[row]).await.unwrap();
+        if n >= 2 {
+            if starts { &mut starting } else { &mut joining }.push(started.elapsed());
+        }
+    }
+    let median = |times: &mut Vec<Duration>| {
+        times.sort();
+        times[times.len() / 2]
+    };
+    eprintln!(
+        "a polled batch of one message (median): joining its conversation's task {:?}, starting one {:?}",
+        median(&mut joining),
+        median(&mut starting)
+    );
+}
+
+/// Prints what a polled batch of 100 reactions costs, each on another of the bot's answers:
+/// the median of 200 batches.
+async fn reaction_figures(ledger: &PgLedger, term: Term) {
+    use crate::ledger::conformance::fixtures::{one_part_reply, reaction_on};
+    use crate::ledger::{AttemptOutcome, ListFilter};
+    const BATCH: i64 = 100;
+    const FIRST_UPDATE: i64 = 2_000_000_000;
+    sqlx::query("TRUNCATE envelopes CASCADE").execute(&ledger.pool).await.unwrap();
+    let answered: Vec<RoutedEnvelope> = (FIRST_UPDATE..FIRST_UPDATE + BATCH).map(routed).collect();
+    ledger.record_updates(term, BOT, FIRST_UPDATE + BATCH, &answered).await.unwrap();
+    let stored = ledger.list(&ListFilter { limit: BATCH as _, ..Default::default() }).await.unwrap();
+    for (n, envelope) in stored.iter().enumerate() {
+        let sent = ledger.begin_attempt(&one_part_reply(envelope.id)).await.unwrap().unwrap();
+        let outcome = AttemptOutcome::Sent { message_id: 10_000 + n as i32 };
+        ledger.finish_attempt(&sent, &outcome, "agent:orch").await.unwrap();
+    }
+    ledger.lead_polling(BOT, term);
+    let mut times = Vec::new();
+    for batch in 0..200 {
+        let first = FIRST_UPDATE + BATCH * (batch + 1);
+        let reactions: Vec<_> =
+            (0..BATCH).map(|n| reaction_on(first + n, 10_000 + n as i32, &["👍"])).collect();
+        let started = Instant::now();
+        let recorded =
+            ledger.record_batch_with_reactions(BOT, first + BATCH, &[], &reactions, &[], None).await.unwrap();
+        times.push(started.elapsed());
+        assert_eq!(recorded.reactions.len(), BATCH as usize, "each reaction is owed");
+    }
+    times.sort();
+    eprintln!(
+        "a polled batch of {BATCH} reactions on the bot's answers: median {:?}",
+        times[times.len() / 2]
     );
 }
 
