@@ -17,6 +17,7 @@ use crate::config::{Database, Synchronous};
 mod error;
 pub mod postgres;
 mod prune_batches;
+mod reaction_rows;
 pub mod seam;
 pub mod sqlite;
 mod task_rows;

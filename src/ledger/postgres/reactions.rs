@@ -15,8 +15,8 @@ use super::rows::reaction_columns;
 use crate::domain::{ReactionAudit, RoutedReaction, StoredReaction};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::prelude::*;
+use crate::ledger::reaction_rows::ReactionRow;
 use crate::ledger::{LedgerError, LedgerResult};
-use crate::telegram::envelope::Reaction;
 
 /// A query of `$columns` of the first reply attempt `a` (with its envelope `e`) that
 /// Telegram confirmed as the bot's message `$message` in `$chat` (SQL expressions): what
@@ -51,17 +51,6 @@ macro_rules! user_message {
 }
 pub(super) use user_message;
 
-/// Why a reaction reaches no agent, or `None` when it is addressed to one.
-fn ignored_because(reaction: &Reaction, answered: Option<&(TraceId, String)>) -> Option<&'static str> {
-    if reaction.emoji.is_empty() {
-        Some("reaction removed: none is set now")
-    } else if answered.is_none() {
-        Some("reaction on a message the bot did not send for an agent")
-    } else {
-        None
-    }
-}
-
 /// Stores the batch's reactions, inside intake's transaction; returns those newly owed
 /// to an agent, in the batch's order. A re-polled reaction is skipped. However many
 /// reactions a batch holds, they cost two statements: what each is on, then the rows.
@@ -77,48 +66,6 @@ pub(super) async fn record_reactions(
         reactions.iter().zip(answered).map(|(routed, answered)| ReactionRow::of(routed, answered)).collect();
     let ids = insert_reactions(tx, &rows).await?;
     Ok(rows.into_iter().zip(ids).filter_map(|(row, id)| row.owed(id?)).collect())
-}
-
-/// A reaction as its row stores it: to whom it is owed, or why it reaches nobody.
-struct ReactionRow<'a> {
-    routed: &'a RoutedReaction,
-    emoji: String,
-    /// The envelope and the agent it is owed to; `None` when `note` says why it is not.
-    owed_to: Option<(TraceId, String)>,
-    note: Option<&'static str>,
-}
-
-impl<'a> ReactionRow<'a> {
-    fn of(routed: &'a RoutedReaction, answered: Option<(TraceId, String)>) -> Self {
-        let note = ignored_because(&routed.reaction, answered.as_ref());
-        let owed_to = if note.is_none() { answered } else { None };
-        Self { routed, emoji: routed.reaction.emoji.join(" "), owed_to, note }
-    }
-
-    fn reaction(&self) -> &Reaction {
-        &self.routed.reaction
-    }
-
-    fn state(&self) -> &'static str {
-        if self.note.is_some() { "ignored" } else { "owed" }
-    }
-
-    /// What a session is handed, once the row is stored as `id`.
-    fn owed(self, id: i64) -> Option<StoredReaction> {
-        let (trace_id, agent) = self.owed_to?;
-        let r = &self.routed.reaction;
-        Some(StoredReaction {
-            id,
-            agent,
-            trace_id,
-            chat_id: r.chat_id,
-            message_id: i64::from(r.message_id),
-            user_id: r.user_id,
-            user: r.user.clone(),
-            emoji: self.emoji,
-            reacted_at: r.date,
-        })
-    }
 }
 
 /// For each reaction, the envelope the bot's message it is on answered, and the agent it
@@ -189,12 +136,8 @@ async fn insert_reactions(tx: &mut PgConnection, rows: &[ReactionRow<'_>]) -> Le
     .bind(rows.iter().map(|row| row.reaction().user.as_str()).collect::<Vec<_>>())
     .bind(rows.iter().map(|row| row.emoji.as_str()).collect::<Vec<_>>())
     .bind(rows.iter().map(|row| row.reaction().date).collect::<Vec<_>>())
-    .bind(rows.iter().map(|row| row.owed_to.as_ref().map(|(_, agent)| agent.as_str())).collect::<Vec<_>>())
-    .bind(
-        rows.iter()
-            .map(|row| row.owed_to.as_ref().map(|(trace_id, _)| trace_id.as_str()))
-            .collect::<Vec<_>>(),
-    )
+    .bind(rows.iter().map(ReactionRow::agent).collect::<Vec<_>>())
+    .bind(rows.iter().map(ReactionRow::trace_id).collect::<Vec<_>>())
     .bind(rows.iter().map(ReactionRow::state).collect::<Vec<_>>())
     .bind(rows.iter().map(|row| row.note).collect::<Vec<_>>())
     .fetch_all(&mut *tx)

@@ -21,7 +21,7 @@ use super::{LedgerResult, SqliteLedger, now};
 use crate::domain::{ReactionAudit, RoutedReaction, StoredReaction};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::prelude::*;
-use crate::telegram::envelope::Reaction;
+use crate::ledger::reaction_rows::ReactionRow;
 
 impl StoredReaction {
     fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {
@@ -79,17 +79,6 @@ pub(super) fn quoted_trace_id(
     }
 }
 
-/// Why a reaction reaches no agent, or `None` when it is addressed to one.
-fn ignored_because(reaction: &Reaction, answered: Option<&(TraceId, String)>) -> Option<&'static str> {
-    if reaction.emoji.is_empty() {
-        Some("reaction removed: none is set now")
-    } else if answered.is_none() {
-        Some("reaction on a message the bot did not send for an agent")
-    } else {
-        None
-    }
-}
-
 /// Stores the batch's reactions, inside intake's transaction; returns those newly owed
 /// to an agent. A re-polled reaction is skipped.
 pub(super) fn record_reactions(
@@ -100,13 +89,8 @@ pub(super) fn record_reactions(
     let mut owed = Vec::new();
     for routed in reactions {
         let r = &routed.reaction;
-        let (emoji, reacted_at) = (r.emoji.join(" "), r.date.to_rfc3339_opts(SecondsFormat::Secs, true));
         let answered = answered_by_bot_message(db, r.chat_id, i64::from(r.message_id))?;
-        let note = ignored_because(r, answered.as_ref());
-        let (agent, trace_id) = match (note, answered) {
-            (None, Some((trace_id, agent))) => (Some(agent), Some(trace_id)),
-            _ => (None, None),
-        };
+        let row = ReactionRow::of(routed, answered);
         let stored = query_row_cached(
             db,
             "INSERT INTO reactions (update_id, update_digest, chat_id, message_id, user_id, user, emoji, \
@@ -120,30 +104,18 @@ pub(super) fn record_reactions(
                 r.message_id,
                 r.user_id,
                 r.user,
-                emoji,
-                reacted_at,
+                row.emoji,
+                r.date.to_rfc3339_opts(SecondsFormat::Secs, true),
                 received_at,
-                agent,
-                trace_id,
-                if note.is_some() { "ignored" } else { "owed" },
-                note,
+                row.agent(),
+                row.trace_id(),
+                row.state(),
+                row.note,
             ],
-            |row| row.get::<_, i64>(0),
+            |stored| stored.get::<_, i64>(0),
         )
         .optional()?;
-        if let (Some(id), Some(agent), Some(trace_id)) = (stored, agent, trace_id) {
-            owed.push(StoredReaction {
-                id,
-                agent,
-                trace_id,
-                chat_id: r.chat_id,
-                message_id: i64::from(r.message_id),
-                user_id: r.user_id,
-                user: r.user.clone(),
-                emoji,
-                reacted_at: r.date,
-            });
-        }
+        owed.extend(stored.and_then(|id| row.owed(id)));
     }
     Ok(owed)
 }
