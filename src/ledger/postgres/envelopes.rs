@@ -121,31 +121,23 @@ pub(super) async fn transition_in(
     reason: Option<&str>,
 ) -> LedgerResult<bool> {
     // Each allowed state in turn, as a guard of the update itself: where the envelope is in
-    // the first one (nearly always), the move costs one statement and its event another.
+    // the first one (nearly always), the move and its event cost one statement.
     for &current in from.iter().filter(|&&state| state != to) {
         let moved = sqlx::query(
-            "UPDATE envelopes SET state = $1, state_changed_at = now(), note = COALESCE($2, note) \
-             WHERE id = $3 AND state = $4",
+            "WITH moved AS (UPDATE envelopes SET state = $1, state_changed_at = now(), note = COALESCE($2, note) \
+             WHERE id = $3 AND state = $4 RETURNING id) \
+             INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+             SELECT id, now(), $4, $1, $5, $2 FROM moved",
         )
         .bind(to.as_str())
         .bind(reason)
         .bind(envelope_id)
         .bind(current.as_str())
+        .bind(actor)
         .execute(&mut *tx)
         .await?
         .rows_affected();
         if moved == 1 {
-            sqlx::query(
-                "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
-                 VALUES ($1, now(), $2, $3, $4, $5)",
-            )
-            .bind(envelope_id)
-            .bind(current.as_str())
-            .bind(to.as_str())
-            .bind(actor)
-            .bind(reason)
-            .execute(&mut *tx)
-            .await?;
             return Ok(true);
         }
     }
