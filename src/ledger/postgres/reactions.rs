@@ -75,33 +75,28 @@ async fn answered_by_bot_messages(
     tx: &mut PgConnection,
     reactions: &[RoutedReaction],
 ) -> LedgerResult<Vec<Option<(TraceId, String)>>> {
-    let found: Vec<(Option<TraceId>, Option<String>)> = match reactions {
-        [routed] => {
-            let r = &routed.reaction;
-            let answered: Option<(TraceId, String)> =
-                sqlx::query_as(bot_answer!("e.trace_id, a.agent", "$1", "$2"))
-                    .bind(r.chat_id)
-                    .bind(i64::from(r.message_id))
-                    .fetch_optional(&mut *tx)
-                    .await?;
-            vec![answered.map_or((None, None), |(trace_id, agent)| (Some(trace_id), Some(agent)))]
-        }
-        several => {
-            let chat_ids: Vec<i64> = several.iter().map(|routed| routed.reaction.chat_id).collect();
-            let message_ids: Vec<i64> =
-                several.iter().map(|routed| i64::from(routed.reaction.message_id)).collect();
-            sqlx::query_as(concat!(
-                "SELECT b.trace_id, b.agent FROM UNNEST($1::bigint[], $2::bigint[]) WITH ORDINALITY \
-                 AS q (chat_id, message_id, position) LEFT JOIN LATERAL (",
-                bot_answer!("e.trace_id, a.agent", "q.chat_id", "q.message_id"),
-                ") b ON true ORDER BY q.position"
-            ))
-            .bind(chat_ids)
-            .bind(message_ids)
-            .fetch_all(&mut *tx)
-            .await?
-        }
-    };
+    if let [routed] = reactions {
+        let r = &routed.reaction;
+        let answered = sqlx::query_as(bot_answer!("e.trace_id, a.agent", "$1", "$2"))
+            .bind(r.chat_id)
+            .bind(i64::from(r.message_id))
+            .fetch_optional(&mut *tx)
+            .await?;
+        return Ok(vec![answered]);
+    }
+    let chat_ids: Vec<i64> = reactions.iter().map(|routed| routed.reaction.chat_id).collect();
+    let message_ids: Vec<i64> =
+        reactions.iter().map(|routed| i64::from(routed.reaction.message_id)).collect();
+    let found: Vec<(Option<TraceId>, Option<String>)> = sqlx::query_as(concat!(
+        "SELECT b.trace_id, b.agent FROM UNNEST($1::bigint[], $2::bigint[]) WITH ORDINALITY \
+         AS q (chat_id, message_id, position) LEFT JOIN LATERAL (",
+        bot_answer!("e.trace_id, a.agent", "q.chat_id", "q.message_id"),
+        ") b ON true ORDER BY q.position"
+    ))
+    .bind(chat_ids)
+    .bind(message_ids)
+    .fetch_all(&mut *tx)
+    .await?;
     if found.len() != reactions.len() {
         return Err(LedgerError::other(format!(
             "{} reactions looked up, {} found",
