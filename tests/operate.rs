@@ -116,6 +116,23 @@ async fn the_health_address_answers_as_the_local_api_does() {
     let (_, metrics) = get_at(health, "/metrics").await;
     assert!(metrics.contains("switchboard_ready 1"), "{metrics}");
     assert!(!metrics.contains("switchboard_standing_by"), "no replica on SQLite: {metrics}");
+
+    // The sessions held here, by agent: none yet, then the one that connected, at both
+    // addresses, and none again once it has gone.
+    assert_eq!(ready["sessions"], json!([]), "{ready}");
+    let orchestrator = session(&daemon, "orchestrator").await;
+    assert_eq!(readiness_at(health).await.1["sessions"], json!(["orchestrator"]));
+    assert_eq!(readiness(&daemon).await.1["sessions"], json!(["orchestrator"]));
+    drop(orchestrator);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let ready = readiness(&daemon).await.1;
+        if ready["sessions"] == json!([]) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "a session that ended is still listed: {ready}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test]

@@ -242,6 +242,10 @@ pub struct Readiness {
     /// On PostgreSQL: this replica, and whether it still leads the bot.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replica: Option<ReplicaReadiness>,
+    /// The agents whose session this process holds now, by name: with replicas, where
+    /// each agent is served (none at a standby).
+    #[serde(default)]
+    pub sessions: Vec<String>,
 }
 
 /// A replica's part of `/readyz`. `leads` is false while a replica that lost its lease
@@ -305,6 +309,7 @@ pub fn not_running_yet(replica: Option<&str>, intake: IntakeMode) -> Readiness {
         intake,
         last_poll_success_secs: None,
         replica: replica.map(|name| ReplicaReadiness { name: name.to_owned(), leads: false, term: None }),
+        sessions: Vec::new(),
     }
 }
 
@@ -377,6 +382,7 @@ pub fn assess(
                 intake: IntakeMode::Polling,
                 last_poll_success_secs: poll.ever_succeeded.then_some(poll.since_success.as_secs()),
                 replica: None,
+                sessions: Vec::new(),
             }
         }
         IntakeFacts::Webhook(webhook) => {
@@ -396,6 +402,7 @@ pub fn assess(
                 intake: IntakeMode::Webhook,
                 last_poll_success_secs: None,
                 replica: None,
+                sessions: Vec::new(),
             }
         }
     }

@@ -484,6 +484,7 @@ async fn a_leader_that_stops_gracefully_hands_over_at_once() {
     let (status, ready) = readiness(&leader).await;
     assert_eq!(status, 200, "{ready}");
     assert_eq!(ready["replica"], json!({"name": "first", "leads": true, "term": 1}), "{ready}");
+    assert_eq!(ready["sessions"], json!([]), "no session connected yet: {ready}");
     let (_, metrics) = get(&leader, "/metrics").await;
     assert!(metrics.contains("switchboard_leader_term{replica=\"first\"} 1"), "{metrics}");
 
@@ -499,6 +500,8 @@ async fn a_leader_that_stops_gracefully_hands_over_at_once() {
     assert_eq!(ready["replica"], json!({"name": "second", "leads": true, "term": 2}), "{ready}");
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "after the handover");
     orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    // The new leader holds the session, and says so.
+    assert_eq!(readiness(&standby).await.1["sessions"], json!(["orchestrator"]));
 }
 
 /// `switchboard healthcheck --address ADDRESS [more]` run beside `daemon`: whether it passed,
@@ -538,6 +541,7 @@ async fn every_replica_answers_its_supervisors_probes_at_its_own_health_address(
     assert_eq!(ready["ready"], false, "{ready}");
     assert_eq!(ready["reasons"][0]["code"], "standing_by", "{ready}");
     assert_eq!(ready["replica"], json!({"name": "second", "leads": false}), "{ready}");
+    assert_eq!(ready["sessions"], json!([]), "a standby holds no session: {ready}");
     let (_, metrics) = get_at(standby_health, "/metrics").await;
     assert!(metrics.contains("switchboard_ready{replica=\"second\"} 0"), "{metrics}");
     assert!(metrics.contains("switchboard_standing_by{replica=\"second\"} 1"), "{metrics}");

@@ -69,9 +69,11 @@ pub(crate) async fn healthz() -> Response {
     Json(serde_json::json!({"alive": true})).into_response()
 }
 
-/// Ready: 200, or 503 with the reasons (`operate::health`).
+/// Ready: 200, or 503 with the reasons (`operate::health`), and the sessions held here.
 pub(crate) async fn readyz(operations: Operations) -> Response {
-    readiness_answer(operations.health.readiness().await)
+    let mut readiness = operations.health.readiness().await;
+    readiness.sessions = operations.bridge.connected_agents();
+    readiness_answer(readiness)
 }
 
 /// `/readyz`'s answer for `readiness`.
@@ -89,7 +91,7 @@ pub(crate) async fn metrics_text(operations: Operations) -> Response {
             envelopes: ledger.count_by_state().await?,
             handoffs: ledger.count_handoffs_by_state().await?,
             unreconciled_attempts: ledger.unreconciled_attempts().await?,
-            sessions_connected: bridge.connected_sessions(),
+            sessions_connected: bridge.connected_agents().len(),
             ready,
             permissions: ledger
                 .count_permissions_by_state()

@@ -177,11 +177,20 @@ impl Bridge {
         Ok(OpenedSession { events: rx })
     }
 
-    /// How many agents have a connected session now (for `/metrics`).
-    pub fn connected_sessions(&self) -> usize {
+    /// The agents with a connected session now, in name order (for `/readyz` and
+    /// `/metrics`).
+    pub fn connected_agents(&self) -> Vec<String> {
         let connected =
             |slot: &super::AgentSlot| slot.session.lock().unwrap_or_else(|p| p.into_inner()).is_some();
-        self.inner.agents.values().filter(|slot| connected(slot)).count()
+        let mut agents: Vec<String> = self
+            .inner
+            .agents
+            .iter()
+            .filter(|(_, slot)| connected(slot))
+            .map(|(agent, _)| agent.to_string())
+            .collect();
+        agents.sort();
+        agents
     }
 
     /// The live session's id when `token` is its token; every tool call goes through here.
