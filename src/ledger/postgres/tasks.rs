@@ -290,14 +290,15 @@ pub(super) async fn record_batch_tasks(
         }
         return Ok(effects);
     }
-    // Every row was inserted (above): each start has its envelope's id.
+    // Every row was inserted (the check above): each has its id.
+    let ids: Vec<i64> = ids.iter().flatten().copied().collect();
     let starts: Vec<(&TaskId, Carrier, String, String)> = plan
         .starts
         .iter()
-        .filter_map(|(task_id, index)| {
+        .map(|(task_id, index)| {
             let routed = &batch[*index];
             let text = routed.envelope.text.clone().unwrap_or_else(|| routed.envelope.content());
-            Some((task_id, carrier_of(routed, ids[*index]?), text, sender_of(routed)))
+            (task_id, carrier_of(routed, ids[*index]), text, sender_of(routed))
         })
         .collect();
     let started: Vec<NewTask<'_>> = starts
@@ -313,8 +314,7 @@ pub(super) async fn record_batch_tasks(
         .collect();
     insert_tasks(tx, &started).await?;
     for index in &plan.later {
-        let Some(id) = ids[*index] else { continue };
-        effects.extend(take_in(tx, &batch[*index], id, bot_username).await?);
+        effects.extend(take_in(tx, &batch[*index], ids[*index], bot_username).await?);
     }
     Ok(effects)
 }
