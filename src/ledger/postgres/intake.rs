@@ -131,9 +131,10 @@ impl PgLedger {
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
     ) -> LedgerResult<Result<Recorded, FencedError>> {
-        let mut tx = self.pool.begin().await?;
-        // The batch's conversations are held before their tasks are read.
+        // The batch's conversations, sorted before the transaction begins; they are held
+        // before their tasks are read.
         let conversations = tasks::conversations_of(batch, bot_username);
+        let mut tx = self.pool.begin().await?;
         // The fence moves the offset and holds the conversations in the same statement (two
         // round trips saved); in this transaction, so the offset still moves only with the
         // batch.
