@@ -253,6 +253,7 @@ async fn session(
             agent: agent.clone(),
             session_id: "ses_fake".into(),
             session_token: SESSION_TOKEN.into(),
+            heartbeat_ms: switchboard::agents::api::wire::HEARTBEAT_INTERVAL_SECS * 1000,
         },
         SessionEvent::Envelope(topic_envelope()),
         SessionEvent::Envelope(group_envelope()),

@@ -17,9 +17,10 @@ use tokio_util::task::TaskTracker;
 use crate::agents::api;
 use crate::agents::api::listener::ApiListener;
 use crate::agents::api::server::Operations;
-use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits, RoomDriver, Staging};
+use crate::agents::api::wire::HEARTBEAT_INTERVAL_SECS;
+use crate::agents::bridge::{Bridge, BridgeSettings, HandoffRules, ReplyLimits, RoomDriver, Staging};
 use crate::agents::permissions::PermissionRelay;
-use crate::config::{DaemonSecrets, Retention, Settings};
+use crate::config::{DaemonSecrets, Database, Retention, Settings};
 use crate::ledger::Ledger;
 use crate::ledger::postgres::StepDown;
 use crate::operate::health::{Health, IntakeHealth, PollHealth, WebhookHealth};
@@ -188,12 +189,18 @@ impl Daemon {
             max_reply_parts: settings.outbound.max_reply_parts,
             ack_reaction: settings.outbound.ack_reaction,
         };
+        let single_daemon_heartbeat = Duration::from_secs(HEARTBEAT_INTERVAL_SECS);
+        let session_heartbeat = match &settings.storage.database {
+            Database::Sqlite(_) => single_daemon_heartbeat,
+            Database::Postgres(postgres) => postgres.lease.session_heartbeat(single_daemon_heartbeat),
+        };
+        let bridge_settings =
+            BridgeSettings { limits, handoff_rules: HandoffRules::of(&settings), session_heartbeat };
         let bridge = Bridge::new(
             ledger.clone(),
             outbound.clone(),
             secrets.agents,
-            limits,
-            HandoffRules::of(&settings),
+            bridge_settings,
             shutdown.child_token(),
             tasks.clone(),
         );

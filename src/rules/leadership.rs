@@ -28,6 +28,9 @@ pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 /// trip to the database and a scheduler's hiccup, or a healthy leader loses its lease.
 pub const MIN_LEASE: Duration = Duration::from_millis(300);
 
+/// The most often a replica's session streams carry a heartbeat, however short its lease.
+pub const MIN_SESSION_HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// How many renewals fit in one lease: one may fail (a busy moment, a lost packet) and the
 /// next still comes before the lease ends.
 const RENEWALS_PER_LEASE: u32 = 3;
@@ -77,6 +80,15 @@ impl Lease {
     /// How often the leader renews: a third of the lease.
     pub fn renewal_interval(self) -> Duration {
         self.0 / RENEWALS_PER_LEASE
+    }
+
+    /// How often a replica's idle session streams carry a heartbeat: half the lease,
+    /// between [`MIN_SESSION_HEARTBEAT`] and `single_daemon`'s interval. A plugin gives up
+    /// on a stream after three missed heartbeats and tries the next replica's address, so
+    /// one whose leader stopped answering without closing the connection (paused, wedged)
+    /// moves on about when a standby has taken over, rather than minutes later.
+    pub fn session_heartbeat(self, single_daemon: Duration) -> Duration {
+        (self.0 / 2).clamp(MIN_SESSION_HEARTBEAT, single_daemon.max(MIN_SESSION_HEARTBEAT))
     }
 
     /// The lease in whole milliseconds, as the statements that set `expires_at` take it.
@@ -256,6 +268,18 @@ mod tests {
             Err(LeaseTooShort { given: Duration::from_millis(299) })
         );
         assert_eq!(Lease::new(Duration::from_secs(2)).unwrap().millis(), 2000);
+    }
+
+    #[test]
+    fn a_replicas_sessions_beat_twice_a_lease_within_bounds() {
+        let single = Duration::from_secs(40);
+        let beat = |secs: u64| Lease::new(Duration::from_secs(secs)).unwrap().session_heartbeat(single);
+        assert_eq!(beat(10), Duration::from_secs(5));
+        // Three missed beats fit in one and a half leases: a plugin leaves a paused leader
+        // soon after a standby takes over.
+        assert!(beat(10) * 3 <= Lease::default().duration() * 3 / 2);
+        assert_eq!(beat(1), MIN_SESSION_HEARTBEAT, "never more than once a second");
+        assert_eq!(beat(600), single, "never rarer than a single daemon's");
     }
 
     #[test]

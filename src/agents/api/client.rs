@@ -19,10 +19,10 @@ use tokio_util::io::StreamReader;
 
 use super::wire::{
     API_PREFIX, ATTACHMENT_KIND_HEADER, AckReceipt, AckRequest, ApiError, AttachmentQuery, EditRequest,
-    ErrorCode, FILE_NAME_HEADER, HEARTBEAT_INTERVAL_SECS, HandoffReceipt, HandoffRequest,
-    MAX_SHOWN_IN_HEADER, MessageActionReceipt, PLUGIN_HEADER, PendingList, PermissionReceipt,
-    PermissionRequest, ReactRequest, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest,
-    SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest, UploadReceipt,
+    ErrorCode, FILE_NAME_HEADER, HandoffReceipt, HandoffRequest, MAX_SHOWN_IN_HEADER, MISSED_HEARTBEATS,
+    MessageActionReceipt, PLUGIN_HEADER, PendingList, PermissionReceipt, PermissionRequest, ReactRequest,
+    ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
+    ShownReceipt, ShownRequest, UploadReceipt,
 };
 use crate::config::{ApiSettings, ClientIdentity, DaemonUrl};
 use crate::ids::{AgentName, Secret};
@@ -53,10 +53,6 @@ const DOWNLOAD_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Time for one file of a reply (at most 50 MB) to reach the daemon over loopback.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
-
-/// Three missed heartbeats: the daemon is gone even though the connection never closed
-/// (a suspended machine, a wedged process).
-const SESSION_IDLE_LIMIT: Duration = Duration::from_secs(3 * HEARTBEAT_INTERVAL_SECS);
 
 /// Far above any envelope (Telegram caps a text at 4096 characters); only a broken peer
 /// sends a line this long without a newline.
@@ -231,11 +227,18 @@ impl DaemonClient {
             .bearer_auth(self.secret.expose())
             .header(PLUGIN_HEADER, &self.plugin);
         // No overall timeout: the stream is meant to stay open. Only the headers must come
-        // promptly; after that, `SessionStream` watches for missed heartbeats.
-        let response = tokio::time::timeout(QUERY_TIMEOUT, request.send())
-            .await
-            .map_err(|_| self.no_answer_within(QUERY_TIMEOUT))?
-            .map_err(|e| self.transport_error(&e))?;
+        // promptly; after that, `SessionStream` watches for missed heartbeats. A daemon that
+        // accepts the connection and says nothing (a paused or wedged leader, whose socket
+        // the kernel still serves) is passed over like one that refused it: the next
+        // attempt goes to the next replica.
+        let response = match tokio::time::timeout(QUERY_TIMEOUT, request.send()).await {
+            Ok(sent) => sent.map_err(|e| self.transport_error(&e))?,
+            Err(_) => {
+                let silent = self.no_answer_within(QUERY_TIMEOUT);
+                self.daemons.pass_over(&self.address());
+                return Err(silent);
+            }
+        };
         let response = self.refusal_or(response).await?;
         let body = response.bytes_stream().map_err(std::io::Error::other);
         let lines =
@@ -243,14 +246,19 @@ impl DaemonClient {
         let mut stream = SessionStream {
             lines: lines.boxed(),
             address: self.address(),
+            daemons: Arc::clone(&self.daemons),
+            // The daemon says hello as soon as the headers are out; from then on, its
+            // heartbeat sets the limit.
+            idle_limit: QUERY_TIMEOUT,
             session_id: String::new(),
             token: String::new(),
             session: Arc::clone(&self.session),
         };
         match stream.next_event().await? {
-            Some(SessionEvent::Hello { session_id, session_token, .. }) => {
+            Some(SessionEvent::Hello { session_id, session_token, heartbeat_ms, .. }) => {
                 stream.session_id = session_id;
                 stream.token = session_token.clone();
+                stream.idle_limit = Duration::from_millis(heartbeat_ms).saturating_mul(MISSED_HEARTBEATS);
                 self.session.send_replace(Some(session_token));
                 Ok(stream)
             }
@@ -560,6 +568,10 @@ pub struct AttachmentStream {
 pub struct SessionStream {
     lines: futures::stream::BoxStream<'static, Result<String, LinesCodecError>>,
     address: String,
+    /// Every daemon's address: a stream whose daemon fell silent passes over its own.
+    daemons: Arc<Daemons>,
+    /// How long the stream may carry nothing: [`MISSED_HEARTBEATS`] of the daemon's.
+    idle_limit: Duration,
     /// The daemon's id for this session, from its `Hello`.
     pub session_id: String,
     /// This session's token, cleared from the client when the stream is dropped.
@@ -598,15 +610,15 @@ impl SessionStream {
     /// means the stream is dead.
     pub async fn next_event(&mut self) -> Result<Option<SessionEvent>, ClientError> {
         loop {
-            let line = tokio::time::timeout(SESSION_IDLE_LIMIT, self.lines.next()).await.map_err(|_| {
-                ClientError::NoAnswer {
+            let Ok(line) = tokio::time::timeout(self.idle_limit, self.lines.next()).await else {
+                // The daemon stopped answering without closing the connection: with
+                // replicas, the next attempt goes to the next one, which may lead by now.
+                self.daemons.pass_over(&self.address);
+                return Err(ClientError::NoAnswer {
                     address: self.address.clone(),
-                    detail: format!(
-                        "no heartbeat on the session stream for {}s",
-                        SESSION_IDLE_LIMIT.as_secs()
-                    ),
-                }
-            })?;
+                    detail: format!("no heartbeat on the session stream for {:.1?}", self.idle_limit),
+                });
+            };
             let line = match line {
                 None => return Ok(None),
                 Some(Ok(line)) => line,

@@ -50,15 +50,26 @@ pub const MAX_SHOWN_IN_HEADER: usize = 256;
 /// total is always given, so an agent knows when a list was cut.
 pub const MAX_LISTED: usize = 20;
 
-/// How often an idle session stream carries a heartbeat line. It keeps idle connections
-/// from being reaped by anything in between, lets the plugin tell a daemon that stopped
-/// answering from a quiet one (three missed heartbeats), and lets the daemon notice a
-/// vanished client whose socket never closed (a write fails) without waiting for the next
-/// envelope. A client that goes away on this host closes its socket, which the daemon
-/// notices at once, heartbeat or not. Each heartbeat wakes both processes, so it is as rare
-/// as those allow: under the 45 s after which plugins before this interval gave up on a
-/// quiet stream, so a plugin left running across an upgrade of the daemon stays connected.
+/// How often an idle session stream of a single daemon carries a heartbeat line. It keeps
+/// idle connections from being reaped by anything in between, lets the plugin tell a daemon
+/// that stopped answering from a quiet one ([`MISSED_HEARTBEATS`]), and lets the daemon
+/// notice a vanished client whose socket never closed (a write fails) without waiting for
+/// the next envelope. A client that goes away on this host closes its socket, which the
+/// daemon notices at once, heartbeat or not. Each heartbeat wakes both processes, so it is
+/// as rare as those allow: under the 45 s after which plugins before this interval gave up
+/// on a quiet stream, so a plugin left running across an upgrade of the daemon stays
+/// connected. Replicas beat faster ([`Lease::session_heartbeat`](crate::rules::leadership::Lease::session_heartbeat));
+/// each says how often in its `Hello`.
 pub const HEARTBEAT_INTERVAL_SECS: u64 = 40;
+
+/// A plugin gives up on a session stream that carried nothing for this many heartbeats:
+/// the daemon stopped answering even though the connection never closed (a suspended
+/// machine, a paused or wedged process).
+pub const MISSED_HEARTBEATS: u32 = 3;
+
+fn single_daemon_heartbeat_ms() -> u64 {
+    HEARTBEAT_INTERVAL_SECS * 1000
+}
 
 /// One line of the session stream.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -66,7 +77,15 @@ pub const HEARTBEAT_INTERVAL_SECS: u64 = 40;
 pub enum SessionEvent {
     /// The first line: the session is registered and owns the agent's inbox. Tool calls
     /// carry `session_token` in [`SESSION_HEADER`].
-    Hello { agent: String, session_id: String, session_token: String },
+    Hello {
+        agent: String,
+        session_id: String,
+        session_token: String,
+        /// How often this stream carries a heartbeat when idle, in milliseconds; a daemon
+        /// from before replicas does not say, and beats every [`HEARTBEAT_INTERVAL_SECS`].
+        #[serde(default = "single_daemon_heartbeat_ms")]
+        heartbeat_ms: u64,
+    },
     /// An envelope handed to the session; its ledger row is now `pending`.
     Envelope(DeliveredEnvelope),
     /// A notice (DESIGN.md §8) about an envelope the session already has: not an envelope
@@ -564,6 +583,15 @@ mod tests {
         ] {
             assert_eq!(serde_json::to_value(code).unwrap(), code.as_str(), "{code:?}");
         }
+    }
+
+    #[test]
+    fn a_hello_without_its_heartbeat_is_a_single_daemons() {
+        let from_before = r#"{"type":"hello","agent":"worker","session_id":"ses_1","session_token":"t"}"#;
+        let SessionEvent::Hello { heartbeat_ms, .. } = serde_json::from_str(from_before).unwrap() else {
+            panic!("a hello");
+        };
+        assert_eq!(heartbeat_ms, HEARTBEAT_INTERVAL_SECS * 1000);
     }
 }
 

@@ -48,6 +48,15 @@ use crate::ids::{AgentName, Secret};
 use crate::ledger::{Ledger, StoredEnvelope};
 use crate::telegram::outbound::Outbound;
 
+/// What the bridge takes from the configuration.
+pub struct BridgeSettings {
+    pub limits: ReplyLimits,
+    pub handoff_rules: HandoffRules,
+    /// How often an idle session stream carries a heartbeat (see
+    /// [`HEARTBEAT_INTERVAL_SECS`](crate::agents::api::wire::HEARTBEAT_INTERVAL_SECS)).
+    pub session_heartbeat: std::time::Duration,
+}
+
 /// Limits a reply must respect, from the configuration.
 #[derive(Debug, Clone, Copy)]
 pub struct ReplyLimits {
@@ -70,6 +79,8 @@ struct Inner {
     limits: RwLock<ReplyLimits>,
     /// Replaced by a configuration reload; read through `handoff_rules()`.
     handoff_rules: RwLock<HandoffRules>,
+    /// How often an idle session stream carries a heartbeat.
+    session_heartbeat: std::time::Duration,
     /// Group rooms: their configuration and the bell of the room driver.
     rooms: room::RoomHub,
     /// Stops session streams when the daemon stops.
@@ -136,8 +147,7 @@ impl Bridge {
         ledger: Ledger,
         outbound: Outbound,
         secrets: BTreeMap<AgentName, Secret>,
-        limits: ReplyLimits,
-        handoff_rules: HandoffRules,
+        settings: BridgeSettings,
         shutdown: CancellationToken,
         tasks: TaskTracker,
     ) -> Self {
@@ -157,6 +167,7 @@ impl Bridge {
                 (name, slot)
             })
             .collect();
+        let BridgeSettings { limits, handoff_rules, session_heartbeat } = settings;
         let (limits, handoff_rules) = (RwLock::new(limits), RwLock::new(handoff_rules));
         // No rooms until `set_rooms`: a bridge without them is a bridge of single-agent routes.
         let rooms = room::RoomHub::new(Rooms::new());
@@ -167,6 +178,7 @@ impl Bridge {
                 agents,
                 limits,
                 handoff_rules,
+                session_heartbeat,
                 rooms,
                 shutdown,
                 tasks,

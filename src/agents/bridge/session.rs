@@ -2,15 +2,13 @@
 //! that binds every tool call to it.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
-use std::time::Duration;
 
 use tokio::sync::mpsc;
 
 use super::{Bridge, SessionConflict, ToolError};
 use crate::agents::api::present;
 use crate::agents::api::wire::{
-    DeliveredNotice, HEARTBEAT_INTERVAL_SECS, MAX_LISTED, SessionEvent, ShownReceipt, ShownRequest,
-    WAITING_NOTICE,
+    DeliveredNotice, MAX_LISTED, SessionEvent, ShownReceipt, ShownRequest, WAITING_NOTICE,
 };
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};
@@ -276,6 +274,7 @@ impl Bridge {
             agent: agent.to_string(),
             session_id: guard.session_id.clone(),
             session_token,
+            heartbeat_ms: u64::try_from(self.inner.session_heartbeat.as_millis()).unwrap_or(u64::MAX),
         };
         if tx.send(hello).await.is_err() {
             return Ok(());
@@ -305,7 +304,7 @@ impl Bridge {
                 return Ok(());
             }
         }
-        let heartbeat = Duration::from_secs(HEARTBEAT_INTERVAL_SECS);
+        let heartbeat = self.inner.session_heartbeat;
         // Whether queued envelopes may wait in the ledger: at first, and after each wake-up.
         let mut look_in_ledger = true;
         let mut look_for_reactions = true;
