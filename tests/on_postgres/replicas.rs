@@ -13,6 +13,7 @@ use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
 use support::mcp::ChannelClient;
+use switchboard::agents::api::wire::ReplyRequest;
 use switchboard::app::hold::{LEADING_MESSAGE, STANDING_BY_MESSAGE};
 use switchboard::app::{LEADERSHIP_LOST_MESSAGE, reported_api_address, reported_health_address};
 use switchboard::fake_bot_api::{ChatSpec, Delivery, FakeTelegram};
@@ -507,11 +508,19 @@ async fn a_deposed_leader_records_nothing_when_it_resumes_and_stops() {
     wait_standing_by(&standby).await;
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "one");
     wait_for_envelopes(&leader, 1).await;
+    let at_the_leader = api_client(&leader, "orchestrator");
+    let mut stream = at_the_leader.open_session().await.unwrap();
+    let one = next_envelope(&mut stream).await;
 
     // Paused past its lease, the leader keeps its database session and its lock; the
-    // standby deposes it (terminating that session) and is elected.
+    // standby deposes it (terminating that session) and is elected. A reply sent to the
+    // paused leader waits in its socket.
     leader.signal("STOP");
     let paused = Instant::now();
+    let late_reply = tokio::spawn(async move {
+        let reply = ReplyRequest::new("from the paused leader", Some(one.trace_id));
+        at_the_leader.reply(&reply).await
+    });
     standby.wait_until_serving(WAIT);
     eprintln!("takeover from a paused leader: {:?} (lease {LEASE} s)", paused.elapsed());
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "two");
@@ -519,11 +528,16 @@ async fn a_deposed_leader_records_nothing_when_it_resumes_and_stops() {
     orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
 
     // Resumed, the old leader finds it no longer leads and stops, having written nothing
-    // under its old term: each update is still in the ledger once.
+    // under its old term: each update is still in the ledger once, and the reply that
+    // waited for it was not sent (only the leader sends).
     leader.signal("CONT");
     let status = leader.wait_for_exit(WAIT).await;
     assert!(!status.success(), "a deposed leader exits non-zero, for its supervisor to restart it: {status}");
     assert!(leader.logs().contains(LEADERSHIP_LOST_MESSAGE), "{}", leader.logs());
+    let late_reply = late_reply.await.unwrap();
+    assert!(late_reply.is_err(), "{late_reply:?}");
+    assert!(fake.sent_messages().is_empty(), "the deposed leader sent nothing");
+    drop(stream);
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "three");
     orchestrator.wait_for_notifications(3, WAIT).await.unwrap();
     assert_each_update_once(&envelopes(&standby).await, 3);

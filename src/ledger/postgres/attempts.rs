@@ -18,11 +18,11 @@
 use async_trait::async_trait;
 use sqlx::{FromRow, Row};
 
-use super::PgLedger;
 use super::envelopes::transition_in;
 use super::handoffs::settle_answers_for;
 use super::rows::{attempt_columns, reply_part_method, text_enum};
 use super::tasks::admission_in;
+use super::{PgLedger, SendFence};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
     StoredAttempt,
@@ -30,6 +30,7 @@ use crate::domain::{
 use crate::ids::{AttemptId, TraceId};
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult, LedgerWrite};
+use crate::rules::leadership::Term;
 use crate::rules::revisions::Refusal;
 
 #[async_trait]
@@ -164,6 +165,13 @@ impl Attempts for PgLedger {
     }
 }
 
+/// Why a replica that led records no more attempts: it sends nothing it could not record.
+fn no_longer_leads(bot_id: i64, term: Term) -> LedgerError {
+    LedgerError::other(format!(
+        "this replica no longer leads bot {bot_id} ({term} is over): only the leader sends"
+    ))
+}
+
 impl PgLedger {
     /// [`Attempts::begin_attempt`]: admission and the record in one transaction. An audit
     /// copy is recorded whatever its envelope's task says, as on SQLite; a refusal records
@@ -181,11 +189,26 @@ impl PgLedger {
             tx.rollback().await?;
             return Ok(Err(refusal));
         }
+        let fence = *self.send_fence();
+        let (bot_id, term) = match fence {
+            SendFence::NeverLed => (None, None),
+            SendFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
+            SendFence::Over { bot_id, term } => {
+                tx.rollback().await?;
+                return Err(no_longer_leads(bot_id, term));
+            }
+        };
         let op_id = AttemptId::generate();
-        sqlx::query(
-            "INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
+        // Fenced as a polled batch is (`fence_and_move_offset`): recorded only while the
+        // lease names this replica's term, and an election waits for this transaction, so
+        // a new leader's recovery finds the attempt and makes it `unknown` should it still
+        // be in flight.
+        let recorded = sqlx::query(
+            "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $14 FOR KEY SHARE) \
+             INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
              reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at, method, target_message_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'in_flight', now(), $12, $13)",
+             SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'in_flight', now(), $12, $13 \
+             WHERE $14::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $15)",
         )
         .bind(&op_id)
         .bind(attempt.envelope_id)
@@ -200,8 +223,17 @@ impl PgLedger {
         .bind(attempt.text)
         .bind(attempt.method.as_str())
         .bind(attempt.target_message_id.map(i64::from))
+        .bind(bot_id)
+        .bind(term)
         .execute(&mut *tx)
         .await?;
+        if recorded.rows_affected() == 0 {
+            tx.rollback().await?;
+            let (Some(bot_id), Some(term)) = (bot_id, term) else {
+                return Err(LedgerError::other("an unfenced attempt was not recorded"));
+            };
+            return Err(no_longer_leads(bot_id, Term::new(term)));
+        }
         tx.commit().await?;
         Ok(Ok(op_id))
     }

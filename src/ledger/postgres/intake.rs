@@ -19,7 +19,7 @@ use chrono::{DateTime, Timelike, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::rows::envelope_columns;
-use super::{CurrentTerm, FencedError, PgLedger, fence_and_move_offset, reactions, tasks};
+use super::{CurrentTerm, FencedError, PgLedger, SendFence, fence_and_move_offset, reactions, tasks};
 use crate::domain::{RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect};
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::prelude::*;
@@ -45,19 +45,28 @@ struct Recorded {
 
 impl PgLedger {
     /// This replica was elected to poll `bot_id` for `term`: its polled batches for the
-    /// bot are written under that term from now on.
+    /// bot, and its send attempts, are written under that term from now on.
     pub fn lead_polling(&self, bot_id: i64, term: Term) {
         self.polling_terms().insert(bot_id, term);
+        *self.send_fence() = SendFence::Leading { bot_id, term };
     }
 
     /// This replica's `term` for `bot_id` is over (it stepped down or was deposed): it
-    /// records no polled batch for the bot until it is elected again. A newer term held
-    /// meanwhile is left alone.
+    /// records no polled batch for the bot until it is elected again, and no send attempt.
+    /// A newer term held meanwhile is left alone.
     pub fn stop_leading_polling(&self, bot_id: i64, term: Term) {
         let mut terms = self.polling_terms();
         if terms.get(&bot_id) == Some(&term) {
             terms.remove(&bot_id);
         }
+        let mut sending = self.send_fence();
+        if *sending == (SendFence::Leading { bot_id, term }) {
+            *sending = SendFence::Over { bot_id, term };
+        }
+    }
+
+    pub(super) fn send_fence(&self) -> std::sync::MutexGuard<'_, SendFence> {
+        self.sending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn polling_terms(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Term>> {

@@ -96,6 +96,24 @@ pub struct PgLedger {
     /// The terms this replica leads polling under, by bot: what its polled batches are
     /// fenced by (see `intake`).
     polling_terms: Arc<std::sync::Mutex<HashMap<i64, Term>>>,
+    /// What this replica's send attempts are fenced by (see `attempts`).
+    sending: Arc<std::sync::Mutex<SendFence>>,
+}
+
+/// Whether a replica may record a send attempt, and so make the send: the leader is the one
+/// replica that sends (DESIGN.md §16), so a replica that led and no longer does sends
+/// nothing, whatever reached it before it learned so (a reply that waited in its socket
+/// while it was paused past its lease).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum SendFence {
+    /// This ledger never led: the command line, a test of the ledger alone. Nothing to
+    /// fence by.
+    #[default]
+    NeverLed,
+    /// Each attempt is recorded only while `bot_id`'s lease still names `term`.
+    Leading { bot_id: i64, term: Term },
+    /// Its term is over: no attempt is recorded.
+    Over { bot_id: i64, term: Term },
 }
 
 /// Without the connection options, whose derived `Debug` would print the password.
@@ -206,7 +224,13 @@ impl PgLedger {
             .connect_with(options.clone())
             .await
             .map_err(|error| PgOpenError::Connect(error.into()))?;
-        Ok(Self { pool, options, writes: Arc::default(), polling_terms: Arc::default() })
+        Ok(Self {
+            pool,
+            options,
+            writes: Arc::default(),
+            polling_terms: Arc::default(),
+            sending: Arc::default(),
+        })
     }
 
     /// Closes the pool's connections, waiting for the statements under way.

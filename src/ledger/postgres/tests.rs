@@ -396,6 +396,49 @@ async fn a_deposed_leaders_writes_fail_and_change_nothing() {
     schema.drop().await;
 }
 
+async fn attempt_count(ledger: &PgLedger) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM attempts").fetch_one(&ledger.pool).await.unwrap()
+}
+
+/// Only the leader sends (DESIGN.md §16): a replica that led records no send attempt once a
+/// newer term began, even before it has learned so (paused past its lease, say), and none
+/// once it has. A ledger that never led (the command line) is not fenced.
+#[tokio::test]
+async fn a_replica_that_no_longer_leads_records_no_send_attempt() {
+    use crate::ledger::ListFilter;
+    use crate::ledger::conformance::fixtures::one_part_reply;
+    let schema = TestSchema::create().await;
+    let first = PgLedger::connect(&schema.url).await.unwrap();
+    let second = PgLedger::connect(&schema.url).await.unwrap();
+    let mut a = PollerCandidate::connect(&first, BOT, "a", lease(5000)).await.unwrap();
+    let mut b = PollerCandidate::connect(&second, BOT, "b", lease(5000)).await.unwrap();
+    let old = elected(&mut a).await;
+    first.lead_polling(BOT, old.term);
+    first.record_updates(old.term, BOT, 3, &[routed(1), routed(2)]).await.unwrap();
+    let rows = first.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    first.begin_attempt(&one_part_reply(rows[0].id)).await.unwrap().unwrap();
+
+    kill_session(a.backend_pid().await.unwrap()).await;
+    let new = campaign_until_elected(&mut b, Duration::from_secs(5)).await;
+    second.lead_polling(BOT, new.term);
+    // The first replica still believes it leads: the fence in the statement refuses it.
+    let late = first.begin_attempt(&one_part_reply(rows[1].id)).await;
+    assert!(late.as_ref().is_err_and(|e| e.to_string().contains("no longer leads")), "{late:?}");
+    assert_eq!(attempt_count(&first).await, 1, "nothing recorded, so nothing sent");
+    // Once it knows, it does not even ask.
+    first.stop_leading_polling(BOT, old.term);
+    assert!(first.begin_attempt(&one_part_reply(rows[1].id)).await.is_err());
+
+    second.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
+    let command_line = PgLedger::connect(&schema.url).await.unwrap();
+    command_line.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
+    assert_eq!(attempt_count(&first).await, 3);
+    for ledger in [first, second, command_line] {
+        ledger.close().await;
+    }
+    schema.drop().await;
+}
+
 /// An election waits for the fenced writes in flight: nothing of the old term commits
 /// after the new one begins.
 #[tokio::test]
@@ -1074,6 +1117,7 @@ async fn the_ledger_never_prints_the_databases_password() {
         options,
         writes: Default::default(),
         polling_terms: Default::default(),
+        sending: Default::default(),
     };
     let printed = format!("{ledger:?}");
     assert!(printed.starts_with("PgLedger"), "{printed}");
