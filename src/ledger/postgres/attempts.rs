@@ -22,7 +22,7 @@ use super::envelopes::transition_in;
 use super::handoffs::settle_answers_for;
 use super::rows::{attempt_columns, reply_part_method, text_enum};
 use super::tasks::admission_in;
-use super::{PgLedger, SendFence};
+use super::{LeaderFence, PgLedger, no_longer_leads};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
     StoredAttempt,
@@ -165,13 +165,6 @@ impl Attempts for PgLedger {
     }
 }
 
-/// Why a replica that led records no more attempts: it sends nothing it could not record.
-fn no_longer_leads(bot_id: i64, term: Term) -> LedgerError {
-    LedgerError::other(format!(
-        "this replica no longer leads bot {bot_id} ({term} is over): only the leader sends"
-    ))
-}
-
 impl PgLedger {
     /// [`Attempts::begin_attempt`]: admission and the record in one transaction. An audit
     /// copy is recorded whatever its envelope's task says, as on SQLite; a refusal records
@@ -189,17 +182,17 @@ impl PgLedger {
             tx.rollback().await?;
             return Ok(Err(refusal));
         }
-        let fence = *self.send_fence();
+        let fence = *self.leader_fence();
         let (bot_id, term) = match fence {
-            SendFence::NeverLed => (None, None),
-            SendFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
-            SendFence::Over { bot_id, term } => {
+            LeaderFence::NeverLed => (None, None),
+            LeaderFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
+            LeaderFence::Over { bot_id, term } => {
                 tx.rollback().await?;
                 return Err(no_longer_leads(bot_id, term));
             }
         };
         let op_id = AttemptId::generate();
-        // Fenced as a polled batch is (`fence_and_move_offset`): recorded only while the
+        // Fenced as a polled batch is (`fence_intake`): recorded only while the
         // lease names this replica's term, and an election waits for this transaction, so
         // a new leader's recovery finds the attempt and makes it `unknown` should it still
         // be in flight.
@@ -232,7 +225,10 @@ impl PgLedger {
             let (Some(bot_id), Some(term)) = (bot_id, term) else {
                 return Err(LedgerError::other("an unfenced attempt was not recorded"));
             };
-            return Err(no_longer_leads(bot_id, Term::new(term)));
+            // Refused by the fence: this replica's term is over here too.
+            let term = Term::new(term);
+            self.stop_leading_polling(bot_id, term);
+            return Err(no_longer_leads(bot_id, term));
         }
         tx.commit().await?;
         Ok(Ok(op_id))

@@ -19,19 +19,21 @@ use chrono::{DateTime, Timelike, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::rows::envelope_columns;
-use super::{CurrentTerm, FencedError, PgLedger, SendFence, fence_and_move_offset, reactions, tasks};
+use super::{
+    CurrentTerm, FencedError, LeaderFence, PgLedger, fence_intake, no_longer_leads, reactions, tasks,
+};
 use crate::domain::{RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect};
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult, LedgerWrite, RoutedEnvelope};
 use crate::rules::leadership::Term;
 
-/// What a polled batch is fenced by and moves.
+/// What an intake batch is fenced by, and for a polled batch the offset it moves.
 #[derive(Debug, Clone, Copy)]
-pub(super) struct PolledUnder {
+pub(super) struct FencedUnder {
     pub term: Term,
     pub bot_id: i64,
-    pub next_offset: i64,
+    pub next_offset: Option<i64>,
 }
 
 /// One intake transaction's result, before it is matched to the caller's batch.
@@ -45,28 +47,29 @@ struct Recorded {
 
 impl PgLedger {
     /// This replica was elected to poll `bot_id` for `term`: its polled batches for the
-    /// bot, and its send attempts, are written under that term from now on.
+    /// bot, the webhook deliveries it takes in and its send attempts are written under that
+    /// term from now on.
     pub fn lead_polling(&self, bot_id: i64, term: Term) {
         self.polling_terms().insert(bot_id, term);
-        *self.send_fence() = SendFence::Leading { bot_id, term };
+        *self.leader_fence() = LeaderFence::Leading { bot_id, term };
     }
 
     /// This replica's `term` for `bot_id` is over (it stepped down or was deposed): it
-    /// records no polled batch for the bot until it is elected again, and no send attempt.
-    /// A newer term held meanwhile is left alone.
+    /// records no polled batch for the bot until it is elected again, no webhook delivery
+    /// and no send attempt. A newer term held meanwhile is left alone.
     pub fn stop_leading_polling(&self, bot_id: i64, term: Term) {
         let mut terms = self.polling_terms();
         if terms.get(&bot_id) == Some(&term) {
             terms.remove(&bot_id);
         }
-        let mut sending = self.send_fence();
-        if *sending == (SendFence::Leading { bot_id, term }) {
-            *sending = SendFence::Over { bot_id, term };
+        let mut leading = self.leader_fence();
+        if *leading == (LeaderFence::Leading { bot_id, term }) {
+            *leading = LeaderFence::Over { bot_id, term };
         }
     }
 
-    pub(super) fn send_fence(&self) -> std::sync::MutexGuard<'_, SendFence> {
-        self.sending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    pub(super) fn leader_fence(&self) -> std::sync::MutexGuard<'_, LeaderFence> {
+        self.leading.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn polling_terms(&self) -> std::sync::MutexGuard<'_, HashMap<i64, Term>> {
@@ -83,7 +86,7 @@ impl PgLedger {
         next_offset: i64,
         batch: &[RoutedEnvelope],
     ) -> Result<Vec<bool>, FencedError> {
-        let polled = PolledUnder { term, bot_id, next_offset };
+        let polled = FencedUnder { term, bot_id, next_offset: Some(next_offset) };
         let recorded = self.record_intake(Some(polled), batch, &[], &[], None).await?;
         Ok(recorded.ids.iter().map(Option::is_some).collect())
     }
@@ -104,9 +107,20 @@ impl PgLedger {
                  elected leader"
             )));
         };
-        let polled = PolledUnder { term, bot_id, next_offset };
-        match self.record_intake(Some(polled), batch, reactions, claim_for, bot_username).await {
-            Ok(recorded) => Ok(recorded.matched_to(batch)),
+        let polled = FencedUnder { term, bot_id, next_offset: Some(next_offset) };
+        let recorded = self.record_intake(Some(polled), batch, reactions, claim_for, bot_username).await;
+        self.deposed_if_fenced(bot_id, recorded).map(|recorded| recorded.matched_to(batch))
+    }
+
+    /// A fenced batch's result: a refusal by the fence ends this replica's term for
+    /// `bot_id` here too.
+    fn deposed_if_fenced(
+        &self,
+        bot_id: i64,
+        recorded: Result<Recorded, FencedError>,
+    ) -> LedgerResult<Recorded> {
+        match recorded {
+            Ok(recorded) => Ok(recorded),
             Err(FencedError::Deposed { term, current }) => {
                 self.stop_leading_polling(bot_id, term);
                 Err(LedgerError::other(format!(
@@ -118,23 +132,23 @@ impl PgLedger {
         }
     }
 
-    /// One intake transaction; fenced when `polled` names a term.
+    /// One intake transaction; fenced when `fenced` names a term.
     async fn record_intake(
         &self,
-        polled: Option<PolledUnder>,
+        fenced: Option<FencedUnder>,
         batch: &[RoutedEnvelope],
         reactions: &[RoutedReaction],
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
     ) -> Result<Recorded, FencedError> {
-        let outcome = self.intake_transaction(polled, batch, reactions, claim_for, bot_username).await;
+        let outcome = self.intake_transaction(fenced, batch, reactions, claim_for, bot_username).await;
         self.writes.observe(LedgerWrite::Intake, &outcome);
         outcome?
     }
 
     async fn intake_transaction(
         &self,
-        polled: Option<PolledUnder>,
+        fenced: Option<FencedUnder>,
         batch: &[RoutedEnvelope],
         reactions: &[RoutedReaction],
         claim_for: &[&AgentName],
@@ -144,11 +158,11 @@ impl PgLedger {
         // before their tasks are read.
         let conversations = tasks::conversations_of(batch, bot_username);
         let mut tx = self.pool.begin().await?;
-        // The fence moves the offset and holds the conversations in the same statement (two
-        // round trips saved); in this transaction, so the offset still moves only with the
-        // batch.
-        if let Some(PolledUnder { term, bot_id, next_offset }) = polled {
-            match fence_and_move_offset(&mut tx, term, bot_id, next_offset, &conversations.held).await {
+        // The fence moves a polled batch's offset and holds the conversations in the same
+        // statement (two round trips saved); in this transaction, so the offset still moves
+        // only with the batch.
+        if let Some(FencedUnder { term, bot_id, next_offset }) = fenced {
+            match fence_intake(&mut tx, term, bot_id, next_offset, &conversations.held).await {
                 Ok(()) => {}
                 Err(FencedError::Ledger(error)) => return Err(error),
                 // Nothing was written: the transaction ends with nothing in it.
@@ -467,12 +481,25 @@ impl Intake for PgLedger {
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
     ) -> LedgerResult<RecordedBatch<'a>> {
-        match self.record_intake(None, batch, reactions, claim_for, bot_username).await {
-            Ok(recorded) => Ok(recorded.matched_to(batch)),
-            Err(FencedError::Ledger(error)) => Err(error),
-            // Only a polled batch is fenced; kept total all the same.
-            Err(deposed @ FencedError::Deposed { .. }) => Err(LedgerError::other(deposed.to_string())),
+        // A webhook delivery the leader takes in (its own, or one a standby relayed) is
+        // fenced by its term, with no offset to move: a leader deposed and not yet aware of
+        // it answers Telegram with an error, and the retry reaches the new leader.
+        let fence = *self.leader_fence();
+        let fenced = match fence {
+            LeaderFence::NeverLed => None,
+            LeaderFence::Leading { bot_id, term } => Some(FencedUnder { term, bot_id, next_offset: None }),
+            LeaderFence::Over { bot_id, term } => return Err(no_longer_leads(bot_id, term)),
+        };
+        let recorded = self.record_intake(fenced, batch, reactions, claim_for, bot_username).await;
+        match fenced {
+            Some(FencedUnder { bot_id, .. }) => self.deposed_if_fenced(bot_id, recorded),
+            // Unfenced, only the ledger can fail it (Busy and DiskFull kept as such).
+            None => recorded.map_err(|error| match error {
+                FencedError::Ledger(error) => error,
+                deposed @ FencedError::Deposed { .. } => LedgerError::other(deposed.to_string()),
+            }),
         }
+        .map(|recorded| recorded.matched_to(batch))
     }
 
     async fn raw_update(&self, trace_id: &TraceId) -> LedgerResult<Option<String>> {

@@ -96,23 +96,25 @@ pub struct PgLedger {
     /// The terms this replica leads polling under, by bot: what its polled batches are
     /// fenced by (see `intake`).
     polling_terms: Arc<std::sync::Mutex<HashMap<i64, Term>>>,
-    /// What this replica's send attempts are fenced by (see `attempts`).
-    sending: Arc<std::sync::Mutex<SendFence>>,
+    /// What this replica's work as the leader is fenced by: its sends (see `attempts`) and
+    /// the webhook deliveries it takes in (see `intake`).
+    leading: Arc<std::sync::Mutex<LeaderFence>>,
 }
 
-/// Whether a replica may record a send attempt, and so make the send: the leader is the one
-/// replica that sends (DESIGN.md §16), so a replica that led and no longer does sends
-/// nothing, whatever reached it before it learned so (a reply that waited in its socket
-/// while it was paused past its lease).
+/// Whether a replica may act as the bot's leader: record a send attempt (and so make the
+/// send), take in a webhook delivery and hand it to its sessions. The leader is the one
+/// replica that does (DESIGN.md §16), so a replica that led and no longer does does none of
+/// it, whatever reached it before it learned so (a reply or a delivery that waited in its
+/// socket while it was paused past its lease).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum SendFence {
+enum LeaderFence {
     /// This ledger never led: the command line, a test of the ledger alone. Nothing to
     /// fence by.
     #[default]
     NeverLed,
-    /// Each attempt is recorded only while `bot_id`'s lease still names `term`.
+    /// Each write is made only while `bot_id`'s lease still names `term`.
     Leading { bot_id: i64, term: Term },
-    /// Its term is over: no attempt is recorded.
+    /// Its term is over: nothing is written.
     Over { bot_id: i64, term: Term },
 }
 
@@ -229,7 +231,7 @@ impl PgLedger {
             options,
             writes: Arc::default(),
             polling_terms: Arc::default(),
-            sending: Arc::default(),
+            leading: Arc::default(),
         })
     }
 
@@ -247,7 +249,7 @@ impl PgLedger {
     /// Moves the bot's offset to `next_offset`, if `term` is still the bot's current term.
     pub async fn commit_offset(&self, term: Term, bot_id: i64, next_offset: i64) -> Result<(), FencedError> {
         let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
-        fence_and_move_offset(&mut tx, term, bot_id, next_offset, &[]).await?;
+        fence_intake(&mut tx, term, bot_id, Some(next_offset), &[]).await?;
         tx.commit().await.map_err(LedgerError::from)?;
         Ok(())
     }
@@ -280,10 +282,19 @@ impl Lifecycle for PgLedger {
     }
 }
 
+/// Why a replica that led writes nothing more as the leader: it sends nothing it could not
+/// record, and takes in nothing it could not hand to the leader's sessions.
+fn no_longer_leads(bot_id: i64, term: Term) -> LedgerError {
+    LedgerError::other(format!(
+        "this replica no longer leads bot {bot_id} ({term} is over): only the leader sends and takes updates in"
+    ))
+}
+
 /// Goes on only while `term` is the bot's current term, holding the lease row `FOR KEY SHARE`
 /// until the transaction ends, so no election commits in between (see the module
-/// documentation), and moves the bot's offset to `next_offset` under it. In the same
-/// statement it holds the conversations `hold` (intake's, see `tasks::hold_conversations`).
+/// documentation), and moves the bot's offset to `next_offset` under it (a polled batch's;
+/// a pushed one has none). In the same statement it holds the conversations `hold`
+/// (intake's, see `tasks::hold_conversations`).
 ///
 /// One statement, so one round trip: the offset is written from the lease row the
 /// statement locked, and only while that row names `term`. Under `READ COMMITTED` a lock
@@ -292,18 +303,18 @@ impl Lifecycle for PgLedger {
 /// conversations' locks are taken once the lease row is (the select list reads `held` for
 /// it); what they guard is read by later statements, which see what their holders
 /// committed. A deposed leader's transaction is rolled back, its locks with it.
-async fn fence_and_move_offset(
+async fn fence_intake(
     tx: &mut PgConnection,
     term: Term,
     bot_id: i64,
-    next_offset: i64,
+    next_offset: Option<i64>,
     hold: &[Conversation],
 ) -> Result<(), FencedError> {
     let (chat_ids, thread_ids, agents) = tasks::conversation_columns(hold);
     let current: Option<i64> = sqlx::query_scalar(concat!(
         "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $1 FOR KEY SHARE), \
          moved AS (INSERT INTO poller_offsets (bot_id, next_offset, updated_at) \
-         SELECT $1, $3, now() FROM lease WHERE term = $2 \
+         SELECT $1, $3, now() FROM lease WHERE term = $2 AND $3::bigint IS NOT NULL \
          ON CONFLICT (bot_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at), \
          held AS MATERIALIZED (SELECT pg_advisory_xact_lock(key) FROM (",
         tasks::conversation_lock_keys!("$4", "$5", "$6"),

@@ -460,7 +460,7 @@ pub(super) use conversation_lock_keys;
 /// transaction-level advisory lock per conversation, keyed by the schema and the
 /// conversation ([`conversation_lock_keys!`]), all taken in one statement in the keys'
 /// order, so two transactions holding several never wait for each other crosswise. A
-/// polled batch takes them in its fence's statement instead (`fence_and_move_offset`).
+/// polled batch takes them in its fence's statement instead (`fence_intake`).
 pub(super) async fn hold_conversations(
     tx: &mut PgConnection,
     conversations: &[Conversation],

@@ -400,11 +400,12 @@ async fn attempt_count(ledger: &PgLedger) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM attempts").fetch_one(&ledger.pool).await.unwrap()
 }
 
-/// Only the leader sends (DESIGN.md §16): a replica that led records no send attempt once a
-/// newer term began, even before it has learned so (paused past its lease, say), and none
-/// once it has. A ledger that never led (the command line) is not fenced.
+/// Only the leader sends and takes webhook deliveries in (DESIGN.md §16): a replica that led
+/// records no send attempt and no delivery once a newer term began, even before it has
+/// learned so (paused past its lease, say), and none once it has. A ledger that never led
+/// (the command line) is not fenced.
 #[tokio::test]
-async fn a_replica_that_no_longer_leads_records_no_send_attempt() {
+async fn a_replica_that_no_longer_leads_records_no_send_attempt_and_no_delivery() {
     use crate::ledger::ListFilter;
     use crate::ledger::conformance::fixtures::one_part_reply;
     let schema = TestSchema::create().await;
@@ -417,6 +418,9 @@ async fn a_replica_that_no_longer_leads_records_no_send_attempt() {
     first.record_updates(old.term, BOT, 3, &[routed(1), routed(2)]).await.unwrap();
     let rows = first.list(&ListFilter { limit: 10, ..Default::default() }).await.unwrap();
     first.begin_attempt(&one_part_reply(rows[0].id)).await.unwrap().unwrap();
+    let delivered = [routed(3)];
+    first.record_pushed_batch(&delivered, &[], &[], None).await.unwrap();
+    assert_eq!(envelope_count(&first).await, 3);
 
     kill_session(a.backend_pid().await.unwrap()).await;
     let new = campaign_until_elected(&mut b, Duration::from_secs(5)).await;
@@ -425,9 +429,20 @@ async fn a_replica_that_no_longer_leads_records_no_send_attempt() {
     let late = first.begin_attempt(&one_part_reply(rows[1].id)).await;
     assert!(late.as_ref().is_err_and(|e| e.to_string().contains("no longer leads")), "{late:?}");
     assert_eq!(attempt_count(&first).await, 1, "nothing recorded, so nothing sent");
-    // Once it knows, it does not even ask.
-    first.stop_leading_polling(BOT, old.term);
+    // Refused by the fence, it knows now.
+    assert_eq!(*first.leader_fence(), LeaderFence::Over { bot_id: BOT, term: old.term });
+    // The same for a webhook delivery, as if it had not learned from the attempt.
+    first.lead_polling(BOT, old.term);
+    let late_delivery = [routed(4)];
+    let refused = first.record_pushed_batch(&late_delivery, &[], &[], None).await;
+    assert!(refused.is_err(), "Telegram is answered with an error, and retries elsewhere");
+    assert_eq!(envelope_count(&first).await, 3);
+    assert_eq!(*first.leader_fence(), LeaderFence::Over { bot_id: BOT, term: old.term });
+    // Knowing, it does not even ask.
     assert!(first.begin_attempt(&one_part_reply(rows[1].id)).await.is_err());
+    assert!(first.record_pushed_batch(&late_delivery, &[], &[], None).await.is_err());
+    second.record_pushed_batch(&late_delivery, &[], &[], None).await.unwrap();
+    assert_eq!(envelope_count(&first).await, 4);
 
     second.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
     let command_line = PgLedger::connect(&schema.url).await.unwrap();
@@ -450,7 +465,7 @@ async fn an_election_waits_for_the_fenced_writes_in_flight() {
     let old = elected(&mut a).await;
     // A fenced write of the old leader, in flight: it passed its fence and has not committed.
     let mut in_flight = ledger.pool.begin().await.unwrap();
-    fence_and_move_offset(&mut in_flight, old.term, BOT, 7, &[]).await.unwrap();
+    fence_intake(&mut in_flight, old.term, BOT, Some(7), &[]).await.unwrap();
     kill_session(a.backend_pid().await.unwrap()).await;
     let b_backend = b.backend_pid().await.unwrap();
     let election = tokio::spawn(async move { campaign_until_elected(&mut b, Duration::from_secs(5)).await });
@@ -551,7 +566,7 @@ async fn a_renewal_does_not_wait_for_a_fenced_write_in_flight() {
     let mut leader = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
     let tenure = elected(&mut leader).await;
     let mut in_flight = ledger.pool.begin().await.unwrap();
-    fence_and_move_offset(&mut in_flight, tenure.term, BOT, 3, &[]).await.unwrap();
+    fence_intake(&mut in_flight, tenure.term, BOT, Some(3), &[]).await.unwrap();
     let renewal = tokio::time::timeout(Duration::from_secs(2), leader.renew_once(tenure.term)).await;
     assert_eq!(renewal, Ok(Renewal::Renewed), "renewed beside the fenced write");
     in_flight.commit().await.unwrap();
@@ -1117,7 +1132,7 @@ async fn the_ledger_never_prints_the_databases_password() {
         options,
         writes: Default::default(),
         polling_terms: Default::default(),
-        sending: Default::default(),
+        leading: Default::default(),
     };
     let printed = format!("{ledger:?}");
     assert!(printed.starts_with("PgLedger"), "{printed}");
