@@ -60,9 +60,14 @@ const SLOW_SEND_CHANCE: f64 = 0.5;
 /// uninterrupted one is confirmed.
 const SLOW_SEND_MS: std::ops::Range<u64> = 50..400;
 
-/// After the last cycle: how long the daemon may take to take in the last updates and the
-/// agents to answer what is waiting.
+/// After the last cycle: how long the daemon may take to take in the last updates, and
+/// how long the waiting envelopes may go without one of them settling. A backlog that
+/// shrinks is waited for however large it is (a slow build on a busy machine leaves the
+/// agents more to answer), and a stuck one is still caught.
 const SETTLE_LIMIT: Duration = Duration::from_secs(40);
+
+/// However steadily it shrinks, a backlog must be gone this long after the load stopped.
+const SETTLE_CAP: Duration = Duration::from_secs(600);
 
 /// How often the settling ledger is looked at.
 const SETTLE_POLL: Duration = Duration::from_millis(250);
@@ -505,9 +510,12 @@ async fn send_reply(
 }
 
 /// Waits until nothing is queued or pending any more (every envelope answered or
-/// unresolved); an error says what is still waiting when the limit passes.
+/// unresolved); an error says what is still waiting once [`SETTLE_LIMIT`] passed with none
+/// of it settling, or [`SETTLE_CAP`] in all.
 async fn settle(ledger: &switchboard::ledger::Ledger) -> Result<(), String> {
-    let deadline = Instant::now() + SETTLE_LIMIT;
+    let started = Instant::now();
+    let mut fewest_waiting = i64::MAX;
+    let mut last_settled = Instant::now();
     loop {
         let counts = ledger.count_by_state().await.unwrap();
         let waiting: i64 = counts
@@ -516,12 +524,19 @@ async fn settle(ledger: &switchboard::ledger::Ledger) -> Result<(), String> {
             .map(|(_, count)| count)
             .sum();
         if waiting == 0 {
+            eprintln!("crash loop: settled {:.1?} after the load stopped", started.elapsed());
             return Ok(());
         }
-        if Instant::now() > deadline {
+        if waiting < fewest_waiting {
+            fewest_waiting = waiting;
+            last_settled = Instant::now();
+        }
+        if last_settled.elapsed() > SETTLE_LIMIT || started.elapsed() > SETTLE_CAP {
             let counts = counts.iter().map(|(state, n)| format!("{state} {n}")).collect::<Vec<_>>();
             return Err(format!(
-                "{waiting} envelope(s) still waiting {SETTLE_LIMIT:?} after the load stopped ({})",
+                "{waiting} envelope(s) still waiting {:.1?} after the load stopped, none settled for {:.1?} ({})",
+                started.elapsed(),
+                last_settled.elapsed(),
                 counts.join(", ")
             ));
         }
