@@ -220,15 +220,26 @@ async fn a_plugin_given_every_replicas_address_follows_the_leader_to_another_mac
 /// address: nothing closes to tell the plugin. It misses the paused leader's heartbeats
 /// (half a lease apart with replicas) and moves on to the new leader soon after the
 /// takeover, where with a single daemon's heartbeat it would have waited two minutes, and
-/// then gone back to the paused one.
+/// then gone back to the paused one. A reply the agent made to the paused leader is not
+/// waited for (five minutes) either: once the plugin has moved on, it asks the new leader
+/// what became of it, and the new leader knows the paused one can no longer send it.
 #[tokio::test]
 async fn a_plugin_leaves_a_paused_leader_for_the_new_one_within_a_few_leases() {
     let fake = FakeTelegram::start().await;
     let (mut leader, mut standby, orchestrator, second_at) =
         replicas_on_own_addresses_and_a_plugin(&fake).await;
     answer_one_and_leave_one_shown(&fake, &orchestrator).await;
+    let shown = orchestrator.notifications()[1].clone();
     leader.signal("STOP");
     let paused = Instant::now();
+    let to_the_paused_leader = json!({"text": "to the paused leader", "trace_id": trace_id(&shown)});
+    let (is_error, text) = orchestrator.call_tool("reply", to_the_paused_leader).await.unwrap();
+    eprintln!(
+        "a reply made to the paused leader was answered after {:?} (lease {LEASE} s)",
+        paused.elapsed()
+    );
+    assert!(is_error && text.contains("nothing was sent"), "{text}");
+    assert!(paused.elapsed() < WAIT, "not the five minutes a reply may take");
     standby.wait_until_serving(WAIT);
     orchestrator.wait_for_notifications(3, WAIT).await.unwrap();
     eprintln!(

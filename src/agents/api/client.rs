@@ -5,7 +5,6 @@
 
 use std::collections::VecDeque;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -193,7 +192,7 @@ impl DaemonClient {
         }
         Ok(Self {
             http: http.build()?,
-            daemons: Arc::new(Daemons { urls: daemons, in_use: AtomicUsize::new(0) }),
+            daemons: Arc::new(Daemons::new(daemons)),
             agent,
             secret,
             session: Arc::new(watch::Sender::new(None)),
@@ -410,11 +409,24 @@ impl DaemonClient {
         &self,
         request: reqwest::RequestBuilder,
     ) -> Result<T, ClientError> {
-        let response = self.send(request).await?;
-        let response = self.refusal_or(response).await?;
-        let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
-        serde_json::from_slice(&body)
-            .map_err(|e| self.protocol(format!("{e} in the answer '{}'", preview(&body))))
+        // Once the plugin has moved on from this call's daemon (its session stream missed
+        // its heartbeats), the answer is not waited for any longer: its outcome is unknown,
+        // as with any connection lost, and the caller asks the next daemon about it.
+        let origin = self.address();
+        let exchange = async {
+            let response = self.send(request).await?;
+            let response = self.refusal_or(response).await?;
+            let body = response.bytes().await.map_err(|e| self.transport_error(&e))?;
+            serde_json::from_slice(&body)
+                .map_err(|e| self.protocol(format!("{e} in the answer '{}'", preview(&body))))
+        };
+        tokio::select! {
+            answer = exchange => answer,
+            () = self.daemons.moved_on(&origin) => Err(ClientError::NoAnswer {
+                address: origin,
+                detail: "it stopped answering, and this plugin moved on to the next daemon".into(),
+            }),
+        }
     }
 
     /// Sends a request with the agent's credentials, its session and the envelopes shown.
@@ -530,12 +542,17 @@ fn refused_our_certificate(error: &reqwest::Error) -> bool {
 #[derive(Debug)]
 struct Daemons {
     urls: Vec<DaemonUrl>,
-    in_use: AtomicUsize,
+    /// The index of the one in use; watched by the calls made to it (see [`Daemons::moved_on`]).
+    in_use: watch::Sender<usize>,
 }
 
 impl Daemons {
+    fn new(urls: Vec<DaemonUrl>) -> Self {
+        Self { urls, in_use: watch::Sender::new(0) }
+    }
+
     fn in_use(&self) -> &DaemonUrl {
-        &self.urls[self.in_use.load(Ordering::Relaxed) % self.urls.len()]
+        &self.urls[*self.in_use.borrow()]
     }
 
     /// Moves on from `unreachable` to the next address, unless another call already did.
@@ -543,14 +560,25 @@ impl Daemons {
         if self.urls.len() < 2 {
             return;
         }
-        let seen = self.in_use.load(Ordering::Relaxed);
-        if self.urls[seen % self.urls.len()].origin() != unreachable {
-            return;
+        let moved = self.in_use.send_if_modified(|in_use| {
+            if self.urls[*in_use].origin() != unreachable {
+                return false;
+            }
+            *in_use = (*in_use + 1) % self.urls.len();
+            true
+        });
+        if moved {
+            tracing::debug!(unreachable, next = %self.in_use(), "the daemon is not reachable there; trying the next address");
         }
-        let next = (seen + 1) % self.urls.len();
-        if self.in_use.compare_exchange(seen, next, Ordering::Relaxed, Ordering::Relaxed).is_ok() {
-            tracing::debug!(unreachable, next = %self.urls[next], "the daemon is not reachable there; trying the next address");
-        }
+    }
+
+    /// Resolves once the plugin has moved on from `origin` to another daemon: a call still
+    /// waiting for `origin`'s answer then waits for a daemon that stopped answering (a
+    /// paused or wedged leader, whose socket the kernel still serves).
+    async fn moved_on(&self, origin: &str) {
+        let mut in_use = self.in_use.subscribe();
+        // The sender lives as long as `self`, so the wait ends only by a move.
+        let _ = in_use.wait_for(|index| self.urls[*index].origin() != origin).await;
     }
 }
 
