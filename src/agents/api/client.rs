@@ -220,6 +220,7 @@ impl DaemonClient {
     /// stream is a registered session; from then on this client's calls speak for it.
     /// Dropping the stream ends the session.
     pub async fn open_session(&self) -> Result<SessionStream, ClientError> {
+        let address = self.address();
         let request = self
             .http
             .get(self.url("session"))
@@ -233,9 +234,9 @@ impl DaemonClient {
         let response = match tokio::time::timeout(QUERY_TIMEOUT, request.send()).await {
             Ok(sent) => sent.map_err(|e| self.transport_error(&e))?,
             Err(_) => {
-                let silent = self.no_answer_within(QUERY_TIMEOUT);
-                self.daemons.pass_over(&self.address());
-                return Err(silent);
+                self.daemons.pass_over(&address);
+                let detail = format!("no answer within {}s", QUERY_TIMEOUT.as_secs());
+                return Err(ClientError::NoAnswer { address, detail });
             }
         };
         let response = self.refusal_or(response).await?;
@@ -244,7 +245,7 @@ impl DaemonClient {
             FramedRead::new(StreamReader::new(body), LinesCodec::new_with_max_length(MAX_SESSION_LINE_BYTES));
         let mut stream = SessionStream {
             lines: lines.boxed(),
-            address: self.address(),
+            address,
             daemons: Arc::clone(&self.daemons),
             // The daemon says hello as soon as the headers are out; from then on, its
             // heartbeat sets the limit.
@@ -257,7 +258,11 @@ impl DaemonClient {
             Some(SessionEvent::Hello { session_id, session_token, heartbeat_ms, .. }) => {
                 stream.session_id = session_id;
                 stream.token = session_token.clone();
-                stream.idle_limit = Duration::from_millis(heartbeat_ms).saturating_mul(MISSED_HEARTBEATS);
+                // A heartbeat announced as faster than once a second is taken as once a
+                // second: a daemon of another version cannot make its plugin give up on
+                // every stream at once.
+                let heartbeat = Duration::from_millis(heartbeat_ms).max(Duration::from_secs(1));
+                stream.idle_limit = heartbeat.saturating_mul(MISSED_HEARTBEATS);
                 self.session.send_replace(Some(session_token));
                 Ok(stream)
             }

@@ -173,6 +173,12 @@ impl PgLedger {
         &self,
         attempt: &NewAttempt<'_>,
     ) -> LedgerResult<Result<AttemptId, Refusal>> {
+        let fence = *self.leader_fence();
+        let (bot_id, term) = match fence {
+            LeaderFence::NeverLed => (None, None),
+            LeaderFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
+            LeaderFence::Over { bot_id, term } => return Err(no_longer_leads(bot_id, term)),
+        };
         let mut tx = self.pool.begin().await?;
         if attempt.purpose != AttemptPurpose::Audit
             && let Err(refusal) = admission_in(&mut tx, attempt.envelope_id).await?
@@ -182,20 +188,11 @@ impl PgLedger {
             tx.rollback().await?;
             return Ok(Err(refusal));
         }
-        let fence = *self.leader_fence();
-        let (bot_id, term) = match fence {
-            LeaderFence::NeverLed => (None, None),
-            LeaderFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
-            LeaderFence::Over { bot_id, term } => {
-                tx.rollback().await?;
-                return Err(no_longer_leads(bot_id, term));
-            }
-        };
         let op_id = AttemptId::generate();
-        // Fenced as a polled batch is (`fence_intake`): recorded only while the
-        // lease names this replica's term, and an election waits for this transaction, so
-        // a new leader's recovery finds the attempt and makes it `unknown` should it still
-        // be in flight.
+        // Fenced as a polled batch is (`fence_intake`): recorded only while the lease names
+        // this replica's term, and an election waits for this transaction, so a new
+        // leader's recovery finds the attempt and makes it `unknown` should it still be in
+        // flight.
         let recorded = sqlx::query(
             "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $14 FOR KEY SHARE) \
              INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
