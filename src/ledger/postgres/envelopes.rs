@@ -8,8 +8,8 @@
 use async_trait::async_trait;
 use sqlx::{FromRow, PgConnection, Row};
 
-use super::PgLedger;
 use super::rows::{envelope_columns, reply_part_method};
+use super::{LeaderFence, PgLedger};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::prelude::*;
@@ -26,14 +26,29 @@ impl Envelopes for PgLedger {
         // a row inserted elsewhere that refers to this envelope (an attempt, a task, a
         // handoff's audit copy) holds it KEY SHARE until its transaction ends, which only
         // FOR UPDATE would wait for. Only the leader serves sessions, so no other replica
-        // claims beside this one.
+        // claims beside this one; and a replica that no longer leads claims nothing (the
+        // lease row, as intake's fence reads it): an envelope it took would be pending for
+        // a session the new leader does not know. An election waits for a claim that
+        // passed, and the new leader's sessions take it back as they open.
+        let (bot_id, term) = match *self.leader_fence() {
+            LeaderFence::NeverLed => (None, None),
+            LeaderFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
+            LeaderFence::Over { .. } => return Ok(None),
+        };
         let sql = concat!(
-            "UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
+            "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $2 FOR KEY SHARE) \
+             UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
              WHERE id = (SELECT id FROM envelopes WHERE agent = $1 AND state = 'queued' ORDER BY id LIMIT 1 \
-             FOR NO KEY UPDATE) RETURNING ",
+             FOR NO KEY UPDATE) AND ($2::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $3)) \
+             RETURNING ",
             envelope_columns!()
         );
-        Ok(sqlx::query_as(sql).bind(agent.as_str()).fetch_optional(&self.pool).await?)
+        Ok(sqlx::query_as(sql)
+            .bind(agent.as_str())
+            .bind(bot_id)
+            .bind(term)
+            .fetch_optional(&self.pool)
+            .await?)
     }
 
     async fn take_pending_for_redelivery(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {

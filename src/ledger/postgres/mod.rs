@@ -96,13 +96,14 @@ pub struct PgLedger {
     /// The terms this replica leads polling under, by bot: what its polled batches are
     /// fenced by (see `intake`).
     polling_terms: Arc<std::sync::Mutex<HashMap<i64, Term>>>,
-    /// What this replica's work as the leader is fenced by: its sends (see `attempts`) and
-    /// the webhook deliveries it takes in (see `intake`).
+    /// What this replica's work as the leader is fenced by: its sends (see `attempts`), the
+    /// webhook deliveries it takes in (see `intake`) and its sessions' claims (see
+    /// `envelopes`).
     leading: Arc<std::sync::Mutex<LeaderFence>>,
 }
 
 /// Whether a replica may act as the bot's leader: record a send attempt (and so make the
-/// send), take in a webhook delivery and hand it to its sessions. The leader is the one
+/// send), take in a webhook delivery, and claim queued envelopes for its sessions. The leader is the one
 /// replica that does (DESIGN.md §16), so a replica that led and no longer does does none of
 /// it, whatever reached it before it learned so (a reply or a delivery that waited in its
 /// socket while it was paused past its lease).

@@ -400,12 +400,12 @@ async fn attempt_count(ledger: &PgLedger) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM attempts").fetch_one(&ledger.pool).await.unwrap()
 }
 
-/// Only the leader sends and takes webhook deliveries in (DESIGN.md §16): a replica that led
-/// records no send attempt and no delivery once a newer term began, even before it has
-/// learned so (paused past its lease, say), and none once it has. A ledger that never led
-/// (the command line) is not fenced.
+/// Only the leader sends, takes webhook deliveries in and hands envelopes to sessions
+/// (DESIGN.md §16): a replica that led records no send attempt, no delivery and no claim
+/// once a newer term began, even before it has learned so (paused past its lease, say),
+/// and none once it has. A ledger that never led (the command line) is not fenced.
 #[tokio::test]
-async fn a_replica_that_no_longer_leads_records_no_send_attempt_and_no_delivery() {
+async fn a_replica_that_no_longer_leads_sends_takes_in_and_hands_over_nothing() {
     use crate::ledger::ListFilter;
     use crate::ledger::conformance::fixtures::one_part_reply;
     let schema = TestSchema::create().await;
@@ -438,13 +438,21 @@ async fn a_replica_that_no_longer_leads_records_no_send_attempt_and_no_delivery(
     assert!(refused.is_err(), "Telegram is answered with an error, and retries elsewhere");
     assert_eq!(envelope_count(&first).await, 3);
     assert_eq!(*first.leader_fence(), LeaderFence::Over { bot_id: BOT, term: old.term });
+    // Nor does it hand a queued envelope to a session of its own.
+    first.lead_polling(BOT, old.term);
+    let worker = AgentName::parse("worker").unwrap();
+    assert_eq!(first.claim_next_queued(&worker).await.unwrap(), None);
     // Knowing, it does not even ask.
+    first.stop_leading_polling(BOT, old.term);
+    assert_eq!(first.claim_next_queued(&worker).await.unwrap(), None);
     assert!(first.begin_attempt(&one_part_reply(rows[1].id)).await.is_err());
     assert!(first.record_pushed_batch(&late_delivery, &[], &[], None).await.is_err());
     second.record_pushed_batch(&late_delivery, &[], &[], None).await.unwrap();
     assert_eq!(envelope_count(&first).await, 4);
 
     second.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
+    let claimed = second.claim_next_queued(&worker).await.unwrap().expect("the leader claims");
+    assert_eq!(claimed.update_id, Some(1), "the oldest queued, which the deposed replica left queued");
     let command_line = PgLedger::connect(&schema.url).await.unwrap();
     command_line.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
     assert_eq!(attempt_count(&first).await, 3);
