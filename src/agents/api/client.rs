@@ -416,8 +416,13 @@ impl DaemonClient {
     ) -> Result<T, ClientError> {
         // Once the plugin has moved on from this call's daemon (its session stream missed
         // its heartbeats), the answer is not waited for any longer: its outcome is unknown,
-        // as with any connection lost, and the caller asks the next daemon about it.
-        let origin = self.address();
+        // as with any connection lost, and the caller asks the next daemon about it. The
+        // daemon is the one the request is addressed to, which a move made since it was
+        // built has already left.
+        let origin = request
+            .try_clone()
+            .and_then(|request| request.build().ok())
+            .map_or_else(|| self.address(), |request| request.url().origin().ascii_serialization());
         let exchange = async {
             let response = self.send(request).await?;
             let response = self.refusal_or(response).await?;
@@ -702,6 +707,27 @@ fn preview(body: &[u8]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_call_waits_for_its_daemon_until_the_plugin_moves_on_from_it() {
+        let url = |text: &str| DaemonUrl::parse(text, false).unwrap();
+        let daemons = Daemons::new(vec![url("http://127.0.0.1:7001/"), url("http://127.0.0.1:7002")]);
+        let first = "http://127.0.0.1:7001";
+        let waiting = daemons.moved_on(first);
+        tokio::pin!(waiting);
+        // Passing over another address, or a move already made, leaves the call waiting.
+        daemons.pass_over("http://127.0.0.1:7002");
+        let still_waiting = tokio::time::timeout(Duration::from_millis(20), &mut waiting).await;
+        assert!(still_waiting.is_err(), "no move from {first} yet");
+        daemons.pass_over(first);
+        tokio::time::timeout(Duration::from_secs(1), waiting).await.expect("moved on from the first");
+        assert_eq!(daemons.in_use().origin(), "http://127.0.0.1:7002");
+        // With one address there is nowhere to move: a call waits for its answer.
+        let alone = Daemons::new(vec![url("http://127.0.0.1:7001")]);
+        alone.pass_over(first);
+        let alone_waiting = tokio::time::timeout(Duration::from_millis(20), alone.moved_on(first)).await;
+        assert!(alone_waiting.is_err());
+    }
 
     #[test]
     fn preview_shortens_long_bodies() {
