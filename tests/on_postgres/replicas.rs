@@ -431,6 +431,49 @@ async fn a_standby_that_cannot_commit_a_delivery_never_answers_200_and_the_retry
     assert_each_update_once(&envelopes(&leader).await, 1);
 }
 
+/// Another replica's election that the leader has not noticed yet: the test moves the
+/// lease to a new term itself, and the leader learns of it only at its next renewal, a
+/// third of a long lease later. Meanwhile nothing it does as the leader gets through: its
+/// agent's reply is refused unsent, and a webhook delivery is answered 500, unrecorded, for
+/// Telegram to deliver again to the replica that leads. Then it stops.
+#[tokio::test]
+async fn a_leader_whose_term_was_taken_sends_nothing_and_takes_nothing_in_before_it_notices() {
+    let fake = FakeTelegram::start().await;
+    let hook = format!("127.0.0.1:{}", free_port());
+    let mut leader = TestDaemon::start_with_env(
+        &fake.api_url(),
+        &webhook_setting(),
+        &default_routes(),
+        &[
+            // Renewed every 20 s: the test is done long before the leader looks again.
+            ("SWITCHBOARD__STORAGE__LEASE_SECS", "60"),
+            ("SWITCHBOARD__STORAGE__REPLICA", "first"),
+            (WEBHOOK_SECRET_ENV, WEBHOOK_SECRET),
+            (WEBHOOK_LISTEN_ENV, &hook),
+        ],
+    );
+    fake.wait_for_webhook(WAIT).await;
+    fake.route_webhook_to(hook.parse().unwrap());
+    let orchestrator = session(&leader, "orchestrator").await;
+    let dm = ChatSpec::private(OWNER_CHAT);
+    fake.push_text(&dm, owner(), "before the election");
+    let shown = orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0].clone();
+
+    let TestLedger::Postgres(schema) = &leader.ledger_at else { panic!("replicas are on PostgreSQL") };
+    schema.execute(&["UPDATE poller_leases SET term = term + 1, holder = 'elsewhere'"]);
+    let reply = json!({"text": "from a deposed leader", "trace_id": trace_id(&shown)});
+    let (is_error, text) = orchestrator.call_tool("reply", reply).await.unwrap();
+    assert!(is_error, "{text}");
+    let late = fake.push_text(&dm, owner(), "after the election");
+    let first = fake.wait_for_deliveries(late, 1, WAIT).await[0];
+    assert!(matches!(first, Delivery::Answered(500..=599)), "never 200 from a deposed leader: {first:?}");
+
+    let status = leader.wait_for_exit(WAIT).await;
+    assert!(!status.success(), "{status}");
+    assert!(fake.sent_messages().is_empty(), "nothing sent: {:?}", fake.sent_messages());
+    assert_each_update_once(&envelopes(&leader).await, 1);
+}
+
 /// A webhook delivery of a text message from the owner, as Telegram makes it.
 fn webhook_update(update_id: i64, text: &str) -> String {
     json!({
