@@ -103,10 +103,10 @@ pub struct PgLedger {
 }
 
 /// Whether a replica may act as the bot's leader: record a send attempt (and so make the
-/// send), take in a webhook delivery, and claim queued envelopes for its sessions. The leader is the one
-/// replica that does (DESIGN.md §16), so a replica that led and no longer does does none of
-/// it, whatever reached it before it learned so (a reply or a delivery that waited in its
-/// socket while it was paused past its lease).
+/// send), take in a webhook delivery, and claim queued envelopes for its sessions. The
+/// leader is the one replica that does (DESIGN.md §16), so a replica that led and no longer
+/// does does none of it, whatever reached it before it learned so (a reply or a delivery
+/// that waited in its socket while it was paused past its lease).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 enum LeaderFence {
     /// This ledger never led: the command line, a test of the ledger alone. Nothing to
