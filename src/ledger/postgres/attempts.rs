@@ -22,7 +22,7 @@ use super::envelopes::transition_in;
 use super::handoffs::settle_answers_for;
 use super::rows::{attempt_columns, reply_part_method, text_enum};
 use super::tasks::admission_in;
-use super::{LeaderFence, PgLedger, no_longer_leads};
+use super::{PgLedger, no_longer_leads};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
     StoredAttempt,
@@ -173,12 +173,8 @@ impl PgLedger {
         &self,
         attempt: &NewAttempt<'_>,
     ) -> LedgerResult<Result<AttemptId, Refusal>> {
-        let fence = *self.leader_fence();
-        let (bot_id, term) = match fence {
-            LeaderFence::NeverLed => (None, None),
-            LeaderFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
-            LeaderFence::Over { bot_id, term } => return Err(no_longer_leads(bot_id, term)),
-        };
+        let lease = self.leader_fence().lease_to_check()?;
+        let (bot_id, term) = lease.map(|(bot_id, term)| (bot_id, term.get())).unzip();
         let mut tx = self.pool.begin().await?;
         if attempt.purpose != AttemptPurpose::Audit
             && let Err(refusal) = admission_in(&mut tx, attempt.envelope_id).await?

@@ -8,8 +8,8 @@
 use async_trait::async_trait;
 use sqlx::{FromRow, PgConnection, Row};
 
+use super::PgLedger;
 use super::rows::{envelope_columns, reply_part_method};
-use super::{LeaderFence, PgLedger};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::prelude::*;
@@ -30,11 +30,8 @@ impl Envelopes for PgLedger {
         // lease row, as intake's fence reads it): an envelope it took would be pending for
         // a session the new leader does not know. An election waits for a claim that
         // passed, and the new leader's sessions take it back as they open.
-        let (bot_id, term) = match *self.leader_fence() {
-            LeaderFence::NeverLed => (None, None),
-            LeaderFence::Leading { bot_id, term } => (Some(bot_id), Some(term.get())),
-            LeaderFence::Over { .. } => return Ok(None),
-        };
+        let Ok(lease) = self.leader_fence().lease_to_check() else { return Ok(None) };
+        let (bot_id, term) = lease.map(|(bot_id, term)| (bot_id, term.get())).unzip();
         let sql = concat!(
             "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $2 FOR KEY SHARE) \
              UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \

@@ -19,9 +19,7 @@ use chrono::{DateTime, Timelike, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::rows::envelope_columns;
-use super::{
-    CurrentTerm, FencedError, LeaderFence, PgLedger, fence_intake, no_longer_leads, reactions, tasks,
-};
+use super::{CurrentTerm, FencedError, LeaderFence, PgLedger, fence_intake, reactions, tasks};
 use crate::domain::{RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect};
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::prelude::*;
@@ -484,12 +482,8 @@ impl Intake for PgLedger {
         // A webhook delivery the leader takes in (its own, or one a standby relayed) is
         // fenced by its term, with no offset to move: a leader deposed and not yet aware of
         // it answers Telegram with an error, and the retry reaches the new leader.
-        let fence = *self.leader_fence();
-        let fenced = match fence {
-            LeaderFence::NeverLed => None,
-            LeaderFence::Leading { bot_id, term } => Some(FencedUnder { term, bot_id, next_offset: None }),
-            LeaderFence::Over { bot_id, term } => return Err(no_longer_leads(bot_id, term)),
-        };
+        let lease = self.leader_fence().lease_to_check()?;
+        let fenced = lease.map(|(bot_id, term)| FencedUnder { term, bot_id, next_offset: None });
         let recorded = self.record_intake(fenced, batch, reactions, claim_for, bot_username).await;
         match fenced {
             Some(FencedUnder { bot_id, .. }) => self.deposed_if_fenced(bot_id, recorded),

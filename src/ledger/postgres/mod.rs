@@ -119,6 +119,18 @@ enum LeaderFence {
     Over { bot_id: i64, term: Term },
 }
 
+impl LeaderFence {
+    /// The bot's lease a leader's write must find at its term: none for a ledger that
+    /// never led; an error once the term is over, so that the write is not even tried.
+    fn lease_to_check(self) -> LedgerResult<Option<(i64, Term)>> {
+        match self {
+            Self::NeverLed => Ok(None),
+            Self::Leading { bot_id, term } => Ok(Some((bot_id, term))),
+            Self::Over { bot_id, term } => Err(no_longer_leads(bot_id, term)),
+        }
+    }
+}
+
 /// Without the connection options, whose derived `Debug` would print the password.
 impl std::fmt::Debug for PgLedger {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
