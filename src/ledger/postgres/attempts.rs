@@ -22,7 +22,7 @@ use super::envelopes::transition_in;
 use super::handoffs::settle_answers_for;
 use super::rows::{attempt_columns, reply_part_method, text_enum};
 use super::tasks::admission_in;
-use super::{PgLedger, no_longer_leads};
+use super::{PgLedger, fenced_lease, no_longer_leads};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
     StoredAttempt,
@@ -189,13 +189,14 @@ impl PgLedger {
         // this replica's term, and an election waits for this transaction, so a new
         // leader's recovery finds the attempt and makes it `unknown` should it still be in
         // flight.
-        let recorded = sqlx::query(
-            "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $14 FOR KEY SHARE) \
-             INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
+        let recorded = sqlx::query(concat!(
+            "WITH ",
+            fenced_lease!("$14"),
+            " INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
              reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at, method, target_message_id) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'in_flight', now(), $12, $13 \
              WHERE $14::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $15)",
-        )
+        ))
         .bind(&op_id)
         .bind(attempt.envelope_id)
         .bind(attempt.agent)

@@ -8,8 +8,8 @@
 use async_trait::async_trait;
 use sqlx::{FromRow, PgConnection, Row};
 
-use super::PgLedger;
 use super::rows::{envelope_columns, reply_part_method};
+use super::{PgLedger, fenced_lease};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::prelude::*;
@@ -33,8 +33,9 @@ impl Envelopes for PgLedger {
         let Ok(lease) = self.leader_fence().lease_to_check() else { return Ok(None) };
         let (bot_id, term) = lease.map(|(bot_id, term)| (bot_id, term.get())).unzip();
         let sql = concat!(
-            "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $2 FOR KEY SHARE) \
-             UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
+            "WITH ",
+            fenced_lease!("$2"),
+            " UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
              WHERE id = (SELECT id FROM envelopes WHERE agent = $1 AND state = 'queued' ORDER BY id LIMIT 1 \
              FOR NO KEY UPDATE) AND ($2::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $3)) \
              RETURNING ",

@@ -119,6 +119,21 @@ enum LeaderFence {
     Over { bot_id: i64, term: Term },
 }
 
+/// The bot's lease row (its id the statement's parameter named), as a CTE named `lease`
+/// locked `FOR KEY SHARE` until the transaction ends: what every fenced write reads the
+/// term from. An election takes the row `FOR UPDATE`, so it waits for every write that read
+/// it, and a write that waited reads the term the election committed (see [`fence_intake`]).
+macro_rules! fenced_lease {
+    ($bot_id:literal) => {
+        concat!(
+            "lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = ",
+            $bot_id,
+            " FOR KEY SHARE)"
+        )
+    };
+}
+use fenced_lease;
+
 impl LeaderFence {
     /// The bot's lease a leader's write must find at its term: none for a ledger that
     /// never led; an error once the term is over, so that the write is not even tried.
@@ -325,8 +340,9 @@ async fn fence_intake(
 ) -> Result<(), FencedError> {
     let (chat_ids, thread_ids, agents) = tasks::conversation_columns(hold);
     let current: Option<i64> = sqlx::query_scalar(concat!(
-        "WITH lease AS MATERIALIZED (SELECT term FROM poller_leases WHERE bot_id = $1 FOR KEY SHARE), \
-         moved AS (INSERT INTO poller_offsets (bot_id, next_offset, updated_at) \
+        "WITH ",
+        fenced_lease!("$1"),
+        ", moved AS (INSERT INTO poller_offsets (bot_id, next_offset, updated_at) \
          SELECT $1, $3, now() FROM lease WHERE term = $2 AND $3::bigint IS NOT NULL \
          ON CONFLICT (bot_id) DO UPDATE SET next_offset = EXCLUDED.next_offset, updated_at = EXCLUDED.updated_at), \
          held AS MATERIALIZED (SELECT pg_advisory_xact_lock(key) FROM (",
