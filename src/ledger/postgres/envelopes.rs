@@ -50,12 +50,19 @@ impl Envelopes for PgLedger {
     }
 
     async fn take_pending_for_redelivery(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
+        // Fenced as a claim is: a session opening at a replica that no longer leads is
+        // handed nothing (its plugin moves on to the leader, whose session takes these back).
+        let Ok(lease) = self.leader_fence().lease_to_check() else { return Ok(Vec::new()) };
+        let (bot_id, term) = lease.map(|(bot_id, term)| (bot_id, term.get())).unzip();
         let sql = concat!(
-            "UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = $1 AND state = 'pending' RETURNING ",
+            "WITH ",
+            fenced_lease!("$2"),
+            " UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = $1 AND state = 'pending' \
+             AND ($2::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $3)) RETURNING ",
             envelope_columns!()
         );
         let mut rows: Vec<StoredEnvelope> =
-            sqlx::query_as(sql).bind(agent.as_str()).fetch_all(&self.pool).await?;
+            sqlx::query_as(sql).bind(agent.as_str()).bind(bot_id).bind(term).fetch_all(&self.pool).await?;
         // RETURNING gives no order guarantee.
         rows.sort_by_key(|row| row.id);
         Ok(rows)

@@ -438,21 +438,27 @@ async fn a_replica_that_no_longer_leads_sends_takes_in_and_hands_over_nothing() 
     assert!(refused.is_err(), "Telegram is answered with an error, and retries elsewhere");
     assert_eq!(envelope_count(&first).await, 3);
     assert_eq!(*first.leader_fence(), LeaderFence::Over { bot_id: BOT, term: old.term });
-    // Nor does it hand a queued envelope to a session of its own.
+    // Nor does it hand a queued envelope to a session of its own, nor one the new leader
+    // handed to its session (a session opening here would count it delivered again).
     first.lead_polling(BOT, old.term);
     let worker = AgentName::parse("worker").unwrap();
     assert_eq!(first.claim_next_queued(&worker).await.unwrap(), None);
+    let claimed = second.claim_next_queued(&worker).await.unwrap().expect("the leader claims");
+    assert_eq!(claimed.update_id, Some(1), "the oldest queued, which the deposed replica left queued");
+    assert!(first.take_pending_for_redelivery(&worker).await.unwrap().is_empty());
     // Knowing, it does not even ask.
     first.stop_leading_polling(BOT, old.term);
     assert_eq!(first.claim_next_queued(&worker).await.unwrap(), None);
+    assert!(first.take_pending_for_redelivery(&worker).await.unwrap().is_empty());
     assert!(first.begin_attempt(&one_part_reply(rows[1].id)).await.is_err());
     assert!(first.record_pushed_batch(&late_delivery, &[], &[], None).await.is_err());
     second.record_pushed_batch(&late_delivery, &[], &[], None).await.unwrap();
     assert_eq!(envelope_count(&first).await, 4);
 
     second.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
-    let claimed = second.claim_next_queued(&worker).await.unwrap().expect("the leader claims");
-    assert_eq!(claimed.update_id, Some(1), "the oldest queued, which the deposed replica left queued");
+    let again = second.take_pending_for_redelivery(&worker).await.unwrap();
+    assert_eq!(again.iter().map(|envelope| envelope.update_id).collect::<Vec<_>>(), [Some(1)]);
+    assert_eq!(again[0].deliveries, claimed.deliveries + 1, "counted again by the leader alone");
     let command_line = PgLedger::connect(&schema.url).await.unwrap();
     command_line.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
     assert_eq!(attempt_count(&first).await, 3);
