@@ -10,7 +10,10 @@ use crate::clock::text;
 use crate::config::{ConfigError, Database, Settings};
 use crate::ids::{CascadeId, TaskId, TraceId};
 use crate::ledger::EnvelopeState;
-use crate::ledger::{Ledger, ListFilter, PruneReport, Reconciliation, StoredCascade, TurnEnding};
+use crate::ledger::{
+    Ledger, ListFilter, PruneReport, Reconciliation, StoredCascade, StoredEnvelope, StoredHandoff,
+    StoredPermission, TurnEnding,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
@@ -170,107 +173,14 @@ fn missing_ledger(settings: &Settings, database: &Path) -> ConfigError {
 async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Result<()> {
     match command {
         LedgerCommand::List { state, agent, route, limit } => {
-            let rows = ledger.list(&ListFilter { state, agent, route, limit }).await?;
-            println!(
-                "{:<15} {:<11} {:<14} {:<14} {:<16} {:<20} PREVIEW",
-                "TRACE_ID", "STATE", "AGENT", "ROUTE", "CHAT", "USER"
-            );
-            for e in &rows {
-                let chat = match e.thread_id {
-                    Some(thread) => format!("{}/{thread}", e.chat_id),
-                    None => e.chat_id.to_string(),
-                };
-                println!(
-                    "{:<15} {:<11} {:<14} {:<14} {:<16} {:<20} {}",
-                    e.trace_id,
-                    e.state,
-                    e.agent.as_deref().unwrap_or("-"),
-                    e.route.as_deref().unwrap_or("-"),
-                    chat,
-                    e.user(),
-                    e.preview()
-                );
-            }
-            println!("({} envelope(s))", rows.len());
+            print_envelopes(&ledger.list(&ListFilter { state, agent, route, limit }).await?);
         }
         LedgerCommand::Handoffs { open, agent, limit } => {
-            let handoffs = ledger.list_handoffs(open, agent.as_deref(), limit).await?;
-            if handoffs.is_empty() {
-                println!("no handoffs");
-            }
-            for h in handoffs {
-                println!(
-                    "{}  {:<10}  {} → {}  depth {}  for {}  {}  \"{}\"",
-                    h.handoff_id,
-                    h.state,
-                    h.from_agent,
-                    h.to_agent,
-                    h.depth,
-                    h.cause_trace_id.as_deref().unwrap_or("(unprompted)"),
-                    text(h.opened_at),
-                    preview(&h.instruction)
-                );
-                if let Some(late) = &h.late_result {
-                    println!("    late result (never delivered): \"{}\"", preview(late));
-                }
-            }
+            print_handoffs(&ledger.list_handoffs(open, agent.as_deref(), limit).await?);
         }
-        LedgerCommand::Permissions { limit } => {
-            let requests = ledger.list_permissions(limit).await?;
-            if requests.is_empty() {
-                println!("no permission requests");
-            }
-            for p in &requests {
-                let outcome = match (&p.answered_by_name, &p.answered_at, &p.expired_because) {
-                    (Some(by), Some(at), _) => {
-                        format!("by {by} ({}) at {at}", p.answered_by.unwrap_or_default())
-                    }
-                    (_, _, Some(because)) => format!("({because})"),
-                    _ => format!("expires {}", text(p.expires_at)),
-                };
-                let prompt = match (p.prompt_message_id, &p.prompt_error) {
-                    (Some(message_id), _) => format!("{} message {message_id}", p.prompt_send.as_str()),
-                    (None, Some(error)) => format!("{} ({error})", p.prompt_send.as_str()),
-                    (None, None) => p.prompt_send.as_str().to_owned(),
-                };
-                println!(
-                    "{}  {:<8}  {}  {} asked {} ({})  tool {}  prompt {} in chat {}  {}  \"{}\"",
-                    p.id,
-                    p.state,
-                    text(p.asked_at),
-                    p.agent,
-                    p.request_id,
-                    p.plugin_id,
-                    p.tool_name,
-                    prompt,
-                    p.chat_id,
-                    outcome,
-                    preview(&p.description)
-                );
-            }
-        }
+        LedgerCommand::Permissions { limit } => print_permissions(&ledger.list_permissions(limit).await?),
         LedgerCommand::Cascades { room, limit } => {
-            let cascades = ledger.list_cascades(room.as_deref(), limit).await?;
-            if cascades.is_empty() {
-                println!("no room exchanges");
-            }
-            for c in cascades {
-                let turns = ledger.turns_of(c.id).await?;
-                let replies = turns.iter().filter(|t| t.ending == Some(TurnEnding::Replied)).count();
-                let speakers: Vec<&str> = turns.iter().map(|t| t.agent.as_str()).collect();
-                let started = c.cascade().map(|cascade| cascade.message().text.clone()).unwrap_or_default();
-                println!(
-                    "{}  {:<16}  {:<16}  {} turn(s), {replies} repl{}  [{}]  {}  \"{}\"",
-                    c.cascade_id,
-                    c.route,
-                    c.state,
-                    turns.len(),
-                    if replies == 1 { "y" } else { "ies" },
-                    speakers.join(" → "),
-                    text(c.created_at),
-                    preview(&started)
-                );
-            }
+            print_cascades(ledger, &ledger.list_cascades(room.as_deref(), limit).await?).await?;
         }
         LedgerCommand::Show { trace_id } if trace_id.trim().starts_with("cas_") => {
             let cascade_id = CascadeId::parse(&trace_id).map_err(anyhow::Error::msg)?;
@@ -282,102 +192,11 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
         }
         LedgerCommand::Show { trace_id } => {
             let trace_id = TraceId::parse(&trace_id).map_err(anyhow::Error::msg)?;
-            let e = ledger
+            let envelope = ledger
                 .find(&trace_id)
                 .await?
                 .with_context(|| format!("no envelope has trace id {trace_id}"))?;
-            println!("trace_id:    {}", e.trace_id);
-            println!("state:       {} (since {})", e.state, text(e.state_changed_at));
-            println!(
-                "agent/route: {} / {}",
-                e.agent.as_deref().unwrap_or("-"),
-                e.route.as_deref().unwrap_or("-")
-            );
-            println!(
-                "chat:        {} ({}{})",
-                e.chat_id,
-                e.chat_type,
-                e.chat_title.as_deref().map(|t| format!(", {t}")).unwrap_or_default()
-            );
-            if let Some(thread) = e.thread_id {
-                println!("topic:       {thread}");
-            }
-            println!(
-                "message:     {} from {} (user id {}) at {}",
-                e.message_id,
-                e.user(),
-                e.sender_id.map_or("-".into(), |id| id.to_string()),
-                text(e.sent_at)
-            );
-            match e.update_id {
-                Some(update_id) => {
-                    println!("update_id:   {update_id} ({}), received {}", e.kind, text(e.received_at))
-                }
-                None => println!("kind:        {}, made {}", e.kind, text(e.received_at)),
-            }
-            println!("deliveries:  {}", e.deliveries);
-            if let (Some(task), Some(revision)) = (&e.task_id, e.revision) {
-                println!("task:        {task} revision {revision} (switchboard ledger task {task})");
-            }
-            if let Some(note) = &e.note {
-                println!("note:        {note}");
-            }
-            println!("content:\n  {}", e.content.replace('\n', "\n  "));
-            if let Some(handoff) = ledger.handoff_of_envelope(e.id).await? {
-                print_handoff(&handoff);
-            }
-            if let Some(cascade) = ledger.cascade_of_message(e.id).await? {
-                println!("room:        started exchange {} ({})", cascade.cascade_id, cascade.state);
-            }
-            if let Some((turn, cascade)) = ledger.turn_of_envelope(e.id).await? {
-                println!(
-                    "room turn:   speaker {} of {} ({}), summoned by {}{}",
-                    turn.speaker,
-                    cascade.cascade_id,
-                    cascade.route,
-                    turn.summoned_by,
-                    turn.ending.map(|ending| format!(", {}", ending.as_str())).unwrap_or_default()
-                );
-            }
-            if let Some(raw) = ledger.raw_update(&e.trace_id).await? {
-                println!("raw update (as Telegram sent it):\n  {raw}");
-            }
-            let attempts = ledger.attempts_for(e.id).await?;
-            println!("attempts ({}):", attempts.len());
-            for a in attempts {
-                let reconciled = a
-                    .reconciled_outcome
-                    .as_ref()
-                    .map(|o| format!(" → reconciled {o} ({})", a.reconciled_reason.as_deref().unwrap_or("")))
-                    .unwrap_or_default();
-                // A reply's part, or what a reaction or an edit acted on.
-                let what = match a.target_message_id {
-                    Some(target) if !a.method.is_reply_part() => format!("{} of message {target}", a.method),
-                    _ => format!("part {}/{}", a.chunk_index + 1, a.chunk_count),
-                };
-                println!(
-                    "  {} {what} to {}{} → {}{}{}{}",
-                    a.op_id,
-                    a.chat_id,
-                    a.thread_id.map(|t| format!("/{t}")).unwrap_or_default(),
-                    a.outcome,
-                    a.telegram_message_id.map(|m| format!(" (message {m})")).unwrap_or_default(),
-                    a.error.as_deref().map(|err| format!(": {err}")).unwrap_or_default(),
-                    reconciled
-                );
-            }
-            let events = ledger.events_for(e.id).await?;
-            println!("history ({}):", events.len());
-            for ev in events {
-                println!(
-                    "  {} {} → {} by {}{}",
-                    ev.at,
-                    ev.from_state,
-                    ev.to_state,
-                    ev.actor,
-                    ev.reason.map(|r| format!(": {r}")).unwrap_or_default()
-                );
-            }
+            print_envelope(ledger, &envelope).await?;
         }
         LedgerCommand::Stats => {
             for (state, count) in ledger.count_by_state().await? {
@@ -413,6 +232,207 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
             let state = ledger.reconcile(&trace_id, finding, &reason).await?;
             println!("{trace_id}: now {state}");
         }
+    }
+    Ok(())
+}
+
+/// `ledger list`: one line an envelope.
+fn print_envelopes(rows: &[StoredEnvelope]) {
+    println!(
+        "{:<15} {:<11} {:<14} {:<14} {:<16} {:<20} PREVIEW",
+        "TRACE_ID", "STATE", "AGENT", "ROUTE", "CHAT", "USER"
+    );
+    for e in rows {
+        let chat = match e.thread_id {
+            Some(thread) => format!("{}/{thread}", e.chat_id),
+            None => e.chat_id.to_string(),
+        };
+        println!(
+            "{:<15} {:<11} {:<14} {:<14} {:<16} {:<20} {}",
+            e.trace_id,
+            e.state,
+            e.agent.as_deref().unwrap_or("-"),
+            e.route.as_deref().unwrap_or("-"),
+            chat,
+            e.user(),
+            e.preview()
+        );
+    }
+    println!("({} envelope(s))", rows.len());
+}
+
+/// `ledger handoffs`: one line a handoff, and its late result if one came.
+fn print_handoffs(handoffs: &[StoredHandoff]) {
+    if handoffs.is_empty() {
+        println!("no handoffs");
+    }
+    for h in handoffs {
+        println!(
+            "{}  {:<10}  {} → {}  depth {}  for {}  {}  \"{}\"",
+            h.handoff_id,
+            h.state,
+            h.from_agent,
+            h.to_agent,
+            h.depth,
+            h.cause_trace_id.as_deref().unwrap_or("(unprompted)"),
+            text(h.opened_at),
+            preview(&h.instruction)
+        );
+        if let Some(late) = &h.late_result {
+            println!("    late result (never delivered): \"{}\"", preview(late));
+        }
+    }
+}
+
+/// `ledger permissions`: one line a request, with its prompt and how it ended.
+fn print_permissions(requests: &[StoredPermission]) {
+    if requests.is_empty() {
+        println!("no permission requests");
+    }
+    for p in requests {
+        let outcome = match (&p.answered_by_name, &p.answered_at, &p.expired_because) {
+            (Some(by), Some(at), _) => {
+                format!("by {by} ({}) at {at}", p.answered_by.unwrap_or_default())
+            }
+            (_, _, Some(because)) => format!("({because})"),
+            _ => format!("expires {}", text(p.expires_at)),
+        };
+        let prompt = match (p.prompt_message_id, &p.prompt_error) {
+            (Some(message_id), _) => format!("{} message {message_id}", p.prompt_send.as_str()),
+            (None, Some(error)) => format!("{} ({error})", p.prompt_send.as_str()),
+            (None, None) => p.prompt_send.as_str().to_owned(),
+        };
+        println!(
+            "{}  {:<8}  {}  {} asked {} ({})  tool {}  prompt {} in chat {}  {}  \"{}\"",
+            p.id,
+            p.state,
+            text(p.asked_at),
+            p.agent,
+            p.request_id,
+            p.plugin_id,
+            p.tool_name,
+            prompt,
+            p.chat_id,
+            outcome,
+            preview(&p.description)
+        );
+    }
+}
+
+/// `ledger cascades`: one line a room exchange, with its speakers in order.
+async fn print_cascades(ledger: &Ledger, cascades: &[StoredCascade]) -> anyhow::Result<()> {
+    if cascades.is_empty() {
+        println!("no room exchanges");
+    }
+    for c in cascades {
+        let turns = ledger.turns_of(c.id).await?;
+        let replies = turns.iter().filter(|t| t.ending == Some(TurnEnding::Replied)).count();
+        let speakers: Vec<&str> = turns.iter().map(|t| t.agent.as_str()).collect();
+        let started = c.cascade().map(|cascade| cascade.message().text.clone()).unwrap_or_default();
+        println!(
+            "{}  {:<16}  {:<16}  {} turn(s), {replies} repl{}  [{}]  {}  \"{}\"",
+            c.cascade_id,
+            c.route,
+            c.state,
+            turns.len(),
+            if replies == 1 { "y" } else { "ies" },
+            speakers.join(" → "),
+            text(c.created_at),
+            preview(&started)
+        );
+    }
+    Ok(())
+}
+
+/// `ledger show env_…`: the envelope, what it belongs to, its attempts and its history.
+async fn print_envelope(ledger: &Ledger, e: &StoredEnvelope) -> anyhow::Result<()> {
+    println!("trace_id:    {}", e.trace_id);
+    println!("state:       {} (since {})", e.state, text(e.state_changed_at));
+    println!("agent/route: {} / {}", e.agent.as_deref().unwrap_or("-"), e.route.as_deref().unwrap_or("-"));
+    println!(
+        "chat:        {} ({}{})",
+        e.chat_id,
+        e.chat_type,
+        e.chat_title.as_deref().map(|t| format!(", {t}")).unwrap_or_default()
+    );
+    if let Some(thread) = e.thread_id {
+        println!("topic:       {thread}");
+    }
+    println!(
+        "message:     {} from {} (user id {}) at {}",
+        e.message_id,
+        e.user(),
+        e.sender_id.map_or("-".into(), |id| id.to_string()),
+        text(e.sent_at)
+    );
+    match e.update_id {
+        Some(update_id) => {
+            println!("update_id:   {update_id} ({}), received {}", e.kind, text(e.received_at))
+        }
+        None => println!("kind:        {}, made {}", e.kind, text(e.received_at)),
+    }
+    println!("deliveries:  {}", e.deliveries);
+    if let (Some(task), Some(revision)) = (&e.task_id, e.revision) {
+        println!("task:        {task} revision {revision} (switchboard ledger task {task})");
+    }
+    if let Some(note) = &e.note {
+        println!("note:        {note}");
+    }
+    println!("content:\n  {}", e.content.replace('\n', "\n  "));
+    if let Some(handoff) = ledger.handoff_of_envelope(e.id).await? {
+        print_handoff(&handoff);
+    }
+    if let Some(cascade) = ledger.cascade_of_message(e.id).await? {
+        println!("room:        started exchange {} ({})", cascade.cascade_id, cascade.state);
+    }
+    if let Some((turn, cascade)) = ledger.turn_of_envelope(e.id).await? {
+        println!(
+            "room turn:   speaker {} of {} ({}), summoned by {}{}",
+            turn.speaker,
+            cascade.cascade_id,
+            cascade.route,
+            turn.summoned_by,
+            turn.ending.map(|ending| format!(", {}", ending.as_str())).unwrap_or_default()
+        );
+    }
+    if let Some(raw) = ledger.raw_update(&e.trace_id).await? {
+        println!("raw update (as Telegram sent it):\n  {raw}");
+    }
+    let attempts = ledger.attempts_for(e.id).await?;
+    println!("attempts ({}):", attempts.len());
+    for a in attempts {
+        let reconciled = a
+            .reconciled_outcome
+            .as_ref()
+            .map(|o| format!(" → reconciled {o} ({})", a.reconciled_reason.as_deref().unwrap_or("")))
+            .unwrap_or_default();
+        // A reply's part, or what a reaction or an edit acted on.
+        let what = match a.target_message_id {
+            Some(target) if !a.method.is_reply_part() => format!("{} of message {target}", a.method),
+            _ => format!("part {}/{}", a.chunk_index + 1, a.chunk_count),
+        };
+        println!(
+            "  {} {what} to {}{} → {}{}{}{}",
+            a.op_id,
+            a.chat_id,
+            a.thread_id.map(|t| format!("/{t}")).unwrap_or_default(),
+            a.outcome,
+            a.telegram_message_id.map(|m| format!(" (message {m})")).unwrap_or_default(),
+            a.error.as_deref().map(|err| format!(": {err}")).unwrap_or_default(),
+            reconciled
+        );
+    }
+    let events = ledger.events_for(e.id).await?;
+    println!("history ({}):", events.len());
+    for ev in events {
+        println!(
+            "  {} {} → {} by {}{}",
+            ev.at,
+            ev.from_state,
+            ev.to_state,
+            ev.actor,
+            ev.reason.map(|r| format!(": {r}")).unwrap_or_default()
+        );
     }
     Ok(())
 }
@@ -657,7 +677,7 @@ async fn print_cascade(ledger: &Ledger, c: &StoredCascade) -> anyhow::Result<()>
 }
 
 /// The handoff an envelope carries: who asked whom, for which conversation, and its answer.
-fn print_handoff(h: &crate::ledger::StoredHandoff) {
+fn print_handoff(h: &StoredHandoff) {
     println!(
         "handoff:     {} ({}), {} → {}, depth {}",
         h.handoff_id, h.state, h.from_agent, h.to_agent, h.depth
