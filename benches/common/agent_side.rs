@@ -143,6 +143,13 @@ impl Process {
         self.status_kib("VmRSS:")
     }
 
+    /// The part of the resident set that is the process's own memory (`RssAnon`), in KiB:
+    /// the rest is mostly its executable's code, shared with every process of the same
+    /// binary and given back under memory pressure without a write.
+    pub fn anon_rss_kib(&self) -> u64 {
+        self.status_kib("RssAnon:")
+    }
+
     /// The peak resident set size so far (`VmHWM`), in KiB.
     pub fn peak_rss_kib(&self) -> u64 {
         self.status_kib("VmHWM:")
