@@ -88,3 +88,44 @@ pub enum HandoffEnd<'a> {
     /// The target acked it without an answer.
     Closed { note: Option<&'a str> },
 }
+
+/// What a ledger records when a handoff ends, whichever backend records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandoffEnding<'a> {
+    pub state: HandoffState,
+    /// The delegator's `handoff_answer` envelope: the answer, or word that none came.
+    pub answer: String,
+    /// Why the target's `handoff` envelope was acked, in its history.
+    pub reason: String,
+    pub note: Option<&'a str>,
+    /// The target's reply request that answered it, if it did.
+    pub request_id: Option<&'a str>,
+}
+
+impl<'a> HandoffEnd<'a> {
+    /// What ending `handoff` this way records.
+    pub fn recorded_as(self, handoff: &StoredHandoff) -> HandoffEnding<'a> {
+        match self {
+            Self::Answered { text, request_id } => HandoffEnding {
+                state: HandoffState::Answered,
+                answer: text.to_owned(),
+                reason: format!("answered ({})", handoff.handoff_id),
+                note: None,
+                request_id,
+            },
+            Self::Closed { note } => {
+                let said = note.map_or_else(String::new, |note| format!(": {note}"));
+                HandoffEnding {
+                    state: HandoffState::Closed,
+                    answer: format!(
+                        "'{}' closed handoff {} without an answer{said}",
+                        handoff.to_agent, handoff.handoff_id
+                    ),
+                    reason: format!("closed without an answer ({}){said}", handoff.handoff_id),
+                    note,
+                    request_id: None,
+                }
+            }
+        }
+    }
+}

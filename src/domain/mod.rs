@@ -23,7 +23,7 @@ pub use attempts::{
 pub use envelopes::{
     EnvelopeKind, EnvelopeState, FoundForReply, RoutedEnvelope, StoredEnvelope, StoredEvent,
 };
-pub use handoffs::{HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
+pub use handoffs::{HandoffEnd, HandoffEnding, HandoffState, NewHandoff, StoredHandoff};
 pub use intake::RecordedBatch;
 pub use permissions::{
     AnswerRecorded, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState, PermissionVerdict,

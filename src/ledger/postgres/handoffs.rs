@@ -12,7 +12,7 @@ use super::PgLedger;
 use super::envelopes::transition_in;
 use super::rows::{optional_text_enum, text_enum};
 use super::tasks::{self, admission_in};
-use crate::domain::{EnvelopeKind, EnvelopeState, HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
+use crate::domain::{EnvelopeKind, EnvelopeState, HandoffEnd, HandoffEnding, NewHandoff, StoredHandoff};
 use crate::ids::{AgentName, HandoffId, TaskId, TraceId};
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult};
@@ -171,27 +171,7 @@ impl Handoffs for PgLedger {
         end: HandoffEnd<'_>,
         actor: &str,
     ) -> LedgerResult<Result<Option<StoredHandoff>, Refusal>> {
-        let (state, content, reason, note) = match end {
-            HandoffEnd::Answered { text, .. } => {
-                (HandoffState::Answered, text.to_owned(), format!("answered ({})", handoff.handoff_id), None)
-            }
-            HandoffEnd::Closed { note } => {
-                let said = note.map_or_else(String::new, |note| format!(": {note}"));
-                (
-                    HandoffState::Closed,
-                    format!(
-                        "'{}' closed handoff {} without an answer{said}",
-                        handoff.to_agent, handoff.handoff_id
-                    ),
-                    format!("closed without an answer ({}){said}", handoff.handoff_id),
-                    note,
-                )
-            }
-        };
-        let request_id = match end {
-            HandoffEnd::Answered { request_id, .. } => request_id,
-            HandoffEnd::Closed { .. } => None,
-        };
+        let HandoffEnding { state, answer, reason, note, request_id } = end.recorded_as(handoff);
         let mut tx = self.pool.begin().await?;
         // The handoff's row first, held until the end: one that is no longer open ends
         // the transaction with nothing written.
@@ -225,7 +205,7 @@ impl Handoffs for PgLedger {
             EnvelopeKind::HandoffAnswer,
             &handoff.from_agent,
             &handoff.to_agent,
-            &content,
+            &answer,
             route.as_deref(),
         )
         .await?;

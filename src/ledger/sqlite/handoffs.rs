@@ -10,7 +10,7 @@ use super::envelopes::transition_in;
 use super::in_place::{execute_cached, optional_text_enum, query_all_cached, query_row_cached, text_enum};
 use super::tasks;
 use super::{LedgerError, LedgerResult, SqliteLedger, now};
-use crate::domain::{EnvelopeKind, EnvelopeState, HandoffEnd, HandoffState, NewHandoff, StoredHandoff};
+use crate::domain::{EnvelopeKind, EnvelopeState, HandoffEnd, HandoffEnding, NewHandoff, StoredHandoff};
 use crate::ids::{AgentName, HandoffId, TraceId};
 use crate::ledger::prelude::*;
 use crate::rules::guard::Intent;
@@ -168,27 +168,7 @@ impl Handoffs for SqliteLedger {
         end: HandoffEnd<'_>,
         actor: &str,
     ) -> LedgerResult<Result<Option<StoredHandoff>, Refusal>> {
-        let (state, content, reason, note) = match end {
-            HandoffEnd::Answered { text, .. } => {
-                (HandoffState::Answered, text.to_owned(), format!("answered ({})", handoff.handoff_id), None)
-            }
-            HandoffEnd::Closed { note } => {
-                let said = note.map_or_else(String::new, |note| format!(": {note}"));
-                (
-                    HandoffState::Closed,
-                    format!(
-                        "'{}' closed handoff {} without an answer{said}",
-                        handoff.to_agent, handoff.handoff_id
-                    ),
-                    format!("closed without an answer ({}){said}", handoff.handoff_id),
-                    note,
-                )
-            }
-        };
-        let request_id = match end {
-            HandoffEnd::Answered { request_id, .. } => request_id,
-            HandoffEnd::Closed { .. } => None,
-        };
+        let HandoffEnding { state, answer, reason, note, request_id } = end.recorded_as(handoff);
         // `None`: the handoff was no longer open, and the answer envelope is rolled back.
         let ended = self
             .write_in_place_if(|db| {
@@ -209,7 +189,7 @@ impl Handoffs for SqliteLedger {
                     EnvelopeKind::HandoffAnswer,
                     &handoff.from_agent,
                     &handoff.to_agent,
-                    &content,
+                    &answer,
                     route.as_deref(),
                 )?;
                 let ended = execute_cached(
