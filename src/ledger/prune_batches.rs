@@ -8,7 +8,7 @@ use std::collections::{BTreeSet, HashSet};
 use std::time::Duration;
 
 use crate::ledger::EnvelopeState;
-use crate::rules::retention::{self, Doomed};
+use crate::rules::retention::{self, CascadeFacts, Doomed, TaskFacts};
 
 /// How many envelope ids the first batch looks at. A few hundred envelopes with their
 /// attempts and events are a few milliseconds of deletes: short enough that a daemon's
@@ -98,6 +98,77 @@ pub(crate) fn final_states_sql() -> String {
         .map(|state| format!("'{}'", state.as_str()))
         .collect();
     finals.join(", ")
+}
+
+/// The newest row of each table, which stays (SQLite would hand a deleted newest id out
+/// again: migration 0009): the newest envelope, the envelopes carrying the newest attempt
+/// and the newest event, and the newest row of each other table.
+#[derive(Debug, Default)]
+pub(crate) struct Newest {
+    pub(crate) envelopes: BTreeSet<i64>,
+    pub(crate) handoff: Option<i64>,
+    pub(crate) cascade: Option<i64>,
+    pub(crate) turn: Option<i64>,
+    pub(crate) post: Option<i64>,
+    pub(crate) task: Option<i64>,
+    pub(crate) revision: Option<i64>,
+}
+
+/// A cascade's turn or post as its facts need it: its id, its envelope, and whether it
+/// ended (a turn) or is still owed (a post).
+pub(crate) type CascadePart = (i64, i64, bool);
+
+/// A cascade's facts, from its row (whether it was over before the cutoff, its message)
+/// and its turns' and posts' rows.
+pub(crate) fn cascade_facts_from(
+    id: i64,
+    (over_before_cutoff, message): (bool, i64),
+    turns: &[CascadePart],
+    posts: &[CascadePart],
+    newest: &Newest,
+) -> CascadeFacts {
+    let holds_newest = newest.cascade == Some(id)
+        || turns.iter().any(|(turn, ..)| newest.turn == Some(*turn))
+        || posts.iter().any(|(post, ..)| newest.post == Some(*post));
+    // A turn still open means the cascade is not over, whatever its state says.
+    let turns_ended = turns.iter().all(|(_, _, ended)| *ended);
+    CascadeFacts {
+        id,
+        over_before_cutoff: over_before_cutoff && turns_ended,
+        owes_post: posts.iter().any(|(_, _, owed)| *owed),
+        holds_newest,
+        envelopes: [message]
+            .into_iter()
+            .chain(turns.iter().map(|(_, envelope, _)| *envelope))
+            .chain(posts.iter().map(|(_, envelope, _)| *envelope))
+            .collect(),
+    }
+}
+
+/// A task's row as its facts need it: id, whether it closed before the cutoff, and its
+/// first, act-on and cancel envelopes.
+pub(crate) type TaskRow = (i64, bool, i64, Option<i64>, Option<i64>);
+
+/// A task's facts, from its row, its revisions' (id, envelope) and the envelopes made
+/// under it.
+pub(crate) fn task_facts_from(
+    task_id: &str,
+    (id, closed_before_cutoff, first, act_on, cancel): TaskRow,
+    revisions: &[(i64, Option<i64>)],
+    made_under: Vec<i64>,
+    newest: &Newest,
+) -> TaskFacts {
+    let holds_newest =
+        newest.task == Some(id) || revisions.iter().any(|(revision, _)| newest.revision == Some(*revision));
+    let envelopes = [Some(first), act_on, cancel]
+        .into_iter()
+        .flatten()
+        .chain(revisions.iter().filter_map(|(_, envelope)| *envelope))
+        .chain(made_under)
+        .collect::<BTreeSet<i64>>()
+        .into_iter()
+        .collect();
+    TaskFacts { id, task_id: task_id.to_owned(), closed_before_cutoff, holds_newest, envelopes }
 }
 
 #[cfg(test)]

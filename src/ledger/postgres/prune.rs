@@ -26,7 +26,8 @@ use super::PgLedger;
 use super::rows::text_enum;
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
-    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, MIN_PAUSE, final_states_sql, next_batch_envelopes_for,
+    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, MIN_PAUSE, Newest, TaskRow,
+    cascade_facts_from, final_states_sql, next_batch_envelopes_for, task_facts_from,
 };
 use crate::ledger::{LedgerResult, Pages, PruneReport, Pruned};
 use crate::rules::retention::{
@@ -183,18 +184,6 @@ async fn any_finished(
 
 fn id_array<'a>(ids: impl IntoIterator<Item = &'a i64>) -> Vec<i64> {
     ids.into_iter().copied().collect()
-}
-
-/// The newest row of each table, which stays (as on SQLite).
-#[derive(Debug, Default)]
-struct Newest {
-    envelopes: BTreeSet<i64>,
-    handoff: Option<i64>,
-    cascade: Option<i64>,
-    turn: Option<i64>,
-    post: Option<i64>,
-    task: Option<i64>,
-    revision: Option<i64>,
 }
 
 async fn newest(tx: &mut PgConnection) -> LedgerResult<Newest> {
@@ -404,7 +393,7 @@ async fn cascade_facts(
     cutoff: DateTime<Utc>,
     newest: &Newest,
 ) -> LedgerResult<CascadeFacts> {
-    let (over_before_cutoff, message): (bool, i64) = sqlx::query_as(
+    let cascade: (bool, i64) = sqlx::query_as(
         "SELECT state IN ('stopped', 'completed', 'budget_exhausted') AND COALESCE(ended_at, updated_at) < $2, \
            message_envelope_id FROM cascades WHERE id = $1",
     )
@@ -412,38 +401,19 @@ async fn cascade_facts(
     .bind(cutoff)
     .fetch_one(&mut *tx)
     .await?;
-    let turns: Vec<(i64, i64, bool)> = sqlx::query_as(
+    let turns: Vec<CascadePart> = sqlx::query_as(
         "SELECT id, envelope_id, ended_at IS NOT NULL FROM cascade_turns WHERE cascade_id = $1",
     )
     .bind(id)
     .fetch_all(&mut *tx)
     .await?;
-    let posts: Vec<(i64, i64, bool)> =
+    let posts: Vec<CascadePart> =
         sqlx::query_as("SELECT id, envelope_id, state = 'owed' FROM room_posts WHERE cascade_id = $1")
             .bind(id)
             .fetch_all(&mut *tx)
             .await?;
-    let holds_newest = newest.cascade == Some(id)
-        || turns.iter().any(|(turn, ..)| newest.turn == Some(*turn))
-        || posts.iter().any(|(post, ..)| newest.post == Some(*post));
-    // A turn still open means the cascade is not over, whatever its state says.
-    let turns_ended = turns.iter().all(|(_, _, ended)| *ended);
-    Ok(CascadeFacts {
-        id,
-        over_before_cutoff: over_before_cutoff && turns_ended,
-        owes_post: posts.iter().any(|(_, _, owed)| *owed),
-        holds_newest,
-        envelopes: [message]
-            .into_iter()
-            .chain(turns.iter().map(|(_, envelope, _)| *envelope))
-            .chain(posts.iter().map(|(_, envelope, _)| *envelope))
-            .collect(),
-    })
+    Ok(cascade_facts_from(id, cascade, &turns, &posts, newest))
 }
-
-/// A task's row as its facts need it: id, whether it closed before the cutoff, and its
-/// first, act-on and cancel envelopes.
-type TaskRow = (i64, bool, i64, Option<i64>, Option<i64>);
 
 async fn task_facts(
     tx: &mut PgConnection,
@@ -460,7 +430,7 @@ async fn task_facts(
     .fetch_optional(&mut *tx)
     .await?;
     // An envelope names a task that is not there: its envelopes stay.
-    let Some((id, closed_before_cutoff, first, act_on, cancel)) = task else { return Ok(None) };
+    let Some(task) = task else { return Ok(None) };
     let revisions: Vec<(i64, Option<i64>)> =
         sqlx::query_as("SELECT id, envelope_id FROM task_revisions WHERE task_id = $1")
             .bind(task_id)
@@ -470,17 +440,7 @@ async fn task_facts(
         .bind(task_id)
         .fetch_all(&mut *tx)
         .await?;
-    let holds_newest =
-        newest.task == Some(id) || revisions.iter().any(|(revision, _)| newest.revision == Some(*revision));
-    let envelopes = [Some(first), act_on, cancel]
-        .into_iter()
-        .flatten()
-        .chain(revisions.iter().filter_map(|(_, envelope)| *envelope))
-        .chain(made_under)
-        .collect::<BTreeSet<i64>>()
-        .into_iter()
-        .collect();
-    Ok(Some(TaskFacts { id, task_id: task_id.to_owned(), closed_before_cutoff, holds_newest, envelopes }))
+    Ok(Some(task_facts_from(task_id, task, &revisions, made_under, newest)))
 }
 
 /// Deletes what was decided, children before parents, so every foreign key holds.

@@ -33,7 +33,8 @@ use super::in_place::{LONGEST_PAUSE, execute_cached, query_all_cached, query_row
 use super::{LedgerResult, SqliteLedger};
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
-    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, final_states_sql, next_batch_envelopes, pause_after,
+    AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, Newest, TaskRow, cascade_facts_from,
+    final_states_sql, next_batch_envelopes, pause_after, task_facts_from,
 };
 use crate::ledger::{Pages, PruneReport, Pruned};
 use crate::rules::retention::{
@@ -210,19 +211,6 @@ fn any_finished(
 fn json_ids<'a>(ids: impl IntoIterator<Item = &'a i64>) -> String {
     let ids: Vec<String> = ids.into_iter().map(i64::to_string).collect();
     format!("[{}]", ids.join(","))
-}
-
-/// The newest row of each table, which stays (migration 0009): the newest envelope, and
-/// the envelopes carrying the newest attempt and event; the newest of the other tables.
-#[derive(Debug, Default)]
-struct Newest {
-    envelopes: BTreeSet<i64>,
-    handoff: Option<i64>,
-    cascade: Option<i64>,
-    turn: Option<i64>,
-    post: Option<i64>,
-    task: Option<i64>,
-    revision: Option<i64>,
 }
 
 fn newest(db: &rusqlite::Connection) -> rusqlite::Result<Newest> {
@@ -418,41 +406,26 @@ fn cascade_facts(
     cutoff: &str,
     newest: &Newest,
 ) -> rusqlite::Result<CascadeFacts> {
-    let (over_before_cutoff, message): (bool, i64) = query_row_cached(
+    let cascade: (bool, i64) = query_row_cached(
         db,
         "SELECT state IN ('stopped', 'completed', 'budget_exhausted') AND COALESCE(ended_at, updated_at) < ?2, \
            message_envelope_id FROM cascades WHERE id = ?1",
         rusqlite::params![id, cutoff],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    let turns: Vec<(i64, i64, bool)> = query_all_cached(
+    let turns: Vec<CascadePart> = query_all_cached(
         db,
         "SELECT id, envelope_id, ended_at IS NOT NULL FROM cascade_turns WHERE cascade_id = ?1",
         [id],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
-    let posts: Vec<(i64, i64, bool)> = query_all_cached(
+    let posts: Vec<CascadePart> = query_all_cached(
         db,
         "SELECT id, envelope_id, state = 'owed' FROM room_posts WHERE cascade_id = ?1",
         [id],
         |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
     )?;
-    let holds_newest = newest.cascade == Some(id)
-        || turns.iter().any(|(turn, ..)| newest.turn == Some(*turn))
-        || posts.iter().any(|(post, ..)| newest.post == Some(*post));
-    // A turn still open means the cascade is not over, whatever its state says.
-    let turns_ended = turns.iter().all(|(_, _, ended)| *ended);
-    Ok(CascadeFacts {
-        id,
-        over_before_cutoff: over_before_cutoff && turns_ended,
-        owes_post: posts.iter().any(|(_, _, owed)| *owed),
-        holds_newest,
-        envelopes: [message]
-            .into_iter()
-            .chain(turns.iter().map(|(_, envelope, _)| *envelope))
-            .chain(posts.iter().map(|(_, envelope, _)| *envelope))
-            .collect(),
-    })
+    Ok(cascade_facts_from(id, cascade, &turns, &posts, newest))
 }
 
 fn task_facts(
@@ -461,7 +434,7 @@ fn task_facts(
     cutoff: &str,
     newest: &Newest,
 ) -> rusqlite::Result<Option<TaskFacts>> {
-    let task = query_row_cached(
+    let task: Option<TaskRow> = query_row_cached(
         db,
         "SELECT id, state IN ('done', 'stopped', 'replaced') AND closed_at IS NOT NULL AND closed_at < ?2, \
            first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = ?1",
@@ -475,7 +448,7 @@ fn task_facts(
     .optional()?;
     // An envelope names a task that is not there: its envelopes stay (the rule keeps an
     // envelope whose task it is not shown).
-    let Some((id, closed_before_cutoff, first, act_on, cancel)) = task else { return Ok(None) };
+    let Some(task) = task else { return Ok(None) };
     let revisions: Vec<(i64, Option<i64>)> = query_all_cached(
         db,
         "SELECT id, envelope_id FROM task_revisions WHERE task_id = ?1",
@@ -484,17 +457,7 @@ fn task_facts(
     )?;
     let made_under: Vec<i64> =
         query_all_cached(db, "SELECT id FROM envelopes WHERE task_id = ?1", [task_id], |r| r.get(0))?;
-    let holds_newest =
-        newest.task == Some(id) || revisions.iter().any(|(revision, _)| newest.revision == Some(*revision));
-    let envelopes = [Some(first), act_on, cancel]
-        .into_iter()
-        .flatten()
-        .chain(revisions.iter().filter_map(|(_, envelope)| *envelope))
-        .chain(made_under)
-        .collect::<BTreeSet<i64>>()
-        .into_iter()
-        .collect();
-    Ok(Some(TaskFacts { id, task_id: task_id.to_owned(), closed_before_cutoff, holds_newest, envelopes }))
+    Ok(Some(task_facts_from(task_id, task, &revisions, made_under, newest)))
 }
 
 /// Deletes what was decided, children before parents: every foreign key holds after each
