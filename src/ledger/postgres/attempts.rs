@@ -20,7 +20,7 @@ use sqlx::{FromRow, Row};
 
 use super::envelopes::transition_in;
 use super::handoffs::settle_answers_for;
-use super::rows::{attempt_columns, reply_part_method, text_enum};
+use super::rows::{attempt_columns, text_enum};
 use super::tasks::admission_in;
 use super::{PgLedger, fenced_lease, no_longer_leads};
 use crate::domain::{
@@ -28,6 +28,7 @@ use crate::domain::{
     StoredAttempt,
 };
 use crate::ids::{AttemptId, TraceId};
+use crate::ledger::columns::reply_part_method;
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult, LedgerWrite};
 use crate::rules::leadership::Term;

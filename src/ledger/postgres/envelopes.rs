@@ -8,10 +8,10 @@
 use async_trait::async_trait;
 use sqlx::{FromRow, PgConnection, Row};
 
-use super::rows::{envelope_columns, reply_part_method};
 use super::{PgLedger, fenced_lease};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
+use crate::ledger::columns::{envelope_columns, reply_part_method};
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, LedgerResult};
 use crate::telegram::parts::{Attachment, stored_attachments};

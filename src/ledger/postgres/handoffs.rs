@@ -14,6 +14,7 @@ use super::rows::{optional_text_enum, text_enum};
 use super::tasks::{self, admission_in};
 use crate::domain::{EnvelopeKind, EnvelopeState, HandoffEnd, HandoffEnding, NewHandoff, StoredHandoff};
 use crate::ids::{AgentName, HandoffId, TaskId, TraceId};
+use crate::ledger::columns::handoff_select;
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::rules::guard::Intent;
@@ -46,19 +47,6 @@ impl FromRow<'_, PgRow> for StoredHandoff {
             late_result: row.try_get("late_result")?,
         })
     }
-}
-
-/// The columns of [`StoredHandoff`], joined with the envelopes it names.
-macro_rules! handoff_select {
-    () => {
-        "SELECT h.id, h.handoff_id, h.from_agent, h.to_agent, h.instruction, h.cause_envelope_id, \
-         c.trace_id AS cause_trace_id, h.depth, h.followup_of, h.intent, h.request_id, h.envelope_id, \
-         t.trace_id AS envelope_trace_id, h.answer_envelope_id, a.trace_id AS answer_trace_id, \
-         h.answer_request_id, h.state, h.opened_at, h.closed_at, h.note, h.task_id, h.late_result \
-         FROM handoffs h JOIN envelopes t ON t.id = h.envelope_id \
-         LEFT JOIN envelopes c ON c.id = h.cause_envelope_id \
-         LEFT JOIN envelopes a ON a.id = h.answer_envelope_id "
-    };
 }
 
 /// Inserts an envelope an agent made: no Telegram fields, queued for `agent`. Returns its id.

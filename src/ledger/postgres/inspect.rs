@@ -6,9 +6,9 @@ use sqlx::Row;
 
 use super::PgLedger;
 use super::envelopes::transition_in;
-use super::rows::envelope_columns;
 use crate::domain::{ReconcileError, ReconciledOutcome, Reconciliation, StoredEnvelope, StoredEvent};
 use crate::ids::TraceId;
+use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, LedgerError, LedgerResult, ListFilter};
 

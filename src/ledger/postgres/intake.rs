@@ -18,10 +18,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Timelike, Utc};
 use sqlx::{PgConnection, Row};
 
-use super::rows::envelope_columns;
 use super::{CurrentTerm, FencedError, LeaderFence, PgLedger, fence_intake, reactions, tasks};
 use crate::domain::{RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect};
 use crate::ids::{AgentName, RouteName, TraceId};
+use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult, LedgerWrite, RoutedEnvelope};
 use crate::rules::leadership::Term;

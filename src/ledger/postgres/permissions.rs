@@ -16,11 +16,12 @@ use chrono::{DateTime, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::PgLedger;
-use super::rows::{permission_columns, text_enum};
+use super::rows::text_enum;
 use crate::domain::{
     AnswerRecorded, AttemptOutcome, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState,
     PermissionVerdict, StoredPermission,
 };
+use crate::ledger::columns::permission_columns;
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult};
 

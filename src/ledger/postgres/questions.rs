@@ -15,12 +15,12 @@ use async_trait::async_trait;
 use sqlx::Row;
 
 use super::PgLedger;
-use super::rows::question_columns;
 use crate::domain::{
     AttemptOutcome, EnvelopeState, QuestionAnswered, QuestionState, ReconcileError, Reconciliation,
     StoredQuestion,
 };
 use crate::ledger::LedgerResult;
+use crate::ledger::columns::question_columns;
 use crate::ledger::prelude::*;
 
 #[async_trait]

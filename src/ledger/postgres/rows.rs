@@ -90,16 +90,6 @@ fn parse_text_enum<T: serde::de::DeserializeOwned>(column: &str, text: &str) -> 
         .map_err(|error| sqlx::Error::ColumnDecode { index: column.to_owned(), source: Box::new(error) })
 }
 
-/// The columns of a [`StoredEnvelope`], in the order of SQLite's `envelope_columns!`.
-macro_rules! envelope_columns {
-    () => {
-        "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
-         sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
-         state, deliveries, state_changed_at, note, task_id, revision, meta"
-    };
-}
-pub(super) use envelope_columns;
-
 impl FromRow<'_, PgRow> for StoredEnvelope {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
         Ok(Self {
@@ -219,15 +209,6 @@ impl FromRow<'_, PgRow> for ReactionAudit {
     }
 }
 
-/// The columns of a [`StoredQuestion`], in the order of SQLite's `question_columns!`.
-macro_rules! question_columns {
-    () => {
-        "id, op_id, envelope_id, trace_id, sent_chat_id, sent_at, sent_text, state, chat_id, thread_id, \
-         prompt_send, prompt_message_id, prompt_settled, answered_by_name, answered_at"
-    };
-}
-pub(super) use question_columns;
-
 impl FromRow<'_, PgRow> for StoredQuestion {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
         Ok(Self {
@@ -249,16 +230,6 @@ impl FromRow<'_, PgRow> for StoredQuestion {
         })
     }
 }
-
-/// The columns of a [`StoredPermission`], in the order of SQLite's `permission_columns!`.
-macro_rules! permission_columns {
-    () => {
-        "id, agent, session_id, plugin_id, request_id, tool_name, description, input_preview, asked_at, \
-         expires_at, state, route, chat_id, thread_id, prompt_send, prompt_message_id, prompt_error, \
-         prompt_settled, answered_by, answered_by_name, answered_at, expired_because, verdict_sent_at"
-    };
-}
-pub(super) use permission_columns;
 
 impl FromRow<'_, PgRow> for StoredPermission {
     fn from_row(row: &PgRow) -> sqlx::Result<Self> {
@@ -289,12 +260,3 @@ impl FromRow<'_, PgRow> for StoredPermission {
         })
     }
 }
-
-/// The SQL test that an attempt's `method` sends a part of a reply (not a reaction or an
-/// edit), as SQLite's `reply_part_method!` writes it: `domain::AttemptMethod::is_reply_part`.
-macro_rules! reply_part_method {
-    () => {
-        "method NOT IN ('set_reaction', 'edit_message')"
-    };
-}
-pub(super) use reply_part_method;

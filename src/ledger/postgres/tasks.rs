@@ -21,6 +21,7 @@ use crate::domain::{
     StoredRevision, TaskEffect,
 };
 use crate::ids::{AgentName, TaskId, TraceId};
+use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
     Carrier, Conversation, answer_key, belongs_to_a_task, carrier_of, plain_work, sender_of, snapshot_json,
@@ -33,23 +34,6 @@ use crate::rules::revisions::task::to_u32;
 use crate::rules::revisions::{
     self, ChangeKind, HumanUpdate, OpenTask, Refusal, Task, TaskEffects, TaskState, texts,
 };
-
-/// The columns of a [`Task`] (`t` the task, `a` the envelope to act on), as SQLite's
-/// `task_columns!` names them.
-macro_rules! task_columns {
-    () => {
-        "t.task_id, t.chat_id, t.thread_id, t.agent, t.route, t.state, t.revision, t.objective, \
-         t.predecessor, t.successor, t.instruction_revision, t.instruction_kind, a.trace_id AS act_on, \
-         t.stop_requested_by, t.stop_requested_at, t.stopped_at, t.stop_reason, t.opened_at, t.updated_at, \
-         t.closed_at"
-    };
-}
-
-macro_rules! task_from {
-    () => {
-        " FROM tasks t LEFT JOIN envelopes a ON a.id = t.act_on_envelope_id "
-    };
-}
 
 /// A [`Task`] from a row of [`task_columns!`]. A state no task has is an error, never a
 /// task read as open.
@@ -112,21 +96,6 @@ pub(super) fn task_state(row: &PgRow, column: &str) -> sqlx::Result<TaskState> {
         tracing::error!(task_id, state = %name, "a task in the ledger has a state this switchboard does not know");
         sqlx::Error::ColumnDecode { index: column.to_owned(), source: format!("unknown task state {name:?}").into() }
     })
-}
-
-/// Whether anything of the task whose id is the SQL expression `$task` still runs: an
-/// envelope queued, pending or unresolved, or an open handoff.
-macro_rules! busy_of {
-    ($task:literal) => {
-        concat!(
-            "(EXISTS (SELECT 1 FROM envelopes WHERE task_id = ",
-            $task,
-            " AND state IN ('queued', 'pending', 'unresolved')) \
-             OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ",
-            $task,
-            " AND state = 'open'))"
-        )
-    };
 }
 
 /// `UPDATE tasks` that makes an `open` task with nothing left queued, pending or

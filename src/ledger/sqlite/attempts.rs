@@ -12,6 +12,7 @@ use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, NewAttempt, RecordedReply, StoredAttempt,
 };
 use crate::ids::{AttemptId, TraceId};
+use crate::ledger::columns::reply_part_method;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, LedgerWrite};
 use crate::rules::revisions::Refusal;

@@ -10,6 +10,7 @@ use super::{LedgerResult, SqliteLedger, now};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::EnvelopeState;
+use crate::ledger::columns::{envelope_columns, reply_part_method};
 use crate::ledger::prelude::*;
 use crate::telegram::parts::{Attachment, stored_attachments};
 

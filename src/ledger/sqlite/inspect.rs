@@ -7,6 +7,7 @@ use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{LedgerResult, SqliteLedger, now};
 use crate::domain::{ReconcileError, ReconciledOutcome, Reconciliation, StoredEnvelope, StoredEvent};
 use crate::ids::TraceId;
+use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, ListFilter};
 

@@ -12,6 +12,7 @@ use super::{LedgerResult, SqliteLedger, now};
 use crate::domain::{RecordedBatch, RoutedEnvelope, RoutedReaction, StoredEnvelope, TaskEffect};
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::LedgerWrite;
+use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 
 #[async_trait]

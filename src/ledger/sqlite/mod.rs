@@ -50,16 +50,6 @@ pub struct SqliteLedger {
     probe: Arc<LedgerProbe>,
 }
 
-/// The columns of [`StoredEnvelope`], as a macro so queries stay `&'static str` literals,
-/// each prepared once and kept (see `in_place::STATEMENT_CACHE`).
-macro_rules! envelope_columns {
-    () => {
-        "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
-         sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
-         state, deliveries, state_changed_at, note, task_id, revision, meta"
-    };
-}
-
 /// A row when an action for envelope `?2` may not go out: the SQL of
 /// [`crate::rules::revisions::admit`], for statements that record an action and decide its admission in
 /// one step (`SqliteLedger::begin_attempt`). `tests::the_admission_in_sql_agrees_with_admit`
@@ -69,16 +59,6 @@ macro_rules! refused_for_envelope {
         "SELECT 1 FROM envelopes e JOIN tasks t ON t.task_id = e.task_id WHERE e.id = ?2 \
          AND (t.state IN ('paused', 'stop_requested', 'stopped', 'replaced') \
               OR e.revision < COALESCE(t.instruction_revision, 0))"
-    };
-}
-
-/// The attempts that are parts of a reply, in SQL (prefix a table alias as `a.`):
-/// [`AttemptMethod::is_reply_part`]. Reactions and edits are left out of what settles an
-/// envelope, what a repeated reply builds on and what waits for reconciliation.
-/// `tests::reply_part_method_agrees_with_is_reply_part` keeps the two in step.
-macro_rules! reply_part_method {
-    () => {
-        "method NOT IN ('set_reaction', 'edit_message')"
     };
 }
 

@@ -15,15 +15,8 @@ use crate::domain::{
     AnswerRecorded, AttemptOutcome, EndedPlugins, ExpiredBecause, NewPermissionRequest, PermissionState,
     PermissionVerdict, StoredPermission,
 };
+use crate::ledger::columns::permission_columns;
 use crate::ledger::prelude::*;
-
-macro_rules! permission_columns {
-    () => {
-        "id, agent, session_id, plugin_id, request_id, tool_name, description, input_preview, asked_at, \
-         expires_at, state, route, chat_id, thread_id, prompt_send, prompt_message_id, prompt_error, \
-         prompt_settled, answered_by, answered_by_name, answered_at, expired_because, verdict_sent_at"
-    };
-}
 
 impl StoredPermission {
     fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {

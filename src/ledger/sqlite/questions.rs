@@ -12,14 +12,8 @@ use crate::domain::{
     AttemptOutcome, EnvelopeState, QuestionAnswered, QuestionState, ReconcileError, Reconciliation,
     StoredQuestion,
 };
+use crate::ledger::columns::question_columns;
 use crate::ledger::prelude::*;
-
-macro_rules! question_columns {
-    () => {
-        "id, op_id, envelope_id, trace_id, sent_chat_id, sent_at, sent_text, state, chat_id, thread_id, \
-         prompt_send, prompt_message_id, prompt_settled, answered_by_name, answered_at"
-    };
-}
 
 impl StoredQuestion {
     fn from_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Self> {

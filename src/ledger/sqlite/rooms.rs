@@ -21,6 +21,7 @@ use crate::domain::{
     StoredEnvelope, StoredPost, StoredTurn, TurnEnding, TurnOpen,
 };
 use crate::ids::{CascadeId, TraceId};
+use crate::ledger::columns::{cascade_select, envelope_columns, post_select, turn_select};
 use crate::ledger::prelude::*;
 use crate::rules::turns::Cascade;
 
@@ -104,31 +105,6 @@ impl StoredPost {
             made_at: optional_timestamp(row, "made_at")?,
         })
     }
-}
-
-macro_rules! cascade_select {
-    () => {
-        "SELECT c.id, c.cascade_id, c.route, c.chat_id, c.thread_id, c.message_envelope_id, \
-         m.trace_id AS message_trace_id, m.message_id, c.state, c.cascade, c.max_iters, c.speaker_timeout_secs, \
-         c.stop_by, c.stop_requested_at, c.outcome, c.outcome_text, c.created_at, c.started_at, c.ended_at, \
-         c.updated_at, c.version FROM cascades c JOIN envelopes m ON m.id = c.message_envelope_id "
-    };
-}
-
-macro_rules! turn_select {
-    () => {
-        "SELECT t.id, t.cascade_id AS cascade_row, t.speaker, t.agent, t.summoned_by, t.envelope_id, \
-         e.trace_id AS envelope_trace_id, e.state AS envelope_state, t.started_at, t.reply_text, \
-         t.reply_request_id, t.ended_at, t.ending FROM cascade_turns t JOIN envelopes e ON e.id = t.envelope_id "
-    };
-}
-
-macro_rules! post_select {
-    () => {
-        "SELECT p.id, p.key, p.envelope_id, e.trace_id AS envelope_trace_id, p.route, p.chat_id, p.thread_id, \
-         p.reply_to_message_id, p.text, p.state = 'made' AS made, p.created_at, p.made_at \
-         FROM room_posts p JOIN envelopes e ON e.id = p.envelope_id "
-    };
 }
 
 /// See [`SqliteLedger::room_post_attempted`].

@@ -22,6 +22,7 @@ use crate::domain::{
     StoredRevision, TaskEffect,
 };
 use crate::ids::{AgentName, TaskId, TraceId};
+use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
     Carrier, Conversation, answer_key, belongs_to_a_task, carrier_of, plain_work, sender_of, snapshot_json,
@@ -34,41 +35,9 @@ use crate::rules::revisions::{
     self, ChangeKind, HumanUpdate, OpenTask, Refusal, Task, TaskEffects, TaskState, texts,
 };
 
-/// The columns of a [`Task`] (`t` the task, `a` the envelope to act on), and where
-/// they come from.
-macro_rules! task_columns {
-    () => {
-        "t.task_id, t.chat_id, t.thread_id, t.agent, t.route, t.state, t.revision, t.objective, \
-         t.predecessor, t.successor, t.instruction_revision, t.instruction_kind, a.trace_id AS act_on, \
-         t.stop_requested_by, t.stop_requested_at, t.stopped_at, t.stop_reason, t.opened_at, t.updated_at, \
-         t.closed_at"
-    };
-}
-
-macro_rules! task_from {
-    () => {
-        " FROM tasks t LEFT JOIN envelopes a ON a.id = t.act_on_envelope_id "
-    };
-}
-
 macro_rules! task_select {
     () => {
         concat!("SELECT ", task_columns!(), task_from!())
-    };
-}
-
-/// Whether anything of the task whose id is the SQL expression `$task` still runs: an
-/// envelope queued, pending or unresolved, or an open handoff.
-macro_rules! busy_of {
-    ($task:literal) => {
-        concat!(
-            "(EXISTS (SELECT 1 FROM envelopes WHERE task_id = ",
-            $task,
-            " AND state IN ('queued', 'pending', 'unresolved')) \
-             OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ",
-            $task,
-            " AND state = 'open'))"
-        )
     };
 }
 

@@ -1,6 +1,7 @@
 use super::*;
 use crate::domain::{AttemptMethod, NewAttempt, NewHandoff};
 use crate::ids::AgentName;
+use crate::ledger::columns::reply_part_method;
 use crate::ledger::conformance::fixtures::*;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, LedgerCongestion, ListFilter};

@@ -1,0 +1,126 @@
+//! SQL text both backends read rows with, written once: the columns each stored type is
+//! read from and the joins that give them. The dialects agree on all of it; what differs
+//! (placeholders, locking, upserts) stays in each backend's statements.
+
+/// The columns of a [`StoredEnvelope`](crate::domain::StoredEnvelope). Each list is a macro
+/// so that queries stay `&'static str` literals, each prepared once and kept.
+macro_rules! envelope_columns {
+    () => {
+        "id, trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
+         sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
+         state, deliveries, state_changed_at, note, task_id, revision, meta"
+    };
+}
+pub(crate) use envelope_columns;
+
+/// The attempts that are parts of a reply, in SQL (prefix a table alias as `a.`):
+/// [`AttemptMethod::is_reply_part`](crate::domain::AttemptMethod::is_reply_part). Reactions and edits are left out of what settles an
+/// envelope, what a repeated reply builds on and what waits for reconciliation.
+/// `tests::reply_part_method_agrees_with_is_reply_part` keeps the two in step.
+macro_rules! reply_part_method {
+    () => {
+        "method NOT IN ('set_reaction', 'edit_message')"
+    };
+}
+pub(crate) use reply_part_method;
+
+/// The columns of a [`StoredPermission`](crate::domain::StoredPermission).
+macro_rules! permission_columns {
+    () => {
+        "id, agent, session_id, plugin_id, request_id, tool_name, description, input_preview, asked_at, \
+         expires_at, state, route, chat_id, thread_id, prompt_send, prompt_message_id, prompt_error, \
+         prompt_settled, answered_by, answered_by_name, answered_at, expired_because, verdict_sent_at"
+    };
+}
+pub(crate) use permission_columns;
+
+/// The columns of a [`StoredQuestion`](crate::domain::StoredQuestion).
+macro_rules! question_columns {
+    () => {
+        "id, op_id, envelope_id, trace_id, sent_chat_id, sent_at, sent_text, state, chat_id, thread_id, \
+         prompt_send, prompt_message_id, prompt_settled, answered_by_name, answered_at"
+    };
+}
+pub(crate) use question_columns;
+
+/// The columns of a [`StoredHandoff`](crate::domain::StoredHandoff), joined with the envelopes it
+/// names.
+macro_rules! handoff_select {
+    () => {
+        "SELECT h.id, h.handoff_id, h.from_agent, h.to_agent, h.instruction, h.cause_envelope_id, \
+         c.trace_id AS cause_trace_id, h.depth, h.followup_of, h.intent, h.request_id, h.envelope_id, \
+         t.trace_id AS envelope_trace_id, h.answer_envelope_id, a.trace_id AS answer_trace_id, \
+         h.answer_request_id, h.state, h.opened_at, h.closed_at, h.note, h.task_id, h.late_result \
+         FROM handoffs h JOIN envelopes t ON t.id = h.envelope_id \
+         LEFT JOIN envelopes c ON c.id = h.cause_envelope_id \
+         LEFT JOIN envelopes a ON a.id = h.answer_envelope_id "
+    };
+}
+pub(crate) use handoff_select;
+
+/// A room's cascade with its message's trace id and message id.
+macro_rules! cascade_select {
+    () => {
+        "SELECT c.id, c.cascade_id, c.route, c.chat_id, c.thread_id, c.message_envelope_id, \
+         m.trace_id AS message_trace_id, m.message_id, c.state, c.cascade, c.max_iters, c.speaker_timeout_secs, \
+         c.stop_by, c.stop_requested_at, c.outcome, c.outcome_text, c.created_at, c.started_at, c.ended_at, \
+         c.updated_at, c.version FROM cascades c JOIN envelopes m ON m.id = c.message_envelope_id "
+    };
+}
+pub(crate) use cascade_select;
+
+/// A cascade's turn with its envelope's trace id and state.
+macro_rules! turn_select {
+    () => {
+        "SELECT t.id, t.cascade_id AS cascade_row, t.speaker, t.agent, t.summoned_by, t.envelope_id, \
+         e.trace_id AS envelope_trace_id, e.state AS envelope_state, t.started_at, t.reply_text, \
+         t.reply_request_id, t.ended_at, t.ending FROM cascade_turns t JOIN envelopes e ON e.id = t.envelope_id "
+    };
+}
+pub(crate) use turn_select;
+
+/// A room post with its envelope's trace id.
+macro_rules! post_select {
+    () => {
+        "SELECT p.id, p.key, p.envelope_id, e.trace_id AS envelope_trace_id, p.route, p.chat_id, p.thread_id, \
+         p.reply_to_message_id, p.text, p.state = 'made' AS made, p.created_at, p.made_at \
+         FROM room_posts p JOIN envelopes e ON e.id = p.envelope_id "
+    };
+}
+pub(crate) use post_select;
+
+/// The columns of a [`Task`](crate::rules::revisions::Task) (`t` the task, `a` the envelope
+/// to act on), from [`task_from!`].
+macro_rules! task_columns {
+    () => {
+        "t.task_id, t.chat_id, t.thread_id, t.agent, t.route, t.state, t.revision, t.objective, \
+         t.predecessor, t.successor, t.instruction_revision, t.instruction_kind, a.trace_id AS act_on, \
+         t.stop_requested_by, t.stop_requested_at, t.stopped_at, t.stop_reason, t.opened_at, t.updated_at, \
+         t.closed_at"
+    };
+}
+pub(crate) use task_columns;
+
+/// The tasks, `t`, with the envelope each is to act on, `a`.
+macro_rules! task_from {
+    () => {
+        " FROM tasks t LEFT JOIN envelopes a ON a.id = t.act_on_envelope_id "
+    };
+}
+pub(crate) use task_from;
+
+/// Whether anything of the task whose id is the SQL expression `$task` still runs: an
+/// envelope queued, pending or unresolved, or an open handoff.
+macro_rules! busy_of {
+    ($task:literal) => {
+        concat!(
+            "(EXISTS (SELECT 1 FROM envelopes WHERE task_id = ",
+            $task,
+            " AND state IN ('queued', 'pending', 'unresolved')) \
+             OR EXISTS (SELECT 1 FROM handoffs WHERE task_id = ",
+            $task,
+            " AND state = 'open'))"
+        )
+    };
+}
+pub(crate) use busy_of;
