@@ -4,9 +4,11 @@
 
 use serde_json::json;
 
-use crate::domain::{EnvelopeKind, EnvelopeState, RoutedEnvelope};
+use crate::domain::{DeclareError, DeclaredRevision, EnvelopeKind, EnvelopeState, RoutedEnvelope};
 use crate::ids::TraceId;
-use crate::rules::revisions::{self, TaskEffects};
+use crate::rules::revisions::plan::{Change, Source};
+use crate::rules::revisions::task::to_u32;
+use crate::rules::revisions::{self, ChangeKind, Refusal, Task, TaskEffects, TaskState, texts};
 
 /// A task's effects as a revision's snapshot stores them.
 pub(crate) fn snapshot_json(effects: &TaskEffects) -> String {
@@ -76,4 +78,123 @@ pub(crate) fn carrier_of(routed: &RoutedEnvelope, id: i64) -> Carrier {
 /// The key of the bot's answer to a message (a `/status`, or why nothing changed).
 pub(crate) fn answer_key(carrier: &Carrier) -> String {
     format!("{}/answer", carrier.trace_id)
+}
+
+// ---- an agent's declaration (`revise_task`) ----
+
+/// Whether an agent may declare `kind` about its envelope of `revision` of `task`: the
+/// declaration is itself an action for that envelope, so a superseded or cancelled one
+/// cannot change the task (a paused task may still be cancelled), and only an open task
+/// can be paused.
+pub(crate) fn admit_declaration(kind: ChangeKind, revision: i64, task: &Task) -> Result<(), DeclareError> {
+    match (kind, revisions::admit(to_u32(revision), &task.now())) {
+        (_, Ok(())) | (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
+        (_, Err(refusal)) => return Err(DeclareError::Refused(refusal)),
+    }
+    if kind == ChangeKind::Pause && task.state() != TaskState::Open {
+        return Err(DeclareError::NotNow(format!("{} is {}", task.task_id, task.state)));
+    }
+    Ok(())
+}
+
+/// The change an agent declares, with the envelope's text as the new instruction or
+/// objective, and its summary (or, if it gave none, one that says who declared what).
+pub(crate) fn declared_change<'a>(
+    kind: ChangeKind,
+    text: Option<&'a str>,
+    actor: &'a str,
+    summary: &str,
+) -> Change<'a> {
+    let summary =
+        if summary.trim().is_empty() { format!("{actor} declared a {kind}") } else { summary.to_owned() };
+    Change { kind, text, source: Source::Agent, actor, summary }
+}
+
+/// What `revise_task` answers once the change is recorded: the task the envelope belongs
+/// to now (a new objective's successor), its revision and what to do next.
+pub(crate) fn declared_revision(
+    kind: ChangeKind,
+    trace_id: &TraceId,
+    now_task: String,
+    task: &Task,
+) -> DeclaredRevision {
+    let next = texts::after_declaration(kind, trace_id, &now_task);
+    // A new objective starts the successor at revision 1; any other change is the task's
+    // next revision.
+    let revision = if kind == ChangeKind::NewObjective { 1 } else { task.revision() + 1 };
+    DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_string(), next }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(state: TaskState, instruction_revision: Option<i64>) -> Task {
+        Task {
+            task_id: "task_aaaaaaaa".into(),
+            chat_id: 1,
+            thread_id: None,
+            agent: "orchestrator".into(),
+            route: "owner-dm".into(),
+            state,
+            revision: 2,
+            objective: "write the report".into(),
+            predecessor: None,
+            successor: None,
+            instruction_revision,
+            instruction_kind: instruction_revision.map(|_| "correction".into()),
+            act_on: None,
+            stop_requested_by: None,
+            stop_requested_at: None,
+            stopped_at: None,
+            stop_reason: None,
+            opened_at: chrono::DateTime::UNIX_EPOCH,
+            updated_at: chrono::DateTime::UNIX_EPOCH,
+            closed_at: None,
+        }
+    }
+
+    #[test]
+    fn a_declaration_stands_on_its_envelope_as_a_reply_would_and_pauses_only_an_open_task() {
+        let open = task(TaskState::Open, None);
+        assert_eq!(admit_declaration(ChangeKind::Pause, 2, &open), Ok(()));
+        // A correction since the envelope: it is stale, whatever it declares.
+        let corrected = task(TaskState::Open, Some(2));
+        let stale = admit_declaration(ChangeKind::NewObjective, 1, &corrected);
+        assert!(matches!(stale, Err(DeclareError::Refused(Refusal::Superseded { .. }))), "{stale:?}");
+        // A paused task refuses everything but a cancel.
+        let paused = task(TaskState::Paused, None);
+        assert_eq!(admit_declaration(ChangeKind::Cancel, 2, &paused), Ok(()));
+        let again = admit_declaration(ChangeKind::Pause, 2, &paused);
+        assert!(matches!(again, Err(DeclareError::Refused(Refusal::Paused { .. }))), "{again:?}");
+        // A done task admits its envelopes, but there is nothing left to pause.
+        let done = admit_declaration(ChangeKind::Pause, 2, &task(TaskState::Done, None));
+        assert!(matches!(&done, Err(DeclareError::NotNow(why)) if why.contains("task_aaaaaaaa")), "{done:?}");
+        let stopped = admit_declaration(ChangeKind::Correction, 2, &task(TaskState::Stopped, None));
+        assert!(matches!(stopped, Err(DeclareError::Refused(Refusal::Cancelled { .. }))), "{stopped:?}");
+    }
+
+    #[test]
+    fn a_declared_change_says_who_declared_it_when_the_agent_gave_no_summary() {
+        let quiet = declared_change(ChangeKind::Correction, Some("use May"), "agent:orchestrator", "  ");
+        assert_eq!(quiet.source, Source::Agent);
+        assert!(quiet.summary.contains("agent:orchestrator"), "{}", quiet.summary);
+        let said = declared_change(ChangeKind::Correction, None, "agent:orchestrator", "dates moved");
+        assert_eq!(said.summary, "dates moved");
+        let trace_id = TraceId::generate();
+        let next = declared_revision(
+            ChangeKind::NewObjective,
+            &trace_id,
+            "task_bbbbbbbb".into(),
+            &task(TaskState::Open, None),
+        );
+        assert_eq!((next.revision, next.act_on), (1, trace_id.to_string()), "a successor starts at 1");
+        let next = declared_revision(
+            ChangeKind::Correction,
+            &trace_id,
+            "task_aaaaaaaa".into(),
+            &task(TaskState::Open, None),
+        );
+        assert_eq!(next.revision, 3);
+    }
 }

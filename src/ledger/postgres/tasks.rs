@@ -24,7 +24,8 @@ use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
-    Carrier, Conversation, answer_key, belongs_to_a_task, carrier_of, plain_work, sender_of, snapshot_json,
+    Carrier, Conversation, admit_declaration, answer_key, belongs_to_a_task, carrier_of, declared_change,
+    declared_revision, plain_work, sender_of, snapshot_json,
 };
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::rules::revisions::plan::{
@@ -1087,19 +1088,9 @@ impl Tasks for PgLedger {
         let task = stored_task(&mut tx, &task_id).await?.ok_or_else(|| {
             LedgerError::other(format!("{trace_id} names task {task_id}, which is not stored"))
         })?;
-        // The declaration is itself an action for that envelope: a superseded or cancelled
-        // one cannot change the task.
-        match (kind, revisions::admit(to_u32(revision), &task.now())) {
-            (_, Ok(())) => {}
-            (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
-            (_, Err(refusal)) => {
-                tx.rollback().await.map_err(LedgerError::from)?;
-                return Err(DeclareError::Refused(refusal).into());
-            }
-        }
-        if kind == ChangeKind::Pause && task.state() != TaskState::Open {
+        if let Err(refused) = admit_declaration(kind, revision, &task) {
             tx.rollback().await.map_err(LedgerError::from)?;
-            return Err(DeclareError::NotNow(format!("{task_id} is {}", task.state)).into());
+            return Err(refused.into());
         }
         let carrier = Carrier {
             id,
@@ -1112,17 +1103,7 @@ impl Tasks for PgLedger {
             rewrite: false,
         };
         let actor = format!("agent:{agent}");
-        let change = Change {
-            kind,
-            text: text.as_deref(),
-            source: Source::Agent,
-            actor: &actor,
-            summary: if summary.trim().is_empty() {
-                format!("{actor} declared a {kind}")
-            } else {
-                summary.to_owned()
-            },
-        };
+        let change = declared_change(kind, text.as_deref(), &actor, summary);
         let effects = apply_change(&mut tx, &task, &carrier, &change).await?;
         let now_task: String = sqlx::query_scalar("SELECT task_id FROM envelopes WHERE id = $1")
             .bind(id)
@@ -1130,13 +1111,7 @@ impl Tasks for PgLedger {
             .await
             .map_err(LedgerError::from)?;
         tx.commit().await.map_err(LedgerError::from)?;
-        let next = texts::after_declaration(kind, trace_id, &now_task);
-        // A new objective starts the successor at revision 1; any other change is the
-        // task's next revision.
-        let revision = if kind == ChangeKind::NewObjective { 1 } else { task.revision() + 1 };
-        let declared =
-            DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_string(), next };
-        Ok((declared, effects))
+        Ok((declared_revision(kind, trace_id, now_task, &task), effects))
     }
 
     async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<TaskState>> {

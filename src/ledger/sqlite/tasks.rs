@@ -25,7 +25,8 @@ use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
-    Carrier, Conversation, answer_key, belongs_to_a_task, carrier_of, plain_work, sender_of, snapshot_json,
+    Carrier, Conversation, admit_declaration, answer_key, belongs_to_a_task, carrier_of, declared_change,
+    declared_revision, plain_work, sender_of, snapshot_json,
 };
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
@@ -857,15 +858,8 @@ impl Tasks for SqliteLedger {
                 };
                 // A task is written with the envelope that starts it: one missing is an error.
                 let task = stored_task(db, &task_id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-                // The declaration is itself an action for that envelope: a superseded or
-                // cancelled one cannot change the task.
-                match (kind, revisions::admit(to_u32(revision), &task.now())) {
-                    (_, Ok(())) => {}
-                    (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
-                    (_, Err(refusal)) => return Ok(Err(DeclareError::Refused(refusal))),
-                }
-                if kind == ChangeKind::Pause && task.state() != TaskState::Open {
-                    return Ok(Err(DeclareError::NotNow(format!("{task_id} is {}", task.state))));
+                if let Err(refused) = admit_declaration(kind, revision, &task) {
+                    return Ok(Err(refused));
                 }
                 let carrier = Carrier {
                     id,
@@ -878,17 +872,7 @@ impl Tasks for SqliteLedger {
                     rewrite: false,
                 };
                 let actor = format!("agent:{agent}");
-                let change = Change {
-                    kind,
-                    text: text.as_deref(),
-                    source: Source::Agent,
-                    actor: &actor,
-                    summary: if summary.trim().is_empty() {
-                        format!("{actor} declared a {kind}")
-                    } else {
-                        summary.to_owned()
-                    },
-                };
+                let change = declared_change(kind, text.as_deref(), &actor, summary);
                 let effects = apply_change(db, &task, &carrier, &change)?;
                 let now_task: String = query_row_cached(
                     db,
@@ -900,13 +884,7 @@ impl Tasks for SqliteLedger {
             })
             .await?;
         let (task, effects, now_task) = recorded?;
-        let next = texts::after_declaration(kind, trace_id, &now_task);
-        // A new objective starts the successor at revision 1; any other change is the
-        // task's next revision.
-        let revision = if kind == ChangeKind::NewObjective { 1 } else { task.revision() + 1 };
-        let declared =
-            DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_string(), next };
-        Ok((declared, effects))
+        Ok((declared_revision(kind, trace_id, now_task, &task), effects))
     }
 
     async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<TaskState>> {
