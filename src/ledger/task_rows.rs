@@ -130,28 +130,8 @@ mod tests {
     use super::*;
 
     fn task(state: TaskState, instruction_revision: Option<i64>) -> Task {
-        Task {
-            task_id: "task_aaaaaaaa".into(),
-            chat_id: 1,
-            thread_id: None,
-            agent: "orchestrator".into(),
-            route: "owner-dm".into(),
-            state,
-            revision: 2,
-            objective: "write the report".into(),
-            predecessor: None,
-            successor: None,
-            instruction_revision,
-            instruction_kind: instruction_revision.map(|_| "correction".into()),
-            act_on: None,
-            stop_requested_by: None,
-            stop_requested_at: None,
-            stopped_at: None,
-            stop_reason: None,
-            opened_at: chrono::DateTime::UNIX_EPOCH,
-            updated_at: chrono::DateTime::UNIX_EPOCH,
-            closed_at: None,
-        }
+        let instruction_kind = instruction_revision.map(|_| "correction".into());
+        Task { instruction_revision, instruction_kind, ..Task::sample(state) }
     }
 
     #[test]

@@ -281,28 +281,7 @@ mod tests {
     use super::*;
 
     fn task(state: TaskState) -> Task {
-        Task {
-            task_id: "task_aaaaaaaa".into(),
-            chat_id: 1,
-            thread_id: None,
-            agent: "orchestrator".into(),
-            route: "owner-dm".into(),
-            state,
-            revision: 2,
-            objective: "write the report".into(),
-            predecessor: None,
-            successor: None,
-            instruction_revision: None,
-            instruction_kind: None,
-            act_on: None,
-            stop_requested_by: None,
-            stop_requested_at: None,
-            stopped_at: None,
-            stop_reason: None,
-            opened_at: chrono::DateTime::UNIX_EPOCH,
-            updated_at: chrono::DateTime::UNIX_EPOCH,
-            closed_at: None,
-        }
+        Task::sample(state)
     }
 
     fn change(kind: ChangeKind, text: Option<&'static str>) -> Change<'static> {

@@ -79,3 +79,33 @@ pub struct TaskEffects {
 pub fn to_u32(value: i64) -> u32 {
     u32::try_from(value).unwrap_or(u32::MAX)
 }
+
+#[cfg(test)]
+impl Task {
+    /// A task of revision 2 in `state`, with no instruction change and nothing stopped:
+    /// for tests, which set what else they need.
+    pub(crate) fn sample(state: TaskState) -> Self {
+        Self {
+            task_id: "task_aaaaaaaa".into(),
+            chat_id: 1,
+            thread_id: None,
+            agent: "orchestrator".into(),
+            route: "owner-dm".into(),
+            state,
+            revision: 2,
+            objective: "write the report".into(),
+            predecessor: None,
+            successor: None,
+            instruction_revision: None,
+            instruction_kind: None,
+            act_on: None,
+            stop_requested_by: None,
+            stop_requested_at: None,
+            stopped_at: None,
+            stop_reason: None,
+            opened_at: DateTime::UNIX_EPOCH,
+            updated_at: DateTime::UNIX_EPOCH,
+            closed_at: None,
+        }
+    }
+}
