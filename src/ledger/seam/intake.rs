@@ -17,7 +17,9 @@ pub trait Intake: Send + Sync {
         bot_id: i64,
         next_offset: i64,
         batch: &'a [RoutedEnvelope],
-    ) -> LedgerResult<Vec<&'a RoutedEnvelope>>;
+    ) -> LedgerResult<Vec<&'a RoutedEnvelope>> {
+        Ok(self.record_batch_with_reactions(bot_id, next_offset, batch, &[], &[], None).await?.inserted)
+    }
 
     /// [`Self::record_batch`], and in the same transaction every `queued` envelope of the
     /// agents in `claim_for` (the batch's and any older ones) moves to `pending`, handed
@@ -31,7 +33,9 @@ pub trait Intake: Send + Sync {
         batch: &'a [RoutedEnvelope],
         claim_for: &[&AgentName],
         bot_username: Option<&str>,
-    ) -> LedgerResult<RecordedBatch<'a>>;
+    ) -> LedgerResult<RecordedBatch<'a>> {
+        self.record_batch_with_reactions(bot_id, next_offset, batch, &[], claim_for, bot_username).await
+    }
 
     /// [`Self::record_batch_handing_over`], with the batch's reactions stored in the same
     /// transaction (see `reactions`): those owed to an agent are returned for the caller

@@ -27,26 +27,6 @@ impl Intake for SqliteLedger {
         .await
     }
 
-    async fn record_batch<'a>(
-        &self,
-        bot_id: i64,
-        next_offset: i64,
-        batch: &'a [RoutedEnvelope],
-    ) -> LedgerResult<Vec<&'a RoutedEnvelope>> {
-        Ok(self.record_batch_handing_over(bot_id, next_offset, batch, &[], None).await?.inserted)
-    }
-
-    async fn record_batch_handing_over<'a>(
-        &self,
-        bot_id: i64,
-        next_offset: i64,
-        batch: &'a [RoutedEnvelope],
-        claim_for: &[&AgentName],
-        bot_username: Option<&str>,
-    ) -> LedgerResult<RecordedBatch<'a>> {
-        self.record_batch_with_reactions(bot_id, next_offset, batch, &[], claim_for, bot_username).await
-    }
-
     async fn record_batch_with_reactions<'a>(
         &self,
         bot_id: i64,
