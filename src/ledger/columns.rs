@@ -24,6 +24,27 @@ macro_rules! reply_part_method {
 }
 pub(crate) use reply_part_method;
 
+/// A [`FoundForReply`](crate::domain::FoundForReply): the envelope's columns, whether a
+/// reply to it waits for reconciliation, and whether one was made before. Follow it with
+/// ` FROM envelopes WHERE …`.
+macro_rules! found_for_reply_columns {
+    () => {
+        concat!(
+            $crate::ledger::columns::envelope_columns!(),
+            ", EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
+                 AND a.outcome IN ('unknown', 'in_flight') AND a.reconciled_outcome IS NULL \
+                 AND a.purpose = 'reply' AND a.",
+            $crate::ledger::columns::reply_part_method!(),
+            ") AS awaiting_reconciliation, \
+             EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
+                 AND a.request_id IS NOT NULL AND a.",
+            $crate::ledger::columns::reply_part_method!(),
+            ") AS replied_before"
+        )
+    };
+}
+pub(crate) use found_for_reply_columns;
+
 /// The columns of a [`StoredPermission`](crate::domain::StoredPermission).
 macro_rules! permission_columns {
     () => {

@@ -11,7 +11,7 @@ use sqlx::{FromRow, PgConnection, Row};
 use super::{PgLedger, fenced_lease};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::columns::{envelope_columns, reply_part_method};
+use crate::ledger::columns::{envelope_columns, found_for_reply_columns};
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, LedgerResult};
 use crate::telegram::parts::{Attachment, stored_attachments};
@@ -92,20 +92,7 @@ impl Envelopes for PgLedger {
     }
 
     async fn find_for_reply(&self, trace_id: &TraceId) -> LedgerResult<Option<FoundForReply>> {
-        let sql = concat!(
-            "SELECT ",
-            envelope_columns!(),
-            ", EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
-                 AND a.outcome IN ('unknown', 'in_flight') AND a.reconciled_outcome IS NULL \
-                 AND a.purpose = 'reply' AND a.",
-            reply_part_method!(),
-            ") AS awaiting_reconciliation, \
-             EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
-                 AND a.request_id IS NOT NULL AND a.",
-            reply_part_method!(),
-            ") AS replied_before \
-             FROM envelopes WHERE trace_id = $1"
-        );
+        let sql = concat!("SELECT ", found_for_reply_columns!(), " FROM envelopes WHERE trace_id = $1");
         let Some(row) = sqlx::query(sql).bind(trace_id).fetch_optional(&self.pool).await? else {
             return Ok(None);
         };

@@ -10,7 +10,7 @@ use super::{LedgerResult, SqliteLedger, now};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::EnvelopeState;
-use crate::ledger::columns::{envelope_columns, reply_part_method};
+use crate::ledger::columns::{envelope_columns, found_for_reply_columns};
 use crate::ledger::prelude::*;
 use crate::telegram::parts::{Attachment, stored_attachments};
 
@@ -107,20 +107,7 @@ impl Envelopes for SqliteLedger {
     }
 
     async fn find_for_reply(&self, trace_id: &TraceId) -> LedgerResult<Option<FoundForReply>> {
-        let sql = concat!(
-            "SELECT ",
-            envelope_columns!(),
-            ", EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
-                 AND a.outcome IN ('unknown', 'in_flight') AND a.reconciled_outcome IS NULL \
-                 AND a.purpose = 'reply' AND a.",
-            reply_part_method!(),
-            ") AS awaiting_reconciliation, \
-             EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = envelopes.id \
-                 AND a.request_id IS NOT NULL AND a.",
-            reply_part_method!(),
-            ") AS replied_before \
-             FROM envelopes WHERE trace_id = ?"
-        );
+        let sql = concat!("SELECT ", found_for_reply_columns!(), " FROM envelopes WHERE trace_id = ?");
         self.read_in_place(|db| {
             query_row_cached(db, sql, [trace_id], |row| {
                 Ok(FoundForReply {
