@@ -1,6 +1,7 @@
 //! What both backends write about tasks (DESIGN.md §11) and decide alike, apart from the
 //! statements that write it: which human messages belong to a task, how a change's carrier
-//! and a revision's snapshot are written, and who the lineage names.
+//! and a revision's snapshot are written, who the lineage names, and whether and how an
+//! agent's declaration (`revise_task`) changes its task.
 
 use serde_json::json;
 
