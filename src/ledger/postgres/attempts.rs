@@ -22,7 +22,7 @@ use super::envelopes::transition_in;
 use super::handoffs::settle_answers_for;
 use super::rows::{attempt_columns, text_enum};
 use super::tasks::admission_in;
-use super::{PgLedger, fenced_lease, no_longer_leads};
+use super::{PgLedger, fenced_lease, no_longer_leads, under_lease};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
     StoredAttempt,
@@ -174,8 +174,7 @@ impl PgLedger {
         &self,
         attempt: &NewAttempt<'_>,
     ) -> LedgerResult<Result<AttemptId, Refusal>> {
-        let lease = self.leader_fence().lease_to_check()?;
-        let (bot_id, term) = lease.map(|(bot_id, term)| (bot_id, term.get())).unzip();
+        let (bot_id, term) = self.leader_fence().lease_binds()?;
         let mut tx = self.pool.begin().await?;
         if attempt.purpose != AttemptPurpose::Audit
             && let Err(refusal) = admission_in(&mut tx, attempt.envelope_id).await?
@@ -196,7 +195,8 @@ impl PgLedger {
             " INSERT INTO attempts (op_id, envelope_id, agent, request_id, purpose, chat_id, thread_id, \
              reply_to_message_id, chunk_index, chunk_count, text, outcome, started_at, method, target_message_id) \
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'in_flight', now(), $12, $13 \
-             WHERE $14::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $15)",
+             WHERE ",
+            under_lease!("$14", "$15"),
         ))
         .bind(&op_id)
         .bind(attempt.envelope_id)

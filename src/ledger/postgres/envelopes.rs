@@ -8,7 +8,7 @@
 use async_trait::async_trait;
 use sqlx::{FromRow, PgConnection, Row};
 
-use super::{PgLedger, fenced_lease};
+use super::{PgLedger, fenced_lease, under_lease};
 use crate::domain::{FoundForReply, StoredEnvelope};
 use crate::ids::{AgentName, TraceId};
 use crate::ledger::columns::{envelope_columns, found_for_reply_columns};
@@ -30,15 +30,15 @@ impl Envelopes for PgLedger {
         // lease row, as intake's fence reads it): an envelope it took would be pending for
         // a session the new leader does not know. An election waits for a claim that
         // passed, and the new leader's sessions take it back as they open.
-        let Ok(lease) = self.leader_fence().lease_to_check() else { return Ok(None) };
-        let (bot_id, term) = lease.map(|(bot_id, term)| (bot_id, term.get())).unzip();
+        let Ok((bot_id, term)) = self.leader_fence().lease_binds() else { return Ok(None) };
         let sql = concat!(
             "WITH ",
             fenced_lease!("$2"),
             " UPDATE envelopes SET state = 'pending', deliveries = deliveries + 1, state_changed_at = now() \
              WHERE id = (SELECT id FROM envelopes WHERE agent = $1 AND state = 'queued' ORDER BY id LIMIT 1 \
-             FOR NO KEY UPDATE) AND ($2::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $3)) \
-             RETURNING ",
+             FOR NO KEY UPDATE) AND ",
+            under_lease!("$2", "$3"),
+            " RETURNING ",
             envelope_columns!()
         );
         Ok(sqlx::query_as(sql)
@@ -52,13 +52,13 @@ impl Envelopes for PgLedger {
     async fn take_pending_for_redelivery(&self, agent: &AgentName) -> LedgerResult<Vec<StoredEnvelope>> {
         // Fenced as a claim is: a session opening at a replica that no longer leads is
         // handed nothing (its plugin moves on to the leader, whose session takes these back).
-        let Ok(lease) = self.leader_fence().lease_to_check() else { return Ok(Vec::new()) };
-        let (bot_id, term) = lease.map(|(bot_id, term)| (bot_id, term.get())).unzip();
+        let Ok((bot_id, term)) = self.leader_fence().lease_binds() else { return Ok(Vec::new()) };
         let sql = concat!(
             "WITH ",
             fenced_lease!("$2"),
-            " UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = $1 AND state = 'pending' \
-             AND ($2::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = $3)) RETURNING ",
+            " UPDATE envelopes SET deliveries = deliveries + 1 WHERE agent = $1 AND state = 'pending' AND ",
+            under_lease!("$2", "$3"),
+            " RETURNING ",
             envelope_columns!()
         );
         let mut rows: Vec<StoredEnvelope> =

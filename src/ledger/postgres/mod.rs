@@ -134,6 +134,16 @@ macro_rules! fenced_lease {
 }
 use fenced_lease;
 
+/// The condition a write fenced by [`fenced_lease!`] adds, given the parameters that bind
+/// [`LeaderFence::lease_binds`]: true for a ledger that never led (no bot id), and
+/// otherwise only while the lease row names the term.
+macro_rules! under_lease {
+    ($bot_id:literal, $term:literal) => {
+        concat!("(", $bot_id, "::bigint IS NULL OR EXISTS (SELECT 1 FROM lease WHERE term = ", $term, "))")
+    };
+}
+use under_lease;
+
 impl LeaderFence {
     /// The bot's lease a leader's write must find at its term: none for a ledger that
     /// never led; an error once the term is over, so that the write is not even tried.
@@ -143,6 +153,12 @@ impl LeaderFence {
             Self::Leading { bot_id, term } => Ok(Some((bot_id, term))),
             Self::Over { bot_id, term } => Err(no_longer_leads(bot_id, term)),
         }
+    }
+
+    /// [`Self::lease_to_check`] as a fenced statement binds it for [`under_lease!`]: the
+    /// bot id and the term, both NULL for a ledger that never led.
+    fn lease_binds(self) -> LedgerResult<(Option<i64>, Option<i64>)> {
+        Ok(self.lease_to_check()?.map(|(bot_id, term)| (bot_id, term.get())).unzip())
     }
 }
 
