@@ -289,59 +289,50 @@ impl DaemonClient {
     /// unnamed reply may resolve to it.
     pub async fn shown(&self, trace_id: &str) -> Result<ShownReceipt, ClientError> {
         let body = ShownRequest { trace_id: trace_id.to_owned() };
-        let request = self.http.post(self.url("shown")).json(&body).timeout(QUERY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("shown", |url| self.http.post(url).json(&body).timeout(QUERY_TIMEOUT)).await
     }
 
     /// The agent's envelopes that wait for an answer.
     pub async fn pending(&self) -> Result<PendingList, ClientError> {
-        let request = self.http.get(self.url("pending")).timeout(QUERY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("pending", |url| self.http.get(url).timeout(QUERY_TIMEOUT)).await
     }
 
     /// Asks the daemon to resolve the target (DESIGN.md §3) and deliver the reply (§4).
     pub async fn reply(&self, reply: &ReplyRequest) -> Result<ReplyReceipt, ClientError> {
-        let request = self.http.post(self.url("reply")).json(reply).timeout(REPLY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("reply", |url| self.http.post(url).json(reply).timeout(REPLY_TIMEOUT)).await
     }
 
     /// What became of a reply request: its receipt, or the refusal `reply` gave (or would
     /// give); `unknown_request` when the daemon never acted on it.
     pub async fn reply_outcome(&self, request_id: &str) -> Result<ReplyReceipt, ClientError> {
-        let request = self.http.get(self.url(&format!("replies/{request_id}"))).timeout(REPLY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange(&format!("replies/{request_id}"), |url| self.http.get(url).timeout(REPLY_TIMEOUT)).await
     }
 
     /// Hands an instruction to another agent (DESIGN.md §9).
     pub async fn handoff(&self, handoff: &HandoffRequest) -> Result<HandoffReceipt, ClientError> {
-        let request = self.http.post(self.url("handoffs")).json(handoff).timeout(QUERY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("handoffs", |url| self.http.post(url).json(handoff).timeout(QUERY_TIMEOUT)).await
     }
 
     /// `revise_task`: declares that an envelope changes the agent's task.
     pub async fn revise_task(&self, revision: &RevisionRequest) -> Result<RevisionReceipt, ClientError> {
-        let request = self.http.post(self.url("revisions")).json(revision).timeout(QUERY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("revisions", |url| self.http.post(url).json(revision).timeout(QUERY_TIMEOUT)).await
     }
 
     /// `react`: a reaction on a message of an envelope's conversation.
     pub async fn react(&self, react: &ReactRequest) -> Result<MessageActionReceipt, ClientError> {
-        let request = self.http.post(self.url("reactions")).json(react).timeout(REPLY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("reactions", |url| self.http.post(url).json(react).timeout(REPLY_TIMEOUT)).await
     }
 
     /// `edit_message`: new text for a message the bot sent for this agent.
     pub async fn edit_message(&self, edit: &EditRequest) -> Result<MessageActionReceipt, ClientError> {
-        let request = self.http.post(self.url("edits")).json(edit).timeout(REPLY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("edits", |url| self.http.post(url).json(edit).timeout(REPLY_TIMEOUT)).await
     }
 
     /// Relays a permission request of the agent session (DESIGN.md §15). Asking again
     /// with the same `request_id` records and posts nothing more: it answers with what
     /// became of the first.
     pub async fn ask_permission(&self, ask: &PermissionRequest) -> Result<PermissionReceipt, ClientError> {
-        let request = self.http.post(self.url("permissions")).json(ask).timeout(PERMISSION_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("permissions", |url| self.http.post(url).json(ask).timeout(PERMISSION_TIMEOUT)).await
     }
 
     /// This plugin process's name for itself.
@@ -351,8 +342,7 @@ impl DaemonClient {
 
     /// Marks an envelope handled without a reply.
     pub async fn ack(&self, ack: &AckRequest) -> Result<AckReceipt, ClientError> {
-        let request = self.http.post(self.url("ack")).json(ack).timeout(QUERY_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("ack", |url| self.http.post(url).json(ack).timeout(QUERY_TIMEOUT)).await
     }
 
     /// Opens an attachment's download (`GET attachments/{trace_id}`): once the daemon has
@@ -395,34 +385,39 @@ impl DaemonClient {
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
         let encoded =
             percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string();
-        let request = self
-            .http
-            .post(self.url("uploads"))
-            .header(FILE_NAME_HEADER, encoded)
-            .header(reqwest::header::CONTENT_LENGTH, len)
-            .body(body)
-            .timeout(UPLOAD_TIMEOUT);
-        self.exchange(request).await
+        self.exchange("uploads", |url| {
+            self.http
+                .post(url)
+                .header(FILE_NAME_HEADER, encoded)
+                .header(reqwest::header::CONTENT_LENGTH, len)
+                .body(body)
+                .timeout(UPLOAD_TIMEOUT)
+        })
+        .await
     }
 
     fn url(&self, route: &str) -> String {
-        format!("{}{API_PREFIX}/{}/{route}", self.daemons.in_use().origin(), self.agent)
+        self.url_at(self.daemons.in_use().origin(), route)
     }
 
-    /// Sends an authenticated request and decodes a success body as `T`.
+    fn url_at(&self, origin: &str, route: &str) -> String {
+        format!("{origin}{API_PREFIX}/{}/{route}", self.agent)
+    }
+
+    /// Sends an authenticated request to `route` of the daemon in use, built by `build`
+    /// from its URL, and decodes a success body as `T`.
     async fn exchange<T: DeserializeOwned>(
         &self,
-        request: reqwest::RequestBuilder,
+        route: &str,
+        build: impl FnOnce(String) -> reqwest::RequestBuilder,
     ) -> Result<T, ClientError> {
         // Once the plugin has moved on from this call's daemon (its session stream missed
         // its heartbeats), the answer is not waited for any longer: its outcome is unknown,
         // as with any connection lost, and the caller asks the next daemon about it. The
-        // daemon is the one the request is addressed to, which a move made since it was
-        // built has already left.
-        let origin = request
-            .try_clone()
-            .and_then(|request| request.build().ok())
-            .map_or_else(|| self.address(), |request| request.url().origin().ascii_serialization());
+        // daemon is the one chosen here, which the request is addressed to, whatever a move
+        // made since.
+        let origin = self.daemons.in_use().origin().to_owned();
+        let request = build(self.url_at(&origin, route));
         let exchange = async {
             let response = self.send(request).await?;
             let response = self.refusal_or(response).await?;
