@@ -2,7 +2,7 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::domain::AttemptState;
+use crate::domain::{AttemptState, Reconciliation};
 use crate::ids::TraceId;
 
 /// The `state` column of a question.
@@ -23,6 +23,14 @@ impl QuestionState {
             Self::Delivered => "delivered",
             Self::NotDelivered => "not_delivered",
             Self::Settled => "settled",
+        }
+    }
+
+    /// A question an operator answered with `finding`.
+    pub fn answered(finding: Reconciliation) -> Self {
+        match finding {
+            Reconciliation::Delivered => Self::Delivered,
+            Reconciliation::NotDelivered => Self::NotDelivered,
         }
     }
 }

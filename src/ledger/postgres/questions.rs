@@ -15,10 +15,7 @@ use async_trait::async_trait;
 use sqlx::Row;
 
 use super::PgLedger;
-use crate::domain::{
-    AttemptOutcome, EnvelopeState, QuestionAnswered, QuestionState, ReconcileError, Reconciliation,
-    StoredQuestion,
-};
+use crate::domain::{AttemptOutcome, EnvelopeState, QuestionState, StoredQuestion};
 use crate::ledger::LedgerResult;
 use crate::ledger::columns::question_columns;
 use crate::ledger::prelude::*;
@@ -110,28 +107,14 @@ impl Questions for PgLedger {
             .await?)
     }
 
-    async fn answer_question(
+    async fn record_answer(
         &self,
-        question: &StoredQuestion,
-        finding: Reconciliation,
+        id: &str,
+        state: QuestionState,
         by: i64,
         by_name: &str,
-    ) -> LedgerResult<QuestionAnswered> {
-        let at = crate::clock::now_text();
-        let reason = format!("answered in Telegram by {by_name} ({by}) at {at}");
-        match self.reconcile(&question.trace_id, finding, &reason).await {
-            Ok(_) => {}
-            Err(ReconcileError::NotUnresolved { .. } | ReconcileError::Unknown(_)) => {
-                return Ok(QuestionAnswered::TooLate);
-            }
-            Err(ReconcileError::Db(e)) => return Err(e),
-        }
-        let state = match finding {
-            Reconciliation::Delivered => QuestionState::Delivered,
-            Reconciliation::NotDelivered => QuestionState::NotDelivered,
-        };
-        // A second transaction, after the reconciliation, as on SQLite: should it be cut
-        // short, `settle_answered_elsewhere` settles the question.
+        at: &str,
+    ) -> LedgerResult<()> {
         sqlx::query(
             "UPDATE operator_questions SET state = $1, answered_by = $2, answered_by_name = $3, \
              answered_at = $4::timestamptz WHERE id = $5 AND state = 'open'",
@@ -139,11 +122,11 @@ impl Questions for PgLedger {
         .bind(state.as_str())
         .bind(by)
         .bind(by_name)
-        .bind(&at)
-        .bind(&question.id)
+        .bind(at)
+        .bind(id)
         .execute(&self.pool)
         .await?;
-        Ok(QuestionAnswered::Reconciled)
+        Ok(())
     }
 
     async fn settle_answered_elsewhere(&self) -> LedgerResult<usize> {

@@ -3,7 +3,7 @@
 use super::*;
 
 #[async_trait]
-pub trait Questions: Send + Sync {
+pub trait Questions: Inspection + Send + Sync {
     /// Records a question for every unresolved send not asked about yet (one per
     /// envelope: its first unknown attempt), to be posted in `chat_id`. `new_id` names
     /// each. Returns the questions recorded, their prompts' sends `in_flight`.
@@ -34,7 +34,32 @@ pub trait Questions: Send + Sync {
         finding: Reconciliation,
         by: i64,
         by_name: &str,
-    ) -> LedgerResult<QuestionAnswered>;
+    ) -> LedgerResult<QuestionAnswered> {
+        let at = crate::clock::now_text();
+        let reason = format!("answered in Telegram by {by_name} ({by}) at {at}");
+        match self.reconcile(&question.trace_id, finding, &reason).await {
+            Ok(_) => {}
+            Err(ReconcileError::NotUnresolved { .. } | ReconcileError::Unknown(_)) => {
+                return Ok(QuestionAnswered::TooLate);
+            }
+            Err(ReconcileError::Db(e)) => return Err(e),
+        }
+        // A second transaction, after the reconciliation: should it be cut short,
+        // `settle_answered_elsewhere` settles the question.
+        self.record_answer(&question.id, QuestionState::answered(finding), by, by_name, &at).await?;
+        Ok(QuestionAnswered::Reconciled)
+    }
+
+    /// Records on an open question who answered it, when, and what they found
+    /// ([`Self::answer_question`]'s second step).
+    async fn record_answer(
+        &self,
+        id: &str,
+        state: QuestionState,
+        by: i64,
+        by_name: &str,
+        at: &str,
+    ) -> LedgerResult<()>;
 
     /// Open questions whose envelope is no longer unresolved are settled: reconciled with
     /// the CLI, or by an answer whose own record (a second transaction, after the

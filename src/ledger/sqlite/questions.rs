@@ -8,10 +8,7 @@ use rusqlite::OptionalExtension;
 use super::columns::{optional_timestamp, timestamp_column};
 use super::in_place::{execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger, now};
-use crate::domain::{
-    AttemptOutcome, EnvelopeState, QuestionAnswered, QuestionState, ReconcileError, Reconciliation,
-    StoredQuestion,
-};
+use crate::domain::{AttemptOutcome, EnvelopeState, QuestionState, StoredQuestion};
 use crate::ledger::columns::question_columns;
 use crate::ledger::prelude::*;
 
@@ -136,33 +133,21 @@ impl Questions for SqliteLedger {
         self.read_in_place(|db| question_in(db, id)).await
     }
 
-    async fn answer_question(
+    async fn record_answer(
         &self,
-        question: &StoredQuestion,
-        finding: Reconciliation,
+        id: &str,
+        state: QuestionState,
         by: i64,
         by_name: &str,
-    ) -> LedgerResult<QuestionAnswered> {
-        let at = now();
-        let reason = format!("answered in Telegram by {by_name} ({by}) at {at}");
-        match self.reconcile(&question.trace_id, finding, &reason).await {
-            Ok(_) => {}
-            Err(ReconcileError::NotUnresolved { .. } | ReconcileError::Unknown(_)) => {
-                return Ok(QuestionAnswered::TooLate);
-            }
-            Err(ReconcileError::Db(e)) => return Err(e),
-        }
-        let state = match finding {
-            Reconciliation::Delivered => QuestionState::Delivered,
-            Reconciliation::NotDelivered => QuestionState::NotDelivered,
-        };
+        at: &str,
+    ) -> LedgerResult<()> {
         self.execute_in_place(
             "UPDATE operator_questions SET state = ?, answered_by = ?, answered_by_name = ?, answered_at = ? \
              WHERE id = ? AND state = 'open'",
-            (state.as_str(), by, by_name.to_owned(), at, question.id.clone()),
+            (state.as_str(), by, by_name.to_owned(), at.to_owned(), id.to_owned()),
         )
         .await?;
-        Ok(QuestionAnswered::Reconciled)
+        Ok(())
     }
 
     async fn settle_answered_elsewhere(&self) -> LedgerResult<usize> {
