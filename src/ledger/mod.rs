@@ -19,6 +19,7 @@ mod error;
 pub mod postgres;
 mod prune_batches;
 mod reaction_rows;
+mod room_rows;
 pub mod seam;
 pub mod sqlite;
 mod task_rows;

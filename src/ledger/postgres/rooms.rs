@@ -23,6 +23,7 @@ use crate::domain::{
 use crate::ids::{CascadeId, TraceId};
 use crate::ledger::columns::{cascade_select, envelope_columns, post_select, turn_select};
 use crate::ledger::prelude::*;
+use crate::ledger::room_rows::CascadeRow;
 use crate::ledger::{LedgerError, LedgerResult};
 
 impl FromRow<'_, PgRow> for StoredCascade {
@@ -149,19 +150,7 @@ impl Rooms for PgLedger {
     }
 
     async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
-        let cascade_json = match &step.cascade {
-            Some(update) => Some(
-                serde_json::to_string(update.cascade)
-                    .map_err(|e| LedgerError::encoding("a room's cascade", e))?,
-            ),
-            None => None,
-        };
-        let outcome = match step.cascade.as_ref().and_then(|update| update.outcome.as_ref()) {
-            Some((outcome, _)) => Some(
-                serde_json::to_string(outcome).map_err(|e| LedgerError::encoding("a room's outcome", e))?,
-            ),
-            None => None,
-        };
+        let cascade_row = step.cascade.as_ref().map(CascadeRow::of).transpose()?;
         let mut tx = self.pool.begin().await?;
         let mut applied = AppliedStep::default();
         if let Some((envelope, note)) = &step.settle {
@@ -195,9 +184,9 @@ impl Rooms for PgLedger {
                 }
             }
         }
-        if let (Some(update), Some(json)) = (&step.cascade, &cascade_json) {
+        if let Some(row) = &cascade_row {
+            let update = row.update;
             let state = RoomCascadeState::from(update.cascade.state());
-            let outcome_text = update.outcome.as_ref().and_then(|(_, text)| text.as_deref());
             let updated = sqlx::query(
                 "UPDATE cascades SET state = $1, cascade = $2, updated_at = now(), version = version + 1, \
                  started_at = COALESCE(started_at, now()), \
@@ -208,10 +197,10 @@ impl Rooms for PgLedger {
                  WHERE id = $7 AND version = $8",
             )
             .bind(state.as_str())
-            .bind(json)
+            .bind(&row.cascade_json)
             .bind(update.stop_by)
-            .bind(&outcome)
-            .bind(outcome_text)
+            .bind(&row.outcome_json)
+            .bind(row.outcome_text())
             .bind(update.cascade.state().is_over())
             .bind(update.id)
             .bind(update.decided_on)

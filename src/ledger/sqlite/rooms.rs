@@ -23,6 +23,7 @@ use crate::domain::{
 use crate::ids::{CascadeId, TraceId};
 use crate::ledger::columns::{cascade_select, envelope_columns, post_select, turn_select};
 use crate::ledger::prelude::*;
+use crate::ledger::room_rows::CascadeRow;
 use crate::rules::turns::Cascade;
 
 impl StoredCascade {
@@ -156,19 +157,7 @@ impl Rooms for SqliteLedger {
     }
 
     async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
-        let cascade_json = match &step.cascade {
-            Some(update) => Some(
-                serde_json::to_string(update.cascade)
-                    .map_err(|e| LedgerError::encoding("a room's cascade", e))?,
-            ),
-            None => None,
-        };
-        let outcome = match step.cascade.as_ref().and_then(|update| update.outcome.as_ref()) {
-            Some((outcome, _)) => Some(
-                serde_json::to_string(outcome).map_err(|e| LedgerError::encoding("a room's outcome", e))?,
-            ),
-            None => None,
-        };
+        let cascade_row = step.cascade.as_ref().map(CascadeRow::of).transpose()?;
         // Every `return Ok(None)` below rolls back what the step wrote before it.
         self.write_in_place_if(|db| {
             let at = now();
@@ -203,9 +192,9 @@ impl Rooms for SqliteLedger {
                     }
                 }
             }
-            if let (Some(update), Some(json)) = (&step.cascade, &cascade_json) {
+            if let Some(row) = &cascade_row {
+                let update = row.update;
                 let state = RoomCascadeState::from(update.cascade.state());
-                let outcome_text = update.outcome.as_ref().and_then(|(_, text)| text.as_deref());
                 let updated = execute_cached(
                     db,
                     "UPDATE cascades SET state = ?1, cascade = ?2, updated_at = ?3, version = version + 1, \
@@ -217,12 +206,12 @@ impl Rooms for SqliteLedger {
                      WHERE id = ?9 AND version = ?10",
                     rusqlite::params![
                         state.as_str(),
-                        json,
+                        row.cascade_json,
                         at,
                         at,
                         update.stop_by,
-                        outcome,
-                        outcome_text,
+                        row.outcome_json,
+                        row.outcome_text(),
                         update.cascade.state().is_over(),
                         update.id,
                         update.decided_on,
