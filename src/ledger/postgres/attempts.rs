@@ -53,18 +53,13 @@ impl Attempts for PgLedger {
         finished
     }
 
-    async fn recover_in_flight(&self) -> LedgerResult<Vec<TraceId>> {
-        let stuck: Vec<(AttemptId, TraceId)> = sqlx::query_as(
+    async fn in_flight_attempts(&self) -> LedgerResult<Vec<(AttemptId, TraceId)>> {
+        Ok(sqlx::query_as(
             "SELECT a.op_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
              WHERE a.outcome = 'in_flight' ORDER BY a.id",
         )
         .fetch_all(&self.pool)
-        .await?;
-        let error = "the daemon stopped while this send was in flight".to_owned();
-        for (op_id, _) in &stuck {
-            self.finish_attempt(op_id, &AttemptOutcome::Unknown { error: error.clone() }, "daemon").await?;
-        }
-        Ok(stuck.into_iter().map(|(_, trace_id)| trace_id).collect())
+        .await?)
     }
 
     async fn reply_request_seen(&self, agent: &str, request_id: &str) -> LedgerResult<bool> {

@@ -32,7 +32,17 @@ pub trait Attempts: Send + Sync {
     /// At start-up: attempts left `in_flight` by a daemon that died mid-send may have
     /// reached Telegram. They become `unknown` and their envelopes `unresolved`; an
     /// operator reconciles them. Returns the trace ids affected.
-    async fn recover_in_flight(&self) -> LedgerResult<Vec<TraceId>>;
+    async fn recover_in_flight(&self) -> LedgerResult<Vec<TraceId>> {
+        let stuck = self.in_flight_attempts().await?;
+        let error = "the daemon stopped while this send was in flight".to_owned();
+        for (op_id, _) in &stuck {
+            self.finish_attempt(op_id, &AttemptOutcome::Unknown { error: error.clone() }, "daemon").await?;
+        }
+        Ok(stuck.into_iter().map(|(_, trace_id)| trace_id).collect())
+    }
+
+    /// Every attempt still `in_flight`, oldest first, with its envelope's trace id.
+    async fn in_flight_attempts(&self) -> LedgerResult<Vec<(AttemptId, TraceId)>>;
 
     /// Whether `agent` made a `reply` request with this id before: it left attempts, or it
     /// answered a handoff. One statement, so a new request (nearly every one) costs no

@@ -164,23 +164,17 @@ impl Attempts for SqliteLedger {
         finished
     }
 
-    async fn recover_in_flight(&self) -> LedgerResult<Vec<TraceId>> {
-        let stuck: Vec<(AttemptId, TraceId)> = self
-            .read_off_thread(|db| {
-                query_all_cached(
-                    db,
-                    "SELECT a.op_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-                     WHERE a.outcome = 'in_flight' ORDER BY a.id",
-                    [],
-                    |row| Ok((row.get(0)?, row.get(1)?)),
-                )
-            })
-            .await?;
-        let error = "the daemon stopped while this send was in flight".to_owned();
-        for (op_id, _) in &stuck {
-            self.finish_attempt(op_id, &AttemptOutcome::Unknown { error: error.clone() }, "daemon").await?;
-        }
-        Ok(stuck.into_iter().map(|(_, trace_id)| trace_id).collect())
+    async fn in_flight_attempts(&self) -> LedgerResult<Vec<(AttemptId, TraceId)>> {
+        self.read_off_thread(|db| {
+            query_all_cached(
+                db,
+                "SELECT a.op_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
+             WHERE a.outcome = 'in_flight' ORDER BY a.id",
+                [],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+        })
+        .await
     }
 
     async fn reply_request_seen(&self, agent: &str, request_id: &str) -> LedgerResult<bool> {
