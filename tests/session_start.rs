@@ -130,3 +130,55 @@ async fn a_client_that_never_lists_the_tools_gets_its_messages_all_the_same() {
     let message = agent.wait_for_notifications(1, WAIT).await.unwrap().remove(0);
     assert_eq!(message.content, "only notifications, please");
 }
+
+/// A session that opens while another process holds the ledger past its busy timeout (an
+/// operator's `sqlite3` or `psql` left in a transaction) cannot take back what waited for
+/// it. It is handed nothing: the daemon ends the stream and the plugin opens it again.
+/// Once the lock is gone the agent gets each envelope once, the one an earlier session
+/// was shown marked as redelivered, and the ledger counts each delivery once.
+#[tokio::test]
+async fn a_session_opened_while_the_ledger_is_locked_gets_what_waited_once_the_lock_is_gone() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let earlier = session(&daemon, "orchestrator").await;
+    fake.push_text(&dm, owner(), "shown to the earlier session");
+    let shown = trace_id(&earlier.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    assert!(earlier.close().await.unwrap().success());
+    let queued = fake.push_text(&dm, owner(), "sent while no session was open");
+    fake.wait_until_confirmed(queued, WAIT).await;
+
+    let holder = daemon.hold_write_lock();
+    let agent = plugin_builder(&daemon, "orchestrator").start().await.expect("plugin starts");
+    // The daemon's wait for the lock (10 s) runs out and the session's opening fails.
+    daemon.wait_for_log("agent session failed", Duration::from_secs(40)).await;
+    assert!(agent.notifications().is_empty(), "nothing handed over while the ledger could not say so");
+    holder.release();
+
+    let received = agent.wait_for_notifications(2, Duration::from_secs(40)).await.unwrap();
+    let contents: Vec<&str> = received.iter().map(|n| n.content.as_str()).collect();
+    assert_eq!(contents, ["shown to the earlier session", "sent while no session was open"]);
+    assert_eq!(trace_id(&received[0]), shown);
+    assert_eq!(received[0].meta_str("redelivered"), Some("true"));
+    assert_eq!(received[1].meta_str("redelivered"), None);
+    // Nothing more comes: neither failed opening handed anything over.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(agent.notifications().len(), 2);
+    let ledger = daemon.ledger().await;
+    let deliveries: Vec<(String, EnvelopeState, i64)> = ledger
+        .list(&ListFilter { limit: 10, ..Default::default() })
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| (e.text.unwrap_or_default(), e.state, e.deliveries))
+        .collect();
+    ledger.close().await;
+    assert_eq!(
+        deliveries,
+        [
+            ("shown to the earlier session".to_owned(), EnvelopeState::Pending, 2),
+            ("sent while no session was open".to_owned(), EnvelopeState::Pending, 1),
+        ],
+        "each delivery counted once"
+    );
+}
