@@ -4,7 +4,9 @@
 //! attempts admitted against the envelope's task (DESIGN.md §11). Neither answers the
 //! envelope.
 
-use super::{Bridge, ToolError};
+use futures::FutureExt;
+
+use super::{Bridge, RunningAction, ToolError};
 use crate::agents::api::wire::{EditRequest, MessageActionReceipt, ReactRequest};
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
@@ -29,27 +31,26 @@ impl Bridge {
         let request_id = RequestId::parse(&request.request_id).map_err(ToolError::Invalid)?;
         let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
         let emoji = allowed_reaction(&request.emoji).map_err(ToolError::Invalid)?;
-        if let Some(repeat) = self.repeated_action(agent, &request_id, &trace_id).await? {
-            return repeat;
-        }
-        let envelope = self.conversation_for_action(agent, &trace_id, "react to").await?;
-        let message_id = match request.message_id {
-            None => message_id_of(envelope.message_id)?,
-            Some(id) if id == envelope.message_id => message_id_of(id)?,
-            Some(id) => {
-                let id = message_id_of(id)?;
-                if self.inner.ledger.bot_message(envelope.chat_id, id).await?.is_none() {
-                    return Err(ToolError::Invalid(format!(
-                        "message {id} is neither the message of {trace_id} nor one the bot sent in its chat \
-                         ({}); you can react only in the conversation of your envelope. Nothing was sent",
-                        envelope.chat_id
-                    )));
+        let decide = async {
+            let envelope = self.conversation_for_action(agent, &trace_id, "react to").await?;
+            let message_id = match request.message_id {
+                None => message_id_of(envelope.message_id)?,
+                Some(id) if id == envelope.message_id => message_id_of(id)?,
+                Some(id) => {
+                    let id = message_id_of(id)?;
+                    if self.inner.ledger.bot_message(envelope.chat_id, id).await?.is_none() {
+                        return Err(ToolError::Invalid(format!(
+                            "message {id} is neither the message of {trace_id} nor one the bot sent in its chat \
+                             ({}); you can react only in the conversation of your envelope. Nothing was sent",
+                            envelope.chat_id
+                        )));
+                    }
+                    id
                 }
-                id
-            }
+            };
+            Ok((envelope, MessageAction::React { message_id, emoji }))
         };
-        let action = MessageAction::React { message_id, emoji };
-        self.act(agent, &envelope, request_id, action).await
+        self.act_once(agent, request_id, &trace_id, decide).await
     }
 
     /// `edit_message`: new text for a message the bot sent for this agent in the
@@ -76,31 +77,31 @@ impl Bridge {
             )));
         }
         let message_id = message_id_of(request.message_id)?;
-        if let Some(repeat) = self.repeated_action(agent, &request_id, &trace_id).await? {
-            return repeat;
-        }
-        let envelope = self.conversation_for_action(agent, &trace_id, "edit a message of").await?;
-        let sent_by = self.inner.ledger.bot_message(envelope.chat_id, message_id).await?;
-        let refusal = match sent_by {
-            Some((sender, AttemptMethod::SendMessage)) if sender == agent.as_str() => None,
-            Some((sender, AttemptMethod::SendMessage)) => {
-                Some(format!("message {message_id} was not sent for you (it was sent for '{sender}')"))
+        let decide = async {
+            let envelope = self.conversation_for_action(agent, &trace_id, "edit a message of").await?;
+            let sent_by = self.inner.ledger.bot_message(envelope.chat_id, message_id).await?;
+            let refusal = match sent_by {
+                Some((sender, AttemptMethod::SendMessage)) if sender == agent.as_str() => None,
+                Some((sender, AttemptMethod::SendMessage)) => {
+                    Some(format!("message {message_id} was not sent for you (it was sent for '{sender}')"))
+                }
+                Some((_, method)) => Some(format!("message {message_id} is not a text message ({method})")),
+                None => Some(format!(
+                    "the bot sent no message {message_id} in the chat of {trace_id} ({}) that the switchboard knows \
+                     of",
+                    envelope.chat_id
+                )),
+            };
+            if let Some(why) = refusal {
+                tracing::warn!(%agent, %trace_id, message_id, "edit refused: {why}");
+                return Err(ToolError::Invalid(format!(
+                    "{why}; you can edit only the messages you sent in the conversation of your envelope. Nothing \
+                     was edited"
+                )));
             }
-            Some((_, method)) => Some(format!("message {message_id} is not a text message ({method})")),
-            None => Some(format!(
-                "the bot sent no message {message_id} in the chat of {trace_id} ({}) that the switchboard knows of",
-                envelope.chat_id
-            )),
+            Ok((envelope, MessageAction::Edit { message_id, text: parts.remove(0), html }))
         };
-        if let Some(why) = refusal {
-            tracing::warn!(%agent, %trace_id, message_id, "edit refused: {why}");
-            return Err(ToolError::Invalid(format!(
-                "{why}; you can edit only the messages you sent in the conversation of your envelope. Nothing was \
-                 edited"
-            )));
-        }
-        let action = MessageAction::Edit { message_id, text: parts.remove(0), html };
-        self.act(agent, &envelope, request_id, action).await
+        self.act_once(agent, request_id, &trace_id, decide).await
     }
 
     /// One of the caller's envelopes with a Telegram conversation, whose task still admits
@@ -135,30 +136,48 @@ impl Bridge {
         Ok(envelope)
     }
 
-    /// The outcome of a reaction or edit request made before with this id, as the ledger
-    /// tells it: a repeat never acts twice.
-    async fn repeated_action(
+    /// Makes the action `decide` settles on, once per request id: a request whose id is
+    /// being acted on awaits that action's outcome, and one whose id was acted on before is
+    /// told what it came to. Neither decides or acts again. The plugin asks again with the
+    /// same id when its connection broke during a call, while the first may still be on
+    /// its way to Telegram.
+    async fn act_once(
         &self,
         agent: &AgentName,
-        request_id: &RequestId,
+        request_id: RequestId,
         trace_id: &TraceId,
-    ) -> Result<Option<Result<MessageActionReceipt, ToolError>>, ToolError> {
-        let Some(attempt) = self.inner.ledger.action_attempt(agent.as_str(), request_id.as_str()).await?
-        else {
-            return Ok(None);
+        decide: impl Future<Output = Result<(StoredEnvelope, MessageAction), ToolError>>,
+    ) -> Result<MessageActionReceipt, ToolError> {
+        let slot = self.slot(agent);
+        let running = {
+            // Finding no earlier request and registering this one are one step for the agent.
+            let _decide = slot.decisions.lock().await;
+            let running = slot.running().actions.get(request_id.as_str()).cloned();
+            match running {
+                Some(running) => running,
+                None => match self.inner.ledger.action_attempt(agent.as_str(), request_id.as_str()).await? {
+                    Some(attempt) => return recorded_action(trace_id.as_str(), &attempt),
+                    None => {
+                        let (envelope, action) = decide.await?;
+                        self.start_action(agent, &envelope, request_id, action)
+                    }
+                },
+            }
         };
-        Ok(Some(recorded_action(trace_id.as_str(), &attempt)))
+        running.await
     }
 
-    /// Makes the action as a task the daemon waits for, so a caller that goes away cannot
-    /// cut it between its attempt and its outcome; the request only awaits it.
-    async fn act(
+    /// Starts making the action as a task the daemon waits for, so a caller that goes away
+    /// cannot cut it between its attempt and its outcome; the returned future only
+    /// observes it. Registered as running before the task can finish, so a repeated
+    /// request always finds it (running, or recorded in the ledger).
+    fn start_action(
         &self,
         agent: &AgentName,
         envelope: &StoredEnvelope,
         request_id: RequestId,
         action: MessageAction,
-    ) -> Result<MessageActionReceipt, ToolError> {
+    ) -> RunningAction {
         let target = MessageActionTarget {
             envelope_id: envelope.id,
             trace_id: envelope.trace_id.to_string(),
@@ -166,15 +185,44 @@ impl Bridge {
             chat_id: envelope.chat_id,
             request_id: request_id.to_string(),
         };
+        let mut running = self.slot(agent).running();
+        let done =
+            ActionDone { bridge: self.clone(), agent: agent.clone(), request_id: target.request_id.clone() };
         let outbound = self.inner.outbound.clone();
-        let (target_now, action_now) = (target.clone(), action.clone());
-        let acting = self.inner.tasks.spawn(async move { outbound.act(&target_now, &action_now).await });
-        let observed = match acting.await {
-            Ok(observed) => observed?,
-            Err(failure) => Observed::Unknown { error: format!("the task making it failed: {failure}") },
-        };
-        tracing::info!(%agent, trace_id = %target.trace_id, ?action, ?observed, "message action");
-        action_outcome(&target.trace_id, target.chat_id, &action, observed)
+        let action_now = action.clone();
+        let task = self.inner.tasks.spawn(async move {
+            let _done = done;
+            let observed = match outbound.act(&target, &action).await {
+                Ok(observed) => observed,
+                Err(failure) => return Err(ToolError::from(failure)),
+            };
+            tracing::info!(agent = %target.agent, trace_id = %target.trace_id, ?action, ?observed, "message action");
+            action_outcome(&target.trace_id, target.chat_id, &action, observed)
+        });
+        let (trace_id, chat_id) = (envelope.trace_id.to_string(), envelope.chat_id);
+        let observed: RunningAction = async move {
+            task.await.unwrap_or_else(|failure| {
+                let error = format!("the task making it failed: {failure}");
+                action_outcome(&trace_id, chat_id, &action_now, Observed::Unknown { error })
+            })
+        }
+        .boxed()
+        .shared();
+        running.actions.insert(request_id.to_string(), observed.clone());
+        observed
+    }
+}
+
+/// Takes a finished action off the running ones, however its task ends.
+struct ActionDone {
+    bridge: Bridge,
+    agent: AgentName,
+    request_id: String,
+}
+
+impl Drop for ActionDone {
+    fn drop(&mut self) {
+        self.bridge.slot(&self.agent).running().actions.remove(&self.request_id);
     }
 }
 

@@ -43,7 +43,7 @@ pub use session::OpenedSession;
 pub use uploads::{Staging, UploadError};
 pub use waiting::ShownWaiting;
 
-use crate::agents::api::wire::ReplyReceipt;
+use crate::agents::api::wire::{MessageActionReceipt, ReplyReceipt};
 use crate::ids::{AgentName, Secret};
 use crate::ledger::{Ledger, StoredEnvelope};
 use crate::telegram::outbound::Outbound;
@@ -104,6 +104,9 @@ struct Inner {
 /// A reply being delivered; every request with its id awaits the same outcome.
 type RunningReply = Shared<BoxFuture<'static, Result<ReplyReceipt, ToolError>>>;
 
+/// A reaction or an edit being made; every request with its id awaits the same outcome.
+type RunningAction = Shared<BoxFuture<'static, Result<MessageActionReceipt, ToolError>>>;
+
 struct AgentSlot {
     secret: Secret,
     /// Rung when something was queued for this agent.
@@ -120,8 +123,8 @@ struct AgentSlot {
     /// ack), so two concurrent calls cannot both resolve to the same pending envelope.
     /// Never held across Telegram I/O: a rate-limit wait must not block `ack`.
     decisions: tokio::sync::Mutex<()>,
-    /// Replies being delivered right now.
-    running: Mutex<RunningReplies>,
+    /// Replies being delivered, and reactions and edits being made, right now.
+    running: Mutex<Running>,
     /// Notices (DESIGN.md §8) for the live session, about envelopes it already has.
     notices: Mutex<std::collections::VecDeque<crate::agents::api::wire::DeliveredNotice>>,
     /// Rung when a permission verdict for this agent was recorded: the live session hands
@@ -130,14 +133,16 @@ struct AgentSlot {
 }
 
 #[derive(Default)]
-struct RunningReplies {
+struct Running {
     by_request: HashMap<String, RunningReply>,
     /// The envelopes those replies answer: nothing else may be sent for them meanwhile.
     envelopes: HashSet<i64>,
+    /// Reactions and edits, by request id.
+    actions: HashMap<String, RunningAction>,
 }
 
 impl AgentSlot {
-    fn running(&self) -> MutexGuard<'_, RunningReplies> {
+    fn running(&self) -> MutexGuard<'_, Running> {
         self.running.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
