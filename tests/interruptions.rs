@@ -15,9 +15,10 @@ use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
 use switchboard::agents::api::client::ClientError;
-use switchboard::agents::api::wire::{ErrorCode, ReplyRequest};
+use switchboard::agents::api::wire::{ErrorCode, ReactRequest, ReplyRequest};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault};
-use switchboard::ledger::{AttemptState, EnvelopeState};
+use switchboard::ids::RequestId;
+use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
 
 /// Telegram takes this long to answer a send that it performs: longer than the tests
 /// need to interrupt the caller, shorter than `send_timeout_secs` (2 in the test config).
@@ -181,6 +182,58 @@ async fn a_plugin_killed_mid_send_leaves_one_answer_and_nothing_to_redeliver() {
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "still there?");
     let first = nth(&next, 1).await;
     assert_eq!(first.content, "still there?", "{:?}", next.notifications());
+}
+
+/// An edit on its way to Telegram when the daemon is killed. Whether Telegram made it, only
+/// Telegram knows: the restarted daemon records it `unknown` before it serves anyone, the
+/// plugin asks again about the same request and tells the agent so, and nothing makes the
+/// edit a second time. The agent's account, the chat and the ledger agree.
+#[tokio::test]
+async fn an_edit_on_the_wire_when_the_daemon_dies_is_unknown_and_never_made_again() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("build it").await;
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": trace, "text": "step 1 of 2"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let progress = fake.wait_for_sent(1, WAIT).await[0].message_id;
+    fake.fail_method("editMessageText", Fault::RecordThenHang(Duration::MAX));
+
+    let edit = json!({"trace_id": trace, "message_id": progress, "text": "step 2 of 2"});
+    let call = tokio::spawn(async move {
+        let outcome = orchestrator.call_tool("edit_message", edit).await;
+        (orchestrator, outcome)
+    });
+    // Killed once Telegram has made the edit and the daemon waits for its answer.
+    let deadline = std::time::Instant::now() + WAIT;
+    while fake.sent_message(progress).unwrap().text != "step 2 of 2" {
+        assert!(std::time::Instant::now() < deadline, "the edit never reached Telegram");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    daemon.kill9();
+    daemon.restart();
+
+    let (orchestrator, outcome) = call.await.unwrap();
+    let (is_error, text) = outcome.unwrap();
+    assert!(is_error && text.starts_with("unresolved: "), "the agent is told it may have been made: {text}");
+    let attempts = attempts_of(&daemon, &trace).await;
+    let outcomes: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome)).collect();
+    assert_eq!(
+        outcomes,
+        [
+            (AttemptMethod::SendMessage, AttemptState::Sent),
+            (AttemptMethod::EditMessage, AttemptState::Unknown)
+        ]
+    );
+    // The same edit asked for anew is a new request: made once more, and known this time.
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "edit_message",
+            json!({"trace_id": trace, "message_id": progress, "text": "step 2 of 2, done"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.requests_for("editMessageText").len(), 2, "the interrupted edit was not made again");
+    assert_eq!(fake.sent_message(progress).unwrap().text, "step 2 of 2, done");
 }
 
 #[tokio::test]
@@ -410,6 +463,46 @@ async fn a_repeated_request_returns_the_first_outcome_and_sends_once() {
     let never = client.reply_outcome("req_neverseenbefore").await.unwrap_err();
     assert_eq!(refusal_code(&never), Some(ErrorCode::UnknownRequest), "{never}");
     assert!(never.to_string().contains("nothing was sent"), "{never}");
+}
+
+/// A reaction asked for again with the same request id while the first is still on its way
+/// to Telegram (the plugin does so when its connection broke during the call): the second
+/// request waits for the first and is told what it came to. Telegram gets one request, and
+/// the agent is not told "unknown" about a reaction that was made.
+#[tokio::test]
+async fn a_reaction_asked_again_while_the_first_is_on_its_way_is_made_once_and_both_learn_it_was() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let client = api_client(&daemon, "orchestrator");
+    let mut stream = client.open_session().await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "react to me");
+    let envelope = next_envelope(&mut stream).await;
+    fake.fail_method("setMessageReaction", Fault::RecordThenHang(SLOW_SEND));
+
+    let request = ReactRequest {
+        trace_id: envelope.trace_id.clone(),
+        emoji: "👍".into(),
+        message_id: None,
+        request_id: RequestId::generate().to_string(),
+    };
+    let again = async {
+        let deadline = std::time::Instant::now() + WAIT;
+        while fake.requests_for("setMessageReaction").is_empty() {
+            assert!(std::time::Instant::now() < deadline, "the reaction never reached Telegram");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        client.react(&request).await
+    };
+    let (first, again) = tokio::join!(client.react(&request), again);
+    let first = first.expect("the reaction was made");
+    assert_eq!(again.expect("told what the first came to"), first);
+    assert_eq!(fake.requests_for("setMessageReaction").len(), 1, "made once");
+    let attempts = attempts_of(&daemon, &envelope.trace_id).await;
+    let outcomes: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome)).collect();
+    assert_eq!(outcomes, [(AttemptMethod::SetReaction, AttemptState::Sent)]);
+    // Once it is over, the ledger answers a repeat.
+    assert_eq!(client.react(&request).await.unwrap(), first);
+    assert_eq!(fake.requests_for("setMessageReaction").len(), 1);
 }
 
 #[tokio::test]
