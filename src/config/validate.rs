@@ -21,66 +21,10 @@ impl Settings {
     pub(super) fn validate(path: &Path, raw: RawSettings) -> Result<Self, ConfigError> {
         let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
 
-        let api_url = reqwest::Url::parse(&raw.telegram.api_url)
-            .map_err(|e| err("telegram.api_url", format!("'{}' is not a URL: {e}", raw.telegram.api_url)))?;
-        if !matches!(api_url.scheme(), "http" | "https") || api_url.host().is_none() {
-            return Err(err(
-                "telegram.api_url",
-                format!("'{api_url}' must be an http or https URL with a host"),
-            ));
-        }
-        if raw.telegram.poll_timeout_secs > MAX_POLL_TIMEOUT_SECS {
-            return Err(err(
-                "telegram.poll_timeout_secs",
-                format!(
-                    "{} is above Telegram's maximum of {MAX_POLL_TIMEOUT_SECS}",
-                    raw.telegram.poll_timeout_secs
-                ),
-            ));
-        }
-        if raw.telegram.send_timeout_secs == 0 {
-            return Err(err("telegram.send_timeout_secs", "must be at least 1".into()));
-        }
-        check_env_name(path, "telegram.token_env", &raw.telegram.token_env)?;
-        let webhook = raw.telegram.webhook.map(|raw| validate_webhook(path, raw)).transpose()?;
-
+        let telegram = validate_telegram(path, raw.telegram)?;
         let api = validate_api(path, raw.api)?;
-
-        let database = validate_database(path, &raw.storage)?;
-        let retain = match raw.storage.retain_days {
-            None => None,
-            Some(0) => {
-                return Err(err(
-                    "storage.retain_days",
-                    "must be at least 1 (leave it out to keep everything)".into(),
-                ));
-            }
-            Some(days) => {
-                let every = raw.storage.retention_interval_secs.unwrap_or(DEFAULT_RETENTION_INTERVAL_SECS);
-                if every == 0 {
-                    return Err(err("storage.retention_interval_secs", "must be at least 1".into()));
-                }
-                Some(Retention { days, every: Duration::from_secs(every) })
-            }
-        };
-
-        if raw.outbound.max_reply_parts == 0 {
-            return Err(err("outbound.max_reply_parts", "must be at least 1".into()));
-        }
-        if raw.outbound.typing_max_secs == 0 {
-            return Err(err(
-                "outbound.typing_max_secs",
-                "must be at least 1 (turn typing off with typing = false)".into(),
-            ));
-        }
-        let ack_reaction = match raw.outbound.ack_reaction.as_deref() {
-            None => None,
-            Some(emoji) => Some(
-                crate::telegram::reactions::allowed_reaction(emoji)
-                    .map_err(|why| err("outbound.ack_reaction", why.replace(". Nothing was sent", "")))?,
-            ),
-        };
-
+        let storage = validate_storage(path, raw.storage)?;
+        let outbound = validate_outbound(path, raw.outbound)?;
         tracing_subscriber::EnvFilter::try_new(&raw.log.filter)
             .map_err(|e| err("log.filter", format!("'{}' is not a log filter: {e}", raw.log.filter)))?;
 
@@ -122,27 +66,7 @@ impl Settings {
             err(&format!("routes[{index}]"), e.to_string())
         })?;
 
-        if raw.handoffs.max_depth == 0 {
-            return Err(err("handoffs.max_depth", "must be at least 1".into()));
-        }
-        let audit_route = match raw.handoffs.audit_route {
-            None => None,
-            Some(name) => {
-                let route = routes
-                    .routes()
-                    .iter()
-                    .find(|route| route.name.as_str() == name)
-                    .ok_or_else(|| err("handoffs.audit_route", format!("no route is named '{name}'")))?;
-                if !matches!(route.target, RouteTarget::Chat { .. } | RouteTarget::Topic { .. }) {
-                    return Err(err(
-                        "handoffs.audit_route",
-                        format!("route '{name}' is the default route: the audit copy needs a chat"),
-                    ));
-                }
-                Some(route.name.clone())
-            }
-        };
-        let handoffs = HandoffSettings { max_depth: raw.handoffs.max_depth, audit_route };
+        let handoffs = validate_handoffs(path, raw.handoffs, &routes)?;
         let operator = match raw.operator {
             None => None,
             Some(raw) => {
@@ -160,28 +84,11 @@ impl Settings {
 
         Ok(Settings {
             source: path.to_path_buf(),
-            telegram: TelegramSettings {
-                token_env: raw.telegram.token_env,
-                api_url,
-                poll_timeout: Duration::from_secs(raw.telegram.poll_timeout_secs),
-                send_timeout: Duration::from_secs(raw.telegram.send_timeout_secs),
-                allowed_users: raw.telegram.allowed_users,
-                unauthorized_exit: Duration::from_secs(raw.telegram.unauthorized_exit_secs),
-                webhook,
-            },
-            storage: StorageSettings { database, synchronous: raw.storage.synchronous, retain },
+            telegram,
+            storage,
             api,
             log: LogSettings { format: raw.log.format, filter: raw.log.filter },
-            outbound: OutboundSettings {
-                max_reply_parts: raw.outbound.max_reply_parts,
-                pacing: PaceLimits {
-                    private: Duration::from_millis(raw.outbound.private_chat_interval_ms),
-                    group: Duration::from_millis(raw.outbound.group_chat_interval_ms),
-                    overall_per_sec: raw.outbound.global_per_sec,
-                },
-                typing: raw.outbound.typing.then(|| Duration::from_secs(raw.outbound.typing_max_secs)),
-                ack_reaction,
-            },
+            outbound,
             handoffs,
             agents,
             routes,
@@ -191,6 +98,116 @@ impl Settings {
             media: MediaSettings { eager_photo_max_bytes: raw.media.eager_photo_max_bytes },
         })
     }
+}
+
+fn validate_telegram(path: &Path, raw: RawTelegram) -> Result<TelegramSettings, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    let api_url = reqwest::Url::parse(&raw.api_url)
+        .map_err(|e| err("telegram.api_url", format!("'{}' is not a URL: {e}", raw.api_url)))?;
+    if !matches!(api_url.scheme(), "http" | "https") || api_url.host().is_none() {
+        return Err(err("telegram.api_url", format!("'{api_url}' must be an http or https URL with a host")));
+    }
+    if raw.poll_timeout_secs > MAX_POLL_TIMEOUT_SECS {
+        return Err(err(
+            "telegram.poll_timeout_secs",
+            format!("{} is above Telegram's maximum of {MAX_POLL_TIMEOUT_SECS}", raw.poll_timeout_secs),
+        ));
+    }
+    if raw.send_timeout_secs == 0 {
+        return Err(err("telegram.send_timeout_secs", "must be at least 1".into()));
+    }
+    check_env_name(path, "telegram.token_env", &raw.token_env)?;
+    let webhook = raw.webhook.map(|raw| validate_webhook(path, raw)).transpose()?;
+    Ok(TelegramSettings {
+        token_env: raw.token_env,
+        api_url,
+        poll_timeout: Duration::from_secs(raw.poll_timeout_secs),
+        send_timeout: Duration::from_secs(raw.send_timeout_secs),
+        allowed_users: raw.allowed_users,
+        unauthorized_exit: Duration::from_secs(raw.unauthorized_exit_secs),
+        webhook,
+    })
+}
+
+fn validate_storage(path: &Path, raw: RawStorage) -> Result<StorageSettings, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    let database = validate_database(path, &raw)?;
+    let retain = match raw.retain_days {
+        None => None,
+        Some(0) => {
+            return Err(err(
+                "storage.retain_days",
+                "must be at least 1 (leave it out to keep everything)".into(),
+            ));
+        }
+        Some(days) => {
+            let every = raw.retention_interval_secs.unwrap_or(DEFAULT_RETENTION_INTERVAL_SECS);
+            if every == 0 {
+                return Err(err("storage.retention_interval_secs", "must be at least 1".into()));
+            }
+            Some(Retention { days, every: Duration::from_secs(every) })
+        }
+    };
+    Ok(StorageSettings { database, synchronous: raw.synchronous, retain })
+}
+
+fn validate_outbound(path: &Path, raw: RawOutbound) -> Result<OutboundSettings, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    if raw.max_reply_parts == 0 {
+        return Err(err("outbound.max_reply_parts", "must be at least 1".into()));
+    }
+    if raw.typing_max_secs == 0 {
+        return Err(err(
+            "outbound.typing_max_secs",
+            "must be at least 1 (turn typing off with typing = false)".into(),
+        ));
+    }
+    let ack_reaction = match raw.ack_reaction.as_deref() {
+        None => None,
+        Some(emoji) => Some(
+            crate::telegram::reactions::allowed_reaction(emoji)
+                .map_err(|why| err("outbound.ack_reaction", why.replace(". Nothing was sent", "")))?,
+        ),
+    };
+    Ok(OutboundSettings {
+        max_reply_parts: raw.max_reply_parts,
+        pacing: PaceLimits {
+            private: Duration::from_millis(raw.private_chat_interval_ms),
+            group: Duration::from_millis(raw.group_chat_interval_ms),
+            overall_per_sec: raw.global_per_sec,
+        },
+        typing: raw.typing.then(|| Duration::from_secs(raw.typing_max_secs)),
+        ack_reaction,
+    })
+}
+
+fn validate_handoffs(
+    path: &Path,
+    raw: RawHandoffs,
+    routes: &RoutesTable,
+) -> Result<HandoffSettings, ConfigError> {
+    let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
+    if raw.max_depth == 0 {
+        return Err(err("handoffs.max_depth", "must be at least 1".into()));
+    }
+    let audit_route = match raw.audit_route {
+        None => None,
+        Some(name) => {
+            let route = routes
+                .routes()
+                .iter()
+                .find(|route| route.name.as_str() == name)
+                .ok_or_else(|| err("handoffs.audit_route", format!("no route is named '{name}'")))?;
+            if !matches!(route.target, RouteTarget::Chat { .. } | RouteTarget::Topic { .. }) {
+                return Err(err(
+                    "handoffs.audit_route",
+                    format!("route '{name}' is the default route: the audit copy needs a chat"),
+                ));
+            }
+            Some(route.name.clone())
+        }
+    };
+    Ok(HandoffSettings { max_depth: raw.max_depth, audit_route })
 }
 
 fn validate_route(
