@@ -21,6 +21,7 @@ use crate::agents::api::wire::HEARTBEAT_INTERVAL_SECS;
 use crate::agents::bridge::{Bridge, BridgeSettings, HandoffRules, ReplyLimits, RoomDriver, Staging};
 use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Database, Retention, Settings};
+use crate::ids::Secret;
 use crate::ledger::Ledger;
 use crate::ledger::postgres::StepDown;
 use crate::operate::health::{Health, IntakeHealth, PollHealth, WebhookHealth};
@@ -93,6 +94,45 @@ enum Ingress {
     },
 }
 
+impl Ingress {
+    /// The webhook's listener when `telegram.webhook` is set, else the poller; with what
+    /// readiness reads of it.
+    async fn of(
+        settings: &Settings,
+        webhook_secret: Option<Secret>,
+        entitlement: &Entitlement,
+        intake: UpdateIntake,
+        poll_bot: Bot,
+        ledger: &Ledger,
+    ) -> anyhow::Result<(Self, IntakeHealth)> {
+        match (&settings.telegram.webhook, webhook_secret) {
+            (Some(webhook), Some(secret)) => {
+                let health = WebhookHealth::default();
+                // A leader on PostgreSQL also takes in what its standbys took (`telegram::relay`).
+                let relayed = match entitlement {
+                    Entitlement::Leader(leadership) => Some(RelayedDeliveries {
+                        ledger: leadership.ledger(),
+                        bot_id: intake.bot_id(),
+                        intake: intake.clone(),
+                    }),
+                    Entitlement::FileLock(_) => None,
+                };
+                let relayed = relayed.map(Box::new);
+                let sink = UpdateSink::Intake(intake);
+                let listener = WebhookListener::bind(webhook.clone(), secret, sink).await?;
+                let ingress = Self::Webhook { listener, health: health.clone(), relayed };
+                Ok((ingress, IntakeHealth::Webhook(health)))
+            }
+            (Some(_), None) => anyhow::bail!("telegram.webhook is set but its secret was not read"),
+            (None, _) => {
+                let health = PollHealth::new();
+                let poller = Poller::new(poll_bot, intake, ledger.clone(), settings, health.clone());
+                Ok((Self::Polling(poller), IntakeHealth::Polling(health)))
+            }
+        }
+    }
+}
+
 pub struct Daemon {
     /// One daemon per ledger: held from before the ledger is opened until after it is
     /// closed, so no second daemon can recover (or send) beside this one.
@@ -136,20 +176,7 @@ impl Daemon {
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
         let LedgerHold { ledger, entitlement } = hold;
-        for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
-            tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
-        }
-        let unknown_prompts = ledger
-            .recover_prompt_sends()
-            .await
-            .context("recovering interrupted permission prompts")?
-            + ledger.recover_question_sends().await.context("recovering interrupted operator questions")?;
-        if unknown_prompts > 0 {
-            tracing::warn!(
-                unknown_prompts,
-                "prompts with buttons were being posted when the daemon stopped: marked unknown, never posted again"
-            );
-        }
+        recover_interrupted_sends(&ledger).await?;
         let hangups = reload::catch_hangups();
         let listener = ApiListener::bind(&settings.api).await?;
 
@@ -206,31 +233,8 @@ impl Daemon {
         );
         let (routing, routing_now) = watch::channel(Arc::new(Routing::of(&settings)));
         let intake = UpdateIntake::new(bot_id, ledger.clone(), bridge.clone(), routing_now);
-        let (ingress, intake_health) = match (&settings.telegram.webhook, secrets.webhook) {
-            (Some(webhook), Some(secret)) => {
-                let health = WebhookHealth::default();
-                // A leader on PostgreSQL also takes in what its standbys took (`telegram::relay`).
-                let relayed = match &entitlement {
-                    Entitlement::Leader(leadership) => Some(RelayedDeliveries {
-                        ledger: leadership.ledger(),
-                        bot_id,
-                        intake: intake.clone(),
-                    }),
-                    Entitlement::FileLock(_) => None,
-                };
-                let relayed = relayed.map(Box::new);
-                let sink = UpdateSink::Intake(intake);
-                let listener = WebhookListener::bind(webhook.clone(), secret, sink).await?;
-                let ingress = Ingress::Webhook { listener, health: health.clone(), relayed };
-                (ingress, IntakeHealth::Webhook(health))
-            }
-            (Some(_), None) => anyhow::bail!("telegram.webhook is set but its secret was not read"),
-            (None, _) => {
-                let health = PollHealth::new();
-                let poller = Poller::new(poll_bot, intake, ledger.clone(), &settings, health.clone());
-                (Ingress::Polling(poller), IntakeHealth::Polling(health))
-            }
-        };
+        let (ingress, intake_health) =
+            Ingress::of(&settings, secrets.webhook, &entitlement, intake, poll_bot, &ledger).await?;
         let mut health = Health::new(intake_health, ledger.clone(), settings.telegram.poll_timeout);
         if let Some(leading) = leading {
             health = health.with_leading(leading);
@@ -550,6 +554,24 @@ fn bot(token: &str, api_url: &reqwest::Url, timeout: Duration) -> anyhow::Result
         .build()
         .context("building the HTTP client for Telegram")?;
     Ok(Bot::with_client(token, client).set_api_url(api_url.clone()))
+}
+
+/// At start-up, before anything is sent: what a daemon that stopped left on its way to
+/// Telegram may have arrived. Each such send becomes `unknown`, never sent again.
+async fn recover_interrupted_sends(ledger: &Ledger) -> anyhow::Result<()> {
+    for trace_id in ledger.recover_in_flight().await.context("recovering interrupted sends")? {
+        tracing::error!(%trace_id, "a reply was in flight when the daemon stopped: marked unresolved; reconcile it with `switchboard ledger reconcile`");
+    }
+    let unknown_prompts =
+        ledger.recover_prompt_sends().await.context("recovering interrupted permission prompts")?
+            + ledger.recover_question_sends().await.context("recovering interrupted operator questions")?;
+    if unknown_prompts > 0 {
+        tracing::warn!(
+            unknown_prompts,
+            "prompts with buttons were being posted when the daemon stopped: marked unknown, never posted again"
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]
