@@ -57,10 +57,19 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
         }
     }
     let mut plan = ReloadPlan::default();
-    route_changes(running.routes.routes(), new.routes.routes(), &mut plan.changes);
+    applied_now(running, new, &mut plan.changes);
+    kept_until_restart(running, new, &mut plan.needs_restart);
+    plan.needs_restart.extend(agent_changes(running, new));
+    Ok(plan)
+}
+
+/// What the running daemon takes from the new file at once: the routes, the allowlist,
+/// the outbound limits and pacing, the handoff rules.
+fn applied_now(running: &Settings, new: &Settings, changes: &mut Vec<String>) {
+    route_changes(running.routes.routes(), new.routes.routes(), changes);
     let mut applied = |key: &str, old: &dyn Display, new: &dyn Display| {
         if old.to_string() != new.to_string() {
-            plan.changes.push(format!("{key}: {old} → {new}"));
+            changes.push(format!("{key}: {old} → {new}"));
         }
     };
     applied(
@@ -90,10 +99,14 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
         &optional(&running.handoffs.audit_route),
         &optional(&new.handoffs.audit_route),
     );
+}
 
+/// What is set up once, as the daemon starts (its connections, listeners, ledger and
+/// logging), and stays as it is until a restart.
+fn kept_until_restart(running: &Settings, new: &Settings, needs_restart: &mut Vec<String>) {
     let mut fixed = |key: &str, old: &dyn Display, new: &dyn Display| {
         if old.to_string() != new.to_string() {
-            plan.needs_restart.push(format!("{key}: {old} → {new} needs a restart; {old} stays in effect"));
+            needs_restart.push(format!("{key}: {old} → {new} needs a restart; {old} stays in effect"));
         }
     };
     let (old, new_t) = (&running.telegram, &new.telegram);
@@ -147,6 +160,11 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
         &format!("{:?}", new.log.format).to_lowercase(),
     );
     fixed("log.filter", &running.log.filter, &new.log.filter);
+}
+
+/// Agents removed, added, or given another secret or permission relay: each needs a
+/// restart.
+fn agent_changes(running: &Settings, new: &Settings) -> Vec<String> {
     let mut agents = Vec::new();
     for (agent, settings) in &running.agents {
         match new.agents.get(agent) {
@@ -167,8 +185,7 @@ pub fn plan(running: &Settings, new: &Settings) -> Result<ReloadPlan, String> {
     for agent in new.agents.keys().filter(|agent| !running.agents.contains_key(*agent)) {
         agents.push(format!("agents.{agent} was added: adding an agent needs a restart"));
     }
-    plan.needs_restart.extend(agents);
-    Ok(plan)
+    agents
 }
 
 fn route_changes(old: &[Route], new: &[Route], changes: &mut Vec<String>) {
