@@ -138,6 +138,14 @@ impl Drop for SessionGuard {
     }
 }
 
+/// What opening a session leaves to serving it.
+struct OpenedStream {
+    /// Intake's envelopes for the session, handed over from memory once committed.
+    direct: mpsc::UnboundedReceiver<StoredEnvelope>,
+    /// Whether envelopes waited for this session (it was handed envelopes taken back).
+    waited: bool,
+}
+
 impl Bridge {
     /// Opens the agent's session, refusing a second one, and returns the stream of
     /// events to send to it. The stream ends when the client goes away or the daemon stops.
@@ -267,6 +275,20 @@ impl Bridge {
         session_token: String,
         tx: mpsc::Sender<SessionEvent>,
     ) -> LedgerResult<()> {
+        match self.open_stream(guard, session_token, &tx).await? {
+            Some(opened) => self.serve_session(guard, &tx, opened).await,
+            None => Ok(()),
+        }
+    }
+
+    /// The opening of a session's stream: its hello, then the verdicts and the envelopes
+    /// that waited for its plugin. `None` once the stream is gone.
+    async fn open_stream(
+        &self,
+        guard: &SessionGuard,
+        session_token: String,
+        tx: &mpsc::Sender<SessionEvent>,
+    ) -> LedgerResult<Option<OpenedStream>> {
         let agent = &guard.agent;
         let ledger = &self.inner.ledger;
         let slot = self.slot(agent);
@@ -277,12 +299,12 @@ impl Bridge {
             heartbeat_ms: u64::try_from(self.inner.session_heartbeat.as_millis()).unwrap_or(u64::MAX),
         };
         if tx.send(hello).await.is_err() {
-            return Ok(());
+            return Ok(None);
         }
         // Under the inbox lock, so intake claims nothing for this agent between taking the
         // pending envelopes back and registering the inbox: whatever it claimed before is
         // pending now and redelivered here; whatever it claims after comes through the inbox.
-        let (inbox, mut direct) = mpsc::unbounded_channel();
+        let (inbox, direct) = mpsc::unbounded_channel();
         let redelivered = {
             let mut registered = slot.inbox.lock().await;
             let redelivered = ledger.take_pending_for_redelivery(agent).await?;
@@ -292,18 +314,34 @@ impl Bridge {
         ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
         tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), plugin = guard.plugin.as_deref().unwrap_or("-"), "agent session connected");
         // Verdicts recorded while this plugin was away (the daemon restarted) go first.
-        if !self.plugin_session_opened(guard, &tx).await? {
-            return Ok(());
+        if !self.plugin_session_opened(guard, tx).await? {
+            return Ok(None);
         }
-        // Whether envelopes waited for this session: those taken back, or the backlog
-        // claimed before the session first finds nothing left to take.
-        let mut waited = !redelivered.is_empty();
-        let mut backlog_taken = false;
+        let waited = !redelivered.is_empty();
         for envelope in redelivered {
-            if !self.hand_over(guard, &tx, &envelope, true).await {
-                return Ok(());
+            if !self.hand_over(guard, tx, &envelope, true).await {
+                return Ok(None);
             }
         }
+        Ok(Some(OpenedStream { direct, waited }))
+    }
+
+    /// Serves an opened session until its stream or the daemon ends: intake's envelopes
+    /// and the queued ones as they come, oldest first, then the notices, reactions and
+    /// verdicts owed to it, with a heartbeat while there is nothing.
+    async fn serve_session(
+        &self,
+        guard: &SessionGuard,
+        tx: &mpsc::Sender<SessionEvent>,
+        opened: OpenedStream,
+    ) -> LedgerResult<()> {
+        let agent = &guard.agent;
+        let ledger = &self.inner.ledger;
+        let slot = self.slot(agent);
+        let OpenedStream { mut direct, mut waited } = opened;
+        // Whether the backlog (claimed before the session first finds nothing left to
+        // take) is behind it: the `waiting` notice follows it once.
+        let mut backlog_taken = false;
         let heartbeat = self.inner.session_heartbeat;
         // Whether queued envelopes may wait in the ledger: at first, and after each wake-up.
         let mut look_in_ledger = true;
@@ -320,7 +358,7 @@ impl Bridge {
                 }
             };
             if let Some(envelope) = next {
-                if !self.hand_over(guard, &tx, &envelope, false).await {
+                if !self.hand_over(guard, tx, &envelope, false).await {
                     return Ok(());
                 }
                 waited |= !backlog_taken;
@@ -341,7 +379,7 @@ impl Bridge {
             }
             // Reactions owed in the ledger: at first, and after each wake-up (intake rings
             // the bell for a reaction as for an envelope).
-            if std::mem::take(&mut look_for_reactions) && !self.give_owed_reactions(agent, &tx).await? {
+            if std::mem::take(&mut look_for_reactions) && !self.give_owed_reactions(agent, tx).await? {
                 return Ok(());
             }
             tokio::select! {
@@ -349,7 +387,7 @@ impl Bridge {
                 envelope = direct.recv() => {
                     // The sender stays in the slot until the next session replaces it.
                     let Some(envelope) = envelope else { return Ok(()) };
-                    if !self.hand_over(guard, &tx, &envelope, false).await {
+                    if !self.hand_over(guard, tx, &envelope, false).await {
                         return Ok(());
                     }
                 }
@@ -358,7 +396,7 @@ impl Bridge {
                     look_for_reactions = true;
                 }
                 () = slot.verdicts.notified() => {
-                    if !self.hand_over_verdicts(guard, &tx).await? {
+                    if !self.hand_over_verdicts(guard, tx).await? {
                         return Ok(());
                     }
                 }
