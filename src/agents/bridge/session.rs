@@ -301,6 +301,12 @@ impl Bridge {
         if tx.send(hello).await.is_err() {
             return Ok(None);
         }
+        // Verdicts recorded while this plugin was away (the daemon restarted) go first. Its
+        // writes come before the envelopes are taken back: a ledger that refuses them
+        // (locked, full) ends the opening before anything is counted as delivered.
+        if !self.plugin_session_opened(guard, tx).await? {
+            return Ok(None);
+        }
         // Under the inbox lock, so intake claims nothing for this agent between taking the
         // pending envelopes back and registering the inbox: whatever it claimed before is
         // pending now and redelivered here; whatever it claims after comes through the inbox.
@@ -311,12 +317,12 @@ impl Bridge {
             *registered = Some(inbox);
             redelivered
         };
-        ledger.session_opened(&guard.session_id, agent, redelivered.len()).await?;
-        tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), plugin = guard.plugin.as_deref().unwrap_or("-"), "agent session connected");
-        // Verdicts recorded while this plugin was away (the daemon restarted) go first.
-        if !self.plugin_session_opened(guard, tx).await? {
-            return Ok(None);
+        // Only an audit row: once the envelopes are counted as delivered again, the session
+        // gets them whether or not it could be written, so the ledger's counts stay true.
+        if let Err(error) = ledger.session_opened(&guard.session_id, agent, redelivered.len()).await {
+            tracing::warn!(%agent, session_id = %guard.session_id, %error, "the session's opening could not be recorded; serving it all the same");
         }
+        tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), plugin = guard.plugin.as_deref().unwrap_or("-"), "agent session connected");
         let waited = !redelivered.is_empty();
         for envelope in redelivered {
             if !self.hand_over(guard, tx, &envelope, true).await {
