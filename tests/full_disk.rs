@@ -176,3 +176,48 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
     drop(orchestrator);
     drop(daemon);
 }
+
+/// A server that can take no new row, and a session that opens meanwhile (PostgreSQL only:
+/// a test cannot choose which of SQLite's writes a full disk refuses). Updating envelopes
+/// still works, but the session's audit row cannot be added. Once the ledger has counted
+/// the envelopes as delivered to the session, the session gets them: it is not ended for
+/// an audit row, so the agent is not starved while the disk is full, and each opening
+/// counts a delivery that happened.
+#[tokio::test]
+async fn a_session_opened_while_no_row_can_be_added_is_served_and_counted_once() {
+    if !TestLedger::is_postgres_here() {
+        eprintln!("skipped: runs on PostgreSQL, where the test decides which writes the server refuses");
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let TestLedger::Postgres(schema) = &daemon.ledger_at else { unreachable!("PostgreSQL, above") };
+    let earlier = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "shown to the earlier session");
+    let shown = trace_id(&nth(&earlier, 1).await);
+    assert!(earlier.close().await.unwrap().success());
+
+    schema.execute(&[
+        SERVER_DISK_FULL[0],
+        "CREATE TRIGGER full_disk BEFORE INSERT ON agent_sessions FOR EACH ROW EXECUTE FUNCTION \
+         refuse_as_on_a_full_disk()",
+    ]);
+    let agent = plugin_builder(&daemon, "orchestrator").start().await.expect("plugin starts");
+    let received = agent.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(trace_id(&received[0]), shown);
+    assert_eq!(received[0].meta_str("redelivered"), Some("true"));
+    daemon.wait_for_log("the session's opening could not be recorded", WAIT).await;
+    // Served, not ended and opened again: one more delivery, counted once.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(agent.notifications().len(), 1);
+    let ledger = daemon.ledger().await;
+    let envelope = ledger.find(&switchboard::ids::TraceId::parse(&shown).unwrap()).await.unwrap().unwrap();
+    ledger.close().await;
+    assert_eq!(envelope.deliveries, 2, "the earlier session's, and this one's");
+
+    // The session works: the reply goes out.
+    let (is_error, text) =
+        agent.call_tool("reply", serde_json::json!({"text": "noted", "trace_id": shown})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(1, WAIT).await[0].text, "noted");
+}
