@@ -203,11 +203,10 @@ async fn an_edit_on_the_wire_when_the_daemon_dies_is_unknown_and_never_made_agai
         (orchestrator, outcome)
     });
     // Killed once Telegram has made the edit and the daemon waits for its answer.
-    let deadline = std::time::Instant::now() + WAIT;
-    while fake.sent_message(progress).unwrap().text != "step 2 of 2" {
-        assert!(std::time::Instant::now() < deadline, "the edit never reached Telegram");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(WAIT, "the edit reaching Telegram", || {
+        fake.sent_message(progress).unwrap().text == "step 2 of 2"
+    })
+    .await;
     daemon.kill9();
     daemon.restart();
 
@@ -486,11 +485,10 @@ async fn a_reaction_asked_again_while_the_first_is_on_its_way_is_made_once_and_b
         request_id: RequestId::generate().to_string(),
     };
     let again = async {
-        let deadline = std::time::Instant::now() + WAIT;
-        while fake.requests_for("setMessageReaction").is_empty() {
-            assert!(std::time::Instant::now() < deadline, "the reaction never reached Telegram");
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        eventually(WAIT, "the reaction reaching Telegram", || {
+            !fake.requests_for("setMessageReaction").is_empty()
+        })
+        .await;
         client.react(&request).await
     };
     let (first, again) = tokio::join!(client.react(&request), again);
