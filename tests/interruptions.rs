@@ -365,12 +365,8 @@ async fn a_second_session_with_the_same_secret_acts_on_nothing() {
 
 #[tokio::test]
 async fn an_unnamed_reply_resolves_only_among_envelopes_the_session_was_shown() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let client = api_client(&daemon, "orchestrator");
-    let mut stream = client.open_session().await.unwrap();
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "not read yet");
-    let envelope = next_envelope(&mut stream).await;
+    let RawOwnerWaiting { fake, daemon: _daemon, client, mut stream, envelope } =
+        raw_owner_waiting("not read yet").await;
 
     // A blank trace id is not "no trace id": it is refused.
     let blank = ReplyRequest { trace_id: Some(String::new()), ..ReplyRequest::new("blank", None) };
@@ -398,12 +394,8 @@ async fn an_unnamed_reply_resolves_only_among_envelopes_the_session_was_shown() 
 /// `x-switchboard-shown` header), not with a request of its own per envelope.
 #[tokio::test]
 async fn envelopes_noted_as_shown_are_confirmed_by_the_next_call_and_only_by_it() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let client = api_client(&daemon, "orchestrator");
-    let mut stream = client.open_session().await.unwrap();
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "first");
-    let first = next_envelope(&mut stream).await;
+    let RawOwnerWaiting { fake, daemon, client, mut stream, envelope: first } =
+        raw_owner_waiting("first").await;
 
     // Noted, not yet sent: nothing is confirmed until a call carries it.
     client.note_shown("env_0000000000");
@@ -444,12 +436,8 @@ async fn envelopes_noted_as_shown_are_confirmed_by_the_next_call_and_only_by_it(
 
 #[tokio::test]
 async fn a_repeated_request_returns_the_first_outcome_and_sends_once() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let client = api_client(&daemon, "orchestrator");
-    let mut stream = client.open_session().await.unwrap();
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "once please");
-    let envelope = next_envelope(&mut stream).await;
+    let RawOwnerWaiting { fake, daemon: _daemon, client, stream: _stream, envelope } =
+        raw_owner_waiting("once please").await;
 
     let request = ReplyRequest::new("only once", Some(envelope.trace_id.clone()));
     let (first, second) = tokio::join!(client.reply(&request), client.reply(&request));
@@ -470,12 +458,8 @@ async fn a_repeated_request_returns_the_first_outcome_and_sends_once() {
 /// the agent is not told "unknown" about a reaction that was made.
 #[tokio::test]
 async fn a_reaction_asked_again_while_the_first_is_on_its_way_is_made_once_and_both_learn_it_was() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let client = api_client(&daemon, "orchestrator");
-    let mut stream = client.open_session().await.unwrap();
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "react to me");
-    let envelope = next_envelope(&mut stream).await;
+    let RawOwnerWaiting { fake, daemon, client, stream: _stream, envelope } =
+        raw_owner_waiting("react to me").await;
     fake.fail_method("setMessageReaction", Fault::RecordThenHang(SLOW_SEND));
 
     let request = ReactRequest {

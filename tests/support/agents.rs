@@ -135,3 +135,24 @@ pub async fn owner_waiting(text: &str) -> OwnerWaiting {
     let trace = trace_id(&delivered[0]);
     OwnerWaiting { fake, daemon, orchestrator, trace }
 }
+
+/// [`owner_waiting`] through the raw local API client, for what an MCP client cannot show
+/// (request ids, envelopes handed over but not yet shown): the stream keeps the session
+/// open.
+pub struct RawOwnerWaiting {
+    pub fake: FakeTelegram,
+    pub daemon: TestDaemon,
+    pub client: DaemonClient,
+    pub stream: SessionStream,
+    pub envelope: DeliveredEnvelope,
+}
+
+pub async fn raw_owner_waiting(text: &str) -> RawOwnerWaiting {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let client = api_client(&daemon, "orchestrator");
+    let mut stream = client.open_session().await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), text);
+    let envelope = next_envelope(&mut stream).await;
+    RawOwnerWaiting { fake, daemon, client, stream, envelope }
+}
