@@ -169,7 +169,7 @@ impl Attempts for SqliteLedger {
             query_all_cached(
                 db,
                 "SELECT a.op_id, e.trace_id FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-             WHERE a.outcome = 'in_flight' ORDER BY a.id",
+                 WHERE a.outcome = 'in_flight' ORDER BY a.id",
                 [],
                 |row| Ok((row.get(0)?, row.get(1)?)),
             )
