@@ -196,6 +196,7 @@ async fn a_session_opened_while_no_row_can_be_added_is_served_and_counted_once()
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "shown to the earlier session");
     let shown = trace_id(&nth(&earlier, 1).await);
     assert!(earlier.close().await.unwrap().success());
+    daemon.wait_for_log("agent session disconnected", WAIT).await;
 
     schema.execute(&[
         SERVER_DISK_FULL[0],

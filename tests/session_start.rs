@@ -145,6 +145,9 @@ async fn a_session_opened_while_the_ledger_is_locked_gets_what_waited_once_the_l
     fake.push_text(&dm, owner(), "shown to the earlier session");
     let shown = trace_id(&earlier.wait_for_notifications(1, WAIT).await.unwrap()[0]);
     assert!(earlier.close().await.unwrap().success());
+    // The plugin's exit is not the daemon's notice of it: until then, a new envelope would
+    // go to the closing stream and count as a delivery.
+    daemon.wait_for_log("agent session disconnected", WAIT).await;
     let queued = fake.push_text(&dm, owner(), "sent while no session was open");
     fake.wait_until_confirmed(queued, WAIT).await;
 
