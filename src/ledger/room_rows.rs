@@ -2,11 +2,15 @@
 //! it: a cascade's row as it is written back.
 
 use crate::domain::CascadeUpdate;
-use crate::ledger::{LedgerError, LedgerResult};
+use crate::ledger::{LedgerError, LedgerResult, RoomCascadeState};
 
 /// The encoded columns of a cascade a step updates.
 pub(crate) struct CascadeRow<'a> {
     pub(crate) update: &'a CascadeUpdate<'a>,
+    /// Its `state` column.
+    pub(crate) state: RoomCascadeState,
+    /// Whether the step ends it (its `ended_at` is set).
+    pub(crate) ends: bool,
     /// The whole cascade, as its `cascade` column holds it.
     pub(crate) cascade_json: String,
     /// Its outcome, once it is over.
@@ -23,7 +27,14 @@ impl<'a> CascadeRow<'a> {
             ),
             None => None,
         };
-        Ok(Self { update, cascade_json, outcome_json })
+        let state = update.cascade.state();
+        Ok(Self {
+            update,
+            state: RoomCascadeState::from(state),
+            ends: state.is_over(),
+            cascade_json,
+            outcome_json,
+        })
     }
 
     /// What the room was told of its outcome.

@@ -17,8 +17,8 @@ use super::PgLedger;
 use super::envelopes::transition_in;
 use super::rows::{optional_json, optional_text_enum, text_enum};
 use crate::domain::{
-    AppliedStep, ClaimRefused, EnvelopeState, NewCascade, RoomCascadeState, RoomStep, StoredCascade,
-    StoredEnvelope, StoredPost, StoredTurn, TurnEnding, TurnOpen,
+    AppliedStep, ClaimRefused, EnvelopeState, NewCascade, RoomStep, StoredCascade, StoredEnvelope,
+    StoredPost, StoredTurn, TurnEnding, TurnOpen,
 };
 use crate::ids::{CascadeId, TraceId};
 use crate::ledger::columns::{cascade_select, envelope_columns, post_select, turn_select};
@@ -186,7 +186,6 @@ impl Rooms for PgLedger {
         }
         if let Some(row) = &cascade_row {
             let update = row.update;
-            let state = RoomCascadeState::from(update.cascade.state());
             let updated = sqlx::query(
                 "UPDATE cascades SET state = $1, cascade = $2, updated_at = now(), version = version + 1, \
                  started_at = COALESCE(started_at, now()), \
@@ -196,12 +195,12 @@ impl Rooms for PgLedger {
                  ended_at = CASE WHEN $6 THEN now() ELSE ended_at END \
                  WHERE id = $7 AND version = $8",
             )
-            .bind(state.as_str())
+            .bind(row.state.as_str())
             .bind(&row.cascade_json)
             .bind(update.stop_by)
             .bind(&row.outcome_json)
             .bind(row.outcome_text())
-            .bind(update.cascade.state().is_over())
+            .bind(row.ends)
             .bind(update.id)
             .bind(update.decided_on)
             .execute(&mut *tx)

@@ -17,8 +17,8 @@ use super::in_place::{
 };
 use super::{LedgerError, LedgerResult, SqliteLedger, now};
 use crate::domain::{
-    AppliedStep, ClaimRefused, EnvelopeState, NewCascade, RoomCascadeState, RoomStep, StoredCascade,
-    StoredEnvelope, StoredPost, StoredTurn, TurnEnding, TurnOpen,
+    AppliedStep, ClaimRefused, EnvelopeState, NewCascade, RoomStep, StoredCascade, StoredEnvelope,
+    StoredPost, StoredTurn, TurnEnding, TurnOpen,
 };
 use crate::ids::{CascadeId, TraceId};
 use crate::ledger::columns::{cascade_select, envelope_columns, post_select, turn_select};
@@ -194,7 +194,6 @@ impl Rooms for SqliteLedger {
             }
             if let Some(row) = &cascade_row {
                 let update = row.update;
-                let state = RoomCascadeState::from(update.cascade.state());
                 let updated = execute_cached(
                     db,
                     "UPDATE cascades SET state = ?1, cascade = ?2, updated_at = ?3, version = version + 1, \
@@ -205,14 +204,14 @@ impl Rooms for SqliteLedger {
                      ended_at = CASE WHEN ?8 THEN ?4 ELSE ended_at END \
                      WHERE id = ?9 AND version = ?10",
                     rusqlite::params![
-                        state.as_str(),
+                        row.state.as_str(),
                         row.cascade_json,
                         at,
                         at,
                         update.stop_by,
                         row.outcome_json,
                         row.outcome_text(),
-                        update.cascade.state().is_over(),
+                        row.ends,
                         update.id,
                         update.decided_on,
                     ],
