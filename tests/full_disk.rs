@@ -222,3 +222,47 @@ async fn a_session_opened_while_no_row_can_be_added_is_served_and_counted_once()
     assert!(!is_error, "{text}");
     assert_eq!(fake.wait_for_sent(1, WAIT).await[0].text, "noted");
 }
+
+/// A server that can change no envelope (an update writes a new version of its row, which
+/// a full disk can refuse as it refuses a new row), and a session that opens meanwhile
+/// (PostgreSQL only, as above). Taking back what an earlier session was shown fails as one
+/// statement, so the opening ends before it hands or counts anything, however often the
+/// plugin opens again. Once room is made the agent gets the envelope once, and the ledger
+/// counts the earlier session's delivery and this one's, none for the failed openings.
+#[tokio::test]
+async fn a_session_opened_while_no_envelope_can_be_changed_gets_it_once_room_is_made() {
+    if !TestLedger::is_postgres_here() {
+        eprintln!("skipped: runs on PostgreSQL, where the test decides which writes the server refuses");
+        return;
+    }
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let TestLedger::Postgres(schema) = &daemon.ledger_at else { unreachable!("PostgreSQL, above") };
+    let earlier = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "shown to the earlier session");
+    let shown = trace_id(&nth(&earlier, 1).await);
+    assert!(earlier.close().await.unwrap().success());
+    daemon.wait_for_log("agent session disconnected", WAIT).await;
+
+    schema.execute(&[
+        SERVER_DISK_FULL[0],
+        "CREATE TRIGGER full_disk BEFORE UPDATE ON envelopes FOR EACH ROW EXECUTE FUNCTION \
+         refuse_as_on_a_full_disk()",
+    ]);
+    let agent = plugin_builder(&daemon, "orchestrator").start().await.expect("plugin starts");
+    daemon.wait_for_log("agent session failed", WAIT).await;
+    // Let the plugin open again a few times against the full disk.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(agent.notifications().is_empty(), "nothing handed over while the ledger could not say so");
+    schema.execute(&["DROP TRIGGER full_disk ON envelopes"]);
+
+    let received = agent.wait_for_notifications(1, RECOVERY).await.unwrap();
+    assert_eq!(trace_id(&received[0]), shown);
+    assert_eq!(received[0].meta_str("redelivered"), Some("true"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(agent.notifications().len(), 1, "handed over once");
+    let ledger = daemon.ledger().await;
+    let envelope = ledger.find(&switchboard::ids::TraceId::parse(&shown).unwrap()).await.unwrap().unwrap();
+    ledger.close().await;
+    assert_eq!(envelope.deliveries, 2, "the earlier session's, and this one's");
+}
