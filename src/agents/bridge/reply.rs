@@ -4,6 +4,7 @@
 use futures::FutureExt;
 use tracing::Instrument;
 
+use super::uploads::StagedFiles;
 use super::{AgentSlot, Bridge, ResolveError, RunningReply, ToolError, uploads};
 use crate::agents::api::present;
 use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
@@ -16,6 +17,26 @@ use crate::rules::resolver::{self, Answerable, Blocked, Candidate};
 use crate::telegram::envelope::ChatType;
 use crate::telegram::format::{ReplyFormat, html_to_plain};
 use crate::telegram::outbound::{DeliveryOutcome, PlannedFile, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT};
+
+/// A reply request as read: what it asks to send, and to whom when it says.
+struct Draft<'a> {
+    request_id: RequestId,
+    trace_id: Option<TraceId>,
+    again: bool,
+    /// As the agent wrote it: an answer to a handoff takes it whole.
+    text: &'a str,
+    /// As Telegram messages.
+    parts: Vec<String>,
+    html: bool,
+}
+
+/// What a request never seen before came to.
+enum Decided {
+    /// A delivery (to Telegram, or a room's turn) runs: its outcome is the reply's.
+    Delivering(RunningReply),
+    /// Answered at once: an answer to a handoff goes to the agent that asked.
+    Answered(ReplyReceipt),
+}
 
 /// What the ledger and memory know of a request id seen before.
 enum Repeat {
@@ -58,88 +79,96 @@ impl Bridge {
             tracing::warn!(%agent, parts = parts.len(), max, "reply refused: too long");
             return Err(ToolError::TooLong { parts: parts.len(), max });
         }
+        let draft = Draft { request_id, trace_id, again, text: &request.text, parts, html };
         // Removed again when this request ends without a delivery taking them over.
         let staged = self.take_uploads(agent, &request.files)?;
         let slot = self.slot(agent);
         let running = {
             let _decide = slot.decisions.lock().await;
-            match self.repeat_of(agent, &request_id).await? {
+            match self.repeat_of(agent, &draft.request_id).await? {
                 Some(Repeat::Running(running)) => running,
                 Some(Repeat::Recorded(outcome)) => return outcome,
-                None => 'decided: {
-                    let resolved = self.resolve(agent, slot, &session, trace_id.as_ref()).await;
-                    let (envelope, replied_before) = match (resolved, &trace_id) {
-                        // A child answering a handoff a change superseded: its answer is
-                        // kept as a late result and goes nowhere (DESIGN.md §11).
-                        (Err(ToolError::Task(refusal)), Some(trace_id)) => {
-                            let ledger = &self.inner.ledger;
-                            if ledger.keep_late_result(agent, trace_id, request.text.trim()).await? {
-                                tracing::info!(%agent, %trace_id, "late result kept: its handoff was superseded");
-                            }
-                            return Err(ToolError::Task(refusal));
-                        }
-                        (resolved, _) => resolved?,
-                    };
-                    let answered =
-                        (envelope.state == EnvelopeState::Acked).then(|| envelope.trace_id.clone());
-                    if !staged.files.is_empty() && envelope.kind == EnvelopeKind::Handoff {
-                        return Err(ToolError::Invalid(format!(
-                            "{} is a handoff from another agent: an answer to it is text only, files go to a \
-                             Telegram conversation; nothing was sent",
-                            envelope.trace_id
-                        )));
-                    }
-                    let (conversation, replied_before) = match envelope.kind {
-                        // An answer to a handoff goes to the agent that asked, not Telegram.
-                        EnvelopeKind::Handoff => {
-                            return self.answer_handoff(agent, &envelope, &request.text, &request_id).await;
-                        }
-                        EnvelopeKind::HandoffAnswer => {
-                            (self.conversation_of_answer(agent, slot, &envelope).await?, None)
-                        }
-                        // A child's word that its handoff no longer stands answers nobody.
-                        EnvelopeKind::Revision if envelope.chat_type == ChatType::Agent => {
-                            return Err(ToolError::Invalid(format!(
-                                "{} only tells you that a handoff no longer stands: it has no reply. Ack it; \
-                                 nothing was sent",
-                                envelope.trace_id
-                            )));
-                        }
-                        EnvelopeKind::Message
-                        | EnvelopeKind::EditedMessage
-                        | EnvelopeKind::Unknown
-                        | EnvelopeKind::Revision
-                        | EnvelopeKind::RoomTurn => (envelope, replied_before),
-                    };
-                    if conversation.kind == EnvelopeKind::RoomTurn && !staged.files.is_empty() {
-                        return Err(ToolError::Invalid(format!(
-                            "{} is a turn in a group room, which takes text only; nothing was sent",
-                            conversation.trace_id
-                        )));
-                    }
-                    if conversation.kind == EnvelopeKind::RoomTurn {
-                        // A room turn's one reply goes to the room under the agent's name.
-                        break 'decided self
-                            .room_reply(agent, &conversation, &request.text, request_id)
-                            .await?;
-                    }
-                    let part_texts: Vec<String> = parts
-                        .iter()
-                        .cloned()
-                        .chain(staged.files.iter().map(|f| f.descriptor.clone()))
-                        .collect();
-                    if let Some(answered) = answered.filter(|_| !again) {
-                        self.refuse_unasked_follow_up(agent, &answered, &conversation, &part_texts).await?;
-                    }
-                    let content = ReplyContent { parts, html, files: staged.files.clone() };
-                    let plan = self.plan(agent, conversation, replied_before, request_id, content).await?;
-                    // From here the delivery owns the staged files (see `Finished`).
-                    staged.disarm();
-                    self.start_delivery(agent, plan)
-                }
+                None => match self.decide_reply(agent, slot, &session, draft, staged).await? {
+                    Decided::Delivering(running) => running,
+                    Decided::Answered(receipt) => return Ok(receipt),
+                },
             }
         };
         running.await
+    }
+
+    /// What a request never seen before comes to, decided under the agent's decision lock:
+    /// the envelope it answers (refusing rather than guessing), then where the answer goes.
+    async fn decide_reply(
+        &self,
+        agent: &AgentName,
+        slot: &AgentSlot,
+        session: &str,
+        draft: Draft<'_>,
+        staged: StagedFiles,
+    ) -> Result<Decided, ToolError> {
+        let Draft { request_id, trace_id, again, text, parts, html } = draft;
+        let resolved = self.resolve(agent, slot, session, trace_id.as_ref()).await;
+        let (envelope, replied_before) = match (resolved, &trace_id) {
+            // A child answering a handoff a change superseded: its answer is kept as a late
+            // result and goes nowhere (DESIGN.md §11).
+            (Err(ToolError::Task(refusal)), Some(trace_id)) => {
+                let ledger = &self.inner.ledger;
+                if ledger.keep_late_result(agent, trace_id, text.trim()).await? {
+                    tracing::info!(%agent, %trace_id, "late result kept: its handoff was superseded");
+                }
+                return Err(ToolError::Task(refusal));
+            }
+            (resolved, _) => resolved?,
+        };
+        let answered = (envelope.state == EnvelopeState::Acked).then(|| envelope.trace_id.clone());
+        if !staged.files.is_empty() && envelope.kind == EnvelopeKind::Handoff {
+            return Err(ToolError::Invalid(format!(
+                "{} is a handoff from another agent: an answer to it is text only, files go to a \
+                 Telegram conversation; nothing was sent",
+                envelope.trace_id
+            )));
+        }
+        let (conversation, replied_before) = match envelope.kind {
+            // An answer to a handoff goes to the agent that asked, not Telegram.
+            EnvelopeKind::Handoff => {
+                return self.answer_handoff(agent, &envelope, text, &request_id).await.map(Decided::Answered);
+            }
+            EnvelopeKind::HandoffAnswer => (self.conversation_of_answer(agent, slot, &envelope).await?, None),
+            // A child's word that its handoff no longer stands answers nobody.
+            EnvelopeKind::Revision if envelope.chat_type == ChatType::Agent => {
+                return Err(ToolError::Invalid(format!(
+                    "{} only tells you that a handoff no longer stands: it has no reply. Ack it; \
+                     nothing was sent",
+                    envelope.trace_id
+                )));
+            }
+            EnvelopeKind::Message
+            | EnvelopeKind::EditedMessage
+            | EnvelopeKind::Unknown
+            | EnvelopeKind::Revision
+            | EnvelopeKind::RoomTurn => (envelope, replied_before),
+        };
+        if conversation.kind == EnvelopeKind::RoomTurn && !staged.files.is_empty() {
+            return Err(ToolError::Invalid(format!(
+                "{} is a turn in a group room, which takes text only; nothing was sent",
+                conversation.trace_id
+            )));
+        }
+        if conversation.kind == EnvelopeKind::RoomTurn {
+            // A room turn's one reply goes to the room under the agent's name.
+            return self.room_reply(agent, &conversation, text, request_id).await.map(Decided::Delivering);
+        }
+        let part_texts: Vec<String> =
+            parts.iter().cloned().chain(staged.files.iter().map(|f| f.descriptor.clone())).collect();
+        if let Some(answered) = answered.filter(|_| !again) {
+            self.refuse_unasked_follow_up(agent, &answered, &conversation, &part_texts).await?;
+        }
+        let content = ReplyContent { parts, html, files: staged.files.clone() };
+        let plan = self.plan(agent, conversation, replied_before, request_id, content).await?;
+        // From here the delivery owns the staged files (see `Finished`).
+        staged.disarm();
+        Ok(Decided::Delivering(self.start_delivery(agent, plan)))
     }
 
     /// A reply to an envelope that is already answered, without `again: true`: answered
