@@ -336,19 +336,10 @@ impl RoomDriver {
     async fn stop(&self, room: &RoomSettings, envelope: &StoredEnvelope) -> anyhow::Result<()> {
         let ledger = &self.bridge.inner.ledger;
         let by = envelope.user();
-        let stop_post =
-            |text: String| NewPost { key: format!("{}/stop", envelope.trace_id), answers: envelope, text };
         let Some(stored) = ledger.active_cascade(room.route.as_str()).await? else {
             tracing::info!(%by, route = %room.route, "/stop with nothing running");
-            let step = RoomStep {
-                settle: Some((envelope, "/stop: nothing was running".into())),
-                posts: vec![stop_post(
-                    "Nothing is running in this room: there is no exchange to stop.".into(),
-                )],
-                ..RoomStep::default()
-            };
-            ledger.apply_room_step(&step).await?;
-            return Ok(());
+            let text = "Nothing is running in this room: there is no exchange to stop.";
+            return self.answer_stop(envelope, "/stop: nothing was running".into(), text.into()).await;
         };
         let mut cascade = match stored.cascade() {
             Ok(cascade) => cascade,
@@ -360,13 +351,8 @@ impl RoomDriver {
                      look at it with `switchboard ledger show {}`.",
                     stored.cascade_id, stored.cascade_id
                 );
-                let step = RoomStep {
-                    settle: Some((envelope, format!("/stop: {} cannot be read: {e}", stored.cascade_id))),
-                    posts: vec![stop_post(text)],
-                    ..RoomStep::default()
-                };
-                ledger.apply_room_step(&step).await?;
-                return Ok(());
+                let note = format!("/stop: {} cannot be read: {e}", stored.cascade_id);
+                return self.answer_stop(envelope, note, text).await;
             }
         };
         let at = now_text();
@@ -374,13 +360,8 @@ impl RoomDriver {
             Ok(stopping) => stopping,
             Err(refused) => {
                 tracing::info!(%by, cascade_id = %stored.cascade_id, "/stop changed nothing: {refused}");
-                let step = RoomStep {
-                    settle: Some((envelope, format!("/stop changed nothing: {refused}"))),
-                    posts: vec![stop_post(format!("{}.", capitalised(&refused.to_string())))],
-                    ..RoomStep::default()
-                };
-                ledger.apply_room_step(&step).await?;
-                return Ok(());
+                let text = format!("{}.", capitalised(&refused.to_string()));
+                return self.answer_stop(envelope, format!("/stop changed nothing: {refused}"), text).await;
             }
         };
         let message = self.message_of(&stored).await?;
@@ -401,10 +382,7 @@ impl RoomDriver {
                     "Stopping: {by} asked to stop. {} may finish its turn; nobody else will speak{queued}.",
                     room.roster.label(&current.agent)
                 );
-                (
-                    NewPost { key: format!("{}/stop", envelope.trace_id), answers: envelope, text },
-                    Some(current),
-                )
+                (stop_post(envelope, text), Some(current))
             }
             Stopping::Stopped(report) => {
                 let text = report.render(&room.roster);
@@ -434,6 +412,17 @@ impl RoomDriver {
         {
             self.send_stop_notice(room, &stored, &turn, &by);
         }
+        Ok(())
+    }
+
+    /// Answers a `/stop` that stops nothing, and settles it.
+    async fn answer_stop(&self, envelope: &StoredEnvelope, note: String, text: String) -> anyhow::Result<()> {
+        let step = RoomStep {
+            settle: Some((envelope, note)),
+            posts: vec![stop_post(envelope, text)],
+            ..RoomStep::default()
+        };
+        self.bridge.inner.ledger.apply_room_step(&step).await?;
         Ok(())
     }
 
@@ -771,6 +760,11 @@ fn labels(room: &RoomSettings, agents: &[AgentName]) -> String {
 fn capitalised(text: &str) -> String {
     let mut chars = text.chars();
     chars.next().map_or_else(String::new, |first| first.to_uppercase().chain(chars).collect())
+}
+
+/// The room's answer to a `/stop`, keyed by it so that it is posted once.
+fn stop_post(envelope: &StoredEnvelope, text: String) -> NewPost<'_> {
+    NewPost { key: format!("{}/stop", envelope.trace_id), answers: envelope, text }
 }
 
 #[cfg(test)]
