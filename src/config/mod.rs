@@ -26,6 +26,39 @@ const ENV_SEPARATOR: &str = "__";
 /// on that address, gives it this way (the tests, the benchmarks, `switchboard demo`).
 pub const API_LISTEN_ENV: &str = "SWITCHBOARD__API__LISTEN";
 
+/// The keys whose value is a list, wherever they stand (`agents.NAME.aliases` too). From
+/// the environment each is a comma-separated text: one item without a comma, none when
+/// empty (which clears what the file lists).
+const LIST_KEYS: [&str; 5] = ["allowed_users", "operators", "approvers", "aliases", "daemon"];
+
+/// The file's settings under the environment's overrides. Scalars stay text until each is
+/// read as its key's type, so `123` is a number where a number is wanted and a name where
+/// a name is; each list key is its items, so a single user is a list of one.
+fn with_environment(
+    file: config::ConfigBuilder<config::builder::DefaultState>,
+    vars: impl Iterator<Item = (String, String)>,
+) -> Result<config::ConfigBuilder<config::builder::DefaultState>, config::ConfigError> {
+    let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+    let mut builder = file;
+    let mut scalars = config::Map::new();
+    for (name, value) in vars {
+        let Some(key) = name.strip_prefix(&prefix) else { continue };
+        let key = key.to_lowercase().replace(ENV_SEPARATOR, ".");
+        if LIST_KEYS.iter().any(|list| key.rsplit('.').next() == Some(list)) {
+            let items: Vec<&str> = value.split(',').map(str::trim).filter(|item| !item.is_empty()).collect();
+            builder = builder.set_override(key, items)?;
+        } else {
+            scalars.insert(name, value);
+        }
+    }
+    Ok(builder.add_source(
+        config::Environment::with_prefix(ENV_PREFIX)
+            .prefix_separator(ENV_SEPARATOR)
+            .separator(ENV_SEPARATOR)
+            .source(Some(scalars)),
+    ))
+}
+
 /// Telegram holds a long poll open for at most 50 seconds.
 const MAX_POLL_TIMEOUT_SECS: u64 = 50;
 
@@ -60,19 +93,17 @@ use validate::{check_distinct_secrets, config_crate_error, join_names, read_secr
 impl Settings {
     /// Loads and validates a configuration file with its environment overrides.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_under(path, std::env::vars())
+    }
+
+    /// [`Settings::load`] under the environment `vars`.
+    fn load_under(path: &Path, vars: impl Iterator<Item = (String, String)>) -> Result<Self, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
-        let raw: RawSettings = config::Config::builder()
-            .add_source(config::File::from_str(&text, config::FileFormat::Toml))
-            .add_source(
-                config::Environment::with_prefix(ENV_PREFIX)
-                    .prefix_separator(ENV_SEPARATOR)
-                    .separator(ENV_SEPARATOR)
-                    .try_parsing(true)
-                    .list_separator(",")
-                    .with_list_parse_key("telegram.allowed_users"),
-            )
-            .build()
+        let file =
+            config::Config::builder().add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        let raw: RawSettings = with_environment(file, vars)
+            .and_then(|builder| builder.build())
             .and_then(config::Config::try_deserialize)
             .map_err(|e| config_crate_error(path, &text, e))?;
         Self::validate(path, raw)

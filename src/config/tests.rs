@@ -29,6 +29,46 @@ fn load_str(text: &str) -> Result<Settings, ConfigError> {
     Settings::load(file.path())
 }
 
+fn load_under(text: &str, vars: &[(&str, &str)]) -> Result<Settings, ConfigError> {
+    let mut file = tempfile::NamedTempFile::new().unwrap();
+    file.write_all(text.as_bytes()).unwrap();
+    let vars = vars.iter().map(|(name, value)| ((*name).to_owned(), (*value).to_owned()));
+    Settings::load_under(file.path(), vars.collect::<Vec<_>>().into_iter())
+}
+
+/// A list key from the environment is its comma-separated items, wherever it stands: one
+/// item is a list of one, stray commas and spaces are nothing, an empty value clears what
+/// the file lists. A scalar that looks like a number is a number only where one is wanted.
+#[test]
+fn lists_from_the_environment_are_their_comma_separated_items() {
+    let listing = MINIMAL.replace("[telegram]", "[telegram]\nallowed_users = [5, 6]");
+    let one = load_under(&listing, &[("SWITCHBOARD__TELEGRAM__ALLOWED_USERS", "111")]).unwrap();
+    assert_eq!(one.telegram.allowed_users, [111]);
+    let stray = load_under(&listing, &[("SWITCHBOARD__TELEGRAM__ALLOWED_USERS", " 111, 222,")]).unwrap();
+    assert_eq!(stray.telegram.allowed_users, [111, 222]);
+    let cleared = load_under(&listing, &[("SWITCHBOARD__TELEGRAM__ALLOWED_USERS", "")]).unwrap();
+    assert!(cleared.telegram.allowed_users.is_empty());
+
+    let agent = load_under(
+        MINIMAL,
+        &[
+            ("SWITCHBOARD__AGENTS__ORCHESTRATOR__ALIASES", "boss"),
+            ("SWITCHBOARD__AGENTS__ORCHESTRATOR__DISPLAY_NAME", "42"),
+            ("SWITCHBOARD__API__DAEMON", "https://switchboard.example:7797"),
+            ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "3"),
+        ],
+    )
+    .unwrap();
+    let orchestrator = &agent.agents[&AgentName::parse("orchestrator").unwrap()];
+    assert_eq!(orchestrator.aliases, ["boss"]);
+    assert_eq!(orchestrator.display_name.as_deref(), Some("42"));
+    assert_eq!(agent.api.daemon.len(), 1);
+    assert_eq!(agent.handoffs.max_depth, 3);
+
+    let wrong = load_under(MINIMAL, &[("SWITCHBOARD__TELEGRAM__ALLOWED_USERS", "111,bob")]).unwrap_err();
+    assert!(wrong.key.contains("allowed_users"), "{wrong}");
+}
+
 #[test]
 fn minimal_file_gets_defaults() {
     let settings = load_str(MINIMAL).unwrap();
