@@ -126,6 +126,39 @@ fn the_example_configuration_checks() {
     assert!(stdout.contains("2. reviewer"), "{stdout}");
 }
 
+/// The Docker recipe in docs/operating.md, with the image's own settings: the example
+/// configuration under exactly those overrides is one the daemon starts with.
+#[test]
+fn the_docker_recipe_checks() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let operating = std::fs::read_to_string(root.join("docs/operating.md")).unwrap();
+    let recipe = operating.split("docker run").nth(1).and_then(|rest| rest.split("```").next()).unwrap();
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).unwrap();
+    let overrides: Vec<(&str, &str)> = recipe
+        .split_whitespace()
+        .chain(dockerfile.lines().filter_map(|line| line.strip_prefix("ENV ")))
+        .filter_map(|word| word.split_once('='))
+        .filter(|(name, _)| name.starts_with("SWITCHBOARD__"))
+        .collect();
+    assert!(overrides.iter().any(|(name, _)| *name == "SWITCHBOARD__API__LISTEN"), "{recipe}");
+    let dir = tempfile::tempdir().unwrap();
+    let output = std::process::Command::new(BIN)
+        .args(["check", "--config"])
+        .arg(root.join("config/switchboard.example.toml"))
+        .envs(overrides.iter().map(|(name, value)| {
+            let value = value.replace("/var/lib/switchboard", &dir.path().display().to_string());
+            (name.to_string(), value)
+        }))
+        .env("TELOXIDE_TOKEN", "123:abc")
+        .env("SWITCHBOARD_ORCHESTRATOR_SECRET", "s1-long-enough")
+        .env("SWITCHBOARD_WORKER_SECRET", "s2-long-enough")
+        .env("SWITCHBOARD_BUILDER_SECRET", "s3-long-enough")
+        .env("SWITCHBOARD_REVIEWER_SECRET", "s4-long-enough")
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{overrides:?}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
 #[test]
 fn malformed_toml_names_the_line() {
     let dir = tempfile::tempdir().unwrap();
