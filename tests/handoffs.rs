@@ -182,6 +182,16 @@ async fn the_first_instruction_stands_and_a_follow_up_passes() {
     assert!(is_error, "{text}");
     assert!(text.contains("already_delegated") && text.contains("do NOT publish"), "{text}");
     daemon.wait_for_log("handoff refused", WAIT).await;
+    // The refusal quotes the instruction to the model; the logs keep it at debug (DESIGN
+    // §12: never a message body above debug).
+    for (process, logs) in [("daemon", daemon.logs()), ("plugin", orchestrator.stderr())] {
+        let above_debug: Vec<&str> = logs
+            .lines()
+            .filter(|line| line.contains("do NOT publish"))
+            .filter(|line| !line.contains(" DEBUG ") && !line.contains(" TRACE "))
+            .collect();
+        assert!(above_debug.is_empty(), "the {process} logged the instruction above debug: {above_debug:?}");
+    }
 
     // A string is not a boolean; a follow-up needs an intent.
     for arguments in [

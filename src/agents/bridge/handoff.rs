@@ -338,9 +338,19 @@ impl Bridge {
     }
 }
 
-/// The guard's refusals are logged at warn, like the resolver's.
+/// The guard's refusals are logged at warn, like the resolver's. One that quotes the
+/// instruction standing in its way names that handoff there, and says the rest only at
+/// debug: an instruction is a message body.
 fn guard_refused(agent: &AgentName, refusal: guard::Refusal) -> ToolError {
-    tracing::warn!(%agent, code = refusal.code(), "handoff refused: {refusal}");
+    match &refusal {
+        guard::Refusal::AlreadyDelegated { target, first: standing }
+        | guard::Refusal::AlreadyRunning { target, open: standing } => {
+            let standing = &standing.handoff_id;
+            tracing::warn!(%agent, code = refusal.code(), %target, %standing, "handoff refused");
+            tracing::debug!(%agent, "handoff refused: {refusal}");
+        }
+        _ => tracing::warn!(%agent, code = refusal.code(), "handoff refused: {refusal}"),
+    }
     ToolError::Handoff(refusal)
 }
 

@@ -779,10 +779,18 @@ impl ChannelPlugin {
         }
     }
 
-    /// The failure text for the model; the failure is logged for the operator too.
+    /// The failure text for the model; the failure is logged for the operator too. A
+    /// daemon's refusal is logged by its code: its message, written for the model, may
+    /// quote an instruction or an earlier reply, which are message bodies (debug only).
     fn tool_failure(&self, tool: ToolName, error: &ClientError) -> String {
         let text = describe_failure(tool, error, self.daemon.agent(), &self.secret_env);
-        tracing::warn!(tool = tool.as_str(), code = ?error.code(), "tool call failed: {error}");
+        match error.code() {
+            Some(code) => {
+                tracing::warn!(tool = tool.as_str(), ?code, "tool call refused by the daemon");
+                tracing::debug!(tool = tool.as_str(), ?code, "tool call refused: {error}");
+            }
+            None => tracing::warn!(tool = tool.as_str(), "tool call failed: {error}"),
+        }
         text
     }
 }
