@@ -538,7 +538,8 @@ async fn an_ack_is_not_held_up_by_another_replys_rate_limit_wait() {
     let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
     let (first, second) = (trace_id(&pushed[0]), trace_id(&pushed[1]));
 
-    fake.fail_send_message(Fault::TooManyRequests { retry_after: 3 });
+    // Long enough that the ack, on a loaded machine, comes back well inside the wait.
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 8 });
     let orchestrator = std::sync::Arc::new(orchestrator);
     let replying = {
         let orchestrator = std::sync::Arc::clone(&orchestrator);

@@ -70,8 +70,9 @@ async fn ledger_story(daemon: &TestDaemon, trace_id: &str) -> (Vec<String>, Enve
 #[tokio::test]
 async fn a_second_daemon_on_the_same_ledger_exits_naming_the_lock_and_leaves_the_first_ones_send_alone() {
     let fake = FakeTelegram::start().await;
-    // The send is held by Telegram for a few seconds, well inside the send timeout, so it
-    // is still in flight while the second daemon starts and then confirmed.
+    // The send is held by Telegram for longer than a second daemon's start takes on a loaded
+    // machine, well inside the send timeout, so it is still in flight while the second
+    // daemon starts and then confirmed.
     let mut daemon = TestDaemon::start_with_env(
         &fake.api_url(),
         "",
@@ -82,7 +83,7 @@ async fn a_second_daemon_on_the_same_ledger_exits_naming_the_lock_and_leaves_the
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "answer me once");
     let delivered = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
     let trace = delivered[0].meta_str("trace_id").unwrap().to_owned();
-    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(4)));
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(12)));
 
     let first_pid = daemon.pid().unwrap();
     let reply = orchestrator.call_tool("reply", json!({"text": "the one answer", "trace_id": trace}));
