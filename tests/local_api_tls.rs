@@ -139,6 +139,39 @@ async fn a_plugin_that_trusts_the_daemons_ca_carries_a_message_and_its_reply_ove
     assert!(health.status.success(), "{}", String::from_utf8_lossy(&health.stderr));
 }
 
+/// The agent machine's file as docs/local-api.md gives it: where the daemon is, which CA
+/// to trust, and the agent's table; no `[telegram]`, no routes. Its plugin connects over
+/// TLS and carries a message and its reply.
+#[tokio::test]
+async fn a_plugin_on_an_agent_machine_needs_only_the_daemons_address_and_its_agent() {
+    let fake = FakeTelegram::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let certs = TestCertificates::write_into(dir.path());
+    let daemon = launched_trusting_its_ca(&fake, &certs);
+    let agent_machine = dir.path().join("agent-machine.toml");
+    std::fs::write(
+        &agent_machine,
+        format!(
+            "[api]\ndaemon = [\"https://{}\"]\nca = \"{}\"\n\n\
+             [agents.orchestrator]\ntoken_env = \"SB_TEST_ORCHESTRATOR_SECRET\"\n",
+            daemon.api_addr(),
+            certs.ca.display()
+        ),
+    )
+    .unwrap();
+    let orchestrator = support::mcp::ChannelClient::builder(&agent_machine, "orchestrator")
+        .env("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET)
+        .start()
+        .await
+        .expect("the plugin starts from the agent machine's file");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "from afar?");
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].content, "from afar?");
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "from afar."})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.wait_for_sent(1, WAIT).await[0].text, "from afar.");
+}
+
 /// Starts `agent`'s plugin beside `daemon` and checks that a certificate keeps it from ever
 /// connecting: it says so, its reply is refused at once (the daemon read no request, so the
 /// outcome is known: not sent), nothing reaches Telegram, and the daemon logs the handshake.

@@ -14,6 +14,9 @@ use super::settings::{DEFAULT_PERMISSION_TIMEOUT_SECS, LogFormat, Synchronous};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawSettings {
+    /// Every key has a default, and an agent machine's file (the plugin's) has no use
+    /// for the table.
+    #[serde(default)]
     pub(super) telegram: RawTelegram,
     #[serde(default)]
     pub(super) storage: RawStorage,
@@ -79,6 +82,20 @@ pub(super) struct RawTelegram {
     pub(super) unauthorized_exit_secs: u64,
     #[serde(default)]
     pub(super) webhook: Option<RawWebhook>,
+}
+
+impl Default for RawTelegram {
+    fn default() -> Self {
+        Self {
+            token_env: default_token_env(),
+            api_url: default_api_url(),
+            poll_timeout_secs: default_poll_timeout(),
+            send_timeout_secs: default_send_timeout(),
+            allowed_users: Vec::new(),
+            unauthorized_exit_secs: default_unauthorized_exit(),
+            webhook: None,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
