@@ -29,6 +29,7 @@ VOLUME ["/var/lib/switchboard"]
 WORKDIR /var/lib/switchboard
 USER switchboard
 ENV SWITCHBOARD__STORAGE__DATABASE=/var/lib/switchboard/switchboard.db
+ENV SWITCHBOARD__STORAGE__UPLOADS_DIR=/var/lib/switchboard/uploads
 EXPOSE 7797
 # Ready: the ledger takes writes and Telegram serves the poller (GET /readyz). The image
 # has no curl: the binary asks its own daemon, at the address the configuration (and its

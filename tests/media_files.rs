@@ -430,3 +430,41 @@ async fn a_full_inbox_removes_its_oldest_files_to_make_room() {
     let left: Vec<_> = std::fs::read_dir(inbox.path()).unwrap().map(|e| e.unwrap().path()).collect();
     assert_eq!(left, [saved[1].clone()]);
 }
+
+/// `[storage] uploads_dir` names where replies' files are staged, for a daemon that cannot
+/// write beside its configuration (the Docker image and the systemd unit on PostgreSQL): a
+/// file waits there while it is sent, nothing is staged anywhere else, and nothing stays.
+#[tokio::test]
+async fn replies_files_are_staged_in_the_folder_storage_uploads_dir_names() {
+    use switchboard::fake_bot_api::Fault;
+    let elsewhere = tempfile::tempdir().unwrap();
+    let named = elsewhere.path().join("staged");
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[
+            ("SWITCHBOARD__STORAGE__UPLOADS_DIR", named.to_str().unwrap()),
+            ("SWITCHBOARD__TELEGRAM__SEND_TIMEOUT_SECS", "30"),
+        ],
+    );
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "the notes, please");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let files = tempfile::tempdir().unwrap();
+    let (notes, _) = file_in(files.path(), "notes.pdf", 100_000, 3);
+    fake.fail_method("sendDocument", Fault::RecordThenHang(Duration::from_secs(3)));
+
+    let reply = orchestrator.call_tool("reply", json!({"text": "here", "trace_id": trace, "files": [notes]}));
+    let staged_while_sent = async {
+        fake.wait_for_held_upload(WAIT).await.expect("the upload reaches Telegram");
+        std::fs::read_dir(&named).unwrap().count()
+    };
+    let ((is_error, text), staged_while_sent) =
+        tokio::join!(async { reply.await.unwrap() }, staged_while_sent);
+    assert!(!is_error, "{text}");
+    assert_eq!(staged_while_sent, 1, "the file waited in the folder named");
+    assert_eq!(std::fs::read_dir(&named).unwrap().count(), 0, "and is gone once sent");
+    assert!(!daemon.uploads_dir().exists(), "nothing was made where the daemon stages by default");
+}

@@ -129,6 +129,9 @@ pub(super) struct RawStorage {
     /// For tests: how often to prune (docs do not offer it; an hour is right for a daemon).
     #[serde(default)]
     pub(super) retention_interval_secs: Option<u64>,
+    /// Where replies' files are staged, over the default beside the ledger or the file.
+    #[serde(default)]
+    pub(super) uploads_dir: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -335,6 +338,7 @@ impl Default for RawStorage {
             lease_secs: None,
             retain_days: None,
             retention_interval_secs: None,
+            uploads_dir: None,
         }
     }
 }

@@ -141,6 +141,9 @@ pub struct StorageSettings {
     /// The daemon prunes what finished longer ago than this, on a schedule (`None`: keeps
     /// everything, the default).
     pub retain: Option<Retention>,
+    /// Where replies' files are staged (`[storage] uploads_dir`); `None`: the default,
+    /// which [`Staging::dir_for`](crate::agents::bridge::Staging::dir_for) chooses.
+    pub uploads_dir: Option<PathBuf>,
 }
 
 /// `[storage] database`: which backend keeps the ledger, and where.

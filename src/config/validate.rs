@@ -148,7 +148,13 @@ fn validate_storage(path: &Path, raw: RawStorage) -> Result<StorageSettings, Con
             Some(Retention { days, every: Duration::from_secs(every) })
         }
     };
-    Ok(StorageSettings { database, synchronous: raw.synchronous, retain })
+    let uploads_dir = match raw.uploads_dir {
+        Some(dir) if dir.trim().is_empty() => {
+            return Err(err("storage.uploads_dir", "is empty: give a folder, or leave it out".into()));
+        }
+        dir => dir.map(PathBuf::from),
+    };
+    Ok(StorageSettings { database, synchronous: raw.synchronous, retain, uploads_dir })
 }
 
 fn validate_outbound(path: &Path, raw: RawOutbound) -> Result<OutboundSettings, ConfigError> {

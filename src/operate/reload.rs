@@ -143,6 +143,19 @@ fn kept_until_restart(running: &Settings, new: &Settings, needs_restart: &mut Ve
     let retain_days =
         |settings: &Settings| settings.storage.retain.map_or("none".to_owned(), |r| r.days.to_string());
     fixed("storage.retain_days", &retain_days(running), &retain_days(new));
+    let uploads_dir = |settings: &Settings| {
+        settings
+            .storage
+            .uploads_dir
+            .as_ref()
+            .map_or("the default".to_owned(), |dir| dir.display().to_string())
+    };
+    fixed("storage.uploads_dir", &uploads_dir(running), &uploads_dir(new));
+    // The typing indicator is started with the daemon, with its longest wait.
+    let typing = |settings: &Settings| {
+        settings.outbound.typing.map_or("off".to_owned(), |max| format!("on for at most {}s", max.as_secs()))
+    };
+    fixed("outbound.typing", &typing(running), &typing(new));
     fixed("api.listen", &running.api.listen, &new.api.listen);
     // The files are named as the local API binds; what they hold is read at every reload.
     // (`api.daemon` and `api.ca` are the plugins': each reads them as it starts.)
@@ -449,6 +462,24 @@ agent = "orchestrator"
         assert!(
             plan.needs_restart[1].starts_with("api.listen: 127.0.0.1:7797 → 127.0.0.1:9999 needs a restart")
         );
+    }
+
+    /// The typing indicator and the staging folder are set up as the daemon starts: a new
+    /// file that changes them says so instead of reporting nothing changed.
+    #[test]
+    fn typing_and_the_staging_folder_need_a_restart() {
+        let new = BASE.replace(
+            "[telegram]",
+            "[outbound]\ntyping = false\n[storage]\nuploads_dir = \"/srv/staged\"\n[telegram]",
+        );
+        let plan = plan(&load(BASE), &load(&new)).unwrap();
+        assert!(plan.changes.is_empty(), "{:?}", plan.changes);
+        let [uploads, typing] = plan.needs_restart.as_slice() else { panic!("{:?}", plan.needs_restart) };
+        assert!(
+            uploads.starts_with("storage.uploads_dir: the default → /srv/staged needs a restart"),
+            "{uploads}"
+        );
+        assert!(typing.starts_with("outbound.typing: on for at most 120s → off needs a restart"), "{typing}");
     }
 
     #[test]

@@ -91,11 +91,15 @@ impl Staging {
         Ok(Self { dir, staged: Mutex::default() })
     }
 
-    /// Where this daemon stages: beside a SQLite ledger; beside the configuration file on
-    /// PostgreSQL (`switchboard.toml` stages into `switchboard.uploads/`). Only the leader
-    /// opens it, so replicas on one machine share it: the one elected after a leader died
-    /// removes what that leader left, as a restart does.
+    /// Where this daemon stages: `[storage] uploads_dir` when set; else beside a SQLite
+    /// ledger, or beside the configuration file on PostgreSQL (`switchboard.toml` stages
+    /// into `switchboard.uploads/`). Only the leader opens it, so replicas on one machine
+    /// share it: the one elected after a leader died removes what that leader left, as a
+    /// restart does.
     pub fn dir_for(settings: &crate::config::Settings) -> PathBuf {
+        if let Some(dir) = &settings.storage.uploads_dir {
+            return dir.clone();
+        }
         match &settings.storage.database {
             crate::config::Database::Sqlite(path) => Self::dir_beside(path),
             crate::config::Database::Postgres(_) => settings.source.with_extension("uploads"),
