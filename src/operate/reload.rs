@@ -28,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::api::tls::{Reread, ServedCertificate};
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits};
-use crate::config::{Database, Settings};
+use crate::config::{Database, OutboundSettings, RoomLimits, Settings};
 use crate::ids::AgentName;
 use crate::operate::metrics;
 use crate::rules::routes::{Route, RouteTarget};
@@ -99,6 +99,30 @@ fn applied_now(running: &Settings, new: &Settings, changes: &mut Vec<String>) {
         &optional(&running.handoffs.audit_route),
         &optional(&new.handoffs.audit_route),
     );
+    // A room route's limits (its own keys over `[rooms]`) and its members' names and
+    // aliases come with it: the room driver reads them anew.
+    for (route, room) in &new.rooms {
+        let Some(before) = running.rooms.get(route) else { continue };
+        if before.limits != room.limits {
+            changes.push(format!(
+                "room '{route}' limits: {} → {}",
+                room_limits(&before.limits),
+                room_limits(&room.limits)
+            ));
+        }
+        if before.roster != room.roster {
+            changes.push(format!("room '{route}': its members' names or aliases changed"));
+        }
+    }
+}
+
+fn room_limits(limits: &RoomLimits) -> String {
+    format!(
+        "cascade_limit {}, group_max_iters {}, speaker_timeout_secs {}",
+        limits.cascade_limit,
+        limits.max_iters,
+        limits.speaker_timeout.as_secs()
+    )
 }
 
 /// What is set up once, as the daemon starts (its connections, listeners, ledger and
@@ -310,7 +334,8 @@ impl Reloader {
         // Only what can change in place; the fixed settings keep their running values.
         running.routes = new.routes.clone();
         running.telegram.allowed_users = new.telegram.allowed_users.clone();
-        running.outbound = new.outbound.clone();
+        // The typing indicator keeps what it started with (see `kept_until_restart`).
+        running.outbound = OutboundSettings { typing: running.outbound.typing, ..new.outbound.clone() };
         running.handoffs = new.handoffs.clone();
         running.rooms = new.rooms.clone();
         self.routing.send_replace(Arc::new(Routing::of(&running)));
@@ -480,6 +505,26 @@ agent = "orchestrator"
             "{uploads}"
         );
         assert!(typing.starts_with("outbound.typing: on for at most 120s → off needs a restart"), "{typing}");
+    }
+
+    /// A room's limits and its members' names are applied in place, and said.
+    #[test]
+    fn a_rooms_limits_and_names_are_reported_as_they_change() {
+        let room = "\n[[routes]]\nname = \"team\"\nchat_id = -100\nagents = [\"orchestrator\", \"worker\"]\n";
+        let running = BASE.to_owned() + room;
+        let new = running
+            .replace("[agents.worker]", "[agents.worker]\naliases = [\"w\"]")
+            .replace("[telegram]", "[rooms]\ncascade_limit = 3\n[telegram]");
+        let plan = plan(&load(&running), &load(&new)).unwrap();
+        assert_eq!(
+            plan.changes,
+            [
+                "room 'team' limits: cascade_limit 10, group_max_iters 50, speaker_timeout_secs 600 → \
+                 cascade_limit 3, group_max_iters 50, speaker_timeout_secs 600",
+                "room 'team': its members' names or aliases changed",
+            ]
+        );
+        assert!(plan.needs_restart.is_empty(), "{:?}", plan.needs_restart);
     }
 
     #[test]
