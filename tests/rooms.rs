@@ -282,6 +282,10 @@ async fn the_ceiling_ends_a_ping_pong_with_a_budget_exhausted_post_made_once() {
     assert_eq!((recorded.turns_used, recorded.next_owner.as_str()), (3, "@olga"), "{recorded:?}");
     assert_eq!(turns_given(&daemon, &cascade_id).await.len(), 3, "no fourth turn");
     assert_eq!(reviewer.notifications().len(), 1, "no fourth turn");
+    // An operator can alert on it: exchanges by state, every state a series.
+    let (_, metrics) = get(&daemon, "/metrics").await;
+    assert!(metrics.contains("switchboard_cascades{state=\"budget_exhausted\"} 1"), "{metrics}");
+    assert!(metrics.contains("switchboard_cascades{state=\"running\"} 0"), "{metrics}");
 
     // The outcome post is recorded as made (once Telegram has answered, a moment after the
     // fake saw it): a restart does not post it again.

@@ -21,6 +21,15 @@ pub enum RoomCascadeState {
 }
 
 impl RoomCascadeState {
+    pub const ALL: [Self; 6] = [
+        Self::Waiting,
+        Self::Running,
+        Self::StopRequested,
+        Self::Stopped,
+        Self::Completed,
+        Self::BudgetExhausted,
+    ];
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Waiting => "waiting",

@@ -34,7 +34,7 @@ pub use error::LedgerCongestion;
 pub use error::{ErrorSource, LedgerError, LedgerResult};
 pub use postgres::{PgLedger, PgOpenError, RelayedUpdate};
 pub use seam::Storage;
-pub use seam::{ListFilter, Pages, PruneReport, Pruned};
+pub use seam::{CountedByState, ListFilter, Pages, PruneReport, Pruned};
 pub use sqlite::{SqliteLedger, files};
 pub use write_watch::{LedgerWrite, WriteFailing, WriteProblem, WriteWatch};
 

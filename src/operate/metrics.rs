@@ -24,7 +24,9 @@ use chrono::{DateTime, Utc};
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
-use crate::ledger::{AttemptState, EnvelopeKind, EnvelopeState, HandoffState, PermissionState};
+use crate::ledger::{
+    AttemptState, EnvelopeKind, EnvelopeState, HandoffState, PermissionState, RoomCascadeState,
+};
 
 pub const ENVELOPES: &str = "switchboard_envelopes";
 pub const ENVELOPES_RECORDED: &str = "switchboard_envelopes_recorded_total";
@@ -38,6 +40,7 @@ pub const RATE_LIMIT_WAIT_SECONDS: &str = "switchboard_rate_limit_wait_seconds_t
 pub const SESSIONS_CONNECTED: &str = "switchboard_sessions_connected";
 pub const REFUSALS: &str = "switchboard_refusals_total";
 pub const HANDOFFS: &str = "switchboard_handoffs";
+pub const CASCADES: &str = "switchboard_cascades";
 pub const READY: &str = "switchboard_ready";
 pub const CONFIG_RELOADS: &str = "switchboard_config_reloads_total";
 pub const CERTIFICATE_READS: &str = "switchboard_api_certificate_reads_total";
@@ -190,6 +193,10 @@ fn describe() {
         "Tool calls refused by the reply resolver or the delegation guard, by tool and reason (the error code)."
     );
     describe_gauge!(HANDOFFS, "Handoffs in the ledger, by state (read from the ledger at scrape time).");
+    describe_gauge!(
+        CASCADES,
+        "Group-room exchanges in the ledger, by state: waiting, running, or how each ended (read from the ledger at scrape time)."
+    );
     describe_gauge!(READY, "1 when /readyz answers 200, else 0.");
     describe_gauge!(
         LEADER_TERM,
@@ -306,6 +313,8 @@ pub fn certificate_expires_at(at: chrono::DateTime<chrono::Utc>) {
 pub struct StateGauges {
     pub envelopes: Vec<(String, i64)>,
     pub handoffs: Vec<(String, i64)>,
+    /// Room exchanges by state (DESIGN.md §10).
+    pub cascades: Vec<(String, i64)>,
     pub unreconciled_attempts: i64,
     pub sessions_connected: usize,
     pub ready: bool,
@@ -322,6 +331,7 @@ pub fn render(handle: &PrometheusHandle, gauges: &StateGauges) -> String {
         [HandoffState::Open, HandoffState::Answered, HandoffState::Closed, HandoffState::Superseded]
             .map(HandoffState::as_str);
     set_by_state(HANDOFFS, &handoff_states, &gauges.handoffs);
+    set_by_state(CASCADES, &RoomCascadeState::ALL.map(RoomCascadeState::as_str), &gauges.cascades);
     let permission_states = PermissionState::ALL.map(PermissionState::as_str);
     set_by_state(PERMISSION_REQUESTS, &permission_states, &gauges.permissions);
     gauge!(UNRECONCILED_ATTEMPTS).set(gauges.unreconciled_attempts as f64);

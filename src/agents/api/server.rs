@@ -25,7 +25,7 @@ use super::wire::{
 use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized, UploadError};
 use crate::ids::{AgentName, TraceId};
-use crate::ledger::{Ledger, LedgerError};
+use crate::ledger::{CountedByState, Ledger, LedgerError};
 use crate::operate::health::{Health, Readiness};
 use crate::operate::metrics::{self, StateGauges};
 use crate::rules::media::DownloadRefusal;
@@ -89,7 +89,8 @@ pub(crate) async fn metrics_text(operations: Operations) -> Response {
     let read = async {
         Ok::<_, LedgerError>(StateGauges {
             envelopes: ledger.count_by_state().await?,
-            handoffs: ledger.count_handoffs_by_state().await?,
+            handoffs: ledger.count_by_state_of(CountedByState::Handoffs).await?,
+            cascades: ledger.count_by_state_of(CountedByState::Cascades).await?,
             unreconciled_attempts: ledger.unreconciled_attempts().await?,
             sessions_connected: bridge.connected_agents().len(),
             ready,

@@ -8,6 +8,7 @@ use super::PgLedger;
 use super::envelopes::transition_in;
 use crate::domain::{ReconcileError, ReconciledOutcome, Reconciliation, StoredEnvelope, StoredEvent};
 use crate::ids::TraceId;
+use crate::ledger::CountedByState;
 use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, LedgerError, LedgerResult, ListFilter};
@@ -115,9 +116,7 @@ impl Inspection for PgLedger {
         .await?)
     }
 
-    async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
-        Ok(sqlx::query_as("SELECT state, COUNT(*) FROM handoffs GROUP BY state ORDER BY state")
-            .fetch_all(&self.pool)
-            .await?)
+    async fn count_by_state_of(&self, table: CountedByState) -> LedgerResult<Vec<(String, i64)>> {
+        Ok(sqlx::query_as(table.query()).fetch_all(&self.pool).await?)
     }
 }

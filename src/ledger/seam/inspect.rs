@@ -27,8 +27,26 @@ pub trait Inspection: Send + Sync {
     /// envelope can carry one (a follow-up whose outcome is unknown).
     async fn unreconciled_attempts(&self) -> LedgerResult<i64>;
 
-    /// Handoffs by state, for `/metrics`.
-    async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>>;
+    /// `table`'s rows by state, for `/metrics`.
+    async fn count_by_state_of(&self, table: CountedByState) -> LedgerResult<Vec<(String, i64)>>;
+}
+
+/// The tables whose rows `/metrics` counts by their `state` column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountedByState {
+    Handoffs,
+    /// Room exchanges.
+    Cascades,
+}
+
+impl CountedByState {
+    /// The statement that counts, the same on both backends.
+    pub fn query(self) -> &'static str {
+        match self {
+            Self::Handoffs => "SELECT state, COUNT(*) FROM handoffs GROUP BY state ORDER BY state",
+            Self::Cascades => "SELECT state, COUNT(*) FROM cascades GROUP BY state ORDER BY state",
+        }
+    }
 }
 
 /// Filters of `switchboard ledger list`.

@@ -32,7 +32,7 @@ mod tasks;
 pub use attempts::Attempts;
 pub use envelopes::Envelopes;
 pub use handoffs::Handoffs;
-pub use inspect::{Inspection, ListFilter};
+pub use inspect::{CountedByState, Inspection, ListFilter};
 pub use intake::Intake;
 pub use permissions::Permissions;
 pub use prune::{Pages, PruneReport, Pruned, Retention};

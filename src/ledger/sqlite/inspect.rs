@@ -7,6 +7,7 @@ use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::{LedgerResult, SqliteLedger, now};
 use crate::domain::{ReconcileError, ReconciledOutcome, Reconciliation, StoredEnvelope, StoredEvent};
 use crate::ids::TraceId;
+use crate::ledger::CountedByState;
 use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, ListFilter};
@@ -115,14 +116,9 @@ impl Inspection for SqliteLedger {
         .await
     }
 
-    async fn count_handoffs_by_state(&self) -> LedgerResult<Vec<(String, i64)>> {
-        self.read_off_thread(|db| {
-            query_all_cached(
-                db,
-                "SELECT state, COUNT(*) FROM handoffs GROUP BY state ORDER BY state",
-                [],
-                |row| Ok((row.get(0)?, row.get(1)?)),
-            )
+    async fn count_by_state_of(&self, table: CountedByState) -> LedgerResult<Vec<(String, i64)>> {
+        self.read_off_thread(move |db| {
+            query_all_cached(db, table.query(), [], |row| Ok((row.get(0)?, row.get(1)?)))
         })
         .await
     }

@@ -113,7 +113,7 @@ mod tests {
         holder.execute_batch("ROLLBACK").unwrap();
         drop(holder);
         probe.check().await.unwrap();
-        assert!(ledger.count_handoffs_by_state().await.unwrap().is_empty());
+        assert!(ledger.count_by_state_of(crate::ledger::CountedByState::Handoffs).await.unwrap().is_empty());
         ledger.close().await;
     }
 
