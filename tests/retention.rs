@@ -26,7 +26,7 @@ const LONG_AGO: &str = "2020-01-01T00:00:00.000Z";
 /// Envelopes of a ledger big enough that a debug build's prune takes seconds: on
 /// PostgreSQL, whose batches each cross to the server several times, fewer do.
 fn big_ledger() -> i64 {
-    if TestLedger::is_postgres_here() { 20_000 } else { 150_000 }
+    if TestLedger::is_postgres_here() { 60_000 } else { 150_000 }
 }
 
 /// The trace ids of two rows that must survive every prune here: an old queued envelope
