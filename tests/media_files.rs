@@ -468,3 +468,36 @@ async fn replies_files_are_staged_in_the_folder_storage_uploads_dir_names() {
     assert_eq!(std::fs::read_dir(&named).unwrap().count(), 0, "and is gone once sent");
     assert!(!daemon.uploads_dir().exists(), "nothing was made where the daemon stages by default");
 }
+
+/// A reply with files asked for again with the same request id (a client whose connection
+/// broke asks again) is told what the first came to, while the first is on its way and
+/// after: the first took the uploads, and nothing is sent twice.
+#[tokio::test]
+async fn a_reply_with_files_asked_again_is_told_what_the_first_came_to() {
+    use switchboard::agents::api::wire::ReplyRequest;
+    use switchboard::fake_bot_api::Fault;
+    let RawOwnerWaiting { fake, daemon: _daemon, client, stream: _stream, envelope } =
+        raw_owner_waiting("the notes, please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (notes, _) = file_in(files.path(), "notes.pdf", 50_000, 4);
+    let upload = client.upload_file(Path::new(&notes), "notes.pdf", 50_000).await.unwrap();
+    let request = ReplyRequest {
+        text: "here".into(),
+        trace_id: Some(envelope.trace_id.clone()),
+        request_id: switchboard::ids::RequestId::generate().to_string(),
+        again: None,
+        format: None,
+        files: vec![upload.upload_id.clone()],
+    };
+    fake.fail_method("sendDocument", Fault::RecordThenHang(Duration::from_secs(1)));
+
+    let again = async {
+        fake.wait_for_held_upload(WAIT).await.expect("the upload reaches Telegram");
+        client.reply(&request).await
+    };
+    let (first, again) = tokio::join!(client.reply(&request), again);
+    let first = first.expect("the reply was sent");
+    assert_eq!(again.expect("told what the first came to"), first);
+    assert_eq!(client.reply(&request).await.expect("the ledger tells it once it is over"), first);
+    assert_eq!((fake.sent_messages().len(), fake.uploads().len()), (1, 1), "sent once");
+}

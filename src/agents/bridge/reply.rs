@@ -80,18 +80,22 @@ impl Bridge {
             return Err(ToolError::TooLong { parts: parts.len(), max });
         }
         let draft = Draft { request_id, trace_id, again, text: &request.text, parts, html };
-        // Removed again when this request ends without a delivery taking them over.
-        let staged = self.take_uploads(agent, &request.files)?;
         let slot = self.slot(agent);
         let running = {
             let _decide = slot.decisions.lock().await;
             match self.repeat_of(agent, &draft.request_id).await? {
                 Some(Repeat::Running(running)) => running,
                 Some(Repeat::Recorded(outcome)) => return outcome,
-                None => match self.decide_reply(agent, slot, &session, draft, staged).await? {
-                    Decided::Delivering(running) => running,
-                    Decided::Answered(receipt) => return Ok(receipt),
-                },
+                None => {
+                    // Taken only by a request never seen before: a repeat's were the
+                    // first's. Removed again when this request ends without a delivery
+                    // taking them over.
+                    let staged = self.take_uploads(agent, &request.files)?;
+                    match self.decide_reply(agent, slot, &session, draft, staged).await? {
+                        Decided::Delivering(running) => running,
+                        Decided::Answered(receipt) => return Ok(receipt),
+                    }
+                }
             }
         };
         running.await
