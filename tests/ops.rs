@@ -239,6 +239,41 @@ async fn ledger_commands_refuse_a_database_that_does_not_exist_and_create_nothin
     assert!(ok, "{out}{err}");
 }
 
+/// `switchboard ledger` reads a ledger only: another program's SQLite database at
+/// `storage.database`, or an empty file, is refused in one line and left as it was (its
+/// bytes, its mode, its journal).
+#[tokio::test]
+async fn ledger_commands_refuse_a_file_that_is_not_a_ledger_and_leave_it_as_it_was() {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
+    let database = daemon.database();
+    let other = rusqlite::Connection::open(&database).unwrap();
+    other
+        .execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users (name) VALUES ('ada');")
+        .unwrap();
+    drop(other);
+    std::fs::set_permissions(&database, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let foreign = std::fs::read(&database).unwrap();
+
+    for args in [&["list"][..], &["stats"], &["show", "env_abcdefghij"]] {
+        let (ok, out, err) = daemon.ledger_cli(args);
+        assert!(!ok, "ledger {args:?} on another program's database must fail:\n{out}{err}");
+        let lines: Vec<&str> = err.lines().collect();
+        assert_eq!(lines.len(), 1, "one error line: {err}");
+        assert!(lines[0].contains("not a switchboard ledger"), "{err}");
+        assert!(lines[0].contains(&database.display().to_string()), "{err}");
+    }
+    assert_eq!(std::fs::read(&database).unwrap(), foreign, "not a byte of it changed");
+    let mode = std::fs::metadata(&database).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o644, "nor its mode");
+
+    std::fs::write(&database, b"").unwrap();
+    let (ok, out, err) = daemon.ledger_cli(&["stats"]);
+    assert!(!ok && err.contains("not a switchboard ledger"), "an empty file is no ledger:\n{out}{err}");
+    assert_eq!(std::fs::metadata(&database).unwrap().len(), 0, "and stays empty");
+}
+
 /// Runs `check` and `run` on `daemon`'s configuration with `env`; both must fail with
 /// one line naming both agents' keys and never the secret.
 async fn refused_for_a_shared_secret(daemon: &TestDaemon, env: &[(&str, &str)], also: &str) {

@@ -105,6 +105,12 @@ pub enum OpenError {
     },
     #[error("the ledger database {} cannot be put in WAL mode (it stays in {mode:?} mode)", path.display())]
     NotWal { path: PathBuf, mode: String },
+    #[error(
+        "{} is not a switchboard ledger (it has no migrations table): storage.database names another \
+         program's database, an empty file, or a copy that is not whole; nothing was changed in it",
+        path.display()
+    )]
+    NotALedger { path: PathBuf },
     #[error("applying migrations to {}", path.display())]
     Migrate {
         path: PathBuf,
@@ -125,6 +131,23 @@ impl SqliteLedger {
     /// Opens a database that must already exist, and applies pending migrations. For
     /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
     pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
+        // Before anything changes the file (its mode, its journal, its tables): it may be
+        // another program's.
+        let database = path.to_owned();
+        let is_a_ledger = tokio::task::spawn_blocking(move || holds_a_ledger(&database))
+            .await
+            .map_err(|e| {
+                LedgerError::other(format!("the task reading the ledger's tables did not finish: {e}"))
+            })
+            .and_then(|read| read.map_err(LedgerError::from))
+            .map_err(|source| OpenError::Connect {
+                doing: "reading the tables of",
+                path: path.to_owned(),
+                source,
+            })?;
+        if !is_a_ledger {
+            return Err(OpenError::NotALedger { path: path.to_owned() });
+        }
         tighten_and_warn(path);
         Self::connect(path, synchronous, false).await
     }
@@ -207,6 +230,17 @@ fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqli
     }
     migrations::migrate(&db, None).map_err(|source| OpenError::Migrate { path: path.to_owned(), source })?;
     Ok(db)
+}
+
+/// Whether the file at `path` holds a ledger (its migrations table), read without writing.
+fn holds_a_ledger(path: &Path) -> rusqlite::Result<bool> {
+    let db = rusqlite::Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+    db.busy_timeout(BUSY_TIMEOUT)?;
+    db.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations')",
+        [],
+        |row| row.get(0),
+    )
 }
 
 /// Tightens ledger files that group or others could read, saying so: a warning, not a
