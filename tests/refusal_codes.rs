@@ -152,3 +152,30 @@ async fn the_task_refusals_start_with_their_codes() {
         fake.sent_messages()
     );
 }
+
+/// The arguments the plugin refuses itself, before it asks the daemon, read as the daemon's
+/// refusals do: `bad_request` first. Nothing reaches Telegram.
+#[tokio::test]
+async fn the_plugins_own_refusals_start_with_bad_request() {
+    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace } =
+        owner_waiting("check my arguments").await;
+    let cases = [
+        ("reply", json!({"text": "  "})),
+        ("reply", json!({"text": "hi", "trace_id": "nope"})),
+        ("reply", json!({"text": "hi", "trace_id": " "})),
+        ("reply", json!({"text": "hi", "trace_id": trace, "format": "rtf"})),
+        ("reply", json!({"text": "hi", "trace_id": trace, "files": ["relative/path.pdf"]})),
+        ("react", json!({"trace_id": trace, "emoji": "🦖"})),
+        ("react", json!({"trace_id": "nope", "emoji": "👍"})),
+        ("edit_message", json!({"trace_id": trace, "message_id": 1, "text": " "})),
+        ("edit_message", json!({"trace_id": trace, "message_id": 1, "text": "x", "format": "rtf"})),
+        ("ack", json!({"trace_id": "nope"})),
+        ("download_attachment", json!({"trace_id": "nope"})),
+        ("send_to_agent", json!({"agent": "worker", "text": "go", "trace_id": "nope"})),
+        ("call_agent", json!({"agent": "worker", "text": "go", "timeout_secs": 0})),
+    ];
+    for (tool, arguments) in cases {
+        refused(&orchestrator, tool, arguments, "bad_request").await;
+    }
+    assert!(fake.sent_messages().is_empty(), "nothing was sent");
+}

@@ -59,8 +59,8 @@ mod texts;
 use forwarder::SessionForwarder;
 use startup::{ClientEvent, Startup};
 use texts::{
-    ToolName, ToolNames, describe_ack, describe_action_receipt, describe_call_answer, describe_call_timeout,
-    describe_failure, describe_handoff_receipt, describe_pending, describe_receipt,
+    ToolName, ToolNames, bad_argument, describe_ack, describe_action_receipt, describe_call_answer,
+    describe_call_timeout, describe_failure, describe_handoff_receipt, describe_pending, describe_receipt,
     describe_recovered_receipt, describe_revision, instructions, never_acted_on, optional_trace_id,
     outcome_not_known_yet, parse_trace_id,
 };
@@ -416,12 +416,12 @@ impl ChannelPlugin {
         cancelled: CancellationToken,
     ) -> Result<String, String> {
         if args.text.trim().is_empty() {
-            return Err("text is empty: there is nothing to send. Nothing was sent.".into());
+            return Err(bad_argument("text is empty: there is nothing to send. Nothing was sent."));
         }
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
         // Refused here, before anything is asked of the daemon (which checks it too).
-        ReplyFormat::parse(args.format.as_deref())?;
-        let files = outgoing::check_files(args.files.as_deref().unwrap_or_default())?;
+        ReplyFormat::parse(args.format.as_deref()).map_err(bad_argument)?;
+        let files = outgoing::check_files(args.files.as_deref().unwrap_or_default()).map_err(bad_argument)?;
         let request = ReplyRequest {
             again: args.again,
             format: args.format,
@@ -451,7 +451,7 @@ impl ChannelPlugin {
     async fn react(&self, Parameters(args): Parameters<ReactArgs>) -> Result<String, String> {
         let trace_id = parse_trace_id(&args.trace_id)?;
         // Refused here, before anything is asked of the daemon (which checks it too).
-        allowed_reaction(&args.emoji)?;
+        allowed_reaction(&args.emoji).map_err(bad_argument)?;
         let request = ReactRequest {
             trace_id: trace_id.to_string(),
             emoji: args.emoji,
@@ -482,9 +482,11 @@ impl ChannelPlugin {
     async fn edit_message(&self, Parameters(args): Parameters<EditArgs>) -> Result<String, String> {
         let trace_id = parse_trace_id(&args.trace_id)?;
         if args.text.trim().is_empty() {
-            return Err("text is empty: there is nothing to edit the message to. Nothing was edited.".into());
+            return Err(bad_argument(
+                "text is empty: there is nothing to edit the message to. Nothing was edited.",
+            ));
         }
-        ReplyFormat::parse(args.format.as_deref())?;
+        ReplyFormat::parse(args.format.as_deref()).map_err(bad_argument)?;
         let request = EditRequest {
             trace_id: trace_id.to_string(),
             message_id: args.message_id,
@@ -595,9 +597,9 @@ impl ChannelPlugin {
     ) -> Result<String, String> {
         let timeout_secs = args.timeout_secs.unwrap_or(DEFAULT_CALL_TIMEOUT_SECS);
         if !(1..=MAX_CALL_TIMEOUT_SECS).contains(&timeout_secs) {
-            return Err(format!(
+            return Err(bad_argument(format!(
                 "timeout_secs must be between 1 and {MAX_CALL_TIMEOUT_SECS}, not {timeout_secs}; nothing was handed over."
-            ));
+            )));
         }
         let request = args.handoff.request()?;
         self.wait_for_session().await;

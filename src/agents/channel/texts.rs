@@ -249,9 +249,17 @@ pub(super) fn notice_notification(notice: &DeliveredNotice, tools: &ToolNames) -
     CustomNotification::new(CHANNEL_NOTIFICATION_METHOD, Some(params))
 }
 
+/// An argument this plugin refuses before it asks the daemon, read as the daemon's own
+/// refusals are: its error code first (`bad_request: …`).
+pub(super) fn bad_argument(problem: impl std::fmt::Display) -> String {
+    format!("{}: {problem}", ErrorCode::BadRequest.as_str())
+}
+
 pub(super) fn parse_trace_id(raw: &str) -> Result<TraceId, String> {
     TraceId::parse(raw).map_err(|problem| {
-        format!("{problem}. Call `pending` to see the trace ids of the waiting conversations. Nothing was changed.")
+        bad_argument(format!(
+            "{problem}. Call `pending` to see the trace ids of the waiting conversations. Nothing was changed."
+        ))
     })
 }
 
@@ -261,7 +269,7 @@ pub(super) fn parse_trace_id(raw: &str) -> Result<TraceId, String> {
 pub(super) fn optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, String> {
     match raw.map(str::trim) {
         None => Ok(None),
-        Some("") => Err(BLANK_TRACE_ID.to_owned()),
+        Some("") => Err(bad_argument(BLANK_TRACE_ID)),
         Some(raw) => parse_trace_id(raw).map(Some),
     }
 }
@@ -697,7 +705,7 @@ mod tests {
     #[test]
     fn trace_ids_are_checked_before_asking_the_daemon() {
         assert_eq!(optional_trace_id(None), Ok(None));
-        assert_eq!(optional_trace_id(Some("  ")), Err(BLANK_TRACE_ID.to_owned()));
+        assert_eq!(optional_trace_id(Some("  ")), Err(format!("bad_request: {BLANK_TRACE_ID}")));
         assert_eq!(optional_trace_id(Some(" env_abcdefghij\n")).unwrap().unwrap().as_str(), "env_abcdefghij");
         let error = optional_trace_id(Some("latest")).unwrap_err();
         assert!(error.contains("'latest' is not a trace id"), "{error}");
