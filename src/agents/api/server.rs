@@ -7,6 +7,7 @@
 //! and `GET /metrics` (Prometheus text).
 
 use axum::body::{Body, Bytes};
+use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
@@ -350,9 +351,20 @@ fn bad_request(message: String) -> Failure {
     Failure(ApiError::new(ErrorCode::BadRequest, message))
 }
 
-/// A body the JSON extractor could not read answers in our error shape, not axum's text.
-fn parse_body<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, Failure> {
-    serde_json::from_slice(body).map_err(|e| bad_request(format!("bad request body: {e}")))
+/// A request's body as it came, or why it could not be read.
+type JsonBody = Result<Bytes, BytesRejection>;
+
+/// A body that could not be read (over the size limit, cut off) or is not the JSON asked
+/// for answers in our error shape, not axum's text: a client reads it as a refusal, with
+/// nothing done.
+fn parse_body<T: serde::de::DeserializeOwned>(body: JsonBody) -> Result<T, Failure> {
+    let body = body.map_err(|rejection| {
+        bad_request(format!(
+            "the request body could not be read: {}; nothing was done",
+            rejection.body_text()
+        ))
+    })?;
+    serde_json::from_slice(&body).map_err(|e| bad_request(format!("bad request body: {e}")))
 }
 
 async fn session(
@@ -373,8 +385,8 @@ async fn session(
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response())
 }
 
-async fn shown(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
-    let request: ShownRequest = parse_body(&body)?;
+async fn shown(State(bridge): State<Bridge>, caller: Caller, body: JsonBody) -> Result<Response, Failure> {
+    let request: ShownRequest = parse_body(body)?;
     Ok(Json(bridge.shown(&caller.agent, caller.token(), request)?).into_response())
 }
 
@@ -382,8 +394,8 @@ async fn pending(State(bridge): State<Bridge>, caller: Caller) -> Result<Respons
     Ok(Json(bridge.pending(&caller.agent, caller.token()).await?).into_response())
 }
 
-async fn reply(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
-    let request: ReplyRequest = parse_body(&body)?;
+async fn reply(State(bridge): State<Bridge>, caller: Caller, body: JsonBody) -> Result<Response, Failure> {
+    let request: ReplyRequest = parse_body(body)?;
     let receipt =
         bridge.reply(&caller.agent, caller.token(), request).await.map_err(tool_failure("reply"))?;
     Ok(Json(receipt).into_response())
@@ -397,21 +409,25 @@ async fn reply_outcome(
     Ok(Json(bridge.reply_outcome(&caller.agent, caller.token(), &request_id).await?).into_response())
 }
 
-async fn ack(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
-    let request: AckRequest = parse_body(&body)?;
+async fn ack(State(bridge): State<Bridge>, caller: Caller, body: JsonBody) -> Result<Response, Failure> {
+    let request: AckRequest = parse_body(body)?;
     let receipt = bridge.ack(&caller.agent, caller.token(), request).await.map_err(tool_failure("ack"))?;
     Ok(Json(receipt).into_response())
 }
 
-async fn handoff(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
-    let request: HandoffRequest = parse_body(&body)?;
+async fn handoff(State(bridge): State<Bridge>, caller: Caller, body: JsonBody) -> Result<Response, Failure> {
+    let request: HandoffRequest = parse_body(body)?;
     let receipt =
         bridge.handoff(&caller.agent, caller.token(), request).await.map_err(tool_failure("handoff"))?;
     Ok(Json(receipt).into_response())
 }
 
-async fn revise_task(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
-    let request: RevisionRequest = parse_body(&body)?;
+async fn revise_task(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    body: JsonBody,
+) -> Result<Response, Failure> {
+    let request: RevisionRequest = parse_body(body)?;
     let receipt = bridge
         .revise_task(&caller.agent, caller.token(), request)
         .await
@@ -419,8 +435,8 @@ async fn revise_task(State(bridge): State<Bridge>, caller: Caller, body: Bytes) 
     Ok(Json(receipt).into_response())
 }
 
-async fn react(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Result<Response, Failure> {
-    let request: super::wire::ReactRequest = parse_body(&body)?;
+async fn react(State(bridge): State<Bridge>, caller: Caller, body: JsonBody) -> Result<Response, Failure> {
+    let request: super::wire::ReactRequest = parse_body(body)?;
     let receipt =
         bridge.react(&caller.agent, caller.token(), request).await.map_err(tool_failure("react"))?;
     Ok(Json(receipt).into_response())
@@ -429,9 +445,9 @@ async fn react(State(bridge): State<Bridge>, caller: Caller, body: Bytes) -> Res
 async fn edit_message(
     State(bridge): State<Bridge>,
     caller: Caller,
-    body: Bytes,
+    body: JsonBody,
 ) -> Result<Response, Failure> {
-    let request: super::wire::EditRequest = parse_body(&body)?;
+    let request: super::wire::EditRequest = parse_body(body)?;
     let receipt = bridge
         .edit_message(&caller.agent, caller.token(), request)
         .await
@@ -442,9 +458,9 @@ async fn edit_message(
 async fn ask_permission(
     State(bridge): State<Bridge>,
     caller: Caller,
-    body: Bytes,
+    body: JsonBody,
 ) -> Result<Response, Failure> {
-    let request: PermissionRequest = parse_body(&body)?;
+    let request: PermissionRequest = parse_body(body)?;
     let receipt = bridge.ask_permission(&caller.agent, caller.token(), request).await?;
     Ok(Json(receipt).into_response())
 }
