@@ -96,17 +96,22 @@ fn check_prints_the_routes_table_most_specific_first() {
     assert!(table[3].starts_with("fallback") && table[3].contains("default"), "{stdout}");
 }
 
+/// The variables config/switchboard.example.toml names, each with a secret.
+const EXAMPLE_SECRETS: [(&str, &str); 5] = [
+    ("TELOXIDE_TOKEN", "123:abc"),
+    ("SWITCHBOARD_ORCHESTRATOR_SECRET", "s1-long-enough"),
+    ("SWITCHBOARD_WORKER_SECRET", "s2-long-enough"),
+    ("SWITCHBOARD_BUILDER_SECRET", "s3-long-enough"),
+    ("SWITCHBOARD_REVIEWER_SECRET", "s4-long-enough"),
+];
+
 #[test]
 fn the_example_configuration_checks() {
     let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("config/switchboard.example.toml");
     let output = std::process::Command::new(BIN)
         .args(["check", "--config"])
         .arg(&example)
-        .env("TELOXIDE_TOKEN", "123:abc")
-        .env("SWITCHBOARD_ORCHESTRATOR_SECRET", "s1-long-enough")
-        .env("SWITCHBOARD_WORKER_SECRET", "s2-long-enough")
-        .env("SWITCHBOARD_BUILDER_SECRET", "s3-long-enough")
-        .env("SWITCHBOARD_REVIEWER_SECRET", "s4-long-enough")
+        .envs(EXAMPLE_SECRETS)
         .output()
         .unwrap();
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
@@ -149,11 +154,7 @@ fn the_docker_recipe_checks() {
             let value = value.replace("/var/lib/switchboard", &dir.path().display().to_string());
             (name.to_string(), value)
         }))
-        .env("TELOXIDE_TOKEN", "123:abc")
-        .env("SWITCHBOARD_ORCHESTRATOR_SECRET", "s1-long-enough")
-        .env("SWITCHBOARD_WORKER_SECRET", "s2-long-enough")
-        .env("SWITCHBOARD_BUILDER_SECRET", "s3-long-enough")
-        .env("SWITCHBOARD_REVIEWER_SECRET", "s4-long-enough")
+        .envs(EXAMPLE_SECRETS)
         .output()
         .unwrap();
     assert!(output.status.success(), "{overrides:?}: {}", String::from_utf8_lossy(&output.stderr));

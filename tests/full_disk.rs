@@ -177,6 +177,33 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
     drop(daemon);
 }
 
+/// A daemon on PostgreSQL whose earlier session was shown one envelope and has ended (and
+/// the daemon has noticed): what the two tests below open a session against. `None`, with
+/// a word, elsewhere: a test cannot choose which of SQLite's writes a full disk refuses.
+struct ShownToAnEndedSession {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    schema: Arc<TestSchema>,
+    shown: String,
+}
+
+async fn shown_to_an_ended_session() -> Option<ShownToAnEndedSession> {
+    if !TestLedger::is_postgres_here() {
+        eprintln!("skipped: runs on PostgreSQL, where the test decides which writes the server refuses");
+        return None;
+    }
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let TestLedger::Postgres(schema) = &daemon.ledger_at else { unreachable!("PostgreSQL, above") };
+    let schema = Arc::clone(schema);
+    let earlier = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "shown to the earlier session");
+    let shown = trace_id(&nth(&earlier, 1).await);
+    assert!(earlier.close().await.unwrap().success());
+    daemon.wait_for_log("agent session disconnected", WAIT).await;
+    Some(ShownToAnEndedSession { fake, daemon, schema, shown })
+}
+
 /// A server that can take no new row, and a session that opens meanwhile (PostgreSQL only:
 /// a test cannot choose which of SQLite's writes a full disk refuses). Updating envelopes
 /// still works, but the session's audit row cannot be added. Once the ledger has counted
@@ -185,18 +212,10 @@ async fn a_full_disk_makes_the_daemon_not_ready_until_space_is_back_and_loses_no
 /// counts a delivery that happened.
 #[tokio::test]
 async fn a_session_opened_while_no_row_can_be_added_is_served_and_counted_once() {
-    if !TestLedger::is_postgres_here() {
-        eprintln!("skipped: runs on PostgreSQL, where the test decides which writes the server refuses");
+    let Some(ShownToAnEndedSession { fake, daemon, schema, shown }) = shown_to_an_ended_session().await
+    else {
         return;
-    }
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let TestLedger::Postgres(schema) = &daemon.ledger_at else { unreachable!("PostgreSQL, above") };
-    let earlier = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "shown to the earlier session");
-    let shown = trace_id(&nth(&earlier, 1).await);
-    assert!(earlier.close().await.unwrap().success());
-    daemon.wait_for_log("agent session disconnected", WAIT).await;
+    };
 
     schema.execute(&[
         SERVER_DISK_FULL[0],
@@ -231,18 +250,11 @@ async fn a_session_opened_while_no_row_can_be_added_is_served_and_counted_once()
 /// counts the earlier session's delivery and this one's, none for the failed openings.
 #[tokio::test]
 async fn a_session_opened_while_no_envelope_can_be_changed_gets_it_once_room_is_made() {
-    if !TestLedger::is_postgres_here() {
-        eprintln!("skipped: runs on PostgreSQL, where the test decides which writes the server refuses");
+    let Some(ShownToAnEndedSession { fake: _fake, daemon, schema, shown }) =
+        shown_to_an_ended_session().await
+    else {
         return;
-    }
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let TestLedger::Postgres(schema) = &daemon.ledger_at else { unreachable!("PostgreSQL, above") };
-    let earlier = session(&daemon, "orchestrator").await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "shown to the earlier session");
-    let shown = trace_id(&nth(&earlier, 1).await);
-    assert!(earlier.close().await.unwrap().success());
-    daemon.wait_for_log("agent session disconnected", WAIT).await;
+    };
 
     schema.execute(&[
         SERVER_DISK_FULL[0],
