@@ -50,21 +50,5 @@ async fn requests_without_the_agents_own_secret_are_refused() {
         .unwrap();
     assert_eq!(bad_body.status(), 400);
     assert_eq!(bad_body.json::<ApiError>().await.unwrap().code, ErrorCode::BadRequest);
-    // A body over the size limit is refused in the same shape, which a client reads as
-    // "nothing was done", not as a connection that broke.
-    let huge = serde_json::json!({"text": "x".repeat(3 * 1024 * 1024)});
-    for route in ["reply", "handoffs"] {
-        let refused = http
-            .post(url("orchestrator", route))
-            .bearer_auth(ORCHESTRATOR_SECRET)
-            .json(&huge)
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(refused.status(), 400, "{route}");
-        let error: ApiError = refused.json().await.expect("an error the API's own shape");
-        assert_eq!(error.code, ErrorCode::BadRequest, "{route}: {}", error.message);
-        assert!(error.message.contains("nothing was done"), "{route}: {}", error.message);
-    }
     assert!(fake.sent_messages().is_empty());
 }

@@ -532,4 +532,25 @@ mod tests {
         }
         assert_eq!(refusal_reason(ErrorCode::Internal), None);
     }
+
+    /// A body over the size limit, and one that is not the JSON asked for, are refused in
+    /// the API's own shape. Driven in process: over a socket the client may still be
+    /// writing when the server answers and closes, and see a broken pipe instead.
+    #[tokio::test]
+    async fn a_body_that_cannot_be_read_is_a_bad_request_in_the_apis_shape() {
+        use tower::ServiceExt;
+        let app = Router::new().route(
+            "/",
+            post(|body: JsonBody| async move { parse_body::<ReplyRequest>(body).map(|_| StatusCode::OK) }),
+        );
+        let huge = serde_json::json!({"text": "x".repeat(3 * 1024 * 1024), "request_id": "req_huge"});
+        for body in [serde_json::to_vec(&huge).unwrap(), b"{".to_vec()] {
+            let request = axum::http::Request::post("/").body(Body::from(body)).unwrap();
+            let response = app.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+            let bytes = axum::body::to_bytes(response.into_body(), 64 * 1024).await.unwrap();
+            let error: ApiError = serde_json::from_slice(&bytes).expect("the API's error shape");
+            assert_eq!(error.code, ErrorCode::BadRequest, "{}", error.message);
+        }
+    }
 }
