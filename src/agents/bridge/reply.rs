@@ -163,9 +163,9 @@ impl Bridge {
             // A room turn's one reply goes to the room under the agent's name.
             return self.room_reply(agent, &conversation, text, request_id).await.map(Decided::Delivering);
         }
-        let part_texts: Vec<String> =
-            parts.iter().cloned().chain(staged.files.iter().map(|f| f.descriptor.clone())).collect();
         if let Some(answered) = answered.filter(|_| !again) {
+            let part_texts: Vec<String> =
+                parts.iter().cloned().chain(staged.files.iter().map(|f| f.descriptor.clone())).collect();
             self.refuse_unasked_follow_up(agent, &answered, &conversation, &part_texts).await?;
         }
         let content = ReplyContent { parts, html, files: staged.files.clone() };
