@@ -232,15 +232,11 @@ fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqli
     Ok(db)
 }
 
-/// Whether the file at `path` holds a ledger (its migrations table), read without writing.
+/// Whether the file at `path` holds a ledger, read without writing.
 fn holds_a_ledger(path: &Path) -> rusqlite::Result<bool> {
     let db = rusqlite::Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
     db.busy_timeout(BUSY_TIMEOUT)?;
-    db.query_row(
-        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations')",
-        [],
-        |row| row.get(0),
-    )
+    migrations::records_migrations(&db)
 }
 
 /// Tightens ledger files that group or others could read, saying so: a warning, not a

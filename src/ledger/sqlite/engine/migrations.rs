@@ -121,6 +121,16 @@ pub enum MigrationError {
     Ledger(#[from] LedgerError),
 }
 
+/// Whether `db` has the table that records migrations: every ledger has it from its first
+/// opening, and another program's database does not.
+pub(crate) fn records_migrations(db: &Connection) -> rusqlite::Result<bool> {
+    db.query_row(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '_sqlx_migrations')",
+        [],
+        |row| row.get(0),
+    )
+}
+
 /// Applies, in order, every migration up to `up_to` (all when `None`) that `db` has not
 /// had yet. Blocking: the caller runs it off the runtime's threads.
 pub(crate) fn migrate(db: &Connection, up_to: Option<i64>) -> Result<(), MigrationError> {
