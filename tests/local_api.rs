@@ -50,5 +50,18 @@ async fn requests_without_the_agents_own_secret_are_refused() {
         .unwrap();
     assert_eq!(bad_body.status(), 400);
     assert_eq!(bad_body.json::<ApiError>().await.unwrap().code, ErrorCode::BadRequest);
+
+    // A body far over the limit is read to its end and refused in the API's shape, so the
+    // client, still writing it, reads the refusal rather than a reset connection.
+    let huge = serde_json::json!({"text": "x".repeat(12 * 1024 * 1024), "request_id": "req_huge"});
+    let oversized = http
+        .post(url("orchestrator", "reply"))
+        .bearer_auth(ORCHESTRATOR_SECRET)
+        .json(&huge)
+        .send()
+        .await
+        .expect("the refusal is read, not a broken connection");
+    assert_eq!(oversized.status(), 400);
+    assert_eq!(oversized.json::<ApiError>().await.unwrap().code, ErrorCode::BadRequest);
     assert!(fake.sent_messages().is_empty());
 }

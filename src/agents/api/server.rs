@@ -8,7 +8,7 @@
 
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequestParts, Path, Query, State};
+use axum::extract::{DefaultBodyLimit, FromRequestParts, Path, Query, State};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::{IntoResponse, Response};
@@ -61,6 +61,7 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/edits", post(edit_message))
         .route("/v1/agents/{agent}/attachments/{trace_id}", get(download_attachment))
         .route("/v1/agents/{agent}/uploads", post(upload))
+        .layer(DefaultBodyLimit::max(BODY_READ_BOUND))
         .with_state(bridge)
         .merge(operator)
 }
@@ -351,6 +352,16 @@ fn bad_request(message: String) -> Failure {
     Failure(ApiError::new(ErrorCode::BadRequest, message))
 }
 
+/// The largest JSON body a tool's request may have. No request comes near it: texts are
+/// bounded by `outbound.max_reply_parts` far below it, and files travel as uploads.
+const BODY_LIMIT: usize = 2 * 1024 * 1024;
+
+/// How much of a body is read before refusing it. A body over [`BODY_LIMIT`] but within
+/// this is read to its end and then refused, so a client still writing it reads the
+/// refusal rather than a connection reset under its write (a broken pipe it could not tell
+/// from a daemon gone mid-request). Beyond this the connection is cut.
+const BODY_READ_BOUND: usize = 8 * BODY_LIMIT;
+
 /// A request's body as it came, or why it could not be read.
 type JsonBody = Result<Bytes, BytesRejection>;
 
@@ -364,6 +375,12 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: JsonBody) -> Result<T, Failu
             rejection.body_text()
         ))
     })?;
+    if body.len() > BODY_LIMIT {
+        return Err(bad_request(format!(
+            "the request body is {} bytes, over the limit of {BODY_LIMIT}; nothing was done",
+            body.len()
+        )));
+    }
     serde_json::from_slice(&body).map_err(|e| bad_request(format!("bad request body: {e}")))
 }
 
