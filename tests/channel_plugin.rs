@@ -88,6 +88,7 @@ fn summary(envelope: &DeliveredEnvelope) -> PendingSummary {
         route: envelope.route.clone(),
         ts: envelope.ts.clone(),
         preview: envelope.content.clone(),
+        replying: false,
     }
 }
 

@@ -96,6 +96,30 @@ async fn a_reply_cancelled_mid_send_is_delivered_once_and_settles_its_envelope()
     assert!(!daemon.logs().contains("marked unresolved"), "{}", daemon.logs());
 }
 
+/// A reply cancelled while Telegram holds its answer is still on its way: `pending` lists
+/// the conversation as waiting, and says a reply to it is on its way, so the agent does
+/// not take "still waiting" for "nothing was delivered" and reply again.
+#[tokio::test]
+async fn pending_says_which_waiting_conversation_has_a_reply_on_its_way() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("status?").await;
+    fake.fail_send_message(Fault::RecordThenHang(SLOW_SEND));
+    let on_the_wire = async {
+        fake.wait_for_held_send(WAIT).await.expect("the reply reaches Telegram");
+    };
+    let first = json!({"text": "all green", "trace_id": trace});
+    orchestrator.call_tool_and_cancel("reply", first, on_the_wire).await.unwrap();
+
+    let (is_error, listed) = orchestrator.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error, "{listed}");
+    let line = listed.lines().find(|line| line.contains(&trace)).unwrap_or_else(|| panic!("{listed}"));
+    assert!(line.contains("on its way") && line.contains("NOT reply again"), "{listed}");
+
+    wait_for_state(&daemon, &trace, EnvelopeState::Acked).await;
+    let (_, listed) = orchestrator.call_tool("pending", json!({})).await.unwrap();
+    assert!(!listed.contains(&trace), "answered, no longer waiting: {listed}");
+    assert_eq!(fake.sent_messages().len(), 1, "one reply in the chat");
+}
+
 /// The user presses Esc while the reply is on its way; Telegram takes it. The agent never
 /// saw the outcome and retries: it is told what the first reply came to, nothing more is
 /// posted, and that stays so across a `kill -9` of the daemon; only `again: true` posts a

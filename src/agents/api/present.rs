@@ -18,6 +18,7 @@ pub fn summary(envelope: &StoredEnvelope) -> PendingSummary {
         route: envelope.route.clone().unwrap_or_default(),
         ts: crate::clock::text(envelope.sent_at),
         preview: envelope.preview(),
+        replying: false,
     }
 }
 

@@ -212,6 +212,10 @@ pub struct PendingSummary {
     pub ts: String,
     /// The start of the text, enough to recognise the message.
     pub preview: String,
+    /// A reply to it is on its way (its outcome not yet recorded): it may be in the chat
+    /// already, so it is no sign that nothing was delivered.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replying: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -7,7 +7,9 @@ use tracing::Instrument;
 use super::uploads::StagedFiles;
 use super::{AgentSlot, Bridge, ResolveError, RunningReply, ToolError, uploads};
 use crate::agents::api::present;
-use crate::agents::api::wire::{AckReceipt, AckRequest, MAX_LISTED, PendingList, ReplyReceipt, ReplyRequest};
+use crate::agents::api::wire::{
+    AckReceipt, AckRequest, MAX_LISTED, PendingList, PendingSummary, ReplyReceipt, ReplyRequest,
+};
 use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{
     AttemptPurpose, AttemptState, EnvelopeKind, EnvelopeState, RecordedReply, ReplyTally, ReplyVerdict,
@@ -50,10 +52,12 @@ impl Bridge {
     pub async fn pending(&self, agent: &AgentName, token: Option<&str>) -> Result<PendingList, ToolError> {
         self.live_session(agent, token)?;
         let pending = self.inner.ledger.pending(agent).await?;
-        Ok(PendingList {
-            total: pending.len(),
-            pending: pending.iter().take(MAX_LISTED).map(present::summary).collect(),
-        })
+        let replying = self.slot(agent).running().envelopes.clone();
+        let listed = pending.iter().take(MAX_LISTED).map(|envelope| PendingSummary {
+            replying: replying.contains(&envelope.id),
+            ..present::summary(envelope)
+        });
+        Ok(PendingList { total: pending.len(), pending: listed.collect() })
     }
 
     /// Resolves the envelope a reply answers (refusing rather than guessing), then

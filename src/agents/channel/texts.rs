@@ -97,7 +97,8 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          envelope (trace_id), or on a message the bot sent in its chat (message_id). `{edit}` replaces the text of \
          a message you sent (trace_id and its message_id, from your reply's answer). Use an edit for progress \
          (\"working on it… step 2 of 3\") and a new `{reply}` for the result: an edit does not notify the user, \
-         a reply does. Neither answers the message.\n\
+         a reply does. Neither answers the message; a progress message sent with `{reply}` did, so the result's \
+         `{reply}` passes again: true.\n\
          - `{pending}` lists the conversations still waiting for an answer.\n\
          - `{ack}` marks a message handled without replying (when it needs no answer); add a short note.\n\
          - A failed tool says what to do next. If a reply's delivery is reported as unresolved or unknown, \
@@ -406,8 +407,8 @@ pub(super) fn outcome_not_known_yet(request_id: &str, waited: std::time::Duratio
     format!(
         "The connection to the switchboard daemon broke during this reply ({request_id}) and the daemon has not \
          answered for {}s, so whether the reply was delivered is not known yet. Do NOT send it again now: once the \
-         daemon is back, `pending` shows whether the conversation still waits (if it is listed as waiting and not \
-         unresolved, nothing was delivered and you may reply again).",
+         daemon is back, `pending` shows whether the conversation still waits (if it is listed as waiting, with no \
+         reply on its way, nothing was delivered and you may reply again).",
         waited.as_secs()
     )
 }
@@ -431,8 +432,13 @@ pub(super) fn describe_revision(receipt: &RevisionReceipt) -> String {
 /// One line per waiting conversation: everything needed to pick it and answer it.
 pub(super) fn describe_candidate(candidate: &PendingSummary) -> String {
     let place = describe_place(candidate.chat_id, candidate.chat_title.as_deref(), candidate.thread_id);
+    let replying = if candidate.replying {
+        " (your reply to it is on its way: it may be delivered already; do NOT reply again)"
+    } else {
+        ""
+    };
     format!(
-        "- trace_id {}: {place}, from {}, at {} (route {}): \"{}\"",
+        "- trace_id {}: {place}, from {}, at {} (route {}): \"{}\"{replying}",
         candidate.trace_id, candidate.user, candidate.ts, candidate.route, candidate.preview
     )
 }
@@ -493,7 +499,7 @@ pub(super) fn describe_failure(
         ClientError::NoAnswer { .. } => match tool {
             ToolName::Reply => format!(
                 "{error}. The reply may or may not have been delivered: do NOT send it again. Call `pending`: if the \
-                 conversation is listed as waiting, nothing was delivered."
+                 conversation is listed as waiting, with no reply on its way, nothing was delivered."
             ),
             ToolName::Ack => format!(
                 "{error}. The ack may or may not have been recorded: call `pending` once the daemon answers and ack \
@@ -606,6 +612,7 @@ mod tests {
             route: "ops-topic".into(),
             ts: "2025-01-02T03:04:05Z".into(),
             preview: preview.into(),
+            replying: false,
         }
     }
 
