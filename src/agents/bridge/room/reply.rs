@@ -49,20 +49,23 @@ impl Bridge {
             return Err(ToolError::TooLong { parts: parts.len(), max });
         }
         let speaker = turn.speaker();
-        let claimed = ledger.claim_room_reply(envelope.id, text, request_id.as_str()).await?;
-        if let Err(refused) = claimed {
-            tracing::warn!(%agent, trace_id = %envelope.trace_id, speaker, ?refused, "room reply refused: one reply per turn");
-            return Err(turn_over(&envelope.trace_id, speaker, refused));
-        }
+        // Planned (a read) before the claim, so that nothing is awaited between the claim
+        // and the delivery that settles it: a failed read or a caller gone before the claim
+        // leaves the turn free, and once the claim is made its delivery has started.
         let plan = self
             .plan(
                 agent,
                 envelope.clone(),
                 None,
-                request_id,
+                request_id.clone(),
                 ReplyContent { parts, html: false, files: Vec::new() },
             )
             .await?;
+        let claimed = ledger.claim_room_reply(envelope.id, text, request_id.as_str()).await?;
+        if let Err(refused) = claimed {
+            tracing::warn!(%agent, trace_id = %envelope.trace_id, speaker, ?refused, "room reply refused: one reply per turn");
+            return Err(turn_over(&envelope.trace_id, speaker, refused));
+        }
         tracing::info!(%agent, cascade_id = %cascade.cascade_id, speaker, "room reply claimed its turn; posting");
         let running = self.start_delivery(agent, plan);
 
