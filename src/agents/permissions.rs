@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::agents::api::wire::{PermissionReceipt, PermissionRequest};
+use crate::backoff::Backoff;
 use crate::config::{OperatorSettings, PermissionSettings};
 use crate::ids::{AgentName, random_suffix};
 use crate::ledger::{
@@ -54,6 +55,11 @@ const KEEPER_RETRY: Duration = Duration::from_secs(5);
 /// A prompt's send waits out Telegram's rate limits (a 429 proves nothing was posted) for
 /// at most this long in all, then counts as not sent.
 const PROMPT_RATE_LIMIT_BUDGET: Duration = Duration::from_secs(60);
+
+/// How long recording a prompt's send is tried again while the ledger is busy or full. Past
+/// it the row stays `in_flight` until start-up recovery marks its outcome unknown; bounded
+/// so that a ledger that stays broken cannot hold a graceful stop.
+const PROMPT_RECORD_PATIENCE: Duration = Duration::from_secs(30);
 
 /// Longest description and preview stored: Claude Code cuts the preview at 200
 /// characters; a description far longer than a prompt can show is cut here.
@@ -157,7 +163,7 @@ pub fn callback_press(raw_update: &str) -> Option<CallbackPress> {
     serde_json::from_str::<Update>(raw_update).ok().map(|update| update.callback_query)
 }
 
-/// An approver's `yes <id>` / `no <id>` in a relay's chat.
+/// An approver's `yes <id>` / `no <id>` (or `y`, `n`) in a relay's chat.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TextAnswer {
     pub verdict: Verdict,
@@ -291,6 +297,28 @@ impl PermissionRelay {
         Ok(receipt(&row))
     }
 
+    /// Records what a prompt's send came to, trying again while the ledger is busy or full
+    /// for up to [`PROMPT_RECORD_PATIENCE`]: the prompt may be in the chat, and a row left
+    /// `in_flight` is one the keeper never edits until a restart recovers it.
+    async fn record_prompt_send(
+        &self,
+        id: &str,
+        outcome: &AttemptOutcome,
+    ) -> Result<StoredPermission, LedgerError> {
+        let started = tokio::time::Instant::now();
+        let mut retry = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
+        loop {
+            match self.inner.ledger.finish_prompt_send(id, outcome).await {
+                Ok(row) => return Ok(row),
+                Err(e) if started.elapsed() < PROMPT_RECORD_PATIENCE => {
+                    tracing::error!(permission_id = id, error = %e, "could not record what a permission prompt's send came to; trying again");
+                    tokio::time::sleep(retry.next_delay()).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Posts a recorded request's prompt and records what the send came to.
     async fn post_prompt(&self, row: StoredPermission) -> Result<StoredPermission, LedgerError> {
         let facts = prompt_facts(&row);
@@ -325,7 +353,7 @@ impl PermissionRelay {
             Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error },
             Observed::Unknown { error } => AttemptOutcome::Unknown { error },
         };
-        let row = self.inner.ledger.finish_prompt_send(&row.id, &outcome).await?;
+        let row = self.record_prompt_send(&row.id, &outcome).await?;
         // The request may have ended while its prompt was on its way (its session did):
         // the keeper edits it now that there is a message to edit.
         if row.state != PermissionState::Pending {
