@@ -73,6 +73,12 @@ impl Bridge {
         let slot = self.slot(agent);
         let _decide = slot.decisions.lock().await;
         if let Some(recorded) = ledger.handoff_by_request(agent, request_id.as_str()).await? {
+            // The first request may have been dropped between its commit and its wake-up
+            // (a caller gone mid-request): waking again is harmless, and the target's
+            // session would otherwise not look until something else woke it.
+            if let Ok(target) = AgentName::parse(&recorded.to_agent) {
+                self.wake(&target);
+            }
             return Ok(self.receipt(&recorded));
         }
         let cause = self.cause_of_handoff(agent, &session, trace_id.as_ref()).await?;
@@ -271,6 +277,10 @@ impl Bridge {
         else {
             return Ok(None);
         };
+        // As for a repeated handoff: the first may have been dropped before its wake-up.
+        if let Ok(delegator) = AgentName::parse(&handoff.from_agent) {
+            self.wake(&delegator);
+        }
         Ok(Some(answered_receipt(&handoff, &handoff.envelope_trace_id)))
     }
 
