@@ -137,14 +137,10 @@ impl Staging {
         }
         let upload_id = format!("up_{}", hex::encode(rand::random::<[u8; 12]>()));
         let path = self.dir.join(&upload_id);
-        let written = write_hashed(&path, &name, body).await;
-        let (size, sha256) = match written {
-            Ok(done) => done,
-            Err(error) => {
-                let _ = tokio::fs::remove_file(&path).await;
-                return Err(error);
-            }
-        };
+        // Until the file is in the index, nothing else would ever remove it: a refused
+        // body, or a caller gone while it is written, leaves nothing behind.
+        let unfinished = Unfinished(Some(path.clone()));
+        let (size, sha256) = write_hashed(&path, &name, body).await?;
         let staged = Staged {
             agent: agent.clone(),
             name: name.clone(),
@@ -154,6 +150,7 @@ impl Staging {
             at: Instant::now(),
         };
         self.index().insert(upload_id.clone(), staged);
+        unfinished.keep();
         tracing::info!(%agent, upload_id, size, "upload staged");
         Ok(UploadReceipt { upload_id, name, size, sha256 })
     }
@@ -161,6 +158,7 @@ impl Staging {
     /// The staged files `ids` name, all of them `agent`'s, as the parts of a reply; taken
     /// out of the index (the reply owns them now). Refused whole when one is not there.
     fn take(&self, agent: &AgentName, ids: &[String]) -> Result<StagedFiles, UploadError> {
+        self.remove_stale();
         let mut index = self.index();
         if let Some(missing) = ids.iter().find(|id| index.get(*id).is_none_or(|s| &s.agent != agent)) {
             return Err(UploadError::Unknown(missing.clone()));
@@ -219,6 +217,25 @@ impl Drop for StagedFiles {
     fn drop(&mut self) {
         if self.armed {
             remove_files(&self.files);
+        }
+    }
+}
+
+/// A file being staged, removed when dropped unless kept: staging was refused or its
+/// caller went away before the file was in the index.
+struct Unfinished(Option<PathBuf>);
+
+impl Unfinished {
+    fn keep(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            // Absent when it was never created (create_new refused, the folder gone).
+            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -323,6 +340,22 @@ mod tests {
         assert_eq!(upload_name(".."), "file");
         assert_eq!(upload_name("a\u{7}b"), "a_b");
         assert!(upload_name(&"n".repeat(500)).len() <= MAX_UPLOAD_NAME_BYTES);
+    }
+
+    /// The caller goes away while its file is being written (the request's future is
+    /// dropped at an await): the half-written file does not stay in the folder.
+    #[tokio::test]
+    async fn an_upload_whose_caller_goes_away_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let staging = Staging::open(dir.path().join("s")).unwrap();
+        let agent = AgentName::parse("worker").unwrap();
+        let first = futures::stream::iter([Ok::<_, std::io::Error>(Bytes::from_static(b"abc"))]);
+        let body = first.chain(futures::stream::pending());
+        let staged =
+            tokio::time::timeout(Duration::from_millis(200), staging.stage(&agent, "a.bin", None, body));
+        assert!(staged.await.is_err(), "the body never ends: the caller gives up");
+        let left: Vec<_> = std::fs::read_dir(dir.path().join("s")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
     }
 
     #[tokio::test]
