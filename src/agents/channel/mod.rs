@@ -208,7 +208,8 @@ struct DownloadArgs {
 /// Arguments of the `reply` tool.
 #[derive(Debug, Deserialize, JsonSchema)]
 struct ReplyArgs {
-    /// The message to send, as plain text. Long texts are split into several messages for you.
+    /// The message to send, written as `format` says (plain text by default). Long texts are
+    /// split into several messages for you.
     text: String,
     /// The trace_id (env_…) of the message you are answering, from its <channel> meta.
     /// Required when more than one conversation is waiting.
@@ -429,11 +430,18 @@ impl ChannelPlugin {
         };
         tokio::select! {
             outcome = self.upload_and_reply(request.clone(), &files) => outcome,
-            // The agent session gave up on the call (the user pressed Esc). Stop waiting:
-            // the daemon delivers or records the reply on its own, whatever happens here.
+            // The agent session gave up on the call (the user pressed Esc). Stop waiting: a
+            // reply the daemon started delivering is delivered or recorded on its own; one
+            // cancelled before that (its files still uploading, its decision not made) was
+            // never sent, and its conversation still waits.
             () = cancelled.cancelled() => {
-                tracing::info!(request_id = %request.request_id, "reply cancelled by the agent session; the daemon settles it on its own");
-                Err(format!("The reply call was cancelled ({}); the daemon still settles it.", request.request_id))
+                tracing::info!(request_id = %request.request_id, "reply cancelled by the agent session; a delivery the daemon started settles on its own");
+                Err(format!(
+                    "The reply call was cancelled ({}). If the daemon had started delivering it, it still \
+                     settles it; if not, nothing was sent. `pending` shows which: a conversation listed with no \
+                     reply on its way still waits.",
+                    request.request_id
+                ))
             }
         }
     }
