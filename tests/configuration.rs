@@ -114,7 +114,9 @@ fn the_example_configuration_checks() {
         .envs(EXAMPLE_SECRETS)
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "the example is one to copy: {stderr}");
     // The example's room, with its members in room order and what one message can cost.
     let stdout = String::from_utf8_lossy(&output.stdout);
     let room = stdout.lines().find(|l| l.starts_with("dev-room")).unwrap_or_default();

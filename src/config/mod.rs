@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::ids::{AgentName, Secret};
+use crate::rules::routes::RouteTarget;
 
 /// Prefix and separator of environment overrides: `SWITCHBOARD__TELEGRAM__API_URL`.
 const ENV_PREFIX: &str = "SWITCHBOARD";
@@ -179,6 +180,17 @@ impl Settings {
                     "{listen} is not a loopback address and the local API has no TLS: every \
                      request carries an agent's secret, readable by anyone on the network path; \
                      api.plaintext_beyond_loopback says this network is private, so make sure it is"
+                ),
+            });
+        }
+        let catch_all = self.routes.routes().iter().find(|route| route.target == RouteTarget::Default);
+        if let (Some(route), true) = (catch_all, self.telegram.allowed_users.is_empty()) {
+            warnings.push(ConfigWarning {
+                key: "telegram.allowed_users".into(),
+                problem: format!(
+                    "is empty and route {} takes every chat no other route names: anyone who finds \
+                     the bot, in any chat, reaches its agent; list the senders who may",
+                    route.name
                 ),
             });
         }

@@ -247,6 +247,19 @@ fn the_local_api_leaves_loopback_only_with_tls_or_the_operators_word() {
 }
 
 #[test]
+fn a_catch_all_route_open_to_every_sender_is_warned_about() {
+    let catch_all = format!("{MINIMAL}\n[[routes]]\nname = \"fallback\"\nagent = \"orchestrator\"\n");
+    let warnings = load_str(&catch_all).unwrap().warnings();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].key, "telegram.allowed_users");
+    assert!(warnings[0].problem.contains("fallback"), "names the route: {}", warnings[0]);
+
+    let allowlisted = catch_all.replace("[telegram]", "[telegram]\nallowed_users = [42]");
+    assert_eq!(load_str(&allowlisted).unwrap().warnings(), [], "only the listed senders get through");
+    assert_eq!(load_str(MINIMAL).unwrap().warnings(), [], "routes that name their chats");
+}
+
+#[test]
 fn the_health_address_is_an_address_of_its_own_and_healthcheck_asks_there() {
     let settings = load_str(MINIMAL).unwrap();
     assert_eq!(settings.api.health_listen, None);
