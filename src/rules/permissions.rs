@@ -118,16 +118,17 @@ pub fn is_claude_request_id(id: &str) -> bool {
     id.len() == 5 && id.bytes().all(|b| b.is_ascii_lowercase() && b != b'l')
 }
 
-/// An approver's text answer: `yes <id>` or `no <id>`, case-insensitive, with the request
-/// id the prompt shows. Anything else is not an answer (and goes where text goes).
+/// An approver's text answer: `yes <id>` or `no <id>` (or `y`, `n`), case-insensitive,
+/// with the request id the prompt shows: what Claude Code's own channels accept. Anything
+/// else is not an answer (and goes where text goes).
 pub fn parse_text_verdict(text: &str) -> Option<(Verdict, String)> {
     let mut words = text.split_whitespace();
     let (Some(word), Some(id), None) = (words.next(), words.next(), words.next()) else {
         return None;
     };
     let verdict = match word.to_ascii_lowercase().as_str() {
-        "yes" => Verdict::Allow,
-        "no" => Verdict::Deny,
+        "yes" | "y" => Verdict::Allow,
+        "no" | "n" => Verdict::Deny,
         _ => return None,
     };
     let id = id.to_ascii_lowercase();
@@ -463,6 +464,8 @@ mod tests {
         assert_eq!(parse_text_verdict("yes abcde"), Some((Verdict::Allow, "abcde".into())));
         assert_eq!(parse_text_verdict("  No   ABCDE "), Some((Verdict::Deny, "abcde".into())));
         assert_eq!(parse_text_verdict("YES qwert"), Some((Verdict::Allow, "qwert".into())));
+        assert_eq!(parse_text_verdict("y abcde"), Some((Verdict::Allow, "abcde".into())));
+        assert_eq!(parse_text_verdict("N abcde"), Some((Verdict::Deny, "abcde".into())));
         for text in [
             "yes",
             "yes abcde please",
@@ -471,7 +474,8 @@ mod tests {
             "yes abcdef",
             "yes abcle",
             "yes abc1e",
-            "y abcde",
+            "ye abcde",
+            "nope abcde",
         ] {
             assert_eq!(parse_text_verdict(text), None, "{text:?}");
         }
