@@ -2,7 +2,8 @@
 //! front of its agent (handed to the agent's connected session, whose plugin pushes it at
 //! once, or confirmed shown), the chat is sent `sendChatAction(typing)` every few seconds
 //! (Telegram shows one for about five), for at most `[outbound] typing_max_secs` per
-//! message. The reply or an ack ends it: the envelope is no longer pending.
+//! message. The reply or an ack ends it: the envelope is no longer pending. So does an
+//! answer to a later message of the same chat: the agent has moved past this one.
 //!
 //! A chat action posts nothing, so it is no attempt in the ledger and does not go through
 //! the pacer: it never delays a message or counts against its budget. One that fails is
@@ -29,25 +30,56 @@ const MIN_LOOK_INTERVAL: Duration = Duration::from_millis(200);
 /// A chat, or a topic of a forum, as a chat action addresses it.
 pub type TypingChat = (i64, Option<i32>);
 
-/// When each waiting envelope was first seen shown (its typing lasts `max` from then), and
-/// when each chat was last told it is typing.
+/// What the typing loop remembers of each waiting envelope, and when each chat was last
+/// told it is typing.
 #[derive(Debug, Default)]
 pub struct TypingDecision {
-    since: HashMap<String, Instant>,
+    seen: HashMap<String, Seen>,
+    /// Numbers envelopes in the order they were first seen waiting.
+    next_order: u64,
     told: HashMap<TypingChat, Instant>,
 }
 
+/// A waiting envelope as the typing loop first saw it.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    chat: TypingChat,
+    /// Its typing lasts `max` from then.
+    since: Instant,
+    /// Its place in the order envelopes were first seen (within one look, the ledger's).
+    order: u64,
+    /// A message after it in its chat was answered: the agent has moved past it, and the
+    /// chat does not type for it any more (it still waits, and is redelivered as ever).
+    passed_over: bool,
+}
+
 impl TypingDecision {
-    /// The chats that should show "typing…" at `now`, given what waits shown right now:
-    /// each chat with an envelope first seen waiting less than `max` ago. Envelopes no
-    /// longer waiting are forgotten.
+    /// The chats that should show "typing…" at `now`, given what waits shown right now
+    /// (oldest first): each chat with an envelope first seen waiting less than `max` ago
+    /// and not passed over. An envelope no longer waiting is forgotten, and the envelopes
+    /// of its chat seen before it are passed over: a burst of messages answered by one
+    /// reply to the last does not leave the chat typing for the first.
     pub fn chats(&mut self, now: Instant, waiting: &[ShownWaiting], max: Duration) -> BTreeSet<TypingChat> {
-        self.since.retain(|trace_id, _| waiting.iter().any(|w| &w.trace_id == trace_id));
+        let is_waiting = |trace_id: &String| waiting.iter().any(|w| &w.trace_id == trace_id);
+        let answered: Vec<Seen> =
+            self.seen.iter().filter(|(trace_id, _)| !is_waiting(trace_id)).map(|(_, seen)| *seen).collect();
+        self.seen.retain(|trace_id, _| is_waiting(trace_id));
+        for gone in answered {
+            for seen in self.seen.values_mut() {
+                if seen.chat == gone.chat && seen.order < gone.order {
+                    seen.passed_over = true;
+                }
+            }
+        }
         let mut chats = BTreeSet::new();
         for envelope in waiting {
-            let since = *self.since.entry(envelope.trace_id.clone()).or_insert(now);
-            if now.saturating_duration_since(since) < max {
-                chats.insert((envelope.chat_id, envelope.thread_id));
+            let chat = (envelope.chat_id, envelope.thread_id);
+            let seen = *self.seen.entry(envelope.trace_id.clone()).or_insert_with(|| {
+                self.next_order += 1;
+                Seen { chat, since: now, order: self.next_order, passed_over: false }
+            });
+            if !seen.passed_over && now.saturating_duration_since(seen.since) < max {
+                chats.insert(chat);
             }
         }
         chats
@@ -154,6 +186,36 @@ mod tests {
         let answered = [shown("env_c", -2, Some(7))];
         assert_eq!(decision.chats(start + TYPING_REFRESH, &answered, max), BTreeSet::from([(-2, Some(7))]));
         assert!(decision.chats(start + TYPING_REFRESH * 2, &[], max).is_empty());
+    }
+
+    #[test]
+    fn a_message_after_which_the_agent_answered_a_later_one_stops_typing() {
+        let mut decision = TypingDecision::default();
+        let start = Instant::now();
+        let max = Duration::from_secs(120);
+        let burst = [shown("env_hi", 1, None), shown("env_question", 1, None), shown("env_other", 2, None)];
+        assert_eq!(decision.chats(start, &burst, max).len(), 2);
+        // The question is answered; "hi" still waits, unanswered, but the agent moved past it.
+        let left = [shown("env_hi", 1, None), shown("env_other", 2, None)];
+        assert_eq!(decision.chats(start + TYPING_REFRESH, &left, max), BTreeSet::from([(2, None)]));
+        // A new message in that chat types again.
+        let more = [shown("env_hi", 1, None), shown("env_other", 2, None), shown("env_next", 1, None)];
+        assert_eq!(
+            decision.chats(start + TYPING_REFRESH * 2, &more, max),
+            BTreeSet::from([(1, None), (2, None)])
+        );
+
+        // Answering the older of two leaves the newer typing.
+        let mut decision = TypingDecision::default();
+        let two = [shown("env_a", 5, Some(1)), shown("env_b", 5, Some(1))];
+        decision.chats(start, &two, max);
+        let newer = [shown("env_b", 5, Some(1))];
+        assert_eq!(decision.chats(start + TYPING_REFRESH, &newer, max), BTreeSet::from([(5, Some(1))]));
+        // And another topic of the same chat is another chat.
+        let topics = [shown("env_b", 5, Some(1)), shown("env_c", 5, Some(2))];
+        decision.chats(start + TYPING_REFRESH, &topics, max);
+        let other_topic_answered = [shown("env_b", 5, Some(1))];
+        assert_eq!(decision.chats(start + TYPING_REFRESH * 2, &other_topic_answered, max).len(), 1);
     }
 
     #[test]
