@@ -322,6 +322,7 @@ fn dispose_cost(routes: usize, agents: usize) -> f64 {
                 name: RouteName::parse(&format!("r{k}")).expect("a route name"),
                 target: Place::of(k).target(),
                 audience: Audience::Agent(AgentName::parse(&agent_of(k, agents)).expect("an agent name")),
+                senders: None,
             })
             .collect(),
     )

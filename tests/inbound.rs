@@ -92,6 +92,35 @@ async fn senders_outside_the_allowlist_are_rejected_and_kept_for_audit() {
     daemon.wait_for_log("recorded as rejected", WAIT).await;
 }
 
+/// "Only the owner in the private chat, anyone in the team's group": the group's route
+/// has its own `allowed_users`, in place of the global list.
+#[tokio::test]
+async fn a_routes_own_allowlist_stands_in_for_the_global_one() {
+    let fake = FakeTelegram::start().await;
+    let routes =
+        default_routes().replace("name = \"team-group\"", "name = \"team-group\"\nallowed_users = []");
+    let daemon = TestDaemon::start(&fake.api_url(), &format!("allowed_users = [{OWNER_ID}]"), &routes);
+    let mia = UserSpec::new(8, "Mia");
+    fake.push_text(ChatSpec::group(GROUP_CHAT, "Team"), &mia, "from the team");
+    fake.push_text(ChatSpec::private(8), &mia, "a private word");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "from the owner");
+    let rows = wait_for_envelopes(&daemon, 3).await;
+    let states: Vec<_> = rows.iter().map(|row| (row.content.as_str(), row.state)).collect();
+    assert_eq!(
+        states,
+        [
+            ("from the team", EnvelopeState::Queued),
+            ("a private word", EnvelopeState::Unrouted),
+            ("from the owner", EnvelopeState::Queued),
+        ]
+    );
+
+    // The same sender in a chat whose route keeps the global list is rejected.
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Forum"), &mia, "in the forum");
+    let rows = wait_for_envelopes(&daemon, 4).await;
+    assert_eq!(rows[3].state, EnvelopeState::Rejected);
+}
+
 #[tokio::test]
 async fn edits_and_textless_messages_are_envelopes_and_malformed_updates_do_not_stall() {
     let fake = FakeTelegram::start().await;

@@ -120,10 +120,15 @@ pub fn routes_table(settings: &Settings) -> String {
             RouteTarget::Chat { chat_id } => (chat_id.to_string(), "*".to_owned()),
             RouteTarget::Default => ("* (default)".to_owned(), "*".to_owned()),
         };
-        let audience = match &route.audience {
+        let mut audience = match &route.audience {
             Audience::Agent(agent) => agent.to_string(),
             Audience::Room(agents) => format!("room: {}", join(agents)),
         };
+        match route.senders.as_deref() {
+            None => {}
+            Some([]) => audience.push_str(" (senders: everyone)"),
+            Some(senders) => audience.push_str(&format!(" (senders: only {senders:?})")),
+        }
         out.push_str(&format!("{:<24} {:<22} {:<10} {}\n", route.name, chat, topic, audience));
     }
     if settings.routes.routes().is_empty() {

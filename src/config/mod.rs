@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::ids::{AgentName, Secret};
-use crate::rules::routes::RouteTarget;
+use crate::rules::routes::{Route, RouteTarget};
 
 /// Prefix and separator of environment overrides: `SWITCHBOARD__TELEGRAM__API_URL`.
 const ENV_PREFIX: &str = "SWITCHBOARD";
@@ -184,7 +184,9 @@ impl Settings {
             });
         }
         let catch_all = self.routes.routes().iter().find(|route| route.target == RouteTarget::Default);
-        if let (Some(route), true) = (catch_all, self.telegram.allowed_users.is_empty()) {
+        let open_to_everyone =
+            |route: &&Route| route.senders.as_deref().unwrap_or(&self.telegram.allowed_users).is_empty();
+        if let Some(route) = catch_all.filter(open_to_everyone) {
             warnings.push(ConfigWarning {
                 key: "telegram.allowed_users".into(),
                 problem: format!(

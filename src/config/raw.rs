@@ -249,6 +249,8 @@ pub(super) struct RawRoute {
     pub(super) agent: Option<String>,
     /// A room: several agents, in room order.
     pub(super) agents: Option<Vec<String>>,
+    /// Who may speak in this route's chat, over `telegram.allowed_users`.
+    pub(super) allowed_users: Option<Vec<i64>>,
     /// A room's own limits, over `[rooms]`.
     pub(super) cascade_limit: Option<u32>,
     pub(super) group_max_iters: Option<i64>,

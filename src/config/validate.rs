@@ -320,7 +320,7 @@ fn validate_route(
             Some(RoomSettings { route: name.clone(), chat_id, thread_id, roster, limits })
         }
     };
-    Ok((Route { name, target, audience }, room))
+    Ok((Route { name, target, audience, senders: raw.allowed_users }, room))
 }
 
 /// A room's members with their display names and aliases, checked by the pure core.

@@ -50,6 +50,9 @@ pub struct Route {
     pub name: RouteName,
     pub target: RouteTarget,
     pub audience: Audience,
+    /// The route's own `allowed_users`, in place of `telegram.allowed_users` for its
+    /// messages (empty: every sender there); `None` keeps the global list.
+    pub senders: Option<Vec<i64>>,
 }
 
 impl Route {
@@ -161,8 +164,10 @@ pub enum Disposition<'a> {
     Rejected(&'a Route),
 }
 
-/// Routes a message. `allowed_users` empty means every sender in a routed chat may speak;
-/// otherwise a sender must be on it (a message without a known sender never is).
+/// Routes a message. Who may speak is the route's own `allowed_users` when it has one, else
+/// `allowed_users` (`telegram.allowed_users`). An empty list means every sender in the
+/// route's chat; otherwise a sender must be on it (a message without a known sender never
+/// is).
 pub fn dispose<'a>(
     table: &'a RoutesTable,
     allowed_users: &[i64],
@@ -172,6 +177,7 @@ pub fn dispose<'a>(
     let Some(route) = table.route_for(channel) else {
         return Disposition::Unrouted;
     };
+    let allowed_users = route.senders.as_deref().unwrap_or(allowed_users);
     let allowed = allowed_users.is_empty() || sender_id.is_some_and(|id| allowed_users.contains(&id));
     if allowed { Disposition::Deliver(route) } else { Disposition::Rejected(route) }
 }
@@ -188,6 +194,7 @@ mod tests {
             name: RouteName::parse(name).unwrap(),
             target,
             audience: Audience::Agent(AgentName::parse(agent).unwrap()),
+            senders: None,
         }
     }
 
@@ -307,6 +314,7 @@ mod tests {
             name: RouteName::parse("dev-room").unwrap(),
             target: RouteTarget::Chat { chat_id: FORUM },
             audience: Audience::Room(agents.clone()),
+            senders: None,
         };
         assert!(room.is_room());
         assert_eq!(room.agent(), None);
@@ -340,5 +348,36 @@ mod tests {
         let nowhere = RoutesTable::default();
         assert_eq!(dispose(&nowhere, &[1], dm, Some(3)), Disposition::Unrouted);
         assert_eq!(dispose(&nowhere, &[], dm, Some(1)), Disposition::Unrouted);
+    }
+
+    #[test]
+    fn a_routes_own_allowlist_stands_in_for_the_global_one() {
+        let owner = 1;
+        let group = -100_555;
+        let open_group =
+            Route { senders: Some(vec![]), ..route("team", RouteTarget::Chat { chat_id: group }, "w") };
+        let two = Route {
+            senders: Some(vec![7, 8]),
+            ..route("pair", RouteTarget::Chat { chat_id: -100_666 }, "w")
+        };
+        let table =
+            RoutesTable::new(vec![route("dm", RouteTarget::Chat { chat_id: DM }, "o"), open_group, two])
+                .unwrap();
+        let global = [owner];
+        // "Only me in my DMs, anyone in the team's group, those two in theirs."
+        assert!(matches!(dispose(&table, &global, channel(DM, None), Some(owner)), Disposition::Deliver(_)));
+        assert!(matches!(dispose(&table, &global, channel(DM, None), Some(9)), Disposition::Rejected(_)));
+        assert!(matches!(dispose(&table, &global, channel(group, None), Some(9)), Disposition::Deliver(_)));
+        assert!(matches!(
+            dispose(&table, &global, channel(-100_666, None), Some(8)),
+            Disposition::Deliver(_)
+        ));
+        assert!(
+            matches!(
+                dispose(&table, &global, channel(-100_666, None), Some(owner)),
+                Disposition::Rejected(_)
+            ),
+            "the route's list replaces the global one, it does not add to it"
+        );
     }
 }

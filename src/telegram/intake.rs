@@ -397,6 +397,7 @@ mod tests {
             name: RouteName::parse("owner-dm").unwrap(),
             target: RouteTarget::Chat { chat_id: DM },
             audience: Audience::Agent(AgentName::parse("a").unwrap()),
+            senders: None,
         };
         Arc::new(Routing {
             routes: RoutesTable::new(vec![route]).unwrap(),
