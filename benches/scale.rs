@@ -323,6 +323,7 @@ fn dispose_cost(routes: usize, agents: usize) -> f64 {
                 target: Place::of(k).target(),
                 audience: Audience::Agent(AgentName::parse(&agent_of(k, agents)).expect("an agent name")),
                 senders: None,
+                mention_only: false,
             })
             .collect(),
     )

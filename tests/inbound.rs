@@ -5,8 +5,11 @@ mod support;
 
 use std::time::Duration;
 
+use serde_json::json;
 use support::daemon::*;
-use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
+use switchboard::fake_bot_api::{
+    BOT_USER_ID, BOT_USERNAME, ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec,
+};
 use switchboard::ledger::EnvelopeState;
 use switchboard::ledger::{ListFilter, StoredEnvelope};
 use switchboard::telegram::envelope::EnvelopeKind;
@@ -119,6 +122,57 @@ async fn a_routes_own_allowlist_stands_in_for_the_global_one() {
     fake.push_text(ChatSpec::forum(FORUM_CHAT, "Forum"), &mia, "in the forum");
     let rows = wait_for_envelopes(&daemon, 4).await;
     assert_eq!(rows[3].state, EnvelopeState::Rejected);
+}
+
+/// A group route with `mention_only`: what is said to the bot reaches its agent (a mention,
+/// a reply to the bot, a command); the rest of the group's talk is kept as `ignored`.
+#[tokio::test]
+async fn a_mention_only_route_takes_what_is_addressed_to_the_bot() {
+    let fake = FakeTelegram::start().await;
+    let routes =
+        default_routes().replace("name = \"team-group\"", "name = \"team-group\"\nmention_only = true");
+    let daemon = TestDaemon::start(&fake.api_url(), "", &routes);
+    daemon.wait_for_log(&format!("this bot is @{BOT_USERNAME}"), WAIT).await;
+    let team = ChatSpec::group(GROUP_CHAT, "Team");
+    let mia = UserSpec::new(8, "Mia");
+    fake.push_text(&team, &mia, "lunch at noon?");
+    fake.push_text(&team, &mia, &format!("@{BOT_USERNAME} summarise the thread"));
+    fake.push_text(&team, &mia, "/status");
+    fake.push_text(&team, &mia, "/status@someone_elses_bot");
+    fake.push_raw_update(json!({"message": {
+        "message_id": 900, "date": 1_700_000_000,
+        "chat": {"id": GROUP_CHAT, "type": "group", "title": "Team"},
+        "from": {"id": 8, "is_bot": false, "first_name": "Mia"},
+        "text": "and the second point?",
+        "reply_to_message": {
+            "message_id": 899, "date": 1_700_000_000,
+            "chat": {"id": GROUP_CHAT, "type": "group", "title": "Team"},
+            "from": {"id": BOT_USER_ID, "is_bot": true, "first_name": "Bot", "username": BOT_USERNAME},
+            "text": "first point: ..."
+        }
+    }}));
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "the owner's private chat is not mention_only");
+    let rows = wait_for_envelopes(&daemon, 6).await;
+    // A command for this bot is the daemon's to answer (an unknown one is answered and
+    // acked): not ignored.
+    assert_ne!(rows[2].state, EnvelopeState::Ignored, "{:?}", rows[2]);
+    let states: Vec<(&str, EnvelopeState)> = rows
+        .iter()
+        .filter(|row| row.content != "/status")
+        .map(|row| (row.content.as_str(), row.state))
+        .collect();
+    let mention = format!("@{BOT_USERNAME} summarise the thread");
+    assert_eq!(
+        states,
+        [
+            ("lunch at noon?", EnvelopeState::Ignored),
+            (mention.as_str(), EnvelopeState::Queued),
+            ("/status@someone_elses_bot", EnvelopeState::Ignored),
+            ("and the second point?", EnvelopeState::Queued),
+            ("the owner's private chat is not mention_only", EnvelopeState::Queued),
+        ]
+    );
+    assert_eq!(rows[0].route.as_deref(), Some("team-group"), "kept for audit under its route");
 }
 
 #[tokio::test]

@@ -124,6 +124,9 @@ pub fn routes_table(settings: &Settings) -> String {
             Audience::Agent(agent) => agent.to_string(),
             Audience::Room(agents) => format!("room: {}", join(agents)),
         };
+        if route.mention_only {
+            audience.push_str(" (mention only)");
+        }
         match route.senders.as_deref() {
             None => {}
             Some([]) => audience.push_str(" (senders: everyone)"),

@@ -251,6 +251,9 @@ pub(super) struct RawRoute {
     pub(super) agents: Option<Vec<String>>,
     /// Who may speak in this route's chat, over `telegram.allowed_users`.
     pub(super) allowed_users: Option<Vec<i64>>,
+    /// Only messages addressed to the bot reach the route's agent.
+    #[serde(default)]
+    pub(super) mention_only: bool,
     /// A room's own limits, over `[rooms]`.
     pub(super) cascade_limit: Option<u32>,
     pub(super) group_max_iters: Option<i64>,

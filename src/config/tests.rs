@@ -247,6 +247,17 @@ fn the_local_api_leaves_loopback_only_with_tls_or_the_operators_word() {
 }
 
 #[test]
+fn mention_only_is_for_a_route_with_one_agent() {
+    let single = MINIMAL.replace("agent = \"orchestrator\"", "agent = \"orchestrator\"\nmention_only = true");
+    let settings = load_str(&single).unwrap();
+    assert!(settings.routes.routes()[0].mention_only);
+    let room = MINIMAL.replace("agent = \"orchestrator\"", "agents = [\"orchestrator\"]\nmention_only = true");
+    let e = problem(&room);
+    assert_eq!(e.key, "routes[0].mention_only", "{e}");
+    assert!(e.problem.contains("room"), "{e}");
+}
+
+#[test]
 fn a_catch_all_route_open_to_every_sender_is_warned_about() {
     let catch_all = format!("{MINIMAL}\n[[routes]]\nname = \"fallback\"\nagent = \"orchestrator\"\n");
     let warnings = load_str(&catch_all).unwrap().warnings();

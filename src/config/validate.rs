@@ -290,6 +290,15 @@ fn validate_route(
             }
             None
         }
+        Audience::Room(_) if raw.mention_only => {
+            return Err(err(
+                "mention_only",
+                format!(
+                    "route '{name}' is a room: its agents take the floor by @mention already, and every \
+                     message of the room counts; mention_only is for a route with one `agent`"
+                ),
+            ));
+        }
         Audience::Room(members) => {
             let (chat_id, thread_id) = match target {
                 RouteTarget::Topic { chat_id, thread_id } => (chat_id, Some(thread_id)),
@@ -320,7 +329,7 @@ fn validate_route(
             Some(RoomSettings { route: name.clone(), chat_id, thread_id, roster, limits })
         }
     };
-    Ok((Route { name, target, audience, senders: raw.allowed_users }, room))
+    Ok((Route { name, target, audience, senders: raw.allowed_users, mention_only: raw.mention_only }, room))
 }
 
 /// A room's members with their display names and aliases, checked by the pure core.

@@ -53,6 +53,9 @@ pub struct Route {
     /// The route's own `allowed_users`, in place of `telegram.allowed_users` for its
     /// messages (empty: every sender there); `None` keeps the global list.
     pub senders: Option<Vec<i64>>,
+    /// `mention_only`: only messages addressed to the bot ([`is_addressed`]) reach the
+    /// agent; the others are kept as `ignored`.
+    pub mention_only: bool,
 }
 
 impl Route {
@@ -182,6 +185,56 @@ pub fn dispose<'a>(
     if allowed { Disposition::Deliver(route) } else { Disposition::Rejected(route) }
 }
 
+/// Who the bot is, as far as the daemon has learnt (`getMe`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BotIdentity {
+    pub id: i64,
+    /// Unknown until `getMe` answers.
+    pub username: Option<String>,
+}
+
+/// What of a message tells whether it is addressed to the bot.
+#[derive(Debug, Clone, Copy)]
+pub struct Addressing<'a> {
+    pub private_chat: bool,
+    /// Its text or caption.
+    pub text: Option<&'a str>,
+    /// The sender of the message it replies to.
+    pub replies_to: Option<i64>,
+}
+
+/// Whether a message speaks to the bot, for a `mention_only` route: any message of a
+/// private chat, a reply to one of the bot's messages, a text that mentions `@its_name`
+/// (any case), and a command that is not addressed to another bot (`/cmd`, `/cmd@its_name`).
+/// While the bot's name is not known every message counts, so that a mention is never
+/// dropped for want of the name: at worst the agent reads one message too many.
+pub fn is_addressed(message: &Addressing<'_>, bot: &BotIdentity) -> bool {
+    if message.private_chat || message.replies_to == Some(bot.id) {
+        return true;
+    }
+    let Some(name) = bot.username.as_deref() else { return true };
+    let Some(text) = message.text else { return false };
+    if let Some(command) = text.strip_prefix('/') {
+        let word = command.split_whitespace().next().unwrap_or_default();
+        match word.split_once('@') {
+            None => return true,
+            Some((_, to)) if to.eq_ignore_ascii_case(name) => return true,
+            Some(_) => {}
+        }
+    }
+    mentions(text, name)
+}
+
+/// Whether `text` holds `@name` as a whole mention (not the start of a longer name).
+fn mentions(text: &str, name: &str) -> bool {
+    let is_name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    text.match_indices('@').any(|(at, _)| {
+        let after = &text[at + 1..];
+        after.get(..name.len()).is_some_and(|found| found.eq_ignore_ascii_case(name))
+            && !after[name.len()..].starts_with(is_name_char)
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,6 +248,7 @@ mod tests {
             target,
             audience: Audience::Agent(AgentName::parse(agent).unwrap()),
             senders: None,
+            mention_only: false,
         }
     }
 
@@ -315,6 +369,7 @@ mod tests {
             target: RouteTarget::Chat { chat_id: FORUM },
             audience: Audience::Room(agents.clone()),
             senders: None,
+            mention_only: false,
         };
         assert!(room.is_room());
         assert_eq!(room.agent(), None);
@@ -379,5 +434,36 @@ mod tests {
             ),
             "the route's list replaces the global one, it does not add to it"
         );
+    }
+
+    #[test]
+    fn a_message_is_addressed_to_the_bot_by_a_mention_a_reply_or_a_command() {
+        let bot = BotIdentity { id: 99, username: Some("helper_bot".into()) };
+        let group =
+            |text: &'static str| Addressing { private_chat: false, text: Some(text), replies_to: None };
+        for text in [
+            "@helper_bot what now?",
+            "what now, @Helper_Bot?",
+            "ping @helper_bot",
+            "/status",
+            "/status@helper_bot please",
+            "/STATUS@HELPER_BOT",
+        ] {
+            assert!(is_addressed(&group(text), &bot), "{text:?}");
+        }
+        for text in ["what now?", "@helper_botty hi", "/status@other_bot", "mail helper_bot", "@"] {
+            assert!(!is_addressed(&group(text), &bot), "{text:?}");
+        }
+        let reply = Addressing { private_chat: false, text: Some("yes"), replies_to: Some(99) };
+        assert!(is_addressed(&reply, &bot), "a reply to the bot's message");
+        let other = Addressing { replies_to: Some(7), ..reply };
+        assert!(!is_addressed(&other, &bot), "a reply to someone else");
+        let photo = Addressing { private_chat: false, text: None, replies_to: None };
+        assert!(!is_addressed(&photo, &bot), "a photo without a caption mentions nobody");
+        let private = Addressing { private_chat: true, ..photo };
+        assert!(is_addressed(&private, &bot), "a private chat speaks to the bot");
+        let unknown = BotIdentity { id: 99, username: None };
+        assert!(is_addressed(&group("what now?"), &unknown), "not knowing its name, nothing is dropped");
+        assert!(is_addressed(&group("ü @helper_bot ü"), &bot), "not only ASCII around it");
     }
 }

@@ -21,8 +21,8 @@ use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::metrics;
 use crate::rules::permissions::Verdict;
 use crate::rules::routes::RoutesTable;
-use crate::rules::routes::{Disposition, dispose};
-use crate::telegram::envelope::{self, Inbound};
+use crate::rules::routes::{Addressing, BotIdentity, Disposition, dispose, is_addressed};
+use crate::telegram::envelope::{self, ChatType, Inbound};
 use crate::telegram::updates::RawUpdate;
 use crate::telemetry;
 
@@ -101,7 +101,8 @@ impl UpdateIntake {
         let presses: Vec<_> =
             updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
         let routing = Arc::clone(&self.routing.borrow());
-        let ReadBatch { envelopes: batch, reactions } = read_batch(updates, routing).await;
+        let bot = Arc::new(BotIdentity { id: self.bot_id, username: self.bridge.bot_username() });
+        let ReadBatch { envelopes: batch, reactions } = read_batch(updates, routing, bot).await;
         // Agents with a live session get their envelopes handed over by this commit (see
         // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
         let bridge = self.bridge.clone();
@@ -164,23 +165,23 @@ const READ_IN_PARALLEL_FROM: usize = 16;
 
 /// The rows a batch of updates becomes, in the batch's order. A large batch's second half
 /// is read on a blocking thread meanwhile (see [`READ_IN_PARALLEL_FROM`]).
-async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>) -> ReadBatch {
-    let read = |updates: &[RawUpdate], routing: &Routing| -> ReadBatch {
+async fn read_batch(mut updates: Vec<RawUpdate>, routing: Arc<Routing>, bot: Arc<BotIdentity>) -> ReadBatch {
+    let read = |updates: &[RawUpdate], routing: &Routing, bot: &BotIdentity| -> ReadBatch {
         let mut batch = ReadBatch::default();
         for raw in updates {
-            read_update(raw, routing, &mut batch);
+            read_update(raw, routing, bot, &mut batch);
         }
         batch
     };
     if updates.len() < READ_IN_PARALLEL_FROM {
-        return read(&updates, &routing);
+        return read(&updates, &routing, &bot);
     }
     let second_half = updates.split_off(updates.len() / 2);
     let helper = {
-        let routing = Arc::clone(&routing);
-        tokio::task::spawn_blocking(move || read(&second_half, &routing))
+        let (routing, bot) = (Arc::clone(&routing), Arc::clone(&bot));
+        tokio::task::spawn_blocking(move || read(&second_half, &routing, &bot))
     };
-    let mut rows = read(&updates, &routing);
+    let mut rows = read(&updates, &routing, &bot);
     match helper.await {
         Ok(more) => {
             rows.envelopes.extend(more.envelopes);
@@ -202,13 +203,13 @@ struct ReadBatch {
 }
 
 /// Adds what one update becomes in the ledger, if anything, to `batch`.
-fn read_update(raw: &RawUpdate, routing: &Routing, batch: &mut ReadBatch) {
+fn read_update(raw: &RawUpdate, routing: &Routing, bot: &BotIdentity, batch: &mut ReadBatch) {
     let digest = raw.digest();
     let routed = match envelope::read(raw) {
         Inbound::Envelope(envelope) if is_text_answer(&envelope, routing) => {
             audit_row(*envelope, EnvelopeState::Ignored, digest, TEXT_ANSWER_NOTE.to_owned(), None)
         }
-        Inbound::Envelope(envelope) => route(*envelope, digest, routing),
+        Inbound::Envelope(envelope) => route(*envelope, digest, routing, bot),
         Inbound::Ignored { envelope, reason } => {
             audit_row(*envelope, EnvelopeState::Ignored, digest, reason, None)
         }
@@ -233,9 +234,20 @@ fn read_update(raw: &RawUpdate, routing: &Routing, batch: &mut ReadBatch) {
     batch.envelopes.push(routed);
 }
 
-fn route(envelope: envelope::Envelope, update_digest: String, routing: &Routing) -> RoutedEnvelope {
+fn route(
+    envelope: envelope::Envelope,
+    update_digest: String,
+    routing: &Routing,
+    bot: &BotIdentity,
+) -> RoutedEnvelope {
     let (state, route) =
         match dispose(&routing.routes, &routing.allowed_users, envelope.channel, envelope.sender.id) {
+            Disposition::Deliver(route) if route.mention_only && !addressed_to(&envelope, bot) => {
+                let note = format!("not addressed to the bot (route {} is mention_only)", route.name);
+                let mut row = audit_row(envelope, EnvelopeState::Ignored, update_digest, note, None);
+                row.route = Some(route.name.clone());
+                return row;
+            }
             Disposition::Deliver(route) => (EnvelopeState::Queued, Some(route)),
             Disposition::Unrouted => (EnvelopeState::Unrouted, None),
             Disposition::Rejected(route) => (EnvelopeState::Rejected, Some(route)),
@@ -250,6 +262,15 @@ fn route(envelope: envelope::Envelope, update_digest: String, routing: &Routing)
         note: None,
         raw_update: None,
     }
+}
+
+fn addressed_to(envelope: &envelope::Envelope, bot: &BotIdentity) -> bool {
+    let message = Addressing {
+        private_chat: envelope.chat_type == ChatType::Private,
+        text: envelope.text.as_deref(),
+        replies_to: envelope.context.quoted.as_ref().and_then(|quoted| quoted.sender_id),
+    };
+    is_addressed(&message, bot)
 }
 
 fn report_migration(routing: &Routing, update_id: i64, from_chat_id: i64, to_chat_id: i64) {
@@ -398,6 +419,7 @@ mod tests {
             target: RouteTarget::Chat { chat_id: DM },
             audience: Audience::Agent(AgentName::parse("a").unwrap()),
             senders: None,
+            mention_only: false,
         };
         Arc::new(Routing {
             routes: RoutesTable::new(vec![route]).unwrap(),
@@ -431,12 +453,13 @@ mod tests {
     async fn a_batch_read_on_two_threads_is_the_batch_read_in_order() {
         let routing = routing();
         let batch = updates(100);
+        let bot = Arc::new(BotIdentity::default());
         let mut one_by_one = ReadBatch::default();
         for raw in &batch {
-            read_update(raw, &routing, &mut one_by_one);
+            read_update(raw, &routing, &bot, &mut one_by_one);
         }
         let one_by_one = one_by_one.envelopes;
-        let read = read_batch(batch, Arc::clone(&routing)).await.envelopes;
+        let read = read_batch(batch, Arc::clone(&routing), bot).await.envelopes;
         assert_eq!(summary(&read), summary(&one_by_one));
         // Every kind of row is in it, and the update that is not a message is not.
         let states: Vec<EnvelopeState> = read.iter().map(|r| r.state).collect();

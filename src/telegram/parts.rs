@@ -295,6 +295,8 @@ pub struct Quoted {
     /// message's text or caption (or what it shows instead, a placeholder); at most
     /// [`QUOTE_CHARS`] characters.
     pub text: Option<String>,
+    /// Who sent it, when Telegram says (the bot, for a reply to one of its messages).
+    pub sender_id: Option<i64>,
 }
 
 /// The message `message` replies to, if it quotes one. In a forum topic every message
@@ -309,7 +311,11 @@ pub fn quoted(message: &Message) -> Option<Quoted> {
         Some(quote) if !quote.text.is_empty() => Some(quote.text.clone()),
         _ => readable(replied),
     };
-    Some(Quoted { message_id: replied.id.0, text: text.map(|text| text.chars().take(QUOTE_CHARS).collect()) })
+    Some(Quoted {
+        message_id: replied.id.0,
+        text: text.map(|text| text.chars().take(QUOTE_CHARS).collect()),
+        sender_id: replied.from.as_ref().and_then(|user| i64::try_from(user.id.0).ok()),
+    })
 }
 
 /// What the model would read of a message: its text, else its first file's placeholder,

@@ -98,8 +98,11 @@ pub(crate) fn reaction(envelope_id: i64, request_id: &'static str, target: i32) 
 /// `routed(update_id)` quoting message `quoted` of its chat.
 pub(crate) fn quoting(update_id: i64, quoted: i32) -> RoutedEnvelope {
     let mut row = routed(update_id, EnvelopeState::Queued);
-    row.envelope.context.quoted =
-        Some(crate::telegram::parts::Quoted { message_id: quoted, text: Some("quoted".into()) });
+    row.envelope.context.quoted = Some(crate::telegram::parts::Quoted {
+        message_id: quoted,
+        text: Some("quoted".into()),
+        sender_id: None,
+    });
     row
 }
 

@@ -927,8 +927,11 @@ async fn figures() {
     .await;
     ingest_figures(&ledger, term, "25 conversations, each message quoting", |row| {
         row.envelope.channel.chat_id += row.envelope.update_id % 25;
-        row.envelope.context.quoted =
-            Some(crate::telegram::parts::Quoted { message_id: 7, text: Some("the bot's question".into()) });
+        row.envelope.context.quoted = Some(crate::telegram::parts::Quoted {
+            message_id: 7,
+            text: Some("the bot's question".into()),
+            sender_id: None,
+        });
     })
     .await;
     reaction_figures(&ledger, term).await;

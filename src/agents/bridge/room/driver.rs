@@ -209,6 +209,7 @@ impl RoomDriver {
         }
         if let Some(username) = &me.username {
             self.bridge.set_bot_username(username.clone());
+            tracing::info!(bot = %username, "this bot is @{username} (getMe)");
         }
         self.bot_username = me.username;
     }
