@@ -251,7 +251,8 @@ fn mention_only_is_for_a_route_with_one_agent() {
     let single = MINIMAL.replace("agent = \"orchestrator\"", "agent = \"orchestrator\"\nmention_only = true");
     let settings = load_str(&single).unwrap();
     assert!(settings.routes.routes()[0].mention_only);
-    let room = MINIMAL.replace("agent = \"orchestrator\"", "agents = [\"orchestrator\"]\nmention_only = true");
+    let room =
+        MINIMAL.replace("agent = \"orchestrator\"", "agents = [\"orchestrator\"]\nmention_only = true");
     let e = problem(&room);
     assert_eq!(e.key, "routes[0].mention_only", "{e}");
     assert!(e.problem.contains("room"), "{e}");

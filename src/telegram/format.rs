@@ -358,7 +358,8 @@ fn utf16_len(s: &str) -> usize {
 /// paragraphs, then lines, then words, in the second half of a part. A part never ends
 /// inside a tag or an entity; the tags open where it ends are closed at its end and
 /// opened again at the start of the next part, so each part is well formed on its own.
-/// Whitespace at a break is dropped; nothing else is.
+/// Whitespace at a break is dropped, but not the indentation of the line a part starts
+/// with; nothing else is.
 pub fn split_html(html: &str, limit: usize) -> Vec<String> {
     assert!(limit > 0, "a part limit of zero cannot hold any text");
     let atoms = atoms(html);
@@ -380,15 +381,32 @@ pub fn split_html(html: &str, limit: usize) -> Vec<String> {
             parts.push(part);
         }
         carried = open_at_end;
-        start = end;
-        while atoms.get(start).is_some_and(|atom| atom.text().chars().all(char::is_whitespace)) {
-            start += 1;
-        }
+        start = next_part_start(&atoms, end);
     }
     if parts.is_empty() {
         parts.push(html.to_owned());
     }
     parts
+}
+
+/// Where the part after a break at `end` starts: past the whitespace of the break, but
+/// not past the indentation of the line that continues it (code keeps its shape).
+fn next_part_start(atoms: &[Atom<'_>], end: usize) -> usize {
+    let is_blank = |atom: &Atom<'_>| atom.text().chars().all(char::is_whitespace);
+    let mut line_start = (end > 0 && atoms[end - 1].text().contains('\n')).then_some(end);
+    let mut next = end;
+    while let Some(atom) = atoms.get(next).filter(|atom| is_blank(atom)) {
+        next += 1;
+        if atom.text().contains('\n') {
+            line_start = Some(next);
+        }
+    }
+    match line_start {
+        // Nothing follows but whitespace: the text is over.
+        Some(_) if next == atoms.len() => next,
+        Some(line_start) => line_start,
+        None => next,
+    }
 }
 
 /// Where the part that starts at `start` ends (an atom index) and the tags open there.
@@ -574,6 +592,23 @@ mod tests {
         assert!(parts.iter().all(|p| utf16_len(p) <= 4096));
         let squash = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
         assert_eq!(squash(&parts.iter().map(|p| html_to_plain(p)).collect::<String>()), squash(&text));
+    }
+
+    #[test]
+    fn a_code_block_split_at_a_line_keeps_the_next_lines_indentation() {
+        let code = "def f():\n    x = 1\n    return 14\n\n    # done";
+        let html = format!("<pre><code>{code}</code></pre>");
+        let parts = split_html(&html, 40);
+        assert!(parts.len() > 1, "{parts:?}");
+        for part in &parts[1..] {
+            let text = html_to_plain(part);
+            assert!(text.starts_with("    "), "the indentation stays: {parts:?}");
+            assert!(part.starts_with("<pre><code>"), "{parts:?}");
+        }
+        let lines: Vec<String> = parts.iter().map(|p| html_to_plain(p)).collect();
+        assert_eq!(lines.join("\n").replace("\n\n", "\n"), code.replace("\n\n", "\n"));
+        // Between words, the space at the break goes.
+        assert_eq!(split_html("aaaa bbbb cccc", 10), ["aaaa bbbb", "cccc"]);
     }
 
     #[test]

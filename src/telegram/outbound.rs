@@ -233,8 +233,8 @@ pub fn telegram_thread(thread_id: Option<i32>) -> Option<i32> {
 }
 
 /// Splits text into chunks of at most `limit` UTF-16 code units, preferring paragraph,
-/// line, sentence and word boundaries, in that order. Whitespace at a break is dropped;
-/// nothing else is.
+/// line, sentence and word boundaries, in that order. Whitespace at a break is dropped, but
+/// not the indentation of the line a chunk starts with; nothing else is.
 ///
 /// ```
 /// use switchboard::telegram::outbound::split_text;
@@ -254,7 +254,12 @@ pub fn split_text(text: &str, limit: usize) -> Vec<String> {
         if !chunk.is_empty() {
             chunks.push(chunk.to_owned());
         }
-        rest = rest[next_start..].trim_start();
+        let at_line_break = window[chunk_end..next_start].contains('\n');
+        rest = if at_line_break {
+            skip_blank_lines(&rest[next_start..])
+        } else {
+            rest[next_start..].trim_start()
+        };
     }
     if !rest.trim().is_empty() || chunks.is_empty() {
         chunks.push(rest.to_owned());
@@ -264,6 +269,15 @@ pub fn split_text(text: &str, limit: usize) -> Vec<String> {
 
 fn utf16_len(s: &str) -> usize {
     s.chars().map(char::len_utf16).sum()
+}
+
+/// What follows a line break: its blank lines dropped, but not the indentation of the line
+/// that continues the text (code keeps its shape).
+fn skip_blank_lines(mut rest: &str) -> &str {
+    while let Some(end) = rest.find('\n').filter(|&end| rest[..end].trim().is_empty()) {
+        rest = &rest[end + 1..];
+    }
+    if rest.trim().is_empty() { "" } else { rest }
 }
 
 /// Byte length of the longest prefix of `s` (at a char boundary) within `limit` units.
@@ -666,6 +680,16 @@ mod tests {
         assert_eq!(split_text("aaaa. bbbb cccc", 12), ["aaaa. bbbb", "cccc"]);
         assert_eq!(split_text("aaaa. bb cc dddd", 12), ["aaaa. bb cc", "dddd"]);
         assert_eq!(split_text("abcdefghijklmnop", 5), ["abcde", "fghij", "klmno", "p"]);
+    }
+
+    #[test]
+    fn a_split_at_a_line_keeps_the_indentation_of_the_next_line() {
+        let text = "fn main() {\n    let x = 1;\n\n    println!(\"{x}\");\n}";
+        let chunks = split_text(text, 20);
+        assert!(chunks.len() > 1, "{chunks:?}");
+        assert!(chunks.iter().any(|c| c.starts_with("    ")), "{chunks:?}");
+        assert_eq!(chunks.join("\n").replace("\n\n", "\n"), text.replace("\n\n", "\n"));
+        assert_eq!(split_text("aaaa   bbbb", 6), ["aaaa", "bbbb"], "between words the spaces go");
     }
 
     #[test]
