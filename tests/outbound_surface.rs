@@ -30,6 +30,23 @@ async fn a_markdown_reply_arrives_as_telegram_html_and_the_receipt_names_its_mes
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
 }
 
+/// Markdown that renders as nothing (a link without text, a bare link definition) is
+/// refused before anything is sent, rather than sent empty and refused by Telegram, and the
+/// message still waits for its answer.
+#[tokio::test]
+async fn a_reply_that_renders_as_nothing_is_refused_before_it_is_sent() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("status?").await;
+    for text in ["[](https://e.com/l)", "[1]: https://e.com/l"] {
+        let (is_error, answer) = orchestrator
+            .call_tool("reply", json!({"trace_id": trace, "format": "markdown", "text": text}))
+            .await
+            .unwrap();
+        assert!(is_error && answer.starts_with("bad_request"), "{text:?}: {answer}");
+    }
+    assert!(fake.sent_messages().is_empty());
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+}
+
 #[tokio::test]
 async fn html_telegram_cannot_parse_is_sent_once_more_as_plain_text() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("status?").await;

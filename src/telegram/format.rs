@@ -468,23 +468,49 @@ fn is_blank_html(part: &str) -> bool {
 }
 
 /// What a part reads as without its markup: tags dropped, entities turned back into their
-/// characters. What is sent when Telegram cannot parse the part's HTML.
+/// characters, a link's address written after its text, a `<br>` a line break. What is sent
+/// when Telegram cannot parse the part's HTML.
 ///
 /// ```
 /// use switchboard::telegram::format::html_to_plain;
 ///
 /// assert_eq!(html_to_plain("<b>x &lt; y</b> &amp; <i>z"), "x < y & z");
+/// assert_eq!(html_to_plain("see <a href=\"https://ci/81\">the run</a><br>done"), "see the run (https://ci/81)\ndone");
 /// ```
 pub fn html_to_plain(html: &str) -> String {
     let mut plain = String::with_capacity(html.len());
+    // The links open here, innermost last: their address, and where their text starts.
+    let mut links: Vec<(Option<String>, usize)> = Vec::new();
     for atom in atoms(html) {
         match atom {
+            Atom::Open { name, text } if name.eq_ignore_ascii_case("a") => {
+                links.push((href(text), plain.len()))
+            }
+            Atom::Open { name, .. } if name.eq_ignore_ascii_case("br") => plain.push('\n'),
+            Atom::Close { name, .. } if name.eq_ignore_ascii_case("a") => {
+                let Some((Some(address), from)) = links.pop() else { continue };
+                // Written out after a text that is not the address already; a link with
+                // no text here (a split's empty end) adds nothing.
+                let shown = plain[from..].trim();
+                if !shown.is_empty() && shown != address {
+                    plain.push_str(&format!(" ({address})"));
+                }
+            }
             Atom::Open { .. } | Atom::Close { .. } => {}
             Atom::Text(text) if text.starts_with('&') && text.len() > 1 => plain.push_str(&unescape(text)),
             Atom::Text(text) => plain.push_str(text),
         }
     }
     plain
+}
+
+/// The address an `<a href="…">` tag names, its entities read.
+fn href(tag: &str) -> Option<String> {
+    let at = tag.find("href=")? + "href=".len();
+    let quote = tag[at..].chars().next().filter(|c| *c == '"' || *c == '\'')?;
+    let value = &tag[at + 1..];
+    let value = &value[..value.find(quote)?];
+    Some(html_to_plain(value)).filter(|address| !address.is_empty())
 }
 
 /// One entity as its character; an entity Telegram does not know stays as written.
@@ -555,8 +581,13 @@ mod tests {
     fn plain_text_is_the_html_without_tags_and_with_entities_unescaped() {
         assert_eq!(
             html_to_plain("<a href=\"u\">l</a> &quot;q&quot; &#65;&#x42; &bogus;"),
-            "l \"q\" AB &bogus;"
+            "l (u) \"q\" AB &bogus;"
         );
+        assert_eq!(
+            html_to_plain("<a href=\"https://x.y/?a=1&amp;b=2\">https://x.y/?a=1&amp;b=2</a>"),
+            "https://x.y/?a=1&b=2"
+        );
+        assert_eq!(html_to_plain("line<br>next<br >last"), "line\nnext\nlast");
         assert_eq!(html_to_plain("1 < 2 && 3 > 2"), "1 < 2 && 3 > 2");
         assert!(is_unparsable_entities("Telegram refused it: Bad Request: can't parse entities: Unclosed"));
         assert!(!is_unparsable_entities("Telegram refused it: Bad Request: chat not found"));
@@ -582,7 +613,7 @@ mod tests {
         let parts = split_html("&amp;&amp;&amp;<a href=\"xyz\">k</a>", 9);
         assert_eq!(parts[0], "&amp;");
         assert!(parts.iter().all(|p| !p.ends_with('&') && p.matches('<').count() == p.matches('>').count()));
-        assert_eq!(parts.iter().map(|p| html_to_plain(p)).collect::<String>(), "&&&k");
+        assert_eq!(parts.iter().map(|p| html_to_plain(p)).collect::<String>(), "&&&k (xyz)");
     }
 
     #[test]

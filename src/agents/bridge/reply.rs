@@ -78,6 +78,13 @@ impl Bridge {
         let again = parse_again(request.again.as_ref())?;
         let format = ReplyFormat::parse(request.format.as_deref()).map_err(ToolError::Invalid)?;
         let (parts, html) = format.parts(&request.text, TELEGRAM_TEXT_LIMIT);
+        if html && parts.iter().all(|part| html_to_plain(part).trim().is_empty()) {
+            return Err(ToolError::Invalid(format!(
+                "the reply shows nothing once its {} is rendered (only markup, or a link without text); \
+                 nothing was sent",
+                request.format.as_deref().unwrap_or("format")
+            )));
+        }
         let max = self.limits().max_reply_parts;
         if parts.len() > max {
             tracing::warn!(%agent, parts = parts.len(), max, "reply refused: too long");
