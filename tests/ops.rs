@@ -264,6 +264,13 @@ async fn ledger_commands_refuse_a_file_that_is_not_a_ledger_and_leave_it_as_it_w
         assert!(lines[0].contains("not a switchboard ledger"), "{err}");
         assert!(lines[0].contains(&database.display().to_string()), "{err}");
     }
+    // Nor does the daemon make it a ledger.
+    let (output, stderr) = finish(daemon.subcommand("run")).await;
+    assert!(!output.status.success(), "run on another program's database must fail:\n{stderr}");
+    assert!(
+        stderr.contains("not a switchboard ledger") && stderr.contains(&database.display().to_string()),
+        "{stderr}"
+    );
     assert_eq!(std::fs::read(&database).unwrap(), foreign, "not a byte of it changed");
     let mode = std::fs::metadata(&database).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o644, "nor its mode");

@@ -111,6 +111,17 @@ pub enum OpenError {
         path.display()
     )]
     NotALedger { path: PathBuf },
+    #[error(
+        "the ledger database {} cannot be written by this user: the daemon and the ledger \
+         commands write to it (and beside it, its -wal and -shm files); make it and its folder writable \
+         by the user that runs them, e.g. chmod 600 on the file; nothing was changed",
+        path.display()
+    )]
+    NotWritable {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("applying migrations to {}", path.display())]
     Migrate {
         path: PathBuf,
@@ -123,6 +134,14 @@ impl SqliteLedger {
     /// Opens the database, creating it (mode `0600`) if needed, and applies pending
     /// migrations. The daemon's way in.
     pub async fn open(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
+        writable(path)?;
+        // A file with content is a ledger already, or another program's database, which
+        // must not become one (nor have its mode changed).
+        if std::fs::metadata(path).is_ok_and(|file| file.len() > 0)
+            && !read_tables(path, File::Tables).await?
+        {
+            return Err(OpenError::NotALedger { path: path.to_owned() });
+        }
         files::create_private(path).map_err(|source| OpenError::Create { path: path.to_owned(), source })?;
         tighten_and_warn(path);
         Self::connect(path, synchronous, true).await
@@ -132,20 +151,10 @@ impl SqliteLedger {
     /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
     pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
         // Before anything changes the file (its mode, its journal, its tables): it may be
-        // another program's.
-        let database = path.to_owned();
-        let is_a_ledger = tokio::task::spawn_blocking(move || holds_a_ledger(&database))
-            .await
-            .map_err(|e| {
-                LedgerError::other(format!("the task reading the ledger's tables did not finish: {e}"))
-            })
-            .and_then(|read| read.map_err(LedgerError::from))
-            .map_err(|source| OpenError::Connect {
-                doing: "reading the tables of",
-                path: path.to_owned(),
-                source,
-            })?;
-        if !is_a_ledger {
+        // another program's, or one this user may only read, beside which a connection would
+        // leave its -wal and -shm files with the file's read-only mode.
+        writable(path)?;
+        if !read_tables(path, File::MustBeALedger).await? {
             return Err(OpenError::NotALedger { path: path.to_owned() });
         }
         tighten_and_warn(path);
@@ -232,11 +241,47 @@ fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqli
     Ok(db)
 }
 
-/// Whether the file at `path` holds a ledger, read without writing.
-fn holds_a_ledger(path: &Path) -> rusqlite::Result<bool> {
-    let db = rusqlite::Connection::open_with_flags(path, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
-    db.busy_timeout(BUSY_TIMEOUT)?;
-    migrations::records_migrations(&db)
+/// Refuses a ledger file that exists but this user cannot write, before any connection
+/// opens it. A missing file is for the caller to create or refuse.
+fn writable(path: &Path) -> Result<(), OpenError> {
+    match std::fs::OpenOptions::new().write(true).open(path) {
+        Err(source) if source.kind() == std::io::ErrorKind::PermissionDenied => {
+            Err(OpenError::NotWritable { path: path.to_owned(), source })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// What a ledger file may hold before it is opened for writing.
+#[derive(Debug, Clone, Copy)]
+enum File {
+    /// A ledger (`switchboard ledger` on an existing file).
+    MustBeALedger,
+    /// A ledger, or no table at all (the daemon's first start on an empty database).
+    Tables,
+}
+
+/// Whether the file at `path` may be opened as `expected` says, read without writing.
+async fn read_tables(path: &Path, expected: File) -> Result<bool, OpenError> {
+    let database = path.to_owned();
+    tokio::task::spawn_blocking(move || {
+        let db = rusqlite::Connection::open_with_flags(&database, OpenFlags::SQLITE_OPEN_READ_ONLY)?;
+        db.busy_timeout(BUSY_TIMEOUT)?;
+        if migrations::records_migrations(&db)? {
+            return Ok(true);
+        }
+        let tables: i64 =
+            db.query_row("SELECT count(*) FROM sqlite_master WHERE type = 'table'", [], |row| row.get(0))?;
+        Ok(matches!(expected, File::Tables) && tables == 0)
+    })
+    .await
+    .map_err(|e| LedgerError::other(format!("the task reading the ledger's tables did not finish: {e}")))
+    .and_then(|read: rusqlite::Result<bool>| read.map_err(LedgerError::from))
+    .map_err(|source| OpenError::Connect {
+        doing: "reading the tables of",
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// Tightens ledger files that group or others could read, saying so: a warning, not a
