@@ -146,6 +146,15 @@ async fn ledger_commands_work_while_the_daemon_runs() {
     let (ok, out, err) = daemon.ledger_cli(&["list"]);
     assert!(ok && out.contains(&trace), "{out}{err}");
 
+    // A report that cannot be written (a full disk) is one line and a failure, not a panic.
+    let mut full = daemon.command();
+    full.args(["ledger", "--config"]).arg(daemon.config_path()).arg("list");
+    full.stdout(std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap());
+    let output = full.output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("could not write the output") && !stderr.contains("panicked"), "{stderr}");
+
     // And the daemon goes on: the envelope is still answerable.
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "still here"})).await.unwrap();
     assert!(!is_error, "{text}");

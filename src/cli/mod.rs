@@ -90,7 +90,30 @@ pub struct ConfigArg {
 }
 
 pub fn main() -> ExitCode {
-    block_on(dispatch(Cli::parse().command))
+    let command = Cli::parse().command;
+    if matches!(command, Command::Ledger { .. } | Command::Check { .. }) {
+        end_quietly_when_the_output_is_closed();
+    }
+    block_on(dispatch(command))
+}
+
+/// A report piped into `head` stops when `head` has read enough, quietly and successfully,
+/// as Unix tools do; an output that cannot be written (a full disk) is one line and a
+/// failure. Without this, either is a panic with its backtrace. Only for the commands that
+/// print reports: the daemon's own writes to a closed socket are errors it handles.
+fn end_quietly_when_the_output_is_closed() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |panic| {
+        let message = panic.payload().downcast_ref::<String>().map(String::as_str).unwrap_or_default();
+        if let Some(error) = message.strip_prefix("failed printing to stdout: ") {
+            if error.starts_with("Broken pipe") {
+                std::process::exit(0);
+            }
+            eprintln!("switchboard: could not write the output: {error}");
+            std::process::exit(1);
+        }
+        previous(panic);
+    }));
 }
 fn block_on(work: impl Future<Output = anyhow::Result<()>>) -> ExitCode {
     let runtime = match runtime() {
