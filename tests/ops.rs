@@ -146,6 +146,17 @@ async fn ledger_commands_work_while_the_daemon_runs() {
     let (ok, out, err) = daemon.ledger_cli(&["list"]);
     assert!(ok && out.contains(&trace), "{out}{err}");
 
+    // --config may follow the ledger command too.
+    let mut after = daemon.command();
+    after.args(["ledger", "list", "--state", "pending", "--config"]).arg(daemon.config_path());
+    let output = after.output().unwrap();
+    let listed = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && listed.contains(&trace),
+        "{listed}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+
     // A report that cannot be written (a full disk) is one line and a failure, not a panic.
     let mut full = daemon.command();
     full.args(["ledger", "--config"]).arg(daemon.config_path()).arg("list");

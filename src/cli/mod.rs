@@ -75,8 +75,9 @@ pub enum Command {
     },
     /// Inspect envelopes and attempts; reconcile unresolved replies.
     Ledger {
-        #[command(flatten)]
-        config: ConfigArg,
+        /// The TOML configuration file (before or after the ledger command).
+        #[arg(long, short = 'c', env = "SWITCHBOARD_CONFIG", global = true)]
+        config: Option<PathBuf>,
         #[command(subcommand)]
         command: LedgerCommand,
     },
@@ -147,7 +148,10 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Run { config, log_json } => run(&config.config, log_json).await,
         Command::Check { config } => check::check(&config.config),
         Command::Channel(_) => Err(channel::hand_over_to_channel_executable()),
-        Command::Ledger { config, command } => ledger::ledger(&config.config, command).await,
+        Command::Ledger { config, command } => {
+            let config = config.context("give the configuration: --config FILE (or SWITCHBOARD_CONFIG)")?;
+            ledger::ledger(&config, command).await
+        }
         Command::Demo { keep } => crate::demo::run(keep).await,
         Command::Healthcheck { config, address, standby_is_healthy } => {
             let (daemon, identity) = match (address, config) {
