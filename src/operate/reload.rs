@@ -79,6 +79,11 @@ fn applied_now(running: &Settings, new: &Settings, changes: &mut Vec<String>) {
     );
     applied("outbound.max_reply_parts", &running.outbound.max_reply_parts, &new.outbound.max_reply_parts);
     applied(
+        "outbound.ack_reaction",
+        &running.outbound.ack_reaction.unwrap_or("none"),
+        &new.outbound.ack_reaction.unwrap_or("none"),
+    );
+    applied(
         "outbound.private_chat_interval_ms",
         &running.outbound.pacing.private.as_millis(),
         &new.outbound.pacing.private.as_millis(),
@@ -181,8 +186,25 @@ fn kept_until_restart(running: &Settings, new: &Settings, needs_restart: &mut Ve
     };
     fixed("outbound.typing", &typing(running), &typing(new));
     fixed("api.listen", &running.api.listen, &new.api.listen);
+    let health_listen = |settings: &Settings| {
+        settings.api.health_listen.map_or("none".to_owned(), |address| address.to_string())
+    };
+    fixed("api.health_listen", &health_listen(running), &health_listen(new));
+    // Checked as the local API binds, against its address then.
+    fixed(
+        "api.plaintext_beyond_loopback",
+        &running.api.plaintext_beyond_loopback,
+        &new.api.plaintext_beyond_loopback,
+    );
+    // The operator's chat is where start-up recovery and the reconciler ask.
+    let operator = |settings: &Settings| {
+        settings.operator.as_ref().map_or("none".to_owned(), |operator| {
+            format!("route {}, operators {}", operator.route, users(&operator.operators))
+        })
+    };
+    fixed("operator", &operator(running), &operator(new));
     // The files are named as the local API binds; what they hold is read at every reload.
-    // (`api.daemon` and `api.ca` are the plugins': each reads them as it starts.)
+    // (`api.daemon`, `api.ca` and `[media]` are the plugins': each reads them as it starts.)
     let tls = |settings: &Settings| {
         settings
             .api
@@ -251,11 +273,18 @@ fn describe(route: &Route) -> String {
         RouteTarget::Default => "every other chat".to_owned(),
     };
     let agents: Vec<&str> = route.agents().iter().map(AgentName::as_str).collect();
-    if route.is_room() {
+    let mut line = if route.is_room() {
         format!("{target} → room [{}]", agents.join(", "))
     } else {
         format!("{target} → {}", agents.join(", "))
+    };
+    if let Some(senders) = &route.senders {
+        line.push_str(&format!(", senders {}", users(senders)));
     }
+    if route.mention_only {
+        line.push_str(", mention only");
+    }
+    line
 }
 
 fn users(ids: &[i64]) -> String {
@@ -486,6 +515,35 @@ agent = "orchestrator"
         );
         assert!(
             plan.needs_restart[1].starts_with("api.listen: 127.0.0.1:7797 → 127.0.0.1:9999 needs a restart")
+        );
+    }
+
+    /// Every key the reload leaves as it was is named, and every one it applies: the health
+    /// listener, the plaintext word and the operator's chat are set up at start-up; the
+    /// ack reaction and a route's own senders apply at once.
+    #[test]
+    fn the_health_listener_and_the_operator_need_a_restart_and_the_ack_reaction_applies() {
+        let new = BASE
+            .replace(
+                "[telegram]",
+                "[api]\nhealth_listen = \"127.0.0.1:7798\"\nplaintext_beyond_loopback = true\n\
+                 [outbound]\nack_reaction = \"👀\"\n[operator]\nroute = \"dm\"\noperators = [1]\n[telegram]",
+            )
+            .replace(
+                "agent = \"orchestrator\"",
+                "agent = \"orchestrator\"\nallowed_users = []\nmention_only = true",
+            );
+        let plan = plan(&load(BASE), &load(&new)).unwrap();
+        let restart = plan.needs_restart.join("\n");
+        for key in ["api.health_listen", "api.plaintext_beyond_loopback", "operator"] {
+            assert!(restart.contains(&format!("{key}: ")), "{key} is named: {restart}");
+        }
+        assert_eq!(plan.needs_restart.len(), 3, "{restart}");
+        let changes = plan.changes.join("\n");
+        assert!(changes.contains("outbound.ack_reaction: none → 👀"), "{changes}");
+        assert!(
+            changes.contains("route 'dm' changed") && changes.contains("senders everyone, mention only"),
+            "{changes}"
         );
     }
 
