@@ -146,6 +146,10 @@ async fn ledger_commands_work_while_the_daemon_runs() {
     let (ok, out, err) = daemon.ledger_cli(&["list"]);
     assert!(ok && out.contains(&trace), "{out}{err}");
 
+    // A blank reason is refused like a missing one, and nothing changes.
+    let (ok, out, err) = daemon.ledger_cli(&["reconcile", &trace, "--delivered", "--reason", "  "]);
+    assert!(!ok && err.contains("reason"), "{out}{err}");
+
     // --config may follow the ledger command too.
     let mut after = daemon.command();
     after.args(["ledger", "list", "--state", "pending", "--config"]).arg(daemon.config_path());

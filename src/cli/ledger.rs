@@ -67,7 +67,7 @@ pub enum LedgerCommand {
         #[arg(long, requires = "reason")]
         stopped: bool,
         /// Why (kept in the ledger); required with --stopped.
-        #[arg(long)]
+        #[arg(long, value_parser = a_reason)]
         reason: Option<String>,
     },
     /// Delete what finished longer ago than DURATION (acked, superseded, unrouted, rejected,
@@ -99,9 +99,19 @@ pub enum LedgerCommand {
         #[arg(long)]
         not_delivered: bool,
         /// Why (kept in the ledger).
-        #[arg(long)]
+        #[arg(long, value_parser = a_reason)]
         reason: String,
     },
+}
+
+/// A reason kept in the ledger for whoever reads it later: blank says nothing, so it is
+/// refused like a missing one.
+fn a_reason(text: &str) -> Result<String, String> {
+    let reason = text.trim();
+    if reason.is_empty() {
+        return Err("say why: the reason is kept in the ledger, and a blank one says nothing".into());
+    }
+    Ok(reason.to_owned())
 }
 
 pub(super) async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Result<()> {
