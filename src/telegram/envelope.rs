@@ -242,6 +242,15 @@ pub fn classify(update: &Update) -> Inbound {
     if let Some(service) = service_kind(message) {
         return Inbound::Ignored { envelope, reason: format!("service message: {service}") };
     }
+    // A linked channel's post, copied into its discussion group by Telegram itself (its
+    // sender is Telegram, 777000): nobody wrote it to the bot, and an agent that answered
+    // every post would comment under each.
+    if message.is_automatic_forward() {
+        return Inbound::Ignored {
+            envelope,
+            reason: "a post of the linked channel, forwarded by Telegram".into(),
+        };
+    }
     // Telegram reports every move of a live location as an edit of its message.
     if kind == EnvelopeKind::EditedMessage && message.location().is_some() {
         return Inbound::Ignored { envelope, reason: "live location update".into() };
@@ -604,6 +613,25 @@ mod tests {
         assert!(matches!(classify(&message(json!({"text": "hi"}))), Inbound::Envelope(_)));
         let dice = envelope(classify(&message(json!({"dice": {"emoji": "🎲", "value": 4}}))));
         assert_eq!(dice.content(), "🎲 dice: 4");
+    }
+
+    #[test]
+    fn a_linked_channels_post_copied_into_its_group_is_no_work() {
+        let group = json!({"id": -100777, "type": "supergroup", "title": "Channel chat"});
+        let telegram = json!({"id": 777000, "is_bot": false, "first_name": "Telegram"});
+        let channel = json!({"id": -100888, "type": "channel", "title": "News"});
+        let copied = classify(&update(json!({
+            "update_id": 42,
+            "message": {"message_id": 9, "date": 1_700_000_000, "chat": group, "from": telegram,
+                        "sender_chat": channel, "is_automatic_forward": true, "text": "Release 2.0 is out"}
+        })));
+        assert!(ignored_reason(copied).contains("linked channel"));
+        // A comment under it, by a person, is work.
+        let comment = classify(&update(json!({
+            "update_id": 43,
+            "message": {"message_id": 10, "date": 1_700_000_000, "chat": group, "from": from(), "text": "nice"}
+        })));
+        assert!(matches!(comment, Inbound::Envelope(_)));
     }
 
     #[test]
