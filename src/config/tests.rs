@@ -247,6 +247,16 @@ fn the_local_api_leaves_loopback_only_with_tls_or_the_operators_word() {
 }
 
 #[test]
+fn a_route_for_the_general_topic_is_refused_with_what_to_do() {
+    let general = MINIMAL.replace("chat_id = 42", "chat_id = -100500\nthread_id = 1");
+    let e = problem(&general);
+    assert_eq!(e.key, "routes[0].thread_id", "{e}");
+    assert!(e.problem.contains("General") && e.problem.contains("leave out"), "{e}");
+    let topic = MINIMAL.replace("chat_id = 42", "chat_id = -100500\nthread_id = 2");
+    assert!(load_str(&topic).is_ok());
+}
+
+#[test]
 fn mention_only_is_for_a_route_with_one_agent() {
     let single = MINIMAL.replace("agent = \"orchestrator\"", "agent = \"orchestrator\"\nmention_only = true");
     let settings = load_str(&single).unwrap();

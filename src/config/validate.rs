@@ -216,6 +216,9 @@ fn validate_handoffs(
     Ok(HandoffSettings { max_depth: raw.max_depth, audit_route })
 }
 
+/// The id of a forum's General topic, which Telegram never gives as a message's topic.
+const GENERAL_TOPIC: i32 = 1;
+
 fn validate_route(
     path: &Path,
     index: usize,
@@ -265,6 +268,16 @@ fn validate_route(
     };
     let target = match (raw.chat_id, raw.thread_id) {
         (Some(0), _) => return Err(err("chat_id", format!("route '{name}': 0 is not a Telegram chat id"))),
+        (Some(_), Some(GENERAL_TOPIC)) => {
+            return Err(err(
+                "thread_id",
+                format!(
+                    "route '{name}': thread_id 1 is a forum's General topic, whose messages Telegram sends \
+                     without a topic, so no message would ever match; route the chat itself (leave out \
+                     thread_id) to take them"
+                ),
+            ));
+        }
         (Some(chat_id), Some(thread_id)) if thread_id > 0 => RouteTarget::Topic { chat_id, thread_id },
         (Some(_), Some(thread_id)) => {
             return Err(err("thread_id", format!("route '{name}': {thread_id} is not a forum topic id")));
