@@ -109,14 +109,20 @@ impl UploadKind {
     }
 }
 
-/// The kind a file is sent as, by its extension (case-insensitive); anything unknown is a
-/// document, which Telegram takes whatever it holds.
-pub fn upload_kind(file_name: &str) -> UploadKind {
+/// The largest photo `sendPhoto` takes; a larger image goes as a document, which keeps it
+/// whole where a photo would be refused.
+pub const TELEGRAM_PHOTO_LIMIT: u64 = 10 * 1024 * 1024;
+
+/// The kind a file of `size` bytes is sent as, by its extension (case-insensitive); anything
+/// unknown is a document, which Telegram takes whatever it holds, and so is an image too
+/// large to be a photo.
+pub fn upload_kind(file_name: &str, size: u64) -> UploadKind {
     let extension = match file_name.rsplit_once('.') {
         Some((stem, extension)) if !stem.is_empty() => extension.to_ascii_lowercase(),
         _ => return UploadKind::Document,
     };
     match extension.as_str() {
+        "jpg" | "jpeg" | "png" | "webp" if size > TELEGRAM_PHOTO_LIMIT => UploadKind::Document,
         "jpg" | "jpeg" | "png" | "webp" => UploadKind::Photo,
         "gif" => UploadKind::Animation,
         "mp4" | "mov" => UploadKind::Video,
@@ -188,8 +194,14 @@ mod tests {
             (".png", UploadKind::Document),
             ("photo.png.exe", UploadKind::Document),
         ] {
-            assert_eq!(upload_kind(name), kind, "{name}");
+            assert_eq!(upload_kind(name, 1024), kind, "{name}");
         }
+        assert_eq!(upload_kind("scan.png", TELEGRAM_PHOTO_LIMIT), UploadKind::Photo);
+        assert_eq!(
+            upload_kind("scan.png", TELEGRAM_PHOTO_LIMIT + 1),
+            UploadKind::Document,
+            "too large a photo"
+        );
         assert_eq!(UploadKind::Photo.method(), "sendPhoto");
         assert_eq!(UploadKind::Voice.field(), "voice");
     }

@@ -168,7 +168,7 @@ impl Staging {
             .filter_map(|id| index.remove(id))
             .map(|s| PlannedFile {
                 descriptor: PlannedFile::describe(&s.name, s.size, &s.sha256),
-                kind: media::upload_kind(&s.name),
+                kind: media::upload_kind(&s.name, s.size),
                 path: s.path,
                 name: s.name,
                 size: s.size,
