@@ -399,19 +399,19 @@ fn envelope_from_message(update_id: i64, kind: EnvelopeKind, message: &Message) 
     // Only forum topics define a channel; in other supergroups a thread id marks a reply
     // chain, which must not split one chat into many routes.
     let thread_id = message.thread_id.filter(|_| message.is_topic_message).map(|thread| thread.0.0);
-    let sender = match &message.from {
-        Some(user) => {
+    // A message sent on behalf of a chat (an anonymous admin: the group itself; "send as"
+    // a channel) names that chat in `sender_chat`, and in `from` a placeholder user that
+    // Telegram gives every such message (@GroupAnonymousBot): the chat is who spoke.
+    let sender = match (&message.sender_chat, &message.from) {
+        (Some(chat), _) => Sender {
+            id: Some(chat.id.0),
+            username: chat.username().map(str::to_owned),
+            name: chat_title(chat).unwrap_or_else(|| "unknown sender".to_owned()),
+        },
+        (None, Some(user)) => {
             Sender { id: Some(user.id.0 as i64), username: user.username.clone(), name: user.full_name() }
         }
-        None => Sender {
-            id: message.sender_chat.as_ref().map(|chat| chat.id.0),
-            username: message.sender_chat.as_ref().and_then(|chat| chat.username().map(str::to_owned)),
-            name: message
-                .sender_chat
-                .as_ref()
-                .and_then(chat_title)
-                .unwrap_or_else(|| "unknown sender".to_owned()),
-        },
+        (None, None) => Sender { id: None, username: None, name: "unknown sender".to_owned() },
     };
     Envelope {
         trace_id: TraceId::generate(),
@@ -613,6 +613,25 @@ mod tests {
         assert!(matches!(classify(&message(json!({"text": "hi"}))), Inbound::Envelope(_)));
         let dice = envelope(classify(&message(json!({"dice": {"emoji": "🎲", "value": 4}}))));
         assert_eq!(dice.content(), "🎲 dice: 4");
+    }
+
+    #[test]
+    fn an_anonymous_admin_speaks_as_the_group_not_as_telegrams_placeholder() {
+        let group = json!({"id": -100321, "type": "supergroup", "title": "Ops"});
+        let placeholder = json!({"id": 1_087_968_824, "is_bot": true, "first_name": "Group", "username": "GroupAnonymousBot"});
+        let anonymous = envelope(classify(&update(json!({
+            "update_id": 44,
+            "message": {"message_id": 11, "date": 1_700_000_000, "chat": group, "from": placeholder,
+                        "sender_chat": group, "text": "/cancel"}
+        }))));
+        assert_eq!(anonymous.sender.id, Some(-100_321), "the group's own id: allowed_users can name it");
+        assert_eq!(anonymous.sender.name, "Ops");
+        assert_ne!(anonymous.sender.username.as_deref(), Some("GroupAnonymousBot"));
+        let person = envelope(classify(&update(json!({
+            "update_id": 45,
+            "message": {"message_id": 12, "date": 1_700_000_000, "chat": group, "from": from(), "text": "hi"}
+        }))));
+        assert_eq!(person.sender.id, from()["id"].as_i64());
     }
 
     #[test]
