@@ -635,6 +635,23 @@ mod tests {
     }
 
     #[test]
+    fn each_photo_of_an_album_names_its_album() {
+        let photo = json!([{"file_id": "p1", "file_unique_id": "u1", "width": 90, "height": 90}]);
+        let first = envelope(classify(&update(json!({
+            "update_id": 46,
+            "message": {"message_id": 13, "date": 1_700_000_000, "chat": private_chat(), "from": from(),
+                        "media_group_id": "13579", "photo": photo, "caption": "which is best?"}
+        }))));
+        let meta = first.context.meta(None).expect("an album says so");
+        assert_eq!(meta.get("media_group_id").and_then(|id| id.as_str()), Some("13579"));
+        let alone = envelope(classify(&update(json!({
+            "update_id": 47,
+            "message": {"message_id": 14, "date": 1_700_000_000, "chat": private_chat(), "from": from(), "photo": photo}
+        }))));
+        assert_eq!(alone.context.album, None);
+    }
+
+    #[test]
     fn a_linked_channels_post_copied_into_its_group_is_no_work() {
         let group = json!({"id": -100777, "type": "supergroup", "title": "Channel chat"});
         let telegram = json!({"id": 777000, "is_bot": false, "first_name": "Telegram"});

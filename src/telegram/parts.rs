@@ -360,11 +360,18 @@ pub fn forwarded(message: &Message) -> Option<Forwarded> {
 pub struct Context {
     pub quoted: Option<Quoted>,
     pub forwarded: Option<Forwarded>,
+    /// The album it belongs to: Telegram sends each photo or file of an album as a message
+    /// of its own, with the same `media_group_id`.
+    pub album: Option<String>,
 }
 
 impl Context {
     pub fn of(message: &Message) -> Self {
-        Self { quoted: quoted(message), forwarded: forwarded(message) }
+        Self {
+            quoted: quoted(message),
+            forwarded: forwarded(message),
+            album: message.media_group_id().map(|group| group.0.clone()),
+        }
     }
 
     /// The meta keys of this context, with the quoted envelope's trace id when intake
@@ -389,6 +396,9 @@ impl Context {
                 "forward_date".into(),
                 forwarded.date.to_rfc3339_opts(SecondsFormat::Secs, true).into(),
             );
+        }
+        if let Some(album) = &self.album {
+            meta.insert("media_group_id".into(), album.clone().into());
         }
         (!meta.is_empty()).then_some(meta)
     }

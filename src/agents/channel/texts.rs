@@ -130,7 +130,9 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          `{revise}` (its trace_id, kind correction, new_objective, pause or cancel, and a summary).\n\
          - Attachments: a message with files has attachment_kind and attachment_file_id in its meta. \
          `{download}` (trace_id, optional file_id; the first attachment without it) saves the file on this \
-         machine and answers its absolute path. A photo comes already saved: its meta has image_path. To send \
+         machine and answers its absolute path. A photo comes already saved: its meta has image_path. Photos or \
+         files sent together as an album come one message each, with the same media_group_id (the caption on \
+         one of them): answer the album once, naming one of its messages, and ack the others. To send \
          files, give `{reply}` files: absolute paths on this machine (at most 10, 50 MB each); they go after \
          the text.\n\
          - A notice with kind=\"waiting\" comes once at the start of a session that found messages waiting: it \
