@@ -263,6 +263,28 @@ async fn ledger_commands_refuse_a_database_that_does_not_exist_and_create_nothin
     assert!(ok, "{out}{err}");
 }
 
+/// A ledger path in a folder that does not exist (a typo, a volume not mounted): `check`
+/// warns, and `run` refuses in one line naming the key and the folder, creating nothing.
+#[tokio::test]
+async fn a_ledger_in_a_folder_that_does_not_exist_is_named_by_check_and_run() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
+    let folder = daemon.dir.path().join("not-mounted");
+    let database = folder.join("ledger.db");
+    for subcommand in ["check", "run"] {
+        let mut command = daemon.subcommand(subcommand);
+        command.env("SWITCHBOARD__STORAGE__DATABASE", &database);
+        let (output, stderr) = finish(command).await;
+        assert_eq!(output.status.success(), subcommand == "check", "{subcommand}: {stderr}");
+        let line = stderr.lines().find(|line| line.contains("storage.database")).unwrap_or_default();
+        assert!(
+            line.contains(&folder.display().to_string()) && line.contains("does not exist"),
+            "{subcommand}: {stderr}"
+        );
+    }
+    assert!(!folder.exists(), "nothing was created");
+}
+
 /// `switchboard ledger` reads a ledger only: another program's SQLite database at
 /// `storage.database`, or an empty file, is refused in one line and left as it was (its
 /// bytes, its mode, its journal).

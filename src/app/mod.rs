@@ -251,11 +251,9 @@ impl Daemon {
         bridge.set_permissions(permissions.clone());
         bridge.set_files(files);
         let staging_dir = Staging::dir_for(&settings);
-        bridge.set_staging(
-            Staging::open(staging_dir.clone()).with_context(|| {
-                format!("opening the folder for replies' files, {}", staging_dir.display())
-            })?,
-        );
+        bridge.set_staging(Staging::open(staging_dir.clone()).with_context(|| {
+            format!("storage.uploads_dir: opening the folder for replies' files, {}", staging_dir.display())
+        })?);
         let rooms = bridge.room_driver(room_api);
         let retain = settings.storage.retain;
         let typing =

@@ -66,6 +66,17 @@ fn check_warnings(settings: &Settings) -> Vec<ConfigWarning> {
     let Database::Sqlite(database) = &settings.storage.database else {
         return warnings;
     };
+    // A warning, not an error: the file may be checked on another machine than the one
+    // the daemon runs on (an image being built).
+    if let Some(folder) = crate::ledger::sqlite::missing_folder(database) {
+        warnings.push(ConfigWarning {
+            key: "storage.database".into(),
+            problem: format!(
+                "the folder {} does not exist here; `switchboard run` refuses to start until it does",
+                folder.display()
+            ),
+        });
+    }
     match files::loose_files(database) {
         Ok(loose) => warnings.extend(loose.into_iter().map(|file| ConfigWarning {
             key: "storage.database".into(),

@@ -82,7 +82,7 @@ pub use checkpoint::{WAL_LIMIT_BYTES, wal_path};
 pub use engine::files;
 use engine::{backup, checkpoint, columns, in_place, lock, migrations, probe, readers};
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
-pub use lock::{LedgerLock, LockError};
+pub use lock::{LedgerLock, LockError, missing_folder};
 pub use migrations::MigrationError;
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 

@@ -26,8 +26,14 @@ pub enum LockError {
         path.display()
     )]
     Held { path: PathBuf, holder: Option<u32> },
-    #[error("cannot take the ledger lock {}: {source}", path.display())]
+    #[error("cannot take the ledger lock {}", path.display())]
     Io { path: PathBuf, source: std::io::Error },
+    #[error(
+        "storage.database: the folder {} does not exist; create it (the daemon creates the ledger \
+         in it, not the folder)",
+        folder.display()
+    )]
+    NoFolder { folder: PathBuf },
 }
 
 /// Held for the daemon's whole life; dropping it (or the process dying) releases the lock.
@@ -36,6 +42,13 @@ pub struct LedgerLock {
     /// The locked file: the lock lives as long as this open file.
     file: File,
     path: PathBuf,
+}
+
+/// The folder a ledger file would be in, when it does not exist (a typo in the path, or a
+/// volume not mounted).
+pub fn missing_folder(database: &Path) -> Option<PathBuf> {
+    let folder = database.parent().filter(|folder| !folder.as_os_str().is_empty())?;
+    (!folder.is_dir()).then(|| folder.to_owned())
 }
 
 impl LedgerLock {
@@ -50,6 +63,9 @@ impl LedgerLock {
     /// naming the lock file and the holder's pid when it is known. Touches nothing but the
     /// lock file, and writes to it only once the lock is ours.
     pub fn acquire(database: &Path) -> Result<Self, LockError> {
+        if let Some(folder) = missing_folder(database) {
+            return Err(LockError::NoFolder { folder });
+        }
         let path = Self::path_for(database);
         let io = |source| LockError::Io { path: path.clone(), source };
         let mut file = OpenOptions::new()
