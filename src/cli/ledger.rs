@@ -134,7 +134,7 @@ pub(super) async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Resul
     let ledger = crate::ledger::open_existing(database, settings.storage.synchronous)
         .await
         .with_context(|| format!("opening the ledger {database}"))?;
-    let result = ledger_command(&ledger, command).await;
+    let result = ledger_command(&ledger, database, command).await;
     ledger.close().await;
     result
 }
@@ -180,7 +180,7 @@ fn missing_ledger(settings: &Settings, database: &Path) -> ConfigError {
     }
 }
 
-async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Result<()> {
+async fn ledger_command(ledger: &Ledger, database: &Database, command: LedgerCommand) -> anyhow::Result<()> {
     match command {
         LedgerCommand::List { state, agent, route, limit } => {
             print_envelopes(&ledger.list(&ListFilter { state, agent, route, limit }).await?);
@@ -233,7 +233,7 @@ async fn ledger_command(ledger: &Ledger, command: LedgerCommand) -> anyhow::Resu
                 cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             );
             let report = ledger.prune(cutoff, dry_run).await?;
-            print_prune_report(&report, dry_run);
+            print_prune_report(&report, dry_run, database);
         }
         LedgerCommand::Backup { .. } => unreachable!("a backup copies the file: `ledger` makes it unopened"),
         LedgerCommand::Reconcile { trace_id, delivered, not_delivered: _, reason } => {
@@ -447,8 +447,9 @@ async fn print_envelope(ledger: &Ledger, e: &StoredEnvelope) -> anyhow::Result<(
     Ok(())
 }
 
-/// What a prune removed per table, how long it held the writer, and the file's pages.
-fn print_prune_report(report: &PruneReport, dry_run: bool) {
+/// What a prune removed per table, how long it held the writer, and the space the ledger
+/// takes: a SQLite file's pages, or on PostgreSQL its tables' size.
+fn print_prune_report(report: &PruneReport, dry_run: bool, database: &Database) {
     let verb = if dry_run { "would remove" } else { "removed" };
     println!("{verb}:");
     for (table, count) in report.removed.by_table() {
@@ -462,6 +463,16 @@ fn print_prune_report(report: &PruneReport, dry_run: bool) {
         report.longest_batch.as_secs_f64() * 1000.0
     );
     let (before, after) = (report.pages_before, report.pages_after);
+    if let Database::Postgres(_) = database {
+        println!("tables: {} bytes before; {} bytes after", before.bytes(), after.bytes());
+        if !dry_run {
+            // docs/deploy-postgres.md: autovacuum marks the dead rows' space reusable.
+            println!(
+                "PostgreSQL's autovacuum makes the space of removed rows reusable; the tables do not shrink"
+            );
+        }
+        return;
+    }
     println!(
         "file: {} pages ({} bytes), {} free before; {} pages ({} bytes), {} free after",
         before.page_count,

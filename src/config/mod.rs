@@ -102,11 +102,30 @@ impl Settings {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
         let file =
-            config::Config::builder().add_source(config::File::from_str(&text, config::FileFormat::Toml));
-        let raw: RawSettings = with_environment(file, vars)
+            || config::Config::builder().add_source(config::File::from_str(&text, config::FileFormat::Toml));
+        let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+        let vars: Vec<(String, String)> = vars.filter(|(name, _)| name.starts_with(&prefix)).collect();
+        let raw: RawSettings = with_environment(file(), vars.iter().cloned())
             .and_then(|builder| builder.build())
             .and_then(config::Config::try_deserialize)
-            .map_err(|e| config_crate_error(path, &text, e))?;
+            .map_err(|e| {
+                let error = config_crate_error(path, &text, e);
+                // Blamed on the file, unless the file alone reads: then an override is at fault.
+                let file_alone: Result<RawSettings, _> =
+                    file().build().and_then(config::Config::try_deserialize);
+                if vars.is_empty() || file_alone.is_err() {
+                    return error;
+                }
+                let names: Vec<&str> = vars.iter().map(|(name, _)| name.as_str()).collect();
+                ConfigError {
+                    problem: format!(
+                        "{} (the file alone reads: the fault is in the environment, which sets {})",
+                        error.problem,
+                        names.join(", ")
+                    ),
+                    ..error
+                }
+            })?;
         Self::validate(path, raw)
     }
 

@@ -39,6 +39,20 @@ fn load_under(text: &str, vars: &[(&str, &str)]) -> Result<Settings, ConfigError
 /// A list key from the environment is its comma-separated items, wherever it stands: one
 /// item is a list of one, stray commas and spaces are nothing, an empty value clears what
 /// the file lists. A scalar that looks like a number is a number only where one is wanted.
+/// A bad override is blamed on the environment, which the operator reads for it, not on
+/// the file, which reads fine alone.
+#[test]
+fn an_override_the_file_does_not_take_is_blamed_on_the_environment() {
+    for (name, value) in [("SWITCHBOARD__BOGUS__X", "1"), ("SWITCHBOARD__TELEGRAM__ALLOWED_USERS", "abc")] {
+        let e = load_under(MINIMAL, &[(name, value)]).unwrap_err();
+        assert!(e.problem.contains("environment") && e.problem.contains(name), "{name}: {e}");
+    }
+    // A fault in the file itself is the file's.
+    let broken = MINIMAL.replace("[telegram]", "[telegram]\nbogus = 1");
+    let e = load_under(&broken, &[("SWITCHBOARD__TELEGRAM__POLL_TIMEOUT_SECS", "5")]).unwrap_err();
+    assert!(!e.problem.contains("environment"), "{e}");
+}
+
 #[test]
 fn lists_from_the_environment_are_their_comma_separated_items() {
     let listing = MINIMAL.replace("[telegram]", "[telegram]\nallowed_users = [5, 6]");

@@ -146,9 +146,13 @@ mod tests {
     }
 
     #[test]
-    fn a_lock_in_a_missing_directory_is_an_io_error_naming_the_file() {
+    fn a_lock_in_a_missing_directory_names_the_folder_and_the_key() {
         let error = LedgerLock::acquire(Path::new("/nonexistent-switchboard-dir/ledger.db")).unwrap_err();
-        assert!(matches!(error, LockError::Io { .. }), "{error:?}");
-        assert!(error.to_string().contains("/nonexistent-switchboard-dir/ledger.db.lock"), "{error}");
+        assert!(matches!(error, LockError::NoFolder { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(
+            message.contains("/nonexistent-switchboard-dir ") && message.contains("storage.database"),
+            "{message}"
+        );
     }
 }
