@@ -25,7 +25,7 @@ pub enum LedgerCommand {
         agent: Option<String>,
         #[arg(long)]
         route: Option<String>,
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
     },
     /// Show one envelope (env_…) with its attempts and state history, or one room exchange
@@ -41,13 +41,13 @@ pub enum LedgerCommand {
         /// Only handoffs from or to this agent.
         #[arg(long)]
         agent: Option<String>,
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
     },
     /// List relayed permission requests (DESIGN.md §15), newest first: who asked, the
     /// tool, the state, the prompt's send, who answered and when.
     Permissions {
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
     },
     /// List group-room exchanges (cascades), oldest first (the newest LIMIT that match).
@@ -55,7 +55,7 @@ pub enum LedgerCommand {
         /// Only the exchanges of this room route.
         #[arg(long)]
         room: Option<String>,
-        #[arg(long, default_value_t = 50)]
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
     },
     /// Show a task (task_…): where it stands, every revision with what was done and

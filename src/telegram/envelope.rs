@@ -613,6 +613,12 @@ mod tests {
         assert!(matches!(classify(&message(json!({"text": "hi"}))), Inbound::Envelope(_)));
         let dice = envelope(classify(&message(json!({"dice": {"emoji": "🎲", "value": 4}}))));
         assert_eq!(dice.content(), "🎲 dice: 4");
+        let options = json!([{"text": "SQLite", "voter_count": 0}, {"text": "PostgreSQL", "voter_count": 0}]);
+        let poll = json!({"id": "5", "question": "Which DB?", "options": options, "total_voter_count": 0,
+                          "is_closed": false, "is_anonymous": true, "type": "regular",
+                          "allows_multiple_answers": false});
+        let forwarded_poll = envelope(classify(&message(json!({"poll": poll}))));
+        assert_eq!(forwarded_poll.content(), "📊 poll: Which DB? (options: SQLite / PostgreSQL)");
     }
 
     #[test]

@@ -241,6 +241,10 @@ pub fn described(message: &Message) -> Option<String> {
         };
         return Some(format!("contact: {name} {}", contact.phone_number));
     }
+    if let Some(poll) = message.poll() {
+        let options: Vec<&str> = poll.options.iter().map(|option| option.text.as_str()).collect();
+        return Some(format!("📊 poll: {} (options: {})", poll.question, options.join(" / ")));
+    }
     message.dice().map(|dice| {
         // The Bot API names a dice by its emoji.
         let emoji = serde_json::to_value(dice.emoji).ok();
