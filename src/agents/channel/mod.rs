@@ -227,10 +227,10 @@ struct ReplyArgs {
     #[serde(default)]
     format: Option<String>,
     /// Files to send after the text (at most 10): absolute paths on this machine, each at
-    /// most 50 MB. Images (.jpg .jpeg .png .webp) go as photos (as documents over 10 MB), .gif as an animation, .mp4
-    /// .mov as a video, .ogg .oga .opus as a voice note, .mp3 .m4a .flac .wav as audio,
-    /// anything else as a document. One file that is missing, unreadable or too large
-    /// refuses the whole reply before anything is sent.
+    /// most 50 MB. Images (.jpg .jpeg .png .webp) go as photos (as documents over 10 MB),
+    /// .gif as an animation, .mp4 .mov as a video, .ogg .oga .opus as a voice note, .mp3
+    /// .m4a .flac .wav as audio, anything else as a document. One file that is missing,
+    /// unreadable or too large refuses the whole reply before anything is sent.
     #[serde(default)]
     files: Option<Vec<String>>,
 }
