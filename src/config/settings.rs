@@ -16,22 +16,50 @@ use crate::rules::routes::RoutesTable;
 use crate::rules::turns::{self, RoomRoster};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 pub enum LogFormat {
     #[default]
     Text,
     Json,
 }
 
+impl TryFrom<String> for LogFormat {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.as_str() {
+            "text" => Ok(Self::Text),
+            "json" => Ok(Self::Json),
+            other => Err(one_of(&["text", "json"], other)),
+        }
+    }
+}
+
+/// The refusal of a value that is none of `allowed`, naming them.
+fn one_of(allowed: &[&str], found: &str) -> String {
+    let allowed: Vec<String> = allowed.iter().map(|value| format!("\"{value}\"")).collect();
+    format!("expected {}, found \"{found}\"", allowed.join(" or "))
+}
+
 /// SQLite's `synchronous` setting. With WAL, `normal` never loses a committed transaction
 /// when the process dies (`kill -9`); `full` also survives power loss, at an fsync per
 /// commit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
+#[serde(try_from = "String")]
 pub enum Synchronous {
     #[default]
     Normal,
     Full,
+}
+
+impl TryFrom<String> for Synchronous {
+    type Error = String;
+    fn try_from(value: String) -> Result<Self, String> {
+        match value.as_str() {
+            "normal" => Ok(Self::Normal),
+            "full" => Ok(Self::Full),
+            other => Err(one_of(&["normal", "full"], other)),
+        }
+    }
 }
 
 #[derive(Debug, Clone)]

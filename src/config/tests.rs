@@ -261,6 +261,19 @@ fn the_local_api_leaves_loopback_only_with_tls_or_the_operators_word() {
 }
 
 #[test]
+fn a_word_that_is_none_of_a_keys_values_is_refused_naming_them() {
+    let extra = MINIMAL.replace("[telegram]", "[storage]\nsynchronous = \"extra\"\n[telegram]");
+    let e = problem(&extra);
+    assert_eq!(e.key, "storage.synchronous", "{e}");
+    assert!(e.problem.contains("\"normal\" or \"full\"") && e.problem.contains("extra"), "{e}");
+    let xml = MINIMAL.replace("[telegram]", "[log]\nformat = \"xml\"\n[telegram]");
+    let e = problem(&xml);
+    assert!(e.problem.contains("\"text\" or \"json\""), "{e}");
+    let full = MINIMAL.replace("[telegram]", "[storage]\nsynchronous = \"full\"\n[telegram]");
+    assert_eq!(load_str(&full).unwrap().storage.synchronous, Synchronous::Full);
+}
+
+#[test]
 fn a_route_for_the_general_topic_is_refused_with_what_to_do() {
     let general = MINIMAL.replace("chat_id = 42", "chat_id = -100500\nthread_id = 1");
     let e = problem(&general);
