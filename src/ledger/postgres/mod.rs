@@ -181,6 +181,12 @@ pub enum PgOpenError {
          check `[storage] database`, or start `switchboard run` once to create it"
     )]
     NoLedger,
+    #[error(
+        "the PostgreSQL search_path names no schema that exists ({search_path}): the ledger's tables \
+         have nowhere to go; create the schema (CREATE SCHEMA …) or fix `options=-c search_path=…` in \
+         `[storage] database`"
+    )]
+    NoSchema { search_path: String },
     #[error("applying the PostgreSQL ledger's migrations (`_sqlx_migrations` says which were applied)")]
     Migrate(#[source] ErrorSource),
 }
@@ -226,14 +232,31 @@ impl PgLedger {
     /// may do this as it starts; sqlx serialises concurrent migrators with a lock of its own.
     pub async fn connect(url: &str) -> Result<Self, PgOpenError> {
         let ledger = Self::pool(url).await?;
+        ledger.refuse_without_a_schema().await?;
         MIGRATOR.run(&ledger.pool).await?;
         Ok(ledger)
+    }
+
+    /// A search_path whose schemas do not exist leaves `current_schema()` empty, and the
+    /// migrations would fail statement by statement with "no schema has been selected".
+    async fn refuse_without_a_schema(&self) -> Result<(), PgOpenError> {
+        let (schema, search_path): (Option<String>, String) =
+            sqlx::query_as("SELECT current_schema()::text, current_setting('search_path')")
+                .fetch_one(&self.pool)
+                .await
+                .map_err(|error| PgOpenError::Connect(error.into()))?;
+        if schema.is_none() {
+            self.pool.close().await;
+            return Err(PgOpenError::NoSchema { search_path });
+        }
+        Ok(())
     }
 
     /// Like [`PgLedger::connect`], for `switchboard ledger`: the schema must already hold a
     /// ledger, so a mistyped URL or schema never becomes a new, empty one.
     pub async fn connect_existing(url: &str) -> Result<Self, PgOpenError> {
         let ledger = Self::pool(url).await?;
+        ledger.refuse_without_a_schema().await?;
         let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
             .fetch_one(&ledger.pool)
             .await

@@ -90,6 +90,22 @@ async fn session_exists(backend: i32) -> bool {
         .unwrap()
 }
 
+/// A URL whose search_path names a schema that does not exist: refused in one message that
+/// names the search_path and what to do, by the daemon and by the ledger commands alike.
+#[tokio::test]
+async fn a_search_path_without_a_schema_is_refused_naming_it() {
+    let schema = TestSchema::create().await;
+    let missing = format!("{}_never_made", schema.name);
+    let url = schema.url.replace(&schema.name, &missing);
+    for opened in [PgLedger::connect(&url).await, PgLedger::connect_existing(&url).await] {
+        let Err(error) = opened else { panic!("a ledger opened in a schema that does not exist") };
+        assert!(matches!(error, PgOpenError::NoSchema { .. }), "{error:?}");
+        let message = error.to_string();
+        assert!(message.contains(&missing) && message.contains("CREATE SCHEMA"), "{message}");
+    }
+    schema.drop().await;
+}
+
 #[tokio::test]
 async fn migrations_apply_twice_and_change_nothing_the_second_time() {
     let schema = TestSchema::create().await;
