@@ -208,6 +208,11 @@ impl Workdir {
         let Some(dir) = keep else {
             return Ok(Self::Temporary(tempfile::Builder::new().prefix("switchboard-demo-").tempdir()?));
         };
+        anyhow::ensure!(
+            !dir.exists() || dir.is_dir(),
+            "--keep {}: that is a file, not a directory; give a new or empty directory",
+            dir.display()
+        );
         std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
         let empty =
             std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?.next().is_none();
@@ -345,6 +350,8 @@ mod tests {
         std::fs::write(dir.path().join("something"), "").unwrap();
         let error = Workdir::new(Some(dir.path().to_path_buf())).err().unwrap();
         assert!(error.to_string().contains("not empty"), "{error}");
+        let file = Workdir::new(Some(dir.path().join("something"))).err().unwrap();
+        assert!(file.to_string().contains("not a directory"), "{file}");
         let fresh = dir.path().join("new");
         assert!(matches!(Workdir::new(Some(fresh.clone())).unwrap(), Workdir::Kept(_)));
         assert!(fresh.is_dir());

@@ -122,6 +122,8 @@ pub enum OpenError {
         #[source]
         source: std::io::Error,
     },
+    #[error("storage.database names {}, which is a folder: name the ledger's file (in it, say)", path.display())]
+    NotAFile { path: PathBuf },
     #[error("applying migrations to {}", path.display())]
     Migrate {
         path: PathBuf,
@@ -244,6 +246,9 @@ fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqli
 /// Refuses a ledger file that exists but this user cannot write, before any connection
 /// opens it. A missing file is for the caller to create or refuse.
 fn writable(path: &Path) -> Result<(), OpenError> {
+    if path.is_dir() {
+        return Err(OpenError::NotAFile { path: path.to_owned() });
+    }
     match std::fs::OpenOptions::new().write(true).open(path) {
         Err(source) if source.kind() == std::io::ErrorKind::PermissionDenied => {
             Err(OpenError::NotWritable { path: path.to_owned(), source })

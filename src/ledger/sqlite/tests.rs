@@ -100,6 +100,20 @@ async fn open_existing_refuses_a_missing_database_and_creates_nothing() {
 }
 
 #[tokio::test]
+async fn a_folder_at_the_ledgers_path_is_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    for opened in [
+        SqliteLedger::open(dir.path(), Synchronous::Normal).await,
+        SqliteLedger::open_existing(dir.path(), Synchronous::Normal).await,
+    ] {
+        let Err(error) = opened else { panic!("a folder opened as a ledger") };
+        assert!(matches!(error, OpenError::NotAFile { .. }), "{error:?}");
+        assert!(error.to_string().contains("folder"), "{error}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "nothing was made in it");
+}
+
+#[tokio::test]
 async fn audit_rows_keep_their_note_and_raw_update_and_states_kinds_are_stored_by_name() {
     let (_dir, ledger) = ledger().await;
     let mut undecodable = routed(1, EnvelopeState::Undecodable);
