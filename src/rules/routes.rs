@@ -9,6 +9,7 @@ use std::collections::HashMap;
 use std::fmt;
 
 use crate::ids::{AgentName, RouteName};
+use crate::rules::commands::command_word;
 
 /// Where a message was posted: a chat and, in a forum, a topic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -214,15 +215,11 @@ pub fn is_addressed(message: &Addressing<'_>, bot: &BotIdentity) -> bool {
     }
     let Some(name) = bot.username.as_deref() else { return true };
     let Some(text) = message.text else { return false };
-    if let Some(command) = text.strip_prefix('/') {
-        let word = command.split_whitespace().next().unwrap_or_default();
-        match word.split_once('@') {
-            None => return true,
-            Some((_, to)) if to.eq_ignore_ascii_case(name) => return true,
-            Some(_) => {}
-        }
+    match command_word(text).map(|command| command.addressee) {
+        Some(None) => true,
+        Some(Some(to)) if to.eq_ignore_ascii_case(name) => true,
+        _ => mentions(text, name),
     }
-    mentions(text, name)
 }
 
 /// Whether `text` holds `@name` as a whole mention (not the start of a longer name).

@@ -8,6 +8,7 @@
 use std::fmt;
 
 use crate::ids::TaskId;
+use crate::rules::commands::{CommandWord, command_word};
 
 pub mod plan;
 pub mod task;
@@ -121,19 +122,14 @@ impl fmt::Display for TaskState {
 
 /// Reads a command, `/name` or `/name@botname`, at the start of a message.
 pub fn parse_command(text: &str, bot_username: &str) -> Option<Command> {
-    let text = text.trim_start();
-    let rest = text.strip_prefix('/')?;
-    let (word, argument) = match rest.find(char::is_whitespace) {
-        Some(end) => (&rest[..end], rest[end..].trim()),
-        None => (rest, ""),
-    };
-    let name = match word.split_once('@') {
+    let CommandWord { name, addressee, argument } = command_word(text)?;
+    match addressee {
         // Without the bot's username (Telegram did not say), any `@name` counts as ours.
-        Some((name, bot)) if bot_username.is_empty() || bot.eq_ignore_ascii_case(bot_username) => name,
+        Some(bot) if bot_username.is_empty() || bot.eq_ignore_ascii_case(bot_username) => {}
         // Addressed to another bot in the group: not ours.
         Some(_) => return None,
-        None => word,
-    };
+        None => {}
+    }
     match name.to_ascii_lowercase().as_str() {
         "new" => Some(Command::New(argument.to_owned())),
         "pause" => Some(Command::Pause),

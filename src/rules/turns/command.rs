@@ -4,6 +4,8 @@
 //! Telegram writes a command as `/name` or, in groups, `/name@botname`; a command addressed
 //! to another bot in the same group is not ours to act on.
 
+use crate::rules::commands::{CommandWord, command_word};
+
 /// What a room message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RoomInput<'a> {
@@ -31,14 +33,9 @@ const STOP_COMMANDS: [&str; 2] = ["stop", "cancel"];
 /// assert_eq!(room_input("@builder stop that", Some("sb_bot")), RoomInput::Message);
 /// ```
 pub fn room_input<'a>(text: &'a str, bot_username: Option<&str>) -> RoomInput<'a> {
-    let Some(command) = text.trim_start().strip_prefix('/') else {
-        return RoomInput::Message;
-    };
     // The command is what follows the slash at once: "/ stop" is no command.
-    let word = command.split(char::is_whitespace).next().unwrap_or_default();
-    let (name, addressee) = match word.split_once('@') {
-        Some((name, addressee)) => (name, Some(addressee)),
-        None => (word, None),
+    let Some(CommandWord { name, addressee, .. }) = command_word(text) else {
+        return RoomInput::Message;
     };
     if let (Some(addressee), Some(bot)) = (addressee, bot_username)
         && !addressee.is_empty()

@@ -1,0 +1,39 @@
+//! How Telegram writes a command: `/name` at the start of a message, or in a group
+//! `/name@botname`, addressed to one bot of several. Reading it is shared; what a command
+//! means, and whether one addressed elsewhere counts, each caller decides.
+
+/// A command at the start of a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CommandWord<'a> {
+    /// What follows the slash, up to `@` or whitespace (`stop` in `/stop@sb_bot now`).
+    pub name: &'a str,
+    /// The bot after `@`, when one is named (possibly empty: `/stop@`).
+    pub addressee: Option<&'a str>,
+    /// The rest of the message after the command, trimmed.
+    pub argument: &'a str,
+}
+
+/// The command `text` starts with, if it starts with a slash. The name is what follows the
+/// slash at once: `/ stop` reads as a command with an empty name.
+///
+/// ```
+/// use switchboard::rules::commands::{CommandWord, command_word};
+///
+/// assert_eq!(
+///     command_word("  /new@sb_bot write the report "),
+///     Some(CommandWord { name: "new", addressee: Some("sb_bot"), argument: "write the report" })
+/// );
+/// assert_eq!(command_word("hello /stop"), None);
+/// ```
+pub fn command_word(text: &str) -> Option<CommandWord<'_>> {
+    let rest = text.trim_start().strip_prefix('/')?;
+    let (word, argument) = match rest.find(char::is_whitespace) {
+        Some(end) => (&rest[..end], rest[end..].trim()),
+        None => (rest, ""),
+    };
+    let (name, addressee) = match word.split_once('@') {
+        Some((name, addressee)) => (name, Some(addressee)),
+        None => (word, None),
+    };
+    Some(CommandWord { name, addressee, argument })
+}
