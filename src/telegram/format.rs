@@ -463,7 +463,7 @@ fn part_end<'a>(
 }
 
 /// A part with nothing to show: only whitespace and tags.
-fn is_blank_html(part: &str) -> bool {
+pub fn is_blank_html(part: &str) -> bool {
     html_to_plain(part).trim().is_empty()
 }
 

@@ -17,7 +17,7 @@ use crate::ledger::{
 };
 use crate::rules::resolver::{self, Answerable, Blocked, Candidate};
 use crate::telegram::envelope::ChatType;
-use crate::telegram::format::{ReplyFormat, html_to_plain};
+use crate::telegram::format::{ReplyFormat, html_to_plain, is_blank_html};
 use crate::telegram::outbound::{DeliveryOutcome, PlannedFile, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT};
 
 /// A reply request as read: what it asks to send, and to whom when it says.
@@ -78,7 +78,7 @@ impl Bridge {
         let again = parse_again(request.again.as_ref())?;
         let format = ReplyFormat::parse(request.format.as_deref()).map_err(ToolError::Invalid)?;
         let (parts, html) = format.parts(&request.text, TELEGRAM_TEXT_LIMIT);
-        if html && parts.iter().all(|part| html_to_plain(part).trim().is_empty()) {
+        if html && parts.iter().all(|part| is_blank_html(part)) {
             return Err(ToolError::Invalid(format!(
                 "the reply shows nothing once its {} is rendered (only markup, or a link without text); \
                  nothing was sent",
