@@ -26,18 +26,16 @@ pub enum LogFormat {
 impl TryFrom<String> for LogFormat {
     type Error = String;
     fn try_from(value: String) -> Result<Self, String> {
-        match value.as_str() {
-            "text" => Ok(Self::Text),
-            "json" => Ok(Self::Json),
-            other => Err(one_of(&["text", "json"], other)),
-        }
+        one_of(&[("text", Self::Text), ("json", Self::Json)], &value)
     }
 }
 
-/// The refusal of a value that is none of `allowed`, naming them.
-fn one_of(allowed: &[&str], found: &str) -> String {
-    let allowed: Vec<String> = allowed.iter().map(|value| format!("\"{value}\"")).collect();
-    format!("expected {}, found \"{found}\"", allowed.join(" or "))
+/// The value `found` names among `words`, or a refusal that names them all.
+fn one_of<T: Copy>(words: &[(&str, T)], found: &str) -> Result<T, String> {
+    words.iter().find(|(word, _)| *word == found).map(|(_, value)| *value).ok_or_else(|| {
+        let words: Vec<String> = words.iter().map(|(word, _)| format!("\"{word}\"")).collect();
+        format!("expected {}, found \"{found}\"", words.join(" or "))
+    })
 }
 
 /// SQLite's `synchronous` setting. With WAL, `normal` never loses a committed transaction
@@ -54,11 +52,7 @@ pub enum Synchronous {
 impl TryFrom<String> for Synchronous {
     type Error = String;
     fn try_from(value: String) -> Result<Self, String> {
-        match value.as_str() {
-            "normal" => Ok(Self::Normal),
-            "full" => Ok(Self::Full),
-            other => Err(one_of(&["normal", "full"], other)),
-        }
+        one_of(&[("normal", Self::Normal), ("full", Self::Full)], &value)
     }
 }
 
