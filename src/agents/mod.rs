@@ -6,3 +6,4 @@ pub mod api;
 pub mod bridge;
 pub mod channel;
 pub mod permissions;
+pub mod unfinished;

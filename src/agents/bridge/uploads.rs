@@ -19,6 +19,7 @@ use tokio::io::AsyncWriteExt;
 
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::UploadReceipt;
+use crate::agents::unfinished::UnfinishedFile;
 use crate::ids::AgentName;
 use crate::rules::media::{self, MAX_REPLY_FILES, TELEGRAM_UPLOAD_LIMIT};
 use crate::telegram::outbound::PlannedFile;
@@ -57,6 +58,19 @@ pub enum UploadError {
     Io(String),
 }
 
+/// An upload id is this prefix and this many random bytes in hex; it is also the staged
+/// file's name, which is how start-up knows the files that are its own to remove.
+const UPLOAD_ID_PREFIX: &str = "up_";
+const UPLOAD_ID_BYTES: usize = 12;
+
+/// Whether `name` is an upload id as [`Staging::stage`] makes them.
+fn is_upload_id(name: &str) -> bool {
+    name.strip_prefix(UPLOAD_ID_PREFIX).is_some_and(|hex| {
+        hex.len() == 2 * UPLOAD_ID_BYTES
+            && hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
 /// A file staged for a reply.
 #[derive(Debug, Clone)]
 struct Staged {
@@ -76,14 +90,17 @@ pub struct Staging {
 }
 
 impl Staging {
-    /// Opens (creating it, private) the staging folder and empties it: anything in it was
-    /// left by a daemon that stopped, and no reply of this one can name it.
+    /// Opens (creating it, private) the staging folder and removes the uploads in it: they
+    /// were left by a daemon that stopped, and no reply of this one can name them. Only
+    /// files named as this daemon names an upload go: `uploads_dir` set to a folder that
+    /// holds anything else (the ledger's own, say) loses nothing.
     pub fn open(dir: PathBuf) -> std::io::Result<Self> {
         use std::os::unix::fs::DirBuilderExt;
         std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&dir)?;
         for entry in std::fs::read_dir(&dir)? {
-            let path = entry?.path();
-            if path.is_file() {
+            let entry = entry?;
+            let path = entry.path();
+            if path.is_file() && is_upload_id(&entry.file_name().to_string_lossy()) {
                 tracing::info!(file = %path.display(), "removing a staged upload left by an earlier run");
                 std::fs::remove_file(&path)?;
             }
@@ -135,11 +152,11 @@ impl Staging {
         if held + announced.unwrap_or(0) > MAX_STAGED_BYTES {
             return Err(UploadError::StagingFull);
         }
-        let upload_id = format!("up_{}", hex::encode(rand::random::<[u8; 12]>()));
+        let upload_id = format!("{UPLOAD_ID_PREFIX}{}", hex::encode(rand::random::<[u8; UPLOAD_ID_BYTES]>()));
         let path = self.dir.join(&upload_id);
         // Until the file is in the index, nothing else would ever remove it: a refused
         // body, or a caller gone while it is written, leaves nothing behind.
-        let unfinished = Unfinished(Some(path.clone()));
+        let unfinished = UnfinishedFile::new(path.clone());
         let (size, sha256) = write_hashed(&path, &name, body).await?;
         let staged = Staged {
             agent: agent.clone(),
@@ -217,25 +234,6 @@ impl Drop for StagedFiles {
     fn drop(&mut self) {
         if self.armed {
             remove_files(&self.files);
-        }
-    }
-}
-
-/// A file being staged, removed when dropped unless kept: staging was refused or its
-/// caller went away before the file was in the index.
-struct Unfinished(Option<PathBuf>);
-
-impl Unfinished {
-    fn keep(mut self) {
-        self.0 = None;
-    }
-}
-
-impl Drop for Unfinished {
-    fn drop(&mut self) {
-        if let Some(path) = self.0.take() {
-            // Absent when it was never created (create_new refused, the folder gone).
-            let _ = std::fs::remove_file(path);
         }
     }
 }
@@ -362,9 +360,12 @@ mod tests {
     async fn staging_keeps_to_the_limit_and_a_reply_takes_only_its_agents_uploads() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(dir.path().join("s")).unwrap();
-        std::fs::write(dir.path().join("s/left-over"), b"x").unwrap();
+        let orphan = dir.path().join("s/up_0123456789abcdef01234567");
+        std::fs::write(&orphan, b"x").unwrap();
+        std::fs::write(dir.path().join("s/switchboard.db"), b"not ours").unwrap();
         let staging = Staging::open(dir.path().join("s")).unwrap();
-        assert!(!dir.path().join("s/left-over").exists(), "orphans are removed at start-up");
+        assert!(!orphan.exists(), "orphans are removed at start-up");
+        assert!(dir.path().join("s/switchboard.db").exists(), "a file that is not an upload is left alone");
 
         let agent = AgentName::parse("worker").unwrap();
         let other = AgentName::parse("orchestrator").unwrap();

@@ -10,6 +10,7 @@ use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use tokio::io::AsyncWriteExt;
 
+use crate::agents::unfinished::UnfinishedFile;
 use crate::ids::AgentName;
 
 /// The default budget of an inbox (`--inbox-max-mb`).
@@ -83,19 +84,22 @@ pub fn plan_cleanup(entries: &[InboxEntry], budget: u64, incoming: u64) -> Resul
     Ok(remove)
 }
 
-/// A name safe to create in the inbox: `prefix`, a dash, and what is left of `name` with
-/// path separators and control characters replaced, runs of dots made one, no leading dot
-/// (no hidden file, no `..`), and at most [`MAX_NAME_BYTES`] bytes, keeping the extension.
+/// A name safe to create in the inbox and to pass to a shell: `prefix`, a dash, and what
+/// is left of `name` with every character but letters, digits and `.-_+,@=` replaced (no
+/// path separator, no control character, nothing a shell reads as syntax, no space that
+/// would split an unquoted argument), runs of dots made one, no leading dot (no hidden
+/// file, no `..`), and at most [`MAX_NAME_BYTES`] bytes, keeping the extension. The sender
+/// chooses a document's name, and the model may paste the path into a command.
 pub fn safe_file_name(name: &str, prefix: &str) -> String {
     let mut cleaned = String::with_capacity(name.len());
     for c in name.chars() {
-        let c = if c == '/' || c == '\\' || c.is_control() { '_' } else { c };
+        let c = if c.is_alphanumeric() || ".-_+,@=".contains(c) { c } else { '_' };
         if c == '.' && cleaned.ends_with('.') {
             continue;
         }
         cleaned.push(c);
     }
-    let trimmed = cleaned.trim().trim_start_matches('.').trim();
+    let trimmed = cleaned.trim_start_matches(['.', '_']).trim_end_matches('_');
     let mut safe = if trimmed.is_empty() { FALLBACK_NAME.to_owned() } else { trimmed.to_owned() };
     if safe.len() > MAX_NAME_BYTES {
         safe = shorten_keeping_extension(&safe, MAX_NAME_BYTES);
@@ -157,12 +161,12 @@ impl Inbox {
         let final_name = safe_file_name(name, &unique_prefix());
         let final_path = self.dir.join(&final_name);
         let partial = self.dir.join(format!(".{final_name}{PARTIAL_SUFFIX}"));
-        let written = self.write_partial(&partial, size, bytes).await;
-        if let Err(error) = written {
-            let _ = tokio::fs::remove_file(&partial).await;
-            return Err(error);
-        }
+        // Removed on every way out but the rename: an error, or a caller that gives up
+        // (the eager photo fetch's timeout, the plugin asked to stop) mid-download.
+        let unfinished = UnfinishedFile::new(partial.clone());
+        self.write_partial(&partial, size, bytes).await?;
         tokio::fs::rename(&partial, &final_path).await.map_err(io)?;
+        unfinished.keep();
         // The rename is durable once the folder is synced too.
         if let Ok(dir) = tokio::fs::File::open(&self.dir).await {
             let _ = dir.sync_all().await;
@@ -177,8 +181,15 @@ impl Inbox {
         bytes: impl Stream<Item = std::io::Result<Bytes>>,
     ) -> Result<(), InboxError> {
         let io = |error| InboxError::Io { dir: self.dir.display().to_string(), error };
-        let mut file =
-            tokio::fs::OpenOptions::new().write(true).create_new(true).open(partial).await.map_err(io)?;
+        // Readable by this user only, whatever the folder's mode: a folder given with
+        // --inbox may be one others can list.
+        let mut file = tokio::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(partial)
+            .await
+            .map_err(io)?;
         let mut bytes = std::pin::pin!(bytes);
         let mut written: u64 = 0;
         loop {
@@ -208,7 +219,7 @@ impl Inbox {
         let mut listing = tokio::fs::read_dir(&self.dir).await.map_err(CleanupError::Io)?;
         while let Some(entry) = listing.next_entry().await.map_err(CleanupError::Io)? {
             let Ok(meta) = entry.metadata().await else { continue };
-            if !meta.is_file() {
+            if !meta.is_file() || !is_inbox_file(&entry.file_name().to_string_lossy()) {
                 continue;
             }
             entries.push(InboxEntry {
@@ -238,6 +249,27 @@ fn unique_prefix() -> String {
     format!("{now}-{:08x}", rand::random::<u32>())
 }
 
+/// Whether `name` is a file this inbox made: a received file (its [`unique_prefix`] and a
+/// dash) or one still being written (the same, hidden, ending in [`PARTIAL_SUFFIX`]). The
+/// budget counts and removes only these, so an `--inbox` pointed at a folder that holds
+/// anything else never deletes it.
+fn is_inbox_file(name: &str) -> bool {
+    let name = match name.strip_prefix('.') {
+        Some(partial) => match partial.strip_suffix(PARTIAL_SUFFIX) {
+            Some(partial) => partial,
+            None => return false,
+        },
+        None => name,
+    };
+    let shape = "dddddddd-dddddd-hhhhhhhh-";
+    name.len() > shape.len()
+        && name.bytes().zip(shape.bytes()).all(|(b, s)| match s {
+            b'd' => b.is_ascii_digit(),
+            b'h' => b.is_ascii_hexdigit(),
+            _ => b == s,
+        })
+}
+
 async fn create_private_dir(dir: &Path) -> std::io::Result<()> {
     let mut builder = tokio::fs::DirBuilder::new();
     builder.recursive(true).mode(0o700);
@@ -264,6 +296,20 @@ mod tests {
         assert_eq!(safe_file_name("   ", "p"), "p-file");
         assert_eq!(safe_file_name("report.pdf", "p"), "p-report.pdf");
         assert_eq!(safe_file_name("résumé.pdf", "p"), "p-résumé.pdf");
+        let shell = safe_file_name("$(curl x|sh);`id` 'a'&b.pdf", "p");
+        assert!(shell.chars().all(|c| c.is_alphanumeric() || ".-_".contains(c)), "{shell}");
+        assert!(shell.ends_with(".pdf"), "{shell}");
+    }
+
+    #[test]
+    fn only_what_the_inbox_made_is_its_own() {
+        let made = safe_file_name("report.pdf", &unique_prefix());
+        assert!(is_inbox_file(&made), "{made}");
+        assert!(is_inbox_file(&format!(".{made}{PARTIAL_SUFFIX}")));
+        for foreign in ["report.pdf", ".bashrc", "20261207-071500-report.pdf", ".20261207-071500-0badf00d-x"]
+        {
+            assert!(!is_inbox_file(foreign), "{foreign}");
+        }
     }
 
     #[test]
@@ -305,6 +351,37 @@ mod tests {
         let short = futures::stream::iter([Ok(Bytes::from_static(b"abc"))]);
         assert!(matches!(inbox.receive("c", Some(5), short).await, Err(InboxError::Truncated { .. })));
         let files: Vec<_> = std::fs::read_dir(inbox.dir()).unwrap().map(|e| e.unwrap().path()).collect();
-        assert_eq!(files, [path], "only the complete file is left");
+        assert_eq!(files, std::slice::from_ref(&path), "only the complete file is left");
+        use std::os::unix::fs::PermissionsExt;
+        assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    }
+
+    /// A download whose caller gives up mid-way leaves no partial file to eat the budget.
+    #[tokio::test]
+    async fn a_download_given_up_mid_way_leaves_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let inbox = Inbox::new(dir.path().join("inbox"), 1000).unwrap();
+        let body = futures::stream::iter([Ok(Bytes::from_static(b"half"))]).chain(futures::stream::pending());
+        let given_up = tokio::time::timeout(Duration::from_millis(100), inbox.receive("p", None, body)).await;
+        assert!(given_up.is_err(), "the body never ends");
+        let left: Vec<_> = std::fs::read_dir(inbox.dir()).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
+    /// The budget makes room by removing the inbox's own oldest files, never a file of
+    /// the folder it did not make (`--inbox ~/Downloads`).
+    #[tokio::test]
+    async fn the_budget_never_removes_a_file_the_inbox_did_not_make() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("thesis.pdf"), vec![b'x'; 600]).unwrap();
+        let inbox = Inbox::new(dir.path().to_owned(), 1000).unwrap();
+        let first =
+            inbox.receive("a", Some(300), futures::stream::iter([Ok(Bytes::from(vec![1; 300]))])).await;
+        let first = first.unwrap();
+        let second =
+            inbox.receive("b", Some(800), futures::stream::iter([Ok(Bytes::from(vec![2; 800]))])).await;
+        second.unwrap();
+        assert!(dir.path().join("thesis.pdf").exists(), "the user's own file is kept");
+        assert!(!first.exists(), "the inbox's own older file made room");
     }
 }
