@@ -482,12 +482,8 @@ async fn a_reply_with_files_asked_again_is_told_what_the_first_came_to() {
     let (notes, _) = file_in(files.path(), "notes.pdf", 50_000, 4);
     let upload = client.upload_file(Path::new(&notes), "notes.pdf", 50_000).await.unwrap();
     let request = ReplyRequest {
-        text: "here".into(),
-        trace_id: Some(envelope.trace_id.clone()),
-        request_id: switchboard::ids::RequestId::generate().to_string(),
-        again: None,
-        format: None,
         files: vec![upload.upload_id.clone()],
+        ..ReplyRequest::new("here", Some(envelope.trace_id.clone()))
     };
     fake.fail_method("sendDocument", Fault::RecordThenHang(Duration::from_secs(1)));
 

@@ -105,6 +105,57 @@ async fn two_waiting_chats_refuse_a_reply_without_trace_id_then_each_is_answered
     assert_eq!(sent[2].chat_id, OWNER_CHAT);
 }
 
+/// The official plugin's reply takes `chat_id` (and `reply_to`); a model used to it names
+/// the chat instead of the trace id. Alice and Bob wrote, Bob was answered by name: a reply
+/// naming Bob's chat must not become the answer to Alice, the only one still waiting.
+#[tokio::test]
+async fn a_reply_that_names_a_chat_never_answers_a_message_of_another() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "from Alice");
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), UserSpec::new(7, "Bob"), "from Bob");
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    let (alice, bob) = (trace_id(&pushed[0]), trace_id(&pushed[1]));
+    let bob_message = pushed[1].meta_str("message_id").unwrap().to_owned();
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "first answer", "trace_id": bob})).await.unwrap();
+    assert!(!is_error, "{text}");
+    fake.wait_for_sent(1, WAIT).await;
+
+    let bob_chat = FORUM_CHAT.to_string();
+    for named in
+        [json!({"chat_id": bob_chat}), json!({"chat_id": FORUM_CHAT}), json!({"reply_to": bob_message})]
+    {
+        let mut args = json!({"text": "more for Bob"});
+        args.as_object_mut().unwrap().extend(named.as_object().unwrap().clone());
+        let (is_error, text) = orchestrator.call_tool("reply", args).await.unwrap();
+        assert!(is_error && text.starts_with("nothing_pending"), "{named}: {text}");
+    }
+    // A trace id and a chat that contradict each other: refused, nothing sent.
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "for whom?", "trace_id": alice, "chat_id": bob_chat}))
+        .await
+        .unwrap();
+    assert!(is_error && text.starts_with("bad_request"), "{text}");
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "x", "chat_id": "the forum"})).await.unwrap();
+    assert!(is_error && text.starts_with("bad_request") && text.contains("chat_id"), "{text}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(fake.sent_messages().len(), 1, "nothing more was sent: {:?}", fake.sent_messages());
+    assert_eq!(state_of(&daemon, &alice).await, EnvelopeState::Pending, "Alice still waits");
+
+    // Naming Alice's chat answers Alice.
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "for Alice", "chat_id": OWNER_CHAT.to_string()}))
+        .await
+        .unwrap();
+    assert!(!is_error && text.contains(&alice), "{text}");
+    let sent = fake.wait_for_sent(2, WAIT).await;
+    assert_eq!((sent[1].chat_id, sent[1].text.as_str()), (OWNER_CHAT, "for Alice"));
+}
+
 #[tokio::test]
 async fn no_agent_can_answer_or_ack_another_agents_envelope() {
     let fake = FakeTelegram::start().await;

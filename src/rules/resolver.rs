@@ -4,7 +4,7 @@
 //! them in; the resolver never guesses and "most recent" is never a fallback. A refusal
 //! changes nothing, so the agent can simply call again with a `trace_id`.
 //!
-//! It reads three things of an envelope ([`Answerable`]) and hands back the one it picked,
+//! It reads a few things of an envelope ([`Answerable`]) and hands back the one it picked,
 //! whatever the caller's envelope type holds besides.
 
 use crate::ledger::EnvelopeState;
@@ -15,6 +15,41 @@ pub trait Answerable {
     /// The agent it was routed to (none for an unrouted message).
     fn agent(&self) -> Option<&str>;
     fn state(&self) -> EnvelopeState;
+    /// The Telegram chat and message it came from (what the `<channel>` tag shows).
+    fn chat_id(&self) -> i64;
+    fn message_id(&self) -> i64;
+}
+
+/// Where the agent said its reply goes, beside a trace id or instead of one: the chat and
+/// the message of the `<channel>` tag, as the official plugin's `reply` takes them
+/// (`chat_id`, `reply_to`). Never a way to reach a chat: it only narrows the envelopes a
+/// reply may answer, so a reply that names a chat never lands in another.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Addressed {
+    pub chat_id: Option<i64>,
+    pub message_id: Option<i64>,
+}
+
+impl Addressed {
+    pub fn is_given(&self) -> bool {
+        self.chat_id.is_some() || self.message_id.is_some()
+    }
+
+    pub fn admits<E: Answerable>(&self, envelope: &E) -> bool {
+        self.chat_id.is_none_or(|chat_id| chat_id == envelope.chat_id())
+            && self.message_id.is_none_or(|message_id| message_id == envelope.message_id())
+    }
+}
+
+impl std::fmt::Display for Addressed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match (self.message_id, self.chat_id) {
+            (Some(message_id), Some(chat_id)) => write!(f, "message {message_id} of chat {chat_id}"),
+            (Some(message_id), None) => write!(f, "message {message_id}"),
+            (None, Some(chat_id)) => write!(f, "chat {chat_id}"),
+            (None, None) => f.write_str("any chat"),
+        }
+    }
 }
 
 /// An envelope the resolver may pick, with what the delivery side knows about it.
@@ -50,6 +85,17 @@ pub enum ResolveError<E> {
         /// Pending envelopes the session has not confirmed showing yet.
         not_shown: usize,
     },
+    #[error(
+        "nothing you have been shown from {at} is waiting for a reply{}; chat_id and reply_to only pick among \
+         your waiting messages: name the one you answer with trace_id",
+        not_shown_hint(*not_shown)
+    )]
+    NothingPendingAt { at: Addressed, not_shown: usize },
+    #[error(
+        "{trace_id} is message {message_id} of chat {chat_id}, not {at}: trace_id and chat_id/reply_to name \
+         different messages, so nothing was sent; give the trace_id of the message you answer"
+    )]
+    Elsewhere { trace_id: String, chat_id: i64, message_id: i64, at: Addressed },
     /// Says the same whether the envelope does not exist or belongs to another agent, so
     /// an agent cannot probe for other agents' trace ids.
     #[error(
@@ -130,6 +176,36 @@ pub fn resolve_unnamed<E: Answerable>(
     }
 }
 
+/// A reply that also said where it goes: the envelope the resolver picked must be there.
+pub fn check_addressed<E: Answerable>(at: Addressed, envelope: E) -> Result<E, ResolveError<E>> {
+    if at.admits(&envelope) {
+        return Ok(envelope);
+    }
+    Err(ResolveError::Elsewhere {
+        trace_id: envelope.trace_id().to_owned(),
+        chat_id: envelope.chat_id(),
+        message_id: envelope.message_id(),
+        at,
+    })
+}
+
+/// A reply that names no envelope but a place: answered as [`resolve_unnamed`] answers,
+/// among the envelopes of that place only.
+pub fn resolve_unnamed_at<E: Answerable>(
+    at: Addressed,
+    shown: Vec<Candidate<E>>,
+    not_shown: &[E],
+) -> Result<E, ResolveError<E>> {
+    let shown: Vec<_> = shown.into_iter().filter(|candidate| at.admits(&candidate.envelope)).collect();
+    let not_shown = not_shown.iter().filter(|envelope| at.admits(*envelope)).count();
+    match resolve_unnamed(shown, not_shown) {
+        Err(ResolveError::NothingPending { not_shown }) if at.is_given() => {
+            Err(ResolveError::NothingPendingAt { at, not_shown })
+        }
+        resolved => resolved,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -140,6 +216,8 @@ mod tests {
         trace_id: String,
         agent: Option<String>,
         state: EnvelopeState,
+        chat_id: i64,
+        message_id: i64,
     }
 
     impl Answerable for Envelope {
@@ -152,10 +230,51 @@ mod tests {
         fn state(&self) -> EnvelopeState {
             self.state
         }
+        fn chat_id(&self) -> i64 {
+            self.chat_id
+        }
+        fn message_id(&self) -> i64 {
+            self.message_id
+        }
     }
 
     fn envelope(trace_id: &str, agent: Option<&str>, state: EnvelopeState) -> Envelope {
-        Envelope { trace_id: trace_id.into(), agent: agent.map(Into::into), state }
+        Envelope { trace_id: trace_id.into(), agent: agent.map(Into::into), state, chat_id: 1, message_id: 1 }
+    }
+
+    fn message_of(trace_id: &str, chat_id: i64, message_id: i64) -> Envelope {
+        Envelope { chat_id, message_id, ..envelope(trace_id, Some("orch"), EnvelopeState::Pending) }
+    }
+
+    /// Alice (chat 10) and Bob (chat 20) wrote; Bob was answered by trace id. A reply that
+    /// names Bob's chat, as the official plugin's reply does, is not Alice's answer.
+    #[test]
+    fn a_reply_that_names_a_chat_answers_only_a_message_of_that_chat() {
+        let alice = message_of("env_alice", 10, 5);
+        let bob_chat = Addressed { chat_id: Some(20), message_id: None };
+        let refused = resolve_unnamed_at(bob_chat, vec![Candidate::free(alice.clone())], &[]);
+        assert_eq!(refused, Err(ResolveError::NothingPendingAt { at: bob_chat, not_shown: 0 }));
+        assert!(refused.unwrap_err().to_string().contains("trace_id"));
+
+        let bob = message_of("env_bob", 20, 7);
+        let both = vec![Candidate::free(alice.clone()), Candidate::free(bob.clone())];
+        assert_eq!(resolve_unnamed_at(bob_chat, both.clone(), &[]), Ok(bob.clone()));
+        let alices_message = Addressed { chat_id: None, message_id: Some(5) };
+        assert_eq!(resolve_unnamed_at(alices_message, both.clone(), &[]), Ok(alice.clone()));
+        assert!(matches!(
+            resolve_unnamed_at(Addressed::default(), both, &[]),
+            Err(ResolveError::Ambiguous { .. })
+        ));
+        // Only the place's messages on their way count in the hint.
+        let refusal = resolve_unnamed_at(bob_chat, vec![], &[alice.clone(), bob.clone()]).unwrap_err();
+        assert_eq!(refusal, ResolveError::NothingPendingAt { at: bob_chat, not_shown: 1 });
+
+        assert_eq!(check_addressed(bob_chat, bob.clone()), Ok(bob));
+        assert_eq!(check_addressed(Addressed::default(), alice.clone()), Ok(alice.clone()));
+        assert!(matches!(
+            check_addressed(bob_chat, alice),
+            Err(ResolveError::Elsewhere { chat_id: 10, message_id: 5, .. })
+        ));
     }
 
     fn free(envelope: Envelope) -> Option<Candidate<Envelope>> {

@@ -241,7 +241,11 @@ impl From<ToolError> for Failure {
                         candidates_total: candidates.len(),
                     });
                 }
-                ResolveError::NothingPending { .. } => ErrorCode::NothingPending,
+                ResolveError::NothingPending { .. } | ResolveError::NothingPendingAt { .. } => {
+                    ErrorCode::NothingPending
+                }
+                // trace_id and chat_id/reply_to contradict each other: the request is at fault.
+                ResolveError::Elsewhere { .. } => ErrorCode::BadRequest,
                 ResolveError::UnknownTraceId { .. } => ErrorCode::UnknownTraceId,
                 ResolveError::NotAnswerable { .. } | ResolveError::AwaitingReconciliation { .. } => {
                     ErrorCode::NotAnswerable

@@ -263,6 +263,13 @@ pub struct ReplyRequest {
     /// the whole reply (`unknown_upload`) before anything is sent.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub files: Vec<String>,
+    /// The chat and the message (`reply_to`) the reply is for, as the `<channel>` tag shows
+    /// them. They never reach a chat: they narrow the envelopes the reply may answer, so a
+    /// reply naming one chat is refused rather than answering a message of another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_to: Option<i64>,
 }
 
 impl ReplyRequest {
@@ -275,6 +282,8 @@ impl ReplyRequest {
             again: None,
             format: None,
             files: Vec::new(),
+            chat_id: None,
+            reply_to: None,
         }
     }
 }

@@ -15,7 +15,7 @@ use crate::ledger::{
     AttemptPurpose, AttemptState, EnvelopeKind, EnvelopeState, RecordedReply, ReplyTally, ReplyVerdict,
     StoredAttempt, StoredEnvelope,
 };
-use crate::rules::resolver::{self, Answerable, Blocked, Candidate};
+use crate::rules::resolver::{self, Addressed, Answerable, Blocked, Candidate};
 use crate::telegram::envelope::ChatType;
 use crate::telegram::format::{ReplyFormat, html_to_plain, is_blank_html};
 use crate::telegram::outbound::{DeliveryOutcome, PlannedFile, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT};
@@ -30,6 +30,8 @@ struct Draft<'a> {
     /// As Telegram messages.
     parts: Vec<String>,
     html: bool,
+    /// Where the agent said the reply goes (`chat_id`, `reply_to`), if it did.
+    at: Addressed,
 }
 
 /// What a request never seen before came to.
@@ -90,7 +92,8 @@ impl Bridge {
             tracing::warn!(%agent, parts = parts.len(), max, "reply refused: too long");
             return Err(ToolError::TooLong { parts: parts.len(), max });
         }
-        let draft = Draft { request_id, trace_id, again, text: &request.text, parts, html };
+        let at = Addressed { chat_id: request.chat_id, message_id: request.reply_to };
+        let draft = Draft { request_id, trace_id, again, text: &request.text, parts, html, at };
         let slot = self.slot(agent);
         let running = {
             let _decide = slot.decisions.lock().await;
@@ -122,8 +125,8 @@ impl Bridge {
         draft: Draft<'_>,
         staged: StagedFiles,
     ) -> Result<Decided, ToolError> {
-        let Draft { request_id, trace_id, again, text, parts, html } = draft;
-        let resolved = self.resolve(agent, slot, session, trace_id.as_ref()).await;
+        let Draft { request_id, trace_id, again, text, parts, html, at } = draft;
+        let resolved = self.resolve(agent, slot, session, trace_id.as_ref(), at).await;
         let (envelope, replied_before) = match (resolved, &trace_id) {
             // A child answering a handoff a change superseded: its answer is kept as a late
             // result and goes nowhere (DESIGN.md §11).
@@ -250,14 +253,16 @@ impl Bridge {
     }
 
     /// Picks the envelope a reply acts for: the named one, or the only pending one this
-    /// session was shown. With it, whether a reply request was made for it before, when
-    /// that came with the lookup (`None`: not known yet).
+    /// session was shown (of the chat or message `at` names, when it names one). With it,
+    /// whether a reply request was made for it before, when that came with the lookup
+    /// (`None`: not known yet).
     async fn resolve(
         &self,
         agent: &AgentName,
         slot: &AgentSlot,
         session: &str,
         trace_id: Option<&TraceId>,
+        at: Addressed,
     ) -> Result<(StoredEnvelope, Option<bool>), ToolError> {
         let ledger = &self.inner.ledger;
         let resolved = match trace_id {
@@ -273,6 +278,7 @@ impl Bridge {
                     blocked_by(slot, vec![found.envelope], &unreconciled).remove(0)
                 });
                 resolver::resolve_named(agent.as_str(), trace_id.as_str(), candidate)
+                    .and_then(|envelope| resolver::check_addressed(at, envelope))
                     .map(|envelope| (envelope, replied_before))
             }
             None => {
@@ -281,7 +287,7 @@ impl Bridge {
                     .await?
                     .into_iter()
                     .partition(|envelope| slot.was_shown(session, &envelope.trace_id));
-                resolver::resolve_unnamed(self.candidates(slot, shown).await?, not_shown.len())
+                resolver::resolve_unnamed_at(at, self.candidates(slot, shown).await?, &not_shown)
                     .map(|envelope| (envelope, None))
             }
         };
@@ -683,6 +689,14 @@ impl Answerable for StoredEnvelope {
 
     fn state(&self) -> EnvelopeState {
         self.state
+    }
+
+    fn chat_id(&self) -> i64 {
+        self.chat_id
+    }
+
+    fn message_id(&self) -> i64 {
+        self.message_id
     }
 }
 

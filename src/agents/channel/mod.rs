@@ -61,8 +61,8 @@ use startup::{ClientEvent, Startup};
 use texts::{
     ToolName, ToolNames, bad_argument, describe_ack, describe_action_receipt, describe_call_answer,
     describe_call_timeout, describe_failure, describe_handoff_receipt, describe_pending, describe_receipt,
-    describe_recovered_receipt, describe_revision, instructions, never_acted_on, optional_trace_id,
-    outcome_not_known_yet, parse_trace_id,
+    describe_recovered_receipt, describe_revision, instructions, never_acted_on, optional_telegram_id,
+    optional_trace_id, outcome_not_known_yet, parse_trace_id,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -233,6 +233,17 @@ struct ReplyArgs {
     /// unreadable or too large refuses the whole reply before anything is sent.
     #[serde(default)]
     files: Option<Vec<String>>,
+    /// Optional: the chat_id of the <channel> tag of the message you answer. It never sends
+    /// anywhere by itself: it only makes sure the reply answers a message of that chat
+    /// (refused otherwise). trace_id is what names the message.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    chat_id: Option<serde_json::Value>,
+    /// Optional: the message_id of the <channel> tag of the message you answer; like
+    /// chat_id, it only makes sure the reply answers that message.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    reply_to: Option<serde_json::Value>,
 }
 
 /// Arguments of the `ack` tool.
@@ -426,6 +437,8 @@ impl ChannelPlugin {
         let request = ReplyRequest {
             again: args.again,
             format: args.format,
+            chat_id: optional_telegram_id("chat_id", args.chat_id.as_ref())?,
+            reply_to: optional_telegram_id("reply_to", args.reply_to.as_ref())?,
             ..ReplyRequest::new(args.text, trace_id.map(|id| id.to_string()))
         };
         tokio::select! {

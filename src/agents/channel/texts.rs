@@ -277,6 +277,25 @@ pub(super) fn optional_trace_id(raw: Option<&str>) -> Result<Option<TraceId>, St
     }
 }
 
+/// A Telegram id the model may give as a number or as the string the `<channel>` tag shows
+/// (`chat_id`, `reply_to`); anything else is refused, naming the argument.
+pub(super) fn optional_telegram_id(
+    name: &str,
+    raw: Option<&serde_json::Value>,
+) -> Result<Option<i64>, String> {
+    let refuse = || {
+        bad_argument(format!(
+            "{name} must be a Telegram id (a whole number, as the <channel> tag shows it). Nothing was sent."
+        ))
+    };
+    match raw {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::Number(number)) => number.as_i64().map(Some).ok_or_else(refuse),
+        Some(serde_json::Value::String(text)) => text.trim().parse().map(Some).map_err(|_| refuse()),
+        Some(_) => Err(refuse()),
+    }
+}
+
 pub(super) const BLANK_TRACE_ID: &str = "trace_id is empty: pass the trace id (env_…) of the message you mean, or leave \
      trace_id out. Nothing was sent.";
 
