@@ -175,6 +175,27 @@ async fn a_mention_only_route_takes_what_is_addressed_to_the_bot() {
     assert_eq!(rows[0].route.as_deref(), Some("team-group"), "kept for audit under its route");
 }
 
+/// A getMe that fails at start-up (a hiccup, a 5xx) is asked again: the bot learns its
+/// name, and a mention_only group's chatter stops reaching the agent, which it did for
+/// the whole run when one failure was kept.
+#[tokio::test]
+async fn a_failed_get_me_is_asked_again_until_the_bot_knows_its_name() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_method("getMe", Fault::Raw { status: 502, body: "Bad Gateway".into() });
+    fake.fail_method("getMe", Fault::Raw { status: 502, body: "Bad Gateway".into() });
+    let routes =
+        default_routes().replace("name = \"team-group\"", "name = \"team-group\"\nmention_only = true");
+    let daemon = TestDaemon::start(&fake.api_url(), "", &routes);
+    daemon.wait_for_log("could not ask Telegram who this bot is", WAIT).await;
+    daemon.wait_for_log(&format!("this bot is @{BOT_USERNAME}"), WAIT).await;
+    let team = ChatSpec::group(GROUP_CHAT, "Team");
+    fake.push_text(&team, UserSpec::new(8, "Mia"), "lunch at noon?");
+    fake.push_text(&team, UserSpec::new(8, "Mia"), "/pause@someone_elses_bot");
+    let rows = wait_for_envelopes(&daemon, 2).await;
+    assert_eq!(rows[0].state, EnvelopeState::Ignored, "{:?}", rows[0]);
+    assert_eq!(rows[1].state, EnvelopeState::Ignored, "another bot's command is not ours: {:?}", rows[1]);
+}
+
 #[tokio::test]
 async fn edits_and_textless_messages_are_envelopes_and_malformed_updates_do_not_stall() {
     let fake = FakeTelegram::start().await;

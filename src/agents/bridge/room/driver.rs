@@ -107,12 +107,76 @@ struct Me {
     can_read_all_group_messages: Option<bool>,
 }
 
+/// How soon `getMe` is asked again after it failed, doubling up to the cap.
+const IDENTIFY_RETRY_FIRST: Duration = Duration::from_secs(1);
+const IDENTIFY_RETRY_CAP: Duration = Duration::from_secs(60);
+
+/// Asks Telegram who this bot is until it answers (or the daemon stops): its username,
+/// and whether it can see ordinary group messages at all. Until it is known, a command
+/// addressed as `/stop@NAME` or `/pause@NAME` counts as ours whatever NAME is and every
+/// message of a mention_only route as addressed to the bot (fail-open: nothing meant for
+/// it is dropped), so that window is kept as short as Telegram allows: one failure (a
+/// network hiccup at boot, a 5xx, a 429) is retried, not kept for the whole run.
+async fn identify_until_known(api: BotApi, bridge: Bridge, shutdown: CancellationToken) {
+    let mut retry = Backoff::new(IDENTIFY_RETRY_FIRST, IDENTIFY_RETRY_CAP);
+    let mut failures = 0u32;
+    let no_arguments = json!({});
+    loop {
+        let exchange = tokio::select! {
+            exchange = api.call("getMe", &no_arguments) => exchange,
+            () = shutdown.cancelled() => return,
+        };
+        let me = match &exchange {
+            Exchange::Answered { body, .. } => {
+                serde_json::from_slice::<Answer<Me>>(body).ok().and_then(|a| a.result)
+            }
+            _ => None,
+        };
+        if let Some(me) = me {
+            if failures > 0 {
+                tracing::info!(failures, "Telegram answered getMe after {failures} failed attempt(s)");
+            }
+            take_identity(&bridge, me);
+            return;
+        }
+        let delay = retry.next_delay();
+        failures += 1;
+        if failures == 1 {
+            tracing::warn!(
+                retry_in_ms = delay.as_millis() as u64,
+                "could not ask Telegram who this bot is (getMe): until it answers, a command addressed as \
+                 /stop@NAME or /pause@NAME counts as ours whatever NAME is, and every message of a mention_only \
+                 route as said to the bot; asking again"
+            );
+        } else {
+            tracing::debug!(failures, retry_in_ms = delay.as_millis() as u64, "getMe failed again");
+        }
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = shutdown.cancelled() => return,
+        }
+    }
+}
+
+fn take_identity(bridge: &Bridge, me: Me) {
+    let name = me.username.clone().unwrap_or_default();
+    if me.can_read_all_group_messages == Some(false) && !bridge.rooms().is_empty() {
+        tracing::warn!(
+            bot = %name,
+            "privacy mode is on for @{name}: in a group it only sees commands meant for it and replies to its own messages, unless it is an admin there, so ordinary room messages never arrive. Group rooms need to see every message: turn privacy mode off (@BotFather, /setprivacy, Disable; then remove the bot from the group and add it again) or make the bot an admin of each room's group"
+        );
+    }
+    if let Some(username) = me.username {
+        tracing::info!(bot = %username, "this bot is @{username} (getMe)");
+        bridge.set_bot_username(username);
+    }
+}
+
 /// Runs the rooms. Built by [`Bridge::room_driver`]; [`RoomDriver::run`] is its loop.
 pub struct RoomDriver {
     bridge: Bridge,
     /// For `getMe`: this bot's username tells `/stop@thisbot` from `/stop@otherbot`.
     api: BotApi,
-    bot_username: Option<String>,
     /// Rooms with a post on its way: one at a time per room, so they arrive in order.
     posting: Arc<Mutex<HashSet<String>>>,
     /// Routes with exchanges that are no room in the configuration, reported once each.
@@ -127,7 +191,6 @@ impl Bridge {
         RoomDriver {
             bridge: self.clone(),
             api,
-            bot_username: None,
             posting: Arc::default(),
             reported_missing: HashSet::new(),
             reported_damaged: HashSet::new(),
@@ -153,9 +216,10 @@ impl RoomDriver {
     /// Failures are logged and retried; they never stop the daemon, and nothing is lost
     /// meanwhile (room messages wait in the ledger).
     pub async fn run(mut self, shutdown: CancellationToken) -> anyhow::Result<()> {
-        // The bot's username tells `/stop@thisbot` (rooms) and `/pause@thisbot` (tasks)
-        // from a command for another bot.
-        self.identify().await;
+        // The bot's username tells `/stop@thisbot` (rooms), `/pause@thisbot` (tasks) and a
+        // mention (mention_only) from what is for another bot: asked until Telegram answers,
+        // beside the passes, which go on meanwhile.
+        tokio::spawn(identify_until_known(self.api.clone(), self.bridge.clone(), shutdown.clone()));
         let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
         loop {
             let wait = match self.pass().await {
@@ -181,37 +245,6 @@ impl RoomDriver {
         }
         tracing::debug!("room driver stopped");
         Ok(())
-    }
-
-    /// Asks Telegram who this bot is: its username (for `/stop@name`) and whether it can
-    /// see ordinary group messages at all. Best-effort: without an answer, any
-    /// `/stop@name` counts as a stop.
-    async fn identify(&mut self) {
-        let exchange = self.api.call("getMe", &json!({})).await;
-        let me = match &exchange {
-            Exchange::Answered { body, .. } => {
-                serde_json::from_slice::<Answer<Me>>(body).ok().and_then(|a| a.result)
-            }
-            _ => None,
-        };
-        let Some(me) = me else {
-            tracing::warn!(
-                "could not ask Telegram who this bot is (getMe): a command addressed as /stop@NAME or /pause@NAME counts as ours whatever NAME is"
-            );
-            return;
-        };
-        let name = me.username.clone().unwrap_or_default();
-        if me.can_read_all_group_messages == Some(false) && !self.bridge.rooms().is_empty() {
-            tracing::warn!(
-                bot = %name,
-                "privacy mode is on for @{name}: in a group it only sees commands meant for it and replies to its own messages, unless it is an admin there, so ordinary room messages never arrive. Group rooms need to see every message: turn privacy mode off (@BotFather, /setprivacy, Disable; then remove the bot from the group and add it again) or make the bot an admin of each room's group"
-            );
-        }
-        if let Some(username) = &me.username {
-            self.bridge.set_bot_username(username.clone());
-            tracing::info!(bot = %username, "this bot is @{username} (getMe)");
-        }
-        self.bot_username = me.username;
     }
 
     /// One pass over the inbox, the busy rooms and the owed posts. Returns how long until a
@@ -287,7 +320,7 @@ impl RoomDriver {
                 .await;
         }
         let text = envelope.text.as_deref().unwrap_or_default();
-        match room_input(text, self.bot_username.as_deref()) {
+        match room_input(text, self.bridge.bot_username().as_deref()) {
             RoomInput::Stop => self.stop(room, envelope).await,
             RoomInput::ForAnotherBot(bot) => {
                 let note = format!("a command for @{bot}, not for this bot");
