@@ -11,6 +11,9 @@ pub struct RoutedReaction {
     pub reaction: Reaction,
     /// See `RoutedEnvelope::update_digest`.
     pub update_digest: String,
+    /// Its sender may not speak to an agent in its chat (`allowed_users`): kept for audit,
+    /// owed to nobody, as a message of theirs is rejected.
+    pub sender_rejected: bool,
 }
 
 /// A reaction owed to (or given to) an agent.

@@ -22,7 +22,9 @@ impl<'a> ReactionRow<'a> {
     /// for, when it is a message the bot sent for an agent.
     pub(crate) fn of(routed: &'a RoutedReaction, answered: Option<(TraceId, String)>) -> Self {
         let reaction = &routed.reaction;
-        let note = if reaction.emoji.is_empty() {
+        let note = if routed.sender_rejected {
+            Some("reaction by a sender who may not speak to an agent in this chat (allowed_users)")
+        } else if reaction.emoji.is_empty() {
             Some("reaction removed: none is set now")
         } else if answered.is_none() {
             Some("reaction on a message the bot did not send for an agent")

@@ -181,9 +181,29 @@ pub fn dispose<'a>(
     let Some(route) = table.route_for(channel) else {
         return Disposition::Unrouted;
     };
+    if may_speak(route, allowed_users, sender_id) {
+        Disposition::Deliver(route)
+    } else {
+        Disposition::Rejected(route)
+    }
+}
+
+fn may_speak(route: &Route, allowed_users: &[i64], sender_id: Option<i64>) -> bool {
     let allowed_users = route.senders.as_deref().unwrap_or(allowed_users);
-    let allowed = allowed_users.is_empty() || sender_id.is_some_and(|id| allowed_users.contains(&id));
-    if allowed { Disposition::Deliver(route) } else { Disposition::Rejected(route) }
+    allowed_users.is_empty() || sender_id.is_some_and(|id| allowed_users.contains(&id))
+}
+
+/// Whether a reaction in `chat_id` by `sender_id` may reach an agent. A reaction carries no
+/// topic, so its sender must be one who may speak on some route of its chat (on the
+/// fallback route when no route names the chat): who may not write to an agent cannot
+/// reach it by reacting either.
+pub fn may_react(table: &RoutesTable, allowed_users: &[i64], chat_id: i64, sender_id: Option<i64>) -> bool {
+    let mut named = table.routes_for_chat(chat_id).peekable();
+    if named.peek().is_none() {
+        let fallback = table.route_for(Channel { chat_id, thread_id: None });
+        return fallback.is_some_and(|route| may_speak(route, allowed_users, sender_id));
+    }
+    named.any(|route| may_speak(route, allowed_users, sender_id))
 }
 
 /// Who the bot is, as far as the daemon has learnt (`getMe`).
@@ -400,6 +420,25 @@ mod tests {
         let nowhere = RoutesTable::default();
         assert_eq!(dispose(&nowhere, &[1], dm, Some(3)), Disposition::Unrouted);
         assert_eq!(dispose(&nowhere, &[], dm, Some(1)), Disposition::Unrouted);
+    }
+
+    /// Who may not write to an agent cannot reach it by reacting to the bot's reply.
+    #[test]
+    fn a_reaction_counts_only_from_a_sender_who_may_speak_in_its_chat() {
+        let group = -100_555;
+        let pair =
+            Route { senders: Some(vec![7, 8]), ..route("pair", RouteTarget::Chat { chat_id: group }, "w") };
+        let table =
+            RoutesTable::new(vec![route("dm", RouteTarget::Chat { chat_id: DM }, "o"), pair]).unwrap();
+        assert!(may_react(&table, &[1], group, Some(7)));
+        assert!(!may_react(&table, &[1], group, Some(9)), "not on the route's list");
+        assert!(!may_react(&table, &[1], group, None), "no known sender");
+        assert!(may_react(&table, &[1], DM, Some(1)));
+        assert!(!may_react(&table, &[1], DM, Some(7)), "on another route's list only");
+        assert!(!may_react(&table, &[], -100_999, Some(1)), "an unrouted chat");
+        // A topic route's list counts for the chat: a reaction carries no topic.
+        let forum = full_table();
+        assert!(may_react(&forum, &[], FORUM, Some(3)));
     }
 
     #[test]

@@ -21,7 +21,7 @@ use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::metrics;
 use crate::rules::permissions::Verdict;
 use crate::rules::routes::RoutesTable;
-use crate::rules::routes::{Addressing, BotIdentity, Disposition, dispose, is_addressed};
+use crate::rules::routes::{Addressing, BotIdentity, Disposition, dispose, is_addressed, may_react};
 use crate::telegram::envelope::{self, ChatType, Inbound};
 use crate::telegram::updates::RawUpdate;
 use crate::telemetry;
@@ -219,7 +219,13 @@ fn read_update(raw: &RawUpdate, routing: &Routing, bot: &BotIdentity, batch: &mu
         }
         // Whom it reaches, if anyone, intake decides: it knows what the bot sent.
         Inbound::Reaction(reaction) => {
-            batch.reactions.push(RoutedReaction { reaction: *reaction, update_digest: digest });
+            let sender_rejected =
+                !may_react(&routing.routes, &routing.allowed_users, reaction.chat_id, reaction.user_id);
+            batch.reactions.push(RoutedReaction {
+                reaction: *reaction,
+                update_digest: digest,
+                sender_rejected,
+            });
             return;
         }
         Inbound::NotAMessage { update_id, kind } => {

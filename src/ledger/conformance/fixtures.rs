@@ -118,5 +118,6 @@ pub(crate) fn reaction_on(update_id: i64, message_id: i32, emoji: &[&str]) -> Ro
             date: Utc::now(),
         },
         update_digest: format!("digest of update {update_id}"),
+        sender_rejected: false,
     }
 }
