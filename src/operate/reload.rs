@@ -172,6 +172,10 @@ fn kept_until_restart(running: &Settings, new: &Settings, needs_restart: &mut Ve
     let retain_days =
         |settings: &Settings| settings.storage.retain.map_or("none".to_owned(), |r| r.days.to_string());
     fixed("storage.retain_days", &retain_days(running), &retain_days(new));
+    let retention_interval = |settings: &Settings| {
+        settings.storage.retain.map_or("none".to_owned(), |r| format!("{}s", r.every.as_secs()))
+    };
+    fixed("storage.retention_interval_secs", &retention_interval(running), &retention_interval(new));
     let uploads_dir = |settings: &Settings| {
         settings
             .storage
@@ -204,13 +208,16 @@ fn kept_until_restart(running: &Settings, new: &Settings, needs_restart: &mut Ve
     };
     fixed("operator", &operator(running), &operator(new));
     // The files are named as the local API binds; what they hold is read at every reload.
-    // (`api.daemon`, `api.ca` and `[media]` are the plugins': each reads them as it starts.)
+    // A client CA named or dropped is a change of files too: the reload reads the files the
+    // daemon started with, so it would neither start asking for client certificates nor
+    // stop. (`api.daemon`, `api.ca` and `[media]` are the plugins': each reads them as it
+    // starts.)
     let tls = |settings: &Settings| {
-        settings
-            .api
-            .tls
-            .as_ref()
-            .map_or("none".to_owned(), |tls| format!("{}, {}", tls.cert.display(), tls.key.display()))
+        settings.api.tls.as_ref().map_or("none".to_owned(), |tls| {
+            let client_ca =
+                tls.client_ca.as_ref().map_or("no client_ca".to_owned(), |ca| ca.display().to_string());
+            format!("{}, {}, {client_ca}", tls.cert.display(), tls.key.display())
+        })
     };
     fixed("api.tls", &tls(running), &tls(new));
     fixed(
@@ -499,6 +506,31 @@ agent = "orchestrator"
             ]
         );
         assert!(plan.needs_restart.is_empty(), "{:?}", plan.needs_restart);
+    }
+
+    /// Client certificates turned on by a reload would not be asked for (the reload reads
+    /// the files the daemon started with): it says a restart is needed, not "nothing
+    /// changed". So does the prune schedule's interval.
+    #[test]
+    fn a_client_ca_named_and_the_prune_interval_are_reported_as_needing_a_restart() {
+        let tls = "[api]\ntls = { cert = \"c.pem\", key = \"k.pem\" }\n[telegram]";
+        let before = BASE.replace("[telegram]", tls);
+        let after = BASE.replace("[telegram]", &tls.replace("\" }", "\", client_ca = \"ca.pem\" }"));
+        let tls_plan = plan(&load(&before), &load(&after)).unwrap();
+        let restart = &tls_plan.needs_restart;
+        assert_eq!(restart.len(), 1, "{restart:?}");
+        assert!(restart[0].starts_with("api.tls:") && restart[0].contains("ca.pem"), "{restart:?}");
+
+        let every = |secs: u32| {
+            BASE.replace(
+                "[telegram]",
+                &format!("[storage]\nretain_days = 90\nretention_interval_secs = {secs}\n[telegram]"),
+            )
+        };
+        let interval_plan = plan(&load(&every(3600)), &load(&every(60))).unwrap();
+        let restart = &interval_plan.needs_restart;
+        assert_eq!(restart.len(), 1, "{restart:?}");
+        assert!(restart[0].starts_with("storage.retention_interval_secs: 3600s → 60s"), "{restart:?}");
     }
 
     #[test]
