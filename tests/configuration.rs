@@ -206,6 +206,27 @@ fn a_missing_secret_variable() {
     refused(&bad, &[], "agents.worker.token_env", &["SB_CFG_SURELY_UNSET_VARIABLE is not set"]);
 }
 
+/// A value that is no bot token (the bot's @name, a truncated paste) is refused by `check`
+/// as by `run`, naming the key, and not said to be valid first.
+#[test]
+fn a_value_that_is_no_bot_token() {
+    let dir = tempfile::tempdir().unwrap();
+    for token in ["not-a-token", "my_bot", "123456:", ":secret", "123456:two words"] {
+        refused(
+            &config_text(dir.path()),
+            &[("SB_CFG_TOKEN", token)],
+            "telegram.token_env",
+            &["SB_CFG_TOKEN"],
+        );
+        let (output, stderr) =
+            switchboard(dir.path(), "check", &config_text(dir.path()), &[("SB_CFG_TOKEN", token)]);
+        assert!(!output.status.success(), "{token}: {stderr}");
+        assert!(stderr.contains("telegram.token_env"), "{token}: {stderr}");
+        assert!(!String::from_utf8_lossy(&output.stdout).contains("valid"), "{token}");
+        assert!(!stderr.contains("two words") && !stderr.contains("not-a-token"), "not echoed: {stderr}");
+    }
+}
+
 #[test]
 fn a_bad_api_url() {
     let dir = tempfile::tempdir().unwrap();

@@ -9,16 +9,17 @@ use crate::rules::routes::{Audience, RouteTarget};
 pub(super) fn check(path: &Path) -> anyhow::Result<()> {
     let settings = Settings::load(path)?;
     settings.daemon_secrets()?;
+    // Before anything is said to be valid: a certificate that cannot be served stops `run`.
+    if let Some(files) = &settings.api.tls {
+        crate::agents::api::tls::server_config(files)?;
+    }
     for warning in check_warnings(&settings) {
         eprintln!("switchboard: warning: {}: {warning}", path.display());
     }
     println!("{}: configuration is valid", path.display());
     println!("telegram api: {}", settings.telegram.api_url);
     match &settings.api.tls {
-        Some(files) => {
-            crate::agents::api::tls::server_config(files)?;
-            println!("local api:    {} over TLS ({})", settings.api.listen, files.cert.display());
-        }
+        Some(files) => println!("local api:    {} over TLS ({})", settings.api.listen, files.cert.display()),
         None => println!("local api:    {}", settings.api.listen),
     }
     let plugins_reach: Vec<String> = settings.api.daemon_urls().iter().map(ToString::to_string).collect();

@@ -88,7 +88,7 @@ pub struct ConfigWarning {
 
 use raw::RawSettings;
 pub use settings::*;
-use settings::{MAX_WEBHOOK_SECRET_LEN, is_webhook_secret};
+use settings::{MAX_WEBHOOK_SECRET_LEN, is_webhook_secret, looks_like_a_bot_token};
 use validate::{check_distinct_secrets, config_crate_error, join_names, read_secret};
 
 impl Settings {
@@ -130,8 +130,24 @@ impl Settings {
     }
 
     /// The bot token, from the variable `telegram.token_env` names.
+    /// The bot token, from the variable `telegram.token_env` names, checked to look like one
+    /// (`NUMBER:SECRET`, as @BotFather gives it), so that `check` refuses what `run` would:
+    /// the bot's number keys its offsets and its leadership.
     pub fn telegram_token(&self) -> Result<Secret, ConfigError> {
-        read_secret(&self.source, "telegram.token_env", &self.telegram.token_env)
+        let key = "telegram.token_env";
+        let token = read_secret(&self.source, key, &self.telegram.token_env)?;
+        if !looks_like_a_bot_token(token.expose()) {
+            return Err(ConfigError::new(
+                &self.source,
+                key,
+                format!(
+                    "the value of {} does not look like a bot token: @BotFather gives one as NUMBER:SECRET \
+                     (123456789:AA…), with no spaces",
+                    self.telegram.token_env
+                ),
+            ));
+        }
+        Ok(token)
     }
 
     /// An agent's secret for the local API, from the variable its `token_env` names.
