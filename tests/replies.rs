@@ -338,6 +338,45 @@ async fn sigterm_with_a_connected_session_stops_promptly_and_keeps_the_envelope_
     orchestrator.wait_for_stderr("not reachable", WAIT).await.unwrap();
 }
 
+/// A graceful stop waits for a send in flight; a second signal does not: the daemon exits
+/// at once, and the send it cut off is unknown at the next start, never sent again.
+#[tokio::test]
+async fn a_second_stop_signal_ends_a_stop_that_waits_on_telegram() {
+    let fake = FakeTelegram::start().await;
+    let slow = [("SWITCHBOARD__TELEGRAM__SEND_TIMEOUT_SECS", "60")];
+    let mut daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), &slow);
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "still there?");
+    let trace = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    fake.fail_send_message(Fault::HangWithoutRecording(Duration::from_secs(120)));
+    let reply = orchestrator.call_tool("reply", json!({"text": "yes", "trace_id": trace}));
+    let stop = async {
+        fake.wait_for_requests("sendMessage", 1, WAIT).await;
+        daemon.signal("TERM");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(daemon.is_running(), "the graceful stop waits for the send in flight");
+        let second = std::time::Instant::now();
+        let status = daemon.stop();
+        (status, second.elapsed())
+    };
+    // The reply's call is left behind: its plugin keeps asking a daemon that is gone.
+    let (status, after_second) = tokio::select! {
+        stopped = stop => stopped,
+        answered = reply => panic!("the reply ended before the daemon stopped: {answered:?}"),
+    };
+    assert!(after_second < Duration::from_secs(5), "{after_second:?}\n{}", daemon.logs());
+    assert!(!status.success(), "{status}");
+    daemon.wait_for_log("a second stop signal", WAIT).await;
+
+    daemon.restart();
+    let deadline = std::time::Instant::now() + WAIT;
+    while state_of(&daemon, &trace).await != EnvelopeState::Unresolved {
+        assert!(std::time::Instant::now() < deadline, "the cut-off send is unknown after the restart");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(fake.sent_messages().len(), 0, "not sent again");
+}
+
 #[tokio::test]
 async fn a_reply_into_a_migrated_group_says_which_route_to_change() {
     let fake = FakeTelegram::start().await;

@@ -256,6 +256,10 @@ impl StopSignals {
         Ok(Self { terminate, interrupt })
     }
 
+    /// The first signal starts a graceful stop, which waits for sends in flight to settle
+    /// (a send waits up to `telegram.send_timeout_secs` for Telegram's answer). A second
+    /// one ends the process at once, as `kill -9` would: what it cuts off is what start-up
+    /// recovery settles (a send in flight becomes unknown, never sent again).
     async fn stop_on_signal(mut self, shutdown: CancellationToken) {
         tokio::select! {
             _ = self.interrupt.recv() => tracing::info!("SIGINT received"),
@@ -263,5 +267,14 @@ impl StopSignals {
             () = shutdown.cancelled() => return,
         }
         shutdown.cancel();
+        tokio::select! {
+            _ = self.interrupt.recv() => {}
+            _ = self.terminate.recv() => {}
+        }
+        tracing::warn!(
+            "a second stop signal: exiting now, without waiting for what is in flight; the next start settles it \
+             (a send cut off becomes unknown and is not sent again)"
+        );
+        std::process::exit(1);
     }
 }
