@@ -298,6 +298,22 @@ async fn status_with_no_open_task_describes_the_most_recent_one() {
     assert!(orchestrator.notifications().len() == 1, "a question reaches no agent");
 }
 
+/// The bot's own answer to a command (here `/status`) that Telegram refused (a rate limit
+/// longer than a send waits) is not dropped: it stays owed and is posted once Telegram
+/// takes it.
+#[tokio::test]
+async fn a_bot_post_telegram_refused_is_posted_again_once_it_is_taken() {
+    let OwnerWaiting { fake, daemon, orchestrator: _orchestrator, trace: _ } =
+        owner_waiting("What time is it?").await;
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 600 });
+    fake.push_text(owner_chat(), owner(), "/status");
+    daemon.wait_for_log("room post not sent; trying again", WAIT).await;
+    let status = posted(&fake, 1).await.remove(0);
+    assert!(status.contains("revision 1"), "the /status answer, once: {status}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(fake.sent_messages().len(), 1, "posted once");
+}
+
 /// 5. `/new <text>` while a task is open: a successor task, the lineage visible both ways,
 ///    the old envelopes no longer answerable.
 #[tokio::test]

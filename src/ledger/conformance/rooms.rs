@@ -250,24 +250,29 @@ pub(crate) async fn a_post_is_owed_with_its_step_and_made_once<B: Backend>() {
     let post = &owed[0];
     assert_eq!((post.chat_id, post.thread_id, post.reply_to_message_id), (ROOM_CHAT, Some(7), Some(41)));
     assert!(!ledger.room_post_attempted("switchboard", &post.key).await.unwrap());
-    ledger
-        .begin_attempt(&crate::ledger::NewAttempt {
-            envelope_id: post.envelope_id,
-            agent: "switchboard",
-            request_id: Some(&post.key),
-            purpose: crate::ledger::AttemptPurpose::Audit,
-            method: crate::ledger::AttemptMethod::SendMessage,
-            target_message_id: None,
-            chat_id: post.chat_id,
-            thread_id: Some(7),
-            reply_to_message_id: Some(41),
-            chunk_index: 0,
-            chunk_count: 1,
-            text: &post.text,
-        })
-        .await
-        .unwrap()
-        .unwrap();
+    let attempt = crate::ledger::NewAttempt {
+        envelope_id: post.envelope_id,
+        agent: "switchboard",
+        request_id: Some(&post.key),
+        purpose: crate::ledger::AttemptPurpose::Audit,
+        method: crate::ledger::AttemptMethod::SendMessage,
+        target_message_id: None,
+        chat_id: post.chat_id,
+        thread_id: Some(7),
+        reply_to_message_id: Some(41),
+        chunk_index: 0,
+        chunk_count: 1,
+        text: &post.text,
+    };
+    // Telegram out of reach: the post provably went nowhere, and is still owed.
+    let refused = ledger.begin_attempt(&attempt).await.unwrap().unwrap();
+    let not_sent = crate::ledger::AttemptOutcome::NotSent { error: "connection refused".into() };
+    ledger.finish_attempt(&refused, &not_sent, "switchboard").await.unwrap();
+    assert!(
+        !ledger.room_post_attempted("switchboard", &post.key).await.unwrap(),
+        "a post that provably went nowhere is tried again"
+    );
+    ledger.begin_attempt(&attempt).await.unwrap().unwrap();
     assert!(
         ledger.room_post_attempted("switchboard", &post.key).await.unwrap(),
         "attempted: never posted again"

@@ -371,7 +371,7 @@ impl Rooms for PgLedger {
     }
 
     async fn room_post_attempted(&self, poster: &str, key: &str) -> LedgerResult<bool> {
-        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = $1 AND request_id = $2)")
+        Ok(sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = $1 AND request_id = $2 AND outcome <> 'not_sent')")
             .bind(poster)
             .bind(key)
             .fetch_one(&self.pool)

@@ -61,7 +61,9 @@ pub trait Rooms: Send + Sync {
     /// The posts of a cascade, in order.
     async fn posts_of(&self, cascade_row: i64) -> LedgerResult<Vec<StoredPost>>;
 
-    /// Whether a post was already attempted: any attempt `poster` made carries its key.
+    /// Whether a post was already attempted in a way that may have reached the chat: an
+    /// attempt `poster` made carries its key and is not `not_sent` (a post every attempt of
+    /// which provably went nowhere is still owed, and is tried again).
     /// (Looked up by the poster and the key, which `attempts_by_request` indexes: by the
     /// key alone, every attempt ever made would be read.)
     async fn room_post_attempted(&self, poster: &str, key: &str) -> LedgerResult<bool>;

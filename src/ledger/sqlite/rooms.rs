@@ -110,7 +110,7 @@ impl StoredPost {
 
 /// See [`SqliteLedger::room_post_attempted`].
 pub(super) const POST_ATTEMPTED: &str =
-    "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ? AND request_id = ?)";
+    "SELECT EXISTS (SELECT 1 FROM attempts WHERE agent = ? AND request_id = ? AND outcome <> 'not_sent')";
 
 #[async_trait]
 impl Rooms for SqliteLedger {

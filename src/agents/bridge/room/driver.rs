@@ -40,7 +40,7 @@ use crate::ledger::{
 };
 use crate::rules::turns::{Cascade, HumanMessage, Next, Outcome, RoomInput, Stopping, TurnEnd, room_input};
 use crate::telegram::bot_api::{Answer, BotApi, Exchange};
-use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
+use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
 
 /// Steps one room may take in one pass. A live exchange takes one or two; the cap only
 /// stops a guard that keeps failing from spinning the driver.
@@ -764,8 +764,11 @@ impl RoomDriver {
         let bridge = self.bridge.clone();
         let posting = Arc::clone(&self.posting);
         self.bridge.inner.tasks.spawn(async move {
-            let outcome = bridge.inner.outbound.deliver(&plan).await;
-            tracing::info!(key = %post.key, route = %post.route, ?outcome, "room post");
+            if !deliver_post(&bridge, &post, &plan).await {
+                // Stopping with the post still owed: the next start posts it.
+                posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
+                return;
+            }
             let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
             while let Err(e) = bridge.inner.ledger.mark_room_post_made(post.id).await {
                 tracing::error!(key = %post.key, error = %e, "could not record a room post as made; trying again");
@@ -778,6 +781,39 @@ impl RoomDriver {
             posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
             bridge.wake_rooms();
         });
+    }
+}
+
+/// How long a post that provably went nowhere (Telegram out of reach, a rate limit longer
+/// than a send waits) is tried again, and how far apart the tries are at most. A refusal
+/// that will not pass (the bot removed from the group) costs a few requests in that time.
+const POST_RETRY_WINDOW: Duration = Duration::from_secs(600);
+const POST_RETRY_CAP: Duration = Duration::from_secs(60);
+
+/// Posts `plan`, trying again while nothing of it went out, for [`POST_RETRY_WINDOW`].
+/// `false` when the daemon stops first: the post stays owed (its attempts are all
+/// `not_sent`, so the next start posts it). A post of which a part went out, or whose
+/// outcome is unknown, is never tried again.
+async fn deliver_post(bridge: &Bridge, post: &StoredPost, plan: &ReplyPlan) -> bool {
+    let started = tokio::time::Instant::now();
+    let mut retry = Backoff::new(Duration::from_secs(2), POST_RETRY_CAP);
+    loop {
+        let outcome = bridge.inner.outbound.deliver(plan).await;
+        let went_nowhere = matches!(&outcome, DeliveryOutcome::NotSent { sent, .. } if sent.is_empty());
+        if !went_nowhere || started.elapsed() >= POST_RETRY_WINDOW {
+            if went_nowhere {
+                tracing::warn!(key = %post.key, route = %post.route, ?outcome, "room post given up: Telegram refused it for {}s", POST_RETRY_WINDOW.as_secs());
+            } else {
+                tracing::info!(key = %post.key, route = %post.route, ?outcome, "room post");
+            }
+            return true;
+        }
+        let delay = retry.next_delay();
+        tracing::warn!(key = %post.key, route = %post.route, ?outcome, retry_in_ms = delay.as_millis() as u64, "room post not sent; trying again");
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            () = bridge.inner.shutdown.cancelled() => return false,
+        }
     }
 }
 
