@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::{WAIT, owner, session};
 use support::daemon::*;
-use switchboard::fake_bot_api::{ChatSpec, Delivery, FakeTelegram};
+use switchboard::fake_bot_api::{ChatSpec, Delivery, FakeTelegram, Fault, TEST_TOKEN};
 use switchboard::ledger::{ListFilter, StoredEnvelope};
 
 const PUBLIC_URL: &str = "https://bot.example.test/telegram/hook";
@@ -231,4 +231,44 @@ async fn a_polling_daemon_reports_a_webhook_left_set_and_polls_once_it_is_remove
     let update_id = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "polled again");
     fake.wait_until_confirmed(update_id, WAIT).await;
     assert_eq!(stored(&daemon, update_id).await, 1);
+}
+
+/// Another program with the bot's token removes the webhook (a poller does, before it
+/// polls): the daemon notices and sets it again. The token revoked later: `/readyz` says
+/// so, where it stayed ready for good when only the first `setWebhook` was checked.
+#[tokio::test]
+async fn a_removed_webhook_is_set_again_and_a_refused_token_is_not_ready() {
+    let fake = FakeTelegram::start().await;
+    let config = webhook_config().replace(" }", ", check_secs = 1 }");
+    let daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        &config,
+        &default_routes(),
+        &[(SECRET_ENV, WEBHOOK_SECRET)],
+    );
+    fake.wait_for_webhook(WAIT).await;
+    let http = reqwest::Client::builder().no_proxy().timeout(WAIT).build().unwrap();
+    let removed =
+        http.post(format!("{}/bot{TEST_TOKEN}/deleteWebhook", fake.api_url())).send().await.unwrap();
+    assert!(removed.status().is_success());
+    assert!(fake.webhook().is_none());
+    daemon.wait_for_log("the webhook is no longer", WAIT).await;
+    let again = fake.wait_for_webhook(WAIT).await;
+    assert_eq!(again.url, PUBLIC_URL);
+
+    let unauthorized = r#"{"ok":false,"error_code":401,"description":"Unauthorized"}"#;
+    for _ in 0..60 {
+        fake.fail_method("getWebhookInfo", Fault::Raw { status: 401, body: unauthorized.into() });
+    }
+    let deadline = std::time::Instant::now() + WAIT;
+    loop {
+        let answer = http.get(format!("http://{}/readyz", daemon.api_addr())).send().await.unwrap();
+        let status = answer.status().as_u16();
+        let body: serde_json::Value = answer.json().await.unwrap();
+        if status == 503 && body.to_string().contains("telegram_unauthorized") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still {status} {body}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }

@@ -105,10 +105,16 @@ pub(super) struct RawWebhook {
     pub(super) listen: String,
     #[serde(default = "default_webhook_secret_env")]
     pub(super) secret_env: String,
+    #[serde(default = "default_webhook_check_secs")]
+    pub(super) check_secs: u64,
 }
 
 fn default_webhook_secret_env() -> String {
     "SWITCHBOARD_WEBHOOK_SECRET".into()
+}
+
+fn default_webhook_check_secs() -> u64 {
+    60
 }
 
 #[derive(Debug, Deserialize)]

@@ -128,6 +128,9 @@ pub struct WebhookSettings {
     /// The environment variable holding the secret Telegram sends back with every request
     /// (`X-Telegram-Bot-Api-Secret-Token`).
     pub secret_env: String,
+    /// How often the leader asks Telegram (`getWebhookInfo`) whether the webhook is still
+    /// this one and the token still accepted (`telegram.webhook.check_secs`).
+    pub check_every: std::time::Duration,
 }
 
 impl WebhookSettings {

@@ -543,7 +543,11 @@ fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSettings, Con
         err("telegram.webhook.listen", format!("'{}' is not an address like 0.0.0.0:8443", raw.listen))
     })?;
     check_env_name(path, "telegram.webhook.secret_env", &raw.secret_env)?;
-    Ok(WebhookSettings { public_url, listen, secret_env: raw.secret_env })
+    if raw.check_secs == 0 {
+        return Err(err("telegram.webhook.check_secs", "must be at least 1".into()));
+    }
+    let check_every = std::time::Duration::from_secs(raw.check_secs);
+    Ok(WebhookSettings { public_url, listen, secret_env: raw.secret_env, check_every })
 }
 
 fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {

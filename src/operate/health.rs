@@ -130,6 +130,8 @@ struct WebhookState {
     registered: bool,
     /// Why the last `setWebhook` failed, while none has succeeded.
     refused: Option<String>,
+    /// Since when Telegram has refused the bot token (401), while it does.
+    token_refused_since: Option<Instant>,
 }
 
 impl WebhookHealth {
@@ -137,29 +139,44 @@ impl WebhookHealth {
         self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Telegram accepted the webhook.
+    /// Telegram accepted the webhook (set it, or said it is still set).
     pub fn registered(&self) {
         let mut state = self.state();
         state.registered = true;
         state.refused = None;
+        state.token_refused_since = None;
     }
 
-    /// A `setWebhook` failed, for this reason (no secrets, no content).
+    /// A `setWebhook` failed, or the webhook is no longer set to this daemon, for this
+    /// reason (no secrets, no content).
     pub fn refused(&self, why: String) {
-        self.state().refused = Some(why);
+        let mut state = self.state();
+        state.registered = false;
+        state.refused = Some(why);
     }
 
-    pub fn facts(&self) -> WebhookFacts {
+    /// Telegram refused the bot token (401): no update arrives and nothing can be sent.
+    pub fn token_refused(&self) {
+        self.state().token_refused_since.get_or_insert_with(Instant::now);
+    }
+
+    pub fn facts(&self, now: Instant) -> WebhookFacts {
         let state = self.state();
-        WebhookFacts { registered: state.registered, refused: state.refused.clone() }
+        WebhookFacts {
+            registered: state.registered,
+            refused: state.refused.clone(),
+            token_refused_for: state.token_refused_since.map(|since| now.saturating_duration_since(since)),
+        }
     }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookFacts {
     pub registered: bool,
-    /// Why the last `setWebhook` failed, while none has succeeded.
+    /// Why the webhook is not set to this daemon, while it is not.
     pub refused: Option<String>,
+    /// How long Telegram has refused the bot token, while it does.
+    pub token_refused_for: Option<Duration>,
 }
 
 /// How updates reach this daemon, and what that way of intake has seen.
@@ -173,7 +190,7 @@ impl IntakeHealth {
     pub fn facts(&self, now: Instant) -> IntakeFacts {
         match self {
             Self::Polling(poll) => IntakeFacts::Polling(poll.facts(now)),
-            Self::Webhook(webhook) => IntakeFacts::Webhook(webhook.facts()),
+            Self::Webhook(webhook) => IntakeFacts::Webhook(webhook.facts(now)),
         }
     }
 }
@@ -386,6 +403,7 @@ pub fn assess(
             }
         }
         IntakeFacts::Webhook(webhook) => {
+            reasons.extend(webhook.token_refused_for.map(token_refused));
             if !webhook.registered {
                 let why = webhook.refused.unwrap_or_else(|| "no answer yet".to_owned());
                 reasons.push(NotReady {
@@ -408,34 +426,43 @@ pub fn assess(
     }
 }
 
+/// Telegram refuses the bot token, polled or not.
+fn token_refused(lasting: Duration) -> NotReady {
+    NotReady {
+        code: "telegram_unauthorized".into(),
+        detail: format!(
+            "Telegram has refused the bot token (401) for {}s: it was revoked or is wrong; check the variable \
+             telegram.token_env names",
+            lasting.as_secs()
+        ),
+    }
+}
+
 /// The poller's reasons: a lasting refusal, a poll gone stale.
 fn assess_polling(poll: PollFacts, poll_timeout: Duration) -> Vec<NotReady> {
     let mut reasons = Vec::new();
     if let Some((refusal, lasting)) = poll.refusal {
         let secs = lasting.as_secs();
         let (code, detail) = match refusal {
-            TelegramRefusal::Unauthorized => (
-                "telegram_unauthorized",
-                format!(
-                    "Telegram has refused the bot token (401) for {secs}s: it was revoked or is wrong; check the \
-                     variable telegram.token_env names"
-                ),
-            ),
+            TelegramRefusal::Unauthorized => {
+                let NotReady { code, detail } = token_refused(lasting);
+                (code, detail)
+            }
             TelegramRefusal::Conflict => (
-                "telegram_conflict",
+                "telegram_conflict".to_owned(),
                 format!(
                     "Telegram answers 409 Conflict for {secs}s: another process polls this bot token; stop it"
                 ),
             ),
             TelegramRefusal::WebhookActive => (
-                "telegram_webhook_active",
+                "telegram_webhook_active".to_owned(),
                 format!(
                     "Telegram answers 409 for {secs}s because a webhook is set for this bot; remove it \
                      (deleteWebhook) so switchboard can poll"
                 ),
             ),
         };
-        reasons.push(NotReady { code: code.into(), detail });
+        reasons.push(NotReady { code, detail });
     }
     let stale_after = poll_timeout * 2 + STALE_MARGIN;
     if poll.since_success > stale_after {
@@ -598,22 +625,28 @@ mod tests {
     #[test]
     fn in_webhook_mode_readiness_waits_for_set_webhook_and_never_for_a_poll() {
         let webhook = WebhookHealth::default();
-        let not_yet = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT);
+        let not_yet = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts(Instant::now())), POLL_TIMEOUT);
         assert_eq!(codes(&not_yet), ["webhook_not_set"]);
         assert_eq!(not_yet.intake, IntakeMode::Webhook);
         webhook.refused("Telegram refused setWebhook (400): bad webhook: HTTPS url must be provided".into());
-        let refused = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT);
+        let refused = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts(Instant::now())), POLL_TIMEOUT);
         assert!(refused.reasons[0].detail.contains("HTTPS url must be provided"), "{:?}", refused.reasons);
         webhook.registered();
         // No getUpdates ever succeeds in webhook mode, and that is no reason.
-        let ready = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT);
+        let ready = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts(Instant::now())), POLL_TIMEOUT);
         assert!(ready.ready, "{:?}", ready.reasons);
         assert_eq!(ready.last_poll_success_secs, None);
         let full = [failing(LedgerWrite::Intake, WriteProblem::DiskFull, 2)];
         assert_eq!(
-            codes(&assess(Ok(()), &full, IntakeFacts::Webhook(webhook.facts()), POLL_TIMEOUT)),
+            codes(&assess(Ok(()), &full, IntakeFacts::Webhook(webhook.facts(Instant::now())), POLL_TIMEOUT)),
             ["ledger_full"]
         );
+        // The token revoked after the webhook was set: no update comes, nothing can be sent.
+        webhook.token_refused();
+        let refused = assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts(Instant::now())), POLL_TIMEOUT);
+        assert_eq!(codes(&refused), ["telegram_unauthorized"]);
+        webhook.registered();
+        assert!(assess(Ok(()), &[], IntakeFacts::Webhook(webhook.facts(Instant::now())), POLL_TIMEOUT).ready);
     }
 
     #[test]

@@ -270,7 +270,11 @@ struct SetWebhook<'a> {
     drop_pending_updates: bool,
 }
 
-/// Calls `setWebhook` until Telegram accepts it (or `shutdown`), telling `health`.
+/// Keeps the webhook set for as long as the daemon runs: calls `setWebhook` until Telegram
+/// accepts it, then asks every `check_every` (`getWebhookInfo`) whether it still is, and
+/// sets it again when it is not (another program with the bot's token removed or replaced
+/// it: a poller removes it before its first `getUpdates`). The same question tells whether
+/// Telegram still takes the token. Each finding goes to `health`.
 async fn register(
     api: BotApi,
     settings: WebhookSettings,
@@ -278,6 +282,24 @@ async fn register(
     health: WebhookHealth,
     shutdown: CancellationToken,
 ) {
+    loop {
+        if !set_webhook(&api, &settings, &secret, &health, &shutdown).await {
+            return;
+        }
+        if !watch_webhook(&api, &settings, &health, &shutdown).await {
+            return;
+        }
+    }
+}
+
+/// Calls `setWebhook` until Telegram accepts it; `false` on `shutdown`.
+async fn set_webhook(
+    api: &BotApi,
+    settings: &WebhookSettings,
+    secret: &Secret,
+    health: &WebhookHealth,
+    shutdown: &CancellationToken,
+) -> bool {
     let params = SetWebhook {
         url: settings.public_url.as_str(),
         secret_token: secret.expose(),
@@ -286,14 +308,17 @@ async fn register(
     };
     let mut backoff = Backoff::new(REGISTER_FIRST, REGISTER_CAP);
     loop {
-        let refused = tokio::select! {
-            exchange = api.call("setWebhook", &params) => set_webhook_refusal(exchange),
-            () = shutdown.cancelled() => return,
+        let exchange = tokio::select! {
+            exchange = api.call("setWebhook", &params) => exchange,
+            () = shutdown.cancelled() => return false,
         };
-        let Some(why) = refused else {
+        if is_unauthorized(&exchange) {
+            health.token_refused();
+        }
+        let Some(why) = set_webhook_refusal(exchange) else {
             tracing::info!(url = %settings.public_url, "webhook set: Telegram delivers updates to telegram.webhook.public_url; not polling");
             health.registered();
-            return;
+            return true;
         };
         metrics::bot_api_error("setWebhook", "refused");
         let delay = backoff.next_delay();
@@ -301,9 +326,74 @@ async fn register(
         health.refused(why);
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            () = shutdown.cancelled() => return,
+            () = shutdown.cancelled() => return false,
         }
     }
+}
+
+/// What `getWebhookInfo` says of the webhook.
+#[derive(serde::Deserialize)]
+struct WebhookInfo {
+    url: String,
+}
+
+/// Asks every `check_every` whether the webhook is still `public_url`; returns `true` when
+/// it is not (to set it again), `false` on `shutdown`.
+async fn watch_webhook(
+    api: &BotApi,
+    settings: &WebhookSettings,
+    health: &WebhookHealth,
+    shutdown: &CancellationToken,
+) -> bool {
+    let no_arguments = serde_json::json!({});
+    let mut refusing = false;
+    loop {
+        tokio::select! {
+            () = tokio::time::sleep(settings.check_every) => {}
+            () = shutdown.cancelled() => return false,
+        }
+        let exchange = tokio::select! {
+            exchange = api.call("getWebhookInfo", &no_arguments) => exchange,
+            () = shutdown.cancelled() => return false,
+        };
+        if is_unauthorized(&exchange) {
+            if !refusing {
+                tracing::error!(
+                    "Telegram refuses the bot token (401): no update arrives and nothing can be sent; the token was \
+                     revoked or is wrong: put a valid one in the variable telegram.token_env names"
+                );
+            }
+            refusing = true;
+            metrics::bot_api_error("getWebhookInfo", "unauthorized");
+            health.token_refused();
+            continue;
+        }
+        let Exchange::Answered { body, .. } = exchange else { continue };
+        let Some(info) = serde_json::from_slice::<Answer<WebhookInfo>>(&body).ok().and_then(|a| a.result)
+        else {
+            continue;
+        };
+        if info.url == settings.public_url.as_str() {
+            if refusing {
+                tracing::info!("Telegram takes the bot token again");
+                refusing = false;
+            }
+            health.registered();
+            continue;
+        }
+        let now = if info.url.is_empty() { "none".to_owned() } else { format!("'{}'", info.url) };
+        tracing::warn!(
+            url = %settings.public_url,
+            "the webhook is no longer telegram.webhook.public_url (Telegram has {now}): another program with this bot's \
+             token removed or replaced it (a poller removes it before it polls); setting it again"
+        );
+        health.refused(format!("the webhook was removed or replaced (Telegram had {now})"));
+        return true;
+    }
+}
+
+fn is_unauthorized(exchange: &Exchange) -> bool {
+    matches!(exchange, Exchange::Answered { status: 401, .. })
 }
 
 /// Why a `setWebhook` exchange did not set the webhook; `None` when it did. Never quotes
