@@ -28,5 +28,6 @@ pub mod ids;
 pub mod ledger;
 pub mod operate;
 pub mod rules;
+pub mod serve;
 pub mod telegram;
 pub mod telemetry;

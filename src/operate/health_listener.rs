@@ -63,12 +63,7 @@ impl HealthListener {
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics_text))
             .with_state(watched);
-        tokio::spawn(async move {
-            let served = axum::serve(tcp, router).with_graceful_shutdown(shutdown.cancelled_owned()).await;
-            if let Err(error) = served {
-                tracing::error!(%error, "the health routes stopped answering");
-            }
-        });
+        tokio::spawn(crate::serve::serve(tcp, router, shutdown));
         tracing::info!(health = %local_addr, "{HEALTH_LISTENING_MESSAGE}");
         Ok(Self { local_addr, role })
     }

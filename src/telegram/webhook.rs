@@ -124,14 +124,13 @@ impl WebhookListener {
         let Self { listener, settings, secret, sink } = self;
         let (fatal, mut fatal_errors) = mpsc::channel(1);
         let deliveries = Deliveries { sink, secret: secret.clone(), tasks: tasks.clone(), fatal };
-        let server = axum::serve(listener, router(settings.path(), deliveries))
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let server = crate::serve::serve(listener, router(settings.path(), deliveries), shutdown.clone());
         // The listener is up before Telegram is told of it, so its first delivery finds it.
         if let Some(Registration { api, health }) = registration {
             tasks.spawn(register(api, settings, secret, health, shutdown.child_token()));
         }
         tokio::select! {
-            served = server => served.context("webhook listener"),
+            () = server => Ok(()),
             Some(error) = fatal_errors.recv() => {
                 Err(anyhow::Error::new(error).context("recording a webhook update in the ledger"))
             }

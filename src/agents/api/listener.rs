@@ -51,13 +51,11 @@ impl ApiListener {
         match self {
             Self::Plain(tcp) => {
                 let tcp = tcp.tap_io(|tcp| send_writes_at_once(tcp));
-                axum::serve(tcp, router).with_graceful_shutdown(stop.cancelled_owned()).await
+                crate::serve::serve(tcp, router, stop).await;
             }
-            Self::Tls(tls, _) => {
-                axum::serve(tls, router).with_graceful_shutdown(stop.cancelled_owned()).await
-            }
+            Self::Tls(tls, _) => crate::serve::serve(tls, router, stop).await,
         }
-        .context("local API server")
+        Ok(())
     }
 }
 

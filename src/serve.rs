@@ -1,0 +1,97 @@
+//! Serving HTTP on a listener that may be open to a network: the local API, the health
+//! listener and the webhook. `axum::serve` sets no timer, so a client that opens a
+//! connection and never finishes its request's headers holds it (and a file descriptor)
+//! for good, and a thousand such clients leave the daemon no descriptor for Telegram, the
+//! database or the ledger. Here a request's headers must arrive within
+//! [`HEADER_READ_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are served at once per
+//! listener (more wait in the kernel's backlog). A response that streams (a session) is
+//! not bound by either.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::serve::Listener;
+use hyper::server::conn::http1;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+
+/// How long a client has to send a request's headers, once it starts one (and between two
+/// requests of a kept-alive connection: an idle one is closed after this).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Connections served at once, per listener: well above what agents' plugins, a load
+/// balancer's probes and Telegram's webhook deliveries open.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// Serves `router` on `listener` until `stop`, then lets the requests in progress finish
+/// (a session stream ends when the router's own shutdown ends it).
+pub async fn serve<L: Listener>(listener: L, router: Router, stop: CancellationToken) {
+    serve_within(listener, router, stop, HEADER_READ_TIMEOUT).await;
+}
+
+async fn serve_within<L: Listener>(
+    mut listener: L,
+    router: Router,
+    stop: CancellationToken,
+    header_read_timeout: Duration,
+) {
+    let graceful = GracefulShutdown::new();
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut builder = http1::Builder::new();
+    builder.timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
+    loop {
+        let permit = tokio::select! {
+            permit = Arc::clone(&permits).acquire_owned() => permit.expect("the semaphore is never closed"),
+            () = stop.cancelled() => break,
+        };
+        let (io, _) = tokio::select! {
+            accepted = listener.accept() => accepted,
+            () = stop.cancelled() => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
+        tokio::spawn(async move {
+            if let Err(error) = connection.await {
+                tracing::debug!(%error, "an HTTP connection ended with an error");
+            }
+            drop(permit);
+        });
+    }
+    graceful.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// A client that starts a request and never finishes its headers is cut off; one that
+    /// sends a whole request is answered.
+    #[tokio::test]
+    async fn a_request_whose_headers_never_end_is_cut_off() {
+        let timeout = Duration::from_millis(300);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_within(listener, router, stop.clone(), timeout));
+
+        let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
+        slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+        let mut whole = tokio::net::TcpStream::connect(address).await.unwrap();
+        whole.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        whole.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"), "{answer}");
+
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(timeout * 10, slow.read_to_end(&mut rest));
+        read.await.expect("the server closes the connection once the timeout has passed").ok();
+        stop.cancel();
+        server.await.unwrap();
+    }
+}
