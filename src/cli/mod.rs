@@ -187,7 +187,11 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
     let settings = Settings::load(path)?;
     let secrets = settings.daemon_secrets()?;
     let format = if log_json { LogFormat::Json } else { settings.log.format };
-    telemetry::init(format, &settings.log.filter, secrets.all().map(|s| s.expose().to_owned()).collect())?;
+    let mut hidden: Vec<String> = secrets.all().map(|s| s.expose().to_owned()).collect();
+    if let crate::config::Database::Postgres(postgres) = &settings.storage.database {
+        hidden.extend(crate::config::postgres_password(&postgres.url));
+    }
+    telemetry::init(format, &settings.log.filter, hidden)?;
     // The handlers are installed before anything listens: once the local API
     // accepts a connection, a SIGTERM is a graceful stop, never the default
     // action that kills the process with the signal.

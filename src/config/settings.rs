@@ -223,18 +223,40 @@ impl fmt::Display for Database {
     }
 }
 
-/// `postgres://user:secret@host/db` as `postgres://user:***@host/db`; a URL it cannot
-/// read is hidden whole rather than risk showing a password.
+/// `postgres://user:secret@host/db` as `postgres://user:***@host/db`, and a `password=`
+/// in the query (which the driver takes too) as `password=***`; a URL it cannot read is
+/// hidden whole rather than risk showing a password.
 fn redact_password(url: &str) -> String {
-    match reqwest::Url::parse(url) {
-        Ok(mut parsed) => {
-            if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
-                return "postgres://(a URL that cannot be shown)".into();
-            }
-            parsed.to_string()
-        }
-        Err(_) => "postgres://(a URL that cannot be read)".into(),
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        return "postgres://(a URL that cannot be read)".into();
+    };
+    if parsed.password().is_some() && parsed.set_password(Some("***")).is_err() {
+        return "postgres://(a URL that cannot be shown)".into();
     }
+    if parsed.query_pairs().any(|(key, _)| key.eq_ignore_ascii_case("password")) {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(key, value)| {
+                let value =
+                    if key.eq_ignore_ascii_case("password") { "***".into() } else { value.into_owned() };
+                (key.into_owned(), value)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
+}
+
+/// The password a `postgres://` URL carries (after `user:`, or as `password=` in its
+/// query), for the log filter to hide wherever it would show.
+pub fn postgres_password(url: &str) -> Option<String> {
+    let parsed = reqwest::Url::parse(url).ok()?;
+    let in_query = parsed.query_pairs().find(|(key, _)| key.eq_ignore_ascii_case("password"));
+    let password = match in_query {
+        Some((_, value)) => value.into_owned(),
+        None => percent_encoding::percent_decode_str(parsed.password()?).decode_utf8_lossy().into_owned(),
+    };
+    (!password.is_empty()).then_some(password)
 }
 
 /// `[storage] retain_days`, and how often the daemon prunes.

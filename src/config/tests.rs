@@ -151,6 +151,13 @@ fn a_postgres_url_selects_postgresql_with_a_lease_and_a_replica_name() {
     let shown = Database::Postgres(postgres.clone());
     assert_eq!(shown.to_string(), "postgres://switchboard:***@db.internal:5432/bot");
     assert!(!format!("{postgres:?}").contains("s3cret"), "{postgres:?}");
+    assert_eq!(crate::config::postgres_password(url).as_deref(), Some("s3cret"));
+    // The driver takes a password in the query too: hidden there as well.
+    let in_query = "postgres://app@db/x?sslmode=disable&password=s3cr%40t";
+    let shown = Database::Postgres(PostgresLedger { url: in_query.into(), ..postgres.clone() }).to_string();
+    assert!(!shown.contains("s3cr") && shown.contains("sslmode=disable"), "{shown}");
+    assert_eq!(crate::config::postgres_password(in_query).as_deref(), Some("s3cr@t"));
+    assert_eq!(crate::config::postgres_password("postgres://app@db/x"), None);
 
     let set =
         load_str(&with("database = \"postgresql://db/bot\"\nreplica = \"eu-1\"\nlease_secs = 4")).unwrap();
