@@ -399,4 +399,10 @@ async fn a_rate_limit_longer_than_the_reply_may_wait_is_reported_as_not_sent() {
     assert!(is_error && text.contains("rate limited by Telegram for 3600s"), "{text}");
     assert!(fake.sent_messages().is_empty());
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending, "not sent: the agent may try again");
+    // The chat is held for the hour Telegram asked: a second reply is not sent into
+    // another 429, and says how long the hold lasts.
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "later still"})).await.unwrap();
+    assert!(is_error && text.contains("rate limited by Telegram for") && text.contains("s more"), "{text}");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(fake.requests_for("sendMessage").len(), 1, "only the first reply reached Telegram");
 }

@@ -412,6 +412,20 @@ impl Outbound {
                 None => chunk,
             };
             let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
+            if pace > *budget {
+                // The chat is held by a rate limit longer than this send may wait: asking
+                // Telegram would only earn another 429. Nothing is attempted.
+                metrics::rate_limit_wait("sendMessage", pace);
+                return Ok(Observed::NotSent {
+                    error: format!(
+                        "rate limited by Telegram for {}s more (an earlier 429 holds this chat); nothing was asked of \
+                         Telegram",
+                        pace.as_secs()
+                    ),
+                    retry_after: Some(pace),
+                    migrated_to: None,
+                });
+            }
             if !pace.is_zero() {
                 tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
                 if !self.wait(pace).await {
@@ -419,12 +433,15 @@ impl Outbound {
                 }
             }
             let observed = self.send_attempt(plan, chunk).await?;
+            if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
+                // Whatever the reason (another process on the same token), the chat is held
+                // and the overall pace lowered for every send, not only this one, and also
+                // when this send does not wait (the next one to the chat is not tried early).
+                self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
+            }
             match &observed {
                 Observed::NotSent { retry_after: Some(wait), .. } if *wait <= *budget => {
                     *budget -= *wait;
-                    // Whatever the reason (another process on the same token), the chat
-                    // is held and the overall pace lowered for every send, not only this.
-                    self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
                     metrics::rate_limit_wait("sendMessage", *wait);
                     tracing::warn!(trace_id = %target.trace_id, wait_secs = wait.as_secs(), "Telegram rate limit: waiting before sending again");
                     if self.wait(*wait).await {
