@@ -170,7 +170,8 @@ async fn the_bots_own_reply_can_be_edited_for_progress() {
     let (is_error, text) = orchestrator
         .call_tool(
             "edit_message",
-            json!({"trace_id": trace, "message_id": progress, "text": "working on it… **step 2** of 2", "format": "markdown"}),
+            // The official plugin's schema gives message_id as a string: taken as well.
+            json!({"trace_id": trace, "message_id": progress.to_string(), "text": "working on it… **step 2** of 2", "format": "markdown"}),
         )
         .await
         .unwrap();
@@ -181,6 +182,11 @@ async fn the_bots_own_reply_can_be_edited_for_progress() {
         ("working on it… <b>step 2</b> of 2", Some("HTML"))
     );
     assert_eq!(fake.sent_messages().len(), 1, "an edit posts nothing new");
+    let (is_error, text) = orchestrator
+        .call_tool("edit_message", json!({"trace_id": trace, "message_id": "the progress one", "text": "x"}))
+        .await
+        .unwrap();
+    assert!(is_error && text.starts_with("bad_request") && text.contains("message_id"), "{text}");
     let attempts = attempts_of(&daemon, &trace).await;
     let methods: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome, a.target_message_id)).collect();
     assert_eq!(

@@ -263,10 +263,18 @@ fn action_outcome(
             action: "edit".into(),
             emoji: None,
         }),
-        (Observed::NotSent { error, .. }, _) => Err(ToolError::ActionNotSent(format!(
-            "Telegram did not take {} ({trace_id}): {error}. Nothing changed in the chat; you may try again",
-            describe(action)
-        ))),
+        (Observed::NotSent { error, .. }, _) => {
+            // The message already reads as asked: the same edit again can never succeed.
+            let advice = if error.contains("message is not modified") {
+                "the message already shows this text: there is nothing to change"
+            } else {
+                "you may try again"
+            };
+            Err(ToolError::ActionNotSent(format!(
+                "Telegram did not take {} ({trace_id}): {error}. Nothing changed in the chat; {advice}",
+                describe(action)
+            )))
+        }
         (Observed::Unknown { error }, _) => Err(ToolError::ActionUnknown(format!(
             "{} ({trace_id}) may or may not have taken effect ({error}); it is recorded for an operator. Do not \
              repeat it",

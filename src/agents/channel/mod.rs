@@ -264,9 +264,10 @@ struct ReactArgs {
     /// One of Telegram's reaction emoji, e.g. "👍", "👀", "🎉", "🔥", "🙏", "👌", "🤔".
     emoji: String,
     /// The message to react to when it is not the envelope's own: a message the bot sent
-    /// in that chat (the ids your replies' answers name).
+    /// in that chat (the ids your replies' answers name). A number, or its digits as a string.
     #[serde(default)]
-    message_id: Option<i64>,
+    #[schemars(with = "Option<i64>")]
+    message_id: Option<serde_json::Value>,
 }
 
 /// Arguments of `edit_message`.
@@ -274,8 +275,10 @@ struct ReactArgs {
 struct EditArgs {
     /// The trace_id (env_…) of the message whose conversation the edited message is in.
     trace_id: String,
-    /// The id of a message you sent there (from your reply's answer).
-    message_id: i64,
+    /// The id of a message you sent there (from your reply's answer). A number, or its
+    /// digits as a string.
+    #[schemars(with = "i64")]
+    message_id: serde_json::Value,
     /// The new text, at most one Telegram message.
     text: String,
     /// "text" (default), "markdown" or "html", as for reply.
@@ -476,7 +479,7 @@ impl ChannelPlugin {
         let request = ReactRequest {
             trace_id: trace_id.to_string(),
             emoji: args.emoji,
-            message_id: args.message_id,
+            message_id: optional_telegram_id("message_id", args.message_id.as_ref())?,
             request_id: RequestId::generate().to_string(),
         };
         self.wait_for_session().await;
@@ -508,9 +511,12 @@ impl ChannelPlugin {
             ));
         }
         ReplyFormat::parse(args.format.as_deref()).map_err(bad_argument)?;
+        let message_id = optional_telegram_id("message_id", Some(&args.message_id))?.ok_or_else(|| {
+            bad_argument("message_id is required: the id of a message you sent there. Nothing was edited.")
+        })?;
         let request = EditRequest {
             trace_id: trace_id.to_string(),
-            message_id: args.message_id,
+            message_id,
             text: args.text,
             format: args.format,
             request_id: RequestId::generate().to_string(),
