@@ -580,6 +580,49 @@ async fn the_plugin_runs_from_its_own_executable_and_without_it_says_what_to_ins
     assert!(stderr.contains(&says) && stderr.contains("install both"), "{stderr}");
 }
 
+/// A tool call whose text holds half of a surrogate pair (a model's text cut inside an
+/// emoji, which JavaScript writes as a lone `\ud83d` escape) is answered, not dropped
+/// unanswered by the MCP SDK's JSON reader until the agent's call times out.
+#[tokio::test]
+async fn a_tool_call_with_a_lone_surrogate_is_answered() {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let daemon = FakeDaemon::start(SessionMode::Stream).await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut plugin = tokio::process::Command::new(env!("CARGO_BIN_EXE_switchboard"))
+        .args(["channel", "--agent", AGENT, "--config"])
+        .arg(write_config(&dir, daemon.addr))
+        .env(SECRET_ENV, SECRET)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = plugin.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(plugin.stdout.take().unwrap()).lines();
+    let mut answer_to = async |id: u64| loop {
+        let line =
+            tokio::time::timeout(WAIT, lines.next_line()).await.expect("an answer in time").unwrap().unwrap();
+        let message: serde_json::Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == id {
+            return message;
+        }
+    };
+    let initialize = r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-11-25","capabilities":{},"clientInfo":{"name":"raw","version":"0"}}}"#;
+    stdin.write_all(format!("{initialize}\n").as_bytes()).await.unwrap();
+    answer_to(1).await;
+    stdin.write_all(b"{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n").await.unwrap();
+    let call = format!(
+        r#"{{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{{"name":"reply","arguments":{{"text":"cut \ud83d","trace_id":"{TOPIC_TRACE}"}}}}}}"#
+    );
+    stdin.write_all(format!("{call}\n").as_bytes()).await.unwrap();
+    let answer = answer_to(7).await;
+    assert!(answer["result"].is_object(), "{answer}");
+    let replies = daemon.state.replies.lock().unwrap().clone();
+    assert_eq!(replies.len(), 1);
+    assert_eq!(replies[0].text, "cut \u{FFFD}");
+}
+
 /// Closes the plugin's stdin before any MCP handshake: it exits on its own.
 async fn finish_without_handshake(mut plugin: tokio::process::Child) -> std::process::Output {
     drop(plugin.stdin.take());

@@ -54,6 +54,7 @@ mod outgoing;
 mod permissions;
 mod startup;
 mod stdio;
+mod surrogates;
 mod texts;
 
 use forwarder::SessionForwarder;

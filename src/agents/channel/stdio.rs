@@ -13,16 +13,18 @@ use std::pin::Pin;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::unix::pipe;
 
+use super::surrogates::LoneSurrogatesReplaced;
+
 pub(super) type Reader = Pin<Box<dyn AsyncRead + Send>>;
 pub(super) type Writer = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// stdin and stdout as an MCP transport. Must be called inside the runtime.
 pub(super) fn transport() -> (Reader, Writer) {
     let reader: Reader = match stdin_pipe() {
-        Ok(pipe) => Box::pin(pipe),
+        Ok(pipe) => Box::pin(LoneSurrogatesReplaced::new(pipe)),
         Err(e) => {
             tracing::debug!(error = %e, "stdin is not a pipe; reading it through a blocking thread");
-            Box::pin(tokio::io::stdin())
+            Box::pin(LoneSurrogatesReplaced::new(tokio::io::stdin()))
         }
     };
     let writer: Writer = match stdout_pipe() {
