@@ -63,7 +63,7 @@ use texts::{
     ToolName, ToolNames, bad_argument, describe_ack, describe_action_receipt, describe_call_answer,
     describe_call_timeout, describe_failure, describe_handoff_receipt, describe_pending, describe_receipt,
     describe_recovered_receipt, describe_revision, instructions, never_acted_on, optional_telegram_id,
-    optional_trace_id, outcome_not_known_yet, parse_trace_id,
+    optional_trace_id, outcome_not_known_yet, parse_trace_id, upload_failed,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -761,8 +761,16 @@ impl ChannelPlugin {
     ) -> Result<String, String> {
         if !files.is_empty() {
             self.wait_for_session().await;
-            request.files = outgoing::upload_all(&self.daemon, files).await.map_err(|error| {
-                format!("{} Nothing was sent.", self.tool_failure(ToolName::Reply, &error))
+            request.files = outgoing::upload_all(&self.daemon, files).await.map_err(|error| match error {
+                ClientError::Refused { .. } => {
+                    format!("{} Nothing was sent.", self.tool_failure(ToolName::Reply, &error))
+                }
+                // The reply itself was never asked for: whatever became of the upload,
+                // nothing reached the chat.
+                error => {
+                    tracing::warn!(request_id = %request.request_id, "uploading a reply's files failed: {error}");
+                    upload_failed(&error)
+                }
             })?;
         }
         self.send_reply(&request).await

@@ -489,6 +489,16 @@ fn cut_note(listed: usize, total: usize) -> String {
     if listed < total { format!(" (the oldest {listed} are listed)") } else { String::new() }
 }
 
+/// What a reply is told when its files could not be uploaded for a reason other than a
+/// refusal (the daemon out of reach or restarting mid-upload): the reply itself was never
+/// asked for, so this is certain, unlike a reply whose answer was lost.
+pub(super) fn upload_failed(error: &ClientError) -> String {
+    format!(
+        "Uploading the reply's files to the daemon failed ({error}). The reply itself was never asked for, so \
+         nothing was sent: call reply again (with the same files) once the daemon answers."
+    )
+}
+
 /// What a failed tool call tells the model: what happened, and what to do about it.
 pub(super) fn describe_failure(
     tool: ToolName,
@@ -601,6 +611,17 @@ mod tests {
     use reqwest::StatusCode;
 
     use super::*;
+
+    /// A daemon restarting while a reply's files upload: the reply was never asked for, so
+    /// the model is told plainly that nothing was sent, not "do NOT send it again".
+    #[test]
+    fn a_failed_upload_says_nothing_was_sent_and_to_reply_again() {
+        let error =
+            ClientError::NoAnswer { address: "127.0.0.1:7797".into(), detail: "connection reset".into() };
+        let text = upload_failed(&error);
+        assert!(text.contains("nothing was sent") && text.contains("call reply again"), "{text}");
+        assert!(!text.contains("do NOT"), "{text}");
+    }
     use crate::agents::api::wire::ApiError;
 
     fn envelope() -> DeliveredEnvelope {
