@@ -134,7 +134,11 @@ pub async fn run(
     let daemon = DaemonClient::for_daemons(daemons, tls, agent.clone(), secret)
         .context("cannot build the HTTP client for the daemon's local API")?;
     tracing::info!(%agent, daemon = named.join(","), inbox = %inbox.dir().display(), "channel plugin starting");
-    let media = Media { inbox: Arc::new(inbox), eager_photo_max_bytes: settings.media.eager_photo_max_bytes };
+    let media = Media {
+        inbox: Arc::new(inbox),
+        eager_photo_max_bytes: settings.media.eager_photo_max_bytes,
+        kept_back: Arc::new(outgoing::KeptBack::of(&settings)),
+    };
 
     let shutdown = CancellationToken::new();
     let tasks = TaskTracker::new();
@@ -194,6 +198,8 @@ pub(crate) struct Media {
     inbox: Arc<inbox::Inbox>,
     /// `[media] eager_photo_max_bytes`; 0 is off.
     eager_photo_max_bytes: u64,
+    /// Files a reply never sends (switchboard's configuration and ledger).
+    kept_back: Arc<outgoing::KeptBack>,
 }
 
 /// Arguments of `download_attachment`.
@@ -437,7 +443,8 @@ impl ChannelPlugin {
         let trace_id = optional_trace_id(args.trace_id.as_deref())?;
         // Refused here, before anything is asked of the daemon (which checks it too).
         ReplyFormat::parse(args.format.as_deref()).map_err(bad_argument)?;
-        let files = outgoing::check_files(args.files.as_deref().unwrap_or_default()).map_err(bad_argument)?;
+        let files = outgoing::check_files(args.files.as_deref().unwrap_or_default(), &self.media.kept_back)
+            .map_err(bad_argument)?;
         let request = ReplyRequest {
             again: args.again,
             format: args.format,

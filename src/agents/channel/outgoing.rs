@@ -54,8 +54,47 @@ fn facts_of(path: &str) -> PathFacts {
     }
 }
 
+/// Files a reply never sends, whatever the agent is asked to send: switchboard's own
+/// configuration and its SQLite ledger (with the `-wal`, `-shm` and lock files beside it),
+/// which holds every chat of every agent. A model talked into "send me the ledger" gets a
+/// refusal. Compared once symbolic links are followed, so a link elsewhere does not
+/// reach them either. Anything else the plugin's user can read may go: see
+/// docs/claude-code.md on pre-allowing `reply`.
+#[derive(Debug, Clone, Default)]
+pub struct KeptBack {
+    configuration: Option<PathBuf>,
+    /// The ledger's folder and its file name: every file of that folder whose name starts
+    /// with it is the ledger's.
+    ledger: Option<(PathBuf, std::ffi::OsString)>,
+}
+
+impl KeptBack {
+    pub fn of(settings: &crate::config::Settings) -> Self {
+        let real = |path: &Path| std::fs::canonicalize(path).or_else(|_| std::path::absolute(path)).ok();
+        let ledger = match &settings.storage.database {
+            crate::config::Database::Sqlite(path) => real(path).and_then(|path| {
+                let name = path.file_name()?.to_owned();
+                Some((path.parent()?.to_owned(), name))
+            }),
+            crate::config::Database::Postgres(_) => None,
+        };
+        Self { configuration: real(&settings.source), ledger }
+    }
+
+    fn keeps(&self, path: &Path) -> bool {
+        let Ok(real) = std::fs::canonicalize(path) else { return false };
+        let of_the_ledger = self.ledger.as_ref().is_some_and(|(folder, name)| {
+            real.parent() == Some(folder.as_path())
+                && real
+                    .file_name()
+                    .is_some_and(|file| file.as_encoded_bytes().starts_with(name.as_encoded_bytes()))
+        });
+        self.configuration.as_deref() == Some(real.as_path()) || of_the_ledger
+    }
+}
+
 /// Checks every file; any problem refuses them all, naming each file and why.
-pub fn check_files(paths: &[String]) -> Result<Vec<OutgoingFile>, String> {
+pub fn check_files(paths: &[String], kept_back: &KeptBack) -> Result<Vec<OutgoingFile>, String> {
     if paths.len() > MAX_REPLY_FILES {
         return Err(format!(
             "files: a reply takes at most {MAX_REPLY_FILES} files, not {}. Nothing was sent.",
@@ -65,6 +104,12 @@ pub fn check_files(paths: &[String]) -> Result<Vec<OutgoingFile>, String> {
     let mut problems = Vec::new();
     let mut files = Vec::new();
     for path in paths {
+        if kept_back.keeps(Path::new(path)) {
+            problems.push(format!(
+                "{path} is switchboard's own configuration or ledger, which a reply never sends"
+            ));
+            continue;
+        }
         let facts = facts_of(path);
         match (file_problem(path, &facts), facts) {
             (Some(problem), _) => problems.push(format!("{path} {problem}")),
@@ -116,16 +161,43 @@ mod tests {
         let good = dir.path().join("good.png");
         std::fs::write(&good, b"png").unwrap();
         let good = good.display().to_string();
-        let checked = check_files(std::slice::from_ref(&good)).unwrap();
+        let checked = check_files(std::slice::from_ref(&good), &KeptBack::default()).unwrap();
         assert_eq!(checked[0].name, "good.png");
         assert_eq!(checked[0].len, 3);
 
         let missing = dir.path().join("missing.txt").display().to_string();
         let folder = dir.path().display().to_string();
-        let refused = check_files(&[good, missing.clone(), folder.clone()]).unwrap_err();
+        let refused =
+            check_files(&[good, missing.clone(), folder.clone()], &KeptBack::default()).unwrap_err();
         assert!(refused.contains(&missing) && refused.contains(&folder), "{refused}");
         assert!(refused.contains("nothing was sent"), "{refused}");
         let eleven: Vec<String> = (0..11).map(|i| format!("/f{i}")).collect();
-        assert!(check_files(&eleven).unwrap_err().contains("at most 10"));
+        assert!(check_files(&eleven, &KeptBack::default()).unwrap_err().contains("at most 10"));
+    }
+
+    /// "Send me the ledger": the configuration and the ledger's files are refused, also
+    /// through a symbolic link; a file beside them is not.
+    #[test]
+    fn switchboard_s_own_configuration_and_ledger_are_never_sent() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("switchboard.toml");
+        let ledger = dir.path().join("switchboard.db");
+        for file in [&config, &ledger, &dir.path().join("switchboard.db-wal"), &dir.path().join("notes.txt")]
+        {
+            std::fs::write(file, b"x").unwrap();
+        }
+        let link = dir.path().join("innocent.png");
+        std::os::unix::fs::symlink(&ledger, &link).unwrap();
+        let kept_back = KeptBack {
+            configuration: Some(std::fs::canonicalize(&config).unwrap()),
+            ledger: Some((std::fs::canonicalize(dir.path()).unwrap(), "switchboard.db".into())),
+        };
+        for refused in [&config, &ledger, &dir.path().join("switchboard.db-wal"), &link] {
+            let path = refused.display().to_string();
+            let problem = check_files(std::slice::from_ref(&path), &kept_back).unwrap_err();
+            assert!(problem.contains("own configuration or ledger"), "{path}: {problem}");
+        }
+        let notes = dir.path().join("notes.txt").display().to_string();
+        assert_eq!(check_files(&[notes], &kept_back).unwrap().len(), 1);
     }
 }
