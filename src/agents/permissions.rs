@@ -49,8 +49,10 @@ use crate::telegram::outbound::{Observed, classify, error_kind, telegram_thread}
 const KEEPER_MAX_SLEEP: Duration = Duration::from_secs(60);
 
 /// After an edit whose outcome is unknown (or a ledger that failed), the keeper tries
-/// again this soon.
+/// again this soon, doubling with each round that fails again up to the cap: Telegram out
+/// of reach for an hour costs a dozen tries, not one every five seconds.
 const KEEPER_RETRY: Duration = Duration::from_secs(5);
+const KEEPER_RETRY_CAP: Duration = Duration::from_secs(300);
 
 /// A prompt's send waits out Telegram's rate limits (a 429 proves nothing was posted) for
 /// at most this long in all, then counts as not sent.
@@ -539,12 +541,17 @@ impl PermissionRelay {
 
     /// Expires what is due and edits the finished prompts, until `shutdown`.
     pub async fn run_keeper(self, shutdown: CancellationToken) {
+        let mut failed_rounds = 0;
         loop {
             let wait = match self.keep_once().await {
-                Ok(wait) => wait,
+                Ok(left) => {
+                    failed_rounds = if left.edit_failed { failed_rounds + 1 } else { 0 };
+                    keeper_wait(left, failed_rounds)
+                }
                 Err(e) => {
+                    failed_rounds += 1;
                     tracing::warn!(error = %e, "the permission keeper could not read or write the ledger; trying again");
-                    Some(KEEPER_RETRY)
+                    Some(retry_after(failed_rounds))
                 }
             };
             tokio::select! {
@@ -555,8 +562,8 @@ impl PermissionRelay {
         }
     }
 
-    /// One round of the keeper: returns how long it may sleep, `None` for until rung.
-    pub async fn keep_once(&self) -> Result<Option<Duration>, LedgerError> {
+    /// One round of the keeper: returns what it left waiting on it.
+    async fn keep_once(&self) -> Result<Outstanding, LedgerError> {
         let ledger = &self.inner.ledger;
         let questions = self.keep_questions().await?;
         for row in ledger.expire_due_permissions().await? {
@@ -574,7 +581,7 @@ impl PermissionRelay {
             .next_permission_expiry()
             .await?
             .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO));
-        Ok(keeper_wait(Outstanding { edit_failed, next_expiry, operator_asks: questions.asked }))
+        Ok(Outstanding { edit_failed, next_expiry, operator_asks: questions.asked })
     }
 
     /// Edits a finished prompt to its outcome, without buttons. True once it shows it (or
@@ -619,10 +626,19 @@ struct QuestionsLeft {
 /// How long the keeper may sleep after a round, `None` for until rung: without a pending
 /// request or `[operator]`, only a new request or a verdict can give it work, and each
 /// rings it.
-fn keeper_wait(left: Outstanding) -> Option<Duration> {
+/// `failed_rounds`: how many rounds in a row an edit failed (this one included).
+fn keeper_wait(left: Outstanding, failed_rounds: u32) -> Option<Duration> {
     let safety_net = (left.operator_asks || left.next_expiry.is_some()).then_some(KEEPER_MAX_SLEEP);
-    let retry = left.edit_failed.then_some(KEEPER_RETRY);
+    let retry = left.edit_failed.then(|| retry_after(failed_rounds));
+    // The safety net does not cut a retry's backoff short: it is for what the keeper does
+    // not expect, and an edit that keeps failing is expected to.
+    let safety_net = if left.edit_failed { None } else { safety_net };
     [safety_net, retry, left.next_expiry].into_iter().flatten().min()
+}
+
+/// The wait after the `failed_rounds`-th failed round in a row.
+fn retry_after(failed_rounds: u32) -> Duration {
+    KEEPER_RETRY.saturating_mul(1 << failed_rounds.saturating_sub(1).min(10)).min(KEEPER_RETRY_CAP)
 }
 
 /// The operator's questions (issue 23): every unresolved send is asked once in the
@@ -756,9 +772,13 @@ impl PermissionRelay {
             Observed::Sent { .. } => true,
             Observed::NotSent { retry_after: Some(_), .. } => false,
             Observed::NotSent { error, .. } if error.contains("message is not modified") => true,
+            Observed::NotSent { .. } if matches!(exchange, Exchange::NotConnected(_)) => {
+                tracing::debug!(id, "no connection to Telegram to edit a prompt; trying again later");
+                false
+            }
             Observed::NotSent { error, .. } => {
                 tracing::warn!(id, "Telegram refused to edit a prompt ({error}); leaving it");
-                !matches!(exchange, Exchange::NotConnected(_))
+                true
             }
             Observed::Unknown { error } => {
                 tracing::warn!(id, "a prompt's edit may not have happened ({error}); trying again");
@@ -809,16 +829,32 @@ mod tests {
 
     #[test]
     fn with_nothing_outstanding_the_keeper_sleeps_until_rung() {
-        assert_eq!(keeper_wait(Outstanding::default()), None);
+        assert_eq!(keeper_wait(Outstanding::default(), 0), None);
         let operator = Outstanding { operator_asks: true, ..Outstanding::default() };
-        assert_eq!(keeper_wait(operator), Some(KEEPER_MAX_SLEEP), "unresolved sends are looked for");
+        assert_eq!(keeper_wait(operator, 0), Some(KEEPER_MAX_SLEEP), "unresolved sends are looked for");
         let soon = Duration::from_secs(7);
         let pending = Outstanding { next_expiry: Some(soon), ..Outstanding::default() };
-        assert_eq!(keeper_wait(pending), Some(soon), "a request expires on time");
+        assert_eq!(keeper_wait(pending, 0), Some(soon), "a request expires on time");
         let later = Outstanding { next_expiry: Some(Duration::from_secs(3600)), ..Outstanding::default() };
-        assert_eq!(keeper_wait(later), Some(KEEPER_MAX_SLEEP), "a clock that jumps is noticed");
+        assert_eq!(keeper_wait(later, 0), Some(KEEPER_MAX_SLEEP), "a clock that jumps is noticed");
         let failed = Outstanding { edit_failed: true, ..Outstanding::default() };
-        assert_eq!(keeper_wait(failed), Some(KEEPER_RETRY), "an unknown edit is made again");
+        assert_eq!(keeper_wait(failed, 1), Some(KEEPER_RETRY), "an unknown edit is made again");
+    }
+
+    /// Telegram out of reach for an hour: the keeper's tries (and their log lines) thin out
+    /// to one every five minutes instead of one every five seconds.
+    #[test]
+    fn an_edit_that_keeps_failing_is_tried_less_and_less_often() {
+        let failed = Outstanding { edit_failed: true, operator_asks: true, ..Outstanding::default() };
+        let waits: Vec<Duration> = (1..=10).map(|round| keeper_wait(failed, round).unwrap()).collect();
+        assert!(waits.windows(2).all(|pair| pair[0] <= pair[1]), "{waits:?}");
+        assert_eq!(waits[1], KEEPER_RETRY * 2);
+        assert_eq!(*waits.last().unwrap(), KEEPER_RETRY_CAP);
+        let hour: Duration = (1..).map(|round| keeper_wait(failed, round).unwrap()).take(20).sum();
+        assert!(hour > Duration::from_secs(3600), "20 tries take more than an hour: {hour:?}");
+        // A request still expires on time meanwhile.
+        let expiring = Outstanding { next_expiry: Some(Duration::from_secs(9)), ..failed };
+        assert_eq!(keeper_wait(expiring, 8), Some(Duration::from_secs(9)));
     }
 
     fn chats() -> Vec<AnswerChat> {
