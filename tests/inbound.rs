@@ -372,6 +372,10 @@ async fn a_group_that_became_a_supergroup_names_the_route_to_change() {
     let line = daemon.logs().lines().find(|l| l.contains("became supergroup")).unwrap().to_owned();
     assert!(line.contains("ERROR"), "{line}");
     assert!(line.contains("team-group") && line.contains(&new_chat_id.to_string()), "{line}");
+    assert!(
+        line.contains("reload (SIGHUP)") && line.contains("kept as unrouted"),
+        "what now, and meanwhile: {line}"
+    );
     // A migration notice is not a conversation: it is kept as an ignored service message.
     let rows = wait_for_envelopes(&daemon, 1).await;
     assert_eq!(rows.iter().map(|e| e.state).collect::<Vec<_>>(), [EnvelopeState::Ignored]);

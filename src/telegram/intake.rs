@@ -21,7 +21,7 @@ use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::metrics;
 use crate::rules::permissions::Verdict;
 use crate::rules::routes::RoutesTable;
-use crate::rules::routes::{Addressing, BotIdentity, Disposition, dispose, is_addressed, may_react};
+use crate::rules::routes::{Addressing, BotIdentity, Channel, Disposition, dispose, is_addressed, may_react};
 use crate::telegram::envelope::{self, ChatType, Inbound};
 use crate::telegram::updates::RawUpdate;
 use crate::telemetry;
@@ -289,12 +289,23 @@ fn report_migration(routing: &Routing, update_id: i64, from_chat_id: i64, to_cha
             "chat {from_chat_id} became supergroup {to_chat_id}; no route names it"
         );
     } else {
+        // Where the supergroup's messages go until the routes name it: the fallback route
+        // takes them, under the global allowlist, not the old route's.
+        let meanwhile = match routing.routes.route_for(Channel { chat_id: to_chat_id, thread_id: None }) {
+            Some(fallback) => format!(
+                "until then its messages go to the fallback route '{}' (agent or room of that route, global \
+                 allowed_users)",
+                fallback.name
+            ),
+            None => "until then its messages are kept as unrouted".to_owned(),
+        };
         tracing::error!(
             update_id,
             from_chat_id,
             to_chat_id,
             ?routes,
-            "chat {from_chat_id} became supergroup {to_chat_id}: change chat_id to {to_chat_id} in route(s) {} and restart, or its messages go unrouted",
+            "chat {from_chat_id} became supergroup {to_chat_id}: change chat_id to {to_chat_id} in route(s) {} and \
+             reload (SIGHUP); {meanwhile}",
             routes.join(", ")
         );
     }

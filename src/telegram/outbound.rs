@@ -461,7 +461,7 @@ impl Outbound {
                 Observed::NotSent { migrated_to: Some(new_chat), .. } => {
                     tracing::error!(
                         route = %target.route, old_chat_id = target.chat_id, new_chat_id = new_chat,
-                        "chat {} became supergroup {new_chat}: change chat_id of route '{}' to {new_chat} and restart",
+                        "chat {} became supergroup {new_chat}: change chat_id of route '{}' to {new_chat} and reload (SIGHUP); this reply was not sent",
                         target.chat_id, target.route
                     );
                 }
