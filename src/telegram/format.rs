@@ -138,7 +138,10 @@ impl Renderer {
                 match kind {
                     CodeBlockKind::Fenced(language) if !language.trim().is_empty() => {
                         self.html.push_str("<pre><code class=\"language-");
-                        escape_into(&mut self.html, language.split_whitespace().next().unwrap_or_default());
+                        escape_attribute_into(
+                            &mut self.html,
+                            language.split_whitespace().next().unwrap_or_default(),
+                        );
                         self.html.push_str("\">");
                     }
                     _ => self.html.push_str("<pre><code>"),
@@ -171,7 +174,7 @@ impl Renderer {
             Tag::Link { dest_url, .. } | Tag::Image { dest_url, .. } => {
                 self.text_start();
                 self.html.push_str("<a href=\"");
-                escape_into(&mut self.html, &dest_url);
+                escape_attribute_into(&mut self.html, &dest_url);
                 self.html.push_str("\">");
             }
             Tag::FootnoteDefinition(_)
@@ -252,15 +255,26 @@ fn trim_end_in_place(text: &mut String) {
     text.truncate(kept);
 }
 
-/// Escapes what Telegram's HTML gives a meaning to.
+/// Escapes what Telegram's HTML gives a meaning to in text. A `"` means nothing there and
+/// stays one character: as `&quot;` it would count six towards a message's length as the
+/// splitter measures it, and a JSON snippet would need twice the messages.
 fn escape_into(out: &mut String, text: &str) {
     for c in text.chars() {
         match c {
             '&' => out.push_str("&amp;"),
             '<' => out.push_str("&lt;"),
             '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
             c => out.push(c),
+        }
+    }
+}
+
+/// Escapes a value inside a `"…"` attribute (a link's address, a code block's language).
+fn escape_attribute_into(out: &mut String, value: &str) {
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("&quot;"),
+            c => escape_into(out, c.encode_utf8(&mut [0; 4])),
         }
     }
 }
@@ -566,10 +580,15 @@ mod tests {
             ("> quoted\n\nnot", "<blockquote>quoted</blockquote>\n\nnot"),
             ("```rust\nfn main() {}\n```", "<pre><code class=\"language-rust\">fn main() {}</code></pre>"),
             ("first\nsecond", "first\nsecond"),
+            ("say \"hi\" and `{\"a\": 1}`", "say \"hi\" and <code>{\"a\": 1}</code>"),
         ];
         for (markdown, html) in cases {
             assert_eq!(markdown_to_html(markdown), html, "{markdown:?}");
         }
+        // A quote in text is one character, not `&quot;`: a reply full of JSON is not
+        // split into twice the messages.
+        let (parts, _) = ReplyFormat::Markdown.parts(&"\"".repeat(1000), 4096);
+        assert_eq!(parts.len(), 1);
     }
 
     #[test]
