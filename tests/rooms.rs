@@ -200,9 +200,20 @@ async fn two_speakers_take_turns_and_an_unmentioned_message_goes_to_the_first_ag
         second.content,
         "@olga: @builder explain the parser change\n\nBuilder: done; @reviewer check the edge cases"
     );
-    let (is_error, text) = reply(&reviewer, &second, "Edge cases covered.").await;
+    // Written in markdown, posted in it, behind the speaker's name.
+    let (is_error, text) = reviewer
+        .call_tool(
+            "reply",
+            json!({"text": "Edge cases **covered**.", "format": "markdown", "trace_id": trace_id(&second)}),
+        )
+        .await
+        .unwrap();
     assert!(!is_error, "{text}");
-    assert_eq!(posted(&fake, 2).await[1], "Reviewer: Edge cases covered.");
+    let sent = fake.wait_for_sent(2, WAIT).await;
+    assert_eq!(
+        (sent[1].text.as_str(), sent[1].parse_mode.as_deref()),
+        ("Reviewer: Edge cases <b>covered</b>.", Some("HTML"))
+    );
     wait_for_state(&daemon, &cascade_id, RoomCascadeState::Completed).await;
     assert_eq!(fake.sent_messages().len(), 2, "a completed exchange posts nothing of its own");
 

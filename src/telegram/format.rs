@@ -52,10 +52,24 @@ impl ReplyFormat {
     /// An HTML part never ends inside a tag or an entity, and closes the tags it leaves
     /// open (the next part opens them again), so each part parses on its own.
     pub fn parts(self, text: &str, limit: usize) -> (Vec<String>, bool) {
+        self.parts_after("", text, limit)
+    }
+
+    /// [`parts`](Self::parts) of `text` behind a `prefix` written as plain text (a room
+    /// post's `Builder: `), escaped when the rest is HTML.
+    pub fn parts_after(self, prefix: &str, text: &str, limit: usize) -> (Vec<String>, bool) {
+        let mut html = String::new();
+        escape_into(&mut html, prefix);
         match self {
-            Self::Text => (split_text(text, limit), false),
-            Self::Markdown => (split_html(&markdown_to_html(text), limit), true),
-            Self::Html => (split_html(text, limit), true),
+            Self::Text => (split_text(&format!("{prefix}{text}"), limit), false),
+            Self::Markdown => {
+                html.push_str(&markdown_to_html(text));
+                (split_html(&html, limit), true)
+            }
+            Self::Html => {
+                html.push_str(text);
+                (split_html(&html, limit), true)
+            }
         }
     }
 }
@@ -585,6 +599,10 @@ mod tests {
         for (markdown, html) in cases {
             assert_eq!(markdown_to_html(markdown), html, "{markdown:?}");
         }
+        // A room post's name stays text, escaped, in front of the rendered reply.
+        let (parts, html) = ReplyFormat::Markdown.parts_after("R&D <bot>: ", "**ok**", 4096);
+        assert_eq!((parts, html), (vec!["R&amp;D &lt;bot&gt;: <b>ok</b>".to_owned()], true));
+        assert_eq!(ReplyFormat::Text.parts_after("Bob: ", "**ok**", 4096).0, ["Bob: **ok**"]);
         // A quote in text is one character, not `&quot;`: a reply full of JSON is not
         // split into twice the messages.
         let (parts, _) = ReplyFormat::Markdown.parts(&"\"".repeat(1000), 4096);

@@ -30,6 +30,8 @@ struct Draft<'a> {
     /// As Telegram messages.
     parts: Vec<String>,
     html: bool,
+    /// How `text` is written: a room turn's reply is split again, behind its speaker's name.
+    format: ReplyFormat,
     /// Where the agent said the reply goes (`chat_id`, `reply_to`), if it did.
     at: Addressed,
 }
@@ -93,7 +95,7 @@ impl Bridge {
             return Err(ToolError::TooLong { parts: parts.len(), max });
         }
         let at = Addressed { chat_id: request.chat_id, message_id: request.reply_to };
-        let draft = Draft { request_id, trace_id, again, text: &request.text, parts, html, at };
+        let draft = Draft { request_id, trace_id, again, text: &request.text, parts, html, format, at };
         let slot = self.slot(agent);
         let running = {
             let _decide = slot.decisions.lock().await;
@@ -125,7 +127,7 @@ impl Bridge {
         draft: Draft<'_>,
         staged: StagedFiles,
     ) -> Result<Decided, ToolError> {
-        let Draft { request_id, trace_id, again, text, parts, html, at } = draft;
+        let Draft { request_id, trace_id, again, text, parts, html, format, at } = draft;
         let resolved = self.resolve(agent, slot, session, trace_id.as_ref(), at).await;
         let (envelope, replied_before) = match (resolved, &trace_id) {
             // A child answering a handoff a change superseded: its answer is kept as a late
@@ -175,7 +177,10 @@ impl Bridge {
         }
         if conversation.kind == EnvelopeKind::RoomTurn {
             // A room turn's one reply goes to the room under the agent's name.
-            return self.room_reply(agent, &conversation, text, request_id).await.map(Decided::Delivering);
+            return self
+                .room_reply(agent, &conversation, text, format, request_id)
+                .await
+                .map(Decided::Delivering);
         }
         if let Some(answered) = answered.filter(|_| !again) {
             let part_texts: Vec<String> =

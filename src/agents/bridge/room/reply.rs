@@ -1,5 +1,5 @@
 //! A speaker's `reply` to its `room_turn` envelope (DESIGN.md §10): one reply per turn,
-//! posted to the room as `<display name>: <text>`, threaded to the human message that
+//! posted to the room as `<display name>: <text>` (in the reply's `format`), threaded to the human message that
 //! started the exchange, through the ordinary reply path (attempts, unknown outcomes,
 //! resumed cut-off replies and all).
 //!
@@ -17,7 +17,8 @@ use crate::agents::bridge::{Bridge, RunningReply, ToolError};
 use crate::ids::{AgentName, RequestId, RouteName};
 use crate::ledger::{ClaimRefused, EnvelopeState, StoredEnvelope, TurnEnding};
 use crate::rules::turns::TurnError;
-use crate::telegram::outbound::{TELEGRAM_TEXT_LIMIT, split_text};
+use crate::telegram::format::ReplyFormat;
+use crate::telegram::outbound::TELEGRAM_TEXT_LIMIT;
 
 impl Bridge {
     /// Claims the turn's one reply and starts posting it; the caller awaits the result.
@@ -28,6 +29,7 @@ impl Bridge {
         agent: &AgentName,
         envelope: &StoredEnvelope,
         text: &str,
+        format: ReplyFormat,
         request_id: RequestId,
     ) -> Result<RunningReply, ToolError> {
         let ledger = &self.inner.ledger;
@@ -42,7 +44,8 @@ impl Bridge {
             .ok()
             .and_then(|route| self.rooms().get(&route).map(|room| room.roster.label(agent).to_owned()))
             .unwrap_or_else(|| agent.to_string());
-        let parts = split_text(&format!("{posted_as}: {text}"), TELEGRAM_TEXT_LIMIT);
+        // Posted under the speaker's name, in the format it wrote.
+        let (parts, html) = format.parts_after(&format!("{posted_as}: "), text, TELEGRAM_TEXT_LIMIT);
         let max = self.limits().max_reply_parts;
         if parts.len() > max {
             tracing::warn!(%agent, parts = parts.len(), max, "room reply refused: too long");
@@ -58,7 +61,7 @@ impl Bridge {
                 envelope.clone(),
                 None,
                 request_id.clone(),
-                ReplyContent { parts, html: false, files: Vec::new() },
+                ReplyContent { parts, html, files: Vec::new() },
             )
             .await?;
         let claimed = ledger.claim_room_reply(envelope.id, text, request_id.as_str()).await?;
