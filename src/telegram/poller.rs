@@ -127,9 +127,9 @@ impl Poller {
             }
         };
         self.health.succeeded();
-        self.backoff.reset();
         self.refused_since = None;
         if updates.is_empty() {
+            self.backoff.reset();
             return Ok(PollOutcome::Empty);
         }
         // Telegram confirms every update below the offset: one past the last update.
@@ -143,6 +143,9 @@ impl Poller {
             );
             return Ok(PollOutcome::Wait(delay));
         };
+        // Reset only by a batch that can be taken: one that cannot backs off, doubling,
+        // instead of being asked for twice a second.
+        self.backoff.reset();
 
         let update_count = updates.len();
         let taken = match self.intake.take(updates, Confirmation::Offset(next_offset)).await {
