@@ -468,3 +468,29 @@ async fn an_operator_answers_an_unresolved_send_from_telegram_once() {
     let (_, shown, _) = daemon.ledger_cli(&["show", &trace]);
     assert!(shown.contains("answered in Telegram by @olga"), "{shown}");
 }
+
+/// Telegram did not take the operators' question (a rate limit, Telegram out of reach):
+/// it is asked again once Telegram takes it, where it stayed unasked for good.
+#[tokio::test]
+async fn a_question_telegram_did_not_take_is_asked_again() {
+    use support::daemon::FORUM_CHAT;
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &with_operator(), &[]);
+    let plugin = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "are you there?");
+    let trace = support::agents::trace_id(&nth(&plugin, 1).await);
+    fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(60)));
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 600 });
+    let (is_error, _) =
+        plugin.call_tool("reply", json!({"text": "yes, here", "trace_id": trace})).await.unwrap();
+    assert!(is_error);
+    daemon.wait_for_log("asking again later", WAIT).await;
+    let question = fake
+        .wait_for_sent_matching(WAIT, |sent| sent.chat_id == FORUM_CHAT && !sent.callback_data().is_empty())
+        .await
+        .expect("the operators are asked once Telegram takes it");
+    assert!(question.text.contains(&trace), "{}", question.text);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let questions = fake.sent_messages().into_iter().filter(|m| m.chat_id == FORUM_CHAT).count();
+    assert_eq!(questions, 1, "asked once it went through, not again");
+}

@@ -651,11 +651,17 @@ impl PermissionRelay {
         let Some(operator) = &self.inner.operator else { return Ok(QuestionsLeft::default()) };
         let ledger = &self.inner.ledger;
         let new_id = || format!("{QUESTION_ID_PREFIX}{}", random_suffix(PERMISSION_ID_SUFFIX_LEN));
+        // A question Telegram did not take (out of reach, refused) is asked again, on the
+        // keeper's backoff, before the new ones: an outage must not leave an unresolved
+        // send unasked for good.
+        let mut edit_failed = false;
+        for question in ledger.take_unsent_questions().await? {
+            edit_failed |= !self.post_question(&question).await?;
+        }
         for question in ledger.record_new_questions(operator.chat_id, operator.thread_id, &new_id).await? {
-            self.post_question(&question).await?;
+            edit_failed |= !self.post_question(&question).await?;
         }
         ledger.settle_answered_elsewhere().await?;
-        let mut edit_failed = false;
         for question in ledger.unsettled_questions().await? {
             let Some(message_id) = question.prompt_message_id else {
                 ledger.settle_question_prompt(&question.id).await?;
@@ -680,8 +686,10 @@ impl PermissionRelay {
         Ok(QuestionsLeft { asked: true, edit_failed })
     }
 
-    /// Posts a question and records what its send came to; never sent again.
-    async fn post_question(&self, question: &StoredQuestion) -> Result<(), LedgerError> {
+    /// Posts a question and records what its send came to; `false` when Telegram provably
+    /// did not take it (then it is asked again later). One that may have arrived is never
+    /// sent again.
+    async fn post_question(&self, question: &StoredQuestion) -> Result<bool, LedgerError> {
         let mut params = json!({
             "chat_id": question.chat_id,
             "text": rules::question_text(&question_facts(question)),
@@ -706,12 +714,16 @@ impl PermissionRelay {
             AttemptOutcome::Sent { .. } => {
                 tracing::info!(question = %question.id, trace_id = %question.trace_id, "asked the operators about an unresolved send")
             }
-            AttemptOutcome::NotSent { error } | AttemptOutcome::Unknown { error } => tracing::warn!(
+            AttemptOutcome::NotSent { error } => tracing::warn!(
+                question = %question.id, trace_id = %question.trace_id,
+                "could not ask the operators about an unresolved send ({error}); asking again later, or reconcile it with `switchboard ledger reconcile`"
+            ),
+            AttemptOutcome::Unknown { error } => tracing::warn!(
                 question = %question.id, trace_id = %question.trace_id,
                 "could not ask the operators about an unresolved send ({error}); reconcile it with `switchboard ledger reconcile`"
             ),
         }
-        Ok(())
+        Ok(!matches!(outcome, AttemptOutcome::NotSent { .. }))
     }
 
     async fn question_press(&self, press: &CallbackPress, parsed: &rules::QuestionPress) {

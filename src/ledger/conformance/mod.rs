@@ -133,7 +133,7 @@ macro_rules! suite {
             use super::*;
             $crate::ledger::conformance::suite!(@tests $backend;
             questions::a_question_is_asked_once_per_unresolved_send_and_answered_once,
-            questions::a_question_reconciled_elsewhere_is_settled_and_one_not_posted_is_not_asked_again,
+            questions::a_question_reconciled_elsewhere_is_settled_and_one_not_posted_is_taken_to_ask_again,
             );
         }
     };

@@ -92,7 +92,7 @@ pub(crate) async fn a_question_is_asked_once_per_unresolved_send_and_answered_on
     assert_eq!(unsettled(ledger.clone()).await, [second.id.as_str()]);
 }
 
-pub(crate) async fn a_question_reconciled_elsewhere_is_settled_and_one_not_posted_is_not_asked_again<
+pub(crate) async fn a_question_reconciled_elsewhere_is_settled_and_one_not_posted_is_taken_to_ask_again<
     B: Backend,
 >() {
     let (_keep, ledger) = B::fresh().await;
@@ -101,12 +101,20 @@ pub(crate) async fn a_question_reconciled_elsewhere_is_settled_and_one_not_poste
     let asked = ledger.record_new_questions(7, None, &new_id).await.unwrap();
     assert_eq!(asked.len(), 2);
 
-    // A prompt Telegram refused leaves its question open, and it is not asked again.
+    // A prompt Telegram refused leaves its question open: no second question is made for
+    // it, and it is taken once to be asked again, in flight again.
     let refused = AttemptOutcome::NotSent { error: "chat not found".into() };
     ledger.finish_question_send(&asked[1].id, &refused).await.unwrap();
     let stored = ledger.question(&asked[1].id).await.unwrap().unwrap();
     assert_eq!((stored.state, stored.prompt_send), (QuestionState::Open, AttemptState::NotSent));
     assert!(ledger.record_new_questions(7, None, &new_id).await.unwrap().is_empty());
+    let again = ledger.take_unsent_questions().await.unwrap();
+    assert_eq!(
+        again.iter().map(|q| (q.id.as_str(), q.prompt_send)).collect::<Vec<_>>(),
+        [(asked[1].id.as_str(), AttemptState::InFlight)]
+    );
+    assert!(ledger.take_unsent_questions().await.unwrap().is_empty(), "taken once");
+    ledger.finish_question_send(&asked[1].id, &refused).await.unwrap();
 
     // The CLI reconciles the first envelope: its question is settled, and answers nothing.
     ledger.reconcile(&envelopes[0].trace_id, Reconciliation::NotDelivered, "checked the chat").await.unwrap();

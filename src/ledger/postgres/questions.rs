@@ -141,6 +141,16 @@ impl Questions for PgLedger {
         Ok(settled as usize)
     }
 
+    async fn take_unsent_questions(&self) -> LedgerResult<Vec<StoredQuestion>> {
+        Ok(sqlx::query_as(concat!(
+            "UPDATE operator_questions SET prompt_send = 'in_flight', prompt_error = NULL \
+             WHERE state = 'open' AND prompt_send = 'not_sent' RETURNING ",
+            question_columns!()
+        ))
+        .fetch_all(&self.pool)
+        .await?)
+    }
+
     async fn unsettled_questions(&self) -> LedgerResult<Vec<StoredQuestion>> {
         Ok(sqlx::query_as(concat!(
             "SELECT ",

@@ -69,5 +69,10 @@ pub trait Questions: Inspection + Send + Sync {
     /// Answered questions whose prompt does not show it yet.
     async fn unsettled_questions(&self) -> LedgerResult<Vec<StoredQuestion>>;
 
+    /// Open questions whose prompt Telegram provably did not take (`not_sent`: out of
+    /// reach, refused), taken to be asked again: each is `in_flight` once more, in the same
+    /// statement, so two keepers never post one twice.
+    async fn take_unsent_questions(&self) -> LedgerResult<Vec<StoredQuestion>>;
+
     async fn settle_question_prompt(&self, id: &str) -> LedgerResult<()>;
 }

@@ -163,6 +163,22 @@ impl Questions for SqliteLedger {
         .await
     }
 
+    async fn take_unsent_questions(&self) -> LedgerResult<Vec<StoredQuestion>> {
+        self.write_in_place(|db| {
+            query_all_cached(
+                db,
+                concat!(
+                    "UPDATE operator_questions SET prompt_send = 'in_flight', prompt_error = NULL \
+                     WHERE state = 'open' AND prompt_send = 'not_sent' RETURNING ",
+                    question_columns!()
+                ),
+                [],
+                StoredQuestion::from_row,
+            )
+        })
+        .await
+    }
+
     async fn unsettled_questions(&self) -> LedgerResult<Vec<StoredQuestion>> {
         self.read_in_place(|db| {
             query_all_cached(
