@@ -102,6 +102,16 @@ async fn download_attachment_saves_exactly_the_bytes_at_an_absolute_path_in_the_
     assert!(!is_error, "{again}");
     assert_ne!(saved_path(&again), path);
     assert_eq!(sha256_file(&saved_path(&again)), sha256(&bytes));
+
+    // The official plugin's download_attachment names the file only: the message this
+    // session was shown with it is found; a file it was not shown is refused.
+    let (is_error, by_file) =
+        orchestrator.call_tool("download_attachment", json!({"file_id": "doc-1"})).await.unwrap();
+    assert!(!is_error, "{by_file}");
+    assert_eq!(sha256_file(&saved_path(&by_file)), sha256(&bytes));
+    let (is_error, unknown) =
+        orchestrator.call_tool("download_attachment", json!({"file_id": "doc-nonesuch"})).await.unwrap();
+    assert!(is_error && unknown.starts_with("bad_request") && unknown.contains("trace_id"), "{unknown}");
 }
 
 #[tokio::test]

@@ -135,6 +135,7 @@ impl SessionForwarder {
                     // it has seen the envelope confirms it to the daemon (see
                     // `DaemonClient::note_shown`).
                     self.daemon.note_shown(&envelope.trace_id);
+                    self.media.note_shown_file(&envelope);
                     let notification =
                         ServerNotification::CustomNotification(channel_notification(&envelope, &self.tools));
                     if self.peer.send_notification(notification).await.is_err() {

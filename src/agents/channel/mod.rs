@@ -138,6 +138,7 @@ pub async fn run(
         inbox: Arc::new(inbox),
         eager_photo_max_bytes: settings.media.eager_photo_max_bytes,
         kept_back: Arc::new(outgoing::KeptBack::of(&settings)),
+        shown_files: Arc::default(),
     };
 
     let shutdown = CancellationToken::new();
@@ -200,13 +201,31 @@ pub(crate) struct Media {
     eager_photo_max_bytes: u64,
     /// Files a reply never sends (switchboard's configuration and ledger).
     kept_back: Arc<outgoing::KeptBack>,
+    /// The messages this session was shown by the file each carries, for a
+    /// `download_attachment` that names the file only, as the official plugin's does.
+    shown_files: Arc<std::sync::Mutex<downloads::ShownFiles>>,
+}
+
+impl Media {
+    /// Notes the file an envelope about to be pushed carries.
+    fn note_shown_file(&self, envelope: &crate::agents::api::wire::DeliveredEnvelope) {
+        if let Some(file_id) = envelope.extra.get("attachment_file_id") {
+            self.shown_files.lock().unwrap_or_else(|p| p.into_inner()).note(file_id, &envelope.trace_id);
+        }
+    }
+
+    fn trace_id_of_file(&self, file_id: &str) -> Option<String> {
+        self.shown_files.lock().unwrap_or_else(|p| p.into_inner()).trace_id_of(file_id)
+    }
 }
 
 /// Arguments of `download_attachment`.
 #[derive(Debug, Deserialize, JsonSchema)]
 struct DownloadArgs {
-    /// The trace_id (env_…) of the message that carries the file.
-    trace_id: String,
+    /// The trace_id (env_…) of the message that carries the file. May be left out when
+    /// file_id is given: the message you were shown with that file is used.
+    #[serde(default)]
+    trace_id: Option<String>,
     /// The attachment_file_id from the message's meta; the message's first attachment when omitted.
     #[serde(default)]
     file_id: Option<String>,
@@ -403,8 +422,25 @@ impl ChannelPlugin {
         &self,
         Parameters(args): Parameters<DownloadArgs>,
     ) -> Result<String, String> {
-        let trace_id = parse_trace_id(&args.trace_id)?;
         let file_id = args.file_id.filter(|id| !id.trim().is_empty());
+        let trace_id = match (args.trace_id.as_deref(), &file_id) {
+            (Some(trace_id), _) => parse_trace_id(trace_id)?,
+            (None, Some(file_id)) => match self.media.trace_id_of_file(file_id) {
+                Some(trace_id) => parse_trace_id(&trace_id)?,
+                None => {
+                    return Err(bad_argument(
+                        "trace_id is missing and no message this session was shown carries that file_id: pass \
+                         the trace_id of the message with the file. Nothing was downloaded.",
+                    ));
+                }
+            },
+            (None, None) => {
+                return Err(bad_argument(
+                    "name the file: the trace_id of its message (and its file_id for another than the first). \
+                     Nothing was downloaded.",
+                ));
+            }
+        };
         self.wait_for_session().await;
         let query = AttachmentQuery { file_id, max_bytes: None };
         match downloads::download_into(&self.daemon, &self.media.inbox, trace_id.as_str(), &query).await {
