@@ -405,4 +405,10 @@ async fn a_rate_limit_longer_than_the_reply_may_wait_is_reported_as_not_sent() {
     assert!(is_error && text.contains("rate limited by Telegram for") && text.contains("s more"), "{text}");
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(fake.requests_for("sendMessage").len(), 1, "only the first reply reached Telegram");
+    // A reaction in the held chat is held back too, not slept through for an hour.
+    let react = orchestrator.call_tool("react", json!({"trace_id": trace, "emoji": "👀"}));
+    let (is_error, text) =
+        tokio::time::timeout(Duration::from_secs(5), react).await.expect("answered at once").unwrap();
+    assert!(is_error && text.contains("rate limited by Telegram for"), "{text}");
+    assert!(fake.requests_for("setMessageReaction").is_empty());
 }

@@ -415,16 +415,7 @@ impl Outbound {
             if pace > *budget {
                 // The chat is held by a rate limit longer than this send may wait: asking
                 // Telegram would only earn another 429. Nothing is attempted.
-                metrics::rate_limit_wait("sendMessage", pace);
-                return Ok(Observed::NotSent {
-                    error: format!(
-                        "rate limited by Telegram for {}s more (an earlier 429 holds this chat); nothing was asked of \
-                         Telegram",
-                        pace.as_secs()
-                    ),
-                    retry_after: Some(pace),
-                    migrated_to: None,
-                });
+                return Ok(held_back(pace));
             }
             if !pace.is_zero() {
                 tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
@@ -647,6 +638,20 @@ impl Outbound {
         files
             .upload(file.kind.method(), &fields, file.kind.field(), file.name.clone(), staged, file.size)
             .await
+    }
+}
+
+/// A send not made because an earlier 429 holds its chat for `pace` more: longer than the
+/// send may wait.
+fn held_back(pace: Duration) -> Observed {
+    metrics::rate_limit_wait("sendMessage", pace);
+    Observed::NotSent {
+        error: format!(
+            "rate limited by Telegram for {}s more (an earlier 429 holds this chat); nothing was asked of Telegram",
+            pace.as_secs()
+        ),
+        retry_after: Some(pace),
+        migrated_to: None,
     }
 }
 

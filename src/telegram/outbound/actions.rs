@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{Call, Observed, Outbound, classify, classify_as, stopping};
+use super::{Call, MAX_RATE_LIMIT_WAIT, Observed, Outbound, classify, classify_as, held_back, stopping};
 use crate::ledger::{AttemptMethod, AttemptPurpose, NewAttempt};
 use crate::rules::revisions::Refusal;
 use crate::telegram::format;
@@ -56,10 +56,17 @@ impl Outbound {
         action: &MessageAction,
     ) -> Result<Observed, Refusal> {
         let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
+        if pace > MAX_RATE_LIMIT_WAIT {
+            return Ok(held_back(pace));
+        }
         if !pace.is_zero() && !self.wait(pace).await {
             return Ok(stopping());
         }
         let observed = self.act_once(target, action, AttemptPurpose::Reply).await?;
+        if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
+            // Held for the next send to the chat too, as a reply's 429 holds it.
+            self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
+        }
         match (&observed, action) {
             (
                 Observed::NotSent { error, retry_after: None, .. },
