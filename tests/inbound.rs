@@ -196,6 +196,36 @@ async fn a_failed_get_me_is_asked_again_until_the_bot_knows_its_name() {
     assert_eq!(rows[1].state, EnvelopeState::Ignored, "another bot's command is not ours: {:?}", rows[1]);
 }
 
+/// A batch none of whose updates has a readable update_id (a broken proxy; Telegram never
+/// sends one) cannot be confirmed: it is asked for again, backing off, not twice a second
+/// for ever with a warning each time.
+#[tokio::test]
+async fn a_batch_without_a_readable_update_id_is_asked_for_again_less_and_less_often() {
+    let fake = FakeTelegram::start().await;
+    for _ in 0..4 {
+        fake.fail_get_updates(Fault::Raw {
+            status: 200,
+            body: r#"{"ok":true,"result":[{"message":{}}]}"#.into(),
+        });
+    }
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let deadline = std::time::Instant::now() + WAIT;
+    let waits = loop {
+        let waits: Vec<u64> = daemon
+            .logs()
+            .lines()
+            .filter(|line| line.contains("no update of the batch has a readable update_id"))
+            .filter_map(|line| line.split("retry_in_ms=").nth(1)?.split_whitespace().next()?.parse().ok())
+            .collect();
+        if waits.len() >= 3 {
+            break waits;
+        }
+        assert!(std::time::Instant::now() < deadline, "{waits:?}\n{}", daemon.logs());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(waits.windows(2).all(|pair| pair[1] > pair[0]), "each wait longer than the last: {waits:?}");
+}
+
 #[tokio::test]
 async fn edits_and_textless_messages_are_envelopes_and_malformed_updates_do_not_stall() {
     let fake = FakeTelegram::start().await;
