@@ -126,6 +126,35 @@ pub(crate) fn declared_revision(
     DeclaredRevision { task_id: now_task, revision, kind, act_on: trace_id.to_string(), next }
 }
 
+/// What a declaration came to in its transaction: recorded now, with what it asks for, or
+/// recorded before under the same request id.
+pub(crate) enum Declared {
+    Now(DeclaredRevision, Vec<crate::domain::TaskEffect>),
+    Before(DeclaredRevision),
+}
+
+/// What a declaration repeated with the same request id is answered with: the first one's
+/// answer, from what its revision row kept.
+pub(crate) fn repeated_revision(
+    kind: ChangeKind,
+    trace_id: &TraceId,
+    declared_task: String,
+    declared_revision: i64,
+) -> DeclaredRevision {
+    let next = texts::after_declaration(kind, trace_id, &declared_task);
+    let revision = u32::try_from(declared_revision).unwrap_or_default();
+    DeclaredRevision { task_id: declared_task, revision, kind, act_on: trace_id.to_string(), next }
+}
+
+/// Finds the revision an agent (`agent:NAME`) declared with `request_id`: its kind, and the
+/// task and revision its answer named.
+pub(crate) const REVISION_BY_REQUEST: &str = "SELECT kind, declared_task, declared_revision FROM task_revisions \
+     WHERE actor = $1 AND request_id = $2";
+
+/// Keeps the request id and the answer on the revision just declared: the actor's newest.
+pub(crate) const KEEP_REVISION_REQUEST: &str = "UPDATE task_revisions SET request_id = $1, declared_task = $2, \
+     declared_revision = $3 WHERE id = (SELECT max(id) FROM task_revisions WHERE actor = $4)";
+
 #[cfg(test)]
 mod tests {
     use super::*;

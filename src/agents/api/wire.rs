@@ -332,6 +332,10 @@ pub struct RevisionRequest {
     /// What changed, in a few words, for the lineage and the chat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub summary: Option<String>,
+    /// Chosen by the caller (`req_…`), as for `reply`: a repeated request is answered with
+    /// what the first recorded, and records nothing more. Optional, for older plugins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
 }
 
 /// A change `revise_task` recorded.

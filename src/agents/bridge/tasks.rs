@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::{DeliveredNotice, RevisionReceipt, RevisionRequest};
 use crate::clock::now_text;
-use crate::ids::{AgentName, TraceId};
+use crate::ids::{AgentName, RequestId, TraceId};
 use crate::ledger::{DeclareTaskError, EnvelopeState, StoredEnvelope, TaskEffect};
 use crate::rules::revisions::ChangeKind;
 
@@ -91,12 +91,20 @@ impl Bridge {
                 request.kind
             ))
         })?;
+        let request_id =
+            request.request_id.as_deref().map(RequestId::parse).transpose().map_err(ToolError::Invalid)?;
         let slot = self.slot(agent);
         let _decide = slot.decisions.lock().await;
         let declared = self
             .inner
             .ledger
-            .declare_revision(agent, &trace_id, kind, request.summary.as_deref().unwrap_or_default())
+            .declare_revision(
+                agent,
+                &trace_id,
+                kind,
+                request.summary.as_deref().unwrap_or_default(),
+                request_id.as_ref().map(RequestId::as_str),
+            )
             .await;
         let (declared, effects) = match declared {
             Ok(declared) => declared,
@@ -109,6 +117,12 @@ impl Bridge {
             }
         };
         tracing::info!(%agent, task = %declared.task_id, revision = declared.revision, change = %kind, "task revised by its agent");
+        // A repeat carries no effects: the first call's acknowledgement is owed in the
+        // ledger already, and the room driver posts it once rung (the first call may have
+        // been cut off before it rang).
+        if effects.is_empty() {
+            self.wake_rooms();
+        }
         self.carry_out(effects);
         Ok(RevisionReceipt {
             task: declared.task_id,

@@ -625,10 +625,24 @@ impl ChannelPlugin {
     async fn revise_task(&self, Parameters(args): Parameters<ReviseArgs>) -> Result<String, String> {
         let trace_id = parse_trace_id(&args.trace_id)?;
         self.wait_for_session().await;
-        let request =
-            RevisionRequest { trace_id: trace_id.to_string(), kind: args.kind, summary: args.summary };
+        let request = RevisionRequest {
+            trace_id: trace_id.to_string(),
+            kind: args.kind,
+            summary: args.summary,
+            request_id: Some(RequestId::generate().to_string()),
+        };
         match self.daemon.revise_task(&request).await {
             Ok(receipt) => Ok(describe_revision(&receipt)),
+            // The change may have been recorded: asked again with the same request id, the
+            // daemon answers with what it recorded, and records nothing twice.
+            Err(broken @ (ClientError::NoAnswer { .. } | ClientError::Protocol { .. })) => {
+                tracing::warn!("the connection broke during revise_task ({broken}); asking again");
+                match self.once_the_daemon_answers(|| self.daemon.revise_task(&request)).await {
+                    Some(Ok(receipt)) => Ok(describe_revision(&receipt)),
+                    Some(Err(error)) => Err(self.tool_failure(ToolName::ReviseTask, &error)),
+                    None => Err(self.tool_failure(ToolName::ReviseTask, &broken)),
+                }
+            }
             Err(error) => Err(self.tool_failure(ToolName::ReviseTask, &error)),
         }
     }

@@ -110,6 +110,7 @@ macro_rules! suite {
             tasks::a_batch_starts_one_task_per_conversation_at_the_message_that_started_it,
             tasks::a_batch_over_several_conversations_joins_or_starts_each_ones_task,
             tasks::a_paused_task_refuses_a_reaction,
+            tasks::a_declaration_repeated_with_its_request_id_is_recorded_once,
             );
             #[test]
             fn no_superseded_reply_is_ever_recorded() {

@@ -357,6 +357,42 @@ pub(crate) async fn a_paused_task_refuses_a_reaction<B: Backend>() {
     assert!(ledger.attempts_for(e.id).await.unwrap().is_empty());
 }
 
+/// `revise_task` asked again with the same request id (its answer lost after the commit)
+/// is answered as the first was and records nothing more; another request id is a change
+/// of its own.
+pub(crate) async fn a_declaration_repeated_with_its_request_id_is_recorded_once<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let orch = AgentName::parse("orch").unwrap();
+    let work = one_pending_message(&*ledger).await;
+    let task_id = work.task_id.clone().unwrap();
+    let declare = |request_id: &'static str| {
+        let ledger = ledger.clone();
+        let (orch, trace_id) = (orch.clone(), work.trace_id.clone());
+        async move {
+            ledger
+                .declare_revision(
+                    &orch,
+                    &trace_id,
+                    crate::rules::revisions::ChangeKind::Correction,
+                    "the real ask",
+                    Some(request_id),
+                )
+                .await
+                .unwrap()
+        }
+    };
+    let (first, effects) = declare("req_revise0001").await;
+    assert!(!effects.is_empty());
+    let (again, effects) = declare("req_revise0001").await;
+    assert_eq!(again, first, "answered as the first was");
+    assert!(effects.is_empty(), "nothing carried out twice");
+    let (_, revisions, _) = ledger.task(&task_id).await.unwrap().unwrap();
+    assert_eq!(revisions.iter().filter(|r| r.kind == "correction").count(), 1, "{revisions:?}");
+
+    let (other, _) = declare("req_revise0002").await;
+    assert_eq!(other.revision, first.revision + 1);
+}
+
 /// DESIGN.md §11's property, end to end through the ledger: for any interleaving of
 /// messages, changes and reply attempts, no attempt for an envelope of revision r is
 /// admitted once a later revision changed the instruction (or paused, cancelled or

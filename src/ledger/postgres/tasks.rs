@@ -24,8 +24,8 @@ use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
-    Carrier, Conversation, admit_declaration, answer_key, belongs_to_a_task, carrier_of, declared_change,
-    declared_revision, plain_work, sender_of, snapshot_json,
+    self, Carrier, Conversation, admit_declaration, answer_key, belongs_to_a_task, carrier_of,
+    declared_change, declared_revision, plain_work, sender_of, snapshot_json,
 };
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::rules::revisions::plan::{
@@ -1061,8 +1061,26 @@ impl Tasks for PgLedger {
         trace_id: &TraceId,
         kind: ChangeKind,
         summary: &str,
+        request_id: Option<&str>,
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
+        let actor = format!("agent:{agent}");
         let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
+        // A repeat of a request is answered as the first was. (The bridge decides one
+        // agent's actions one at a time: a repeat finds the first committed.)
+        if let Some(request_id) = request_id {
+            let before: Option<(String, Option<String>, Option<i64>)> =
+                sqlx::query_as(task_rows::REVISION_BY_REQUEST)
+                    .bind(&actor)
+                    .bind(request_id)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(LedgerError::from)?;
+            if let Some((kind, Some(task), Some(revision))) = before {
+                tx.rollback().await.map_err(LedgerError::from)?;
+                let kind = ChangeKind::parse_declared(&kind).unwrap_or(ChangeKind::Correction);
+                return Ok((task_rows::repeated_revision(kind, trace_id, task, revision), Vec::new()));
+            }
+        }
         // The envelope is held until the transaction ends: it is the change's carrier.
         let row: Option<DeclaredFor> = sqlx::query_as(
             "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
@@ -1102,7 +1120,6 @@ impl Tasks for PgLedger {
             agent: agent.to_string(),
             rewrite: false,
         };
-        let actor = format!("agent:{agent}");
         let change = declared_change(kind, text.as_deref(), &actor, summary);
         let effects = apply_change(&mut tx, &task, &carrier, &change).await?;
         let now_task: String = sqlx::query_scalar("SELECT task_id FROM envelopes WHERE id = $1")
@@ -1110,8 +1127,19 @@ impl Tasks for PgLedger {
             .fetch_one(&mut *tx)
             .await
             .map_err(LedgerError::from)?;
+        let declared = declared_revision(kind, trace_id, now_task, &task);
+        if let Some(request_id) = request_id {
+            sqlx::query(task_rows::KEEP_REVISION_REQUEST)
+                .bind(request_id)
+                .bind(&declared.task_id)
+                .bind(i64::from(declared.revision))
+                .bind(&actor)
+                .execute(&mut *tx)
+                .await
+                .map_err(LedgerError::from)?;
+        }
         tx.commit().await.map_err(LedgerError::from)?;
-        Ok((declared_revision(kind, trace_id, now_task, &task), effects))
+        Ok((declared, effects))
     }
 
     async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<TaskState>> {

@@ -9,13 +9,16 @@ pub trait Tasks: Send + Sync {
     async fn admission(&self, envelope_id: i64) -> LedgerResult<Result<(), Refusal>>;
 
     /// `revise_task`: the agent declares that its pending envelope `trace_id` changes its
-    /// task. Recorded like a command, in one transaction.
+    /// task. Recorded like a command, in one transaction. A `request_id` the agent declared
+    /// a revision with before is answered with what that one recorded, and no effects:
+    /// nothing is recorded twice.
     async fn declare_revision(
         &self,
         agent: &AgentName,
         trace_id: &TraceId,
         kind: ChangeKind,
         summary: &str,
+        request_id: Option<&str>,
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError>;
 
     /// A task's state as stored (`open`, `paused`, `stop_requested`, …).

@@ -25,8 +25,8 @@ use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
-    Carrier, Conversation, admit_declaration, answer_key, belongs_to_a_task, carrier_of, declared_change,
-    declared_revision, plain_work, sender_of, snapshot_json,
+    self, Carrier, Conversation, Declared, admit_declaration, answer_key, belongs_to_a_task, carrier_of,
+    declared_change, declared_revision, plain_work, sender_of, snapshot_json,
 };
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
@@ -826,10 +826,31 @@ impl Tasks for SqliteLedger {
         trace_id: &TraceId,
         kind: ChangeKind,
         summary: &str,
+        request_id: Option<&str>,
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
+        let actor = format!("agent:{agent}");
         // A declaration refused commits the transaction with nothing written in it.
         let recorded = self
             .write_in_place(|db| {
+                if let Some(request_id) = request_id {
+                    let before = query_row_cached(
+                        db,
+                        task_rows::REVISION_BY_REQUEST,
+                        rusqlite::params![actor, request_id],
+                        |row| {
+                            Ok((
+                                row.get::<_, String>(0)?,
+                                row.get::<_, Option<String>>(1)?,
+                                row.get::<_, Option<i64>>(2)?,
+                            ))
+                        },
+                    )
+                    .optional()?;
+                    if let Some((kind, Some(task), Some(revision))) = before {
+                        let kind = ChangeKind::parse_declared(&kind).unwrap_or(ChangeKind::Correction);
+                        return Ok(Ok(Declared::Before(task_rows::repeated_revision(kind, trace_id, task, revision))));
+                    }
+                }
                 let row = query_row_cached(
                     db,
                     "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
@@ -871,7 +892,6 @@ impl Tasks for SqliteLedger {
                     agent: agent.to_string(),
                     rewrite: false,
                 };
-                let actor = format!("agent:{agent}");
                 let change = declared_change(kind, text.as_deref(), &actor, summary);
                 let effects = apply_change(db, &task, &carrier, &change)?;
                 let now_task: String = query_row_cached(
@@ -880,11 +900,21 @@ impl Tasks for SqliteLedger {
                     rusqlite::params![id],
                     |row| row.get(0),
                 )?;
-                Ok(Ok((task, effects, now_task)))
+                let declared = declared_revision(kind, trace_id, now_task, &task);
+                if let Some(request_id) = request_id {
+                    execute_cached(
+                        db,
+                        task_rows::KEEP_REVISION_REQUEST,
+                        rusqlite::params![request_id, declared.task_id, declared.revision, actor],
+                    )?;
+                }
+                Ok(Ok(Declared::Now(declared, effects)))
             })
             .await?;
-        let (task, effects, now_task) = recorded?;
-        Ok((declared_revision(kind, trace_id, now_task, &task), effects))
+        match recorded? {
+            Declared::Now(declared, effects) => Ok((declared, effects)),
+            Declared::Before(declared) => Ok((declared, Vec::new())),
+        }
     }
 
     async fn task_state(&self, task_id: &TaskId) -> LedgerResult<Option<TaskState>> {

@@ -72,6 +72,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(12, "0012_reply_lookup.sql"),
     migration!(13, "0013_attempt_methods.sql"),
     migration!(14, "0014_permission_requests.sql"),
+    migration!(15, "0015_revision_requests.sql"),
 ];
 
 impl Migration {
