@@ -3,9 +3,12 @@
 //! connection and never finishes its request's headers holds it (and a file descriptor)
 //! for good, and a thousand such clients leave the daemon no descriptor for Telegram, the
 //! database or the ledger. Here a request's headers must arrive within
-//! [`HEADER_READ_TIMEOUT`], and at most [`MAX_CONNECTIONS`] are served at once per
-//! listener (more wait in the kernel's backlog). A response that streams (a session) is
-//! not bound by either.
+//! [`HEADER_READ_TIMEOUT`], on every listener. The listeners open to anyone (the health
+//! routes, the webhook) also serve at most [`MAX_CONNECTIONS`] at once (more wait in the
+//! kernel's backlog). The local API has no cap: its clients are agents' plugins, which
+//! may open many short connections while they reconnect (a cap they fill would hold every
+//! tool call), and a connection is closed within the timeout once idle. A response that
+//! streams (a session) is bound by neither.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,24 +26,43 @@ use tokio_util::sync::CancellationToken;
 /// requests of a kept-alive connection: an idle one is closed after this).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// Connections served at once, per listener: well above what agents' plugins, a load
-/// balancer's probes and Telegram's webhook deliveries open.
+/// Connections served at once by a listener open to anyone: well above what a load
+/// balancer's probes and Telegram's webhook deliveries (40 at most by default) open.
 pub const MAX_CONNECTIONS: usize = 256;
+
+/// How many connections a listener serves at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Connections {
+    /// The local API: its clients are the agents' plugins.
+    Unbounded,
+    /// A listener open to anyone: at most [`MAX_CONNECTIONS`].
+    Bounded,
+}
 
 /// Serves `router` on `listener` until `stop`, then lets the requests in progress finish
 /// (a session stream ends when the router's own shutdown ends it).
-pub async fn serve<L: Listener>(listener: L, router: Router, stop: CancellationToken) {
-    serve_within(listener, router, stop, HEADER_READ_TIMEOUT).await;
+pub async fn serve<L: Listener>(
+    listener: L,
+    router: Router,
+    connections: Connections,
+    stop: CancellationToken,
+) {
+    serve_within(listener, router, connections, stop, HEADER_READ_TIMEOUT).await;
 }
 
 async fn serve_within<L: Listener>(
     mut listener: L,
     router: Router,
+    connections: Connections,
     stop: CancellationToken,
     header_read_timeout: Duration,
 ) {
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let cap = match connections {
+        Connections::Unbounded => Semaphore::MAX_PERMITS,
+        Connections::Bounded => MAX_CONNECTIONS,
+    };
+    let permits = Arc::new(Semaphore::new(cap));
     let mut builder = http1::Builder::new();
     builder.timer(TokioTimer::new()).header_read_timeout(header_read_timeout);
     loop {
@@ -78,7 +100,8 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_within(listener, router, stop.clone(), timeout));
+        let server =
+            tokio::spawn(serve_within(listener, router, Connections::Bounded, stop.clone(), timeout));
 
         let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
         slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();

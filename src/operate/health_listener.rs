@@ -63,7 +63,7 @@ impl HealthListener {
             .route("/readyz", get(readyz))
             .route("/metrics", get(metrics_text))
             .with_state(watched);
-        tokio::spawn(crate::serve::serve(tcp, router, shutdown));
+        tokio::spawn(crate::serve::serve(tcp, router, crate::serve::Connections::Bounded, shutdown));
         tracing::info!(health = %local_addr, "{HEALTH_LISTENING_MESSAGE}");
         Ok(Self { local_addr, role })
     }

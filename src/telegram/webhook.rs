@@ -124,7 +124,12 @@ impl WebhookListener {
         let Self { listener, settings, secret, sink } = self;
         let (fatal, mut fatal_errors) = mpsc::channel(1);
         let deliveries = Deliveries { sink, secret: secret.clone(), tasks: tasks.clone(), fatal };
-        let server = crate::serve::serve(listener, router(settings.path(), deliveries), shutdown.clone());
+        let server = crate::serve::serve(
+            listener,
+            router(settings.path(), deliveries),
+            crate::serve::Connections::Bounded,
+            shutdown.clone(),
+        );
         // The listener is up before Telegram is told of it, so its first delivery finds it.
         if let Some(Registration { api, health }) = registration {
             tasks.spawn(register(api, settings, secret, health, shutdown.child_token()));

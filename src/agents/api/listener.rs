@@ -47,13 +47,15 @@ impl ApiListener {
     }
 
     /// Serves `router` until `stop`, then lets the requests in progress finish.
+    /// Serves every connection: see [`crate::serve`] on why the local API has no cap.
     pub async fn serve(self, router: Router, stop: CancellationToken) -> anyhow::Result<()> {
+        use crate::serve::Connections;
         match self {
             Self::Plain(tcp) => {
                 let tcp = tcp.tap_io(|tcp| send_writes_at_once(tcp));
-                crate::serve::serve(tcp, router, stop).await;
+                crate::serve::serve(tcp, router, Connections::Unbounded, stop).await;
             }
-            Self::Tls(tls, _) => crate::serve::serve(tls, router, stop).await,
+            Self::Tls(tls, _) => crate::serve::serve(tls, router, Connections::Unbounded, stop).await,
         }
         Ok(())
     }
