@@ -88,7 +88,7 @@ pub struct ConfigWarning {
 
 use raw::RawSettings;
 pub use settings::*;
-use settings::{MAX_WEBHOOK_SECRET_LEN, is_webhook_secret, looks_like_a_bot_token};
+use settings::{MAX_WEBHOOK_SECRET_LEN, is_webhook_secret};
 use validate::{check_distinct_secrets, config_crate_error, join_names, read_secret};
 
 impl Settings {
@@ -136,7 +136,7 @@ impl Settings {
     pub fn telegram_token(&self) -> Result<Secret, ConfigError> {
         let key = "telegram.token_env";
         let token = read_secret(&self.source, key, &self.telegram.token_env)?;
-        if !looks_like_a_bot_token(token.expose()) {
+        if crate::telegram::poller::bot_id_from_token(token.expose()).is_none() {
             return Err(ConfigError::new(
                 &self.source,
                 key,

@@ -150,15 +150,6 @@ impl fmt::Display for WebhookSettings {
     }
 }
 
-/// `NUMBER:SECRET`: the bot's id, a colon, and a secret with no whitespace.
-pub(super) fn looks_like_a_bot_token(token: &str) -> bool {
-    token.split_once(':').is_some_and(|(id, secret)| {
-        id.parse::<i64>().is_ok_and(|id| id > 0)
-            && !secret.is_empty()
-            && !secret.chars().any(char::is_whitespace)
-    })
-}
-
 /// Telegram's rule for a webhook's `secret_token`: 1-256 characters, each `A-Z`, `a-z`,
 /// `0-9`, `_` or `-`.
 pub(super) const MAX_WEBHOOK_SECRET_LEN: usize = 256;

@@ -230,9 +230,13 @@ impl Poller {
     }
 }
 
-/// The numeric bot id is the part of the token before the colon.
+/// The numeric bot id is the part of the token before the colon; `None` when the token
+/// does not look like one @BotFather gives (`NUMBER:SECRET`, the secret with no
+/// whitespace). The one reader of a token's shape: `check` refuses what `run` would.
 pub fn bot_id_from_token(token: &str) -> Option<i64> {
-    token.split_once(':').and_then(|(id, _)| id.parse().ok())
+    let (id, secret) = token.split_once(':')?;
+    let id = id.parse::<i64>().ok().filter(|id| *id > 0)?;
+    (!secret.is_empty() && !secret.chars().any(char::is_whitespace)).then_some(id)
 }
 
 #[cfg(test)]
@@ -244,5 +248,8 @@ mod tests {
         assert_eq!(bot_id_from_token("123456:ABC-def"), Some(123_456));
         assert_eq!(bot_id_from_token("nonsense"), None);
         assert_eq!(bot_id_from_token("abc:def"), None);
+        for not_a_token in ["123456:", ":secret", "123456:two words", "-5:abc", "0:abc"] {
+            assert_eq!(bot_id_from_token(not_a_token), None, "{not_a_token}");
+        }
     }
 }
