@@ -541,17 +541,21 @@ impl PermissionRelay {
 
     /// Expires what is due and edits the finished prompts, until `shutdown`.
     pub async fn run_keeper(self, shutdown: CancellationToken) {
-        let mut failed_rounds = 0;
+        let mut retry = Backoff::new(KEEPER_RETRY, KEEPER_RETRY_CAP);
         loop {
             let wait = match self.keep_once().await {
                 Ok(left) => {
-                    failed_rounds = if left.edit_failed { failed_rounds + 1 } else { 0 };
-                    keeper_wait(left, failed_rounds)
+                    let retry_in = if left.edit_failed {
+                        Some(retry.next_delay())
+                    } else {
+                        retry.reset();
+                        None
+                    };
+                    keeper_wait(left, retry_in)
                 }
                 Err(e) => {
-                    failed_rounds += 1;
                     tracing::warn!(error = %e, "the permission keeper could not read or write the ledger; trying again");
-                    Some(retry_after(failed_rounds))
+                    Some(retry.next_delay())
                 }
             };
             tokio::select! {
@@ -626,19 +630,14 @@ struct QuestionsLeft {
 /// How long the keeper may sleep after a round, `None` for until rung: without a pending
 /// request or `[operator]`, only a new request or a verdict can give it work, and each
 /// rings it.
-/// `failed_rounds`: how many rounds in a row an edit failed (this one included).
-fn keeper_wait(left: Outstanding, failed_rounds: u32) -> Option<Duration> {
+/// `retry_in`: the backoff's wait when an edit failed this round.
+fn keeper_wait(left: Outstanding, retry_in: Option<Duration>) -> Option<Duration> {
     let safety_net = (left.operator_asks || left.next_expiry.is_some()).then_some(KEEPER_MAX_SLEEP);
-    let retry = left.edit_failed.then(|| retry_after(failed_rounds));
+    let retry = retry_in.filter(|_| left.edit_failed);
     // The safety net does not cut a retry's backoff short: it is for what the keeper does
     // not expect, and an edit that keeps failing is expected to.
     let safety_net = if left.edit_failed { None } else { safety_net };
     [safety_net, retry, left.next_expiry].into_iter().flatten().min()
-}
-
-/// The wait after the `failed_rounds`-th failed round in a row.
-fn retry_after(failed_rounds: u32) -> Duration {
-    KEEPER_RETRY.saturating_mul(1 << failed_rounds.saturating_sub(1).min(10)).min(KEEPER_RETRY_CAP)
 }
 
 /// The operator's questions (issue 23): every unresolved send is asked once in the
@@ -841,16 +840,20 @@ mod tests {
 
     #[test]
     fn with_nothing_outstanding_the_keeper_sleeps_until_rung() {
-        assert_eq!(keeper_wait(Outstanding::default(), 0), None);
+        assert_eq!(keeper_wait(Outstanding::default(), None), None);
         let operator = Outstanding { operator_asks: true, ..Outstanding::default() };
-        assert_eq!(keeper_wait(operator, 0), Some(KEEPER_MAX_SLEEP), "unresolved sends are looked for");
+        assert_eq!(keeper_wait(operator, None), Some(KEEPER_MAX_SLEEP), "unresolved sends are looked for");
         let soon = Duration::from_secs(7);
         let pending = Outstanding { next_expiry: Some(soon), ..Outstanding::default() };
-        assert_eq!(keeper_wait(pending, 0), Some(soon), "a request expires on time");
+        assert_eq!(keeper_wait(pending, None), Some(soon), "a request expires on time");
         let later = Outstanding { next_expiry: Some(Duration::from_secs(3600)), ..Outstanding::default() };
-        assert_eq!(keeper_wait(later, 0), Some(KEEPER_MAX_SLEEP), "a clock that jumps is noticed");
+        assert_eq!(keeper_wait(later, None), Some(KEEPER_MAX_SLEEP), "a clock that jumps is noticed");
         let failed = Outstanding { edit_failed: true, ..Outstanding::default() };
-        assert_eq!(keeper_wait(failed, 1), Some(KEEPER_RETRY), "an unknown edit is made again");
+        assert_eq!(
+            keeper_wait(failed, Some(KEEPER_RETRY)),
+            Some(KEEPER_RETRY),
+            "an unknown edit is made again"
+        );
     }
 
     /// Telegram out of reach for an hour: the keeper's tries (and their log lines) thin out
@@ -858,15 +861,20 @@ mod tests {
     #[test]
     fn an_edit_that_keeps_failing_is_tried_less_and_less_often() {
         let failed = Outstanding { edit_failed: true, operator_asks: true, ..Outstanding::default() };
-        let waits: Vec<Duration> = (1..=10).map(|round| keeper_wait(failed, round).unwrap()).collect();
+        // Rounds that fail one after another, as `run_keeper` counts them.
+        let rounds = |n: usize| {
+            let mut retry = Backoff::new(KEEPER_RETRY, KEEPER_RETRY_CAP);
+            (0..n).map(move |_| keeper_wait(failed, Some(retry.next_delay())).unwrap()).collect::<Vec<_>>()
+        };
+        let waits = rounds(10);
         assert!(waits.windows(2).all(|pair| pair[0] <= pair[1]), "{waits:?}");
         assert_eq!(waits[1], KEEPER_RETRY * 2);
         assert_eq!(*waits.last().unwrap(), KEEPER_RETRY_CAP);
-        let hour: Duration = (1..).map(|round| keeper_wait(failed, round).unwrap()).take(20).sum();
+        let hour: Duration = rounds(20).into_iter().sum();
         assert!(hour > Duration::from_secs(3600), "20 tries take more than an hour: {hour:?}");
         // A request still expires on time meanwhile.
         let expiring = Outstanding { next_expiry: Some(Duration::from_secs(9)), ..failed };
-        assert_eq!(keeper_wait(expiring, 8), Some(Duration::from_secs(9)));
+        assert_eq!(keeper_wait(expiring, Some(waits[7])), Some(Duration::from_secs(9)));
     }
 
     fn chats() -> Vec<AnswerChat> {
