@@ -136,11 +136,13 @@ pub(crate) enum Declared {
 /// What a declaration repeated with the same request id is answered with: the first one's
 /// answer, from what its revision row kept.
 pub(crate) fn repeated_revision(
-    kind: ChangeKind,
+    kind: &str,
     trace_id: &TraceId,
     declared_task: String,
     declared_revision: i64,
 ) -> DeclaredRevision {
+    // Only a revision an agent declared carries a request id: its kind is one revise_task takes.
+    let kind = ChangeKind::parse_declared(kind).unwrap_or(ChangeKind::Correction);
     let next = texts::after_declaration(kind, trace_id, &declared_task);
     let revision = u32::try_from(declared_revision).unwrap_or_default();
     DeclaredRevision { task_id: declared_task, revision, kind, act_on: trace_id.to_string(), next }

@@ -1077,8 +1077,7 @@ impl Tasks for PgLedger {
                     .map_err(LedgerError::from)?;
             if let Some((kind, Some(task), Some(revision))) = before {
                 tx.rollback().await.map_err(LedgerError::from)?;
-                let kind = ChangeKind::parse_declared(&kind).unwrap_or(ChangeKind::Correction);
-                return Ok((task_rows::repeated_revision(kind, trace_id, task, revision), Vec::new()));
+                return Ok((task_rows::repeated_revision(&kind, trace_id, task, revision), Vec::new()));
             }
         }
         // The envelope is held until the transaction ends: it is the change's carrier.

@@ -847,8 +847,7 @@ impl Tasks for SqliteLedger {
                     )
                     .optional()?;
                     if let Some((kind, Some(task), Some(revision))) = before {
-                        let kind = ChangeKind::parse_declared(&kind).unwrap_or(ChangeKind::Correction);
-                        return Ok(Ok(Declared::Before(task_rows::repeated_revision(kind, trace_id, task, revision))));
+                        return Ok(Ok(Declared::Before(task_rows::repeated_revision(&kind, trace_id, task, revision))));
                     }
                 }
                 let row = query_row_cached(
