@@ -214,6 +214,30 @@ pub fn read_reply(status: u16, body: &str) -> Result<Vec<RawUpdate>, FetchError>
     }
 }
 
+/// Whether a refusal says Telegram does not take the bot token. teloxide reads both
+/// "Unauthorized" and a bare "Not Found" (the answer to a malformed token) so.
+fn refuses_the_token(code: u16, description: &str) -> bool {
+    code == 401 || description == "Unauthorized" || description == "Not Found"
+}
+
+/// [`refuses_the_token`] for the answer of any Bot API method (the webhook's checks): an
+/// answer that is no Bot API response counts by its status alone, as for `getUpdates`.
+pub(crate) fn answer_refuses_the_token(status: u16, body: &[u8]) -> bool {
+    #[derive(Deserialize)]
+    struct Refusal {
+        ok: bool,
+        error_code: Option<u16>,
+        #[serde(default)]
+        description: String,
+    }
+    match serde_json::from_slice::<Refusal>(body) {
+        Ok(refusal) => {
+            !refusal.ok && refuses_the_token(refusal.error_code.unwrap_or(status), &refusal.description)
+        }
+        Err(_) => status == 401,
+    }
+}
+
 fn is_success(status: u16) -> bool {
     (200..300).contains(&status)
 }
@@ -235,8 +259,7 @@ fn classify_refusal(
         }
     }
     let code = error_code.unwrap_or(status);
-    // teloxide reads both "Unauthorized" and a bare "Not Found" as an invalid token.
-    if code == 401 || description == "Unauthorized" || description == "Not Found" {
+    if refuses_the_token(code, &description) {
         return FetchError::Unauthorized { status: code };
     }
     if description.contains("webhook is active") {

@@ -37,7 +37,7 @@ use crate::operate::metrics;
 use crate::telegram::bot_api::{Answer, BotApi, Exchange};
 use crate::telegram::intake::{Confirmation, UpdateIntake};
 use crate::telegram::relay::UpdateRelay;
-use crate::telegram::updates::{ALLOWED_UPDATES, RawUpdate};
+use crate::telegram::updates::{ALLOWED_UPDATES, RawUpdate, answer_refuses_the_token};
 
 /// The header Telegram sends the webhook's `secret_token` back in.
 pub const SECRET_HEADER: &str = "x-telegram-bot-api-secret-token";
@@ -397,7 +397,7 @@ async fn watch_webhook(
 }
 
 fn is_unauthorized(exchange: &Exchange) -> bool {
-    matches!(exchange, Exchange::Answered { status: 401, .. })
+    matches!(exchange, Exchange::Answered { status, body } if answer_refuses_the_token(*status, body))
 }
 
 /// Why a `setWebhook` exchange did not set the webhook; `None` when it did. Never quotes
