@@ -81,6 +81,15 @@ impl Default for PaceLimits {
     }
 }
 
+/// A send not reserved, because it would wait longer than its caller allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Deferred {
+    /// Telegram holds the chat (a `429`) this much longer.
+    Held(Duration),
+    /// The sends reserved before it (to its chat, or overall) would make it wait this long.
+    Queued(Duration),
+}
+
 /// How the chats' buckets and the overall schedule stand.
 #[derive(Debug, Default)]
 pub struct Pacer {
@@ -123,6 +132,41 @@ impl Pacer {
             None => chat_allows,
         };
         at.saturating_duration_since(now)
+    }
+
+    /// Reserves one send to `chat_id` if it can go within `limit`; otherwise reserves
+    /// nothing (the chat's place and the overall time stay free for sends that can wait
+    /// that long) and says why it could not.
+    pub fn reserve_within(
+        &mut self,
+        chat_id: i64,
+        now: Instant,
+        limit: Duration,
+    ) -> Result<Duration, Deferred> {
+        let held = self.held_for(chat_id, now);
+        if held > limit {
+            return Err(Deferred::Held(held));
+        }
+        let bucket = self.buckets.get(&chat_id).copied();
+        let wait = self.reserve(chat_id, now);
+        if wait <= limit {
+            return Ok(wait);
+        }
+        match bucket {
+            Some(bucket) => self.buckets.insert(chat_id, bucket),
+            None => self.buckets.remove(&chat_id),
+        };
+        self.overall.times.remove(&(now + wait));
+        Err(Deferred::Queued(wait))
+    }
+
+    /// How much longer Telegram holds `chat_id` (a `429`'s `retry_after`); zero when it
+    /// does not.
+    pub fn held_for(&self, chat_id: i64, now: Instant) -> Duration {
+        self.buckets
+            .get(&chat_id)
+            .and_then(|bucket| bucket.held_until)
+            .map_or(Duration::ZERO, |until| until.saturating_duration_since(now))
     }
 
     /// The last check before a request leaves, after its reserved moment came: how long to
@@ -440,5 +484,45 @@ mod tests {
         let waits: Vec<Duration> = (0..4).map(|chat| pacer.reserve(2_000 + chat, later)).collect();
         let gap = waits[3] - waits[2];
         assert!(gap < Duration::from_millis(40), "{gap:?}");
+    }
+
+    #[test]
+    fn a_send_that_would_wait_too_long_takes_no_place_in_the_queue() {
+        let mut pacer = Pacer::default();
+        let t0 = Instant::now();
+        let limit = Duration::from_secs(5);
+        let waits: Vec<u64> = (0..9)
+            .map(|_| match pacer.reserve_within(GROUP, t0, limit) {
+                Ok(wait) => millis(wait),
+                Err(Deferred::Queued(wait)) => 100_000 + millis(wait),
+                Err(held) => panic!("{held:?}"),
+            })
+            .collect();
+        // The burst (spaced by the overall budget), one 3 s later; the rest would wait past
+        // 5 s and are deferred...
+        assert_eq!(&waits[..4], [0, 34, 68, 3000]);
+        assert!(waits[4..].iter().all(|wait| *wait == 106_000), "{waits:?}");
+        // ...without pushing the queue back: the next send still goes 6 s out, and the
+        // overall schedule holds only the four sends reserved.
+        assert_eq!(pacer.reserve(GROUP, t0), Duration::from_secs(6));
+        assert_eq!(pacer.scheduled_sends(), 5);
+    }
+
+    #[test]
+    fn a_chat_held_longer_than_a_send_may_wait_is_deferred_untouched() {
+        let mut pacer = per_chat();
+        let t0 = Instant::now();
+        pacer.rate_limited(DM, Duration::from_secs(30), t0);
+        assert_eq!(pacer.held_for(DM, t0 + Duration::from_secs(10)), Duration::from_secs(20));
+        assert_eq!(
+            pacer.reserve_within(DM, t0, Duration::from_secs(10)),
+            Err(Deferred::Held(Duration::from_secs(30)))
+        );
+        // Its burst is whole when the hold ends.
+        let after = t0 + Duration::from_secs(30);
+        assert_eq!(pacer.held_for(DM, after), Duration::ZERO);
+        for _ in 0..3 {
+            assert_eq!(pacer.reserve_within(DM, after, Duration::from_secs(10)), Ok(Duration::ZERO));
+        }
     }
 }

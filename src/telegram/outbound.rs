@@ -21,7 +21,7 @@ use crate::ids::TraceId;
 use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::media::UploadKind;
-use crate::rules::pacing::{PaceLimits, Pacer};
+use crate::rules::pacing::{Deferred, PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
 pub use actions::{MessageAction, MessageActionTarget};
@@ -29,11 +29,13 @@ pub use actions::{MessageAction, MessageActionTarget};
 /// Telegram's limit for one message, in UTF-16 code units (how Telegram counts).
 pub const TELEGRAM_TEXT_LIMIT: usize = 4096;
 
-/// A `429` is Telegram saying "not yet": the request did not take effect, so waiting and
-/// sending again is safe. One reply waits at most this long in all; a longer limit is
-/// reported as not sent. It stays well below the channel plugin's reply timeout, so the
-/// agent always learns the outcome instead of giving up on an answer still coming.
-pub const MAX_RATE_LIMIT_WAIT: Duration = Duration::from_secs(120);
+/// One reply waits at most this long in all: for its turns in Telegram's pace (behind the
+/// sends already queued to its chat) and for `429`s (Telegram saying "not yet": the request
+/// did not take effect, so waiting and sending again is safe). A part that would wait
+/// longer is not sent, and takes no place in the queue. It stays well below the channel
+/// plugin's reply timeout, so the agent always learns the outcome instead of giving up on
+/// an answer still coming.
+pub const MAX_REPLY_WAIT: Duration = Duration::from_secs(120);
 
 /// A break point this far into a chunk is good enough; earlier ones would make many small
 /// messages, so a hard cut is better there.
@@ -364,7 +366,7 @@ impl Outbound {
     pub async fn deliver(&self, plan: &ReplyPlan) -> DeliveryOutcome {
         let count = plan.parts.len() + plan.files.len();
         let mut sent = plan.already_sent.clone();
-        let mut rate_limit_budget = MAX_RATE_LIMIT_WAIT;
+        let mut wait_budget = MAX_REPLY_WAIT;
         let texts =
             plan.parts.iter().map(|text| Chunk { text, html: plan.html, index: 0, count, file: None });
         let files = plan.files.iter().map(|file| Chunk {
@@ -379,7 +381,7 @@ impl Outbound {
                 continue;
             }
             let chunk = Chunk { index, ..chunk };
-            match self.send_chunk(plan, &chunk, &mut rate_limit_budget).await {
+            match self.send_chunk(plan, &chunk, &mut wait_budget).await {
                 Ok(Observed::Sent { message_id }) => sent.push((index, message_id)),
                 Ok(Observed::NotSent { error, .. }) => {
                     return DeliveryOutcome::NotSent { sent, parts: count, error };
@@ -394,8 +396,8 @@ impl Outbound {
         DeliveryOutcome::Delivered { message_ids: sent.into_iter().map(|(_, id)| id).collect() }
     }
 
-    /// One part, paced to the chat and waiting out rate limits within the reply's
-    /// `budget`: each try is its own recorded attempt. Refused when the reply's task no
+    /// One part, paced to the chat and waiting out rate limits within what is left of the
+    /// reply's wait `budget`: each try is its own recorded attempt. Refused when the reply's task no
     /// longer admits it (DESIGN.md §11); then nothing was attempted.
     async fn send_chunk(
         &self,
@@ -411,16 +413,19 @@ impl Outbound {
                 Some(text) => &Chunk { text, html: false, ..*chunk },
                 None => chunk,
             };
-            let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
-            if pace > *budget {
-                // The chat is held by a rate limit longer than this send may wait: asking
-                // Telegram would only earn another 429. Nothing is attempted.
-                return Ok(held_back(pace));
-            }
+            let pace = match self.pacer().reserve_within(target.chat_id, std::time::Instant::now(), *budget) {
+                Ok(pace) => pace,
+                // Longer than this reply may wait: nothing is attempted.
+                Err(deferred) => return Ok(held_back(deferred)),
+            };
+            *budget -= pace;
             if !pace.is_zero() {
                 tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
                 if !self.wait(pace).await {
                     return Ok(stopping());
+                }
+                if self.held_meanwhile(target.chat_id) {
+                    continue;
                 }
             }
             let observed = self.send_attempt(plan, chunk).await?;
@@ -460,6 +465,12 @@ impl Outbound {
             }
             return Ok(observed);
         }
+    }
+
+    /// Whether a `429` came for `chat_id` while a send to it waited its turn: it must then
+    /// wait for that hold, not go into it.
+    fn held_meanwhile(&self, chat_id: i64) -> bool {
+        !self.pacer().held_for(chat_id, std::time::Instant::now()).is_zero()
     }
 
     /// Sleeps, unless the daemon stops first; false when it does.
@@ -643,16 +654,27 @@ impl Outbound {
 
 /// A send not made because an earlier 429 holds its chat for `pace` more: longer than the
 /// send may wait.
-fn held_back(pace: Duration) -> Observed {
-    metrics::rate_limit_wait("sendMessage", pace);
-    Observed::NotSent {
-        error: format!(
-            "rate limited by Telegram for {}s more (an earlier 429 holds this chat); nothing was asked of Telegram",
-            pace.as_secs()
-        ),
-        retry_after: Some(pace),
-        migrated_to: None,
-    }
+/// A send not made because it would wait longer than its reply may: nothing was asked of
+/// Telegram.
+fn held_back(deferred: Deferred) -> Observed {
+    let (error, wait) = match deferred {
+        Deferred::Held(wait) => {
+            metrics::rate_limit_wait("sendMessage", wait);
+            let error = format!(
+                "rate limited by Telegram for {}s more (an earlier 429 holds this chat); nothing was asked of Telegram",
+                wait.as_secs()
+            );
+            (error, wait)
+        }
+        Deferred::Queued(wait) => {
+            let error = format!(
+                "too many sends are queued to this chat: Telegram's pace for it would hold this one {}s, longer than a reply waits; nothing was sent",
+                wait.as_secs()
+            );
+            (error, wait)
+        }
+    };
+    Observed::NotSent { error, retry_after: Some(wait), migrated_to: None }
 }
 
 fn stopping() -> Observed {

@@ -39,8 +39,7 @@ const QUERY_TIMEOUT: Duration = Duration::from_secs(15);
 const REPLY_TIMEOUT: Duration = Duration::from_secs(300);
 
 // The daemon's rate-limit waits must end well before the plugin stops waiting for them.
-const _: () =
-    assert!(REPLY_TIMEOUT.as_secs() >= 2 * crate::telegram::outbound::MAX_RATE_LIMIT_WAIT.as_secs());
+const _: () = assert!(REPLY_TIMEOUT.as_secs() >= 2 * crate::telegram::outbound::MAX_REPLY_WAIT.as_secs());
 
 /// A permission request is answered once its prompt's send is classified, which waits
 /// out Telegram's rate limits for up to a minute.

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{Call, MAX_RATE_LIMIT_WAIT, Observed, Outbound, classify, classify_as, held_back, stopping};
+use super::{Call, MAX_REPLY_WAIT, Observed, Outbound, classify, classify_as, held_back, stopping};
 use crate::ledger::{AttemptMethod, AttemptPurpose, NewAttempt};
 use crate::rules::revisions::Refusal;
 use crate::telegram::format;
@@ -55,12 +55,22 @@ impl Outbound {
         target: &MessageActionTarget,
         action: &MessageAction,
     ) -> Result<Observed, Refusal> {
-        let pace = self.pacer().reserve(target.chat_id, std::time::Instant::now());
-        if pace > MAX_RATE_LIMIT_WAIT {
-            return Ok(held_back(pace));
-        }
-        if !pace.is_zero() && !self.wait(pace).await {
-            return Ok(stopping());
+        let mut budget = MAX_REPLY_WAIT;
+        loop {
+            let pace = match self.pacer().reserve_within(target.chat_id, std::time::Instant::now(), budget) {
+                Ok(pace) => pace,
+                Err(deferred) => return Ok(held_back(deferred)),
+            };
+            budget -= pace;
+            if pace.is_zero() {
+                break;
+            }
+            if !self.wait(pace).await {
+                return Ok(stopping());
+            }
+            if !self.held_meanwhile(target.chat_id) {
+                break;
+            }
         }
         let observed = self.act_once(target, action, AttemptPurpose::Reply).await?;
         if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
