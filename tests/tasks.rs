@@ -178,6 +178,51 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
     assert_eq!(answers, ["1.5: two features"], "the late result is never delivered");
 }
 
+/// A worker's handoff carries the delegator's task, but only a message a person sent the
+/// task's own agent can change it: the worker's `revise_task` on its handoff is refused and
+/// changes nothing, so the person's question still waits for the orchestrator's answer.
+#[tokio::test]
+async fn a_worker_cannot_revise_the_task_its_handoff_carries() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
+    let question = nth(&orchestrator, 1).await;
+    let task_id = meta(&question, "task").to_owned();
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "worker", "text": "List the changes in 1.4", "trace_id": trace_id(&question)}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let handoff = nth(&worker, 1).await;
+    assert_eq!(meta(&handoff, "task"), task_id);
+
+    for kind in ["correction", "cancel", "new_objective", "pause"] {
+        let (is_error, text) = worker
+            .call_tool("revise_task", json!({"trace_id": trace_id(&handoff), "kind": kind}))
+            .await
+            .unwrap();
+        assert!(
+            is_error && text.contains("no_revision") && text.contains("nothing changed"),
+            "{kind}: {text}"
+        );
+    }
+    assert_eq!(task(&daemon, &task_id).await.revision, 1, "the task is unchanged");
+    assert_eq!(state_of(&daemon, &trace_id(&question)).await, EnvelopeState::Pending);
+    assert_eq!(state_of(&daemon, &trace_id(&handoff)).await, EnvelopeState::Pending);
+    let (is_error, text) = reply(&worker, &trace_id(&handoff), "1.4: three fixes").await;
+    assert!(!is_error, "{text}");
+    let answer = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&answer, "kind"), "handoff_answer");
+    let (is_error, text) = reply(&orchestrator, &trace_id(&question), "Notes for 1.4: three fixes").await;
+    assert!(!is_error, "the person's question is still answerable: {text}");
+    assert_eq!(posted(&fake, 1).await, ["Notes for 1.4: three fixes"], "no change was acknowledged first");
+}
+
 /// 3. `/pause`, then a reply: refused as paused, nothing sent; `/resume`, then the reply
 ///    goes out.
 #[tokio::test]

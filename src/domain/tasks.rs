@@ -68,6 +68,10 @@ pub enum DeclareError {
     NotPending(String),
     #[error("{0} belongs to no task (only messages of single-agent routes do); nothing changed")]
     NoTask(String),
+    #[error(
+        "{0} is not a message a person sent you about your own task (it is a handoff, an answer, a notice or a room turn); only such a message can change a task; nothing changed"
+    )]
+    NotAMessage(String),
     #[error("{0}; nothing changed")]
     NotNow(String),
     #[error(transparent)]

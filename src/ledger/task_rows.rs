@@ -83,11 +83,34 @@ pub(crate) fn answer_key(carrier: &Carrier) -> String {
 
 // ---- an agent's declaration (`revise_task`) ----
 
-/// Whether an agent may declare `kind` about its envelope of `revision` of `task`: the
+/// The envelope an agent declares a change about: what the ledger holds of it.
+pub(crate) struct DeclaredAbout<'a> {
+    pub trace_id: &'a TraceId,
+    /// Its kind, as stored (`message`, `handoff`, …).
+    pub kind: &'a str,
+    /// The agent that declares.
+    pub agent: &'a str,
+    /// Its revision of `task`.
+    pub revision: i64,
+}
+
+/// Whether an agent may declare `kind` about an envelope of `task`. Only a message a person
+/// sent the agent that owns the task can change it (DESIGN.md §11): a handoff, a child's
+/// answer or notice, or a room turn carries the delegator's task, and a change declared
+/// on it would supersede the person's own message under the delegator's feet. The
 /// declaration is itself an action for that envelope, so a superseded or cancelled one
 /// cannot change the task (a paused task may still be cancelled), and only an open task
 /// can be paused.
-pub(crate) fn admit_declaration(kind: ChangeKind, revision: i64, task: &Task) -> Result<(), DeclareError> {
+pub(crate) fn admit_declaration(
+    kind: ChangeKind,
+    about: &DeclaredAbout<'_>,
+    task: &Task,
+) -> Result<(), DeclareError> {
+    let a_persons_message = matches!(about.kind, "message" | "edited_message");
+    if !a_persons_message || task.agent != about.agent {
+        return Err(DeclareError::NotAMessage(about.trace_id.to_string()));
+    }
+    let revision = about.revision;
     match (kind, revisions::admit(to_u32(revision), &task.now())) {
         (_, Ok(())) | (ChangeKind::Cancel, Err(Refusal::Paused { .. })) => {}
         (_, Err(refusal)) => return Err(DeclareError::Refused(refusal)),
@@ -166,24 +189,50 @@ mod tests {
         Task { instruction_revision, instruction_kind, ..Task::sample(state) }
     }
 
+    fn message<'a>(trace_id: &'a TraceId, agent: &'a str, revision: i64) -> DeclaredAbout<'a> {
+        DeclaredAbout { trace_id, kind: "message", agent, revision }
+    }
+
     #[test]
     fn a_declaration_stands_on_its_envelope_as_a_reply_would_and_pauses_only_an_open_task() {
+        let trace_id = TraceId::generate();
+        let owner = Task::sample(TaskState::Open).agent;
+        let about = |revision| DeclaredAbout { agent: owner.as_str(), ..message(&trace_id, "", revision) };
         let open = task(TaskState::Open, None);
-        assert_eq!(admit_declaration(ChangeKind::Pause, 2, &open), Ok(()));
+        assert_eq!(admit_declaration(ChangeKind::Pause, &about(2), &open), Ok(()));
         // A correction since the envelope: it is stale, whatever it declares.
         let corrected = task(TaskState::Open, Some(2));
-        let stale = admit_declaration(ChangeKind::NewObjective, 1, &corrected);
+        let stale = admit_declaration(ChangeKind::NewObjective, &about(1), &corrected);
         assert!(matches!(stale, Err(DeclareError::Refused(Refusal::Superseded { .. }))), "{stale:?}");
         // A paused task refuses everything but a cancel.
         let paused = task(TaskState::Paused, None);
-        assert_eq!(admit_declaration(ChangeKind::Cancel, 2, &paused), Ok(()));
-        let again = admit_declaration(ChangeKind::Pause, 2, &paused);
+        assert_eq!(admit_declaration(ChangeKind::Cancel, &about(2), &paused), Ok(()));
+        let again = admit_declaration(ChangeKind::Pause, &about(2), &paused);
         assert!(matches!(again, Err(DeclareError::Refused(Refusal::Paused { .. }))), "{again:?}");
         // A done task admits its envelopes, but there is nothing left to pause.
-        let done = admit_declaration(ChangeKind::Pause, 2, &task(TaskState::Done, None));
+        let done = admit_declaration(ChangeKind::Pause, &about(2), &task(TaskState::Done, None));
         assert!(matches!(&done, Err(DeclareError::NotNow(why)) if why.contains("task_aaaaaaaa")), "{done:?}");
-        let stopped = admit_declaration(ChangeKind::Correction, 2, &task(TaskState::Stopped, None));
+        let stopped = admit_declaration(ChangeKind::Correction, &about(2), &task(TaskState::Stopped, None));
         assert!(matches!(stopped, Err(DeclareError::Refused(Refusal::Cancelled { .. }))), "{stopped:?}");
+    }
+
+    #[test]
+    fn only_a_persons_message_to_the_tasks_own_agent_can_change_it() {
+        let trace_id = TraceId::generate();
+        let open = task(TaskState::Open, None);
+        let owner = open.agent.clone();
+        let edited =
+            DeclaredAbout { kind: "edited_message", agent: owner.as_str(), ..message(&trace_id, "", 2) };
+        assert_eq!(admit_declaration(ChangeKind::Correction, &edited, &open), Ok(()));
+        // A worker's handoff carries the delegator's task: the worker cannot change it.
+        for kind in ["handoff", "handoff_answer", "revision", "room_turn"] {
+            let about = DeclaredAbout { kind, agent: owner.as_str(), ..message(&trace_id, "", 2) };
+            let refused = admit_declaration(ChangeKind::Correction, &about, &open);
+            assert!(matches!(refused, Err(DeclareError::NotAMessage(_))), "{kind}: {refused:?}");
+        }
+        let someone_else = message(&trace_id, "worker-of-another", 2);
+        let refused = admit_declaration(ChangeKind::Cancel, &someone_else, &open);
+        assert!(matches!(refused, Err(DeclareError::NotAMessage(_))), "{refused:?}");
     }
 
     #[test]

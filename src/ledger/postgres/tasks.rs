@@ -24,7 +24,7 @@ use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
-    self, Carrier, Conversation, admit_declaration, answer_key, belongs_to_a_task, carrier_of,
+    self, Carrier, Conversation, DeclaredAbout, admit_declaration, answer_key, belongs_to_a_task, carrier_of,
     declared_change, declared_revision, plain_work, sender_of, snapshot_json,
 };
 use crate::ledger::{LedgerError, LedgerResult};
@@ -1020,6 +1020,7 @@ async fn effects_of(tx: &mut PgConnection, task_id: &TaskId) -> LedgerResult<Tas
 #[derive(Debug, FromRow)]
 struct DeclaredFor {
     id: i64,
+    kind: String,
     task_id: Option<TaskId>,
     revision: Option<i64>,
     chat_id: i64,
@@ -1082,7 +1083,7 @@ impl Tasks for PgLedger {
         }
         // The envelope is held until the transaction ends: it is the change's carrier.
         let row: Option<DeclaredFor> = sqlx::query_as(
-            "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
+            "SELECT id, kind, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
              WHERE trace_id = $1 AND agent = $2 AND state = 'pending' FOR UPDATE",
         )
         .bind(trace_id)
@@ -1091,7 +1092,17 @@ impl Tasks for PgLedger {
         .await
         .map_err(LedgerError::from)?;
         // A declaration refused ends the transaction with nothing written in it.
-        let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
+        let Some(DeclaredFor {
+            id,
+            kind: envelope_kind,
+            task_id,
+            revision,
+            chat_id,
+            thread_id,
+            route,
+            text,
+            message_id,
+        }) = row
         else {
             tx.rollback().await.map_err(LedgerError::from)?;
             return Err(DeclareError::NotPending(trace_id.to_string()).into());
@@ -1105,7 +1116,11 @@ impl Tasks for PgLedger {
         let task = stored_task(&mut tx, &task_id).await?.ok_or_else(|| {
             LedgerError::other(format!("{trace_id} names task {task_id}, which is not stored"))
         })?;
-        if let Err(refused) = admit_declaration(kind, revision, &task) {
+        if let Err(refused) = admit_declaration(
+            kind,
+            &DeclaredAbout { trace_id, kind: &envelope_kind, agent: agent.as_str(), revision },
+            &task,
+        ) {
             tx.rollback().await.map_err(LedgerError::from)?;
             return Err(refused.into());
         }

@@ -25,8 +25,8 @@ use crate::ids::{AgentName, TaskId, TraceId};
 use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
-    self, Carrier, Conversation, Declared, admit_declaration, answer_key, belongs_to_a_task, carrier_of,
-    declared_change, declared_revision, plain_work, sender_of, snapshot_json,
+    self, Carrier, Conversation, Declared, DeclaredAbout, admit_declaration, answer_key, belongs_to_a_task,
+    carrier_of, declared_change, declared_revision, plain_work, sender_of, snapshot_json,
 };
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
@@ -89,6 +89,7 @@ impl StoredRevision {
 #[derive(Debug)]
 struct DeclaredFor {
     id: i64,
+    kind: String,
     task_id: Option<String>,
     revision: Option<i64>,
     chat_id: i64,
@@ -852,12 +853,13 @@ impl Tasks for SqliteLedger {
                 }
                 let row = query_row_cached(
                     db,
-                    "SELECT id, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
+                    "SELECT id, kind, task_id, revision, chat_id, thread_id, route, text, message_id FROM envelopes \
                      WHERE trace_id = ? AND agent = ? AND state = 'pending'",
                     rusqlite::params![trace_id, agent.as_str()],
                     |row| {
                         Ok(DeclaredFor {
                             id: row.get("id")?,
+                            kind: row.get("kind")?,
                             task_id: row.get("task_id")?,
                             revision: row.get("revision")?,
                             chat_id: row.get("chat_id")?,
@@ -869,7 +871,7 @@ impl Tasks for SqliteLedger {
                     },
                 )
                 .optional()?;
-                let Some(DeclaredFor { id, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
+                let Some(DeclaredFor { id, kind: envelope_kind, task_id, revision, chat_id, thread_id, route, text, message_id }) = row
                 else {
                     return Ok(Err(DeclareError::NotPending(trace_id.to_string())));
                 };
@@ -878,7 +880,11 @@ impl Tasks for SqliteLedger {
                 };
                 // A task is written with the envelope that starts it: one missing is an error.
                 let task = stored_task(db, &task_id)?.ok_or(rusqlite::Error::QueryReturnedNoRows)?;
-                if let Err(refused) = admit_declaration(kind, revision, &task) {
+                if let Err(refused) = admit_declaration(
+                    kind,
+                    &DeclaredAbout { trace_id, kind: &envelope_kind, agent: agent.as_str(), revision },
+                    &task,
+                ) {
                     return Ok(Err(refused));
                 }
                 let carrier = Carrier {
