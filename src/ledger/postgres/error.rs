@@ -34,6 +34,12 @@ fn meaning(sqlstate: &str) -> Meaning {
         // admin_shutdown, crash_shutdown, cannot_connect_now: the server went away or is
         // starting; see the module documentation.
         "57P01" | "57P02" | "57P03" => Meaning::Busy,
+        // query_canceled (a `statement_timeout` set on the role or database, or an operator's
+        // pg_cancel_backend), idle_session_timeout, idle_in_transaction_session_timeout: the
+        // statement or the connection was ended from outside, not refused for what it
+        // asked; the next try, on a fresh connection, may pass. Stopping the daemon for
+        // one would stop every replica in turn under the same setting.
+        "57014" | "57P05" | "25P03" => Meaning::Busy,
         "53100" => Meaning::DiskFull,
         "XX001" | "XX002" => Meaning::Corrupt,
         // Class 08: connection exceptions.
@@ -81,8 +87,10 @@ mod tests {
 
     #[test]
     fn sqlstates_map_to_what_callers_decide_on() {
-        for busy in ["40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03", "08000", "08006", "08003"]
-        {
+        for busy in [
+            "40001", "40P01", "55P03", "53300", "57P01", "57P02", "57P03", "08000", "08006", "08003",
+            "57014", "57P05", "25P03",
+        ] {
             assert_eq!(meaning(busy), Meaning::Busy, "{busy}");
         }
         assert_eq!(meaning("53100"), Meaning::DiskFull);
