@@ -144,6 +144,26 @@ pub enum FinishedAttempt {
     AlreadySettled(AttemptState),
 }
 
+impl FinishedAttempt {
+    /// What finishing an attempt found no longer in flight came to. The very outcome being
+    /// recorded (the same message, for a send) is this record, committed by an earlier try
+    /// whose answer was lost (a connection dropped during `COMMIT`): it is `Recorded`, so a
+    /// reply's next part still goes. Any other is what settled it first.
+    pub fn found_settled(
+        settled: AttemptState,
+        settled_message_id: Option<i64>,
+        outcome: &AttemptOutcome,
+    ) -> Self {
+        let ours = match outcome {
+            AttemptOutcome::Sent { message_id } => {
+                settled == AttemptState::Sent && settled_message_id == Some(i64::from(*message_id))
+            }
+            other => settled == other.state(),
+        };
+        if ours { Self::Recorded } else { Self::AlreadySettled(settled) }
+    }
+}
+
 /// The `outcome` column of an attempt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -318,4 +338,36 @@ pub enum ReconcileError {
     NotUnresolved { trace_id: String, state: EnvelopeState },
     #[error(transparent)]
     Db(#[from] LedgerError),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_outcome_found_already_recorded_as_it_is_was_this_record_committed_before() {
+        let sent = AttemptOutcome::Sent { message_id: 7 };
+        assert_eq!(
+            FinishedAttempt::found_settled(AttemptState::Sent, Some(7), &sent),
+            FinishedAttempt::Recorded
+        );
+        // Recovery made it unknown while the request was out: that stands.
+        assert_eq!(
+            FinishedAttempt::found_settled(AttemptState::Unknown, None, &sent),
+            FinishedAttempt::AlreadySettled(AttemptState::Unknown)
+        );
+        assert_eq!(
+            FinishedAttempt::found_settled(AttemptState::Sent, Some(8), &sent),
+            FinishedAttempt::AlreadySettled(AttemptState::Sent)
+        );
+        let refused = AttemptOutcome::NotSent { error: "400".into() };
+        assert_eq!(
+            FinishedAttempt::found_settled(AttemptState::NotSent, None, &refused),
+            FinishedAttempt::Recorded
+        );
+        assert_eq!(
+            FinishedAttempt::found_settled(AttemptState::Unknown, None, &refused),
+            FinishedAttempt::AlreadySettled(AttemptState::Unknown)
+        );
+    }
 }

@@ -90,6 +90,28 @@ pub(crate) async fn an_outcome_learned_after_recovery_settled_the_attempt_change
     assert!(ledger.finish_attempt(&unknown_op, &outcome, "agent:orch").await.is_err());
 }
 
+/// An outcome recorded again after its first record's answer was lost (the connection
+/// dropped during `COMMIT`) is that record: the caller hears it recorded, so a reply's next
+/// part goes, and nothing changes twice.
+pub(crate) async fn an_outcome_recorded_again_is_the_record_already_made<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let attempt = NewAttempt { reply_to_message_id: Some(1), text: "hi", ..one_part_reply(e.id) };
+    let op_id = ledger.begin_attempt(&attempt).await.unwrap().unwrap();
+    let sent = AttemptOutcome::Sent { message_id: 5 };
+    assert_eq!(ledger.finish_attempt(&op_id, &sent, "agent:orch").await.unwrap(), FinishedAttempt::Recorded);
+    assert_eq!(ledger.finish_attempt(&op_id, &sent, "agent:orch").await.unwrap(), FinishedAttempt::Recorded);
+    let other = AttemptOutcome::Sent { message_id: 6 };
+    assert_eq!(
+        ledger.finish_attempt(&op_id, &other, "agent:orch").await.unwrap(),
+        FinishedAttempt::AlreadySettled(AttemptState::Sent)
+    );
+    let attempts = ledger.attempts_for(e.id).await.unwrap();
+    assert_eq!((attempts.len(), attempts[0].telegram_message_id), (1, Some(5)));
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
+}
+
 pub(crate) async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone<
     B: Backend,
 >() {

@@ -252,12 +252,16 @@ impl PgLedger {
         .await?;
         let Some(finished) = finished else {
             tx.rollback().await?;
-            let settled = sqlx::query("SELECT outcome FROM attempts WHERE op_id = $1")
+            let settled = sqlx::query("SELECT outcome, telegram_message_id FROM attempts WHERE op_id = $1")
                 .bind(op_id)
                 .fetch_optional(&self.pool)
                 .await?;
             return match settled {
-                Some(row) => Ok(FinishedAttempt::AlreadySettled(text_enum(&row, "outcome")?)),
+                Some(row) => Ok(FinishedAttempt::found_settled(
+                    text_enum(&row, "outcome")?,
+                    row.try_get("telegram_message_id")?,
+                    outcome,
+                )),
                 None => Err(LedgerError::other(format!("no attempt {op_id} was recorded to finish"))),
             };
         };

@@ -126,10 +126,13 @@ impl Attempts for SqliteLedger {
             .optional()?;
             let Some((envelope_id, chunk_index, chunk_count, purpose, method)) = finished else {
                 // No such attempt is the caller's mistake, as before this guard.
-                let settled = query_row_cached(db, "SELECT outcome FROM attempts WHERE op_id = ?", [op_id], |row| {
-                    text_enum(row, "outcome")
-                })?;
-                return Ok(FinishedAttempt::AlreadySettled(settled));
+                let (settled, settled_message_id) = query_row_cached(
+                    db,
+                    "SELECT outcome, telegram_message_id FROM attempts WHERE op_id = ?",
+                    [op_id],
+                    |row| Ok((text_enum(row, "outcome")?, row.get(1)?)),
+                )?;
+                return Ok(FinishedAttempt::found_settled(settled, settled_message_id, outcome));
             };
             // An audit copy, a reaction or an edit answers nothing: only its own row changes.
             if purpose == AttemptPurpose::Audit.as_str() || !method.is_reply_part() {
