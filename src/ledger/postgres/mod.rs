@@ -70,6 +70,16 @@ const POOL_SIZE: u32 = 8;
 /// as `Busy`: SQLite's busy timeout.
 const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// How long a transaction may sit open while its client says nothing, before the server
+/// ends its session. The ledger's transactions never wait on anything but the database, so
+/// one that goes quiet this long belongs to a replica that was paused (SIGSTOP, a frozen
+/// VM) or cut off without a reset: ending it frees the rows it holds (the lease row a
+/// fenced write holds, an attempt in flight), so that a standby's election and its start-up
+/// recovery, which wait up to [`LOCK_TIMEOUT`] for those rows, get them in that wait
+/// instead of waiting for the paused replica to come back. The session ended is `Busy`
+/// to its replica, should it resume.
+const IDLE_IN_TRANSACTION_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How long a statement waits for a pooled connection before it fails as `Busy`.
 const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -275,8 +285,14 @@ impl PgLedger {
         // As SQLite's busy timeout: a lock held elsewhere (an operator's session left in a
         // transaction) is waited for this long, then the statement fails as `Busy`, which
         // intake waits out, instead of hanging the write forever. The URL may set its own.
-        if !options.get_options().is_some_and(|given| given.contains("lock_timeout")) {
-            options = options.options([("lock_timeout", format!("{}ms", LOCK_TIMEOUT.as_millis()))]);
+        let timeouts = [
+            ("lock_timeout", LOCK_TIMEOUT),
+            ("idle_in_transaction_session_timeout", IDLE_IN_TRANSACTION_TIMEOUT),
+        ];
+        for (setting, timeout) in timeouts {
+            if !options.get_options().is_some_and(|given| given.contains(setting)) {
+                options = options.options([(setting, format!("{}ms", timeout.as_millis()))]);
+            }
         }
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)

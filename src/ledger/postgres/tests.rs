@@ -306,6 +306,32 @@ async fn a_leader_that_stops_renewing_is_terminated_and_replaced_after_its_lease
     schema.drop().await;
 }
 
+/// A leader paused in the middle of a fenced write (SIGSTOP, a frozen VM) holds the lease
+/// row the election must take: the server ends that quiet transaction, and the standby
+/// leads soon after the lease, not when the paused leader comes back.
+#[tokio::test]
+async fn a_leader_paused_inside_a_fenced_write_is_replaced_all_the_same() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let lease = lease(1000);
+    let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease).await.unwrap();
+    let mut b = PollerCandidate::connect(&ledger, BOT, "b", lease).await.unwrap();
+    let old = elected(&mut a).await;
+    let started = Instant::now();
+    let mut paused = ledger.pool.begin().await.unwrap();
+    fence_intake(&mut paused, old.term, BOT, Some(7), &[]).await.unwrap();
+    // `a` is paused from here on: its session, its lock and its open write stay.
+    let within = lease.duration() + IDLE_IN_TRANSACTION_TIMEOUT + LOCK_TIMEOUT;
+    let new = campaign_until_elected(&mut b, within).await;
+    assert!(new.term > old.term);
+    assert!(started.elapsed() >= lease.duration(), "not before the lease expired");
+    // Resumed, the paused write finds its session gone, and nothing of it stands.
+    assert!(paused.commit().await.is_err(), "the paused write was ended");
+    assert_eq!(ledger.next_offset(BOT).await.unwrap(), None);
+    ledger.close().await;
+    schema.drop().await;
+}
+
 #[tokio::test]
 async fn a_renewing_leader_keeps_its_lease_past_its_length_and_resigning_hands_it_over() {
     let schema = TestSchema::create().await;
