@@ -205,6 +205,31 @@ async fn the_shown_envelope_is_answered_at_the_new_leader(
     assert!(rows.iter().all(|row| row.state == EnvelopeState::Acked), "{rows:?}");
 }
 
+/// An envelope queued where no bell rang for it (a deposed replica's late write, recorded
+/// after its successor's sessions were connected) reaches the session at its next
+/// heartbeat: with replicas, half a lease later.
+#[tokio::test]
+async fn an_envelope_queued_without_a_wake_reaches_the_session_at_its_next_heartbeat() {
+    let fake = FakeTelegram::start().await;
+    let leader = first_replica(&fake, &[]);
+    let orchestrator = session(&leader, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "first");
+    let first = nth(&orchestrator, 1).await;
+    let TestLedger::Postgres(schema) = &leader.ledger_at else { panic!("on PostgreSQL") };
+    let behind_its_back = switchboard::ids::TraceId::generate();
+    schema.execute(&[&format!(
+        "INSERT INTO envelopes (id, trace_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+         sent_at, received_at, route, agent, state, state_changed_at) \
+         SELECT (SELECT max(id) + 1 FROM envelopes), '{behind_its_back}', kind, chat_id, chat_type, message_id + 1, \
+         sender_name, 'recorded where no bell rang', sent_at, received_at, route, agent, 'queued', now() \
+         FROM envelopes WHERE trace_id = '{}'",
+        trace_id(&first)
+    )]);
+    let second = nth(&orchestrator, 2).await;
+    assert_eq!(second.content, "recorded where no bell rang");
+    assert_eq!(trace_id(&second), behind_its_back.to_string());
+}
+
 #[tokio::test]
 async fn a_plugin_given_every_replicas_address_follows_the_leader_to_another_machine() {
     let fake = FakeTelegram::start().await;

@@ -410,6 +410,11 @@ impl Bridge {
                     if tx.send(SessionEvent::Heartbeat).await.is_err() {
                         return Ok(());
                     }
+                    // A quiet while is also when the ledger is looked in without a wake:
+                    // work recorded where no bell rang for it (on PostgreSQL, a deposed
+                    // replica's late write) still reaches the session, a heartbeat later.
+                    look_in_ledger = true;
+                    look_for_reactions = true;
                 }
                 () = tx.closed() => return Ok(()),
                 () = self.inner.shutdown.cancelled() => return Ok(()),
