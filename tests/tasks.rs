@@ -259,6 +259,47 @@ async fn a_paused_task_sends_nothing_until_it_is_resumed() {
     assert_eq!(posted(&fake, 3).await[2], "The incident was a full disk");
 }
 
+/// A pause reaches everyone working on the task: the task's own agent hears about its own
+/// envelope (not the worker's newer handoff), and the worker, whose answer the pause
+/// refuses, hears of the pause and of the resume, after which its answer goes through.
+#[tokio::test]
+async fn a_pause_and_a_resume_are_told_to_the_worker_of_an_open_handoff_too() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
+    let question = nth(&orchestrator, 1).await;
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "worker", "text": "List the changes in 1.4", "trace_id": trace_id(&question)}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let handoff = nth(&worker, 1).await;
+
+    fake.push_text(owner_chat(), owner(), "/pause");
+    let paused = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&paused, "kind"), trace_id(&paused)), ("pause", trace_id(&question)));
+    let told = nth(&worker, 2).await;
+    assert_eq!((meta(&told, "kind"), trace_id(&told)), ("pause", trace_id(&handoff)));
+    let (is_error, text) = reply(&worker, &trace_id(&handoff), "1.4: three fixes").await;
+    assert!(is_error && text.contains("paused"), "{text}");
+
+    fake.push_text(owner_chat(), owner(), "/resume");
+    let resumed = nth(&orchestrator, 3).await;
+    assert_eq!((meta(&resumed, "kind"), trace_id(&resumed)), ("resume", trace_id(&question)));
+    let told = nth(&worker, 3).await;
+    assert_eq!((meta(&told, "kind"), trace_id(&told)), ("resume", trace_id(&handoff)));
+    assert!(told.content.contains(&trace_id(&handoff)), "{}", told.content);
+    let (is_error, text) = reply(&worker, &trace_id(&handoff), "1.4: three fixes").await;
+    assert!(!is_error, "{text}");
+    let answer = nth(&orchestrator, 4).await;
+    assert_eq!((meta(&answer, "kind"), answer.content.as_str()), ("handoff_answer", "1.4: three fixes"));
+}
+
 /// 4. `/cancel`: admission closes, the task is `stop_requested` until the agent acks the
 ///    cancel envelope, then `stopped`; an operator can confirm a stop the agent cannot.
 #[tokio::test]

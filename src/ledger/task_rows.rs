@@ -7,7 +7,7 @@ use serde_json::json;
 
 use crate::domain::{DeclareError, DeclaredRevision, EnvelopeKind, EnvelopeState, RoutedEnvelope};
 use crate::ids::TraceId;
-use crate::rules::revisions::plan::{Change, Source};
+use crate::rules::revisions::plan::{Change, ChangePlan, Source};
 use crate::rules::revisions::task::to_u32;
 use crate::rules::revisions::{self, ChangeKind, Refusal, Task, TaskEffects, TaskState, texts};
 
@@ -169,6 +169,28 @@ pub(crate) fn repeated_revision(
     let next = texts::after_declaration(kind, trace_id, &declared_task);
     let revision = u32::try_from(declared_revision).unwrap_or_default();
     DeclaredRevision { task_id: declared_task, revision, kind, act_on: trace_id.to_string(), next }
+}
+
+/// Each agent's latest pending envelope of a task (`$1`) but the carrier (`$2`), oldest
+/// agent first: whom a pause or resume is told to, and about what.
+pub(crate) const PENDING_BY_AGENT: &str = "SELECT agent, trace_id FROM envelopes WHERE id IN (\
+     SELECT max(id) FROM envelopes WHERE task_id = $1 AND state = 'pending' AND id <> $2 \
+     AND agent IS NOT NULL GROUP BY agent) ORDER BY id";
+
+/// The notices a change's plan sends (a pause's or resume's, to each agent working on the
+/// task), as effects to carry out once it is committed.
+pub(crate) fn notices<'a>(
+    plan: &'a ChangePlan,
+    task: &'a Task,
+    kind: ChangeKind,
+) -> impl Iterator<Item = crate::domain::TaskEffect> + 'a {
+    plan.notices.iter().map(move |(agent, about)| crate::domain::TaskEffect::Notice {
+        agent: agent.clone(),
+        trace_id: about.clone(),
+        kind,
+        task_id: task.task_id.clone(),
+        revision: plan.revision,
+    })
 }
 
 /// Finds the revision an agent (`agent:NAME`) declared with `request_id`: its kind, and the

@@ -781,9 +781,9 @@ async fn apply_change(
         last_instruction(tx, task_id, carrier.message_id.filter(|_| carrier.rewrite)).await?;
     let (handoff_rows, open_handoffs) =
         if plan::retires(kind) { open_handoffs(tx, task_id).await? } else { (Vec::new(), Vec::new()) };
-    let latest_pending = match kind {
-        ChangeKind::Pause | ChangeKind::Resume => latest_pending(tx, task_id, carrier.id).await?,
-        _ => None,
+    let pending_by_agent = match kind {
+        ChangeKind::Pause | ChangeKind::Resume => pending_by_agent(tx, task_id, carrier.id).await?,
+        _ => Vec::new(),
     };
     let successor_id = TaskId::generate();
     let plan = plan::plan_change(&ChangeContext {
@@ -792,7 +792,7 @@ async fn apply_change(
         rewrite: carrier.rewrite,
         old_instruction: old_instruction.as_deref(),
         open_handoffs: &open_handoffs,
-        latest_pending: latest_pending.as_ref(),
+        pending_by_agent: &pending_by_agent,
         successor_id: &successor_id,
     });
     let mut effects = vec![TaskEffect::Recorded(kind)];
@@ -808,15 +808,7 @@ async fn apply_change(
         }
         CarrierWrite::Settle { note } => settle_carrier(tx, carrier, note).await?,
     }
-    if let Some(about) = plan.notice_about {
-        effects.push(TaskEffect::Notice {
-            agent: task.agent.clone(),
-            trace_id: about,
-            kind,
-            task_id: task.task_id.clone(),
-            revision: plan.revision,
-        });
-    }
+    effects.extend(task_rows::notices(&plan, task, kind));
     let key = format!("{task_id}/r{revision}");
     effects.push(owe_post(tx, carrier, key, plan.acknowledgement).await?);
     Ok(effects)
@@ -975,19 +967,12 @@ async fn supersede(
     Ok(())
 }
 
-async fn latest_pending(
+async fn pending_by_agent(
     tx: &mut PgConnection,
     task_id: &TaskId,
     except: i64,
-) -> LedgerResult<Option<TraceId>> {
-    Ok(sqlx::query_scalar(
-        "SELECT trace_id FROM envelopes WHERE task_id = $1 AND state = 'pending' AND id <> $2 \
-         ORDER BY id DESC LIMIT 1",
-    )
-    .bind(task_id)
-    .bind(except)
-    .fetch_optional(&mut *tx)
-    .await?)
+) -> LedgerResult<Vec<(String, TraceId)>> {
+    Ok(sqlx::query_as(task_rows::PENDING_BY_AGENT).bind(task_id).bind(except).fetch_all(&mut *tx).await?)
 }
 
 /// Confirmed sends, unresolved attempts and open handoffs of a task.

@@ -556,9 +556,9 @@ fn apply_change(
     let old_instruction = last_instruction(db, task_id, carrier.message_id.filter(|_| carrier.rewrite))?;
     let (handoff_rows, open_handoffs) =
         if plan::retires(kind) { open_handoffs(db, task_id)? } else { (Vec::new(), Vec::new()) };
-    let latest_pending = match kind {
-        ChangeKind::Pause | ChangeKind::Resume => latest_pending(db, task_id, carrier.id)?,
-        _ => None,
+    let pending_by_agent = match kind {
+        ChangeKind::Pause | ChangeKind::Resume => pending_by_agent(db, task_id, carrier.id)?,
+        _ => Vec::new(),
     };
     let successor_id = TaskId::generate();
     let plan = plan::plan_change(&ChangeContext {
@@ -567,7 +567,7 @@ fn apply_change(
         rewrite: carrier.rewrite,
         old_instruction: old_instruction.as_deref(),
         open_handoffs: &open_handoffs,
-        latest_pending: latest_pending.as_ref(),
+        pending_by_agent: &pending_by_agent,
         successor_id: &successor_id,
     });
     let mut effects = vec![TaskEffect::Recorded(kind)];
@@ -583,15 +583,7 @@ fn apply_change(
         }
         CarrierWrite::Settle { note } => settle_carrier(db, carrier, note)?,
     }
-    if let Some(about) = plan.notice_about {
-        effects.push(TaskEffect::Notice {
-            agent: task.agent.clone(),
-            trace_id: about,
-            kind,
-            task_id: task.task_id.clone(),
-            revision: plan.revision,
-        });
-    }
+    effects.extend(task_rows::notices(&plan, task, kind));
     let key = format!("{task_id}/r{revision}");
     effects.push(owe_post(db, carrier, key, plan.acknowledgement)?);
     Ok(effects)
@@ -742,18 +734,14 @@ fn supersede(
     Ok(())
 }
 
-fn latest_pending(
+fn pending_by_agent(
     db: &rusqlite::Connection,
     task_id: &str,
     except: i64,
-) -> rusqlite::Result<Option<TraceId>> {
-    query_row_cached(
-        db,
-        "SELECT trace_id FROM envelopes WHERE task_id = ? AND state = 'pending' AND id <> ? ORDER BY id DESC LIMIT 1",
-        rusqlite::params![task_id, except],
-        |row| row.get(0),
-    )
-    .optional()
+) -> rusqlite::Result<Vec<(String, TraceId)>> {
+    query_all_cached(db, task_rows::PENDING_BY_AGENT, rusqlite::params![task_id, except], |row| {
+        Ok((row.get(0)?, row.get(1)?))
+    })
 }
 
 /// Confirmed sends, unresolved attempts and open handoffs of a task.

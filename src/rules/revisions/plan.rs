@@ -131,9 +131,11 @@ pub struct ChangeContext<'a> {
     pub old_instruction: Option<&'a str>,
     /// The task's open handoffs (read only when the change [`retires`] them).
     pub open_handoffs: &'a [OpenHandoff],
-    /// The task's latest pending envelope other than the carrier: a pause's or resume's
-    /// notice to the agent is about it.
-    pub latest_pending: Option<&'a TraceId>,
+    /// Each agent's latest pending envelope of the task other than the carrier, by agent:
+    /// the task's own agent's, and each child's (a handoff carries its delegator's task). A
+    /// pause's or resume's notice goes to each of them, about it: a child's answer is
+    /// refused while the task is paused, and the child must hear when it may answer again.
+    pub pending_by_agent: &'a [(String, TraceId)],
     /// The id a new objective's successor gets (ids are minted by the ledger).
     pub successor_id: &'a TaskId,
 }
@@ -150,8 +152,9 @@ pub struct ChangePlan {
     pub retired_handoffs: Vec<RetiredHandoff>,
     pub task: TaskWrite,
     pub carrier: CarrierWrite,
-    /// The pending envelope a pause or resume notice to the agent is about.
-    pub notice_about: Option<TraceId>,
+    /// The agents a pause or resume notice goes to, each with the pending envelope it is
+    /// about.
+    pub notices: Vec<(String, TraceId)>,
     /// What the bot answers in the conversation.
     pub acknowledgement: String,
 }
@@ -191,8 +194,15 @@ pub enum CarrierWrite {
 
 /// The writes of `context.change`, recorded as the task's next revision.
 pub fn plan_change(context: &ChangeContext<'_>) -> ChangePlan {
-    let ChangeContext { task, change, rewrite, old_instruction, open_handoffs, latest_pending, successor_id } =
-        *context;
+    let ChangeContext {
+        task,
+        change,
+        rewrite,
+        old_instruction,
+        open_handoffs,
+        pending_by_agent,
+        successor_id,
+    } = *context;
     let task_id = task.task_id.as_str();
     let revision = task.revision() + 1;
     let kind = change.kind;
@@ -261,9 +271,9 @@ pub fn plan_change(context: &ChangeContext<'_>) -> ChangePlan {
             )
         }
     };
-    let notice_about = match kind {
-        ChangeKind::Pause | ChangeKind::Resume => latest_pending.cloned(),
-        _ => None,
+    let notices = match kind {
+        ChangeKind::Pause | ChangeKind::Resume => pending_by_agent.to_vec(),
+        _ => Vec::new(),
     };
     ChangePlan {
         revision,
@@ -271,7 +281,7 @@ pub fn plan_change(context: &ChangeContext<'_>) -> ChangePlan {
         retired_handoffs,
         task: task_write,
         carrier,
-        notice_about,
+        notices,
         acknowledgement: texts::acknowledgement(task_id, revision, kind, successor_id),
     }
 }
@@ -303,7 +313,10 @@ mod tests {
             rewrite,
             old_instruction: Some("write the report"),
             open_handoffs: handoffs,
-            latest_pending: Some(&"env_pendingaaa".into()),
+            pending_by_agent: &[
+                ("orchestrator".into(), "env_pendingaaa".into()),
+                ("researcher".into(), "env_handoffaaa".into()),
+            ],
             successor_id: &"task_bbbbbbbb".into(),
         })
     }
@@ -331,7 +344,7 @@ mod tests {
         let content = content.as_deref().unwrap();
         assert!(content.contains("write the summary") && content.contains("write the report"), "{content}");
         assert!(content.contains("hof_1"), "the agent hears which handoffs no longer stand: {content}");
-        assert_eq!(plan.notice_about, None);
+        assert_eq!(plan.notices, []);
     }
 
     #[test]
@@ -365,7 +378,13 @@ mod tests {
             assert!(matches!(plan.carrier, CarrierWrite::Settle { .. }), "{plan:?}");
             assert_eq!(plan.supersede, None);
             assert!(plan.retired_handoffs.is_empty(), "a pause leaves handoffs standing");
-            assert_eq!(plan.notice_about.as_deref(), Some("env_pendingaaa"));
+            let told: Vec<(&str, &str)> =
+                plan.notices.iter().map(|(agent, about)| (agent.as_str(), about.as_str())).collect();
+            assert_eq!(
+                told,
+                [("orchestrator", "env_pendingaaa"), ("researcher", "env_handoffaaa")],
+                "the task's agent and the child working for it"
+            );
         }
     }
 
