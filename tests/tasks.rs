@@ -259,6 +259,42 @@ async fn a_paused_task_sends_nothing_until_it_is_resumed() {
     assert_eq!(posted(&fake, 3).await[2], "The incident was a full disk");
 }
 
+/// A `call_agent` waiting on a handoff that the user's correction retires returns at once,
+/// saying the handoff no longer stands and naming the change to act on, instead of waiting
+/// out its timeout for an answer that will never be delivered.
+#[tokio::test]
+async fn a_call_agent_whose_handoff_a_correction_retires_returns_at_once() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
+    let question = nth(&orchestrator, 1).await;
+    let message_id: i32 = meta(&question, "message_id").parse().unwrap();
+    let call = orchestrator.call_tool(
+        "call_agent",
+        json!({"agent": "worker", "text": "List the changes in 1.4", "trace_id": trace_id(&question),
+               "timeout_secs": 600}),
+    );
+    let correct = async {
+        let handoff = nth(&worker, 1).await;
+        fake.push_edited_text(owner_chat(), owner(), message_id, "Draft the release notes for 1.5");
+        handoff
+    };
+    let (called, handoff) =
+        tokio::time::timeout(Duration::from_secs(30), async { tokio::join!(call, correct) })
+            .await
+            .expect("the call returned long before its timeout");
+    let (is_error, text) = called.unwrap();
+    assert!(!is_error, "{text}");
+    assert!(text.contains("no longer stands") && text.contains(meta(&handoff, "handoff_id")), "{text}");
+    let revision = nth(&orchestrator, 2).await;
+    assert_eq!(meta(&revision, "change"), "correction");
+    assert!(text.contains(&trace_id(&revision)), "the call names the change to act on: {text}");
+    let (is_error, text) = reply(&orchestrator, &trace_id(&revision), "Notes for 1.5").await;
+    assert!(!is_error, "{text}");
+}
+
 /// A pause reaches everyone working on the task: the task's own agent hears about its own
 /// envelope (not the worker's newer handoff), and the worker, whose answer the pause
 /// refuses, hears of the pause and of the resume, after which its answer goes through.

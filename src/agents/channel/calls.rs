@@ -2,7 +2,9 @@
 //! envelope, on the session stream; the forwarder hands a `handoff_answer` to the call that
 //! waits for it instead of pushing it as a notification. Should nobody wait for it any more
 //! (the call timed out or was cancelled at that very moment), it is pushed as usual: an
-//! answer is never dropped.
+//! answer is never dropped. A change to the task (the user's correction, `/new`, `/cancel`)
+//! that retires the handoff ends the wait too: no answer will be delivered, and the agent
+//! must act on the change, which the call hands it as its result.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -48,6 +50,20 @@ impl WaitingCalls {
         }
     }
 
+    /// The calls waiting on the handoffs a change of their task retired (a revision
+    /// envelope's `superseded_handoffs`) stop waiting: each gets that envelope instead of
+    /// an answer. The envelope itself is still pushed, as the change the agent acts on.
+    pub(super) async fn retire(&self, change: &DeliveredEnvelope) {
+        let Some(retired) = change.extra.get("superseded_handoffs") else { return };
+        let mut waiters = self.waiters.lock().await;
+        for handoff_id in retired.split(',').map(str::trim).filter(|id| !id.is_empty()) {
+            if let Some(waiter) = waiters.remove(handoff_id) {
+                // A call that gave up at this moment needs nothing: the change is pushed.
+                let _ = waiter.send(change.clone());
+            }
+        }
+    }
+
     /// The call stops waiting. True when it was still registered (no answer is on its way
     /// to it); false when the answer was already handed over and must be taken.
     pub(super) async fn give_up(&self, handoff_id: &str) -> bool {
@@ -88,6 +104,23 @@ mod tests {
         assert_eq!(rx.await.unwrap().content, "done");
         // Once taken, a second copy (a redelivery) is pushed as usual.
         assert!(calls.deliver(answer("hof_a")).await.is_some());
+    }
+
+    #[tokio::test]
+    async fn a_change_that_retires_handoffs_ends_the_calls_waiting_on_them() {
+        let calls = WaitingCalls::default();
+        let a = calls.begin().await.register("hof_a");
+        let b = calls.begin().await.register("hof_b");
+        let c = calls.begin().await.register("hof_c");
+        let mut change = answer("hof_x");
+        change.kind = "revision".into();
+        change.extra = [("superseded_handoffs".to_owned(), "hof_a, hof_c".to_owned())].into();
+        calls.retire(&change).await;
+        assert_eq!(a.await.unwrap().kind, "revision");
+        assert_eq!(c.await.unwrap().kind, "revision");
+        // hof_b still stands: its answer reaches its call.
+        assert!(calls.deliver(answer("hof_b")).await.is_none());
+        assert_eq!(b.await.unwrap().kind, "handoff_answer");
     }
 
     #[tokio::test]

@@ -120,6 +120,8 @@ impl SessionForwarder {
                             None => continue,
                         }
                     } else {
+                        // A change that retires handoffs ends the calls waiting on them.
+                        self.calls.retire(&envelope).await;
                         envelope
                     };
                     // A photo is fetched first, within a bounded wait, so the model can look

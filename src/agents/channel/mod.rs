@@ -61,9 +61,10 @@ use forwarder::SessionForwarder;
 use startup::{ClientEvent, Startup};
 use texts::{
     ToolName, ToolNames, bad_argument, describe_ack, describe_action_receipt, describe_call_answer,
-    describe_call_timeout, describe_failure, describe_handoff_receipt, describe_pending, describe_receipt,
-    describe_recovered_receipt, describe_revision, instructions, never_acted_on, optional_telegram_id,
-    optional_trace_id, outcome_not_known_yet, parse_trace_id, upload_failed,
+    describe_call_retired, describe_call_timeout, describe_failure, describe_handoff_receipt,
+    describe_pending, describe_receipt, describe_recovered_receipt, describe_revision, instructions,
+    never_acted_on, optional_telegram_id, optional_trace_id, outcome_not_known_yet, parse_trace_id,
+    upload_failed,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -666,8 +667,9 @@ impl ChannelPlugin {
 
     #[tool(
         description = "Hand an instruction to another agent and wait for its answer (timeout_secs, default 120, \
-                       at most 600). On timeout the answer arrives later as a handoff_answer message. The same \
-                       guard as send_to_agent applies.",
+                       at most 600). On timeout the answer arrives later as a handoff_answer message. If the \
+                       user changes the task meanwhile (a correction, /new, /cancel), the call returns at once \
+                       and names the change to act on. The same guard as send_to_agent applies.",
         annotations(
             read_only_hint = false,
             destructive_hint = false,
@@ -720,6 +722,11 @@ impl ChannelPlugin {
                 Err(_) => return Ok(describe_call_timeout(&receipt, waited)),
             },
         };
+        if answer.kind != "handoff_answer" {
+            // The task changed and retired the handoff: the change, pushed as a message
+            // too, is what the agent acts on now (not acked: it is the agent's to answer).
+            return Ok(describe_call_retired(&receipt, &answer));
+        }
         // Returned as this call's result: the answer envelope is handled.
         let ack = AckRequest {
             trace_id: answer.trace_id.clone(),

@@ -399,6 +399,18 @@ pub(super) fn describe_call_timeout(receipt: &HandoffReceipt, waited: std::time:
     )
 }
 
+/// What `call_agent` answers when a change to the task retired the handoff it waited on.
+pub(super) fn describe_call_retired(receipt: &HandoffReceipt, change: &DeliveredEnvelope) -> String {
+    let what = change.extra.get("change").map_or("a change", String::as_str);
+    format!(
+        "{}. It no longer stands: the task changed ({what}) before '{}' answered, and no answer will be \
+         delivered. Act on the change instead: it came as a message too, trace_id {}.",
+        describe_handoff(receipt),
+        receipt.to,
+        change.trace_id
+    )
+}
+
 /// What a reply that answered a handoff says.
 fn describe_answered_handoff(receipt: &ReplyReceipt, answered: &AnsweredHandoff) -> String {
     format!(
