@@ -341,7 +341,8 @@ async fn a_pause_and_a_resume_are_told_to_the_worker_of_an_open_handoff_too() {
 #[tokio::test]
 async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("Migrate the database").await;
-    let task_id = meta(&nth(&orchestrator, 1).await, "task").to_owned();
+    let first = nth(&orchestrator, 1).await;
+    let task_id = meta(&first, "task").to_owned();
 
     fake.push_text(owner_chat(), owner(), "/cancel");
     let cancel = nth(&orchestrator, 2).await;
@@ -359,18 +360,26 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
     let status = posted(&fake, 2).await.remove(1);
     assert!(status.contains("stop_requested") && status.contains("not stopped yet"), "{status}");
 
+    // An edit of the instruction while the task stops corrects nothing: the cancel stands,
+    // and its envelope stays the agent's to ack.
+    let message_id: i32 = meta(&first, "message_id").parse().unwrap();
+    fake.push_edited_text(owner_chat(), owner(), message_id, "Migrate the database tomorrow");
+    let refused = posted(&fake, 3).await.remove(2);
+    assert!(refused.starts_with("Nothing changed") && refused.contains("cancelled"), "{refused}");
+    assert_eq!(task(&daemon, &task_id).await.revision, 2);
+
     let (is_error, text) =
         orchestrator.call_tool("ack", json!({"trace_id": trace_id(&cancel)})).await.unwrap();
     assert!(!is_error, "{text}");
     let stopped = task(&daemon, &task_id).await;
     assert_eq!(stopped.state, TaskState::Stopped);
     assert!(stopped.stopped_at.is_some());
-    assert_eq!(fake.sent_messages().len(), 2, "nothing of the task was sent");
+    assert_eq!(fake.sent_messages().len(), 3, "nothing of the task was sent");
 
     // With no task open, /status tells the user that the stop they asked for happened:
     // the task, that it stopped, who confirmed it and when, and what it had done.
     fake.push_text(owner_chat(), owner(), "/status");
-    let status = posted(&fake, 3).await.remove(2);
+    let status = posted(&fake, 4).await.remove(3);
     assert!(!status.starts_with("Nothing changed"), "a question is not a refused change: {status}");
     assert!(status.contains(&format!("{task_id} (revision 2): stopped")), "{status}");
     assert!(status.contains("confirmed by agent 'orchestrator'"), "{status}");
@@ -390,10 +399,11 @@ async fn a_cancelled_task_is_stop_requested_until_its_agent_acks_the_cancel() {
         daemon.ledger_cli(&["task", &second_task, "--stopped", "--reason", "the agent crashed"]);
     assert!(ok && out.contains("stopped") && out.contains("the agent crashed"), "{out}{err}");
     assert_eq!(task(&daemon, &second_task).await.state, TaskState::Stopped);
-    // Posted so far: the two cancels' acknowledgements and the two answers to /status.
-    assert!(posted(&fake, 4).await[3].contains("stop requested"));
+    // Posted so far: the two cancels' acknowledgements, the refused edit and the two
+    // answers to /status.
+    assert!(posted(&fake, 5).await[4].contains("stop requested"));
     fake.push_text(owner_chat(), owner(), "/status");
-    let status = posted(&fake, 5).await.remove(4);
+    let status = posted(&fake, 6).await.remove(5);
     assert!(status.contains(&second_task) && status.contains("stopped"), "the most recent task: {status}");
     assert!(status.contains("an operator") && status.contains("the agent crashed"), "{status}");
 }

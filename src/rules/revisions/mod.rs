@@ -177,6 +177,18 @@ pub fn classify(update: HumanUpdate<'_>, open: Option<&OpenTask>, bot_username: 
     let text = match update {
         HumanUpdate::Edit { message_id, text } => {
             return match open {
+                // Being cancelled: a correction would supersede the cancel the agent must
+                // ack for the task to stop, and leave it stopping for good.
+                Some(task)
+                    if task.state == TaskState::StopRequested
+                        && task.instruction_messages.contains(&message_id) =>
+                {
+                    Meaning::Ask(format!(
+                        "{} is being cancelled, so an edit cannot correct it; send what you want now as a \
+                         new message once it has stopped (or /new <what to do instead>)",
+                        task.task_id
+                    ))
+                }
                 Some(task) if task.instruction_messages.contains(&message_id) => {
                     Meaning::Change { kind: ChangeKind::Correction, text: Some(text.to_owned()) }
                 }
@@ -350,6 +362,16 @@ mod tests {
             meaning,
             Meaning::Change { kind: ChangeKind::Correction, text: Some("Friday, not Monday".into()) }
         );
+    }
+
+    #[test]
+    fn an_edit_of_a_task_being_cancelled_changes_nothing() {
+        let edit = HumanUpdate::Edit { message_id: 14, text: "Friday, not Monday" };
+        let meaning = classify(edit, Some(&open(TaskState::StopRequested)), BOT);
+        assert!(matches!(&meaning, Meaning::Ask(why) if why.contains("cancelled")), "{meaning:?}");
+        // A paused task is still corrected.
+        let meaning = classify(edit, Some(&open(TaskState::Paused)), BOT);
+        assert!(matches!(meaning, Meaning::Change { kind: ChangeKind::Correction, .. }), "{meaning:?}");
     }
 
     #[test]
