@@ -447,6 +447,23 @@ async fn a_bot_post_telegram_refused_is_posted_again_once_it_is_taken() {
     assert_eq!(fake.sent_messages().len(), 1, "posted once");
 }
 
+/// A bot post Telegram refuses in one conversation (a user who blocked the bot) is tried
+/// again without holding back the posts of the route's other conversations: only posts to
+/// the same chat and topic wait for each other.
+#[tokio::test]
+async fn a_post_tried_again_in_one_topic_holds_back_no_other_topics_post() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let forum = ChatSpec::forum(FORUM_CHAT, "Forum");
+    fake.fail_send_message(Fault::Forbidden("Forbidden: bot was blocked by the user".into()));
+    fake.push_topic_text(&forum, 11, owner(), "/status");
+    daemon.wait_for_log("room post not sent; trying again", WAIT).await;
+    fake.push_topic_text(&forum, 12, owner(), "/status");
+    let sent = fake.wait_for_sent(2, WAIT).await;
+    let topics: Vec<Option<i32>> = sent.iter().map(|message| message.message_thread_id).collect();
+    assert_eq!(topics, [Some(12), Some(11)], "topic 12's answer did not wait for topic 11's retry");
+}
+
 /// 5. `/new <text>` while a task is open: a successor task, the lineage visible both ways,
 ///    the old envelopes no longer answerable.
 #[tokio::test]

@@ -177,8 +177,10 @@ pub struct RoomDriver {
     bridge: Bridge,
     /// For `getMe`: this bot's username tells `/stop@thisbot` from `/stop@otherbot`.
     api: BotApi,
-    /// Rooms with a post on its way: one at a time per room, so they arrive in order.
-    posting: Arc<Mutex<HashSet<String>>>,
+    /// Conversations (chat and topic) with a post on its way: one at a time in each, so
+    /// they arrive in order, and a post retried in one chat (a user who blocked the bot)
+    /// holds back no other chat's.
+    posting: Arc<Mutex<HashSet<PostedIn>>>,
     /// Routes with exchanges that are no room in the configuration, reported once each.
     reported_missing: HashSet<String>,
     /// Exchanges whose stored state cannot be read, reported once each.
@@ -722,17 +724,17 @@ impl RoomDriver {
 
     // ---- posts ----
 
-    /// Starts the owed posts: the oldest of each room whose previous post is done.
+    /// Starts the owed posts: the oldest of each conversation whose previous post is done.
     async fn post_owed(&self) -> anyhow::Result<()> {
         let ledger = &self.bridge.inner.ledger;
         for post in ledger.owed_room_posts().await.context("reading owed room posts")? {
-            if !self.posting.lock().unwrap_or_else(|p| p.into_inner()).insert(post.route.clone()) {
+            if !self.posting.lock().unwrap_or_else(|p| p.into_inner()).insert(PostedIn::of(&post)) {
                 continue;
             }
             if ledger.room_post_attempted(POSTER, &post.key).await? {
                 // Attempted before a restart: made, whatever came of it. Never twice.
                 ledger.mark_room_post_made(post.id).await?;
-                self.posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
+                self.posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&PostedIn::of(&post));
                 continue;
             }
             self.spawn_post(post);
@@ -766,7 +768,7 @@ impl RoomDriver {
         self.bridge.inner.tasks.spawn(async move {
             if !deliver_post(&bridge, &post, &plan).await {
                 // Stopping with the post still owed: the next start posts it.
-                posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
+                posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&PostedIn::of(&post));
                 return;
             }
             let mut retry = Backoff::new(RETRY_FIRST, RETRY_CAP);
@@ -778,9 +780,22 @@ impl RoomDriver {
                     () = bridge.inner.shutdown.cancelled() => break,
                 }
             }
-            posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&post.route);
+            posting.lock().unwrap_or_else(|p| p.into_inner()).remove(&PostedIn::of(&post));
             bridge.wake_rooms();
         });
+    }
+}
+
+/// The conversation a post goes to: its chat and topic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+struct PostedIn {
+    chat_id: i64,
+    thread_id: Option<i64>,
+}
+
+impl PostedIn {
+    fn of(post: &StoredPost) -> Self {
+        Self { chat_id: post.chat_id, thread_id: post.thread_id }
     }
 }
 
