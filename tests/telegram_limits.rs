@@ -111,3 +111,38 @@ async fn a_429_that_happens_all_the_same_is_waited_out_and_nothing_is_sent_twice
     }
     daemon.wait_for_log("Telegram rate limit: waiting", WAIT).await;
 }
+
+/// Two replies to one chat at once are never interleaved there: a five-part answer (its
+/// last two parts paced a second apart) and a one-part answer to the same chat, asked for
+/// while the first is under way, arrive one whole after the other.
+#[tokio::test]
+async fn two_replies_to_one_chat_at_once_arrive_one_after_the_other() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let owner = support::agents::owner();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), &owner, "the long question");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), &owner, "the short question");
+    let pushed = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    let part = |n: u32| format!("long part {n} ") + &"x".repeat(3_900);
+    let long = (1..=5).map(part).collect::<Vec<_>>().join("\n\n");
+    let long_reply = orchestrator.call_tool("reply", json!({"text": long, "trace_id": trace_id(&pushed[0])}));
+    let short_reply = async {
+        // Asked for once the long one's burst is out and its fourth part waits its turn.
+        fake.wait_for_sent(3, WAIT).await;
+        orchestrator
+            .call_tool("reply", json!({"text": "the short answer", "trace_id": trace_id(&pushed[1])}))
+            .await
+    };
+    let (long_reply, short_reply) = tokio::join!(long_reply, short_reply);
+    for (is_error, text) in [long_reply.unwrap(), short_reply.unwrap()] {
+        assert!(!is_error, "{text}");
+    }
+    let sent = fake.wait_for_sent(6, WAIT).await;
+    let heads: Vec<String> = sent.iter().map(|m| m.text.chars().take(12).collect()).collect();
+    assert_eq!(
+        heads,
+        ["long part 1 ", "long part 2 ", "long part 3 ", "long part 4 ", "long part 5 ", "the short an"],
+        "the short answer waited for the long one"
+    );
+}

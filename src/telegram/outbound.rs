@@ -16,6 +16,7 @@ use super::files::TelegramFiles;
 use super::format;
 
 mod actions;
+mod turns;
 use crate::backoff::Backoff;
 use crate::ids::TraceId;
 use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, Ledger, NewAttempt};
@@ -333,6 +334,8 @@ pub struct Outbound {
     shutdown: CancellationToken,
     /// Uploads the files of replies; none in a daemon built without them (tests).
     files: Option<TelegramFiles>,
+    /// One reply at a time in each conversation.
+    turns: turns::Turns,
 }
 
 impl Outbound {
@@ -343,6 +346,7 @@ impl Outbound {
             pacer: Arc::new(Mutex::new(pacer)),
             shutdown,
             files: None,
+            turns: turns::Turns::default(),
         }
     }
 
@@ -362,11 +366,30 @@ impl Outbound {
     }
 
     /// Delivers a planned reply part by part, skipping the parts already delivered. Stops
-    /// at the first part that is not confirmed sent.
+    /// at the first part that is not confirmed sent. Replies to one conversation go one
+    /// after another, never interleaved; waiting for the ones before counts against the
+    /// reply's wait.
     pub async fn deliver(&self, plan: &ReplyPlan) -> DeliveryOutcome {
         let count = plan.parts.len() + plan.files.len();
         let mut sent = plan.already_sent.clone();
         let mut wait_budget = MAX_REPLY_WAIT;
+        let conversation = (plan.target.chat_id, plan.target.thread_id);
+        let waiting = std::time::Instant::now();
+        let _turn = tokio::select! {
+            turn = tokio::time::timeout(wait_budget, self.turns.take(conversation)) => match turn {
+                Ok(turn) => turn,
+                Err(_) => {
+                    let error = "the replies before this one to the chat would hold it longer than a reply \
+                                 waits; nothing was sent"
+                        .to_owned();
+                    return DeliveryOutcome::NotSent { sent, parts: count, error };
+                }
+            },
+            () = self.shutdown.cancelled() => {
+                return DeliveryOutcome::NotSent { sent, parts: count, error: STOPPING.into() };
+            }
+        };
+        wait_budget = wait_budget.saturating_sub(waiting.elapsed());
         let texts =
             plan.parts.iter().map(|text| Chunk { text, html: plan.html, index: 0, count, file: None });
         let files = plan.files.iter().map(|file| Chunk {
@@ -677,12 +700,11 @@ fn held_back(deferred: Deferred) -> Observed {
     Observed::NotSent { error, retry_after: Some(wait), migrated_to: None }
 }
 
+/// Why a send the daemon's stop cut short was not made.
+const STOPPING: &str = "the daemon is stopping; the rest of the reply was not sent";
+
 fn stopping() -> Observed {
-    Observed::NotSent {
-        error: "the daemon is stopping; the rest of the reply was not sent".into(),
-        retry_after: None,
-        migrated_to: None,
-    }
+    Observed::NotSent { error: STOPPING.into(), retry_after: None, migrated_to: None }
 }
 
 fn outcome_label(observed: &Observed) -> &'static str {
