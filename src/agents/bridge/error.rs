@@ -89,6 +89,10 @@ pub enum ToolError {
     ActionUnknown(String),
     #[error(transparent)]
     Task(#[from] revisions::Refusal),
+    /// The task changed while a reply of several parts went out: the parts before the
+    /// change were delivered, the rest refused and not sent.
+    #[error("{refusal} Before the change landed, {} were delivered; the rest was not sent.", delivered_parts(sent, *parts))]
+    TaskCutOff { refusal: revisions::Refusal, sent: Vec<(usize, i32)>, parts: usize },
     /// `revise_task` recorded nothing (the envelope is not pending, belongs to no task, or
     /// the change does not apply now).
     #[error("{0}")]
@@ -172,6 +176,16 @@ mod tests {
         let nothing =
             ToolError::NotSent { trace_id: "env_x".into(), error: "no".into(), sent: vec![], parts: 1 };
         assert!(nothing.to_string().contains("you may reply again"), "{nothing}");
+    }
+
+    #[test]
+    fn a_reply_a_task_change_cut_off_says_which_parts_went_out() {
+        let refusal = revisions::Refusal::Paused { task_id: "task_aaaaaaaa".into() };
+        let text = ToolError::TaskCutOff { refusal, sent: vec![(0, 10)], parts: 3 }.to_string();
+        assert!(
+            text.contains("paused") && text.contains("part(s) 1 of 3 (Telegram message ids 10)"),
+            "{text}"
+        );
     }
 
     #[test]

@@ -430,7 +430,12 @@ impl Bridge {
             }
             DeliveryOutcome::Refused { sent, refusal } => {
                 tracing::warn!(%agent, delivered_parts = sent.len(), code = refusal.code(), "reply refused at the moment of sending: {refusal}");
-                Err(ToolError::Task(refusal))
+                if sent.is_empty() {
+                    Err(ToolError::Task(refusal))
+                } else {
+                    let parts = plan.parts.len() + plan.files.len();
+                    Err(ToolError::TaskCutOff { refusal, sent, parts })
+                }
             }
             DeliveryOutcome::Unknown { sent, parts, error } => {
                 let state = self.inner.ledger.find(&target.trace_id).await.ok().flatten().map(|e| e.state);
