@@ -330,6 +330,27 @@ pub enum Reconciliation {
     NotDelivered,
 }
 
+impl Reconciliation {
+    /// What the operator's finding makes of the send's unknown attempts.
+    pub fn attempts_outcome(self) -> ReconciledOutcome {
+        match self {
+            Self::Delivered => ReconciledOutcome::Sent,
+            Self::NotDelivered => ReconciledOutcome::NotSent,
+        }
+    }
+
+    /// What it makes of an unresolved envelope. A reply whose unknown part was not its last
+    /// (`cut_short`) is not whole even when that part arrived: it goes back to `pending`,
+    /// so that its agent finishes it with the same text, which sends only the parts
+    /// missing (the ones delivered are never sent again).
+    pub fn envelope_state(self, cut_short: bool) -> EnvelopeState {
+        match (self, cut_short) {
+            (Self::Delivered, false) => EnvelopeState::Acked,
+            (Self::Delivered, true) | (Self::NotDelivered, _) => EnvelopeState::Pending,
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ReconcileError {
     #[error("no envelope has trace id {0}")]

@@ -145,3 +145,12 @@ macro_rules! busy_of {
     };
 }
 pub(crate) use busy_of;
+
+/// Of an attempt an operator settles: a reply's part with parts after it, never attempted
+/// (a reply stops at its first part whose outcome is unknown), so not the reply's last.
+macro_rules! part_cut_short {
+    () => {
+        "purpose = 'reply' AND chunk_index + 1 < chunk_count"
+    };
+}
+pub(crate) use part_cut_short;

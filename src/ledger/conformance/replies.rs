@@ -67,6 +67,36 @@ pub(crate) async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_rec
     ));
 }
 
+/// A reply cut off at an unknown part that was not its last, found delivered by the
+/// operator: the part counts as sent, but the parts after it were never attempted, so the
+/// envelope goes back to `pending` for its agent to finish, not `acked` with the rest lost.
+pub(crate) async fn a_reply_cut_off_at_an_unknown_part_found_delivered_is_pending_to_finish<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+    let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
+    let part = |chunk_index| NewAttempt { chunk_index, chunk_count: 3, ..one_part_reply(e.id) };
+    let first = ledger.begin_attempt(&part(0)).await.unwrap().unwrap();
+    ledger.finish_attempt(&first, &AttemptOutcome::Sent { message_id: 10 }, "agent:orch").await.unwrap();
+    let second = ledger.begin_attempt(&part(1)).await.unwrap().unwrap();
+    let lost = AttemptOutcome::Unknown { error: "timeout".into() };
+    ledger.finish_attempt(&second, &lost, "agent:orch").await.unwrap();
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
+
+    let state =
+        ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "part 2 is in the chat").await.unwrap();
+    assert_eq!(state, EnvelopeState::Pending, "part 3 was never sent");
+    let attempts = ledger.attempts_for(e.id).await.unwrap();
+    assert_eq!(attempts[1].reconciled_outcome, Some(ReconciledOutcome::Sent));
+    let found = ledger.find_for_reply(&e.trace_id).await.unwrap().unwrap();
+    assert!(!found.awaiting_reconciliation, "its agent may finish it");
+
+    // The last part found delivered: the reply is whole.
+    let third = ledger.begin_attempt(&part(2)).await.unwrap().unwrap();
+    ledger.finish_attempt(&third, &lost, "agent:orch").await.unwrap();
+    let state = ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "all there").await.unwrap();
+    assert_eq!(state, EnvelopeState::Acked);
+}
+
 /// A send whose outcome arrives after recovery settled it (a replica that took over from
 /// the one making it) keeps the settled outcome: the ledger tells one story, the late
 /// answer changes nothing, and the caller hears it was settled.

@@ -6,10 +6,11 @@ use sqlx::Row;
 
 use super::PgLedger;
 use super::envelopes::transition_in;
-use crate::domain::{ReconcileError, ReconciledOutcome, Reconciliation, StoredEnvelope, StoredEvent};
+use crate::domain::{ReconcileError, Reconciliation, StoredEnvelope, StoredEvent};
 use crate::ids::TraceId;
 use crate::ledger::CountedByState;
 use crate::ledger::columns::envelope_columns;
+use crate::ledger::columns::part_cut_short;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, LedgerError, LedgerResult, ListFilter};
 
@@ -62,10 +63,6 @@ impl Inspection for PgLedger {
         finding: Reconciliation,
         reason: &str,
     ) -> Result<EnvelopeState, ReconcileError> {
-        let (to, attempt_outcome) = match finding {
-            Reconciliation::Delivered => (EnvelopeState::Acked, ReconciledOutcome::Sent),
-            Reconciliation::NotDelivered => (EnvelopeState::Pending, ReconciledOutcome::NotSent),
-        };
         let reason = format!("reconciled: {reason}");
         let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
         let envelope = sqlx::query("SELECT id, state FROM envelopes WHERE trace_id = $1 FOR UPDATE")
@@ -80,22 +77,24 @@ impl Inspection for PgLedger {
         let envelope_id: i64 = envelope.try_get("id").map_err(LedgerError::from)?;
         let state: EnvelopeState = super::rows::text_enum(&envelope, "state").map_err(LedgerError::from)?;
         // The envelope and its attempts are settled together or not at all.
-        let settled = sqlx::query(
+        let settled: Vec<bool> = sqlx::query_scalar(concat!(
             "UPDATE attempts SET reconciled_outcome = $1, reconciled_reason = $2, reconciled_at = now() \
-             WHERE envelope_id = $3 AND outcome = 'unknown' AND reconciled_outcome IS NULL",
-        )
-        .bind(attempt_outcome.as_str())
+             WHERE envelope_id = $3 AND outcome = 'unknown' AND reconciled_outcome IS NULL \
+             RETURNING ",
+            part_cut_short!()
+        ))
+        .bind(finding.attempts_outcome().as_str())
         .bind(&reason)
         .bind(envelope_id)
-        .execute(&mut *tx)
+        .fetch_all(&mut *tx)
         .await
-        .map_err(LedgerError::from)?
-        .rows_affected();
+        .map_err(LedgerError::from)?;
+        let to = finding.envelope_state(settled.contains(&true));
         let unresolved = [EnvelopeState::Unresolved];
         let moved = transition_in(&mut tx, envelope_id, &unresolved, to, "operator", Some(&reason)).await?;
         let reconciled = match (moved, state) {
             (true, _) => to,
-            (false, EnvelopeState::Acked) if settled > 0 => EnvelopeState::Acked,
+            (false, EnvelopeState::Acked) if !settled.is_empty() => EnvelopeState::Acked,
             // Nothing to reconcile: what the attempts' update did is rolled back, here rather
             // than when the transaction is dropped (that rollback waits for the connection's
             // next use, holding the envelope's row until then).

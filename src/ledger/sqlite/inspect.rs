@@ -3,12 +3,13 @@
 use async_trait::async_trait;
 
 use super::envelopes::transition_in;
-use super::in_place::{execute_cached, query_all_cached, query_row_cached};
+use super::in_place::{query_all_cached, query_row_cached};
 use super::{LedgerResult, SqliteLedger, now};
-use crate::domain::{ReconcileError, ReconciledOutcome, Reconciliation, StoredEnvelope, StoredEvent};
+use crate::domain::{ReconcileError, Reconciliation, StoredEnvelope, StoredEvent};
 use crate::ids::TraceId;
 use crate::ledger::CountedByState;
 use crate::ledger::columns::envelope_columns;
+use crate::ledger::columns::part_cut_short;
 use crate::ledger::prelude::*;
 use crate::ledger::{EnvelopeState, ListFilter};
 
@@ -74,25 +75,27 @@ impl Inspection for SqliteLedger {
     ) -> Result<EnvelopeState, ReconcileError> {
         let envelope =
             self.find(trace_id).await?.ok_or_else(|| ReconcileError::Unknown(trace_id.to_string()))?;
-        let (to, attempt_outcome) = match finding {
-            Reconciliation::Delivered => (EnvelopeState::Acked, ReconciledOutcome::Sent),
-            Reconciliation::NotDelivered => (EnvelopeState::Pending, ReconciledOutcome::NotSent),
-        };
         let reason = format!("reconciled: {reason}");
         // The envelope and its attempts are settled together or not at all.
         let reconciled = self
             .write_in_place_if(|db| {
-                let settled = execute_cached(
+                let settled: Vec<bool> = query_all_cached(
                     db,
-                    "UPDATE attempts SET reconciled_outcome = ?, reconciled_reason = ?, reconciled_at = ? \
-                     WHERE envelope_id = ? AND outcome = 'unknown' AND reconciled_outcome IS NULL",
-                    rusqlite::params![attempt_outcome.as_str(), reason, now(), envelope.id],
+                    concat!(
+                        "UPDATE attempts SET reconciled_outcome = ?, reconciled_reason = ?, reconciled_at = ? \
+                         WHERE envelope_id = ? AND outcome = 'unknown' AND reconciled_outcome IS NULL \
+                         RETURNING ",
+                        part_cut_short!()
+                    ),
+                    rusqlite::params![finding.attempts_outcome().as_str(), reason, now(), envelope.id],
+                    |row| row.get(0),
                 )?;
+                let to = finding.envelope_state(settled.contains(&true));
                 let unresolved = [EnvelopeState::Unresolved];
                 let moved = transition_in(db, envelope.id, &unresolved, to, "operator", Some(&reason))?;
                 Ok(match (moved, envelope.state) {
                     (true, _) => Some(to),
-                    (false, EnvelopeState::Acked) if settled > 0 => Some(EnvelopeState::Acked),
+                    (false, EnvelopeState::Acked) if !settled.is_empty() => Some(EnvelopeState::Acked),
                     // Nothing to reconcile: what the attempts' update did is rolled back.
                     _ => None,
                 })
