@@ -32,7 +32,8 @@ fn big_ledger() -> i64 {
 /// The trace ids of two rows that must survive every prune here: an old queued envelope
 /// (for the worker, which never connects), and an old unresolved one with its unknown
 /// attempt. Beside them, open work (`env_keep_…`): a pending envelope, an open handoff, a
-/// running cascade and an open task, each referencing old acked envelopes.
+/// running cascade and an open task (whose work is the pending envelope), each referencing
+/// old acked envelopes.
 const QUEUED: &str = "env_oldqueued";
 const UNRESOLVED: &str = "env_oldunresolved";
 
@@ -93,7 +94,7 @@ fn fill_sqlite(path: &Path, count: i64) {
         [LONG_AGO],
     )
     .unwrap();
-    tx.execute("UPDATE envelopes SET task_id = 'task_open' WHERE id = 8", []).unwrap();
+    tx.execute("UPDATE envelopes SET task_id = 'task_open' WHERE id IN (3, 8)", []).unwrap();
     tx.execute(
         "INSERT INTO tasks (task_id, chat_id, agent, route, state, revision, objective, first_envelope_id, started_by, started_source, opened_at, updated_at) \
          VALUES ('task_open', 42, 'worker', 'dm', 'open', 1, 'keep going', 8, 'Ann', 'message', ?1, ?1)",
@@ -155,7 +156,7 @@ fn fill_postgres(schema: &support::postgres::TestSchema, count: i64) {
             "INSERT INTO cascade_turns (cascade_id, speaker, agent, summoned_by, envelope_id, started_at) \
              VALUES ((SELECT id FROM cascades WHERE cascade_id = 'cas_running'), 1, 'worker', 'Ann', 7, '{LONG_AGO}')"
         ),
-        "UPDATE envelopes SET task_id = 'task_open' WHERE id = 8".to_owned(),
+        "UPDATE envelopes SET task_id = 'task_open' WHERE id IN (3, 8)".to_owned(),
         format!(
             "INSERT INTO tasks (task_id, chat_id, agent, route, state, revision, objective, first_envelope_id, started_by, started_source, opened_at, updated_at) \
              VALUES ('task_open', 42, 'worker', 'dm', 'open', 1, 'keep going', 8, 'Ann', 'message', '{LONG_AGO}', '{LONG_AGO}')"

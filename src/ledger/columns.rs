@@ -154,3 +154,26 @@ macro_rules! part_cut_short {
     };
 }
 pub(crate) use part_cut_short;
+
+/// Whether the task row `tasks` was closed before the cutoff, the SQL parameter `$cutoff`
+/// (retention, DESIGN §17): done, stopped or replaced before it; or `open` with nothing of
+/// it still running ([`busy_of!`]) and nothing of it changed since. Such a task is done
+/// (DESIGN §11), and is marked so only when its conversation's next message comes, which
+/// for a one-off conversation is never.
+macro_rules! closed_before {
+    ($cutoff:literal) => {
+        concat!(
+            "((tasks.state IN ('done', 'stopped', 'replaced') AND tasks.closed_at IS NOT NULL \
+               AND tasks.closed_at < ",
+            $cutoff,
+            ") OR (tasks.state = 'open' AND tasks.updated_at < ",
+            $cutoff,
+            " AND NOT ",
+            $crate::ledger::columns::busy_of!("tasks.task_id"),
+            " AND NOT EXISTS (SELECT 1 FROM envelopes WHERE task_id = tasks.task_id AND state_changed_at >= ",
+            $cutoff,
+            ")))"
+        )
+    };
+}
+pub(crate) use closed_before;

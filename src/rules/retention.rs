@@ -84,7 +84,8 @@ pub struct PostFacts {
 pub struct TaskFacts {
     pub id: i64,
     pub task_id: String,
-    /// Done, stopped or replaced, before the cutoff.
+    /// Done, stopped or replaced, before the cutoff; or open with nothing of it running
+    /// and nothing of it changed since (DESIGN §11: such a task is done).
     pub closed_before_cutoff: bool,
     /// The task or one of its revisions is the newest of its table.
     pub holds_newest: bool,

@@ -4,7 +4,7 @@
 
 use chrono::{Duration, Utc};
 
-use crate::ids::TraceId;
+use crate::ids::{AgentName, TraceId};
 use crate::ledger::conformance::Backend;
 use crate::ledger::conformance::fixtures::*;
 use crate::ledger::*;
@@ -108,4 +108,28 @@ pub(crate) async fn an_unreconciled_follow_up_keeps_its_answered_envelope_until_
     let pruned = ledger.prune(cutoff(), false).await.unwrap().removed;
     assert_eq!((pruned.envelopes, pruned.attempts), (1, 2));
     assert_eq!(ledger.find(&rows[0].trace_id).await.unwrap(), None);
+}
+
+/// A task whose work is all answered is done (DESIGN §11), though it is marked so only when
+/// its conversation's next message comes: a one-off conversation's task, answered before
+/// the cut-off, goes with its envelope and attempt.
+pub(crate) async fn a_conversations_last_task_goes_once_answered_before_the_cut_off<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let one_off = one_pending_message(&*ledger).await;
+    assert!(one_off.task_id.is_some());
+    let answer = ledger.begin_attempt(&one_part_reply(one_off.id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 100 }, "agent:orch").await.unwrap();
+    // Another conversation's, answered later: the newest task, envelope and attempt stay.
+    let orch = AgentName::parse("orch").unwrap();
+    let later = [in_chat(2, 43, "another question")];
+    ledger.record_batch_handing_over(2, 3, &later, &[&orch], None).await.unwrap();
+    let newest = ledger.pending(&orch).await.unwrap().remove(0);
+    assert!(newest.task_id.is_some() && newest.task_id != one_off.task_id);
+    let answer = ledger.begin_attempt(&one_part_reply(newest.id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &AttemptOutcome::Sent { message_id: 101 }, "agent:orch").await.unwrap();
+
+    let pruned = ledger.prune(Utc::now() + Duration::seconds(1), false).await.unwrap().removed;
+    assert_eq!((pruned.tasks, pruned.envelopes, pruned.attempts), (1, 1, 1), "{pruned:?}");
+    assert_eq!(ledger.find(&one_off.trace_id).await.unwrap(), None);
+    assert!(ledger.find(&newest.trace_id).await.unwrap().is_some(), "the newest stays");
 }

@@ -9,11 +9,13 @@
 //! round trips to the server, and short paced ones spent most of a prune waiting.
 //!
 //! **Beside live replicas.** SQLite's one writer keeps every other write out of a batch.
-//! Here a batch takes the envelopes it decides on `FOR UPDATE` as it reads their facts: a
-//! reply, a transition or a handoff being recorded on one of them at that moment waits for
-//! the batch, and then finds the envelope still there (it was kept) or gone (its write
-//! fails and changes nothing; nothing had been sent). A batch never deletes a row that
-//! came in after it read its facts.
+//! Here a batch decides once on what it reads, takes what it decided on `FOR UPDATE` (the
+//! open tasks' conversations first, see [`lock_and_decide`]), and decides again on facts
+//! read after the locks: a reply, a transition or a handoff being recorded on one of those
+//! envelopes at that moment waits for the batch, and then finds the envelope still there
+//! (it was kept) or gone (its write fails and changes nothing; nothing had been sent). A
+//! batch never deletes a row that came in before it read its facts the second time, and
+//! one that comes in later waits for it. A dry run locks nothing.
 
 use std::collections::{BTreeSet, HashSet};
 use std::time::{Duration, Instant};
@@ -24,11 +26,14 @@ use sqlx::{PgConnection, Row};
 
 use super::PgLedger;
 use super::rows::text_enum;
+use super::tasks::hold_conversations;
+use crate::ledger::columns::closed_before;
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
     AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, MIN_PAUSE, Newest, TaskRow,
     cascade_facts_from, final_states_sql, next_batch_envelopes_for, task_facts_from,
 };
+use crate::ledger::task_rows::Conversation;
 use crate::ledger::{LedgerResult, Pages, PruneReport, Pruned};
 use crate::rules::retention::{
     self, BatchFacts, CascadeFacts, Doomed, EnvelopeFacts, HandoffFacts, PostFacts, TaskFacts,
@@ -62,7 +67,11 @@ impl Retention for PgLedger {
             drop(connection);
             let held_from = Instant::now();
             let mut tx = self.pool.begin().await?;
-            let doomed = gather_and_decide(&mut tx, window, finished_before).await?;
+            let doomed = if dry_run {
+                gather_and_decide(&mut tx, window, finished_before).await?
+            } else {
+                lock_and_decide(&mut tx, window, finished_before).await?
+            };
             let removed = if dry_run {
                 let new = counted.leave_out(&doomed);
                 let removed = count_doomed(&mut tx, &new).await?;
@@ -220,13 +229,21 @@ struct Gathered {
     tasks: HashSet<String>,
 }
 
-/// The facts of the window's finished envelopes and of what reaches them, and the
-/// decision on them.
+/// The decision on the window's finished envelopes and what reaches them ([`gather`]).
 async fn gather_and_decide(
     tx: &mut PgConnection,
     window: (i64, i64),
     cutoff: DateTime<Utc>,
 ) -> LedgerResult<Doomed> {
+    Ok(retention::decide(&gather(tx, window, cutoff).await?))
+}
+
+/// The facts of the window's finished envelopes and of what reaches them.
+async fn gather(
+    tx: &mut PgConnection,
+    window: (i64, i64),
+    cutoff: DateTime<Utc>,
+) -> LedgerResult<BatchFacts> {
     let newest = newest(tx).await?;
     let seed_sql = format!(
         "SELECT id FROM envelopes WHERE id > $1 AND id <= $2 AND state IN ({}) AND state_changed_at < $3 ORDER BY id",
@@ -254,11 +271,57 @@ async fn gather_and_decide(
         }
     }
     gathered.facts.envelopes = envelope_facts(tx, &envelopes, cutoff, &newest).await?;
-    Ok(retention::decide(&gathered.facts))
+    Ok(gathered.facts)
 }
 
-/// The envelopes' facts, each envelope held `FOR UPDATE` until the batch ends (see the
-/// module's documentation).
+/// What a batch deletes, decided twice: once on what it reads, to know what to lock, and
+/// again under the locks, on facts read after them (a statement reads what was committed
+/// when it began, so the facts must not share the locks' statement). In between it holds,
+/// in this order (the order intake and admission take them in, so no two transactions
+/// wait for each other crosswise): the conversations of the open tasks it decided on
+/// (intake joins a message to its conversation's task under that lock, see
+/// `tasks::hold_conversations`), those tasks' rows, and the envelopes it decided on, each
+/// `FOR UPDATE`. The second decision sees only the envelopes it holds: a row that came in
+/// before the locks references one of them and keeps it, or an envelope it does not hold
+/// and keeps what references that; a row that comes in after them waits for the batch. A
+/// task the first decision did not doom (so is not held) keeps the whole batch.
+async fn lock_and_decide(
+    tx: &mut PgConnection,
+    window: (i64, i64),
+    cutoff: DateTime<Utc>,
+) -> LedgerResult<Doomed> {
+    let first = gather_and_decide(tx, window, cutoff).await?;
+    if first.is_empty() {
+        return Ok(first);
+    }
+    let tasks = id_array(&first.tasks);
+    let conversations: Vec<Conversation> =
+        sqlx::query_as("SELECT chat_id, thread_id, agent FROM tasks WHERE id = ANY($1) AND state = 'open'")
+            .bind(&tasks)
+            .fetch_all(&mut *tx)
+            .await?;
+    hold_conversations(tx, &conversations).await?;
+    sqlx::query("SELECT id FROM tasks WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+        .bind(&tasks)
+        .execute(&mut *tx)
+        .await?;
+    let locked: BTreeSet<i64> =
+        sqlx::query_scalar("SELECT id FROM envelopes WHERE id = ANY($1) ORDER BY id FOR UPDATE")
+            .bind(id_array(&first.envelopes))
+            .fetch_all(&mut *tx)
+            .await?
+            .into_iter()
+            .collect();
+    let mut facts = gather(tx, window, cutoff).await?;
+    facts.envelopes.retain(|envelope| locked.contains(&envelope.id));
+    let second = retention::decide(&facts);
+    if !second.tasks.is_subset(&first.tasks) {
+        return Ok(Doomed::default());
+    }
+    Ok(second)
+}
+
+/// The envelopes' facts.
 async fn envelope_facts(
     tx: &mut PgConnection,
     ids: &BTreeSet<i64>,
@@ -269,7 +332,7 @@ async fn envelope_facts(
         "SELECT e.id, e.state, e.state_changed_at < $2 AS settled_before_cutoff, e.task_id, \
          EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = e.id AND (a.outcome = 'in_flight' \
            OR (a.outcome = 'unknown' AND a.reconciled_outcome IS NULL))) AS unreconciled_attempt \
-         FROM envelopes e WHERE e.id = ANY($1) ORDER BY e.id FOR UPDATE OF e",
+         FROM envelopes e WHERE e.id = ANY($1)",
     )
     .bind(id_array(ids))
     .bind(cutoff)
@@ -421,10 +484,11 @@ async fn task_facts(
     cutoff: DateTime<Utc>,
     newest: &Newest,
 ) -> LedgerResult<Option<TaskFacts>> {
-    let task: Option<TaskRow> = sqlx::query_as(
-        "SELECT id, state IN ('done', 'stopped', 'replaced') AND closed_at IS NOT NULL AND closed_at < $2, \
-           first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = $1",
-    )
+    let task: Option<TaskRow> = sqlx::query_as(concat!(
+        "SELECT id, ",
+        closed_before!("$2"),
+        ", first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = $1"
+    ))
     .bind(task_id)
     .bind(cutoff)
     .fetch_optional(&mut *tx)
@@ -517,4 +581,173 @@ async fn count_doomed(tx: &mut PgConnection, doomed: &Doomed) -> LedgerResult<Pr
         agent_sessions: 0,
         reactions: 0,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::Connection;
+
+    use super::*;
+    use crate::ledger::postgres::test_support::{TestSchema, admin};
+
+    const OLD: &str = "2020-01-01T00:00:00Z";
+
+    /// How long a prune that waits for nothing may take here.
+    const PROMPTLY: Duration = Duration::from_secs(20);
+
+    async fn ledger() -> (TestSchema, PgLedger, PgConnection) {
+        let schema = TestSchema::create().await;
+        let ledger = PgLedger::connect(&schema.url).await.unwrap();
+        let db = PgConnection::connect(&schema.url).await.unwrap();
+        (schema, ledger, db)
+    }
+
+    async fn run(db: &mut PgConnection, sql: &str) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned())).execute(db).await.unwrap();
+    }
+
+    /// Envelope `id` of chat 42, in `state` since long ago, under `task` if any.
+    fn envelope(id: i64, state: &str, task: Option<&str>) -> String {
+        let task = task.map_or("NULL".to_owned(), |task| format!("'{task}'"));
+        format!(
+            "INSERT INTO envelopes (id, trace_id, kind, chat_id, chat_type, message_id, sender_name, content, \
+             sent_at, received_at, route, agent, state, state_changed_at, task_id) \
+             VALUES ({id}, 'env_{id}', 'message', 42, 'private', {id}, 'Ann', 'hi', '{OLD}', '{OLD}', 'dm', \
+             'orch', '{state}', '{OLD}', {task});"
+        )
+    }
+
+    fn attempt(id: i64, envelope: i64, outcome: &str) -> String {
+        format!(
+            "INSERT INTO attempts (id, op_id, envelope_id, agent, chat_id, chunk_index, chunk_count, text, outcome, started_at) \
+             VALUES ({id}, 'op_{id}', {envelope}, 'orch', 42, 0, 1, 'answer', '{outcome}', '{OLD}');"
+        )
+    }
+
+    async fn count(db: &mut PgConnection, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(db).await.unwrap()
+    }
+
+    /// Waits until a session of the server waits for a lock `backend` holds.
+    async fn wait_until_blocked_by(backend: i32) {
+        let mut admin = admin().await;
+        let deadline = Instant::now() + PROMPTLY;
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT COUNT(*) FROM pg_stat_activity WHERE $1 = ANY (pg_blocking_pids(pid))",
+            )
+            .bind(backend)
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nothing waited for the lock");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// An attempt begun on an old answered envelope (a reaction, an edit) while a batch
+    /// decides on it: the batch waits for it, sees it in flight, and keeps the envelope.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_attempt_begun_while_a_batch_decides_keeps_its_envelope() {
+        let (schema, ledger, mut db) = ledger().await;
+        // The newest envelope and the newest attempt are elsewhere (2, attempt 2).
+        let rows = [envelope(1, "acked", None), envelope(2, "acked", None), attempt(2, 2, "sent")];
+        run(&mut db, &rows.concat()).await;
+        // Another replica begins an attempt on envelope 1 and has not committed yet: it
+        // holds the envelope's key (KEY SHARE), as `begin_attempt` does.
+        let mut replica = PgConnection::connect(&schema.url).await.unwrap();
+        let backend: i32 =
+            sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut replica).await.unwrap();
+        run(&mut replica, &format!("BEGIN; {}", attempt(1, 1, "in_flight"))).await;
+        let pruning = {
+            let ledger = ledger.clone();
+            tokio::spawn(async move { ledger.prune(Utc::now(), false).await.unwrap() })
+        };
+        wait_until_blocked_by(backend).await;
+        run(&mut replica, "COMMIT").await;
+        let report = tokio::time::timeout(PROMPTLY, pruning).await.unwrap().unwrap();
+        assert_eq!(report.removed.envelopes, 0, "{:?}", report.removed);
+        assert_eq!(count(&mut db, "SELECT COUNT(*) FROM attempts WHERE outcome = 'in_flight'").await, 1);
+        assert_eq!(count(&mut db, "SELECT COUNT(*) FROM envelopes").await, 2);
+        ledger.close().await;
+        schema.drop().await;
+    }
+
+    /// Intake joins a message to its conversation's task holding the conversation: a batch
+    /// deciding on that task, idle until then, waits for it and keeps the task.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_message_joining_an_idle_task_while_a_batch_decides_keeps_the_task() {
+        let (schema, ledger, mut db) = ledger().await;
+        let task = |id: i64, first: i64| {
+            format!(
+                "INSERT INTO tasks (id, task_id, chat_id, agent, route, state, revision, objective, first_envelope_id, \
+                 started_by, started_source, opened_at, updated_at) \
+                 VALUES ({id}, 'task_{id}', 42, 'orch', 'dm', 'open', 1, 'work', {first}, 'Ann', 'message', '{OLD}', '{OLD}');"
+            )
+        };
+        // Task 1, answered long ago; task 2 (another conversation's) the newest.
+        let rows = [
+            envelope(1, "acked", Some("task_1")),
+            task(1, 1),
+            envelope(2, "acked", None),
+            task(2, 2),
+            "UPDATE tasks SET chat_id = 43 WHERE id = 2;".to_owned(),
+        ];
+        run(&mut db, &rows.concat()).await;
+        let mut intake = PgConnection::connect(&schema.url).await.unwrap();
+        let backend: i32 =
+            sqlx::query_scalar("SELECT pg_backend_pid()").fetch_one(&mut intake).await.unwrap();
+        run(&mut intake, "BEGIN").await;
+        hold_conversations(&mut intake, &[(42, None, "orch".to_owned())]).await.unwrap();
+        run(&mut intake, &envelope(3, "pending", Some("task_1")).replace("'2020-01-01T00:00:00Z'", "now()"))
+            .await;
+        let pruning = {
+            let ledger = ledger.clone();
+            tokio::spawn(async move {
+                ledger.prune(Utc::now() - chrono::Duration::seconds(1), false).await.unwrap()
+            })
+        };
+        wait_until_blocked_by(backend).await;
+        run(&mut intake, "COMMIT").await;
+        let report = tokio::time::timeout(PROMPTLY, pruning).await.unwrap().unwrap();
+        assert_eq!((report.removed.tasks, report.removed.envelopes), (0, 0), "{:?}", report.removed);
+        assert_eq!(count(&mut db, "SELECT COUNT(*) FROM tasks WHERE task_id = 'task_1'").await, 1);
+        ledger.close().await;
+        schema.drop().await;
+    }
+
+    /// A prune (or a dry run) locks only what it removes: an open task's pending envelope,
+    /// held by another transaction, does not hold it up.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_prune_locks_only_what_it_removes() {
+        let (schema, ledger, mut db) = ledger().await;
+        let rows = [
+            envelope(1, "acked", Some("task_1")),
+            envelope(2, "pending", Some("task_1")),
+            format!(
+                "INSERT INTO tasks (task_id, chat_id, agent, route, state, revision, objective, first_envelope_id, \
+                 started_by, started_source, opened_at, updated_at) \
+                 VALUES ('task_1', 42, 'orch', 'dm', 'open', 1, 'work', 1, 'Ann', 'message', '{OLD}', '{OLD}');"
+            ),
+            envelope(3, "acked", None),
+            envelope(4, "acked", None),
+        ];
+        run(&mut db, &rows.concat()).await;
+        let mut other = PgConnection::connect(&schema.url).await.unwrap();
+        run(&mut other, "BEGIN; SELECT id FROM envelopes WHERE id = 2 FOR UPDATE;").await;
+        for dry_run in [true, false] {
+            let report = tokio::time::timeout(PROMPTLY, ledger.prune(Utc::now(), dry_run))
+                .await
+                .expect("the prune waited for an envelope it does not remove")
+                .unwrap();
+            assert_eq!(report.removed.envelopes, 1, "envelope 3 alone (dry run: {dry_run})");
+        }
+        run(&mut other, "ROLLBACK").await;
+        assert_eq!(count(&mut db, "SELECT COUNT(*) FROM envelopes").await, 3);
+        ledger.close().await;
+        schema.drop().await;
+    }
 }

@@ -31,6 +31,7 @@ use rusqlite::OptionalExtension;
 use super::checkpoint::BetweenBatches;
 use super::in_place::{LONGEST_PAUSE, execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger};
+use crate::ledger::columns::closed_before;
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
     AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, Newest, TaskRow, cascade_facts_from,
@@ -436,8 +437,11 @@ fn task_facts(
 ) -> rusqlite::Result<Option<TaskFacts>> {
     let task: Option<TaskRow> = query_row_cached(
         db,
-        "SELECT id, state IN ('done', 'stopped', 'replaced') AND closed_at IS NOT NULL AND closed_at < ?2, \
-           first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = ?1",
+        concat!(
+            "SELECT id, ",
+            closed_before!("?2"),
+            ", first_envelope_id, act_on_envelope_id, cancel_envelope_id FROM tasks WHERE task_id = ?1"
+        ),
         rusqlite::params![task_id, cutoff],
         |r| {
             let closed_before_cutoff: bool = r.get(1)?;
@@ -716,9 +720,9 @@ mod tests {
                 envelope(db, 26, "acked", OLD, None);
                 envelope(db, 27, "acked", OLD, None);
                 cascade(db, 3, "completed", 26, 27, Some("owed"));
-                // An open task keeps its envelopes; a done one goes with them.
+                // An open task with work pending keeps its envelopes; a done one goes with them.
                 envelope(db, 17, "acked", OLD, Some("task_1"));
-                envelope(db, 28, "acked", OLD, Some("task_1"));
+                envelope(db, 28, "pending", OLD, Some("task_1"));
                 task(db, 1, "open", 17, 28);
                 envelope(db, 18, "acked", OLD, Some("task_2"));
                 envelope(db, 19, "superseded", OLD, Some("task_2"));
@@ -788,6 +792,35 @@ mod tests {
         consistent(&ledger).await;
         // Nothing is left that may go.
         assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());
+    }
+
+    #[tokio::test]
+    async fn an_idle_open_task_goes_with_its_envelopes_and_revisions_once_all_settled_before_the_cutoff() {
+        let (_dir, ledger) = ledger().await;
+        ledger
+            .write_in_place(|db| {
+                // A one-off conversation: answered long ago, never marked done (no next
+                // message came).
+                envelope(db, 1, "acked", OLD, Some("task_1"));
+                envelope(db, 2, "acked", OLD, Some("task_1"));
+                task(db, 1, "open", 1, 2);
+                // Idle too, but its last envelope settled after the cutoff.
+                envelope(db, 3, "acked", OLD, Some("task_2"));
+                envelope(db, 4, "acked", RECENT, Some("task_2"));
+                task(db, 2, "open", 3, 4);
+                // The newest rows of these tables are elsewhere.
+                envelope(db, 5, "acked", RECENT, None);
+                task(db, 3, "done", 5, 5);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let cutoff = "2500-01-01T00:00:00Z".parse().unwrap();
+        let removed = ledger.prune(cutoff, false).await.unwrap().removed;
+        assert_eq!((removed.tasks, removed.task_revisions, removed.envelopes), (1, 1, 2));
+        assert_eq!(ids(&ledger, "SELECT id FROM tasks ORDER BY id").await, [2, 3]);
+        assert_eq!(ids(&ledger, "SELECT id FROM envelopes ORDER BY id").await, [3, 4, 5]);
+        consistent(&ledger).await;
     }
 
     #[tokio::test]
