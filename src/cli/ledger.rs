@@ -72,8 +72,8 @@ pub enum LedgerCommand {
     },
     /// Delete what finished longer ago than DURATION (acked, superseded, unrouted, rejected,
     /// ignored and undecodable envelopes with their attempts and history; ended handoffs,
-    /// room exchanges and tasks), in short batches beside a running daemon. Nothing open or
-    /// unreconciled goes.
+    /// room exchanges and tasks; settled permission requests and operator questions), in
+    /// short batches beside a running daemon. Nothing open or unreconciled goes.
     Prune {
         /// How long ago a row must have finished: a number and a unit, `90d`, `12h` or `30m`.
         #[arg(long, value_name = "DURATION")]
@@ -453,9 +453,9 @@ fn print_prune_report(report: &PruneReport, dry_run: bool, database: &Database) 
     let verb = if dry_run { "would remove" } else { "removed" };
     println!("{verb}:");
     for (table, count) in report.removed.by_table() {
-        println!("  {table:<16} {count}");
+        println!("  {table:<20} {count}");
     }
-    println!("  {:<16} {}", "total", report.removed.total());
+    println!("  {:<20} {}", "total", report.removed.total());
     println!(
         "{} batch(es) in {:.1}s; the longest held the writer {:.1} ms",
         report.batches,

@@ -177,3 +177,36 @@ macro_rules! closed_before {
     };
 }
 pub(crate) use closed_before;
+
+/// Whether a row of `permission_requests` is finished before the cutoff, the SQL parameter
+/// `$cutoff` (retention, DESIGN §17): answered or expired, its prompt showing so (settled),
+/// its verdict written to the asking session (an expired request has none to write), and
+/// asked and answered before the cutoff. A pending request, a prompt still to be edited and
+/// a verdict still owed stay.
+macro_rules! permission_finished_before {
+    ($cutoff:literal) => {
+        concat!(
+            "state IN ('allowed', 'denied', 'expired') AND prompt_settled \
+             AND (state = 'expired' OR verdict_sent_at IS NOT NULL) AND asked_at < ",
+            $cutoff,
+            " AND COALESCE(answered_at, asked_at) < ",
+            $cutoff
+        )
+    };
+}
+pub(crate) use permission_finished_before;
+
+/// Whether a row of `operator_questions` is finished before the cutoff, the SQL parameter
+/// `$cutoff`: answered (or its envelope settled otherwise), its prompt showing so, and asked
+/// and answered before the cutoff. An open question and a prompt still to be edited stay.
+macro_rules! question_finished_before {
+    ($cutoff:literal) => {
+        concat!(
+            "state <> 'open' AND prompt_settled AND asked_at < ",
+            $cutoff,
+            " AND COALESCE(answered_at, asked_at) < ",
+            $cutoff
+        )
+    };
+}
+pub(crate) use question_finished_before;

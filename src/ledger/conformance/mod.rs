@@ -147,6 +147,7 @@ macro_rules! suite {
             retention::a_prune_removes_only_what_finished_before_the_cut_off_and_a_dry_run_deletes_nothing,
             retention::an_unreconciled_follow_up_keeps_its_answered_envelope_until_reconciled,
             retention::a_conversations_last_task_goes_once_answered_before_the_cut_off,
+            retention::a_finished_permission_request_or_question_goes_and_one_still_owing_anything_stays,
             );
         }
     };

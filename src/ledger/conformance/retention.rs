@@ -133,3 +133,87 @@ pub(crate) async fn a_conversations_last_task_goes_once_answered_before_the_cut_
     assert_eq!(ledger.find(&one_off.trace_id).await.unwrap(), None);
     assert!(ledger.find(&newest.trace_id).await.unwrap().is_some(), "the newest stays");
 }
+
+/// A permission request goes once answered or expired, its prompt showing so and its
+/// verdict (if any) written to the asking session; an operator's question once answered
+/// and its prompt showing so. Anything still owed keeps its row.
+pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still_owing_anything_stays<
+    B: Backend,
+>() {
+    let (_keep, ledger) = B::fresh().await;
+    let request = |id: &'static str, expires_at: &'static str| NewPermissionRequest {
+        id,
+        agent: "orch",
+        session_id: "ses_1",
+        plugin_id: id,
+        request_id: "abcde",
+        tool_name: "Bash",
+        description: "run ls",
+        input_preview: "{}",
+        expires_at,
+        route: "dm",
+        chat_id: 42,
+        thread_id: None,
+    };
+    const LATER: &str = "2999-01-01T00:00:00.000Z";
+    const PAST: &str = "2000-01-01T00:00:00.000Z";
+    for (id, expires_at) in [
+        ("prm_done", LATER),
+        ("prm_verdict_owed", LATER),
+        ("prm_prompt_unsettled", LATER),
+        ("prm_pending", LATER),
+        ("prm_expired", PAST),
+    ] {
+        ledger.record_permission_request(&request(id, expires_at)).await.unwrap();
+        ledger.finish_prompt_send(id, &AttemptOutcome::Sent { message_id: 1 }).await.unwrap();
+    }
+    for id in ["prm_done", "prm_verdict_owed", "prm_prompt_unsettled"] {
+        ledger.answer_permission(id, PermissionVerdict::Allow, 7, "ann").await.unwrap();
+    }
+    assert_eq!(ledger.expire_due_permissions().await.unwrap().len(), 1);
+    for id in ["prm_done", "prm_verdict_owed", "prm_expired"] {
+        ledger.settle_prompt(id).await.unwrap();
+    }
+    for id in ["prm_done", "prm_prompt_unsettled"] {
+        ledger.verdict_sent(id).await.unwrap();
+    }
+
+    let batch: Vec<_> = (1..=4).map(|update_id| routed(update_id, EnvelopeState::Pending)).collect();
+    ledger.record_batch(1, 5, &batch).await.unwrap();
+    let mut rows = ledger.list(&ListFilter { limit: 4, ..Default::default() }).await.unwrap();
+    rows.sort_by_key(|row| row.id);
+    for row in &rows[..3] {
+        let lost = ledger.begin_attempt(&one_part_reply(row.id)).await.unwrap().unwrap();
+        ledger
+            .finish_attempt(&lost, &AttemptOutcome::Unknown { error: "timeout".into() }, "agent:orch")
+            .await
+            .unwrap();
+    }
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let new_id = move || format!("qst_{}", next.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    let mut asked = ledger.record_new_questions(7, None, &new_id).await.unwrap();
+    asked.sort_by_key(|question| question.envelope_id);
+    let [settled, unsettled, open] = &asked[..] else { panic!("three questions, asked {asked:?}") };
+    for question in [settled, unsettled] {
+        ledger.finish_question_send(&question.id, &AttemptOutcome::Sent { message_id: 2 }).await.unwrap();
+        ledger.answer_question(question, Reconciliation::Delivered, 7, "ann").await.unwrap();
+    }
+    ledger.settle_question_prompt(&settled.id).await.unwrap();
+
+    let cutoff = Utc::now() + Duration::seconds(1);
+    assert_eq!(
+        ledger.prune(Utc::now() - Duration::hours(1), false).await.unwrap().removed,
+        Pruned::default()
+    );
+    let dry = ledger.prune(cutoff, true).await.unwrap().removed;
+    assert_eq!((dry.permission_requests, dry.operator_questions), (2, 1), "{dry:?}");
+    let pruned = ledger.prune(cutoff, false).await.unwrap().removed;
+    assert_eq!((pruned.permission_requests, pruned.operator_questions), (2, 1), "{pruned:?}");
+    let mut kept: Vec<String> =
+        ledger.list_permissions(10).await.unwrap().into_iter().map(|request| request.id).collect();
+    kept.sort();
+    assert_eq!(kept, ["prm_pending", "prm_prompt_unsettled", "prm_verdict_owed"]);
+    assert_eq!(ledger.question(&settled.id).await.unwrap(), None);
+    assert!(ledger.question(&unsettled.id).await.unwrap().is_some(), "its prompt is still to be edited");
+    assert!(ledger.question(&open.id).await.unwrap().is_some(), "unanswered");
+}

@@ -27,7 +27,7 @@ use sqlx::{PgConnection, Row};
 use super::PgLedger;
 use super::rows::text_enum;
 use super::tasks::hold_conversations;
-use crate::ledger::columns::closed_before;
+use crate::ledger::columns::{closed_before, permission_finished_before, question_finished_before};
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
     AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, MIN_PAUSE, Newest, TaskRow,
@@ -100,6 +100,12 @@ impl Retention for PgLedger {
         }
         report.removed.agent_sessions = self.prune_sessions(finished_before, dry_run).await?;
         report.removed.reactions = self.prune_reactions(finished_before, dry_run).await?;
+        report.removed.permission_requests = self
+            .prune_rows("permission_requests", permission_finished_before!("$1"), finished_before, dry_run)
+            .await?;
+        report.removed.operator_questions = self
+            .prune_rows("operator_questions", question_finished_before!("$1"), finished_before, dry_run)
+            .await?;
         report.pages_after = self.pages().await?;
         report.took = started.elapsed();
         Ok(report)
@@ -544,8 +550,7 @@ async fn delete_doomed(tx: &mut PgConnection, doomed: &Doomed) -> LedgerResult<P
         room_posts,
         tasks,
         task_revisions,
-        agent_sessions: 0,
-        reactions: 0,
+        ..Pruned::default()
     })
 }
 
@@ -578,8 +583,7 @@ async fn count_doomed(tx: &mut PgConnection, doomed: &Doomed) -> LedgerResult<Pr
             &tasks,
         )
         .await?,
-        agent_sessions: 0,
-        reactions: 0,
+        ..Pruned::default()
     })
 }
 

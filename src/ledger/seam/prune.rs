@@ -29,11 +29,13 @@ pub struct Pruned {
     pub task_revisions: u64,
     pub agent_sessions: u64,
     pub reactions: u64,
+    pub permission_requests: u64,
+    pub operator_questions: u64,
 }
 
 impl Pruned {
     /// Each table with its count, in the order the tables were made.
-    pub fn by_table(&self) -> [(&'static str, u64); 11] {
+    pub fn by_table(&self) -> [(&'static str, u64); 13] {
         [
             ("envelopes", self.envelopes),
             ("attempts", self.attempts),
@@ -46,6 +48,8 @@ impl Pruned {
             ("task_revisions", self.task_revisions),
             ("agent_sessions", self.agent_sessions),
             ("reactions", self.reactions),
+            ("permission_requests", self.permission_requests),
+            ("operator_questions", self.operator_questions),
         ]
     }
 
@@ -65,6 +69,8 @@ impl Pruned {
         self.task_revisions += other.task_revisions;
         self.agent_sessions += other.agent_sessions;
         self.reactions += other.reactions;
+        self.permission_requests += other.permission_requests;
+        self.operator_questions += other.operator_questions;
     }
 }
 

@@ -31,7 +31,7 @@ use rusqlite::OptionalExtension;
 use super::checkpoint::BetweenBatches;
 use super::in_place::{LONGEST_PAUSE, execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger};
-use crate::ledger::columns::closed_before;
+use crate::ledger::columns::{closed_before, permission_finished_before, question_finished_before};
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
     AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, Newest, TaskRow, cascade_facts_from,
@@ -121,6 +121,12 @@ impl Retention for SqliteLedger {
         }
         report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run).await?;
         report.removed.reactions = self.prune_reactions(&cutoff, dry_run).await?;
+        report.removed.permission_requests = self
+            .prune_rows("permission_requests", "id", permission_finished_before!("?1"), &cutoff, dry_run)
+            .await?;
+        report.removed.operator_questions = self
+            .prune_rows("operator_questions", "id", question_finished_before!("?1"), &cutoff, dry_run)
+            .await?;
         report.pages_after = self.pages().await?;
         report.took = started.elapsed();
         Ok(report)
@@ -511,8 +517,7 @@ fn delete_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result
         room_posts,
         tasks,
         task_revisions,
-        agent_sessions: 0,
-        reactions: 0,
+        ..Pruned::default()
     })
 }
 
@@ -553,8 +558,7 @@ fn count_doomed(db: &rusqlite::Connection, doomed: &Doomed) -> rusqlite::Result<
             "SELECT COUNT(*) FROM task_revisions WHERE task_id IN (SELECT task_id FROM tasks WHERE id IN (SELECT value FROM json_each(?1)))",
             &tasks,
         )?,
-        agent_sessions: 0,
-        reactions: 0,
+        ..Pruned::default()
     })
 }
 
@@ -773,6 +777,7 @@ mod tests {
             task_revisions: 1,
             agent_sessions: 1,
             reactions: 2,
+            ..Pruned::default()
         };
         assert_eq!(dry.removed, expected);
         assert_eq!(ids(&ledger, "SELECT COUNT(*) FROM envelopes").await, [28], "a dry run deletes nothing");
