@@ -178,6 +178,30 @@ macro_rules! closed_before {
 }
 pub(crate) use closed_before;
 
+/// An envelope's facts as retention reads them (`rules::retention::EnvelopeFacts`), `e` the
+/// envelope, the SQL parameter `$cutoff` the cutoff: its id, state, whether it settled
+/// before the cutoff (it reached its state before it, and none of its attempts, a reaction
+/// or an edit on an old answered message say, started, finished or was reconciled since),
+/// its task, and whether an attempt of it is in flight or unknown and not reconciled.
+macro_rules! envelope_facts_columns {
+    ($cutoff:literal) => {
+        concat!(
+            "e.id, e.state, (e.state_changed_at < ",
+            $cutoff,
+            " AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = e.id AND (a.started_at >= ",
+            $cutoff,
+            " OR a.finished_at >= ",
+            $cutoff,
+            " OR a.reconciled_at >= ",
+            $cutoff,
+            "))) AS settled_before_cutoff, e.task_id, \
+             EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = e.id AND (a.outcome = 'in_flight' \
+               OR (a.outcome = 'unknown' AND a.reconciled_outcome IS NULL))) AS unreconciled_attempt"
+        )
+    };
+}
+pub(crate) use envelope_facts_columns;
+
 /// Whether a row of `permission_requests` is finished before the cutoff, the SQL parameter
 /// `$cutoff` (retention, DESIGN §17): answered or expired, its prompt showing so (settled),
 /// its verdict written to the asking session (an expired request has none to write), and

@@ -30,7 +30,8 @@ pub fn is_final(state: EnvelopeState) -> bool {
 pub struct EnvelopeFacts {
     pub id: i64,
     pub state: EnvelopeState,
-    /// It reached its state (`state_changed_at`) before the cutoff.
+    /// It reached its state (`state_changed_at`) before the cutoff, and no attempt of it
+    /// (a reaction, an edit) started, finished or was reconciled since.
     pub settled_before_cutoff: bool,
     /// One of its attempts is in flight, or unknown and not reconciled: an operator may
     /// still need it, whatever the envelope's state (an acked envelope's follow-up can be

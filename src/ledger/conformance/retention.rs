@@ -217,3 +217,29 @@ pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still
     assert!(ledger.question(&unsettled.id).await.unwrap().is_some(), "its prompt is still to be edited");
     assert!(ledger.question(&open.id).await.unwrap().is_some(), "unanswered");
 }
+
+/// A reaction (or an edit) on a message answered before the cut-off is fresh history: the
+/// envelope it was made on stays for a full period from it.
+pub(crate) async fn a_reaction_on_an_old_answered_message_keeps_it_for_a_full_period<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let batch = [routed(1, EnvelopeState::Pending), routed(2, EnvelopeState::Pending)];
+    ledger.record_batch(1, 3, &batch).await.unwrap();
+    let mut rows = ledger.list(&ListFilter { limit: 2, ..Default::default() }).await.unwrap();
+    rows.sort_by_key(|row| row.id);
+    let sent = |message_id| AttemptOutcome::Sent { message_id };
+    let answer = ledger.begin_attempt(&one_part_reply(rows[0].id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&answer, &sent(100), "agent:orch").await.unwrap();
+    // The cut-off falls between the answer and the reaction: the ledger's clock is read in
+    // milliseconds, so the two are a few apart.
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let cutoff = Utc::now();
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let reacted = ledger.begin_attempt(&reaction(rows[0].id, "req_react1", 100)).await.unwrap().unwrap();
+    ledger.finish_attempt(&reacted, &sent(100), "agent:orch").await.unwrap();
+    // The newest attempt is elsewhere.
+    let last = ledger.begin_attempt(&one_part_reply(rows[1].id)).await.unwrap().unwrap();
+    ledger.finish_attempt(&last, &sent(101), "agent:orch").await.unwrap();
+
+    assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());
+    assert_eq!(ledger.attempts_for(rows[0].id).await.unwrap().len(), 2, "the answer and the reaction");
+}

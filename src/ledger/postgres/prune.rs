@@ -27,7 +27,9 @@ use sqlx::{PgConnection, Row};
 use super::PgLedger;
 use super::rows::text_enum;
 use super::tasks::hold_conversations;
-use crate::ledger::columns::{closed_before, permission_finished_before, question_finished_before};
+use crate::ledger::columns::{
+    closed_before, envelope_facts_columns, permission_finished_before, question_finished_before,
+};
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
     AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, MIN_PAUSE, Newest, TaskRow,
@@ -334,12 +336,11 @@ async fn envelope_facts(
     cutoff: DateTime<Utc>,
     newest: &Newest,
 ) -> LedgerResult<Vec<EnvelopeFacts>> {
-    let rows = sqlx::query(
-        "SELECT e.id, e.state, e.state_changed_at < $2 AS settled_before_cutoff, e.task_id, \
-         EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = e.id AND (a.outcome = 'in_flight' \
-           OR (a.outcome = 'unknown' AND a.reconciled_outcome IS NULL))) AS unreconciled_attempt \
-         FROM envelopes e WHERE e.id = ANY($1)",
-    )
+    let rows = sqlx::query(concat!(
+        "SELECT ",
+        envelope_facts_columns!("$2"),
+        " FROM envelopes e WHERE e.id = ANY($1)"
+    ))
     .bind(id_array(ids))
     .bind(cutoff)
     .fetch_all(&mut *tx)

@@ -31,7 +31,9 @@ use rusqlite::OptionalExtension;
 use super::checkpoint::BetweenBatches;
 use super::in_place::{LONGEST_PAUSE, execute_cached, query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger};
-use crate::ledger::columns::{closed_before, permission_finished_before, question_finished_before};
+use crate::ledger::columns::{
+    closed_before, envelope_facts_columns, permission_finished_before, question_finished_before,
+};
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
     AlreadyCounted, BATCH_ENVELOPES, BATCH_SESSIONS, CascadePart, Newest, TaskRow, cascade_facts_from,
@@ -291,9 +293,11 @@ fn envelope_facts(
 ) -> rusqlite::Result<Vec<EnvelopeFacts>> {
     query_all_cached(
         db,
-        "SELECT e.id, e.state, e.state_changed_at < ?2, e.task_id, EXISTS (SELECT 1 FROM attempts a \
-           WHERE a.envelope_id = e.id AND (a.outcome = 'in_flight' OR (a.outcome = 'unknown' AND a.reconciled_outcome IS NULL))) \
-         FROM envelopes e WHERE e.id IN (SELECT value FROM json_each(?1))",
+        concat!(
+            "SELECT ",
+            envelope_facts_columns!("?2"),
+            " FROM envelopes e WHERE e.id IN (SELECT value FROM json_each(?1))"
+        ),
         rusqlite::params![json_ids(ids), cutoff],
         |r| {
             let id: i64 = r.get(0)?;
