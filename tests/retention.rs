@@ -348,10 +348,16 @@ async fn kill_9_of_a_prune_halfway_leaves_a_whole_ledger_that_a_second_prune_fin
 }
 
 #[tokio::test]
-async fn ledger_prune_refuses_a_duration_it_cannot_read_or_zero() {
+async fn ledger_prune_refuses_a_duration_it_cannot_read_zero_under_an_hour_or_a_bare_m() {
     let fake = FakeTelegram::start().await;
     let daemon = daemon_with_old_rows(&fake, 10, &[]).await;
-    for (duration, says) in [("90", "like 90d, 12h or 30m"), ("2w", "like 90d, 12h or 30m"), ("0d", "zero")] {
+    for (duration, says) in [
+        ("90", "like 90d, 12h or 90min"),
+        ("2w", "like 90d, 12h or 90min"),
+        ("0d", "zero"),
+        ("30min", "under an hour"),
+        ("3m", "months"),
+    ] {
         let (ok, _, stderr) = daemon.ledger_cli(&["prune", "--older-than", duration]);
         assert!(!ok && stderr.contains(says), "{duration}: {stderr}");
     }

@@ -75,7 +75,8 @@ pub enum LedgerCommand {
     /// room exchanges and tasks; settled permission requests and operator questions), in
     /// short batches beside a running daemon. Nothing open or unreconciled goes.
     Prune {
-        /// How long ago a row must have finished: a number and a unit, `90d`, `12h` or `30m`.
+        /// How long ago a row must have finished, at least an hour: a number and a unit,
+        /// `90d`, `12h` or `90min`.
         #[arg(long, value_name = "DURATION")]
         older_than: OlderThan,
         /// Count what would go, delete nothing.
@@ -489,7 +490,7 @@ fn print_prune_report(report: &PruneReport, dry_run: bool, database: &Database) 
 }
 
 /// How long ago a row must have finished for `ledger prune`: a whole number of days,
-/// hours or minutes, at least one.
+/// hours or minutes, at least [`MIN_AGE`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct OlderThan {
     amount: u32,
@@ -507,17 +508,29 @@ enum AgeUnit {
 /// the date arithmetic's limits.
 const MAX_AGE_DAYS: i64 = 36_525;
 
+/// The shortest age accepted. A prune is for history: an hour is past every recovery that
+/// still reads a finished row (the plugin asks for a reply's outcome for up to 60 s after
+/// a broken connection), and a cutoff minutes ago is more likely a typo than a wish.
+const MIN_AGE: chrono::Duration = chrono::Duration::hours(1);
+
 impl OlderThan {
     pub fn parse(text: &str) -> Result<Self, String> {
         let text = text.trim();
         let usage =
-            || format!("'{text}' is not a duration like 90d, 12h or 30m (a whole number and d, h or m)");
+            || format!("'{text}' is not a duration like 90d, 12h or 90min (a whole number and d, h or min)");
         let split = text.find(|c: char| !c.is_ascii_digit()).ok_or_else(usage)?;
         let (digits, unit) = text.split_at(split);
         let unit = match unit {
             "d" => AgeUnit::Days,
             "h" => AgeUnit::Hours,
-            "m" => AgeUnit::Minutes,
+            "min" => AgeUnit::Minutes,
+            "m" => {
+                return Err(format!(
+                    "'{text}': m could mean minutes or months; write minutes as {digits}min, and months \
+                     in days ({}d for {digits} months)",
+                    digits.parse::<u64>().unwrap_or(0).saturating_mul(30)
+                ));
+            }
             _ => return Err(usage()),
         };
         let amount: u32 = digits.parse().map_err(|_| usage())?;
@@ -530,6 +543,12 @@ impl OlderThan {
         let age = Self { amount, unit };
         if age.duration() > chrono::Duration::days(MAX_AGE_DAYS) {
             return Err(format!("'{text}' is more than a century"));
+        }
+        if age.duration() < MIN_AGE {
+            return Err(format!(
+                "'{text}' is under an hour: a prune keeps at least the last hour, which recovery may \
+                 still read; give 1h or more"
+            ));
         }
         Ok(age)
     }
@@ -554,7 +573,7 @@ impl AgeUnit {
         match self {
             Self::Days => "d",
             Self::Hours => "h",
-            Self::Minutes => "m",
+            Self::Minutes => "min",
         }
     }
 }
@@ -739,8 +758,17 @@ mod tests {
         let cutoff = |text: &str| OlderThan::parse(text).unwrap().cutoff(now).to_rfc3339();
         assert_eq!(cutoff("90d"), "2025-12-01T12:00:00+00:00");
         assert_eq!(cutoff("12h"), "2026-03-01T00:00:00+00:00");
-        assert_eq!(cutoff(" 30m "), "2026-03-01T11:30:00+00:00");
+        assert_eq!(cutoff(" 90min "), "2026-03-01T10:30:00+00:00");
         assert_eq!(OlderThan::parse("90d").unwrap().to_string(), "90d");
+        assert_eq!(OlderThan::parse("90min").unwrap().to_string(), "90min");
+        assert_eq!(cutoff("1h"), cutoff("60min"), "an hour is the shortest age");
+    }
+
+    #[test]
+    fn a_bare_m_is_refused_as_minutes_or_months_and_months_are_given_in_days() {
+        let refused = OlderThan::parse("3m").unwrap_err();
+        assert!(refused.contains("min") && refused.contains("90d"), "{refused}");
+        assert!(OlderThan::parse("90m").is_err(), "not read as minutes either");
     }
 
     #[test]
@@ -749,7 +777,10 @@ mod tests {
         assert!(OlderThan::parse("00h").unwrap_err().contains("zero"));
         for text in ["", "d", "90", "90 d", "90D", "1w", "1.5d", "-1d", "+1d", "90dd", "1d12h"] {
             let refused = OlderThan::parse(text).unwrap_err();
-            assert!(refused.contains("like 90d, 12h or 30m"), "{text}: {refused}");
+            assert!(refused.contains("like 90d, 12h or 90min"), "{text}: {refused}");
+        }
+        for short in ["30min", "59min", "1min"] {
+            assert!(OlderThan::parse(short).unwrap_err().contains("hour"), "{short}");
         }
         assert!(OlderThan::parse("99999999d").unwrap_err().contains("century"));
         assert!(OlderThan::parse("99999999999d").is_err());
