@@ -14,6 +14,7 @@ use crate::ledger::{
     Ledger, ListFilter, PruneReport, Reconciliation, StoredCascade, StoredEnvelope, StoredHandoff,
     StoredPermission, TurnEnding,
 };
+use crate::rules::retention::MAX_AGE_DAYS;
 
 #[derive(Debug, Subcommand)]
 pub enum LedgerCommand {
@@ -503,10 +504,6 @@ enum AgeUnit {
     Hours,
     Minutes,
 }
-
-/// The longest age accepted: a century, far past any retention anyone means, and far from
-/// the date arithmetic's limits.
-const MAX_AGE_DAYS: i64 = 36_525;
 
 /// The shortest age accepted. A prune is for history: an hour is past every recovery that
 /// still reads a finished row (the plugin asks for a reply's outcome for up to 60 s after

@@ -129,6 +129,13 @@ fn retention_is_off_by_default_hourly_when_set_and_at_least_a_day() {
     assert_eq!(e.key, "storage.retain_days");
     assert!(e.problem.contains("at least 1"), "{e}");
     assert!(load_str(&with("retain_days = -3")).is_err());
+    // The schedule's date arithmetic has limits: a value past a century is refused.
+    let century = load_str(&with("retain_days = 36525")).unwrap().storage.retain;
+    assert_eq!(century.map(|r| r.days), Some(36_525));
+    for too_long in ["36526", "4294967295"] {
+        let e = problem(&with(&format!("retain_days = {too_long}")));
+        assert_eq!(e.key, "storage.retain_days", "{too_long}");
+    }
     let quick = load_str(&with("retain_days = 1\nretention_interval_secs = 1")).unwrap().storage.retain;
     assert_eq!(quick.map(|r| r.every), Some(Duration::from_secs(1)));
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use crate::ids::{AgentName, RouteName, Secret};
 use crate::rules::leadership::{DEFAULT_LEASE, Lease};
 use crate::rules::pacing::PaceLimits;
+use crate::rules::retention::MAX_AGE_DAYS;
 use crate::rules::routes::{Audience, Route, RouteTarget, RoutesError, RoutesTable};
 use crate::rules::turns::{self, RoomMember, RoomRoster, RosterError};
 
@@ -138,6 +139,15 @@ fn validate_storage(path: &Path, raw: RawStorage) -> Result<StorageSettings, Con
             return Err(err(
                 "storage.retain_days",
                 "must be at least 1 (leave it out to keep everything)".into(),
+            ));
+        }
+        Some(days) if i64::from(days) > MAX_AGE_DAYS => {
+            return Err(err(
+                "storage.retain_days",
+                format!(
+                    "{days} is more than a century (at most {}); leave it out to keep everything",
+                    MAX_AGE_DAYS
+                ),
             ));
         }
         Some(days) => {

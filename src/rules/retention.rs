@@ -11,6 +11,11 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use crate::ledger::EnvelopeState;
 
+/// The longest retention accepted, in days (`ledger prune --older-than`, `[storage]
+/// retain_days`): a century, far past any retention anyone means, and far from the date
+/// arithmetic's limits (a cutoff further back than chrono can count panics).
+pub const MAX_AGE_DAYS: i64 = 36_525;
+
 /// Whether an envelope's state is final: nothing will happen to it any more, it is kept
 /// for audit only. `queued`, `pending` and `unresolved` are work (or an operator's).
 pub fn is_final(state: EnvelopeState) -> bool {
