@@ -149,26 +149,32 @@ pub(crate) fn cascade_facts_from(
 /// first, act-on and cancel envelopes.
 pub(crate) type TaskRow = (i64, bool, i64, Option<i64>, Option<i64>);
 
-/// A task's facts, from its row, its revisions' (id, envelope) and the envelopes made
-/// under it.
+/// A task's facts, from its row and its revisions' (id, envelope), without the envelopes
+/// made under it: the caller loads those only for a task that may go
+/// ([`TaskFacts::may_go`]).
 pub(crate) fn task_facts_from(
     task_id: &str,
     (id, closed_before_cutoff, first, act_on, cancel): TaskRow,
     revisions: &[(i64, Option<i64>)],
-    made_under: Vec<i64>,
     newest: &Newest,
 ) -> TaskFacts {
     let holds_newest =
         newest.task == Some(id) || revisions.iter().any(|(revision, _)| newest.revision == Some(*revision));
-    let envelopes = [Some(first), act_on, cancel]
+    let referenced = [Some(first), act_on, cancel]
         .into_iter()
         .flatten()
         .chain(revisions.iter().filter_map(|(_, envelope)| *envelope))
-        .chain(made_under)
         .collect::<BTreeSet<i64>>()
         .into_iter()
         .collect();
-    TaskFacts { id, task_id: task_id.to_owned(), closed_before_cutoff, holds_newest, envelopes }
+    TaskFacts {
+        id,
+        task_id: task_id.to_owned(),
+        closed_before_cutoff,
+        holds_newest,
+        owned: Vec::new(),
+        referenced,
+    }
 }
 
 #[cfg(test)]

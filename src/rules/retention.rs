@@ -95,9 +95,24 @@ pub struct TaskFacts {
     pub closed_before_cutoff: bool,
     /// The task or one of its revisions is the newest of its table.
     pub holds_newest: bool,
-    /// Every envelope it references (first, act-on, cancel, its revisions') and every
-    /// envelope made under it.
-    pub envelopes: Vec<i64>,
+    /// The envelopes made under it, which go with it and only with it. Left empty for a
+    /// task that cannot go (open, recent or the newest): its envelopes stay by the rule
+    /// that an envelope goes only with its task, and loading them would make a
+    /// conversation's long history one batch.
+    pub owned: Vec<i64>,
+    /// The envelopes its row and its revisions reference (first, act-on, cancel, each
+    /// revision's), which may be another task's (a `/new` is made under the task it
+    /// starts and recorded as the end of the one it replaces): kept while it stays, free
+    /// to stay when it goes.
+    pub referenced: Vec<i64>,
+}
+
+impl TaskFacts {
+    /// Whether it may go at all, whatever becomes of its envelopes: closed before the
+    /// cutoff and not the newest. Only then are the envelopes made under it worth loading.
+    pub fn may_go(&self) -> bool {
+        self.closed_before_cutoff && !self.holds_newest
+    }
 }
 
 /// The facts of one batch: its envelopes and every row that references one of them.
@@ -172,12 +187,8 @@ pub fn decide(facts: &BatchFacts) -> Doomed {
             .filter(|p| p.made_before_cutoff && !p.is_newest && goes(&p.envelope))
             .map(|p| p.id)
             .collect();
-        let tasks: BTreeSet<i64> = facts
-            .tasks
-            .iter()
-            .filter(|t| t.closed_before_cutoff && !t.holds_newest && t.envelopes.iter().all(goes))
-            .map(|t| t.id)
-            .collect();
+        let tasks: BTreeSet<i64> =
+            facts.tasks.iter().filter(|t| t.may_go() && t.owned.iter().all(goes)).map(|t| t.id).collect();
 
         let mut kept: BTreeSet<i64> = BTreeSet::new();
         for h in facts.handoffs.iter().filter(|h| !handoffs.contains(&h.id)) {
@@ -190,7 +201,7 @@ pub fn decide(facts: &BatchFacts) -> Doomed {
             kept.insert(p.envelope);
         }
         for t in facts.tasks.iter().filter(|t| !tasks.contains(&t.id)) {
-            kept.extend(&t.envelopes);
+            kept.extend(t.owned.iter().chain(&t.referenced));
         }
         // An envelope of a task goes with its task: one whose task the facts do not show
         // stays.
@@ -337,12 +348,13 @@ mod tests {
 
     #[test]
     fn a_task_goes_only_once_closed_with_every_envelope_made_under_it() {
-        let task = |id, name: &str, closed, envelopes: Vec<i64>| TaskFacts {
+        let task = |id, name: &str, closed, owned: Vec<i64>| TaskFacts {
             id,
             task_id: name.into(),
             closed_before_cutoff: closed,
             holds_newest: false,
-            envelopes,
+            owned,
+            referenced: vec![],
         };
         let of = |id, name: &str| EnvelopeFacts { task: Some(name.into()), ..finished(id) };
         let facts = BatchFacts {
@@ -362,6 +374,40 @@ mod tests {
         let doomed = decide(&facts);
         assert_eq!(ids(&doomed.tasks), [1]);
         assert_eq!(ids(&doomed.envelopes), [1, 2]);
+    }
+
+    #[test]
+    fn a_task_goes_without_its_successors_envelope_it_references_and_one_that_stays_keeps_it() {
+        // Task 1 was replaced by task 2 with `/new`, envelope 2, made under task 2 and
+        // recorded as task 1's end. Task 2 still refers to envelope 3 of task 3, which
+        // the batch shows only in part (its envelope 100 is elsewhere).
+        let of = |id, name: &str| EnvelopeFacts { task: Some(name.into()), ..finished(id) };
+        let task = |id, name: &str, owned: Vec<i64>, referenced: Vec<i64>| TaskFacts {
+            id,
+            task_id: name.into(),
+            closed_before_cutoff: true,
+            holds_newest: false,
+            owned,
+            referenced,
+        };
+        let facts = BatchFacts {
+            envelopes: vec![of(1, "task_1"), of(2, "task_2"), of(3, "task_3")],
+            tasks: vec![
+                task(1, "task_1", vec![1], vec![1, 2]),
+                task(2, "task_2", vec![2], vec![2, 3]),
+                task(3, "task_3", vec![3, 100], vec![3]),
+            ],
+            ..BatchFacts::default()
+        };
+        let doomed = decide(&facts);
+        assert_eq!(ids(&doomed.tasks), [1, 2], "task 3 stays, with envelope 3");
+        assert_eq!(ids(&doomed.envelopes), [1, 2]);
+
+        // Had task 1 stayed (its own envelope not finished), it would keep envelope 2, and
+        // so task 2.
+        let mut open = facts.clone();
+        open.envelopes[0].state = EnvelopeState::Pending;
+        assert!(decide(&open).is_empty(), "{:?}", decide(&open));
     }
 
     #[test]
@@ -397,7 +443,8 @@ mod tests {
                 task_id: "task_1".into(),
                 closed_before_cutoff: true,
                 holds_newest: false,
-                envelopes: vec![1, 2],
+                owned: vec![1, 2],
+                referenced: vec![1],
             }],
             ..BatchFacts::default()
         };

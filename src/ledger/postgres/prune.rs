@@ -450,7 +450,10 @@ async fn discover(
         if gathered.tasks.insert(task_id.clone())
             && let Some(task) = task_facts(tx, &task_id, cutoff, newest).await?
         {
-            reached.extend(&task.envelopes);
+            // A task that cannot go keeps what it references; nothing to look into.
+            if task.may_go() {
+                reached.extend(task.owned.iter().chain(&task.referenced));
+            }
             gathered.facts.tasks.push(task);
         }
     }
@@ -507,11 +510,14 @@ async fn task_facts(
             .bind(task_id)
             .fetch_all(&mut *tx)
             .await?;
-    let made_under: Vec<i64> = sqlx::query_scalar("SELECT id FROM envelopes WHERE task_id = $1")
-        .bind(task_id)
-        .fetch_all(&mut *tx)
-        .await?;
-    Ok(Some(task_facts_from(task_id, task, &revisions, made_under, newest)))
+    let mut facts = task_facts_from(task_id, task, &revisions, newest);
+    if facts.may_go() {
+        facts.owned = sqlx::query_scalar("SELECT id FROM envelopes WHERE task_id = $1")
+            .bind(task_id)
+            .fetch_all(&mut *tx)
+            .await?;
+    }
+    Ok(Some(facts))
 }
 
 /// Deletes what was decided, children before parents, so every foreign key holds.

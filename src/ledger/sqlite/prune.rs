@@ -404,7 +404,10 @@ fn discover(
         if gathered.tasks.insert(task_id.clone())
             && let Some(task) = task_facts(db, &task_id, cutoff, newest)?
         {
-            reached.extend(&task.envelopes);
+            // A task that cannot go keeps what it references; nothing to look into.
+            if task.may_go() {
+                reached.extend(task.owned.iter().chain(&task.referenced));
+            }
             gathered.facts.tasks.push(task);
         }
     }
@@ -469,9 +472,12 @@ fn task_facts(
         [task_id],
         |r| Ok((r.get(0)?, r.get(1)?)),
     )?;
-    let made_under: Vec<i64> =
-        query_all_cached(db, "SELECT id FROM envelopes WHERE task_id = ?1", [task_id], |r| r.get(0))?;
-    Ok(Some(task_facts_from(task_id, task, &revisions, made_under, newest)))
+    let mut facts = task_facts_from(task_id, task, &revisions, newest);
+    if facts.may_go() {
+        facts.owned =
+            query_all_cached(db, "SELECT id FROM envelopes WHERE task_id = ?1", [task_id], |r| r.get(0))?;
+    }
+    Ok(Some(facts))
 }
 
 /// Deletes what was decided, children before parents: every foreign key holds after each
@@ -830,6 +836,87 @@ mod tests {
         assert_eq!(ids(&ledger, "SELECT id FROM tasks ORDER BY id").await, [2, 3]);
         assert_eq!(ids(&ledger, "SELECT id FROM envelopes ORDER BY id").await, [3, 4, 5]);
         consistent(&ledger).await;
+    }
+
+    /// Six tasks, each replaced by the next with `/new`: the `/new` message is made under
+    /// the task it starts and recorded as the end of the one it replaces (its act-on
+    /// envelope and its last revision's). Each task far from the next, so that no batch
+    /// sees the chain whole (a batch reaches two tasks either way of its own).
+    #[tokio::test]
+    async fn a_long_chain_of_tasks_replaced_with_new_goes_whole() {
+        const CHAIN: i64 = 6;
+        let (_dir, ledger) = ledger().await;
+        let gap = MAX_BATCH_ENVELOPES + 100;
+        let start = |n: i64| (n - 1) * gap + 1;
+        let last = CHAIN * gap + 1;
+        ledger
+            .write_in_place(|db| {
+                for id in 1..=last {
+                    let n = (id - 1) / gap + 1;
+                    // Each task's first envelope and the one after it are made under it.
+                    let task = (n <= CHAIN && id - start(n) < 2).then(|| format!("task_{n}"));
+                    envelope(db, id, "acked", OLD, task.as_deref());
+                }
+                for n in 1..=CHAIN {
+                    let (state, successor) = if n < CHAIN { ("replaced", Some(start(n + 1))) } else { ("done", None) };
+                    db.execute(
+                        "INSERT INTO tasks (id, task_id, chat_id, agent, route, state, revision, objective, \
+                         first_envelope_id, act_on_envelope_id, started_by, started_source, opened_at, updated_at, \
+                         closed_at) VALUES (?1, 'task_' || ?1, 42, 'orch', 'dm', ?2, 2, 'work', ?3, ?4, 'Ann', \
+                         'command', ?5, ?5, ?5)",
+                        rusqlite::params![n, state, start(n), successor, OLD],
+                    )?;
+                    db.execute(
+                        "INSERT INTO task_revisions (task_id, revision, kind, source, actor, at, summary, envelope_id) \
+                         VALUES ('task_' || ?1, 2, 'new_objective', 'command', 'Ann', ?2, 'new', ?3)",
+                        rusqlite::params![n, OLD, successor.unwrap_or(start(n) + 1)],
+                    )?;
+                }
+                // The newest task and revision are elsewhere.
+                task(db, CHAIN + 1, "open", last, last);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let report = ledger.prune(Utc::now(), false).await.unwrap();
+        assert_eq!(
+            (report.removed.tasks, report.removed.task_revisions),
+            (CHAIN as u64, CHAIN as u64),
+            "{:?}",
+            report.removed
+        );
+        assert_eq!(ids(&ledger, "SELECT id FROM tasks").await, [CHAIN + 1]);
+        assert_eq!(ids(&ledger, "SELECT id FROM envelopes").await, [last]);
+        consistent(&ledger).await;
+    }
+
+    /// A task that cannot go (open, with work pending) is read without the envelopes made
+    /// under it: a long conversation's history is not one batch.
+    #[tokio::test]
+    async fn a_task_that_cannot_go_is_read_without_its_envelopes() {
+        let (_dir, ledger) = ledger().await;
+        ledger
+            .write_in_place(|db| {
+                for id in 1..=50 {
+                    envelope(db, id, "acked", OLD, Some("task_1"));
+                }
+                envelope(db, 51, "pending", OLD, Some("task_1"));
+                task(db, 1, "open", 1, 2);
+                task(db, 2, "done", 51, 51);
+                Ok(())
+            })
+            .await
+            .unwrap();
+        let facts = ledger
+            .read_in_place(|db| {
+                let newest = newest(db)?;
+                task_facts(db, "task_1", "2500-01-01T00:00:00Z", &newest)
+            })
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!facts.closed_before_cutoff);
+        assert_eq!((facts.owned, facts.referenced), (vec![], vec![1, 2]));
     }
 
     #[tokio::test]
