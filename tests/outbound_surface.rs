@@ -293,6 +293,26 @@ async fn a_chat_shows_typing_while_its_shown_message_waits_and_stops_after_the_r
     assert_eq!(typing_in(&fake, OWNER_CHAT), typed, "no typing in the answered chat");
 }
 
+/// A `429` answered to a chat action holds the chat for every send, as a send's own does:
+/// the reply that follows waits out Telegram's `retry_after` instead of drawing another.
+#[tokio::test]
+async fn a_429_on_typing_holds_the_chat_for_the_reply() {
+    let fake = FakeTelegram::start().await;
+    fake.fail_method("sendChatAction", Fault::TooManyRequests { retry_after: 3 });
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "think hard");
+    let shown = nth(&orchestrator, 1).await;
+    fake.wait_for_requests("sendChatAction", 1, WAIT).await;
+    let refused_at = std::time::Instant::now();
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": trace_id(&shown), "text": "done"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    let waited = sent[0].received_at.duration_since(refused_at);
+    assert!(waited >= std::time::Duration::from_millis(2_500), "sent {waited:?} after the 429 asked for 3 s");
+}
+
 #[tokio::test]
 async fn typing_off_sends_no_chat_action_and_the_command_menu_is_registered() {
     let fake = FakeTelegram::start().await;

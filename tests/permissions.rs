@@ -480,7 +480,7 @@ async fn a_question_telegram_did_not_take_is_asked_again() {
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "are you there?");
     let trace = support::agents::trace_id(&nth(&plugin, 1).await);
     fake.fail_send_message(Fault::RecordThenHang(Duration::from_secs(60)));
-    fake.fail_send_message(Fault::TooManyRequests { retry_after: 600 });
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 1 });
     let (is_error, _) =
         plugin.call_tool("reply", json!({"text": "yes, here", "trace_id": trace})).await.unwrap();
     assert!(is_error);

@@ -38,7 +38,7 @@ use crate::rules::permissions::{
     PressFacts, PromptEnd, PromptFacts, QUESTION_ID_PREFIX, QuestionFacts, Refusal, RequestFacts, Verdict,
 };
 use crate::telegram::bot_api::{BotApi, Exchange};
-use crate::telegram::outbound::{Observed, classify, error_kind, telegram_thread};
+use crate::telegram::outbound::{Observed, Outbound, classify, error_kind, telegram_thread};
 
 /// While something may wait on the keeper (a pending request; with `[operator]`, an
 /// unresolved send to ask about or a question to settle), it looks at the ledger at least
@@ -86,6 +86,9 @@ struct Inner {
     /// Prompts' sends run here, so a caller that goes away cannot cut one between its
     /// record and its outcome.
     tasks: TaskTracker,
+    /// Paces prompts, questions and their edits with the replies to the same chat, and
+    /// shares the chat's `429` holds with them.
+    outbound: Outbound,
 }
 
 /// Who asks: the session and the plugin process behind it.
@@ -223,8 +226,17 @@ impl PermissionRelay {
         relays: BTreeMap<AgentName, PermissionSettings>,
         operator: Option<OperatorSettings>,
         tasks: TaskTracker,
+        outbound: Outbound,
     ) -> Self {
-        Self { inner: Arc::new(Inner { ledger, api, relays, operator, keeper: Notify::new(), tasks }) }
+        let keeper = Notify::new();
+        Self { inner: Arc::new(Inner { ledger, api, relays, operator, keeper, tasks, outbound }) }
+    }
+
+    /// A call to `chat_id` at the chat's pace (see [`Outbound::call_paced`]); one not made
+    /// comes back as a request that reached nobody.
+    async fn call_paced(&self, chat_id: i64, method: &str, params: &serde_json::Value) -> Exchange {
+        let made = self.inner.outbound.call_paced(&self.inner.api, chat_id, method, params).await;
+        made.unwrap_or_else(|why| Exchange::NotConnected(format!("not asked: {why}")))
     }
 
     /// The relays of `settings`, by agent.
@@ -335,7 +347,7 @@ impl PermissionRelay {
         }
         let mut budget = PROMPT_RATE_LIMIT_BUDGET;
         let observed = loop {
-            let exchange = self.inner.api.call("sendMessage", &params).await;
+            let exchange = self.call_paced(row.chat_id, "sendMessage", &params).await;
             let observed = classify(&exchange);
             if let Some(kind) = error_kind(&exchange, &observed) {
                 metrics::bot_api_error("sendMessage", kind);
@@ -520,7 +532,7 @@ impl PermissionRelay {
             "parse_mode": "HTML",
             "reply_markup": rules::keyboard(&row.id),
         });
-        let exchange = self.inner.api.call("editMessageText", &params).await;
+        let exchange = self.call_paced(row.chat_id, "editMessageText", &params).await;
         if !matches!(classify(&exchange), Observed::Sent { .. }) {
             tracing::warn!(permission_id = %row.id, ?exchange, "could not show the whole permission request");
         }
@@ -698,7 +710,7 @@ impl PermissionRelay {
         if let Some(thread_id) = telegram_thread(question.thread_id) {
             params["message_thread_id"] = json!(thread_id);
         }
-        let exchange = self.inner.api.call("sendMessage", &params).await;
+        let exchange = self.call_paced(question.chat_id, "sendMessage", &params).await;
         let observed = classify(&exchange);
         if let Some(kind) = error_kind(&exchange, &observed) {
             metrics::bot_api_error("sendMessage", kind);
@@ -778,7 +790,7 @@ impl PermissionRelay {
     async fn edit_to_final(&self, chat_id: i64, message_id: i32, text: &str, id: &str) -> bool {
         let params =
             json!({ "chat_id": chat_id, "message_id": message_id, "text": text, "parse_mode": "HTML" });
-        let exchange = self.inner.api.call("editMessageText", &params).await;
+        let exchange = self.call_paced(chat_id, "editMessageText", &params).await;
         match classify(&exchange) {
             Observed::Sent { .. } => true,
             Observed::NotSent { retry_after: Some(_), .. } => false,

@@ -247,6 +247,7 @@ impl Daemon {
             PermissionRelay::relays_of(&settings),
             settings.operator.clone(),
             tasks.clone(),
+            outbound.clone(),
         );
         bridge.set_permissions(permissions.clone());
         bridge.set_files(files);

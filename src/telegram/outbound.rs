@@ -447,7 +447,9 @@ impl Outbound {
                 if !self.wait(pace).await {
                     return Ok(stopping());
                 }
-                if self.held_meanwhile(target.chat_id) {
+                // A 429 came for the chat while this part waited its turn: it waits for
+                // that hold, not goes into it.
+                if self.holds(target.chat_id) {
                     continue;
                 }
             }
@@ -490,9 +492,47 @@ impl Outbound {
         }
     }
 
-    /// Whether a `429` came for `chat_id` while a send to it waited its turn: it must then
-    /// wait for that hold, not go into it.
-    fn held_meanwhile(&self, chat_id: i64) -> bool {
+    /// A request to `chat_id` that posts or edits something but is no recorded attempt (a
+    /// permission prompt, an operator's question, their edits), made with `api`: at the
+    /// chat's pace like a send, within a reply's wait, and its `429` holds the chat for
+    /// every send, as a send's own does. `Err` says why it was not made.
+    pub async fn call_paced(
+        &self,
+        api: &BotApi,
+        chat_id: i64,
+        method: &str,
+        params: &serde_json::Value,
+    ) -> Result<Exchange, String> {
+        let pace = self
+            .pacer()
+            .reserve_within(chat_id, std::time::Instant::now(), MAX_REPLY_WAIT)
+            .map_err(deferred_reason)?;
+        if !pace.is_zero() && !self.wait(pace).await {
+            return Err(STOPPING.into());
+        }
+        loop {
+            let hold = self.pacer().clear_to_send(std::time::Instant::now());
+            if hold.is_zero() {
+                break;
+            }
+            tokio::time::sleep(hold).await;
+        }
+        let exchange = api.call(method, params).await;
+        self.heard(chat_id, &exchange);
+        Ok(exchange)
+    }
+
+    /// A request to `chat_id` made outside the pacer (a chat action, an acknowledging
+    /// reaction) was answered: a `429` holds the chat for every send, as a send's own does.
+    pub fn heard(&self, chat_id: i64, exchange: &Exchange) {
+        if let Some(wait) = retry_after(exchange) {
+            self.pacer().rate_limited(chat_id, wait, std::time::Instant::now());
+        }
+    }
+
+    /// Whether Telegram holds `chat_id` (a `429` not over yet): a request to it now would
+    /// only earn another.
+    pub fn holds(&self, chat_id: i64) -> bool {
         !self.pacer().held_for(chat_id, std::time::Instant::now()).is_zero()
     }
 
@@ -680,24 +720,35 @@ impl Outbound {
 /// A send not made because it would wait longer than its reply may: nothing was asked of
 /// Telegram.
 fn held_back(deferred: Deferred) -> Observed {
-    let (error, wait) = match deferred {
+    let wait = match deferred {
         Deferred::Held(wait) => {
             metrics::rate_limit_wait("sendMessage", wait);
-            let error = format!(
-                "rate limited by Telegram for {}s more (an earlier 429 holds this chat); nothing was asked of Telegram",
-                wait.as_secs()
-            );
-            (error, wait)
+            wait
         }
-        Deferred::Queued(wait) => {
-            let error = format!(
-                "too many sends are queued to this chat: Telegram's pace for it would hold this one {}s, longer than a reply waits; nothing was sent",
-                wait.as_secs()
-            );
-            (error, wait)
-        }
+        Deferred::Queued(wait) => wait,
     };
-    Observed::NotSent { error, retry_after: Some(wait), migrated_to: None }
+    Observed::NotSent { error: deferred_reason(deferred), retry_after: Some(wait), migrated_to: None }
+}
+
+fn deferred_reason(deferred: Deferred) -> String {
+    match deferred {
+        Deferred::Held(wait) => format!(
+            "rate limited by Telegram for {}s more (an earlier 429 holds this chat); nothing was asked of Telegram",
+            wait.as_secs()
+        ),
+        Deferred::Queued(wait) => format!(
+            "too many sends are queued to this chat: Telegram's pace for it would hold this one {}s, longer than a reply waits; nothing was sent",
+            wait.as_secs()
+        ),
+    }
+}
+
+/// The wait a `429` answer asks for, whatever the method.
+fn retry_after(exchange: &Exchange) -> Option<Duration> {
+    match classify_as::<serde_json::Value>(exchange, |_| 0) {
+        Observed::NotSent { retry_after, .. } => retry_after,
+        _ => None,
+    }
 }
 
 /// Why a send the daemon's stop cut short was not made.

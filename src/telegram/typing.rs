@@ -7,7 +7,8 @@
 //!
 //! A chat action posts nothing, so it is no attempt in the ledger and does not go through
 //! the pacer: it never delays a message or counts against its budget. One that fails is
-//! logged at debug and forgotten.
+//! logged at debug and forgotten, except a `429`: that holds the chat for every send, as a
+//! send's own does, and no chat action goes to a held chat.
 
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -159,7 +160,14 @@ impl TypingIndicator {
         if let Some(thread_id) = telegram_thread(thread_id) {
             params["message_thread_id"] = json!(thread_id);
         }
-        match self.api.call("sendChatAction", &params).await {
+        let outbound = self.bridge.outbound();
+        if outbound.holds(chat_id) {
+            tracing::trace!(chat_id, ?thread_id, "no typing: a 429 holds the chat");
+            return;
+        }
+        let exchange = self.api.call("sendChatAction", &params).await;
+        outbound.heard(chat_id, &exchange);
+        match exchange {
             Exchange::Answered { status: 200, .. } => tracing::trace!(chat_id, ?thread_id, "typing"),
             other => tracing::debug!(chat_id, ?thread_id, answer = ?other, "sendChatAction failed; ignored"),
         }

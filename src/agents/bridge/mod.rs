@@ -196,6 +196,11 @@ impl Bridge {
         }
     }
 
+    /// Sends to Telegram, and knows which chats Telegram holds with a `429`.
+    pub fn outbound(&self) -> &Outbound {
+        &self.inner.outbound
+    }
+
     /// This bot's username, if Telegram has told it.
     pub fn bot_username(&self) -> Option<String> {
         self.inner.bot_username.get().cloned()

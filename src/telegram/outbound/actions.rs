@@ -68,7 +68,7 @@ impl Outbound {
             if !self.wait(pace).await {
                 return Ok(stopping());
             }
-            if !self.held_meanwhile(target.chat_id) {
+            if !self.holds(target.chat_id) {
                 break;
             }
         }
@@ -112,8 +112,17 @@ impl Outbound {
                 return;
             }
         }
+        if self.holds(target.chat_id) {
+            tracing::debug!(trace_id = %target.trace_id, "ack reaction skipped: a 429 holds the chat");
+            return;
+        }
         let action = MessageAction::React { message_id, emoji };
-        match self.act_once(target, &action, AttemptPurpose::Audit).await {
+        let made = self.act_once(target, &action, AttemptPurpose::Audit).await;
+        if let Ok(Observed::NotSent { retry_after: Some(wait), .. }) = &made {
+            // Held for the chat's next send too, as a reply's 429 holds it.
+            self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
+        }
+        match made {
             Ok(Observed::Sent { .. }) => {
                 tracing::debug!(trace_id = %target.trace_id, emoji, "ack reaction set")
             }
