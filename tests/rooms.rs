@@ -314,6 +314,33 @@ async fn the_ceiling_ends_a_ping_pong_with_a_budget_exhausted_post_made_once() {
     assert!(ok && out.contains("Budget exhausted") && out.contains("/outcome made"), "{out}");
 }
 
+/// A `/stop` ends the running exchange only; a message sent before it that waits for an
+/// exchange of its own starts next, and the stop's post says so instead of promising quiet.
+#[tokio::test]
+async fn a_stop_says_that_an_earlier_message_waits_for_its_own_exchange() {
+    let Room { fake, daemon: _daemon, builder, reviewer: _reviewer } = room("").await;
+    say(&fake, "@builder draft the release notes");
+    let turn = nth(&builder, 1).await;
+    say(&fake, "@builder and the changelog");
+    say(&fake, "/stop");
+    let stopping = posted(&fake, 1).await.remove(0);
+    assert!(
+        stopping.starts_with("Stopping:")
+            && stopping.contains("One earlier message waits for its own exchange"),
+        "{stopping}"
+    );
+    let (is_error, text) = builder.call_tool("ack", json!({"trace_id": trace_id(&turn)})).await.unwrap();
+    assert!(!is_error, "{text}");
+    // What the post said: the waiting message's exchange starts next.
+    let next = builder
+        .wait_for_notifications(3, WAIT)
+        .await
+        .unwrap()
+        .into_iter()
+        .find(|n| n.content.contains("and the changelog") && meta(n, "kind") == "room_turn");
+    assert!(next.is_some(), "{:?}", builder.notifications());
+}
+
 #[tokio::test]
 async fn stop_during_the_first_speaker_lets_it_finish_and_nobody_else_start() {
     let Room { fake, daemon, builder, reviewer } = room("").await;
@@ -328,7 +355,8 @@ async fn stop_during_the_first_speaker_lets_it_finish_and_nobody_else_start() {
     let stopping = posted(&fake, 1).await;
     assert_eq!(
         stopping[0],
-        "Stopping: @olga asked to stop. Builder may finish its turn; nobody else will speak (still queued: Reviewer)."
+        "Stopping: @olga asked to stop. Builder may finish its turn; nobody else will speak in this exchange \
+         (still queued: Reviewer)."
     );
     wait_for_state(&daemon, &cascade_id, RoomCascadeState::StopRequested).await;
     let notice = nth(&builder, 2).await;

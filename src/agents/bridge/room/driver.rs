@@ -409,19 +409,32 @@ impl RoomDriver {
             outcome: None,
         };
         let note = format!("/stop: {} stopped", stored.cascade_id);
+        // A /stop ends the running exchange only: messages that came before it and wait for
+        // exchanges of their own start next, and the post says so rather than promising quiet.
+        let waiting = match ledger.waiting_cascades(room.route.as_str()).await? {
+            0 => String::new(),
+            1 => {
+                " One earlier message waits for its own exchange, which starts next; /stop again to stop it."
+                    .into()
+            }
+            n => format!(
+                " {n} earlier messages wait for exchanges of their own, which start next, one at a time."
+            ),
+        };
         let (post, current) = match &stopping {
             Stopping::Requested { current } => {
                 let still = cascade.stop_record().map(|s| labels(room, &s.still_queued)).unwrap_or_default();
                 let queued =
                     if still.is_empty() { String::new() } else { format!(" (still queued: {still})") };
                 let text = format!(
-                    "Stopping: {by} asked to stop. {} may finish its turn; nobody else will speak{queued}.",
+                    "Stopping: {by} asked to stop. {} may finish its turn; nobody else will speak in this \
+                     exchange{queued}.{waiting}",
                     room.roster.label(&current.agent)
                 );
                 (stop_post(envelope, text), Some(current))
             }
             Stopping::Stopped(report) => {
-                let text = report.render(&room.roster);
+                let text = format!("{}{waiting}", report.render(&room.roster));
                 let outcome = Outcome::Stopped(report.clone());
                 update.outcome = Some((outcome, Some(text.clone())));
                 (NewPost { key: format!("{}/outcome", stored.cascade_id), answers: &message, text }, None)
