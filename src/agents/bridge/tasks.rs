@@ -118,10 +118,15 @@ impl Bridge {
         };
         tracing::info!(%agent, task = %declared.task_id, revision = declared.revision, change = %kind, "task revised by its agent");
         // A repeat carries no effects: the first call's acknowledgement is owed in the
-        // ledger already, and the room driver posts it once rung (the first call may have
-        // been cut off before it rang).
+        // ledger already, and the room driver posts it once rung; the envelopes it queued
+        // for other agents (a child's word that its handoff no longer stands) wait there,
+        // and every agent is woken to look. The first call may have been cut off before it
+        // rang or woke anyone.
         if effects.is_empty() {
             self.wake_rooms();
+            for agent in self.inner.agents.keys() {
+                self.wake(agent);
+            }
         }
         self.carry_out(effects);
         Ok(RevisionReceipt {
