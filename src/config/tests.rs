@@ -120,6 +120,21 @@ fn typing_is_on_for_two_minutes_by_default_and_the_ack_reaction_must_be_telegram
 }
 
 #[test]
+fn pacing_is_bounded_to_what_a_reply_can_wait_for() {
+    let with = |outbound: &str| format!("[outbound]\n{outbound}\n{MINIMAL}");
+    let set = load_str(&with("private_chat_interval_ms = 60000\nglobal_per_sec = 1000")).unwrap().outbound;
+    assert_eq!((set.pacing.private, set.pacing.overall_per_sec), (Duration::from_secs(60), 1000));
+    for (key, line) in [
+        ("outbound.private_chat_interval_ms", "private_chat_interval_ms = 10000000000000000"),
+        ("outbound.group_chat_interval_ms", "group_chat_interval_ms = 60001"),
+        ("outbound.global_per_sec", "global_per_sec = 1001"),
+    ] {
+        let e = problem(&with(line));
+        assert!(e.key == key && e.problem.contains("at most"), "{line}: {e}");
+    }
+}
+
+#[test]
 fn retention_is_off_by_default_hourly_when_set_and_at_least_a_day() {
     assert_eq!(load_str(MINIMAL).unwrap().storage.retain, None);
     let with = |storage: &str| format!("[storage]\n{storage}\n{MINIMAL}");

@@ -167,6 +167,10 @@ fn validate_storage(path: &Path, raw: RawStorage) -> Result<StorageSettings, Con
     Ok(StorageSettings { database, synchronous: raw.synchronous, retain, uploads_dir })
 }
 
+/// `[outbound]`'s pacing, at most.
+const MAX_CHAT_INTERVAL_MS: u64 = 60_000;
+const MAX_GLOBAL_PER_SEC: u32 = 1_000;
+
 fn validate_outbound(path: &Path, raw: RawOutbound) -> Result<OutboundSettings, ConfigError> {
     let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
     if raw.max_reply_parts == 0 {
@@ -176,6 +180,26 @@ fn validate_outbound(path: &Path, raw: RawOutbound) -> Result<OutboundSettings, 
         return Err(err(
             "outbound.typing_max_secs",
             "must be at least 1 (turn typing off with typing = false)".into(),
+        ));
+    }
+    // Past a minute apart, no reply of several parts could go out within a reply's wait;
+    // past a thousand a second is beyond any budget Telegram sells. Bounded, the pacer's
+    // arithmetic stays far from overflow.
+    for (key, interval) in [
+        ("outbound.private_chat_interval_ms", raw.private_chat_interval_ms),
+        ("outbound.group_chat_interval_ms", raw.group_chat_interval_ms),
+    ] {
+        if interval > MAX_CHAT_INTERVAL_MS {
+            return Err(err(
+                key,
+                format!("is {interval}: at most {MAX_CHAT_INTERVAL_MS} (a minute; 0 turns pacing off)"),
+            ));
+        }
+    }
+    if raw.global_per_sec > MAX_GLOBAL_PER_SEC {
+        return Err(err(
+            "outbound.global_per_sec",
+            format!("is {}: at most {MAX_GLOBAL_PER_SEC} (0 turns overall pacing off)", raw.global_per_sec),
         ));
     }
     let ack_reaction = match raw.ack_reaction.as_deref() {
