@@ -164,6 +164,44 @@ async fn call_agent_returns_the_answer_or_says_it_will_come_later() {
     assert!(is_error && text.contains("at most") || text.contains("between 1 and 600"), "{text}");
 }
 
+/// A worker's `call_agent` back to the orchestrator that waits on it returns at once
+/// instead of both waiting on each other until the shorter timeout: the worker is told to
+/// answer the orchestrator's handoff first, and that answer ends the orchestrator's wait.
+#[tokio::test]
+async fn a_call_back_to_an_agent_that_waits_on_the_caller_does_not_wait() {
+    let Team { fake: _fake, daemon: _daemon, orchestrator, worker, question: _ } = team(&[]).await;
+    let orchestrator = std::sync::Arc::new(orchestrator);
+    let calling = {
+        let orchestrator = std::sync::Arc::clone(&orchestrator);
+        tokio::spawn(async move {
+            orchestrator
+                .call_tool(
+                    "call_agent",
+                    json!({"agent": "worker", "text": "Which branch is live?", "timeout_secs": 600}),
+                )
+                .await
+        })
+    };
+    let handoff = nth(&worker, 1).await;
+    let asked_back = worker.call_tool(
+        "call_agent",
+        json!({"agent": "orchestrator", "text": "Staging or production?", "trace_id": trace_id(&handoff),
+               "timeout_secs": 600}),
+    );
+    let (is_error, text) = tokio::time::timeout(Duration::from_secs(20), asked_back)
+        .await
+        .expect("the call back returned without waiting")
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert!(text.contains("may be waiting on your answer") && text.contains("handoff_answer"), "{text}");
+    let (is_error, text) =
+        worker.call_tool("reply", json!({"text": "main", "trace_id": trace_id(&handoff)})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let (is_error, text) =
+        tokio::time::timeout(Duration::from_secs(20), calling).await.unwrap().unwrap().unwrap();
+    assert!(!is_error && text.contains("'worker' answered:") && text.contains("main"), "{text}");
+}
+
 #[tokio::test]
 async fn the_first_instruction_stands_and_a_follow_up_passes() {
     let Team { fake: _fake, daemon, orchestrator, worker, question } = team(&[]).await;

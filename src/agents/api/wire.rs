@@ -425,6 +425,10 @@ pub struct HandoffReceipt {
     pub depth: u32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub followup_of: Option<String>,
+    /// The target has a handoff of its own open to the caller: it may be waiting on the
+    /// caller's answer, so a caller that waited on it in turn would wait on each other.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub target_awaits_caller: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

@@ -79,7 +79,7 @@ impl Bridge {
             if let Ok(target) = AgentName::parse(&recorded.to_agent) {
                 self.wake(&target);
             }
-            return Ok(self.receipt(&recorded));
+            return self.receipt(agent, &recorded).await;
         }
         let cause = self.cause_of_handoff(agent, &session, trace_id.as_ref()).await?;
         let cause_depth = match &cause {
@@ -125,22 +125,38 @@ impl Bridge {
         );
         self.wake(&admitted.target);
         self.copy_to_audit(&handoff, agent.as_str(), handoff.to_agent.as_str(), &handoff.instruction);
-        Ok(self.receipt(&handoff))
+        self.receipt(agent, &handoff).await
     }
 
-    fn receipt(&self, handoff: &StoredHandoff) -> HandoffReceipt {
-        let delivered = AgentName::parse(&handoff.to_agent)
-            .ok()
-            .and_then(|target| self.inner.agents.get(&target))
+    async fn receipt(
+        &self,
+        caller: &AgentName,
+        handoff: &StoredHandoff,
+    ) -> Result<HandoffReceipt, ToolError> {
+        let target = AgentName::parse(&handoff.to_agent).ok();
+        let delivered = target
+            .as_ref()
+            .and_then(|target| self.inner.agents.get(target))
             .is_some_and(|slot| slot.session.lock().unwrap_or_else(|p| p.into_inner()).is_some());
-        HandoffReceipt {
+        let target_awaits_caller = match &target {
+            Some(target) => self
+                .inner
+                .ledger
+                .open_handoffs_from(target)
+                .await?
+                .iter()
+                .any(|open| open.to_agent == caller.as_str()),
+            None => false,
+        };
+        Ok(HandoffReceipt {
             handoff_id: handoff.handoff_id.to_string(),
             to: handoff.to_agent.clone(),
             delivered,
             on_behalf_of: handoff.cause_trace_id.as_ref().map(ToString::to_string),
             depth: u32::try_from(handoff.depth).unwrap_or_default(),
             followup_of: handoff.followup_of.as_ref().map(ToString::to_string),
-        }
+            target_awaits_caller,
+        })
     }
 
     /// The envelope a handoff is made for: the named one (the caller's own pending

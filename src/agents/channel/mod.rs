@@ -61,10 +61,10 @@ use forwarder::SessionForwarder;
 use startup::{ClientEvent, Startup};
 use texts::{
     ToolName, ToolNames, bad_argument, describe_ack, describe_action_receipt, describe_call_answer,
-    describe_call_retired, describe_call_timeout, describe_failure, describe_handoff_receipt,
-    describe_pending, describe_receipt, describe_recovered_receipt, describe_revision, instructions,
-    never_acted_on, optional_telegram_id, optional_trace_id, outcome_not_known_yet, parse_trace_id,
-    upload_failed,
+    describe_call_not_waited, describe_call_retired, describe_call_timeout, describe_failure,
+    describe_handoff_receipt, describe_pending, describe_receipt, describe_recovered_receipt,
+    describe_revision, instructions, never_acted_on, optional_telegram_id, optional_trace_id,
+    outcome_not_known_yet, parse_trace_id, upload_failed,
 };
 
 /// The experimental capability that makes Claude Code treat this server as a channel.
@@ -702,6 +702,11 @@ impl ChannelPlugin {
             }
             Err(error) => return Err(self.tool_failure(ToolName::CallAgent, &error)),
         };
+        if receipt.target_awaits_caller {
+            // Not registered: the answer comes as a handoff_answer envelope.
+            drop(registration);
+            return Ok(describe_call_not_waited(&receipt));
+        }
         let answer = registration.register(&receipt.handoff_id);
         let waited = Duration::from_secs(timeout_secs);
         let mut answer = std::pin::pin!(answer);

@@ -399,6 +399,19 @@ pub(super) fn describe_call_timeout(receipt: &HandoffReceipt, waited: std::time:
     )
 }
 
+/// What `call_agent` answers at once, without waiting, when its target has a handoff of
+/// its own open to the caller: each would wait on the other.
+pub(super) fn describe_call_not_waited(receipt: &HandoffReceipt) -> String {
+    format!(
+        "{}. '{}' has a handoff open to you and may be waiting on your answer, so this call does not wait \
+         for its answer (you would wait on each other): answer its handoff first. Its answer to this one will \
+         arrive later as a handoff_answer envelope (meta handoff_id={}).",
+        describe_handoff(receipt),
+        receipt.to,
+        receipt.handoff_id
+    )
+}
+
 /// What `call_agent` answers when a change to the task retired the handoff it waited on.
 pub(super) fn describe_call_retired(receipt: &HandoffReceipt, change: &DeliveredEnvelope) -> String {
     let what = change.extra.get("change").map_or("a change", String::as_str);
