@@ -259,6 +259,39 @@ async fn a_paused_task_sends_nothing_until_it_is_resumed() {
     assert_eq!(posted(&fake, 3).await[2], "The incident was a full disk");
 }
 
+/// After the agent declares that its message corrects its task, the handoffs it made for the
+/// old instruction no longer stand: handing the corrected one over again is not refused as
+/// "already delegated".
+#[tokio::test]
+async fn a_correction_lets_the_agent_hand_the_new_instruction_over_again() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = session(&daemon, "worker").await;
+    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
+    let first = nth(&orchestrator, 1).await;
+    let hand_over = |text: &'static str, trace: String| {
+        let orchestrator = &orchestrator;
+        async move {
+            orchestrator
+                .call_tool("send_to_agent", json!({"agent": "worker", "text": text, "trace_id": trace}))
+                .await
+                .unwrap()
+        }
+    };
+    let (is_error, text) = hand_over("List the changes in 1.4", trace_id(&first)).await;
+    assert!(!is_error, "{text}");
+    nth(&worker, 1).await;
+    // The agent reads its message again and declares it a correction of what it handed over.
+    let (is_error, text) = orchestrator
+        .call_tool("revise_task", json!({"trace_id": trace_id(&first), "kind": "correction"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let (is_error, text) = hand_over("List the changes in 1.4, fixes included", trace_id(&first)).await;
+    assert!(!is_error, "the superseded handoff does not stand in the way: {text}");
+}
+
 /// A `call_agent` waiting on a handoff that the user's correction retires returns at once,
 /// saying the handoff no longer stands and naming the change to act on, instead of waiting
 /// out its timeout for an answer that will never be delivered.

@@ -87,8 +87,13 @@ impl Bridge {
             None => None,
         };
         let now = Utc::now();
+        // A handoff a change to the task superseded no longer stands: it delegates nothing,
+        // and the new instruction may be handed over again.
         let this_turn = match &cause {
-            Some(cause) => priors(ledger.handoffs_for_cause(cause.id).await?, now)?,
+            Some(cause) => {
+                let made = ledger.handoffs_for_cause(cause.id).await?;
+                priors(made.into_iter().filter(|h| h.state != HandoffState::Superseded).collect(), now)?
+            }
             None => Vec::new(),
         };
         let open = priors(ledger.open_handoffs_from(agent).await?, now)?;
