@@ -127,7 +127,8 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
     assert!(told.content.contains("no longer stands"), "{}", told.content);
 
     let (is_error, text) = reply(&worker, &trace_id(&handoff), "1.4: three fixes").await;
-    assert!(is_error && text.contains("superseded"), "{text}");
+    assert!(is_error && text.contains("superseded") && text.contains("late result"), "{text}");
+    assert!(!text.contains(&trace_id(&revision)), "the delegator's envelope is not the child's to act on: {text}");
     let ledger = daemon.ledger().await;
     let stored =
         ledger.handoff(&switchboard::ids::HandoffId::parse(&handoff_id).unwrap()).await.unwrap().unwrap();

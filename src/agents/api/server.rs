@@ -219,7 +219,9 @@ impl From<ToolError> for Failure {
             ToolError::TurnOver(_) => ErrorCode::TurnOver,
             ToolError::AlreadyAnswered(_) => ErrorCode::AlreadyAnswered,
             ToolError::NoRevision(_) => ErrorCode::NoRevision,
-            ToolError::Task(refusal) | ToolError::TaskCutOff { refusal, .. } => match refusal {
+            ToolError::Task(refusal)
+            | ToolError::TaskCutOff { refusal, .. }
+            | ToolError::LateResult(refusal) => match refusal {
                 revisions::Refusal::Superseded { .. } => ErrorCode::Superseded,
                 revisions::Refusal::Paused { .. } => ErrorCode::Paused,
                 revisions::Refusal::Cancelled { .. } => ErrorCode::Cancelled,

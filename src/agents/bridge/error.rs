@@ -89,6 +89,15 @@ pub enum ToolError {
     ActionUnknown(String),
     #[error(transparent)]
     Task(#[from] revisions::Refusal),
+    /// A child answered a handoff that a change to its delegator's task superseded: the
+    /// answer is kept as a late result and goes to nobody.
+    #[error(
+        "superseded: the handoff this answers no longer stands ({refusal_task} changed since it was made); your \
+         answer is kept as a late result for the record and goes to nobody. Ack the notice that says the handoff \
+         no longer stands; nothing else of it is yours to act on.",
+        refusal_task = late_task(.0)
+    )]
+    LateResult(revisions::Refusal),
     /// The task changed while a reply of several parts went out: the parts before the
     /// change were delivered, the rest refused and not sent.
     #[error("{refusal} Before the change landed, {} were delivered; the rest was not sent.", delivered_parts(sent, *parts))]
@@ -108,6 +117,14 @@ impl From<LedgerError> for ToolError {
     fn from(e: LedgerError) -> Self {
         tracing::error!(error = %e, "ledger error");
         Self::Ledger(Arc::new(e))
+    }
+}
+
+fn late_task(refusal: &revisions::Refusal) -> &str {
+    match refusal {
+        revisions::Refusal::Superseded { task_id, .. }
+        | revisions::Refusal::Paused { task_id }
+        | revisions::Refusal::Cancelled { task_id, .. } => task_id.as_str(),
     }
 }
 

@@ -136,6 +136,8 @@ impl Bridge {
                 let ledger = &self.inner.ledger;
                 if ledger.keep_late_result(agent, trace_id, text.trim()).await? {
                     tracing::info!(%agent, %trace_id, "late result kept: its handoff was superseded");
+                    // The envelope the refusal names is the delegator's, not the child's.
+                    return Err(ToolError::LateResult(refusal));
                 }
                 return Err(ToolError::Task(refusal));
             }
