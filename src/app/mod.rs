@@ -100,7 +100,7 @@ impl Ingress {
     async fn of(
         settings: &Settings,
         webhook_secret: Option<Secret>,
-        entitlement: &Entitlement,
+        relayed_from: Option<crate::ledger::postgres::PgLedger>,
         intake: UpdateIntake,
         poll_bot: Bot,
         ledger: &Ledger,
@@ -109,15 +109,9 @@ impl Ingress {
             (Some(webhook), Some(secret)) => {
                 let health = WebhookHealth::default();
                 // A leader on PostgreSQL also takes in what its standbys took (`telegram::relay`).
-                let relayed = match entitlement {
-                    Entitlement::Leader(leadership) => Some(RelayedDeliveries {
-                        ledger: leadership.ledger(),
-                        bot_id: intake.bot_id(),
-                        intake: intake.clone(),
-                    }),
-                    Entitlement::FileLock(_) => None,
-                };
-                let relayed = relayed.map(Box::new);
+                let relayed = relayed_from.map(|ledger| {
+                    Box::new(RelayedDeliveries { ledger, bot_id: intake.bot_id(), intake: intake.clone() })
+                });
                 let sink = UpdateSink::Intake(intake);
                 let listener = WebhookListener::bind(webhook.clone(), secret, sink).await?;
                 let ingress = Self::Webhook { listener, health: health.clone(), relayed };
@@ -137,7 +131,11 @@ pub struct Daemon {
     /// One daemon per ledger: held from before the ledger is opened until after it is
     /// closed, so no second daemon can recover (or send) beside this one.
     /// The ledger's lock, or this replica's leadership: held until the daemon has stopped.
-    entitlement: Entitlement,
+    leading: Leading,
+    /// Gives a leader's lease up, once the daemon has stopped.
+    resign: CancellationToken,
+    /// Why the daemon stops, when something failed (leadership lost, a subsystem ended).
+    failure: Arc<Mutex<Option<anyhow::Error>>>,
     ledger: Ledger,
     listener: ApiListener,
     bridge: Bridge,
@@ -176,6 +174,30 @@ impl Daemon {
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
         let LedgerHold { ledger, entitlement } = hold;
+        let leading_status = match &entitlement {
+            Entitlement::Leader(leadership) => Some(leadership.status()),
+            Entitlement::FileLock(_) => None,
+        };
+        let relayed_from = match &entitlement {
+            Entitlement::Leader(leadership) => Some(leadership.ledger()),
+            Entitlement::FileLock(_) => None,
+        };
+        // A leader renews its lease from the moment it is elected: recovery and the rest of
+        // start-up may take longer than a lease, and a lease let lapse meanwhile would hand
+        // the bot to a standby while this replica goes on starting.
+        let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
+        // Outside `tasks`: a leader gives its lease up only once everything it started has
+        // finished and been recorded, or a standby would find those sends in flight.
+        let resign = CancellationToken::new();
+        let leading = match entitlement {
+            Entitlement::FileLock(lock) => Leading::Locked(lock),
+            Entitlement::Leader(leadership) => Leading::Renewing(tokio::spawn(lead(
+                leadership,
+                resign.clone(),
+                shutdown.clone(),
+                Arc::clone(&failure),
+            ))),
+        };
         recover_interrupted_sends(&ledger).await?;
         let hangups = reload::catch_hangups();
         let listener = ApiListener::bind(&settings.api).await?;
@@ -190,12 +212,8 @@ impl Daemon {
         let webhook_api = BotApi::from_bot(&send_bot);
         let typing_api = BotApi::from_bot(&send_bot);
 
-        let leading = match &entitlement {
-            Entitlement::Leader(leadership) => Some(leadership.status()),
-            Entitlement::FileLock(_) => None,
-        };
-        let metrics = metrics::install(leading.as_ref().map(|leading| leading.replica.as_str()));
-        if let Some(leading) = &leading {
+        let metrics = metrics::install(leading_status.as_ref().map(|leading| leading.replica.as_str()));
+        if let Some(leading) = &leading_status {
             metrics::set_leader_term(leading.term);
         }
         let certificate = listener.certificate();
@@ -234,9 +252,9 @@ impl Daemon {
         let (routing, routing_now) = watch::channel(Arc::new(Routing::of(&settings)));
         let intake = UpdateIntake::new(bot_id, ledger.clone(), bridge.clone(), routing_now);
         let (ingress, intake_health) =
-            Ingress::of(&settings, secrets.webhook, &entitlement, intake, poll_bot, &ledger).await?;
+            Ingress::of(&settings, secrets.webhook, relayed_from, intake, poll_bot, &ledger).await?;
         let mut health = Health::new(intake_health, ledger.clone(), settings.telegram.poll_timeout);
-        if let Some(leading) = leading {
+        if let Some(leading) = leading_status {
             health = health.with_leading(leading);
         }
         let operations = Operations { bridge: bridge.clone(), ledger: ledger.clone(), health, metrics };
@@ -261,7 +279,9 @@ impl Daemon {
             settings.outbound.typing.map(|max| TypingIndicator::new(bridge.clone(), typing_api, max));
         let reloader = Reloader::new(settings, routing, bridge.clone(), outbound, certificate);
         Ok(Self {
-            entitlement,
+            leading,
+            resign,
+            failure,
             ledger,
             listener,
             bridge,
@@ -294,7 +314,9 @@ impl Daemon {
     /// stops, in-flight replies finish and are recorded, session streams end.
     pub async fn run(self) -> anyhow::Result<()> {
         let Self {
-            entitlement,
+            leading,
+            resign,
+            failure,
             ledger,
             listener,
             bridge,
@@ -311,20 +333,6 @@ impl Daemon {
             menu_api,
             typing,
         } = self;
-        let failure: Arc<Mutex<Option<anyhow::Error>>> = Arc::default();
-        // Outside `tasks`: a leader gives its lease up only once everything it started has
-        // finished and been recorded, or a standby would find those sends in flight.
-        let resign = CancellationToken::new();
-        let leading = match entitlement {
-            Entitlement::FileLock(lock) => Leading::Locked(lock),
-            Entitlement::Leader(leadership) => Leading::Renewing(tokio::spawn(lead(
-                leadership,
-                resign.clone(),
-                shutdown.clone(),
-                Arc::clone(&failure),
-            ))),
-        };
-
         // The webhook's listener logs its address before the running line, so whoever waits
         // for that line finds both.
         match ingress {
