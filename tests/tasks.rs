@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use support::mcp::ChannelClient;
+use support::mcp::{ChannelClient, ChannelNotification};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault};
 use switchboard::ledger::{AttemptState, EnvelopeState, HandoffState};
 use switchboard::rules::revisions::Task;
@@ -91,28 +91,50 @@ async fn an_edit_after_an_unknown_send_supersedes_the_old_envelope_and_status_li
     assert_eq!(posted(&fake, 4).await[3], "Booked for Friday");
 }
 
-/// 2. The orchestrator hands work to a worker, the user corrects the task, the worker then
-///    answers the old handoff: refused, kept as a late result, never an answer to the
-///    orchestrator; its follow-up under revision 2 reaches the worker.
-#[tokio::test]
-async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow_up_reaches_it() {
+/// The owner's question waiting for the orchestrator, with the worker's session connected
+/// beside it.
+struct Delegating {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    orchestrator: ChannelClient,
+    worker: ChannelClient,
+    question: ChannelNotification,
+}
+
+async fn delegating() -> Delegating {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
     let orchestrator = session(&daemon, "orchestrator").await;
     let worker = session(&daemon, "worker").await;
     fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
     let question = nth(&orchestrator, 1).await;
-    let task_id = meta(&question, "task").to_owned();
+    Delegating { fake, daemon, orchestrator, worker, question }
+}
 
-    let (is_error, text) = orchestrator
-        .call_tool(
-            "send_to_agent",
-            json!({"agent": "worker", "text": "List the changes in 1.4", "trace_id": trace_id(&question)}),
-        )
-        .await
-        .unwrap();
-    assert!(!is_error, "{text}");
-    let handoff = nth(&worker, 1).await;
+impl Delegating {
+    /// The orchestrator hands `text` to the worker for `trace_id`: the answer to the call.
+    async fn hand_over(&self, text: &str, trace_id: String) -> (bool, String) {
+        let arguments = json!({"agent": "worker", "text": text, "trace_id": trace_id});
+        self.orchestrator.call_tool("send_to_agent", arguments).await.unwrap()
+    }
+
+    /// The question handed to the worker: the handoff as the worker was given it.
+    async fn hand_the_question_over(&self) -> ChannelNotification {
+        let (is_error, text) = self.hand_over("List the changes in 1.4", trace_id(&self.question)).await;
+        assert!(!is_error, "{text}");
+        nth(&self.worker, 1).await
+    }
+}
+
+/// 2. The orchestrator hands work to a worker, the user corrects the task, the worker then
+///    answers the old handoff: refused, kept as a late result, never an answer to the
+///    orchestrator; its follow-up under revision 2 reaches the worker.
+#[tokio::test]
+async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow_up_reaches_it() {
+    let delegating = delegating().await;
+    let handoff = delegating.hand_the_question_over().await;
+    let Delegating { fake, daemon, orchestrator, worker, question } = delegating;
+    let task_id = meta(&question, "task").to_owned();
     let handoff_id = meta(&handoff, "handoff_id").to_owned();
     assert_eq!((meta(&handoff, "task"), meta(&handoff, "revision")), (task_id.as_str(), "1"));
 
@@ -128,7 +150,10 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
 
     let (is_error, text) = reply(&worker, &trace_id(&handoff), "1.4: three fixes").await;
     assert!(is_error && text.contains("superseded") && text.contains("late result"), "{text}");
-    assert!(!text.contains(&trace_id(&revision)), "the delegator's envelope is not the child's to act on: {text}");
+    assert!(
+        !text.contains(&trace_id(&revision)),
+        "the delegator's envelope is not the child's to act on: {text}"
+    );
     let ledger = daemon.ledger().await;
     let stored =
         ledger.handoff(&switchboard::ids::HandoffId::parse(&handoff_id).unwrap()).await.unwrap().unwrap();
@@ -184,22 +209,10 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
 /// changes nothing, so the person's question still waits for the orchestrator's answer.
 #[tokio::test]
 async fn a_worker_cannot_revise_the_task_its_handoff_carries() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    let worker = session(&daemon, "worker").await;
-    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
-    let question = nth(&orchestrator, 1).await;
+    let delegating = delegating().await;
+    let handoff = delegating.hand_the_question_over().await;
+    let Delegating { fake, daemon, orchestrator, worker, question } = delegating;
     let task_id = meta(&question, "task").to_owned();
-    let (is_error, text) = orchestrator
-        .call_tool(
-            "send_to_agent",
-            json!({"agent": "worker", "text": "List the changes in 1.4", "trace_id": trace_id(&question)}),
-        )
-        .await
-        .unwrap();
-    assert!(!is_error, "{text}");
-    let handoff = nth(&worker, 1).await;
     assert_eq!(meta(&handoff, "task"), task_id);
 
     for kind in ["correction", "cancel", "new_objective", "pause"] {
@@ -265,31 +278,17 @@ async fn a_paused_task_sends_nothing_until_it_is_resumed() {
 /// "already delegated".
 #[tokio::test]
 async fn a_correction_lets_the_agent_hand_the_new_instruction_over_again() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    let worker = session(&daemon, "worker").await;
-    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
-    let first = nth(&orchestrator, 1).await;
-    let hand_over = |text: &'static str, trace: String| {
-        let orchestrator = &orchestrator;
-        async move {
-            orchestrator
-                .call_tool("send_to_agent", json!({"agent": "worker", "text": text, "trace_id": trace}))
-                .await
-                .unwrap()
-        }
-    };
-    let (is_error, text) = hand_over("List the changes in 1.4", trace_id(&first)).await;
-    assert!(!is_error, "{text}");
-    nth(&worker, 1).await;
+    let delegating = delegating().await;
+    delegating.hand_the_question_over().await;
+    let first = trace_id(&delegating.question);
     // The agent reads its message again and declares it a correction of what it handed over.
-    let (is_error, text) = orchestrator
-        .call_tool("revise_task", json!({"trace_id": trace_id(&first), "kind": "correction"}))
+    let (is_error, text) = delegating
+        .orchestrator
+        .call_tool("revise_task", json!({"trace_id": first, "kind": "correction"}))
         .await
         .unwrap();
     assert!(!is_error, "{text}");
-    let (is_error, text) = hand_over("List the changes in 1.4, fixes included", trace_id(&first)).await;
+    let (is_error, text) = delegating.hand_over("List the changes in 1.4, fixes included", first).await;
     assert!(!is_error, "the superseded handoff does not stand in the way: {text}");
 }
 
@@ -298,12 +297,7 @@ async fn a_correction_lets_the_agent_hand_the_new_instruction_over_again() {
 /// out its timeout for an answer that will never be delivered.
 #[tokio::test]
 async fn a_call_agent_whose_handoff_a_correction_retires_returns_at_once() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    let worker = session(&daemon, "worker").await;
-    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
-    let question = nth(&orchestrator, 1).await;
+    let Delegating { fake, daemon: _daemon, orchestrator, worker, question } = delegating().await;
     let message_id: i32 = meta(&question, "message_id").parse().unwrap();
     let call = orchestrator.call_tool(
         "call_agent",
@@ -334,21 +328,9 @@ async fn a_call_agent_whose_handoff_a_correction_retires_returns_at_once() {
 /// refuses, hears of the pause and of the resume, after which its answer goes through.
 #[tokio::test]
 async fn a_pause_and_a_resume_are_told_to_the_worker_of_an_open_handoff_too() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let orchestrator = session(&daemon, "orchestrator").await;
-    let worker = session(&daemon, "worker").await;
-    fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
-    let question = nth(&orchestrator, 1).await;
-    let (is_error, text) = orchestrator
-        .call_tool(
-            "send_to_agent",
-            json!({"agent": "worker", "text": "List the changes in 1.4", "trace_id": trace_id(&question)}),
-        )
-        .await
-        .unwrap();
-    assert!(!is_error, "{text}");
-    let handoff = nth(&worker, 1).await;
+    let delegating = delegating().await;
+    let handoff = delegating.hand_the_question_over().await;
+    let Delegating { fake, daemon: _daemon, orchestrator, worker, question } = delegating;
 
     fake.push_text(owner_chat(), owner(), "/pause");
     let paused = nth(&orchestrator, 2).await;
