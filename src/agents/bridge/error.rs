@@ -95,7 +95,7 @@ pub enum ToolError {
         "superseded: the handoff this answers no longer stands ({refusal_task} changed since it was made); your \
          answer is kept as a late result for the record and goes to nobody. Ack the notice that says the handoff \
          no longer stands; nothing else of it is yours to act on.",
-        refusal_task = late_task(.0)
+        refusal_task = .0.task_id()
     )]
     LateResult(revisions::Refusal),
     /// The task changed while a reply of several parts went out: the parts before the
@@ -117,14 +117,6 @@ impl From<LedgerError> for ToolError {
     fn from(e: LedgerError) -> Self {
         tracing::error!(error = %e, "ledger error");
         Self::Ledger(Arc::new(e))
-    }
-}
-
-fn late_task(refusal: &revisions::Refusal) -> &str {
-    match refusal {
-        revisions::Refusal::Superseded { task_id, .. }
-        | revisions::Refusal::Paused { task_id }
-        | revisions::Refusal::Cancelled { task_id, .. } => task_id.as_str(),
     }
 }
 

@@ -267,6 +267,15 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The task that refused.
+    pub fn task_id(&self) -> &TaskId {
+        match self {
+            Self::Superseded { task_id, .. } | Self::Paused { task_id } | Self::Cancelled { task_id, .. } => {
+                task_id
+            }
+        }
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             Self::Superseded { .. } => "superseded",
