@@ -510,13 +510,7 @@ impl Outbound {
         if !pace.is_zero() && !self.wait(pace).await {
             return Err(STOPPING.into());
         }
-        loop {
-            let hold = self.pacer().clear_to_send(std::time::Instant::now());
-            if hold.is_zero() {
-                break;
-            }
-            tokio::time::sleep(hold).await;
-        }
+        self.clear_to_send().await;
         let exchange = api.call(method, params).await;
         self.heard(chat_id, &exchange);
         Ok(exchange)
@@ -534,6 +528,18 @@ impl Outbound {
     /// only earn another.
     pub fn holds(&self, chat_id: i64) -> bool {
         !self.pacer().held_for(chat_id, std::time::Instant::now()).is_zero()
+    }
+
+    /// Holds a request whose moment came for as long as Telegram's overall budget needs
+    /// ([`Pacer::clear_to_send`]): a few milliseconds at most.
+    async fn clear_to_send(&self) {
+        loop {
+            let hold = self.pacer().clear_to_send(std::time::Instant::now());
+            if hold.is_zero() {
+                return;
+            }
+            tokio::time::sleep(hold).await;
+        }
     }
 
     /// Sleeps, unless the daemon stops first; false when it does.
@@ -616,13 +622,7 @@ impl Outbound {
         // The attempt is recorded; its moment may have passed while it was (a busy
         // machine): held for the few milliseconds that keep Telegram's overall budget, so
         // that it is not refused. Not cut short by shutdown: the attempt goes out either way.
-        loop {
-            let hold = self.pacer().clear_to_send(std::time::Instant::now());
-            if hold.is_zero() {
-                break;
-            }
-            tokio::time::sleep(hold).await;
-        }
+        self.clear_to_send().await;
         let started = std::time::Instant::now();
         let exchange = match call.file {
             None => self.api.call(call.method, call.params).await,
