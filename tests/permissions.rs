@@ -13,7 +13,7 @@ use switchboard::ledger::{AttemptState, PermissionState, StoredPermission};
 
 use support::agents::{WAIT, nth, owner, plugin_builder, session};
 use support::daemon::{OWNER_CHAT, OWNER_ID, TestDaemon, default_routes, get};
-use support::mcp::ChannelClient;
+use support::mcp::{ChannelClient, ChannelNotification};
 
 const REQUEST_METHOD: &str = "notifications/claude/channel/permission_request";
 const VERDICT_METHOD: &str = "notifications/claude/channel/permission";
@@ -450,10 +450,21 @@ async fn an_operator_answers_an_unresolved_send_from_telegram_once() {
     // The question survives a crash, and is not asked again.
     daemon.kill9();
     daemon.restart();
+    // The agent's session is back before the answer, so what it is handed after comes of
+    // the answer, not of the reconnection.
+    plugin.wait_for_stderr("connected to the switchboard daemon again", WAIT).await.unwrap();
     let answered = press(&fake, &owner(), &question, &not_delivered).await;
     assert_eq!(answered.as_deref(), Some("Recorded."));
-    // Not delivered: the envelope waits for the agent's answer again, as after the CLI's
-    // `reconcile --not-delivered`.
+    // Not delivered: the envelope goes back to the agent, as after the CLI's `reconcile
+    // --not-delivered`: queued, and handed to its session again at once, marked
+    // redelivered, so the agent told "unknown" learns it may answer.
+    let redelivered = |n: &ChannelNotification| {
+        n.meta_str("trace_id") == Some(trace.as_str()) && n.meta_str("redelivered") == Some("true")
+    };
+    support::daemon::eventually(WAIT, "the envelope is handed to the agent again", || {
+        plugin.notifications().iter().any(redelivered)
+    })
+    .await;
     assert_eq!(support::agents::state_of(&daemon, &trace).await, EnvelopeState::Pending);
     let edit = fake.wait_for_edit(question.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
     let text = edit.text.unwrap();

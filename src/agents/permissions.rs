@@ -393,8 +393,7 @@ impl PermissionRelay {
     /// handed, if the press recorded one.
     pub async fn press(&self, press: &CallbackPress) -> Option<AgentName> {
         if let Some(question) = press.data.as_deref().and_then(rules::parse_question_callback) {
-            self.question_press(press, &question).await;
-            return None;
+            return self.question_press(press, &question).await;
         }
         let parsed = press.data.as_deref().and_then(rules::parse_callback);
         let row = match &parsed {
@@ -737,14 +736,18 @@ impl PermissionRelay {
         Ok(!matches!(outcome, AttemptOutcome::NotSent { .. }))
     }
 
-    async fn question_press(&self, press: &CallbackPress, parsed: &rules::QuestionPress) {
+    async fn question_press(
+        &self,
+        press: &CallbackPress,
+        parsed: &rules::QuestionPress,
+    ) -> Option<AgentName> {
         let question = match self.inner.ledger.question(&parsed.question_id).await {
             Ok(question) => question,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the question a press names");
                 self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.")
                     .await;
-                return;
+                return None;
             }
         };
         let question =
@@ -758,13 +761,14 @@ impl PermissionRelay {
                 "a press on an operator's question changed nothing"
             );
             self.answer_callback(&press.id, refusal.explanation()).await;
-            return;
+            return None;
         }
-        let Some(question) = question else { return };
+        let question = question?;
         let finding = match parsed.finding {
             Finding::Delivered => Reconciliation::Delivered,
             Finding::NotDelivered => Reconciliation::NotDelivered,
         };
+        let mut back_to = None;
         let text = match self
             .inner
             .ledger
@@ -774,6 +778,7 @@ impl PermissionRelay {
             Ok(QuestionAnswered::Reconciled) => {
                 tracing::info!(question = %question.id, trace_id = %question.trace_id, by = press.from.id, ?finding, "an operator reconciled an unresolved send");
                 self.ring_keeper();
+                back_to = self.agent_of(&question.trace_id).await;
                 "Recorded."
             }
             Ok(QuestionAnswered::TooLate) => Refusal::NoLongerPending.explanation(),
@@ -783,6 +788,17 @@ impl PermissionRelay {
             }
         };
         self.answer_callback(&press.id, text).await;
+        back_to
+    }
+
+    /// The agent of an envelope a finding sent back to work (queued for its session), to
+    /// be woken so that its session is handed it now rather than at its next heartbeat.
+    async fn agent_of(&self, trace_id: &crate::ids::TraceId) -> Option<AgentName> {
+        let envelope = self.inner.ledger.find(trace_id).await.ok().flatten()?;
+        if envelope.state != crate::ledger::EnvelopeState::Queued {
+            return None;
+        }
+        AgentName::parse(envelope.agent.as_deref()?).ok()
     }
 
     /// Edits a prompt to its final text, without buttons: true once it shows it (or

@@ -97,7 +97,7 @@ pub enum LedgerCommand {
         /// The reply did reach the chat: the envelope becomes acked.
         #[arg(long, conflicts_with = "not_delivered", required_unless_present = "not_delivered")]
         delivered: bool,
-        /// The reply did not reach the chat: the envelope is pending again, for its agent to answer.
+        /// The reply did not reach the chat: the envelope goes back to its agent to answer.
         #[arg(long)]
         not_delivered: bool,
         /// Why (kept in the ledger).

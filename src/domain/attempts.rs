@@ -326,7 +326,7 @@ impl ReplyTally {
 pub enum Reconciliation {
     /// The reply did reach the chat: the envelope is answered.
     Delivered,
-    /// It did not: the envelope goes back to `pending` so its agent can answer again.
+    /// It did not: the envelope goes back to its agent to answer again.
     NotDelivered,
 }
 
@@ -339,14 +339,17 @@ impl Reconciliation {
         }
     }
 
-    /// What it makes of an unresolved envelope. A reply whose unknown part was not its last
-    /// (`cut_short`) is not whole even when that part arrived: it goes back to `pending`,
-    /// so that its agent finishes it with the same text, which sends only the parts
-    /// missing (the ones delivered are never sent again).
+    /// What it makes of an unresolved envelope. One not delivered goes back to its agent:
+    /// `queued`, so that its session is handed it again (marked redelivered) at its next look
+    /// in the ledger, or the next session is, and the agent, told the outcome was unknown,
+    /// learns it may answer. So does a reply whose unknown part was not its last
+    /// (`cut_short`): it is not whole even when that part arrived, and its agent finishes it
+    /// with the same text, which sends only the parts missing (the ones delivered are never
+    /// sent again).
     pub fn envelope_state(self, cut_short: bool) -> EnvelopeState {
         match (self, cut_short) {
             (Self::Delivered, false) => EnvelopeState::Acked,
-            (Self::Delivered, true) | (Self::NotDelivered, _) => EnvelopeState::Pending,
+            (Self::Delivered, true) | (Self::NotDelivered, _) => EnvelopeState::Queued,
         }
     }
 }

@@ -70,8 +70,10 @@ impl Bridge {
         let bridge = self.clone();
         self.inner.tasks.spawn(async move {
             for press in &presses {
+                // A verdict to hand over, or an envelope an operator sent back to it.
                 if let Some(agent) = relay.press(press).await {
                     bridge.wake_verdicts(&agent);
+                    bridge.wake(&agent);
                 }
             }
             for text in &texts {

@@ -364,7 +364,10 @@ impl Bridge {
                 }
             };
             if let Some(envelope) = next {
-                if !self.hand_over(guard, tx, &envelope, false).await {
+                // Queued again after it was handed over once (an operator found its reply
+                // never arrived): the agent sees it marked redelivered.
+                let redelivered = envelope.deliveries > 1;
+                if !self.hand_over(guard, tx, &envelope, redelivered).await {
                     return Ok(());
                 }
                 waited |= !backlog_taken;

@@ -73,7 +73,7 @@ macro_rules! suite {
             replies::in_flight_attempts_become_unknown_at_start_up_and_can_be_reconciled,
             replies::an_outcome_learned_after_recovery_settled_the_attempt_changes_nothing,
             replies::an_outcome_recorded_again_is_the_record_already_made,
-            replies::a_reply_cut_off_at_an_unknown_part_found_delivered_is_pending_to_finish,
+            replies::a_reply_cut_off_at_an_unknown_part_found_delivered_goes_back_to_finish,
             replies::an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone,
             replies::a_reply_request_is_summed_up_from_its_attempts,
             replies::reactions_and_edits_settle_nothing_and_are_no_part_of_a_reply,

@@ -70,10 +70,10 @@ pub(crate) async fn a_question_is_asked_once_per_unresolved_send_and_answered_on
     assert_eq!((stored.state, stored.answered_by_name.as_deref()), (QuestionState::Delivered, Some("ann")));
     assert!(stored.answered_at.is_some());
 
-    // Not delivered puts the envelope back to work.
+    // Not delivered puts the envelope back to work: queued for its agent's session.
     let answered = ledger.answer_question(second, Reconciliation::NotDelivered, 7, "ann").await.unwrap();
     assert_eq!(answered, QuestionAnswered::Reconciled);
-    assert_eq!(state_of(&ledger, &envelopes[1].trace_id).await, EnvelopeState::Pending);
+    assert_eq!(state_of(&ledger, &envelopes[1].trace_id).await, EnvelopeState::Queued);
     assert_eq!(ledger.question(&second.id).await.unwrap().unwrap().state, QuestionState::NotDelivered);
     assert_eq!(ledger.unreconciled_attempts().await.unwrap(), 0);
 
@@ -126,7 +126,7 @@ pub(crate) async fn a_question_reconciled_elsewhere_is_settled_and_one_not_poste
     assert_eq!(late, QuestionAnswered::TooLate);
     assert_eq!(
         state_of(&ledger, &envelopes[0].trace_id).await,
-        EnvelopeState::Pending,
+        EnvelopeState::Queued,
         "the CLI's finding stands"
     );
     assert_eq!(ledger.question("qst_nonesuch").await.unwrap(), None);

@@ -56,8 +56,14 @@ pub(crate) async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_rec
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Unresolved);
     assert_eq!(ledger.attempts_for(e.id).await.unwrap()[0].outcome, AttemptState::Unknown);
 
+    // Back to its agent: queued, for its session to be handed again, counted as a delivery
+    // more.
+    let before = ledger.find(&e.trace_id).await.unwrap().unwrap().deliveries;
     let state = ledger.reconcile(&e.trace_id, Reconciliation::NotDelivered, "not in the chat").await.unwrap();
-    assert_eq!(state, EnvelopeState::Pending);
+    assert_eq!(state, EnvelopeState::Queued);
+    let again = ledger.claim_next_queued(&AgentName::parse("orch").unwrap()).await.unwrap().unwrap();
+    assert_eq!((again.trace_id.clone(), again.state), (e.trace_id.clone(), EnvelopeState::Pending));
+    assert_eq!(again.deliveries, before + 1);
     let attempts = ledger.attempts_for(e.id).await.unwrap();
     assert_eq!(attempts[0].reconciled_outcome, Some(ReconciledOutcome::NotSent));
     assert!(attempts[0].reconciled_reason.as_deref().unwrap().contains("not in the chat"));
@@ -69,8 +75,8 @@ pub(crate) async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_rec
 
 /// A reply cut off at an unknown part that was not its last, found delivered by the
 /// operator: the part counts as sent, but the parts after it were never attempted, so the
-/// envelope goes back to `pending` for its agent to finish, not `acked` with the rest lost.
-pub(crate) async fn a_reply_cut_off_at_an_unknown_part_found_delivered_is_pending_to_finish<B: Backend>() {
+/// envelope goes back to its agent to finish, not `acked` with the rest lost.
+pub(crate) async fn a_reply_cut_off_at_an_unknown_part_found_delivered_goes_back_to_finish<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
     ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
     let e = ledger.list(&ListFilter { limit: 1, ..Default::default() }).await.unwrap().remove(0);
@@ -84,9 +90,10 @@ pub(crate) async fn a_reply_cut_off_at_an_unknown_part_found_delivered_is_pendin
 
     let state =
         ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "part 2 is in the chat").await.unwrap();
-    assert_eq!(state, EnvelopeState::Pending, "part 3 was never sent");
+    assert_eq!(state, EnvelopeState::Queued, "part 3 was never sent");
     let attempts = ledger.attempts_for(e.id).await.unwrap();
     assert_eq!(attempts[1].reconciled_outcome, Some(ReconciledOutcome::Sent));
+    ledger.claim_next_queued(&AgentName::parse("orch").unwrap()).await.unwrap().expect("handed again");
     let found = ledger.find_for_reply(&e.trace_id).await.unwrap().unwrap();
     assert!(!found.awaiting_reconciliation, "its agent may finish it");
 
