@@ -436,22 +436,9 @@ impl Outbound {
                 Some(text) => &Chunk { text, html: false, ..*chunk },
                 None => chunk,
             };
-            let pace = match self.pacer().reserve_within(target.chat_id, std::time::Instant::now(), *budget) {
-                Ok(pace) => pace,
-                // Longer than this reply may wait: nothing is attempted.
-                Err(deferred) => return Ok(held_back(deferred)),
-            };
-            *budget -= pace;
-            if !pace.is_zero() {
-                tracing::debug!(trace_id = %target.trace_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
-                if !self.wait(pace).await {
-                    return Ok(stopping());
-                }
-                // A 429 came for the chat while this part waited its turn: it waits for
-                // that hold, not goes into it.
-                if self.holds(target.chat_id) {
-                    continue;
-                }
+            // Longer than this reply may wait, or the daemon stops: nothing is attempted.
+            if let Err(not_made) = self.take_turn(target.chat_id, budget).await {
+                return Ok(not_made.observed());
             }
             let observed = self.send_attempt(plan, chunk).await?;
             if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
@@ -503,13 +490,8 @@ impl Outbound {
         method: &str,
         params: &serde_json::Value,
     ) -> Result<Exchange, String> {
-        let pace = self
-            .pacer()
-            .reserve_within(chat_id, std::time::Instant::now(), MAX_REPLY_WAIT)
-            .map_err(deferred_reason)?;
-        if !pace.is_zero() && !self.wait(pace).await {
-            return Err(STOPPING.into());
-        }
+        let mut budget = MAX_REPLY_WAIT;
+        self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
         self.clear_to_send().await;
         let exchange = api.call(method, params).await;
         self.heard(chat_id, &exchange);
@@ -528,6 +510,29 @@ impl Outbound {
     /// only earn another.
     pub fn holds(&self, chat_id: i64) -> bool {
         !self.pacer().held_for(chat_id, std::time::Instant::now()).is_zero()
+    }
+
+    /// Waits for `chat_id`'s turn in Telegram's pace within what is left of `budget`, which
+    /// the wait is taken from: reserved, waited for, and waited for again while a `429` came
+    /// for the chat meanwhile (a request waits for that hold, not goes into it).
+    async fn take_turn(&self, chat_id: i64, budget: &mut Duration) -> Result<(), NotMade> {
+        loop {
+            let pace = self
+                .pacer()
+                .reserve_within(chat_id, std::time::Instant::now(), *budget)
+                .map_err(NotMade::Deferred)?;
+            *budget -= pace;
+            if pace.is_zero() {
+                return Ok(());
+            }
+            tracing::debug!(chat_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
+            if !self.wait(pace).await {
+                return Err(NotMade::Stopping);
+            }
+            if !self.holds(chat_id) {
+                return Ok(());
+            }
+        }
     }
 
     /// Holds a request whose moment came for as long as Telegram's overall budget needs
@@ -717,6 +722,31 @@ impl Outbound {
 
 /// A send not made because an earlier 429 holds its chat for `pace` more: longer than the
 /// send may wait.
+/// Why a request did not get its turn ([`Outbound::take_turn`]): nothing was asked of
+/// Telegram.
+enum NotMade {
+    /// It would have waited longer than its reply may.
+    Deferred(Deferred),
+    Stopping,
+}
+
+impl NotMade {
+    /// As a send's outcome.
+    fn observed(self) -> Observed {
+        match self {
+            Self::Deferred(deferred) => held_back(deferred),
+            Self::Stopping => stopping(),
+        }
+    }
+
+    fn reason(self) -> String {
+        match self {
+            Self::Deferred(deferred) => deferred_reason(deferred),
+            Self::Stopping => STOPPING.into(),
+        }
+    }
+}
+
 /// A send not made because it would wait longer than its reply may: nothing was asked of
 /// Telegram.
 fn held_back(deferred: Deferred) -> Observed {

@@ -5,7 +5,7 @@
 
 use serde_json::json;
 
-use super::{Call, MAX_REPLY_WAIT, Observed, Outbound, classify, classify_as, held_back, stopping};
+use super::{Call, MAX_REPLY_WAIT, Observed, Outbound, classify, classify_as};
 use crate::ledger::{AttemptMethod, AttemptPurpose, NewAttempt};
 use crate::rules::revisions::Refusal;
 use crate::telegram::format;
@@ -56,21 +56,8 @@ impl Outbound {
         action: &MessageAction,
     ) -> Result<Observed, Refusal> {
         let mut budget = MAX_REPLY_WAIT;
-        loop {
-            let pace = match self.pacer().reserve_within(target.chat_id, std::time::Instant::now(), budget) {
-                Ok(pace) => pace,
-                Err(deferred) => return Ok(held_back(deferred)),
-            };
-            budget -= pace;
-            if pace.is_zero() {
-                break;
-            }
-            if !self.wait(pace).await {
-                return Ok(stopping());
-            }
-            if !self.holds(target.chat_id) {
-                break;
-            }
+        if let Err(not_made) = self.take_turn(target.chat_id, &mut budget).await {
+            return Ok(not_made.observed());
         }
         let observed = self.act_once(target, action, AttemptPurpose::Reply).await?;
         if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
