@@ -7,7 +7,10 @@
 //!
 //! Two limits apply to each send, and it goes at the first moment both allow:
 //! - **per chat**, a token bucket: a short burst goes out at once (a reply of a few parts is
-//!   not slowed down), then sends are spaced at the chat's rate;
+//!   not slowed down), then sends are spaced at the chat's rate. Telegram counts a group's
+//!   limit by the minute, so a group also takes no more than a minute's worth of its rate
+//!   in any minute: the burst is borrowed from later in that minute, not added to it, and
+//!   sends to one group are never reordered;
 //! - **overall**, a schedule of send times across all chats, none closer to another than
 //!   a little more than `1 / budget` seconds. A send takes the earliest free time from
 //!   the moment its chat allows, so a chat that must wait leaves the time before it to
@@ -39,6 +42,9 @@ pub const PRIVATE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Telegram's guidance: "not more than 20 messages per minute" to one group.
 pub const GROUP_INTERVAL: Duration = Duration::from_secs(3);
+
+/// The span Telegram counts a group's messages in.
+const GROUP_WINDOW: Duration = Duration::from_secs(60);
 
 /// Telegram's guidance: "not more than about 30 messages per second" in all, for bulk
 /// notifications.
@@ -73,6 +79,16 @@ impl PaceLimits {
     fn interval_for(&self, chat_id: i64) -> Duration {
         if chat_id > 0 { self.private } else { self.group }
     }
+
+    /// How many sends one group takes in any [`GROUP_WINDOW`]: a minute's worth of its
+    /// interval (twenty at three seconds); none for a private chat, or when group pacing is
+    /// off.
+    fn group_window_cap(&self, chat_id: i64) -> Option<usize> {
+        if chat_id > 0 || self.group.is_zero() {
+            return None;
+        }
+        Some(((GROUP_WINDOW.as_secs_f64() / self.group.as_secs_f64()).floor() as usize).max(1))
+    }
 }
 
 impl Default for PaceLimits {
@@ -95,6 +111,8 @@ pub enum Deferred {
 pub struct Pacer {
     limits: PaceLimits,
     buckets: HashMap<i64, Bucket>,
+    /// Per group: the sends reserved within the last [`GROUP_WINDOW`], in order.
+    group_windows: HashMap<i64, VecDeque<Instant>>,
     overall: Schedule,
     /// When the requests of the last [`MADE_WINDOW`] were made, oldest first.
     made: VecDeque<Instant>,
@@ -126,11 +144,19 @@ impl Pacer {
     /// one, two and three intervals, and sends to different chats are spread across the
     /// overall budget.
     pub fn reserve(&mut self, chat_id: i64, now: Instant) -> Duration {
-        let chat_allows = now + self.reserve_in_chat(chat_id, now);
+        let mut chat_allows = now + self.reserve_in_chat(chat_id, now);
+        let window_cap = self.limits.group_window_cap(chat_id);
+        if let Some(cap) = window_cap {
+            let window = self.group_windows.entry(chat_id).or_default();
+            chat_allows = chat_allows.max(window_allows(window, cap, now));
+        }
         let at = match self.overall_spacing(now) {
             Some(spacing) => self.overall.reserve(chat_allows, spacing, now),
             None => chat_allows,
         };
+        if window_cap.is_some() {
+            self.group_windows.entry(chat_id).or_default().push_back(at);
+        }
         at.saturating_duration_since(now)
     }
 
@@ -156,6 +182,9 @@ impl Pacer {
             Some(bucket) => self.buckets.insert(chat_id, bucket),
             None => self.buckets.remove(&chat_id),
         };
+        if let Some(window) = self.group_windows.get_mut(&chat_id) {
+            window.pop_back();
+        }
         self.overall.times.remove(&(now + wait));
         Err(Deferred::Queued(wait))
     }
@@ -200,7 +229,7 @@ impl Pacer {
 
     /// When `chat_id`'s bucket allows the next send, from `now`.
     fn reserve_in_chat(&mut self, chat_id: i64, now: Instant) -> Duration {
-        if self.buckets.len() > PRUNE_ABOVE {
+        if self.buckets.len().max(self.group_windows.len()) > PRUNE_ABOVE {
             self.prune(now);
         }
         let interval = self.limits.interval_for(chat_id).as_secs_f64();
@@ -253,6 +282,9 @@ impl Pacer {
             now.saturating_duration_since(bucket.at) < full_after
                 || bucket.held_until.is_some_and(|held| held > now)
         });
+        self.group_windows.retain(|_, window| {
+            window.back().is_some_and(|last| now.saturating_duration_since(*last) < GROUP_WINDOW)
+        });
     }
 
     pub fn tracked_chats(&self) -> usize {
@@ -263,6 +295,21 @@ impl Pacer {
     #[cfg(test)]
     fn scheduled_sends(&self) -> usize {
         self.overall.times.len()
+    }
+}
+
+/// The earliest moment a group whose reserved sends are `window` may take one more: no
+/// earlier than its last (sends to one group keep their order), and late enough that the
+/// [`GROUP_WINDOW`] up to it holds fewer than `cap`. Sends out of every window from `now`
+/// on are forgotten.
+fn window_allows(window: &mut VecDeque<Instant>, cap: usize, now: Instant) -> Instant {
+    while window.front().is_some_and(|sent| now.saturating_duration_since(*sent) >= GROUP_WINDOW) {
+        window.pop_front();
+    }
+    let after_last = window.back().copied().unwrap_or(now);
+    match window.len().checked_sub(cap) {
+        Some(first_in_full_window) => after_last.max(window[first_in_full_window] + GROUP_WINDOW),
+        None => after_last,
     }
 }
 
@@ -333,6 +380,25 @@ mod tests {
         let t0 = Instant::now();
         let waits: Vec<u64> = (0..5).map(|_| millis(pacer.reserve(GROUP, t0))).collect();
         assert_eq!(waits, [0, 0, 0, 3000, 6000]);
+    }
+
+    #[test]
+    fn a_group_never_takes_more_than_twenty_in_any_minute_and_keeps_its_order() {
+        let mut pacer = per_chat();
+        let t0 = Instant::now();
+        let sends: Vec<Instant> = (0..70).map(|_| t0 + pacer.reserve(GROUP, t0)).collect();
+        assert!(sends.windows(2).all(|pair| pair[0] <= pair[1]), "in order");
+        for (i, start) in sends.iter().enumerate() {
+            let in_minute = sends[i..].iter().take_while(|sent| **sent < *start + GROUP_WINDOW).count();
+            assert!(in_minute <= 20, "{in_minute} sends in the minute from send {i}");
+        }
+        // The burst is borrowed from the minute: the 21st send waits for the first to
+        // leave it, and the whole budget is used, twenty a minute.
+        assert_eq!(sends[20] - t0, GROUP_WINDOW);
+        assert!(sends[60] - t0 <= 3 * GROUP_WINDOW, "{:?}", sends[60] - t0);
+        // A private chat has no such window.
+        let dm: Vec<u64> = (0..25).map(|_| millis(pacer.reserve(DM, t0))).collect();
+        assert_eq!(dm[24], 22_000);
     }
 
     #[test]
