@@ -156,6 +156,39 @@ async fn a_reply_that_names_a_chat_never_answers_a_message_of_another() {
     assert_eq!((sent[1].chat_id, sent[1].text.as_str()), (OWNER_CHAT, "for Alice"));
 }
 
+/// A progress message answers its conversation, so the result goes with `again: true`. Sent
+/// unnamed, while another chat's message has been shown meanwhile, it would have gone to
+/// that chat, the only one still waiting: Alice's result in Bob's room. It is refused, and
+/// named it goes to Alice.
+#[tokio::test]
+async fn a_further_message_must_name_its_conversation_and_never_lands_in_another_chat() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "from Alice");
+    let alice = trace_id(&orchestrator.wait_for_notifications(1, WAIT).await.unwrap()[0]);
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "working on it", "trace_id": alice})).await.unwrap();
+    assert!(!is_error, "{text}");
+    fake.wait_for_sent(1, WAIT).await;
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), UserSpec::new(7, "Bob"), "from Bob");
+    orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"text": "Alice's result", "again": true})).await.unwrap();
+    assert!(is_error && text.contains("trace_id") && text.contains("nothing was sent"), "{text}");
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "Alice's result", "again": true, "trace_id": alice}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(2, WAIT).await;
+    assert_eq!((sent[1].chat_id, sent[1].text.as_str()), (OWNER_CHAT, "Alice's result"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(fake.sent_messages().iter().all(|sent| sent.chat_id != FORUM_CHAT), "nothing went to Bob's chat");
+}
+
 #[tokio::test]
 async fn no_agent_can_answer_or_ack_another_agents_envelope() {
     let fake = FakeTelegram::start().await;

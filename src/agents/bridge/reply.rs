@@ -79,7 +79,7 @@ impl Bridge {
             return Err(ToolError::Invalid("the reply text is empty; nothing was sent".into()));
         }
         let trace_id = parse_optional_trace_id(request.trace_id.as_deref())?;
-        let again = parse_again(request.again.as_ref())?;
+        let again = parse_again(request.again.as_ref(), trace_id.is_some())?;
         let format = ReplyFormat::parse(request.format.as_deref()).map_err(ToolError::Invalid)?;
         let (parts, html) = format.parts(&request.text, TELEGRAM_TEXT_LIMIT);
         if html && parts.iter().all(|part| is_blank_html(part)) {
@@ -569,10 +569,18 @@ pub(super) fn parse_optional_trace_id(raw: Option<&str>) -> Result<Option<TraceI
 }
 
 /// Reads `again` as the tool receives it: a JSON boolean, or nothing.
-fn parse_again(again: Option<&serde_json::Value>) -> Result<bool, ToolError> {
+/// `again`, which adds a message to a conversation already answered, and so must name it:
+/// an unnamed reply goes to the one conversation waiting, which is never the answered one
+/// the agent means (a result after a progress message would land in another chat).
+fn parse_again(again: Option<&serde_json::Value>, named: bool) -> Result<bool, ToolError> {
     match again {
         None | Some(serde_json::Value::Null | serde_json::Value::Bool(false)) => Ok(false),
-        Some(serde_json::Value::Bool(true)) => Ok(true),
+        Some(serde_json::Value::Bool(true)) if named => Ok(true),
+        Some(serde_json::Value::Bool(true)) => Err(ToolError::Invalid(
+            "again: true adds a message to a conversation you already answered: name that message with \
+             its trace_id; nothing was sent"
+                .into(),
+        )),
         Some(other) => Err(ToolError::Invalid(format!(
             "again must be the JSON boolean true or false, not {other}; nothing was sent"
         ))),
@@ -586,7 +594,8 @@ const EARLIER_QUOTE_CHARS: usize = 120;
 /// it (its call was cancelled, or timed out), and how to send a further message anyway.
 /// `last_request`: the attempts of the envelope's most recent reply request, if any.
 pub fn already_answered(trace_id: &str, last_request: &[StoredAttempt]) -> String {
-    let again = "To add another message to this thread, call reply again with `again: true`.";
+    let again =
+        "To add another message to this thread, call reply again with this trace_id and `again: true`.";
     let summary = ReplyTally::of(last_request);
     let Some(summary) = summary.filter(|summary| !summary.sent.is_empty()) else {
         return format!(

@@ -243,7 +243,7 @@ struct ReplyArgs {
     #[serde(default)]
     trace_id: Option<String>,
     /// true (a JSON boolean) to post a further message to a conversation you already
-    /// answered. Without it, a reply to an answered message posts nothing and says what your
+    /// answered, named by trace_id (refused without it). Without again, a reply to an answered message posts nothing and says what your
     /// earlier reply came to (after a cancelled or timed-out call, it may have gone out).
     #[serde(default)]
     #[schemars(with = "Option<bool>")]
@@ -460,7 +460,7 @@ impl ChannelPlugin {
         description = "Send a reply to the Telegram conversation a <channel> message came from. \
                        Name the message with trace_id whenever more than one conversation is waiting; \
                        without it the reply is refused and the waiting conversations are listed. \
-                       A message already answered gets a further message only with again: true; \
+                       A message already answered gets a further message only with its trace_id and again: true; \
                        without it nothing is posted and you are told what your earlier reply came to.",
         annotations(
             read_only_hint = false,

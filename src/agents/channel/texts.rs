@@ -89,7 +89,7 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          - Answer with `{reply}`, passing the event's trace_id. It goes back to the chat and topic of the \
          message, threaded to it. Without trace_id the reply is refused when more than one conversation is \
          waiting, and the waiting conversations are listed. A message already answered gets no second reply \
-         unless you pass again: true (a further message in the same thread); without it you are told what \
+         unless you pass its trace_id and again: true (a further message in the same thread); without it you are told what \
          your earlier reply came to, and nothing is sent.\n\
          - `{reply}` takes format \"markdown\" (bold, italics, code, links, quotes, lists) or \"html\" \
          (Telegram's HTML); the default \"text\" is sent as written.\n\
@@ -98,7 +98,7 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          a message you sent (trace_id and its message_id, from your reply's answer). Use an edit for progress \
          (\"working on it… step 2 of 3\") and a new `{reply}` for the result: an edit does not notify the user, \
          a reply does. Neither answers the message; a progress message sent with `{reply}` did, so the result's \
-         `{reply}` passes again: true.\n\
+         `{reply}` passes the message's trace_id and again: true.\n\
          - `{pending}` lists the conversations still waiting for an answer.\n\
          - `{ack}` marks a message handled without replying (when it needs no answer); add a short note.\n\
          - A failed tool says what to do next. If a reply's delivery is reported as unresolved or unknown, \
