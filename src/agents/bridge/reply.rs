@@ -824,13 +824,19 @@ mod tests {
 
     #[test]
     fn again_is_a_json_boolean_or_nothing() {
-        assert!(!parse_again(None).unwrap());
-        assert!(!parse_again(Some(&serde_json::json!(false))).unwrap());
-        assert!(parse_again(Some(&serde_json::json!(true))).unwrap());
+        assert!(!parse_again(None, false).unwrap());
+        assert!(!parse_again(Some(&serde_json::json!(false)), false).unwrap());
+        assert!(parse_again(Some(&serde_json::json!(true)), true).unwrap());
         for wrong in [serde_json::json!("true"), serde_json::json!(1)] {
-            let error = parse_again(Some(&wrong)).unwrap_err().to_string();
+            let error = parse_again(Some(&wrong), true).unwrap_err().to_string();
             assert!(error.contains("JSON boolean") && error.contains("nothing was sent"), "{error}");
         }
+    }
+
+    #[test]
+    fn again_names_the_conversation_it_adds_to() {
+        let error = parse_again(Some(&serde_json::json!(true)), false).unwrap_err().to_string();
+        assert!(error.contains("trace_id") && error.contains("nothing was sent"), "{error}");
     }
 
     #[test]
