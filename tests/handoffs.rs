@@ -103,6 +103,30 @@ async fn a_handoff_is_answered_and_one_reply_answers_the_human() {
     );
 }
 
+/// A long handoff (a log, a diff) reaches the worker whole. A session stream's line past the
+/// plugin's bound ended the stream, and the envelope was pushed again at each reconnect,
+/// holding back everything after it.
+#[tokio::test]
+async fn a_handoff_of_more_than_a_megabyte_reaches_the_worker_whole() {
+    // The daemon and the fake are bound so that they live to the end of the test.
+    let Team { orchestrator, worker, daemon: _daemon, fake: _fake, .. } = team(&[]).await;
+    let long: String = (0..40_000).map(|line| format!("log line {line:05} of a long report\n")).collect();
+    assert!(long.len() > 1024 * 1024, "{}", long.len());
+
+    let (is_error, text) =
+        orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": long})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let handoff = nth(&worker, 1).await;
+    assert!(
+        handoff.content.trim_end() == long.trim_end(),
+        "whole: {} of {} bytes",
+        handoff.content.len(),
+        long.len()
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(worker.notifications().len(), 1, "pushed once: the stream was not opened again");
+}
+
 #[tokio::test]
 async fn call_agent_returns_the_answer_or_says_it_will_come_later() {
     let Team { fake: _fake, daemon, orchestrator, worker, question } = team(&[]).await;

@@ -52,9 +52,12 @@ const DOWNLOAD_START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Time for one file of a reply (at most 50 MB) to reach the daemon over loopback.
 const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 
-/// Far above any envelope (Telegram caps a text at 4096 characters); only a broken peer
-/// sends a line this long without a newline.
-const MAX_SESSION_LINE_BYTES: usize = 1024 * 1024;
+/// Far above any envelope the daemon makes (a handoff's text is bounded by the local API's
+/// request body, a room turn's transcript by `TRANSCRIPT_MAX_BYTES`); only a broken peer
+/// sends a line this long without a newline. Past it the stream cannot go on (a framed
+/// reader ends at its first error), and the envelope would be pushed again at every
+/// reconnect, so it is far above what the daemon sends rather than near it.
+const MAX_SESSION_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// How much of an unexpected body to quote in an error message.
 const BODY_PREVIEW_CHARS: usize = 200;

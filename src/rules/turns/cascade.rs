@@ -673,8 +673,35 @@ impl Cascade {
                 format!("{label}: {}", line.text.trim_end().replace('\n', "\n  "))
             })
             .collect();
-        lines.join("\n\n")
+        within_transcript_bound(lines).join("\n\n")
     }
+}
+
+/// The most a `room_turn`'s transcript holds, in bytes. A long exchange (many turns of
+/// replies of many parts) would otherwise grow past what a session stream carries in one
+/// line (the plugin's bound is 16 MiB), and an envelope that cannot be carried is pushed
+/// again at every reconnect and never arrives.
+pub const TRANSCRIPT_MAX_BYTES: usize = 1024 * 1024;
+
+/// `lines` (the human message first), the oldest replies left out when they add up to more
+/// than [`TRANSCRIPT_MAX_BYTES`], with a line saying how many: the message a room answers
+/// and the latest turns are what a speaker needs. A message alone longer than the bound is
+/// kept whole (Telegram caps it far below).
+fn within_transcript_bound(mut lines: Vec<String>) -> Vec<String> {
+    let size = |lines: &[String]| lines.iter().map(|line| line.len() + 2).sum::<usize>();
+    if size(&lines) <= TRANSCRIPT_MAX_BYTES || lines.len() < 3 {
+        return lines;
+    }
+    let mut left_out = 0;
+    while lines.len() > 2 && size(&lines) > TRANSCRIPT_MAX_BYTES {
+        lines.remove(1);
+        left_out += 1;
+    }
+    lines.insert(
+        1,
+        format!("({left_out} earlier replies left out: the exchange is too long to repeat whole)"),
+    );
+    lines
 }
 
 /// Reads a stored trace id back through [`TraceId::parse`], so a damaged state fails to
@@ -1105,6 +1132,25 @@ mod tests {
             ]
         );
         assert_eq!(cascade.transcript_text(&roster), "owner: hola @naty\n\nNatalia: @candela mirá");
+    }
+
+    #[test]
+    fn a_long_exchange_keeps_its_message_and_latest_replies_within_the_bound() {
+        let roster = room();
+        let mut cascade = start(&roster, "hola @naty", 100);
+        let long = "x".repeat(200_000);
+        for turn in 1..=8 {
+            speak(&mut cascade);
+            let next = if turn % 2 == 1 { "@candela" } else { "@naty" };
+            let text = format!("turn {turn} {next} {long}");
+            cascade.end_turn(&roster, turn, reply(&text, turn)).unwrap();
+        }
+        let text = cascade.transcript_text(&roster);
+        assert!(text.len() <= TRANSCRIPT_MAX_BYTES + 200, "{}", text.len());
+        assert!(text.starts_with("owner: hola @naty"), "the message is kept");
+        assert!(text.contains("turn 8 @naty"), "the latest reply is kept");
+        assert!(!text.contains("turn 1 @candela"), "the oldest are left out");
+        assert!(text.contains("earlier replies left out"), "and it says so");
     }
 
     /// What a person writes cannot pass for another's turn in the transcript an agent reads.
