@@ -166,11 +166,13 @@ pub struct Daemon {
 
 impl Daemon {
     /// With the ledger held ([`LedgerHold::take`]): recovers interrupted sends, binds the
-    /// local API and wires the parts together. Nothing talks to Telegram yet.
+    /// local API and wires the parts together. Nothing talks to Telegram yet. `hangups`:
+    /// SIGHUP, listened for since start-up; each one reloads the configuration.
     pub async fn build(
         settings: Settings,
         secrets: DaemonSecrets,
         hold: LedgerHold,
+        hangups: Option<tokio::signal::unix::Signal>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
         let LedgerHold { ledger, entitlement } = hold;
@@ -199,7 +201,6 @@ impl Daemon {
             ))),
         };
         recover_interrupted_sends(&ledger).await?;
-        let hangups = reload::catch_hangups();
         let listener = ApiListener::bind(&settings.api).await?;
 
         let token = secrets.telegram.expose();

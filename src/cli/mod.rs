@@ -196,6 +196,11 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
     // accepts a connection, a SIGTERM is a graceful stop, never the default
     // action that kills the process with the signal.
     let stop_signals = StopSignals::install()?;
+    // So is SIGHUP's: a reload asked for while the ledger is opened, or while a standby
+    // waits for its election, must not kill the process (its default action, which a
+    // supervisor counts as a clean exit and does not restart). It is applied once the
+    // daemon runs.
+    let hangups = crate::operate::reload::catch_hangups();
     let shutdown = CancellationToken::new();
     // Listening from here on: a standby waiting for its election stops on a signal too.
     tokio::spawn(stop_signals.stop_on_signal(shutdown.clone()));
@@ -239,7 +244,7 @@ async fn run(path: &Path, log_json: bool) -> anyhow::Result<()> {
                 return Ok(());
             }
         };
-    let daemon = Daemon::build(settings, secrets, hold, shutdown.clone()).await?;
+    let daemon = Daemon::build(settings, secrets, hold, hangups, shutdown.clone()).await?;
     if let Some(health) = &health {
         health.serve(daemon.operations());
     }

@@ -129,6 +129,23 @@ async fn a_standby_takes_over_when_the_leader_is_killed_and_loses_nothing() {
     assert_eq!(fake.sent_messages().len(), 3, "nothing sent twice");
 }
 
+/// A reload asked of a standby (a configuration tool reloads every replica) must not end
+/// it: SIGHUP's default action kills the process, and a supervisor counts that as a clean
+/// exit, so it would stay down. It is applied once the standby is elected.
+#[tokio::test]
+async fn a_standby_asked_to_reload_lives_on_and_reloads_once_elected() {
+    let fake = FakeTelegram::start().await;
+    let (mut leader, mut standby) = leader_and_standby(&fake);
+    wait_standing_by(&standby).await;
+
+    standby.signal("HUP");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(standby.is_running(), "the standby lives on:\n{}", standby.logs());
+    leader.kill9();
+    standby.wait_until_serving(WAIT);
+    standby.wait_for_latest_log("SIGHUP received", WAIT).await;
+}
+
 /// A port nothing listens on now, for a replica to bind once it is elected.
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
