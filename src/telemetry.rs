@@ -21,9 +21,13 @@ const REDACTED: &str = "[redacted]";
 const QUIET_LIBRARIES: &[&str] =
     &["hyper=warn", "hyper_util=warn", "reqwest=warn", "h2=warn", "rustls=warn", "rmcp=warn"];
 
-/// Installs the global subscriber. `RUST_LOG` overrides `filter`.
+/// Installs the global subscriber. `RUST_LOG` overrides `filter`, unless it is empty (a
+/// deployment that passes an unset variable through), which would silence every line.
 pub fn init(format: LogFormat, filter: &str, secrets: Vec<String>) -> anyhow::Result<()> {
-    let base = std::env::var("RUST_LOG").unwrap_or_else(|_| filter.to_owned());
+    let base = std::env::var("RUST_LOG")
+        .ok()
+        .filter(|set| !set.trim().is_empty())
+        .unwrap_or_else(|| filter.to_owned());
     // Defaults first: a later directive for the same target replaces an earlier one, so an
     // operator who names a library (`RUST_LOG=hyper=debug`) gets what they asked for.
     let directives =

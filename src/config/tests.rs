@@ -695,3 +695,52 @@ fn the_operator_table_names_a_chat_route_and_someone_to_answer() {
         assert!(e.problem.contains(says), "{says:?} not in: {e}");
     }
 }
+
+/// A setting in seconds is added to a clock somewhere: one near `u64::MAX` would overflow
+/// it and crash the daemon (a room's speaker timeout at every start, kept in the ledger),
+/// so each is refused past a year, naming the key.
+#[test]
+fn settings_in_seconds_are_refused_past_a_year() {
+    let huge = "9223372036854775807";
+    for (key, text) in [
+        (
+            "telegram.send_timeout_secs",
+            MINIMAL.replace("[telegram]\n", &format!("[telegram]\nsend_timeout_secs = {huge}\n")),
+        ),
+        (
+            "telegram.unauthorized_exit_secs",
+            MINIMAL.replace("[telegram]\n", &format!("[telegram]\nunauthorized_exit_secs = {huge}\n")),
+        ),
+        ("outbound.typing_max_secs", format!("[outbound]\ntyping_max_secs = {huge}\n{MINIMAL}")),
+        ("rooms.speaker_timeout_secs", format!("[rooms]\nspeaker_timeout_secs = {huge}\n{MINIMAL}")),
+    ] {
+        let e = problem(&text);
+        assert!(e.key == key && e.problem.contains("at most"), "{key}: {e}");
+    }
+    let a_day = format!("[rooms]\nspeaker_timeout_secs = 86400\n{MINIMAL}");
+    assert!(load_str(&a_day).is_ok());
+}
+
+/// A poll that does not wait would ask Telegram again at once, all the time; an empty log
+/// filter would silence every line of the daemon's, errors included.
+#[test]
+fn a_poll_that_does_not_wait_and_an_empty_log_filter_are_refused() {
+    let no_wait = MINIMAL.replace("[telegram]\n", "[telegram]\npoll_timeout_secs = 0\n");
+    assert_eq!(problem(&no_wait).key, "telegram.poll_timeout_secs");
+    let silent = format!("[log]\nfilter = \" \"\n{MINIMAL}");
+    assert_eq!(problem(&silent).key, "log.filter");
+}
+
+/// Agents are told apart case-blind where a name is written (a handoff's target, a
+/// mention), so `Worker` and `worker` would take each other's messages; an environment
+/// override's key, lowercased, would quietly declare the second.
+#[test]
+fn agents_whose_names_differ_only_in_case_are_refused() {
+    let text = MINIMAL.replace(
+        "[agents.orchestrator]\ntoken_env = \"SB_TEST_ORCH\"\n",
+        "[agents.orchestrator]\ntoken_env = \"SB_TEST_ORCH\"\n\n[agents.Worker]\ntoken_env = \"SB_W1\"\n\n[agents.worker]\ntoken_env = \"SB_W2\"\n",
+    );
+    let e = problem(&text);
+    assert!(e.to_string().contains("Worker") && e.to_string().contains("worker"), "{e}");
+    assert!(e.problem.contains("case"), "{e}");
+}

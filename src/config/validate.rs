@@ -26,6 +26,13 @@ impl Settings {
         let api = validate_api(path, raw.api)?;
         let storage = validate_storage(path, raw.storage)?;
         let outbound = validate_outbound(path, raw.outbound)?;
+        if raw.log.filter.trim().is_empty() {
+            // An empty filter matches none of switchboard's own lines, errors included.
+            return Err(err(
+                "log.filter",
+                "is empty: name a level, e.g. \"info\" (\"off\" logs nothing)".into(),
+            ));
+        }
         tracing_subscriber::EnvFilter::try_new(&raw.log.filter)
             .map_err(|e| err("log.filter", format!("'{}' is not a log filter: {e}", raw.log.filter)))?;
 
@@ -35,6 +42,20 @@ impl Settings {
         for (name, mut agent) in raw.agents {
             let key = format!("agents.{name}");
             let parsed = AgentName::parse(&name).map_err(|e| err(&key, e))?;
+            // Agents are named case-blind where a person or an agent writes a name (a
+            // handoff's target, a room's mention), so two that differ only in case would
+            // take each other's messages. An environment override's key is lowercased too.
+            if let Some(same) =
+                agents.keys().find(|known: &&AgentName| known.as_str().eq_ignore_ascii_case(&name))
+            {
+                return Err(err(
+                    &key,
+                    format!(
+                        "differs from agents.{same} only in case; agents are told apart case-blind (an \
+                         environment variable's override names its agent in lower case)"
+                    ),
+                ));
+            }
             check_env_name(path, &format!("{key}.token_env"), &agent.token_env)?;
             if let Some(relay) = agent.permissions.take() {
                 relays.push((parsed.clone(), format!("{key}.permissions"), relay));
@@ -114,18 +135,23 @@ fn validate_telegram(path: &Path, raw: RawTelegram) -> Result<TelegramSettings, 
             format!("{} is above Telegram's maximum of {MAX_POLL_TIMEOUT_SECS}", raw.poll_timeout_secs),
         ));
     }
-    if raw.send_timeout_secs == 0 {
-        return Err(err("telegram.send_timeout_secs", "must be at least 1".into()));
+    if raw.poll_timeout_secs == 0 {
+        return Err(err(
+            "telegram.poll_timeout_secs",
+            "must be at least 1: a poll that does not wait is asked again at once, all the time".into(),
+        ));
     }
+    let send_timeout = seconds(path, "telegram.send_timeout_secs", raw.send_timeout_secs, 1)?;
+    let unauthorized_exit = seconds(path, "telegram.unauthorized_exit_secs", raw.unauthorized_exit_secs, 0)?;
     check_env_name(path, "telegram.token_env", &raw.token_env)?;
     let webhook = raw.webhook.map(|raw| validate_webhook(path, raw)).transpose()?;
     Ok(TelegramSettings {
         token_env: raw.token_env,
         api_url,
         poll_timeout: Duration::from_secs(raw.poll_timeout_secs),
-        send_timeout: Duration::from_secs(raw.send_timeout_secs),
+        send_timeout,
         allowed_users: raw.allowed_users,
-        unauthorized_exit: Duration::from_secs(raw.unauthorized_exit_secs),
+        unauthorized_exit,
         webhook,
     })
 }
@@ -152,10 +178,8 @@ fn validate_storage(path: &Path, raw: RawStorage) -> Result<StorageSettings, Con
         }
         Some(days) => {
             let every = raw.retention_interval_secs.unwrap_or(DEFAULT_RETENTION_INTERVAL_SECS);
-            if every == 0 {
-                return Err(err("storage.retention_interval_secs", "must be at least 1".into()));
-            }
-            Some(Retention { days, every: Duration::from_secs(every) })
+            let every = seconds(path, "storage.retention_interval_secs", every, 1)?;
+            Some(Retention { days, every })
         }
     };
     let uploads_dir = match raw.uploads_dir {
@@ -182,6 +206,7 @@ fn validate_outbound(path: &Path, raw: RawOutbound) -> Result<OutboundSettings, 
             "must be at least 1 (turn typing off with typing = false)".into(),
         ));
     }
+    let typing_max = seconds(path, "outbound.typing_max_secs", raw.typing_max_secs, 1)?;
     // Past a minute apart, no reply of several parts could go out within a reply's wait;
     // past a thousand a second is beyond any budget Telegram sells. Bounded, the pacer's
     // arithmetic stays far from overflow.
@@ -216,7 +241,7 @@ fn validate_outbound(path: &Path, raw: RawOutbound) -> Result<OutboundSettings, 
             group: Duration::from_millis(raw.group_chat_interval_ms),
             overall_per_sec: raw.global_per_sec,
         },
-        typing: raw.typing.then(|| Duration::from_secs(raw.typing_max_secs)),
+        typing: raw.typing.then_some(typing_max),
         ack_reaction,
     })
 }
@@ -518,6 +543,26 @@ fn speaker_timeout(path: &Path, key: &str, secs: u64) -> Result<Duration, Config
             "must be at least 1 (seconds a speaker has to reply or ack)",
         ));
     }
+    seconds(path, key, secs, 1)
+}
+
+/// The longest any setting in seconds may be: a year. Each is added to a clock somewhere,
+/// and one near `u64::MAX` seconds overflows it (a panic, and a crash at every start if the
+/// value is kept in the ledger), where nobody means more than a year.
+const MAX_SETTING_SECS: u64 = 365 * 24 * 3600;
+
+/// `secs` of the setting `key`, refused below `at_least` or above [`MAX_SETTING_SECS`].
+fn seconds(path: &Path, key: &str, secs: u64, at_least: u64) -> Result<Duration, ConfigError> {
+    if secs < at_least {
+        return Err(ConfigError::new(path, key, format!("must be at least {at_least}")));
+    }
+    if secs > MAX_SETTING_SECS {
+        return Err(ConfigError::new(
+            path,
+            key,
+            format!("{secs} seconds is more than a year: at most {MAX_SETTING_SECS}"),
+        ));
+    }
     Ok(Duration::from_secs(secs))
 }
 
@@ -577,10 +622,7 @@ fn validate_webhook(path: &Path, raw: RawWebhook) -> Result<WebhookSettings, Con
         err("telegram.webhook.listen", format!("'{}' is not an address like 0.0.0.0:8443", raw.listen))
     })?;
     check_env_name(path, "telegram.webhook.secret_env", &raw.secret_env)?;
-    if raw.check_secs == 0 {
-        return Err(err("telegram.webhook.check_secs", "must be at least 1".into()));
-    }
-    let check_every = std::time::Duration::from_secs(raw.check_secs);
+    let check_every = seconds(path, "telegram.webhook.check_secs", raw.check_secs, 1)?;
     Ok(WebhookSettings { public_url, listen, secret_env: raw.secret_env, check_every })
 }
 
@@ -768,8 +810,7 @@ fn validate_database(path: &Path, raw: &RawStorage) -> Result<Database, ConfigEr
     }
     let lease = match raw.lease_secs {
         None => Lease::new(DEFAULT_LEASE),
-        Some(0) => return Err(err("storage.lease_secs", "must be at least 1".into())),
-        Some(secs) => Lease::new(Duration::from_secs(secs)),
+        Some(secs) => Lease::new(seconds(path, "storage.lease_secs", secs, 1)?),
     }
     .map_err(|short| err("storage.lease_secs", short.to_string()))?;
     let replica = match &raw.replica {
