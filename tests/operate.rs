@@ -24,10 +24,15 @@ use switchboard::ledger::{EnvelopeState, ListFilter};
 fn the_demo_runs_every_step_as_narrated_and_keeps_its_ledger_on_request() {
     let dir = tempfile::tempdir().unwrap();
     let keep = dir.path().join("demo");
+    // Run where a deployment's overrides are set (a Docker image sets the ledger's path):
+    // the demo reads its own file alone.
+    let deployed_ledger = dir.path().join("deployed.db");
     let output = Command::new(BIN)
         .args(["demo", "--keep"])
         .arg(&keep)
         .env_remove("RUST_LOG")
+        .env("SWITCHBOARD__STORAGE__DATABASE", &deployed_ledger)
+        .env("SWITCHBOARD__TELEGRAM__SEND_TIMEOUT_SECS", "not a number")
         .output()
         .expect("run demo");
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -48,6 +53,7 @@ fn the_demo_runs_every_step_as_narrated_and_keeps_its_ledger_on_request() {
         assert!(stdout.contains(narrated), "the demo did not say {narrated:?}:\n{stdout}");
     }
     assert!(!stdout.contains('✗'), "{stdout}");
+    assert!(!deployed_ledger.exists(), "the deployment's ledger was never touched");
 
     // What --keep leaves behind is a ledger the operator's commands read.
     let config = keep.join("switchboard.toml");

@@ -27,6 +27,17 @@ const ENV_SEPARATOR: &str = "__";
 /// on that address, gives it this way (the tests, the benchmarks, `switchboard demo`).
 pub const API_LISTEN_ENV: &str = "SWITCHBOARD__API__LISTEN";
 
+/// The names of the variables in this process's environment that override a setting
+/// (`SWITCHBOARD__…`): what a child process that must read only its own file is started
+/// without.
+pub fn environment_overrides() -> Vec<String> {
+    let prefix = format!("{ENV_PREFIX}{ENV_SEPARATOR}");
+    std::env::vars_os()
+        .filter_map(|(name, _)| name.into_string().ok())
+        .filter(|name| name.starts_with(&prefix))
+        .collect()
+}
+
 /// The keys whose value is a list, wherever they stand (`agents.NAME.aliases` too). From
 /// the environment each is a comma-separated text: one item without a comma, none when
 /// empty (which clears what the file lists).

@@ -67,6 +67,11 @@ impl DemoDaemon {
         let earlier = log.metadata().context("reading the daemon log's size")?.len();
         let exe = std::env::current_exe().context("finding the switchboard binary")?;
         let mut command = Command::new(exe);
+        // The demo's daemon reads the demo's file alone: an override meant for a real
+        // deployment (a Docker image sets the ledger's path) would point it elsewhere.
+        for name in crate::config::environment_overrides() {
+            command.env_remove(name);
+        }
         if let Some(api) = self.api {
             command.env(API_LISTEN_ENV, api.to_string());
         }

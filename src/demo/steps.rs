@@ -118,7 +118,11 @@ impl Demo {
     /// `switchboard ledger --config FILE ARGS…`, the operator's command, on the demo's ledger.
     fn ledger_command(&self, args: &[&str]) -> Result<String, Broken> {
         let exe = std::env::current_exe().map_err(|e| Broken(e.to_string()))?;
-        let output = std::process::Command::new(exe)
+        let mut command = std::process::Command::new(exe);
+        for name in crate::config::environment_overrides() {
+            command.env_remove(name);
+        }
+        let output = command
             .arg("ledger")
             .arg("--config")
             .arg(&self.config)
