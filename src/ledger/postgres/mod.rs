@@ -199,6 +199,13 @@ pub enum PgOpenError {
     NoSchema { search_path: String },
     #[error("applying the PostgreSQL ledger's migrations (`_sqlx_migrations` says which were applied)")]
     Migrate(#[source] ErrorSource),
+    #[error(
+        "this ledger lacks migration {version} ({description}) and a replica leads on it (its lease is \
+         live): a replica of an earlier release would be left on a schema it does not know. Run \
+         `switchboard ledger` of the replicas' release, or upgrade the replicas first (each migrates \
+         the ledger as it starts)"
+    )]
+    Behind { version: i64, description: String },
 }
 
 /// A fenced write of the polling leader refused, or failed.
@@ -275,8 +282,43 @@ impl PgLedger {
             ledger.pool.close().await;
             return Err(PgOpenError::NoLedger);
         }
+        if let Some(lacking) = ledger.migration_lacking_under_a_leader().await? {
+            ledger.pool.close().await;
+            return Err(lacking);
+        }
         MIGRATOR.run(&ledger.pool).await?;
         Ok(ledger)
+    }
+
+    /// For `switchboard ledger`: the first migration this ledger lacks while a replica
+    /// leads on it (a live lease), which would leave that replica, of an earlier release,
+    /// on a schema it does not know. None when nothing is lacking or nobody leads.
+    async fn migration_lacking_under_a_leader(&self) -> Result<Option<PgOpenError>, PgOpenError> {
+        let connect = |error: sqlx::Error| PgOpenError::Connect(error.into());
+        let applied: Vec<i64> = sqlx::query_scalar("SELECT version FROM _sqlx_migrations WHERE success")
+            .fetch_all(&self.pool)
+            .await
+            .map_err(connect)?;
+        let Some(lacking) = MIGRATOR.iter().find(|migration| {
+            migration.migration_type.is_up_migration() && !applied.contains(&migration.version)
+        }) else {
+            return Ok(None);
+        };
+        let has_leases: bool = sqlx::query_scalar("SELECT to_regclass('poller_leases') IS NOT NULL")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(connect)?;
+        let led = has_leases
+            && sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM poller_leases WHERE expires_at > now())",
+            )
+            .fetch_one(&self.pool)
+            .await
+            .map_err(connect)?;
+        Ok(led.then(|| PgOpenError::Behind {
+            version: lacking.version,
+            description: lacking.description.to_string(),
+        }))
     }
 
     async fn pool(url: &str) -> Result<Self, PgOpenError> {

@@ -1197,3 +1197,45 @@ async fn the_ledger_never_prints_the_databases_password() {
     assert!(printed.starts_with("PgLedger"), "{printed}");
     assert!(!printed.contains("s3cret"), "{printed}");
 }
+
+/// `switchboard ledger` of a newer release while a replica of an earlier one leads: it must
+/// not migrate the ledger under that replica. Nobody leading, it migrates as a replica
+/// would (here, the lease expired).
+#[tokio::test]
+async fn the_ledger_command_does_not_migrate_a_ledger_a_replica_leads_on() {
+    let schema = TestSchema::create().await;
+    let ledger = PgLedger::connect(&schema.url).await.unwrap();
+    let latest = MIGRATOR.iter().map(|migration| migration.version).max().unwrap();
+    // As an earlier release left it: without the latest migration's record.
+    sqlx::query("DELETE FROM _sqlx_migrations WHERE version = $1")
+        .bind(latest)
+        .execute(&ledger.pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO poller_leases (bot_id, term, holder, holder_pid, elected_at, renewed_at, expires_at) \
+         VALUES (1, 1, 'old', 0, now(), now(), now() + interval '1 minute')",
+    )
+    .execute(&ledger.pool)
+    .await
+    .unwrap();
+
+    let refused = PgLedger::connect_existing(&schema.url).await.err().expect("refused");
+    assert!(matches!(refused, PgOpenError::Behind { version, .. } if version == latest), "{refused:?}");
+    let recorded: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM _sqlx_migrations WHERE version = $1)")
+            .bind(latest)
+            .fetch_one(&ledger.pool)
+            .await
+            .unwrap();
+    assert!(!recorded, "nothing was migrated");
+
+    sqlx::query("UPDATE poller_leases SET expires_at = now() - interval '1 second'")
+        .execute(&ledger.pool)
+        .await
+        .unwrap();
+    let lacking = ledger.migration_lacking_under_a_leader().await;
+    assert!(matches!(lacking, Ok(None)), "nobody leads: the ledger command may migrate");
+    ledger.close().await;
+    schema.drop().await;
+}

@@ -84,6 +84,7 @@ use engine::{backup, checkpoint, columns, in_place, lock, migrations, probe, rea
 pub use in_place::{PAGE_CACHE_KIB, WRITER_SPILL_PAGES};
 pub use lock::{LedgerLock, LockError, missing_folder};
 pub use migrations::MigrationError;
+use migrations::Pending;
 pub use probe::{LEDGER_APPLICATION_ID, LedgerProbe};
 
 /// Why the ledger could not be opened.
@@ -146,11 +147,14 @@ impl SqliteLedger {
         }
         files::create_private(path).map_err(|source| OpenError::Create { path: path.to_owned(), source })?;
         tighten_and_warn(path);
-        Self::connect(path, synchronous, true).await
+        Self::connect(path, synchronous, true, Pending::Apply).await
     }
 
-    /// Opens a database that must already exist, and applies pending migrations. For
-    /// `switchboard ledger`: a mistyped path must not become a new, empty ledger.
+    /// Opens a database that must already exist. For `switchboard ledger`: a mistyped path
+    /// must not become a new, empty ledger. Pending migrations are applied only while no
+    /// daemon runs on it (its lock is free, and held meanwhile); beside a running daemon,
+    /// a ledger that lacks any is refused, since the daemon, of an earlier release, would
+    /// then run on a schema it does not know.
     pub async fn open_existing(path: &Path, synchronous: Synchronous) -> Result<Self, OpenError> {
         // Before anything changes the file (its mode, its journal, its tables): it may be
         // another program's, or one this user may only read, beside which a connection would
@@ -160,15 +164,24 @@ impl SqliteLedger {
             return Err(OpenError::NotALedger { path: path.to_owned() });
         }
         tighten_and_warn(path);
-        Self::connect(path, synchronous, false).await
+        let no_daemon = LedgerLock::acquire(path).ok();
+        let pending = if no_daemon.is_some() { Pending::Apply } else { Pending::Refuse };
+        let ledger = Self::connect(path, synchronous, false, pending).await;
+        drop(no_daemon);
+        ledger
     }
 
-    async fn connect(path: &Path, synchronous: Synchronous, create: bool) -> Result<Self, OpenError> {
+    async fn connect(
+        path: &Path,
+        synchronous: Synchronous,
+        create: bool,
+        pending: Pending,
+    ) -> Result<Self, OpenError> {
         let connect_error = |doing| move |source| OpenError::Connect { doing, path: path.to_owned(), source };
         // Opening the file, switching it to WAL and migrating it touch the disk and may
         // wait for another process's lock: off the runtime's threads.
         let database = path.to_owned();
-        let prepared = tokio::task::spawn_blocking(move || prepare(&database, synchronous, create))
+        let prepared = tokio::task::spawn_blocking(move || prepare(&database, synchronous, create, pending))
             .await
             .map_err(|e| LedgerError::other(format!("the task preparing the ledger did not finish: {e}")))
             .map_err(connect_error("preparing the ledger database"))??;
@@ -209,11 +222,17 @@ impl Lifecycle for SqliteLedger {
 }
 
 /// Opens the database at `path` on a connection of its own (creating the file when
-/// `create`), puts it in WAL mode and applies the pending migrations; the connection is
+/// `create`), puts it in WAL mode and applies the migrations it lacks or refuses it, as
+/// `pending` says; the connection is
 /// returned, for the caller to close once its own are open. Blocking, and it may wait up
 /// to [`BUSY_TIMEOUT`] for another process's lock (SQLite's busy handler is fine here: this
 /// runs on a blocking thread).
-fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqlite::Connection, OpenError> {
+fn prepare(
+    path: &Path,
+    synchronous: Synchronous,
+    create: bool,
+    pending: Pending,
+) -> Result<rusqlite::Connection, OpenError> {
     let flags = if create {
         in_place::OWN_CONNECTION_FLAGS.union(OpenFlags::SQLITE_OPEN_CREATE)
     } else {
@@ -239,7 +258,8 @@ fn prepare(path: &Path, synchronous: Synchronous, create: bool) -> Result<rusqli
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(OpenError::NotWal { path: path.to_owned(), mode });
     }
-    migrations::migrate(&db, None).map_err(|source| OpenError::Migrate { path: path.to_owned(), source })?;
+    migrations::bring_up_to_date(&db, None, pending)
+        .map_err(|source| OpenError::Migrate { path: path.to_owned(), source })?;
     Ok(db)
 }
 

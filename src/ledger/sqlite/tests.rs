@@ -755,3 +755,30 @@ mod conformance {
 
     crate::ledger::conformance::suite!(Sqlite);
 }
+
+/// `switchboard ledger` of a newer release beside a running daemon of an earlier one: it
+/// must not migrate the daemon's ledger under it (the daemon would run on a schema it does
+/// not know, and refuse its next start or a rollback). With no daemon running, it
+/// migrates as the daemon would.
+#[tokio::test]
+async fn the_ledger_command_migrates_only_a_ledger_no_daemon_holds() {
+    let latest = migrations::MIGRATIONS.last().unwrap().version;
+    let (_dir, path, db) = ledger_migrated_to(latest - 1);
+    drop(db);
+    let applied = |path: &std::path::Path| -> i64 {
+        let db = rusqlite::Connection::open(path).unwrap();
+        db.query_row("SELECT max(version) FROM _sqlx_migrations", [], |row| row.get(0)).unwrap()
+    };
+
+    let daemon = LedgerLock::acquire(&path).unwrap();
+    let refused = SqliteLedger::open_existing(&path, Synchronous::Normal).await.err().expect("refused");
+    assert!(
+        matches!(refused, OpenError::Migrate { source: MigrationError::Behind { version, .. }, .. } if version == latest),
+        "{refused:?}"
+    );
+    assert_eq!(applied(&path), latest - 1, "the daemon's ledger was left as it was");
+
+    drop(daemon);
+    SqliteLedger::open_existing(&path, Synchronous::Normal).await.unwrap().close().await;
+    assert_eq!(applied(&path), latest);
+}

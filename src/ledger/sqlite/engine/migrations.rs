@@ -118,8 +118,25 @@ pub enum MigrationError {
         #[source]
         source: LedgerError,
     },
+    #[error(
+        "this ledger lacks migration {version} ({file}) and a daemon holds it (its lock is taken): a \
+         daemon of an earlier release would be left on a schema it does not know. Run `switchboard \
+         ledger` of the daemon's release, or stop the daemon first (an upgraded daemon migrates the \
+         ledger as it starts)"
+    )]
+    Behind { version: i64, file: &'static str },
     #[error("reading which migrations this ledger has")]
     Ledger(#[from] LedgerError),
+}
+
+/// What opening a ledger does with the migrations it lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pending {
+    /// Applies them: nothing else runs on the ledger.
+    Apply,
+    /// Refuses the ledger if it lacks any: a daemon of an earlier release runs on it, and
+    /// a newer schema would break it (and its restart, and a rollback).
+    Refuse,
 }
 
 /// Whether `db` has the table that records migrations: every ledger has it from its first
@@ -134,7 +151,17 @@ pub(crate) fn records_migrations(db: &Connection) -> rusqlite::Result<bool> {
 
 /// Applies, in order, every migration up to `up_to` (all when `None`) that `db` has not
 /// had yet. Blocking: the caller runs it off the runtime's threads.
+#[cfg(test)]
 pub(crate) fn migrate(db: &Connection, up_to: Option<i64>) -> Result<(), MigrationError> {
+    bring_up_to_date(db, up_to, Pending::Apply)
+}
+
+/// [`migrate`], doing with the migrations `db` lacks what `pending` says.
+pub(crate) fn bring_up_to_date(
+    db: &Connection,
+    up_to: Option<i64>,
+    pending: Pending,
+) -> Result<(), MigrationError> {
     db.execute_batch(APPLIED_TABLE).map_err(LedgerError::from)?;
     let dirty: Option<i64> = db
         .query_row(
@@ -161,6 +188,9 @@ pub(crate) fn migrate(db: &Connection, up_to: Option<i64>) -> Result<(), Migrati
             Some((_, checksum)) if *checksum == migration.checksum() => {}
             Some(_) => {
                 return Err(MigrationError::Changed { version: migration.version, file: migration.file });
+            }
+            None if pending == Pending::Refuse => {
+                return Err(MigrationError::Behind { version: migration.version, file: migration.file });
             }
             None => apply(db, migration).map_err(|source| MigrationError::Failed {
                 version: migration.version,
