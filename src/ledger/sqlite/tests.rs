@@ -771,7 +771,9 @@ async fn the_ledger_command_migrates_only_a_ledger_no_daemon_holds() {
     };
 
     let daemon = LedgerLock::acquire(&path).unwrap();
-    let refused = SqliteLedger::open_existing(&path, Synchronous::Normal).await.err().expect("refused");
+    let Err(refused) = SqliteLedger::open_existing(&path, Synchronous::Normal).await else {
+        panic!("migrated under a daemon")
+    };
     assert!(
         matches!(refused, OpenError::Migrate { source: MigrationError::Behind { version, .. }, .. } if version == latest),
         "{refused:?}"
