@@ -26,6 +26,12 @@ use tokio_util::sync::CancellationToken;
 /// requests of a kept-alive connection: an idle one is closed after this).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the requests in progress at a stop have to finish. A client that is still
+/// sending after it (stalled, or slow on purpose) is cut off: it must not hold a stopping
+/// daemon, or a standby elected while it relayed a delivery (whose lease would lapse
+/// meanwhile). Telegram delivers a cut-off update again.
+pub const DRAIN_WITHIN: Duration = Duration::from_secs(5);
+
 /// Connections served at once by a listener open to anyone: well above what a load
 /// balancer's probes and Telegram's webhook deliveries (40 at most by default) open.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -39,15 +45,16 @@ pub enum Connections {
     Bounded,
 }
 
-/// Serves `router` on `listener` until `stop`, then lets the requests in progress finish
-/// (a session stream ends when the router's own shutdown ends it).
+/// Serves `router` on `listener` until `stop`, then lets go of the address at once and
+/// lets the requests in progress finish within [`DRAIN_WITHIN`] (a session stream ends
+/// when the router's own shutdown ends it).
 pub async fn serve<L: Listener>(
     listener: L,
     router: Router,
     connections: Connections,
     stop: CancellationToken,
 ) {
-    serve_within(listener, router, connections, stop, HEADER_READ_TIMEOUT).await;
+    serve_within(listener, router, connections, stop, HEADER_READ_TIMEOUT, DRAIN_WITHIN).await;
 }
 
 async fn serve_within<L: Listener>(
@@ -56,8 +63,10 @@ async fn serve_within<L: Listener>(
     connections: Connections,
     stop: CancellationToken,
     header_read_timeout: Duration,
+    drain_within: Duration,
 ) {
     let graceful = GracefulShutdown::new();
+    let cut_off = CancellationToken::new();
     let cap = match connections {
         Connections::Unbounded => Semaphore::MAX_PERMITS,
         Connections::Bounded => MAX_CONNECTIONS,
@@ -76,14 +85,28 @@ async fn serve_within<L: Listener>(
         };
         let service = TowerToHyperService::new(router.clone());
         let connection = graceful.watch(builder.serve_connection(TokioIo::new(io), service));
+        let cut_off = cut_off.clone();
         tokio::spawn(async move {
-            if let Err(error) = connection.await {
-                tracing::debug!(%error, "an HTTP connection ended with an error");
+            tokio::select! {
+                ended = connection => {
+                    if let Err(error) = ended {
+                        tracing::debug!(%error, "an HTTP connection ended with an error");
+                    }
+                }
+                // Dropping the connection closes its socket.
+                () = cut_off.cancelled() => {}
             }
             drop(permit);
         });
     }
-    graceful.shutdown().await;
+    drop(listener);
+    if tokio::time::timeout(drain_within, graceful.shutdown()).await.is_err() {
+        tracing::warn!(
+            within = ?drain_within,
+            "requests still in progress at a stop were cut off (a client sending too slowly)"
+        );
+        cut_off.cancel();
+    }
 }
 
 #[cfg(test)]
@@ -100,8 +123,14 @@ mod tests {
         let address = listener.local_addr().unwrap();
         let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
         let stop = CancellationToken::new();
-        let server =
-            tokio::spawn(serve_within(listener, router, Connections::Bounded, stop.clone(), timeout));
+        let server = tokio::spawn(serve_within(
+            listener,
+            router,
+            Connections::Bounded,
+            stop.clone(),
+            timeout,
+            timeout,
+        ));
 
         let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
         slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
@@ -116,5 +145,38 @@ mod tests {
         read.await.expect("the server closes the connection once the timeout has passed").ok();
         stop.cancel();
         server.await.unwrap();
+    }
+
+    /// A client whose body stalls holds no stop: the address is free at once, and the
+    /// request is cut off once the drain is over.
+    #[tokio::test]
+    async fn a_stop_frees_the_address_at_once_and_cuts_off_a_stalled_body() {
+        let (header_read, drain) = (Duration::from_secs(30), Duration::from_millis(300));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let router = Router::new().route("/hook", axum::routing::post(|body: String| async move { body }));
+        let stop = CancellationToken::new();
+        let server = tokio::spawn(serve_within(
+            listener,
+            router,
+            Connections::Bounded,
+            stop.clone(),
+            header_read,
+            drain,
+        ));
+
+        let mut stalled = tokio::net::TcpStream::connect(address).await.unwrap();
+        stalled
+            .write_all(b"POST /hook HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n0123456789")
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        stop.cancel();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::net::TcpListener::bind(address).await.expect("the address is free while the request drains");
+        tokio::time::timeout(drain * 10, server).await.expect("the stop ends after the drain").unwrap();
+        let mut rest = Vec::new();
+        let read = tokio::time::timeout(drain * 10, stalled.read_to_end(&mut rest));
+        read.await.expect("the stalled request was cut off").ok();
     }
 }

@@ -132,6 +132,34 @@ async fn a_request_without_the_right_secret_is_refused_and_stores_nothing() {
     assert_eq!(stored(&daemon, 777).await, 1);
 }
 
+/// A request whose body stalls, as anyone who reaches the listener can make it: without
+/// the secret it is answered at once, its body never read; with it, its body gets a few
+/// seconds (Telegram sends an update at once) and then a 408, and Telegram would deliver
+/// it again. Either way it holds none of the listener's connections for long.
+#[tokio::test]
+async fn a_stalled_body_is_answered_without_reading_it_or_after_a_few_seconds() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let fake = FakeTelegram::start().await;
+    let daemon = webhook_daemon(&fake).await;
+    let stalled = |secret: &str| {
+        format!(
+            "POST /telegram/hook HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n\
+             X-Telegram-Bot-Api-Secret-Token: {secret}\r\nContent-Length: 1000\r\n\r\n{{\"update_id\": 5"
+        )
+    };
+    for (secret, status, within) in
+        [("not-the-secret", "401", Duration::from_secs(2)), (WEBHOOK_SECRET, "408", Duration::from_secs(15))]
+    {
+        let mut connection = tokio::net::TcpStream::connect(daemon.webhook_addr()).await.unwrap();
+        connection.write_all(stalled(secret).as_bytes()).await.unwrap();
+        let mut answer = [0u8; 12];
+        let read = tokio::time::timeout(within, connection.read_exact(&mut answer)).await;
+        let answer = String::from_utf8_lossy(&answer).into_owned();
+        assert!(read.is_ok() && answer.ends_with(status), "{secret}: {answer:?} within {within:?}");
+    }
+    assert_eq!(stored(&daemon, 5).await, 0);
+}
+
 #[tokio::test]
 async fn an_update_delivered_twice_is_one_envelope() {
     let fake = FakeTelegram::start().await;

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
@@ -170,6 +170,9 @@ enum Answered {
     Unauthorized,
     /// A body that is not an update with an id: `400`, nothing stored.
     NotAnUpdate,
+    /// A body that did not arrive whole within [`BODY_READ_TIMEOUT`], or is larger than
+    /// [`MAX_BODY_BYTES`]: `408`, nothing stored, and Telegram delivers it again.
+    Incomplete,
     /// A busy ledger or a full disk: `503`, and Telegram delivers it again.
     LedgerCongested,
     /// Any other ledger error: `500`, and the daemon stops.
@@ -182,6 +185,7 @@ impl Answered {
             Self::Stored => "stored",
             Self::Unauthorized => "unauthorized",
             Self::NotAnUpdate => "not_an_update",
+            Self::Incomplete => "incomplete",
             Self::LedgerCongested => "ledger_congested",
             Self::LedgerFailed => "ledger_failed",
         }
@@ -192,19 +196,48 @@ impl Answered {
             Self::Stored => StatusCode::OK,
             Self::Unauthorized => StatusCode::UNAUTHORIZED,
             Self::NotAnUpdate => StatusCode::BAD_REQUEST,
+            Self::Incomplete => StatusCode::REQUEST_TIMEOUT,
             Self::LedgerCongested => StatusCode::SERVICE_UNAVAILABLE,
             Self::LedgerFailed => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
 }
 
-async fn deliver(State(deliveries): State<Arc<Deliveries>>, headers: HeaderMap, body: Bytes) -> StatusCode {
+/// How long a delivery's body may take to arrive once its headers have: Telegram sends an
+/// update of a few kilobytes at once. A client that trickles or stalls it would otherwise
+/// hold one of the listener's connections for as long as it likes.
+const BODY_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The largest body read: far above any update (a message's text is at most 4096
+/// characters), as axum's default.
+const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
+async fn deliver(State(deliveries): State<Arc<Deliveries>>, headers: HeaderMap, body: Body) -> StatusCode {
     let answered = take_delivery(&deliveries, &headers, body).await;
     metrics::webhook_request(answered.label());
     answered.status()
 }
 
-async fn take_delivery(deliveries: &Deliveries, headers: &HeaderMap, body: Bytes) -> Answered {
+/// The body of a request whose secret was checked, read within [`BODY_READ_TIMEOUT`].
+async fn read_body(body: Body) -> Option<axum::body::Bytes> {
+    match tokio::time::timeout(BODY_READ_TIMEOUT, axum::body::to_bytes(body, MAX_BODY_BYTES)).await {
+        Ok(Ok(bytes)) => Some(bytes),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "webhook request whose body could not be read: answered 408, nothing stored");
+            None
+        }
+        Err(_) => {
+            tracing::warn!(
+                within = ?BODY_READ_TIMEOUT,
+                "webhook request whose body did not arrive in time: answered 408, nothing stored"
+            );
+            None
+        }
+    }
+}
+
+/// The secret is checked before the body is read: a request without it costs a header.
+async fn take_delivery(deliveries: &Deliveries, headers: &HeaderMap, body: Body) -> Answered {
     let presented = headers.get(SECRET_HEADER).and_then(|value| value.to_str().ok());
     if !presented.is_some_and(|presented| deliveries.secret.matches(presented)) {
         tracing::warn!(
@@ -213,6 +246,7 @@ async fn take_delivery(deliveries: &Deliveries, headers: &HeaderMap, body: Bytes
         );
         return Answered::Unauthorized;
     }
+    let Some(body) = read_body(body).await else { return Answered::Incomplete };
     let Some((update, update_id)) = std::str::from_utf8(&body)
         .ok()
         .map(RawUpdate::new)
@@ -424,7 +458,7 @@ mod tests {
     use super::*;
 
     fn answered(status: u16, body: &str) -> Exchange {
-        Exchange::Answered { status, body: Bytes::from(body.to_owned()) }
+        Exchange::Answered { status, body: axum::body::Bytes::from(body.to_owned()) }
     }
 
     #[test]
