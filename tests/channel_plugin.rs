@@ -722,6 +722,34 @@ async fn unreachable_daemon_is_reported_and_the_stream_is_retried_until_it_is_ba
     plugin.close().await.unwrap();
 }
 
+/// A daemon down for a while (a restart, an upgrade) leaves the plugin retrying seconds
+/// apart. A tool call made as it comes back must not be refused for want of a session
+/// (which reads as if another session had taken over): the call cuts the wait short.
+#[tokio::test]
+async fn a_tool_call_as_the_daemon_comes_back_finds_the_session_without_waiting_out_the_backoff() {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = start_plugin(&write_config(&dir, listener.local_addr().unwrap()), SECRET).await;
+    // Each attempt to open the stream is turned away (the connection dropped) until they
+    // come seconds apart: the next one is further off than a call waits for a session.
+    let mut last = std::time::Instant::now();
+    loop {
+        let (attempt, _) = tokio::time::timeout(WAIT, listener.accept()).await.unwrap().unwrap();
+        drop(attempt);
+        let gap = last.elapsed();
+        last = std::time::Instant::now();
+        if gap >= Duration::from_secs(4) {
+            break;
+        }
+    }
+
+    let daemon = FakeDaemon::start_on(listener, SessionMode::Stream).await;
+    let (is_error, text) = plugin.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error, "{text}");
+    daemon.wait_for_open_sessions(1).await;
+    plugin.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_second_session_is_refused_and_does_not_fight() {
     let daemon = FakeDaemon::start(SessionMode::Conflict).await;

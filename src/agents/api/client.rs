@@ -104,6 +104,9 @@ pub struct DaemonClient {
     /// The live session's token (from its `Hello`), sent with every call; `None` while no
     /// session stream of this client is open.
     session: Arc<watch::Sender<Option<String>>>,
+    /// Rung by a call that waits for a session: the stream's next attempt to open goes at
+    /// once instead of after its backoff (up to seconds, longer than a call waits).
+    session_wanted: Arc<tokio::sync::Notify>,
     /// Envelopes pushed into the agent's context that the daemon has not yet been told of,
     /// oldest first: every call carries them in its [`SHOWN_HEADER`].
     unconfirmed: Arc<Mutex<VecDeque<String>>>,
@@ -198,6 +201,7 @@ impl DaemonClient {
             agent,
             secret,
             session: Arc::new(watch::Sender::new(None)),
+            session_wanted: Arc::default(),
             unconfirmed: Arc::default(),
             plugin: format!("plg_{}", crate::ids::random_suffix(PLUGIN_SUFFIX_LEN)),
         })
@@ -206,7 +210,16 @@ impl DaemonClient {
     /// Waits up to `within` for a session stream of this client to be open; true when one is.
     pub async fn wait_for_session(&self, within: Duration) -> bool {
         let mut session = self.session.subscribe();
+        if session.borrow().is_none() {
+            self.session_wanted.notify_one();
+        }
         tokio::time::timeout(within, session.wait_for(Option::is_some)).await.is_ok_and(|found| found.is_ok())
+    }
+
+    /// Returns once a call waits for a session ([`Self::wait_for_session`]), or has since
+    /// the last time this returned: the session stream's cue to try again now.
+    pub async fn session_wanted(&self) {
+        self.session_wanted.notified().await;
     }
 
     /// The daemon's address in use (`scheme://host:port`).

@@ -93,6 +93,8 @@ impl SessionForwarder {
             tokio::select! {
                 () = shutdown.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
+                // A tool call waits for the session: try now, within what it waits.
+                () = self.daemon.session_wanted() => {}
             }
         }
     }
