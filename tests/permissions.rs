@@ -276,6 +276,69 @@ async fn the_asking_session_ending_expires_its_requests_and_a_new_session_never_
     assert!(verdicts(&next).is_empty());
 }
 
+/// A TCP proxy between a plugin and the daemon whose connections can be cut, as a network
+/// blip cuts a remote plugin's.
+struct CuttableProxy {
+    addr: std::net::SocketAddr,
+    current: std::sync::Arc<std::sync::Mutex<tokio_util::sync::CancellationToken>>,
+}
+
+impl CuttableProxy {
+    async fn to(daemon: std::net::SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let current = std::sync::Arc::new(std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()));
+        let tokens = std::sync::Arc::clone(&current);
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let cut = tokens.lock().unwrap().clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(daemon).await else { return };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        () = cut.cancelled() => {}
+                    }
+                });
+            }
+        });
+        Self { addr, current }
+    }
+
+    /// Cuts every connection open now; later ones go through.
+    fn cut(&self) {
+        let mut current = self.current.lock().unwrap();
+        current.cancel();
+        *current = tokio_util::sync::CancellationToken::new();
+    }
+}
+
+/// The asking plugin's connection breaks (a network blip) and it connects again: its
+/// request still waits, and the approver's answer reaches it. Before, the request expired
+/// the moment the stream broke, while the agent still waited at its prompt.
+#[tokio::test]
+async fn a_request_outlives_its_plugins_broken_connection_and_the_answer_reaches_it() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &relayed(600), &[]);
+    let proxy = CuttableProxy::to(daemon.api_addr()).await;
+    let (address_var, _) = daemon.address_env();
+    let plugin = plugin_builder(&daemon, "orchestrator")
+        .env(address_var, proxy.addr.to_string())
+        .start()
+        .await
+        .unwrap();
+    plugin.wait_for_stderr("channel::forwarder: connected to the switchboard daemon", WAIT).await.unwrap();
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
+
+    proxy.cut();
+    plugin.wait_for_stderr("connected to the switchboard daemon again", WAIT).await.unwrap();
+    press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+    assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Allowed);
+}
+
 #[tokio::test]
 async fn an_answer_after_the_daemon_was_killed_still_reaches_the_plugin_that_asked() {
     let Relay { fake, mut daemon, plugin } = relay(600).await;

@@ -8,7 +8,10 @@
 //! when its stream closes while the daemon keeps running (the plugin exited, or its agent
 //! session did), or when another plugin process connects for the agent (only one session
 //! per agent is live, so the one that asked cannot be answered any more). Either way its
-//! pending requests expire and their prompts say so.
+//! pending requests expire and their prompts say so; after a closed stream, only once the
+//! same plugin has not connected again for a moment (a stream that broke comes back).
+
+use std::time::Duration;
 
 use tokio::sync::mpsc;
 
@@ -18,6 +21,11 @@ use crate::agents::api::wire::{DeliveredVerdict, PermissionReceipt, PermissionRe
 use crate::agents::permissions::{AskError, Asker, CallbackPress, PermissionRelay, TextAnswer};
 use crate::ids::AgentName;
 use crate::ledger::{EndedPlugins, LedgerResult, PermissionState};
+
+/// How long a plugin whose session ended has to connect again before its pending
+/// permission requests expire: a stream that broke (a network blip, a ledger error that
+/// ended it) is opened again within seconds.
+const RECONNECT_GRACE: Duration = Duration::from_secs(10);
 
 impl Bridge {
     /// Sets up the relay; without it every request is refused.
@@ -137,7 +145,9 @@ impl Bridge {
         Ok(true)
     }
 
-    /// A plugin's session ended while the daemon runs: its pending requests expire. A
+    /// A plugin's session ended while the daemon runs: its pending requests expire, unless
+    /// the same plugin process connects again within [`RECONNECT_GRACE`] (its stream broke,
+    /// and the agent still waits at its prompt; the verdict reaches it once reconnected). A
     /// daemon that is stopping ends no plugin's session (the plugin reconnects).
     pub(super) fn plugin_session_ended(&self, agent: &AgentName, plugin: Option<String>) {
         let Some(plugin) = plugin else { return };
@@ -147,6 +157,13 @@ impl Bridge {
         let bridge = self.clone();
         let agent = agent.clone();
         self.inner.tasks.spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(RECONNECT_GRACE) => {}
+                () = bridge.inner.shutdown.cancelled() => return,
+            }
+            if bridge.live_plugin(&agent).as_deref() == Some(plugin.as_str()) {
+                return;
+            }
             let ended = EndedPlugins::This(&plugin);
             match bridge.inner.ledger.expire_permissions_of_ended_session(agent.as_str(), ended).await {
                 Ok(0) => {}

@@ -211,6 +211,13 @@ impl Bridge {
         }
     }
 
+    /// The plugin process behind the agent's live session, if one is connected and named
+    /// itself.
+    pub(super) fn live_plugin(&self, agent: &AgentName) -> Option<String> {
+        let session = self.slot(agent).session.lock().unwrap_or_else(|p| p.into_inner());
+        session.as_ref().and_then(|live| live.plugin.clone())
+    }
+
     /// The live session's id and its plugin's name when `token` is its token.
     pub(super) fn live_session_and_plugin(
         &self,
