@@ -144,8 +144,11 @@ impl fmt::Display for WebhookSettings {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "{{ public_url = {}, listen = {}, secret_env = {} }}",
-            self.public_url, self.listen, self.secret_env
+            "{{ public_url = {}, listen = {}, secret_env = {}, check_secs = {} }}",
+            self.public_url,
+            self.listen,
+            self.secret_env,
+            self.check_every.as_secs()
         )
     }
 }

@@ -203,7 +203,13 @@ fn kept_until_restart(running: &Settings, new: &Settings, needs_restart: &mut Ve
     // The operator's chat is where start-up recovery and the reconciler ask.
     let operator = |settings: &Settings| {
         settings.operator.as_ref().map_or("none".to_owned(), |operator| {
-            format!("route {}, operators {}", operator.route, users(&operator.operators))
+            let topic = operator.thread_id.map_or(String::new(), |thread| format!(" topic {thread}"));
+            format!(
+                "route {} (chat {}{topic}), operators {}",
+                operator.route,
+                operator.chat_id,
+                users(&operator.operators)
+            )
         })
     };
     fixed("operator", &operator(running), &operator(new));
@@ -576,6 +582,37 @@ agent = "orchestrator"
         assert!(
             changes.contains("route 'dm' changed") && changes.contains("senders everyone, mention only"),
             "{changes}"
+        );
+    }
+
+    /// The operator's chat is where unresolved sends are asked about, set up at start-up:
+    /// moving the operator's route to another chat needs a restart and says so (it was
+    /// reported as an applied route change). A webhook's check interval is named too.
+    #[test]
+    fn moving_the_operators_chat_or_the_webhook_check_needs_a_restart_and_says_so() {
+        let with_operator =
+            BASE.replace("[telegram]", "[operator]\nroute = \"dm\"\noperators = [1]\n[telegram]");
+        let moved = with_operator.replace("chat_id = 42", "chat_id = 43");
+        let moving = plan(&load(&with_operator), &load(&moved)).unwrap();
+        let restart = moving.needs_restart.join("\n");
+        assert!(
+            restart.contains("operator: ") && restart.contains("chat 42") && restart.contains("chat 43"),
+            "{restart}"
+        );
+
+        let hook = |secs: u64| {
+            BASE.replace(
+                "allowed_users = [1]",
+                &format!(
+                    "allowed_users = [1]\nwebhook = {{ public_url = \"https://bot.example.test/hook\", listen = \"127.0.0.1:8443\", secret_env = \"SB_RELOAD_HOOK\", check_secs = {secs} }}"
+                ),
+            )
+        };
+        let checking = plan(&load(&hook(60)), &load(&hook(300))).unwrap();
+        assert!(
+            checking.needs_restart.join("\n").contains("telegram.webhook"),
+            "{:?}",
+            checking.needs_restart
         );
     }
 
