@@ -59,6 +59,8 @@ pub struct Leadership {
     bot_id: i64,
     /// What `/readyz` shows of it; `leads` is cleared when the tenure ends.
     status: Leading,
+    /// The tenure's end, moved on at each renewal: sends check it as they leave.
+    leads_until: tokio::sync::watch::Sender<std::time::Instant>,
 }
 
 /// The webhook a standby listens on while another replica leads: it commits each delivery
@@ -178,6 +180,7 @@ impl Leadership {
                     term: tenure.term.get(),
                     leads: Arc::new(AtomicBool::new(true)),
                 },
+                leads_until: tokio::sync::watch::Sender::new(tenure.ends_at()),
             })),
         };
         Ok(Taken::Hold(hold))
@@ -187,7 +190,8 @@ impl Leadership {
     /// standby is elected at once) or until leading ends otherwise, which is returned.
     /// Either way this replica's polled intake is refused from then on.
     pub async fn hold(mut self, resign: CancellationToken) -> StepDown {
-        let step_down = self.candidate.hold(self.tenure, &resign).await;
+        let step_down = self.candidate.hold(self.tenure, &resign, &self.leads_until).await;
+        self.leads_until.send_replace(std::time::Instant::now());
         self.status.leads.store(false, Ordering::Release);
         self.ledger.stop_leading_polling(self.bot_id, self.tenure.term);
         step_down
@@ -196,6 +200,11 @@ impl Leadership {
     /// The ledger this replica leads on, for what only PostgreSQL has (relayed deliveries).
     pub fn ledger(&self) -> PgLedger {
         self.ledger.clone()
+    }
+
+    /// Until when this replica leads the bot by its own clock (see `Outbound::leading_until`).
+    pub fn leads_until(&self) -> tokio::sync::watch::Receiver<std::time::Instant> {
+        self.leads_until.subscribe()
     }
 
     /// Who this replica is and whether it still leads, for `/readyz` and `/metrics`.

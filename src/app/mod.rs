@@ -184,6 +184,10 @@ impl Daemon {
             Entitlement::Leader(leadership) => Some(leadership.ledger()),
             Entitlement::FileLock(_) => None,
         };
+        let leads_until = match &entitlement {
+            Entitlement::Leader(leadership) => Some(leadership.leads_until()),
+            Entitlement::FileLock(_) => None,
+        };
         // A leader renews its lease from the moment it is elected: recovery and the rest of
         // start-up may take longer than a lease, and a lease let lapse meanwhile would hand
         // the bot to a standby while this replica goes on starting.
@@ -224,13 +228,16 @@ impl Daemon {
         let tasks = TaskTracker::new();
         let files = TelegramFiles::new(token, &telegram.api_url, CONNECT_TIMEOUT, telegram.send_timeout)
             .context("building the HTTP client for Telegram's files")?;
-        let outbound = Outbound::new(
+        let mut outbound = Outbound::new(
             send_bot,
             ledger.clone(),
             Pacer::new(settings.outbound.pacing),
             shutdown.child_token(),
         )
         .with_files(files.clone());
+        if let Some(leads_until) = leads_until {
+            outbound = outbound.leading_until(leads_until);
+        }
         let limits = ReplyLimits {
             max_reply_parts: settings.outbound.max_reply_parts,
             ack_reaction: settings.outbound.ack_reaction,

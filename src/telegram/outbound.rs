@@ -336,6 +336,9 @@ pub struct Outbound {
     files: Option<TelegramFiles>,
     /// One reply at a time in each conversation.
     turns: turns::Turns,
+    /// Until when this replica leads the bot (its tenure's end, moved on at each renewal);
+    /// `None` on SQLite, whose file lock entitles the process for as long as it lives.
+    leads_until: Option<tokio::sync::watch::Receiver<std::time::Instant>>,
 }
 
 impl Outbound {
@@ -347,7 +350,24 @@ impl Outbound {
             shutdown,
             files: None,
             turns: turns::Turns::default(),
+            leads_until: None,
         }
+    }
+
+    /// The same, for a replica that leads the bot until the time `leads_until` holds: no
+    /// request leaves once that has passed.
+    pub fn leading_until(mut self, leads_until: tokio::sync::watch::Receiver<std::time::Instant>) -> Self {
+        self.leads_until = Some(leads_until);
+        self
+    }
+
+    /// Whether this replica still leads the bot by its own clock, checked as a request is
+    /// about to leave. A leader paused past its lease (SIGSTOP, a frozen VM) may have been
+    /// replaced while a request waited for its turn or after its attempt was recorded; the
+    /// new leader has made that attempt `unknown` or will send the prompt itself, so the
+    /// request must not leave now.
+    fn still_leads(&self) -> bool {
+        self.leads_until.as_ref().is_none_or(|until| std::time::Instant::now() < *until.borrow())
     }
 
     /// The same, able to send the files of replies.
@@ -493,6 +513,9 @@ impl Outbound {
         let mut budget = MAX_REPLY_WAIT;
         self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
         self.clear_to_send().await;
+        if !self.still_leads() {
+            return Err(NO_LONGER_LEADS.to_owned());
+        }
         let exchange = api.call(method, params).await;
         self.heard(chat_id, &exchange);
         Ok(exchange)
@@ -629,15 +652,20 @@ impl Outbound {
         // that it is not refused. Not cut short by shutdown: the attempt goes out either way.
         self.clear_to_send().await;
         let started = std::time::Instant::now();
-        let exchange = match call.file {
-            None => self.api.call(call.method, call.params).await,
-            Some(file) => self.upload(file, call.params).await,
+        let observed = if self.still_leads() {
+            let exchange = match call.file {
+                None => self.api.call(call.method, call.params).await,
+                Some(file) => self.upload(file, call.params).await,
+            };
+            let observed = (call.read)(&exchange);
+            if let Some(kind) = error_kind(&exchange, &observed) {
+                metrics::bot_api_error(call.method, kind);
+            }
+            observed
+        } else {
+            Observed::NotSent { error: NO_LONGER_LEADS.to_owned(), retry_after: None, migrated_to: None }
         };
         let elapsed = started.elapsed();
-        let observed = (call.read)(&exchange);
-        if let Some(kind) = error_kind(&exchange, &observed) {
-            metrics::bot_api_error(call.method, kind);
-        }
         let outcome = match &observed {
             Observed::Sent { message_id } => AttemptOutcome::Sent { message_id: *message_id },
             Observed::NotSent { error, .. } => AttemptOutcome::NotSent { error: error.clone() },
@@ -683,6 +711,9 @@ impl Outbound {
         Ok(observed)
     }
 }
+
+/// Why a request was not made by a replica whose tenure ended while it waited.
+const NO_LONGER_LEADS: &str = "this replica's lease ended before the request left (it was paused, or lost the database): nothing was sent";
 
 /// One Bot API request of an attempt, and how its exchange is read.
 struct Call<'a> {
@@ -895,5 +926,32 @@ mod tests {
         assert!(matches!(classify(&answered(200, "<html>")), Observed::Unknown { .. }));
         assert!(matches!(classify(&answered(200, r#"{"ok":true}"#)), Observed::Unknown { .. }));
         assert!(matches!(classify(&Exchange::NoAnswer("timeout".into())), Observed::Unknown { .. }));
+    }
+
+    /// A replica whose tenure ended while a request waited (paused past its lease, say)
+    /// makes no request: the replica elected meanwhile answers for the bot now.
+    #[tokio::test]
+    async fn a_replica_whose_tenure_ended_makes_no_request() {
+        let fake = crate::fake_bot_api::FakeTelegram::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = crate::ledger::SqliteLedger::open(&dir.path().join("ledger.db"), Default::default())
+            .await
+            .unwrap();
+        let ledger: Ledger = Arc::new(ledger);
+        let bot = Bot::new(crate::fake_bot_api::TEST_TOKEN)
+            .set_api_url(reqwest::Url::parse(&fake.api_url()).unwrap());
+        let now = std::time::Instant::now();
+        let (tenure, leads_until) = tokio::sync::watch::channel(now + Duration::from_secs(60));
+        let outbound = Outbound::new(bot.clone(), ledger, Pacer::default(), CancellationToken::new())
+            .leading_until(leads_until);
+        let api = BotApi::from_bot(&bot);
+        let prompt = |text: &str| json!({"chat_id": 42, "text": text});
+
+        assert!(outbound.call_paced(&api, 42, "sendMessage", &prompt("while leading")).await.is_ok());
+        tenure.send_replace(std::time::Instant::now());
+        let refused = outbound.call_paced(&api, 42, "sendMessage", &prompt("after")).await.unwrap_err();
+        assert!(refused.contains("nothing was sent"), "{refused}");
+        let sent: Vec<String> = fake.sent_messages().into_iter().map(|sent| sent.text).collect();
+        assert_eq!(sent, ["while leading"]);
     }
 }

@@ -288,7 +288,13 @@ impl PollerCandidate {
     /// tenure ends, at the latest when its lease does, even while a renewal hangs. The
     /// caller stops polling and writing under the term at once. On any end but a
     /// resignation the dedicated connection is closed, so its lock goes with it.
-    pub async fn hold(&mut self, mut tenure: Tenure, shutdown: &CancellationToken) -> StepDown {
+    /// `leads_until` is kept at the tenure's end, for what checks it by the clock.
+    pub async fn hold(
+        &mut self,
+        mut tenure: Tenure,
+        shutdown: &CancellationToken,
+        leads_until: &tokio::sync::watch::Sender<Instant>,
+    ) -> StepDown {
         let mut renew_at = tenure.renew_at();
         let step_down = loop {
             tokio::select! {
@@ -304,7 +310,10 @@ impl PollerCandidate {
                 () = tokio::time::sleep_until(tenure.ends_at().into()) => break StepDown::Expired,
             };
             match tenure.after(renewal, sent_at, Instant::now()) {
-                Tenancy::Lead { renew_at: next } => renew_at = next,
+                Tenancy::Lead { renew_at: next } => {
+                    leads_until.send_replace(tenure.ends_at());
+                    renew_at = next;
+                }
                 Tenancy::StepDown => {
                     break match renewal {
                         Renewal::Deposed => StepDown::Deposed,

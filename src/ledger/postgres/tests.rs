@@ -343,7 +343,7 @@ async fn a_renewing_leader_keeps_its_lease_past_its_length_and_resigning_hands_i
     let shutdown = CancellationToken::new();
     let holding = tokio::spawn({
         let shutdown = shutdown.clone();
-        async move { a.hold(tenure, &shutdown).await }
+        async move { a.hold(tenure, &shutdown, &tokio::sync::watch::Sender::new(Instant::now())).await }
     });
     // A real duration: three leases' worth of the standby asking, as it would.
     let until = Instant::now() + lease.duration() * 3;
@@ -373,7 +373,9 @@ async fn a_leader_whose_renewals_hang_steps_down_when_its_lease_ends() {
     let mut blocker = PgConnection::connect(&schema.url).await.unwrap();
     let mut blocking = blocker.begin().await.unwrap();
     sqlx::query("SELECT * FROM poller_leases FOR UPDATE").execute(&mut *blocking).await.unwrap();
-    let holding = tokio::spawn(async move { a.hold(tenure, &CancellationToken::new()).await });
+    let holding = tokio::spawn(async move {
+        a.hold(tenure, &CancellationToken::new(), &tokio::sync::watch::Sender::new(Instant::now())).await
+    });
     let step_down =
         tokio::time::timeout(lease.duration() * 2, holding).await.expect("stepped down by itself");
     assert_eq!(step_down.unwrap(), StepDown::Expired);
@@ -393,7 +395,9 @@ async fn a_leader_whose_connection_dies_steps_down_by_itself() {
     let mut a = PollerCandidate::connect(&ledger, BOT, "a", lease).await.unwrap();
     let tenure = elected(&mut a).await;
     let backend = a.backend_pid().await.unwrap();
-    let holding = tokio::spawn(async move { a.hold(tenure, &CancellationToken::new()).await });
+    let holding = tokio::spawn(async move {
+        a.hold(tenure, &CancellationToken::new(), &tokio::sync::watch::Sender::new(Instant::now())).await
+    });
     kill_session(backend).await;
     let step_down =
         tokio::time::timeout(lease.duration(), holding).await.expect("stepped down within the lease");
