@@ -393,6 +393,92 @@ async fn an_upload_telegram_never_answers_is_unknown_once_its_bytes_are_sent_and
     assert!(staged_files(&daemon).is_empty());
 }
 
+/// Telegram refuses some files as the kind their name makes them (a photo too long or too
+/// narrow, a voice note to someone who forbids them) with a 400, a confirmed "not sent":
+/// the same staged file goes once more as a document, a new attempt, threaded the same,
+/// and the reply is delivered.
+#[tokio::test]
+async fn a_photo_telegram_refuses_goes_once_more_as_a_document_with_the_same_bytes() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("the panorama please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (panorama, panorama_sha) = file_in(files.path(), "panorama.png", 200_003, 5);
+    fake.fail_method("sendPhoto", Fault::BadRequest("Bad Request: PHOTO_INVALID_DIMENSIONS".into()));
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "here it is", "trace_id": trace, "files": [panorama]}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert!(text.contains("Reply delivered"), "{text}");
+
+    let sent = fake.sent_messages();
+    assert_eq!(sent.len(), 1);
+    let refused = fake.requests_for("sendPhoto");
+    assert_eq!(refused.len(), 1, "the photo was asked for once, and refused");
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 1, "one file reached the chat: {uploads:?}");
+    let document = &uploads[0];
+    assert_eq!((document.method.as_str(), document.field.as_str()), ("senddocument", "document"));
+    assert_eq!((document.len, document.sha256.as_str()), (200_003, panorama_sha.as_str()), "byte for byte");
+    assert_eq!(document.file_name.as_deref(), Some("panorama.png"));
+    assert_eq!(document.chat_id, OWNER_CHAT);
+    assert_eq!(document.reply_to_message_id, sent[0].reply_to_message_id, "threaded like the text");
+    assert_eq!(
+        refused[0]["reply_parameters"],
+        fake.requests_for("sendDocument")[0]["reply_parameters"],
+        "the document goes with the photo's parameters"
+    );
+    assert!(message_ids_in(&text).contains(&document.message_id), "the answer names the document: {text}");
+
+    let attempts = attempts_of(&daemon, &trace).await;
+    let seen: Vec<_> = attempts.iter().map(|a| (a.method, a.chunk_index, a.outcome)).collect();
+    assert_eq!(
+        seen,
+        [
+            (AttemptMethod::SendMessage, 0, AttemptState::Sent),
+            (AttemptMethod::SendPhoto, 1, AttemptState::NotSent),
+            (AttemptMethod::SendDocument, 1, AttemptState::Sent),
+        ]
+    );
+    let photo_error = attempts[1].error.as_deref().unwrap_or_default();
+    assert!(photo_error.contains("PHOTO_INVALID_DIMENSIONS"), "the refusal is kept: {photo_error}");
+    assert_eq!(attempts[1].text, attempts[2].text, "the same file, by name, size and digest");
+    assert_eq!(attempts[2].telegram_message_id, Some(i64::from(document.message_id)));
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(staged_files(&daemon).is_empty());
+}
+
+/// A photo upload whose outcome is unknown (a 5xx: Telegram may have posted it) is never
+/// sent again, as a document or otherwise: it may be in the chat already.
+#[tokio::test]
+async fn a_photo_upload_answered_with_a_5xx_is_unknown_and_does_not_go_again_as_a_document() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("the chart please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (chart, _) = file_in(files.path(), "chart.png", 100_000, 6);
+    fake.fail_method("sendPhoto", Fault::ServerError);
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "the chart", "trace_id": trace, "files": [chart]}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.contains("unresolved"), "{text}");
+    assert_eq!(fake.requests_for("sendPhoto").len(), 1);
+    assert!(fake.requests_for("sendDocument").is_empty(), "no document after an unknown outcome");
+    assert!(fake.uploads().is_empty());
+    let attempts = attempts_of(&daemon, &trace).await;
+    let seen: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome)).collect();
+    assert_eq!(
+        seen,
+        [(AttemptMethod::SendMessage, AttemptState::Sent), (AttemptMethod::SendPhoto, AttemptState::Unknown)]
+    );
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Unresolved);
+}
+
 #[tokio::test]
 async fn a_full_inbox_removes_its_oldest_files_to_make_room() {
     let fake = FakeTelegram::start().await;

@@ -191,7 +191,9 @@ pub(super) fn is_upload(method: &str, content_type: Option<&str>) -> bool {
 }
 
 /// A multipart upload: the text fields are the parameters; the file field is hashed as it
-/// arrives. A fault queued for the method applies as for `sendMessage`.
+/// arrives. A fault queued for the method applies as for `sendMessage`; one that answers
+/// (a refusal, a 5xx) comes once the whole upload is read, as Telegram reads a file before
+/// it refuses it, and the request is recorded with its parameters.
 pub(super) async fn upload(shared: Arc<Shared>, method: String, request: Request) -> Response {
     let fault = {
         let mut state = shared.lock();
@@ -200,8 +202,15 @@ pub(super) async fn upload(shared: Arc<Shared>, method: String, request: Request
     let hang = match fault {
         None | Some(Fault::Pass) => None,
         Some(Fault::RecordThenHang(delay)) => Some(delay),
-        Some(other) => {
+        // Lost on the way: nothing of it is read.
+        Some(lost @ Fault::HangWithoutRecording(_)) => {
             shared.lock().requests.push((method.clone(), Value::Null));
+            shared.changed.notify_waiters();
+            return fault_response(&shared, lost).await;
+        }
+        Some(other) => {
+            let params = read_upload(request).await.map(|received| Value::Object(received.params));
+            shared.lock().requests.push((method.clone(), params.unwrap_or(Value::Null)));
             shared.changed.notify_waiters();
             return fault_response(&shared, other).await;
         }

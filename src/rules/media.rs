@@ -132,6 +132,55 @@ pub fn upload_kind(file_name: &str, size: u64) -> UploadKind {
     }
 }
 
+/// Telegram's refusals (HTTP 400, `Bad Request: …`) of a file as the kind it was sent as,
+/// about the media itself, which the same file sent as a document does not meet: a document
+/// is taken whatever it holds. Each is listed with the kind it concerns:
+///
+/// - `sendPhoto`: `PHOTO_INVALID_DIMENSIONS` (width and height above 10000 together, or one
+///   more than 20 times the other), `PHOTO_SAVE_FILE_INVALID` (a photo Telegram cannot store
+///   as one) and `IMAGE_PROCESS_FAILED` (an image it cannot decode or scale);
+/// - `sendVoice`: `VOICE_MESSAGES_FORBIDDEN` (the person accepts no voice messages; the
+///   same audio as a document reaches them).
+///
+/// None for `sendVideo`, `sendAnimation` and `sendAudio`: Telegram posts a file it cannot
+/// read as one of those as a document instead of refusing it, and their only limit is the
+/// size, which a document has too. Refusals that are not about the media are left out on
+/// purpose, since a document would meet them as well or must not go around them: the chat
+/// (not found, the bot blocked or kicked), rights ("not enough rights to send photos": the
+/// group's admins chose what may be posted), the size, an empty file.
+const REFUSED_AS_MEDIA: [(&str, UploadKind); 4] = [
+    ("PHOTO_INVALID_DIMENSIONS", UploadKind::Photo),
+    ("PHOTO_SAVE_FILE_INVALID", UploadKind::Photo),
+    ("IMAGE_PROCESS_FAILED", UploadKind::Photo),
+    ("VOICE_MESSAGES_FORBIDDEN", UploadKind::Voice),
+];
+
+/// Whether Telegram's refusal of a file sent as `kind` (its description, with whatever the
+/// caller put before it) warrants sending the same file once more as a document: a 400
+/// that is about the media itself (`REFUSED_AS_MEDIA`). A refusal is a confirmed "not
+/// sent", so that one more attempt cannot make a duplicate; a document refused is not
+/// tried again, and nothing else (a rate limit, a 5xx, a request with no answer) counts.
+///
+/// ```
+/// use switchboard::rules::media::{UploadKind, warrants_document};
+///
+/// assert!(warrants_document(UploadKind::Photo, "Telegram refused it: Bad Request: PHOTO_INVALID_DIMENSIONS"));
+/// assert!(!warrants_document(UploadKind::Photo, "Telegram refused it: Bad Request: chat not found"));
+/// ```
+pub fn warrants_document(kind: UploadKind, refusal: &str) -> bool {
+    const BAD_REQUEST: &str = "bad request: ";
+    let refusal = refusal.to_ascii_lowercase();
+    let Some(at) = refusal.find(BAD_REQUEST) else { return false };
+    let reason = refusal[at + BAD_REQUEST.len()..].trim_start();
+    REFUSED_AS_MEDIA.iter().any(|&(code, refused)| {
+        refused == kind
+            && reason.strip_prefix(&code.to_ascii_lowercase()).is_some_and(|rest| {
+                // The whole code, not the start of a longer one.
+                !rest.starts_with(|c: char| c.is_ascii_alphanumeric() || c == '_')
+            })
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -204,5 +253,45 @@ mod tests {
         );
         assert_eq!(UploadKind::Photo.method(), "sendPhoto");
         assert_eq!(UploadKind::Voice.field(), "voice");
+    }
+
+    #[test]
+    fn refusals_of_the_media_itself_warrant_a_document_and_nothing_else_does() {
+        let refused = |description: &str| format!("Telegram refused it: Bad Request: {description}");
+        for (kind, code) in [
+            (UploadKind::Photo, "PHOTO_INVALID_DIMENSIONS"),
+            (UploadKind::Photo, "IMAGE_PROCESS_FAILED"),
+            (UploadKind::Photo, "PHOTO_SAVE_FILE_INVALID"),
+            (UploadKind::Voice, "VOICE_MESSAGES_FORBIDDEN"),
+        ] {
+            assert!(warrants_document(kind, &refused(code)), "{kind:?} {code}");
+            // However Telegram cases it.
+            assert!(warrants_document(kind, &refused(&code.to_ascii_lowercase())), "{kind:?} {code}");
+        }
+        // A refusal about another kind of media says nothing about this one.
+        assert!(!warrants_document(UploadKind::Video, &refused("PHOTO_INVALID_DIMENSIONS")));
+        assert!(!warrants_document(UploadKind::Audio, &refused("VOICE_MESSAGES_FORBIDDEN")));
+        assert!(!warrants_document(UploadKind::Photo, &refused("VOICE_MESSAGES_FORBIDDEN")));
+        // A document is never sent as a document again.
+        for code in ["PHOTO_INVALID_DIMENSIONS", "VOICE_MESSAGES_FORBIDDEN", "IMAGE_PROCESS_FAILED"] {
+            assert!(!warrants_document(UploadKind::Document, &refused(code)), "{code}");
+        }
+        // Refusals a document would meet too, or that should not be gone around.
+        for other in [
+            "chat not found",
+            "not enough rights to send photos to the chat",
+            "file must be non-empty",
+            "message thread not found",
+            "PHOTO_INVALID_DIMENSIONS_SOMETHING_NEW",
+        ] {
+            assert!(!warrants_document(UploadKind::Photo, &refused(other)), "{other}");
+        }
+        // Only Telegram's 400: not a 403, nor a failure that merely names a code.
+        assert!(!warrants_document(
+            UploadKind::Voice,
+            "Telegram refused it: Forbidden: VOICE_MESSAGES_FORBIDDEN"
+        ));
+        assert!(!warrants_document(UploadKind::Photo, "could not reach Telegram: PHOTO_INVALID_DIMENSIONS"));
+        assert!(!warrants_document(UploadKind::Photo, "rate limited by Telegram for 5s"));
     }
 }

@@ -21,7 +21,7 @@ use crate::backoff::Backoff;
 use crate::ids::TraceId;
 use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, Ledger, NewAttempt};
 use crate::operate::metrics;
-use crate::rules::media::UploadKind;
+use crate::rules::media::{self, UploadKind};
 use crate::rules::pacing::{Deferred, PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
@@ -93,6 +93,11 @@ impl PlannedFile {
     /// the same one.
     pub fn describe(name: &str, size: u64, sha256: &str) -> String {
         format!("[file {name}, {size} bytes, sha256 {sha256}]")
+    }
+
+    /// The same staged file, sent as a document (see `rules::media::warrants_document`).
+    fn as_document(&self) -> Self {
+        Self { kind: UploadKind::Document, ..self.clone() }
     }
 }
 
@@ -451,10 +456,14 @@ impl Outbound {
         let target = &plan.target;
         // The part as plain text, once Telegram refused its HTML.
         let mut plain: Option<String> = None;
+        // The part's file as a document, once Telegram refused it as the kind its name made it.
+        let mut document: Option<PlannedFile> = None;
         loop {
-            let chunk = match &plain {
-                Some(text) => &Chunk { text, html: false, ..*chunk },
-                None => chunk,
+            let chunk = &Chunk {
+                text: plain.as_deref().unwrap_or(chunk.text),
+                html: chunk.html && plain.is_none(),
+                file: document.as_ref().or(chunk.file),
+                ..*chunk
             };
             // Longer than this reply may wait, or the daemon stops: nothing is attempted.
             if let Err(not_made) = self.take_turn(target.chat_id, budget).await {
@@ -484,6 +493,17 @@ impl Outbound {
                 {
                     tracing::warn!(trace_id = %target.trace_id, chunk = chunk.index + 1, %error, "Telegram could not parse the part's HTML: sending it once more as plain text");
                     plain = Some(format::html_to_plain(chunk.text));
+                    continue;
+                }
+                // The same reasoning for a file Telegram refused as a photo (its dimensions,
+                // an image it cannot process) or a voice message (forbidden by the person):
+                // the same staged file once more as a document, which Telegram takes
+                // whatever it holds. A document refused is not sent again.
+                Observed::NotSent { error, retry_after: None, migrated_to: None }
+                    if chunk.file.is_some_and(|file| media::warrants_document(file.kind, error)) =>
+                {
+                    tracing::warn!(trace_id = %target.trace_id, chunk = chunk.index + 1, %error, "Telegram refused the file as it was sent: sending it once more as a document");
+                    document = chunk.file.map(PlannedFile::as_document);
                     continue;
                 }
                 Observed::NotSent { migrated_to: Some(new_chat), .. } => {
