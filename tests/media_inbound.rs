@@ -9,7 +9,8 @@ mod support;
 use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
-use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
+use switchboard::fake_bot_api::{BOT_USERNAME, ChatSpec, FakeTelegram, UserSpec};
+use switchboard::ledger::EnvelopeState;
 use switchboard::telegram::envelope::AttachmentKind;
 use switchboard::telegram::updates::ALLOWED_UPDATES;
 
@@ -288,6 +289,165 @@ async fn a_reaction_waits_in_the_ledger_through_a_kill_9_for_the_next_session() 
     // Given once: a message after it is the next notification.
     fake.push_text(dm(), owner(), "thanks");
     assert_eq!(nth(&next, 2).await.content, "thanks");
+}
+
+// ---- albums on a mention_only route ----
+
+/// A daemon whose group route is `mention_only`, knowing the bot's name (until it does,
+/// every message counts as addressed), with the group's agent connected.
+async fn mention_only_group() -> (FakeTelegram, TestDaemon, support::mcp::ChannelClient, ChatSpec) {
+    let fake = FakeTelegram::start().await;
+    let routes =
+        default_routes().replace("name = \"team-group\"", "name = \"team-group\"\nmention_only = true");
+    let daemon = TestDaemon::start(&fake.api_url(), "", &routes);
+    daemon.wait_for_log(&format!("this bot is @{BOT_USERNAME}"), WAIT).await;
+    let worker = session(&daemon, "worker").await;
+    (fake, daemon, worker, ChatSpec::group(GROUP_CHAT, "Team"))
+}
+
+fn mia() -> UserSpec {
+    UserSpec::new(8, "Mia")
+}
+
+/// A photo as Telegram sends each item of an album `group` (or, with none, a photo of its
+/// own), with `caption` when it has one.
+fn photo_content(group: Option<&str>, file: &str, caption: Option<&str>) -> serde_json::Value {
+    let mut content = json!({"photo": [{
+        "file_id": file, "file_unique_id": format!("u-{file}"), "width": 1280, "height": 960, "file_size": 1000,
+    }]});
+    if let Some(group) = group {
+        content["media_group_id"] = json!(group);
+    }
+    if let Some(caption) = caption {
+        content["caption"] = json!(caption);
+    }
+    content
+}
+
+/// Pushes an album of `captions.len()` photos, one caption per item (or none).
+fn push_album(fake: &FakeTelegram, chat: &ChatSpec, group: &str, captions: &[Option<&str>]) -> Vec<i64> {
+    captions
+        .iter()
+        .enumerate()
+        .map(|(n, caption)| {
+            let file = format!("{group}-{n}");
+            fake.push_message_content(chat, mia(), photo_content(Some(group), &file, *caption)).update_id
+        })
+        .collect()
+}
+
+/// Every envelope recorded, oldest first.
+async fn all_rows(daemon: &TestDaemon) -> Vec<switchboard::ledger::StoredEnvelope> {
+    let ledger = daemon.ledger().await;
+    let filter = switchboard::ledger::ListFilter { limit: 1_000, ..Default::default() };
+    let mut rows = ledger.list(&filter).await.unwrap();
+    ledger.close().await;
+    rows.sort_by_key(|row| row.id);
+    rows
+}
+
+/// The state and agent of the row of each of `update_ids`.
+async fn fates(daemon: &TestDaemon, update_ids: &[i64]) -> Vec<(EnvelopeState, Option<String>)> {
+    let rows = all_rows(daemon).await;
+    update_ids
+        .iter()
+        .map(|id| {
+            let row = rows.iter().find(|row| row.update_id == Some(*id)).expect("recorded");
+            (row.state, row.agent.clone())
+        })
+        .collect()
+}
+
+/// For each of `update_ids`, whether its row was recorded as ignored first: its history
+/// has a move out of `ignored`.
+async fn moved_out_of_ignored(daemon: &TestDaemon, update_ids: &[i64]) -> Vec<bool> {
+    let rows = all_rows(daemon).await;
+    let ledger = daemon.ledger().await;
+    let mut moved = Vec::new();
+    for id in update_ids {
+        let row = rows.iter().find(|row| row.update_id == Some(*id)).expect("recorded");
+        let events = ledger.events_for(row.id).await.unwrap();
+        moved.push(events.iter().any(|event| event.from_state == "ignored"));
+    }
+    ledger.close().await;
+    moved
+}
+
+/// An album whose caption mentions the bot is said to the bot as a whole: on a
+/// mention_only route its caption-less photos reach the agent with it, whichever item
+/// has the caption, while a photo of no album, said to nobody, is still ignored.
+#[tokio::test]
+async fn an_album_whose_caption_mentions_the_bot_reaches_a_mention_only_agent_whole() {
+    let (fake, daemon, worker, team) = mention_only_group().await;
+    let caption = format!("@{BOT_USERNAME} which is best?");
+    // One batch: nothing awaits between the pushes.
+    let first = push_album(&fake, &team, "album-1", &[Some(&caption), None, None]);
+    let also = format!("@{BOT_USERNAME} and these?");
+    let last = push_album(&fake, &team, "album-2", &[None, None, Some(&also)]);
+    let stray = fake.push_message_content(&team, mia(), photo_content(None, "stray", None)).update_id;
+
+    let pushed = worker.wait_for_notifications(6, WAIT).await.unwrap();
+    let contents: Vec<&str> = pushed.iter().map(|n| n.content.as_str()).collect();
+    assert_eq!(contents, [caption.as_str(), "(photo)", "(photo)", "(photo)", "(photo)", also.as_str()]);
+    let groups: Vec<&str> = pushed.iter().map(|n| meta(n, "media_group_id")).collect();
+    assert_eq!(groups, ["album-1", "album-1", "album-1", "album-2", "album-2", "album-2"]);
+
+    fake.wait_for_poll_after(stray, WAIT).await;
+    let worker_name = Some("worker".to_owned());
+    for fate in fates(&daemon, &[first.clone(), last.clone()].concat()).await {
+        assert_eq!(fate, (EnvelopeState::Pending, worker_name.clone()));
+    }
+    // Addressed as the batch was read, not moved afterwards.
+    assert_eq!(moved_out_of_ignored(&daemon, &[first, last].concat()).await, [false; 6]);
+    // Ignored, with no delivery: never handed to a session.
+    assert_eq!(fates(&daemon, &[stray]).await, [(EnvelopeState::Ignored, None)]);
+}
+
+/// Album items come in separate batches (a long poll answers at the first, a webhook
+/// takes one at a time), in either order: a caption-less photo recorded as ignored before
+/// its album's caption arrived is handed to the agent once it does, and the items after a
+/// caption are addressed across a restart of the daemon, from the ledger.
+#[tokio::test]
+async fn album_items_in_later_batches_and_across_a_restart_are_addressed_by_their_caption() {
+    let (fake, mut daemon, worker, team) = mention_only_group().await;
+    let caption = format!("@{BOT_USERNAME} which is best?");
+    let early = push_album(&fake, &team, "late-caption", &[None]);
+    fake.wait_until_confirmed(early[0], WAIT).await;
+    assert_eq!(fates(&daemon, &early).await, [(EnvelopeState::Ignored, None)], "nothing said to the bot yet");
+    let rest = push_album(&fake, &team, "late-caption", &[Some(&caption), None]);
+
+    let pushed = worker.wait_for_notifications(3, WAIT).await.unwrap();
+    let mut handed: Vec<String> = pushed.iter().map(trace_id).collect();
+    handed.sort();
+    let rows = all_rows(&daemon).await;
+    let mut album: Vec<String> = rows
+        .iter()
+        .filter(|row| row.update_id.is_some_and(|id| early.contains(&id) || rest.contains(&id)))
+        .map(|row| row.trace_id.to_string())
+        .collect();
+    album.sort();
+    assert_eq!(handed, album, "the whole album, the photo recorded before its caption too");
+    let worker_name = Some("worker".to_owned());
+    for fate in fates(&daemon, &[early.clone(), rest].concat()).await {
+        assert_eq!(fate, (EnvelopeState::Pending, worker_name.clone()));
+    }
+    assert_eq!(moved_out_of_ignored(&daemon, &early).await, [true], "its move is in its history");
+
+    // The caption first; the daemon restarts before the album's other photos arrive.
+    let captioned = push_album(&fake, &team, "across-restart", &[Some(&caption)]);
+    fake.wait_until_confirmed(captioned[0], WAIT).await;
+    daemon.kill9();
+    daemon.restart();
+    // Until the daemon knows the bot's name again every message counts as addressed.
+    daemon.wait_for_latest_log(&format!("this bot is @{BOT_USERNAME}"), WAIT).await;
+    let after = push_album(&fake, &team, "across-restart", &[None, None]);
+    let stray = fake.push_message_content(&team, mia(), photo_content(None, "stray", None)).update_id;
+    fake.wait_for_poll_after(stray, WAIT).await;
+    for (state, agent) in fates(&daemon, &[captioned, after].concat()).await {
+        assert!(matches!(state, EnvelopeState::Queued | EnvelopeState::Pending), "{state:?}");
+        assert_eq!(agent, worker_name);
+    }
+    assert_eq!(fates(&daemon, &[stray]).await, [(EnvelopeState::Ignored, None)]);
 }
 
 #[tokio::test]

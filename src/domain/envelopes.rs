@@ -19,6 +19,8 @@ const PREVIEW_CHARS: usize = 80;
 pub struct RoutedEnvelope {
     pub envelope: Envelope,
     pub state: EnvelopeState,
+    /// The route that matched; on an `ignored` row only when a `mention_only` route kept
+    /// the message as not addressed to the bot ([`Self::unaddressed`]).
     pub route: Option<RouteName>,
     pub agent: Option<AgentName>,
     /// The digest of the update's raw JSON (see `RawUpdate::digest`): with the update id,
@@ -28,6 +30,47 @@ pub struct RoutedEnvelope {
     pub note: Option<String>,
     /// An undecodable update as received.
     pub raw_update: Option<String>,
+}
+
+impl RoutedEnvelope {
+    /// Whether a `mention_only` route kept this message as not addressed to the bot: the
+    /// one kind of `ignored` row recorded under its route. Such a row of an album joins
+    /// the album once an item of it is addressed (`rules::albums`).
+    pub fn unaddressed(&self) -> bool {
+        self.state == EnvelopeState::Ignored && self.route.is_some()
+    }
+
+    /// The album this row is an item of, when what it says to the bot counts for its
+    /// album (`rules::albums`): a new message of an album, recorded under its route as
+    /// work for an agent or as not addressed to the bot.
+    pub fn album(&self) -> Option<AlbumKey> {
+        let e = &self.envelope;
+        let media_group_id = e.context.album.clone()?;
+        let route = self.route.as_ref()?;
+        let counts = self.unaddressed() || (self.state == EnvelopeState::Queued && self.agent.is_some());
+        (e.kind == EnvelopeKind::Message && counts).then(|| AlbumKey {
+            chat_id: e.channel.chat_id,
+            media_group_id,
+            route: route.to_string(),
+        })
+    }
+}
+
+/// An album under one route: Telegram's `media_group_id`, unique to the album, in its chat.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AlbumKey {
+    pub chat_id: i64,
+    pub media_group_id: String,
+    pub route: String,
+}
+
+/// An envelope recorded as not addressed to the bot (an item of an album, on a
+/// `mention_only` route, without the caption that mentions the bot) that joined its album
+/// when an item of it was recorded addressed: now `queued` for `agent`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JoinedAlbum {
+    pub trace_id: TraceId,
+    pub agent: String,
 }
 
 /// An envelope as stored.

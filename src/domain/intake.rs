@@ -1,6 +1,6 @@
 //! What a batch of intake committed.
 
-use crate::domain::{RoutedEnvelope, StoredEnvelope, StoredReaction, TaskEffect};
+use crate::domain::{JoinedAlbum, RoutedEnvelope, StoredEnvelope, StoredReaction, TaskEffect};
 
 /// What `Intake::record_batch_handing_over` committed.
 #[derive(Debug)]
@@ -14,4 +14,8 @@ pub struct RecordedBatch<'a> {
     pub task_effects: Vec<TaskEffect>,
     /// The batch's reactions now owed to agents (see `reactions`), oldest first.
     pub reactions: Vec<StoredReaction>,
+    /// Items of albums recorded as not addressed to the bot, earlier or in this batch,
+    /// that an item of their album recorded addressed made work for its agent
+    /// (`rules::albums`), oldest first; those of `claim_for` agents are in `claimed` too.
+    pub joined: Vec<JoinedAlbum>,
 }

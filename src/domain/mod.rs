@@ -21,7 +21,8 @@ pub use attempts::{
     ReconciledOutcome, Reconciliation, RecordedReply, ReplyTally, ReplyVerdict, StoredAttempt,
 };
 pub use envelopes::{
-    EnvelopeKind, EnvelopeState, FoundForReply, RoutedEnvelope, StoredEnvelope, StoredEvent,
+    AlbumKey, EnvelopeKind, EnvelopeState, FoundForReply, JoinedAlbum, RoutedEnvelope, StoredEnvelope,
+    StoredEvent,
 };
 pub use handoffs::{HandoffEnd, HandoffEnding, HandoffState, NewHandoff, StoredHandoff};
 pub use intake::RecordedBatch;

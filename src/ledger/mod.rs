@@ -14,6 +14,7 @@ use std::sync::Arc;
 
 use crate::config::{Database, Synchronous};
 
+mod album_rows;
 mod columns;
 mod error;
 pub mod postgres;

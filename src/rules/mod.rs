@@ -1,6 +1,7 @@
 //! The pure rules: plain data in, decisions out. Nothing here touches a socket, a
 //! database or the clock, so every rule is a unit test away.
 
+pub mod albums;
 pub mod commands;
 pub mod guard;
 pub mod leadership;

@@ -8,6 +8,7 @@
 //! The caller says what confirms the batch to Telegram: the poller's next offset, committed
 //! with it, or nothing (a webhook's answer, sent once this returns).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -16,9 +17,10 @@ use crate::agents::bridge::Bridge;
 use crate::agents::permissions::{self, AnswerChat, TextAnswer};
 use crate::config::Settings;
 use crate::ids::AgentName;
-use crate::ledger::{EnvelopeState, LedgerError};
+use crate::ledger::{AlbumKey, EnvelopeState, LedgerError};
 use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::metrics;
+use crate::rules::albums::{AlbumItem, addressed_by};
 use crate::rules::permissions::Verdict;
 use crate::rules::routes::RoutesTable;
 use crate::rules::routes::{Addressing, BotIdentity, Channel, Disposition, dispose, is_addressed, may_react};
@@ -102,7 +104,8 @@ impl UpdateIntake {
             updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
         let routing = Arc::clone(&self.routing.borrow());
         let bot = Arc::new(BotIdentity { id: self.bot_id, username: self.bridge.bot_username() });
-        let ReadBatch { envelopes: batch, reactions } = read_batch(updates, routing, bot).await;
+        let ReadBatch { envelopes: mut batch, reactions } = read_batch(updates, routing, bot).await;
+        address_albums(&mut batch);
         // Agents with a live session get their envelopes handed over by this commit (see
         // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
         let bridge = self.bridge.clone();
@@ -129,6 +132,7 @@ impl UpdateIntake {
         let handed: Vec<AgentName> = handed.into_iter().cloned().collect();
         inboxes.hand_over(recorded.claimed);
         let inserted = recorded.inserted;
+        let joined = recorded.joined;
         // A line per envelope, written together: a full batch is a hundred.
         telemetry::in_one_write(|| {
             for routed in &inserted {
@@ -139,6 +143,16 @@ impl UpdateIntake {
                         self.bridge.wake(agent)
                     }
                     (EnvelopeState::Queued, None) => self.bridge.wake_rooms(),
+                    _ => {}
+                }
+            }
+            // Album items recorded before as said to nobody that an item of their album,
+            // recorded now or before, addressed to the bot: work now, handed over by the
+            // commit or woken for.
+            for item in &joined {
+                tracing::info!(target: RECORD_LOG_TARGET, trace_id = %item.trace_id, agent = %item.agent, "an item of its album is addressed to the bot: queued for its agent");
+                match AgentName::parse(&item.agent) {
+                    Ok(agent) if !handed.contains(&agent) => self.bridge.wake(&agent),
                     _ => {}
                 }
             }
@@ -267,6 +281,35 @@ fn route(
         update_digest,
         note: None,
         raw_update: None,
+    }
+}
+
+/// An item of an album not addressed to the bot is when another item of its album in the
+/// batch is, before or after it ([`rules::albums`](crate::rules::albums)): it goes to that
+/// item's agent. The ledger joins the items of other batches when it records this one.
+fn address_albums(batch: &mut [RoutedEnvelope]) {
+    let mut albums: HashMap<AlbumKey, Vec<usize>> = HashMap::new();
+    for (index, routed) in batch.iter().enumerate() {
+        if let Some(album) = routed.album() {
+            albums.entry(album).or_default().push(index);
+        }
+    }
+    for items in albums.values().filter(|items| items.len() > 1) {
+        let rule: Vec<AlbumItem> = items
+            .iter()
+            .map(|&index| AlbumItem {
+                addressed: !batch[index].unaddressed(),
+                sent_at: batch[index].envelope.sent_at,
+            })
+            .collect();
+        for (&index, by) in items.iter().zip(addressed_by(&rule)) {
+            let Some(by) = by.filter(|_| batch[index].unaddressed()) else { continue };
+            let agent = batch[items[by]].agent.clone();
+            let row = &mut batch[index];
+            row.state = EnvelopeState::Queued;
+            row.agent = agent;
+            row.note = None;
+        }
     }
 }
 
@@ -486,5 +529,72 @@ mod tests {
         assert_eq!(read.len(), 80);
         let ids: Vec<i64> = read.iter().map(|r| r.envelope.update_id).collect();
         assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "out of order: {ids:?}");
+    }
+
+    /// A group whose route is `mention_only`: an album said to the bot by one caption is
+    /// work whole, whichever item has it; an album said to nobody, a photo of no album and
+    /// an edit stay as they were.
+    #[tokio::test]
+    async fn an_album_is_addressed_by_the_caption_of_any_of_its_items() {
+        const GROUP: i64 = -100_777;
+        let route = Route {
+            name: RouteName::parse("team").unwrap(),
+            target: RouteTarget::Chat { chat_id: GROUP },
+            audience: Audience::Agent(AgentName::parse("worker").unwrap()),
+            senders: None,
+            mention_only: true,
+        };
+        let routing = Arc::new(Routing {
+            routes: RoutesTable::new(vec![route]).unwrap(),
+            allowed_users: vec![],
+            answer_chats: vec![],
+        });
+        let bot = Arc::new(BotIdentity { id: 1, username: Some("the_bot".into()) });
+        let photo = |id: i64, kind: &str, group: Option<&str>, caption: Option<&str>| {
+            let mut message = serde_json::json!({
+                "message_id": id, "date": 1_700_000_000,
+                "chat": {"id": GROUP, "type": "supergroup", "title": "Team"},
+                "from": {"id": 8, "is_bot": false, "first_name": "Mia"},
+                "photo": [{"file_id": format!("p{id}"), "file_unique_id": format!("u{id}"), "width": 9, "height": 9}],
+            });
+            if let Some(group) = group {
+                message["media_group_id"] = group.into();
+            }
+            if let Some(caption) = caption {
+                message["caption"] = caption.into();
+            }
+            if kind == "edited_message" {
+                message["edit_date"] = 1_700_000_100.into();
+            }
+            RawUpdate::new(&serde_json::json!({"update_id": id, kind: message}).to_string())
+        };
+        let updates = vec![
+            photo(1, "message", Some("first"), None),
+            photo(2, "message", Some("first"), None),
+            photo(3, "message", Some("first"), Some("@the_bot which one?")),
+            photo(4, "message", Some("quiet"), None),
+            photo(5, "message", Some("quiet"), Some("no mention")),
+            photo(6, "message", None, None),
+            photo(7, "edited_message", Some("first"), None),
+        ];
+        let mut batch = read_batch(updates, routing, bot).await.envelopes;
+        address_albums(&mut batch);
+        let fates: Vec<(i64, EnvelopeState, Option<&str>)> = batch
+            .iter()
+            .map(|r| (r.envelope.update_id, r.state, r.agent.as_ref().map(AgentName::as_str)))
+            .collect();
+        assert_eq!(
+            fates,
+            [
+                (1, EnvelopeState::Queued, Some("worker")),
+                (2, EnvelopeState::Queued, Some("worker")),
+                (3, EnvelopeState::Queued, Some("worker")),
+                (4, EnvelopeState::Ignored, None),
+                (5, EnvelopeState::Ignored, None),
+                (6, EnvelopeState::Ignored, None),
+                (7, EnvelopeState::Ignored, None),
+            ]
+        );
+        assert!(batch[..3].iter().all(|r| r.note.is_none()), "no reason to be ignored is kept");
     }
 }

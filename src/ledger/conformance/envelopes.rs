@@ -158,3 +158,65 @@ pub(crate) async fn quotes_find_the_user_message_or_the_answered_envelope_in_the
     let unknown = rows.iter().find(|row| row.update_id == Some(6)).unwrap().task_meta();
     assert_eq!(unknown.get("reply_to_message_id").map(String::as_str), Some("9"));
 }
+
+/// An album's items recorded as not addressed to the bot join it once an item of it is
+/// addressed (`rules::albums`), in a later batch or an earlier one: queued for that item's
+/// agent under its task, with the move audited, reported, and handed over with the batch.
+/// Nothing else moves: another album, another chat, another route, an item sent too far
+/// apart, a row ignored for another reason.
+pub(crate) async fn album_items_said_to_nobody_join_their_album_once_an_item_is_addressed<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let orch = AgentName::parse("orch").unwrap();
+    let state_of = |rows: &[StoredEnvelope], update_id: i64| {
+        let row = rows.iter().find(|e| e.update_id == Some(update_id)).expect("recorded");
+        (row.state, row.agent.clone(), row.task_id.clone(), row.revision)
+    };
+    // A linked channel's post copied into the group: ignored, under no route.
+    let mut copied_post = album_item(3, "g1", false);
+    copied_post.route = None;
+    let early = [album_item(1, "g1", false), album_item(2, "g2", false), copied_post];
+    let recorded = ledger.record_batch_handing_over(1, 4, &early, &[&orch], None).await.unwrap();
+    assert!(recorded.joined.is_empty() && recorded.claimed.is_empty(), "{recorded:?}");
+
+    // The caption comes in a pushed batch of its own (a webhook delivery).
+    let caption = [album_item(4, "g1", true)];
+    let recorded = ledger.record_pushed_batch(&caption, &[], &[&orch], None).await.unwrap();
+    assert_eq!(
+        recorded.joined,
+        [JoinedAlbum { trace_id: early[0].envelope.trace_id.clone(), agent: "orch".into() }]
+    );
+    let handed: Vec<_> = recorded.claimed.iter().map(|e| e.update_id).collect();
+    assert_eq!(handed, [Some(1), Some(4)], "handed over with the caption, oldest first");
+    let rows = ledger.list(&ListFilter { limit: 20, ..Default::default() }).await.unwrap();
+    let (_, _, task, revision) = state_of(&rows, 4);
+    assert!(task.is_some(), "the caption's message is work under a task");
+    assert_eq!(state_of(&rows, 1), (EnvelopeState::Pending, Some("orch".into()), task.clone(), revision));
+    assert_eq!(state_of(&rows, 2), (EnvelopeState::Ignored, None, None, None), "another album");
+    assert_eq!(state_of(&rows, 3), (EnvelopeState::Ignored, None, None, None), "ignored for another reason");
+    let joined_id = rows.iter().find(|e| e.update_id == Some(1)).unwrap().id;
+    let events = ledger.events_for(joined_id).await.unwrap();
+    let moved: Vec<_> =
+        events.iter().map(|e| (e.from_state.as_str(), e.to_state.as_str(), e.actor.as_str())).collect();
+    assert_eq!(moved, [("ignored", "queued", "daemon")], "{events:?}");
+    assert!(events[0].reason.as_deref().unwrap_or_default().contains("g1"), "{events:?}");
+
+    // Items after the caption, in a later polled batch: the one of the album joins it at
+    // once; one sent an hour before, in another chat or under another route does not.
+    let mut long_before = album_item(6, "g1", false);
+    long_before.envelope.sent_at -= chrono::TimeDelta::hours(1);
+    let mut other_chat = album_item(7, "g1", false);
+    other_chat.envelope.channel.chat_id = 43;
+    let mut other_route = album_item(8, "g1", false);
+    other_route.route = Some(crate::ids::RouteName::parse("elsewhere").unwrap());
+    let late = [album_item(5, "g1", false), long_before, other_chat, other_route];
+    let recorded = ledger.record_batch(1, 9, &late).await.unwrap();
+    assert_eq!(recorded.len(), 4);
+    let rows = ledger.list(&ListFilter { limit: 20, ..Default::default() }).await.unwrap();
+    assert_eq!(state_of(&rows, 5), (EnvelopeState::Queued, Some("orch".into()), task, revision));
+    for update_id in [6, 7, 8] {
+        assert_eq!(state_of(&rows, update_id).0, EnvelopeState::Ignored, "update {update_id}");
+    }
+    // A re-poll of the batch stores nothing and moves nothing again.
+    let again = ledger.record_batch_handing_over(1, 9, &late, &[], None).await.unwrap();
+    assert!(again.inserted.is_empty() && again.joined.is_empty(), "{again:?}");
+}

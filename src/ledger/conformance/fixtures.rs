@@ -33,6 +33,20 @@ pub(crate) fn routed(update_id: i64, state: EnvelopeState) -> RoutedEnvelope {
     }
 }
 
+/// A photo of album `group` in `orch`'s chat, recorded by its `mention_only` route as work
+/// when `addressed` (its caption mentions the bot), else as not addressed to the bot.
+pub(crate) fn album_item(update_id: i64, group: &str, addressed: bool) -> RoutedEnvelope {
+    let mut row = routed(update_id, EnvelopeState::Queued);
+    row.envelope.context.album = Some(group.into());
+    row.envelope.text = addressed.then(|| "@the_bot which is best?".into());
+    if !addressed {
+        row.state = EnvelopeState::Ignored;
+        row.agent = None;
+        row.note = Some("not addressed to the bot (route dm is mention_only)".into());
+    }
+    row
+}
+
 /// `routed(update_id)`, queued, saying `text` in chat `chat_id`.
 pub(crate) fn in_chat(update_id: i64, chat_id: i64, text: &str) -> RoutedEnvelope {
     let mut row = routed(update_id, EnvelopeState::Queued);

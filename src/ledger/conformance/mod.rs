@@ -62,6 +62,7 @@ macro_rules! suite {
             envelopes::transitions_only_from_allowed_states_and_are_audited,
             envelopes::a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not,
             envelopes::quotes_find_the_user_message_or_the_answered_envelope_in_the_transaction_that_records_them,
+            envelopes::album_items_said_to_nobody_join_their_album_once_an_item_is_addressed,
             );
         }
     };

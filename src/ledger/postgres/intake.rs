@@ -19,8 +19,11 @@ use chrono::{DateTime, Timelike, Utc};
 use sqlx::{PgConnection, Row};
 
 use super::{CurrentTerm, FencedError, LeaderFence, PgLedger, fence_intake, reactions, tasks};
-use crate::domain::{RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect};
+use crate::domain::{
+    AlbumKey, JoinedAlbum, RecordedBatch, RoutedReaction, StoredEnvelope, StoredReaction, TaskEffect,
+};
 use crate::ids::{AgentName, RouteName, TraceId};
+use crate::ledger::album_rows;
 use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 use crate::ledger::{LedgerError, LedgerResult, LedgerWrite, RoutedEnvelope};
@@ -41,6 +44,7 @@ struct Recorded {
     claimed: Vec<StoredEnvelope>,
     task_effects: Vec<TaskEffect>,
     reactions: Vec<StoredReaction>,
+    joined: Vec<JoinedAlbum>,
 }
 
 impl PgLedger {
@@ -179,6 +183,10 @@ impl PgLedger {
         // The tasks the batch starts, then its commands and edits in arrival order, in this
         // transaction: a change and the messages around it are serialised.
         let task_effects = tasks::record_batch_tasks(&mut tx, batch, &plan, &ids, bot_username).await?;
+        // Items of albums said to the bot by an item of this batch, or said to it before:
+        // before the claims, which hand them over with the rest.
+        let new_rows: Vec<bool> = ids.iter().map(Option::is_some).collect();
+        let joined = join_albums(&mut tx, &album_rows::albums_of(batch, &new_rows)).await?;
         let mut claimed: Vec<StoredEnvelope> = if claim_for.is_empty() {
             Vec::new()
         } else {
@@ -194,7 +202,7 @@ impl PgLedger {
         claimed.sort_by_key(|row| row.id);
         let reactions = reactions::record_reactions(&mut tx, reactions).await?;
         tx.commit().await?;
-        Ok(Ok(Recorded { ids, claimed, task_effects, reactions }))
+        Ok(Ok(Recorded { ids, claimed, task_effects, reactions, joined }))
     }
 }
 
@@ -206,8 +214,71 @@ impl Recorded {
             claimed: self.claimed,
             task_effects: self.task_effects,
             reactions: self.reactions,
+            joined: self.joined,
         }
     }
+}
+
+/// Joins to their albums the rows recorded as not addressed to the bot that an item of
+/// their album addressed to it takes along (`ledger::album_rows`), in this batch or
+/// recorded before it: queued for that item's agent, with its task. The albums are held
+/// first, each by a transaction-level advisory lock taken in one statement in the keys'
+/// order, after the conversations the batch holds: two transactions recording items of one
+/// album at once (webhook deliveries) would otherwise each miss the other's, and the item
+/// said to nobody would stay so.
+async fn join_albums(tx: &mut PgConnection, albums: &[AlbumKey]) -> LedgerResult<Vec<JoinedAlbum>> {
+    if albums.is_empty() {
+        return Ok(Vec::new());
+    }
+    let chat_ids: Vec<i64> = albums.iter().map(|album| album.chat_id).collect();
+    let groups: Vec<&str> = albums.iter().map(|album| album.media_group_id.as_str()).collect();
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(key) FROM (SELECT DISTINCT hashtextextended('switchboard album ' \
+         || current_schema() || ' ' || chat_id::text || ' ' || media_group_id, 0) AS key \
+         FROM UNNEST($1::bigint[], $2::text[]) AS a (chat_id, media_group_id)) AS keys ORDER BY key",
+    )
+    .bind(&chat_ids)
+    .bind(&groups)
+    .execute(&mut *tx)
+    .await?;
+    let mut joined = Vec::new();
+    for album in albums {
+        let rows: Vec<StoredEnvelope> = sqlx::query_as(concat!(
+            "SELECT ",
+            envelope_columns!(),
+            " FROM envelopes WHERE chat_id = $1 AND media_group_id = $2 AND route = $3 AND kind = 'message' \
+             ORDER BY id"
+        ))
+        .bind(album.chat_id)
+        .bind(&album.media_group_id)
+        .bind(&album.route)
+        .fetch_all(&mut *tx)
+        .await?;
+        let note = album_rows::joined_note(album);
+        for join in album_rows::joins(&rows) {
+            let moved = sqlx::query(
+                "WITH moved AS (UPDATE envelopes SET state = 'queued', agent = $1, task_id = $2, revision = $3, \
+                 note = $4, state_changed_at = now() WHERE id = $5 AND state = 'ignored' RETURNING id) \
+                 INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+                 SELECT id, now(), 'ignored', 'queued', 'daemon', $4 FROM moved",
+            )
+            .bind(join.agent())
+            .bind(&join.with.task_id)
+            .bind(join.with.revision)
+            .bind(&note)
+            .bind(join.row.id)
+            .execute(&mut *tx)
+            .await?
+            .rows_affected();
+            if moved == 1 {
+                joined.push(JoinedAlbum {
+                    trace_id: join.row.trace_id.clone(),
+                    agent: join.agent().to_owned(),
+                });
+            }
+        }
+    }
+    Ok(joined)
 }
 
 fn describe(current: CurrentTerm) -> String {
@@ -311,17 +382,18 @@ async fn insert_rows(
     let stored = sqlx::query(
         "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
          chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
-         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision, meta) \
+         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision, meta, \
+         media_group_id) \
          SELECT trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
          message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, now(), \
-         route, agent, state, now(), note, raw_update, task_id, revision, meta \
+         route, agent, state, now(), note, raw_update, task_id, revision, meta, media_group_id \
          FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
          $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], \
          $14::text[], $15::text[], $16::timestamptz[], $17::text[], $18::text[], $19::text[], $20::text[], \
-         $21::text[], $22::text[], $23::bigint[], $24::text[]) WITH ORDINALITY \
+         $21::text[], $22::text[], $23::bigint[], $24::text[], $25::text[]) WITH ORDINALITY \
          AS batch (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
          message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, route, \
-         agent, state, note, raw_update, task_id, revision, meta, position) \
+         agent, state, note, raw_update, task_id, revision, meta, media_group_id, position) \
          ORDER BY position \
          ON CONFLICT (update_id, update_digest) DO NOTHING \
          RETURNING id, trace_id",
@@ -350,6 +422,7 @@ async fn insert_rows(
     .bind(rows.task_id)
     .bind(rows.revision)
     .bind(rows.meta)
+    .bind(rows.media_group_id)
     .fetch_all(&mut *tx)
     .await?;
     // Trace ids are the batch's own and unique: they say which rows were new.
@@ -388,6 +461,7 @@ pub(super) struct EnvelopeColumns {
     pub(super) task_id: Vec<Option<String>>,
     pub(super) revision: Vec<Option<i64>>,
     pub(super) meta: Vec<Option<String>>,
+    pub(super) media_group_id: Vec<Option<String>>,
 }
 
 impl EnvelopeColumns {
@@ -426,6 +500,7 @@ impl EnvelopeColumns {
             columns.revision.push(tag.as_ref().map(|(_, revision)| *revision));
             let meta = e.context.meta(quote.as_ref().map(TraceId::as_str));
             columns.meta.push(meta.map(|meta| serde_json::Value::Object(meta).to_string()));
+            columns.media_group_id.push(e.context.album.clone());
         }
         columns
     }

@@ -153,3 +153,29 @@ async fn two_replicas_taking_in_one_conversation_at_once_start_one_task() {
     }
     close(schema, one, two).await;
 }
+
+/// Two replicas taking in two photos of one album at the same moment (two webhook
+/// deliveries): the one whose caption mentions the bot, and one said to nobody. Whichever
+/// commits first, the other finds it: the album reaches the agent whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_taking_in_one_album_at_once_hand_the_agent_all_of_it() {
+    use crate::ledger::conformance::fixtures::album_item;
+    let (schema, one, two) = two_replicas().await;
+    for round in 0..ROUNDS as i64 {
+        let group = format!("album-{round}");
+        let (said, unsaid) =
+            ([album_item(2 * round + 1, &group, true)], [album_item(2 * round + 2, &group, false)]);
+        let (a, b) = tokio::join!(
+            one.record_pushed_batch(&said, &[], &[], None),
+            two.record_pushed_batch(&unsaid, &[], &[], None)
+        );
+        assert_eq!((a.unwrap().inserted.len(), b.unwrap().inserted.len()), (1, 1));
+        let photo = one.find(&unsaid[0].envelope.trace_id).await.unwrap().unwrap();
+        assert_eq!(
+            (photo.state, photo.agent.as_deref()),
+            (EnvelopeState::Queued, Some("orch")),
+            "round {round}: the photo said to nobody joins its album"
+        );
+    }
+    close(schema, one, two).await;
+}

@@ -1061,17 +1061,17 @@ async fn ingest_figures(ledger: &PgLedger, term: Term, spread: &str, shape: fn(&
                 "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
                  chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
                  sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision, \
-                 meta) \
+                 meta, media_group_id) \
                  SELECT trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
                  message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, now(), \
-                 route, agent, state, now(), note, raw_update, task_id, revision, meta \
+                 route, agent, state, now(), note, raw_update, task_id, revision, meta, media_group_id \
                  FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[], $5::bigint[], $6::bigint[], \
                  $7::text[], $8::text[], $9::bigint[], $10::bigint[], $11::text[], $12::text[], $13::text[], \
                  $14::text[], $15::text[], $16::timestamptz[], $17::text[], $18::text[], $19::text[], $20::text[], \
-                 $21::text[], $22::text[], $23::bigint[], $24::text[]) \
+                 $21::text[], $22::text[], $23::bigint[], $24::text[], $25::text[]) \
                  AS batch (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, chat_title, \
                  message_id, sender_id, sender_username, sender_name, text, attachments, content, sent_at, route, \
-                 agent, state, note, raw_update, task_id, revision, meta)",
+                 agent, state, note, raw_update, task_id, revision, meta, media_group_id)",
             )
             .bind(columns.trace_id)
             .bind(columns.update_id)
@@ -1097,6 +1097,7 @@ async fn ingest_figures(ledger: &PgLedger, term: Term, spread: &str, shape: fn(&
             .bind(columns.task_id)
             .bind(columns.revision)
             .bind(columns.meta)
+            .bind(columns.media_group_id)
             .execute(&mut *tx)
             .await
             .unwrap();

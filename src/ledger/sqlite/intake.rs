@@ -5,13 +5,14 @@ use async_trait::async_trait;
 use chrono::SecondsFormat;
 use rusqlite::OptionalExtension;
 
-use super::in_place::{execute_cached, query_row_cached};
+use super::in_place::{execute_cached, query_all_cached, query_row_cached};
 use super::reactions;
 use super::tasks;
 use super::{LedgerResult, SqliteLedger, now};
-use crate::domain::{RecordedBatch, RoutedEnvelope, RoutedReaction, StoredEnvelope, TaskEffect};
+use crate::domain::{JoinedAlbum, RecordedBatch, RoutedEnvelope, RoutedReaction, StoredEnvelope, TaskEffect};
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::LedgerWrite;
+use crate::ledger::album_rows;
 use crate::ledger::columns::envelope_columns;
 use crate::ledger::prelude::*;
 
@@ -88,17 +89,21 @@ impl SqliteLedger {
             })
             .await;
         self.writes.observe(LedgerWrite::Intake, &recorded);
-        let ((new_rows, mut claimed, task_effects), reactions) = recorded?;
+        let ((new_rows, mut claimed, task_effects, joined), reactions) = recorded?;
         let inserted = batch.iter().zip(new_rows).filter_map(|(routed, new)| new.then_some(routed)).collect();
         // RETURNING gives no order guarantee.
         claimed.sort_by_key(|row| row.id);
-        Ok(RecordedBatch { inserted, claimed, task_effects, reactions })
+        Ok(RecordedBatch { inserted, claimed, task_effects, reactions, joined })
     }
 }
 
+/// What [`insert_batch`] returns: which rows of the batch were new, the rows claimed for
+/// `claim_for`, what the task changes ask for, and the album items the batch made work.
+type IntakeRows = (Vec<bool>, Vec<StoredEnvelope>, Vec<TaskEffect>, Vec<JoinedAlbum>);
+
 /// The transaction of [`SqliteLedger::record_batch_handing_over`], run in place; returns which
-/// rows of the batch were new, the rows claimed for `claim_for`, and what the task
-/// changes ask for.
+/// rows of the batch were new, the rows claimed for `claim_for`, what the task changes ask
+/// for, and the album items it joined.
 fn insert_batch(
     db: &rusqlite::Connection,
     offset: Option<PollOffset>,
@@ -106,16 +111,17 @@ fn insert_batch(
     claim_for: &[&AgentName],
     bot_username: Option<&str>,
     received_at: &str,
-) -> rusqlite::Result<(Vec<bool>, Vec<StoredEnvelope>, Vec<TaskEffect>)> {
+) -> rusqlite::Result<IntakeRows> {
     // Plain messages are stored with their task (DESIGN.md §11), read once per conversation.
     let tasks = tasks::plan_batch(db, batch, bot_username)?;
     // One statement, prepared once and run per row: in place, a row costs microseconds.
     let mut insert = db.prepare_cached(
         "INSERT INTO envelopes (trace_id, update_id, update_digest, kind, chat_id, thread_id, chat_type, \
          chat_title, message_id, sender_id, sender_username, sender_name, text, attachments, content, \
-         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision, meta) \
+         sent_at, received_at, route, agent, state, state_changed_at, note, raw_update, task_id, revision, meta, \
+         media_group_id) \
          VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?17, \
-         ?21, ?22, ?23, ?24, ?25) \
+         ?21, ?22, ?23, ?24, ?25, ?26) \
          ON CONFLICT (update_id, update_digest) DO NOTHING",
     )?;
     let mut new_rows = Vec::with_capacity(batch.len());
@@ -159,6 +165,7 @@ fn insert_batch(
             task.as_ref().map(|(task_id, _)| task_id),
             task.as_ref().map(|(_, revision)| revision),
             meta,
+            e.context.album,
         ])? == 1;
         // A re-polled update is already stored (the conflict): skipped.
         if stored && first_id.is_none() {
@@ -171,6 +178,9 @@ fn insert_batch(
     // transaction: a change and the messages around it are serialised.
     let task_effects =
         tasks::record_batch_tasks(db, batch, &tasks, &new_rows, first_id.unwrap_or_default(), bot_username)?;
+    // Items of albums said to the bot by an item of this batch, or said to it before: before
+    // the claims, which hand them over with the rest.
+    let joined = join_albums(db, batch, &new_rows, received_at)?;
     if let Some(PollOffset { bot_id, next_offset }) = offset {
         execute_cached(
             db,
@@ -192,5 +202,52 @@ fn insert_batch(
             claimed.push(row?);
         }
     }
-    Ok((new_rows, claimed, task_effects))
+    Ok((new_rows, claimed, task_effects, joined))
+}
+
+/// Joins to their albums the rows recorded as not addressed to the bot that an item of
+/// their album addressed to it takes along (`ledger::album_rows`), in this batch or
+/// recorded before it: queued for that item's agent, with its task.
+fn join_albums(
+    db: &rusqlite::Connection,
+    batch: &[RoutedEnvelope],
+    new_rows: &[bool],
+    at: &str,
+) -> rusqlite::Result<Vec<JoinedAlbum>> {
+    let mut joined = Vec::new();
+    for album in album_rows::albums_of(batch, new_rows) {
+        let rows = query_all_cached(
+            db,
+            concat!(
+                "SELECT ",
+                envelope_columns!(),
+                " FROM envelopes WHERE chat_id = ? AND media_group_id = ? AND route = ? AND kind = 'message' \
+                 ORDER BY id"
+            ),
+            rusqlite::params![album.chat_id, album.media_group_id, album.route],
+            StoredEnvelope::from_row,
+        )?;
+        let note = album_rows::joined_note(&album);
+        for join in album_rows::joins(&rows) {
+            let moved = execute_cached(
+                db,
+                "UPDATE envelopes SET state = 'queued', agent = ?, task_id = ?, revision = ?, note = ?, \
+                 state_changed_at = ? WHERE id = ? AND state = 'ignored'",
+                rusqlite::params![join.agent(), join.with.task_id, join.with.revision, note, at, join.row.id],
+            )?;
+            if moved == 1 {
+                execute_cached(
+                    db,
+                    "INSERT INTO envelope_events (envelope_id, at, from_state, to_state, actor, reason) \
+                     VALUES (?, ?, 'ignored', 'queued', 'daemon', ?)",
+                    rusqlite::params![join.row.id, at, note],
+                )?;
+                joined.push(JoinedAlbum {
+                    trace_id: join.row.trace_id.clone(),
+                    agent: join.agent().to_owned(),
+                });
+            }
+        }
+    }
+    Ok(joined)
 }

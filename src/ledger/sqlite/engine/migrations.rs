@@ -73,6 +73,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(13, "0013_attempt_methods.sql"),
     migration!(14, "0014_permission_requests.sql"),
     migration!(15, "0015_revision_requests.sql"),
+    migration!(16, "0016_album_items.sql"),
 ];
 
 impl Migration {
