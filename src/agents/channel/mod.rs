@@ -715,6 +715,10 @@ impl ChannelPlugin {
             () = tokio::time::sleep(waited) => None,
             () = cancelled.cancelled() => None,
         };
+        // A call the agent session gave up on has no result anyone reads (the client drops
+        // it): an answer it took at that very moment must stay pending, for `pending` and
+        // the next session, not be acked as returned.
+        let gave_up = cancelled.is_cancelled();
         let answer = match outcome {
             Some(answer) => answer,
             // Still registered: nothing was handed over, and the answer will arrive as an
@@ -731,6 +735,10 @@ impl ChannelPlugin {
             // The task changed and retired the handoff: the change, pushed as a message
             // too, is what the agent acts on now (not acked: it is the agent's to answer).
             return Ok(describe_call_retired(&receipt, &answer));
+        }
+        if gave_up {
+            tracing::info!(trace_id = %answer.trace_id, "call_agent was cancelled as its answer came: the answer stays pending");
+            return Ok(describe_call_answer(&receipt, &answer));
         }
         // Returned as this call's result: the answer envelope is handled.
         let ack = AckRequest {

@@ -83,8 +83,10 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          \n\
          - Each incoming message arrives as a <channel> event. Its attributes say where it came from: \
          trace_id (env_…, identifies this message), chat_id, chat_type, chat_title, thread_id (forum topic), \
-         message_id, user, user_id, ts, route; redelivered=\"true\" marks a message an earlier session \
-         received but never answered, edited=\"true\" an edit of an earlier message; how_to_answer says which \
+         message_id, user, user_id, ts, route; redelivered=\"true\" marks a message delivered before \
+         and not answered yet (to an earlier session, or to this one before the daemon restarted: if you \
+         are already working on it, carry on and answer it once; do not start the work again), \
+         edited=\"true\" an edit of an earlier message; how_to_answer says which \
          tool answers it.\n\
          - Answer with `{reply}`, passing the event's trace_id. It goes back to the chat and topic of the \
          message, threaded to it. Without trace_id the reply is refused when more than one conversation is \
