@@ -114,23 +114,34 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+    /// `router` served on a port of its own, bounded, with these timeouts; its address, the
+    /// token that stops it and the task serving it.
+    async fn serving(
+        router: Router,
+        header_read_timeout: Duration,
+        drain_within: Duration,
+    ) -> (std::net::SocketAddr, CancellationToken, tokio::task::JoinHandle<()>) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let stop = CancellationToken::new();
+        let serving = serve_within(
+            listener,
+            router,
+            Connections::Bounded,
+            stop.clone(),
+            header_read_timeout,
+            drain_within,
+        );
+        (address, stop, tokio::spawn(serving))
+    }
+
     /// A client that starts a request and never finishes its headers is cut off; one that
     /// sends a whole request is answered.
     #[tokio::test]
     async fn a_request_whose_headers_never_end_is_cut_off() {
         let timeout = Duration::from_millis(300);
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
         let router = Router::new().route("/healthz", axum::routing::get(|| async { "ok" }));
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_within(
-            listener,
-            router,
-            Connections::Bounded,
-            stop.clone(),
-            timeout,
-            timeout,
-        ));
+        let (address, stop, server) = serving(router, timeout, timeout).await;
 
         let mut slow = tokio::net::TcpStream::connect(address).await.unwrap();
         slow.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
@@ -151,19 +162,9 @@ mod tests {
     /// request is cut off once the drain is over.
     #[tokio::test]
     async fn a_stop_frees_the_address_at_once_and_cuts_off_a_stalled_body() {
-        let (header_read, drain) = (Duration::from_secs(30), Duration::from_millis(300));
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
+        let drain = Duration::from_millis(300);
         let router = Router::new().route("/hook", axum::routing::post(|body: String| async move { body }));
-        let stop = CancellationToken::new();
-        let server = tokio::spawn(serve_within(
-            listener,
-            router,
-            Connections::Bounded,
-            stop.clone(),
-            header_read,
-            drain,
-        ));
+        let (address, stop, server) = serving(router, Duration::from_secs(30), drain).await;
 
         let mut stalled = tokio::net::TcpStream::connect(address).await.unwrap();
         stalled
