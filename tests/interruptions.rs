@@ -490,6 +490,7 @@ async fn a_reaction_asked_again_while_the_first_is_on_its_way_is_made_once_and_b
         trace_id: envelope.trace_id.clone(),
         emoji: "👍".into(),
         message_id: None,
+        chat_id: None,
         request_id: RequestId::generate().to_string(),
     };
     let again = async {

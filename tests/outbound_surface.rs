@@ -156,6 +156,63 @@ async fn a_reaction_on_a_message_of_another_chat_is_refused() {
     assert!(attempts_of(&daemon, &trace).await.is_empty());
 }
 
+/// The official plugin's `react` and `edit_message` name a message by chat_id and
+/// message_id, as strings, with no trace_id: taken the same way, within the conversations
+/// this session was shown, and never reaching another chat.
+#[tokio::test]
+async fn a_message_named_by_chat_and_message_id_as_the_official_plugin_does_is_acted_on() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("in the DM").await;
+    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Ops forum"), UserSpec::new(7, "Ivan"), "in the forum");
+    let shown = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    let (dm_message, forum) = (meta(&shown[0], "message_id"), trace_id(&shown[1]));
+
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "react",
+            json!({"chat_id": OWNER_CHAT.to_string(), "message_id": dm_message, "emoji": "👍"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let reactions = fake.requests_for("setMessageReaction");
+    assert_eq!(reactions[0]["chat_id"], OWNER_CHAT);
+    assert_eq!(reactions[0]["message_id"].to_string(), dm_message);
+    assert_eq!(attempts_of(&daemon, &trace).await.len(), 1, "made for the DM's envelope");
+
+    let (is_error, text) =
+        orchestrator.call_tool("reply", json!({"trace_id": forum, "text": "working on it"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let in_forum = replied(&fake.wait_for_sent(1, WAIT).await, FORUM_CHAT);
+    let (is_error, text) = orchestrator
+        .call_tool(
+            "edit_message",
+            json!({"chat_id": FORUM_CHAT.to_string(), "message_id": in_forum.to_string(), "text": "done"}),
+        )
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(fake.sent_message(in_forum).unwrap().text, "done");
+
+    // Never another chat: the forum's message named in the DM, a chat this session was
+    // never shown, and a trace_id of one chat with the chat_id of another.
+    for refused in [
+        json!({"chat_id": OWNER_CHAT, "message_id": in_forum, "emoji": "🎉"}),
+        json!({"chat_id": 42_424_242, "message_id": 1, "emoji": "🎉"}),
+        json!({"trace_id": trace, "chat_id": FORUM_CHAT, "emoji": "🎉"}),
+        json!({"emoji": "🎉"}),
+    ] {
+        let (is_error, text) = orchestrator.call_tool("react", refused.clone()).await.unwrap();
+        assert!(is_error && text.to_lowercase().contains("nothing was sent"), "{refused}: {text}");
+    }
+    assert_eq!(fake.requests_for("setMessageReaction").len(), 1, "nothing more was sent");
+    let (is_error, text) = orchestrator
+        .call_tool("edit_message", json!({"chat_id": OWNER_CHAT, "message_id": in_forum, "text": "x"}))
+        .await
+        .unwrap();
+    assert!(is_error, "the forum's message is not in the DM: {text}");
+    assert_eq!(fake.sent_message(in_forum).unwrap().text, "done");
+}
+
 #[tokio::test]
 async fn the_bots_own_reply_can_be_edited_for_progress() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("build it").await;

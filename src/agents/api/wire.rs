@@ -361,6 +361,10 @@ pub struct ReactRequest {
     /// sent in that chat.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message_id: Option<i64>,
+    /// The chat the agent said the message is in, if it did: refused unless it is the
+    /// envelope's (a check, never a way to reach a chat).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<i64>,
     /// As for replies: a repeated request is answered with the first one's outcome.
     pub request_id: String,
 }
@@ -375,6 +379,9 @@ pub struct EditRequest {
     /// As for [`ReplyRequest::format`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub format: Option<String>,
+    /// As for [`ReactRequest::chat_id`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_id: Option<i64>,
     pub request_id: String,
 }
 

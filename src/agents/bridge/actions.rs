@@ -32,7 +32,8 @@ impl Bridge {
         let trace_id = TraceId::parse(&request.trace_id).map_err(ToolError::Invalid)?;
         let emoji = allowed_reaction(&request.emoji).map_err(ToolError::Invalid)?;
         let decide = async {
-            let envelope = self.conversation_for_action(agent, &trace_id, "react to").await?;
+            let envelope =
+                self.conversation_for_action(agent, &trace_id, request.chat_id, "react to").await?;
             let message_id = match request.message_id {
                 None => message_id_of(envelope.message_id)?,
                 Some(id) if id == envelope.message_id => message_id_of(id)?,
@@ -78,7 +79,8 @@ impl Bridge {
         }
         let message_id = message_id_of(request.message_id)?;
         let decide = async {
-            let envelope = self.conversation_for_action(agent, &trace_id, "edit a message of").await?;
+            let envelope =
+                self.conversation_for_action(agent, &trace_id, request.chat_id, "edit a message of").await?;
             let sent_by = self.inner.ledger.bot_message(envelope.chat_id, message_id).await?;
             let refusal = match sent_by {
                 Some((sender, AttemptMethod::SendMessage)) if sender == agent.as_str() => None,
@@ -104,13 +106,15 @@ impl Bridge {
         self.act_once(agent, request_id, &trace_id, decide).await
     }
 
-    /// One of the caller's envelopes with a Telegram conversation, whose task still admits
-    /// what is done for it (a superseded envelope is refused by its task, naming the one
-    /// to act on; the attempt itself is admitted again when it is recorded).
+    /// One of the caller's envelopes with a Telegram conversation, in the chat the caller
+    /// named if it named one, whose task still admits what is done for it (a superseded
+    /// envelope is refused by its task, naming the one to act on; the attempt itself is
+    /// admitted again when it is recorded).
     async fn conversation_for_action(
         &self,
         agent: &AgentName,
         trace_id: &TraceId,
+        said_chat: Option<i64>,
         what: &str,
     ) -> Result<StoredEnvelope, ToolError> {
         let found = self.inner.ledger.find(trace_id).await?;
@@ -130,6 +134,13 @@ impl Bridge {
             return Err(ToolError::Invalid(format!(
                 "{trace_id} came from another agent, not from a Telegram chat: there is no message to {what} it. \
                  Nothing was sent"
+            )));
+        }
+        if let Some(chat_id) = said_chat.filter(|&chat_id| chat_id != envelope.chat_id) {
+            return Err(ToolError::Invalid(format!(
+                "{trace_id} is a message of chat {}, not of chat {chat_id}: nothing was sent. Pass the chat_id and \
+                 trace_id of one <channel> tag",
+                envelope.chat_id
             )));
         }
         self.refuse_if_task_moved_on(agent, Some(&envelope)).await?;

@@ -49,34 +49,6 @@ pub async fn download_into(
     Ok(Saved { path, kind: download.kind, bytes })
 }
 
-/// The trace ids of the messages a session was shown, by the file each carries: the last
-/// [`SHOWN_FILES_KEPT`] of them.
-#[derive(Debug, Default)]
-pub struct ShownFiles {
-    by_file: std::collections::HashMap<String, String>,
-    order: std::collections::VecDeque<String>,
-}
-
-/// Files remembered for a `download_attachment` without trace_id; older ones need it.
-const SHOWN_FILES_KEPT: usize = 1024;
-
-impl ShownFiles {
-    pub fn note(&mut self, file_id: &str, trace_id: &str) {
-        if self.by_file.insert(file_id.to_owned(), trace_id.to_owned()).is_none() {
-            self.order.push_back(file_id.to_owned());
-        }
-        while self.order.len() > SHOWN_FILES_KEPT {
-            if let Some(oldest) = self.order.pop_front() {
-                self.by_file.remove(&oldest);
-            }
-        }
-    }
-
-    pub fn trace_id_of(&self, file_id: &str) -> Option<String> {
-        self.by_file.get(file_id).cloned()
-    }
-}
-
 /// The photo of an envelope that should be fetched before it is pushed: its file id, when
 /// its meta says it carries a photo no larger than `max_bytes` (a size it does not say
 /// is checked by the daemon against the same limit). `None` when eager downloads are off.
@@ -132,19 +104,6 @@ pub fn describe_saved(saved: &Saved) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn a_shown_file_names_its_message_and_only_the_latest_are_kept() {
-        let mut shown = ShownFiles::default();
-        shown.note("f1", "env_a");
-        assert_eq!(shown.trace_id_of("f1").as_deref(), Some("env_a"));
-        assert_eq!(shown.trace_id_of("f2"), None);
-        for n in 0..SHOWN_FILES_KEPT {
-            shown.note(&format!("x{n}"), "env_b");
-        }
-        assert_eq!(shown.trace_id_of("f1"), None, "the oldest is forgotten");
-        assert_eq!(shown.by_file.len(), SHOWN_FILES_KEPT);
-    }
 
     fn meta(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())).collect()

@@ -40,6 +40,8 @@ pub(super) struct SessionForwarder {
     pub(super) tools: ToolNames,
     /// The inbox a photo is fetched into before its envelope is pushed.
     pub(super) media: super::Media,
+    /// What the session was shown, noted as each envelope is pushed.
+    pub(super) shown: super::shown::SharedShown,
 }
 
 /// Why one connection of the session stream ended.
@@ -139,7 +141,7 @@ impl SessionForwarder {
                     // it has seen the envelope confirms it to the daemon (see
                     // `DaemonClient::note_shown`).
                     self.daemon.note_shown(&envelope.trace_id);
-                    self.media.note_shown_file(&envelope);
+                    self.shown.note(&envelope);
                     let notification =
                         ServerNotification::CustomNotification(channel_notification(&envelope, &self.tools));
                     if self.peer.send_notification(notification).await.is_err() {

@@ -42,7 +42,7 @@ use crate::agents::api::wire::{
     MessageActionReceipt, ReactRequest, ReplyRequest, RevisionRequest,
 };
 use crate::config::Settings;
-use crate::ids::{AgentName, RequestId};
+use crate::ids::{AgentName, RequestId, TraceId};
 use crate::telegram::format::ReplyFormat;
 use crate::telegram::reactions::allowed_reaction;
 
@@ -52,6 +52,7 @@ mod forwarder;
 pub mod inbox;
 mod outgoing;
 mod permissions;
+mod shown;
 mod startup;
 mod stdio;
 mod surrogates;
@@ -139,7 +140,6 @@ pub async fn run(
         inbox: Arc::new(inbox),
         eager_photo_max_bytes: settings.media.eager_photo_max_bytes,
         kept_back: Arc::new(outgoing::KeptBack::of(&settings)),
-        shown_files: Arc::default(),
     };
 
     let shutdown = CancellationToken::new();
@@ -191,6 +191,9 @@ struct ChannelPlugin {
     tasks: TaskTracker,
     /// Where attachments land; shared with the session forwarder.
     media: Media,
+    /// The envelopes this session was shown, for tools that name a message the way the
+    /// official plugin's do; noted by the session forwarder.
+    shown: shown::SharedShown,
 }
 
 /// The plugin's side of files (DESIGN.md §14): its inbox, and how large a photo it fetches
@@ -202,22 +205,6 @@ pub(crate) struct Media {
     eager_photo_max_bytes: u64,
     /// Files a reply never sends (switchboard's configuration and ledger).
     kept_back: Arc<outgoing::KeptBack>,
-    /// The messages this session was shown by the file each carries, for a
-    /// `download_attachment` that names the file only, as the official plugin's does.
-    shown_files: Arc<std::sync::Mutex<downloads::ShownFiles>>,
-}
-
-impl Media {
-    /// Notes the file an envelope about to be pushed carries.
-    fn note_shown_file(&self, envelope: &crate::agents::api::wire::DeliveredEnvelope) {
-        if let Some(file_id) = envelope.extra.get("attachment_file_id") {
-            self.shown_files.lock().unwrap_or_else(|p| p.into_inner()).note(file_id, &envelope.trace_id);
-        }
-    }
-
-    fn trace_id_of_file(&self, file_id: &str) -> Option<String> {
-        self.shown_files.lock().unwrap_or_else(|p| p.into_inner()).trace_id_of(file_id)
-    }
 }
 
 /// Arguments of `download_attachment`.
@@ -286,14 +273,22 @@ struct AckArgs {
 /// Arguments of `react`.
 #[derive(Debug, Deserialize, JsonSchema)]
 struct ReactArgs {
-    /// The trace_id (env_…) of the message whose conversation you react in.
-    trace_id: String,
+    /// The trace_id (env_…) of the message whose conversation you react in. May be left
+    /// out when chat_id and message_id name the message.
+    #[serde(default)]
+    trace_id: Option<String>,
     /// One of Telegram's reaction emoji, e.g. "👍", "👀", "🎉", "🔥", "🙏", "👌", "🤔".
     emoji: String,
-    /// The message to react to when it is not the envelope's own: a message the bot sent
-    /// in that chat (the ids your replies' answers name). A number, or its digits as a string.
+    /// The chat_id of the <channel> tag: with message_id, it names the message without
+    /// trace_id; with trace_id, it must be that message's chat.
     #[serde(default)]
-    #[schemars(with = "Option<i64>")]
+    #[schemars(with = "Option<String>")]
+    chat_id: Option<serde_json::Value>,
+    /// The message to react to when it is not the envelope's own: a message of a <channel>
+    /// tag, or one the bot sent in that chat (the ids your replies' answers name). A number,
+    /// or its digits as a string.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
     message_id: Option<serde_json::Value>,
 }
 
@@ -301,10 +296,17 @@ struct ReactArgs {
 #[derive(Debug, Deserialize, JsonSchema)]
 struct EditArgs {
     /// The trace_id (env_…) of the message whose conversation the edited message is in.
-    trace_id: String,
+    /// May be left out when chat_id is given.
+    #[serde(default)]
+    trace_id: Option<String>,
+    /// The chat_id of the <channel> tag: it names the chat without trace_id; with trace_id,
+    /// it must be that message's chat.
+    #[serde(default)]
+    #[schemars(with = "Option<String>")]
+    chat_id: Option<serde_json::Value>,
     /// The id of a message you sent there (from your reply's answer). A number, or its
     /// digits as a string.
-    #[schemars(with = "i64")]
+    #[schemars(with = "String")]
     message_id: serde_json::Value,
     /// The new text, at most one Telegram message.
     text: String,
@@ -383,6 +385,7 @@ impl ChannelPlugin {
         let instructions = instructions(daemon.agent(), &tools);
         let stream_refused = Arc::<AtomicBool>::default();
         let calls = calls::WaitingCalls::default();
+        let shown = shown::SharedShown::default();
         let stream = StreamStarter {
             startup: Arc::default(),
             daemon: daemon.clone(),
@@ -391,6 +394,7 @@ impl ChannelPlugin {
             refused: Arc::clone(&stream_refused),
             calls: calls.clone(),
             media: media.clone(),
+            shown: shown.clone(),
             shutdown,
             tasks: tasks.clone(),
         };
@@ -405,6 +409,7 @@ impl ChannelPlugin {
             relays_permissions: false,
             tasks,
             media,
+            shown,
         }
     }
 
@@ -426,7 +431,7 @@ impl ChannelPlugin {
         let file_id = args.file_id.filter(|id| !id.trim().is_empty());
         let trace_id = match (args.trace_id.as_deref(), &file_id) {
             (Some(trace_id), _) => parse_trace_id(trace_id)?,
-            (None, Some(file_id)) => match self.media.trace_id_of_file(file_id) {
+            (None, Some(file_id)) => match self.shown.trace_id_of_file(file_id) {
                 Some(trace_id) => parse_trace_id(&trace_id)?,
                 None => {
                     return Err(bad_argument(
@@ -518,13 +523,16 @@ impl ChannelPlugin {
         )
     )]
     async fn react(&self, Parameters(args): Parameters<ReactArgs>) -> Result<String, String> {
-        let trace_id = parse_trace_id(&args.trace_id)?;
+        let chat_id = optional_telegram_id("chat_id", args.chat_id.as_ref())?;
+        let message_id = optional_telegram_id("message_id", args.message_id.as_ref())?;
+        let trace_id = self.conversation_acted_in(args.trace_id.as_deref(), chat_id, message_id)?;
         // Refused here, before anything is asked of the daemon (which checks it too).
         allowed_reaction(&args.emoji).map_err(bad_argument)?;
         let request = ReactRequest {
             trace_id: trace_id.to_string(),
             emoji: args.emoji,
-            message_id: optional_telegram_id("message_id", args.message_id.as_ref())?,
+            message_id,
+            chat_id,
             request_id: RequestId::generate().to_string(),
         };
         self.wait_for_session().await;
@@ -549,7 +557,8 @@ impl ChannelPlugin {
         )
     )]
     async fn edit_message(&self, Parameters(args): Parameters<EditArgs>) -> Result<String, String> {
-        let trace_id = parse_trace_id(&args.trace_id)?;
+        let chat_id = optional_telegram_id("chat_id", args.chat_id.as_ref())?;
+        let trace_id = self.conversation_acted_in(args.trace_id.as_deref(), chat_id, None)?;
         if args.text.trim().is_empty() {
             return Err(bad_argument(
                 "text is empty: there is nothing to edit the message to. Nothing was edited.",
@@ -564,6 +573,7 @@ impl ChannelPlugin {
             message_id,
             text: args.text,
             format: args.format,
+            chat_id,
             request_id: RequestId::generate().to_string(),
         };
         self.wait_for_session().await;
@@ -809,6 +819,27 @@ impl ChannelPlugin {
         }
     }
 
+    /// The envelope a reaction or an edit is made for: the one its trace_id names, else
+    /// the one of the chat (and message) it names as the official plugin's tools do,
+    /// among those this session was shown.
+    fn conversation_acted_in(
+        &self,
+        trace_id: Option<&str>,
+        chat_id: Option<i64>,
+        message_id: Option<i64>,
+    ) -> Result<TraceId, String> {
+        match (optional_trace_id(trace_id)?, chat_id) {
+            (Some(trace_id), _) => Ok(trace_id),
+            (None, Some(chat_id)) => {
+                let trace_id = self.shown.conversation_in(chat_id, message_id).map_err(bad_argument)?;
+                parse_trace_id(&trace_id)
+            }
+            (None, None) => Err(bad_argument(
+                "name the message: the trace_id of its <channel> tag, or its chat_id and message_id. Nothing was sent.",
+            )),
+        }
+    }
+
     /// After a broken connection during a reaction or an edit, asks again with the same
     /// request id: the daemon answers a repeat with what the first request came to, and
     /// never acts twice.
@@ -1011,6 +1042,7 @@ struct StreamStarter {
     refused: Arc<AtomicBool>,
     calls: calls::WaitingCalls,
     media: Media,
+    shown: shown::SharedShown,
     shutdown: CancellationToken,
     tasks: TaskTracker,
 }
@@ -1043,6 +1075,7 @@ impl StreamStarter {
             calls: self.calls.clone(),
             tools: self.tools.clone(),
             media: self.media.clone(),
+            shown: self.shown.clone(),
         };
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {
