@@ -352,6 +352,47 @@ async fn a_pause_and_a_resume_are_told_to_the_worker_of_an_open_handoff_too() {
     assert_eq!((meta(&answer, "kind"), answer.content.as_str()), ("handoff_answer", "1.4: three fixes"));
 }
 
+/// After a reload gives the chat to another agent, the task the old agent still works on
+/// is the chat's to stop: `/cancel` reaches that task and its agent (before, it found no
+/// task of the new agent and answered that nothing changed, and the old task ran on).
+#[tokio::test]
+async fn a_cancel_after_a_reload_gave_the_chat_to_another_agent_stops_the_old_agents_task() {
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("Migrate the database").await;
+    let task_id = meta(&nth(&orchestrator, 1).await, "task").to_owned();
+    let worker = plugin(&daemon, "worker").await;
+    let config = std::fs::read_to_string(daemon.config_path()).unwrap();
+    let moved = config.replacen(
+        &format!("chat_id = {OWNER_CHAT}\nagent = \"orchestrator\""),
+        &format!("chat_id = {OWNER_CHAT}\nagent = \"worker\""),
+        1,
+    );
+    assert_ne!(moved, config, "the owner's route names its agent as expected");
+    std::fs::write(daemon.config_path(), moved).unwrap();
+    daemon.signal("HUP");
+    daemon.wait_for_log("route 'owner-dm' changed", WAIT).await;
+
+    fake.push_text(owner_chat(), owner(), "/cancel");
+    let cancel = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&cancel, "kind"), meta(&cancel, "change")), ("revision", "cancel"));
+    assert_eq!(meta(&cancel, "task"), task_id);
+    let acknowledged = posted(&fake, 1).await.remove(0);
+    assert!(acknowledged.contains(&task_id) && acknowledged.contains("stop requested"), "{acknowledged}");
+    assert_eq!(task(&daemon, &task_id).await.state, TaskState::StopRequested);
+    let (is_error, text) = reply(&orchestrator, &trace, "Migrating now").await;
+    assert!(is_error && text.contains("cancelled"), "{text}");
+    let (is_error, text) =
+        orchestrator.call_tool("ack", json!({"trace_id": trace_id(&cancel)})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(task(&daemon, &task_id).await.state, TaskState::Stopped);
+
+    // The chat's next work is the new agent's, in a task of its own; the cancel never was.
+    fake.push_text(owner_chat(), owner(), "Now the backups");
+    let work = nth(&worker, 1).await;
+    assert_eq!(work.content, "Now the backups");
+    assert_ne!(meta(&work, "task"), task_id);
+    assert_eq!(worker.notifications().len(), 1, "{:?}", worker.notifications());
+}
+
 /// 4. `/cancel`: admission closes, the task is `stop_requested` until the agent acks the
 ///    cancel envelope, then `stopped`; an operator can confirm a stop the agent cannot.
 #[tokio::test]

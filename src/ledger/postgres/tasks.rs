@@ -299,29 +299,38 @@ async fn take_in(
 ) -> LedgerResult<Vec<TaskEffect>> {
     let e = &routed.envelope;
     let Some(agent) = routed.agent.as_ref() else { return Ok(vec![]) };
-    let carrier = carrier_of(routed, id);
-    let open = open_task(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await?;
+    let mut carrier = carrier_of(routed, id);
     let text = e.text.clone().unwrap_or_else(|| e.content());
     let update = match e.kind {
         EnvelopeKind::EditedMessage => HumanUpdate::Edit { message_id: e.message_id, text: &text },
         _ => HumanUpdate::Message { text: &text },
     };
-    // Which messages carry the instruction matters to an edit only: a new message is
-    // classified by its text.
-    let open_view = match (&open, update) {
-        (Some(task), HumanUpdate::Edit { .. }) => Some(open_view(tx, task).await?),
-        (Some(task), HumanUpdate::Message { .. }) => Some(OpenTask {
-            task_id: task.task_id.clone(),
-            revision: to_u32(task.revision),
-            state: task.state(),
-            instruction_messages: Vec::new(),
-        }),
-        (None, _) => None,
-    };
     let username = bot_username.unwrap_or_default();
+    let mut open = open_task(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await?;
+    let mut open_view = match &open {
+        Some(task) => Some(view_of(tx, task, update).await?),
+        None => None,
+    };
+    let mut effects = Vec::new();
+    if !plain_work(routed, bot_username)
+        && let Some(other) =
+            open_task_of_another_agent(tx, carrier.chat_id, carrier.thread_id, agent.as_str()).await?
+    {
+        let other_view = view_of(tx, &other, update).await?;
+        if revisions::for_another_agents_task(update, open_view.as_ref(), &other_view, username) {
+            sqlx::query("UPDATE envelopes SET agent = $1 WHERE id = $2")
+                .bind(&other.agent)
+                .bind(carrier.id)
+                .execute(&mut *tx)
+                .await?;
+            carrier.agent.clone_from(&other.agent);
+            effects.push(TaskEffect::Wake(other.agent.clone()));
+            (open, open_view) = (Some(other), Some(other_view));
+        }
+    }
     let meaning = revisions::classify(update, open_view.as_ref(), username);
     let who = sender_of(routed);
-    match (plan::plan_message(meaning, open.as_ref().map(Task::state), &text, username), open) {
+    let planned = match (plan::plan_message(meaning, open.as_ref().map(Task::state), &text, username), open) {
         (MessagePlan::Start { objective }, _) => {
             start_task(tx, &carrier, &objective, None, Source::Command, &who).await?;
             Ok(vec![])
@@ -363,6 +372,54 @@ async fn take_in(
             let (text, note) = texts::nothing_changed("there is no open task here");
             answer(tx, &carrier, &note, text).await
         }
+    }?;
+    effects.extend(planned);
+    Ok(effects)
+}
+
+/// How classification sees a task: which messages carry its instruction matters to an
+/// edit only (a new message is classified by its text).
+async fn view_of(tx: &mut PgConnection, task: &Task, update: HumanUpdate<'_>) -> LedgerResult<OpenTask> {
+    match update {
+        HumanUpdate::Edit { .. } => open_view(tx, task).await,
+        HumanUpdate::Message { .. } => Ok(OpenTask {
+            task_id: task.task_id.clone(),
+            revision: to_u32(task.revision),
+            state: task.state(),
+            instruction_messages: Vec::new(),
+        }),
+    }
+}
+
+/// The latest open (or paused, or stopping) task of the conversation that another agent
+/// than `agent` works on: one the conversation had before a reload gave it to `agent`. A
+/// finished one is marked `done` on the way, as [`latest_task`] does, and is none. The
+/// task's row is held (`FOR UPDATE`), not its conversation: taking a second conversation's
+/// lock here, out of the keys' order, could deadlock with a batch that holds both.
+async fn open_task_of_another_agent(
+    tx: &mut PgConnection,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    agent: &str,
+) -> LedgerResult<Option<Task>> {
+    let latest = sqlx::query(concat!(
+        "WITH latest AS MATERIALIZED (SELECT 1::bigint AS position, id, task_id, revision, state \
+         FROM tasks WHERE chat_id = $1 AND thread_id IS NOT DISTINCT FROM $2 AND agent <> $3 \
+         AND state IN ('open', 'paused', 'stop_requested') ORDER BY id DESC LIMIT 1), ",
+        finish_latest!()
+    ))
+    .bind(chat_id)
+    .bind(thread_id)
+    .bind(agent)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = latest else { return Ok(None) };
+    match task_state(&row, "state")? {
+        TaskState::Open | TaskState::Paused | TaskState::StopRequested => {
+            let task_id: TaskId = row.try_get("task_id")?;
+            stored_task(tx, &task_id).await
+        }
+        _ => Ok(None),
     }
 }
 

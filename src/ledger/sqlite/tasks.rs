@@ -212,29 +212,38 @@ fn take_in(
         rusqlite::params![e.trace_id.as_str()],
         |row| row.get(0),
     )?;
-    let carrier = carrier_of(routed, id);
-    let open = open_task(db, carrier.chat_id, carrier.thread_id, agent.as_str())?;
+    let mut carrier = carrier_of(routed, id);
     let text = e.text.clone().unwrap_or_else(|| e.content());
     let update = match e.kind {
         EnvelopeKind::EditedMessage => HumanUpdate::Edit { message_id: e.message_id, text: &text },
         _ => HumanUpdate::Message { text: &text },
     };
-    // Which messages carry the instruction matters to an edit only: a new message is
-    // classified by its text.
-    let open_view = match (&open, update) {
-        (Some(task), HumanUpdate::Edit { .. }) => Some(open_view(db, task)?),
-        (Some(task), HumanUpdate::Message { .. }) => Some(OpenTask {
-            task_id: task.task_id.clone(),
-            revision: to_u32(task.revision),
-            state: task.state(),
-            instruction_messages: Vec::new(),
-        }),
-        (None, _) => None,
-    };
     let username = bot_username.unwrap_or_default();
+    let mut open = open_task(db, carrier.chat_id, carrier.thread_id, agent.as_str())?;
+    let mut open_view = match &open {
+        Some(task) => Some(view_of(db, task, update)?),
+        None => None,
+    };
+    let mut effects = Vec::new();
+    if !plain_work(routed, bot_username)
+        && let Some(other) =
+            open_task_of_another_agent(db, carrier.chat_id, carrier.thread_id, agent.as_str())?
+    {
+        let other_view = view_of(db, &other, update)?;
+        if revisions::for_another_agents_task(update, open_view.as_ref(), &other_view, username) {
+            execute_cached(
+                db,
+                "UPDATE envelopes SET agent = ? WHERE id = ?",
+                rusqlite::params![other.agent, carrier.id],
+            )?;
+            carrier.agent.clone_from(&other.agent);
+            effects.push(TaskEffect::Wake(other.agent.clone()));
+            (open, open_view) = (Some(other), Some(other_view));
+        }
+    }
     let meaning = revisions::classify(update, open_view.as_ref(), username);
     let who = sender_of(routed);
-    match (plan::plan_message(meaning, open.as_ref().map(Task::state), &text, username), open) {
+    let planned = match (plan::plan_message(meaning, open.as_ref().map(Task::state), &text, username), open) {
         (MessagePlan::Start { objective }, _) => {
             start_task(db, &carrier, &objective, None, Source::Command, &who)?;
             Ok(vec![])
@@ -276,6 +285,22 @@ fn take_in(
             let (text, note) = texts::nothing_changed("there is no open task here");
             answer(db, &carrier, &note, text)
         }
+    }?;
+    effects.extend(planned);
+    Ok(effects)
+}
+
+/// How classification sees a task: which messages carry its instruction matters to an
+/// edit only (a new message is classified by its text).
+fn view_of(db: &rusqlite::Connection, task: &Task, update: HumanUpdate<'_>) -> rusqlite::Result<OpenTask> {
+    match update {
+        HumanUpdate::Edit { .. } => open_view(db, task),
+        HumanUpdate::Message { .. } => Ok(OpenTask {
+            task_id: task.task_id.clone(),
+            revision: to_u32(task.revision),
+            state: task.state(),
+            instruction_messages: Vec::new(),
+        }),
     }
 }
 
@@ -353,6 +378,33 @@ fn latest_task(
         state = TaskState::Done;
     }
     Ok(Some((task_id, revision, state)))
+}
+
+/// The latest open (or paused, or stopping) task of the conversation that another agent
+/// than `agent` works on: one the conversation had before a reload gave it to `agent`. A
+/// finished one is marked `done` on the way, as [`latest_task`] does, and is none.
+fn open_task_of_another_agent(
+    db: &rusqlite::Connection,
+    chat_id: i64,
+    thread_id: Option<i64>,
+    agent: &str,
+) -> rusqlite::Result<Option<Task>> {
+    let latest: Option<(i64, TaskId, TaskState)> = query_row_cached(
+        db,
+        "SELECT id, task_id, state FROM tasks WHERE chat_id = ?1 AND agent <> ?2 AND thread_id IS ?3 \
+         AND state IN ('open', 'paused', 'stop_requested') ORDER BY id DESC LIMIT 1",
+        rusqlite::params![chat_id, agent, thread_id],
+        |row| Ok((row.get(0)?, row.get(1)?, parse_state(row, "state")?)),
+    )
+    .optional()?;
+    let Some((id, task_id, state)) = latest else { return Ok(None) };
+    if state == TaskState::Open
+        && execute_cached(db, concat!(close_if_finished!(), "AND id = ?2"), rusqlite::params![now(), id])?
+            == 1
+    {
+        return Ok(None);
+    }
+    stored_task(db, &task_id)
 }
 
 fn open_view(db: &rusqlite::Connection, task: &Task) -> rusqlite::Result<OpenTask> {

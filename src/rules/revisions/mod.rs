@@ -172,6 +172,33 @@ pub enum HumanUpdate<'a> {
     Edit { message_id: i32, text: &'a str },
 }
 
+/// Whether a human update, which the open task of the route's agent (`own`) does not take,
+/// is for the conversation's task of another agent instead: a command about the task
+/// (not `/new`, which starts work for the route's agent) with no task of its own, or an
+/// edit of a message the task of the route's agent was not started or corrected by. After a
+/// reload gives a chat to another agent, the task the old one is still working on remains
+/// the chat's to pause, cancel, ask about and correct (`other` is that task's view).
+pub fn for_another_agents_task(
+    update: HumanUpdate<'_>,
+    own: Option<&OpenTask>,
+    other: &OpenTask,
+    bot_username: &str,
+) -> bool {
+    match update {
+        HumanUpdate::Edit { message_id, .. } => {
+            own.is_none_or(|task| !task.instruction_messages.contains(&message_id))
+                && other.instruction_messages.contains(&message_id)
+        }
+        HumanUpdate::Message { text } => {
+            own.is_none()
+                && matches!(
+                    parse_command(text, bot_username),
+                    Some(Command::Pause | Command::Resume | Command::Cancel | Command::Status)
+                )
+        }
+    }
+}
+
 /// Classifies a human update of a single-agent conversation.
 pub fn classify(update: HumanUpdate<'_>, open: Option<&OpenTask>, bot_username: &str) -> Meaning {
     let text = match update {
@@ -358,6 +385,31 @@ mod tests {
         assert_eq!(parse_command("/status", BOT), Some(Command::Status));
         assert_eq!(parse_command("please /pause", BOT), None);
         assert_eq!(parse_command("/pausex", BOT), None);
+    }
+
+    #[test]
+    fn a_command_or_an_edit_the_routes_agent_has_no_task_for_reaches_another_agents_task() {
+        let other = open(TaskState::Open);
+        let own = OpenTask { instruction_messages: vec![30], ..open(TaskState::Open) };
+        let message = |text| HumanUpdate::Message { text };
+        for command in ["/cancel", "/pause", "/resume", "/status"] {
+            assert!(for_another_agents_task(message(command), None, &other, BOT), "{command}");
+            assert!(
+                !for_another_agents_task(message(command), Some(&own), &other, BOT),
+                "{command}: own first"
+            );
+        }
+        for work in ["/new do this instead", "hello", "/pause@other_bot"] {
+            assert!(!for_another_agents_task(message(work), None, &other, BOT), "{work}");
+        }
+        let edit = |message_id| HumanUpdate::Edit { message_id, text: "Friday" };
+        assert!(for_another_agents_task(edit(14), None, &other, BOT));
+        assert!(for_another_agents_task(edit(14), Some(&own), &other, BOT));
+        assert!(
+            !for_another_agents_task(edit(30), Some(&own), &other, BOT),
+            "the route's agent's instruction"
+        );
+        assert!(!for_another_agents_task(edit(99), None, &other, BOT), "an instruction of neither");
     }
 
     #[test]
