@@ -440,6 +440,50 @@ async fn a_second_message_waits_for_the_running_exchange() {
     wait_for_state(&daemon, &waiting.cascade_id, RoomCascadeState::Completed).await;
 }
 
+/// A reload that makes the room a plain route (renamed as well) lets the exchanges the room
+/// accepted run to their end with its last settings: the running one and the one waiting
+/// behind it are both answered in the room. Before, both waited for good. The chat's next
+/// message is the new route's.
+#[tokio::test]
+async fn exchanges_of_a_room_a_reload_takes_away_run_to_their_end() {
+    let Room { fake, daemon, builder, reviewer } = room("").await;
+    say(&fake, "@builder first question");
+    let first = nth(&builder, 1).await;
+    say(&fake, "@reviewer second question");
+    let ledger = daemon.ledger().await;
+    for _ in 0..100 {
+        if ledger.list_cascades(Some("dev-room"), 10).await.unwrap().len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ledger.close().await;
+
+    let config = std::fs::read_to_string(daemon.config_path()).unwrap();
+    let plain = config.replacen(
+        &format!("name = \"dev-room\"\nchat_id = {ROOM_CHAT}\nagents = [\"builder\", \"reviewer\"]"),
+        &format!("name = \"dev-direct\"\nchat_id = {ROOM_CHAT}\nagent = \"builder\""),
+        1,
+    );
+    assert_ne!(plain, config, "the room's route is written as expected");
+    std::fs::write(daemon.config_path(), plain).unwrap();
+    daemon.signal("HUP");
+    daemon.wait_for_log("route 'dev-direct' added", WAIT).await;
+
+    assert!(!reply(&builder, &first, "Answer to the first.").await.0);
+    let turn = nth(&reviewer, 1).await;
+    assert_eq!(turn.content, "@olga: @reviewer second question");
+    assert!(!reply(&reviewer, &turn, "Answer to the second.").await.0);
+    assert_eq!(posted(&fake, 2).await, ["Builder: Answer to the first.", "Reviewer: Answer to the second."]);
+    wait_for_state(&daemon, meta(&first, "cascade_id"), RoomCascadeState::Completed).await;
+    wait_for_state(&daemon, meta(&turn, "cascade_id"), RoomCascadeState::Completed).await;
+    assert!(!daemon.logs().contains("which is no room in the configuration"), "{}", daemon.logs());
+
+    say(&fake, "and now?");
+    let direct = nth(&builder, 2).await;
+    assert_eq!((meta(&direct, "kind"), meta(&direct, "route")), ("message", "dev-direct"));
+}
+
 #[tokio::test]
 async fn a_silent_speaker_loses_the_floor_and_the_exchange_goes_on() {
     let Room { fake, daemon, builder, reviewer } = room("speaker_timeout_secs = 2").await;

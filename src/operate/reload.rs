@@ -380,9 +380,10 @@ impl Reloader {
         running.outbound = OutboundSettings { typing: running.outbound.typing, ..new.outbound.clone() };
         running.handoffs = new.handoffs.clone();
         running.rooms = new.rooms.clone();
-        self.routing.send_replace(Arc::new(Routing::of(&running)));
-        // Room routes come with their members and limits: the room driver reads them anew.
+        // Room routes come with their members and limits: the room driver reads them anew,
+        // before any message is routed to a room it would not know yet.
         self.bridge.set_rooms(running.rooms.clone());
+        self.routing.send_replace(Arc::new(Routing::of(&running)));
         self.bridge.reload_rules(
             ReplyLimits {
                 max_reply_parts: running.outbound.max_reply_parts,

@@ -273,14 +273,16 @@ impl RoomDriver {
                 }
             }
         }
-        for route in ledger.busy_rooms().await.context("reading the busy rooms")? {
-            match self.advance(&rooms, &route).await {
+        let busy = ledger.busy_rooms().await.context("reading the busy rooms")?;
+        for route in &busy {
+            match self.advance(&rooms, route).await {
                 Ok(wait) => earliest(&mut next, wait),
                 Err(e) => {
                     failure.get_or_insert(e.context(format!("moving room '{route}' on")));
                 }
             }
         }
+        self.bridge.forget_finished_retired_rooms(&busy);
         if let Err(e) = self.post_owed().await {
             failure.get_or_insert(e);
         }
@@ -295,7 +297,7 @@ impl RoomDriver {
         if room.is_none() && self.reported_missing.insert(route.to_owned()) {
             tracing::error!(
                 route,
-                "exchanges wait in route '{route}', which is no room in the configuration: they stay as they are until it is one again"
+                "exchanges wait in route '{route}', which is no room in the configuration the daemon started with: they stay as they are until it is one again (a reload that takes a room away, unlike a restart, lets its exchanges finish)"
             );
         }
         room
