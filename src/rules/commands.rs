@@ -37,3 +37,12 @@ pub fn command_word(text: &str) -> Option<CommandWord<'_>> {
     };
     Some(CommandWord { name, addressee, argument })
 }
+
+/// The bot a command is addressed to, when it is another bot than this one (`/stop@other`):
+/// in a group with several bots, that command is theirs. `None` for a command to this bot
+/// or to none, for no command, and while this bot's username is not known.
+pub fn command_for_another_bot<'a>(text: &'a str, bot_username: Option<&str>) -> Option<&'a str> {
+    let addressee = command_word(text)?.addressee.filter(|addressee| !addressee.is_empty())?;
+    let bot = bot_username?.trim_start_matches('@');
+    (!addressee.eq_ignore_ascii_case(bot)).then_some(addressee)
+}

@@ -14,7 +14,7 @@ use std::sync::Once;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
-use teloxide::types::{Chat, ChatMigration, Message, MessageKind, Update, UpdateKind};
+use teloxide::types::{Chat, ChatMigration, Message, MessageEntity, MessageKind, Update, UpdateKind};
 
 use crate::ids::TraceId;
 use crate::rules::routes::Channel;
@@ -173,13 +173,24 @@ pub fn read(raw: &RawUpdate) -> Inbound {
             };
         }
     };
-    // teloxide reads a voice note, an audio file, a video or an animation without
-    // `mime_type` (which the Bot API makes optional) as a message with no content at all.
+    // teloxide reads a message it cannot read whole as a message with no content at all:
+    // a voice note, an audio file, a video or an animation without `mime_type` (which the
+    // Bot API makes optional), or a text with an entity of a kind newer than teloxide. It
+    // is read again, repaired; one still unreadable is kept raw, never taken for a service
+    // message, since a user wrote it.
     let update = match &update.kind {
         UpdateKind::Message(m) | UpdateKind::EditedMessage(m) if matches!(m.kind, MessageKind::Empty {}) => {
-            with_mime_types_filled(&raw.text)
+            let repaired = repaired_for_teloxide(&raw.text)
                 .and_then(|text| catching_panics(|| serde_json::from_str::<Update>(&text)).ok()?.ok())
-                .unwrap_or(update)
+                .unwrap_or(update);
+            if unreadable_content(&repaired) && has_content(&raw.text) {
+                return Inbound::Undecodable {
+                    update_id,
+                    reason: "teloxide cannot read the content of this message (a field newer than it?)"
+                        .into(),
+                };
+            }
+            repaired
         }
         _ => update,
     };
@@ -195,24 +206,64 @@ pub fn read(raw: &RawUpdate) -> Inbound {
 /// The files whose `mime_type` teloxide needs present (`null` will do).
 const FILES_NEEDING_A_MIME_TYPE: [&str; 4] = ["voice", "audio", "video", "animation"];
 
-/// The update with `"mime_type": null` in each of its message's files that has none;
-/// `None` when there is no such file (nothing to read again).
-fn with_mime_types_filled(text: &str) -> Option<String> {
-    let mut update: serde_json::Value = serde_json::from_str(text).ok()?;
+/// Whether teloxide read a message with nothing in it.
+fn unreadable_content(update: &Update) -> bool {
+    matches!(&update.kind, UpdateKind::Message(m) | UpdateKind::EditedMessage(m) if matches!(m.kind, MessageKind::Empty {}))
+}
+
+/// The message object of a raw update (`message` or `edited_message`).
+fn message_of(update: &mut serde_json::Value) -> Option<&mut serde_json::Value> {
     let key = ["message", "edited_message"]
         .into_iter()
-        .find(|key| update.get(key).is_some_and(|m| m.is_object()))?;
-    let message = update.get_mut(key)?;
-    let mut filled = false;
+        .find(|key| update.get(key).is_some_and(serde_json::Value::is_object))?;
+    update.get_mut(key)
+}
+
+/// Whether the raw update's message has words a user wrote.
+fn has_content(text: &str) -> bool {
+    let Ok(mut update) = serde_json::from_str::<serde_json::Value>(text) else { return false };
+    message_of(&mut update).is_some_and(|message| message.get("text").or(message.get("caption")).is_some())
+}
+
+/// The update with what teloxide stumbles on repaired: `"mime_type": null` in each of its
+/// message's files that has none, and the entities teloxide cannot read (a kind newer
+/// than it) left out, wherever in the message they are. `None` when there is nothing to
+/// repair (nothing to read again).
+fn repaired_for_teloxide(text: &str) -> Option<String> {
+    let mut update: serde_json::Value = serde_json::from_str(text).ok()?;
+    let message = message_of(&mut update)?;
+    let mut repaired = false;
     for key in FILES_NEEDING_A_MIME_TYPE {
         if let Some(file) = message.get_mut(key).and_then(serde_json::Value::as_object_mut)
             && !file.get("mime_type").is_some_and(serde_json::Value::is_string)
         {
             file.insert("mime_type".to_owned(), serde_json::Value::Null);
-            filled = true;
+            repaired = true;
         }
     }
-    filled.then(|| update.to_string())
+    repaired |= drop_unreadable_entities(message, 0);
+    repaired.then(|| update.to_string())
+}
+
+/// Leaves out of every `entities` and `caption_entities` list in `value` (a message, and
+/// the quote or reply it holds) the entities teloxide cannot read. True when one was.
+fn drop_unreadable_entities(value: &mut serde_json::Value, depth: usize) -> bool {
+    // A message holds a reply, which holds a quote: a few levels at most.
+    const DEEPEST: usize = 4;
+    let Some(object) = value.as_object_mut().filter(|_| depth <= DEEPEST) else { return false };
+    let mut dropped = false;
+    for (key, member) in object.iter_mut() {
+        match member {
+            serde_json::Value::Array(entities) if key == "entities" || key == "caption_entities" => {
+                let before = entities.len();
+                entities.retain(|entity| serde_json::from_value::<MessageEntity>(entity.clone()).is_ok());
+                dropped |= entities.len() != before;
+            }
+            serde_json::Value::Object(_) => dropped |= drop_unreadable_entities(member, depth + 1),
+            _ => {}
+        }
+    }
+    dropped
 }
 
 pub fn classify(update: &Update) -> Inbound {
@@ -250,6 +301,12 @@ pub fn classify(update: &Update) -> Inbound {
             envelope,
             reason: "a post of the linked channel, forwarded by Telegram".into(),
         };
+    }
+    // Another bot's message: Telegram lets one through when either bot turns on bot-to-bot
+    // communication, and answering it would have two bots answer each other without end.
+    // (An anonymous admin writes as the group, `sender_chat`, from Telegram's placeholder bot.)
+    if message.sender_chat.is_none() && message.from.as_ref().is_some_and(|from| from.is_bot) {
+        return Inbound::Ignored { envelope, reason: "a message from another bot".into() };
     }
     // Telegram reports every move of a live location as an edit of its message.
     if kind == EnvelopeKind::EditedMessage && message.location().is_some() {
@@ -622,6 +679,19 @@ mod tests {
     }
 
     #[test]
+    fn another_bots_message_is_no_work() {
+        let group = json!({"id": -100321, "type": "supergroup", "title": "Ops"});
+        let other_bot =
+            json!({"id": 5_000_111, "is_bot": true, "first_name": "Helper", "username": "helper_bot"});
+        let inbound = classify(&update(json!({
+            "update_id": 47,
+            "message": {"message_id": 14, "date": 1_700_000_000, "chat": group, "from": other_bot,
+                        "text": "@switchboard_bot here is my answer"}
+        })));
+        assert_eq!(ignored_reason(inbound), "a message from another bot");
+    }
+
+    #[test]
     fn an_anonymous_admin_speaks_as_the_group_not_as_telegrams_placeholder() {
         let group = json!({"id": -100321, "type": "supergroup", "title": "Ops"});
         let placeholder = json!({"id": 1_087_968_824, "is_bot": true, "first_name": "Group", "username": "GroupAnonymousBot"});
@@ -712,6 +782,31 @@ mod tests {
         let (update_id, reason) = undecodable_reason(read(&malformed));
         assert_eq!(update_id, Some(13));
         assert!(reason.contains("teloxide cannot read it"), "{reason}");
+    }
+
+    /// An entity of a kind newer than teloxide (the Bot API's `date_time`) made teloxide
+    /// read the whole message as empty, which was then ignored as a service message: the
+    /// user's words never reached the agent.
+    #[test]
+    fn a_message_with_an_entity_teloxide_does_not_know_is_read_without_it() {
+        let newer = r#"{"type": "date_time", "offset": 8, "length": 5, "unix_time": 1700000000, "date_time_format": "t"}"#;
+        let raw = RawUpdate::new(&format!(
+            r#"{{"update_id": 18, "message": {{"message_id": 9, "date": 1700000000, "from": {{"id": 42, "is_bot": false, "first_name": "Ann"}}, "chat": {{"id": 42, "type": "private", "first_name": "Ann"}}, "text": "meet at 10:00 @ann_bot", "entities": [{newer}, {{"type": "mention", "offset": 14, "length": 8}}], "quote": {{"text": "at 10:00", "position": 0, "entities": [{newer}]}}}}}}"#
+        ));
+        let e = envelope(read(&raw));
+        assert_eq!(e.text.as_deref(), Some("meet at 10:00 @ann_bot"));
+        let caption = RawUpdate::new(&format!(
+            r#"{{"update_id": 19, "message": {{"message_id": 10, "date": 1700000000, "from": {{"id": 42, "is_bot": false, "first_name": "Ann"}}, "chat": {{"id": 42, "type": "private", "first_name": "Ann"}}, "photo": [{{"file_id": "p", "file_unique_id": "u", "width": 9, "height": 9}}], "caption": "at 10:00", "caption_entities": [{newer}]}}}}"#
+        ));
+        assert_eq!(envelope(read(&caption)).text.as_deref(), Some("at 10:00"));
+        // What no repair makes readable is kept raw and reported, never taken for a
+        // service message.
+        let broken = RawUpdate::new(
+            r#"{"update_id": 20, "message": {"message_id": 11, "date": 1700000000, "from": {"id": 42, "is_bot": false, "first_name": "Ann"}, "chat": {"id": 42, "type": "private", "first_name": "Ann"}, "text": "hello", "entities": "bold"}}"#,
+        );
+        let (update_id, reason) = undecodable_reason(read(&broken));
+        assert_eq!(update_id, Some(20));
+        assert!(reason.contains("content"), "{reason}");
     }
 
     #[test]

@@ -21,6 +21,7 @@ use crate::ledger::{AlbumKey, EnvelopeState, LedgerError};
 use crate::ledger::{Ledger, RoutedEnvelope, RoutedReaction};
 use crate::operate::metrics;
 use crate::rules::albums::{AlbumItem, addressed_by};
+use crate::rules::commands::command_for_another_bot;
 use crate::rules::permissions::Verdict;
 use crate::rules::routes::RoutesTable;
 use crate::rules::routes::{Addressing, BotIdentity, Channel, Disposition, dispose, is_addressed, may_react};
@@ -260,8 +261,22 @@ fn route(
     routing: &Routing,
     bot: &BotIdentity,
 ) -> RoutedEnvelope {
+    // In a group with several bots, `/cmd@other_bot` is the other bot's. A room settles it
+    // in its own inbox; an agent's route never makes it the agent's work.
+    let for_another_bot = envelope
+        .text
+        .as_deref()
+        .and_then(|text| command_for_another_bot(text, bot.username.as_deref()))
+        .map(str::to_owned);
     let (state, route) =
         match dispose(&routing.routes, &routing.allowed_users, envelope.channel, envelope.sender.id) {
+            Disposition::Deliver(route) if route.agent().is_some() && for_another_bot.is_some() => {
+                let note =
+                    format!("a command for @{}, not for this bot", for_another_bot.unwrap_or_default());
+                let mut row = audit_row(envelope, EnvelopeState::Ignored, update_digest, note, None);
+                row.route = Some(route.name.clone());
+                return row;
+            }
             Disposition::Deliver(route) if route.mention_only && !addressed_to(&envelope, bot) => {
                 let note = format!("not addressed to the bot (route {} is mention_only)", route.name);
                 let mut row = audit_row(envelope, EnvelopeState::Ignored, update_digest, note, None);
@@ -529,6 +544,28 @@ mod tests {
         assert_eq!(read.len(), 80);
         let ids: Vec<i64> = read.iter().map(|r| r.envelope.update_id).collect();
         assert!(ids.windows(2).all(|pair| pair[0] < pair[1]), "out of order: {ids:?}");
+    }
+
+    /// `/cmd@other_bot` is another bot's command: no work for the route's agent, whatever
+    /// the route; one to this bot, or to none, is the agent's.
+    #[test]
+    fn a_command_for_another_bot_is_no_agents_work() {
+        let routing = routing();
+        let bot = Arc::new(BotIdentity { id: 1, username: Some("switchboard_bot".into()) });
+        let read = |id: i64, text: &str| {
+            let raw = RawUpdate::new(&format!(
+                r#"{{"update_id":{id},"message":{{"message_id":{id},"date":1,"chat":{{"id":{DM},"type":"private","first_name":"U"}},"from":{{"id":{DM},"is_bot":false,"first_name":"U"}},"text":"{text}"}}}}"#
+            ));
+            let mut batch = ReadBatch::default();
+            read_update(&raw, &routing, &bot, &mut batch);
+            batch.envelopes.remove(0)
+        };
+        let theirs = read(1, "/status@other_bot");
+        assert_eq!(theirs.state, EnvelopeState::Ignored);
+        assert!(theirs.note.as_deref().is_some_and(|note| note.contains("@other_bot")), "{:?}", theirs.note);
+        for ours in ["/status@Switchboard_Bot", "/status", "status@other_bot"] {
+            assert_eq!(read(2, ours).state, EnvelopeState::Queued, "{ours}");
+        }
     }
 
     /// A group whose route is `mention_only`: an album said to the bot by one caption is

@@ -4,7 +4,7 @@
 //! Telegram writes a command as `/name` or, in groups, `/name@botname`; a command addressed
 //! to another bot in the same group is not ours to act on.
 
-use crate::rules::commands::{CommandWord, command_word};
+use crate::rules::commands::{CommandWord, command_for_another_bot, command_word};
 
 /// What a room message is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,13 +34,10 @@ const STOP_COMMANDS: [&str; 2] = ["stop", "cancel"];
 /// ```
 pub fn room_input<'a>(text: &'a str, bot_username: Option<&str>) -> RoomInput<'a> {
     // The command is what follows the slash at once: "/ stop" is no command.
-    let Some(CommandWord { name, addressee, .. }) = command_word(text) else {
+    let Some(CommandWord { name, .. }) = command_word(text) else {
         return RoomInput::Message;
     };
-    if let (Some(addressee), Some(bot)) = (addressee, bot_username)
-        && !addressee.is_empty()
-        && !addressee.eq_ignore_ascii_case(bot.trim_start_matches('@'))
-    {
+    if let Some(addressee) = command_for_another_bot(text, bot_username) {
         return RoomInput::ForAnotherBot(addressee);
     }
     if STOP_COMMANDS.iter().any(|stop| name.eq_ignore_ascii_case(stop)) {
