@@ -374,22 +374,24 @@ async fn a_prompt_that_cannot_be_posted_expires_its_request_and_the_plugin_is_to
 }
 
 #[tokio::test]
-async fn a_text_answer_is_a_verdict_not_a_message_and_a_wrong_id_changes_nothing() {
+async fn a_text_answer_is_a_verdict_and_words_shaped_like_one_are_a_message() {
     let Relay { fake, daemon, plugin } = relay(600).await;
     ask(&plugin, "abcde").await;
     prompt(&fake).await;
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "yes qwert");
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
-    // Delivered in order: had the wrong answer been work for the agent, it came first.
-    assert_eq!(nth(&plugin, 1).await.content, "marker");
+    // "yes merge" has the shape of an answer (a word, then five letters) but names no
+    // request waiting here: it is the agent's message, as any other. Before, it was kept as
+    // an answer that changed nothing, and reached nobody.
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "yes merge");
+    assert_eq!(nth(&plugin, 1).await.content, "yes merge");
     assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Pending);
 
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "YES abcde");
     let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
     assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "second marker");
-    assert_eq!(nth(&plugin, 2).await.content, "second marker");
-    assert_eq!(plugin.notifications().len(), 2, "neither answer reached the agent as a message");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    // Delivered in order: had the answer been work for the agent, it came before this.
+    assert_eq!(nth(&plugin, 2).await.content, "marker");
+    assert_eq!(plugin.notifications().len(), 2, "the answer did not reach the agent as a message");
     assert_eq!(request(&daemon, "abcde").await.unwrap().answered_by, Some(OWNER_ID));
 }
 

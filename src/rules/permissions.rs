@@ -258,7 +258,7 @@ pub fn prompt_text(facts: &PromptFacts<'_>) -> String {
         "{}\n{}\n<pre>{}</pre>\nOr reply <code>yes {id}</code> / <code>no {id}</code>.",
         heading(facts),
         escape_html(&cut(facts.description, SHORT_DESCRIPTION_CHARS)),
-        escape_html(facts.input_preview),
+        escape_html(&cut(facts.input_preview, FULL_FIELD_CHARS)),
         id = escape_html(facts.request_id),
     )
 }
@@ -289,7 +289,7 @@ pub fn final_prompt_text(facts: &PromptFacts<'_>, end: PromptEnd<'_>) -> String 
         "{}\n{}\n<pre>{}</pre>\n{outcome}",
         heading(facts),
         escape_html(&cut(facts.description, SHORT_DESCRIPTION_CHARS)),
-        escape_html(facts.input_preview),
+        escape_html(&cut(facts.input_preview, FULL_FIELD_CHARS)),
     )
 }
 
@@ -549,6 +549,22 @@ mod tests {
         let facts = PromptFacts { description: &long, ..prompt() };
         assert!(prompt_text(&facts).contains('…'));
         assert!(full_prompt_text(&facts).contains(&long));
+    }
+
+    /// Claude Code cuts a preview at 200 characters, but the daemon keeps up to 8192: a
+    /// longer one made the prompt longer than a Telegram message, refused, and the request
+    /// expired at once.
+    #[test]
+    fn every_prompt_fits_one_telegram_message_whatever_the_preview() {
+        let long = "<".repeat(8_192);
+        let facts = PromptFacts { input_preview: &long, description: &long, ..prompt() };
+        for text in
+            [prompt_text(&facts), full_prompt_text(&facts), final_prompt_text(&facts, PromptEnd::Expired)]
+        {
+            // Telegram counts what is shown: each escaped `&lt;` is one character.
+            let shown = text.replace("&lt;", "<").chars().count();
+            assert!(shown < 4_096, "{shown} characters");
+        }
     }
 
     #[test]

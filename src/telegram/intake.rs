@@ -91,6 +91,31 @@ impl UpdateIntake {
         self.bot_id
     }
 
+    /// A message shaped as a text answer (`yes abcde`) is one only while a request with that
+    /// id waits for an answer in its chat. Any other, "yes merge" or "no abort" in an
+    /// approvers' chat that is also an agent's conversation, is routed as the message it is:
+    /// taken for an answer, it reached nobody. A ledger that cannot tell keeps it an answer
+    /// (the batch then likely fails to commit anyway, and is taken again).
+    async fn route_answers_to_nothing(
+        &self,
+        batch: &mut [RoutedEnvelope],
+        routing: &Routing,
+        bot: &BotIdentity,
+    ) {
+        for row in batch.iter_mut() {
+            let Some(answer) = text_answer(row) else { continue };
+            match self.ledger.pending_permissions_named(&answer.request_id, answer.chat_id).await {
+                Ok(named) if named.is_empty() => {
+                    *row = route(row.envelope.clone(), row.update_digest.clone(), routing, bot);
+                }
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "could not tell whether a text answer names a waiting permission request: taken as an answer");
+                }
+            }
+        }
+    }
+
     /// Decodes, routes and commits `updates` as one batch, confirmed by `confirmation`;
     /// then hands over, rings the bells and carries out what the batch asks for. A ledger
     /// error means nothing of the batch was recorded (and no offset moved).
@@ -105,7 +130,9 @@ impl UpdateIntake {
             updates.iter().filter_map(|raw| permissions::callback_press(&raw.text)).collect();
         let routing = Arc::clone(&self.routing.borrow());
         let bot = Arc::new(BotIdentity { id: self.bot_id, username: self.bridge.bot_username() });
-        let ReadBatch { envelopes: mut batch, reactions } = read_batch(updates, routing, bot).await;
+        let ReadBatch { envelopes: mut batch, reactions } =
+            read_batch(updates, Arc::clone(&routing), Arc::clone(&bot)).await;
+        self.route_answers_to_nothing(&mut batch, &routing, &bot).await;
         address_albums(&mut batch);
         // Agents with a live session get their envelopes handed over by this commit (see
         // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
