@@ -593,3 +593,48 @@ async fn a_reply_with_files_asked_again_is_told_what_the_first_came_to() {
     assert_eq!(client.reply(&request).await.expect("the ledger tells it once it is over"), first);
     assert_eq!((fake.sent_messages().len(), fake.uploads().len()), (1, 1), "sent once");
 }
+
+/// A file still being written when the plugin checked it (a log, a render finishing) goes
+/// whole, as read to its end when it is sent: the receipt and the chat get every byte,
+/// not the length the check saw.
+#[tokio::test]
+async fn a_file_that_grew_after_its_check_goes_whole() {
+    use switchboard::agents::api::wire::ReplyRequest;
+    let RawOwnerWaiting { fake, daemon, client, stream: _stream, envelope } =
+        raw_owner_waiting("the log, please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (log, log_sha) = file_in(files.path(), "build.log", 50_000, 7);
+
+    // The check saw 30 000 bytes; 20 000 more were written before the upload.
+    let upload = client.upload_file(Path::new(&log), "build.log", 30_000).await.unwrap();
+    assert_eq!((upload.size, upload.sha256.as_str()), (50_000, log_sha.as_str()), "staged whole");
+    let request = ReplyRequest {
+        files: vec![upload.upload_id.clone()],
+        ..ReplyRequest::new("here", Some(envelope.trace_id.clone()))
+    };
+    client.reply(&request).await.expect("the reply was sent");
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 1);
+    assert_eq!((uploads[0].len, uploads[0].sha256.as_str()), (50_000, log_sha.as_str()), "sent whole");
+    assert!(staged_files(&daemon).is_empty());
+}
+
+/// A file that grew past Telegram's 50 MB after its check is refused while the daemon
+/// stages it, as one known too large is before: nothing stays staged, nothing is sent.
+#[tokio::test]
+async fn a_file_that_grew_past_50_mb_after_its_check_is_refused_and_nothing_stays() {
+    use switchboard::agents::api::wire::ErrorCode;
+    let RawOwnerWaiting { fake, daemon, client, stream: _stream, envelope: _ } =
+        raw_owner_waiting("the dump, please").await;
+    let files = tempfile::tempdir().unwrap();
+    let dump = files.path().join("dump.bin");
+    // Sparse: 51 MB on paper, nothing on disk or in memory.
+    std::fs::File::create(&dump).unwrap().set_len(51 * 1024 * 1024).unwrap();
+
+    // The check saw 100 bytes.
+    let refused = client.upload_file(&dump, "dump.bin", 100).await.expect_err("refused");
+    assert_eq!(refused.code(), Some(ErrorCode::FileTooLarge), "{refused}");
+    assert!(refused.to_string().contains("50 MB"), "the refusal names the limit: {refused}");
+    assert!(staged_files(&daemon).is_empty(), "nothing was staged");
+    assert!(fake.uploads().is_empty() && fake.sent_messages().is_empty(), "nothing was sent");
+}

@@ -18,10 +18,10 @@ use tokio_util::io::StreamReader;
 
 use super::wire::{
     API_PREFIX, ATTACHMENT_KIND_HEADER, AckReceipt, AckRequest, ApiError, AttachmentQuery, EditRequest,
-    ErrorCode, FILE_NAME_HEADER, HandoffReceipt, HandoffRequest, MAX_SHOWN_IN_HEADER, MISSED_HEARTBEATS,
-    MessageActionReceipt, PLUGIN_HEADER, PendingList, PermissionReceipt, PermissionRequest, ReactRequest,
-    ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent,
-    ShownReceipt, ShownRequest, UploadReceipt,
+    ErrorCode, FILE_NAME_HEADER, FILE_SIZE_HEADER, HandoffReceipt, HandoffRequest, MAX_SHOWN_IN_HEADER,
+    MISSED_HEARTBEATS, MessageActionReceipt, PLUGIN_HEADER, PendingList, PermissionReceipt,
+    PermissionRequest, ReactRequest, ReplyReceipt, ReplyRequest, RevisionReceipt, RevisionRequest,
+    SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownReceipt, ShownRequest, UploadReceipt,
 };
 use crate::config::{ApiSettings, ClientIdentity, DaemonUrl};
 use crate::ids::{AgentName, Secret};
@@ -386,12 +386,14 @@ impl DaemonClient {
     }
 
     /// Streams a file to the daemon, which stages it for a reply (`POST uploads`); the file
-    /// is read as it is sent, never held whole.
+    /// is read as it is sent, never held whole, to its end: `checked_len` (the size its
+    /// check saw) only lets the daemon refuse a file too large before any byte, and one
+    /// that changed since goes as it is now.
     pub async fn upload_file(
         &self,
         path: &std::path::Path,
         name: &str,
-        len: u64,
+        checked_len: u64,
     ) -> Result<UploadReceipt, ClientError> {
         let file = tokio::fs::File::open(path).await.map_err(|e| ClientError::Unreachable {
             address: self.address(),
@@ -404,7 +406,7 @@ impl DaemonClient {
             self.http
                 .post(url)
                 .header(FILE_NAME_HEADER, encoded)
-                .header(reqwest::header::CONTENT_LENGTH, len)
+                .header(FILE_SIZE_HEADER, checked_len)
                 .body(body)
                 .timeout(UPLOAD_TIMEOUT)
         })

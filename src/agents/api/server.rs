@@ -20,8 +20,8 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use super::present;
 use super::wire::{
     ATTACHMENT_KIND_HEADER, AckRequest, ApiError, AttachmentQuery, ErrorCode, FILE_NAME_HEADER,
-    HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER, PermissionRequest, ReplyRequest,
-    RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
+    FILE_SIZE_HEADER, HandoffRequest, MAX_LISTED, MAX_SHOWN_IN_HEADER, PLUGIN_HEADER, PermissionRequest,
+    ReplyRequest, RevisionRequest, SESSION_HEADER, SHOWN_HEADER, SessionEvent, ShownRequest,
 };
 use crate::agents::bridge::ResolveError;
 use crate::agents::bridge::{AttachmentError, Bridge, SessionConflict, ToolError, Unauthorized, UploadError};
@@ -535,12 +535,21 @@ async fn upload(
         .and_then(|v| v.to_str().ok())
         .map(|encoded| percent_encoding::percent_decode_str(encoded).decode_utf8_lossy().into_owned())
         .ok_or_else(|| bad_request(format!("an upload names its file in the {FILE_NAME_HEADER} header")))?;
-    let announced = headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+    // The size the plugin's check saw (a plugin from before the header sent it as the
+    // length): only for the early refusal and the staging budget. What is staged is the
+    // body as it arrives, bounded by Telegram's limit as it is written.
+    let announced =
+        size_in(&headers, FILE_SIZE_HEADER).or_else(|| size_in(&headers, header::CONTENT_LENGTH.as_str()));
     let receipt = bridge
         .stage_upload(&caller.agent, caller.token(), &name, announced, body.into_data_stream())
         .await
         .map_err(Failure::from)?;
     Ok(Json(receipt).into_response())
+}
+
+/// A size a header holds, when it holds one.
+fn size_in(headers: &header::HeaderMap, name: &str) -> Option<u64> {
+    headers.get(name).and_then(|value| value.to_str().ok()?.parse().ok())
 }
 
 #[cfg(test)]

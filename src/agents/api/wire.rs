@@ -640,6 +640,13 @@ pub struct AttachmentQuery {
 /// an upload's file name), percent-encoded UTF-8.
 pub const FILE_NAME_HEADER: &str = "x-switchboard-file-name";
 
+/// The header that carries an upload's size as the plugin's check saw it, for the daemon's
+/// early refusal of a file over Telegram's limit and its staging budget. Not
+/// `content-length`: a file that grew since its check would be cut to that length on the
+/// way. The body goes chunked, the whole file as read to its end, and what is staged (and
+/// told in the receipt) is what arrived.
+pub const FILE_SIZE_HEADER: &str = "x-switchboard-file-size";
+
 /// The header that names a downloaded attachment's kind (`photo`, `document`, …).
 pub const ATTACHMENT_KIND_HEADER: &str = "x-switchboard-attachment-kind";
 

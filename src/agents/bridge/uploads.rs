@@ -135,7 +135,9 @@ impl Staging {
     }
 
     /// Streams a file into the folder, hashing it as it comes; refused past Telegram's
-    /// upload limit or the folder's cap, and then nothing stays.
+    /// upload limit or the folder's cap, and then nothing stays. `announced` is the size
+    /// the plugin's check saw: it refuses a file known too large before any byte and counts
+    /// against the cap, but what is staged is the body, whatever its length turns out.
     async fn stage<E: std::fmt::Display>(
         &self,
         agent: &AgentName,

@@ -13,6 +13,7 @@ pub struct OutgoingFile {
     pub path: PathBuf,
     /// Its name, as Telegram will show it.
     pub name: String,
+    /// Its size when checked. The file goes as it is when sent, whatever it holds by then.
     pub len: u64,
 }
 
