@@ -393,6 +393,36 @@ async fn an_upload_telegram_never_answers_is_unknown_once_its_bytes_are_sent_and
     assert!(staged_files(&daemon).is_empty());
 }
 
+/// Telegram stores a large file before it answers its upload: the answer is awaited a
+/// second longer per MiB than `send_timeout_secs` (2 s in the tests), so a 4 MiB video
+/// answered 4 s after its last byte is delivered, not left unknown.
+#[tokio::test]
+async fn a_large_upload_answered_later_than_the_send_timeout_is_delivered() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::{AttemptMethod, AttemptState, EnvelopeState};
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("the recording please").await;
+    let files = tempfile::tempdir().unwrap();
+    let (clip, clip_sha) = file_in(files.path(), "recording.mp4", 3 * 1024 * 1024 + 1000, 8);
+    fake.fail_method("sendVideo", Fault::RecordThenHang(Duration::from_secs(4)));
+
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"text": "the recording", "trace_id": trace, "files": [clip]}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let uploads = fake.uploads();
+    assert_eq!(uploads.len(), 1, "asked once");
+    assert_eq!((uploads[0].method.as_str(), uploads[0].sha256.as_str()), ("sendvideo", clip_sha.as_str()));
+    assert!(message_ids_in(&text).contains(&uploads[0].message_id), "the answer names the video: {text}");
+    let attempts = attempts_of(&daemon, &trace).await;
+    let seen: Vec<_> = attempts.iter().map(|a| (a.method, a.outcome)).collect();
+    assert_eq!(
+        seen,
+        [(AttemptMethod::SendMessage, AttemptState::Sent), (AttemptMethod::SendVideo, AttemptState::Sent)]
+    );
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+}
+
 /// Telegram refuses some files as the kind their name makes them (a photo too long or too
 /// narrow, a voice note to someone who forbids them) with a 400, a confirmed "not sent":
 /// the same staged file goes once more as a document, a new attempt, threaded the same,

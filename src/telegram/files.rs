@@ -18,6 +18,21 @@ const IDLE_TRANSFER_TIMEOUT: Duration = Duration::from_secs(60);
 /// client has no idle timeout: while the bytes go out, nothing comes back to read.)
 const MAX_UPLOAD_TIME: Duration = Duration::from_secs(15 * 60);
 
+/// Telegram stores a file (and makes a video's preview) before it answers its upload, so a
+/// larger file is answered later: its answer is awaited this much longer per started MiB.
+const ANSWER_TIME_PER_MIB: Duration = Duration::from_secs(1);
+
+const MIB: u64 = 1024 * 1024;
+
+/// How long Telegram's answer to an upload of `len` bytes is awaited once its last byte has
+/// gone: `call` (`telegram.send_timeout_secs`) and [`ANSWER_TIME_PER_MIB`] per started MiB,
+/// within [`MAX_UPLOAD_TIME`], which bounds the whole request anyway. A silence longer than
+/// that leaves the upload's outcome unknown.
+pub fn upload_answer_timeout(call: Duration, len: u64) -> Duration {
+    let started_mib = u32::try_from(len.div_ceil(MIB)).unwrap_or(u32::MAX);
+    call.saturating_add(ANSWER_TIME_PER_MIB.saturating_mul(started_mib)).min(MAX_UPLOAD_TIME)
+}
+
 /// What `getFile` said about a file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct FileInfo {
@@ -46,8 +61,8 @@ pub struct TelegramFiles {
     methods: reqwest::Url,
     /// `{api_url}/file/bot{token}/`.
     files: reqwest::Url,
-    /// How long `getFile` may take, and how long an upload may wait for its answer once
-    /// its bytes are sent (`telegram.send_timeout_secs`).
+    /// How long `getFile` may take, and the least an upload waits for its answer once its
+    /// bytes are sent (`telegram.send_timeout_secs`; see [`upload_answer_timeout`]).
     call_timeout: Duration,
 }
 
@@ -115,8 +130,10 @@ impl TelegramFiles {
             Ok(url) => url,
             Err(e) => return Exchange::NotConnected(format!("bad method name {method}: {e}")),
         };
-        // Telegram's answer is awaited for `call_timeout` once the last byte has gone:
-        // however long the bytes take, a silence longer than that leaves the outcome unknown.
+        // Telegram's answer is awaited for `upload_answer_timeout` once the last byte has
+        // gone: however long the bytes take, a silence longer than that leaves the outcome
+        // unknown.
+        let answer_timeout = upload_answer_timeout(self.call_timeout, len);
         let (sent_all, all_sent) = tokio::sync::oneshot::channel::<()>();
         let mut sent_all = Some(sent_all);
         let end_of_file = futures::stream::poll_fn(move |_| {
@@ -147,13 +164,15 @@ impl TelegramFiles {
         };
         let silence = async {
             let _ = all_sent.await;
-            tokio::time::sleep(self.call_timeout).await;
+            tokio::time::sleep(answer_timeout).await;
         };
         tokio::select! {
             exchange = exchange => exchange,
-            () = silence => Exchange::NoAnswer(
-                "Telegram did not answer the upload within telegram.send_timeout_secs of its last byte".into(),
-            ),
+            () = silence => Exchange::NoAnswer(format!(
+                "Telegram did not answer the upload within {}s of its last byte \
+                 (telegram.send_timeout_secs and a second per MiB)",
+                answer_timeout.as_secs()
+            )),
         }
     }
 }
@@ -176,6 +195,19 @@ fn upload_failure(error: reqwest::Error) -> Exchange {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_larger_upload_waits_longer_for_its_answer_within_the_upload_cap() {
+        let call = Duration::from_secs(15);
+        assert_eq!(upload_answer_timeout(call, 0), call);
+        assert_eq!(upload_answer_timeout(call, 1), call + Duration::from_secs(1), "a started MiB counts");
+        assert_eq!(upload_answer_timeout(call, MIB), call + Duration::from_secs(1));
+        assert_eq!(upload_answer_timeout(call, MIB + 1), call + Duration::from_secs(2));
+        let largest = crate::rules::media::TELEGRAM_UPLOAD_LIMIT;
+        assert_eq!(upload_answer_timeout(call, largest), call + Duration::from_secs(50), "50 MB: 50 s more");
+        assert_eq!(upload_answer_timeout(Duration::from_secs(3600), largest), MAX_UPLOAD_TIME);
+        assert_eq!(upload_answer_timeout(call, u64::MAX), MAX_UPLOAD_TIME);
+    }
 
     #[test]
     fn file_urls_hold_the_token_and_keep_a_path_prefix() {
