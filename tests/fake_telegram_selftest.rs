@@ -624,3 +624,18 @@ async fn reactions_are_served_only_to_a_client_that_asks_for_them_and_the_list_i
     let (status, _) = call(&fake, "getUpdates", json!({ "allowed_updates": "not a list" })).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
 }
+
+/// As Telegram: `getFile` names a file up to 20 MiB and refuses a bigger one with a 400.
+#[tokio::test]
+async fn get_file_refuses_a_file_over_20_mib_as_too_big() {
+    let fake = FakeTelegram::start().await;
+    fake.add_file_claiming("at-limit", vec![0u8; 10], 20 * 1024 * 1024);
+    fake.add_file_claiming("over", vec![0u8; 10], 20 * 1024 * 1024 + 1);
+    let (status, body) = call(&fake, "getFile", json!({"file_id": "at-limit"})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert!(body["result"]["file_path"].is_string(), "{body}");
+    let (status, body) = call(&fake, "getFile", json!({"file_id": "over"})).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!((body["ok"].as_bool(), body["error_code"].as_u64()), (Some(false), Some(400)));
+    assert_eq!(body["description"], "Bad Request: file is too big");
+}

@@ -25,6 +25,11 @@ use super::{ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec};
 const UPLOAD_METHODS: [&str; 6] =
     ["sendphoto", "senddocument", "sendvideo", "sendanimation", "sendvoice", "sendaudio"];
 
+/// Telegram's `getFile` serves files up to 20 MiB; for a bigger one it answers 400 "Bad
+/// Request: file is too big". The fake's own, not the daemon's constant, so the two are
+/// checked against each other.
+const GET_FILE_LIMIT: u64 = 20 * 1024 * 1024;
+
 /// A file the fake serves.
 #[derive(Debug, Clone)]
 pub(super) struct FakeFile {
@@ -98,6 +103,24 @@ impl FakeTelegram {
         self.push_message("message", chat.borrow(), Some(from.borrow()), None, content)
     }
 
+    /// Queues a document message carrying `file_id` without its size, as Telegram sends
+    /// some (the daemon learns it only from `getFile`, if at all); returns its update id.
+    pub fn push_document_file_without_size(
+        &self,
+        chat: impl Borrow<ChatSpec>,
+        from: impl Borrow<UserSpec>,
+        file_id: &str,
+        file_name: &str,
+    ) -> i64 {
+        let content = json!({
+            "document": {
+                "file_id": file_id, "file_unique_id": format!("u-{file_id}"),
+                "file_name": file_name, "mime_type": "application/octet-stream",
+            },
+        });
+        self.push_message("message", chat.borrow(), Some(from.borrow()), None, content)
+    }
+
     /// Queues a photo message whose largest size is `file_id`; returns its update id.
     pub fn push_photo_file(
         &self,
@@ -144,13 +167,17 @@ impl FakeTelegram {
     }
 }
 
-/// `getFile`: the file's path and size, or Telegram's 400 for an unknown id.
+/// `getFile`: the file's path and size, or Telegram's 400 for an unknown id or a file over
+/// [`GET_FILE_LIMIT`].
 pub(super) fn get_file(shared: &Shared, params: &Map<String, Value>) -> Response {
     let Some(file_id) = params.get("file_id").and_then(Value::as_str) else {
         return api_error(StatusCode::BAD_REQUEST, "Bad Request: file_id is empty", None);
     };
     let state = shared.lock();
     match state.files.files.get(file_id) {
+        Some(file) if file.reported_size > GET_FILE_LIMIT => {
+            api_error(StatusCode::BAD_REQUEST, "Bad Request: file is too big", None)
+        }
         Some(file) => ok(json!({
             "file_id": file_id,
             "file_unique_id": format!("u-{file_id}"),
