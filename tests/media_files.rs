@@ -167,6 +167,29 @@ async fn a_file_over_telegrams_20_mb_is_refused_before_any_download() {
     assert!(dir_is_empty(&inbox_of(state_home.path(), "orchestrator")));
 }
 
+/// Telegram does not always say a document's size. One over 20 MB is then refused by
+/// `getFile` itself: the agent hears the same refusal as for a size it knew (ask for a
+/// smaller file or a link), not "try again later", which would never succeed.
+#[tokio::test]
+async fn a_file_over_20_mb_whose_size_telegram_did_not_say_is_refused_as_too_large() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    fake.add_file_claiming("huge-unsized", pattern(10, 1), 25 * 1024 * 1024);
+    fake.push_document_file_without_size(ChatSpec::private(OWNER_CHAT), owner(), "huge-unsized", "huge.mkv");
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    assert!(pushed[0].meta_str("attachment_size").is_none(), "the size was not said");
+    let (is_error, text) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("file_too_large"), "{text}");
+    assert!(text.contains("20 MB") && text.contains("link"), "names the limit and what to ask for: {text}");
+    assert!(!text.contains("try again"), "a retry would never fetch it: {text}");
+    assert_eq!(fake.requests_for("getFile").len(), 1, "Telegram was asked");
+    assert!(fake.file_downloads().is_empty(), "nothing was downloaded");
+    assert!(dir_is_empty(&inbox_of(state_home.path(), "orchestrator")));
+}
+
 #[tokio::test]
 async fn an_unsafe_file_name_lands_inside_the_inbox() {
     let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;

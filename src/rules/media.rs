@@ -32,14 +32,25 @@ pub enum DownloadRefusal {
     NoAttachment,
     #[error("the file_id {file_id} is not an attachment of this envelope (its attachments: {known})")]
     NotOfThisEnvelope { file_id: String, known: String },
+    /// Over [`TELEGRAM_DOWNLOAD_LIMIT`]: by the size Telegram gave, or (`size: None`) by
+    /// Telegram's own refusal of a file whose size the message did not say.
     #[error(
-        "the file is {size} bytes; Telegram's Bot API serves files of at most {limit} bytes (20 MB), so it cannot \
+        "the file is {}; Telegram's Bot API serves files of at most {limit} bytes (20 MB), so it cannot \
          be downloaded: ask the sender for a smaller file or a link",
+        size_words(*.size),
         limit = TELEGRAM_DOWNLOAD_LIMIT
     )]
-    TooLarge { size: u64 },
+    TooLarge { size: Option<u64> },
     #[error("the file is {size} bytes, above the {limit} bytes this download allows")]
     AboveAsked { size: u64, limit: u64 },
+}
+
+/// A file's size as a refusal says it.
+fn size_words(size: Option<u64>) -> String {
+    match size {
+        Some(size) => format!("{size} bytes"),
+        None => "too large, Telegram says (the message did not say its size)".to_owned(),
+    }
 }
 
 /// The attachment a download names: the one with `file_id`, or the first that has a file.
@@ -64,7 +75,7 @@ pub fn pick_attachment<'a>(
 pub fn check_download_size(size: Option<u64>, max_bytes: Option<u64>) -> Result<(), DownloadRefusal> {
     let Some(size) = size else { return Ok(()) };
     if size > TELEGRAM_DOWNLOAD_LIMIT {
-        return Err(DownloadRefusal::TooLarge { size });
+        return Err(DownloadRefusal::TooLarge { size: Some(size) });
     }
     match max_bytes {
         Some(limit) if size > limit => Err(DownloadRefusal::AboveAsked { size, limit }),
@@ -206,8 +217,10 @@ mod tests {
         assert_eq!(check_download_size(None, None), Ok(()));
         assert_eq!(check_download_size(Some(TELEGRAM_DOWNLOAD_LIMIT), None), Ok(()));
         let over = check_download_size(Some(TELEGRAM_DOWNLOAD_LIMIT + 1), None).unwrap_err();
-        assert_eq!(over, DownloadRefusal::TooLarge { size: TELEGRAM_DOWNLOAD_LIMIT + 1 });
+        assert_eq!(over, DownloadRefusal::TooLarge { size: Some(TELEGRAM_DOWNLOAD_LIMIT + 1) });
         assert!(over.to_string().contains("20 MB"), "{over}");
+        let unsized_refusal = DownloadRefusal::TooLarge { size: None }.to_string();
+        assert!(unsized_refusal.contains("20 MB") && unsized_refusal.contains("a link"), "{unsized_refusal}");
         assert_eq!(
             check_download_size(Some(11), Some(10)),
             Err(DownloadRefusal::AboveAsked { size: 11, limit: 10 })

@@ -46,6 +46,10 @@ pub struct FileInfo {
 pub enum FetchError {
     #[error("Telegram refused getFile: {0}")]
     Refused(String),
+    /// The file is over what the Bot API serves (20 MB): Telegram says so when asked for
+    /// one whose size the message did not carry.
+    #[error("Telegram will not serve the file: it is too big for the Bot API")]
+    TooBig,
     #[error("Telegram could not be reached for the file: {0}")]
     Transport(String),
 }
@@ -91,12 +95,13 @@ impl TelegramFiles {
         let url = self.methods.join("getFile").map_err(|e| FetchError::Transport(e.to_string()))?;
         let request = self.client.post(url).json(&serde_json::json!({ "file_id": file_id }));
         let response = request.timeout(self.call_timeout).send().await.map_err(transport)?;
+        let status = response.status().as_u16();
         let body = response.bytes().await.map_err(transport)?;
         let answer: Answer<FileInfo> = serde_json::from_slice(&body)
             .map_err(|e| FetchError::Transport(format!("getFile answered something unreadable: {e}")))?;
         match answer.result {
             Some(info) if answer.ok => Ok(info),
-            _ => Err(FetchError::Refused(answer.description.unwrap_or_else(|| "no description".into()))),
+            _ => Err(get_file_refusal(answer.error_code.unwrap_or(status), answer.description)),
         }
     }
 
@@ -177,6 +182,17 @@ impl TelegramFiles {
     }
 }
 
+/// What Telegram's refusal of `getFile` means: a file too big for the Bot API (a 400
+/// "Bad Request: file is too big"), which no retry will fetch, or any other refusal.
+fn get_file_refusal(error_code: u16, description: Option<String>) -> FetchError {
+    let description = description.unwrap_or_else(|| "no description".into());
+    if error_code == 400 && description.to_ascii_lowercase().contains("file is too big") {
+        FetchError::TooBig
+    } else {
+        FetchError::Refused(description)
+    }
+}
+
 fn transport(error: reqwest::Error) -> FetchError {
     FetchError::Transport(root_cause(&error.without_url()))
 }
@@ -207,6 +223,19 @@ mod tests {
         assert_eq!(upload_answer_timeout(call, largest), call + Duration::from_secs(50), "50 MB: 50 s more");
         assert_eq!(upload_answer_timeout(Duration::from_secs(3600), largest), MAX_UPLOAD_TIME);
         assert_eq!(upload_answer_timeout(call, u64::MAX), MAX_UPLOAD_TIME);
+    }
+
+    #[test]
+    fn only_telegrams_too_big_refusal_of_get_file_is_told_apart() {
+        let description = |text: &str| Some(text.to_owned());
+        assert_eq!(get_file_refusal(400, description("Bad Request: file is too big")), FetchError::TooBig);
+        assert_eq!(get_file_refusal(400, description("Bad Request: File is Too Big")), FetchError::TooBig);
+        assert_eq!(
+            get_file_refusal(400, description("Bad Request: invalid file_id")),
+            FetchError::Refused("Bad Request: invalid file_id".into())
+        );
+        assert!(matches!(get_file_refusal(500, description("file is too big")), FetchError::Refused(_)));
+        assert_eq!(get_file_refusal(400, None), FetchError::Refused("no description".into()));
     }
 
     #[test]

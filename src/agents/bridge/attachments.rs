@@ -75,7 +75,11 @@ impl Bridge {
         let chosen = media::pick_attachment(&attachments, file_id).map_err(AttachmentError::Refused)?;
         media::check_download_size(chosen.size, max_bytes).map_err(AttachmentError::Refused)?;
         let files = self.files()?;
-        let info = files.get_file(&chosen.file_id).await.map_err(AttachmentError::Unavailable)?;
+        let info = files.get_file(&chosen.file_id).await.map_err(|error| match error {
+            // Not there yet, never: the same refusal as a file Telegram said the size of.
+            FetchError::TooBig => AttachmentError::Refused(DownloadRefusal::TooLarge { size: None }),
+            other => AttachmentError::Unavailable(other),
+        })?;
         media::check_download_size(info.file_size, max_bytes).map_err(AttachmentError::Refused)?;
         let path = info.file_path.ok_or_else(|| {
             AttachmentError::Unavailable(FetchError::Refused("getFile named no file_path".into()))
