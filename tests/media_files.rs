@@ -249,6 +249,27 @@ async fn a_photo_that_cannot_be_fetched_is_pushed_anyway_without_an_image_path()
     );
 }
 
+/// A photo whose download is stuck holds the session for its own short wait only: a text
+/// that comes while it is stuck reaches the agent within seconds, right after the photo
+/// (pushed without `image_path`), not once a long download gives up.
+#[tokio::test]
+async fn a_photo_stuck_downloading_holds_back_the_next_message_for_seconds_only() {
+    let Waiting { fake, daemon: _daemon, orchestrator, .. } = orchestrator_with_inbox().await;
+    fake.add_file("photo-stuck", pattern(300_000, 9));
+    fake.stall_file_downloads(Duration::from_secs(40));
+    fake.push_photo_file(ChatSpec::private(OWNER_CHAT), owner(), "photo-stuck", 300_000);
+    eventually(WAIT, "the photo's download started", || !fake.file_downloads().is_empty()).await;
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "did you see the photo?");
+
+    let pushed = orchestrator
+        .wait_for_notifications(2, Duration::from_secs(12))
+        .await
+        .expect("the photo and the text reach the agent within seconds");
+    assert_eq!(pushed[0].meta_str("attachment_kind"), Some("photo"), "in the order they came");
+    assert!(pushed[0].meta_str("image_path").is_none(), "the stuck photo was given up on");
+    assert_eq!(pushed[1].content, "did you see the photo?");
+}
+
 // ---- the files of a reply ----
 
 /// A file of `len` patterned bytes named `name` in `dir`, with its digest.

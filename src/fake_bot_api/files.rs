@@ -49,6 +49,9 @@ pub(super) struct FilesState {
     uploads: Vec<Upload>,
     /// Message ids of uploads whose answer is held back ([`Fault::RecordThenHang`]).
     held_uploads: Vec<i32>,
+    /// How long each download waits before its answer starts
+    /// ([`FakeTelegram::stall_file_downloads`]).
+    download_stall: Option<Duration>,
 }
 
 /// A file upload the fake accepted, as Telegram would have posted it.
@@ -140,6 +143,12 @@ impl FakeTelegram {
         self.push_message("message", chat.borrow(), Some(from.borrow()), None, content)
     }
 
+    /// Makes every file download from now on wait `how_long` before its answer starts (a
+    /// slow or stuck file server); cut short when the fake stops.
+    pub fn stall_file_downloads(&self, how_long: Duration) {
+        self.shared.lock().files.download_stall = Some(how_long);
+    }
+
     /// The paths of every file downloaded, in order.
     pub fn file_downloads(&self) -> Vec<String> {
         self.shared.lock().files.downloads.clone()
@@ -189,7 +198,7 @@ pub(super) fn get_file(shared: &Shared, params: &Map<String, Value>) -> Response
 }
 
 /// `GET /file/bot<token>/<file_path>` (`rest` is what follows `/file/bot`).
-pub(super) fn download(shared: &Shared, rest: &str) -> Response {
+pub(super) async fn download(shared: &Shared, rest: &str) -> Response {
     let Some((token, path)) = rest.split_once('/') else {
         return (StatusCode::NOT_FOUND, "Not Found").into_response();
     };
@@ -197,12 +206,16 @@ pub(super) fn download(shared: &Shared, rest: &str) -> Response {
         shared.lock().unauthorized_requests += 1;
         return (StatusCode::UNAUTHORIZED, "Unauthorized").into_response();
     }
-    let bytes = {
+    let (bytes, stall) = {
         let mut state = shared.lock();
         state.files.downloads.push(path.to_owned());
-        state.files.files.values().find(|file| file.path == path).map(|file| file.bytes.clone())
+        let bytes = state.files.files.values().find(|file| file.path == path).map(|file| file.bytes.clone());
+        (bytes, state.files.download_stall)
     };
     shared.changed.notify_waiters();
+    if let Some(stall) = stall {
+        shared.hang(stall).await;
+    }
     match bytes {
         Some(bytes) => {
             ([(header::CONTENT_TYPE, "application/octet-stream")], Body::from(bytes)).into_response()

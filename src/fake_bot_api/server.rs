@@ -31,7 +31,7 @@ const MAX_PLAIN_BODY_BYTES: usize = 2 * 1024 * 1024;
 /// uploads go to `files`; the rest to [`handle_request`].
 pub(super) async fn route_request(AxumState(shared): AxumState<Arc<Shared>>, request: Request) -> Response {
     if let Some(rest) = request.uri().path().strip_prefix("/file/bot") {
-        return super::files::download(&shared, rest);
+        return super::files::download(&shared, rest).await;
     }
     let content_type = request.headers().get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok());
     if let Some((token, method)) = split_path(request.uri().path()) {

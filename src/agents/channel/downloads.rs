@@ -10,9 +10,13 @@ use crate::agents::api::wire::{AttachmentQuery, DeliveredEnvelope};
 
 use super::inbox::{Inbox, InboxError};
 
-/// An envelope waits at most this long for its photo: the download is given up after it
-/// and the envelope pushed without `image_path`.
-pub const EAGER_DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(30);
+/// An envelope waits at most this long after its arrival for its photo; then the download
+/// is given up and the envelope pushed without `image_path` (`download_attachment` fetches
+/// the photo later). What the stream brought after the envelope waits behind it, to keep
+/// their order, so this is also the most a photo delays the next message: long enough for
+/// a photo Telegram serves promptly, short enough not to hold back what the person says
+/// next.
+pub const EAGER_DOWNLOAD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The meta key that names the file of an envelope's photo.
 pub const IMAGE_PATH_KEY: &str = "image_path";
@@ -63,21 +67,20 @@ pub fn eager_photo(extra: &BTreeMap<String, String>, max_bytes: u64) -> Option<S
     extra.get("attachment_file_id").cloned()
 }
 
-/// Fetches the envelope's photo into the inbox and names it in `meta.image_path`. Any
-/// failure (refused, too large, timed out) leaves the envelope as it was: it is pushed
-/// anyway, a little later at most.
+/// Fetches the envelope's photo into the inbox and names it in `meta.image_path`, giving
+/// up at `give_up_at`. Any failure (refused, too large, timed out) leaves the envelope as
+/// it was: it is pushed anyway, a little later at most.
 pub async fn attach_image_path(
     daemon: &DaemonClient,
     inbox: &Inbox,
     envelope: &mut DeliveredEnvelope,
     max_bytes: u64,
+    give_up_at: tokio::time::Instant,
 ) {
     let Some(file_id) = eager_photo(&envelope.extra, max_bytes) else { return };
     let query = AttachmentQuery { file_id: Some(file_id), max_bytes: Some(max_bytes) };
-    let fetched = tokio::time::timeout(
-        EAGER_DOWNLOAD_TIMEOUT,
-        download_into(daemon, inbox, &envelope.trace_id, &query),
-    );
+    let fetched =
+        tokio::time::timeout_at(give_up_at, download_into(daemon, inbox, &envelope.trace_id, &query));
     match fetched.await {
         Ok(Ok(saved)) => {
             envelope.extra.insert(IMAGE_PATH_KEY.to_owned(), saved.path.display().to_string());
@@ -86,7 +89,7 @@ pub async fn attach_image_path(
             tracing::warn!(trace_id = %envelope.trace_id, "the photo was not fetched ahead ({error}); pushing the message without image_path");
         }
         Err(_) => {
-            tracing::warn!(trace_id = %envelope.trace_id, "the photo took longer than {}s to fetch; pushing the message without image_path", EAGER_DOWNLOAD_TIMEOUT.as_secs());
+            tracing::warn!(trace_id = %envelope.trace_id, "the photo was not fetched within {}s of the message's arrival; pushing the message without image_path", EAGER_DOWNLOAD_TIMEOUT.as_secs());
         }
     }
 }

@@ -5,16 +5,20 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rmcp::model::ServerNotification;
+use futures::StreamExt;
+use futures::future::{self, BoxFuture};
+use futures::stream::FuturesOrdered;
+use rmcp::model::{CustomNotification, ServerNotification};
 use rmcp::{Peer, RoleServer};
 use tokio_util::sync::CancellationToken;
 
 use crate::agents::api::client::{ClientError, DaemonClient};
-use crate::agents::api::wire::{ErrorCode, SessionEvent};
+use crate::agents::api::wire::{DeliveredEnvelope, DeliveredNotice, ErrorCode, SessionEvent};
 use crate::backoff::Backoff;
 use crate::ids::AgentName;
 
 use super::calls::WaitingCalls;
+use super::downloads::{EAGER_DOWNLOAD_TIMEOUT, attach_image_path};
 use super::texts::{ToolNames, channel_notification, notice_notification};
 
 /// First wait before reopening the session stream after the daemon went away; it doubles
@@ -102,6 +106,11 @@ impl SessionForwarder {
     }
 
     /// One connection: open the stream, push envelopes until it ends.
+    ///
+    /// An envelope whose photo is being fetched waits in `queue`, and so does everything
+    /// the stream brought after it (order is kept), while the stream is read on: a slow
+    /// photo holds back what came after it for its own bounded wait only, never the
+    /// reading, and a permission verdict or a `call_agent`'s answer not at all.
     async fn stream_once(&self, reconnect: &mut Reconnect, reported: &mut Option<String>) -> SessionEnd {
         let mut session = match self.daemon.open_session().await {
             Ok(session) => session,
@@ -114,74 +123,118 @@ impl SessionForwarder {
         } else {
             tracing::info!(daemon = %self.daemon.address(), session_id = %session.session_id, "connected to the switchboard daemon");
         }
-        loop {
-            match session.next_event().await {
-                Ok(Some(SessionEvent::Envelope(envelope))) => {
-                    // An answer a `call_agent` waits for is its result, not a notification.
-                    let mut envelope = if envelope.kind == "handoff_answer" {
-                        match self.calls.deliver(envelope).await {
-                            Some(envelope) => envelope,
-                            None => continue,
+        let mut queue: FuturesOrdered<BoxFuture<'_, Push>> = FuturesOrdered::new();
+        let end = loop {
+            tokio::select! {
+                // What is ready goes in first; reading the stream resumes right after.
+                biased;
+                Some(ready) = queue.next() => {
+                    if self.push(ready).await.is_err() {
+                        return SessionEnd::AgentGone;
+                    }
+                }
+                event = session.next_event() => match event {
+                    Ok(Some(SessionEvent::Envelope(envelope))) => {
+                        if let Some(envelope) = self.not_a_calls_answer(envelope).await {
+                            queue.push_back(self.prepared(envelope));
                         }
-                    } else {
-                        // A change that retires handoffs ends the calls waiting on them.
-                        self.calls.retire(&envelope).await;
-                        envelope
-                    };
-                    // A photo is fetched first, within a bounded wait, so the model can look
-                    // at it at once (`meta.image_path`).
-                    super::downloads::attach_image_path(
-                        &self.daemon,
-                        &self.media.inbox,
-                        &mut envelope,
-                        self.media.eager_photo_max_bytes,
-                    )
-                    .await;
-                    // Noted before the push, so that every tool call the agent makes once
-                    // it has seen the envelope confirms it to the daemon (see
-                    // `DaemonClient::note_shown`).
-                    self.daemon.note_shown(&envelope.trace_id);
-                    self.shown.note(&envelope);
-                    let notification =
-                        ServerNotification::CustomNotification(channel_notification(&envelope, &self.tools));
-                    if self.peer.send_notification(notification).await.is_err() {
-                        return SessionEnd::AgentGone;
                     }
-                    tracing::debug!(trace_id = %envelope.trace_id, redelivered = envelope.redelivered, "envelope pushed into the agent session");
-                }
-                Ok(Some(SessionEvent::Notice(notice))) => {
-                    // About an envelope the session already has: nothing to confirm.
-                    let notification =
-                        ServerNotification::CustomNotification(notice_notification(&notice, &self.tools));
-                    if self.peer.send_notification(notification).await.is_err() {
-                        return SessionEnd::AgentGone;
+                    // About an envelope the session has, or has queued: it goes after it.
+                    Ok(Some(SessionEvent::Notice(notice))) => {
+                        queue.push_back(Box::pin(future::ready(Push::Notice(notice))));
                     }
-                    tracing::debug!(trace_id = %notice.trace_id, kind = %notice.kind, "notice pushed into the agent session");
-                }
-                Ok(Some(SessionEvent::PermissionVerdict(verdict))) => {
-                    let notification = ServerNotification::CustomNotification(
-                        super::permissions::verdict_notification(&verdict),
-                    );
-                    if self.peer.send_notification(notification).await.is_err() {
-                        return SessionEnd::AgentGone;
+                    // Claude Code waits on it to go on with a tool call: it goes at once.
+                    Ok(Some(SessionEvent::PermissionVerdict(verdict))) => {
+                        let notification = super::permissions::verdict_notification(&verdict);
+                        if self.notify(notification).await.is_err() {
+                            return SessionEnd::AgentGone;
+                        }
+                        tracing::info!(request_id = %verdict.request_id, behavior = %verdict.behavior, "permission verdict handed to the agent session");
                     }
-                    tracing::info!(request_id = %verdict.request_id, behavior = %verdict.behavior, "permission verdict handed to the agent session");
-                }
-                Ok(Some(SessionEvent::Heartbeat)) => {}
-                Ok(Some(SessionEvent::Hello { .. })) => {
-                    tracing::warn!("the daemon said hello twice on one session stream; ignoring it");
-                }
-                Ok(None) => return SessionEnd::Closed,
-                // One bad line does not spoil the stream; its envelope stays pending in the
-                // ledger and is listed by `pending`.
-                Err(error @ ClientError::Protocol { .. }) => {
-                    tracing::warn!("skipping a session line: {error}")
-                }
-                Err(error) => return SessionEnd::Failed(error),
+                    Ok(Some(SessionEvent::Heartbeat)) => {}
+                    Ok(Some(SessionEvent::Hello { .. })) => {
+                        tracing::warn!("the daemon said hello twice on one session stream; ignoring it");
+                    }
+                    Ok(None) => break SessionEnd::Closed,
+                    // One bad line does not spoil the stream; its envelope stays pending in
+                    // the ledger and is listed by `pending`.
+                    Err(error @ ClientError::Protocol { .. }) => {
+                        tracing::warn!("skipping a session line: {error}")
+                    }
+                    Err(error) => break SessionEnd::Failed(error),
+                },
+            }
+        };
+        // Every envelope read is pushed once, in order, also when the stream is gone: each
+        // waits for its photo no longer than its own deadline.
+        while let Some(ready) = queue.next().await {
+            if self.push(ready).await.is_err() {
+                return SessionEnd::AgentGone;
             }
         }
+        end
+    }
+
+    /// An envelope to push, or `None` when it was the answer a waiting `call_agent` takes
+    /// as its result. A change that retires handoffs ends the calls waiting on them.
+    async fn not_a_calls_answer(&self, envelope: DeliveredEnvelope) -> Option<DeliveredEnvelope> {
+        if envelope.kind == "handoff_answer" {
+            return self.calls.deliver(envelope).await;
+        }
+        self.calls.retire(&envelope).await;
+        Some(envelope)
+    }
+
+    /// The envelope, once its photo is fetched into the inbox (`meta.image_path`, so the
+    /// model can look at it at once) or given up on [`EAGER_DOWNLOAD_TIMEOUT`] after now,
+    /// its arrival.
+    fn prepared(&self, mut envelope: DeliveredEnvelope) -> BoxFuture<'_, Push> {
+        let give_up_at = tokio::time::Instant::now() + EAGER_DOWNLOAD_TIMEOUT;
+        Box::pin(async move {
+            let max_bytes = self.media.eager_photo_max_bytes;
+            attach_image_path(&self.daemon, &self.media.inbox, &mut envelope, max_bytes, give_up_at).await;
+            Push::Envelope(envelope)
+        })
+    }
+
+    /// Hands an envelope or a notice to the agent session.
+    async fn push(&self, ready: Push) -> Result<(), AgentGone> {
+        match ready {
+            Push::Envelope(envelope) => {
+                // Noted before the push, so that every tool call the agent makes once it
+                // has seen the envelope confirms it to the daemon (see
+                // `DaemonClient::note_shown`).
+                self.daemon.note_shown(&envelope.trace_id);
+                self.shown.note(&envelope);
+                self.notify(channel_notification(&envelope, &self.tools)).await?;
+                tracing::debug!(trace_id = %envelope.trace_id, redelivered = envelope.redelivered, "envelope pushed into the agent session");
+            }
+            Push::Notice(notice) => {
+                // About an envelope the session already has: nothing to confirm.
+                self.notify(notice_notification(&notice, &self.tools)).await?;
+                tracing::debug!(trace_id = %notice.trace_id, kind = %notice.kind, "notice pushed into the agent session");
+            }
+        }
+        Ok(())
+    }
+
+    async fn notify(&self, notification: CustomNotification) -> Result<(), AgentGone> {
+        let notification = ServerNotification::CustomNotification(notification);
+        self.peer.send_notification(notification).await.map_err(|_| AgentGone)
     }
 }
+
+/// What goes into the agent session, in the order the stream brought it.
+enum Push {
+    /// An envelope, its photo fetched or given up on.
+    Envelope(DeliveredEnvelope),
+    /// A notice about an envelope pushed before it.
+    Notice(DeliveredNotice),
+}
+
+/// The agent session no longer takes notifications: it is ending.
+#[derive(Debug)]
+struct AgentGone;
 
 /// Delays between attempts to open the session stream.
 #[derive(Debug)]
