@@ -393,6 +393,39 @@ async fn a_cancel_after_a_reload_gave_the_chat_to_another_agent_stops_the_old_ag
     assert_eq!(worker.notifications().len(), 1, "{:?}", worker.notifications());
 }
 
+/// In a group, an edit that changes no task is settled without a word: people there fix
+/// typos in messages no task took, and the bot answering each was noise in the chat. (In a
+/// private chat the bot still says that the edit changed nothing.)
+#[tokio::test]
+async fn an_edit_in_a_group_that_changes_no_task_is_settled_without_a_word() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let worker = plugin(&daemon, "worker").await;
+    let (team, mia) =
+        (ChatSpec::group(GROUP_CHAT, "Team"), switchboard::fake_bot_api::UserSpec::new(201, "Mia"));
+    fake.push_text(&team, &mia, "Deploy the thing");
+    nth(&worker, 1).await;
+    fake.push_edited_text(&team, &mia, 999, "a typo fixed in some old message");
+    fake.push_text(&team, &mia, "marker");
+    assert_eq!(nth(&worker, 2).await.content, "marker", "the edit reached no agent");
+    // The edit was settled, and a post about it, had one been owed in the same commit, was
+    // made by the time none is owed any more.
+    let ledger = daemon.ledger().await;
+    let settled =
+        ledger.list(&switchboard::ledger::ListFilter { limit: 10, ..Default::default() }).await.unwrap();
+    let edit =
+        settled.iter().find(|e| e.text.as_deref() == Some("a typo fixed in some old message")).unwrap();
+    assert!(edit.note.as_deref().is_some_and(|note| note.contains("no open task")), "{:?}", edit.note);
+    for _ in 0..100 {
+        if ledger.owed_room_posts().await.unwrap().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ledger.close().await;
+    assert!(fake.sent_messages().is_empty(), "nothing was said in the group: {:?}", fake.sent_messages());
+}
+
 /// 4. `/cancel`: admission closes, the task is `stop_requested` until the agent acks the
 ///    cancel envelope, then `stopped`; an operator can confirm a stop the agent cannot.
 #[tokio::test]

@@ -10,6 +10,7 @@ use crate::ids::TraceId;
 use crate::rules::revisions::plan::{Change, ChangePlan, Source};
 use crate::rules::revisions::task::to_u32;
 use crate::rules::revisions::{self, ChangeKind, Refusal, Task, TaskEffects, TaskState, texts};
+use crate::telegram::envelope::ChatType;
 
 /// A task's effects as a revision's snapshot stores them.
 pub(crate) fn snapshot_json(effects: &TaskEffects) -> String {
@@ -54,6 +55,15 @@ pub(crate) fn plain_work(routed: &RoutedEnvelope, bot_username: Option<&str>) ->
     let text = e.text.as_deref().unwrap_or_default();
     e.kind == EnvelopeKind::Message
         && revisions::parse_command(text, bot_username.unwrap_or_default()).is_none()
+}
+
+/// Whether the bot says in the chat that a human update changed nothing. Not for an edit
+/// in a group: people there fix typos and tick checklists in messages the task never
+/// took, and a reply to each would be noise. The update is settled with its reason all
+/// the same.
+pub(crate) fn nothing_changed_is_said(routed: &RoutedEnvelope) -> bool {
+    let e = &routed.envelope;
+    !(e.kind == EnvelopeKind::EditedMessage && matches!(e.chat_type, ChatType::Group | ChatType::Supergroup))
 }
 
 /// The sender as the lineage names them: @username, else their name.

@@ -2,6 +2,9 @@
 //! `/name@botname`, addressed to one bot of several. Reading it is shared; what a command
 //! means, and whether one addressed elsewhere counts, each caller decides.
 
+/// Telegram's longest command name.
+const MAX_COMMAND_NAME: usize = 32;
+
 /// A command at the start of a message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CommandWord<'a> {
@@ -13,8 +16,9 @@ pub struct CommandWord<'a> {
     pub argument: &'a str,
 }
 
-/// The command `text` starts with, if it starts with a slash. The name is what follows the
-/// slash at once: `/ stop` reads as a command with an empty name.
+/// The command `text` starts with, if it starts with one: a slash and at once a name of
+/// Telegram's command letters (`a`–`z`, digits, `_`; at most 32). `/ stop` and a path such
+/// as `/var/log is full` are no command, as Telegram does not mark them one.
 ///
 /// ```
 /// use switchboard::rules::commands::{CommandWord, command_word};
@@ -24,6 +28,8 @@ pub struct CommandWord<'a> {
 ///     Some(CommandWord { name: "new", addressee: Some("sb_bot"), argument: "write the report" })
 /// );
 /// assert_eq!(command_word("hello /stop"), None);
+/// assert_eq!(command_word("/var/log is full"), None);
+/// assert_eq!(command_word("/ stop"), None);
 /// ```
 pub fn command_word(text: &str) -> Option<CommandWord<'_>> {
     let rest = text.trim_start().strip_prefix('/')?;
@@ -35,7 +41,9 @@ pub fn command_word(text: &str) -> Option<CommandWord<'_>> {
         Some((name, addressee)) => (name, Some(addressee)),
         None => (word, None),
     };
-    Some(CommandWord { name, addressee, argument })
+    let command_letters = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    (!name.is_empty() && name.len() <= MAX_COMMAND_NAME && name.chars().all(command_letters))
+        .then_some(CommandWord { name, addressee, argument })
 }
 
 /// The bot a command is addressed to, when it is another bot than this one (`/stop@other`):

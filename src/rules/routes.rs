@@ -242,10 +242,14 @@ pub fn is_addressed(message: &Addressing<'_>, bot: &BotIdentity) -> bool {
     }
 }
 
-/// Whether `text` holds `@name` as a whole mention (not the start of a longer name).
+/// Whether `text` holds `@name` as a whole mention: not the start of a longer name, and
+/// not the end of a word (`ops@name.io` is an address, as Telegram reads it).
 fn mentions(text: &str, name: &str) -> bool {
     let is_name_char = |c: char| c.is_ascii_alphanumeric() || c == '_';
     text.match_indices('@').any(|(at, _)| {
+        if text[..at].ends_with(is_name_char) {
+            return false;
+        }
         let after = &text[at + 1..];
         after.get(..name.len()).is_some_and(|found| found.eq_ignore_ascii_case(name))
             && !after[name.len()..].starts_with(is_name_char)
@@ -487,7 +491,16 @@ mod tests {
         ] {
             assert!(is_addressed(&group(text), &bot), "{text:?}");
         }
-        for text in ["what now?", "@helper_botty hi", "/status@other_bot", "mail helper_bot", "@"] {
+        for text in [
+            "what now?",
+            "@helper_botty hi",
+            "/status@other_bot",
+            "mail helper_bot",
+            "@",
+            "mail ops@helper_bot.io",
+            "/var/log is full",
+            "/ status",
+        ] {
             assert!(!is_addressed(&group(text), &bot), "{text:?}");
         }
         let reply = Addressing { private_chat: false, text: Some("yes"), replies_to: Some(99) };

@@ -25,7 +25,7 @@ use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
     self, Carrier, Conversation, DeclaredAbout, admit_declaration, answer_key, belongs_to_a_task, carrier_of,
-    declared_change, declared_revision, plain_work, sender_of, snapshot_json,
+    declared_change, declared_revision, nothing_changed_is_said, plain_work, sender_of, snapshot_json,
 };
 use crate::ledger::{LedgerError, LedgerResult};
 use crate::rules::revisions::plan::{
@@ -359,7 +359,12 @@ async fn take_in(
         }
         (MessagePlan::NothingChanged { why }, _) => {
             let (text, note) = texts::nothing_changed(&why);
-            answer(tx, &carrier, &note, text).await
+            if nothing_changed_is_said(routed) {
+                answer(tx, &carrier, &note, text).await
+            } else {
+                settle_carrier(tx, &carrier, &note).await?;
+                Ok(vec![])
+            }
         }
         (MessagePlan::Change { kind, text: new_text }, Some(task)) => {
             let source = if e.kind == EnvelopeKind::EditedMessage { Source::Edit } else { Source::Command };

@@ -26,7 +26,8 @@ use crate::ledger::columns::{busy_of, task_columns, task_from};
 use crate::ledger::prelude::*;
 use crate::ledger::task_rows::{
     self, Carrier, Conversation, Declared, DeclaredAbout, admit_declaration, answer_key, belongs_to_a_task,
-    carrier_of, declared_change, declared_revision, plain_work, sender_of, snapshot_json,
+    carrier_of, declared_change, declared_revision, nothing_changed_is_said, plain_work, sender_of,
+    snapshot_json,
 };
 use crate::rules::revisions::plan::{
     self, CarrierWrite, Change, ChangeContext, ChangePlan, MessagePlan, OpenHandoff, Source, TaskWrite,
@@ -272,7 +273,12 @@ fn take_in(
         }
         (MessagePlan::NothingChanged { why }, _) => {
             let (text, note) = texts::nothing_changed(&why);
-            answer(db, &carrier, &note, text)
+            if nothing_changed_is_said(routed) {
+                answer(db, &carrier, &note, text)
+            } else {
+                settle_carrier(db, &carrier, &note)?;
+                Ok(vec![])
+            }
         }
         (MessagePlan::Change { kind, text: new_text }, Some(task)) => {
             let source = if e.kind == EnvelopeKind::EditedMessage { Source::Edit } else { Source::Command };
