@@ -106,6 +106,22 @@ async fn reply(client: &ChannelClient, turn: &ChannelNotification, text: &str) -
     client.call_tool("reply", json!({"text": text, "trace_id": trace_id(turn)})).await.unwrap()
 }
 
+/// The dev room's exchanges, oldest first, once there are `n` (within a few seconds).
+async fn dev_room_exchanges(daemon: &TestDaemon, n: usize) -> Vec<StoredCascade> {
+    let ledger = daemon.ledger().await;
+    let mut all = Vec::new();
+    for _ in 0..100 {
+        all = ledger.list_cascades(Some("dev-room"), 10).await.unwrap();
+        if all.len() == n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    ledger.close().await;
+    assert_eq!(all.len(), n, "the dev room's messages are recorded as exchanges at once");
+    all
+}
+
 async fn cascade(daemon: &TestDaemon, cascade_id: &str) -> StoredCascade {
     let ledger = daemon.ledger().await;
     let cascade =
@@ -410,18 +426,7 @@ async fn a_second_message_waits_for_the_running_exchange() {
     let first = nth(&builder, 1).await;
     say(&fake, "@reviewer second question");
     // Recorded at once, waiting: the reviewer does not get the floor meanwhile.
-    let ledger = daemon.ledger().await;
-    let mut waiting = None;
-    for _ in 0..100 {
-        let all = ledger.list_cascades(Some("dev-room"), 10).await.unwrap();
-        if all.len() == 2 {
-            waiting = Some(all[1].clone());
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ledger.close().await;
-    let waiting = waiting.expect("the second message is recorded at once");
+    let waiting = dev_room_exchanges(&daemon, 2).await.remove(1);
     assert_eq!(waiting.state, RoomCascadeState::Waiting);
     assert_eq!(state_of(&daemon, &waiting.message_trace_id).await, (EnvelopeState::Acked, None));
     // A waiting exchange gives the floor only once the running one has ended.
@@ -450,24 +455,12 @@ async fn exchanges_of_a_room_a_reload_takes_away_run_to_their_end() {
     say(&fake, "@builder first question");
     let first = nth(&builder, 1).await;
     say(&fake, "@reviewer second question");
-    let ledger = daemon.ledger().await;
-    for _ in 0..100 {
-        if ledger.list_cascades(Some("dev-room"), 10).await.unwrap().len() == 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    ledger.close().await;
+    dev_room_exchanges(&daemon, 2).await;
 
-    let config = std::fs::read_to_string(daemon.config_path()).unwrap();
-    let plain = config.replacen(
+    daemon.reload_replacing(
         &format!("name = \"dev-room\"\nchat_id = {ROOM_CHAT}\nagents = [\"builder\", \"reviewer\"]"),
         &format!("name = \"dev-direct\"\nchat_id = {ROOM_CHAT}\nagent = \"builder\""),
-        1,
     );
-    assert_ne!(plain, config, "the room's route is written as expected");
-    std::fs::write(daemon.config_path(), plain).unwrap();
-    daemon.signal("HUP");
     daemon.wait_for_log("route 'dev-direct' added", WAIT).await;
 
     assert!(!reply(&builder, &first, "Answer to the first.").await.0);

@@ -492,6 +492,15 @@ token_env = "SB_TEST_WORKER_SECRET"
         assert!(status.success(), "kill -{signal} failed");
     }
 
+    /// Edits the configuration file, `from` (which it must hold) becoming `to`, and tells
+    /// the running daemon to reload it (SIGHUP).
+    pub fn reload_replacing(&self, from: &str, to: &str) {
+        let config = std::fs::read_to_string(self.config_path()).unwrap();
+        assert!(config.contains(from), "the configuration holds {from:?}:\n{config}");
+        std::fs::write(self.config_path(), config.replacen(from, to, 1)).unwrap();
+        self.signal("HUP");
+    }
+
     pub fn restart(&mut self) {
         self.spawn();
     }
