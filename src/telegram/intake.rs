@@ -96,7 +96,7 @@ impl UpdateIntake {
     /// approvers' chat that is also an agent's conversation, is routed as the message it is:
     /// taken for an answer, it reached nobody. A ledger that cannot tell keeps it an answer
     /// (the batch then likely fails to commit anyway, and is taken again).
-    async fn route_answers_to_nothing(
+    async fn route_answers_naming_no_request(
         &self,
         batch: &mut [RoutedEnvelope],
         routing: &Routing,
@@ -132,7 +132,7 @@ impl UpdateIntake {
         let bot = Arc::new(BotIdentity { id: self.bot_id, username: self.bridge.bot_username() });
         let ReadBatch { envelopes: mut batch, reactions } =
             read_batch(updates, Arc::clone(&routing), Arc::clone(&bot)).await;
-        self.route_answers_to_nothing(&mut batch, &routing, &bot).await;
+        self.route_answers_naming_no_request(&mut batch, &routing, &bot).await;
         address_albums(&mut batch);
         // Agents with a live session get their envelopes handed over by this commit (see
         // `Bridge::open_inboxes`); the others through the ledger, with a wake-up.
