@@ -275,6 +275,9 @@ pub struct FakeTelegram {
     server: Option<JoinHandle<()>>,
 }
 
+/// How many of the latest webhook deliveries a description shows.
+const DESCRIBED_DELIVERIES: usize = 40;
+
 impl FakeTelegram {
     /// Binds 127.0.0.1 on a free port and serves until dropped. Panics if it cannot
     /// bind, which only a test can afford.
@@ -947,10 +950,20 @@ impl FakeTelegram {
             "requests per method: {per_method:?}; unauthorized: {}",
             state.unauthorized_requests
         );
+        // The latest deliveries only: a chaos test makes thousands.
+        let deliveries = &state.webhook.deliveries;
+        let in_flight =
+            state.webhook.in_flight.as_ref().map(|(update_id, url, since)| {
+                format!("update {update_id} to {url} for {:?}", since.elapsed())
+            });
         let _ = writeln!(
             out,
-            "webhook: {:?} routed to {:?}; deliveries: {:?}",
-            state.webhook.set, state.webhook.targets, state.webhook.deliveries
+            "webhook: {:?} routed to {:?}; {} deliveries, the last: {:?}; in flight: {}",
+            state.webhook.set,
+            state.webhook.targets,
+            deliveries.len(),
+            &deliveries[deliveries.len().saturating_sub(DESCRIBED_DELIVERIES)..],
+            in_flight.as_deref().unwrap_or("none"),
         );
         let queued: Vec<_> = state.faults.iter().filter(|(_, faults)| !faults.is_empty()).collect();
         let _ = write!(out, "unconsumed faults: {queued:?}");

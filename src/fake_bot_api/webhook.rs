@@ -78,6 +78,9 @@ pub(super) struct WebhookState {
     pub(super) registrations: usize,
     /// The text of each update delivered, by id, for a test to deliver it again.
     pub(super) delivered: HashMap<i64, String>,
+    /// The delivery on its way: the update, where to, and since when. A test that timed
+    /// out tells from it a delivery still waiting for its answer from a backlog moving on.
+    pub(super) in_flight: Option<(i64, String, std::time::Instant)>,
 }
 
 /// `setWebhook`, `deleteWebhook` and `getWebhookInfo`; `None` for any other method.
@@ -193,6 +196,7 @@ pub(super) async fn deliver(shared: Arc<Shared>) {
             .await
             .flatten();
         let Some(next) = next else { return };
+        shared.lock().webhook.in_flight = Some((next.update_id, next.url.clone(), std::time::Instant::now()));
         let mut request =
             client.post(&next.url).header("content-type", "application/json").body(next.text.clone());
         if let Some(secret) = &next.secret_token {
@@ -204,6 +208,7 @@ pub(super) async fn deliver(shared: Arc<Shared>) {
         };
         let delivery = {
             let mut state = shared.lock();
+            state.webhook.in_flight = None;
             let delivery = match answered {
                 Some(_) if state.webhook.answers_to_lose > 0 => {
                     state.webhook.answers_to_lose -= 1;
