@@ -174,6 +174,38 @@ async fn a_deny_reaches_the_asking_session() {
     assert_eq!(request(&daemon, "fghij").await.unwrap().state, PermissionState::Denied);
 }
 
+/// The ledger cannot record an approver's Allow (another process holds its write lock past
+/// the daemon's wait for it): the approver is told to try again, the request stays pending,
+/// and the same press once the ledger is free records the verdict. Before, the approver was
+/// told the request was already answered or had expired, and it waited for its timeout.
+#[tokio::test]
+async fn a_press_the_ledger_could_not_record_asks_to_try_again_and_a_later_press_records_it() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
+    // On SQLite a lock taken before the press would hold up the poller's record of the
+    // press as well. So More and Allow come in one batch, handled in order, and Telegram
+    // holds More's edit a moment: the lock is taken meanwhile, after the batch's record and
+    // before the Allow's.
+    fake.fail_method("editMessageText", Fault::RecordThenHang(Duration::from_secs(1)));
+    fake.push_callback_query(&owner(), &prompt, &button(&prompt, 'm'));
+    let (_, allow) = fake.push_callback_query(&owner(), &prompt, &button(&prompt, 'a'));
+    fake.wait_for_requests("editMessageText", 1, WAIT).await;
+    let holder = daemon.hold_permissions_lock();
+    let answer = fake.wait_for_callback_answer(&allow, WAIT).await.text;
+    holder.release();
+    assert!(answer.as_deref().is_some_and(|text| text.contains("try again")), "{answer:?}");
+    let row = request(&daemon, "abcde").await.unwrap();
+    assert_eq!((row.state, row.answered_by), (PermissionState::Pending, None));
+
+    let again = press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    assert!(again.is_some_and(|text| text.contains("Allowed")));
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+    assert_eq!(verdicts(&plugin).len(), 1);
+}
+
 #[tokio::test]
 async fn a_press_by_anyone_but_an_approver_changes_nothing() {
     let Relay { fake, daemon, plugin } = relay(600).await;

@@ -67,6 +67,26 @@ const PROMPT_RECORD_PATIENCE: Duration = Duration::from_secs(30);
 /// characters; a description far longer than a prompt can show is cut here.
 const MAX_STORED_FIELD_CHARS: usize = 8 * 1024;
 
+/// What a presser is told when the ledger failed (busy, say) while reading what the press
+/// names: nothing changed, and the same press again may go through.
+const COULD_NOT_READ: &str = "The switchboard could not read its ledger; try again.";
+
+/// Likewise, when the ledger failed while recording the answer: the request is still
+/// pending, so the presser is told to press again, not that it was answered or expired.
+const COULD_NOT_RECORD: &str = "The switchboard could not record that; try again.";
+
+/// What recording a verdict came to.
+#[derive(Debug)]
+enum Recording {
+    /// This verdict is the one. The agent whose asking session now has it to be handed
+    /// (`None` only for a row whose agent is no longer a valid name).
+    Recorded(Option<AgentName>),
+    /// The request was no longer pending (answered first, expired, or gone): nothing changed.
+    TooLate,
+    /// The ledger failed: nothing changed, the request is still pending.
+    Failed,
+}
+
 /// Relays the approvals of the agents that have `[agents.NAME.permissions]`.
 #[derive(Clone)]
 pub struct PermissionRelay {
@@ -401,8 +421,7 @@ impl PermissionRelay {
                 Ok(row) => row,
                 Err(e) => {
                     tracing::warn!(error = %e, "could not read the permission request a press names");
-                    self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.")
-                        .await;
+                    self.answer_callback(&press.id, COULD_NOT_READ).await;
                     return None;
                 }
             },
@@ -440,14 +459,16 @@ impl PermissionRelay {
                 None
             }
             PressDecision::Record(verdict) => {
-                let recorded = self.record(&row, verdict, press.from.id, &press.from.shown()).await;
-                let text = match &recorded {
-                    Some(_) if verdict == Verdict::Allow => "Allowed.",
-                    Some(_) => "Denied.",
-                    None => Refusal::NoLongerPending.explanation(),
+                let (text, wake) = match self.record(&row, verdict, press.from.id, &press.from.shown()).await
+                {
+                    Recording::Recorded(agent) if verdict == Verdict::Allow => ("Allowed.", agent),
+                    Recording::Recorded(agent) => ("Denied.", agent),
+                    Recording::TooLate => (Refusal::NoLongerPending.explanation(), None),
+                    // The request is still pending: a press again may well record it.
+                    Recording::Failed => (COULD_NOT_RECORD, None),
                 };
                 self.answer_callback(&press.id, text).await;
-                recorded
+                wake
             }
         }
     }
@@ -472,7 +493,10 @@ impl PermissionRelay {
         };
         match self.decide(row, PressAction::Answer(answer.verdict), answer.from) {
             PressDecision::Record(verdict) => {
-                self.record(row, verdict, answer.from, &answer.from_shown).await
+                match self.record(row, verdict, answer.from, &answer.from_shown).await {
+                    Recording::Recorded(agent) => agent,
+                    Recording::TooLate | Recording::Failed => None,
+                }
             }
             other => {
                 tracing::warn!(permission_id = %row.id, from = answer.from, ?other, "a text answer changed nothing");
@@ -495,28 +519,22 @@ impl PermissionRelay {
         rules::decide_press(action, PressFacts { request: Some(facts), presser, approvers })
     }
 
-    /// Records a verdict; `Some(agent)` when it was the first.
-    async fn record(
-        &self,
-        row: &StoredPermission,
-        verdict: Verdict,
-        by: i64,
-        by_shown: &str,
-    ) -> Option<AgentName> {
+    /// Records a verdict, first one wins.
+    async fn record(&self, row: &StoredPermission, verdict: Verdict, by: i64, by_shown: &str) -> Recording {
         match self.inner.ledger.answer_permission(&row.id, verdict, by, by_shown).await {
             Ok(AnswerRecorded::Recorded(row)) => {
                 tracing::info!(permission_id = %row.id, agent = %row.agent, by, verdict = verdict.behavior(), "permission request answered");
                 self.ring_keeper();
-                AgentName::parse(&row.agent).ok()
+                Recording::Recorded(AgentName::parse(&row.agent).ok())
             }
             Ok(AnswerRecorded::TooLate(row)) => {
                 tracing::warn!(permission_id = %row.id, state = %row.state, by, "a verdict came too late: nothing changed");
-                None
+                Recording::TooLate
             }
-            Ok(AnswerRecorded::Unknown) => None,
+            Ok(AnswerRecorded::Unknown) => Recording::TooLate,
             Err(e) => {
-                tracing::error!(permission_id = %row.id, error = %e, "could not record a verdict: nothing changed");
-                None
+                tracing::error!(permission_id = %row.id, by, error = %e, "could not record a verdict: nothing changed, the request is still pending");
+                Recording::Failed
             }
         }
     }
@@ -745,8 +763,7 @@ impl PermissionRelay {
             Ok(question) => question,
             Err(e) => {
                 tracing::warn!(error = %e, "could not read the question a press names");
-                self.answer_callback(&press.id, "The switchboard could not read its ledger; try again.")
-                    .await;
+                self.answer_callback(&press.id, COULD_NOT_READ).await;
                 return None;
             }
         };
@@ -784,7 +801,7 @@ impl PermissionRelay {
             Ok(QuestionAnswered::TooLate) => Refusal::NoLongerPending.explanation(),
             Err(e) => {
                 tracing::error!(question = %question.id, error = %e, "could not record an operator's answer");
-                "The switchboard could not record that; try again."
+                COULD_NOT_RECORD
             }
         };
         self.answer_callback(&press.id, text).await;

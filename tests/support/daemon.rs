@@ -308,6 +308,19 @@ token_env = "SB_TEST_WORKER_SECRET"
         }
     }
 
+    /// Holds the permission requests' table against writes, in a session of the test's own
+    /// (see [`HeldLedger`]): on SQLite the whole file's write lock, as
+    /// [`TestDaemon::hold_write_lock`]; on PostgreSQL that table alone.
+    pub fn hold_permissions_lock(&self) -> HeldLedger {
+        match &self.ledger_at {
+            TestLedger::Sqlite(_) => self.hold_write_lock(),
+            TestLedger::Postgres(schema) => HeldLedger::Postgres(
+                schema.lock_tables_against_writes("permission_requests"),
+                Arc::clone(schema),
+            ),
+        }
+    }
+
     /// The SQLite ledger's file, for tests of what happens to the file itself.
     pub fn database(&self) -> PathBuf {
         match &self.ledger_at {

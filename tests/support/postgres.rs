@@ -89,18 +89,21 @@ pub struct WriteLock {
 
 impl TestSchema {
     pub fn lock_against_writes(&self) -> WriteLock {
+        self.lock_tables_against_writes("envelopes, poller_offsets, relayed_updates")
+    }
+
+    /// Like [`TestSchema::lock_against_writes`], for `tables` (a comma-separated list).
+    pub fn lock_tables_against_writes(&self, tables: &str) -> WriteLock {
         let name = self.name.clone();
+        let lock = format!("LOCK TABLE {tables} IN EXCLUSIVE MODE");
         let (locked_tx, locked) = std::sync::mpsc::channel();
         let (release, released) = std::sync::mpsc::channel::<()>();
         let holder = std::thread::spawn(move || {
             let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             runtime.block_on(async {
                 let mut admin = in_schema(&name).await;
-                for statement in
-                    ["BEGIN", "LOCK TABLE envelopes, poller_offsets, relayed_updates IN EXCLUSIVE MODE"]
-                {
-                    sqlx::query(statement).execute(&mut admin).await.unwrap();
-                }
+                sqlx::query("BEGIN").execute(&mut admin).await.unwrap();
+                sqlx::query(sqlx::AssertSqlSafe(lock)).execute(&mut admin).await.unwrap();
                 locked_tx.send(()).unwrap();
                 // Released, or the test is gone.
                 let _ = tokio::task::spawn_blocking(move || released.recv()).await;
