@@ -405,6 +405,41 @@ async fn a_prompt_that_cannot_be_posted_expires_its_request_and_the_plugin_is_to
     assert!(fake.sent_messages().is_empty());
 }
 
+/// The daemon's ledger is locked past its wait when the plugin relays a request, so the
+/// daemon fails it (500, "try again in a moment"): the plugin asks again, and the prompt is
+/// posted once the lock is gone, once. Before, the plugin gave up at the first failure and
+/// only the terminal asked.
+#[tokio::test]
+async fn a_request_the_daemon_failed_to_record_is_relayed_again_and_prompted_once() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    let holder = daemon.hold_permissions_lock();
+    ask(&plugin, "abcde").await;
+    // The daemon waits 10 s for the lock, then tells the plugin its ledger failed.
+    let failed = |line: &str| line.contains("abcde") && line.contains("locked by another connection");
+    support::daemon::eventually(Duration::from_secs(30), "the daemon fails the request", || {
+        plugin.stderr().lines().any(failed)
+    })
+    .await;
+    assert!(fake.sent_messages().is_empty());
+    holder.release();
+
+    let prompt = prompt(&fake).await;
+    assert!(prompt.text.contains("Bash"), "{}", prompt.text);
+    let row = wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
+    assert_eq!((row.state, row.prompt_message_id), (PermissionState::Pending, Some(prompt.message_id)));
+    plugin.wait_for_stderr("permission request relayed", WAIT).await.unwrap();
+    let prompts = fake.sent_messages().into_iter().filter(|m| !m.callback_data().is_empty()).count();
+    assert_eq!(prompts, 1, "asked again, prompted once");
+    let ledger = daemon.ledger().await;
+    let rows = ledger.list_permissions(100).await.unwrap();
+    ledger.close().await;
+    assert_eq!(rows.iter().filter(|row| row.request_id == "abcde").count(), 1, "recorded once");
+
+    press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+}
+
 #[tokio::test]
 async fn a_text_answer_is_a_verdict_and_words_shaped_like_one_are_a_message() {
     let Relay { fake, daemon, plugin } = relay(600).await;

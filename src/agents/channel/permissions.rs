@@ -14,7 +14,8 @@ use rmcp::model::CustomNotification;
 use serde_json::{Value, json};
 
 use crate::agents::api::client::{ClientError, DaemonClient};
-use crate::agents::api::wire::{DeliveredVerdict, PermissionRequest};
+use crate::agents::api::wire::{DeliveredVerdict, ErrorCode, PermissionRequest};
+use crate::backoff::Backoff;
 
 /// The experimental capability that tells Claude Code this channel relays approvals.
 pub const PERMISSION_CAPABILITY: &str = "claude/channel/permission";
@@ -25,12 +26,15 @@ pub const PERMISSION_REQUEST_METHOD: &str = "notifications/claude/channel/permis
 /// What the plugin sends back with a verdict.
 pub const PERMISSION_VERDICT_METHOD: &str = "notifications/claude/channel/permission";
 
-/// How long a request waits for the daemon to be reachable before the plugin gives up on
-/// relaying it (the terminal still asks).
+/// How long a request waits for the daemon to be reachable and to take it before the
+/// plugin gives up on relaying it (the terminal still asks).
 const RELAY_DEADLINE: Duration = Duration::from_secs(60);
 
-/// Pause between two tries while the daemon is away.
+/// Pause after the first try that failed, doubling with each further one up to the cap:
+/// a daemon that fails at once (its ledger broken) is asked a dozen times in the deadline,
+/// not a hundred, while one that was only busy for a moment is asked again soon.
 const RELAY_RETRY_DELAY: Duration = Duration::from_millis(500);
+const RELAY_RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// The request in a `permission_request` notification's params.
 pub(super) fn read_request(params: Option<&Value>) -> Result<PermissionRequest, String> {
@@ -48,10 +52,11 @@ pub(super) fn verdict_notification(verdict: &DeliveredVerdict) -> CustomNotifica
 /// daemon records a plugin's request once and posts its prompt once.
 pub(super) async fn relay(daemon: DaemonClient, request: PermissionRequest) {
     let deadline = tokio::time::Instant::now() + RELAY_DEADLINE;
+    let mut pauses = Backoff::new(RELAY_RETRY_DELAY, RELAY_RETRY_CAP);
     loop {
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
         if left.is_zero() {
-            tracing::error!(request_id = %request.request_id, "the daemon could not be reached within {RELAY_DEADLINE:?}: this permission request is not relayed; it is answered at the terminal");
+            tracing::error!(request_id = %request.request_id, "the daemon could not be reached, or kept failing, for {RELAY_DEADLINE:?}: this permission request is not relayed; it is answered at the terminal");
             return;
         }
         daemon.wait_for_session(left).await;
@@ -68,23 +73,36 @@ pub(super) async fn relay(daemon: DaemonClient, request: PermissionRequest) {
                 tracing::info!(request_id = %request.request_id, permission_id = %receipt.permission_id, prompt = %receipt.prompt, state = %receipt.state, "permission request relayed");
                 return;
             }
-            Err(ClientError::Refused { error, .. })
-                if error.code != crate::agents::api::wire::ErrorCode::SessionConflict =>
-            {
-                tracing::warn!(request_id = %request.request_id, "the daemon refused the permission request: {}", error.message);
-                return;
-            }
-            Err(error) => {
+            Err(error) if worth_asking_again(&error) => {
                 tracing::warn!(request_id = %request.request_id, "relaying a permission request failed ({error}); trying again");
             }
+            Err(error) => {
+                tracing::warn!(request_id = %request.request_id, "the daemon refused the permission request: {error}");
+                return;
+            }
         }
-        tokio::time::sleep(RELAY_RETRY_DELAY.min(left)).await;
+        tokio::time::sleep(pauses.next_delay().min(left)).await;
+    }
+}
+
+/// Whether asking again may relay a request that failed with `error`: the daemon was not
+/// reached or did not answer, this session was not (yet) its live one, or it failed on
+/// its side (its ledger busy, say), which it says by a 5xx. Asking again is safe: the
+/// daemon records a plugin's request once. A refusal of the request itself (an agent
+/// whose approvals are not relayed, a request it cannot read) would only come again.
+fn worth_asking_again(error: &ClientError) -> bool {
+    match error {
+        ClientError::Refused { status, error } => {
+            matches!(error.code, ErrorCode::SessionConflict | ErrorCode::Internal) || status.is_server_error()
+        }
+        ClientError::Unreachable { .. } | ClientError::NoAnswer { .. } | ClientError::Protocol { .. } => true,
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agents::api::wire::ApiError;
 
     #[test]
     fn a_request_reads_claude_codes_params() {
@@ -93,6 +111,23 @@ mod tests {
         assert_eq!((request.request_id.as_str(), request.tool_name.as_str()), ("abcde", "Bash"));
         assert!(read_request(None).is_err());
         assert!(read_request(Some(&json!({"request_id": "abcde"}))).is_err());
+    }
+
+    #[test]
+    fn a_daemon_that_failed_or_was_not_reached_is_asked_again_and_a_refusal_is_not() {
+        use reqwest::StatusCode;
+        let refused = |status, code| ClientError::Refused { status, error: ApiError::new(code, "no") };
+        let address = || "127.0.0.1:1".to_owned();
+        let detail = || "connection refused".to_owned();
+        assert!(worth_asking_again(&ClientError::Unreachable { address: address(), detail: detail() }));
+        assert!(worth_asking_again(&ClientError::NoAnswer { address: address(), detail: detail() }));
+        // The daemon's ledger was busy: it answers 500 and says to try again in a moment.
+        assert!(worth_asking_again(&refused(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal)));
+        assert!(worth_asking_again(&refused(StatusCode::BAD_GATEWAY, ErrorCode::NotSent)));
+        assert!(worth_asking_again(&refused(StatusCode::CONFLICT, ErrorCode::SessionConflict)));
+        // Not relayed for this agent, or not a request it can read: the same again.
+        assert!(!worth_asking_again(&refused(StatusCode::BAD_REQUEST, ErrorCode::BadRequest)));
+        assert!(!worth_asking_again(&refused(StatusCode::UNAUTHORIZED, ErrorCode::Unauthorized)));
     }
 
     #[test]
