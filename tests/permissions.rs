@@ -206,6 +206,47 @@ async fn a_press_the_ledger_could_not_record_asks_to_try_again_and_a_later_press
     assert_eq!(verdicts(&plugin).len(), 1);
 }
 
+/// Telegram takes an approver's More late, after the Allow pressed meanwhile was recorded
+/// and the prompt edited to show it: the prompt ends showing the verdict, without buttons.
+/// Before, the late More edit brought the buttons back onto the decided prompt.
+#[tokio::test]
+async fn a_more_that_lands_after_the_verdict_leaves_the_prompt_decided_without_buttons() {
+    let Relay { fake, daemon, plugin } = relay(600).await;
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
+    // Within the daemon's send timeout (2 s here): the More edit goes through, late.
+    fake.fail_method("editMessageText", Fault::WaitThenPerform(Duration::from_secs(1)));
+    fake.push_callback_query(&owner(), &prompt, &button(&prompt, 'm'));
+    fake.wait_for_requests("editMessageText", 1, WAIT).await;
+    let answer = press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    assert!(answer.is_some_and(|text| text.contains("Allowed")));
+    plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    fake.wait_for_edit(prompt.message_id, WAIT, |edit| edit.reply_markup.is_none()).await;
+
+    // The More edit lands (with its buttons), and the prompt is edited to its end after it.
+    let ended_after_more = || {
+        let edits = fake.edits_of(prompt.message_id);
+        let more = edits.iter().rposition(|edit| edit.reply_markup.is_some());
+        more.is_some_and(|more| edits[more..].last().is_some_and(|last| last.reply_markup.is_none()))
+    };
+    let deadline = std::time::Instant::now() + WAIT;
+    while !ended_after_more() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the prompt is not edited to its end after More: {:?}\n{}",
+            fake.edits_of(prompt.message_id)
+                .iter()
+                .map(|e| (e.reply_markup.is_some(), e.text.clone()))
+                .collect::<Vec<_>>(),
+            daemon.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let last = fake.edits_of(prompt.message_id).pop().unwrap();
+    assert!(last.text.is_some_and(|text| text.contains("Allowed")));
+}
+
 #[tokio::test]
 async fn a_press_by_anyone_but_an_approver_changes_nothing() {
     let Relay { fake, daemon, plugin } = relay(600).await;

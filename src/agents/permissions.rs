@@ -553,6 +553,26 @@ impl PermissionRelay {
         if !matches!(classify(&exchange), Observed::Sent { .. }) {
             tracing::warn!(permission_id = %row.id, ?exchange, "could not show the whole permission request");
         }
+        // A verdict (or expiry) may have come while this edit was on its way, and its final
+        // edit reached Telegram first: this one brought the buttons back. The final edit is
+        // made again, after this one; if it does not go through, the keeper makes it.
+        let now = match self.inner.ledger.permission(&row.id).await {
+            Ok(Some(now)) if now.state != PermissionState::Pending => now,
+            Ok(_) => return,
+            Err(e) => {
+                tracing::warn!(permission_id = %row.id, error = %e, "could not read the request after showing more; the keeper may leave its buttons");
+                return;
+            }
+        };
+        if let Ok(true) = self.settle(&now).await {
+            return;
+        }
+        match self.inner.ledger.unsettle_prompt(&now.id).await {
+            Ok(()) => self.ring_keeper(),
+            Err(e) => {
+                tracing::warn!(permission_id = %now.id, error = %e, "could not have the keeper edit a decided prompt again")
+            }
+        }
     }
 
     async fn answer_callback(&self, query_id: &str, text: &str) {

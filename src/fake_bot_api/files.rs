@@ -242,6 +242,10 @@ pub(super) async fn upload(shared: Arc<Shared>, method: String, request: Request
     let hang = match fault {
         None | Some(Fault::Pass) => None,
         Some(Fault::RecordThenHang(delay)) => Some(delay),
+        Some(Fault::WaitThenPerform(delay)) => {
+            shared.hang(delay).await;
+            None
+        }
         // Lost on the way: nothing of it is read.
         Some(lost @ Fault::HangWithoutRecording(_)) => {
             shared.lock().requests.push((method.clone(), Value::Null));

@@ -250,6 +250,9 @@ pub enum Fault {
     /// Wait this long without performing the request, then answer 504. Models
     /// a request lost on the way: the client should time out first.
     HangWithoutRecording(Duration),
+    /// Wait this long, then perform the request and answer it normally: Telegram slow to
+    /// take it, so that a request made meanwhile overtakes it.
+    WaitThenPerform(Duration),
     /// 200 with an HTML body, as from a misbehaving proxy.
     MalformedBody,
     /// No fault: the request is performed and answered normally. Queue it before another

@@ -93,6 +93,10 @@ pub(super) async fn handle_request(
             shared.hang(delay).await;
             performed.response
         }
+        Some(Fault::WaitThenPerform(delay)) => {
+            shared.hang(delay).await;
+            dispatch(&shared, &method, &params).await.response
+        }
         Some(Fault::RecordThenServerError) => {
             let _performed = dispatch(&shared, &method, &params).await;
             api_error(StatusCode::INTERNAL_SERVER_ERROR, "Internal Server Error", None)
@@ -182,7 +186,7 @@ pub(super) async fn fault_response(shared: &Shared, fault: Fault) -> Response {
             (status, [(header::CONTENT_TYPE, content_type)], body).into_response()
         }
         // Handled by the caller, which has to perform the request first.
-        Fault::RecordThenHang(_) | Fault::Pass | Fault::RecordThenServerError => {
+        Fault::RecordThenHang(_) | Fault::Pass | Fault::RecordThenServerError | Fault::WaitThenPerform(_) => {
             unreachable!("faults that perform the request are handled by handle_request")
         }
     }

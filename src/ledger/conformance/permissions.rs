@@ -100,6 +100,11 @@ pub(crate) async fn expiry_comes_with_time_or_with_the_session_and_is_final<B: B
     let unsettled: Vec<String> =
         ledger.unsettled_prompts().await.unwrap().into_iter().map(|row| row.id).collect();
     assert_eq!(unsettled, ["prm_new"]);
+    ledger.unsettle_prompt("prm_old").await.unwrap();
+    let mut unsettled: Vec<String> =
+        ledger.unsettled_prompts().await.unwrap().into_iter().map(|row| row.id).collect();
+    unsettled.sort();
+    assert_eq!(unsettled, ["prm_new", "prm_old"], "prm_old's prompt is to be edited again");
     assert_eq!(ledger.count_permissions_by_state().await.unwrap(), [(PermissionState::Expired, 2)]);
 }
 

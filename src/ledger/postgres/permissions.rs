@@ -231,6 +231,16 @@ impl Permissions for PgLedger {
         Ok(())
     }
 
+    async fn unsettle_prompt(&self, id: &str) -> LedgerResult<()> {
+        sqlx::query(
+            "UPDATE permission_requests SET prompt_settled = FALSE WHERE id = $1 AND state <> 'pending'",
+        )
+        .bind(id)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()> {
         // The first proof stands: a later press names the same message, or a stale one.
         sqlx::query(

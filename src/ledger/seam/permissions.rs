@@ -62,6 +62,10 @@ pub trait Permissions: Send + Sync {
     /// The prompt shows the request's final state (or there is nothing to show it on).
     async fn settle_prompt(&self, id: &str) -> LedgerResult<()>;
 
+    /// A finished request's prompt may not show its final state any more (an edit made
+    /// before it was finished reached Telegram after the final one): it is edited again.
+    async fn unsettle_prompt(&self, id: &str) -> LedgerResult<()>;
+
     /// A press on a prompt whose send was `unknown` proves it was posted, and where; a
     /// finished request's prompt can now be edited to show it.
     async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()>;

@@ -260,6 +260,15 @@ impl Permissions for SqliteLedger {
             .map(drop)
     }
 
+    async fn unsettle_prompt(&self, id: &str) -> LedgerResult<()> {
+        self.execute_in_place(
+            "UPDATE permission_requests SET prompt_settled = 0 WHERE id = ? AND state <> 'pending'",
+            [id],
+        )
+        .await
+        .map(drop)
+    }
+
     async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()> {
         self.execute_in_place(
             "UPDATE permission_requests SET prompt_message_id = ?, prompt_settled = 0 \
