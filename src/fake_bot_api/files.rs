@@ -97,13 +97,7 @@ impl FakeTelegram {
         file_name: &str,
         size: u64,
     ) -> i64 {
-        let content = json!({
-            "document": {
-                "file_id": file_id, "file_unique_id": format!("u-{file_id}"),
-                "file_name": file_name, "mime_type": "application/octet-stream", "file_size": size,
-            },
-        });
-        self.push_message("message", chat.borrow(), Some(from.borrow()), None, content)
+        self.push_registered_document(chat.borrow(), from.borrow(), file_id, file_name, Some(size))
     }
 
     /// Queues a document message carrying `file_id` without its size, as Telegram sends
@@ -115,13 +109,27 @@ impl FakeTelegram {
         file_id: &str,
         file_name: &str,
     ) -> i64 {
-        let content = json!({
-            "document": {
-                "file_id": file_id, "file_unique_id": format!("u-{file_id}"),
-                "file_name": file_name, "mime_type": "application/octet-stream",
-            },
+        self.push_registered_document(chat.borrow(), from.borrow(), file_id, file_name, None)
+    }
+
+    /// A document carrying a file registered with `add_file` (unlike `push_document`, which
+    /// makes up its file id).
+    fn push_registered_document(
+        &self,
+        chat: &ChatSpec,
+        from: &UserSpec,
+        file_id: &str,
+        file_name: &str,
+        size: Option<u64>,
+    ) -> i64 {
+        let mut document = json!({
+            "file_id": file_id, "file_unique_id": format!("u-{file_id}"),
+            "file_name": file_name, "mime_type": "application/octet-stream",
         });
-        self.push_message("message", chat.borrow(), Some(from.borrow()), None, content)
+        if let Some(size) = size {
+            document["file_size"] = json!(size);
+        }
+        self.push_message("message", chat, Some(from), None, json!({ "document": document }))
     }
 
     /// Queues a photo message whose largest size is `file_id`; returns its update id.

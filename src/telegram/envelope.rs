@@ -178,21 +178,19 @@ pub fn read(raw: &RawUpdate) -> Inbound {
     // Bot API makes optional), or a text with an entity of a kind newer than teloxide. It
     // is read again, repaired; one still unreadable is kept raw, never taken for a service
     // message, since a user wrote it.
-    let update = match &update.kind {
-        UpdateKind::Message(m) | UpdateKind::EditedMessage(m) if matches!(m.kind, MessageKind::Empty {}) => {
-            let repaired = repaired_for_teloxide(&raw.text)
-                .and_then(|text| catching_panics(|| serde_json::from_str::<Update>(&text)).ok()?.ok())
-                .unwrap_or(update);
-            if unreadable_content(&repaired) && has_content(&raw.text) {
-                return Inbound::Undecodable {
-                    update_id,
-                    reason: "teloxide cannot read the content of this message (a field newer than it?)"
-                        .into(),
-                };
-            }
-            repaired
+    let update = if unreadable_content(&update) {
+        let repaired = repaired_for_teloxide(&raw.text)
+            .and_then(|text| catching_panics(|| serde_json::from_str::<Update>(&text)).ok()?.ok())
+            .unwrap_or(update);
+        if unreadable_content(&repaired) && has_content(&raw.text) {
+            return Inbound::Undecodable {
+                update_id,
+                reason: "teloxide cannot read the content of this message (a field newer than it?)".into(),
+            };
         }
-        _ => update,
+        repaired
+    } else {
+        update
     };
     match catching_panics(|| classify(&update)) {
         Ok(inbound) => inbound,

@@ -377,13 +377,18 @@ fn latest_task(
     )
     .optional()?;
     let Some((id, task_id, revision, mut state)) = latest else { return Ok(None) };
-    if state == TaskState::Open
-        && execute_cached(db, concat!(close_if_finished!(), "AND id = ?2"), rusqlite::params![now(), id])?
-            == 1
-    {
+    if closed_as_finished(db, id, state)? {
         state = TaskState::Done;
     }
     Ok(Some((task_id, revision, state)))
+}
+
+/// Whether the task (row `id`, in `state`) is `open` with nothing left to do, and so was
+/// just marked `done`.
+fn closed_as_finished(db: &rusqlite::Connection, id: i64, state: TaskState) -> rusqlite::Result<bool> {
+    Ok(state == TaskState::Open
+        && execute_cached(db, concat!(close_if_finished!(), "AND id = ?2"), rusqlite::params![now(), id])?
+            == 1)
 }
 
 /// The latest open (or paused, or stopping) task of the conversation that another agent
@@ -404,10 +409,7 @@ fn open_task_of_another_agent(
     )
     .optional()?;
     let Some((id, task_id, state)) = latest else { return Ok(None) };
-    if state == TaskState::Open
-        && execute_cached(db, concat!(close_if_finished!(), "AND id = ?2"), rusqlite::params![now(), id])?
-            == 1
-    {
+    if closed_as_finished(db, id, state)? {
         return Ok(None);
     }
     stored_task(db, &task_id)
