@@ -350,26 +350,35 @@ async fn the_asking_session_ending_expires_its_requests_and_a_new_session_never_
 }
 
 /// A TCP proxy between a plugin and the daemon whose connections can be cut, as a network
-/// blip cuts a remote plugin's.
+/// blip cuts a remote plugin's, or stalled, as a connection that died without a word: both
+/// ends' writes still succeed, into buffers nobody reads.
 struct CuttableProxy {
     addr: std::net::SocketAddr,
-    current: std::sync::Arc<std::sync::Mutex<tokio_util::sync::CancellationToken>>,
+    current: std::sync::Arc<std::sync::Mutex<ProxyTokens>>,
+}
+
+#[derive(Default, Clone)]
+struct ProxyTokens {
+    cut: tokio_util::sync::CancellationToken,
+    stall: tokio_util::sync::CancellationToken,
 }
 
 impl CuttableProxy {
     async fn to(daemon: std::net::SocketAddr) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let current = std::sync::Arc::new(std::sync::Mutex::new(tokio_util::sync::CancellationToken::new()));
+        let current = std::sync::Arc::new(std::sync::Mutex::new(ProxyTokens::default()));
         let tokens = std::sync::Arc::clone(&current);
         tokio::spawn(async move {
             while let Ok((mut inbound, _)) = listener.accept().await {
-                let cut = tokens.lock().unwrap().clone();
+                let ProxyTokens { cut, stall } = tokens.lock().unwrap().clone();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(daemon).await else { return };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         () = cut.cancelled() => {}
+                        // Nothing moves any more, and both sockets stay open until the cut.
+                        () = stall.cancelled() => cut.cancelled().await,
                     }
                 });
             }
@@ -380,8 +389,16 @@ impl CuttableProxy {
     /// Cuts every connection open now; later ones go through.
     fn cut(&self) {
         let mut current = self.current.lock().unwrap();
-        current.cancel();
-        *current = tokio_util::sync::CancellationToken::new();
+        current.cut.cancel();
+        *current = ProxyTokens::default();
+    }
+
+    /// Stops every connection open now from carrying anything, keeping it open until the
+    /// next cut; later ones go through.
+    fn stall(&self) {
+        let mut current = self.current.lock().unwrap();
+        current.stall.cancel();
+        current.stall = tokio_util::sync::CancellationToken::new();
     }
 }
 
@@ -410,6 +427,47 @@ async fn a_request_outlives_its_plugins_broken_connection_and_the_answer_reaches
     let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
     assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
     assert_eq!(request(&daemon, "abcde").await.unwrap().state, PermissionState::Allowed);
+}
+
+/// The verdict is written into the asking plugin's stream while that connection is dead
+/// without a word (its bytes wait in a buffer nobody reads). The daemon's write succeeds,
+/// but the verdict is owed until the plugin confirms it handed it to Claude Code: the
+/// plugin's next stream carries it, and Claude Code is given it once. Before, a verdict
+/// counted as handed once written, and Claude Code waited at its prompt for good while the
+/// prompt in Telegram said "Allowed".
+#[tokio::test]
+async fn a_verdict_written_into_a_dead_connection_reaches_the_plugin_on_its_next_stream() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_config(&fake.api_url(), &relayed(600), &[]);
+    let proxy = CuttableProxy::to(daemon.api_addr()).await;
+    let (address_var, _) = daemon.address_env();
+    let plugin = plugin_builder(&daemon, "orchestrator")
+        .env(address_var, proxy.addr.to_string())
+        .start()
+        .await
+        .unwrap();
+    plugin.wait_for_stderr("channel::forwarder: connected to the switchboard daemon", WAIT).await.unwrap();
+    ask(&plugin, "abcde").await;
+    let prompt = prompt(&fake).await;
+    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
+
+    proxy.stall();
+    press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
+    let written = wait_for_request(&daemon, "abcde", |row| row.verdict_sent_at.is_some()).await;
+    assert_eq!(written.verdict_handed_at, None, "nothing reached the plugin");
+    assert!(verdicts(&plugin).is_empty());
+
+    proxy.cut();
+    plugin.wait_for_stderr("connected to the switchboard daemon again", WAIT).await.unwrap();
+    let verdict = plugin.wait_for_named(VERDICT_METHOD, 1, WAIT).await.unwrap();
+    assert_eq!(verdict[0].params, Some(json!({"request_id": "abcde", "behavior": "allow"})));
+    wait_for_request(&daemon, "abcde", |row| row.verdict_handed_at.is_some()).await;
+    // Once confirmed, no later stream carries it again.
+    proxy.cut();
+    plugin.wait_for_stderr_count("connected to the switchboard daemon again", 2, WAIT).await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
+    nth(&plugin, 1).await;
+    assert_eq!(verdicts(&plugin).len(), 1, "Claude Code was given the verdict once");
 }
 
 #[tokio::test]

@@ -304,7 +304,13 @@ fn print_permissions(requests: &[StoredPermission]) {
     for p in requests {
         let outcome = match (&p.answered_by_name, &p.answered_at, &p.expired_because) {
             (Some(by), Some(at), _) => {
-                format!("by {by} ({}) at {at}", p.answered_by.unwrap_or_default())
+                // Owed until the asking plugin confirms it gave the verdict to Claude Code.
+                let verdict = match (p.verdict_sent_at, p.verdict_handed_at) {
+                    (_, Some(handed)) => format!("verdict handed {}", text(handed)),
+                    (Some(_), None) => "verdict written, not confirmed".to_owned(),
+                    (None, None) => "verdict owed".to_owned(),
+                };
+                format!("by {by} ({}) at {at}, {verdict}", p.answered_by.unwrap_or_default())
             }
             (_, _, Some(because)) => format!("({because})"),
             _ => format!("expires {}", text(p.expires_at)),

@@ -107,7 +107,11 @@ pub struct StoredPermission {
     pub answered_by_name: Option<String>,
     pub answered_at: Option<DateTime<Utc>>,
     pub expired_because: Option<String>,
+    /// When the verdict was first written to the asking plugin's session stream.
     pub verdict_sent_at: Option<DateTime<Utc>>,
+    /// When the asking plugin confirmed it handed the verdict to Claude Code: until then
+    /// the verdict is owed, and written again on each stream the plugin opens.
+    pub verdict_handed_at: Option<DateTime<Utc>>,
 }
 
 impl PermissionState {

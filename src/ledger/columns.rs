@@ -50,7 +50,7 @@ macro_rules! permission_columns {
     () => {
         "id, agent, session_id, plugin_id, request_id, tool_name, description, input_preview, asked_at, \
          expires_at, state, route, chat_id, thread_id, prompt_send, prompt_message_id, prompt_error, \
-         prompt_settled, answered_by, answered_by_name, answered_at, expired_because, verdict_sent_at"
+         prompt_settled, answered_by, answered_by_name, answered_at, expired_because, verdict_sent_at, verdict_handed_at"
     };
 }
 pub(crate) use permission_columns;

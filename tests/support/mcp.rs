@@ -443,6 +443,25 @@ impl ChannelClient {
         }
     }
 
+    /// Waits until `count` stderr lines contain `needle`.
+    pub async fn wait_for_stderr_count(
+        &self,
+        needle: &str,
+        count: usize,
+        timeout: Duration,
+    ) -> anyhow::Result<()> {
+        let mut receiver = self.stderr_lines.subscribe();
+        let matching = |lines: &Vec<String>| lines.iter().filter(|line| line.contains(needle)).count();
+        let found = tokio::time::timeout(timeout, receiver.wait_for(|lines| matching(lines) >= count)).await;
+        match found {
+            Ok(Ok(_)) => Ok(()),
+            _ => bail!(
+                "fewer than {count} stderr lines contain {needle:?} within {timeout:?}\nstderr:\n{}",
+                self.stderr_tail()
+            ),
+        }
+    }
+
     /// [`Self::start`], returning once the plugin's session is connected to the daemon. The
     /// plugin answers MCP before that, and a daemon that does not know the session yet
     /// queues what it hands over instead of delivering it.

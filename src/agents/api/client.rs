@@ -350,6 +350,15 @@ impl DaemonClient {
         self.exchange("permissions", |url| self.http.post(url).json(ask).timeout(PERMISSION_TIMEOUT)).await
     }
 
+    /// Confirms that the verdict of permission request `permission_id` was handed to
+    /// Claude Code: until then the daemon writes it again on each session stream.
+    pub async fn verdict_handed(&self, permission_id: &str) -> Result<(), ClientError> {
+        let route = format!("permissions/{permission_id}/handed");
+        let _: serde::de::IgnoredAny =
+            self.exchange(&route, |url| self.http.post(url).timeout(QUERY_TIMEOUT)).await?;
+        Ok(())
+    }
+
     /// This plugin process's name for itself.
     pub fn plugin(&self) -> &str {
         &self.plugin

@@ -57,6 +57,7 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/v1/agents/{agent}/handoffs", post(handoff))
         .route("/v1/agents/{agent}/revisions", post(revise_task))
         .route("/v1/agents/{agent}/permissions", post(ask_permission))
+        .route("/v1/agents/{agent}/permissions/{permission_id}/handed", post(verdict_handed))
         .route("/v1/agents/{agent}/reactions", post(react))
         .route("/v1/agents/{agent}/edits", post(edit_message))
         .route("/v1/agents/{agent}/attachments/{trace_id}", get(download_attachment))
@@ -486,6 +487,15 @@ async fn ask_permission(
     let request: PermissionRequest = parse_body(body)?;
     let receipt = bridge.ask_permission(&caller.agent, caller.token(), request).await?;
     Ok(Json(receipt).into_response())
+}
+
+async fn verdict_handed(
+    State(bridge): State<Bridge>,
+    caller: Caller,
+    Path((_, permission_id)): Path<(String, String)>,
+) -> Result<Response, Failure> {
+    bridge.verdict_handed(&caller.agent, caller.token(), &permission_id).await?;
+    Ok(Json(serde_json::json!({})).into_response())
 }
 
 /// Streams an attachment from Telegram to the plugin as it arrives: the daemon keeps none

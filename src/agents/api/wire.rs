@@ -16,6 +16,7 @@
 //! | POST   | `ack`                   | [`AckRequest`]    | [`AckReceipt`]                       |
 //! | POST   | `handoffs`              | [`HandoffRequest`] | [`HandoffReceipt`]                  |
 //! | POST   | `permissions`           | [`PermissionRequest`] | [`PermissionReceipt`]            |
+//! | POST   | `permissions/{id}/handed` | —               | `{}`: the plugin handed that verdict to Claude Code |
 //! | POST   | `reactions`             | [`ReactRequest`]  | [`MessageActionReceipt`]             |
 //! | POST   | `edits`                 | [`EditRequest`]   | [`MessageActionReceipt`]             |
 //!
@@ -134,6 +135,10 @@ pub struct PermissionReceipt {
 /// (`notifications/claude/channel/permission`).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DeliveredVerdict {
+    /// The switchboard's id of the request (`prm_…`): the plugin confirms with it that it
+    /// handed the verdict to Claude Code (`POST permissions/{permission_id}/handed`).
+    #[serde(default)]
+    pub permission_id: String,
     pub request_id: String,
     /// `allow` or `deny`.
     pub behavior: String,

@@ -119,9 +119,16 @@ impl Bridge {
         self.hand_over_verdicts(guard, tx).await
     }
 
-    /// Writes the verdicts this session's plugin has not been handed yet; false when the
-    /// session is gone. A verdict written twice is harmless (Claude Code drops an answer
-    /// to a request it no longer waits on), so one is marked handed only once written.
+    /// Writes the verdicts owed to this session's plugin that this stream has not carried
+    /// yet; false when the session is gone.
+    ///
+    /// A verdict is owed until the plugin confirms it handed it to Claude Code
+    /// ([`Self::verdict_handed`]), not merely until it is written: a stream can take bytes
+    /// and still never bring them to the plugin (a connection dead without a word, a
+    /// daemon killed right after the write). So each stream the plugin opens carries every
+    /// verdict still owed to it, once. The plugin hands a verdict to Claude Code once,
+    /// however often it comes (a confirmation lost on its way is followed by the verdict
+    /// again).
     pub(super) async fn hand_over_verdicts(
         &self,
         guard: &SessionGuard,
@@ -134,15 +141,45 @@ impl Bridge {
                 PermissionState::Denied => "deny",
                 PermissionState::Pending | PermissionState::Expired => continue,
             };
-            let verdict =
-                DeliveredVerdict { request_id: row.request_id.clone(), behavior: behavior.to_owned() };
+            if !guard.carries_verdict(&row.id) {
+                continue;
+            }
+            let verdict = DeliveredVerdict {
+                permission_id: row.id.clone(),
+                request_id: row.request_id.clone(),
+                behavior: behavior.to_owned(),
+            };
             if tx.send(SessionEvent::PermissionVerdict(verdict)).await.is_err() {
                 return Ok(false);
             }
             self.inner.ledger.verdict_sent(&row.id).await?;
-            tracing::info!(agent = %guard.agent, permission_id = %row.id, behavior, "permission verdict handed to the plugin that asked");
+            tracing::info!(agent = %guard.agent, permission_id = %row.id, behavior, "permission verdict written to the plugin that asked");
         }
         Ok(true)
+    }
+
+    /// `POST permissions/{id}/handed`: the live session's plugin handed the verdict of
+    /// request `id` to Claude Code, so it is no longer owed.
+    pub async fn verdict_handed(
+        &self,
+        agent: &AgentName,
+        token: Option<&str>,
+        id: &str,
+    ) -> Result<(), ToolError> {
+        let (_session_id, plugin) = self.live_session_and_plugin(agent, token)?;
+        let plugin = plugin.ok_or_else(|| {
+            ToolError::Invalid(
+                "this session did not name its plugin process: it was handed no verdict".to_owned(),
+            )
+        })?;
+        if self.inner.ledger.verdict_handed(id, &plugin).await? {
+            tracing::debug!(%agent, permission_id = id, "the plugin handed the verdict to Claude Code");
+            Ok(())
+        } else {
+            Err(ToolError::Invalid(format!(
+                "this plugin asked no answered permission request {id}: nothing was changed"
+            )))
+        }
     }
 
     /// A plugin's session ended while the daemon runs: its pending requests expire, unless

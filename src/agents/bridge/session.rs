@@ -2,6 +2,7 @@
 //! that binds every tool call to it.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::sync::Mutex;
 
 use tokio::sync::mpsc;
 
@@ -116,6 +117,18 @@ pub(super) struct SessionGuard {
     session_id: String,
     /// The plugin process behind the session, if it named itself.
     pub(super) plugin: Option<String>,
+    /// The permission verdicts this stream has carried: each is written once per stream,
+    /// and again on the plugin's next stream until the plugin confirms it.
+    verdicts_carried: Mutex<HashSet<String>>,
+}
+
+impl SessionGuard {
+    /// Whether the verdict of request `permission_id` is still to be written to this
+    /// stream; from now on it is not.
+    pub(super) fn carries_verdict(&self, permission_id: &str) -> bool {
+        let mut carried = self.verdicts_carried.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        carried.insert(permission_id.to_owned())
+    }
 }
 
 impl Drop for SessionGuard {
@@ -170,7 +183,13 @@ impl Bridge {
                 sightings: Sightings::default(),
             });
         }
-        let guard = SessionGuard { bridge: self.clone(), agent: agent.clone(), session_id, plugin };
+        let guard = SessionGuard {
+            bridge: self.clone(),
+            agent: agent.clone(),
+            session_id,
+            plugin,
+            verdicts_carried: Mutex::default(),
+        };
         let (tx, rx) = mpsc::channel(SESSION_BUFFER);
         let bridge = self.clone();
         self.inner.tasks.spawn(async move {

@@ -46,6 +46,9 @@ pub(super) struct SessionForwarder {
     pub(super) media: super::Media,
     /// What the session was shown, noted as each envelope is pushed.
     pub(super) shown: super::shown::SharedShown,
+    /// The permission verdicts handed to Claude Code, so that one the daemon writes again
+    /// (it had no confirmation yet) is confirmed, not handed twice.
+    pub(super) verdicts: super::permissions::HandedVerdicts,
 }
 
 /// Why one connection of the session stream ended.
@@ -145,11 +148,14 @@ impl SessionForwarder {
                     }
                     // Claude Code waits on it to go on with a tool call: it goes at once.
                     Ok(Some(SessionEvent::PermissionVerdict(verdict))) => {
-                        let notification = super::permissions::verdict_notification(&verdict);
-                        if self.notify(notification).await.is_err() {
-                            return SessionEnd::AgentGone;
+                        if self.verdicts.hand_over(&verdict) {
+                            let notification = super::permissions::verdict_notification(&verdict);
+                            if self.notify(notification).await.is_err() {
+                                return SessionEnd::AgentGone;
+                            }
+                            tracing::info!(request_id = %verdict.request_id, behavior = %verdict.behavior, "permission verdict handed to the agent session");
                         }
-                        tracing::info!(request_id = %verdict.request_id, behavior = %verdict.behavior, "permission verdict handed to the agent session");
+                        super::permissions::confirm_handed(self.daemon.clone(), verdict);
                     }
                     Ok(Some(SessionEvent::Heartbeat)) => {}
                     Ok(Some(SessionEvent::Hello { .. })) => {

@@ -1076,6 +1076,7 @@ impl StreamStarter {
             tools: self.tools.clone(),
             media: self.media.clone(),
             shown: self.shown.clone(),
+            verdicts: permissions::HandedVerdicts::default(),
         };
         let shutdown = self.shutdown.clone();
         self.tasks.spawn(async move {

@@ -8,6 +8,8 @@
 //! Claude Code as `notifications/claude/channel/permission` (`request_id`, `behavior`). The
 //! terminal keeps asking meanwhile, and whichever answers first wins there.
 
+use std::collections::{HashSet, VecDeque};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rmcp::model::CustomNotification;
@@ -46,6 +48,60 @@ pub(super) fn read_request(params: Option<&Value>) -> Result<PermissionRequest, 
 pub(super) fn verdict_notification(verdict: &DeliveredVerdict) -> CustomNotification {
     let params = json!({ "request_id": verdict.request_id, "behavior": verdict.behavior });
     CustomNotification::new(PERMISSION_VERDICT_METHOD, Some(params))
+}
+
+/// How many handed verdicts a plugin remembers: far more than a session has waiting at
+/// once, since the daemon writes again only what it has no confirmation of.
+const REMEMBERED_VERDICTS: usize = 1024;
+
+/// The verdicts this plugin process handed to Claude Code, the newest
+/// [`REMEMBERED_VERDICTS`] of them.
+#[derive(Clone, Default)]
+pub(super) struct HandedVerdicts(Arc<Mutex<Remembered>>);
+
+#[derive(Default)]
+struct Remembered {
+    ids: HashSet<String>,
+    order: VecDeque<String>,
+}
+
+impl HandedVerdicts {
+    /// Whether `verdict` is to be handed to Claude Code: the first time it comes, not when
+    /// the daemon writes it again because its confirmation did not reach it.
+    pub(super) fn hand_over(&self, verdict: &DeliveredVerdict) -> bool {
+        let key = verdict_key(verdict);
+        let mut remembered = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if !remembered.ids.insert(key.clone()) {
+            return false;
+        }
+        remembered.order.push_back(key);
+        if remembered.order.len() > REMEMBERED_VERDICTS
+            && let Some(oldest) = remembered.order.pop_front()
+        {
+            remembered.ids.remove(&oldest);
+        }
+        true
+    }
+}
+
+/// A verdict's identity: its request as the switchboard names it (a daemon before these
+/// confirmations named only Claude Code's id).
+fn verdict_key(verdict: &DeliveredVerdict) -> String {
+    if verdict.permission_id.is_empty() { verdict.request_id.clone() } else { verdict.permission_id.clone() }
+}
+
+/// Tells the daemon, off the stream's path, that the verdict was handed to Claude Code. A
+/// confirmation that does not arrive costs only the verdict written again on the next
+/// stream, which [`HandedVerdicts`] then confirms without handing it twice.
+pub(super) fn confirm_handed(daemon: DaemonClient, verdict: DeliveredVerdict) {
+    if verdict.permission_id.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        if let Err(error) = daemon.verdict_handed(&verdict.permission_id).await {
+            tracing::debug!(permission_id = %verdict.permission_id, %error, "could not confirm a handed verdict; the daemon writes it again on the next stream");
+        }
+    });
 }
 
 /// Relays one request to the daemon. Asking again after a broken connection is safe: the
@@ -105,6 +161,23 @@ mod tests {
     use crate::agents::api::wire::ApiError;
 
     #[test]
+    fn a_verdict_written_again_is_handed_over_once() {
+        let handed = HandedVerdicts::default();
+        let verdict = |id: &str| DeliveredVerdict {
+            permission_id: id.into(),
+            request_id: "abcde".into(),
+            behavior: "allow".into(),
+        };
+        assert!(handed.hand_over(&verdict("prm_1")));
+        assert!(!handed.hand_over(&verdict("prm_1")), "written again, before its confirmation arrived");
+        assert!(handed.hand_over(&verdict("prm_2")), "another request, even with Claude Code's id reused");
+        for n in 0..REMEMBERED_VERDICTS {
+            assert!(handed.hand_over(&verdict(&format!("prm_x{n}"))));
+        }
+        assert!(handed.hand_over(&verdict("prm_1")), "the oldest is forgotten: the memory stays bounded");
+    }
+
+    #[test]
     fn a_request_reads_claude_codes_params() {
         let params = json!({"request_id": "abcde", "tool_name": "Bash", "description": "run ls", "input_preview": "{}"});
         let request = read_request(Some(&params)).unwrap();
@@ -132,7 +205,11 @@ mod tests {
 
     #[test]
     fn a_verdict_is_the_request_id_and_the_behavior() {
-        let verdict = DeliveredVerdict { request_id: "abcde".into(), behavior: "deny".into() };
+        let verdict = DeliveredVerdict {
+            permission_id: "prm_1".into(),
+            request_id: "abcde".into(),
+            behavior: "deny".into(),
+        };
         let notification = verdict_notification(&verdict);
         assert_eq!(notification.method, PERMISSION_VERDICT_METHOD);
         assert_eq!(notification.params, Some(json!({"request_id": "abcde", "behavior": "deny"})));

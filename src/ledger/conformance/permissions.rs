@@ -52,12 +52,28 @@ pub(crate) async fn a_request_is_recorded_once_per_plugin_and_the_first_verdict_
         AnswerRecorded::Unknown
     );
 
-    // The verdict is owed to the asking plugin alone, until written to its session.
+    // The verdict is owed to the asking plugin alone, until it confirms it handed it to
+    // Claude Code: written to its session stream, it is still owed (the stream may never
+    // have brought it).
     let undelivered = ledger.undelivered_verdicts("plg_a").await.unwrap();
     assert_eq!(undelivered.iter().map(|row| row.id.as_str()).collect::<Vec<_>>(), ["prm_1"]);
     assert!(ledger.undelivered_verdicts("plg_b").await.unwrap().is_empty(), "prm_3 is unanswered");
     ledger.verdict_sent("prm_1").await.unwrap();
+    let written = ledger.permission("prm_1").await.unwrap().unwrap().verdict_sent_at;
+    assert!(written.is_some());
+    assert_eq!(ledger.undelivered_verdicts("plg_a").await.unwrap().len(), 1, "written is not handed");
+    ledger.verdict_sent("prm_1").await.unwrap();
+    assert_eq!(
+        ledger.permission("prm_1").await.unwrap().unwrap().verdict_sent_at,
+        written,
+        "the first write is kept"
+    );
+    assert!(!ledger.verdict_handed("prm_1", "plg_b").await.unwrap(), "another plugin cannot confirm it");
+    assert!(!ledger.verdict_handed("prm_3", "plg_b").await.unwrap(), "an unanswered request has no verdict");
+    assert!(ledger.verdict_handed("prm_1", "plg_a").await.unwrap());
     assert!(ledger.undelivered_verdicts("plg_a").await.unwrap().is_empty());
+    assert!(ledger.verdict_handed("prm_1", "plg_a").await.unwrap(), "confirming again changes nothing");
+    assert!(ledger.permission("prm_1").await.unwrap().unwrap().verdict_handed_at.is_some());
 }
 
 pub(crate) async fn expiry_comes_with_time_or_with_the_session_and_is_final<B: Backend>() {

@@ -258,7 +258,7 @@ impl Permissions for PgLedger {
         Ok(sqlx::query_as(concat!(
             "SELECT ",
             permission_columns!(),
-            " FROM permission_requests WHERE plugin_id = $1 AND verdict_sent_at IS NULL \
+            " FROM permission_requests WHERE plugin_id = $1 AND verdict_handed_at IS NULL \
              AND state IN ('allowed', 'denied') ORDER BY answered_at"
         ))
         .bind(plugin)
@@ -267,11 +267,23 @@ impl Permissions for PgLedger {
     }
 
     async fn verdict_sent(&self, id: &str) -> LedgerResult<()> {
-        sqlx::query("UPDATE permission_requests SET verdict_sent_at = now() WHERE id = $1")
+        sqlx::query("UPDATE permission_requests SET verdict_sent_at = now() WHERE id = $1 AND verdict_sent_at IS NULL")
             .bind(id)
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn verdict_handed(&self, id: &str, plugin: &str) -> LedgerResult<bool> {
+        let confirmed = sqlx::query(
+            "UPDATE permission_requests SET verdict_handed_at = COALESCE(verdict_handed_at, now()) \
+             WHERE id = $1 AND plugin_id = $2 AND state IN ('allowed', 'denied')",
+        )
+        .bind(id)
+        .bind(plugin)
+        .execute(&self.pool)
+        .await?;
+        Ok(confirmed.rows_affected() > 0)
     }
 
     async fn list_permissions(&self, limit: i64) -> LedgerResult<Vec<StoredPermission>> {

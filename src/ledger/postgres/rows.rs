@@ -257,6 +257,7 @@ impl FromRow<'_, PgRow> for StoredPermission {
             answered_at: row.try_get("answered_at")?,
             expired_because: row.try_get("expired_because")?,
             verdict_sent_at: row.try_get("verdict_sent_at")?,
+            verdict_handed_at: row.try_get("verdict_handed_at")?,
         })
     }
 }

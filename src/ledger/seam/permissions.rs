@@ -70,11 +70,18 @@ pub trait Permissions: Send + Sync {
     /// finished request's prompt can now be edited to show it.
     async fn note_prompt_message(&self, id: &str, message_id: i32) -> LedgerResult<()>;
 
-    /// Verdicts for `plugin` not yet written to its session, oldest first.
+    /// Verdicts owed to `plugin`: answered, and not yet confirmed by it as handed to Claude
+    /// Code, oldest first.
     async fn undelivered_verdicts(&self, plugin: &str) -> LedgerResult<Vec<StoredPermission>>;
 
-    /// The verdict was written to the asking plugin's session.
+    /// The verdict was written to the asking plugin's session stream (the first write is
+    /// kept). It is still owed until the plugin confirms it ([`Self::verdict_handed`]).
     async fn verdict_sent(&self, id: &str) -> LedgerResult<()>;
+
+    /// The asking plugin confirms it handed the verdict of request `id` to Claude Code;
+    /// false when `plugin` asked no answered request with that id. Confirming again
+    /// changes nothing.
+    async fn verdict_handed(&self, id: &str, plugin: &str) -> LedgerResult<bool>;
 
     /// The newest requests first, for `switchboard ledger permissions`.
     async fn list_permissions(&self, limit: i64) -> LedgerResult<Vec<StoredPermission>>;

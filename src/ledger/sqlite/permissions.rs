@@ -44,6 +44,7 @@ impl StoredPermission {
             answered_at: optional_timestamp(row, "answered_at")?,
             expired_because: row.get("expired_because")?,
             verdict_sent_at: optional_timestamp(row, "verdict_sent_at")?,
+            verdict_handed_at: optional_timestamp(row, "verdict_handed_at")?,
         })
     }
 }
@@ -287,7 +288,7 @@ impl Permissions for SqliteLedger {
                 concat!(
                     "SELECT ",
                     permission_columns!(),
-                    " FROM permission_requests WHERE plugin_id = ? AND verdict_sent_at IS NULL \
+                    " FROM permission_requests WHERE plugin_id = ? AND verdict_handed_at IS NULL \
                      AND (state = 'allowed' OR state = 'denied') ORDER BY answered_at"
                 ),
                 [plugin.as_str()],
@@ -298,9 +299,22 @@ impl Permissions for SqliteLedger {
     }
 
     async fn verdict_sent(&self, id: &str) -> LedgerResult<()> {
-        self.execute_in_place("UPDATE permission_requests SET verdict_sent_at = ? WHERE id = ?", (now(), id))
-            .await
-            .map(drop)
+        self.execute_in_place(
+            "UPDATE permission_requests SET verdict_sent_at = ? WHERE id = ? AND verdict_sent_at IS NULL",
+            (now(), id),
+        )
+        .await
+        .map(drop)
+    }
+
+    async fn verdict_handed(&self, id: &str, plugin: &str) -> LedgerResult<bool> {
+        self.execute_in_place(
+            "UPDATE permission_requests SET verdict_handed_at = COALESCE(verdict_handed_at, ?) \
+             WHERE id = ? AND plugin_id = ? AND (state = 'allowed' OR state = 'denied')",
+            (now(), id, plugin),
+        )
+        .await
+        .map(|changed| changed > 0)
     }
 
     async fn list_permissions(&self, limit: i64) -> LedgerResult<Vec<StoredPermission>> {

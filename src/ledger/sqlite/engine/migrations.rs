@@ -74,6 +74,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(14, "0014_permission_requests.sql"),
     migration!(15, "0015_revision_requests.sql"),
     migration!(16, "0016_album_items.sql"),
+    migration!(17, "0017_verdicts_handed.sql"),
 ];
 
 impl Migration {
