@@ -784,3 +784,31 @@ async fn the_ledger_command_migrates_only_a_ledger_no_daemon_holds() {
     SqliteLedger::open_existing(&path, Synchronous::Normal).await.unwrap().close().await;
     assert_eq!(applied(&path), latest);
 }
+
+/// Verdicts written before migration 17 count as handed (their plugins may run the code
+/// that never confirms); a verdict never written stays owed.
+#[tokio::test]
+async fn the_handed_verdicts_migration_counts_written_verdicts_as_handed() {
+    let (_dir, path, db) = ledger_migrated_to(16);
+    let row = |id: &str, request_id: &str, sent: &str| {
+        format!(
+            "INSERT INTO permission_requests (id, agent, session_id, plugin_id, request_id, tool_name, description, \
+             input_preview, asked_at, expires_at, state, route, chat_id, prompt_send, prompt_settled, answered_at, \
+             verdict_sent_at) VALUES ('{id}', 'orch', 'ses_1', 'plg_a', '{request_id}', 'Bash', 'ls', '{{}}', \
+             '2026-01-01T00:00:00.000Z', '2026-01-02T00:00:00.000Z', 'allowed', 'dm', 42, 'sent', 1, \
+             '2026-01-01T00:00:01.000Z', {sent});"
+        )
+    };
+    db.execute_batch(
+        &(row("prm_written", "abcde", "'2026-01-01T00:00:02.000Z'") + &row("prm_owed", "fghij", "NULL")),
+    )
+    .unwrap();
+    drop(db);
+
+    let ledger = SqliteLedger::open(&path, Synchronous::Normal).await.unwrap();
+    let owed = ledger.undelivered_verdicts("plg_a").await.unwrap();
+    assert_eq!(owed.iter().map(|row| row.id.as_str()).collect::<Vec<_>>(), ["prm_owed"]);
+    let written = ledger.permission("prm_written").await.unwrap().unwrap();
+    assert_eq!(written.verdict_handed_at, written.verdict_sent_at);
+    assert!(written.verdict_handed_at.is_some());
+}
