@@ -61,6 +61,9 @@ pub struct Leadership {
     status: Leading,
     /// The tenure's end, moved on at each renewal: sends check it as they leave.
     leads_until: tokio::sync::watch::Sender<std::time::Instant>,
+    /// The webhook listener this replica relayed with while it stood by, still open: the
+    /// daemon closes it once the lease is being renewed ([`Self::take_relaying`]).
+    relaying: Option<Relaying>,
 }
 
 /// The webhook a standby listens on while another replica leads: it commits each delivery
@@ -162,10 +165,6 @@ impl Leadership {
                 }
             }
         };
-        // The daemon binds the webhook's address itself, and takes deliveries in.
-        if let Some(relaying) = relaying {
-            relaying.stop().await;
-        }
         tracing::info!(replica = %postgres.replica, bot_id, term = tenure.term.get(), "{LEADING_MESSAGE}");
         ledger.lead_polling(bot_id, tenure.term);
         let hold = LedgerHold {
@@ -181,6 +180,7 @@ impl Leadership {
                     leads: Arc::new(AtomicBool::new(true)),
                 },
                 leads_until: tokio::sync::watch::Sender::new(tenure.ends_at()),
+                relaying,
             })),
         };
         Ok(Taken::Hold(hold))
@@ -195,6 +195,15 @@ impl Leadership {
         self.status.leads.store(false, Ordering::Release);
         self.ledger.stop_leading_polling(self.bot_id, self.tenure.term);
         step_down
+    }
+
+    /// The webhook listener this replica relayed with while it stood by. The daemon binds
+    /// that address itself once it is closed, which waits for the deliveries being
+    /// committed (each bounded by the ledger's lock timeout, seconds): so it is closed once
+    /// the lease is being renewed, or a lease shorter than that wait would lapse and hand
+    /// the bot to another replica before this one served at all.
+    pub fn take_relaying(&mut self) -> Option<Relaying> {
+        self.relaying.take()
     }
 
     /// The ledger this replica leads on, for what only PostgreSQL has (relayed deliveries).
@@ -220,7 +229,8 @@ pub const STANDING_BY_MESSAGE: &str = "standing by: another replica leads this b
 pub const LEADING_MESSAGE: &str = "elected: this replica leads the bot";
 
 /// A standby's webhook listener, relaying deliveries to the leader.
-struct Relaying {
+#[derive(Debug)]
+pub struct Relaying {
     serving: tokio::task::JoinHandle<anyhow::Result<()>>,
     tasks: tokio_util::task::TaskTracker,
     stop: CancellationToken,
@@ -246,7 +256,7 @@ impl Relaying {
     }
 
     /// Stops listening once the deliveries being committed are: the port is free after.
-    async fn stop(self) {
+    pub async fn stop(self) {
         self.stop.cancel();
         self.tasks.close();
         self.tasks.wait().await;

@@ -175,7 +175,7 @@ impl Daemon {
         hangups: Option<tokio::signal::unix::Signal>,
         shutdown: CancellationToken,
     ) -> anyhow::Result<Self> {
-        let LedgerHold { ledger, entitlement } = hold;
+        let LedgerHold { ledger, mut entitlement } = hold;
         let leading_status = match &entitlement {
             Entitlement::Leader(leadership) => Some(leadership.status()),
             Entitlement::FileLock(_) => None,
@@ -195,6 +195,10 @@ impl Daemon {
         // Outside `tasks`: a leader gives its lease up only once everything it started has
         // finished and been recorded, or a standby would find those sends in flight.
         let resign = CancellationToken::new();
+        let relaying = match &mut entitlement {
+            Entitlement::Leader(leadership) => leadership.take_relaying(),
+            Entitlement::FileLock(_) => None,
+        };
         let leading = match entitlement {
             Entitlement::FileLock(lock) => Leading::Locked(lock),
             Entitlement::Leader(leadership) => Leading::Renewing(tokio::spawn(lead(
@@ -204,6 +208,11 @@ impl Daemon {
                 Arc::clone(&failure),
             ))),
         };
+        // The standby's listener lets go of the webhook's address once the deliveries it is
+        // committing are in (the daemon binds that address itself, and takes them in).
+        if let Some(relaying) = relaying {
+            relaying.stop().await;
+        }
         recover_interrupted_sends(&ledger).await?;
         let listener = ApiListener::bind(&settings.api).await?;
 

@@ -414,6 +414,53 @@ async fn a_standby_takes_webhook_deliveries_for_the_leader_and_serves_them_itsel
     assert_eq!(relayed_left, 0, "every relayed delivery was taken in and forgotten");
 }
 
+/// An elected standby lets go of its relaying listener once the deliveries it is
+/// committing are in, which can take seconds (here a lock held elsewhere on the relay's
+/// table). It renews its lease meanwhile, so a third replica finds the lease alive and
+/// stands by. Before, renewals started only after that wait: a lease shorter than it
+/// lapsed, and the third replica took the bot from a leader that had not served yet.
+#[tokio::test]
+async fn an_elected_standby_renews_its_lease_while_its_last_relayed_deliveries_commit() {
+    let fake = FakeTelegram::start().await;
+    let (mut leader, mut standby, _, standby_hook) = webhook_leader_and_standby(&fake).await;
+    let TestLedger::Postgres(schema) = &standby.ledger_at else { panic!("replicas are on PostgreSQL") };
+    let schema = std::sync::Arc::clone(schema);
+    let holder = schema.lock_tables_against_writes("relayed_updates");
+    fake.route_webhook_to(standby_hook.parse().unwrap());
+    let held = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "committed after the election");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    leader.kill9();
+    let holder_now = || schema.scalar("SELECT holder FROM poller_leases");
+    let deadline = Instant::now() + WAIT;
+    while holder_now().as_deref() != Some("second") {
+        assert!(Instant::now() < deadline, "the standby was not elected:\n{}", standby.logs());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut third = standby
+        .replica()
+        .with_env("SWITCHBOARD__STORAGE__REPLICA", "third")
+        .with_env(WEBHOOK_LISTEN_ENV, &format!("127.0.0.1:{}", free_port()));
+    third.launch_standby();
+    wait_standing_by(&third).await;
+    // Three leases with the delivery still waiting on the lock.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    holder.release();
+
+    standby.wait_until_serving(WAIT);
+    fake.wait_until_delivered(held, 1, WAIT).await;
+    // The fake gave up waiting on the held delivery and tried again meanwhile: however
+    // often, it is one envelope.
+    assert_eq!(fake.deliveries_of(held).last(), Some(&Delivery::Answered(200)));
+    let after = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "served by the elected standby");
+    fake.wait_until_delivered(after, 1, WAIT).await;
+    wait_for_envelopes(&standby, 2).await;
+    assert_each_update_once(&envelopes(&standby).await, 2);
+    assert_eq!(holder_now().as_deref(), Some("second"), "{}", third.logs());
+    assert!(!third.logs().contains(LEADING_MESSAGE), "the third replica took the bot:\n{}", third.logs());
+    assert!(!standby.logs().contains(LEADERSHIP_LOST_MESSAGE), "{}", standby.logs());
+}
+
 #[tokio::test]
 async fn a_standby_killed_between_its_commit_and_its_answer_leaves_one_envelope() {
     let fake = FakeTelegram::start().await;
