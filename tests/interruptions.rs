@@ -332,6 +332,37 @@ async fn a_reply_cut_off_part_way_resumes_without_resending_the_delivered_parts(
     let starts: Vec<&str> = sent.iter().map(|m| &m.text[..6]).collect();
     assert_eq!(starts, ["part 0", "part 1", "part 2"], "each part exactly once, in order");
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+
+    // The reply is whole: the same call once more (a retry after a cancelled call) posts
+    // nothing, and says what the reply came to.
+    let (is_error, answer) =
+        orchestrator.call_tool("reply", json!({"text": text, "trace_id": trace})).await.unwrap();
+    assert!(is_error && answer.starts_with("already_answered: "), "{answer}");
+    assert!(answer.contains("was delivered"), "{answer}");
+    assert_eq!(fake.sent_messages().len(), 3, "no part posted twice");
+}
+
+/// What became of the request that finished a reply cut off part-way: delivered, with
+/// every part's message, the ones the earlier request posted included.
+#[tokio::test]
+async fn the_request_that_finished_a_cut_off_reply_reads_as_delivered() {
+    let RawOwnerWaiting { fake, daemon: _daemon, client, stream: _stream, envelope } =
+        raw_owner_waiting("the long story").await;
+    let text = text_of_parts(3);
+    fake.fail_send_message(Fault::Pass);
+    fake.fail_send_message(Fault::BadRequest("Bad Request: message thread not found".into()));
+    let cut_off = ReplyRequest::new(&text, Some(envelope.trace_id.clone()));
+    client.reply(&cut_off).await.unwrap_err();
+
+    let finishing = ReplyRequest::new(&text, Some(envelope.trace_id.clone()));
+    let receipt = client.reply(&finishing).await.unwrap();
+    assert_eq!(receipt.message_ids.len(), 3, "{receipt:?}");
+    assert_eq!(client.reply_outcome(&finishing.request_id).await.unwrap(), receipt);
+
+    let once_more = ReplyRequest::new(&text, Some(envelope.trace_id.clone()));
+    let refused = client.reply(&once_more).await.unwrap_err();
+    assert_eq!(refusal_code(&refused), Some(ErrorCode::AlreadyAnswered), "{refused}");
+    assert_eq!(fake.sent_messages().len(), 3);
 }
 
 #[tokio::test]

@@ -278,7 +278,8 @@ impl RecordedReply {
 }
 
 impl ReplyTally {
-    /// Sums up the attempts of one request, oldest first. Retries of a rate-limited part
+    /// Sums up the attempts of one request, oldest first (as [`standing_attempts`] gives
+    /// them, its own first: the part count is the first one's). Retries of a rate-limited part
     /// are attempts of their own: a part counts as sent once any of its attempts was.
     pub fn of(attempts: &[StoredAttempt]) -> Option<Self> {
         let parts = usize::try_from(attempts.first()?.chunk_count).unwrap_or(0);
@@ -287,12 +288,7 @@ impl ReplyTally {
         let mut last_error = None;
         for attempt in attempts {
             let index = usize::try_from(attempt.chunk_index).unwrap_or(0);
-            let effective = match attempt.reconciled_outcome {
-                Some(ReconciledOutcome::Sent) => AttemptState::Sent,
-                Some(ReconciledOutcome::NotSent) => AttemptState::NotSent,
-                None => attempt.outcome,
-            };
-            match effective {
+            match attempt.effective_outcome() {
                 AttemptState::Sent => {
                     let id = attempt.telegram_message_id.and_then(|id| i32::try_from(id).ok()).unwrap_or(0);
                     if !sent.iter().any(|(i, _)| *i == index) {
@@ -319,6 +315,58 @@ impl ReplyTally {
         });
         Some(Self { sent, parts, verdict })
     }
+}
+
+impl StoredAttempt {
+    /// Its outcome once an operator's finding is applied.
+    pub fn effective_outcome(&self) -> AttemptState {
+        match self.reconciled_outcome {
+            Some(ReconciledOutcome::Sent) => AttemptState::Sent,
+            Some(ReconciledOutcome::NotSent) => AttemptState::NotSent,
+            None => self.outcome,
+        }
+    }
+}
+
+/// The attempts `request_id`'s outcome stands on: its own, then the confirmed ones of the
+/// parts it carried over from the request before it. `history`: the reply-part attempts of
+/// the request's envelope, oldest first (those of later requests are ignored).
+///
+/// A request that resumes a reply cut off part-way sends nothing for the parts already
+/// delivered and leaves no attempt for them; its outcome still counts them, or a reply
+/// delivered in full would read as cut off, and the next identical call would send its
+/// first parts again. Which parts it carried follows from how a reply is delivered: in part
+/// order, skipping only the parts carried, which are a prefix of the earlier request's
+/// delivered parts (the one just before it on the envelope: one reply at a time goes to an
+/// envelope). So the parts a request carried are the earlier request's delivered parts
+/// below the first part it tried itself.
+pub fn standing_attempts(history: &[StoredAttempt], request_id: &str) -> Vec<StoredAttempt> {
+    let mut requests: Vec<(&str, Vec<&StoredAttempt>)> = Vec::new();
+    for attempt in history {
+        let Some(id) = attempt.request_id.as_deref() else { continue };
+        match requests.iter_mut().find(|(seen, _)| *seen == id) {
+            Some((_, attempts)) => attempts.push(attempt),
+            None => requests.push((id, vec![attempt])),
+        }
+    }
+    let mut standing: Vec<StoredAttempt> = Vec::new();
+    for (id, own) in requests {
+        let first_tried = own.iter().map(|attempt| attempt.chunk_index).min().unwrap_or(0);
+        let mut carried: Vec<StoredAttempt> = Vec::new();
+        for earlier in standing.iter().filter(|a| a.effective_outcome() == AttemptState::Sent) {
+            if earlier.chunk_index < first_tried
+                && !carried.iter().any(|c| c.chunk_index == earlier.chunk_index)
+            {
+                carried.push(earlier.clone());
+            }
+        }
+        // Its own attempts first: [`ReplyTally::of`] reads the part count from the first.
+        standing = own.into_iter().cloned().chain(carried).collect();
+        if id == request_id {
+            return standing;
+        }
+    }
+    Vec::new()
 }
 
 /// What an operator found out about an unresolved reply.
@@ -367,6 +415,58 @@ pub enum ReconcileError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn attempt(
+        request: &str,
+        index: i64,
+        count: i64,
+        outcome: AttemptState,
+        message_id: i64,
+    ) -> StoredAttempt {
+        StoredAttempt {
+            op_id: format!("op_{index:0>10}").as_str().into(),
+            request_id: Some(request.into()),
+            method: AttemptMethod::SendMessage,
+            target_message_id: None,
+            chat_id: 1,
+            thread_id: None,
+            reply_to_message_id: Some(1),
+            chunk_index: index,
+            chunk_count: count,
+            text: format!("part {index}"),
+            outcome,
+            telegram_message_id: (outcome == AttemptState::Sent).then_some(message_id),
+            error: None,
+            started_at: Utc::now(),
+            finished_at: None,
+            reconciled_outcome: None,
+            reconciled_reason: None,
+        }
+    }
+
+    #[test]
+    fn a_resumed_request_stands_on_the_parts_it_carried() {
+        let history = [
+            attempt("one", 0, 3, AttemptState::Sent, 10),
+            attempt("one", 1, 3, AttemptState::NotSent, 0),
+            // Resumed: part 0 carried, then its part 1 sent, part 2 refused.
+            attempt("two", 1, 3, AttemptState::Sent, 11),
+            attempt("two", 2, 3, AttemptState::NotSent, 0),
+            // Resumed again: parts 0 and 1 carried, through the request before.
+            attempt("three", 2, 3, AttemptState::Sent, 12),
+            // Started over (the text changed): carries nothing.
+            attempt("four", 0, 1, AttemptState::Sent, 13),
+        ];
+        let tally = |request| ReplyTally::of(&standing_attempts(&history, request)).unwrap();
+        assert_eq!(tally("one").sent, [(0, 10)]);
+        assert!(matches!(tally("one").verdict, ReplyVerdict::NotSent { .. }));
+        assert_eq!(tally("two").sent, [(0, 10), (1, 11)]);
+        assert!(matches!(tally("two").verdict, ReplyVerdict::NotSent { .. }));
+        assert_eq!(tally("three").sent, [(0, 10), (1, 11), (2, 12)]);
+        assert_eq!(tally("three").verdict, ReplyVerdict::Delivered);
+        assert_eq!((tally("four").sent, tally("four").parts), (vec![(0, 13)], 1));
+        assert!(standing_attempts(&history, "never").is_empty());
+    }
 
     #[test]
     fn an_outcome_found_already_recorded_as_it_is_was_this_record_committed_before() {

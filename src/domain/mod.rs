@@ -19,6 +19,7 @@ pub mod tasks;
 pub use attempts::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, AttemptState, FinishedAttempt, NewAttempt, ReconcileError,
     ReconciledOutcome, Reconciliation, RecordedReply, ReplyTally, ReplyVerdict, StoredAttempt,
+    standing_attempts,
 };
 pub use envelopes::{
     AlbumKey, EnvelopeKind, EnvelopeState, FoundForReply, JoinedAlbum, RoutedEnvelope, StoredEnvelope,

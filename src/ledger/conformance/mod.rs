@@ -77,6 +77,7 @@ macro_rules! suite {
             replies::a_reply_cut_off_at_an_unknown_part_found_delivered_goes_back_to_finish,
             replies::an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone,
             replies::a_reply_request_is_summed_up_from_its_attempts,
+            replies::a_resumed_request_counts_the_parts_it_carried,
             replies::reactions_and_edits_settle_nothing_and_are_no_part_of_a_reply,
             replies::the_bots_messages_are_known_by_their_confirmed_sends,
             replies::reactions_are_owed_to_the_agent_whose_reply_they_are_on_and_stored_once,

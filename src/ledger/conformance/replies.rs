@@ -215,6 +215,39 @@ pub(crate) async fn a_reply_request_is_summed_up_from_its_attempts<B: Backend>()
     assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
 }
 
+/// A request that finished a reply cut off part-way left attempts only for the parts it
+/// sent; its outcome counts the parts it carried from the request before it, so the reply
+/// reads as delivered, by it and as the envelope's last reply.
+pub(crate) async fn a_resumed_request_counts_the_parts_it_carried<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let e = one_pending_message(&*ledger).await;
+    let sent = |message_id| AttemptOutcome::Sent { message_id };
+    // Three parts: the first sent, the second refused.
+    let first = ledger.begin_attempt(&reply_attempt(e.id, "req_cutoff01", 0, 3)).await.unwrap().unwrap();
+    ledger.finish_attempt(&first, &sent(5), "agent:orch").await.unwrap();
+    let refused = ledger.begin_attempt(&reply_attempt(e.id, "req_cutoff01", 1, 3)).await.unwrap().unwrap();
+    let not_sent = AttemptOutcome::NotSent { error: "400".into() };
+    ledger.finish_attempt(&refused, &not_sent, "agent:orch").await.unwrap();
+    // The same text again: the second and third parts.
+    for (index, message_id) in [(1, 6), (2, 7)] {
+        let op = ledger.begin_attempt(&reply_attempt(e.id, "req_resumed1", index, 3)).await.unwrap().unwrap();
+        ledger.finish_attempt(&op, &sent(message_id), "agent:orch").await.unwrap();
+    }
+
+    let resumed = ledger.recorded_reply("orch", "req_resumed1").await.unwrap().unwrap();
+    assert_eq!(resumed.verdict, ReplyVerdict::Delivered);
+    assert_eq!(resumed.sent, [(0, 5), (1, 6), (2, 7)]);
+    let (request_id, attempts) = ledger.last_reply_for(e.id).await.unwrap().unwrap();
+    assert_eq!(request_id, "req_resumed1");
+    let tally = ReplyTally::of(&attempts).unwrap();
+    assert_eq!((tally.verdict, tally.sent.len()), (ReplyVerdict::Delivered, 3));
+    // The earlier request still reads as what it was.
+    let cut_off = ledger.recorded_reply("orch", "req_cutoff01").await.unwrap().unwrap();
+    assert_eq!(cut_off.sent, [(0, 5)]);
+    assert!(matches!(cut_off.verdict, ReplyVerdict::NotSent { .. }), "{cut_off:?}");
+    assert_eq!(ledger.find(&e.trace_id).await.unwrap().unwrap().state, EnvelopeState::Acked);
+}
+
 /// A reaction or an edit is an attempt of its own: its method and target are kept, and
 /// whatever it comes to, the envelope is neither answered nor held for reconciliation,
 /// and a reply made after it is still the envelope's first.

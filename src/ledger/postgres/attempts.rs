@@ -25,7 +25,7 @@ use super::tasks::admission_in;
 use super::{PgLedger, fenced_lease, no_longer_leads, under_lease};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
-    StoredAttempt,
+    StoredAttempt, standing_attempts,
 };
 use crate::ids::{AttemptId, TraceId};
 use crate::ledger::columns::reply_part_method;
@@ -74,12 +74,16 @@ impl Attempts for PgLedger {
     }
 
     async fn recorded_reply(&self, agent: &str, request_id: &str) -> LedgerResult<Option<RecordedReply>> {
-        // The envelope with the attempts, in one statement: one snapshot for both.
+        // The envelope with every reply request made for it, in one statement: one snapshot
+        // for both. The earlier requests count: the parts a resumed request carried.
         let sql = concat!(
             "SELECT a.envelope_id, e.trace_id, ",
             attempt_columns!(),
             " FROM attempts a JOIN envelopes e ON e.id = a.envelope_id \
-             WHERE a.agent = $1 AND a.request_id = $2 AND a.",
+             WHERE a.envelope_id = (SELECT r.envelope_id FROM attempts r WHERE r.agent = $1 AND r.request_id = $2 \
+               AND r.",
+            reply_part_method!(),
+            " LIMIT 1) AND a.request_id IS NOT NULL AND a.",
             reply_part_method!(),
             " ORDER BY a.id"
         );
@@ -87,27 +91,26 @@ impl Attempts for PgLedger {
         let Some(first) = rows.first() else { return Ok(None) };
         let envelope_id: i64 = first.try_get("envelope_id")?;
         let trace_id: TraceId = first.try_get("trace_id")?;
-        let attempts = rows.iter().map(StoredAttempt::from_row).collect::<sqlx::Result<Vec<_>>>()?;
-        Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
+        let history = rows.iter().map(StoredAttempt::from_row).collect::<sqlx::Result<Vec<_>>>()?;
+        Ok(RecordedReply::from_attempts(envelope_id, trace_id, &standing_attempts(&history, request_id)))
     }
 
     async fn last_reply_for(&self, envelope_id: i64) -> LedgerResult<Option<(String, Vec<StoredAttempt>)>> {
-        // The latest request and its attempts, in one statement: one snapshot for both.
+        // Every reply request made for the envelope, in one statement: the latest one's
+        // outcome counts the parts it carried from the one before.
         let sql = concat!(
             "SELECT ",
             attempt_columns!(),
-            " FROM attempts a WHERE a.envelope_id = $1 AND a.",
+            " FROM attempts a WHERE a.envelope_id = $1 AND a.request_id IS NOT NULL AND a.",
             reply_part_method!(),
-            " AND a.request_id = (SELECT a.request_id FROM attempts a \
-              WHERE a.envelope_id = $1 AND a.request_id IS NOT NULL AND a.",
-            reply_part_method!(),
-            " ORDER BY a.id DESC LIMIT 1) ORDER BY a.id"
+            " ORDER BY a.id"
         );
-        let attempts: Vec<StoredAttempt> =
-            sqlx::query_as(sql).bind(envelope_id).fetch_all(&self.pool).await?;
-        // The request's own attempt matches, so a request found has at least one attempt.
-        let request_id = attempts.first().and_then(|attempt| attempt.request_id.clone());
-        Ok(request_id.map(|request_id| (request_id, attempts)))
+        let history: Vec<StoredAttempt> = sqlx::query_as(sql).bind(envelope_id).fetch_all(&self.pool).await?;
+        let Some(request_id) = history.last().and_then(|attempt| attempt.request_id.clone()) else {
+            return Ok(None);
+        };
+        let standing = standing_attempts(&history, &request_id);
+        Ok(Some((request_id, standing)))
     }
 
     async fn awaiting_reconciliation(&self, envelope_ids: &[i64]) -> LedgerResult<Vec<i64>> {

@@ -49,12 +49,15 @@ pub trait Attempts: Send + Sync {
     /// more; [`Self::recorded_reply`] and `handoff_by_answer_request` tell what it came to.
     async fn reply_request_seen(&self, agent: &str, request_id: &str) -> LedgerResult<bool>;
 
-    /// The attempts made for one `reply` request of `agent`, summed up; `None` when no
+    /// The attempts made for one `reply` request of `agent`, summed up with the parts it
+    /// carried over from the request it resumed ([`standing_attempts`](crate::domain::standing_attempts)); `None` when no
     /// attempt carries that id (the request was never acted on).
     async fn recorded_reply(&self, agent: &str, request_id: &str) -> LedgerResult<Option<RecordedReply>>;
 
-    /// The most recent `reply` request made for an envelope, summed up: what a repeated
-    /// reply with the same text may build on (parts already delivered are not sent again).
+    /// The most recent `reply` request made for an envelope, with the attempts its outcome
+    /// stands on ([`standing_attempts`](crate::domain::standing_attempts): the parts it carried from the request it resumed
+    /// included): what a repeated reply with the same text may build on (parts already
+    /// delivered are not sent again).
     async fn last_reply_for(&self, envelope_id: i64) -> LedgerResult<Option<(String, Vec<StoredAttempt>)>>;
 
     /// Of these envelopes, the ones with an attempt whose outcome is unknown and not yet

@@ -10,6 +10,7 @@ use super::in_place::{execute_cached, optional_text_enum, query_all_cached, quer
 use super::{LedgerError, LedgerResult, SqliteLedger, now};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, NewAttempt, RecordedReply, StoredAttempt,
+    standing_attempts,
 };
 use crate::ids::{AttemptId, TraceId};
 use crate::ledger::columns::reply_part_method;
@@ -194,13 +195,6 @@ impl Attempts for SqliteLedger {
     }
 
     async fn recorded_reply(&self, agent: &str, request_id: &str) -> LedgerResult<Option<RecordedReply>> {
-        let sql = concat!(
-            "SELECT ",
-            attempt_columns!(),
-            " FROM attempts WHERE agent = ? AND request_id = ? AND ",
-            reply_part_method!(),
-            " ORDER BY id"
-        );
         self.read_in_place(|db| {
             let envelope: Option<(i64, TraceId)> = query_row_cached(
                 db,
@@ -215,40 +209,21 @@ impl Attempts for SqliteLedger {
             )
             .optional()?;
             let Some((envelope_id, trace_id)) = envelope else { return Ok(None) };
-            let attempts = query_all_cached(db, sql, [agent, request_id], StoredAttempt::from_row)?;
-            Ok(RecordedReply::from_attempts(envelope_id, trace_id, &attempts))
+            // The envelope's earlier requests too: the parts a resumed request carried count.
+            let history = reply_history(db, envelope_id)?;
+            Ok(RecordedReply::from_attempts(envelope_id, trace_id, &standing_attempts(&history, request_id)))
         })
         .await
     }
 
     async fn last_reply_for(&self, envelope_id: i64) -> LedgerResult<Option<(String, Vec<StoredAttempt>)>> {
-        let sql = concat!(
-            "SELECT ",
-            attempt_columns!(),
-            " FROM attempts WHERE envelope_id = ? AND request_id = ? AND ",
-            reply_part_method!(),
-            " ORDER BY id"
-        );
         self.read_in_place(|db| {
-            let request_id: Option<String> = query_row_cached(
-                db,
-                concat!(
-                    "SELECT request_id FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL AND ",
-                    reply_part_method!(),
-                    " ORDER BY id DESC LIMIT 1"
-                ),
-                [envelope_id],
-                |row| row.get(0),
-            )
-            .optional()?;
-            let Some(request_id) = request_id else { return Ok(None) };
-            let attempts = query_all_cached(
-                db,
-                sql,
-                rusqlite::params![envelope_id, request_id],
-                StoredAttempt::from_row,
-            )?;
-            Ok(Some((request_id, attempts)))
+            let history = reply_history(db, envelope_id)?;
+            let Some(request_id) = history.last().and_then(|attempt| attempt.request_id.clone()) else {
+                return Ok(None);
+            };
+            let standing = standing_attempts(&history, &request_id);
+            Ok(Some((request_id, standing)))
         })
         .await
     }
@@ -313,4 +288,20 @@ impl Attempts for SqliteLedger {
         let sql = concat!("SELECT ", attempt_columns!(), " FROM attempts WHERE envelope_id = ? ORDER BY id");
         self.read_in_place(|db| query_all_cached(db, sql, [envelope_id], StoredAttempt::from_row)).await
     }
+}
+
+/// The reply-part attempts of every `reply` request made for an envelope, oldest first.
+fn reply_history(db: &rusqlite::Connection, envelope_id: i64) -> rusqlite::Result<Vec<StoredAttempt>> {
+    query_all_cached(
+        db,
+        concat!(
+            "SELECT ",
+            attempt_columns!(),
+            " FROM attempts WHERE envelope_id = ? AND request_id IS NOT NULL AND ",
+            reply_part_method!(),
+            " ORDER BY id"
+        ),
+        [envelope_id],
+        StoredAttempt::from_row,
+    )
 }
