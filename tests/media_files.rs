@@ -342,6 +342,41 @@ async fn a_reply_with_two_files_sends_the_text_then_each_file_by_its_kind_byte_f
     assert!(staged_files(&daemon).is_empty(), "the staged copies are gone once the reply is done");
 }
 
+/// A reply cut off at a file Telegram refused is finished by the same text without that
+/// file: nothing more is posted (the text went out already), and the envelope is answered.
+#[tokio::test]
+async fn a_reply_cut_off_at_a_refused_file_is_finished_by_leaving_the_file_out() {
+    use switchboard::fake_bot_api::Fault;
+    use switchboard::ledger::EnvelopeState;
+    let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("send me the chart").await;
+    let files = tempfile::tempdir().unwrap();
+    let (chart, _) = file_in(files.path(), "chart.png", 1_000, 1);
+    fake.fail_method(
+        "sendPhoto",
+        Fault::BadRequest("Bad Request: not enough rights to send photos to the chat".into()),
+    );
+
+    let text = "here is the chart";
+    let (is_error, answer) = orchestrator
+        .call_tool("reply", json!({"text": text, "trace_id": trace, "files": [chart]}))
+        .await
+        .unwrap();
+    assert!(is_error, "{answer}");
+    assert!(answer.contains("chart.png"), "names the file that failed: {answer}");
+    assert!(answer.contains("leaving chart.png out"), "says how to finish: {answer}");
+    assert_eq!(fake.sent_messages().len(), 1, "the text went out");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+
+    let (is_error, answer) =
+        orchestrator.call_tool("reply", json!({"text": text, "trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{answer}");
+    let sent = fake.sent_messages();
+    assert_eq!(sent.len(), 1, "the text is not posted twice: {sent:?}");
+    assert!(message_ids_in(&answer).contains(&sent[0].message_id), "{answer}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(staged_files(&daemon).is_empty());
+}
+
 #[tokio::test]
 async fn a_missing_file_or_one_over_50_mb_refuses_the_whole_reply_and_sends_nothing() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("files please").await;

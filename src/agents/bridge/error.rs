@@ -67,8 +67,15 @@ pub enum ToolError {
     #[error("{0}")]
     AlreadyAnswered(String),
     /// Telegram provably did not take (the rest of) the reply.
-    #[error("{}", not_sent_message(trace_id, error, sent, *parts))]
-    NotSent { trace_id: String, error: String, sent: Vec<(usize, i32)>, parts: usize },
+    #[error("{}", not_sent_message(trace_id, error, sent, *parts, cut_at_file.as_deref()))]
+    NotSent {
+        trace_id: String,
+        error: String,
+        sent: Vec<(usize, i32)>,
+        parts: usize,
+        /// The name of the file the reply was cut off at, when it was a file.
+        cut_at_file: Option<String>,
+    },
     /// A part may or may not have arrived.
     #[error("{}", unknown_message(trace_id, error, sent, *parts, *stays_answered))]
     Unknown {
@@ -127,10 +134,24 @@ fn delivered_parts(sent: &[(usize, i32)], parts: usize) -> String {
     format!("part(s) {} of {parts} (Telegram message ids {})", numbers.join(", "), ids.join(", "))
 }
 
-fn not_sent_message(trace_id: &str, error: &str, sent: &[(usize, i32)], parts: usize) -> String {
+fn not_sent_message(
+    trace_id: &str,
+    error: &str,
+    sent: &[(usize, i32)],
+    parts: usize,
+    cut_at_file: Option<&str>,
+) -> String {
     if sent.is_empty() {
         format!(
             "Telegram did not take the reply to {trace_id}: {error}. Nothing of it was delivered; you may reply again."
+        )
+    } else if let Some(file) = cut_at_file {
+        format!(
+            "the reply to {trace_id} was cut off at the file {file}: {} were delivered, that file and what follows \
+             were not ({error}). To finish without it, call reply again with the same text and trace_id \
+             {trace_id}, leaving {file} out: only what is missing is sent, parts already delivered are never \
+             sent again.",
+            delivered_parts(sent, parts)
         )
     } else {
         format!(
@@ -176,14 +197,20 @@ mod tests {
             error: "Telegram refused it: Bad Request".into(),
             sent: vec![(0, 10), (1, 11)],
             parts: 3,
+            cut_at_file: None,
         }
         .to_string();
         assert!(text.contains("part(s) 1, 2 of 3 (Telegram message ids 10, 11)"), "{text}");
         assert!(text.contains("same text"), "{text}");
         assert!(text.contains("never sent again"), "{text}");
 
-        let nothing =
-            ToolError::NotSent { trace_id: "env_x".into(), error: "no".into(), sent: vec![], parts: 1 };
+        let nothing = ToolError::NotSent {
+            trace_id: "env_x".into(),
+            error: "no".into(),
+            sent: vec![],
+            parts: 1,
+            cut_at_file: None,
+        };
         assert!(nothing.to_string().contains("you may reply again"), "{nothing}");
     }
 

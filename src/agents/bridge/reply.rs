@@ -191,6 +191,10 @@ impl Bridge {
         }
         let content = ReplyContent { parts, html, files: staged.files.clone() };
         let plan = self.plan(agent, conversation, replied_before, request_id, content).await?;
+        if plan.already_sent.len() == plan.parts.len() + plan.files.len() {
+            // Dropped, `staged` removes its copies: nothing of them is sent.
+            return self.finished_before(agent, &plan).await.map(Decided::Answered);
+        }
         // From here the delivery owns the staged files (see `Finished`).
         staged.disarm();
         Ok(Decided::Delivering(self.start_delivery(agent, plan)))
@@ -380,6 +384,33 @@ impl Bridge {
         })
     }
 
+    /// A reply every part of which an earlier request, cut off after them, delivered: what
+    /// is left when the part it was cut off at (a file Telegram refused) is left out.
+    /// Nothing is sent, and the envelope is answered, as the last part confirmed answers it.
+    async fn finished_before(&self, agent: &AgentName, plan: &ReplyPlan) -> Result<ReplyReceipt, ToolError> {
+        let target = &plan.target;
+        let reason =
+            "answered: its reply's parts were all delivered by an earlier request, cut off after them";
+        let moved = self
+            .inner
+            .ledger
+            .transition(
+                target.envelope_id,
+                &[EnvelopeState::Pending, EnvelopeState::Acked],
+                EnvelopeState::Acked,
+                &format!("agent:{agent}"),
+                Some(reason),
+            )
+            .await?;
+        if !moved {
+            return Err(ToolError::Invalid(
+                "the envelope changed state meanwhile; call `pending` and try again".into(),
+            ));
+        }
+        tracing::info!(%agent, trace_id = %target.trace_id, "reply finished without sending: every part was delivered before");
+        Ok(receipt(target, plan.already_sent.iter().map(|(_, id)| *id).collect()))
+    }
+
     /// Starts delivering as a task the daemon waits for on shutdown; the returned future
     /// only observes it. Registered as running before the task can finish, so a repeated
     /// request always finds it (running, or recorded in the ledger).
@@ -428,7 +459,19 @@ impl Bridge {
             }
             DeliveryOutcome::NotSent { sent, parts, error } => {
                 tracing::warn!(%agent, %error, delivered_parts = sent.len(), "reply not sent");
-                Err(ToolError::NotSent { trace_id: target.trace_id.to_string(), error, sent, parts })
+                // Parts go in order: the first not delivered is the one that failed.
+                let failed = (0..parts).find(|index| !sent.iter().any(|(done, _)| done == index));
+                let cut_at_file = failed
+                    .and_then(|index| index.checked_sub(plan.parts.len()))
+                    .and_then(|file| plan.files.get(file))
+                    .map(|file| file.name.clone());
+                Err(ToolError::NotSent {
+                    trace_id: target.trace_id.to_string(),
+                    error,
+                    sent,
+                    parts,
+                    cut_at_file,
+                })
             }
             DeliveryOutcome::Refused { sent, refusal } => {
                 tracing::warn!(%agent, delivered_parts = sent.len(), code = refusal.code(), "reply refused at the moment of sending: {refusal}");
@@ -656,7 +699,14 @@ fn recorded_outcome(
             room_turn: None,
         }),
         ReplyVerdict::NotSent { error } => {
-            Err(ToolError::NotSent { trace_id: trace_id.to_string(), error: error.clone(), sent, parts })
+            // Which part failed is not told again: its advice came with the first answer.
+            Err(ToolError::NotSent {
+                trace_id: trace_id.to_string(),
+                error: error.clone(),
+                sent,
+                parts,
+                cut_at_file: None,
+            })
         }
         // In flight in the ledger but not running here: the daemon that made it stopped.
         ReplyVerdict::Unknown { error } => Err(ToolError::Unknown {
@@ -677,25 +727,34 @@ fn recorded_outcome(
 }
 
 /// The parts of `parts` that the envelope's last reply request already delivered, when
-/// that request was cut off part-way and had exactly these parts: sending the same text
-/// again then only sends what is missing. Anything else starts from scratch.
+/// that request was cut off part-way: the longest run of parts from the first that are the
+/// ones it delivered, text for text and file for file. Sending the same text again then
+/// only sends what is missing, whatever comes after (a file that was refused, left out).
+/// Anything else starts from scratch.
 pub fn parts_already_delivered(last_request: &[StoredAttempt], parts: &[String]) -> Vec<(usize, i32)> {
     let Some(summary) = ReplyTally::of(last_request) else {
         return Vec::new();
     };
     let cut_off = matches!(summary.verdict, ReplyVerdict::NotSent { .. }) && !summary.sent.is_empty();
-    if !cut_off || summary.parts != parts.len() {
+    if !cut_off {
         return Vec::new();
     }
     let same_text = |index: usize| {
         last_request.iter().any(|a| {
-            a.outcome == AttemptState::Sent
+            a.effective_outcome() == AttemptState::Sent
                 && usize::try_from(a.chunk_index) == Ok(index)
                 // A part Telegram could not parse as HTML went out as its plain text.
                 && (a.text == parts[index] || a.text == html_to_plain(&parts[index]))
         })
     };
-    if summary.sent.iter().all(|(index, _)| same_text(*index)) { summary.sent } else { Vec::new() }
+    // A part is delivered in order or not at all, so the delivered parts are a prefix.
+    summary
+        .sent
+        .into_iter()
+        .enumerate()
+        .take_while(|&(position, (index, _))| position == index && index < parts.len() && same_text(index))
+        .map(|(_, sent)| sent)
+        .collect()
 }
 
 /// A stored envelope, as the resolver reads it.
@@ -780,9 +839,26 @@ mod tests {
             attempt(2, 3, "three", AttemptState::NotSent, None),
         ];
         assert_eq!(parts_already_delivered(&last, &parts(&["one", "two", "three"])), [(0, 10), (1, 11)]);
-        // Different text, or a different split: start from scratch.
-        assert!(parts_already_delivered(&last, &parts(&["one", "TWO", "three"])).is_empty());
-        assert!(parts_already_delivered(&last, &parts(&["one", "two"])).is_empty());
+        // Different text from the first part: start from scratch.
+        assert!(parts_already_delivered(&last, &parts(&["ONE", "two", "three"])).is_empty());
+    }
+
+    /// The delivered parts are skipped as far as the new reply repeats them, whatever
+    /// follows: a reply cut off at a file is finished without that file, and never
+    /// repeats its text.
+    #[test]
+    fn a_reply_is_resumed_as_far_as_it_repeats_the_delivered_parts() {
+        let last = [
+            attempt(0, 3, "one", AttemptState::Sent, Some(10)),
+            attempt(1, 3, "[file a.png, 3 bytes, sha256 ab]", AttemptState::Sent, Some(11)),
+            attempt(2, 3, "[file b.png, 3 bytes, sha256 cd]", AttemptState::NotSent, None),
+        ];
+        assert_eq!(parts_already_delivered(&last, &parts(&["one"])), [(0, 10)], "the files left out");
+        let other_file = parts(&["one", "[file c.pdf, 9 bytes, sha256 ef]"]);
+        assert_eq!(parts_already_delivered(&last, &other_file), [(0, 10)]);
+        let without_the_refused_one = parts(&["one", "[file a.png, 3 bytes, sha256 ab]"]);
+        assert_eq!(parts_already_delivered(&last, &without_the_refused_one), [(0, 10), (1, 11)]);
+        assert_eq!(parts_already_delivered(&last, &parts(&["one", "TWO"])), [(0, 10)]);
     }
 
     /// A part Telegram could not parse as HTML went out as its plain text: resending the
