@@ -61,7 +61,8 @@ async fn html_telegram_cannot_parse_is_sent_once_more_as_plain_text() {
     assert!(!is_error, "{text}");
     let sent = fake.wait_for_sent(1, WAIT).await;
     assert_eq!(sent.len(), 1, "one message reached the chat");
-    assert_eq!((sent[0].text.as_str(), sent[0].parse_mode.as_deref()), ("bold & this", None));
+    // `<blink>` is no tag of Telegram's: text, kept as written.
+    assert_eq!((sent[0].text.as_str(), sent[0].parse_mode.as_deref()), ("bold & <blink>this</blink>", None));
     let tries = fake.requests_for("sendMessage");
     assert_eq!(tries.len(), 2, "the HTML once, the plain text once: {tries:?}");
     assert_eq!(tries[0]["parse_mode"], "HTML");
@@ -70,6 +71,23 @@ async fn html_telegram_cannot_parse_is_sent_once_more_as_plain_text() {
     assert_eq!(outcomes, [(0, AttemptState::NotSent), (0, AttemptState::Sent)]);
     assert!(attempts.iter().all(|a| a.method == AttemptMethod::SendMessage));
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+}
+
+/// A placeholder in angle brackets is what the agent wrote, not markup: when Telegram
+/// refuses it as a tag, the plain text that goes instead keeps it.
+#[tokio::test]
+async fn text_in_angle_brackets_survives_the_plain_text_fallback() {
+    let OwnerWaiting { fake, daemon: _daemon, orchestrator, trace } = owner_waiting("how do I get it?").await;
+
+    let html = "Run <code>git clone <url></code> first";
+    let (is_error, text) = orchestrator
+        .call_tool("reply", json!({"trace_id": trace, "format": "html", "text": html}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].text, "Run git clone <url> first", "nothing the agent wrote is lost");
 }
 
 #[tokio::test]

@@ -307,19 +307,46 @@ enum Atom<'a> {
     },
     /// An entity (`&amp;`) or one character.
     Text(&'a str),
+    /// `<br>`: no tag of Telegram's (it refuses the part), but plainly a line break, which
+    /// is what the part's plain text fallback makes of it. Opens nothing.
+    LineBreak(&'a str),
 }
 
 impl<'a> Atom<'a> {
     fn text(self) -> &'a str {
         match self {
-            Self::Open { text, .. } | Self::Close { text, .. } | Self::Text(text) => text,
+            Self::Open { text, .. } | Self::Close { text, .. } | Self::Text(text) | Self::LineBreak(text) => {
+                text
+            }
         }
     }
 }
 
-/// The atoms of `html`. A `<` that starts no well-formed tag and a `&` that starts no
+/// The tags Telegram's HTML knows (<https://core.telegram.org/bots/api#html-style>). Only
+/// these are markup: `<url>`, `<T>` or `<name>` in an agent's HTML is text that only looks
+/// like a tag, kept as it is written, never dropped as markup.
+const TELEGRAM_TAGS: [&str; 16] = [
+    "b",
+    "strong",
+    "i",
+    "em",
+    "u",
+    "ins",
+    "s",
+    "strike",
+    "del",
+    "code",
+    "pre",
+    "a",
+    "blockquote",
+    "tg-spoiler",
+    "span",
+    "tg-emoji",
+];
+
+/// The atoms of `html`. A `<` that starts none of Telegram's tags and a `&` that starts no
 /// entity are characters like any other (Telegram will refuse them, and the part falls
-/// back to plain text).
+/// back to plain text, where they are kept).
 fn atoms(html: &str) -> Vec<Atom<'_>> {
     let mut atoms = Vec::new();
     let mut rest = html;
@@ -360,7 +387,8 @@ fn is_entity(text: &str) -> bool {
     named || numeric
 }
 
-/// The tag `rest` starts with, if it starts with one: `<name …>` or `</name>`.
+/// The tag `rest` starts with, if it starts with one of Telegram's: `<name …>` or
+/// `</name>`; or a `<br>`.
 fn tag_at(rest: &str) -> Option<Atom<'_>> {
     let end = find_within(rest, b'>', MAX_TAG_LEN)?;
     let text = &rest[..=end];
@@ -371,8 +399,13 @@ fn tag_at(rest: &str) -> Option<Atom<'_>> {
     };
     let name_end = inner.find(|c: char| c.is_whitespace()).unwrap_or(inner.len());
     let name = &inner[..name_end];
-    let is_name = !name.is_empty() && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
-    if !is_name || inner.contains('<') {
+    if inner.contains('<') {
+        return None;
+    }
+    if !closing && inner.trim_end_matches(['/', ' ']).eq_ignore_ascii_case("br") {
+        return Some(Atom::LineBreak(text));
+    }
+    if !TELEGRAM_TAGS.iter().any(|tag| tag.eq_ignore_ascii_case(name)) {
         return None;
     }
     Some(if closing { Atom::Close { name, text } } else { Atom::Open { name, text } })
@@ -462,7 +495,7 @@ fn part_end<'a>(
                     after.truncate(at);
                 }
             }
-            Atom::Text(_) => {}
+            Atom::Text(_) | Atom::LineBreak(_) => {}
         }
         let cost = utf16_len(atom.text());
         if used + cost + closing(&after) > limit && index > start {
@@ -514,7 +547,7 @@ pub fn html_to_plain(html: &str) -> String {
             Atom::Open { name, text } if name.eq_ignore_ascii_case("a") => {
                 links.push((href(text), plain.len()))
             }
-            Atom::Open { name, .. } if name.eq_ignore_ascii_case("br") => plain.push('\n'),
+            Atom::LineBreak(_) => plain.push('\n'),
             Atom::Close { name, .. } if name.eq_ignore_ascii_case("a") => {
                 let Some((Some(address), from)) = links.pop() else { continue };
                 // Written out after a text that is not the address already; a link with
@@ -609,6 +642,26 @@ mod tests {
         assert_eq!(parts.len(), 1);
     }
 
+    /// Text in angle brackets that is none of Telegram's tags (a placeholder, a generic
+    /// type) is text: the plain fallback keeps it, and the splitter neither carries nor
+    /// closes it.
+    #[test]
+    fn only_telegrams_tags_are_markup_and_anything_else_in_brackets_is_text() {
+        let html = "Run <code>git clone <url></code> then <b>Vec<T></b>";
+        assert_eq!(html_to_plain(html), "Run git clone <url> then Vec<T>");
+        assert_eq!(
+            html_to_plain("<tg-spoiler>s</tg-spoiler> <STRONG>x</STRONG> <name> </x>"),
+            "s x <name> </x>"
+        );
+        assert!(!is_blank_html("<placeholder>"), "shows its text");
+        let parts = split_html(&format!("<i>{} <item> {}</i>", "a".repeat(30), "b".repeat(30)), 40);
+        for part in &parts {
+            assert!(part.starts_with("<i>") && part.ends_with("</i>"), "{parts:?}");
+            assert!(!part.contains("</item>"), "not closed as a tag: {parts:?}");
+        }
+        assert!(parts.concat().contains("<item>"), "{parts:?}");
+    }
+
     #[test]
     fn nested_lists_are_indented_lines() {
         assert_eq!(markdown_to_html("- a\n  - b\n- c"), "• a\n  • b\n• c");
@@ -692,7 +745,7 @@ mod tests {
             match atom {
                 Atom::Open { name, .. } => open.push(name),
                 Atom::Close { name, .. } => assert_eq!(open.pop(), Some(name), "{part:?}"),
-                Atom::Text(_) => {}
+                Atom::Text(_) | Atom::LineBreak(_) => {}
             }
         }
         assert!(open.is_empty(), "{part:?}");
