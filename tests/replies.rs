@@ -357,6 +357,13 @@ async fn a_refused_send_leaves_the_envelope_pending() {
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "hello?"})).await.unwrap();
     assert!(is_error && text.contains("did not take the reply"), "{text}");
     assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Pending);
+    // Blocked is blocked until the user says otherwise: no invitation to try again, but to
+    // mark the message handled, which the agent can.
+    assert!(!text.contains("may reply again") && text.contains("call ack"), "{text}");
+    let (is_error, text) = orchestrator.call_tool("ack", json!({"trace_id": trace})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(fake.sent_messages().is_empty());
 }
 
 #[tokio::test]

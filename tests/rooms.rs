@@ -606,7 +606,8 @@ async fn a_refused_post_gives_the_turn_back_and_an_unknown_one_ends_it_without_a
     // Telegram provably refused it: nothing was posted, the speaker keeps the floor.
     fake.fail_send_message(Fault::Forbidden("Forbidden: bot is not a member of the supergroup chat".into()));
     let (is_error, text) = reply(&builder, &turn, "first try").await;
-    assert!(is_error && text.contains("you may reply again"), "{text}");
+    // Not a member is a refusal that lasts: the speaker is told to pass (ack), not to retry.
+    assert!(is_error && text.contains("did not take the reply") && text.contains("call ack"), "{text}");
     assert_eq!(
         turns_given(&daemon, meta(&turn, "cascade_id")).await,
         ["builder"],

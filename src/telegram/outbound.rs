@@ -209,11 +209,38 @@ fn classify_as<T: serde::de::DeserializeOwned>(
                     retry_after: None,
                     migrated_to: Some(to),
                 },
-                (None, None) => not_sent(format!("Telegram refused it: {description}")),
+                (None, None) => not_sent(format!("{REFUSED_BY_TELEGRAM}{description}")),
             }
         }
     }
 }
+
+/// Telegram's refusals that no retry can change by itself (lowercased, as they appear in
+/// its descriptions): the bot was blocked, kicked or never let in (every 403), the chat or
+/// topic is gone or closed, or the bot may not post there. Sending the same again only
+/// earns the same answer until someone changes the chat.
+const LASTING_REFUSALS: [&str; 8] = [
+    "forbidden:",
+    "chat not found",
+    "message thread not found",
+    "topic_closed",
+    "topic_deleted",
+    "not enough rights",
+    "have no rights",
+    "chat_write_forbidden",
+];
+
+/// Whether a send's error is Telegram refusing it for good ([`LASTING_REFUSALS`]): then its
+/// agent is told not to try again but to ack the message. Only Telegram's own refusal
+/// counts, not a connection that failed or a wait that was too long.
+pub fn refusal_lasts(error: &str) -> bool {
+    let Some(description) = error.strip_prefix(REFUSED_BY_TELEGRAM) else { return false };
+    let description = description.to_ascii_lowercase();
+    LASTING_REFUSALS.iter().any(|refusal| description.contains(refusal))
+}
+
+/// How a send's error starts when Telegram refused it (a 4xx answer with `ok: false`).
+const REFUSED_BY_TELEGRAM: &str = "Telegram refused it: ";
 
 /// The kind of Bot API failure an exchange was, for `switchboard_bot_api_errors_total`;
 /// none when Telegram returned the message.
@@ -946,6 +973,34 @@ mod tests {
         assert!(matches!(classify(&answered(200, "<html>")), Observed::Unknown { .. }));
         assert!(matches!(classify(&answered(200, r#"{"ok":true}"#)), Observed::Unknown { .. }));
         assert!(matches!(classify(&Exchange::NoAnswer("timeout".into())), Observed::Unknown { .. }));
+    }
+
+    #[test]
+    fn refusals_that_no_retry_changes_are_told_apart() {
+        let refused = |description: &str| match classify(&answered(
+            400,
+            &json!({"ok": false, "error_code": 400, "description": description}).to_string(),
+        )) {
+            Observed::NotSent { error, .. } => error,
+            other => panic!("{other:?}"),
+        };
+        for lasting in [
+            "Forbidden: bot was blocked by the user",
+            "Forbidden: bot was kicked from the supergroup chat",
+            "Bad Request: chat not found",
+            "Bad Request: message thread not found",
+            "Bad Request: TOPIC_CLOSED",
+            "Bad Request: not enough rights to send text messages to the chat",
+        ] {
+            assert!(refusal_lasts(&refused(lasting)), "{lasting}");
+        }
+        for passing in
+            ["Bad Request: can't parse entities: Unsupported start tag", "Bad Request: message is too long"]
+        {
+            assert!(!refusal_lasts(&refused(passing)), "{passing}");
+        }
+        assert!(!refusal_lasts("could not reach Telegram: chat not found"), "only Telegram's own refusal");
+        assert!(!refusal_lasts(STOPPING));
     }
 
     /// A replica whose tenure ended while a request waited (paused past its lease, say)

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use crate::ledger::{LedgerError, StoredEnvelope};
 use crate::rules::resolver;
 use crate::rules::{guard, revisions};
+use crate::telegram::outbound::refusal_lasts;
 
 /// The resolver's refusal of a reply, with the stored envelopes it names.
 pub type ResolveError = resolver::ResolveError<StoredEnvelope>;
@@ -141,9 +142,27 @@ fn not_sent_message(
     parts: usize,
     cut_at_file: Option<&str>,
 ) -> String {
-    if sent.is_empty() {
+    // A file of its own may be refused for good (no right to send photos) and the rest
+    // still go: the advice for a file comes first.
+    let lasting = cut_at_file.is_none() && refusal_lasts(error);
+    if sent.is_empty() && lasting {
+        format!(
+            "Telegram did not take the reply to {trace_id}: {error}. Nothing of it was delivered. This refusal does \
+             not change by itself (the bot was blocked or removed, the chat or topic is gone or closed, or the bot \
+             may not post there): do not send it again, but call ack with trace_id {trace_id} to mark the message \
+             handled."
+        )
+    } else if sent.is_empty() {
         format!(
             "Telegram did not take the reply to {trace_id}: {error}. Nothing of it was delivered; you may reply again."
+        )
+    } else if lasting {
+        format!(
+            "the reply to {trace_id} was cut off: {} were delivered, the rest was refused ({error}), which does not \
+             change by itself: do not send it again, but call ack with trace_id {trace_id} to mark the message \
+             handled. (Once the chat takes the bot's messages again, the same text and trace_id send only the \
+             missing part(s).)",
+            delivered_parts(sent, parts)
         )
     } else if let Some(file) = cut_at_file {
         format!(
@@ -212,6 +231,29 @@ mod tests {
             cut_at_file: None,
         };
         assert!(nothing.to_string().contains("you may reply again"), "{nothing}");
+    }
+
+    /// A refusal no retry changes (the user blocked the bot, the topic is gone) does not
+    /// invite a retry: the agent is told to ack the message instead.
+    #[test]
+    fn a_lasting_refusal_says_to_ack_rather_than_retry() {
+        let refused = |sent: Vec<(usize, i32)>, cut_at_file: Option<String>| {
+            ToolError::NotSent {
+                trace_id: "env_x".into(),
+                error: "Telegram refused it: Forbidden: bot was blocked by the user".into(),
+                sent,
+                parts: 2,
+                cut_at_file,
+            }
+            .to_string()
+        };
+        for text in [refused(vec![], None), refused(vec![(0, 10)], None)] {
+            assert!(text.contains("call ack with trace_id env_x"), "{text}");
+            assert!(text.contains("do not send it again") && !text.contains("may reply again"), "{text}");
+        }
+        // A refused file is left out, and the rest goes.
+        let file = refused(vec![(0, 10)], Some("chart.png".into()));
+        assert!(file.contains("leaving chart.png out"), "{file}");
     }
 
     #[test]
