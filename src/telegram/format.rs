@@ -26,15 +26,24 @@ pub enum ReplyFormat {
 }
 
 impl ReplyFormat {
-    /// The `format` argument as a tool receives it: absent means `text`; anything but the
-    /// three names is refused, naming them.
+    /// The `format` argument as a tool receives it: absent means `text`. The three names
+    /// are read whatever their case (an agent that knows Telegram writes `HTML` or
+    /// `Markdown`, its `parse_mode` spellings). `MarkdownV2`, Telegram's own dialect, is
+    /// refused rather than read as Markdown: the two read `*x*`, `__x__` and `||x||`
+    /// differently (bold or italic, underline or bold, a spoiler or text), so the reply
+    /// would not look as its agent meant. Anything else is refused, naming the three.
     pub fn parse(raw: Option<&str>) -> Result<Self, String> {
-        match raw.map(str::trim) {
-            None | Some("text") => Ok(Self::Text),
-            Some("markdown") => Ok(Self::Markdown),
-            Some("html") => Ok(Self::Html),
-            Some(other) => Err(format!(
-                "format must be \"text\", \"markdown\" or \"html\", not {other:?}; nothing was sent"
+        let Some(raw) = raw.map(str::trim) else { return Ok(Self::Text) };
+        match raw.to_ascii_lowercase().as_str() {
+            "text" => Ok(Self::Text),
+            "markdown" => Ok(Self::Markdown),
+            "html" => Ok(Self::Html),
+            "markdownv2" => Err(format!(
+                "format {raw:?} (Telegram's MarkdownV2) is not taken: write CommonMark and say \"markdown\" \
+                 (**bold**, _italic_, ~~strike~~, `code`, [text](url)), or \"html\"; nothing was sent"
+            )),
+            _ => Err(format!(
+                "format must be \"text\", \"markdown\" or \"html\", not {raw:?}; nothing was sent"
             )),
         }
     }
@@ -609,6 +618,19 @@ mod tests {
         assert_eq!(ReplyFormat::parse(Some("html")), Ok(ReplyFormat::Html));
         let refused = ReplyFormat::parse(Some("MarkdownV2")).unwrap_err();
         assert!(refused.contains("MarkdownV2") && refused.contains("markdown"), "{refused}");
+        let refused = ReplyFormat::parse(Some("rtf")).unwrap_err();
+        assert!(refused.contains("\"html\"") && refused.contains("nothing was sent"), "{refused}");
+    }
+
+    /// Telegram's `parse_mode` spellings name the same formats.
+    #[test]
+    fn format_names_are_read_whatever_their_case() {
+        assert_eq!(ReplyFormat::parse(Some("HTML")), Ok(ReplyFormat::Html));
+        assert_eq!(ReplyFormat::parse(Some("Markdown")), Ok(ReplyFormat::Markdown));
+        assert_eq!(ReplyFormat::parse(Some(" Text ")), Ok(ReplyFormat::Text));
+        // MarkdownV2 reads `*x*` as bold, CommonMark as italic: not the same format.
+        assert!(ReplyFormat::parse(Some("markdownv2")).is_err());
+        assert_ne!(markdown_to_html("*x*"), "<b>x</b>");
     }
 
     #[test]
