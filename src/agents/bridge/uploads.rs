@@ -253,11 +253,32 @@ pub fn remove_files(files: &[PlannedFile]) {
 fn upload_name(name: &str) -> String {
     let last = name.rsplit(['/', '\\']).next().unwrap_or_default();
     let cleaned: String = last.chars().map(|c| if c.is_control() { '_' } else { c }).collect();
-    let mut cleaned = cleaned.trim().to_owned();
-    while cleaned.len() > MAX_UPLOAD_NAME_BYTES {
-        cleaned.pop();
-    }
+    let cleaned = within_name_limit(cleaned.trim());
     if cleaned.is_empty() || cleaned == "." || cleaned == ".." { "file".to_owned() } else { cleaned }
+}
+
+/// An extension longer than this is no extension (a name with a dot in a sentence).
+const MAX_EXTENSION_BYTES: usize = 16;
+
+/// `name` within [`MAX_UPLOAD_NAME_BYTES`]: a long name loses the end of its stem, never its
+/// extension, which is what Telegram and the user's device open the file by (and what makes
+/// a reply's `.png` a photo).
+fn within_name_limit(name: &str) -> String {
+    if name.len() <= MAX_UPLOAD_NAME_BYTES {
+        return name.to_owned();
+    }
+    let extension = name
+        .rsplit_once('.')
+        .map(|(_, extension)| extension)
+        .filter(|extension| !extension.is_empty() && extension.len() <= MAX_EXTENSION_BYTES)
+        .filter(|extension| extension.chars().all(|c| c.is_alphanumeric()))
+        .map_or(String::new(), |extension| format!(".{extension}"));
+    let mut stem = name[..name.len() - extension.len()].to_owned();
+    while stem.len() + extension.len() > MAX_UPLOAD_NAME_BYTES {
+        stem.pop();
+    }
+    stem.truncate(stem.trim_end().len());
+    stem + &extension
 }
 
 async fn write_hashed<E: std::fmt::Display>(
@@ -340,6 +361,18 @@ mod tests {
         assert_eq!(upload_name(".."), "file");
         assert_eq!(upload_name("a\u{7}b"), "a_b");
         assert!(upload_name(&"n".repeat(500)).len() <= MAX_UPLOAD_NAME_BYTES);
+    }
+
+    #[test]
+    fn a_long_name_loses_the_end_of_its_stem_and_keeps_its_extension() {
+        let long = format!("{}.png", "é".repeat(150));
+        let name = upload_name(&long);
+        assert!(name.len() <= MAX_UPLOAD_NAME_BYTES, "{} bytes", name.len());
+        assert!(name.ends_with(".png") && name.starts_with("éé"), "{name}");
+        assert_eq!(upload_name("report.final.pdf"), "report.final.pdf", "a short name stays whole");
+        // No extension to keep: the end goes.
+        let plain = upload_name(&format!("{}.{}", "a".repeat(150), "b".repeat(100)));
+        assert_eq!(plain.len(), MAX_UPLOAD_NAME_BYTES);
     }
 
     /// The caller goes away while its file is being written (the request's future is
