@@ -915,6 +915,16 @@ mod tests {
         assert!(error.contains("trace_id") && error.contains("nothing was sent"), "{error}");
     }
 
+    /// An operator found the unknown part of a reply cut short delivered: the envelope went
+    /// back to its agent to finish the reply, and that part counts as delivered too.
+    #[test]
+    fn a_part_reconciled_as_delivered_is_not_sent_again() {
+        let mut found = attempt(1, 3, "two", AttemptState::Unknown, None);
+        found.reconciled_outcome = Some(crate::ledger::ReconciledOutcome::Sent);
+        let last = [attempt(0, 3, "one", AttemptState::Sent, Some(10)), found];
+        assert_eq!(parts_already_delivered(&last, &parts(&["one", "two", "three"])), [(0, 10), (1, 0)]);
+    }
+
     #[test]
     fn only_a_reply_that_was_cut_off_is_resumed() {
         // Fully delivered: the same text again is a new message (an agent may say "OK" twice).
