@@ -26,6 +26,11 @@ pub enum LedgerCommand {
         agent: Option<String>,
         #[arg(long)]
         route: Option<String>,
+        /// Only envelopes holding an attempt whose outcome is unknown and not yet
+        /// reconciled (what `ledger stats` counts as unreconciled attempts), whatever their
+        /// state: each one waits for `ledger reconcile`.
+        #[arg(long)]
+        unreconciled: bool,
         #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(i64).range(1..))]
         limit: i64,
     },
@@ -91,13 +96,16 @@ pub enum LedgerCommand {
         #[arg(value_name = "PATH")]
         to: PathBuf,
     },
-    /// Settle an unresolved envelope with what you found in the chat.
+    /// Settle an envelope's unknown attempts with what you found in the chat. An unresolved
+    /// envelope moves as its reply did; one in any other state (acked, superseded, pending)
+    /// keeps it, and only its unknown attempts (a follow-up, an audit copy, a reaction, an
+    /// edit) are settled.
     Reconcile {
         trace_id: String,
-        /// The reply did reach the chat: the envelope becomes acked.
+        /// What was sent did reach the chat: an unresolved envelope becomes acked.
         #[arg(long, conflicts_with = "not_delivered", required_unless_present = "not_delivered")]
         delivered: bool,
-        /// The reply did not reach the chat: the envelope goes back to its agent to answer.
+        /// It did not: an unresolved envelope goes back to its agent to answer.
         #[arg(long)]
         not_delivered: bool,
         /// Why (kept in the ledger).
@@ -184,8 +192,8 @@ fn missing_ledger(settings: &Settings, database: &Path) -> ConfigError {
 
 async fn ledger_command(ledger: &Ledger, database: &Database, command: LedgerCommand) -> anyhow::Result<()> {
     match command {
-        LedgerCommand::List { state, agent, route, limit } => {
-            print_envelopes(&ledger.list(&ListFilter { state, agent, route, limit }).await?);
+        LedgerCommand::List { state, agent, route, unreconciled, limit } => {
+            print_envelopes(&ledger.list(&ListFilter { state, agent, route, unreconciled, limit }).await?);
         }
         LedgerCommand::Handoffs { open, agent, limit } => {
             print_handoffs(&ledger.list_handoffs(open, agent.as_deref(), limit).await?);
@@ -214,9 +222,16 @@ async fn ledger_command(ledger: &Ledger, database: &Database, command: LedgerCom
             for (state, count) in ledger.count_by_state().await? {
                 println!("{state:<11} {count}");
             }
-            // An acked envelope can carry a follow-up whose outcome is unknown: it is
-            // not counted as unresolved above, but it waits for an operator all the same.
-            println!("unreconciled attempts: {}", ledger.unreconciled_attempts().await?);
+            // An envelope in any state can carry an attempt whose outcome is unknown (an
+            // acked one's follow-up, a reaction, an audit copy): it is not counted as
+            // unresolved above, but it waits for an operator all the same.
+            let unreconciled = ledger.unreconciled_attempts().await?;
+            println!("unreconciled attempts: {unreconciled}");
+            if unreconciled > 0 {
+                println!(
+                    "(`switchboard ledger list --unreconciled` lists their envelopes; settle each with `ledger reconcile`)"
+                );
+            }
         }
         LedgerCommand::Task { task_id, stopped, reason } => {
             let task_id = TaskId::parse(&task_id).map_err(anyhow::Error::msg)?;

@@ -406,8 +406,12 @@ impl Reconciliation {
 pub enum ReconcileError {
     #[error("no envelope has trace id {0}")]
     Unknown(String),
-    #[error("{trace_id} is {state}, not unresolved: there is nothing to reconcile")]
-    NotUnresolved { trace_id: String, state: EnvelopeState },
+    /// Neither is the envelope `unresolved` nor is any of its attempts unknown and not yet
+    /// reconciled.
+    #[error(
+        "{trace_id} is {state}, not unresolved, and none of its attempts is unknown: there is nothing to reconcile"
+    )]
+    NothingToReconcile { trace_id: String, state: EnvelopeState },
     #[error(transparent)]
     Db(#[from] LedgerError),
 }

@@ -76,6 +76,7 @@ macro_rules! suite {
             replies::an_outcome_recorded_again_is_the_record_already_made,
             replies::a_reply_cut_off_at_an_unknown_part_found_delivered_goes_back_to_finish,
             replies::an_answered_envelope_stays_answered_when_a_follow_up_is_unknown_and_reconciles_alone,
+            replies::an_unknown_attempt_beside_the_answer_is_found_and_settled_in_any_state,
             replies::a_reply_request_is_summed_up_from_its_attempts,
             replies::a_resumed_request_counts_the_parts_it_carried,
             replies::reactions_and_edits_settle_nothing_and_are_no_part_of_a_reply,

@@ -69,7 +69,7 @@ pub(crate) async fn in_flight_attempts_become_unknown_at_start_up_and_can_be_rec
     assert!(attempts[0].reconciled_reason.as_deref().unwrap().contains("not in the chat"));
     assert!(matches!(
         ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
-        Err(ReconcileError::NotUnresolved { .. })
+        Err(ReconcileError::NothingToReconcile { .. })
     ));
 }
 
@@ -182,8 +182,75 @@ pub(crate) async fn an_answered_envelope_stays_answered_when_a_follow_up_is_unkn
     assert_eq!(facts(ledger.find_for_reply(&e.trace_id).await.unwrap()), Some((false, true)));
     assert!(matches!(
         ledger.reconcile(&e.trace_id, Reconciliation::Delivered, "again").await,
-        Err(ReconcileError::NotUnresolved { .. })
+        Err(ReconcileError::NothingToReconcile { .. })
     ));
+}
+
+/// An attempt beside an envelope's answer (the ack reaction, an audit copy, an edit) can
+/// end unknown on an envelope that is not `unresolved` and never will be: one superseded by
+/// a correction, one still pending. Nothing but an operator settles it, so `ledger list
+/// --unreconciled` finds its envelope and `ledger reconcile` settles it there, leaving the
+/// envelope's state alone (an audit copy found delivered answers nothing).
+pub(crate) async fn an_unknown_attempt_beside_the_answer_is_found_and_settled_in_any_state<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let batch = [
+        routed(1, EnvelopeState::Pending),
+        routed(2, EnvelopeState::Pending),
+        routed(3, EnvelopeState::Pending),
+    ];
+    ledger.record_batch(1, 4, &batch).await.unwrap();
+    let rows = ledger.list(&ListFilter { limit: 3, ..Default::default() }).await.unwrap();
+    let (corrected, copied, quiet) = (&rows[0], &rows[1], &rows[2]);
+    let lost = AttemptOutcome::Unknown { error: "timeout".into() };
+    let ack_reaction =
+        ledger.begin_attempt(&reaction(corrected.id, "req_ackreact", 1)).await.unwrap().unwrap();
+    ledger.finish_attempt(&ack_reaction, &lost, "agent:orch").await.unwrap();
+    let superseded = [EnvelopeState::Pending];
+    assert!(
+        ledger
+            .transition(corrected.id, &superseded, EnvelopeState::Superseded, "agent:orch", None)
+            .await
+            .unwrap()
+    );
+    let audit_copy = NewAttempt { purpose: AttemptPurpose::Audit, ..one_part_reply(copied.id) };
+    let audit_copy = ledger.begin_attempt(&audit_copy).await.unwrap().unwrap();
+    ledger.finish_attempt(&audit_copy, &lost, "agent:orch").await.unwrap();
+    assert_eq!(ledger.find(&copied.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
+    assert_eq!(ledger.unreconciled_attempts().await.unwrap(), 2);
+
+    let unreconciled = |state: Option<EnvelopeState>| {
+        let ledger = ledger.clone();
+        async move {
+            let filter = ListFilter { state, unreconciled: true, limit: 10, ..Default::default() };
+            ledger.list(&filter).await.unwrap().into_iter().map(|e| e.trace_id).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(unreconciled(None).await, [corrected.trace_id.clone(), copied.trace_id.clone()]);
+    assert_eq!(
+        unreconciled(Some(EnvelopeState::Superseded)).await,
+        std::slice::from_ref(&corrected.trace_id)
+    );
+    assert!(!unreconciled(None).await.contains(&quiet.trace_id), "nothing of it is unknown");
+
+    let state =
+        ledger.reconcile(&corrected.trace_id, Reconciliation::NotDelivered, "no 👀 on it").await.unwrap();
+    assert_eq!(state, EnvelopeState::Superseded);
+    let attempts = ledger.attempts_for(corrected.id).await.unwrap();
+    assert_eq!(attempts[0].reconciled_outcome, Some(ReconciledOutcome::NotSent));
+    assert!(attempts[0].reconciled_reason.as_deref().unwrap().contains("no 👀 on it"));
+    let state =
+        ledger.reconcile(&copied.trace_id, Reconciliation::Delivered, "the copy is there").await.unwrap();
+    assert_eq!(state, EnvelopeState::Pending, "an audit copy answers nothing");
+    assert_eq!(ledger.find(&copied.trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
+
+    assert_eq!(ledger.unreconciled_attempts().await.unwrap(), 0);
+    assert!(unreconciled(None).await.is_empty());
+    for envelope in [corrected, quiet] {
+        assert!(matches!(
+            ledger.reconcile(&envelope.trace_id, Reconciliation::Delivered, "again").await,
+            Err(ReconcileError::NothingToReconcile { .. })
+        ));
+    }
 }
 
 pub(crate) async fn a_reply_request_is_summed_up_from_its_attempts<B: Backend>() {

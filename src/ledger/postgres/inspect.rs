@@ -22,13 +22,17 @@ impl Inspection for PgLedger {
             envelope_columns!(),
             " FROM envelopes \
              WHERE ($1::text IS NULL OR state = $1) AND ($2::text IS NULL OR agent = $2) \
-             AND ($3::text IS NULL OR route = $3) ORDER BY id DESC LIMIT $4"
+             AND ($3::text IS NULL OR route = $3) \
+             AND (NOT $5 OR EXISTS (SELECT 1 FROM attempts WHERE attempts.envelope_id = envelopes.id \
+                                    AND outcome = 'unknown' AND reconciled_outcome IS NULL)) \
+             ORDER BY id DESC LIMIT $4"
         );
         let mut rows: Vec<StoredEnvelope> = sqlx::query_as(sql)
             .bind(filter.state.map(EnvelopeState::as_str))
             .bind(filter.agent.as_deref())
             .bind(filter.route.as_deref())
             .bind(filter.limit)
+            .bind(filter.unreconciled)
             .fetch_all(&self.pool)
             .await?;
         rows.reverse();
@@ -55,8 +59,9 @@ impl Inspection for PgLedger {
     /// replicas) run one after the other, and each decides on the state the other left: the
     /// second finds nothing to reconcile. A row lock rather than SQLite's conditional
     /// updates alone, because the answer depends on the envelope's state as well as on what
-    /// the updates changed (an `acked` envelope whose follow-up is settled), and that state
-    /// must be the one the transaction changes, not one read before it.
+    /// the updates changed (one that stays as it is when only attempts beside its answer are
+    /// settled), and that state must be the one the transaction changes, not one read
+    /// before it.
     async fn reconcile(
         &self,
         trace_id: &TraceId,
@@ -92,15 +97,17 @@ impl Inspection for PgLedger {
         let to = finding.envelope_state(settled.contains(&true));
         let unresolved = [EnvelopeState::Unresolved];
         let moved = transition_in(&mut tx, envelope_id, &unresolved, to, "operator", Some(&reason)).await?;
-        let reconciled = match (moved, state) {
+        let reconciled = match (moved, settled.is_empty()) {
             (true, _) => to,
-            (false, EnvelopeState::Acked) if !settled.is_empty() => EnvelopeState::Acked,
+            // Only attempts beside the answer were unknown (a follow-up, an audit copy, a
+            // reaction, an edit): the envelope stays as it is, whatever it is.
+            (false, false) => state,
             // Nothing to reconcile: what the attempts' update did is rolled back, here rather
             // than when the transaction is dropped (that rollback waits for the connection's
             // next use, holding the envelope's row until then).
-            _ => {
+            (false, true) => {
                 tx.rollback().await.map_err(LedgerError::from)?;
-                return Err(ReconcileError::NotUnresolved { trace_id: trace_id.to_string(), state });
+                return Err(ReconcileError::NothingToReconcile { trace_id: trace_id.to_string(), state });
             }
         };
         tx.commit().await.map_err(LedgerError::from)?;

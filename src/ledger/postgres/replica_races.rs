@@ -114,8 +114,8 @@ async fn two_replicas_reconciling_one_envelope_at_once_settle_it_once() {
             two.reconcile(&envelope.trace_id, Reconciliation::NotDelivered, "not in the chat")
         );
         let settled = match (delivered, not_delivered) {
-            (Ok(state), Err(ReconcileError::NotUnresolved { .. }))
-            | (Err(ReconcileError::NotUnresolved { .. }), Ok(state)) => state,
+            (Ok(state), Err(ReconcileError::NothingToReconcile { .. }))
+            | (Err(ReconcileError::NothingToReconcile { .. }), Ok(state)) => state,
             other => panic!("round {round}: exactly one reconciliation is made, got {other:?}"),
         };
         assert_eq!(two.find(&envelope.trace_id).await.unwrap().unwrap().state, settled);

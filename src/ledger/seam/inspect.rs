@@ -12,9 +12,11 @@ pub trait Inspection: Send + Sync {
 
     /// Settles an envelope's unknown attempts with what the operator found out; the reason
     /// is kept on the envelope, its attempts and its event history. An `unresolved`
-    /// envelope becomes `acked` (delivered) or `pending` again (not delivered, so its
-    /// agent may answer again). An `acked` envelope whose later follow-up was unknown
-    /// stays `acked`: only the follow-up's attempts are settled.
+    /// envelope becomes `acked` (delivered) or `queued` again (not delivered, so its
+    /// agent may answer again). An envelope in any other state keeps it, and only its
+    /// unknown attempts are settled: an `acked` one whose later follow-up was unknown, or
+    /// one whose audit copy, reaction or edit was (on a `superseded` envelope as well),
+    /// since nothing else ever settles them. Refused when there is neither.
     async fn reconcile(
         &self,
         trace_id: &TraceId,
@@ -55,5 +57,8 @@ pub struct ListFilter {
     pub state: Option<EnvelopeState>,
     pub agent: Option<String>,
     pub route: Option<String>,
+    /// Only envelopes holding an attempt whose outcome is unknown and that no operator
+    /// has reconciled yet (what `switchboard_unreconciled_attempts` counts).
+    pub unreconciled: bool,
     pub limit: i64,
 }

@@ -39,7 +39,7 @@ pub trait Questions: Inspection + Send + Sync {
         let reason = format!("answered in Telegram by {by_name} ({by}) at {at}");
         match self.reconcile(&question.trace_id, finding, &reason).await {
             Ok(_) => {}
-            Err(ReconcileError::NotUnresolved { .. } | ReconcileError::Unknown(_)) => {
+            Err(ReconcileError::NothingToReconcile { .. } | ReconcileError::Unknown(_)) => {
                 return Ok(QuestionAnswered::TooLate);
             }
             Err(ReconcileError::Db(e)) => return Err(e),

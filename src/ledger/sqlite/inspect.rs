@@ -3,7 +3,7 @@
 use async_trait::async_trait;
 
 use super::envelopes::transition_in;
-use super::in_place::{query_all_cached, query_row_cached};
+use super::in_place::{query_all_cached, query_row_cached, text_enum};
 use super::{LedgerResult, SqliteLedger, now};
 use crate::domain::{ReconcileError, Reconciliation, StoredEnvelope, StoredEvent};
 use crate::ids::TraceId;
@@ -21,13 +21,16 @@ impl Inspection for SqliteLedger {
             envelope_columns!(),
             " FROM envelopes \
              WHERE (?1 IS NULL OR state = ?1) AND (?2 IS NULL OR agent = ?2) AND (?3 IS NULL OR route = ?3) \
+             AND (NOT ?5 OR EXISTS (SELECT 1 FROM attempts WHERE attempts.envelope_id = envelopes.id \
+                                    AND outcome = 'unknown' AND reconciled_outcome IS NULL)) \
              ORDER BY id DESC LIMIT ?4"
         );
         let filter = filter.clone();
         let mut rows = self
             .read_off_thread(move |db| {
                 let state = filter.state.map(EnvelopeState::as_str);
-                let params = rusqlite::params![state, filter.agent, filter.route, filter.limit];
+                let params =
+                    rusqlite::params![state, filter.agent, filter.route, filter.limit, filter.unreconciled];
                 query_all_cached(db, sql, params, StoredEnvelope::from_row)
             })
             .await?;
@@ -92,16 +95,22 @@ impl Inspection for SqliteLedger {
                 )?;
                 let to = finding.envelope_state(settled.contains(&true));
                 let unresolved = [EnvelopeState::Unresolved];
-                let moved = transition_in(db, envelope.id, &unresolved, to, "operator", Some(&reason))?;
-                Ok(match (moved, envelope.state) {
-                    (true, _) => Some(to),
-                    (false, EnvelopeState::Acked) if !settled.is_empty() => Some(EnvelopeState::Acked),
-                    // Nothing to reconcile: what the attempts' update did is rolled back.
-                    _ => None,
-                })
+                if transition_in(db, envelope.id, &unresolved, to, "operator", Some(&reason))? {
+                    return Ok(Some(to));
+                }
+                if settled.is_empty() {
+                    // Nothing to reconcile.
+                    return Ok(None);
+                }
+                // Only attempts beside the answer were unknown (a follow-up, an audit copy, a
+                // reaction, an edit): the envelope stays as it is, whatever it is.
+                let state = query_row_cached(db, "SELECT state FROM envelopes WHERE id = ?", [envelope.id], |row| {
+                    text_enum(row, "state")
+                })?;
+                Ok(Some(state))
             })
             .await?;
-        reconciled.ok_or_else(|| ReconcileError::NotUnresolved {
+        reconciled.ok_or_else(|| ReconcileError::NothingToReconcile {
             trace_id: trace_id.to_string(),
             state: envelope.state,
         })

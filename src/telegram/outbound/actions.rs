@@ -113,6 +113,13 @@ impl Outbound {
             Ok(Observed::Sent { .. }) => {
                 tracing::debug!(trace_id = %target.trace_id, emoji, "ack reaction set")
             }
+            // It may be on the message, or not: an attempt only an operator can settle, and
+            // `switchboard_unreconciled_attempts` counts it until one does.
+            Ok(Observed::Unknown { error }) => tracing::warn!(
+                trace_id = %target.trace_id,
+                %error,
+                "ack reaction's outcome is unknown: look at the message and settle it with `switchboard ledger reconcile`"
+            ),
             outcome => tracing::debug!(trace_id = %target.trace_id, ?outcome, "ack reaction not set"),
         }
     }
