@@ -437,6 +437,57 @@ async fn sighup_applies_a_good_file_and_keeps_the_running_configuration_on_a_bad
     std::fs::write(daemon.config_path(), good).unwrap();
 }
 
+/// A file `switchboard check` would refuse is refused by a reload too, even though it
+/// loads: here a new agent whose secret variable the daemon's environment does not hold.
+/// Applied, it would have been what the next restart fails on; refused, nothing of it
+/// applies (not even its new route), the running routes keep working, and the error says
+/// that a variable set since the start needs a restart.
+#[tokio::test]
+async fn sighup_refuses_a_file_whose_secrets_the_daemon_cannot_read_as_a_restart_would() {
+    const NEW_CHAT: i64 = -4_000_333;
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let good = std::fs::read_to_string(daemon.config_path()).unwrap();
+    rewrite_config(&daemon, |text| {
+        text + &format!(
+            "\n[[routes]]\nname = \"late-team\"\nchat_id = {NEW_CHAT}\nagent = \"worker\"\n\
+             \n[agents.scout]\ntoken_env = \"SB_TEST_SCOUT_SECRET_NEVER_SET\"\n"
+        )
+    });
+    daemon.signal("HUP");
+    daemon.wait_for_log("configuration reload refused", WAIT).await;
+    let logs = daemon.logs();
+    let refusal = logs.lines().find(|line| line.contains("configuration reload refused")).unwrap();
+    assert!(refusal.contains("SB_TEST_SCOUT_SECRET_NEVER_SET"), "names the variable: {refusal}");
+    assert!(refusal.contains("restart"), "says a restart with it set is needed: {refusal}");
+    assert!(refusal.contains("the running configuration stays"), "{refusal}");
+    assert!(!logs.contains("configuration reloaded"), "{logs}");
+    let metrics = scrape(&daemon).await;
+    assert_eq!(value(&metrics, "switchboard_config_reloads_total", &[("result", "refused")]), 1.0);
+    assert_eq!(value(&metrics, "switchboard_config_reloads_total", &[("result", "applied")]), 0.0);
+
+    // Nothing of the file applies; the routes the daemon runs with still do.
+    fake.push_text(ChatSpec::group(NEW_CHAT, "Late team"), UserSpec::new(88, "Lena"), "for the late team");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the orchestrator");
+    let ledger = daemon.ledger().await;
+    let both = async {
+        loop {
+            let rows = ledger.list(&ListFilter { limit: 100, ..ListFilter::default() }).await.unwrap();
+            if rows.len() == 2 {
+                return rows;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    };
+    let rows = tokio::time::timeout(WAIT, both).await.expect("both messages recorded");
+    let late = rows.iter().find(|e| e.chat_id == NEW_CHAT).unwrap();
+    assert_eq!(late.state, EnvelopeState::Unrouted, "the refused file's route was not applied");
+    let owners = rows.iter().find(|e| e.chat_id == OWNER_CHAT).unwrap();
+    assert_eq!(owners.route.as_deref(), Some("owner-dm"));
+    ledger.close().await;
+    std::fs::write(daemon.config_path(), good).unwrap();
+}
+
 // ---- packaging ----
 
 fn repository_file(path: &str) -> PathBuf {

@@ -47,6 +47,28 @@ const POLL_HTTP_MARGIN: Duration = Duration::from_secs(10);
 /// provably unsent request, so it may fail early.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
+/// Why a file that loads would still not start a daemon: the checks `switchboard check`
+/// makes beyond loading it, which `run` makes before it starts and a reload before it
+/// applies anything, so that no file is applied that the next restart would refuse.
+#[derive(Debug, thiserror::Error)]
+pub enum StartUpRefusal {
+    /// A secret its variables hold: unset or empty, shared by two agents, or malformed.
+    #[error(transparent)]
+    Secrets(#[from] crate::config::ConfigError),
+    /// `api.tls`'s files hold no certificate the local API can serve.
+    #[error("{0:#}")]
+    Certificate(anyhow::Error),
+}
+
+/// The checks of [`StartUpRefusal`], with the secrets they read.
+pub fn start_up_checks(settings: &Settings) -> Result<DaemonSecrets, StartUpRefusal> {
+    let secrets = settings.daemon_secrets()?;
+    if let Some(files) = &settings.api.tls {
+        api::tls::server_config(files).map_err(StartUpRefusal::Certificate)?;
+    }
+    Ok(secrets)
+}
+
 /// What the daemon logs once its local API listens, with the bound address as `api`.
 /// Whoever starts it with `api.listen` on port 0 reads the port from this line (the tests,
 /// the benchmarks, `switchboard demo`): see [`reported_api_address`].

@@ -8,11 +8,9 @@ use crate::rules::routes::{Audience, RouteTarget};
 
 pub(super) fn check(path: &Path) -> anyhow::Result<()> {
     let settings = Settings::load(path)?;
-    settings.daemon_secrets()?;
-    // Before anything is said to be valid: a certificate that cannot be served stops `run`.
-    if let Some(files) = &settings.api.tls {
-        crate::agents::api::tls::server_config(files)?;
-    }
+    // Before anything is said to be valid: what would stop `run` (secrets, a certificate
+    // that cannot be served).
+    crate::app::start_up_checks(&settings)?;
     for warning in check_warnings(&settings) {
         eprintln!("switchboard: warning: {}: {warning}", path.display());
     }

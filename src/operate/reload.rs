@@ -1,10 +1,12 @@
 //! SIGHUP re-reads the configuration file (DESIGN.md §12).
 //!
-//! A file that loads and validates replaces, in one step under the reload lock, what the
-//! running daemon can change in place: the routes and the allowlist (the poller routes each
-//! batch with one snapshot of both), the reply and handoff limits, and the pacing of sends.
-//! Everything is logged with what changed. A file that does not load is logged with the
-//! usual one-line error and changes nothing.
+//! A file that loads, validates and passes `switchboard check`'s other checks (its secret
+//! variables set in the daemon's environment, distinct and well formed; `api.tls`'s files
+//! servable) replaces, in one step under the reload lock, what the running daemon can
+//! change in place: the routes and the allowlist (the poller routes each batch with one
+//! snapshot of both), the reply and handoff limits, and the pacing of sends. Everything is
+//! logged with what changed. A file that fails any of it is logged with the usual one-line
+//! error and changes nothing: applied, it would be what the next restart refuses.
 //!
 //! The local API's certificate (`api.tls`) is read again from the same files at every
 //! SIGHUP, whatever the configuration file holds: renewing a certificate is a reload, not a
@@ -19,7 +21,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Display;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -28,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::agents::api::tls::{Reread, ServedCertificate};
 use crate::agents::bridge::{Bridge, HandoffRules, ReplyLimits};
+use crate::app::StartUpRefusal;
 use crate::config::{Database, OutboundSettings, RoomLimits, Settings};
 use crate::ids::AgentName;
 use crate::operate::metrics;
@@ -344,7 +347,9 @@ impl Reloader {
 
     /// Re-reads the file and applies it, or refuses it; logs either way. True when applied.
     /// The certificate is read again first, and on its own: a renewal is served even when
-    /// the configuration file is refused, and a certificate refused leaves the rest to apply.
+    /// the configuration file is refused. The file must pass what `switchboard check`
+    /// checks (its secrets, `api.tls`'s files), or it is refused whole: applied, it would
+    /// be what the next restart refuses to start with.
     pub fn reload(&self) -> bool {
         self.read_certificate_again();
         let new = match Settings::load(&self.path) {
@@ -355,6 +360,14 @@ impl Reloader {
                 return false;
             }
         };
+        if let Err(refusal) = crate::app::start_up_checks(&new) {
+            tracing::error!(
+                "configuration reload refused: {}; the running configuration stays",
+                refused_at_start(&self.path, &refusal)
+            );
+            metrics::config_reload(false);
+            return false;
+        }
         let mut running = self.running();
         let plan = match plan(&running, &new) {
             Ok(plan) => plan,
@@ -430,6 +443,19 @@ impl Reloader {
                 metrics::certificate_read("refused");
             }
         }
+    }
+}
+
+/// A start-up check's refusal, said for a reload. A secret is read from the daemon's own
+/// environment, fixed when it started: a variable exported since (in a shell, a unit's
+/// `Environment=`) is not seen until a restart with it set.
+fn refused_at_start(path: &Path, refusal: &StartUpRefusal) -> String {
+    match refusal {
+        StartUpRefusal::Secrets(e) => format!(
+            "{e} (this daemon reads secret variables from the environment it was started with: a variable set \
+             or changed since needs a restart with it set)"
+        ),
+        StartUpRefusal::Certificate(e) => format!("{}: api.tls: {e:#}", path.display()),
     }
 }
 
