@@ -181,6 +181,29 @@ async fn readiness_follows_what_telegram_answers_and_recovers_when_the_cause_is_
     assert!(ok, "{text}");
 }
 
+/// `healthcheck --config` asks the daemon that runs, which runs with the configuration it
+/// started with: a file on disk that a reload refused (a route naming an agent nobody
+/// declared) does not make that daemon unhealthy.
+#[tokio::test]
+async fn the_healthcheck_passes_a_running_daemon_whatever_a_refused_file_on_disk_says() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    fake.wait_for_get_updates_calls(1, WAIT).await;
+    wait_for_readiness(&daemon, 200, None).await;
+    let good = std::fs::read_to_string(daemon.config_path()).unwrap();
+    rewrite_config(&daemon, |text| text.replace("agent = \"worker\"\n", "agent = \"ghost\"\n"));
+    daemon.signal("HUP");
+    daemon.wait_for_log("configuration reload refused", WAIT).await;
+    let (ok, text) = healthcheck(&daemon);
+    assert!(ok, "a mistake outside [api] fails no health check: {text}");
+
+    // An [api] address it cannot read is still an error: there is nothing to ask.
+    rewrite_config(&daemon, |text| text.replace("[api]\n", "[api]\nhealth_listen = \"nowhere\"\n"));
+    let (ok, text) = healthcheck(&daemon);
+    assert!(!ok && text.contains("api.health_listen"), "{text}");
+    std::fs::write(daemon.config_path(), good).unwrap();
+}
+
 /// Makes files immutable with `chattr +i` and undoes it on drop, even when the test fails:
 /// an immutable file cannot be removed with the test's directory.
 struct Immutable(Vec<PathBuf>);

@@ -15,7 +15,7 @@ use clap::{Args, Parser, Subcommand};
 use tokio_util::sync::CancellationToken;
 
 use crate::app::{Daemon, LedgerHold, StandbyWebhook, Taken};
-use crate::config::{ApiSettings, DaemonUrl, Database, LogFormat, Settings};
+use crate::config::{DaemonUrl, Database, HealthProbe, LogFormat, Settings};
 use crate::operate::health::IntakeMode;
 use crate::operate::health_listener::HealthListener;
 use crate::telemetry;
@@ -61,7 +61,8 @@ pub enum Command {
     /// For container health checks, where no curl is at hand.
     Healthcheck {
         /// The daemon's configuration: its `api.health_listen` is asked, or else its
-        /// `api.listen` (0.0.0.0 on loopback).
+        /// `api.listen` (0.0.0.0 on loopback). Only `[api]` is read: a mistake elsewhere
+        /// in the file does not fail the check of a daemon that runs.
         #[arg(long, short = 'c', env = "SWITCHBOARD_CONFIG", required_unless_present = "address")]
         config: Option<PathBuf>,
         /// Ask this address (host:port, plain HTTP) instead.
@@ -156,7 +157,7 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
         Command::Healthcheck { config, address, standby_is_healthy } => {
             let (daemon, identity) = match (address, config) {
                 (Some(address), _) => (DaemonUrl::beside(address, false), None),
-                (None, Some(config)) => healthcheck_target(&Settings::load(&config)?.api)?,
+                (None, Some(config)) => healthcheck_target(HealthProbe::load(&config)?)?,
                 (None, None) => anyhow::bail!("give --config FILE or --address HOST:PORT"),
             };
             crate::operate::healthcheck::check(&daemon, identity, standby_is_healthy).await
@@ -166,15 +167,13 @@ async fn dispatch(command: Command) -> anyhow::Result<()> {
 
 /// Where `healthcheck --config` asks, and the client certificate it shows there: the local
 /// API asks for one when `api.tls.client_ca` is set, `api.health_listen` never does.
-fn healthcheck_target(api: &ApiSettings) -> anyhow::Result<(DaemonUrl, Option<reqwest::Identity>)> {
-    let url = api.health_url();
-    let asks_for_a_certificate =
-        api.health_listen.is_none() && api.tls.as_ref().is_some_and(|tls| tls.client_ca.is_some());
+fn healthcheck_target(probe: HealthProbe) -> anyhow::Result<(DaemonUrl, Option<reqwest::Identity>)> {
+    let HealthProbe { url, asks_for_a_certificate, client_identity } = probe;
     if !asks_for_a_certificate {
         return Ok((url, None));
     }
     // Only the identity: the check believes any certificate (api.ca is the plugins').
-    match &api.client_identity {
+    match &client_identity {
         Some(files) => Ok((url, Some(crate::agents::api::client::client_identity(files)?))),
         None => anyhow::bail!(
             "the local API requires client certificates (api.tls.client_ca): set api.health_listen, which \

@@ -6,6 +6,7 @@
 //! the environment variables that hold them, read by [`Settings::telegram_token`] and
 //! [`Settings::agent_secret`].
 
+mod probe;
 mod raw;
 mod settings;
 #[cfg(test)]
@@ -97,6 +98,7 @@ pub struct ConfigWarning {
     pub problem: String,
 }
 
+pub use probe::HealthProbe;
 use raw::RawSettings;
 pub use settings::*;
 use settings::{MAX_WEBHOOK_SECRET_LEN, is_webhook_secret};

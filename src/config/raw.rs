@@ -286,7 +286,7 @@ fn default_unauthorized_exit() -> u64 {
 fn default_database() -> String {
     "switchboard.db".into()
 }
-fn default_listen() -> String {
+pub(super) fn default_listen() -> String {
     "127.0.0.1:7797".into()
 }
 /// Ten messages of 4096 characters: a long answer fits, a runaway one does not.
