@@ -100,8 +100,9 @@ async fn senders_outside_the_allowlist_are_rejected_and_kept_for_audit() {
 #[tokio::test]
 async fn a_routes_own_allowlist_stands_in_for_the_global_one() {
     let fake = FakeTelegram::start().await;
-    let routes =
-        default_routes().replace("name = \"team-group\"", "name = \"team-group\"\nallowed_users = []");
+    let routes = default_routes()
+        .replace("name = \"team-group\"", "name = \"team-group\"\nallowed_users = []")
+        .replace("name = \"ops-topic\"", &format!("name = \"ops-topic\"\nallowed_users = [{OWNER_ID}, 7]"));
     let daemon = TestDaemon::start(&fake.api_url(), &format!("allowed_users = [{OWNER_ID}]"), &routes);
     let mia = UserSpec::new(8, "Mia");
     fake.push_text(ChatSpec::group(GROUP_CHAT, "Team"), &mia, "from the team");
@@ -118,10 +119,29 @@ async fn a_routes_own_allowlist_stands_in_for_the_global_one() {
         ]
     );
 
-    // The same sender in a chat whose route keeps the global list is rejected.
-    fake.push_text(ChatSpec::forum(FORUM_CHAT, "Forum"), &mia, "in the forum");
+    // The same sender in a chat whose route keeps the global list is rejected, and the
+    // row and the log say it was the global list that decided.
+    let forum = ChatSpec::forum(FORUM_CHAT, "Forum");
+    fake.push_text(&forum, &mia, "in the forum");
     let rows = wait_for_envelopes(&daemon, 4).await;
     assert_eq!(rows[3].state, EnvelopeState::Rejected);
+    let note = rows[3].note.as_deref().unwrap_or_default();
+    assert!(note.contains("telegram.allowed_users"), "{note}");
+    daemon.wait_for_log("telegram.allowed_users: recorded as rejected", WAIT).await;
+
+    // In a topic whose route has a list of its own, that list decided: the row and the log
+    // name it, not the global one.
+    fake.push_topic_text(&forum, OPS_TOPIC, &mia, "in the ops topic");
+    let rows = wait_for_envelopes(&daemon, 5).await;
+    assert_eq!((rows[4].state, rows[4].route.as_deref()), (EnvelopeState::Rejected, Some("ops-topic")));
+    let note = rows[4].note.as_deref().unwrap_or_default();
+    assert!(note.contains("route 'ops-topic'") && !note.contains("telegram.allowed_users"), "{note}");
+    daemon.wait_for_log("route 'ops-topic': recorded as rejected", WAIT).await;
+    let logs = daemon.logs();
+    let line = logs.lines().find(|line| line.contains("route 'ops-topic': recorded as rejected")).unwrap();
+    assert!(!line.contains("telegram.allowed_users"), "{line}");
+    let (ok, shown, _) = daemon.ledger_cli(&["show", &rows[4].trace_id]);
+    assert!(ok && shown.contains("allowed_users of route 'ops-topic'"), "ledger show says why: {shown}");
 }
 
 /// A group route with `mention_only`: what is said to the bot reaches its agent (a mention,

@@ -73,11 +73,39 @@ impl Route {
         matches!(self.audience, Audience::Room(_))
     }
 
+    /// The list that decides who may speak in this route: its own `allowed_users` when it
+    /// has one, else `telegram.allowed_users`. Named when a sender is rejected, so the
+    /// operator edits the list that refused them.
+    pub fn speakers_list(&self) -> SpeakersList<'_> {
+        match self.senders {
+            Some(_) => SpeakersList::Route(&self.name),
+            None => SpeakersList::Global,
+        }
+    }
+
     /// The agents it names: its agent, or the room's members in room order.
     pub fn agents(&self) -> &[AgentName] {
         match &self.audience {
             Audience::Agent(agent) => std::slice::from_ref(agent),
             Audience::Room(agents) => agents,
+        }
+    }
+}
+
+/// Which `allowed_users` decides who may speak in a route ([`Route::speakers_list`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeakersList<'a> {
+    /// The route's own `allowed_users`.
+    Route(&'a RouteName),
+    /// `telegram.allowed_users`.
+    Global,
+}
+
+impl fmt::Display for SpeakersList<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Route(name) => write!(f, "the allowed_users of route '{name}'"),
+            Self::Global => f.write_str("telegram.allowed_users"),
         }
     }
 }
@@ -474,6 +502,13 @@ mod tests {
             ),
             "the route's list replaces the global one, it does not add to it"
         );
+        // A rejection names the list that decided.
+        let decided = |chat_id| match dispose(&table, &global, channel(chat_id, None), Some(9)) {
+            Disposition::Rejected(route) => route.speakers_list().to_string(),
+            _ => panic!("sender 9 is on no list"),
+        };
+        assert_eq!(decided(DM), "telegram.allowed_users");
+        assert_eq!(decided(-100_666), "the allowed_users of route 'pair'");
     }
 
     #[test]

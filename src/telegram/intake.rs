@@ -314,6 +314,10 @@ fn route(
             Disposition::Unrouted => (EnvelopeState::Unrouted, None),
             Disposition::Rejected(route) => (EnvelopeState::Rejected, Some(route)),
         };
+    // Kept on the row, so `ledger show` says which list to change.
+    let note = (state == EnvelopeState::Rejected)
+        .then(|| route.map(|r| format!("the sender is not on {}", r.speakers_list())))
+        .flatten();
     RoutedEnvelope {
         state,
         route: route.map(|r| r.name.clone()),
@@ -321,7 +325,7 @@ fn route(
         agent: route.and_then(|r| r.agent().cloned()),
         envelope,
         update_digest,
-        note: None,
+        note,
         raw_update: None,
     }
 }
@@ -467,7 +471,8 @@ fn log_recorded(routed: &RoutedEnvelope) {
             chat_id = e.channel.chat_id,
             sender_id = e.sender.id,
             route,
-            "sender is not on telegram.allowed_users: recorded as rejected"
+            "{}: recorded as rejected",
+            routed.note.as_deref().unwrap_or("the sender may not speak on this route")
         ),
         EnvelopeState::Ignored => tracing::info!(
             target: RECORD_LOG_TARGET,
