@@ -175,6 +175,49 @@ async fn ledger_commands_work_while_the_daemon_runs() {
     assert!(!is_error, "{text}");
 }
 
+/// A listing filtered by a misspelled agent, route or room would print nothing, which reads
+/// as "none": it is refused, naming what the configuration declares. A name the ledger
+/// still holds rows of (a route renamed since) is history, and answered.
+#[tokio::test]
+async fn a_listing_by_a_name_nobody_knows_is_refused_and_one_only_in_history_is_answered() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the record");
+    eventually(WAIT, "the message recorded", || {
+        daemon.ledger_cli(&["list", "--route", "owner-dm"]).1.contains("owner-dm")
+    })
+    .await;
+
+    for args in [
+        &["list", "--agent", "orchestratr"][..],
+        &["list", "--route", "owner_dm"],
+        &["handoffs", "--agent", "wroker"],
+    ] {
+        let (ok, out, err) = daemon.ledger_cli(args);
+        assert!(!ok, "ledger {args:?} is refused: {out}{err}");
+        assert!(err.contains(args[2]) && err.contains("declared"), "names it and what is declared: {err}");
+    }
+    let (_, _, err) = daemon.ledger_cli(&["list", "--agent", "orchestratr"]);
+    assert!(err.contains("orchestrator, worker"), "{err}");
+    let (ok, out, err) = daemon.ledger_cli(&["cascades", "--room", "lobby"]);
+    assert!(!ok && err.contains("lobby"), "no room is declared: {out}{err}");
+    // Declared names with nothing (yet) to show are an empty answer.
+    for args in [&["list", "--agent", "worker"][..], &["handoffs", "--agent", "worker"]] {
+        let (ok, out, err) = daemon.ledger_cli(args);
+        assert!(ok, "ledger {args:?}: {out}{err}");
+    }
+
+    // The route renamed: its old name is in the ledger's history only, and still answered.
+    let config = std::fs::read_to_string(daemon.config_path()).unwrap();
+    std::fs::write(daemon.config_path(), config.replace("name = \"owner-dm\"", "name = \"owner-direct\""))
+        .unwrap();
+    let (ok, out, err) = daemon.ledger_cli(&["list", "--route", "owner-dm"]);
+    assert!(ok && out.contains("owner-dm"), "{out}{err}");
+    let (ok, out, err) = daemon.ledger_cli(&["list", "--route", "owner-dm", "--state", "acked"]);
+    assert!(ok && out.contains("(0 envelope(s))"), "{out}{err}");
+    std::fs::write(daemon.config_path(), config).unwrap();
+}
+
 #[tokio::test]
 async fn the_ledger_its_wal_files_and_its_lock_are_private_and_loose_ones_are_tightened() {
     let fake = FakeTelegram::start().await;

@@ -144,7 +144,7 @@ pub(super) async fn ledger(path: &Path, command: LedgerCommand) -> anyhow::Resul
     let ledger = crate::ledger::open_existing(database, settings.storage.synchronous)
         .await
         .with_context(|| format!("opening the ledger {database}"))?;
-    let result = ledger_command(&ledger, database, command).await;
+    let result = ledger_command(&ledger, &settings, command).await;
     ledger.close().await;
     result
 }
@@ -190,17 +190,48 @@ fn missing_ledger(settings: &Settings, database: &Path) -> ConfigError {
     }
 }
 
-async fn ledger_command(ledger: &Ledger, database: &Database, command: LedgerCommand) -> anyhow::Result<()> {
+async fn ledger_command(ledger: &Ledger, settings: &Settings, command: LedgerCommand) -> anyhow::Result<()> {
+    let database = &settings.storage.database;
+    let agents = || settings.agents.keys().map(ToString::to_string).collect::<Vec<_>>();
     match command {
         LedgerCommand::List { state, agent, route, unreconciled, limit } => {
-            print_envelopes(&ledger.list(&ListFilter { state, agent, route, unreconciled, limit }).await?);
+            let filter =
+                ListFilter { state, agent: agent.clone(), route: route.clone(), unreconciled, limit };
+            let rows = ledger.list(&filter).await?;
+            if rows.is_empty() {
+                if let Some(agent) = agent {
+                    let history =
+                        ListFilter { agent: Some(agent.clone()), limit: 1, ..ListFilter::default() };
+                    let known = !ledger.list(&history).await?.is_empty();
+                    refuse_unknown_name("--agent", "agent", &agent, &agents(), known)?;
+                }
+                if let Some(route) = route {
+                    let history =
+                        ListFilter { route: Some(route.clone()), limit: 1, ..ListFilter::default() };
+                    let known = !ledger.list(&history).await?.is_empty();
+                    let routes: Vec<String> =
+                        settings.routes.routes().iter().map(|r| r.name.to_string()).collect();
+                    refuse_unknown_name("--route", "route", &route, &routes, known)?;
+                }
+            }
+            print_envelopes(&rows);
         }
         LedgerCommand::Handoffs { open, agent, limit } => {
-            print_handoffs(&ledger.list_handoffs(open, agent.as_deref(), limit).await?);
+            let handoffs = ledger.list_handoffs(open, agent.as_deref(), limit).await?;
+            if let (true, Some(agent)) = (handoffs.is_empty(), &agent) {
+                let known = !ledger.list_handoffs(false, Some(agent), 1).await?.is_empty();
+                refuse_unknown_name("--agent", "agent", agent, &agents(), known)?;
+            }
+            print_handoffs(&handoffs);
         }
         LedgerCommand::Permissions { limit } => print_permissions(&ledger.list_permissions(limit).await?),
         LedgerCommand::Cascades { room, limit } => {
-            print_cascades(ledger, &ledger.list_cascades(room.as_deref(), limit).await?).await?;
+            let cascades = ledger.list_cascades(room.as_deref(), limit).await?;
+            if let (true, Some(room)) = (cascades.is_empty(), &room) {
+                let rooms: Vec<String> = settings.rooms.keys().map(ToString::to_string).collect();
+                refuse_unknown_name("--room", "room route", room, &rooms, false)?;
+            }
+            print_cascades(ledger, &cascades).await?;
         }
         LedgerCommand::Show { trace_id } if trace_id.trim().starts_with("cas_") => {
             let cascade_id = CascadeId::parse(&trace_id).map_err(anyhow::Error::msg)?;
@@ -261,6 +292,27 @@ async fn ledger_command(ledger: &Ledger, database: &Database, command: LedgerCom
         }
     }
     Ok(())
+}
+
+/// A name given to filter a listing by, which matched nothing: refused when the
+/// configuration does not declare it and the ledger holds no row of it (`known`), since
+/// then it is a misspelling, and an empty listing would pass for "none". A name the ledger
+/// knows (a route or agent removed since) is history, and its empty listing is an answer.
+fn refuse_unknown_name(
+    flag: &str,
+    what: &str,
+    given: &str,
+    declared: &[String],
+    known: bool,
+) -> anyhow::Result<()> {
+    if known || declared.iter().any(|name| name == given) {
+        return Ok(());
+    }
+    let declared = if declared.is_empty() { "none".to_owned() } else { declared.join(", ") };
+    anyhow::bail!(
+        "{flag} {given}: the configuration declares no {what} '{given}' (declared: {declared}), and the ledger \
+         holds nothing of one; check the spelling"
+    )
 }
 
 /// `ledger list`: one line an envelope.
@@ -769,6 +821,18 @@ fn preview(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_filter_name_is_refused_only_when_neither_the_configuration_nor_the_ledger_knows_it() {
+        let declared = ["orchestrator".to_owned(), "worker".to_owned()];
+        assert!(refuse_unknown_name("--agent", "agent", "worker", &declared, false).is_ok());
+        assert!(refuse_unknown_name("--agent", "agent", "retired", &declared, true).is_ok(), "history");
+        let refused =
+            refuse_unknown_name("--agent", "agent", "wokrer", &declared, false).unwrap_err().to_string();
+        assert!(refused.contains("wokrer") && refused.contains("orchestrator, worker"), "{refused}");
+        let none = refuse_unknown_name("--room", "room route", "lab", &[], false).unwrap_err().to_string();
+        assert!(none.contains("declared: none"), "{none}");
+    }
 
     #[test]
     fn ages_are_a_whole_number_of_days_hours_or_minutes() {
