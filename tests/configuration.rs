@@ -272,3 +272,34 @@ fn the_allowlist_can_come_from_the_environment() {
     assert!(output.status.success(), "{stderr}");
     assert!(String::from_utf8_lossy(&output.stdout).contains("only [111, 222]"));
 }
+
+/// The default `storage.replica` is the host's name and the pid, even where
+/// /proc/sys/kernel/hostname is hidden, as the shipped systemd unit's `ProcSubset=pid`
+/// hides it. Here a mount namespace of the test's own hides it (`unshare -m`), where this
+/// machine allows one; elsewhere the test says so and checks nothing.
+#[test]
+fn the_default_replica_name_is_the_hosts_even_where_proc_sys_is_hidden() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("switchboard.toml");
+    let config = GOOD.replace("\"DB_PATH\"", "\"postgres://postgres@127.0.0.1:5432/test\"");
+    std::fs::write(&path, config).unwrap();
+    let hide = "mount -t tmpfs none /proc/sys && test ! -e /proc/sys/kernel/hostname";
+    let can_hide = std::process::Command::new("unshare").args(["-m", "sh", "-c", hide]).output();
+    if !can_hide.as_ref().is_ok_and(|output| output.status.success()) {
+        eprintln!("skipped: this machine cannot hide /proc/sys in a mount namespace: {can_hide:?}");
+        return;
+    }
+    let output = std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", &format!("{hide} && exec \"$0\" check --config \"$1\""), BIN])
+        .arg(&path)
+        .env("SB_CFG_TOKEN", "123:abc-def-ghi")
+        .env("SB_CFG_ORCH", "orchestrator-secret")
+        .env("SB_CFG_WORKER", "worker-secret-xyz")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", String::from_utf8_lossy(&output.stderr));
+    let host = nix::unistd::gethostname().unwrap().into_string().unwrap();
+    let replica = stdout.lines().find(|line| line.starts_with("replica:")).expect("check names the replica");
+    assert!(replica.contains(&format!(" {host}-")), "the host's name, not a fallback: {replica}");
+}

@@ -744,3 +744,11 @@ fn agents_whose_names_differ_only_in_case_are_refused() {
     assert!(e.to_string().contains("Worker") && e.to_string().contains("worker"), "{e}");
     assert!(e.problem.contains("case"), "{e}");
 }
+
+#[test]
+fn a_replica_is_named_after_its_host_and_pid_or_replica_when_the_host_has_no_name() {
+    use super::validate::replica_name;
+    assert_eq!(replica_name(Some("vm-7\n".into()), 42), "vm-7-42");
+    assert_eq!(replica_name(Some(" ".into()), 42), "replica-42");
+    assert_eq!(replica_name(None, 42), "replica-42");
+}

@@ -822,12 +822,15 @@ fn validate_database(path: &Path, raw: &RawStorage) -> Result<Database, ConfigEr
 }
 
 /// The host's name and the process id: unique among replicas on one machine, and still
-/// saying where a lease's holder runs.
+/// saying where a lease's holder runs. The name comes from the system call, not
+/// /proc/sys/kernel/hostname, which a sandbox may hide (systemd's `ProcSubset=pid`, as in
+/// the shipped unit); "replica" only when the host has no name to give.
 fn default_replica_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|name| name.trim().to_owned())
-        .filter(|name| !name.is_empty())
-        .unwrap_or_else(|| "replica".into());
-    format!("{host}-{}", std::process::id())
+    replica_name(nix::unistd::gethostname().ok().and_then(|name| name.into_string().ok()), std::process::id())
+}
+
+/// [`default_replica_name`] from what the system said.
+pub(super) fn replica_name(host: Option<String>, pid: u32) -> String {
+    let host = host.map(|name| name.trim().to_owned()).filter(|name| !name.is_empty());
+    format!("{}-{pid}", host.as_deref().unwrap_or("replica"))
 }
