@@ -1,8 +1,10 @@
 //! One daemon per ledger. `switchboard run` takes an exclusive advisory lock on a file
 //! beside the database before it opens the ledger, so a second daemon on the same ledger
 //! stops before its start-up recovery could mistake the first one's in-flight sends for
-//! interrupted ones. The `switchboard ledger` commands do not take it: they are meant to
-//! run beside the daemon, and SQLite serialises their writes.
+//! interrupted ones. The `switchboard ledger` commands do not keep it: they are meant to
+//! run beside the daemon, and SQLite serialises their writes. They take it only while they
+//! open the ledger, to learn whether a daemon runs (a migration waits until none does),
+//! so a daemon starting in that moment finds it held by the command.
 //!
 //! The lock is `flock(2)` through `std::fs::File::try_lock`: the kernel releases it when
 //! the process dies, `kill -9` included, so a crash never leaves a stale lock behind. The
@@ -16,12 +18,15 @@ use std::path::{Path, PathBuf};
 
 use super::files::PRIVATE_MODE;
 
-/// What a second daemon is told, and what an operator needs to act on it.
+/// What a second daemon is told, and what an operator needs to act on it. The holder may
+/// be a `switchboard ledger` command opening the ledger, not only a daemon: the pid is of
+/// whichever took the lock.
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     #[error(
-        "another switchboard daemon{} holds the ledger lock {}: only one daemon may use a ledger; \
-         stop that one first, or give this one its own storage.database",
+        "a switchboard daemon or `switchboard ledger` command{} holds the ledger lock {}: only one \
+         daemon may use a ledger; stop that daemon first (a ledger command lets go as soon as it has \
+         opened the ledger: start again), or give this one its own storage.database",
         holder.map(|pid| format!(" (pid {pid})")).unwrap_or_default(),
         path.display()
     )]
@@ -139,6 +144,9 @@ mod tests {
         );
         let message = error.to_string();
         assert!(message.contains("ledger.db.lock") && message.contains("storage.database"), "{message}");
+        // The holder may be a `ledger` command as well as a daemon: the message says either.
+        assert!(message.contains("`switchboard ledger` command"), "{message}");
+        assert!(message.contains(&format!("(pid {})", std::process::id())), "{message}");
 
         drop(first);
         let again = LedgerLock::acquire(&database).unwrap();
