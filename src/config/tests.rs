@@ -354,6 +354,26 @@ fn the_health_address_is_an_address_of_its_own_and_healthcheck_asks_there() {
     let e = problem(&with_api("listen = \"127.0.0.1:7797\"\nhealth_listen = \"127.0.0.1:7797\""));
     assert_eq!(e.key, "api.health_listen");
     assert!(e.problem.contains("api.listen"), "{e}");
+    // An unspecified address takes the port on every address: the second bind would fail.
+    for (listen, health) in [
+        ("127.0.0.1:7797", "0.0.0.0:7797"),
+        ("0.0.0.0:7797", "127.0.0.1:7797"),
+        ("127.0.0.1:7797", "[::]:7797"),
+    ] {
+        let api =
+            format!("listen = \"{listen}\"\nhealth_listen = \"{health}\"\nplaintext_beyond_loopback = true");
+        let e = problem(&with_api(&api));
+        assert_eq!(e.key, "api.health_listen", "{listen} and {health}: {e}");
+    }
+    // Other ports, two loopback addresses, or port 0 (a free port each) bind side by side.
+    for (listen, health) in [
+        ("127.0.0.1:7797", "0.0.0.0:7798"),
+        ("127.0.0.1:7797", "127.0.0.2:7797"),
+        ("127.0.0.1:0", "0.0.0.0:0"),
+    ] {
+        let settings = load_str(&with_api(&format!("listen = \"{listen}\"\nhealth_listen = \"{health}\"")));
+        assert!(settings.is_ok(), "{listen} and {health}: {settings:?}");
+    }
 }
 
 #[test]

@@ -680,12 +680,12 @@ fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
             let address: SocketAddr = text.parse().map_err(|_| {
                 err("api.health_listen", format!("'{text}' is not an address like 127.0.0.1:7798"))
             })?;
-            if address == listen && address.port() != 0 {
+            if binds_collide(address, listen) {
                 return Err(err(
                     "api.health_listen",
                     format!(
-                        "{address} is api.listen's address too: give the health routes a port of their own \
-                         (the local API serves them already)"
+                        "{address} takes api.listen's port ({listen}) too: give the health routes a port of \
+                         their own (the local API serves them already)"
                     ),
                 ));
             }
@@ -819,6 +819,15 @@ fn validate_database(path: &Path, raw: &RawStorage) -> Result<Database, ConfigEr
         None => default_replica_name(),
     };
     Ok(Database::Postgres(PostgresLedger { url: raw.database.clone(), replica, lease }))
+}
+
+/// Whether two listening addresses would fight over one port: the same address, or the
+/// same port where either is unspecified (0.0.0.0 or ::), which takes that port on every
+/// address (:: on IPv4's as well, as Linux binds it by default). Port 0 takes a free port
+/// each time, and never collides.
+fn binds_collide(one: SocketAddr, other: SocketAddr) -> bool {
+    let either_unspecified = one.ip().is_unspecified() || other.ip().is_unspecified();
+    one.port() != 0 && one.port() == other.port() && (one.ip() == other.ip() || either_unspecified)
 }
 
 /// The host's name and the process id: unique among replicas on one machine, and still
