@@ -153,6 +153,10 @@ fn retention_is_off_by_default_hourly_when_set_and_at_least_a_day() {
     }
     let quick = load_str(&with("retain_days = 1\nretention_interval_secs = 1")).unwrap().storage.retain;
     assert_eq!(quick.map(|r| r.every), Some(Duration::from_secs(1)));
+    // An interval without retain_days would read as pruning that never happens.
+    let e = problem(&with("retention_interval_secs = 600"));
+    assert_eq!(e.key, "storage.retention_interval_secs");
+    assert!(e.problem.contains("storage.retain_days"), "{e}");
 }
 
 #[test]

@@ -160,6 +160,15 @@ fn validate_storage(path: &Path, raw: RawStorage) -> Result<StorageSettings, Con
     let err = |key: &str, problem: String| ConfigError::new(path, key, problem);
     let database = validate_database(path, &raw)?;
     let retain = match raw.retain_days {
+        // An interval alone would read as "pruning is on" while nothing is ever pruned.
+        None if raw.retention_interval_secs.is_some() => {
+            return Err(err(
+                "storage.retention_interval_secs",
+                "does nothing without storage.retain_days, which turns pruning on: set retain_days, or \
+                 leave both out to keep everything"
+                    .into(),
+            ));
+        }
         None => None,
         Some(0) => {
             return Err(err(
