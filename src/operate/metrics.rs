@@ -159,11 +159,12 @@ fn describe() {
     describe_counter!(
         WEBHOOK_REQUESTS,
         "Requests to the webhook listener since start, by answer (stored, unauthorized, not_an_update, \
-         ledger_congested, ledger_failed)."
+         incomplete, ledger_congested, ledger_failed)."
     );
     describe_counter!(
         ATTEMPTS,
-        "Send attempts to Telegram since start, by outcome (sent, not_sent, unknown)."
+        "Attempts recorded since start, by outcome (sent, not_sent, unknown): every Bot API call the ledger \
+         records, a reply's parts and files, reactions, edits and audit copies alike."
     );
     describe_gauge!(
         UNRECONCILED_ATTEMPTS,
@@ -178,7 +179,8 @@ fn describe() {
     describe_histogram!(
         OUTBOUND_HOP,
         Unit::Seconds,
-        "One sendMessage exchange with Telegram: from the request to its answer (or failure)."
+        "One recorded exchange with Telegram (a reply's part or file, a reaction, an edit, an audit copy): \
+         from the request to its answer (or failure)."
     );
     describe_counter!(BOT_API_ERRORS, "Bot API calls that failed, by method and kind.");
     describe_counter!(RATE_LIMIT_WAITS, "429 retry_after waits, by method.");
