@@ -385,9 +385,15 @@ async fn a_follow_up_whose_outcome_is_unknown_leaves_the_answer_acked() {
     assert!(is_error && text.contains("reconcile"), "{text}");
     let (ok, out, err) = daemon.ledger_cli(&["stats"]);
     assert!(ok && out.contains("unreconciled attempts: 1"), "{out}{err}");
+    assert!(out.contains("list --unreconciled"), "stats says where to look: {out}");
+    // The operator finds which envelope holds it, though it is acked, not unresolved.
+    let (ok, out, err) = daemon.ledger_cli(&["list", "--unreconciled"]);
+    assert!(ok && out.contains(&trace) && out.contains("(1 envelope(s))"), "{out}{err}");
     let (ok, out, err) =
         daemon.ledger_cli(&["reconcile", &trace, "--delivered", "--reason", "it is in the chat"]);
     assert!(ok && out.contains("acked"), "{out}{err}");
+    let (ok, out, err) = daemon.ledger_cli(&["list", "--unreconciled"]);
+    assert!(ok && out.contains("(0 envelope(s))"), "{out}{err}");
     let (is_error, text) = orchestrator.call_tool("reply", another).await.unwrap();
     assert!(!is_error, "{text}");
     assert_eq!(fake.wait_for_sent(3, WAIT).await.len(), 3);
