@@ -409,7 +409,8 @@ pub enum ReconcileError {
     /// Neither is the envelope `unresolved` nor is any of its attempts unknown and not yet
     /// reconciled.
     #[error(
-        "{trace_id} is {state}, not unresolved, and none of its attempts is unknown: there is nothing to reconcile"
+        "{trace_id} is {state}, not unresolved, and no attempt of it is unknown and unreconciled: there is \
+         nothing to reconcile"
     )]
     NothingToReconcile { trace_id: String, state: EnvelopeState },
     #[error(transparent)]
