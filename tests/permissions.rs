@@ -402,11 +402,9 @@ impl CuttableProxy {
     }
 }
 
-/// The asking plugin's connection breaks (a network blip) and it connects again: its
-/// request still waits, and the approver's answer reaches it. Before, the request expired
-/// the moment the stream broke, while the agent still waited at its prompt.
-#[tokio::test]
-async fn a_request_outlives_its_plugins_broken_connection_and_the_answer_reaches_it() {
+/// A relay whose plugin reaches the daemon through a [`CuttableProxy`], once its request
+/// `abcde` was prompted.
+async fn asked_through_a_proxy() -> (Relay, CuttableProxy, SentMessage) {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start_with_config(&fake.api_url(), &relayed(600), &[]);
     let proxy = CuttableProxy::to(daemon.api_addr()).await;
@@ -420,6 +418,15 @@ async fn a_request_outlives_its_plugins_broken_connection_and_the_answer_reaches
     ask(&plugin, "abcde").await;
     let prompt = prompt(&fake).await;
     wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
+    (Relay { fake, daemon, plugin }, proxy, prompt)
+}
+
+/// The asking plugin's connection breaks (a network blip) and it connects again: its
+/// request still waits, and the approver's answer reaches it. Before, the request expired
+/// the moment the stream broke, while the agent still waited at its prompt.
+#[tokio::test]
+async fn a_request_outlives_its_plugins_broken_connection_and_the_answer_reaches_it() {
+    let (Relay { fake, daemon, plugin }, proxy, prompt) = asked_through_a_proxy().await;
 
     proxy.cut();
     plugin.wait_for_stderr("connected to the switchboard daemon again", WAIT).await.unwrap();
@@ -437,19 +444,7 @@ async fn a_request_outlives_its_plugins_broken_connection_and_the_answer_reaches
 /// prompt in Telegram said "Allowed".
 #[tokio::test]
 async fn a_verdict_written_into_a_dead_connection_reaches_the_plugin_on_its_next_stream() {
-    let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start_with_config(&fake.api_url(), &relayed(600), &[]);
-    let proxy = CuttableProxy::to(daemon.api_addr()).await;
-    let (address_var, _) = daemon.address_env();
-    let plugin = plugin_builder(&daemon, "orchestrator")
-        .env(address_var, proxy.addr.to_string())
-        .start()
-        .await
-        .unwrap();
-    plugin.wait_for_stderr("channel::forwarder: connected to the switchboard daemon", WAIT).await.unwrap();
-    ask(&plugin, "abcde").await;
-    let prompt = prompt(&fake).await;
-    wait_for_request(&daemon, "abcde", |row| row.prompt_send == AttemptState::Sent).await;
+    let (Relay { fake, daemon, plugin }, proxy, prompt) = asked_through_a_proxy().await;
 
     proxy.stall();
     press(&fake, &owner(), &prompt, &button(&prompt, 'a')).await;
