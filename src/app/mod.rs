@@ -17,7 +17,6 @@ use tokio_util::task::TaskTracker;
 use crate::agents::api;
 use crate::agents::api::listener::ApiListener;
 use crate::agents::api::server::Operations;
-use crate::agents::api::wire::HEARTBEAT_INTERVAL_SECS;
 use crate::agents::bridge::{Bridge, BridgeSettings, HandoffRules, ReplyLimits, RoomDriver, Staging};
 use crate::agents::permissions::PermissionRelay;
 use crate::config::{DaemonSecrets, Database, Retention, Settings};
@@ -273,7 +272,7 @@ impl Daemon {
             max_reply_parts: settings.outbound.max_reply_parts,
             ack_reaction: settings.outbound.ack_reaction,
         };
-        let single_daemon_heartbeat = Duration::from_secs(HEARTBEAT_INTERVAL_SECS);
+        let single_daemon_heartbeat = settings.api.session_heartbeat;
         let session_heartbeat = match &settings.storage.database {
             Database::Sqlite(_) => single_daemon_heartbeat,
             Database::Postgres(postgres) => postgres.lease.session_heartbeat(single_daemon_heartbeat),

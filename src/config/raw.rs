@@ -163,6 +163,13 @@ pub(super) struct RawApi {
     pub(super) client_cert: Option<String>,
     #[serde(default)]
     pub(super) client_key: Option<String>,
+    /// How often an idle session stream carries a heartbeat.
+    #[serde(default = "default_session_heartbeat_secs")]
+    pub(super) session_heartbeat_secs: u64,
+}
+
+fn default_session_heartbeat_secs() -> u64 {
+    crate::agents::api::wire::HEARTBEAT_INTERVAL_SECS
 }
 
 #[derive(Debug, Deserialize)]
@@ -364,6 +371,7 @@ impl Default for RawApi {
             health_listen: None,
             client_cert: None,
             client_key: None,
+            session_heartbeat_secs: default_session_heartbeat_secs(),
         }
     }
 }

@@ -284,6 +284,9 @@ pub struct ApiSettings {
     /// `api.client_cert` and `api.client_key`: what a plugin (or `healthcheck`) shows a
     /// daemon whose `api.tls.client_ca` asks for a client certificate.
     pub client_identity: Option<ClientIdentity>,
+    /// `api.session_heartbeat_secs`: how often an idle session stream of a single daemon
+    /// carries a heartbeat; a plugin gives up on a stream after three missed ones.
+    pub session_heartbeat: std::time::Duration,
 }
 
 /// A client certificate chain and its private key (PEM files).

@@ -776,3 +776,13 @@ fn a_replica_is_named_after_its_host_and_pid_or_replica_when_the_host_has_no_nam
     assert_eq!(replica_name(Some(" ".into()), 42), "replica-42");
     assert_eq!(replica_name(None, 42), "replica-42");
 }
+
+#[test]
+fn the_session_heartbeat_is_forty_seconds_unless_set() {
+    let settings = load_str(MINIMAL).unwrap();
+    assert_eq!(settings.api.session_heartbeat, Duration::from_secs(40));
+    let settings = load_str(&with_api("session_heartbeat_secs = 5")).unwrap();
+    assert_eq!(settings.api.session_heartbeat, Duration::from_secs(5));
+    let e = problem(&with_api("session_heartbeat_secs = 0"));
+    assert_eq!(e.key, "api.session_heartbeat_secs");
+}

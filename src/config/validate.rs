@@ -720,6 +720,7 @@ fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
             ));
         }
     };
+    let session_heartbeat = seconds(path, "api.session_heartbeat_secs", raw.session_heartbeat_secs, 1)?;
     Ok(ApiSettings {
         listen,
         tls,
@@ -728,6 +729,7 @@ fn validate_api(path: &Path, raw: RawApi) -> Result<ApiSettings, ConfigError> {
         ca,
         health_listen,
         client_identity,
+        session_heartbeat,
     })
 }
 
