@@ -236,7 +236,7 @@ async fn accept_and_shake_hands(
         tokio::select! {
             accepted = tcp.accept() => match accepted {
                 Ok((stream, peer)) => {
-                    super::listener::send_writes_at_once(&stream);
+                    super::listener::prepare_accepted(&stream);
                     // The certificate served now: a renewal applies from the next handshake.
                     let acceptor = TlsAcceptor::from(certificate.config_now());
                     handshakes.spawn(async move {
