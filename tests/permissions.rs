@@ -14,6 +14,7 @@ use switchboard::ledger::{AttemptState, PermissionState, StoredPermission};
 use support::agents::{WAIT, nth, owner, plugin_builder, session};
 use support::daemon::{OWNER_CHAT, OWNER_ID, TestDaemon, default_routes, get};
 use support::mcp::{ChannelClient, ChannelNotification};
+use support::proxy::CuttableProxy;
 
 const REQUEST_METHOD: &str = "notifications/claude/channel/permission_request";
 const VERDICT_METHOD: &str = "notifications/claude/channel/permission";
@@ -347,59 +348,6 @@ async fn the_asking_session_ending_expires_its_requests_and_a_new_session_never_
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
     assert_eq!(nth(&next, 1).await.content, "marker");
     assert!(verdicts(&next).is_empty());
-}
-
-/// A TCP proxy between a plugin and the daemon whose connections can be cut, as a network
-/// blip cuts a remote plugin's, or stalled, as a connection that died without a word: both
-/// ends' writes still succeed, into buffers nobody reads.
-struct CuttableProxy {
-    addr: std::net::SocketAddr,
-    current: std::sync::Arc<std::sync::Mutex<ProxyTokens>>,
-}
-
-#[derive(Default, Clone)]
-struct ProxyTokens {
-    cut: tokio_util::sync::CancellationToken,
-    stall: tokio_util::sync::CancellationToken,
-}
-
-impl CuttableProxy {
-    async fn to(daemon: std::net::SocketAddr) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let current = std::sync::Arc::new(std::sync::Mutex::new(ProxyTokens::default()));
-        let tokens = std::sync::Arc::clone(&current);
-        tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                let ProxyTokens { cut, stall } = tokens.lock().unwrap().clone();
-                tokio::spawn(async move {
-                    let Ok(mut outbound) = tokio::net::TcpStream::connect(daemon).await else { return };
-                    tokio::select! {
-                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                        () = cut.cancelled() => {}
-                        // Nothing moves any more, and both sockets stay open until the cut.
-                        () = stall.cancelled() => cut.cancelled().await,
-                    }
-                });
-            }
-        });
-        Self { addr, current }
-    }
-
-    /// Cuts every connection open now; later ones go through.
-    fn cut(&self) {
-        let mut current = self.current.lock().unwrap();
-        current.cut.cancel();
-        *current = ProxyTokens::default();
-    }
-
-    /// Stops every connection open now from carrying anything, keeping it open until the
-    /// next cut; later ones go through.
-    fn stall(&self) {
-        let mut current = self.current.lock().unwrap();
-        current.stall.cancel();
-        current.stall = tokio_util::sync::CancellationToken::new();
-    }
 }
 
 /// A relay whose plugin reaches the daemon through a [`CuttableProxy`], once its request

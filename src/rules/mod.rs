@@ -12,4 +12,5 @@ pub mod resolver;
 pub mod retention;
 pub mod revisions;
 pub mod routes;
+pub mod sessions;
 pub mod turns;

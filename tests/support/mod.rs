@@ -7,3 +7,4 @@ pub mod daemon;
 pub mod disk;
 pub mod mcp;
 pub mod postgres;
+pub mod proxy;

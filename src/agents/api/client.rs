@@ -288,6 +288,18 @@ impl DaemonClient {
         }
     }
 
+    /// Tells the daemon this plugin is leaving (its agent session ended), so the agent is
+    /// free for the next session at once instead of kept for this one, as after a stream
+    /// that broke. Nothing to say without a session.
+    pub async fn end_session(&self) -> Result<(), ClientError> {
+        if self.session.borrow().is_none() {
+            return Ok(());
+        }
+        let request = self.http.delete(self.url("session")).timeout(QUERY_TIMEOUT);
+        let response = self.send(request).await?;
+        self.refusal_or(response).await.map(drop)
+    }
+
     /// Notes that an envelope is being pushed into the agent's context: the next call (any
     /// tool call, which is what could depend on it) tells the daemon, so an unnamed reply
     /// may resolve to it. Note it before the push, so that no call the agent makes after

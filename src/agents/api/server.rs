@@ -48,7 +48,7 @@ pub fn router(bridge: Bridge, operations: Operations) -> Router {
         .route("/metrics", get(|State(operations)| metrics_text(operations)))
         .with_state(operations);
     Router::new()
-        .route("/v1/agents/{agent}/session", get(session))
+        .route("/v1/agents/{agent}/session", get(session).delete(end_session))
         .route("/v1/agents/{agent}/shown", post(shown))
         .route("/v1/agents/{agent}/pending", get(pending))
         .route("/v1/agents/{agent}/reply", post(reply))
@@ -407,6 +407,13 @@ async fn session(
         Some((Ok::<_, std::convert::Infallible>(Bytes::from(line)), events))
     });
     Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response())
+}
+
+/// The plugin is leaving (its agent session ended): the agent is free for the next one at
+/// once, rather than kept for this plugin as after a stream that broke.
+async fn end_session(State(bridge): State<Bridge>, caller: Caller) -> Result<Response, Failure> {
+    bridge.end_session(&caller.agent, caller.token())?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 async fn shown(State(bridge): State<Bridge>, caller: Caller, body: JsonBody) -> Result<Response, Failure> {

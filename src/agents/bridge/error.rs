@@ -17,15 +17,22 @@ pub type ResolveError = resolver::ResolveError<StoredEnvelope>;
 #[error("unknown agent or wrong secret")]
 pub struct Unauthorized;
 
-/// A second session for an agent that has one.
+/// A session the agent cannot have now.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error(
-    "agent '{agent}' already has a connected session ({existing}); only one session per agent may be connected — \
-     close the other one first"
-)]
-pub struct SessionConflict {
-    pub agent: String,
-    pub existing: String,
+pub enum SessionConflict {
+    /// Another plugin process's session is connected.
+    #[error(
+        "agent '{agent}' already has a connected session ({existing}); only one session per agent may be \
+         connected — close the other one first"
+    )]
+    Connected { agent: String, existing: String },
+    /// The agent is kept for the plugin process whose session ended a moment ago (or held
+    /// it before the daemon restarted), which is reconnecting.
+    #[error(
+        "agent '{agent}' is reserved for the session connected before, which is reconnecting; retry in \
+         {retry_in_secs} s (it is yours if that session does not come back by then)"
+    )]
+    Reserved { agent: String, retry_in_secs: u64 },
 }
 
 /// A tool call that did not do what it asked.

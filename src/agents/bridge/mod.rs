@@ -113,6 +113,9 @@ struct AgentSlot {
     wake: Notify,
     /// The connected session, if any: at most one per agent.
     session: Mutex<Option<session::LiveSession>>,
+    /// Whom the agent is kept for while no session is live: the plugin process whose
+    /// session just ended. Locked after `session`, never before.
+    reserved: Mutex<Option<session::Reservation>>,
     /// The live session's direct inbox, once it has taken over the envelopes a previous
     /// session left pending: intake passes it the envelopes it marked `pending` in the
     /// transaction that recorded them. The lock is held around every claim of this
@@ -163,6 +166,7 @@ impl Bridge {
                     secret,
                     wake: Notify::new(),
                     session: Mutex::new(None),
+                    reserved: Mutex::new(None),
                     inbox: tokio::sync::Mutex::new(None),
                     decisions: tokio::sync::Mutex::new(()),
                     running: Mutex::default(),

@@ -1,10 +1,14 @@
 //! Agent sessions: at most one live session per agent, fed from the ledger, and the token
-//! that binds every tool call to it.
+//! that binds every tool call to it. Who may open one is [`crate::rules::sessions`]: the
+//! plugin process that holds the agent replaces its own session whose stream died unnoticed,
+//! and keeps the agent for a moment after its stream ended.
 
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::Mutex;
+use std::time::Duration;
 
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 use super::{Bridge, SessionConflict, ToolError};
 use crate::agents::api::present;
@@ -14,6 +18,7 @@ use crate::agents::api::wire::{
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};
 use crate::rules::revisions::TaskState;
+use crate::rules::sessions::{self, Admission};
 use crate::telegram::outbound::MessageActionTarget;
 
 /// Room for one envelope in flight between the session task and the HTTP body: the
@@ -25,6 +30,13 @@ const SESSION_BUFFER: usize = 1;
 /// Long enough that a token cannot be guessed by another local client that has the
 /// agent's secret but not the session stream.
 const SESSION_TOKEN_LEN: usize = 32;
+
+/// How long the agent is kept for the plugin process whose session ended while the daemon
+/// runs: a stream that broke (a network blip, a ledger error that ended it) is opened again
+/// within seconds, and meanwhile another plugin (a second window in the same project) must
+/// not take the agent and its pending envelopes. The same wait as a permission request's
+/// before it expires with its plugin's session.
+const KEPT_FOR_THE_PLUGIN_BEFORE: Duration = Duration::from_secs(10);
 
 /// How many trace ids a session remembers as handed to it, and as shown. An agent with
 /// more envelopes than that waiting unanswered must name the older ones in its replies.
@@ -40,6 +52,17 @@ pub(super) struct LiveSession {
     /// one that permission verdicts go to.
     plugin: Option<String>,
     sightings: Sightings,
+    /// Ends this session's stream when its plugin replaces it or leaves (or the daemon
+    /// stops).
+    ended: CancellationToken,
+    /// Its plugin said it is leaving: the agent is not kept for it.
+    left: bool,
+}
+
+/// The agent is kept for the plugin process that held it until `until`.
+pub(super) struct Reservation {
+    plugin: String,
+    until: tokio::time::Instant,
 }
 
 /// The envelopes handed to a live session, and those of them its plugin confirmed it
@@ -120,6 +143,8 @@ pub(super) struct SessionGuard {
     /// The permission verdicts this stream has carried: each is written once per stream,
     /// and again on the plugin's next stream until the plugin confirms it.
     verdicts_carried: Mutex<HashSet<String>>,
+    /// Cancelled when the session is replaced by its plugin's next one, or the daemon stops.
+    ended: CancellationToken,
 }
 
 impl SessionGuard {
@@ -129,14 +154,32 @@ impl SessionGuard {
         let mut carried = self.verdicts_carried.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         carried.insert(permission_id.to_owned())
     }
+
+    /// Writes one event to the session's stream; false once the stream is gone or the
+    /// session ended. A stream whose peer died may take no more (its connection's buffer
+    /// is full): a session that was replaced must not wait on it.
+    async fn send(&self, tx: &mpsc::Sender<SessionEvent>, event: SessionEvent) -> bool {
+        tokio::select! {
+            biased;
+            () = self.ended.cancelled() => false,
+            sent = tx.send(event) => sent.is_ok(),
+        }
+    }
 }
 
 impl Drop for SessionGuard {
     fn drop(&mut self) {
         if let Some(slot) = self.bridge.inner.agents.get(&self.agent) {
             let mut session = slot.session.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            if session.as_ref().is_some_and(|live| live.id == self.session_id) {
-                *session = None;
+            if let Some(live) = session.take_if(|live| live.id == self.session_id) {
+                // Kept for this plugin while it reconnects, unless it said it is leaving; a
+                // daemon that stops keeps nothing in memory.
+                let reconnecting = !live.left && !self.bridge.inner.shutdown.is_cancelled();
+                if let Some(plugin) = self.plugin.clone().filter(|_| reconnecting) {
+                    let until = tokio::time::Instant::now() + KEPT_FOR_THE_PLUGIN_BEFORE;
+                    *slot.reserved.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+                        Some(Reservation { plugin, until });
+                }
             }
         }
         tracing::info!(agent = %self.agent, session_id = %self.session_id, "agent session disconnected");
@@ -160,9 +203,12 @@ struct OpenedStream {
 }
 
 impl Bridge {
-    /// Opens the agent's session, refusing a second one, and returns the stream of
-    /// events to send to it. The stream ends when the client goes away or the daemon stops.
-    /// `plugin` is the plugin process's name for itself, when it gave one.
+    /// Opens the agent's session and returns the stream of events to send to it, as
+    /// [`sessions::admit`] decides: a second plugin's is refused, and so is another plugin's
+    /// while the agent is kept for the one whose session just ended; the same plugin's
+    /// replaces its own session. The stream ends when the client goes away, its plugin
+    /// replaces it, or the daemon stops. `plugin` is the plugin process's name for itself,
+    /// when it gave one.
     pub fn open_session(
         &self,
         agent: &AgentName,
@@ -170,17 +216,50 @@ impl Bridge {
     ) -> Result<OpenedSession, SessionConflict> {
         let session_id = format!("ses_{}", &TraceId::generate().as_str()[4..]);
         let token = random_suffix(SESSION_TOKEN_LEN);
+        let ended = self.inner.shutdown.child_token();
         {
-            let mut session = self.slot(agent).session.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(existing) = session.as_ref() {
-                tracing::warn!(%agent, existing = %existing.id, "refused a second session for the agent");
-                return Err(SessionConflict { agent: agent.to_string(), existing: existing.id.clone() });
+            let slot = self.slot(agent);
+            let mut session = slot.session.lock().unwrap_or_else(|p| p.into_inner());
+            let mut reserved = slot.reserved.lock().unwrap_or_else(|p| p.into_inner());
+            let now = tokio::time::Instant::now();
+            let admission = sessions::admit(
+                session.as_ref().map(|live| sessions::Live { plugin: live.plugin.as_deref() }),
+                reserved
+                    .as_ref()
+                    .map(|kept| sessions::Reserved { plugin: &kept.plugin, until: kept.until.into_std() }),
+                plugin.as_deref(),
+                now.into_std(),
+            );
+            match admission {
+                Admission::Open => {}
+                Admission::Replace => {
+                    if let Some(replaced) = session.as_ref() {
+                        // Its envelopes stay pending and are redelivered to this session, as
+                        // after any reconnect; its plugin's permission requests stay pending.
+                        tracing::info!(%agent, replaced = %replaced.id, session_id, "the plugin connected again while its previous session's stream seemed alive: that one is ended and replaced");
+                        replaced.ended.cancel();
+                    }
+                }
+                Admission::Connected => {
+                    let existing = session.as_ref().map(|live| live.id.clone()).unwrap_or_default();
+                    tracing::warn!(%agent, %existing, "refused a second session for the agent");
+                    return Err(SessionConflict::Connected { agent: agent.to_string(), existing });
+                }
+                Admission::Reserved { retry_in } => {
+                    // Whole seconds, rounded up: "retry in 0 s" would be refused again.
+                    let retry_in_secs = retry_in.as_secs() + u64::from(retry_in.subsec_nanos() > 0);
+                    tracing::warn!(%agent, retry_in_secs, "refused a session: the agent is kept for the plugin whose session just ended");
+                    return Err(SessionConflict::Reserved { agent: agent.to_string(), retry_in_secs });
+                }
             }
+            *reserved = None;
             *session = Some(LiveSession {
                 id: session_id.clone(),
                 token: token.clone(),
                 plugin: plugin.clone(),
                 sightings: Sightings::default(),
+                ended: ended.clone(),
+                left: false,
             });
         }
         let guard = SessionGuard {
@@ -189,6 +268,7 @@ impl Bridge {
             session_id,
             plugin,
             verdicts_carried: Mutex::default(),
+            ended,
         };
         let (tx, rx) = mpsc::channel(SESSION_BUFFER);
         let bridge = self.clone();
@@ -200,6 +280,18 @@ impl Bridge {
             drop(guard);
         });
         Ok(OpenedSession { events: rx })
+    }
+
+    /// The live session's plugin is leaving (its agent session ended): its stream ends, and
+    /// the agent is free for the next session at once.
+    pub fn end_session(&self, agent: &AgentName, token: Option<&str>) -> Result<(), ToolError> {
+        let session = self.live_session(agent, token)?;
+        self.slot(agent).with_live_session(&session, |live| {
+            live.left = true;
+            live.ended.cancel();
+        });
+        tracing::info!(%agent, session_id = %session, "the agent session's plugin is leaving");
+        Ok(())
     }
 
     /// The agents with a connected session now, in name order (for `/readyz` and
@@ -324,13 +416,17 @@ impl Bridge {
             session_token,
             heartbeat_ms: u64::try_from(self.inner.session_heartbeat.as_millis()).unwrap_or(u64::MAX),
         };
-        if tx.send(hello).await.is_err() {
+        if !guard.send(tx, hello).await {
             return Ok(None);
         }
         // Verdicts recorded while this plugin was away (the daemon restarted) go first. Its
         // writes come before the envelopes are taken back: a ledger that refuses them
         // (locked, full) ends the opening before anything is counted as delivered.
-        if !self.plugin_session_opened(guard, tx).await? {
+        let verdicts_handed = tokio::select! {
+            handed = self.plugin_session_opened(guard, tx) => handed?,
+            () = guard.ended.cancelled() => false,
+        };
+        if !verdicts_handed {
             return Ok(None);
         }
         // Under the inbox lock, so intake claims nothing for this agent between taking the
@@ -383,6 +479,12 @@ impl Bridge {
             // so any still queued is younger.
             let next = {
                 let _claiming = slot.inbox.lock().await;
+                // A session its plugin replaced claims nothing more (checked under the lock
+                // the next session takes the pending envelopes under): what it claimed
+                // would go to a stream nobody reads, and wait there for a reconnect.
+                if guard.ended.is_cancelled() {
+                    return Ok(());
+                }
                 match direct.try_recv() {
                     Ok(envelope) => Some(envelope),
                     Err(_) if look_in_ledger => ledger.claim_next_queued(agent).await?,
@@ -403,19 +505,25 @@ impl Bridge {
             if !std::mem::replace(&mut backlog_taken, true)
                 && waited
                 && let Some(notice) = self.waiting_notice(agent).await?
-                && tx.send(SessionEvent::Notice(notice)).await.is_err()
+                && !guard.send(tx, SessionEvent::Notice(notice)).await
             {
                 return Ok(());
             }
             while let Some(notice) = slot.take_notice() {
-                if tx.send(SessionEvent::Notice(notice)).await.is_err() {
+                if !guard.send(tx, SessionEvent::Notice(notice)).await {
                     return Ok(());
                 }
             }
             // Reactions owed in the ledger: at first, and after each wake-up (intake rings
             // the bell for a reaction as for an envelope).
-            if std::mem::take(&mut look_for_reactions) && !self.give_owed_reactions(agent, tx).await? {
-                return Ok(());
+            if std::mem::take(&mut look_for_reactions) {
+                let given = tokio::select! {
+                    given = self.give_owed_reactions(agent, tx) => given?,
+                    () = guard.ended.cancelled() => false,
+                };
+                if !given {
+                    return Ok(());
+                }
             }
             tokio::select! {
                 biased;
@@ -431,12 +539,16 @@ impl Bridge {
                     look_for_reactions = true;
                 }
                 () = slot.verdicts.notified() => {
-                    if !self.hand_over_verdicts(guard, tx).await? {
+                    let handed = tokio::select! {
+                        handed = self.hand_over_verdicts(guard, tx) => handed?,
+                        () = guard.ended.cancelled() => false,
+                    };
+                    if !handed {
                         return Ok(());
                     }
                 }
                 () = tokio::time::sleep(heartbeat) => {
-                    if tx.send(SessionEvent::Heartbeat).await.is_err() {
+                    if !guard.send(tx, SessionEvent::Heartbeat).await {
                         return Ok(());
                     }
                     // A quiet while is also when the ledger is looked in without a wake:
@@ -446,7 +558,8 @@ impl Bridge {
                     look_for_reactions = true;
                 }
                 () = tx.closed() => return Ok(()),
-                () = self.inner.shutdown.cancelled() => return Ok(()),
+                // Replaced by its plugin's next session, or the daemon stops.
+                () = guard.ended.cancelled() => return Ok(()),
             }
         }
     }
@@ -543,7 +656,7 @@ impl Bridge {
             .with_live_session(&guard.session_id, |live| live.sightings.handed.insert(&envelope.trace_id));
         // Its chat may start showing "typing…" (`telegram::typing`).
         self.inner.shown_bell.notify_one();
-        let handed = tx.send(SessionEvent::Envelope(delivered)).await.is_ok();
+        let handed = guard.send(tx, SessionEvent::Envelope(delivered)).await;
         if let (true, EnvelopeKind::Message, Some(emoji)) =
             (handed, envelope.kind, self.limits().ack_reaction)
         {

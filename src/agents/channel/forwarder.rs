@@ -295,7 +295,9 @@ fn session_problem(
                 Severity::Error,
                 format!(
                     "another session for agent '{agent}' is already connected to the switchboard daemon at \
-                     {address}; this one gets no messages until that one ends (checking again every {retry_secs}s)"
+                     {address}, or the agent is kept for it while it reconnects ({}); this one gets no messages \
+                     until that one ends (checking again every {retry_secs}s)",
+                    refusal.message
                 ),
             ),
             ErrorCode::Unauthorized => (

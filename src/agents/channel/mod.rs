@@ -147,6 +147,7 @@ pub async fn run(
     let tools = ToolNames::new(&server_name);
     // Only an agent whose approvals have somewhere to go offers to relay them (DESIGN.md §15).
     let relays_permissions = settings.agents.get(&agent).is_some_and(|agent| agent.permissions.is_some());
+    let leaving = daemon.clone();
     let mut plugin = ChannelPlugin::new(daemon, secret_env, tools, media, shutdown.clone(), tasks.clone());
     plugin.relays_permissions = relays_permissions;
     let service = match plugin.serve(stdio::transport()).await {
@@ -160,6 +161,13 @@ pub async fn run(
 
     let quit = service.waiting().await;
     tracing::info!("agent session ended; closing the daemon session");
+    // Said before the stream drops, so the daemon frees the agent rather than keep it for
+    // this plugin's reconnection; a daemon that does not hear it keeps it a few seconds.
+    match tokio::time::timeout(SHUTDOWN_GRACE, leaving.end_session()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(error)) => tracing::debug!("could not tell the daemon this plugin is leaving: {error}"),
+        Err(_) => tracing::debug!("the daemon did not answer that this plugin is leaving"),
+    }
     // Dropping the session stream tells the daemon this agent's slot is free again.
     shutdown.cancel();
     tasks.close();
