@@ -274,6 +274,13 @@ async fn after_a_daemon_restart_a_pending_envelope_is_redelivered_and_answered_o
     let again = orchestrator.wait_for_notifications(2, Duration::from_secs(40)).await.unwrap();
     assert_eq!(trace_id(&again[1]), trace);
     assert_eq!(again[1].meta_str("redelivered"), Some("true"));
+    // The same session already has it: the second copy says so, so that the model does not
+    // start the work a second time; the first did not.
+    assert_eq!(again[0].meta_str("shown_before"), None);
+    assert_eq!(again[1].meta_str("shown_before"), Some("true"), "{:?}", again[1].meta);
+    let how = again[1].meta_str("how_to_answer").unwrap();
+    assert!(how.contains(&trace), "it still names what to answer: {how}");
+    assert_ne!(Some(how), again[0].meta_str("how_to_answer"), "it tells the model more than the first copy");
 
     let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "answered once"})).await.unwrap();
     assert!(!is_error, "{text}");

@@ -211,8 +211,8 @@ impl SessionForwarder {
                 // has seen the envelope confirms it to the daemon (see
                 // `DaemonClient::note_shown`).
                 self.daemon.note_shown(&envelope.trace_id);
-                self.shown.note(&envelope);
-                self.notify(channel_notification(&envelope, &self.tools)).await?;
+                let sighting = self.shown.note(&envelope);
+                self.notify(channel_notification(&envelope, sighting, &self.tools)).await?;
                 tracing::debug!(trace_id = %envelope.trace_id, redelivered = envelope.redelivered, "envelope pushed into the agent session");
             }
             Push::Notice(notice) => {

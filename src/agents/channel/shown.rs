@@ -7,6 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 
+use super::texts::Sighting;
 use crate::agents::api::wire::DeliveredEnvelope;
 
 /// Envelopes remembered; an older one must be named by its trace_id.
@@ -17,8 +18,10 @@ const SHOWN_KEPT: usize = 1024;
 pub(super) struct SharedShown(Arc<Mutex<Shown>>);
 
 impl SharedShown {
-    pub(super) fn note(&self, envelope: &DeliveredEnvelope) {
-        self.lock().note(envelope);
+    /// Notes an envelope being pushed; whether it was pushed before (the last
+    /// [`SHOWN_KEPT`] remembered).
+    pub(super) fn note(&self, envelope: &DeliveredEnvelope) -> Sighting {
+        self.lock().note(envelope)
     }
 
     pub(super) fn trace_id_of_file(&self, file_id: &str) -> Option<String> {
@@ -53,10 +56,10 @@ struct Shown {
 }
 
 impl Shown {
-    fn note(&mut self, envelope: &DeliveredEnvelope) {
+    fn note(&mut self, envelope: &DeliveredEnvelope) -> Sighting {
         // Shown again (redelivered): noted once, where it was first.
         if self.order.iter().any(|noted| noted.trace_id == envelope.trace_id) {
-            return;
+            return Sighting::Again;
         }
         let trace_id = envelope.trace_id.clone();
         let file_id = envelope.extra.get("attachment_file_id").cloned();
@@ -80,6 +83,7 @@ impl Shown {
                 forget(&mut self.latest_in_chat, &message.0, &oldest.trace_id);
             }
         }
+        Sighting::First
     }
 
     /// The envelope an action named by chat (and message) is made for: the shown message
@@ -146,6 +150,14 @@ mod tests {
         assert_eq!(shown.conversation_in(10, Some(99)).as_deref(), Ok("env_b"));
         assert_eq!(shown.conversation_in(10, None).as_deref(), Ok("env_b"));
         assert!(shown.conversation_in(30, Some(1)).unwrap_err().contains("trace_id"));
+    }
+
+    #[test]
+    fn an_envelope_pushed_again_is_seen_again() {
+        let mut shown = Shown::default();
+        assert_eq!(shown.note(&envelope("env_a", 10, 1)), Sighting::First);
+        assert_eq!(shown.note(&envelope("env_b", 10, 2)), Sighting::First);
+        assert_eq!(shown.note(&envelope("env_a", 10, 1)), Sighting::Again);
     }
 
     #[test]

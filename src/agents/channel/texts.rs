@@ -86,6 +86,7 @@ pub(super) fn instructions(agent: &AgentName, tools: &ToolNames) -> String {
          message_id, user, user_id, ts, route; redelivered=\"true\" marks a message delivered before \
          and not answered yet (to an earlier session, or to this one before the daemon restarted: if you \
          are already working on it, carry on and answer it once; do not start the work again), \
+         shown_before=\"true\" one this session was already shown, \
          edited=\"true\" an edit of an earlier message; how_to_answer says which \
          tool answers it.\n\
          - Answer with `{reply}`, passing the event's trace_id. It goes back to the chat and topic of the \
@@ -194,9 +195,31 @@ pub(super) fn how_to_answer(
     }
 }
 
+/// Whether this plugin process pushed an envelope into its agent session before: a
+/// redelivery after the daemon restarted or the stream broke reaches the same session that
+/// already has it, and the model must not start its work a second time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Sighting {
+    First,
+    Again,
+}
+
+/// `how_to_answer` for an envelope this session was already shown: the same instruction,
+/// behind a warning not to start the work again.
+fn how_to_answer_again(how_to_answer: &str) -> String {
+    format!(
+        "already delivered to you in this session and not answered yet (sent again after a reconnect): if you \
+         are working on it or answered it, do not start again; otherwise {how_to_answer}"
+    )
+}
+
 /// The `meta` of a channel notification: a flat map of string values under identifier
 /// keys, which Claude Code shows as attributes of the `<channel>` tag.
-pub(super) fn channel_meta(envelope: &DeliveredEnvelope, tools: &ToolNames) -> BTreeMap<String, String> {
+pub(super) fn channel_meta(
+    envelope: &DeliveredEnvelope,
+    sighting: Sighting,
+    tools: &ToolNames,
+) -> BTreeMap<String, String> {
     let mut meta = BTreeMap::from([
         ("trace_id".to_owned(), envelope.trace_id.clone()),
         ("kind".to_owned(), envelope.kind.clone()),
@@ -228,15 +251,24 @@ pub(super) fn channel_meta(envelope: &DeliveredEnvelope, tools: &ToolNames) -> B
     for (key, value) in &envelope.extra {
         meta.entry(key.clone()).or_insert_with(|| value.clone());
     }
-    meta.insert(
-        "how_to_answer".to_owned(),
-        how_to_answer(&envelope.kind, &envelope.trace_id, &envelope.extra, tools),
-    );
+    let how = how_to_answer(&envelope.kind, &envelope.trace_id, &envelope.extra, tools);
+    let how = match sighting {
+        Sighting::First => how,
+        Sighting::Again => {
+            meta.insert("shown_before".to_owned(), "true".to_owned());
+            how_to_answer_again(&how)
+        }
+    };
+    meta.insert("how_to_answer".to_owned(), how);
     meta
 }
 
-pub(super) fn channel_notification(envelope: &DeliveredEnvelope, tools: &ToolNames) -> CustomNotification {
-    let params = json!({ "content": envelope.content, "meta": channel_meta(envelope, tools) });
+pub(super) fn channel_notification(
+    envelope: &DeliveredEnvelope,
+    sighting: Sighting,
+    tools: &ToolNames,
+) -> CustomNotification {
+    let params = json!({ "content": envelope.content, "meta": channel_meta(envelope, sighting, tools) });
     CustomNotification::new(CHANNEL_NOTIFICATION_METHOD, Some(params))
 }
 
@@ -714,7 +746,7 @@ mod tests {
 
     #[test]
     fn meta_has_the_required_keys_as_strings() {
-        let mut meta = channel_meta(&envelope(), &tools());
+        let mut meta = channel_meta(&envelope(), Sighting::First, &tools());
         let how = meta.remove("how_to_answer").expect("every event says how to answer it");
         assert!(how.contains("mcp__switchboard__reply with trace_id env_abcdefghij"), "{how}");
         let expected = BTreeMap::from([
@@ -743,14 +775,26 @@ mod tests {
             edited: true,
             ..envelope()
         };
-        let meta = channel_meta(&envelope, &tools());
+        let meta = channel_meta(&envelope, Sighting::First, &tools());
         assert_eq!(meta["thread_id"], "42");
         assert_eq!(meta["chat_title"], "Ops room");
         assert_eq!(meta["redelivered"], "true");
         assert_eq!(meta["edited"], "true");
 
         let untitled = DeliveredEnvelope { chat_title: Some(String::new()), ..envelope };
-        assert!(!channel_meta(&untitled, &tools()).contains_key("chat_title"));
+        assert!(!channel_meta(&untitled, Sighting::First, &tools()).contains_key("chat_title"));
+    }
+
+    #[test]
+    fn an_envelope_shown_again_says_so_and_still_names_its_trace_id() {
+        let envelope = DeliveredEnvelope { redelivered: true, ..envelope() };
+        let first = channel_meta(&envelope, Sighting::First, &tools());
+        let again = channel_meta(&envelope, Sighting::Again, &tools());
+        assert!(!first.contains_key("shown_before"));
+        assert_eq!(again["shown_before"], "true");
+        let how = &again["how_to_answer"];
+        assert!(how.contains("already delivered to you") && how.contains("do not start again"), "{how}");
+        assert!(how.contains(&first["how_to_answer"]), "the instruction itself stays: {how}");
     }
 
     #[test]
@@ -762,7 +806,7 @@ mod tests {
             edited: true,
             ..envelope()
         };
-        for key in channel_meta(&envelope, &tools()).keys() {
+        for key in channel_meta(&envelope, Sighting::First, &tools()).keys() {
             let mut chars = key.chars();
             let first = chars.next().unwrap();
             assert!(first.is_ascii_lowercase(), "{key}");
@@ -772,8 +816,11 @@ mod tests {
 
     #[test]
     fn notification_carries_content_and_flat_string_meta() {
-        let notification =
-            channel_notification(&DeliveredEnvelope { thread_id: Some(9), ..envelope() }, &tools());
+        let notification = channel_notification(
+            &DeliveredEnvelope { thread_id: Some(9), ..envelope() },
+            Sighting::First,
+            &tools(),
+        );
         assert_eq!(notification.method, "notifications/claude/channel");
         let params = notification.params.unwrap();
         assert_eq!(params["content"], "hello there");
