@@ -78,6 +78,34 @@ fn group_envelope() -> DeliveredEnvelope {
     }
 }
 
+const PHOTO_TRACE: &str = "env_photo00003";
+
+/// How long the fake takes to refuse a download: longer than the plugin takes to notice
+/// that the stream ended, shorter than a tool call waits for a session.
+const LATE_DOWNLOAD: Duration = Duration::from_millis(1500);
+
+fn photo_envelope() -> DeliveredEnvelope {
+    let extra = [("attachment_kind", "photo"), ("attachment_file_id", "ph_1"), ("attachment_size", "1000")];
+    DeliveredEnvelope {
+        trace_id: PHOTO_TRACE.into(),
+        content: "look".into(),
+        extra: extra.into_iter().map(|(key, value)| (key.to_owned(), value.to_owned())).collect(),
+        ..topic_envelope()
+    }
+}
+
+/// Refuses a download, late (see [`LATE_DOWNLOAD`]).
+async fn download_late(State(state): State<Arc<FakeState>>) -> Response {
+    state.downloads.send_modify(|asked| *asked += 1);
+    tokio::time::sleep(LATE_DOWNLOAD).await;
+    refusal(
+        StatusCode::BAD_GATEWAY,
+        ErrorCode::FileUnavailable,
+        "Telegram did not hand the file over",
+        vec![],
+    )
+}
+
 fn summary(envelope: &DeliveredEnvelope) -> PendingSummary {
     PendingSummary {
         trace_id: envelope.trace_id.clone(),
@@ -99,6 +127,10 @@ enum SessionMode {
     Stream,
     /// 409: another session of the agent is connected.
     Conflict,
+    /// The first session hands over a photo and ends at once, its token forgotten (as a
+    /// daemon that restarted forgets it), while the plugin still fetches the photo (the
+    /// fake answers that download late); later sessions are [`SessionMode::Stream`]'s.
+    EndsWhileAPhotoIsFetched,
 }
 
 struct FakeState {
@@ -111,6 +143,8 @@ struct FakeState {
     acks: Mutex<Vec<AckRequest>>,
     /// Trace ids the plugin confirmed it pushed into the agent session.
     shown: Mutex<Vec<String>>,
+    /// Attachment downloads asked for.
+    downloads: watch::Sender<usize>,
 }
 
 /// A fake of the daemon's local API for the `worker` agent.
@@ -134,6 +168,7 @@ impl FakeDaemon {
             replies: Mutex::default(),
             acks: Mutex::default(),
             shown: Mutex::default(),
+            downloads: watch::channel(0).0,
         });
         let app = axum::Router::new()
             .route("/v1/agents/{agent}/session", get(session))
@@ -141,6 +176,7 @@ impl FakeDaemon {
             .route("/v1/agents/{agent}/shown", post(shown))
             .route("/v1/agents/{agent}/reply", post(reply))
             .route("/v1/agents/{agent}/ack", post(ack))
+            .route("/v1/agents/{agent}/attachments/{trace_id}", get(download_late))
             .with_state(Arc::clone(&state));
         let addr = listener.local_addr().unwrap();
         let server = tokio::spawn(async move {
@@ -151,6 +187,12 @@ impl FakeDaemon {
 
     fn session_attempts(&self) -> usize {
         *self.state.session_attempts.lock().unwrap()
+    }
+
+    async fn wait_for_downloads(&self, n: usize) {
+        let mut downloads = self.state.downloads.subscribe();
+        let reached = tokio::time::timeout(WAIT, downloads.wait_for(|&asked| asked >= n)).await.is_ok();
+        assert!(reached, "expected {n} downloads, have {}", *self.state.downloads.borrow());
     }
 
     async fn wait_for_open_sessions(&self, n: usize) {
@@ -240,8 +282,27 @@ async fn session(
     if let Some(refused) = refuse_credentials(&agent, &headers) {
         return refused;
     }
-    *state.session_attempts.lock().unwrap() += 1;
-    if *state.mode.lock().unwrap() == SessionMode::Conflict {
+    let attempt = {
+        let mut attempts = state.session_attempts.lock().unwrap();
+        *attempts += 1;
+        *attempts
+    };
+    let mode = *state.mode.lock().unwrap();
+    if mode == SessionMode::EndsWhileAPhotoIsFetched && attempt == 1 {
+        let opening = [
+            SessionEvent::Hello {
+                agent,
+                session_id: "ses_ending".into(),
+                session_token: "tok_forgotten_session".into(),
+                heartbeat_ms: switchboard::agents::api::wire::HEARTBEAT_INTERVAL_SECS * 1000,
+            },
+            SessionEvent::Envelope(photo_envelope()),
+        ]
+        .map(|event| Ok::<_, Infallible>(ndjson(&event)));
+        let body = Body::from_stream(futures::stream::iter(opening));
+        return ([(header::CONTENT_TYPE, "application/x-ndjson")], body).into_response();
+    }
+    if mode == SessionMode::Conflict {
         return refusal(
             StatusCode::CONFLICT,
             ErrorCode::SessionConflict,
@@ -813,4 +874,26 @@ async fn a_missing_secret_stops_the_plugin_with_a_clear_message() {
     assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains(SECRET_ENV), "{stderr}");
+}
+
+/// The stream ends while the plugin still fetches a photo it brought, and the daemon has
+/// forgotten that session (it restarted). A tool call made meanwhile waits for the next
+/// session and goes through. Before, the stream's session stayed in use until the photo
+/// was given up, and the call was refused as not from the connected session.
+#[tokio::test]
+async fn a_call_made_as_the_stream_ends_waits_for_the_next_session() {
+    let daemon = FakeDaemon::start(SessionMode::EndsWhileAPhotoIsFetched).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(&dir, daemon.addr);
+    let plugin = start_plugin(&config, SECRET).await;
+    // The first stream has ended; its photo is being fetched.
+    daemon.wait_for_downloads(1).await;
+
+    let (is_error, text) = plugin.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error, "the call went through under the next session: {text}");
+    assert!(text.contains(TOPIC_TRACE), "{text}");
+    assert_eq!(daemon.session_attempts(), 2);
+    // The photo's envelope was pushed all the same, without its photo.
+    let pushed = plugin.wait_for_notifications(1, WAIT).await.unwrap();
+    assert_eq!(pushed[0].meta_str("trace_id"), Some(PHOTO_TRACE));
 }

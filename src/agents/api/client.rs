@@ -59,6 +59,12 @@ const UPLOAD_TIMEOUT: Duration = Duration::from_secs(300);
 /// reconnect, so it is far above what the daemon sends rather than near it.
 const MAX_SESSION_LINE_BYTES: usize = 16 * 1024 * 1024;
 
+/// A call refused as coming from a session that is no longer live, made while this client
+/// had one (its stream just ended, or the daemon restarted), waits this long for the next
+/// session and is made once more: the daemon did nothing with it. The stream reconnects at
+/// once when a call waits, and a restarting daemon is back within seconds.
+const NEXT_SESSION_WAIT: Duration = Duration::from_secs(3);
+
 /// How much of an unexpected body to quote in an error message.
 const BODY_PREVIEW_CHARS: usize = 200;
 
@@ -388,6 +394,14 @@ impl DaemonClient {
         trace_id: &str,
         query: &AttachmentQuery,
     ) -> Result<AttachmentStream, ClientError> {
+        self.again_after_a_stale_session(|| self.download_attachment_once(trace_id, query)).await
+    }
+
+    async fn download_attachment_once(
+        &self,
+        trace_id: &str,
+        query: &AttachmentQuery,
+    ) -> Result<AttachmentStream, ClientError> {
         let request = self.http.get(self.url(&format!("attachments/{trace_id}"))).query(query);
         // No overall timeout: a large file takes as long as it takes. The answer's headers
         // come once the daemon asked Telegram where the file is.
@@ -416,6 +430,15 @@ impl DaemonClient {
         name: &str,
         checked_len: u64,
     ) -> Result<UploadReceipt, ClientError> {
+        self.again_after_a_stale_session(|| self.upload_file_once(path, name, checked_len)).await
+    }
+
+    async fn upload_file_once(
+        &self,
+        path: &std::path::Path,
+        name: &str,
+        checked_len: u64,
+    ) -> Result<UploadReceipt, ClientError> {
         let file = tokio::fs::File::open(path).await.map_err(|e| ClientError::Unreachable {
             address: self.address(),
             detail: format!("{} could not be opened: {e}", path.display()),
@@ -423,7 +446,7 @@ impl DaemonClient {
         let body = reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file));
         let encoded =
             percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string();
-        self.exchange("uploads", |url| {
+        self.exchange_once("uploads", |url| {
             self.http
                 .post(url)
                 .header(FILE_NAME_HEADER, encoded)
@@ -443,8 +466,49 @@ impl DaemonClient {
     }
 
     /// Sends an authenticated request to `route` of the daemon in use, built by `build`
-    /// from its URL, and decodes a success body as `T`.
+    /// from its URL, and decodes a success body as `T`; once more when it was refused as
+    /// from a session that just ended ([`Self::again_after_a_stale_session`]).
     async fn exchange<T: DeserializeOwned>(
+        &self,
+        route: &str,
+        build: impl Fn(String) -> reqwest::RequestBuilder,
+    ) -> Result<T, ClientError> {
+        self.again_after_a_stale_session(|| self.exchange_once(route, &build)).await
+    }
+
+    /// Makes a call (`call`), and makes it once more when the daemon refused it as coming
+    /// from a session that is not the live one while this client had a session: its stream
+    /// ended a moment ago (the daemon restarted, or the connection broke) and the next one
+    /// is on its way. The refusal means nothing was done, so the call is made again under
+    /// the next session, once it is open ([`NEXT_SESSION_WAIT`]). Without a session to
+    /// begin with, the refusal stands: another session holds the agent.
+    async fn again_after_a_stale_session<T, F>(&self, call: impl Fn() -> F) -> Result<T, ClientError>
+    where
+        F: Future<Output = Result<T, ClientError>>,
+    {
+        let presented = self.session.borrow().clone();
+        let first = call().await;
+        let stale = matches!(&first, Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::SessionConflict);
+        let Some(presented) = presented.filter(|_| stale) else { return first };
+        if !self.wait_for_another_session(&presented, NEXT_SESSION_WAIT).await {
+            return first;
+        }
+        tracing::debug!(
+            "a call was refused as from the session that just ended; made again under the next one"
+        );
+        call().await
+    }
+
+    /// Waits up to `within` for a session other than the one whose token is `stale`.
+    async fn wait_for_another_session(&self, stale: &str, within: Duration) -> bool {
+        let mut session = self.session.subscribe();
+        self.session_wanted.notify_one();
+        let another = session.wait_for(|current| current.as_deref().is_some_and(|token| token != stale));
+        tokio::time::timeout(within, another).await.is_ok_and(|found| found.is_ok())
+    }
+
+    /// [`Self::exchange`], once.
+    async fn exchange_once<T: DeserializeOwned>(
         &self,
         route: &str,
         build: impl FnOnce(String) -> reqwest::RequestBuilder,

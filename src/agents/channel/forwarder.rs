@@ -171,6 +171,10 @@ impl SessionForwarder {
                 },
             }
         };
+        // The stream is over, and its session with it: tool calls made while the photos
+        // below are fetched wait for the next session rather than present a token the daemon
+        // may have forgotten (it restarted) and be refused.
+        drop(session);
         // Every envelope read is pushed once, in order, also when the stream is gone: each
         // waits for its photo no longer than its own deadline.
         while let Some(ready) = queue.next().await {
