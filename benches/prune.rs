@@ -250,7 +250,7 @@ impl LiveWriter {
             while !stopping.load(Ordering::Relaxed) {
                 let started = Instant::now();
                 let session = format!("{during}-{}", pauses.len());
-                ledger.session_opened(&session, &agent, 0).await.expect("a live write");
+                ledger.session_opened(&session, &agent, None, 0).await.expect("a live write");
                 pauses.push(started.elapsed());
                 largest_wal = largest_wal.max(std::fs::metadata(&wal).map_or(0, |m| m.len()));
                 tokio::time::sleep(LIVE_WRITE_EVERY).await;

@@ -112,3 +112,30 @@ async fn a_plugin_that_leaves_frees_the_agent_at_once() {
         started.elapsed()
     );
 }
+
+/// After a daemon restart, the agent waits a moment for the plugin that held it before: a
+/// second plugin that asks first is refused, and the first gets its agent back. Before,
+/// whichever reconnected first after the restart took the agent.
+#[tokio::test]
+async fn after_a_restart_the_agent_waits_for_the_plugin_that_held_it() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let proxy = CuttableProxy::to(daemon.api_addr()).await;
+    let first = behind(&proxy, &daemon).await;
+    let second = plugin(&daemon, "orchestrator").await;
+    second.wait_for_stderr("already connected", WAIT).await.unwrap();
+
+    // The first cannot reconnect yet; the second asks the restarted daemon first.
+    proxy.refuse();
+    daemon.kill9();
+    daemon.restart();
+    second.wait_for_stderr("reserved for the session connected before", WAIT).await.unwrap();
+    assert!(!connected(&second), "{}", second.stderr());
+
+    proxy.admit();
+    let (is_error, text) = first.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error, "the first plugin has its session back: {text}");
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the first");
+    assert_eq!(first.wait_for_notifications(1, WAIT).await.unwrap()[0].content, "for the first");
+    assert!(!connected(&second), "{}", second.stderr());
+}

@@ -287,6 +287,8 @@ impl Daemon {
             shutdown.child_token(),
             tasks.clone(),
         );
+        // Before the local API serves: each agent waits a moment for the plugin that held it.
+        bridge.keep_agents_for_their_last_plugins().await;
         let (routing, routing_now) = watch::channel(Arc::new(Routing::of(&settings)));
         let intake = UpdateIntake::new(bot_id, ledger.clone(), bridge.clone(), routing_now);
         let (ingress, intake_health) =

@@ -282,6 +282,32 @@ impl Bridge {
         Ok(OpenedSession { events: rx })
     }
 
+    /// A daemon that starts keeps each agent a moment for the plugin process whose session
+    /// it had last (`held`, as the ledger recorded them, `(agent, plugin)`): that plugin
+    /// reconnects within seconds, and another must not take the agent and its pending
+    /// envelopes by reconnecting first.
+    pub async fn keep_agents_for_their_last_plugins(&self) {
+        let held = match self.inner.ledger.last_session_plugins().await {
+            Ok(held) => held,
+            Err(error) => {
+                tracing::warn!(%error, "could not read which plugin held each agent; the first to connect gets it");
+                return;
+            }
+        };
+        let until = tokio::time::Instant::now() + KEPT_FOR_THE_PLUGIN_BEFORE;
+        for (agent, plugin) in held {
+            let Some(slot) = AgentName::parse(&agent).ok().and_then(|agent| self.inner.agents.get(&agent))
+            else {
+                continue;
+            };
+            let session = slot.session.lock().unwrap_or_else(|p| p.into_inner());
+            if session.is_none() {
+                *slot.reserved.lock().unwrap_or_else(|p| p.into_inner()) =
+                    Some(Reservation { plugin, until });
+            }
+        }
+    }
+
     /// The live session's plugin is leaving (its agent session ended): its stream ends, and
     /// the agent is free for the next session at once.
     pub fn end_session(&self, agent: &AgentName, token: Option<&str>) -> Result<(), ToolError> {
@@ -441,7 +467,9 @@ impl Bridge {
         };
         // Only an audit row: once the envelopes are counted as delivered again, the session
         // gets them whether or not it could be written, so the ledger's counts stay true.
-        if let Err(error) = ledger.session_opened(&guard.session_id, agent, redelivered.len()).await {
+        if let Err(error) =
+            ledger.session_opened(&guard.session_id, agent, guard.plugin.as_deref(), redelivered.len()).await
+        {
             tracing::warn!(%agent, session_id = %guard.session_id, %error, "the session's opening could not be recorded; serving it all the same");
         }
         tracing::info!(%agent, session_id = %guard.session_id, redelivered = redelivered.len(), plugin = guard.plugin.as_deref().unwrap_or("-"), "agent session connected");

@@ -160,6 +160,7 @@ macro_rules! suite {
             use super::*;
             $crate::ledger::conformance::suite!(@tests $backend;
             sessions::only_a_closed_session_that_is_not_the_newest_is_pruned,
+            sessions::the_newest_session_of_each_agent_names_its_plugin,
             );
         }
     };

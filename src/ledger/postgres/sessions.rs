@@ -13,13 +13,16 @@ impl Sessions for PgLedger {
         &self,
         session_id: &str,
         agent: &AgentName,
+        plugin: Option<&str>,
         redelivered: usize,
     ) -> LedgerResult<()> {
         sqlx::query(
-            "INSERT INTO agent_sessions (id, agent, connected_at, redelivered) VALUES ($1, $2, now(), $3)",
+            "INSERT INTO agent_sessions (id, agent, plugin, connected_at, redelivered) \
+             VALUES ($1, $2, $3, now(), $4)",
         )
         .bind(session_id)
         .bind(agent.as_str())
+        .bind(plugin)
         .bind(i64::try_from(redelivered).unwrap_or(i64::MAX))
         .execute(&self.pool)
         .await?;
@@ -32,5 +35,14 @@ impl Sessions for PgLedger {
             .execute(&self.pool)
             .await?;
         Ok(())
+    }
+
+    async fn last_session_plugins(&self) -> LedgerResult<Vec<(String, String)>> {
+        let newest: Vec<(String, Option<String>)> = sqlx::query_as(
+            "SELECT DISTINCT ON (agent) agent, plugin FROM agent_sessions ORDER BY agent, connected_at DESC, id DESC",
+        )
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(newest.into_iter().filter_map(|(agent, plugin)| Some((agent, plugin?))).collect())
     }
 }

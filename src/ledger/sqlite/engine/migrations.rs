@@ -75,6 +75,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(15, "0015_revision_requests.sql"),
     migration!(16, "0016_album_items.sql"),
     migration!(17, "0017_verdicts_handed.sql"),
+    migration!(18, "0018_session_plugins.sql"),
 ];
 
 impl Migration {
