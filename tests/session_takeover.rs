@@ -97,20 +97,31 @@ async fn another_plugin_waits_while_the_one_that_held_the_agent_reconnects() {
 }
 
 /// A plugin that leaves (its agent session ended) frees the agent at once: the next
-/// window connects without waiting out the grace kept for a broken stream.
+/// window connects without waiting out the grace kept for a broken stream, also after the
+/// daemon restarted.
 #[tokio::test]
 async fn a_plugin_that_leaves_frees_the_agent_at_once() {
     let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
     let first = support::agents::session(&daemon, "orchestrator").await;
     assert!(first.close().await.unwrap().success());
+    let second = connects_at_once(&daemon).await;
+    assert!(second.close().await.unwrap().success());
+    daemon.stop();
+    daemon.restart();
+    connects_at_once(&daemon).await;
+}
+
+/// A new plugin for the orchestrator, which must connect without waiting out a grace.
+async fn connects_at_once(daemon: &TestDaemon) -> ChannelClient {
     let started = std::time::Instant::now();
-    let _next = support::agents::session(&daemon, "orchestrator").await;
+    let next = support::agents::session(daemon, "orchestrator").await;
+    let waited = started.elapsed();
     assert!(
-        started.elapsed() < std::time::Duration::from_secs(5),
-        "connected without waiting for the grace: {:?}",
-        started.elapsed()
+        waited < std::time::Duration::from_secs(5),
+        "connected without waiting for the grace: {waited:?}"
     );
+    next
 }
 
 /// After a daemon restart, the agent waits a moment for the plugin that held it before: a

@@ -317,6 +317,13 @@ impl Bridge {
             live.ended.cancel();
         });
         tracing::info!(%agent, session_id = %session, "the agent session's plugin is leaving");
+        // So that a daemon that starts does not keep the agent for it either.
+        let ledger = self.inner.ledger.clone();
+        self.inner.tasks.spawn(async move {
+            if let Err(e) = ledger.session_left(&session).await {
+                tracing::warn!(error = %e, "could not record that a session's plugin left");
+            }
+        });
         Ok(())
     }
 

@@ -49,4 +49,8 @@ pub(crate) async fn the_newest_session_of_each_agent_names_its_plugin<B: Backend
     let mut last = ledger.last_session_plugins().await.unwrap();
     last.sort();
     assert_eq!(last, [("orch".to_owned(), "plg_new".to_owned()), ("worker".to_owned(), "plg_w".to_owned())]);
+    // A plugin that said it is leaving is kept for by nobody.
+    ledger.session_left("ses_2").await.unwrap();
+    ledger.session_left("ses_nonesuch").await.unwrap();
+    assert_eq!(ledger.last_session_plugins().await.unwrap(), [("orch".to_owned(), "plg_new".to_owned())]);
 }

@@ -37,6 +37,14 @@ impl Sessions for PgLedger {
         Ok(())
     }
 
+    async fn session_left(&self, session_id: &str) -> LedgerResult<()> {
+        sqlx::query("UPDATE agent_sessions SET plugin = NULL WHERE id = $1")
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
     async fn last_session_plugins(&self) -> LedgerResult<Vec<(String, String)>> {
         let newest: Vec<(String, Option<String>)> = sqlx::query_as(
             "SELECT DISTINCT ON (agent) agent, plugin FROM agent_sessions ORDER BY agent, connected_at DESC, id DESC",

@@ -15,6 +15,10 @@ pub trait Sessions: Send + Sync {
 
     async fn session_closed(&self, session_id: &str) -> LedgerResult<()>;
 
+    /// The session's plugin said it is leaving: a daemon that starts keeps the agent for
+    /// nobody on its account (its plugin is forgotten).
+    async fn session_left(&self, session_id: &str) -> LedgerResult<()>;
+
     /// Each agent's newest recorded session's plugin, `(agent, plugin)`, for the agents
     /// whose newest session named one: whom a daemon that starts keeps each agent for.
     async fn last_session_plugins(&self) -> LedgerResult<Vec<(String, String)>>;

@@ -34,6 +34,12 @@ impl Sessions for SqliteLedger {
         .map(drop)
     }
 
+    async fn session_left(&self, session_id: &str) -> LedgerResult<()> {
+        self.execute_in_place("UPDATE agent_sessions SET plugin = NULL WHERE id = ?", [session_id])
+            .await
+            .map(drop)
+    }
+
     async fn last_session_plugins(&self) -> LedgerResult<Vec<(String, String)>> {
         // Newest by when it connected, then by insertion (rowid) for two in one millisecond.
         self.read_in_place(|db| {
