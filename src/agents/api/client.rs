@@ -61,9 +61,9 @@ const MAX_SESSION_LINE_BYTES: usize = 16 * 1024 * 1024;
 
 /// A call refused as coming from a session that is no longer live, made while this client
 /// had one (its stream just ended, or the daemon restarted), waits this long for the next
-/// session and is made once more: the daemon did nothing with it. The stream reconnects at
-/// once when a call waits, and a restarting daemon is back within seconds.
-const NEXT_SESSION_WAIT: Duration = Duration::from_secs(3);
+/// session and is made once more: the daemon did nothing with it. The plugin's stream
+/// reconnects at once when a call waits, and a restarting daemon is back within seconds.
+pub const NEXT_SESSION_WAIT: Duration = Duration::from_secs(3);
 
 /// How much of an unexpected body to quote in an error message.
 const BODY_PREVIEW_CHARS: usize = 200;
@@ -120,6 +120,12 @@ pub struct DaemonClient {
     /// opens ([`PLUGIN_HEADER`]): the same across reconnects, so a permission verdict finds
     /// the process that asked even after the daemon restarted.
     plugin: String,
+    /// How long a call refused as from a session that just ended waits for the next one
+    /// before it is made again ([`DaemonClient::again_after_a_stale_session`]); `None`: it is
+    /// not made again. Only a client whose sessions another task reopens (the plugin's
+    /// forwarder) waits: one that opens them itself between its calls would wait for
+    /// nothing.
+    next_session_wait: Option<Duration>,
 }
 
 /// Random characters of a plugin process's name: enough that two never meet.
@@ -210,7 +216,15 @@ impl DaemonClient {
             session_wanted: Arc::default(),
             unconfirmed: Arc::default(),
             plugin: format!("plg_{}", crate::ids::random_suffix(PLUGIN_SUFFIX_LEN)),
+            next_session_wait: None,
         })
+    }
+
+    /// Calls refused as from a session that just ended wait up to `within` for the next
+    /// session, which another task reopens, and are made once more.
+    pub fn retrying_after_a_stale_session(mut self, within: Duration) -> Self {
+        self.next_session_wait = Some(within);
+        self
     }
 
     /// Waits up to `within` for a session stream of this client to be open; true when one is.
@@ -480,8 +494,9 @@ impl DaemonClient {
     /// from a session that is not the live one while this client had a session: its stream
     /// ended a moment ago (the daemon restarted, or the connection broke) and the next one
     /// is on its way. The refusal means nothing was done, so the call is made again under
-    /// the next session, once it is open ([`NEXT_SESSION_WAIT`]). Without a session to
-    /// begin with, the refusal stands: another session holds the agent.
+    /// the next session, once it is open (within [`Self::retrying_after_a_stale_session`]'s
+    /// wait; a client without one does not retry). Without a session to begin with, the
+    /// refusal stands: another session holds the agent.
     async fn again_after_a_stale_session<T, F>(&self, call: impl Fn() -> F) -> Result<T, ClientError>
     where
         F: Future<Output = Result<T, ClientError>>,
@@ -489,8 +504,10 @@ impl DaemonClient {
         let presented = self.session.borrow().clone();
         let first = call().await;
         let stale = matches!(&first, Err(ClientError::Refused { error, .. }) if error.code == ErrorCode::SessionConflict);
-        let Some(presented) = presented.filter(|_| stale) else { return first };
-        if !self.wait_for_another_session(&presented, NEXT_SESSION_WAIT).await {
+        let (Some(presented), Some(within)) = (presented.filter(|_| stale), self.next_session_wait) else {
+            return first;
+        };
+        if !self.wait_for_another_session(&presented, within).await {
             return first;
         }
         tracing::debug!(

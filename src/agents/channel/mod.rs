@@ -133,8 +133,10 @@ pub async fn run(
     let daemons = settings.api.daemon_urls();
     let tls = DaemonTls::from_settings(&settings.api)?;
     let named: Vec<String> = daemons.iter().map(ToString::to_string).collect();
+    // Its forwarder reopens the session stream while a call waits for it.
     let daemon = DaemonClient::for_daemons(daemons, tls, agent.clone(), secret)
-        .context("cannot build the HTTP client for the daemon's local API")?;
+        .context("cannot build the HTTP client for the daemon's local API")?
+        .retrying_after_a_stale_session(crate::agents::api::client::NEXT_SESSION_WAIT);
     tracing::info!(%agent, daemon = named.join(","), inbox = %inbox.dir().display(), "channel plugin starting");
     let media = Media {
         inbox: Arc::new(inbox),
