@@ -11,21 +11,14 @@
 //! pending requests expire and their prompts say so; after a closed stream, only once the
 //! same plugin has not connected again for a moment (a stream that broke comes back).
 
-use std::time::Duration;
-
 use tokio::sync::mpsc;
 
-use super::session::SessionGuard;
+use super::session::{RECONNECT_GRACE, SessionGuard};
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::{DeliveredVerdict, PermissionReceipt, PermissionRequest, SessionEvent};
 use crate::agents::permissions::{AskError, Asker, CallbackPress, PermissionRelay, TextAnswer};
 use crate::ids::AgentName;
 use crate::ledger::{EndedPlugins, LedgerResult, PermissionState};
-
-/// How long a plugin whose session ended has to connect again before its pending
-/// permission requests expire: a stream that broke (a network blip, a ledger error that
-/// ended it) is opened again within seconds.
-const RECONNECT_GRACE: Duration = Duration::from_secs(10);
 
 impl Bridge {
     /// Sets up the relay; without it every request is refused.

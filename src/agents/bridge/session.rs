@@ -31,12 +31,11 @@ const SESSION_BUFFER: usize = 1;
 /// agent's secret but not the session stream.
 const SESSION_TOKEN_LEN: usize = 32;
 
-/// How long the agent is kept for the plugin process whose session ended while the daemon
-/// runs: a stream that broke (a network blip, a ledger error that ended it) is opened again
-/// within seconds, and meanwhile another plugin (a second window in the same project) must
-/// not take the agent and its pending envelopes. The same wait as a permission request's
-/// before it expires with its plugin's session.
-const KEPT_FOR_THE_PLUGIN_BEFORE: Duration = Duration::from_secs(10);
+/// How long a plugin process whose session ended has to connect again: a stream that broke
+/// (a network blip, a ledger error that ended it) is opened again within seconds. Meanwhile
+/// the agent is kept for it (another plugin, a second window in the same project, must not
+/// take the agent and its pending envelopes), and its permission requests stay pending.
+pub(super) const RECONNECT_GRACE: Duration = Duration::from_secs(10);
 
 /// How many trace ids a session remembers as handed to it, and as shown. An agent with
 /// more envelopes than that waiting unanswered must name the older ones in its replies.
@@ -176,7 +175,7 @@ impl Drop for SessionGuard {
                 // daemon that stops keeps nothing in memory.
                 let reconnecting = !live.left && !self.bridge.inner.shutdown.is_cancelled();
                 if let Some(plugin) = self.plugin.clone().filter(|_| reconnecting) {
-                    let until = tokio::time::Instant::now() + KEPT_FOR_THE_PLUGIN_BEFORE;
+                    let until = tokio::time::Instant::now() + RECONNECT_GRACE;
                     *slot.reserved.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
                         Some(Reservation { plugin, until });
                 }
@@ -294,7 +293,7 @@ impl Bridge {
                 return;
             }
         };
-        let until = tokio::time::Instant::now() + KEPT_FOR_THE_PLUGIN_BEFORE;
+        let until = tokio::time::Instant::now() + RECONNECT_GRACE;
         for (agent, plugin) in held {
             let Some(slot) = AgentName::parse(&agent).ok().and_then(|agent| self.inner.agents.get(&agent))
             else {
