@@ -112,6 +112,20 @@ async fn a_plugin_that_leaves_frees_the_agent_at_once() {
     connects_at_once(&daemon).await;
 }
 
+/// Claude Code ends its MCP server with SIGTERM, right after closing its stdin: the plugin
+/// tells the daemon it leaves, so the next session (a restarted Claude Code) connects at
+/// once. Before, SIGTERM ended the plugin before it said so, and the real Claude Code's next
+/// session waited out the grace kept for a plugin that was gone.
+#[tokio::test]
+async fn a_plugin_ended_by_sigterm_frees_the_agent_at_once() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let first = support::agents::session(&daemon, "orchestrator").await;
+    let status = first.terminate().await.unwrap();
+    assert!(status.success(), "SIGTERM is a leave, not a crash: {status:?}");
+    connects_at_once(&daemon).await;
+}
+
 /// A new plugin for the orchestrator, which must connect without waiting out a grace.
 async fn connects_at_once(daemon: &TestDaemon) -> ChannelClient {
     let started = std::time::Instant::now();

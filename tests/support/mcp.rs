@@ -484,6 +484,27 @@ impl ChannelClient {
 
     /// Ends the agent session the way Claude Code does, by closing the plugin's stdin,
     /// and returns the plugin's exit status. Kills it if it does not exit in time.
+    /// Ends the plugin as Claude Code's MCP SDK does when its stdin closing is not enough:
+    /// SIGTERM (here with stdin still open, so that the signal alone is what ends it).
+    pub async fn terminate(self) -> anyhow::Result<ExitStatus> {
+        let Self { client, mut child, stderr_lines, .. } = self;
+        let pid = child.id().context("the plugin has exited already")?;
+        let sent = std::process::Command::new("kill").args(["-TERM", &pid.to_string()]).status()?;
+        anyhow::ensure!(sent.success(), "kill -TERM {pid} failed");
+        let exited = tokio::time::timeout(EXIT_TIMEOUT, child.wait()).await;
+        drop(client);
+        match exited {
+            Ok(status) => Ok(status?),
+            Err(_) => {
+                let _ = child.kill().await;
+                bail!(
+                    "the plugin did not exit within {EXIT_TIMEOUT:?} of SIGTERM\nstderr:\n{}",
+                    tail(&stderr_lines.borrow())
+                )
+            }
+        }
+    }
+
     pub async fn close(self) -> anyhow::Result<ExitStatus> {
         let Self { client, mut child, stderr_lines, .. } = self;
         // Cancelling the client closes its transport, and with it the child's stdin.

@@ -161,7 +161,16 @@ pub async fn run(
         Err(e) => return Err(e).context("MCP handshake with the agent session failed"),
     };
 
-    let quit = service.waiting().await;
+    // Claude Code ends a stdio server by closing its stdin and, a moment later, sending it
+    // SIGTERM (the MCP SDK's way): either is its agent session ending, and the daemon is
+    // told so below. Without the signal handled here, SIGTERM ended the process before it
+    // said so, and the daemon kept the agent for a plugin that was gone (a restarted Claude
+    // Code then waited for it).
+    let terminated = termination_signal()?;
+    let quit = tokio::select! {
+        quit = service.waiting() => Some(quit),
+        () = terminated => None,
+    };
     tracing::info!("agent session ended; closing the daemon session");
     // Said before the stream drops, so the daemon frees the agent rather than keep it for
     // this plugin's reconnection; a daemon that does not hear it keeps it a few seconds.
@@ -176,8 +185,23 @@ pub async fn run(
     if tokio::time::timeout(SHUTDOWN_GRACE, tasks.wait()).await.is_err() {
         tracing::warn!("the session stream did not stop within {SHUTDOWN_GRACE:?}; exiting anyway");
     }
-    quit.context("the MCP service task failed")?;
+    if let Some(quit) = quit {
+        quit.context("the MCP service task failed")?;
+    }
     Ok(())
+}
+
+/// Resolves at SIGTERM or SIGINT, listened for from the moment it is called.
+fn termination_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).context("listening for SIGTERM")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("listening for SIGINT")?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {}
+            _ = interrupt.recv() => {}
+        }
+    })
 }
 
 /// The MCP server half of the plugin.
