@@ -80,13 +80,7 @@ async fn another_plugin_waits_while_the_one_that_held_the_agent_reconnects() {
     second.wait_for_stderr("reserved for the session connected before", WAIT).await.unwrap();
     assert!(!connected(&second), "{}", second.stderr());
 
-    proxy.admit();
-    // A tool call has the plugin try to reconnect at once.
-    let (is_error, text) = first.call_tool("pending", json!({})).await.unwrap();
-    assert!(!is_error, "the first plugin has its session back: {text}");
-    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the first");
-    assert_eq!(first.wait_for_notifications(1, WAIT).await.unwrap()[0].content, "for the first");
-    assert!(!connected(&second), "{}", second.stderr());
+    the_first_gets_its_agent_back(&proxy, &fake, &first, &second).await;
 
     // The first goes away for good: after the grace, the second gets the agent.
     proxy.refuse();
@@ -157,10 +151,21 @@ async fn after_a_restart_the_agent_waits_for_the_plugin_that_held_it() {
     second.wait_for_stderr("reserved for the session connected before", WAIT).await.unwrap();
     assert!(!connected(&second), "{}", second.stderr());
 
+    the_first_gets_its_agent_back(&proxy, &fake, &first, &second).await;
+}
+
+/// The first plugin, let through again, gets the agent back (a tool call has it reconnect
+/// at once): a message reaches it, and the second is still not connected.
+async fn the_first_gets_its_agent_back(
+    proxy: &CuttableProxy,
+    fake: &FakeTelegram,
+    first: &ChannelClient,
+    second: &ChannelClient,
+) {
     proxy.admit();
     let (is_error, text) = first.call_tool("pending", json!({})).await.unwrap();
     assert!(!is_error, "the first plugin has its session back: {text}");
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "for the first");
     assert_eq!(first.wait_for_notifications(1, WAIT).await.unwrap()[0].content, "for the first");
-    assert!(!connected(&second), "{}", second.stderr());
+    assert!(!connected(second), "{}", second.stderr());
 }
