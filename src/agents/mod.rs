@@ -6,4 +6,5 @@ pub mod api;
 pub mod bridge;
 pub mod channel;
 pub mod permissions;
+mod recent;
 pub mod unfinished;

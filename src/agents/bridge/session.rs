@@ -3,7 +3,7 @@
 //! plugin process that holds the agent replaces its own session whose stream died unnoticed,
 //! and keeps the agent for a moment after its stream ended.
 
-use std::collections::{BTreeMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use crate::agents::api::present;
 use crate::agents::api::wire::{
     DeliveredNotice, MAX_LISTED, SessionEvent, ShownReceipt, ShownRequest, WAITING_NOTICE,
 };
+use crate::agents::recent::RecentIds;
 use crate::ids::{AgentName, TraceId, random_suffix};
 use crate::ledger::{EnvelopeKind, LedgerResult, StoredEnvelope};
 use crate::rules::revisions::TaskState;
@@ -74,31 +75,8 @@ pub(super) struct Reservation {
 /// trace id, never answer an envelope the agent was not shown.
 #[derive(Default)]
 struct Sightings {
-    handed: RecentTraceIds,
-    shown: RecentTraceIds,
-}
-
-#[derive(Default)]
-struct RecentTraceIds {
-    order: VecDeque<String>,
-    members: HashSet<String>,
-}
-
-impl RecentTraceIds {
-    fn insert(&mut self, trace_id: &str) {
-        if self.members.insert(trace_id.to_owned()) {
-            self.order.push_back(trace_id.to_owned());
-            if self.order.len() > SIGHTINGS_KEPT
-                && let Some(oldest) = self.order.pop_front()
-            {
-                self.members.remove(&oldest);
-            }
-        }
-    }
-
-    fn contains(&self, trace_id: &str) -> bool {
-        self.members.contains(trace_id)
-    }
+    handed: RecentIds<SIGHTINGS_KEPT>,
+    shown: RecentIds<SIGHTINGS_KEPT>,
 }
 
 impl super::AgentSlot {

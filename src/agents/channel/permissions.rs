@@ -8,7 +8,6 @@
 //! Claude Code as `notifications/claude/channel/permission` (`request_id`, `behavior`). The
 //! terminal keeps asking meanwhile, and whichever answers first wins there.
 
-use std::collections::{HashSet, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +16,7 @@ use serde_json::{Value, json};
 
 use crate::agents::api::client::{ClientError, DaemonClient};
 use crate::agents::api::wire::{DeliveredVerdict, ErrorCode, PermissionRequest};
+use crate::agents::recent::RecentIds;
 use crate::backoff::Backoff;
 
 /// The experimental capability that tells Claude Code this channel relays approvals.
@@ -57,37 +57,21 @@ const REMEMBERED_VERDICTS: usize = 1024;
 /// The verdicts this plugin process handed to Claude Code, the newest
 /// [`REMEMBERED_VERDICTS`] of them.
 #[derive(Clone, Default)]
-pub(super) struct HandedVerdicts(Arc<Mutex<Remembered>>);
-
-#[derive(Default)]
-struct Remembered {
-    ids: HashSet<String>,
-    order: VecDeque<String>,
-}
+pub(super) struct HandedVerdicts(Arc<Mutex<RecentIds<REMEMBERED_VERDICTS>>>);
 
 impl HandedVerdicts {
     /// Whether `verdict` is to be handed to Claude Code: the first time it comes, not when
     /// the daemon writes it again because its confirmation did not reach it.
     pub(super) fn hand_over(&self, verdict: &DeliveredVerdict) -> bool {
-        let key = verdict_key(verdict);
-        let mut remembered = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        if !remembered.ids.insert(key.clone()) {
-            return false;
-        }
-        remembered.order.push_back(key);
-        if remembered.order.len() > REMEMBERED_VERDICTS
-            && let Some(oldest) = remembered.order.pop_front()
-        {
-            remembered.ids.remove(&oldest);
-        }
-        true
+        let mut handed = self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        handed.insert(verdict_key(verdict))
     }
 }
 
 /// A verdict's identity: its request as the switchboard names it (a daemon before these
 /// confirmations named only Claude Code's id).
-fn verdict_key(verdict: &DeliveredVerdict) -> String {
-    if verdict.permission_id.is_empty() { verdict.request_id.clone() } else { verdict.permission_id.clone() }
+fn verdict_key(verdict: &DeliveredVerdict) -> &str {
+    if verdict.permission_id.is_empty() { &verdict.request_id } else { &verdict.permission_id }
 }
 
 /// Tells the daemon, off the stream's path, that the verdict was handed to Claude Code. A
