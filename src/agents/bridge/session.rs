@@ -132,6 +132,18 @@ impl SessionGuard {
         carried.insert(permission_id.to_owned())
     }
 
+    /// `step`'s answer (false: the stream is gone), or false once the session ended first:
+    /// a replaced session must not go on writing into a stream nobody reads.
+    async fn while_live(
+        &self,
+        step: impl std::future::Future<Output = LedgerResult<bool>>,
+    ) -> LedgerResult<bool> {
+        tokio::select! {
+            done = step => done,
+            () = self.ended.cancelled() => Ok(false),
+        }
+    }
+
     /// Writes one event to the session's stream; false once the stream is gone or the
     /// session ended. A stream whose peer died may take no more (its connection's buffer
     /// is full): a session that was replaced must not wait on it.
@@ -432,11 +444,7 @@ impl Bridge {
         // Verdicts recorded while this plugin was away (the daemon restarted) go first. Its
         // writes come before the envelopes are taken back: a ledger that refuses them
         // (locked, full) ends the opening before anything is counted as delivered.
-        let verdicts_handed = tokio::select! {
-            handed = self.plugin_session_opened(guard, tx) => handed?,
-            () = guard.ended.cancelled() => false,
-        };
-        if !verdicts_handed {
+        if !guard.while_live(self.plugin_session_opened(guard, tx)).await? {
             return Ok(None);
         }
         // Under the inbox lock, so intake claims nothing for this agent between taking the
@@ -528,14 +536,10 @@ impl Bridge {
             }
             // Reactions owed in the ledger: at first, and after each wake-up (intake rings
             // the bell for a reaction as for an envelope).
-            if std::mem::take(&mut look_for_reactions) {
-                let given = tokio::select! {
-                    given = self.give_owed_reactions(agent, tx) => given?,
-                    () = guard.ended.cancelled() => false,
-                };
-                if !given {
-                    return Ok(());
-                }
+            if std::mem::take(&mut look_for_reactions)
+                && !guard.while_live(self.give_owed_reactions(agent, tx)).await?
+            {
+                return Ok(());
             }
             tokio::select! {
                 biased;
@@ -551,11 +555,7 @@ impl Bridge {
                     look_for_reactions = true;
                 }
                 () = slot.verdicts.notified() => {
-                    let handed = tokio::select! {
-                        handed = self.hand_over_verdicts(guard, tx) => handed?,
-                        () = guard.ended.cancelled() => false,
-                    };
-                    if !handed {
+                    if !guard.while_live(self.hand_over_verdicts(guard, tx)).await? {
                         return Ok(());
                     }
                 }
