@@ -417,6 +417,38 @@ pub enum ReconcileError {
     Db(#[from] LedgerError),
 }
 
+/// For tests: part `index` of `count` of reply request `request`, as the ledger would give
+/// it back, in chat 1 as a reply to its message 1.
+#[cfg(test)]
+pub(crate) fn reply_part_attempt(
+    request: &str,
+    index: i64,
+    count: i64,
+    text: &str,
+    outcome: AttemptState,
+    message_id: Option<i64>,
+) -> StoredAttempt {
+    StoredAttempt {
+        op_id: format!("op_{index:0>10}").as_str().into(),
+        request_id: Some(request.into()),
+        method: AttemptMethod::SendMessage,
+        target_message_id: None,
+        chat_id: 1,
+        thread_id: None,
+        reply_to_message_id: Some(1),
+        chunk_index: index,
+        chunk_count: count,
+        text: text.into(),
+        outcome,
+        telegram_message_id: message_id,
+        error: None,
+        started_at: Utc::now(),
+        finished_at: None,
+        reconciled_outcome: None,
+        reconciled_reason: None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -428,25 +460,8 @@ mod tests {
         outcome: AttemptState,
         message_id: i64,
     ) -> StoredAttempt {
-        StoredAttempt {
-            op_id: format!("op_{index:0>10}").as_str().into(),
-            request_id: Some(request.into()),
-            method: AttemptMethod::SendMessage,
-            target_message_id: None,
-            chat_id: 1,
-            thread_id: None,
-            reply_to_message_id: Some(1),
-            chunk_index: index,
-            chunk_count: count,
-            text: format!("part {index}"),
-            outcome,
-            telegram_message_id: (outcome == AttemptState::Sent).then_some(message_id),
-            error: None,
-            started_at: Utc::now(),
-            finished_at: None,
-            reconciled_outcome: None,
-            reconciled_reason: None,
-        }
+        let sent_as = (outcome == AttemptState::Sent).then_some(message_id);
+        reply_part_attempt(request, index, count, &format!("part {index}"), outcome, sent_as)
     }
 
     #[test]

@@ -806,25 +806,7 @@ mod tests {
         outcome: AttemptState,
         message_id: Option<i64>,
     ) -> StoredAttempt {
-        StoredAttempt {
-            op_id: format!("op_{index:0>10}").as_str().into(),
-            request_id: Some("req_abcdefgh".into()),
-            method: crate::ledger::AttemptMethod::SendMessage,
-            target_message_id: None,
-            chat_id: 1,
-            thread_id: None,
-            reply_to_message_id: Some(1),
-            chunk_index: index,
-            chunk_count: count,
-            text: text.into(),
-            outcome,
-            telegram_message_id: message_id,
-            error: None,
-            started_at: chrono::Utc::now(),
-            finished_at: None,
-            reconciled_outcome: None,
-            reconciled_reason: None,
-        }
+        crate::domain::attempts::reply_part_attempt("req_abcdefgh", index, count, text, outcome, message_id)
     }
 
     fn parts(texts: &[&str]) -> Vec<String> {
