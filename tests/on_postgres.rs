@@ -1,7 +1,8 @@
 //! The daemon on PostgreSQL (DESIGN.md §16): the integration suites that hold whichever
 //! backend keeps the ledger, run again with each daemon's ledger in a schema of its own on
 //! the machine's PostgreSQL (`support::daemon::TestLedger`, chosen by this binary's name),
-//! and the replicas' own tests (`on_postgres/replicas.rs`).
+//! the replicas' own tests (`on_postgres/replicas.rs`), and the COMMITs whose answers are lost
+//! (`on_postgres/lost_answers.rs`).
 //!
 //! Left out: the suites with tests of the SQLite file itself (its locks, its modes, a
 //! writer holding it, rows damaged in it), which have no PostgreSQL counterpart here.
@@ -12,6 +13,8 @@
 
 mod support;
 
+#[path = "on_postgres/lost_answers.rs"]
+mod lost_answers;
 #[path = "on_postgres/replicas.rs"]
 mod replicas;
 

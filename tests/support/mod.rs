@@ -7,4 +7,5 @@ pub mod daemon;
 pub mod disk;
 pub mod mcp;
 pub mod postgres;
+pub mod postgres_proxy;
 pub mod proxy;

@@ -22,6 +22,7 @@ use super::envelopes::transition_in;
 use super::handoffs::settle_answers_for;
 use super::rows::{attempt_columns, text_enum};
 use super::tasks::admission_in;
+use super::transaction::transaction_columns;
 use super::{PgLedger, fenced_lease, no_longer_leads, under_lease};
 use crate::domain::{
     AttemptMethod, AttemptOutcome, AttemptPurpose, EnvelopeState, FinishedAttempt, NewAttempt, RecordedReply,
@@ -173,7 +174,7 @@ impl PgLedger {
         attempt: &NewAttempt<'_>,
     ) -> LedgerResult<Result<AttemptId, Refusal>> {
         let (bot_id, term) = self.leader_fence().lease_binds()?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         if attempt.purpose != AttemptPurpose::Audit
             && let Err(refusal) = admission_in(&mut tx, attempt.envelope_id).await?
         {
@@ -195,6 +196,8 @@ impl PgLedger {
              SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, 'in_flight', now(), $12, $13 \
              WHERE ",
             under_lease!("$14", "$15"),
+            " RETURNING ",
+            transaction_columns!(),
         ))
         .bind(&op_id)
         .bind(attempt.envelope_id)
@@ -211,9 +214,9 @@ impl PgLedger {
         .bind(attempt.target_message_id.map(i64::from))
         .bind(bot_id)
         .bind(term)
-        .execute(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
-        if recorded.rows_affected() == 0 {
+        let Some(recorded) = recorded else {
             tx.rollback().await?;
             let (Some(bot_id), Some(term)) = (bot_id, term) else {
                 return Err(LedgerError::other("an unfenced attempt was not recorded"));
@@ -222,7 +225,8 @@ impl PgLedger {
             let term = Term::new(term);
             self.stop_leading_polling(bot_id, term);
             return Err(no_longer_leads(bot_id, term));
-        }
+        };
+        tx.note(&recorded)?;
         tx.commit().await?;
         Ok(Ok(op_id))
     }
@@ -241,12 +245,13 @@ impl PgLedger {
                 (None, Some(error.as_str()))
             }
         };
-        let mut tx = self.pool.begin().await?;
-        let finished = sqlx::query(
+        let mut tx = self.begin().await?;
+        let finished = sqlx::query(concat!(
             "UPDATE attempts SET outcome = $1, telegram_message_id = $2, error = $3, finished_at = now() \
              WHERE op_id = $4 AND outcome = 'in_flight' \
-             RETURNING envelope_id, chunk_index, chunk_count, purpose, method",
-        )
+             RETURNING envelope_id, chunk_index, chunk_count, purpose, method, ",
+            transaction_columns!()
+        ))
         .bind(outcome.state().as_str())
         .bind(message_id)
         .bind(error)
@@ -268,6 +273,7 @@ impl PgLedger {
                 None => Err(LedgerError::other(format!("no attempt {op_id} was recorded to finish"))),
             };
         };
+        tx.note(&finished)?;
         let envelope_id: i64 = finished.try_get("envelope_id")?;
         let chunk_index: i64 = finished.try_get("chunk_index")?;
         let chunk_count: i64 = finished.try_get("chunk_count")?;

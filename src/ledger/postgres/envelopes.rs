@@ -111,7 +111,7 @@ impl Envelopes for PgLedger {
         actor: &str,
         reason: Option<&str>,
     ) -> LedgerResult<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let moved = transition_in(&mut tx, envelope_id, from, to, actor, reason).await?;
         tx.commit().await?;
         Ok(moved)

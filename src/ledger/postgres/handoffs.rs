@@ -105,7 +105,7 @@ async fn tag_with_task(
 impl Handoffs for PgLedger {
     async fn record_handoff(&self, new: &NewHandoff<'_>) -> LedgerResult<Result<StoredHandoff, Refusal>> {
         let handoff_id = HandoffId::generate();
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let mut task: TaskTag = (None, None);
         if let Some(cause) = new.cause {
             // A refusal ends the transaction with nothing written in it.
@@ -160,7 +160,7 @@ impl Handoffs for PgLedger {
         actor: &str,
     ) -> LedgerResult<Result<Option<StoredHandoff>, Refusal>> {
         let HandoffEnding { state, answer, reason, note, request_id } = end.recorded_as(handoff);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         // The handoff's row first, held until the end: one that is no longer open ends
         // the transaction with nothing written.
         let open: Option<TaskTag> = sqlx::query_as(

@@ -69,14 +69,14 @@ impl Inspection for PgLedger {
         reason: &str,
     ) -> Result<EnvelopeState, ReconcileError> {
         let reason = format!("reconciled: {reason}");
-        let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
+        let mut tx = self.begin().await?;
         let envelope = sqlx::query("SELECT id, state FROM envelopes WHERE trace_id = $1 FOR UPDATE")
             .bind(trace_id)
             .fetch_optional(&mut *tx)
             .await
             .map_err(LedgerError::from)?;
         let Some(envelope) = envelope else {
-            tx.rollback().await.map_err(LedgerError::from)?;
+            tx.rollback().await?;
             return Err(ReconcileError::Unknown(trace_id.to_string()));
         };
         let envelope_id: i64 = envelope.try_get("id").map_err(LedgerError::from)?;
@@ -106,11 +106,11 @@ impl Inspection for PgLedger {
             // than when the transaction is dropped (that rollback waits for the connection's
             // next use, holding the envelope's row until then).
             (false, true) => {
-                tx.rollback().await.map_err(LedgerError::from)?;
+                tx.rollback().await?;
                 return Err(ReconcileError::NothingToReconcile { trace_id: trace_id.to_string(), state });
             }
         };
-        tx.commit().await.map_err(LedgerError::from)?;
+        tx.commit().await?;
         Ok(reconciled)
     }
 

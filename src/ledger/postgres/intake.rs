@@ -159,7 +159,7 @@ impl PgLedger {
         // The batch's conversations, sorted before the transaction begins; they are held
         // before their tasks are read.
         let conversations = tasks::conversations_of(batch, bot_username);
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         // The fence moves a polled batch's offset and holds the conversations in the same
         // statement (two round trips saved); in this transaction, so the offset still moves
         // only with the batch.

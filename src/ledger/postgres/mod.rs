@@ -42,6 +42,7 @@ mod tasks;
 mod test_support;
 #[cfg(test)]
 mod tests;
+mod transaction;
 
 use std::collections::HashMap;
 use std::str::FromStr;
@@ -49,7 +50,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::PgConnection;
-use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::Row;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions, PgRow};
 
 use crate::ledger::seam::Lifecycle;
 use crate::ledger::task_rows::Conversation;
@@ -58,6 +60,7 @@ use crate::rules::leadership::Term;
 
 pub use leadership::{Elected, PollerCandidate, StepDown};
 pub use relay::{RELAYED_CHANNEL, RelayedUpdate};
+use transaction::{LedgerTransaction, transaction_columns};
 
 /// The schema, embedded at build time (`build.rs` rebuilds when a file changes).
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("migrations/postgres");
@@ -373,9 +376,9 @@ impl PgLedger {
 
     /// Moves the bot's offset to `next_offset`, if `term` is still the bot's current term.
     pub async fn commit_offset(&self, term: Term, bot_id: i64, next_offset: i64) -> Result<(), FencedError> {
-        let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
+        let mut tx = self.begin().await?;
         fence_intake(&mut tx, term, bot_id, Some(next_offset), &[]).await?;
-        tx.commit().await.map_err(LedgerError::from)?;
+        tx.commit().await?;
         Ok(())
     }
 }
@@ -429,14 +432,14 @@ fn no_longer_leads(bot_id: i64, term: Term) -> LedgerError {
 /// it); what they guard is read by later statements, which see what their holders
 /// committed. A deposed leader's transaction is rolled back, its locks with it.
 async fn fence_intake(
-    tx: &mut PgConnection,
+    tx: &mut LedgerTransaction,
     term: Term,
     bot_id: i64,
     next_offset: Option<i64>,
     hold: &[Conversation],
 ) -> Result<(), FencedError> {
     let (chat_ids, thread_ids, agents) = tasks::conversation_columns(hold);
-    let current: Option<i64> = sqlx::query_scalar(concat!(
+    let lease: Option<PgRow> = sqlx::query(concat!(
         "WITH ",
         fenced_lease!("$1"),
         ", moved AS (INSERT INTO poller_offsets (bot_id, next_offset, updated_at) \
@@ -445,7 +448,9 @@ async fn fence_intake(
          held AS MATERIALIZED (SELECT pg_advisory_xact_lock(key) FROM (",
         tasks::conversation_lock_keys!("$4", "$5", "$6"),
         ") AS keys ORDER BY key) \
-         SELECT term, (SELECT count(*) FROM held) AS held FROM lease",
+         SELECT term, (SELECT count(*) FROM held) AS held, ",
+        transaction_columns!(),
+        " FROM lease",
     ))
     .bind(bot_id)
     .bind(term.get())
@@ -453,9 +458,16 @@ async fn fence_intake(
     .bind(chat_ids)
     .bind(thread_ids)
     .bind(agents)
-    .fetch_optional(&mut *tx)
+    .fetch_optional(&mut **tx)
     .await
     .map_err(LedgerError::from)?;
+    let current = match lease {
+        Some(row) => {
+            tx.note(&row)?;
+            Some(row.try_get::<i64, _>("term").map_err(LedgerError::from)?)
+        }
+        None => None,
+    };
     match current {
         Some(current) if current == term.get() => Ok(()),
         Some(current) => Err(FencedError::Deposed { term, current: CurrentTerm::Term(Term::new(current)) }),

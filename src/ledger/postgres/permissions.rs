@@ -38,7 +38,7 @@ impl Permissions for PgLedger {
         &self,
         new: &NewPermissionRequest<'_>,
     ) -> LedgerResult<(StoredPermission, bool)> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         // A concurrent insert of the same request waits for this one and then inserts
         // nothing; the read after it sees the row that won.
         let inserted = sqlx::query(
@@ -147,7 +147,7 @@ impl Permissions for PgLedger {
         by: i64,
         by_name: &str,
     ) -> LedgerResult<AnswerRecorded> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let changed = sqlx::query(
             "UPDATE permission_requests SET state = $1, answered_by = $2, answered_by_name = $3, answered_at = now() \
              WHERE id = $4 AND state = 'pending' AND expires_at > now()",

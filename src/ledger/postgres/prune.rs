@@ -68,7 +68,7 @@ impl Retention for PgLedger {
             }
             drop(connection);
             let held_from = Instant::now();
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.begin().await?;
             let doomed = if dry_run {
                 gather_and_decide(&mut tx, window, finished_before).await?
             } else {

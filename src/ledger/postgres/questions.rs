@@ -28,7 +28,7 @@ impl Questions for PgLedger {
         thread_id: Option<i32>,
         new_id: &(dyn Fn() -> String + Send + Sync),
     ) -> LedgerResult<Vec<StoredQuestion>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         sqlx::query("LOCK TABLE operator_questions IN SHARE ROW EXCLUSIVE MODE").execute(&mut *tx).await?;
         let unasked = sqlx::query(
             "SELECT a.op_id, a.envelope_id, e.trace_id, a.chat_id, a.started_at, a.text \

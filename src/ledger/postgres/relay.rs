@@ -30,7 +30,7 @@ impl PgLedger {
         raw: &str,
         replica: &str,
     ) -> LedgerResult<bool> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let inserted = sqlx::query(
             "INSERT INTO relayed_updates (bot_id, update_id, raw, relayed_by) VALUES ($1, $2, $3, $4) \
              ON CONFLICT (bot_id, update_id) DO NOTHING",

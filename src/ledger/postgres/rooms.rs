@@ -11,11 +11,12 @@
 
 use async_trait::async_trait;
 use sqlx::postgres::PgRow;
-use sqlx::{FromRow, PgConnection, Postgres, Row, Transaction};
+use sqlx::{FromRow, PgConnection, Row};
 
 use super::PgLedger;
 use super::envelopes::transition_in;
 use super::rows::{optional_json, optional_text_enum, text_enum};
+use super::transaction::LedgerTransaction;
 use crate::domain::{
     AppliedStep, ClaimRefused, EnvelopeState, NewCascade, RoomStep, StoredCascade, StoredEnvelope,
     StoredPost, StoredTurn, TurnEnding, TurnOpen,
@@ -94,7 +95,7 @@ impl FromRow<'_, PgRow> for StoredPost {
 }
 
 /// A step whose guard failed: rolled back whole, nothing of it written.
-async fn refused(tx: Transaction<'_, Postgres>) -> LedgerResult<Option<AppliedStep>> {
+async fn refused(tx: LedgerTransaction) -> LedgerResult<Option<AppliedStep>> {
     tx.rollback().await?;
     Ok(None)
 }
@@ -116,7 +117,7 @@ impl Rooms for PgLedger {
             serde_json::to_string(new.cascade).map_err(|e| LedgerError::encoding("a room's cascade", e))?;
         let note = note.replace("{cascade}", &cascade_id);
         let message = new.message;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         if !transition_in(
             &mut tx,
             message.id,
@@ -151,7 +152,7 @@ impl Rooms for PgLedger {
 
     async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
         let cascade_row = step.cascade.as_ref().map(CascadeRow::of).transpose()?;
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let mut applied = AppliedStep::default();
         if let Some((envelope, note)) = &step.settle {
             let settled = [EnvelopeState::Queued];
@@ -313,7 +314,7 @@ impl Rooms for PgLedger {
         text: &str,
         request_id: &str,
     ) -> LedgerResult<Result<StoredTurn, ClaimRefused>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         // The turn is held until the claim is written: of two replies claiming it at once,
         // the second reads it claimed.
         let sql = concat!(turn_select!(), "WHERE t.envelope_id = $1 FOR UPDATE OF t");

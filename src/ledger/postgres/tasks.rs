@@ -1097,7 +1097,7 @@ impl FromRow<'_, PgRow> for StoredRevision {
 #[async_trait]
 impl Tasks for PgLedger {
     async fn admission(&self, envelope_id: i64) -> LedgerResult<Result<(), Refusal>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         let admitted = admission_in(&mut tx, envelope_id).await?;
         tx.commit().await?;
         Ok(admitted)
@@ -1112,7 +1112,7 @@ impl Tasks for PgLedger {
         request_id: Option<&str>,
     ) -> Result<(DeclaredRevision, Vec<TaskEffect>), DeclareTaskError> {
         let actor = format!("agent:{agent}");
-        let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
+        let mut tx = self.begin().await?;
         // A repeat of a request is answered as the first was. (The bridge decides one
         // agent's actions one at a time: a repeat finds the first committed.)
         if let Some(request_id) = request_id {
@@ -1124,7 +1124,7 @@ impl Tasks for PgLedger {
                     .await
                     .map_err(LedgerError::from)?;
             if let Some((kind, Some(task), Some(revision))) = before {
-                tx.rollback().await.map_err(LedgerError::from)?;
+                tx.rollback().await?;
                 return Ok((task_rows::repeated_revision(&kind, trace_id, task, revision), Vec::new()));
             }
         }
@@ -1151,11 +1151,11 @@ impl Tasks for PgLedger {
             message_id,
         }) = row
         else {
-            tx.rollback().await.map_err(LedgerError::from)?;
+            tx.rollback().await?;
             return Err(DeclareError::NotPending(trace_id.to_string()).into());
         };
         let (Some(task_id), Some(revision)) = (task_id, revision) else {
-            tx.rollback().await.map_err(LedgerError::from)?;
+            tx.rollback().await?;
             return Err(DeclareError::NoTask(trace_id.to_string()).into());
         };
         hold_conversation(&mut tx, chat_id, thread_id, agent.as_str()).await?;
@@ -1168,7 +1168,7 @@ impl Tasks for PgLedger {
             &DeclaredAbout { trace_id, kind: &envelope_kind, agent: agent.as_str(), revision },
             &task,
         ) {
-            tx.rollback().await.map_err(LedgerError::from)?;
+            tx.rollback().await?;
             return Err(refused.into());
         }
         let carrier = Carrier {
@@ -1199,7 +1199,7 @@ impl Tasks for PgLedger {
                 .await
                 .map_err(LedgerError::from)?;
         }
-        tx.commit().await.map_err(LedgerError::from)?;
+        tx.commit().await?;
         Ok((declared, effects))
     }
 
@@ -1212,7 +1212,7 @@ impl Tasks for PgLedger {
     }
 
     async fn task(&self, task_id: &TaskId) -> LedgerResult<Option<(Task, Vec<StoredRevision>, TaskEffects)>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = self.begin().await?;
         // A task that has finished says so, as it would to the next message.
         sqlx::query(concat!(close_if_finished!(), "AND task_id = $1"))
             .bind(task_id)
@@ -1244,14 +1244,14 @@ impl Tasks for PgLedger {
     }
 
     async fn mark_task_stopped(&self, task_id: &TaskId, reason: &str) -> Result<(), DeclareTaskError> {
-        let mut tx = self.pool.begin().await.map_err(LedgerError::from)?;
+        let mut tx = self.begin().await?;
         // A refusal ends the transaction with nothing written in it.
         let Some(task) = stored_task(&mut tx, task_id).await? else {
-            tx.rollback().await.map_err(LedgerError::from)?;
+            tx.rollback().await?;
             return Err(DeclareError::NotNow(format!("no task has id {task_id}")).into());
         };
         if task.state() != TaskState::StopRequested {
-            tx.rollback().await.map_err(LedgerError::from)?;
+            tx.rollback().await?;
             return Err(DeclareError::NotNow(format!(
                 "{task_id} is {}, not stop_requested: only a cancelled task can be marked stopped",
                 task.state
@@ -1279,7 +1279,7 @@ impl Tasks for PgLedger {
         .execute(&mut *tx)
         .await
         .map_err(LedgerError::from)?;
-        tx.commit().await.map_err(LedgerError::from)?;
+        tx.commit().await?;
         Ok(())
     }
 }

@@ -318,7 +318,7 @@ async fn a_leader_paused_inside_a_fenced_write_is_replaced_all_the_same() {
     let mut b = PollerCandidate::connect(&ledger, BOT, "b", lease).await.unwrap();
     let old = elected(&mut a).await;
     let started = Instant::now();
-    let mut paused = ledger.pool.begin().await.unwrap();
+    let mut paused = ledger.begin().await.unwrap();
     fence_intake(&mut paused, old.term, BOT, Some(7), &[]).await.unwrap();
     // `a` is paused from here on: its session, its lock and its open write stay.
     let within = lease.duration() + IDLE_IN_TRANSACTION_TIMEOUT + LOCK_TIMEOUT;
@@ -524,7 +524,7 @@ async fn an_election_waits_for_the_fenced_writes_in_flight() {
     let mut b = PollerCandidate::connect(&ledger, BOT, "b", lease(5000)).await.unwrap();
     let old = elected(&mut a).await;
     // A fenced write of the old leader, in flight: it passed its fence and has not committed.
-    let mut in_flight = ledger.pool.begin().await.unwrap();
+    let mut in_flight = ledger.begin().await.unwrap();
     fence_intake(&mut in_flight, old.term, BOT, Some(7), &[]).await.unwrap();
     kill_session(a.backend_pid().await.unwrap()).await;
     let b_backend = b.backend_pid().await.unwrap();
@@ -625,7 +625,7 @@ async fn a_renewal_does_not_wait_for_a_fenced_write_in_flight() {
     let ledger = PgLedger::connect(&schema.url).await.unwrap();
     let mut leader = PollerCandidate::connect(&ledger, BOT, "a", lease(3000)).await.unwrap();
     let tenure = elected(&mut leader).await;
-    let mut in_flight = ledger.pool.begin().await.unwrap();
+    let mut in_flight = ledger.begin().await.unwrap();
     fence_intake(&mut in_flight, tenure.term, BOT, Some(3), &[]).await.unwrap();
     let renewal = tokio::time::timeout(Duration::from_secs(2), leader.renew_once(tenure.term)).await;
     assert_eq!(renewal, Ok(Renewal::Renewed), "renewed beside the fenced write");
