@@ -619,7 +619,9 @@ impl PermissionRelay {
     async fn keep_once(&self) -> Result<Outstanding, LedgerError> {
         let ledger = &self.inner.ledger;
         let questions = self.keep_questions().await?;
-        for row in ledger.expire_due_permissions().await? {
+        // One clock for what is due now and for when to look next.
+        let now = Utc::now();
+        for row in ledger.expire_due_permissions(now).await? {
             tracing::info!(permission_id = %row.id, agent = %row.agent, "permission request expired unanswered");
         }
         let mut edit_failed = questions.edit_failed;
@@ -630,10 +632,8 @@ impl PermissionRelay {
                 Err(e) => return Err(e),
             }
         }
-        let next_expiry = ledger
-            .next_permission_expiry()
-            .await?
-            .map(|at| (at - Utc::now()).to_std().unwrap_or(Duration::ZERO));
+        let next_expiry =
+            ledger.next_permission_expiry().await?.map(|at| (at - now).to_std().unwrap_or(Duration::ZERO));
         Ok(Outstanding { edit_failed, next_expiry, operator_asks: questions.asked })
     }
 

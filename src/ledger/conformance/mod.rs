@@ -129,6 +129,7 @@ macro_rules! suite {
             $crate::ledger::conformance::suite!(@tests $backend;
             permissions::a_request_is_recorded_once_per_plugin_and_the_first_verdict_wins,
             permissions::expiry_comes_with_time_or_with_the_session_and_is_final,
+            permissions::expiry_is_decided_on_the_callers_clock,
             permissions::a_sessions_end_expires_only_its_agents_requests_from_the_ended_plugins,
             permissions::a_prompt_not_sent_expires_its_request_and_an_unknown_one_stays_answerable,
             );

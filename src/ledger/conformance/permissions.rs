@@ -1,6 +1,8 @@
 //! Permission requests relayed to approvers (DESIGN §15): recorded once, the first verdict
 //! wins, expiry is final, and a prompt's send is classified as an attempt's is.
 
+use chrono::Utc;
+
 use crate::domain::AttemptState;
 use crate::ledger::conformance::Backend;
 use crate::ledger::*;
@@ -76,6 +78,20 @@ pub(crate) async fn a_request_is_recorded_once_per_plugin_and_the_first_verdict_
     assert!(ledger.permission("prm_1").await.unwrap().unwrap().verdict_handed_at.is_some());
 }
 
+/// Whether a request is due is the caller's clock's answer, the clock that set its expiry
+/// and times the caller's next look, whatever the database's own clock says: a request an
+/// hour away is due when the caller says the hour has passed, and not before.
+pub(crate) async fn expiry_is_decided_on_the_callers_clock<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let in_an_hour = Utc::now() + chrono::Duration::hours(1);
+    let expires_at = crate::clock::text(in_an_hour);
+    ledger.record_permission_request(&request("prm_1", "plg_a", &expires_at)).await.unwrap();
+    let before = in_an_hour - chrono::Duration::seconds(1);
+    assert!(ledger.expire_due_permissions(before).await.unwrap().is_empty(), "not due a second before");
+    let expired = ledger.expire_due_permissions(in_an_hour).await.unwrap();
+    assert_eq!(expired.iter().map(|row| row.id.as_str()).collect::<Vec<_>>(), ["prm_1"], "due at its time");
+}
+
 pub(crate) async fn expiry_comes_with_time_or_with_the_session_and_is_final<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
     ledger.record_permission_request(&request("prm_old", "plg_a", PAST)).await.unwrap();
@@ -91,9 +107,9 @@ pub(crate) async fn expiry_comes_with_time_or_with_the_session_and_is_final<B: B
     // Past its expiry, a verdict is too late even before the timer ran.
     let late = ledger.answer_permission("prm_old", PermissionVerdict::Allow, 7, "ann").await.unwrap();
     assert!(matches!(late, AnswerRecorded::TooLate(row) if row.state == PermissionState::Pending));
-    let expired = ledger.expire_due_permissions().await.unwrap();
+    let expired = ledger.expire_due_permissions(Utc::now()).await.unwrap();
     assert_eq!(expired.iter().map(|row| row.id.as_str()).collect::<Vec<_>>(), ["prm_old"]);
-    assert!(ledger.expire_due_permissions().await.unwrap().is_empty(), "expired once");
+    assert!(ledger.expire_due_permissions(Utc::now()).await.unwrap().is_empty(), "expired once");
     assert_eq!(
         ledger.next_permission_expiry().await.unwrap().map(crate::clock::text).as_deref(),
         Some(LATER)

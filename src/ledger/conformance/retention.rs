@@ -170,7 +170,7 @@ pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still
     for id in ["prm_done", "prm_verdict_owed", "prm_prompt_unsettled"] {
         ledger.answer_permission(id, PermissionVerdict::Allow, 7, "ann").await.unwrap();
     }
-    assert_eq!(ledger.expire_due_permissions().await.unwrap().len(), 1);
+    assert_eq!(ledger.expire_due_permissions(Utc::now()).await.unwrap().len(), 1);
     for id in ["prm_done", "prm_verdict_owed", "prm_expired"] {
         ledger.settle_prompt(id).await.unwrap();
     }

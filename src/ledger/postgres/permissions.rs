@@ -8,8 +8,13 @@
 //! re-reads the row as the first committed it (READ COMMITTED re-checks the `WHERE` of an
 //! `UPDATE` that waited on a row lock), finds it no longer pending and changes nothing. A
 //! conditional update rather than `SELECT … FOR UPDATE`, because each change is one
-//! statement whose guard is the whole decision. Times are the server's (`now()`), one clock
-//! for every replica.
+//! statement whose guard is the whole decision.
+//!
+//! **Clocks.** A request's times are the asking replica's clock (`expires_at` is set from
+//! it), and whether it is due, or a verdict too late, is decided on the deciding replica's
+//! clock, which also times that replica's next look: never on the server's, which would mix
+//! two clocks in one decision (a replica ahead of the server looked again and again at
+//! requests the server said were not due). Replicas' clocks apart by Δ move an expiry by Δ.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -44,7 +49,7 @@ impl Permissions for PgLedger {
         let inserted = sqlx::query(
             "INSERT INTO permission_requests (id, agent, session_id, plugin_id, request_id, tool_name, \
              description, input_preview, asked_at, expires_at, state, route, chat_id, thread_id, prompt_send) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, now(), $9::timestamptz, 'pending', $10, $11, $12, 'in_flight') \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $13, $9::timestamptz, 'pending', $10, $11, $12, 'in_flight') \
              ON CONFLICT (plugin_id, request_id) DO NOTHING",
         )
         .bind(new.id)
@@ -59,6 +64,7 @@ impl Permissions for PgLedger {
         .bind(new.route)
         .bind(new.chat_id)
         .bind(new.thread_id.map(i64::from))
+        .bind(Utc::now())
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -149,13 +155,14 @@ impl Permissions for PgLedger {
     ) -> LedgerResult<AnswerRecorded> {
         let mut tx = self.begin().await?;
         let changed = sqlx::query(
-            "UPDATE permission_requests SET state = $1, answered_by = $2, answered_by_name = $3, answered_at = now() \
-             WHERE id = $4 AND state = 'pending' AND expires_at > now()",
+            "UPDATE permission_requests SET state = $1, answered_by = $2, answered_by_name = $3, answered_at = $5 \
+             WHERE id = $4 AND state = 'pending' AND expires_at > $5",
         )
         .bind(PermissionState::of(verdict).as_str())
         .bind(by)
         .bind(by_name)
         .bind(id)
+        .bind(Utc::now())
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -168,13 +175,14 @@ impl Permissions for PgLedger {
         })
     }
 
-    async fn expire_due_permissions(&self) -> LedgerResult<Vec<StoredPermission>> {
+    async fn expire_due_permissions(&self, now: DateTime<Utc>) -> LedgerResult<Vec<StoredPermission>> {
         Ok(sqlx::query_as(concat!(
             "UPDATE permission_requests SET state = 'expired', expired_because = $1 \
-             WHERE state = 'pending' AND expires_at <= now() RETURNING ",
+             WHERE state = 'pending' AND expires_at <= $2 RETURNING ",
             permission_columns!()
         ))
         .bind(ExpiredBecause::Timeout.as_str())
+        .bind(now)
         .fetch_all(&self.pool)
         .await?)
     }

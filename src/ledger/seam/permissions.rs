@@ -40,8 +40,11 @@ pub trait Permissions: Send + Sync {
         by_name: &str,
     ) -> LedgerResult<AnswerRecorded>;
 
-    /// Expires every pending request whose time is up, returning them.
-    async fn expire_due_permissions(&self) -> LedgerResult<Vec<StoredPermission>>;
+    /// Expires every pending request whose time is up at `now`, returning them. `now` is
+    /// the caller's clock, the one that set `expires_at` and times the caller's next look:
+    /// on PostgreSQL the server's clock is another, and a replica whose clock is ahead of
+    /// the server's would look again and again at requests the server says are not due.
+    async fn expire_due_permissions(&self, now: DateTime<Utc>) -> LedgerResult<Vec<StoredPermission>>;
 
     /// Expires the pending requests of an agent asked by plugin processes other than
     /// `except_plugin` (`None`: by `plugin` only), because that session ended. Returns how

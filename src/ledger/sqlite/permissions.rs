@@ -188,8 +188,8 @@ impl Permissions for SqliteLedger {
         .await
     }
 
-    async fn expire_due_permissions(&self) -> LedgerResult<Vec<StoredPermission>> {
-        let at = now();
+    async fn expire_due_permissions(&self, now: DateTime<Utc>) -> LedgerResult<Vec<StoredPermission>> {
+        let at = crate::clock::text(now);
         self.write_in_place(|db| {
             query_all_cached(
                 db,
