@@ -633,6 +633,52 @@ async fn a_refused_post_gives_the_turn_back_and_an_unknown_one_ends_it_without_a
     assert_eq!(texts, ["Builder: second try", "Reviewer: @builder over to you"], "each once");
 }
 
+/// A reply cut off after its first part was posted keeps its turn: the room saw part of
+/// it, so the speaker may resume those words, not say others in the same turn.
+#[tokio::test]
+async fn a_reply_cut_off_part_way_may_be_resumed_but_not_replaced() {
+    let Room { fake, daemon, builder, reviewer } = room("").await;
+    say(&fake, "@builder @reviewer go");
+    let turn = nth(&builder, 1).await;
+    let long = "word ".repeat(1_200);
+    fake.fail_send_message(Fault::Pass);
+    fake.fail_send_message(Fault::Forbidden("Forbidden: bot is not a member of the supergroup chat".into()));
+    let (is_error, text) = reply(&builder, &turn, &long).await;
+    assert!(is_error, "the second part was refused: {text}");
+    assert_eq!(fake.sent_messages().len(), 1, "the first part is in the room");
+    let (is_error, text) = reply(&builder, &turn, "something else instead").await;
+    assert!(is_error, "a second reply in one turn is refused: {text}");
+    assert_eq!(fake.sent_messages().len(), 1, "nothing more was posted");
+    assert!(reviewer.notifications().is_empty(), "the turn stays with the builder");
+    let (is_error, text) = reply(&builder, &turn, &long).await;
+    assert!(!is_error, "the same words resume the reply: {text}");
+    let next = nth(&reviewer, 1).await;
+    assert_eq!(meta(&next, "speaker"), "2");
+    let texts: Vec<String> = fake.sent_messages().into_iter().map(|m| m.text).collect();
+    assert_eq!(texts.len(), 2, "each part once: {texts:?}");
+    assert!(texts[0].starts_with("Builder: word") && !texts.iter().any(|t| t.contains("something else")));
+    assert_eq!(state_of(&daemon, &trace_id(&turn)).await.0, EnvelopeState::Acked);
+}
+
+/// A reply cut off part-way that its speaker never resumes stands as its reply when its
+/// time runs out: the floor passes on, as after a whole reply.
+#[tokio::test]
+async fn a_reply_cut_off_part_way_and_left_stands_when_its_time_runs_out() {
+    let Room { fake, daemon, builder, reviewer } = room("speaker_timeout_secs = 3").await;
+    say(&fake, "@builder @reviewer go");
+    let turn = nth(&builder, 1).await;
+    fake.fail_send_message(Fault::Pass);
+    fake.fail_send_message(Fault::Forbidden("Forbidden: bot is not a member of the supergroup chat".into()));
+    let (is_error, _) = reply(&builder, &turn, &"word ".repeat(1_200)).await;
+    assert!(is_error);
+    let next = nth(&reviewer, 1).await;
+    assert_eq!(meta(&next, "speaker"), "2");
+    assert!(next.content.contains("Builder: word"), "the transcript has what was said: {}", next.content);
+    assert_eq!(state_of(&daemon, &trace_id(&turn)).await.0, EnvelopeState::Acked);
+    let texts: Vec<String> = fake.sent_messages().into_iter().map(|m| m.text).collect();
+    assert!(!texts.iter().any(|t| t.contains("did not answer")), "it answered, in part: {texts:?}");
+}
+
 #[tokio::test]
 async fn a_restart_keeps_the_speakers_clock() {
     let Room { fake, mut daemon, builder, reviewer } = room("speaker_timeout_secs = 4").await;

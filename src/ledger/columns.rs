@@ -24,6 +24,24 @@ macro_rules! reply_part_method {
 }
 pub(crate) use reply_part_method;
 
+/// A room turn's claimed reply that may be given back (`release_room_reply`): the turn
+/// still open, its envelope still pending, and no part of the reply posted. A reply cut off
+/// after its first part keeps its claim: the room saw part of it, so the speaker may resume
+/// those words but not say others in the same turn.
+macro_rules! room_reply_releasable {
+    () => {
+        concat!(
+            "ended_at IS NULL AND reply_text IS NOT NULL \
+             AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending' \
+             AND NOT EXISTS (SELECT 1 FROM attempts a WHERE a.envelope_id = cascade_turns.envelope_id \
+                 AND a.outcome = 'sent' AND a.purpose = 'reply' AND a.",
+            $crate::ledger::columns::reply_part_method!(),
+            ")"
+        )
+    };
+}
+pub(crate) use room_reply_releasable;
+
 /// A [`FoundForReply`](crate::domain::FoundForReply): the envelope's columns, whether a
 /// reply to it waits for reconciliation, and whether one was made before. Follow it with
 /// ` FROM envelopes WHERE …`.

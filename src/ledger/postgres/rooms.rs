@@ -22,7 +22,9 @@ use crate::domain::{
     StoredPost, StoredTurn, TurnEnding, TurnOpen,
 };
 use crate::ids::{CascadeId, TraceId};
-use crate::ledger::columns::{cascade_select, envelope_columns, post_select, turn_select};
+use crate::ledger::columns::{
+    cascade_select, envelope_columns, post_select, room_reply_releasable, turn_select,
+};
 use crate::ledger::prelude::*;
 use crate::ledger::room_rows::CascadeRow;
 use crate::ledger::{LedgerError, LedgerResult};
@@ -322,11 +324,17 @@ impl Rooms for PgLedger {
         let refusal = match &turn {
             None => Some(ClaimRefused::NoTurn),
             Some(turn) if turn.ending.is_some() => turn.ending.map(ClaimRefused::Ended),
-            Some(turn) if turn.reply_text.is_some() => {
-                Some(ClaimRefused::AlreadyReplied { request_id: turn.reply_request_id.clone() })
-            }
             Some(turn) if turn.envelope_state != EnvelopeState::Pending => {
                 Some(ClaimRefused::NotPending(turn.envelope_state))
+            }
+            // A reply cut off after part of it was posted, resumed with the same words.
+            Some(turn) if turn.reply_text.as_deref() == Some(text) => {
+                let turn = turn.clone();
+                tx.rollback().await?;
+                return Ok(Ok(turn));
+            }
+            Some(turn) if turn.reply_text.is_some() => {
+                Some(ClaimRefused::AlreadyReplied { request_id: turn.reply_request_id.clone() })
             }
             Some(_) => None,
         };
@@ -349,11 +357,10 @@ impl Rooms for PgLedger {
     }
 
     async fn release_room_reply(&self, turn_id: i64) -> LedgerResult<bool> {
-        let released = sqlx::query(
-            "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
-             WHERE id = $1 AND ended_at IS NULL AND reply_text IS NOT NULL \
-             AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending'",
-        )
+        let released = sqlx::query(concat!(
+            "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL WHERE id = $1 AND ",
+            room_reply_releasable!()
+        ))
         .bind(turn_id)
         .execute(&self.pool)
         .await?

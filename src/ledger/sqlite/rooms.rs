@@ -21,7 +21,9 @@ use crate::domain::{
     StoredPost, StoredTurn, TurnEnding, TurnOpen,
 };
 use crate::ids::{CascadeId, TraceId};
-use crate::ledger::columns::{cascade_select, envelope_columns, post_select, turn_select};
+use crate::ledger::columns::{
+    cascade_select, envelope_columns, post_select, room_reply_releasable, turn_select,
+};
 use crate::ledger::prelude::*;
 use crate::ledger::room_rows::CascadeRow;
 use crate::rules::turns::Cascade;
@@ -334,11 +336,16 @@ impl Rooms for SqliteLedger {
             if let Some(ending) = turn.ending {
                 return Ok(Err(ClaimRefused::Ended(ending)));
             }
-            if turn.reply_text.is_some() {
-                return Ok(Err(ClaimRefused::AlreadyReplied { request_id: turn.reply_request_id }));
-            }
             if turn.envelope_state != EnvelopeState::Pending {
                 return Ok(Err(ClaimRefused::NotPending(turn.envelope_state)));
+            }
+            match &turn.reply_text {
+                // A reply cut off after part of it was posted, resumed with the same words.
+                Some(claimed) if claimed == text => return Ok(Ok(turn)),
+                Some(_) => {
+                    return Ok(Err(ClaimRefused::AlreadyReplied { request_id: turn.reply_request_id }));
+                }
+                None => {}
             }
             execute_cached(
                 db,
@@ -357,9 +364,10 @@ impl Rooms for SqliteLedger {
     async fn release_room_reply(&self, turn_id: i64) -> LedgerResult<bool> {
         let released = self
             .execute_in_place(
-                "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL \
-                 WHERE id = ? AND ended_at IS NULL AND reply_text IS NOT NULL \
-                 AND (SELECT state FROM envelopes WHERE id = cascade_turns.envelope_id) = 'pending'",
+                concat!(
+                    "UPDATE cascade_turns SET reply_text = NULL, reply_request_id = NULL WHERE id = ? AND ",
+                    room_reply_releasable!()
+                ),
                 (turn_id,),
             )
             .await?;

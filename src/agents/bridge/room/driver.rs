@@ -100,6 +100,17 @@ pub(crate) fn judge_turn(
     }
 }
 
+/// What became of a turn's claimed reply whose envelope is still pending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClaimedReply {
+    /// Its delivery runs.
+    Delivering,
+    /// Nothing of it was posted and no delivery runs: the speaker has its turn back.
+    Released,
+    /// Its delivery ended after part of it was posted: it may be resumed, not replaced.
+    CutOff,
+}
+
 /// Who this bot is, from `getMe`.
 #[derive(Debug, Deserialize)]
 struct Me {
@@ -540,12 +551,33 @@ impl RoomDriver {
                 Judgement::WaitUntil(deadline) => {
                     return Ok(Some((deadline - now).to_std().unwrap_or_default()));
                 }
-                Judgement::Posting => {
-                    if !self.release_dead_claim(&turn).await? {
-                        // Being posted: its outcome rings the bell.
-                        return Ok(None);
+                Judgement::Posting => match self.release_dead_claim(&turn).await? {
+                    // Being posted: its outcome rings the bell.
+                    ClaimedReply::Delivering => return Ok(None),
+                    ClaimedReply::Released => {}
+                    // The speaker may resume it within its time; after, what the room saw
+                    // is its reply.
+                    ClaimedReply::CutOff => {
+                        match judge_turn(EnvelopeState::Pending, false, started, timeout, now) {
+                            Judgement::WaitUntil(deadline) => {
+                                return Ok(Some((deadline - now).to_std().unwrap_or_default()));
+                            }
+                            _ => {
+                                let reason = "its room reply was cut off after part of it was posted, and its turn's time ran out";
+                                ledger
+                                    .transition(
+                                        turn.envelope_id,
+                                        &[EnvelopeState::Pending],
+                                        EnvelopeState::Acked,
+                                        &turn.agent,
+                                        Some(reason),
+                                    )
+                                    .await?;
+                                tracing::info!(agent = %turn.agent, trace_id = %turn.envelope_trace_id, "a room reply cut off part-way stands as the speaker's reply: its time ran out");
+                            }
+                        }
                     }
-                }
+                },
                 Judgement::Replied if !self.reply_went_out(&turn).await? => {
                     // Acked by the speaker after a post that was refused: a pass.
                     self.end_turn(room, &stored, cascade, &turn, TurnEnd::Passed).await?;
@@ -579,25 +611,28 @@ impl RoomDriver {
 
     /// A claimed reply whose envelope is still pending while no delivery runs for it died
     /// with its delivery (not sent, or the daemon stopped before sending): the speaker
-    /// gets its turn back. Checked under the agent's decision lock, which a reply holds
-    /// from its claim until its delivery is running. Returns whether it was released.
-    async fn release_dead_claim(&self, turn: &StoredTurn) -> anyhow::Result<bool> {
+    /// gets its turn back, unless part of the reply was posted (then it may only resume
+    /// it). Checked under the agent's decision lock, which a reply holds from its claim
+    /// until its delivery is running.
+    async fn release_dead_claim(&self, turn: &StoredTurn) -> anyhow::Result<ClaimedReply> {
         let slot = AgentName::parse(&turn.agent).ok().and_then(|agent| self.bridge.inner.agents.get(&agent));
         let _decide = match slot {
             Some(slot) => {
                 let decide = slot.decisions.lock().await;
                 if slot.running().envelopes.contains(&turn.envelope_id) {
-                    return Ok(false);
+                    return Ok(ClaimedReply::Delivering);
                 }
                 Some(decide)
             }
             None => None,
         };
-        let released = self.bridge.inner.ledger.release_room_reply(turn.id).await?;
-        if released {
+        if self.bridge.inner.ledger.release_room_reply(turn.id).await? {
             tracing::info!(agent = %turn.agent, trace_id = %turn.envelope_trace_id, "a room reply that was never posted gave its turn back");
+            return Ok(ClaimedReply::Released);
         }
-        Ok(released)
+        // Not released with no delivery running: part of it was posted (or the turn moved
+        // on meanwhile, which the next look judges afresh).
+        Ok(ClaimedReply::CutOff)
     }
 
     /// Ends the open turn and, in the same step, gives the floor to the next speaker or

@@ -7,7 +7,9 @@
 //! even while the first is on its way. The turn ends when the post is confirmed (or its
 //! outcome is unknown): the room driver sees the envelope leave `pending` and gives the
 //! floor to the next speaker. A post Telegram provably refused gives the claim back, so the
-//! speaker may reply again within its time.
+//! speaker may reply again within its time, unless part of it was posted: then the claim
+//! stands and takes only the same words again, which resume the reply (the room driver lets
+//! what was posted stand once the turn's time runs out).
 
 use futures::FutureExt;
 
