@@ -201,6 +201,29 @@ pub(crate) async fn one_reply_per_turn_is_claimed_only_while_the_turn_envelope_i
     assert!(ledger.apply_room_step(&pass).await.unwrap().is_none(), "a turn ends once");
 }
 
+/// A reply cut off after its first part was posted keeps the turn: the same words resume
+/// it, other words are refused, and the claim is not given back.
+pub(crate) async fn a_reply_cut_off_part_way_keeps_its_turn_for_the_same_words<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let message = room_message(&*ledger, 1, "@builder hi").await;
+    let waiting = recorded(&*ledger, &message).await;
+    let running = open_next(&*ledger, &waiting, &message).await;
+    let turn = ledger.turns_of(running.id).await.unwrap().remove(0);
+    ledger.claim_next_queued(&agent("builder")).await.unwrap().unwrap();
+    ledger.claim_room_reply(turn.envelope_id, "long", "req_eeeeeeee").await.unwrap().unwrap();
+    let first_part = NewAttempt {
+        chunk_count: 2,
+        ..crate::ledger::conformance::fixtures::one_part_reply(turn.envelope_id)
+    };
+    let op_id = ledger.begin_attempt(&first_part).await.unwrap().unwrap();
+    ledger.finish_attempt(&op_id, &AttemptOutcome::Sent { message_id: 5 }, "daemon").await.unwrap();
+    assert!(!ledger.release_room_reply(turn.id).await.unwrap(), "part of it is in the room");
+    let resumed = ledger.claim_room_reply(turn.envelope_id, "long", "req_ffffffff").await.unwrap().unwrap();
+    assert_eq!(resumed.reply_request_id.as_deref(), Some("req_eeeeeeee"), "the claim that stands");
+    let other = ledger.claim_room_reply(turn.envelope_id, "other words", "req_gggggggg").await.unwrap();
+    assert_eq!(other.unwrap_err(), ClaimRefused::AlreadyReplied { request_id: Some("req_eeeeeeee".into()) });
+}
+
 pub(crate) async fn a_timeout_decided_before_an_ack_changes_nothing<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
     let message = room_message(&*ledger, 1, "hi").await;
