@@ -455,6 +455,17 @@ impl Cascade {
         self.turns.last().filter(|t| t.end.is_none())
     }
 
+    /// Takes the agents that are no longer in the room (a reload took them out of its
+    /// roster) out of the queue, so none of them gets the floor; returns them. Their turns
+    /// already taken stay in the transcript.
+    pub fn leave_out_agents_gone_from(&mut self, roster: &RoomRoster) -> Vec<AgentName> {
+        let (staying, gone): (Vec<Queued>, Vec<Queued>) = std::mem::take(&mut self.queue)
+            .into_iter()
+            .partition(|queued| roster.members().iter().any(|member| member.name == queued.agent));
+        self.queue = staying;
+        gone.into_iter().map(|queued| queued.agent).collect()
+    }
+
     /// Gives the floor to the next agent in the queue, or says why nobody gets it.
     /// Calling it again while a speaker has the floor, or once the cascade is over,
     /// changes nothing and says the same.
@@ -801,6 +812,24 @@ mod tests {
         assert_eq!(queued(&start(&room(), "hola @naty", 10)), ["naty"]);
         assert_eq!(queued(&start(&room(), "che @Natalia", 10)), ["naty"]);
         assert_eq!(queued(&start(&room(), "@CANDELA y @naty", 10)), ["candela", "naty"]);
+    }
+
+    #[test]
+    fn an_agent_a_reload_took_out_of_the_room_never_gets_the_floor() {
+        let mut cascade = start(&room(), "@CANDELA y @naty", 10);
+        let without_candela = RoomRoster::new(
+            room().members().iter().filter(|member| member.name != agent("candela")).cloned().collect(),
+        )
+        .unwrap();
+        assert_eq!(cascade.leave_out_agents_gone_from(&without_candela), [agent("candela")]);
+        assert_eq!(speak(&mut cascade).agent, agent("naty"));
+        let without_anyone_queued = RoomRoster::new(vec![room().members()[1].clone()]).unwrap();
+        cascade.end_turn(&room(), 1, reply("@candela te toca", 1)).unwrap();
+        cascade.leave_out_agents_gone_from(&without_anyone_queued);
+        assert!(
+            matches!(cascade.next_speaker(), Next::Over(Outcome::Completed { .. })),
+            "nobody left to speak"
+        );
     }
 
     #[test]

@@ -695,6 +695,10 @@ impl RoomDriver {
         mut posts: Vec<NewPost<'_>>,
     ) -> anyhow::Result<()> {
         let ledger = &self.bridge.inner.ledger;
+        let gone = cascade.leave_out_agents_gone_from(&room.roster);
+        if !gone.is_empty() {
+            tracing::info!(cascade_id = %stored.cascade_id, ?gone, "agents no longer in the room leave the exchange's queue");
+        }
         match cascade.next_speaker() {
             Next::Speak(turn) => {
                 let content = cascade.transcript_text(&room.roster);
