@@ -118,6 +118,13 @@ const IDLE_SETTLE: Duration = Duration::from_millis(300);
 const IDLE_WINDOW: Duration = Duration::from_secs(40);
 const QUICK_IDLE_WINDOW: Duration = Duration::from_secs(3);
 
+/// How long each serving side winds down from its warm-up before the idle watch starts, so
+/// that the watch counts a process waiting, not one finishing what the load left: tokio's
+/// blocking threads end 10 s after their last task, the daemon's metrics are tidied 5 s
+/// after their last sample.
+const IDLE_WIND_DOWN: Duration = Duration::from_secs(15);
+const QUICK_IDLE_WIND_DOWN: Duration = Duration::from_secs(1);
+
 /// Round trips timed on each of switchboard's own crossings, once its loop is timed (see
 /// [`Crossings`]).
 const CROSSING_SAMPLES: usize = 500;
@@ -195,6 +202,7 @@ struct Params {
     /// Also run the loop with the ledger on PostgreSQL.
     postgres: bool,
     idle_window: Duration,
+    idle_wind_down: Duration,
     messages: usize,
     updates: usize,
     repetitions: usize,
@@ -212,6 +220,7 @@ impl Params {
             quick,
             postgres: std::env::var_os("SWITCHBOARD_BENCH_POSTGRES").is_some_and(|v| v != "0"),
             idle_window: if quick { QUICK_IDLE_WINDOW } else { IDLE_WINDOW },
+            idle_wind_down: if quick { QUICK_IDLE_WIND_DOWN } else { IDLE_WIND_DOWN },
             messages: common::env_count("SWITCHBOARD_BENCH_MESSAGES", messages),
             updates: common::env_count("SWITCHBOARD_BENCH_UPDATES", updates),
             repetitions: common::env_count("SWITCHBOARD_BENCH_REPETITIONS", repetitions),
@@ -409,6 +418,7 @@ async fn echo_run(params: &Params) -> LoopRun {
     }
     tokio::time::sleep(IDLE_SETTLE).await;
     let idle_rss = vec![("echo bot", Resident::of(&echo))];
+    tokio::time::sleep(params.idle_wind_down).await;
     let idle = Idle::watch(&[&echo], params.idle_window).await;
 
     let cpu_before = echo.cpu_seconds();
@@ -481,7 +491,10 @@ async fn switchboard_run(params: &Params, ledger: Ledger<'_>) -> LoopRun {
     let idle_rss = vec![("daemon", Resident::of(&daemon)), ("plugin", Resident::of(&agent.plugin))];
     // The idle figures are SQLite's daemon's; on PostgreSQL the loop is what is compared.
     let idle = match ledger {
-        Ledger::Sqlite => Idle::watch(&[&daemon, &agent.plugin], params.idle_window).await,
+        Ledger::Sqlite => {
+            tokio::time::sleep(params.idle_wind_down).await;
+            Idle::watch(&[&daemon, &agent.plugin], params.idle_window).await
+        }
         Ledger::Postgres(_) => Vec::new(),
     };
     let answered_before = count;
@@ -1006,8 +1019,9 @@ fn print_report(params: &Params, results: &Results) {
         if params.quick { "; QUICK smoke run" } else { "" }
     );
     println!(
-        "idle: each side watched {:.0} s with nothing to do, after its warm-up",
-        params.idle_window.as_secs_f64()
+        "idle: each side watched {:.0} s with nothing to do, from {:.0} s after its warm-up",
+        params.idle_window.as_secs_f64(),
+        params.idle_wind_down.as_secs_f64()
     );
     println!();
     println!(
