@@ -222,14 +222,18 @@ pub(crate) use envelope_facts_columns;
 
 /// Whether a row of `permission_requests` is finished before the cutoff, the SQL parameter
 /// `$cutoff` (retention, DESIGN §17): answered or expired, its prompt showing so (settled),
-/// its verdict written to the asking session (an expired request has none to write), and
-/// asked and answered before the cutoff. A pending request, a prompt still to be edited and
-/// a verdict still owed stay.
+/// its verdict handed by the asking plugin to Claude Code (an expired request has none to
+/// hand), and asked and answered before the cutoff. A pending request, a prompt still to be
+/// edited and a verdict still owed stay. A verdict written to the plugin's stream
+/// (`verdict_sent_at`) is still owed until the plugin confirms it (`verdict_handed_at`):
+/// the stream may have been dead, and the verdict is written again when that plugin comes
+/// back ([`Permissions::undelivered_verdicts`](crate::ledger::Permissions::undelivered_verdicts)),
+/// however long it stays away.
 macro_rules! permission_finished_before {
     ($cutoff:literal) => {
         concat!(
             "state IN ('allowed', 'denied', 'expired') AND prompt_settled \
-             AND (state = 'expired' OR verdict_sent_at IS NOT NULL) AND asked_at < ",
+             AND (state = 'expired' OR verdict_handed_at IS NOT NULL) AND asked_at < ",
             $cutoff,
             " AND COALESCE(answered_at, asked_at) < ",
             $cutoff

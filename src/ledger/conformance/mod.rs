@@ -154,6 +154,7 @@ macro_rules! suite {
             retention::a_conversations_last_task_goes_once_answered_before_the_cut_off,
             retention::a_finished_permission_request_or_question_goes_and_one_still_owing_anything_stays,
             retention::a_reaction_on_an_old_answered_message_keeps_it_for_a_full_period,
+            retention::a_verdict_written_but_not_handed_stays_until_its_plugin_confirms_it,
             );
         }
     };

@@ -135,7 +135,7 @@ pub(crate) async fn a_conversations_last_task_goes_once_answered_before_the_cut_
 }
 
 /// A permission request goes once answered or expired, its prompt showing so and its
-/// verdict (if any) written to the asking session; an operator's question once answered
+/// verdict (if any) handed by the asking plugin; an operator's question once answered
 /// and its prompt showing so. Anything still owed keeps its row.
 pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still_owing_anything_stays<
     B: Backend,
@@ -176,6 +176,7 @@ pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still
     }
     for id in ["prm_done", "prm_prompt_unsettled"] {
         ledger.verdict_sent(id).await.unwrap();
+        assert!(ledger.verdict_handed(id, id).await.unwrap());
     }
 
     let batch: Vec<_> = (1..=4).map(|update_id| routed(update_id, EnvelopeState::Pending)).collect();
@@ -216,6 +217,50 @@ pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still
     assert_eq!(ledger.question(&settled.id).await.unwrap(), None);
     assert!(ledger.question(&unsettled.id).await.unwrap().is_some(), "its prompt is still to be edited");
     assert!(ledger.question(&open.id).await.unwrap().is_some(), "unanswered");
+}
+
+/// A verdict is owed to its plugin until the plugin confirms it handed it to Claude Code,
+/// not merely once it was written to a stream: one written to a stream already dead is
+/// written again when that plugin comes back, however long it stays away. Such a request
+/// stays past the cut-off; one whose verdict was handed goes.
+pub(crate) async fn a_verdict_written_but_not_handed_stays_until_its_plugin_confirms_it<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    for id in ["prm_handed", "prm_owed"] {
+        ledger
+            .record_permission_request(&NewPermissionRequest {
+                id,
+                agent: "orch",
+                session_id: "ses_1",
+                plugin_id: id,
+                request_id: "abcde",
+                tool_name: "Bash",
+                description: "run ls",
+                input_preview: "{}",
+                expires_at: "2999-01-01T00:00:00.000Z",
+                route: "dm",
+                chat_id: 42,
+                thread_id: None,
+            })
+            .await
+            .unwrap();
+        ledger.finish_prompt_send(id, &AttemptOutcome::Sent { message_id: 1 }).await.unwrap();
+        ledger.answer_permission(id, PermissionVerdict::Allow, 7, "ann").await.unwrap();
+        ledger.settle_prompt(id).await.unwrap();
+        ledger.verdict_sent(id).await.unwrap();
+    }
+    assert!(ledger.verdict_handed("prm_handed", "prm_handed").await.unwrap());
+    // A newer row elsewhere, so neither request is kept as its table's newest.
+    ledger.record_batch(1, 2, &[routed(1, EnvelopeState::Pending)]).await.unwrap();
+
+    let cutoff = Utc::now() + Duration::seconds(1);
+    let dry = ledger.prune(cutoff, true).await.unwrap().removed;
+    let pruned = ledger.prune(cutoff, false).await.unwrap().removed;
+    assert_eq!((dry.permission_requests, pruned.permission_requests), (1, 1), "{pruned:?}");
+    let kept: Vec<String> =
+        ledger.list_permissions(10).await.unwrap().into_iter().map(|request| request.id).collect();
+    assert_eq!(kept, ["prm_owed"], "the verdict not handed is kept");
+    let owed = ledger.undelivered_verdicts("prm_owed").await.unwrap();
+    assert_eq!(owed.len(), 1, "and still written again when its plugin comes back");
 }
 
 /// A reaction (or an edit) on a message answered before the cut-off is fresh history: the
