@@ -235,6 +235,37 @@ async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_t
     orchestrator.close().await.unwrap();
 }
 
+/// A text holding U+0000 (which PostgreSQL refuses in text, and which no chat shows) is
+/// recorded and handed to the agent like any other, the character replaced, on either
+/// backend; the message after it too. It never stops the daemon.
+#[tokio::test]
+async fn a_message_holding_a_nul_character_is_recorded_and_handed_over_and_intake_goes_on() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let (address_var, address) = daemon.address_env();
+    let orchestrator = ChannelClient::start(
+        daemon.config_path(),
+        "orchestrator",
+        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
+    )
+    .await
+    .expect("channel plugin starts");
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let nul = fake.push_text(&dm, owner(), "a\u{0}b");
+    let after = fake.push_text(&dm, owner(), "after the nul");
+
+    let delivered = orchestrator.wait_for_notifications(2, WAIT).await.unwrap();
+    let first = &delivered[0].content;
+    assert!(first.starts_with('a') && first.ends_with('b') && !first.contains('\0'), "{first:?}");
+    assert_eq!(delivered[1].content, "after the nul");
+    let rows = wait_for_rows(&daemon, 2).await;
+    assert_eq!(summary(&rows), [(nul, EnvelopeState::Pending), (after, EnvelopeState::Pending)]);
+    assert!(rows[0].text.as_deref().is_some_and(|text| !text.contains('\0')), "{:?}", rows[0].text);
+    fake.wait_until_confirmed(after, WAIT).await;
+    assert!(daemon.is_running(), "{}", daemon.logs());
+    orchestrator.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     let fake = FakeTelegram::start().await;
