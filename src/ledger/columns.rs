@@ -242,6 +242,23 @@ macro_rules! permission_finished_before {
 }
 pub(crate) use permission_finished_before;
 
+/// Whether a row of `reactions` is done before the cutoff, the SQL parameter `$cutoff`
+/// (retention, DESIGN §17): given to a session, or kept for audit only, before it; one still
+/// owed to an agent stays, and so does the newest row (SQLite hands out one past the
+/// largest id again, DESIGN §17 "the newest row of each table stays"). The condition is the
+/// one the partial index `reactions_done_at` serves (SQLite migration 0019, PostgreSQL
+/// 0008), written the same, so a prune searches the old rows, not the whole table.
+macro_rules! reaction_done_before {
+    ($cutoff:literal) => {
+        concat!(
+            "state <> 'owed' AND COALESCE(delivered_at, received_at) < ",
+            $cutoff,
+            " AND id <> (SELECT MAX(id) FROM reactions)"
+        )
+    };
+}
+pub(crate) use reaction_done_before;
+
 /// Whether a row of `operator_questions` is finished before the cutoff, the SQL parameter
 /// `$cutoff`: answered (or its envelope settled otherwise), its prompt showing so, and asked
 /// and answered before the cutoff. An open question and a prompt still to be edited stay.

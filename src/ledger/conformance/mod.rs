@@ -155,6 +155,7 @@ macro_rules! suite {
             retention::a_finished_permission_request_or_question_goes_and_one_still_owing_anything_stays,
             retention::a_reaction_on_an_old_answered_message_keeps_it_for_a_full_period,
             retention::a_verdict_written_but_not_handed_stays_until_its_plugin_confirms_it,
+            retention::done_reactions_go_but_the_newest_and_their_search_is_a_batch,
             );
         }
     };

@@ -288,3 +288,29 @@ pub(crate) async fn a_reaction_on_an_old_answered_message_keeps_it_for_a_full_pe
     assert_eq!(ledger.prune(cutoff, false).await.unwrap().removed, Pruned::default());
     assert_eq!(ledger.attempts_for(rows[0].id).await.unwrap().len(), 2, "the answer and the reaction");
 }
+
+/// Reactions done before the cut-off go, all but the newest (an id the ledger could hand
+/// out again otherwise); the search for them holds the writer like any batch, and is
+/// counted so, though nothing else was due.
+pub(crate) async fn done_reactions_go_but_the_newest_and_their_search_is_a_batch<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    // On no message the bot sent: kept for audit only.
+    let reactions = [reaction_on(1, 1, &["👍"]), reaction_on(2, 1, &["🔥"]), reaction_on(3, 1, &[])];
+    ledger.record_batch_with_reactions(1, 4, &[], &reactions, &[], None).await.unwrap();
+    let stored = |ledger: Ledger| async move {
+        ledger.reactions_recorded().await.unwrap().into_iter().map(|r| r.emoji).collect::<Vec<_>>()
+    };
+    assert_eq!(stored(ledger.clone()).await, ["👍", "🔥", ""]);
+
+    let cutoff = Utc::now() + Duration::seconds(1);
+    assert_eq!(ledger.prune(cutoff, true).await.unwrap().removed.reactions, 2, "the dry run counts the same");
+    let report = ledger.prune(cutoff, false).await.unwrap();
+    assert_eq!(report.removed, Pruned { reactions: 2, ..Pruned::default() });
+    assert_eq!(stored(ledger.clone()).await, [""], "the newest stays");
+    assert!(!report.batch_holds.is_empty(), "the reactions' batch held the writer: {report:?}");
+    assert!(report.longest_batch >= *report.batch_holds.iter().max().unwrap());
+
+    let again = ledger.prune(cutoff, false).await.unwrap();
+    assert_eq!(again.removed, Pruned::default());
+    assert!(!again.batch_holds.is_empty(), "a search that finds nothing held the writer too");
+}

@@ -29,6 +29,7 @@ use super::rows::text_enum;
 use super::tasks::hold_conversations;
 use crate::ledger::columns::{
     closed_before, envelope_facts_columns, permission_finished_before, question_finished_before,
+    reaction_done_before,
 };
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
@@ -100,13 +101,25 @@ impl Retention for PgLedger {
             batch_envelopes = next_batch_envelopes_for(batch_envelopes, held, TARGET_HOLD);
             tokio::time::sleep(MIN_PAUSE).await;
         }
-        report.removed.agent_sessions = self.prune_sessions(finished_before, dry_run).await?;
-        report.removed.reactions = self.prune_reactions(finished_before, dry_run).await?;
+        report.removed.agent_sessions = self.prune_sessions(finished_before, dry_run, &mut report).await?;
+        report.removed.reactions = self.prune_reactions(finished_before, dry_run, &mut report).await?;
         report.removed.permission_requests = self
-            .prune_rows("permission_requests", permission_finished_before!("$1"), finished_before, dry_run)
+            .prune_rows(
+                "permission_requests",
+                permission_finished_before!("$1"),
+                finished_before,
+                dry_run,
+                &mut report,
+            )
             .await?;
         report.removed.operator_questions = self
-            .prune_rows("operator_questions", question_finished_before!("$1"), finished_before, dry_run)
+            .prune_rows(
+                "operator_questions",
+                question_finished_before!("$1"),
+                finished_before,
+                dry_run,
+                &mut report,
+            )
             .await?;
         report.pages_after = self.pages().await?;
         report.took = started.elapsed();
@@ -133,27 +146,38 @@ impl Retention for PgLedger {
 
 impl PgLedger {
     /// Sessions that ended before the cutoff, all but the newest.
-    async fn prune_sessions(&self, cutoff: DateTime<Utc>, dry_run: bool) -> LedgerResult<u64> {
+    async fn prune_sessions(
+        &self,
+        cutoff: DateTime<Utc>,
+        dry_run: bool,
+        report: &mut PruneReport,
+    ) -> LedgerResult<u64> {
         const ENDED: &str = "disconnected_at IS NOT NULL AND disconnected_at < $1 \
              AND id <> (SELECT id FROM agent_sessions ORDER BY connected_at DESC, id DESC LIMIT 1)";
-        self.prune_rows("agent_sessions", ENDED, cutoff, dry_run).await
+        self.prune_rows("agent_sessions", ENDED, cutoff, dry_run, report).await
     }
 
     /// Reactions given to a session, or kept for audit only, before the cutoff. One still
-    /// owed to an agent stays.
-    async fn prune_reactions(&self, cutoff: DateTime<Utc>, dry_run: bool) -> LedgerResult<u64> {
-        const DONE: &str = "state <> 'owed' AND COALESCE(delivered_at, received_at) < $1";
-        self.prune_rows("reactions", DONE, cutoff, dry_run).await
+    /// owed to an agent stays, and the newest.
+    async fn prune_reactions(
+        &self,
+        cutoff: DateTime<Utc>,
+        dry_run: bool,
+        report: &mut PruneReport,
+    ) -> LedgerResult<u64> {
+        self.prune_rows("reactions", reaction_done_before!("$1"), cutoff, dry_run, report).await
     }
 
     /// The rows of `table` (referenced by nothing, keyed by `id`) that `finished` picks,
-    /// `$1` being the cutoff: counted on a dry run, else deleted [`BATCH_SESSIONS`] at a time.
+    /// `$1` being the cutoff: counted on a dry run, else deleted [`BATCH_SESSIONS`] at a
+    /// time, each batch's statement counted in the report's batch figures.
     async fn prune_rows(
         &self,
         table: &'static str,
         finished: &'static str,
         cutoff: DateTime<Utc>,
         dry_run: bool,
+        report: &mut PruneReport,
     ) -> LedgerResult<u64> {
         if dry_run {
             let sql = format!("SELECT COUNT(*) FROM {table} WHERE {finished}");
@@ -161,16 +185,24 @@ impl PgLedger {
                 sqlx::query_scalar(sqlx::AssertSqlSafe(sql)).bind(cutoff).fetch_one(&self.pool).await?;
             return Ok(count.max(0) as u64);
         }
-        let sql =
-            format!("DELETE FROM {table} WHERE id IN (SELECT id FROM {table} WHERE {finished} LIMIT $2)");
+        // `= ANY (ARRAY(…))`, not `IN (SELECT …)`: the planner joins the latter to a scan of
+        // the whole table (a hash semi join), each batch; the ids of an array are looked up
+        // by the primary key.
+        let sql = format!(
+            "DELETE FROM {table} WHERE id = ANY (ARRAY(SELECT id FROM {table} WHERE {finished} LIMIT $2))"
+        );
         let mut removed = 0;
         loop {
+            let started = Instant::now();
             let deleted = sqlx::query(sqlx::AssertSqlSafe(sql.clone()))
                 .bind(cutoff)
                 .bind(BATCH_SESSIONS)
                 .execute(&self.pool)
                 .await?
                 .rows_affected();
+            let held = started.elapsed();
+            report.longest_batch = report.longest_batch.max(held);
+            report.batch_holds.push(held);
             removed += deleted;
             if (deleted as i64) < BATCH_SESSIONS {
                 return Ok(removed);

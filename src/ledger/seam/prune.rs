@@ -97,9 +97,12 @@ pub struct PruneReport {
     pub batches: u64,
     /// The longest a batch held the write lock, from taking it to the end of its commit.
     pub longest_batch: Duration,
-    /// How long each batch held it, in order (a dry run's: how long it read).
+    /// How long each batch held it, in order (a dry run's: how long it read): the
+    /// envelopes' batches, then those of the tables of their own (sessions, reactions,
+    /// permission requests, questions), each of those tables' last batch too, though it
+    /// deleted less than a batch or nothing (its search held the lock as long).
     pub batch_holds: Vec<Duration>,
-    /// Of each batch's hold, its commit alone, in order (none for a dry run).
+    /// Of each envelope batch's hold, its commit alone, in order (none for a dry run).
     pub batch_commits: Vec<Duration>,
     pub took: Duration,
     pub pages_before: Pages,

@@ -33,6 +33,7 @@ use super::in_place::{LONGEST_PAUSE, execute_cached, query_all_cached, query_row
 use super::{LedgerResult, SqliteLedger};
 use crate::ledger::columns::{
     closed_before, envelope_facts_columns, permission_finished_before, question_finished_before,
+    reaction_done_before,
 };
 use crate::ledger::prelude::*;
 use crate::ledger::prune_batches::{
@@ -121,13 +122,25 @@ impl Retention for SqliteLedger {
             }
             tokio::time::sleep(pause_after(held, LONGEST_PAUSE)).await;
         }
-        report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run).await?;
-        report.removed.reactions = self.prune_reactions(&cutoff, dry_run).await?;
+        report.removed.agent_sessions = self.prune_sessions(&cutoff, dry_run, &mut report).await?;
+        report.removed.reactions = self.prune_reactions(&cutoff, dry_run, &mut report).await?;
         report.removed.permission_requests = self
-            .prune_rows("permission_requests", "id", permission_finished_before!("?1"), &cutoff, dry_run)
+            .prune_rows(
+                ("permission_requests", "id"),
+                permission_finished_before!("?1"),
+                &cutoff,
+                dry_run,
+                &mut report,
+            )
             .await?;
         report.removed.operator_questions = self
-            .prune_rows("operator_questions", "id", question_finished_before!("?1"), &cutoff, dry_run)
+            .prune_rows(
+                ("operator_questions", "id"),
+                question_finished_before!("?1"),
+                &cutoff,
+                dry_run,
+                &mut report,
+            )
             .await?;
         report.pages_after = self.pages().await?;
         report.took = started.elapsed();
@@ -151,38 +164,47 @@ impl Retention for SqliteLedger {
 
 impl SqliteLedger {
     /// Sessions that ended before the cutoff, all but the newest.
-    async fn prune_sessions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
+    async fn prune_sessions(
+        &self,
+        cutoff: &str,
+        dry_run: bool,
+        report: &mut PruneReport,
+    ) -> LedgerResult<u64> {
         const ENDED: &str = "disconnected_at IS NOT NULL AND disconnected_at < ?1 \
              AND rowid <> (SELECT rowid FROM agent_sessions ORDER BY connected_at DESC, rowid DESC LIMIT 1)";
-        self.prune_rows("agent_sessions", "rowid", ENDED, cutoff, dry_run).await
+        self.prune_rows(("agent_sessions", "rowid"), ENDED, cutoff, dry_run, report).await
     }
 
     /// Reactions given to a session, or kept for audit only, before the cutoff: rows of
-    /// their own, referenced by nothing. One still owed to an agent stays.
-    async fn prune_reactions(&self, cutoff: &str, dry_run: bool) -> LedgerResult<u64> {
-        const DONE: &str = "state <> 'owed' AND COALESCE(delivered_at, received_at) < ?1";
-        self.prune_rows("reactions", "id", DONE, cutoff, dry_run).await
+    /// their own, referenced by nothing. One still owed to an agent stays, and the newest.
+    async fn prune_reactions(
+        &self,
+        cutoff: &str,
+        dry_run: bool,
+        report: &mut PruneReport,
+    ) -> LedgerResult<u64> {
+        self.prune_rows(("reactions", "id"), reaction_done_before!("?1"), cutoff, dry_run, report).await
     }
 
-    /// The rows of `table` (a table referenced by nothing) that `finished` picks, `?1`
-    /// being the cutoff: counted on a dry run, else deleted [`BATCH_SESSIONS`] at a time,
-    /// the writer released between batches.
+    /// The rows of `table` (a table referenced by nothing, keyed by `key`) that `finished`
+    /// picks, `?1` being the cutoff: counted on a dry run, else deleted [`BATCH_SESSIONS`]
+    /// at a time, the writer released between batches. Each batch's hold of the writer is
+    /// counted in the report's batch figures, the last one (which finds less than a
+    /// batch, often nothing) too: its search held the writer as long.
     async fn prune_rows(
         &self,
-        table: &str,
-        key: &str,
+        (table, key): (&str, &str),
         finished: &str,
         cutoff: &str,
         dry_run: bool,
+        report: &mut PruneReport,
     ) -> LedgerResult<u64> {
         if dry_run {
             let sql = format!("SELECT COUNT(*) FROM {table} WHERE {finished}");
             let count: i64 = self.read_in_place(|db| db.query_row(&sql, [cutoff], |r| r.get(0))).await?;
             return Ok(count.max(0) as u64);
         }
-        let sql = format!(
-            "DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {finished} LIMIT ?2)"
-        );
+        let sql = delete_rows_sql(table, key, finished);
         let mut removed = 0;
         loop {
             let mut lock_taken = None;
@@ -192,14 +214,21 @@ impl SqliteLedger {
                     db.execute(&sql, rusqlite::params![cutoff, BATCH_SESSIONS])
                 })
                 .await?;
+            let held = lock_taken.map(|at| at.elapsed()).unwrap_or_default();
+            report.longest_batch = report.longest_batch.max(held);
+            report.batch_holds.push(held);
             removed += deleted as u64;
             if (deleted as i64) < BATCH_SESSIONS {
                 return Ok(removed);
             }
-            let held = lock_taken.map(|at| at.elapsed()).unwrap_or_default();
             tokio::time::sleep(pause_after(held, LONGEST_PAUSE)).await;
         }
     }
+}
+
+/// One batch of [`SqliteLedger::prune_rows`]: `?1` the cutoff, `?2` the batch's size.
+fn delete_rows_sql(table: &str, key: &str, finished: &str) -> String {
+    format!("DELETE FROM {table} WHERE {key} IN (SELECT {key} FROM {table} WHERE {finished} LIMIT ?2)")
 }
 
 /// Whether the window holds an envelope that finished before the cutoff.
@@ -767,6 +796,27 @@ mod tests {
             })
             .await
             .unwrap();
+    }
+
+    /// The reactions' batch searches the reactions done before the cutoff by an index, not
+    /// the whole table under the writer: the plan of the statement the prune runs reads
+    /// `reactions` only through an index.
+    #[tokio::test]
+    async fn the_reactions_batch_searches_the_old_done_reactions_by_an_index() {
+        let (_dir, ledger) = ledger().await;
+        let sql =
+            format!("EXPLAIN QUERY PLAN {}", delete_rows_sql("reactions", "id", reaction_done_before!("?1")));
+        let plan: Vec<String> = ledger
+            .read_in_place(move |db| {
+                db.prepare(&sql)?
+                    .query_map(rusqlite::params![OLD, BATCH_SESSIONS], |r| r.get::<_, String>(3))?
+                    .collect()
+            })
+            .await
+            .unwrap();
+        assert!(plan.iter().any(|step| step.contains("USING INDEX reactions_done_at")), "{plan:#?}");
+        let scans = plan.iter().filter(|step| step.starts_with("SCAN reactions"));
+        assert_eq!(scans.count(), 0, "no step reads the whole table: {plan:#?}");
     }
 
     #[tokio::test]

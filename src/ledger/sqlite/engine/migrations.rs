@@ -76,6 +76,7 @@ pub(crate) const MIGRATIONS: &[Migration] = &[
     migration!(16, "0016_album_items.sql"),
     migration!(17, "0017_verdicts_handed.sql"),
     migration!(18, "0018_session_plugins.sql"),
+    migration!(19, "0019_reaction_prune_index.sql"),
 ];
 
 impl Migration {
