@@ -357,6 +357,21 @@ async fn a_long_reply_is_split_under_telegrams_limit() {
     assert_eq!(squash(&sent.iter().map(|m| m.text.as_str()).collect::<String>()), squash(&long));
 }
 
+/// A reply holding U+0000 (which PostgreSQL refuses in text, and no chat shows) is sent
+/// and recorded like any other, the character replaced, on either backend; the daemon goes
+/// on.
+#[tokio::test]
+async fn a_reply_holding_a_nul_character_is_sent_and_recorded_and_the_daemon_goes_on() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("hi").await;
+    let (is_error, text) = orchestrator.call_tool("reply", json!({"text": "a\u{0}b"})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let sent = fake.wait_for_sent(1, WAIT).await;
+    let said = &sent[0].text;
+    assert!(said.starts_with('a') && said.ends_with('b') && !said.contains('\0'), "{said:?}");
+    assert_eq!(state_of(&daemon, &trace).await, EnvelopeState::Acked);
+    assert!(daemon.is_running(), "{}", daemon.logs());
+}
+
 #[tokio::test]
 async fn a_refused_send_leaves_the_envelope_pending() {
     let OwnerWaiting { fake, daemon, orchestrator, trace } = owner_waiting("hi").await;

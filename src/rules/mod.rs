@@ -6,6 +6,7 @@ pub mod commands;
 pub mod guard;
 pub mod leadership;
 pub mod media;
+pub mod nul;
 pub mod pacing;
 pub mod permissions;
 pub mod resolver;

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use teloxide::Bot;
 
 use super::lenient;
+use crate::rules::nul::without_nul;
 
 /// One update as Telegram sent it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,7 +28,8 @@ pub struct RawUpdate {
 
 impl RawUpdate {
     /// The update `text` as Telegram sent it, with every U+0000 in it (as the JSON escape
-    /// `\u0000`, or raw) made U+FFFD ([`without_nul`]).
+    /// `\u0000`, or raw) made U+FFFD ([`without_nul`]): everything read from it, and its
+    /// raw text, are then the same on either backend.
     pub fn new(text: &str) -> Self {
         let text = without_nul(text);
         let update_id = lenient::member(&text, "update_id").and_then(lenient::integer);
@@ -52,50 +54,6 @@ impl RawUpdate {
         }
         hex::encode(hasher.finalize())
     }
-}
-
-/// `text` with U+0000 replaced by U+FFFD (the replacement character): the escape `\u0000`
-/// by the escape `\ufffd`, a raw NUL (invalid JSON) by the character itself; an escaped
-/// backslash followed by `u0000` is left alone.
-///
-/// Every update enters here (polled, delivered to a webhook, relayed by a standby), so
-/// everything read from it (texts, captions, names, titles, file names, callback data,
-/// reactions) and its raw text stored beside it are the same on either backend.
-/// PostgreSQL refuses U+0000 in text (SQLSTATE 22021): stored as sent, such an update
-/// failed its batch on every try, and stopped the polling leader, then each standby that
-/// took over, until Telegram dropped it. No chat shows the character, so nothing a reader
-/// could see is lost.
-pub fn without_nul(text: &str) -> std::borrow::Cow<'_, str> {
-    const NUL_ESCAPE: &[u8] = b"\\u0000";
-    if !text.contains('\0') && !text.contains("\\u0000") {
-        return std::borrow::Cow::Borrowed(text);
-    }
-    let bytes = text.as_bytes();
-    let mut out = String::with_capacity(text.len());
-    // The start of the run of bytes not yet copied; every index it takes is at an ASCII
-    // byte, so at a character boundary.
-    let (mut copied, mut at) = (0, 0);
-    while at < bytes.len() {
-        match bytes[at] {
-            b'\\' if bytes[at..].starts_with(NUL_ESCAPE) => {
-                out.push_str(&text[copied..at]);
-                out.push_str("\\ufffd");
-                at += NUL_ESCAPE.len();
-                copied = at;
-            }
-            // An escaped backslash: what follows it is not an escape.
-            b'\\' if bytes.get(at + 1) == Some(&b'\\') => at += 2,
-            0 => {
-                out.push_str(&text[copied..at]);
-                out.push('\u{FFFD}');
-                at += 1;
-                copied = at;
-            }
-            _ => at += 1,
-        }
-    }
-    out.push_str(&text[copied..]);
-    std::borrow::Cow::Owned(out)
 }
 
 /// Why a `getUpdates` call brought no batch. The display never quotes the response body:

@@ -30,6 +30,7 @@ use crate::ledger::{CountedByState, Ledger, LedgerError};
 use crate::operate::health::{Health, Readiness};
 use crate::operate::metrics::{self, StateGauges};
 use crate::rules::media::DownloadRefusal;
+use crate::rules::nul::without_nul;
 use crate::rules::{guard, revisions};
 
 /// What the operator's routes read.
@@ -388,7 +389,13 @@ fn parse_body<T: serde::de::DeserializeOwned>(body: JsonBody) -> Result<T, Failu
             body.len()
         )));
     }
-    serde_json::from_slice(&body).map_err(|e| bad_request(format!("bad request body: {e}")))
+    // An agent's text holding U+0000 (which PostgreSQL refuses) is stored and sent as it
+    // would be from Telegram: the character replaced (`rules::nul`).
+    let parsed = match std::str::from_utf8(&body) {
+        Ok(text) => serde_json::from_str(&without_nul(text)),
+        Err(_) => serde_json::from_slice(&body),
+    };
+    parsed.map_err(|e| bad_request(format!("bad request body: {e}")))
 }
 
 async fn session(
