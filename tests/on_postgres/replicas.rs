@@ -608,6 +608,34 @@ async fn deliver(hook: &str, body: &str) -> u16 {
         .as_u16()
 }
 
+/// A delivery holding U+0000 (which PostgreSQL refuses in text) relayed by a standby is
+/// taken in by the leader like any other, the character replaced; the leader goes on with
+/// the next delivery and no relayed row is left behind to stop every leader in turn.
+#[tokio::test]
+async fn a_delivery_holding_a_nul_character_relayed_by_a_standby_is_taken_in_and_the_leader_goes_on() {
+    let fake = FakeTelegram::start().await;
+    let (mut leader, standby, standby_hook) = webhook_leader_and_relaying_standby(&fake).await;
+    let orchestrator = session(&leader, "orchestrator").await;
+    let first_id = 888_000_000;
+    assert_eq!(deliver(&standby_hook, &webhook_update(first_id, "a\u{0}b")).await, 200, "{}", standby.logs());
+    assert_eq!(
+        deliver(&standby_hook, &webhook_update(first_id + 1, "after")).await,
+        200,
+        "{}",
+        standby.logs()
+    );
+    let shown = orchestrator
+        .wait_for_notifications(2, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nthe leader's log:\n{}", leader.logs()));
+    let first = &shown[0].content;
+    assert!(first.starts_with('a') && first.ends_with('b') && !first.contains('\0'), "{first:?}");
+    assert_eq!(shown[1].content, "after");
+    assert_each_update_once(&envelopes(&leader).await, 2);
+    assert_eq!(relayed_waiting(&leader), 0, "every relayed delivery was taken in and forgotten");
+    assert!(leader.is_running(), "{}", leader.logs());
+}
+
 #[tokio::test]
 async fn deliveries_whose_caller_hangs_up_at_a_standby_are_each_one_envelope_once_retried() {
     let fake = FakeTelegram::start().await;
