@@ -368,40 +368,55 @@ async fn refusals_before_the_guard_record_nothing() {
     assert_eq!(nth(&worker, 1).await.content, "now really");
 }
 
-#[tokio::test]
-async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
+/// The team with a third agent, `helper`, and `[handoffs] max_depth` at `max_depth`.
+struct Chain {
+    fake: FakeTelegram,
+    daemon: TestDaemon,
+    orchestrator: ChannelClient,
+    worker: ChannelClient,
+    helper: ChannelClient,
+}
+
+async fn chain(max_depth: &str) -> Chain {
     let helper_secret = "helper-secret-5555555555";
-    let Team { fake: _fake, daemon, orchestrator, worker, question: _ } = team(&[
+    let env = [
         ("SWITCHBOARD__AGENTS__HELPER__TOKEN_ENV", "SB_TEST_HELPER_SECRET"),
         ("SB_TEST_HELPER_SECRET", helper_secret),
-        ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
-    ])
-    .await;
+        ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", max_depth),
+    ];
+    let Team { fake, daemon, orchestrator, worker, question: _ } = team(&env).await;
     let (address_var, address) = daemon.address_env();
-    let helper = ChannelClient::start_connected(
-        daemon.config_path(),
-        "helper",
-        &[
-            ("SWITCHBOARD__AGENTS__HELPER__TOKEN_ENV", "SB_TEST_HELPER_SECRET"),
-            ("SB_TEST_HELPER_SECRET", helper_secret),
-            ("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "2"),
-            (address_var, &address),
-        ],
-        WAIT,
-    )
-    .await
-    .unwrap();
+    let mut helper_env = env.to_vec();
+    helper_env.push((address_var, &address));
+    let helper =
+        ChannelClient::start_connected(daemon.config_path(), "helper", &helper_env, WAIT).await.unwrap();
+    Chain { fake, daemon, orchestrator, worker, helper }
+}
+
+/// `from` hands `text` to `to` on behalf of `cause`; the handoff must be admitted.
+async fn hand(from: &ChannelClient, to: &str, text: &str, cause: &str) {
+    let (is_error, text) =
+        from.call_tool("send_to_agent", json!({"agent": to, "text": text, "trace_id": cause})).await.unwrap();
+    assert!(!is_error, "{text}");
+}
+
+/// No message went to a chat that is not one (an agent's envelope has chat 0).
+fn nothing_sent_to_chat_zero(fake: &FakeTelegram) {
+    let to_zero: Vec<_> = fake
+        .requests_for("sendMessage")
+        .into_iter()
+        .filter(|params| params["chat_id"].to_string().trim_matches('"') == "0")
+        .collect();
+    assert!(to_zero.is_empty(), "sent to chat 0: {to_zero:?}");
+}
+
+#[tokio::test]
+async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
+    let Chain { fake, daemon, orchestrator, worker, helper } = chain("2").await;
 
     orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": "level one"})).await.unwrap();
     let one = nth(&worker, 1).await;
-    let (is_error, text) = worker
-        .call_tool(
-            "send_to_agent",
-            json!({"agent": "helper", "text": "level two", "trace_id": trace_id(&one)}),
-        )
-        .await
-        .unwrap();
-    assert!(!is_error, "{text}");
+    hand(&worker, "helper", "level two", &trace_id(&one)).await;
     let two = nth(&helper, 1).await;
     assert_eq!(meta(&two, "depth"), "2");
     let (is_error, text) = helper
@@ -417,6 +432,50 @@ async fn a_chain_of_handoffs_stops_at_the_depth_limit() {
     let back = nth(&worker, 2).await;
     assert_eq!((meta(&back, "kind"), back.content.as_str()), ("handoff_answer", "done at two"));
     assert_eq!(meta(&back, "on_behalf_of"), trace_id(&one));
+
+    // The worker's reply to that answer goes to the conversation it was made for: the
+    // orchestrator's handoff, which it answers (DESIGN.md §9), not a Telegram chat.
+    let (is_error, text) =
+        worker.call_tool("reply", json!({"text": "done at one", "trace_id": trace_id(&back)})).await.unwrap();
+    assert!(!is_error, "{text}");
+    let answer = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&answer, "kind"), answer.content.as_str()), ("handoff_answer", "done at one"));
+    assert_eq!(meta(&answer, "handoff_id"), meta(&one, "handoff_id"));
+    assert_eq!(handoff_state(&daemon, meta(&one, "handoff_id")).await, HandoffState::Answered);
+    nothing_sent_to_chat_zero(&fake);
+}
+
+/// A reply to an answer whose handoff was made on behalf of an earlier answer goes where
+/// that earlier answer's conversation is: here, the orchestrator's handoff.
+#[tokio::test]
+async fn a_reply_to_an_answer_made_for_an_answer_reaches_the_first_delegator() {
+    let Chain { fake, daemon, orchestrator, worker, helper } = chain("3").await;
+
+    orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": "level one"})).await.unwrap();
+    let one = nth(&worker, 1).await;
+    hand(&worker, "helper", "first look", &trace_id(&one)).await;
+    helper
+        .call_tool("reply", json!({"text": "looked", "trace_id": trace_id(&nth(&helper, 1).await)}))
+        .await
+        .unwrap();
+    let first_answer = nth(&worker, 2).await;
+    hand(&worker, "helper", "second look", &trace_id(&first_answer)).await;
+    helper
+        .call_tool("reply", json!({"text": "looked again", "trace_id": trace_id(&nth(&helper, 2).await)}))
+        .await
+        .unwrap();
+    let second_answer = nth(&worker, 3).await;
+    assert_eq!(meta(&second_answer, "on_behalf_of"), trace_id(&first_answer));
+
+    let (is_error, text) = worker
+        .call_tool("reply", json!({"text": "all looked at", "trace_id": trace_id(&second_answer)}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    let answer = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&answer, "kind"), answer.content.as_str()), ("handoff_answer", "all looked at"));
+    assert_eq!(handoff_state(&daemon, meta(&one, "handoff_id")).await, HandoffState::Answered);
+    nothing_sent_to_chat_zero(&fake);
 }
 
 #[tokio::test]

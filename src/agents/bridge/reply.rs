@@ -156,7 +156,25 @@ impl Bridge {
             EnvelopeKind::Handoff => {
                 return self.answer_handoff(agent, &envelope, text, &request_id).await.map(Decided::Answered);
             }
-            EnvelopeKind::HandoffAnswer => (self.conversation_of_answer(agent, slot, &envelope).await?, None),
+            EnvelopeKind::HandoffAnswer => {
+                let conversation = self.conversation_of_answer(agent, slot, &envelope).await?;
+                if conversation.kind == EnvelopeKind::Handoff {
+                    // An answer in a chain: the conversation is the handoff this agent was
+                    // given, and the reply answers it (DESIGN.md §9).
+                    if !staged.files.is_empty() {
+                        return Err(ToolError::Invalid(format!(
+                            "{} answers {}, a handoff from another agent: an answer to it is text only, \
+                             files go to a Telegram conversation; nothing was sent",
+                            envelope.trace_id, conversation.trace_id
+                        )));
+                    }
+                    return self
+                        .answer_handoff(agent, &conversation, text, &request_id)
+                        .await
+                        .map(Decided::Answered);
+                }
+                (conversation, None)
+            }
             // A child's word that its handoff no longer stands answers nobody.
             EnvelopeKind::Revision if envelope.chat_type == ChatType::Agent => {
                 return Err(ToolError::Invalid(format!(
@@ -306,7 +324,9 @@ impl Bridge {
     }
 
     /// The conversation a reply to a `handoff_answer` goes to: the envelope the handoff was
-    /// made for, checked like a named reply's target.
+    /// made for, checked like a named reply's target. When that envelope is an answer too
+    /// (a handoff made on behalf of an earlier answer), its own conversation, and so on: the
+    /// conversation is a Telegram message, a room's turn, or a handoff this agent was given.
     async fn conversation_of_answer(
         &self,
         agent: &AgentName,
@@ -314,17 +334,29 @@ impl Bridge {
         answer: &StoredEnvelope,
     ) -> Result<StoredEnvelope, ToolError> {
         let ledger = &self.inner.ledger;
-        let cause = match ledger.handoff_of_envelope(answer.id).await? {
-            Some(handoff) => handoff.cause_trace_id,
-            None => None,
-        };
-        let Some(cause) = cause else {
-            return Err(ToolError::NoConversation { trace_id: answer.trace_id.to_string() });
-        };
-        let found = ledger.find(&cause).await?;
-        let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
-        resolver::resolve_named(agent.as_str(), &cause, candidate)
-            .map_err(|refusal| refused("reply", agent, refusal))
+        let mut answer = answer.clone();
+        loop {
+            let cause = match ledger.handoff_of_envelope(answer.id).await? {
+                Some(handoff) => handoff.cause_trace_id,
+                None => None,
+            };
+            let Some(cause) = cause else {
+                return Err(ToolError::NoConversation { trace_id: answer.trace_id.to_string() });
+            };
+            let found = ledger.find(&cause).await?;
+            let candidate = self.candidates(slot, found.into_iter().collect()).await?.into_iter().next();
+            let conversation = resolver::resolve_named(agent.as_str(), &cause, candidate)
+                .map_err(|refusal| refused("reply", agent, refusal))?;
+            if conversation.kind != EnvelopeKind::HandoffAnswer {
+                return Ok(conversation);
+            }
+            // A cause is always recorded before the answers made on its behalf, so the
+            // chain ends; a ledger that says otherwise has no conversation to offer.
+            if conversation.id >= answer.id {
+                return Err(ToolError::NoConversation { trace_id: answer.trace_id.to_string() });
+            }
+            answer = conversation;
+        }
     }
 
     /// The envelopes with what blocks sending for them: a reply being delivered (known in
