@@ -478,6 +478,33 @@ async fn a_reply_to_an_answer_made_for_an_answer_reaches_the_first_delegator() {
     nothing_sent_to_chat_zero(&fake);
 }
 
+/// DESIGN.md §9: a reply to the cause envelope also settles the answers made on its
+/// behalf. In a chain the cause is a handoff, and the reply to it is its answer.
+#[tokio::test]
+async fn answering_a_handoff_settles_the_answers_made_on_its_behalf() {
+    let Chain { fake, daemon, orchestrator, worker, helper } = chain("3").await;
+
+    orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": "level one"})).await.unwrap();
+    let one = nth(&worker, 1).await;
+    hand(&worker, "helper", "level two", &trace_id(&one)).await;
+    helper
+        .call_tool("reply", json!({"text": "done at two", "trace_id": trace_id(&nth(&helper, 1).await)}))
+        .await
+        .unwrap();
+    let back = nth(&worker, 2).await;
+    assert_eq!(meta(&back, "on_behalf_of"), trace_id(&one));
+
+    let (is_error, text) =
+        worker.call_tool("reply", json!({"text": "done at one", "trace_id": trace_id(&one)})).await.unwrap();
+    assert!(!is_error, "{text}");
+    assert_eq!(nth(&orchestrator, 2).await.content, "done at one");
+    assert_eq!(state_of(&daemon, &trace_id(&back)).await, EnvelopeState::Acked, "the answer is settled");
+    // Nothing waits: an unnamed reply has nothing to answer.
+    let (is_error, text) = worker.call_tool("pending", json!({})).await.unwrap();
+    assert!(!is_error && !text.contains(&trace_id(&back)), "{text}");
+    nothing_sent_to_chat_zero(&fake);
+}
+
 #[tokio::test]
 async fn a_handoff_waits_for_a_target_that_connects_later_and_survives_kill_9() {
     let fake = FakeTelegram::start().await;

@@ -91,6 +91,7 @@ macro_rules! suite {
             use super::*;
             $crate::ledger::conformance::suite!(@tests $backend;
             handoffs::a_handoff_ends_once_and_a_second_end_changes_nothing,
+            handoffs::answering_a_handoff_settles_the_answers_made_on_its_behalf,
             );
         }
     };

@@ -219,6 +219,12 @@ impl Handoffs for PgLedger {
             Some(&reason),
         )
         .await?;
+        // An answer is the reply to the handoff's envelope: it settles the answers made on
+        // that envelope's behalf, as a reply to a Telegram message does.
+        if let HandoffEnd::Answered { .. } = end {
+            let settled = format!("answered with the answer to {}", handoff.handoff_id);
+            settle_answers_for(&mut tx, handoff.envelope_id, actor, &settled).await?;
+        }
         tx.commit().await?;
         self.handoff(&handoff.handoff_id).await.map(Ok)
     }
@@ -299,23 +305,30 @@ impl Handoffs for PgLedger {
 }
 
 /// Settles, inside a reply's transaction, the pending answers made on behalf of the
-/// envelope the reply answered: one reply to the human answers them all.
+/// envelope the reply answered: one reply to the human answers them all. An answer
+/// settled so carries its own conversation's answers along (handoffs made on behalf of
+/// it): they belong to the same conversation.
 pub(super) async fn settle_answers_for(
     tx: &mut PgConnection,
     cause_envelope_id: i64,
     actor: &str,
     reason: &str,
 ) -> LedgerResult<()> {
-    let answers: Vec<i64> = sqlx::query_scalar(
-        "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
-         WHERE h.cause_envelope_id = $1 AND e.state = 'pending' ORDER BY e.id",
-    )
-    .bind(cause_envelope_id)
-    .fetch_all(&mut *tx)
-    .await?;
-    for answer in answers {
-        transition_in(tx, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))
-            .await?;
+    let mut causes = vec![cause_envelope_id];
+    while let Some(cause) = causes.pop() {
+        let answers: Vec<i64> = sqlx::query_scalar(
+            "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
+             WHERE h.cause_envelope_id = $1 AND e.state = 'pending' ORDER BY e.id",
+        )
+        .bind(cause)
+        .fetch_all(&mut *tx)
+        .await?;
+        for answer in answers {
+            // Settled once: a pending answer is no longer pending, so none is seen twice.
+            transition_in(tx, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))
+                .await?;
+            causes.push(answer);
+        }
     }
     Ok(())
 }

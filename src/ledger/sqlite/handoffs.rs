@@ -200,6 +200,12 @@ impl Handoffs for SqliteLedger {
                     actor,
                     Some(&reason),
                 )?;
+                // An answer is the reply to the handoff's envelope: it settles the answers
+                // made on that envelope's behalf, as a reply to a Telegram message does.
+                if let HandoffEnd::Answered { .. } = end {
+                    let settled = format!("answered with the answer to {}", handoff.handoff_id);
+                    settle_answers_for(db, handoff.envelope_id, actor, &settled)?;
+                }
                 Ok(Some(Ok(())))
             })
             .await?;
@@ -306,22 +312,29 @@ impl Handoffs for SqliteLedger {
 }
 
 /// Settles, inside a reply's transaction, the pending answers made on behalf of the
-/// envelope the reply answered: one reply to the human answers them all.
+/// envelope the reply answered: one reply to the human answers them all. An answer
+/// settled so carries its own conversation's answers along (handoffs made on behalf of
+/// it): they belong to the same conversation.
 pub(super) fn settle_answers_for(
     db: &rusqlite::Connection,
     cause_envelope_id: i64,
     actor: &str,
     reason: &str,
 ) -> rusqlite::Result<()> {
-    let answers: Vec<i64> = query_all_cached(
-        db,
-        "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
-         WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
-        [cause_envelope_id],
-        |row| row.get(0),
-    )?;
-    for answer in answers {
-        transition_in(db, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))?;
+    let mut causes = vec![cause_envelope_id];
+    while let Some(cause) = causes.pop() {
+        let answers: Vec<i64> = query_all_cached(
+            db,
+            "SELECT e.id FROM handoffs h JOIN envelopes e ON e.id = h.answer_envelope_id \
+             WHERE h.cause_envelope_id = ? AND e.state = 'pending'",
+            [cause],
+            |row| row.get(0),
+        )?;
+        for answer in answers {
+            // Settled once: a pending answer is no longer pending, so none is seen twice.
+            transition_in(db, answer, &[EnvelopeState::Pending], EnvelopeState::Acked, actor, Some(reason))?;
+            causes.push(answer);
+        }
     }
     Ok(())
 }
