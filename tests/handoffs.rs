@@ -9,8 +9,10 @@ use serde_json::json;
 use support::agents::*;
 use support::daemon::*;
 use support::mcp::ChannelClient;
+use switchboard::agents::api::client::ClientError;
+use switchboard::agents::api::wire::{ErrorCode, HandoffRequest};
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
-use switchboard::ids::HandoffId;
+use switchboard::ids::{HandoffId, RequestId};
 use switchboard::ledger::{EnvelopeState, HandoffState};
 
 /// The orchestrator's session, the worker's, and one owner message waiting for the
@@ -503,6 +505,57 @@ async fn answering_a_handoff_settles_the_answers_made_on_its_behalf() {
     let (is_error, text) = worker.call_tool("pending", json!({})).await.unwrap();
     assert!(!is_error && !text.contains(&trace_id(&back)), "{text}");
     nothing_sent_to_chat_zero(&fake);
+}
+
+/// DESIGN.md §9: only zero pending envelopes make an unprompted handoff. One handed over
+/// but not yet confirmed shown (after a reconnect, a retry) is the turn the handoff
+/// belongs to: it is refused, like an unnamed reply, instead of skipping the depth limit.
+#[tokio::test]
+async fn a_handoff_while_an_envelope_is_on_its_way_is_refused_not_unprompted() {
+    let fake = FakeTelegram::start().await;
+    let daemon = TestDaemon::start_with_env(
+        &fake.api_url(),
+        "",
+        &default_routes(),
+        &[("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "1")],
+    );
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let worker = api_client(&daemon, "worker");
+    let mut stream = worker.open_session().await.unwrap();
+    fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "Is staging healthy?");
+    nth(&orchestrator, 1).await;
+    let (is_error, text) = orchestrator
+        .call_tool("send_to_agent", json!({"agent": "worker", "text": "check it"}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{text}");
+    // Handed to the worker's session, which has not said it showed it.
+    let handoff = next_envelope(&mut stream).await;
+
+    let request = HandoffRequest {
+        to: "orchestrator".into(),
+        text: "and you check production".into(),
+        trace_id: None,
+        followup: None,
+        intent: None,
+        request_id: RequestId::generate().to_string(),
+    };
+    let refused = worker.handoff(&request).await;
+    let Err(ClientError::Refused { error, .. }) = &refused else {
+        panic!("a handoff while {} is on its way must be refused: {refused:?}", handoff.trace_id);
+    };
+    assert_eq!(error.code, ErrorCode::NothingPending, "{}", error.message);
+    let (ok, out, err) = daemon.ledger_cli(&["handoffs"]);
+    assert!(ok && out.matches("hof_").count() == 1, "nothing recorded: {out}{err}");
+
+    // Once shown, it is the cause, and the depth limit applies.
+    worker.shown(&handoff.trace_id).await.unwrap();
+    let request = HandoffRequest { request_id: RequestId::generate().to_string(), ..request };
+    let refused = worker.handoff(&request).await;
+    let Err(ClientError::Refused { error, .. }) = &refused else {
+        panic!("beyond the depth limit: {refused:?}");
+    };
+    assert_eq!(error.code, ErrorCode::DepthLimit, "{}", error.message);
 }
 
 #[tokio::test]

@@ -165,7 +165,8 @@ impl Bridge {
     }
 
     /// The envelope a handoff is made for: the named one (the caller's own pending
-    /// envelope) or the only pending one this session was shown; none makes it unprompted.
+    /// envelope) or the only pending one this session was shown; none pending at all
+    /// makes it unprompted.
     async fn cause_of_handoff(
         &self,
         agent: &AgentName,
@@ -198,7 +199,10 @@ impl Bridge {
                 let candidates = shown.into_iter().map(resolver::Candidate::free).collect();
                 match resolver::resolve_unnamed(candidates, not_shown.len()) {
                     Ok(cause) => Ok(Some(cause)),
-                    Err(resolver::ResolveError::NothingPending { .. }) => Ok(None),
+                    // Only nothing pending at all makes a handoff unprompted (DESIGN.md §9).
+                    // An envelope handed over but not yet confirmed shown (a reconnect, a
+                    // retry) is refused as a reply is: it names the turn once seen.
+                    Err(resolver::ResolveError::NothingPending { not_shown: 0 }) => Ok(None),
                     Err(refusal) => {
                         tracing::warn!(%agent, "handoff refused: {refusal}");
                         Err(ToolError::Refused(refusal))
