@@ -558,6 +558,38 @@ async fn a_handoff_while_an_envelope_is_on_its_way_is_refused_not_unprompted() {
     assert_eq!(error.code, ErrorCode::DepthLimit, "{}", error.message);
 }
 
+/// An answer sits as deep as the turn it answers, also when that turn is another answer:
+/// two answers in a row do not start the chain over, so it still stops at the limit.
+#[tokio::test]
+async fn answers_in_a_row_keep_the_depth_of_the_chain() {
+    let Chain { fake: _fake, daemon: _daemon, orchestrator, worker, helper } = chain("2").await;
+
+    orchestrator.call_tool("send_to_agent", json!({"agent": "worker", "text": "level one"})).await.unwrap();
+    let one = nth(&worker, 1).await;
+    hand(&worker, "helper", "first look", &trace_id(&one)).await;
+    let two = nth(&helper, 1).await;
+    assert_eq!(meta(&two, "depth"), "2");
+    helper.call_tool("reply", json!({"text": "looked", "trace_id": trace_id(&two)})).await.unwrap();
+    let first_answer = nth(&worker, 2).await;
+    hand(&worker, "helper", "second look", &trace_id(&first_answer)).await;
+    let three = nth(&helper, 2).await;
+    assert_eq!(meta(&three, "depth"), "2", "an answer at depth 1 hands on at depth 2");
+    helper.call_tool("reply", json!({"text": "looked again", "trace_id": trace_id(&three)})).await.unwrap();
+    let second_answer = nth(&worker, 3).await;
+    hand(&worker, "helper", "third look", &trace_id(&second_answer)).await;
+    let four = nth(&helper, 3).await;
+    assert_eq!(meta(&four, "depth"), "2", "the second answer in a row is still at depth 1");
+
+    let (is_error, text) = helper
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "orchestrator", "text": "level three", "trace_id": trace_id(&four)}),
+        )
+        .await
+        .unwrap();
+    assert!(is_error && text.contains("depth_limit"), "{text}");
+}
+
 #[tokio::test]
 async fn a_handoff_waits_for_a_target_that_connects_later_and_survives_kill_9() {
     let fake = FakeTelegram::start().await;

@@ -102,8 +102,12 @@ struct Delegating {
 }
 
 async fn delegating() -> Delegating {
+    delegating_with(&[]).await
+}
+
+async fn delegating_with(env: &[(&str, &str)]) -> Delegating {
     let fake = FakeTelegram::start().await;
-    let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), env);
     let orchestrator = session(&daemon, "orchestrator").await;
     let worker = session(&daemon, "worker").await;
     fake.push_text(owner_chat(), owner(), "Draft the release notes for 1.4");
@@ -202,6 +206,30 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
         .map(|n| n.content)
         .collect();
     assert_eq!(answers, ["1.5: two features"], "the late result is never delivered");
+}
+
+/// The child's word that its handoff no longer stands sits where that handoff sat in the
+/// chain: a handoff made on its behalf is one level deeper, not a fresh start.
+#[tokio::test]
+async fn a_childs_word_that_its_handoff_no_longer_stands_keeps_the_handoffs_depth() {
+    let delegating = delegating_with(&[("SWITCHBOARD__HANDOFFS__MAX_DEPTH", "1")]).await;
+    let handoff = delegating.hand_the_question_over().await;
+    assert_eq!(meta(&handoff, "depth"), "1");
+    let Delegating { fake, daemon: _daemon, orchestrator, worker, question } = delegating;
+    let message_id: i32 = meta(&question, "message_id").parse().unwrap();
+    fake.push_edited_text(owner_chat(), owner(), message_id, "Draft the release notes for 1.5");
+    nth(&orchestrator, 2).await;
+    let told = nth(&worker, 2).await;
+    assert_eq!(meta(&told, "kind"), "revision");
+
+    let (is_error, text) = worker
+        .call_tool(
+            "send_to_agent",
+            json!({"agent": "orchestrator", "text": "which version?", "trace_id": trace_id(&told)}),
+        )
+        .await
+        .unwrap();
+    assert!(is_error && text.contains("depth_limit"), "{text}");
 }
 
 /// A worker's handoff carries the delegator's task, but only a message a person sent the

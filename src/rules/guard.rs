@@ -266,6 +266,33 @@ pub fn admit(ask: HandoffAsk<'_>, situation: Situation<'_>) -> Result<Admitted, 
     }
 }
 
+/// What one envelope of a chain of handoffs is, as far as its depth goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Link {
+    /// Made outside any handoff (a Telegram message, a room's turn): depth 0.
+    Outside,
+    /// A handoff's instruction, or a child's word that such a handoff no longer stands:
+    /// that handoff's depth.
+    Handoff { depth: u32 },
+    /// The answer to a handoff, which sits where the handoff's cause sat: the next link is
+    /// that cause, and an answer with no next link (to an unprompted handoff) is depth 0.
+    Answer,
+}
+
+/// How deep the first envelope of `chain` sits, the chain being that envelope followed by
+/// the causes its answers lead to: an answer is as deep as the turn it answers, however
+/// many answers lead there, so a chain cannot start over by going through answers.
+pub fn depth_of_chain(chain: &[Link]) -> u32 {
+    chain
+        .iter()
+        .find_map(|link| match link {
+            Link::Outside => Some(0),
+            Link::Handoff { depth } => Some(*depth),
+            Link::Answer => None,
+        })
+        .unwrap_or(0)
+}
+
 #[cfg(test)]
 mod tests {
     use serde_json::json;
@@ -465,5 +492,21 @@ mod tests {
             assert_eq!(refusal.code(), "invalid_handoff");
             assert!(refusal.to_string().contains(needle), "{followup} {intent:?}: {refusal}");
         }
+    }
+
+    #[test]
+    fn an_answer_sits_as_deep_as_the_turn_it_answers_however_many_answers_lead_there() {
+        use super::Link::*;
+        assert_eq!(depth_of_chain(&[Outside]), 0);
+        assert_eq!(depth_of_chain(&[Handoff { depth: 2 }]), 2);
+        // An answer to a handoff made for a Telegram message, and for a handoff envelope.
+        assert_eq!(depth_of_chain(&[Answer, Outside]), 0);
+        assert_eq!(depth_of_chain(&[Answer, Handoff { depth: 1 }]), 1);
+        // Answers in a row: the depth is the first non-answer's, not 0.
+        assert_eq!(depth_of_chain(&[Answer, Answer, Handoff { depth: 1 }]), 1);
+        assert_eq!(depth_of_chain(&[Answer, Answer, Answer, Handoff { depth: 2 }]), 2);
+        // The answer to an unprompted handoff has no turn: 0.
+        assert_eq!(depth_of_chain(&[Answer]), 0);
+        assert_eq!(depth_of_chain(&[Answer, Answer]), 0);
     }
 }

@@ -13,14 +13,15 @@ use chrono::{DateTime, Utc};
 use super::{Bridge, ToolError};
 use crate::agents::api::wire::{AnsweredHandoff, HandoffReceipt, HandoffRequest, ReplyReceipt};
 use crate::config::Settings;
-use crate::ids::{AgentName, RequestId, TraceId};
+use crate::ids::{AgentName, HandoffId, RequestId, TraceId};
 use crate::ledger::{
-    AttemptPurpose, EnvelopeState, HandoffEnd, HandoffState, LedgerError, LedgerResult, NewHandoff,
-    StoredEnvelope, StoredHandoff,
+    AttemptPurpose, EnvelopeKind, EnvelopeState, HandoffEnd, HandoffState, LedgerError, LedgerResult,
+    NewHandoff, StoredEnvelope, StoredHandoff,
 };
-use crate::rules::guard::{self, HandoffAsk, PriorHandoff, Situation};
+use crate::rules::guard::{self, HandoffAsk, Link, PriorHandoff, Situation};
 use crate::rules::resolver;
 use crate::rules::routes::RouteTarget;
+use crate::telegram::envelope::ChatType;
 use crate::telegram::outbound::{ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
 
 /// Where `[handoffs] audit_route` copies go.
@@ -212,20 +213,49 @@ impl Bridge {
         }
     }
 
-    /// How deep an envelope sits in a chain of handoffs: a Telegram message is 0, a
-    /// handoff envelope its handoff's depth, an answer the depth of the turn it answers.
+    /// How deep an envelope sits in a chain of handoffs (see [`guard::depth_of_chain`]):
+    /// the envelope, then the causes its answers were made for, read from the ledger.
     async fn depth_of(&self, envelope: &StoredEnvelope) -> Result<u32, ToolError> {
         let ledger = &self.inner.ledger;
-        let Some(handoff) = ledger.handoff_of_envelope(envelope.id).await? else { return Ok(0) };
-        if handoff.envelope_id == envelope.id {
-            return Ok(u32::try_from(handoff.depth).unwrap_or(u32::MAX));
+        let mut chain = Vec::new();
+        let mut at = envelope.id;
+        loop {
+            let Some(handoff) = ledger.handoff_of_envelope(at).await? else {
+                chain.push(self.link_outside_handoffs(envelope, at).await?);
+                break;
+            };
+            if handoff.envelope_id == at {
+                chain.push(Link::Handoff { depth: u32::try_from(handoff.depth).unwrap_or(u32::MAX) });
+                break;
+            }
+            chain.push(Link::Answer);
+            match handoff.cause_envelope_id {
+                // A cause is recorded before the answers made for it: the walk ends.
+                Some(cause) if cause < at => at = cause,
+                _ => break,
+            }
         }
-        // An answer: its depth is that of the delegator's cause.
-        let Some(cause) = handoff.cause_envelope_id else { return Ok(0) };
-        match ledger.handoff_of_envelope(cause).await? {
-            Some(outer) if outer.envelope_id == cause => Ok(u32::try_from(outer.depth).unwrap_or(u32::MAX)),
-            _ => Ok(0),
+        Ok(guard::depth_of_chain(&chain))
+    }
+
+    /// The link of an envelope no handoff carries: a child's word that its handoff no
+    /// longer stands sits at that handoff's depth; anything else (a Telegram message, a
+    /// room's turn) starts a chain.
+    async fn link_outside_handoffs(&self, first: &StoredEnvelope, at: i64) -> Result<Link, ToolError> {
+        if first.id != at || first.kind != EnvelopeKind::Revision || first.chat_type != ChatType::Agent {
+            return Ok(Link::Outside);
         }
+        let handoff_id = first
+            .meta
+            .as_deref()
+            .and_then(|meta| serde_json::from_str::<serde_json::Value>(meta).ok())
+            .and_then(|meta| meta.get("handoff_id")?.as_str().map(str::to_owned))
+            .and_then(|id| HandoffId::parse(&id).ok());
+        let Some(handoff_id) = handoff_id else { return Ok(Link::Outside) };
+        Ok(match self.inner.ledger.handoff(&handoff_id).await? {
+            Some(handoff) => Link::Handoff { depth: u32::try_from(handoff.depth).unwrap_or(u32::MAX) },
+            None => Link::Outside,
+        })
     }
 
     /// A target's `reply` to its handoff envelope: the answer goes to the delegator.
