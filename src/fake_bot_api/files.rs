@@ -275,7 +275,9 @@ pub(super) async fn upload(shared: Arc<Shared>, method: String, request: Request
         return api_error(StatusCode::BAD_REQUEST, "Bad Request: there is no file in the request", None);
     };
     let params = received.params;
-    let chat_id = params.get("chat_id").and_then(|v| v.as_str()?.parse::<i64>().ok());
+    // No Telegram chat has id 0, as in `sendMessage`.
+    let chat_id =
+        params.get("chat_id").and_then(|v| v.as_str()?.parse::<i64>().ok()).filter(|&chat_id| chat_id != 0);
     let Some(chat_id) = chat_id else {
         return api_error(StatusCode::BAD_REQUEST, "Bad Request: chat not found", None);
     };

@@ -317,6 +317,9 @@ struct SendMessageParams {
 impl SendMessageParams {
     fn parse(params: &Map<String, Value>) -> Result<Self, String> {
         let chat_id = match int_param(params, "chat_id") {
+            // No Telegram chat has id 0 (an agent's envelope does): Telegram refuses it, so
+            // a reply planned for an agent's envelope cannot pass as delivered.
+            Ok(Some(0)) => return Err("Bad Request: chat not found".to_owned()),
             Ok(Some(chat_id)) => chat_id,
             Ok(None) => return Err("Bad Request: chat_id is empty".to_owned()),
             // "@channelusername" recipients: the fake knows no usernames.
