@@ -22,7 +22,7 @@ use crate::ids::TraceId;
 use crate::ledger::{AttemptMethod, AttemptOutcome, AttemptPurpose, FinishedAttempt, Ledger, NewAttempt};
 use crate::operate::metrics;
 use crate::rules::media::{self, UploadKind};
-use crate::rules::pacing::{Deferred, PaceLimits, Pacer};
+use crate::rules::pacing::{Cleared, Deferred, PaceLimits, Pacer};
 use crate::rules::revisions::Refusal;
 use crate::telegram::envelope::GENERAL_TOPIC_ID;
 pub use actions::{MessageAction, MessageActionTarget};
@@ -493,10 +493,11 @@ impl Outbound {
                 ..*chunk
             };
             // Longer than this reply may wait, or the daemon stops: nothing is attempted.
-            if let Err(not_made) = self.take_turn(target.chat_id, budget).await {
-                return Ok(not_made.observed());
-            }
-            let observed = self.send_attempt(plan, chunk).await?;
+            let cleared = match self.take_turn(target.chat_id, budget).await {
+                Ok(cleared) => cleared,
+                Err(not_made) => return Ok(not_made.observed()),
+            };
+            let observed = self.send_attempt(plan, chunk, cleared).await?;
             if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
                 // Whatever the reason (another process on the same token), the chat is held
                 // and the overall pace lowered for every send, not only this one, and also
@@ -558,11 +559,11 @@ impl Outbound {
         params: &serde_json::Value,
     ) -> Result<Exchange, String> {
         let mut budget = MAX_REPLY_WAIT;
-        self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
-        self.clear_to_send().await;
+        let cleared = self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
         if !self.still_leads() {
             return Err(NO_LONGER_LEADS.to_owned());
         }
+        self.pacer().departed(cleared, std::time::Instant::now());
         let exchange = api.call(method, params).await;
         self.heard(chat_id, &exchange);
         Ok(exchange)
@@ -584,36 +585,58 @@ impl Outbound {
 
     /// Waits for `chat_id`'s turn in Telegram's pace within what is left of `budget`, which
     /// the wait is taken from: reserved, waited for, and waited for again while a `429` came
-    /// for the chat meanwhile (a request waits for that hold, not goes into it).
-    async fn take_turn(&self, chat_id: i64, budget: &mut Duration) -> Result<(), NotMade> {
+    /// for the chat meanwhile (a request waits for that hold, not goes into it); then
+    /// cleared ([`Self::clearance`]).
+    async fn take_turn(&self, chat_id: i64, budget: &mut Duration) -> Result<Cleared, NotMade> {
         loop {
             let pace = self
                 .pacer()
                 .reserve_within(chat_id, std::time::Instant::now(), *budget)
                 .map_err(NotMade::Deferred)?;
             *budget -= pace;
-            if pace.is_zero() {
-                return Ok(());
+            if !pace.is_zero() {
+                tracing::debug!(
+                    chat_id,
+                    wait_ms = pace.as_millis() as u64,
+                    "pacing sends to Telegram's limits"
+                );
+                if !self.wait(pace).await {
+                    return Err(NotMade::Stopping);
+                }
+                if self.holds(chat_id) {
+                    continue;
+                }
             }
-            tracing::debug!(chat_id, wait_ms = pace.as_millis() as u64, "pacing sends to Telegram's limits");
-            if !self.wait(pace).await {
-                return Err(NotMade::Stopping);
-            }
-            if !self.holds(chat_id) {
-                return Ok(());
-            }
+            return self.clearance(Some(chat_id), budget).await;
         }
     }
 
-    /// Holds a request whose moment came for as long as Telegram's overall budget needs
-    /// ([`Pacer::clear_to_send`]): a few milliseconds at most.
-    async fn clear_to_send(&self) {
+    /// Holds a request whose moment came until the requests actually made leave room for
+    /// it in Telegram's overall budget and its group's minute ([`Pacer::clear_to_send`]),
+    /// within what is left of `budget`; `chat_id` none for a request outside its chat's
+    /// pacing. Usually at once; after a `429` or a reload that lowered the budget, the sends
+    /// scheduled before it are held here for as long as the lower budget needs. That is
+    /// why it comes before the attempt is recorded: the wait, however long, leaves no
+    /// `in_flight` attempt behind it for a crash to make `unknown`, and a stop cuts it
+    /// short with nothing sent.
+    async fn clearance(&self, chat_id: Option<i64>, budget: &mut Duration) -> Result<Cleared, NotMade> {
         loop {
-            let hold = self.pacer().clear_to_send(std::time::Instant::now());
-            if hold.is_zero() {
-                return;
+            let now = std::time::Instant::now();
+            let asked = match chat_id {
+                Some(chat_id) => self.pacer().clear_to_send(chat_id, now),
+                None => self.pacer().clear_overall(now),
+            };
+            let hold = match asked {
+                Ok(cleared) => return Ok(cleared),
+                Err(hold) => hold,
+            };
+            if hold > *budget {
+                return Err(NotMade::Deferred(Deferred::Queued(hold)));
             }
-            tokio::time::sleep(hold).await;
+            *budget -= hold;
+            if !self.wait(hold).await {
+                return Err(NotMade::Stopping);
+            }
         }
     }
 
@@ -625,8 +648,13 @@ impl Outbound {
         }
     }
 
-    /// One part's attempt: `sendMessage` through [`Self::attempt_call`].
-    async fn send_attempt(&self, plan: &ReplyPlan, chunk: &Chunk<'_>) -> Result<Observed, Refusal> {
+    /// One part's attempt, `cleared` to go: `sendMessage` through [`Self::attempt_call`].
+    async fn send_attempt(
+        &self,
+        plan: &ReplyPlan,
+        chunk: &Chunk<'_>,
+        cleared: Cleared,
+    ) -> Result<Observed, Refusal> {
         let target = &plan.target;
         let thread_id = telegram_thread(target.thread_id);
         let attempt = NewAttempt {
@@ -655,7 +683,7 @@ impl Outbound {
         }
         let method = chunk.file.map_or("sendMessage", |file| file.kind.method());
         let call = Call { method, params: &params, read: &classify, file: chunk.file };
-        let observed = self.attempt_call(&attempt, &target.trace_id, call).await?;
+        let observed = self.attempt_call(&attempt, &target.trace_id, call, cleared).await?;
         // A confirmed send is per-message chatter (the reply's `reply delivered` line says
         // it); any other outcome names its op id for whoever reconciles it.
         if matches!(observed, Observed::Sent { .. }) {
@@ -666,8 +694,9 @@ impl Outbound {
         Ok(observed)
     }
 
-    /// The steps of every attempt: recorded (with its admission) before the request, the
-    /// request made once the overall budget has room, its outcome recorded after. A ledger
+    /// The steps of every attempt, `cleared` by the pacer already: recorded (with its
+    /// admission) before the request, the request made at once, its outcome recorded
+    /// after. A ledger
     /// that cannot record the attempt means nothing is sent; a ledger that cannot record
     /// the outcome is tried again until it can, or until the daemon stops — then the
     /// attempt stays `in_flight` and start-up recovery makes it `unknown`, which is what
@@ -677,6 +706,7 @@ impl Outbound {
         attempt: &NewAttempt<'_>,
         trace_id: &str,
         call: Call<'_>,
+        cleared: Cleared,
     ) -> Result<Observed, Refusal> {
         let op_id = match self.ledger.begin_attempt(attempt).await {
             Ok(Ok(op_id)) => op_id,
@@ -694,10 +724,10 @@ impl Outbound {
                 });
             }
         };
-        // The attempt is recorded; its moment may have passed while it was (a busy
-        // machine): held for the few milliseconds that keep Telegram's overall budget, so
-        // that it is not refused. Not cut short by shutdown: the attempt goes out either way.
-        self.clear_to_send().await;
+        // The attempt is recorded: the request leaves now, with no wait between (the
+        // budget's was before the record), and is counted from now. Not cut short by
+        // shutdown: the attempt goes out either way.
+        self.pacer().departed(cleared, std::time::Instant::now());
         let started = std::time::Instant::now();
         let observed = if self.still_leads() {
             let exchange = match call.file {

@@ -5,8 +5,9 @@
 
 use serde_json::json;
 
-use super::{Call, MAX_REPLY_WAIT, Observed, Outbound, classify, classify_as};
+use super::{Call, MAX_REPLY_WAIT, NotMade, Observed, Outbound, classify, classify_as};
 use crate::ledger::{AttemptMethod, AttemptPurpose, NewAttempt};
+use crate::rules::pacing::Cleared;
 use crate::rules::revisions::Refusal;
 use crate::telegram::format;
 
@@ -56,10 +57,11 @@ impl Outbound {
         action: &MessageAction,
     ) -> Result<Observed, Refusal> {
         let mut budget = MAX_REPLY_WAIT;
-        if let Err(not_made) = self.take_turn(target.chat_id, &mut budget).await {
-            return Ok(not_made.observed());
-        }
-        let observed = self.act_once(target, action, AttemptPurpose::Reply).await?;
+        let cleared = match self.take_turn(target.chat_id, &mut budget).await {
+            Ok(cleared) => cleared,
+            Err(not_made) => return Ok(not_made.observed()),
+        };
+        let observed = self.act_once(target, action, AttemptPurpose::Reply, cleared).await?;
         if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
             // Held for the next send to the chat too, as a reply's 429 holds it.
             self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
@@ -75,7 +77,11 @@ impl Outbound {
                     text: format::html_to_plain(text),
                     html: false,
                 };
-                self.act_once(target, &plain, AttemptPurpose::Reply).await
+                let cleared = match self.clearance(Some(target.chat_id), &mut budget).await {
+                    Ok(cleared) => cleared,
+                    Err(not_made) => return Ok(not_made.observed()),
+                };
+                self.act_once(target, &plain, AttemptPurpose::Reply, cleared).await
             }
             _ => Ok(observed),
         }
@@ -104,7 +110,15 @@ impl Outbound {
             return;
         }
         let action = MessageAction::React { message_id, emoji };
-        let made = self.act_once(target, &action, AttemptPurpose::Audit).await;
+        let mut budget = MAX_REPLY_WAIT;
+        let cleared = match self.clearance(None, &mut budget).await {
+            Ok(cleared) => cleared,
+            Err(not_made) => {
+                tracing::debug!(trace_id = %target.trace_id, reason = %NotMade::reason(not_made), "ack reaction not set");
+                return;
+            }
+        };
+        let made = self.act_once(target, &action, AttemptPurpose::Audit, cleared).await;
         if let Ok(Observed::NotSent { retry_after: Some(wait), .. }) = &made {
             // Held for the chat's next send too, as a reply's 429 holds it.
             self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
@@ -129,6 +143,7 @@ impl Outbound {
         target: &MessageActionTarget,
         action: &MessageAction,
         purpose: AttemptPurpose,
+        cleared: Cleared,
     ) -> Result<Observed, Refusal> {
         let message_id = action.message_id();
         let (api_method, text, params) = match action {
@@ -172,6 +187,7 @@ impl Outbound {
             &attempt,
             &target.trace_id,
             Call { method: api_method, params: &params, read: &read, file: None },
+            cleared,
         )
         .await
     }
