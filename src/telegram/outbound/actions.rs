@@ -48,8 +48,8 @@ impl MessageAction {
 
 impl Outbound {
     /// Makes the action as one attempt (an edit Telegram cannot parse as HTML: two, the
-    /// second as plain text). Paced to the chat like a send; a rate limit is reported, not
-    /// waited out.
+    /// second as plain text). Each paced to the chat like a send, within one reply's wait;
+    /// a rate limit is reported, not waited out.
     /// Refused when the envelope's task no longer admits it; then nothing was attempted.
     pub async fn act(
         &self,
@@ -77,7 +77,9 @@ impl Outbound {
                     text: format::html_to_plain(text),
                     html: false,
                 };
-                let cleared = match self.clearance(Some(target.chat_id), &mut budget).await {
+                // A request of its own, so it takes its own turn in the chat's pace, as a
+                // reply's part sent again as plain text does.
+                let cleared = match self.take_turn(target.chat_id, &mut budget).await {
                     Ok(cleared) => cleared,
                     Err(not_made) => return Ok(not_made.observed()),
                 };
