@@ -14,7 +14,7 @@ use futures::future::join_all;
 use serde_json::json;
 use support::agents::{WAIT, session, trace_id};
 use support::daemon::*;
-use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, SentMessage, TelegramLimits, UserSpec};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, Fault, SentMessage, TelegramLimits, UserSpec};
 
 /// The tests of this file, one at a time: a burst with pacing off beside one with pacing on
 /// would take the machine from under the fake, whose clock is what judges the budget.
@@ -145,4 +145,85 @@ async fn two_replies_to_one_chat_at_once_arrive_one_after_the_other() {
         ["long part 1 ", "long part 2 ", "long part 3 ", "long part 4 ", "long part 5 ", "the short an"],
         "the short answer waited for the long one"
     );
+}
+
+/// A group Telegram counts by the minute.
+const GROUP: i64 = -1_000_555;
+/// Replies to the group, three parts each: one send more than a minute's twenty.
+const GROUP_REPLIES: i64 = 7;
+/// Private chats answered beside the group, two parts each.
+const BESIDE: i64 = 20;
+
+/// Three Telegram messages' worth of text.
+fn three_parts(reply: i64) -> String {
+    let part = |n: u32| format!("reply {reply} part {n} ") + &"x".repeat(3_900);
+    format!("{}\n\n{}\n\n{}", part(1), part(2), part(3))
+}
+
+/// A group's twenty-first send of a minute waits for its first to have left Telegram's
+/// minute, counted from when the first actually went: here it goes late, because a `429`
+/// (another process on the same token) halves the budget just after the sends before it
+/// were scheduled at the whole of it. Takes a minute and a little more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_gets_no_more_than_twenty_in_any_minute_when_its_first_send_goes_late() {
+    let _alone = ONE_BURST_AT_A_TIME.lock().await;
+    let fake = FakeTelegram::start().await;
+    fake.enforce_limits(TelegramLimits::default());
+    let daemon = TestDaemon::start(&fake.api_url(), "", &any_chat());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    for i in 0..BESIDE {
+        let user = UserSpec::new(FIRST_USER + i, &format!("user {i}"));
+        fake.push_text(ChatSpec::private(FIRST_USER + i), &user, "tell me");
+    }
+    for i in 0..GROUP_REPLIES {
+        let user = UserSpec::new(FIRST_USER + BESIDE + i, &format!("member {i}"));
+        fake.push_text(ChatSpec::group(GROUP, "Team"), &user, "status?");
+    }
+    let pushed = orchestrator.wait_for_notifications((BESIDE + GROUP_REPLIES) as usize, WAIT).await.unwrap();
+    // The first send is answered 429, as when another process spent the budget: the fake
+    // does not count it among its own refusals.
+    fake.fail_send_message(Fault::TooManyRequests { retry_after: 1 });
+    let mut group_replies = 0;
+    // The private chats' replies first, so that the group's first part is scheduled behind
+    // theirs and goes late once the budget is halved.
+    let (private, group): (Vec<_>, Vec<_>) = pushed
+        .iter()
+        .partition(|notification| notification.meta_str("chat_id").unwrap() != GROUP.to_string());
+    let replies = private.into_iter().chain(group).map(|notification| {
+        let chat: i64 = notification.meta_str("chat_id").unwrap().parse().unwrap();
+        let text = if chat == GROUP {
+            group_replies += 1;
+            three_parts(group_replies)
+        } else {
+            two_parts(chat)
+        };
+        let arguments = json!({"text": text, "trace_id": trace_id(notification)});
+        let orchestrator = &orchestrator;
+        async move { orchestrator.call_tool("reply", arguments).await.unwrap() }
+    });
+    for (is_error, text) in join_all(replies.collect::<Vec<_>>()).await {
+        assert!(!is_error, "{text}");
+    }
+    let all = (2 * BESIDE + 3 * GROUP_REPLIES) as usize;
+    let sent = fake.wait_for_sent(all, Duration::from_secs(100)).await;
+
+    let to_group: Vec<&SentMessage> = sent.iter().filter(|m| m.chat_id == GROUP).collect();
+    let first = to_group[0].received_at;
+    let after_first: Vec<Duration> = to_group.iter().map(|m| m.received_at.duration_since(first)).collect();
+    assert_eq!(
+        fake.too_many_requests(),
+        0,
+        "the enforcing fake answered a send with 429; the group's: {after_first:?}"
+    );
+    assert_eq!(sent.len(), all);
+    // Each reply whole and in order, once (the replies themselves in the order they came).
+    let heads: Vec<&str> = to_group.iter().map(|m| &m.text[..m.text.find(" x").unwrap()]).collect();
+    assert_eq!(heads.len(), (3 * GROUP_REPLIES) as usize);
+    let mut replies: Vec<&str> = heads.iter().map(|head| &head[..head.find(" part").unwrap()]).collect();
+    for (reply, parts) in replies.chunks(3).zip(heads.chunks(3)) {
+        assert_eq!(parts, [1, 2, 3].map(|n| format!("{} part {n}", reply[0])), "{heads:?}");
+    }
+    replies.sort_unstable();
+    replies.dedup();
+    assert_eq!(replies.len(), GROUP_REPLIES as usize, "{heads:?}");
 }
