@@ -36,8 +36,8 @@
 //! end them (it cannot move sends already asleep until their moment, and timers still
 //! wake late); holding before recording takes them off the recorded attempt's path
 //! whatever their length, with nothing to re-plan. The caller counts the hold against
-//! its reply's wait, and says when the request actually left ([`Pacer::departed`]): the
-//! ledger's write lies between.
+//! its reply's wait. A cleared request is counted from its clearance: the ledger's write
+//! lies between that and the request, and the margins of both windows cover it.
 //!
 //! A `429` that happens all the same (another process sending with the same token, or a
 //! limit Telegram does not publish) holds the chat for the `retry_after` Telegram asked and
@@ -119,14 +119,12 @@ impl Default for PaceLimits {
 }
 
 /// A request [`Pacer::clear_to_send`] let go, counted as made from the moment it was
-/// cleared until [`Pacer::departed`] says when it left.
+/// cleared.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "say when the request left with `Pacer::departed`"]
+#[must_use = "a request is made only once cleared"]
 pub struct Cleared {
-    /// The group whose minute counts it; none for a private chat, or outside the chat's
-    /// pacing.
-    group: Option<i64>,
-    at: Instant,
+    /// When it was cleared.
+    pub at: Instant,
 }
 
 /// A send not reserved, because it would wait longer than its caller allows.
@@ -248,15 +246,6 @@ impl Pacer {
         self.clear(None, now)
     }
 
-    /// The request `cleared` left at `now` (its attempt recorded meanwhile): counted from
-    /// then on.
-    pub fn departed(&mut self, cleared: Cleared, now: Instant) {
-        move_later(&mut self.made, cleared.at, now);
-        if let Some(made) = cleared.group.and_then(|group| self.group_made.get_mut(&group)) {
-            move_later(made, cleared.at, now);
-        }
-    }
-
     fn clear(&mut self, group: Option<(i64, usize)>, now: Instant) -> Result<Cleared, Duration> {
         let per_sec = self.overall_per_sec(now);
         let overall = per_sec.and_then(|per_sec| {
@@ -274,7 +263,7 @@ impl Pacer {
         if let Some((chat_id, _)) = group {
             self.group_made.entry(chat_id).or_default().push_back(now);
         }
-        Ok(Cleared { group: group.map(|(chat_id, _)| chat_id), at: now })
+        Ok(Cleared { at: now })
     }
 
     /// Telegram answered a send to `chat_id` with `429` and `retry_after`: nothing more
@@ -376,15 +365,6 @@ fn full_until(times: &mut VecDeque<Instant>, span: Duration, cap: usize, now: In
         times.pop_front();
     }
     times.len().checked_sub(cap).map(|first_to_leave| times[first_to_leave] + span)
-}
-
-/// Moves one of `times` (oldest first) from `from` to the later `to`, keeping the order;
-/// nothing when `from` is no longer there (it left the window).
-fn move_later(times: &mut VecDeque<Instant>, from: Instant, to: Instant) {
-    let Some(index) = times.iter().rposition(|time| *time == from) else { return };
-    times.remove(index);
-    let at = times.partition_point(|time| *time <= to);
-    times.insert(at, to);
 }
 
 /// Pruning scans every bucket; below this many it is not worth doing.
@@ -698,11 +678,7 @@ mod tests {
             let next = (0..due.len()).min_by_key(|&i| due[i].0).unwrap();
             let (now, chat) = due.swap_remove(next);
             match pacer.clear_to_send(chat, now) {
-                Ok(cleared) => {
-                    let left = now + LEDGER_WRITE;
-                    pacer.departed(cleared, left);
-                    made.push(Made { recorded: now, left });
-                }
+                Ok(cleared) => made.push(Made { recorded: cleared.at, left: now + LEDGER_WRITE }),
                 Err(hold) => due.push((now + hold, chat)),
             }
         }

@@ -559,11 +559,11 @@ impl Outbound {
         params: &serde_json::Value,
     ) -> Result<Exchange, String> {
         let mut budget = MAX_REPLY_WAIT;
-        let cleared = self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
+        // Cleared: counted from now, and made at once.
+        let _cleared = self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
         if !self.still_leads() {
             return Err(NO_LONGER_LEADS.to_owned());
         }
-        self.pacer().departed(cleared, std::time::Instant::now());
         let exchange = api.call(method, params).await;
         self.heard(chat_id, &exchange);
         Ok(exchange)
@@ -706,7 +706,7 @@ impl Outbound {
         attempt: &NewAttempt<'_>,
         trace_id: &str,
         call: Call<'_>,
-        cleared: Cleared,
+        _cleared: Cleared,
     ) -> Result<Observed, Refusal> {
         let op_id = match self.ledger.begin_attempt(attempt).await {
             Ok(Ok(op_id)) => op_id,
@@ -725,9 +725,9 @@ impl Outbound {
             }
         };
         // The attempt is recorded: the request leaves now, with no wait between (the
-        // budget's was before the record), and is counted from now. Not cut short by
-        // shutdown: the attempt goes out either way.
-        self.pacer().departed(cleared, std::time::Instant::now());
+        // budget's was before the record; it is counted from its clearance, and the
+        // pacer's margins cover the write between). Not cut short by shutdown: the
+        // attempt goes out either way.
         let started = std::time::Instant::now();
         let observed = if self.still_leads() {
             let exchange = match call.file {
