@@ -696,11 +696,10 @@ impl Outbound {
 
     /// The steps of every attempt, `cleared` by the pacer already: recorded (with its
     /// admission) before the request, the request made at once, its outcome recorded
-    /// after. A ledger
-    /// that cannot record the attempt means nothing is sent; a ledger that cannot record
-    /// the outcome is tried again until it can, or until the daemon stops — then the
-    /// attempt stays `in_flight` and start-up recovery makes it `unknown`, which is what
-    /// the caller is told here too.
+    /// after. A ledger that cannot record the attempt means nothing is sent; a ledger that
+    /// cannot record the outcome is tried again until it can, or until the daemon stops —
+    /// then the attempt stays `in_flight` and start-up recovery makes it `unknown`, which
+    /// is what the caller is told here too.
     async fn attempt_call(
         &self,
         attempt: &NewAttempt<'_>,

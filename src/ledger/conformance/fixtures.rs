@@ -1,4 +1,4 @@
-//! Envelopes, attempts and reactions the rules are checked with.
+//! Envelopes, attempts, reactions and permission requests the rules are checked with.
 
 use chrono::Utc;
 
@@ -133,5 +133,27 @@ pub(crate) fn reaction_on(update_id: i64, message_id: i32, emoji: &[&str]) -> Ro
         },
         update_digest: format!("digest of update {update_id}"),
         sender_rejected: false,
+    }
+}
+
+/// `orchestrator`'s request `abcde` to run `ls`, asked by plugin process `plugin`.
+pub(crate) fn permission_request<'a>(
+    id: &'a str,
+    plugin: &'a str,
+    expires_at: &'a str,
+) -> NewPermissionRequest<'a> {
+    NewPermissionRequest {
+        id,
+        agent: "orchestrator",
+        session_id: "ses_1",
+        plugin_id: plugin,
+        request_id: "abcde",
+        tool_name: "Bash",
+        description: "run ls",
+        input_preview: "{\"command\":\"ls\"}",
+        expires_at,
+        route: "dm",
+        chat_id: 42,
+        thread_id: None,
     }
 }

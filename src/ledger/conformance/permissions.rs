@@ -5,40 +5,26 @@ use chrono::Utc;
 
 use crate::domain::AttemptState;
 use crate::ledger::conformance::Backend;
+use crate::ledger::conformance::fixtures::permission_request;
 use crate::ledger::*;
 
 const LATER: &str = "2999-01-01T00:00:00.000Z";
 const PAST: &str = "2000-01-01T00:00:00.000Z";
 
-/// `orchestrator`'s request `abcde` to run `ls`, asked by plugin process `plugin`.
-fn request<'a>(id: &'a str, plugin: &'a str, expires_at: &'a str) -> NewPermissionRequest<'a> {
-    NewPermissionRequest {
-        id,
-        agent: "orchestrator",
-        session_id: "ses_1",
-        plugin_id: plugin,
-        request_id: "abcde",
-        tool_name: "Bash",
-        description: "run ls",
-        input_preview: "{\"command\":\"ls\"}",
-        expires_at,
-        route: "dm",
-        chat_id: 42,
-        thread_id: None,
-    }
-}
-
 pub(crate) async fn a_request_is_recorded_once_per_plugin_and_the_first_verdict_wins<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
-    let (row, new) = ledger.record_permission_request(&request("prm_1", "plg_a", LATER)).await.unwrap();
+    let (row, new) =
+        ledger.record_permission_request(&permission_request("prm_1", "plg_a", LATER)).await.unwrap();
     assert!(new);
     assert_eq!((row.state, row.prompt_send), (PermissionState::Pending, AttemptState::InFlight));
-    let (again, new) = ledger.record_permission_request(&request("prm_2", "plg_a", LATER)).await.unwrap();
+    let (again, new) =
+        ledger.record_permission_request(&permission_request("prm_2", "plg_a", LATER)).await.unwrap();
     assert!(!new, "the same plugin asking the same request again records nothing");
     assert_eq!(again.id, "prm_1");
     assert_eq!(ledger.permission("prm_2").await.unwrap(), None);
     // Another plugin process asking under the same request id is a request of its own.
-    let (other, new) = ledger.record_permission_request(&request("prm_3", "plg_b", LATER)).await.unwrap();
+    let (other, new) =
+        ledger.record_permission_request(&permission_request("prm_3", "plg_b", LATER)).await.unwrap();
     assert!(new);
     assert_eq!(other.id, "prm_3");
     assert_eq!(ledger.list_permissions(10).await.unwrap().len(), 2);
@@ -85,7 +71,7 @@ pub(crate) async fn expiry_is_decided_on_the_callers_clock<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
     let in_an_hour = Utc::now() + chrono::Duration::hours(1);
     let expires_at = crate::clock::text(in_an_hour);
-    ledger.record_permission_request(&request("prm_1", "plg_a", &expires_at)).await.unwrap();
+    ledger.record_permission_request(&permission_request("prm_1", "plg_a", &expires_at)).await.unwrap();
     let before = in_an_hour - chrono::Duration::seconds(1);
     assert!(ledger.expire_due_permissions(before).await.unwrap().is_empty(), "not due a second before");
     let expired = ledger.expire_due_permissions(in_an_hour).await.unwrap();
@@ -94,8 +80,8 @@ pub(crate) async fn expiry_is_decided_on_the_callers_clock<B: Backend>() {
 
 pub(crate) async fn expiry_comes_with_time_or_with_the_session_and_is_final<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
-    ledger.record_permission_request(&request("prm_old", "plg_a", PAST)).await.unwrap();
-    ledger.record_permission_request(&request("prm_new", "plg_b", LATER)).await.unwrap();
+    ledger.record_permission_request(&permission_request("prm_old", "plg_a", PAST)).await.unwrap();
+    ledger.record_permission_request(&permission_request("prm_new", "plg_b", LATER)).await.unwrap();
     for (id, message_id) in [("prm_old", 1), ("prm_new", 2)] {
         ledger.finish_prompt_send(id, &AttemptOutcome::Sent { message_id }).await.unwrap();
     }
@@ -144,9 +130,9 @@ pub(crate) async fn expiry_comes_with_time_or_with_the_session_and_is_final<B: B
 /// connects for the agent, of every other one), and nobody else's.
 pub(crate) async fn a_sessions_end_expires_only_its_agents_requests_from_the_ended_plugins<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
-    ledger.record_permission_request(&request("prm_a", "plg_a", LATER)).await.unwrap();
-    ledger.record_permission_request(&request("prm_b", "plg_b", LATER)).await.unwrap();
-    let mut elsewhere = request("prm_c", "plg_c", LATER);
+    ledger.record_permission_request(&permission_request("prm_a", "plg_a", LATER)).await.unwrap();
+    ledger.record_permission_request(&permission_request("prm_b", "plg_b", LATER)).await.unwrap();
+    let mut elsewhere = permission_request("prm_c", "plg_c", LATER);
     elsewhere.agent = "worker";
     ledger.record_permission_request(&elsewhere).await.unwrap();
 
@@ -170,14 +156,14 @@ pub(crate) async fn a_sessions_end_expires_only_its_agents_requests_from_the_end
 
 pub(crate) async fn a_prompt_not_sent_expires_its_request_and_an_unknown_one_stays_answerable<B: Backend>() {
     let (_keep, ledger) = B::fresh().await;
-    ledger.record_permission_request(&request("prm_1", "plg_a", LATER)).await.unwrap();
+    ledger.record_permission_request(&permission_request("prm_1", "plg_a", LATER)).await.unwrap();
     let error = AttemptOutcome::NotSent { error: "Telegram refused it".into() };
     let row = ledger.finish_prompt_send("prm_1", &error).await.unwrap();
     assert_eq!((row.state, row.prompt_send), (PermissionState::Expired, AttemptState::NotSent));
     assert_eq!(row.expired_because.as_deref(), Some("prompt_not_sent"));
     assert!(row.prompt_settled, "there is no prompt to edit");
 
-    let mut other = request("prm_2", "plg_a", LATER);
+    let mut other = permission_request("prm_2", "plg_a", LATER);
     other.request_id = "fghij";
     ledger.record_permission_request(&other).await.unwrap();
     assert!(ledger.unsettled_prompts().await.unwrap().is_empty(), "prm_2's send is in flight");

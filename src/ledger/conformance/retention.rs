@@ -141,20 +141,6 @@ pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still
     B: Backend,
 >() {
     let (_keep, ledger) = B::fresh().await;
-    let request = |id: &'static str, expires_at: &'static str| NewPermissionRequest {
-        id,
-        agent: "orch",
-        session_id: "ses_1",
-        plugin_id: id,
-        request_id: "abcde",
-        tool_name: "Bash",
-        description: "run ls",
-        input_preview: "{}",
-        expires_at,
-        route: "dm",
-        chat_id: 42,
-        thread_id: None,
-    };
     const LATER: &str = "2999-01-01T00:00:00.000Z";
     const PAST: &str = "2000-01-01T00:00:00.000Z";
     for (id, expires_at) in [
@@ -164,7 +150,7 @@ pub(crate) async fn a_finished_permission_request_or_question_goes_and_one_still
         ("prm_pending", LATER),
         ("prm_expired", PAST),
     ] {
-        ledger.record_permission_request(&request(id, expires_at)).await.unwrap();
+        ledger.record_permission_request(&permission_request(id, id, expires_at)).await.unwrap();
         ledger.finish_prompt_send(id, &AttemptOutcome::Sent { message_id: 1 }).await.unwrap();
     }
     for id in ["prm_done", "prm_verdict_owed", "prm_prompt_unsettled"] {
@@ -227,20 +213,7 @@ pub(crate) async fn a_verdict_written_but_not_handed_stays_until_its_plugin_conf
     let (_keep, ledger) = B::fresh().await;
     for id in ["prm_handed", "prm_owed"] {
         ledger
-            .record_permission_request(&NewPermissionRequest {
-                id,
-                agent: "orch",
-                session_id: "ses_1",
-                plugin_id: id,
-                request_id: "abcde",
-                tool_name: "Bash",
-                description: "run ls",
-                input_preview: "{}",
-                expires_at: "2999-01-01T00:00:00.000Z",
-                route: "dm",
-                chat_id: 42,
-                thread_id: None,
-            })
+            .record_permission_request(&permission_request(id, id, "2999-01-01T00:00:00.000Z"))
             .await
             .unwrap();
         ledger.finish_prompt_send(id, &AttemptOutcome::Sent { message_id: 1 }).await.unwrap();
