@@ -50,8 +50,12 @@ mod refusal_codes;
 mod replies;
 #[path = "retention.rs"]
 mod retention;
+#[path = "rooms.rs"]
+mod rooms;
 #[path = "session_start.rs"]
 mod session_start;
+#[path = "tasks.rs"]
+mod tasks;
 #[path = "telegram_limits.rs"]
 mod telegram_limits;
 #[path = "webhook.rs"]

@@ -163,10 +163,17 @@ async fn a_childs_answer_to_a_superseded_handoff_is_a_late_result_and_the_follow
         ledger.handoff(&switchboard::ids::HandoffId::parse(&handoff_id).unwrap()).await.unwrap().unwrap();
     assert_eq!(stored.state, HandoffState::Superseded);
     assert_eq!(stored.answer_envelope_id, None, "never an answer");
-    let late: Option<String> = rusqlite::Connection::open(daemon.database())
-        .unwrap()
-        .query_row("SELECT late_result FROM handoffs WHERE handoff_id = ?", [&handoff_id], |row| row.get(0))
-        .unwrap();
+    let late: Option<String> = match &daemon.ledger_at {
+        TestLedger::Sqlite(path) => rusqlite::Connection::open(path)
+            .unwrap()
+            .query_row("SELECT late_result FROM handoffs WHERE handoff_id = ?", [&handoff_id], |row| {
+                row.get(0)
+            })
+            .unwrap(),
+        TestLedger::Postgres(schema) => {
+            schema.scalar(&format!("SELECT late_result FROM handoffs WHERE handoff_id = '{handoff_id}'"))
+        }
+    };
     ledger.close().await;
     assert_eq!(late.as_deref(), Some("1.4: three fixes"));
     let (ok, out, err) = daemon.ledger_cli(&["handoffs"]);
