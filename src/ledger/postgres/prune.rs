@@ -96,8 +96,7 @@ impl Retention for PgLedger {
                 }
             }
             report.removed.add(&removed);
-            report.longest_batch = report.longest_batch.max(held);
-            report.batch_holds.push(held);
+            report.held_for(held);
             batch_envelopes = next_batch_envelopes_for(batch_envelopes, held, TARGET_HOLD);
             tokio::time::sleep(MIN_PAUSE).await;
         }
@@ -201,8 +200,7 @@ impl PgLedger {
                 .await?
                 .rows_affected();
             let held = started.elapsed();
-            report.longest_batch = report.longest_batch.max(held);
-            report.batch_holds.push(held);
+            report.held_for(held);
             removed += deleted;
             if (deleted as i64) < BATCH_SESSIONS {
                 return Ok(removed);

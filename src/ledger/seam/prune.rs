@@ -108,3 +108,12 @@ pub struct PruneReport {
     pub pages_before: Pages,
     pub pages_after: Pages,
 }
+
+impl PruneReport {
+    /// A batch held the write lock for `held`: counted in [`Self::batch_holds`] and
+    /// [`Self::longest_batch`].
+    pub fn held_for(&mut self, held: Duration) {
+        self.longest_batch = self.longest_batch.max(held);
+        self.batch_holds.push(held);
+    }
+}

@@ -114,8 +114,7 @@ impl Retention for SqliteLedger {
                 }
             }
             report.removed.add(&removed);
-            report.longest_batch = report.longest_batch.max(held);
-            report.batch_holds.push(held);
+            report.held_for(held);
             batch_envelopes = next_batch_envelopes(batch_envelopes, held);
             if let Some(checkpoints) = &mut checkpoints {
                 checkpoints.checkpoint().await;
@@ -215,8 +214,7 @@ impl SqliteLedger {
                 })
                 .await?;
             let held = lock_taken.map(|at| at.elapsed()).unwrap_or_default();
-            report.longest_batch = report.longest_batch.max(held);
-            report.batch_holds.push(held);
+            report.held_for(held);
             removed += deleted as u64;
             if (deleted as i64) < BATCH_SESSIONS {
                 return Ok(removed);
