@@ -11,7 +11,7 @@ use switchboard::fake_bot_api::{
     BOT_USER_ID, BOT_USERNAME, ChatSpec, FakeTelegram, Fault, TEST_TOKEN, UserSpec,
 };
 use switchboard::ledger::EnvelopeState;
-use switchboard::ledger::{ListFilter, StoredEnvelope};
+use switchboard::ledger::StoredEnvelope;
 use switchboard::telegram::envelope::EnvelopeKind;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -20,17 +20,10 @@ fn owner() -> UserSpec {
     UserSpec::new(OWNER_ID, "Olga").with_username("olga")
 }
 
-async fn all_envelopes(daemon: &TestDaemon) -> Vec<StoredEnvelope> {
-    let ledger = daemon.ledger().await;
-    let rows = ledger.list(&ListFilter { limit: 100_000, ..Default::default() }).await.unwrap();
-    ledger.close().await;
-    rows
-}
-
 async fn wait_for_envelopes(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope> {
     let deadline = std::time::Instant::now() + WAIT;
     loop {
-        let rows = all_envelopes(daemon).await;
+        let rows = daemon.envelopes().await;
         if rows.len() >= n {
             return rows;
         }
@@ -288,14 +281,14 @@ async fn kill_9_during_a_burst_loses_nothing_and_duplicates_nothing() {
         update_ids.push(fake.push_text(&dm, owner(), &format!("burst {i}")));
     }
     daemon.kill9();
-    let before_restart = all_envelopes(&daemon).await.len();
+    let before_restart = daemon.envelopes().await.len();
     daemon.restart();
     let rows = wait_for_envelopes(&daemon, BURST).await;
     // Look again once the last update is confirmed: the daemon confirms a batch only
     // after recording it, and Telegram serves nothing confirmed again, so whatever a
     // re-poll could duplicate is in the ledger by then.
     fake.wait_until_confirmed(*update_ids.last().unwrap(), WAIT).await;
-    let rows_after = all_envelopes(&daemon).await;
+    let rows_after = daemon.envelopes().await;
     assert_eq!(rows_after.len(), rows.len());
     let mut stored: Vec<i64> = rows_after.iter().filter_map(|e| e.update_id).collect();
     stored.sort_unstable();
@@ -325,7 +318,7 @@ async fn a_5xx_from_telegram_backs_off_and_recovers() {
     // teloxide itself pauses 10 s after a 5xx before reporting it.
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
     loop {
-        if !all_envelopes(&daemon).await.is_empty() {
+        if !daemon.envelopes().await.is_empty() {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "{}", daemon.logs());
@@ -377,7 +370,7 @@ async fn the_bot_token_never_appears_in_logs() {
     let daemon = TestDaemon::start_with_env(&fake.api_url(), "", &default_routes(), &[("RUST_LOG", "trace")]);
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "hi");
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
-    while all_envelopes(&daemon).await.is_empty() {
+    while daemon.envelopes().await.is_empty() {
         assert!(std::time::Instant::now() < deadline, "{}", daemon.logs());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -10,11 +10,11 @@ use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
+use support::agents::session;
 use support::daemon::*;
-use support::mcp::ChannelClient;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, UserSpec};
 use switchboard::ids::TraceId;
-use switchboard::ledger::{EnvelopeState, ListFilter, StoredEnvelope};
+use switchboard::ledger::{EnvelopeState, StoredEnvelope};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -35,17 +35,10 @@ fn owner_message(message_id: i32, content: &str) -> String {
     )
 }
 
-async fn rows_in(daemon: &TestDaemon) -> Vec<StoredEnvelope> {
-    let ledger = daemon.ledger().await;
-    let rows = ledger.list(&ListFilter { limit: 100_000, ..Default::default() }).await.unwrap();
-    ledger.close().await;
-    rows
-}
-
 async fn wait_for_rows(daemon: &TestDaemon, n: usize) -> Vec<StoredEnvelope> {
     let deadline = Instant::now() + WAIT;
     loop {
-        let rows = rows_in(daemon).await;
+        let rows = daemon.envelopes().await;
         if rows.len() >= n {
             return rows;
         }
@@ -175,14 +168,7 @@ async fn undecodable_updates_are_kept_raw_beside_their_batch_and_no_text_is_logg
 async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_to_an_agent() {
     let fake = FakeTelegram::start().await;
     let daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let (address_var, address) = daemon.address_env();
-    let orchestrator = ChannelClient::start(
-        daemon.config_path(),
-        "orchestrator",
-        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
-    )
-    .await
-    .expect("channel plugin starts");
+    let orchestrator = session(&daemon, "orchestrator").await;
     let now = unix_now();
     let forum = json!({"id": FORUM_CHAT, "type": "supergroup", "title": "Ops forum", "is_forum": true});
     let dm = json!({"id": OWNER_CHAT, "type": "private", "first_name": "Olga"});
@@ -242,14 +228,7 @@ async fn service_messages_and_live_location_edits_are_ignored_and_never_handed_t
 async fn a_message_holding_a_nul_character_is_recorded_and_handed_over_and_intake_goes_on() {
     let fake = FakeTelegram::start().await;
     let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
-    let (address_var, address) = daemon.address_env();
-    let orchestrator = ChannelClient::start(
-        daemon.config_path(),
-        "orchestrator",
-        &[("SB_TEST_ORCHESTRATOR_SECRET", ORCHESTRATOR_SECRET), (address_var, &address)],
-    )
-    .await
-    .expect("channel plugin starts");
+    let orchestrator = session(&daemon, "orchestrator").await;
     let dm = ChatSpec::private(OWNER_CHAT);
     let nul = fake.push_text(&dm, owner(), "a\u{0}b");
     let after = fake.push_text(&dm, owner(), "after the nul");
@@ -296,7 +275,7 @@ async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     // The poller came back after the batch with the marker, which the re-polls preceded:
     // all of them are recorded (or not) by now.
     fake.wait_for_poll_after(marker, WAIT).await;
-    let rows_after = rows_in(&daemon).await;
+    let rows_after = daemon.envelopes().await;
     assert_eq!(summary(&rows_after), summary(&rows));
     assert_eq!(
         rows_after.iter().map(|e| e.update_id).collect::<Vec<_>>(),

@@ -13,7 +13,6 @@ use serde_json::json;
 use support::agents::{WAIT, owner, session};
 use support::daemon::*;
 use switchboard::fake_bot_api::{ChatSpec, Delivery, FakeTelegram, Fault, TEST_TOKEN};
-use switchboard::ledger::{ListFilter, StoredEnvelope};
 
 const PUBLIC_URL: &str = "https://bot.example.test/telegram/hook";
 const WEBHOOK_SECRET: &str = "webhook-secret_0123456789";
@@ -38,16 +37,9 @@ async fn webhook_daemon(fake: &FakeTelegram) -> TestDaemon {
     daemon
 }
 
-async fn envelopes(daemon: &TestDaemon) -> Vec<StoredEnvelope> {
-    let ledger = daemon.ledger().await;
-    let rows = ledger.list(&ListFilter { limit: 100_000, ..Default::default() }).await.unwrap();
-    ledger.close().await;
-    rows
-}
-
 /// How many envelopes the ledger holds for `update_id`.
 async fn stored(daemon: &TestDaemon, update_id: i64) -> usize {
-    envelopes(daemon).await.iter().filter(|e| e.update_id == Some(update_id)).count()
+    daemon.envelopes().await.iter().filter(|e| e.update_id == Some(update_id)).count()
 }
 
 /// A POST to the daemon's webhook as someone other than Telegram might make it.
@@ -126,7 +118,7 @@ async fn a_request_without_the_right_secret_is_refused_and_stores_nothing() {
     // The same update with the secret is taken: only the secret was wrong.
     let marker = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
     fake.wait_until_delivered(marker, 1, WAIT).await;
-    let rows = envelopes(&daemon).await;
+    let rows = daemon.envelopes().await;
     assert_eq!(rows.iter().map(|e| e.update_id).collect::<Vec<_>>(), [Some(marker)], "{rows:?}");
     assert_eq!(post_update(&daemon, Some(WEBHOOK_SECRET), &forged).await, 200);
     assert_eq!(stored(&daemon, 777).await, 1);

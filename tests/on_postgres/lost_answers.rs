@@ -15,7 +15,7 @@ use support::agents::*;
 use support::daemon::*;
 use support::postgres_proxy::PostgresProxy;
 use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
-use switchboard::ledger::{AttemptState, EnvelopeState, ListFilter};
+use switchboard::ledger::{AttemptState, EnvelopeState};
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -33,13 +33,6 @@ async fn daemon_through_proxy(fake: &FakeTelegram) -> (TestDaemon, PostgresProxy
         .unwrap();
     daemon.launch();
     (daemon, proxy)
-}
-
-async fn envelopes(daemon: &TestDaemon) -> Vec<switchboard::ledger::StoredEnvelope> {
-    let ledger = daemon.ledger().await;
-    let rows = ledger.list(&ListFilter { limit: 1000, ..Default::default() }).await.unwrap();
-    ledger.close().await;
-    rows
 }
 
 #[tokio::test]
@@ -70,7 +63,7 @@ async fn a_message_whose_intake_commit_lost_its_answer_reaches_the_live_session_
     fake.wait_for_sent(2, WAIT).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(orchestrator.notifications().len(), 2, "each shown once: {:?}", orchestrator.notifications());
-    let rows = envelopes(&daemon).await;
+    let rows = daemon.envelopes().await;
     assert_eq!(rows.len(), 2, "one envelope each: {rows:?}");
     assert!(rows.iter().all(|row| row.state == EnvelopeState::Acked), "{rows:?}");
 }

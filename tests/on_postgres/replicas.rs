@@ -17,7 +17,7 @@ use switchboard::agents::api::wire::ReplyRequest;
 use switchboard::app::hold::{LEADING_MESSAGE, STANDING_BY_MESSAGE};
 use switchboard::app::{LEADERSHIP_LOST_MESSAGE, reported_api_address, reported_health_address};
 use switchboard::fake_bot_api::{ChatSpec, Delivery, FakeTelegram};
-use switchboard::ledger::{EnvelopeState, ListFilter};
+use switchboard::ledger::EnvelopeState;
 
 const WAIT: Duration = Duration::from_secs(20);
 
@@ -54,16 +54,9 @@ async fn wait_standing_by(standby: &TestDaemon) {
     assert_eq!(reported_api_address(&log), None, "a standby serves nothing:\n{log}");
 }
 
-async fn envelopes(daemon: &TestDaemon) -> Vec<switchboard::ledger::StoredEnvelope> {
-    let ledger = daemon.ledger().await;
-    let rows = ledger.list(&ListFilter { limit: 1000, ..Default::default() }).await.unwrap();
-    ledger.close().await;
-    rows
-}
-
 async fn wait_for_envelopes(daemon: &TestDaemon, n: usize) {
     let deadline = Instant::now() + WAIT;
-    while envelopes(daemon).await.len() < n {
+    while daemon.envelopes().await.len() < n {
         assert!(Instant::now() < deadline, "fewer than {n} envelopes:\n{}", daemon.logs());
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -122,7 +115,7 @@ async fn a_standby_takes_over_when_the_leader_is_killed_and_loses_nothing() {
     let replies: Vec<&str> = sent.iter().map(|m| m.text.as_str()).collect();
     assert_eq!(replies, ["answered by the first", "re: while the leader dies", "re: while nobody leads"]);
 
-    let rows = envelopes(&standby).await;
+    let rows = standby.envelopes().await;
     assert_each_update_once(&rows, 3);
     assert!(rows.iter().all(|row| row.state == EnvelopeState::Acked), "{rows:?}");
     assert!(rows.iter().any(|row| row.trace_id.to_string() == first));
@@ -217,7 +210,7 @@ async fn the_shown_envelope_is_answered_at_the_new_leader(
     let sent = fake.wait_for_sent(2, WAIT).await;
     let replies: Vec<&str> = sent.iter().map(|m| m.text.as_str()).collect();
     assert_eq!(replies, ["from the first", "from the second"], "each answered once");
-    let rows = envelopes(standby).await;
+    let rows = standby.envelopes().await;
     assert_each_update_once(&rows, 2);
     assert!(rows.iter().all(|row| row.state == EnvelopeState::Acked), "{rows:?}");
 }
@@ -408,7 +401,7 @@ async fn a_standby_takes_webhook_deliveries_for_the_leader_and_serves_them_itsel
         .collect();
     // Both shown before the crash come again (unanswered), then the new one.
     assert_eq!(texts[2..], ["through the standby", "marker", "after the takeover"], "{texts:?}");
-    let rows = envelopes(&standby).await;
+    let rows = standby.envelopes().await;
     assert_each_update_once(&rows, 3);
     let relayed_left = relayed_waiting(&standby);
     assert_eq!(relayed_left, 0, "every relayed delivery was taken in and forgotten");
@@ -455,7 +448,7 @@ async fn an_elected_standby_renews_its_lease_while_its_last_relayed_deliveries_c
     let after = fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "served by the elected standby");
     fake.wait_until_delivered(after, 1, WAIT).await;
     wait_for_envelopes(&standby, 2).await;
-    assert_each_update_once(&envelopes(&standby).await, 2);
+    assert_each_update_once(&standby.envelopes().await, 2);
     assert_eq!(holder_now().as_deref(), Some("second"), "{}", third.logs());
     assert!(!third.logs().contains(LEADING_MESSAGE), "the third replica took the bot:\n{}", third.logs());
     assert!(!standby.logs().contains(LEADERSHIP_LOST_MESSAGE), "{}", standby.logs());
@@ -484,7 +477,7 @@ async fn a_standby_killed_between_its_commit_and_its_answer_leaves_one_envelope(
         ["committed, never confirmed", "marker"],
         "the relayed copy and Telegram's retry are one envelope, shown once"
     );
-    let rows = envelopes(&leader).await;
+    let rows = leader.envelopes().await;
     assert_each_update_once(&rows, 2);
     // The relayed copy is taken in (stored already) and forgotten, within a sweep.
     let deadline = Instant::now() + WAIT;
@@ -492,7 +485,7 @@ async fn a_standby_killed_between_its_commit_and_its_answer_leaves_one_envelope(
         assert!(Instant::now() < deadline, "the relayed copy is never taken in:\n{}", leader.logs());
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    assert_each_update_once(&envelopes(&leader).await, 2);
+    assert_each_update_once(&leader.envelopes().await, 2);
 }
 
 #[tokio::test]
@@ -517,7 +510,7 @@ async fn a_standby_that_cannot_commit_a_delivery_never_answers_200_and_the_retry
     fake.wait_until_delivered(update_id, 1, Duration::from_secs(40)).await;
     let shown = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
     assert_eq!(shown[0].content, "while the ledger is locked");
-    assert_each_update_once(&envelopes(&leader).await, 1);
+    assert_each_update_once(&leader.envelopes().await, 1);
 }
 
 /// Another replica's election that the leader has not noticed yet: the test moves the
@@ -560,7 +553,7 @@ async fn a_leader_whose_term_was_taken_sends_nothing_and_takes_nothing_in_before
     let status = leader.wait_for_exit(WAIT).await;
     assert!(!status.success(), "{status}");
     assert!(fake.sent_messages().is_empty(), "nothing sent: {:?}", fake.sent_messages());
-    assert_each_update_once(&envelopes(&leader).await, 1);
+    assert_each_update_once(&leader.envelopes().await, 1);
 }
 
 /// A webhook delivery of a text message from the owner, as Telegram makes it.
@@ -631,7 +624,7 @@ async fn a_delivery_holding_a_nul_character_relayed_by_a_standby_is_taken_in_and
     let first = &shown[0].content;
     assert!(first.starts_with('a') && first.ends_with('b') && !first.contains('\0'), "{first:?}");
     assert_eq!(shown[1].content, "after");
-    assert_each_update_once(&envelopes(&leader).await, 2);
+    assert_each_update_once(&leader.envelopes().await, 2);
     assert_eq!(relayed_waiting(&leader), 0, "every relayed delivery was taken in and forgotten");
     assert!(leader.is_running(), "{}", leader.logs());
 }
@@ -668,7 +661,7 @@ async fn deliveries_whose_caller_hangs_up_at_a_standby_are_each_one_envelope_onc
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "marker");
     let all = orchestrator.wait_for_notifications(DELIVERIES as usize + 1, WAIT).await.unwrap();
     assert_eq!(all.last().unwrap().content, "marker", "{all:?}");
-    assert_each_update_once(&envelopes(&leader).await, DELIVERIES as usize + 1);
+    assert_each_update_once(&leader.envelopes().await, DELIVERIES as usize + 1);
 }
 
 #[tokio::test]
@@ -711,7 +704,7 @@ async fn a_deposed_leader_records_nothing_when_it_resumes_and_stops() {
     drop(stream);
     fake.push_text(ChatSpec::private(OWNER_CHAT), owner(), "three");
     orchestrator.wait_for_notifications(3, WAIT).await.unwrap();
-    assert_each_update_once(&envelopes(&standby).await, 3);
+    assert_each_update_once(&standby.envelopes().await, 3);
 
     // Started again, it stands by.
     leader.launch_standby();

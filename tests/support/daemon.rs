@@ -567,6 +567,15 @@ token_env = "SB_TEST_WORKER_SECRET"
             .expect("open ledger")
     }
 
+    /// Every envelope the ledger holds, oldest first.
+    pub async fn envelopes(&self) -> Vec<switchboard::ledger::StoredEnvelope> {
+        let ledger = self.ledger().await;
+        let filter = switchboard::ledger::ListFilter { limit: 100_000, ..Default::default() };
+        let rows = ledger.list(&filter).await.unwrap();
+        ledger.close().await;
+        rows
+    }
+
     pub fn config_path(&self) -> &Path {
         &self.config_path
     }
