@@ -24,9 +24,9 @@
 //! next than the schedule said. The last check before a request leaves
 //! ([`Pacer::clear_to_send`]) therefore counts the requests actually made: in the last
 //! second across all chats, and in the last minute to its group (both with a margin for
-//! the requests' way to Telegram). It holds one that would
-//! make more than either allows, and counts the one it clears from then on. Telegram
-//! counts what arrives, so these are the guarantees, and the schedule only plans for them.
+//! the requests' way to Telegram). It holds one that would make more than either allows.
+//! Telegram counts what arrives, so these are the guarantees, and the schedule only plans
+//! for them.
 //!
 //! The check comes before the attempt is recorded, never after: a request held there has
 //! no `in_flight` attempt yet (a crash leaves nothing to reconcile, a stop does not wait
@@ -36,8 +36,14 @@
 //! end them (it cannot move sends already asleep until their moment, and timers still
 //! wake late); holding before recording takes them off the recorded attempt's path
 //! whatever their length, with nothing to re-plan. The caller counts the hold against
-//! its reply's wait. A cleared request is counted from its clearance: the ledger's write
-//! lies between that and the request, and the margins of both windows cover it.
+//! its reply's wait.
+//!
+//! A cleared request is counted as made from the moment it leaves ([`Pacer::leaving`]),
+//! not from its clearance: the ledger's write lies between the two, and it takes as long
+//! as the ledger does (a busy PostgreSQL, a slow disk), far more than the windows'
+//! margins. Until then it counts as leaving at every moment, so a request whose write is
+//! slow is never left out of a window it may still land in; one that never leaves (its
+//! write failed, its caller went away) gives its place back ([`Pacer::abandoned`]).
 //!
 //! A `429` that happens all the same (another process sending with the same token, or a
 //! limit Telegram does not publish) holds the chat for the `retry_after` Telegram asked and
@@ -118,13 +124,20 @@ impl Default for PaceLimits {
     }
 }
 
-/// A request [`Pacer::clear_to_send`] let go, counted as made from the moment it was
-/// cleared.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[must_use = "a request is made only once cleared"]
+/// A request [`Pacer::clear_to_send`] let go, under way until it leaves
+/// ([`Pacer::leaving`]) or is given up ([`Pacer::abandoned`]).
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a cleared request counts as leaving until it leaves or is abandoned"]
 pub struct Cleared {
-    /// When it was cleared.
-    pub at: Instant,
+    ticket: u64,
+}
+
+/// A cleared request that has not left yet.
+#[derive(Debug, Clone, Copy)]
+struct UnderWay {
+    ticket: u64,
+    /// Its group, when it counts in one's minute.
+    group: Option<i64>,
 }
 
 /// A send not reserved, because it would wait longer than its caller allows.
@@ -148,6 +161,9 @@ pub struct Pacer {
     made: VecDeque<Instant>,
     /// Per group: when its requests of the last [`GROUP_SPAN`] were made, oldest first.
     group_made: HashMap<i64, VecDeque<Instant>>,
+    /// Requests cleared and not yet left: each counts as made now, in every window.
+    under_way: Vec<UnderWay>,
+    next_ticket: u64,
     /// Until when a `429` halves the overall budget.
     throttled_until: Option<Instant>,
 }
@@ -231,10 +247,10 @@ impl Pacer {
     }
 
     /// The last check before a request to `chat_id` is recorded and made, after its
-    /// reserved moment came: cleared, and counted as made, when no window of a second
-    /// would hold more requests actually made than the overall budget, and no
-    /// [`GROUP_SPAN`] more than its group's minute; otherwise how long to hold it before
-    /// asking again.
+    /// reserved moment came: cleared, and counted as leaving from now on, when no window
+    /// of a second would hold more requests made or under way than the overall budget,
+    /// and no [`GROUP_SPAN`] more than its group's minute; otherwise how long to hold it
+    /// before asking again.
     pub fn clear_to_send(&mut self, chat_id: i64, now: Instant) -> Result<Cleared, Duration> {
         let group = self.limits.group_window_cap(chat_id).map(|cap| (chat_id, cap));
         self.clear(group, now)
@@ -248,22 +264,44 @@ impl Pacer {
 
     fn clear(&mut self, group: Option<(i64, usize)>, now: Instant) -> Result<Cleared, Duration> {
         let per_sec = self.overall_per_sec(now);
+        let under_way = self.under_way.len();
         let overall = per_sec.and_then(|per_sec| {
-            full_until(&mut self.made, MADE_WINDOW, per_sec.floor().max(1.0) as usize, now)
+            let cap = per_sec.floor().max(1.0) as usize;
+            full_until(&mut self.made, MADE_WINDOW, cap, under_way, now)
         });
         let in_group = group.and_then(|(chat_id, cap)| {
-            full_until(self.group_made.entry(chat_id).or_default(), GROUP_SPAN, cap, now)
+            let under_way = self.under_way.iter().filter(|request| request.group == Some(chat_id)).count();
+            full_until(self.group_made.entry(chat_id).or_default(), GROUP_SPAN, cap, under_way, now)
         });
         if let Some(until) = overall.max(in_group) {
             return Err(until.saturating_duration_since(now).max(Duration::from_millis(1)));
         }
-        if per_sec.is_some() {
-            self.made.push_back(now);
+        let ticket = self.next_ticket;
+        self.next_ticket += 1;
+        self.under_way.push(UnderWay { ticket, group: group.map(|(chat_id, _)| chat_id) });
+        Ok(Cleared { ticket })
+    }
+
+    /// The request `cleared` leaves now: counted as made at this moment.
+    pub fn leaving(&mut self, cleared: Cleared, now: Instant) {
+        let Some(request) = self.take_under_way(&cleared) else { return };
+        if self.overall_per_sec(now).is_some() {
+            insert_in_order(&mut self.made, now);
         }
-        if let Some((chat_id, _)) = group {
-            self.group_made.entry(chat_id).or_default().push_back(now);
+        if let Some(chat_id) = request.group {
+            insert_in_order(self.group_made.entry(chat_id).or_default(), now);
         }
-        Ok(Cleared { at: now })
+    }
+
+    /// The request `cleared` will not be made (its attempt could not be recorded, its
+    /// caller went away): its place in the windows is free again.
+    pub fn abandoned(&mut self, cleared: Cleared) {
+        self.take_under_way(&cleared);
+    }
+
+    fn take_under_way(&mut self, cleared: &Cleared) -> Option<UnderWay> {
+        let at = self.under_way.iter().position(|request| request.ticket == cleared.ticket)?;
+        Some(self.under_way.swap_remove(at))
     }
 
     /// Telegram answered a send to `chat_id` with `429` and `retry_after`: nothing more
@@ -355,16 +393,35 @@ impl Pacer {
 /// on are forgotten.
 fn window_allows(window: &mut VecDeque<Instant>, cap: usize, now: Instant) -> Instant {
     let after_last = window.back().copied().unwrap_or(now);
-    full_until(window, GROUP_SPAN, cap, now).map_or(after_last, |until| after_last.max(until))
+    full_until(window, GROUP_SPAN, cap, 0, now).map_or(after_last, |until| after_last.max(until))
 }
 
-/// When `times` (oldest first) stops holding `cap` within a `span` up to then, from `now`;
-/// none when it holds fewer already. Forgets times out of the span from `now` on.
-fn full_until(times: &mut VecDeque<Instant>, span: Duration, cap: usize, now: Instant) -> Option<Instant> {
+/// When `times` (oldest first), with `under_way` more made at any moment from `now` on,
+/// stops holding `cap` within a `span` up to then, from `now`; none when it holds fewer
+/// already. Forgets times out of the span from `now` on. When the requests under way fill
+/// the span alone, a moment from now: one of them leaves or is abandoned soon.
+fn full_until(
+    times: &mut VecDeque<Instant>,
+    span: Duration,
+    cap: usize,
+    under_way: usize,
+    now: Instant,
+) -> Option<Instant> {
     while times.front().is_some_and(|time| now.saturating_duration_since(*time) >= span) {
         times.pop_front();
     }
-    times.len().checked_sub(cap).map(|first_to_leave| times[first_to_leave] + span)
+    let first_to_leave = (times.len() + under_way).checked_sub(cap)?;
+    Some(times.get(first_to_leave).map_or(now + UNDER_WAY_RECHECK, |time| *time + span))
+}
+
+/// How soon a request held only by requests under way asks again.
+const UNDER_WAY_RECHECK: Duration = Duration::from_millis(5);
+
+/// Adds `time` to `times` (oldest first) in its place: requests leaving at nearly the same
+/// moment on different threads may tell it out of order.
+fn insert_in_order(times: &mut VecDeque<Instant>, time: Instant) {
+    let at = times.iter().rposition(|earlier| *earlier <= time).map_or(0, |i| i + 1);
+    times.insert(at, time);
 }
 
 /// Pruning scans every bucket; below this many it is not worth doing.
@@ -582,12 +639,36 @@ mod tests {
         let t0 = Instant::now();
         // Three requests made within the second (one of them late for its moment).
         for at in [0, 400, 900] {
-            assert!(pacer.clear_to_send(DM, t0 + Duration::from_millis(at)).is_ok());
+            let now = t0 + Duration::from_millis(at);
+            let cleared = pacer.clear_to_send(DM, now).unwrap();
+            pacer.leaving(cleared, now);
         }
         // A fourth at 950 ms is held until the first has left the window.
         let held = pacer.clear_to_send(DM + 1, t0 + Duration::from_millis(950));
         assert_eq!(held, Err(MADE_WINDOW - Duration::from_millis(950)));
         assert!(pacer.clear_to_send(DM + 1, t0 + MADE_WINDOW).is_ok());
+    }
+
+    #[test]
+    fn a_request_under_way_counts_from_the_moment_it_leaves_and_until_then_as_leaving() {
+        let mut pacer = Pacer::new(PaceLimits { overall_per_sec: 1, ..PaceLimits::default() });
+        let t0 = Instant::now();
+        // Cleared at once; its attempt's write is slow.
+        let slow = pacer.clear_to_send(DM, t0).unwrap();
+        // Still under way well past a second: it may leave at any moment.
+        let at = t0 + Duration::from_millis(1_500);
+        assert_eq!(pacer.clear_to_send(DM + 1, at), Err(UNDER_WAY_RECHECK));
+        // It leaves at 1.5 s: counted from then, not from its clearance.
+        pacer.leaving(slow, at);
+        let held = pacer.clear_to_send(DM + 1, at + Duration::from_millis(100));
+        assert_eq!(held, Err(MADE_WINDOW - Duration::from_millis(100)));
+        // One abandoned gives its place back.
+        let later = at + MADE_WINDOW;
+        let given_up = pacer.clear_to_send(DM + 2, later).unwrap();
+        assert!(pacer.clear_to_send(DM + 3, later).is_err());
+        pacer.abandoned(given_up);
+        let next = pacer.clear_to_send(DM + 3, later).unwrap();
+        pacer.leaving(next, later);
     }
 
     #[test]
@@ -655,31 +736,46 @@ mod tests {
         late: Duration,
     }
 
-    /// When a send's attempt was recorded (`in_flight` in the ledger from then on) and
-    /// when its request left.
-    #[derive(Debug, Clone, Copy)]
-    struct Made {
-        recorded: Instant,
-        left: Instant,
+    /// How long the ledger takes to record an attempt, between a request's clearance and
+    /// its leaving: usually a moment; one in thirty-seven (a busy database, a
+    /// checkpoint) longer than the windows' margins, enough to bring the thirtieth after
+    /// it within its second.
+    fn ledger_write(nth: usize) -> Duration {
+        if nth % 37 == 1 { Duration::from_millis(70) } else { Duration::from_millis(2) }
     }
 
-    /// How long the ledger takes to record an attempt, between a request's clearance and
-    /// its leaving.
-    const LEDGER_WRITE: Duration = Duration::from_millis(2);
+    /// What happens next in [`drive`].
+    enum Event {
+        /// A send's moment came (or came again after a hold): ask for clearance.
+        Due(i64),
+        /// A cleared send's attempt is recorded: it leaves.
+        Recorded(Cleared),
+    }
 
-    /// Drives `pacer` the way `Outbound` drives it, one send at a time in the order their
-    /// moments come: cleared (or held and asked again), then its attempt recorded, then
-    /// the request made.
-    fn drive(pacer: &mut Pacer, sends: Vec<Drive>) -> Vec<Made> {
-        let mut due: Vec<(Instant, i64)> =
-            sends.iter().map(|send| (send.reserved + send.late, send.chat)).collect();
+    /// Drives `pacer` the way `Outbound` drives it, every step in the order of its
+    /// moment: a send cleared (or held and asked again), its attempt recorded (some
+    /// writes slow, see [`ledger_write`]) while other sends go on, then its request made.
+    /// Returns when each request left.
+    fn drive(pacer: &mut Pacer, sends: Vec<Drive>) -> Vec<Instant> {
+        let mut events: Vec<(Instant, Event)> =
+            sends.iter().map(|send| (send.reserved + send.late, Event::Due(send.chat))).collect();
         let mut made = Vec::new();
-        while !due.is_empty() {
-            let next = (0..due.len()).min_by_key(|&i| due[i].0).unwrap();
-            let (now, chat) = due.swap_remove(next);
-            match pacer.clear_to_send(chat, now) {
-                Ok(cleared) => made.push(Made { recorded: cleared.at, left: now + LEDGER_WRITE }),
-                Err(hold) => due.push((now + hold, chat)),
+        let mut writes = 0;
+        while !events.is_empty() {
+            let next = (0..events.len()).min_by_key(|&i| events[i].0).unwrap();
+            let (now, event) = events.swap_remove(next);
+            match event {
+                Event::Due(chat) => match pacer.clear_to_send(chat, now) {
+                    Ok(cleared) => {
+                        writes += 1;
+                        events.push((now + ledger_write(writes), Event::Recorded(cleared)));
+                    }
+                    Err(hold) => events.push((now + hold, Event::Due(chat))),
+                },
+                Event::Recorded(cleared) => {
+                    made.push(now);
+                    pacer.leaving(cleared, now);
+                }
             }
         }
         made
@@ -698,7 +794,7 @@ mod tests {
                 late: if i == 0 { Duration::from_secs(2) } else { Duration::ZERO },
             })
             .collect();
-        let mut left: Vec<Instant> = drive(&mut pacer, sends).iter().map(|made| made.left).collect();
+        let mut left = drive(&mut pacer, sends);
         left.sort_unstable();
         for (i, start) in left.iter().enumerate() {
             let in_minute = left[i..].iter().take_while(|sent| **sent < *start + GROUP_WINDOW).count();
@@ -707,9 +803,8 @@ mod tests {
     }
 
     /// 600 parts to 200 chats reserved at once (a morning report), driven with `change`
-    /// coming in a second later: the longest any request waits for the budget after its
-    /// attempt was recorded, and the requests' times.
-    fn longest_hold_after_recording(change: impl FnOnce(&mut Pacer)) -> (Duration, Vec<Made>) {
+    /// coming in a second later: when each request left.
+    fn morning_report(change: impl FnOnce(&mut Pacer, Instant)) -> Vec<Instant> {
         let mut pacer = Pacer::default();
         let t0 = Instant::now();
         let sends: Vec<Drive> = (0..600)
@@ -721,16 +816,14 @@ mod tests {
         // The sends of the first second go as reserved; then the change.
         let (first, rest): (Vec<Drive>, Vec<Drive>) =
             sends.into_iter().partition(|send| send.reserved < t0 + Duration::from_secs(1));
-        let mut made = drive(&mut pacer, first);
-        change(&mut pacer);
-        made.extend(drive(&mut pacer, rest));
-        let longest = made.iter().map(|made| made.left - made.recorded).max().unwrap();
-        (longest, made)
+        let mut left = drive(&mut pacer, first);
+        change(&mut pacer, left.iter().max().copied().unwrap());
+        left.extend(drive(&mut pacer, rest));
+        left
     }
 
     /// At most `per_sec` requests made in any second.
-    fn within_budget(made: &[Made], per_sec: usize) {
-        let mut left: Vec<Instant> = made.iter().map(|made| made.left).collect();
+    fn within_budget(mut left: Vec<Instant>, per_sec: usize) {
         left.sort_unstable();
         for (i, start) in left.iter().enumerate() {
             let within =
@@ -739,26 +832,23 @@ mod tests {
         }
     }
 
-    /// The bound on a request's wait for the overall budget once its attempt is recorded:
-    /// a crash in it leaves the attempt `unknown`, and a stop waits for it.
-    const RECORDED_HOLD_BOUND: Duration = Duration::from_millis(100);
-
     #[test]
-    fn a_429_does_not_hold_requests_whose_attempts_are_recorded() {
-        let (longest, made) = longest_hold_after_recording(|pacer| {
-            let now = pacer.made.back().copied().unwrap();
-            pacer.rate_limited(DM, Duration::from_secs(1), now);
-        });
-        assert!(longest <= RECORDED_HOLD_BOUND, "held {longest:?} after the attempt was recorded");
-        within_budget(&made, 30);
+    fn requests_whose_attempts_take_long_to_record_stay_within_the_budget() {
+        let left = morning_report(|_, _| {});
+        assert_eq!(left.len(), 600);
+        within_budget(left, 30);
     }
 
     #[test]
-    fn a_reload_that_lowers_the_budget_does_not_hold_requests_whose_attempts_are_recorded() {
-        let (longest, made) = longest_hold_after_recording(|pacer| {
-            pacer.set_limits(PaceLimits { overall_per_sec: 5, ..PaceLimits::default() });
+    fn after_a_429_the_requests_made_stay_within_the_budget() {
+        within_budget(morning_report(|pacer, now| pacer.rate_limited(DM, Duration::from_secs(1), now)), 30);
+    }
+
+    #[test]
+    fn after_a_reload_that_lowers_the_budget_the_requests_made_stay_within_it() {
+        let left = morning_report(|pacer, _| {
+            pacer.set_limits(PaceLimits { overall_per_sec: 5, ..PaceLimits::default() })
         });
-        assert!(longest <= RECORDED_HOLD_BOUND, "held {longest:?} after the attempt was recorded");
-        within_budget(&made, 30);
+        within_budget(left, 30);
     }
 }

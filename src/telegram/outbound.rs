@@ -3,7 +3,7 @@
 //! waited out. Every send is an attempt recorded before it is made and classified after:
 //! sent, not sent, or unknown. An unknown attempt is never retried.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -413,8 +413,8 @@ impl Outbound {
         self.pacer().set_limits(limits);
     }
 
-    fn pacer(&self) -> std::sync::MutexGuard<'_, Pacer> {
-        self.pacer.lock().unwrap_or_else(|p| p.into_inner())
+    fn pacer(&self) -> MutexGuard<'_, Pacer> {
+        lock_pacer(&self.pacer)
     }
 
     /// Delivers a planned reply part by part, skipping the parts already delivered. Stops
@@ -493,11 +493,11 @@ impl Outbound {
                 ..*chunk
             };
             // Longer than this reply may wait, or the daemon stops: nothing is attempted.
-            let cleared = match self.take_turn(target.chat_id, budget).await {
+            let turn = match self.take_turn(target.chat_id, budget).await {
                 Ok(cleared) => cleared,
                 Err(not_made) => return Ok(not_made.observed()),
             };
-            let observed = self.send_attempt(plan, chunk, cleared).await?;
+            let observed = self.send_attempt(plan, chunk, turn).await?;
             if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
                 // Whatever the reason (another process on the same token), the chat is held
                 // and the overall pace lowered for every send, not only this one, and also
@@ -559,11 +559,11 @@ impl Outbound {
         params: &serde_json::Value,
     ) -> Result<Exchange, String> {
         let mut budget = MAX_REPLY_WAIT;
-        // Cleared: counted from now, and made at once.
-        let _cleared = self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
+        let turn = self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
         if !self.still_leads() {
             return Err(NO_LONGER_LEADS.to_owned());
         }
+        turn.leave();
         let exchange = api.call(method, params).await;
         self.heard(chat_id, &exchange);
         Ok(exchange)
@@ -587,7 +587,7 @@ impl Outbound {
     /// the wait is taken from: reserved, waited for, and waited for again while a `429` came
     /// for the chat meanwhile (a request waits for that hold, not goes into it); then
     /// cleared ([`Self::clearance`]).
-    async fn take_turn(&self, chat_id: i64, budget: &mut Duration) -> Result<Cleared, NotMade> {
+    async fn take_turn(&self, chat_id: i64, budget: &mut Duration) -> Result<Turn<'_>, NotMade> {
         loop {
             let pace = self
                 .pacer()
@@ -619,7 +619,7 @@ impl Outbound {
     /// why it comes before the attempt is recorded: the wait, however long, leaves no
     /// `in_flight` attempt behind it for a crash to make `unknown`, and a stop cuts it
     /// short with nothing sent.
-    async fn clearance(&self, chat_id: Option<i64>, budget: &mut Duration) -> Result<Cleared, NotMade> {
+    async fn clearance(&self, chat_id: Option<i64>, budget: &mut Duration) -> Result<Turn<'_>, NotMade> {
         loop {
             let now = std::time::Instant::now();
             let asked = match chat_id {
@@ -627,7 +627,7 @@ impl Outbound {
                 None => self.pacer().clear_overall(now),
             };
             let hold = match asked {
-                Ok(cleared) => return Ok(cleared),
+                Ok(cleared) => return Ok(Turn { pacer: &self.pacer, cleared: Some(cleared) }),
                 Err(hold) => hold,
             };
             if hold > *budget {
@@ -648,12 +648,12 @@ impl Outbound {
         }
     }
 
-    /// One part's attempt, `cleared` to go: `sendMessage` through [`Self::attempt_call`].
+    /// One part's attempt, its `turn` taken: `sendMessage` through [`Self::attempt_call`].
     async fn send_attempt(
         &self,
         plan: &ReplyPlan,
         chunk: &Chunk<'_>,
-        cleared: Cleared,
+        turn: Turn<'_>,
     ) -> Result<Observed, Refusal> {
         let target = &plan.target;
         let thread_id = telegram_thread(target.thread_id);
@@ -683,7 +683,7 @@ impl Outbound {
         }
         let method = chunk.file.map_or("sendMessage", |file| file.kind.method());
         let call = Call { method, params: &params, read: &classify, file: chunk.file };
-        let observed = self.attempt_call(&attempt, &target.trace_id, call, cleared).await?;
+        let observed = self.attempt_call(&attempt, &target.trace_id, call, turn).await?;
         // A confirmed send is per-message chatter (the reply's `reply delivered` line says
         // it); any other outcome names its op id for whoever reconciles it.
         if matches!(observed, Observed::Sent { .. }) {
@@ -694,7 +694,7 @@ impl Outbound {
         Ok(observed)
     }
 
-    /// The steps of every attempt, `cleared` by the pacer already: recorded (with its
+    /// The steps of every attempt, its `turn` taken already: recorded (with its
     /// admission) before the request, the request made at once, its outcome recorded
     /// after. A ledger that cannot record the attempt means nothing is sent; a ledger that
     /// cannot record the outcome is tried again until it can, or until the daemon stops —
@@ -705,7 +705,7 @@ impl Outbound {
         attempt: &NewAttempt<'_>,
         trace_id: &str,
         call: Call<'_>,
-        _cleared: Cleared,
+        turn: Turn<'_>,
     ) -> Result<Observed, Refusal> {
         let op_id = match self.ledger.begin_attempt(attempt).await {
             Ok(Ok(op_id)) => op_id,
@@ -724,11 +724,11 @@ impl Outbound {
             }
         };
         // The attempt is recorded: the request leaves now, with no wait between (the
-        // budget's was before the record; it is counted from its clearance, and the
-        // pacer's margins cover the write between). Not cut short by shutdown: the
-        // attempt goes out either way.
+        // budget's was before the record), and counts in the budget from now. Not cut
+        // short by shutdown: the attempt goes out either way.
         let started = std::time::Instant::now();
         let observed = if self.still_leads() {
+            turn.leave();
             let exchange = match call.file {
                 None => self.api.call(call.method, call.params).await,
                 Some(file) => self.upload(file, call.params).await,
@@ -739,6 +739,7 @@ impl Outbound {
             }
             observed
         } else {
+            drop(turn);
             Observed::NotSent { error: NO_LONGER_LEADS.to_owned(), retry_after: None, migrated_to: None }
         };
         let elapsed = started.elapsed();
@@ -829,6 +830,37 @@ impl Outbound {
 
 /// A send not made because an earlier 429 holds its chat for `pace` more: longer than the
 /// send may wait.
+/// A request's turn to leave, cleared by the pacer ([`Outbound::clearance`]). Taken by
+/// [`Turn::leave`] at the moment the request is made, which counts it in Telegram's
+/// budget from then on; dropped untaken (its attempt could not be recorded, this daemon
+/// no longer leads, its caller went away), it gives its place back.
+struct Turn<'a> {
+    pacer: &'a Mutex<Pacer>,
+    cleared: Option<Cleared>,
+}
+
+impl Turn<'_> {
+    fn leave(mut self) {
+        if let Some(cleared) = self.cleared.take() {
+            lock_pacer(self.pacer).leaving(cleared, std::time::Instant::now());
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(cleared) = self.cleared.take() {
+            lock_pacer(self.pacer).abandoned(cleared);
+        }
+    }
+}
+
+/// The pacer, whatever a thread that panicked holding it left: its state is counts and
+/// times, each change made whole under the lock.
+fn lock_pacer(pacer: &Mutex<Pacer>) -> MutexGuard<'_, Pacer> {
+    pacer.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// Why a request did not get its turn ([`Outbound::take_turn`]): nothing was asked of
 /// Telegram.
 enum NotMade {

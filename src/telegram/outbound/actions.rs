@@ -5,9 +5,8 @@
 
 use serde_json::json;
 
-use super::{Call, MAX_REPLY_WAIT, NotMade, Observed, Outbound, classify, classify_as};
+use super::{Call, MAX_REPLY_WAIT, NotMade, Observed, Outbound, Turn, classify, classify_as};
 use crate::ledger::{AttemptMethod, AttemptPurpose, NewAttempt};
-use crate::rules::pacing::Cleared;
 use crate::rules::revisions::Refusal;
 use crate::telegram::format;
 
@@ -57,11 +56,11 @@ impl Outbound {
         action: &MessageAction,
     ) -> Result<Observed, Refusal> {
         let mut budget = MAX_REPLY_WAIT;
-        let cleared = match self.take_turn(target.chat_id, &mut budget).await {
-            Ok(cleared) => cleared,
+        let turn = match self.take_turn(target.chat_id, &mut budget).await {
+            Ok(turn) => turn,
             Err(not_made) => return Ok(not_made.observed()),
         };
-        let observed = self.act_once(target, action, AttemptPurpose::Reply, cleared).await?;
+        let observed = self.act_once(target, action, AttemptPurpose::Reply, turn).await?;
         if let Observed::NotSent { retry_after: Some(wait), .. } = &observed {
             // Held for the next send to the chat too, as a reply's 429 holds it.
             self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
@@ -79,11 +78,11 @@ impl Outbound {
                 };
                 // A request of its own, so it takes its own turn in the chat's pace, as a
                 // reply's part sent again as plain text does.
-                let cleared = match self.take_turn(target.chat_id, &mut budget).await {
-                    Ok(cleared) => cleared,
+                let turn = match self.take_turn(target.chat_id, &mut budget).await {
+                    Ok(turn) => turn,
                     Err(not_made) => return Ok(not_made.observed()),
                 };
-                self.act_once(target, &plain, AttemptPurpose::Reply, cleared).await
+                self.act_once(target, &plain, AttemptPurpose::Reply, turn).await
             }
             _ => Ok(observed),
         }
@@ -113,14 +112,14 @@ impl Outbound {
         }
         let action = MessageAction::React { message_id, emoji };
         let mut budget = MAX_REPLY_WAIT;
-        let cleared = match self.clearance(None, &mut budget).await {
-            Ok(cleared) => cleared,
+        let turn = match self.clearance(None, &mut budget).await {
+            Ok(turn) => turn,
             Err(not_made) => {
                 tracing::debug!(trace_id = %target.trace_id, reason = %NotMade::reason(not_made), "ack reaction not set");
                 return;
             }
         };
-        let made = self.act_once(target, &action, AttemptPurpose::Audit, cleared).await;
+        let made = self.act_once(target, &action, AttemptPurpose::Audit, turn).await;
         if let Ok(Observed::NotSent { retry_after: Some(wait), .. }) = &made {
             // Held for the chat's next send too, as a reply's 429 holds it.
             self.pacer().rate_limited(target.chat_id, *wait, std::time::Instant::now());
@@ -145,7 +144,7 @@ impl Outbound {
         target: &MessageActionTarget,
         action: &MessageAction,
         purpose: AttemptPurpose,
-        cleared: Cleared,
+        turn: Turn<'_>,
     ) -> Result<Observed, Refusal> {
         let message_id = action.message_id();
         let (api_method, text, params) = match action {
@@ -189,7 +188,7 @@ impl Outbound {
             &attempt,
             &target.trace_id,
             Call { method: api_method, params: &params, read: &read, file: None },
-            cleared,
+            turn,
         )
         .await
     }
