@@ -202,6 +202,7 @@ impl Pacer {
             Some(spacing) => self.overall.reserve(chat_allows, spacing, now),
             None => chat_allows,
         };
+        self.spent_at(chat_id, at);
         if window_cap.is_some() {
             self.group_windows.entry(chat_id).or_default().push_back(at);
         }
@@ -332,15 +333,33 @@ impl Pacer {
         if interval == 0.0 {
             return held;
         }
-        let elapsed = now.saturating_duration_since(bucket.at).as_secs_f64();
+        // A bucket counted from a send still to come (see `spent_at`) takes the next send
+        // no earlier than that one.
+        let from = bucket.at.max(now);
+        let elapsed = from.saturating_duration_since(bucket.at).as_secs_f64();
         bucket.tokens = (bucket.tokens + elapsed / interval).min(BURST) - 1.0;
-        bucket.at = now;
-        let paced = if bucket.tokens >= 0.0 {
-            Duration::ZERO
-        } else {
-            Duration::from_secs_f64(-bucket.tokens * interval)
-        };
-        paced.max(held)
+        bucket.at = from;
+        let refill = if bucket.tokens >= 0.0 { 0.0 } else { -bucket.tokens * interval };
+        ((from - now) + Duration::from_secs_f64(refill)).max(held)
+    }
+
+    /// `chat_id`'s send was reserved for `at`, later than its bucket alone allowed (it
+    /// waits its turn in the overall budget): the bucket is counted from then, holding at
+    /// most the burst less this send. Counted from the reservation instead, it would
+    /// refill while the send waits, and a chat's sends that waited together would go as
+    /// one burst bigger than [`BURST`].
+    fn spent_at(&mut self, chat_id: i64, at: Instant) {
+        let interval = self.limits.interval_for(chat_id).as_secs_f64();
+        if interval == 0.0 {
+            return;
+        }
+        if let Some(bucket) = self.buckets.get_mut(&chat_id)
+            && at > bucket.at
+        {
+            let refilled = bucket.tokens + (at - bucket.at).as_secs_f64() / interval;
+            bucket.tokens = refilled.min(BURST - 1.0);
+            bucket.at = at;
+        }
     }
 
     /// The least time between two sends across all chats, or none when that pacing is off.
@@ -541,6 +560,29 @@ mod tests {
         assert_eq!(pacer.reserve(DM + 1, t0), Duration::ZERO);
         assert_eq!(pacer.reserve(GROUP, t0), Duration::ZERO);
         assert_eq!(pacer.reserve(DM, t0), Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_chat_whose_sends_wait_for_the_overall_budget_gets_no_bigger_burst() {
+        let mut pacer = Pacer::default();
+        let t0 = Instant::now();
+        // Six seconds of other chats' sends ahead in the overall schedule.
+        for chat in 0..200 {
+            pacer.reserve(1_000 + chat, t0);
+        }
+        // A private chat's burst, then one more a second later: all four wait behind the
+        // schedule and would go within a fraction of a second of each other.
+        let mut sends: Vec<Instant> = (0..3).map(|_| t0 + pacer.reserve(DM, t0)).collect();
+        let t1 = t0 + Duration::from_secs(1);
+        sends.push(t1 + pacer.reserve(DM, t1));
+        // However late they go, no span holds more than the burst and what the chat's
+        // rate adds over it.
+        for (i, first) in sends.iter().enumerate() {
+            for (j, last) in sends.iter().enumerate().skip(i) {
+                let allowed = BURST + (*last - *first).as_secs_f64() / PRIVATE_INTERVAL.as_secs_f64();
+                assert!((j - i + 1) as f64 <= allowed + 1e-9, "sends {i}..={j}: {sends:?}");
+            }
+        }
     }
 
     #[test]
