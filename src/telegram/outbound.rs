@@ -559,12 +559,13 @@ impl Outbound {
         params: &serde_json::Value,
     ) -> Result<Exchange, String> {
         let mut budget = MAX_REPLY_WAIT;
-        let turn = self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
+        let mut turn = self.take_turn(chat_id, &mut budget).await.map_err(NotMade::reason)?;
         if !self.still_leads() {
             return Err(NO_LONGER_LEADS.to_owned());
         }
         turn.leave();
         let exchange = api.call(method, params).await;
+        drop(turn);
         self.heard(chat_id, &exchange);
         Ok(exchange)
     }
@@ -627,7 +628,7 @@ impl Outbound {
                 None => self.pacer().clear_overall(now),
             };
             let hold = match asked {
-                Ok(cleared) => return Ok(Turn { pacer: &self.pacer, cleared: Some(cleared) }),
+                Ok(cleared) => return Ok(Turn { pacer: &self.pacer, cleared: Some(cleared), left: false }),
                 Err(hold) => hold,
             };
             if hold > *budget {
@@ -705,7 +706,7 @@ impl Outbound {
         attempt: &NewAttempt<'_>,
         trace_id: &str,
         call: Call<'_>,
-        turn: Turn<'_>,
+        mut turn: Turn<'_>,
     ) -> Result<Observed, Refusal> {
         let op_id = match self.ledger.begin_attempt(attempt).await {
             Ok(Ok(op_id)) => op_id,
@@ -724,8 +725,8 @@ impl Outbound {
             }
         };
         // The attempt is recorded: the request leaves now, with no wait between (the
-        // budget's was before the record), and counts in the budget from now. Not cut
-        // short by shutdown: the attempt goes out either way.
+        // budget's was before the record), and counts in the budget from its answer. Not
+        // cut short by shutdown: the attempt goes out either way.
         let started = std::time::Instant::now();
         let observed = if self.still_leads() {
             turn.leave();
@@ -733,6 +734,7 @@ impl Outbound {
                 None => self.api.call(call.method, call.params).await,
                 Some(file) => self.upload(file, call.params).await,
             };
+            drop(turn);
             let observed = (call.read)(&exchange);
             if let Some(kind) = error_kind(&exchange, &observed) {
                 metrics::bot_api_error(call.method, kind);
@@ -830,27 +832,31 @@ impl Outbound {
 
 /// A send not made because an earlier 429 holds its chat for `pace` more: longer than the
 /// send may wait.
-/// A request's turn to leave, cleared by the pacer ([`Outbound::clearance`]). Taken by
-/// [`Turn::leave`] at the moment the request is made, which counts it in Telegram's
-/// budget from then on; dropped untaken (its attempt could not be recorded, this daemon
-/// no longer leads, its caller went away), it gives its place back.
+/// A request's turn in Telegram's budget, cleared by the pacer ([`Outbound::clearance`]).
+/// [`Turn::leave`] says the request is being made; the turn is dropped once its answer
+/// came (or its caller went away meanwhile), which counts the request as made then
+/// ([`Pacer::made`]). Dropped before it left (its attempt could not be recorded, this
+/// daemon no longer leads, its caller went away), it gives its place back.
 struct Turn<'a> {
     pacer: &'a Mutex<Pacer>,
     cleared: Option<Cleared>,
+    left: bool,
 }
 
 impl Turn<'_> {
-    fn leave(mut self) {
-        if let Some(cleared) = self.cleared.take() {
-            lock_pacer(self.pacer).leaving(cleared, std::time::Instant::now());
-        }
+    fn leave(&mut self) {
+        self.left = true;
     }
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        if let Some(cleared) = self.cleared.take() {
-            lock_pacer(self.pacer).abandoned(cleared);
+        let Some(cleared) = self.cleared.take() else { return };
+        let mut pacer = lock_pacer(self.pacer);
+        if self.left {
+            pacer.made(cleared, std::time::Instant::now());
+        } else {
+            pacer.abandoned(cleared);
         }
     }
 }
