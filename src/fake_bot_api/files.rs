@@ -2,9 +2,15 @@
 //! `getFile`, the download route `/file/bot<token>/<file_path>`, and multipart uploads
 //! for `sendPhoto`, `sendDocument` and the rest, recorded by their length and SHA-256 so
 //! a test can check them byte for byte without keeping them.
+//!
+//! Like a local Bot API server started with `--local`
+//! ([`FakeTelegram::serve_files_locally`]), the fake can instead keep the files it is given
+//! on disk, under `<working directory>/<token>/documents/`, and answer `getFile` with their
+//! absolute path; it serves no download of them, as that server does not.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -52,6 +58,9 @@ pub(super) struct FilesState {
     /// How long each download waits before its answer starts
     /// ([`FakeTelegram::stall_file_downloads`]).
     download_stall: Option<Duration>,
+    /// The working directory of a local server ([`FakeTelegram::serve_files_locally`]):
+    /// files registered from then on are written under it and named by absolute path.
+    local_dir: Option<tempfile::TempDir>,
 }
 
 /// A file upload the fake accepted, as Telegram would have posted it.
@@ -81,10 +90,48 @@ impl FakeTelegram {
 
     /// Registers a file whose `getFile` reports `reported_size`, whatever it holds (a
     /// file too large to download need not be made).
+    /// In local mode ([`FakeTelegram::serve_files_locally`]) the bytes are written to disk.
     pub fn add_file_claiming(&self, file_id: &str, bytes: impl Into<Bytes>, reported_size: u64) {
+        let bytes = bytes.into();
         let mut state = self.shared.lock();
-        let path = format!("files/{}", state.take_file_seq());
-        state.files.files.insert(file_id.to_owned(), FakeFile { path, bytes: bytes.into(), reported_size });
+        let seq = state.take_file_seq();
+        let path = match &state.files.local_dir {
+            Some(dir) => {
+                let path = dir.path().join(TEST_TOKEN).join("documents").join(format!("file_{seq}"));
+                write_local_file(&path, &bytes);
+                path.display().to_string()
+            }
+            None => format!("files/{seq}"),
+        };
+        state.files.files.insert(file_id.to_owned(), FakeFile { path, bytes, reported_size });
+    }
+
+    /// Registers a file whose `getFile` names `file_path` as it is, whatever is there (a
+    /// path the daemon must refuse, or one on another machine's disk); nothing is written
+    /// and nothing is served.
+    pub fn add_file_at_path(&self, file_id: &str, file_path: &str, reported_size: u64) {
+        let file = FakeFile { path: file_path.to_owned(), bytes: Bytes::new(), reported_size };
+        self.shared.lock().files.files.insert(file_id.to_owned(), file);
+    }
+
+    /// From now on, acts as a local Bot API server started with `--local`: each file
+    /// registered is written under a working directory of the fake's own (removed when the
+    /// fake is dropped), at `<dir>/<token>/documents/file_<n>` as telegram-bot-api lays
+    /// them out, and `getFile` answers its absolute path. Returns that directory.
+    pub fn serve_files_locally(&self) -> PathBuf {
+        let mut state = self.shared.lock();
+        let dir = state.files.local_dir.get_or_insert_with(|| {
+            tempfile::Builder::new()
+                .prefix("fake-bot-api-")
+                .tempdir()
+                .expect("fake Telegram: a working directory")
+        });
+        dir.path().to_owned()
+    }
+
+    /// The path `getFile` names for `file_id`, if the fake knows the file.
+    pub fn file_path_of(&self, file_id: &str) -> Option<String> {
+        self.shared.lock().files.files.get(file_id).map(|file| file.path.clone())
     }
 
     /// Queues a document message carrying `file_id` (one `add_file` registered); returns its
@@ -182,6 +229,13 @@ impl FakeTelegram {
         };
         self.shared.wait_for(Some(Instant::now() + within), held).await
     }
+}
+
+/// Writes a local-mode file where `getFile` will say it is.
+fn write_local_file(path: &Path, bytes: &[u8]) {
+    let dir = path.parent().expect("a file in a directory");
+    std::fs::create_dir_all(dir).expect("fake Telegram: the local server's directory");
+    std::fs::write(path, bytes).expect("fake Telegram: a local file");
 }
 
 /// `getFile`: the file's path and size, or Telegram's 400 for an unknown id or a file over
