@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use support::agents::*;
 use support::daemon::*;
 use support::mcp::ChannelClient;
-use switchboard::fake_bot_api::{ChatSpec, FakeTelegram};
+use switchboard::fake_bot_api::{ChatSpec, FakeTelegram, TEST_TOKEN};
 
 /// Bytes that differ at every offset, so a chunk dropped or repeated changes the digest.
 fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -247,6 +247,117 @@ async fn a_photo_that_cannot_be_fetched_is_pushed_anyway_without_an_image_path()
         switchboard::ledger::EnvelopeState::Pending,
         "the envelope waits for its answer as any other"
     );
+}
+
+/// A local Bot API server (`telegram-bot-api --local`, at `telegram.api_url`) answers
+/// `getFile` with the file's absolute path on its own disk, and serves no download of it:
+/// the daemon reads the file there (a disk or volume it shares with the server).
+#[tokio::test]
+async fn a_document_through_a_local_bot_api_server_is_read_from_its_disk_byte_for_byte() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let working_dir = fake.serve_files_locally();
+    let bytes = pattern(2 * 1024 * 1024 + 5, 4);
+    fake.add_file("local-doc", bytes.clone());
+    let path = fake.file_path_of("local-doc").unwrap();
+    assert!(
+        path.starts_with(&working_dir.display().to_string()),
+        "an absolute path on the server's disk: {path}"
+    );
+    fake.push_document_file(
+        ChatSpec::private(OWNER_CHAT),
+        owner(),
+        "local-doc",
+        "scan.pdf",
+        bytes.len() as u64,
+    );
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, answer) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
+        .await
+        .unwrap();
+    assert!(!is_error, "{answer}");
+    let saved = saved_path(&answer);
+    assert_eq!(saved.parent(), Some(inbox_of(state_home.path(), "orchestrator").as_path()), "{answer}");
+    assert!(saved.file_name().unwrap().to_string_lossy().ends_with("scan.pdf"), "{answer}");
+    assert_eq!(sha256_file(&saved), sha256(&bytes));
+    assert!(fake.file_downloads().is_empty(), "read from the disk, not over HTTP");
+}
+
+#[tokio::test]
+async fn a_photo_through_a_local_bot_api_server_arrives_already_saved_with_its_image_path() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    fake.serve_files_locally();
+    let bytes = pattern(300_000, 8);
+    fake.add_file("local-photo", bytes.clone());
+    fake.push_photo_file(ChatSpec::private(OWNER_CHAT), owner(), "local-photo", bytes.len() as u64);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let image = PathBuf::from(pushed[0].meta_str("image_path").expect("meta.image_path"));
+    assert!(image.starts_with(inbox_of(state_home.path(), "orchestrator")), "{image:?}");
+    assert_eq!(sha256_file(&image), sha256(&bytes));
+}
+
+/// A local server on another machine names a path this one does not have: the agent and
+/// the daemon's log are told which path, and what to do (mount the server's working
+/// directory at the same path), without the bot token that path holds.
+#[tokio::test]
+async fn a_file_a_local_bot_api_server_keeps_where_this_machine_cannot_read_is_refused_with_what_to_do() {
+    let Waiting { fake, daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let working_dir = fake.serve_files_locally();
+    fake.add_file("elsewhere", pattern(1000, 5));
+    let path = fake.file_path_of("elsewhere").unwrap();
+    std::fs::remove_dir_all(working_dir.join(TEST_TOKEN)).unwrap();
+    fake.push_document_file(ChatSpec::private(OWNER_CHAT), owner(), "elsewhere", "notes.txt", 1000);
+    let pushed = orchestrator.wait_for_notifications(1, WAIT).await.unwrap();
+    let (is_error, text) = orchestrator
+        .call_tool("download_attachment", json!({"trace_id": trace_id(&pushed[0])}))
+        .await
+        .unwrap();
+    assert!(is_error, "{text}");
+    assert!(text.starts_with("file_unavailable"), "{text}");
+    let shown = path.replace(TEST_TOKEN, "<token>");
+    assert!(text.contains(&shown), "names the path: {text}");
+    assert!(
+        text.contains(&format!("mount the server's working directory ({})", working_dir.display())),
+        "{text}"
+    );
+    assert!(!text.contains("try again"), "a retry reads the same missing path: {text}");
+    assert!(!text.contains(TEST_TOKEN), "the token stays out of the answer: {text}");
+    daemon.wait_for_log(&shown, WAIT).await;
+    assert!(!daemon.logs().contains(TEST_TOKEN), "the token stays out of the log");
+    assert!(dir_is_empty(&inbox_of(state_home.path(), "orchestrator")));
+}
+
+/// The daemon reads only what a local server keeps for this bot: a path outside the
+/// directory named by the bot's token, one that climbs out of it, or a link in it to
+/// somewhere else is refused, and nothing is read.
+#[tokio::test]
+async fn a_local_path_outside_the_bots_own_directory_is_refused() {
+    let Waiting { fake, daemon: _daemon, orchestrator, state_home } = orchestrator_with_inbox().await;
+    let working_dir = fake.serve_files_locally();
+    let bot_dir = working_dir.join(TEST_TOKEN).join("documents");
+    std::fs::create_dir_all(&bot_dir).unwrap();
+    let outside = working_dir.join("secret.txt");
+    std::fs::write(&outside, b"not the bot's").unwrap();
+    std::os::unix::fs::symlink(&outside, bot_dir.join("link")).unwrap();
+    let named = [
+        ("outside", outside.display().to_string()),
+        ("climbs", format!("{}/../secret.txt", bot_dir.display())),
+        ("link", bot_dir.join("link").display().to_string()),
+    ];
+    for (file_id, path) in &named {
+        fake.add_file_at_path(file_id, path, 13);
+        fake.push_document_file(ChatSpec::private(OWNER_CHAT), owner(), file_id, "secret.txt", 13);
+    }
+    let pushed = orchestrator.wait_for_notifications(named.len(), WAIT).await.unwrap();
+    for (pushed, (file_id, _)) in pushed.iter().zip(&named) {
+        let (is_error, text) = orchestrator
+            .call_tool("download_attachment", json!({"trace_id": trace_id(pushed)}))
+            .await
+            .unwrap();
+        assert!(is_error, "{file_id}: {text}");
+        assert!(text.contains("outside the bot's own directory"), "{file_id}: {text}");
+    }
+    assert!(dir_is_empty(&inbox_of(state_home.path(), "orchestrator")));
 }
 
 /// A photo whose download is stuck holds the session for its own short wait only: a text

@@ -1,14 +1,22 @@
 //! Files over the Bot API (DESIGN.md §14): `getFile` and the download of what it names,
 //! streamed through without holding a file in memory, and multipart uploads streamed
 //! from a file on disk.
+//!
+//! A local Bot API server started with `--local` answers `getFile` with the file's absolute
+//! path on its own disk instead of a path to download: the file is then read there, on a
+//! disk or volume the daemon shares with the server ([`local_path`] says which paths).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::{Stream, StreamExt, TryStreamExt};
+use futures::stream::BoxStream;
+use futures::{StreamExt, TryStreamExt};
 use serde::Deserialize;
+use tokio::io::AsyncReadExt;
 
 use super::bot_api::{Answer, Exchange, root_cause};
+use crate::ids::Secret;
 
 /// A download that has moved no byte for this long is dead (a stalled connection); a slow
 /// one that keeps moving may take as long as it needs.
@@ -36,7 +44,8 @@ pub fn upload_answer_timeout(call: Duration, len: u64) -> Duration {
 /// What `getFile` said about a file.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct FileInfo {
-    /// Where the file can be fetched from, under `{api_url}/file/bot{token}/`.
+    /// Where the file can be fetched from, under `{api_url}/file/bot{token}/`; from a local
+    /// server with `--local`, its absolute path on that server's disk.
     pub file_path: Option<String>,
     pub file_size: Option<u64>,
 }
@@ -52,6 +61,34 @@ pub enum FetchError {
     TooBig,
     #[error("Telegram could not be reached for the file: {0}")]
     Transport(String),
+    /// A local Bot API server (`--local`) keeps the file on a disk this machine does not
+    /// see, or not readable by the daemon. `path` and `working_dir` have the token hidden.
+    #[error(
+        "the local Bot API server keeps the file at {path}, which this machine cannot read: {detail}. \
+         That server runs with --local, so switchboard reads its files from its disk: mount the server's \
+         working directory ({working_dir}) at the same path on this machine, readable by switchboard's user"
+    )]
+    LocalUnreadable { path: String, working_dir: String, detail: String },
+    /// `getFile` named a file the daemon will not read or fetch ([`local_path`],
+    /// [`TelegramFiles::file_url`]); the text has the token hidden.
+    #[error("the Bot API server named a file switchboard will not read: {0}")]
+    UnsafePath(String),
+}
+
+impl FetchError {
+    /// Whether asking again could fetch the file: not while the server names a path the
+    /// daemon cannot or will not read, which only its operator can change.
+    pub fn is_lasting(&self) -> bool {
+        matches!(self, Self::LocalUnreadable { .. } | Self::UnsafePath(_))
+    }
+}
+
+/// A file on its way: its bytes as they arrive, nothing buffered beyond one chunk.
+pub struct Download {
+    /// Its length, when the daemon knows it better than `getFile` did: a file read from a
+    /// local server's disk has exactly this many bytes, whatever `getFile` said.
+    pub size: Option<u64>,
+    pub bytes: BoxStream<'static, std::io::Result<Bytes>>,
 }
 
 /// The Bot API's file methods for one bot.
@@ -65,6 +102,9 @@ pub struct TelegramFiles {
     methods: reqwest::Url,
     /// `{api_url}/file/bot{token}/`.
     files: reqwest::Url,
+    /// To recognise the bot's own directory on a local server's disk, and to hide it
+    /// from the messages that name a path in it.
+    token: Secret,
     /// How long `getFile` may take, and the least an upload waits for its answer once its
     /// bytes are sent (`telegram.send_timeout_secs`; see [`upload_answer_timeout`]).
     call_timeout: Duration,
@@ -87,7 +127,7 @@ impl TelegramFiles {
         methods.set_path(&format!("{prefix}/bot{token}/"));
         let mut files = api_url.clone();
         files.set_path(&format!("{prefix}/file/bot{token}/"));
-        Ok(Self { client, uploads, methods, files, call_timeout })
+        Ok(Self { client, uploads, methods, files, token: Secret::new(token.to_owned()), call_timeout })
     }
 
     /// `getFile`: where a file is and how big.
@@ -105,18 +145,74 @@ impl TelegramFiles {
         }
     }
 
-    /// The file's bytes as they arrive; nothing is buffered beyond one chunk.
-    pub async fn download(
-        &self,
-        file_path: &str,
-    ) -> Result<impl Stream<Item = std::io::Result<Bytes>> + Send + use<>, FetchError> {
-        let url = self.files.join(file_path).map_err(|e| FetchError::Transport(e.to_string()))?;
+    /// The file `getFile` named by `file_path`: downloaded from under
+    /// `{api_url}/file/bot{token}/`, or read from the local server's disk when the path is
+    /// absolute.
+    pub async fn download(&self, file_path: &str) -> Result<Download, FetchError> {
+        if file_path.starts_with('/') {
+            return self.read_local(file_path).await;
+        }
+        let url = self.file_url(file_path)?;
         let response = self.client.get(url).send().await.map_err(transport)?;
         let status = response.status();
         if !status.is_success() {
             return Err(FetchError::Refused(format!("the file download answered HTTP {status}")));
         }
-        Ok(response.bytes_stream().map_err(|e| std::io::Error::other(root_cause(&e.without_url()))))
+        let bytes = response.bytes_stream().map_err(|e| std::io::Error::other(root_cause(&e.without_url())));
+        Ok(Download { size: None, bytes: bytes.boxed() })
+    }
+
+    /// The URL of a file `getFile` named by a relative path: under the file route of the
+    /// configured server, and nowhere else. A path that would leave it (`..`, `//host`, a
+    /// scheme, a query) is not one Telegram gives, so it is refused rather than followed.
+    fn file_url(&self, file_path: &str) -> Result<reqwest::Url, FetchError> {
+        let refused = || {
+            FetchError::UnsafePath(format!(
+                "{}, which is not a path under its file route",
+                hide_token(file_path, self.token.expose())
+            ))
+        };
+        let climbs = file_path.split('/').any(|segment| segment == "." || segment == "..");
+        if climbs || file_path.contains(['\\', '?', '#']) {
+            return Err(refused());
+        }
+        let url = self.files.join(file_path).map_err(|_| refused())?;
+        if !url.as_str().starts_with(self.files.as_str()) || url.query().is_some() || url.fragment().is_some()
+        {
+            return Err(refused());
+        }
+        Ok(url)
+    }
+
+    /// A file a local server (`--local`) keeps on its disk, read where it is: exactly the
+    /// length it has when it is opened.
+    async fn read_local(&self, file_path: &str) -> Result<Download, FetchError> {
+        let token = self.token.expose();
+        let local = local_path(token, file_path)?;
+        let unreadable = |error: std::io::Error| FetchError::LocalUnreadable {
+            path: local.shown.clone(),
+            working_dir: local.working_dir.clone(),
+            detail: error.to_string(),
+        };
+        // With every link resolved, what is read must still be in the bot's own directory:
+        // a link there to anywhere else is refused like a path that names it.
+        let real = tokio::fs::canonicalize(&local.path).await.map_err(unreadable)?;
+        let real_text = real.to_str().unwrap_or_default();
+        if local_path(token, real_text).is_err() {
+            return Err(FetchError::UnsafePath(format!(
+                "{}, which leads to {}, outside the bot's own directory",
+                local.shown,
+                hide_token(real_text, token)
+            )));
+        }
+        let file = tokio::fs::File::open(&real).await.map_err(unreadable)?;
+        let metadata = file.metadata().await.map_err(unreadable)?;
+        if !metadata.is_file() {
+            return Err(FetchError::UnsafePath(format!("{}, which is not a regular file", local.shown)));
+        }
+        let len = metadata.len();
+        let bytes = tokio_util::io::ReaderStream::new(file.take(len));
+        Ok(Download { size: Some(len), bytes: bytes.boxed() })
     }
 
     /// Sends a file with `method` as multipart: `params` as text fields, then the file as
@@ -193,6 +289,58 @@ fn get_file_refusal(error_code: u16, description: Option<String>) -> FetchError 
     }
 }
 
+/// A path a local Bot API server named, checked.
+#[derive(Debug, PartialEq, Eq)]
+struct LocalPath {
+    path: PathBuf,
+    /// The server's working directory (what precedes the bot's own directory), to say what
+    /// to mount.
+    working_dir: String,
+    /// The path with the token hidden, for messages.
+    shown: String,
+}
+
+/// Checks an absolute `file_path` a local Bot API server (`--local`) named.
+///
+/// A `file_path` is trusted only as much as the configured server, which holds the bot's
+/// token anyway: it may name any file of the bot's. But reading it here opens a path on
+/// this machine with the daemon's rights, and hands its bytes to an agent; the daemon can
+/// read its own secrets (its environment in `/proc/self/environ`, its configuration, its
+/// ledger), so a server that is wrong, compromised or reached over plain HTTP must not be
+/// able to name them. telegram-bot-api keeps each bot's files in a directory named by its
+/// token (`<dir>/<token>/documents/file_0.pdf`; `<token>:T` on the test servers), so a
+/// path is read only from below such a directory, and without `.` or `..`, which it never
+/// writes. ([`TelegramFiles::read_local`] checks the same again with links resolved, so a
+/// link in that directory leads nowhere else.)
+fn local_path(token: &str, file_path: &str) -> Result<LocalPath, FetchError> {
+    let shown = hide_token(file_path, token);
+    let outside = || FetchError::UnsafePath(format!("{shown}, outside the bot's own directory"));
+    let segments: Vec<&str> = file_path.split('/').collect();
+    if !file_path.starts_with('/') || file_path.contains('\0') {
+        return Err(outside());
+    }
+    if segments.iter().any(|segment| *segment == "." || *segment == "..") {
+        return Err(FetchError::UnsafePath(format!(
+            "{shown}, which leads outside the bot's own directory with . or .."
+        )));
+    }
+    let test_dc = format!("{token}:T");
+    let bot_dir = segments[..segments.len() - 1]
+        .iter()
+        .rposition(|segment| *segment == token || *segment == test_dc)
+        .ok_or_else(outside)?;
+    let working_dir = match segments[..bot_dir].join("/") {
+        root if root.is_empty() => "/".to_owned(),
+        dir => dir,
+    };
+    Ok(LocalPath { path: PathBuf::from(file_path), working_dir, shown })
+}
+
+/// `text` with the bot token replaced by `<token>`: a local server's paths hold it.
+fn hide_token(text: &str, token: &str) -> String {
+    if token.is_empty() { text.to_owned() } else { text.replace(token, "<token>") }
+}
+
 fn transport(error: reqwest::Error) -> FetchError {
     FetchError::Transport(root_cause(&error.without_url()))
 }
@@ -236,6 +384,111 @@ mod tests {
         );
         assert!(matches!(get_file_refusal(500, description("file is too big")), FetchError::Refused(_)));
         assert_eq!(get_file_refusal(400, None), FetchError::Refused("no description".into()));
+    }
+
+    const TOKEN: &str = "123:abc";
+
+    fn files() -> TelegramFiles {
+        let api = "http://127.0.0.1:8081/prefix".parse().unwrap();
+        TelegramFiles::new(TOKEN, &api, Duration::from_secs(1), Duration::from_secs(1)).unwrap()
+    }
+
+    #[test]
+    fn a_relative_file_path_stays_under_the_servers_file_route() {
+        let files = files();
+        assert_eq!(
+            files.file_url("documents/file_0.pdf").unwrap().as_str(),
+            "http://127.0.0.1:8081/prefix/file/bot123:abc/documents/file_0.pdf"
+        );
+        for escaping in [
+            "../../bot123:abc/getMe",
+            "documents/../../x",
+            "./documents/file_0.pdf",
+            "%2e%2e/%2e%2e/x",
+            "//elsewhere.example/file",
+            "http://elsewhere.example/file",
+            "documents/file_0.pdf?x=1",
+            "documents/file_0.pdf#x",
+            "documents\\..\\x",
+        ] {
+            let refused = files.file_url(escaping).unwrap_err();
+            assert!(matches!(refused, FetchError::UnsafePath(_)), "{escaping}: {refused:?}");
+            assert!(refused.is_lasting(), "{escaping}");
+        }
+    }
+
+    #[test]
+    fn a_local_path_is_read_only_below_the_directory_named_by_the_token() {
+        let local = local_path(TOKEN, "/var/lib/telegram-bot-api/123:abc/documents/file_0.pdf").unwrap();
+        assert_eq!(local.working_dir, "/var/lib/telegram-bot-api");
+        assert_eq!(local.shown, "/var/lib/telegram-bot-api/<token>/documents/file_0.pdf");
+        assert_eq!(local.path, PathBuf::from("/var/lib/telegram-bot-api/123:abc/documents/file_0.pdf"));
+        let test_servers = local_path(TOKEN, "/data/123:abc:T/photos/file_1.jpg").unwrap();
+        assert_eq!(test_servers.working_dir, "/data");
+        assert_eq!(local_path(TOKEN, "/123:abc/voice/file_2.oga").unwrap().working_dir, "/");
+
+        for refused in [
+            "/etc/passwd",
+            "/proc/self/environ",
+            "/var/lib/telegram-bot-api/123:abc",
+            "/var/lib/telegram-bot-api/123:abcd/documents/file_0.pdf",
+            "/var/lib/telegram-bot-api/999:xyz/documents/file_0.pdf",
+            "/var/lib/telegram-bot-api/123:abc/../../../etc/passwd",
+            "/var/lib/telegram-bot-api/123:abc/./documents/file_0.pdf",
+            "/var/lib/telegram-bot-api/123:abc/documents/file\0.pdf",
+            "var/lib/telegram-bot-api/123:abc/documents/file_0.pdf",
+        ] {
+            let error = local_path(TOKEN, refused).unwrap_err();
+            assert!(matches!(error, FetchError::UnsafePath(_)), "{refused}: {error:?}");
+            assert!(!error.to_string().contains(TOKEN), "the token stays hidden: {error}");
+        }
+    }
+
+    async fn read_all(download: Download) -> Vec<u8> {
+        let chunks: Vec<Bytes> = download.bytes.try_collect().await.unwrap();
+        chunks.concat()
+    }
+
+    #[tokio::test]
+    async fn a_local_file_is_read_whole_and_a_link_out_of_the_bots_directory_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let documents = dir.path().join(TOKEN).join("documents");
+        std::fs::create_dir_all(&documents).unwrap();
+        std::fs::write(documents.join("file_0.pdf"), b"the bot's file").unwrap();
+        std::fs::write(dir.path().join("secret"), b"not the bot's").unwrap();
+        std::os::unix::fs::symlink(dir.path().join("secret"), documents.join("out")).unwrap();
+        std::os::unix::fs::symlink(documents.join("file_0.pdf"), documents.join("in")).unwrap();
+        let files = files();
+        let path = |name: &str| documents.join(name).display().to_string();
+
+        let download = files.download(&path("file_0.pdf")).await.unwrap();
+        assert_eq!(download.size, Some(14));
+        assert_eq!(read_all(download).await, b"the bot's file");
+        let within = files.download(&path("in")).await.unwrap();
+        assert_eq!(
+            read_all(within).await,
+            b"the bot's file",
+            "a link within the bot's directory is followed"
+        );
+
+        let Err(FetchError::UnsafePath(out)) = files.download(&path("out")).await else {
+            panic!("followed out")
+        };
+        assert!(out.contains("outside the bot's own directory") && !out.contains(TOKEN), "{out}");
+        let Err(FetchError::UnsafePath(folder)) = files.download(&documents.display().to_string()).await
+        else {
+            panic!("a folder was read")
+        };
+        assert!(folder.contains("not a regular file"), "{folder}");
+
+        let missing = files.download(&path("file_9.pdf")).await.err().unwrap();
+        let FetchError::LocalUnreadable { path: shown, working_dir, .. } = &missing else {
+            panic!("{missing:?}")
+        };
+        assert_eq!(working_dir, &dir.path().display().to_string());
+        assert!(shown.ends_with("/<token>/documents/file_9.pdf"), "{shown}");
+        assert!(missing.to_string().contains("mount the server's working directory"), "{missing}");
+        assert!(missing.is_lasting());
     }
 
     #[test]

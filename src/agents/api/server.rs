@@ -272,7 +272,7 @@ impl From<AttachmentError> for Failure {
             AttachmentError::Refused(
                 DownloadRefusal::TooLarge { .. } | DownloadRefusal::AboveAsked { .. },
             ) => ErrorCode::FileTooLarge,
-            AttachmentError::Unavailable(_) => ErrorCode::FileUnavailable,
+            AttachmentError::Unavailable(_) | AttachmentError::Unreadable(_) => ErrorCode::FileUnavailable,
         };
         Self(ApiError::new(code, message))
     }

@@ -6,7 +6,6 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use futures::StreamExt;
 use futures::stream::BoxStream;
 
 use super::{Bridge, ResolveError, ToolError};
@@ -38,6 +37,11 @@ pub enum AttachmentError {
     /// Telegram did not hand the file over.
     #[error("{0}; nothing was downloaded, try again later")]
     Unavailable(FetchError),
+    /// The server named a file the daemon cannot or will not read (a local Bot API
+    /// server's disk this machine does not share): asking again reads the same path, so
+    /// only the operator can help.
+    #[error("{0}; nothing was downloaded")]
+    Unreadable(FetchError),
 }
 
 impl Bridge {
@@ -84,7 +88,17 @@ impl Bridge {
         let path = info.file_path.ok_or_else(|| {
             AttachmentError::Unavailable(FetchError::Refused("getFile named no file_path".into()))
         })?;
-        let bytes = files.download(&path).await.map_err(AttachmentError::Unavailable)?;
+        let download = files.download(&path).await.map_err(|error| {
+            if error.is_lasting() {
+                tracing::warn!(trace_id = %trace_id, kind = %chosen.kind, "attachment not downloaded: {error}");
+                AttachmentError::Unreadable(error)
+            } else {
+                AttachmentError::Unavailable(error)
+            }
+        })?;
+        // A file read from a local server's disk has the size it has there: the same limits
+        // apply to it.
+        media::check_download_size(download.size, max_bytes).map_err(AttachmentError::Refused)?;
         let name = chosen
             .name
             .clone()
@@ -95,8 +109,8 @@ impl Bridge {
             kind: chosen.kind.clone(),
             file_id: chosen.file_id.clone(),
             name,
-            size: info.file_size.or(chosen.size),
-            bytes: bytes.boxed(),
+            size: download.size.or(info.file_size).or(chosen.size),
+            bytes: download.bytes,
         })
     }
 }
