@@ -19,18 +19,14 @@ use switchboard::ledger::{AttemptState, EnvelopeState};
 
 const WAIT: Duration = Duration::from_secs(20);
 
-/// The machine's PostgreSQL, which the test schemas are on.
-const SERVER: &str = "127.0.0.1:5432";
-
-/// A daemon whose ledger is reached through a proxy of the test's.
+/// A daemon whose ledger is reached through a proxy of the test's, to the server its test
+/// schema is on.
 async fn daemon_through_proxy(fake: &FakeTelegram) -> (TestDaemon, PostgresProxy) {
-    let server = SERVER.parse().unwrap();
-    let proxy = PostgresProxy::to(server);
     let mut daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
     let direct = daemon.ledger_at.setting();
+    let proxy = PostgresProxy::to(PostgresProxy::server_of(&direct));
     let config = std::fs::read_to_string(daemon.config_path()).unwrap();
-    std::fs::write(daemon.config_path(), config.replace(&direct, &proxy.url_through(&direct, server)))
-        .unwrap();
+    std::fs::write(daemon.config_path(), config.replace(&direct, &proxy.url_through(&direct))).unwrap();
     daemon.launch();
     (daemon, proxy)
 }

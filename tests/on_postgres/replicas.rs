@@ -851,7 +851,10 @@ async fn an_unreachable_database_stops_the_daemon_at_start_with_the_reason() {
     let mut daemon = TestDaemon::configure(&fake.api_url(), "", &default_routes(), &[]);
     let config = std::fs::read_to_string(daemon.config_path()).unwrap();
     let TestLedger::Postgres(schema) = &daemon.ledger_at else { panic!("on PostgreSQL") };
-    let unreachable = schema.url.replace("127.0.0.1:5432", "127.0.0.1:9");
+    let mut unreachable = reqwest::Url::parse(&schema.url).unwrap();
+    unreachable.set_host(Some("127.0.0.1")).unwrap();
+    unreachable.set_port(Some(9)).unwrap();
+    let unreachable = unreachable.to_string();
     std::fs::write(daemon.config_path(), config.replace(&schema.url, &unreachable)).unwrap();
     daemon.launch_standby();
     let status = daemon.wait_for_exit(WAIT).await;

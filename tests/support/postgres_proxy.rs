@@ -59,9 +59,19 @@ impl PostgresProxy {
     }
 
     /// `url` (a PostgreSQL URL naming the machine's server) through this proxy.
-    pub fn url_through(&self, url: &str, server: SocketAddr) -> String {
-        assert!(url.contains(&server.to_string()), "{url} names {server}");
-        url.replace(&server.to_string(), &self.addr.to_string())
+    pub fn url_through(&self, url: &str) -> String {
+        let mut through = reqwest::Url::parse(url).expect("a PostgreSQL URL");
+        through.set_host(Some(&self.addr.ip().to_string())).expect("a host");
+        through.set_port(Some(self.addr.port())).expect("a port");
+        through.to_string()
+    }
+
+    /// The server a PostgreSQL `url` names (host and port; 5432 when it names none).
+    pub fn server_of(url: &str) -> SocketAddr {
+        use std::net::ToSocketAddrs;
+        let parsed = reqwest::Url::parse(url).expect("a PostgreSQL URL");
+        let host = parsed.host_str().expect("a host");
+        (host, parsed.port().unwrap_or(5432)).to_socket_addrs().expect("a resolvable host").next().unwrap()
     }
 
     /// The server carries out the next COMMIT of a transaction that ran a statement
