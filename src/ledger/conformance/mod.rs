@@ -101,6 +101,7 @@ macro_rules! suite {
             $crate::ledger::conformance::suite!(@tests $backend;
             rooms::a_room_message_becomes_a_waiting_cascade_once_and_leaves_the_inbox_acked,
             rooms::giving_the_floor_queues_a_room_turn_in_the_rooms_chat_and_a_stale_step_changes_nothing,
+            rooms::a_steps_times_are_the_callers_clock,
             rooms::one_reply_per_turn_is_claimed_only_while_the_turn_envelope_is_pending,
             rooms::a_reply_cut_off_part_way_keeps_its_turn_for_the_same_words,
             rooms::a_timeout_decided_before_an_ack_changes_nothing,

@@ -1,6 +1,6 @@
 use std::num::NonZeroU32;
 
-use chrono::Utc;
+use chrono::{DateTime, Utc};
 
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::conformance::Backend;
@@ -75,6 +75,16 @@ pub(crate) async fn open_next(
     stored: &StoredCascade,
     message: &StoredEnvelope,
 ) -> StoredCascade {
+    open_next_at(ledger, stored, message, Utc::now()).await
+}
+
+/// [`open_next`] on the caller's clock reading `now`.
+async fn open_next_at(
+    ledger: &dyn Storage,
+    stored: &StoredCascade,
+    message: &StoredEnvelope,
+    now: DateTime<Utc>,
+) -> StoredCascade {
     let mut cascade = stored.cascade().unwrap();
     let Next::Speak(turn) = cascade.next_speaker() else { panic!("nobody to speak") };
     let content = cascade.transcript_text(&roster());
@@ -95,8 +105,32 @@ pub(crate) async fn open_next(
         }),
         ..RoomStep::default()
     };
-    ledger.apply_room_step(&step).await.unwrap().expect("the step applies");
+    ledger.apply_room_step(&step, now).await.unwrap().expect("the step applies");
     ledger.cascade(&stored.cascade_id).await.unwrap().unwrap()
+}
+
+/// A step's times are the caller's clock, the one a speaker's time is judged on, whatever
+/// the database's own clock says: a turn opened and ended on a clock a day behind and then
+/// a day ahead of the real one reads back those times, not the server's.
+pub(crate) async fn a_steps_times_are_the_callers_clock<B: Backend>() {
+    let (_keep, ledger) = B::fresh().await;
+    let message = room_message(&*ledger, 1, "@builder hi").await;
+    let waiting = recorded(&*ledger, &message).await;
+    let whole_second = |at: DateTime<Utc>| DateTime::from_timestamp(at.timestamp(), 0).unwrap();
+    let behind = whole_second(Utc::now() - chrono::Duration::days(1));
+    let running = open_next_at(&*ledger, &waiting, &message, behind).await;
+    assert_eq!(running.started_at, Some(behind), "the exchange starts on the caller's clock");
+    let turn = ledger.turns_of(running.id).await.unwrap().remove(0);
+    assert_eq!(turn.started_at, behind, "the turn starts on the caller's clock");
+
+    let ahead = whole_second(Utc::now() + chrono::Duration::days(1));
+    let timeout = RoomStep {
+        close: Some(TurnClose { turn: &turn, ending: TurnEnding::TimedOut, timed_out: Some("late") }),
+        ..RoomStep::default()
+    };
+    ledger.apply_room_step(&timeout, ahead).await.unwrap().expect("the step applies");
+    let turn = ledger.turns_of(running.id).await.unwrap().remove(0);
+    assert_eq!(turn.ended_at, Some(ahead), "the turn ends on the caller's clock");
 }
 
 pub(crate) async fn a_room_message_becomes_a_waiting_cascade_once_and_leaves_the_inbox_acked<B: Backend>() {
@@ -157,7 +191,7 @@ pub(crate) async fn giving_the_floor_queues_a_room_turn_in_the_rooms_chat_and_a_
         }),
         ..RoomStep::default()
     };
-    assert!(ledger.apply_room_step(&stale).await.unwrap().is_none());
+    assert!(ledger.apply_room_step(&stale, Utc::now()).await.unwrap().is_none());
     assert_eq!(ledger.cascade(&running.cascade_id).await.unwrap().unwrap(), running);
 }
 
@@ -183,7 +217,7 @@ pub(crate) async fn one_reply_per_turn_is_claimed_only_while_the_turn_envelope_i
         close: Some(TurnClose { turn: &turn, ending: TurnEnding::TimedOut, timed_out: Some("late") }),
         ..RoomStep::default()
     };
-    assert!(ledger.apply_room_step(&pass).await.unwrap().is_none());
+    assert!(ledger.apply_room_step(&pass, Utc::now()).await.unwrap().is_none());
     assert_eq!(ledger.find(&turn.envelope_trace_id).await.unwrap().unwrap().state, EnvelopeState::Pending);
 
     // A post that was refused gives the turn back.
@@ -193,12 +227,12 @@ pub(crate) async fn one_reply_per_turn_is_claimed_only_while_the_turn_envelope_i
     assert!(ledger.release_room_reply(turn.id).await.unwrap());
 
     // Now the timeout goes through: the turn ends and its envelope is acked by the daemon.
-    assert!(ledger.apply_room_step(&pass).await.unwrap().is_some());
+    assert!(ledger.apply_room_step(&pass, Utc::now()).await.unwrap().is_some());
     let envelope = ledger.find(&turn.envelope_trace_id).await.unwrap().unwrap();
     assert_eq!((envelope.state, envelope.note.as_deref()), (EnvelopeState::Acked, Some("late")));
     let ended = ledger.claim_room_reply(turn.envelope_id, "too late", "req_dddddddd").await.unwrap();
     assert_eq!(ended.unwrap_err(), ClaimRefused::Ended(TurnEnding::TimedOut));
-    assert!(ledger.apply_room_step(&pass).await.unwrap().is_none(), "a turn ends once");
+    assert!(ledger.apply_room_step(&pass, Utc::now()).await.unwrap().is_none(), "a turn ends once");
 }
 
 /// A reply cut off after its first part was posted keeps the turn: the same words resume
@@ -249,7 +283,7 @@ pub(crate) async fn a_timeout_decided_before_an_ack_changes_nothing<B: Backend>(
         close: Some(TurnClose { turn: &turn, ending: TurnEnding::TimedOut, timed_out: Some("late") }),
         ..RoomStep::default()
     };
-    assert!(ledger.apply_room_step(&timeout).await.unwrap().is_none());
+    assert!(ledger.apply_room_step(&timeout, Utc::now()).await.unwrap().is_none());
     assert_eq!(ledger.turns_of(running.id).await.unwrap()[0].ending, None);
     assert_eq!(ledger.cascade(&running.cascade_id).await.unwrap().unwrap(), running);
 }
@@ -266,8 +300,8 @@ pub(crate) async fn a_post_is_owed_with_its_step_and_made_once<B: Backend>() {
         settle: Some((&stop, "/stop: nothing was running".into())),
         ..RoomStep::default()
     };
-    ledger.apply_room_step(&step).await.unwrap().unwrap();
-    assert!(ledger.apply_room_step(&step).await.unwrap().is_none(), "the /stop was taken once");
+    ledger.apply_room_step(&step, Utc::now()).await.unwrap().unwrap();
+    assert!(ledger.apply_room_step(&step, Utc::now()).await.unwrap().is_none(), "the /stop was taken once");
     let owed = ledger.owed_room_posts().await.unwrap();
     assert_eq!(owed.len(), 1);
     let post = &owed[0];

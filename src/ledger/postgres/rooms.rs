@@ -10,6 +10,7 @@
 //! nothing and decides again. A guard that fails rolls the step back whole.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, Row};
 
@@ -152,7 +153,11 @@ impl Rooms for PgLedger {
         Ok(Some(cascade_id))
     }
 
-    async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
+    async fn apply_room_step(
+        &self,
+        step: &RoomStep<'_>,
+        now: DateTime<Utc>,
+    ) -> LedgerResult<Option<AppliedStep>> {
         let cascade_row = step.cascade.as_ref().map(CascadeRow::of).transpose()?;
         let mut tx = self.begin().await?;
         let mut applied = AppliedStep::default();
@@ -167,12 +172,13 @@ impl Rooms for PgLedger {
         if let Some(close) = &step.close {
             // A pass or a timeout needs the turn to have no reply; any end needs it open.
             let ended = sqlx::query(
-                "UPDATE cascade_turns SET ended_at = now(), ending = $1 \
+                "UPDATE cascade_turns SET ended_at = $4, ending = $1 \
                  WHERE id = $2 AND ended_at IS NULL AND ($3 OR reply_text IS NULL)",
             )
             .bind(close.ending.stored())
             .bind(close.turn.id)
             .bind(close.ending == TurnEnding::Replied)
+            .bind(now)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -190,12 +196,12 @@ impl Rooms for PgLedger {
         if let Some(row) = &cascade_row {
             let update = row.update;
             let updated = sqlx::query(
-                "UPDATE cascades SET state = $1, cascade = $2, updated_at = now(), version = version + 1, \
-                 started_at = COALESCE(started_at, now()), \
+                "UPDATE cascades SET state = $1, cascade = $2, updated_at = $9, version = version + 1, \
+                 started_at = COALESCE(started_at, $9), \
                  stop_by = COALESCE($3, stop_by), \
-                 stop_requested_at = CASE WHEN $3::text IS NULL THEN stop_requested_at ELSE now() END, \
+                 stop_requested_at = CASE WHEN $3::text IS NULL THEN stop_requested_at ELSE $9 END, \
                  outcome = COALESCE($4, outcome), outcome_text = COALESCE($5, outcome_text), \
-                 ended_at = CASE WHEN $6 THEN now() ELSE ended_at END \
+                 ended_at = CASE WHEN $6 THEN $9 ELSE ended_at END \
                  WHERE id = $7 AND version = $8",
             )
             .bind(row.state.as_str())
@@ -206,6 +212,7 @@ impl Rooms for PgLedger {
             .bind(row.ends)
             .bind(update.id)
             .bind(update.decided_on)
+            .bind(now)
             .execute(&mut *tx)
             .await?
             .rows_affected();
@@ -218,14 +225,14 @@ impl Rooms for PgLedger {
                 tx.rollback().await?;
                 return Err(LedgerError::other("a room step opens a turn without naming its cascade"));
             };
-            applied.opened = Some(insert_turn(&mut tx, cascade_row, open).await?);
+            applied.opened = Some(insert_turn(&mut tx, cascade_row, open, now).await?);
         }
         for post in &step.posts {
             let e = post.answers;
             sqlx::query(
                 "INSERT INTO room_posts (key, cascade_id, envelope_id, route, chat_id, thread_id, \
                  reply_to_message_id, text, state, created_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'owed', now()) ON CONFLICT (key) DO NOTHING",
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, 'owed', $9) ON CONFLICT (key) DO NOTHING",
             )
             .bind(&post.key)
             .bind(step.cascade.as_ref().map(|c| c.id))
@@ -235,6 +242,7 @@ impl Rooms for PgLedger {
             .bind(e.thread_id)
             .bind(e.message_id)
             .bind(&post.text)
+            .bind(now)
             .execute(&mut *tx)
             .await?;
         }
@@ -401,6 +409,7 @@ async fn insert_turn(
     tx: &mut PgConnection,
     cascade_row: i64,
     open: &TurnOpen<'_>,
+    now: DateTime<Utc>,
 ) -> LedgerResult<(i64, String)> {
     let trace_id = TraceId::generate();
     let m = open.message;
@@ -408,8 +417,8 @@ async fn insert_turn(
         "INSERT INTO envelopes (trace_id, update_id, kind, chat_id, thread_id, chat_type, chat_title, message_id, \
          sender_id, sender_username, sender_name, text, attachments, content, sent_at, received_at, route, agent, \
          state, state_changed_at) \
-         VALUES ($1, NULL, 'room_turn', $2, $3, $4, $5, $6, $7, $8, $9, NULL, '[]', $10, now(), now(), $11, $12, \
-         'queued', now()) RETURNING id",
+         VALUES ($1, NULL, 'room_turn', $2, $3, $4, $5, $6, $7, $8, $9, NULL, '[]', $10, $13, $13, $11, $12, \
+         'queued', $13) RETURNING id",
     )
     .bind(&trace_id)
     .bind(m.chat_id)
@@ -423,17 +432,19 @@ async fn insert_turn(
     .bind(open.content)
     .bind(&m.route)
     .bind(open.agent.as_str())
+    .bind(now)
     .fetch_one(&mut *tx)
     .await?;
     sqlx::query(
         "INSERT INTO cascade_turns (cascade_id, speaker, agent, summoned_by, envelope_id, started_at) \
-         VALUES ($1, $2, $3, $4, $5, now())",
+         VALUES ($1, $2, $3, $4, $5, $6)",
     )
     .bind(cascade_row)
     .bind(i64::from(open.speaker))
     .bind(open.agent.as_str())
     .bind(open.summoned_by)
     .bind(envelope_id)
+    .bind(now)
     .execute(&mut *tx)
     .await?;
     Ok((envelope_id, trace_id.to_string()))

@@ -13,8 +13,16 @@ pub trait Rooms: Send + Sync {
     async fn record_cascade(&self, new: &NewCascade<'_>, note: &str) -> LedgerResult<Option<CascadeId>>;
 
     /// Applies a decided step of a room if every fact it was decided on still holds.
-    /// `None`: a guard failed, nothing changed; decide again.
-    async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>>;
+    /// `None`: a guard failed, nothing changed; decide again. The times it writes (a turn's
+    /// start and end, the exchange's) are `now`, the caller's clock: the one a speaker's
+    /// time is judged on. On PostgreSQL the server's clock is another, and a replica whose
+    /// clock is apart from the server's by more than a speaker's time would time out every
+    /// speaker at once, or let one keep the floor far too long.
+    async fn apply_room_step(
+        &self,
+        step: &RoomStep<'_>,
+        now: DateTime<Utc>,
+    ) -> LedgerResult<Option<AppliedStep>>;
 
     /// The room's exchange that has (or is about to give) the floor, if any.
     async fn active_cascade(&self, route: &str) -> LedgerResult<Option<StoredCascade>>;

@@ -8,6 +8,7 @@
 //! again from the new facts.
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use rusqlite::OptionalExtension;
 
 use super::columns::{optional_timestamp, timestamp_column};
@@ -158,11 +159,15 @@ impl Rooms for SqliteLedger {
         .await
     }
 
-    async fn apply_room_step(&self, step: &RoomStep<'_>) -> LedgerResult<Option<AppliedStep>> {
+    async fn apply_room_step(
+        &self,
+        step: &RoomStep<'_>,
+        now: DateTime<Utc>,
+    ) -> LedgerResult<Option<AppliedStep>> {
         let cascade_row = step.cascade.as_ref().map(CascadeRow::of).transpose()?;
+        let at = crate::clock::text(now);
         // Every `return Ok(None)` below rolls back what the step wrote before it.
         self.write_in_place_if(|db| {
-            let at = now();
             let mut applied = AppliedStep::default();
             if let Some((envelope, note)) = &step.settle {
                 let settled = [EnvelopeState::Queued];

@@ -349,7 +349,12 @@ impl RoomDriver {
     async fn settle(&self, envelope: &StoredEnvelope, note: String) -> anyhow::Result<()> {
         tracing::info!(note = %note, "room message needs nothing");
         let step = RoomStep { settle: Some((envelope, note)), ..RoomStep::default() };
-        self.bridge.inner.ledger.apply_room_step(&step).await.context("settling a room message")?;
+        self.bridge
+            .inner
+            .ledger
+            .apply_room_step(&step, Utc::now())
+            .await
+            .context("settling a room message")?;
         Ok(())
     }
 
@@ -459,7 +464,7 @@ impl RoomDriver {
             settle: Some((envelope, note)),
             ..RoomStep::default()
         };
-        if ledger.apply_room_step(&step).await?.is_none() {
+        if ledger.apply_room_step(&step, Utc::now()).await?.is_none() {
             // Only this driver writes exchanges, so this is not expected. The /stop stays in
             // the inbox, and the inbox stops here so that nothing behind it overtakes it.
             anyhow::bail!(
@@ -484,7 +489,7 @@ impl RoomDriver {
             posts: vec![stop_post(envelope, text)],
             ..RoomStep::default()
         };
-        self.bridge.inner.ledger.apply_room_step(&step).await?;
+        self.bridge.inner.ledger.apply_room_step(&step, Utc::now()).await?;
         Ok(())
     }
 
@@ -722,7 +727,7 @@ impl RoomDriver {
                     posts,
                     settle: None,
                 };
-                if let Some(applied) = ledger.apply_room_step(&step).await? {
+                if let Some(applied) = ledger.apply_room_step(&step, Utc::now()).await? {
                     let trace_id = applied.opened.map(|(_, trace_id)| trace_id).unwrap_or_default();
                     tracing::info!(cascade_id = %stored.cascade_id, speaker = turn.speaker, agent = %turn.agent, %summoned_by, %trace_id, "room: the floor goes to the next speaker");
                     self.bridge.wake(&turn.agent);
@@ -758,7 +763,7 @@ impl RoomDriver {
                     posts,
                     settle: None,
                 };
-                if ledger.apply_room_step(&step).await?.is_some() {
+                if ledger.apply_room_step(&step, Utc::now()).await?.is_some() {
                     tracing::info!(cascade_id = %stored.cascade_id, state = %cascade.state(), turns = cascade.turns_used(), replies = cascade.replies(), "room exchange over");
                 }
             }
