@@ -477,11 +477,87 @@ async fn exchanges_of_a_room_a_reload_takes_away_run_to_their_end() {
     assert_eq!(posted(&fake, 2).await, ["Builder: Answer to the first.", "Reviewer: Answer to the second."]);
     wait_for_state(&daemon, meta(&first, "cascade_id"), RoomCascadeState::Completed).await;
     wait_for_state(&daemon, meta(&turn, "cascade_id"), RoomCascadeState::Completed).await;
-    assert!(!daemon.logs().contains("which is no room in the configuration"), "{}", daemon.logs());
+    assert!(
+        !daemon.logs().contains("no room in the configuration the daemon started with"),
+        "{}",
+        daemon.logs()
+    );
 
     say(&fake, "and now?");
     let direct = nth(&builder, 2).await;
     assert_eq!((meta(&direct, "kind"), meta(&direct, "route")), ("message", "dev-direct"));
+}
+
+/// A restart whose configuration no longer makes the route a room cannot answer as the room
+/// would (its roster is not in the ledger), so it stops the room's exchanges, as a `/stop`
+/// would: the speaker holding the floor may finish its turn (and did), nobody else starts,
+/// the message waiting behind is told it gets no exchange, and nothing stays open. Before,
+/// both exchanges stayed open for good, the turn and the queue with them.
+#[tokio::test]
+async fn exchanges_of_a_room_gone_at_a_restart_are_stopped_and_hold_nothing() {
+    let Room { fake, mut daemon, builder, reviewer } = room("").await;
+    say(&fake, "@builder @reviewer first question");
+    let first = nth(&builder, 1).await;
+    let first_id = meta(&first, "cascade_id").to_owned();
+    say(&fake, "@reviewer second question");
+    let second_id = dev_room_exchanges(&daemon, 2).await[1].cascade_id.to_string();
+
+    daemon.stop();
+    let config = std::fs::read_to_string(daemon.config_path()).unwrap();
+    let room_route =
+        format!("name = \"dev-room\"\nchat_id = {ROOM_CHAT}\nagents = [\"builder\", \"reviewer\"]");
+    assert!(config.contains(&room_route), "{config}");
+    let direct = format!("name = \"dev-direct\"\nchat_id = {ROOM_CHAT}\nagent = \"builder\"");
+    std::fs::write(daemon.config_path(), config.replacen(&room_route, &direct, 1)).unwrap();
+    daemon.restart();
+
+    wait_for_state(&daemon, &first_id, RoomCascadeState::StopRequested).await;
+    wait_for_state(&daemon, &second_id, RoomCascadeState::Stopped).await;
+    let texts = posted(&fake, 2).await;
+    assert_eq!(
+        texts,
+        [
+            "This chat is no room any more: builder may finish its turn; nobody else will speak in this \
+             exchange (still queued: reviewer).",
+            "This chat is no room any more: this message gets no exchange (it asked for reviewer).",
+        ]
+    );
+    // The session is back (its turn redelivered, or the notice about it), and finishes.
+    builder.wait_for_notifications(2, WAIT).await.unwrap();
+    assert!(!reply(&builder, &first, "Answer to the first. @reviewer over to you").await.0);
+    let texts = posted(&fake, 4).await;
+    assert_eq!(texts[2], "builder: Answer to the first. @reviewer over to you");
+    assert_eq!(
+        texts[3],
+        "Stopped by the switchboard (this chat is no room any more) after 1 reply; still queued: reviewer."
+    );
+    wait_for_state(&daemon, &first_id, RoomCascadeState::Stopped).await;
+    assert_eq!(turns_given(&daemon, &first_id).await, ["builder"], "nobody starts after the stop");
+    assert_eq!(turns_given(&daemon, &second_id).await, Vec::<String>::new());
+    assert!(reviewer.notifications().is_empty(), "{:?}", reviewer.notifications());
+    assert_eq!(owed_posts(&daemon).await, 0);
+    let ledger = daemon.ledger().await;
+    assert!(ledger.busy_rooms().await.unwrap().is_empty(), "no exchange holds the route");
+    ledger.close().await;
+    assert_eq!(state_of(&daemon, &trace_id(&first)).await.0, EnvelopeState::Acked);
+    let logs = daemon.latest_logs();
+    assert!(
+        logs.contains("route 'dev-room' is no room in the configuration the daemon started with"),
+        "{logs}"
+    );
+
+    // The chat's next message is the plain route's, and nothing of the room is in its way.
+    say(&fake, "and now?");
+    let deadline = std::time::Instant::now() + WAIT;
+    let next = loop {
+        let message = builder.notifications().into_iter().find(|n| n.meta_str("kind") == Some("message"));
+        if let Some(message) = message {
+            break message;
+        }
+        assert!(std::time::Instant::now() < deadline, "{:?}\n{}", builder.notifications(), daemon.logs());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!((meta(&next, "route"), next.content.as_str()), ("dev-direct", "and now?"));
 }
 
 #[tokio::test]

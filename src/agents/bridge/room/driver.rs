@@ -16,6 +16,7 @@
 //! like any pending envelope, its timer counts from the stored turn start, and a post
 //! whose attempt exists is never made again.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -32,13 +33,16 @@ use crate::agents::api::wire::DeliveredNotice;
 use crate::agents::bridge::Bridge;
 use crate::backoff::Backoff;
 use crate::clock::now_text;
-use crate::config::RoomSettings;
+use crate::config::{RoomLimits, RoomSettings};
 use crate::ids::{AgentName, CascadeId, RouteName, TraceId};
 use crate::ledger::{
     AttemptPurpose, CascadeUpdate, EnvelopeKind, EnvelopeState, NewCascade, NewPost, ReplyVerdict, RoomStep,
     StoredCascade, StoredEnvelope, StoredPost, StoredTurn, TurnClose, TurnEnding, TurnOpen,
 };
-use crate::rules::turns::{Cascade, HumanMessage, Next, Outcome, RoomInput, Stopping, TurnEnd, room_input};
+use crate::rules::turns::{
+    Cascade, CascadeState, HumanMessage, Next, Outcome, RoomInput, RoomMember, RoomRoster, Stopping, TurnEnd,
+    room_input,
+};
 use crate::telegram::bot_api::{Answer, BotApi, Exchange};
 use crate::telegram::outbound::{DeliveryOutcome, ReplyPlan, ReplyTarget, TELEGRAM_TEXT_LIMIT, split_text};
 
@@ -59,6 +63,13 @@ const RETRY_CAP: Duration = Duration::from_secs(10);
 
 /// The attempts of the switchboard's own room posts carry this agent name.
 const POSTER: &str = "switchboard";
+
+/// Who stops the exchanges of a route that is no room in the configuration the daemon
+/// started with, as the ledger and the room's outcome post name them.
+const STOPPED_BY_GONE_ROOM: &str = "the switchboard (this chat is no room any more)";
+
+/// What the room is told when its exchanges stop because it is no room any more.
+const GONE_ROOM: &str = "This chat is no room any more";
 
 /// What the current speaker's turn comes to, from the facts.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -192,8 +203,6 @@ pub struct RoomDriver {
     /// they arrive in order, and a post retried in one chat (a user who blocked the bot)
     /// holds back no other chat's.
     posting: Arc<Mutex<HashSet<PostedIn>>>,
-    /// Routes with exchanges that are no room in the configuration, reported once each.
-    reported_missing: HashSet<String>,
     /// Exchanges whose stored state cannot be read, reported once each.
     reported_damaged: HashSet<CascadeId>,
 }
@@ -201,13 +210,7 @@ pub struct RoomDriver {
 impl Bridge {
     /// The room driver for this bridge; `api` reaches the bot (for `getMe`).
     pub fn room_driver(&self, api: BotApi) -> RoomDriver {
-        RoomDriver {
-            bridge: self.clone(),
-            api,
-            posting: Arc::default(),
-            reported_missing: HashSet::new(),
-            reported_damaged: HashSet::new(),
-        }
+        RoomDriver { bridge: self.clone(), api, posting: Arc::default(), reported_damaged: HashSet::new() }
     }
 }
 
@@ -303,15 +306,8 @@ impl RoomDriver {
         }
     }
 
-    fn room<'r>(&mut self, rooms: &'r Rooms, route: &str) -> Option<&'r RoomSettings> {
-        let room = RouteName::parse(route).ok().and_then(|name| rooms.get(&name));
-        if room.is_none() && self.reported_missing.insert(route.to_owned()) {
-            tracing::error!(
-                route,
-                "exchanges wait in route '{route}', which is no room in the configuration the daemon started with: they stay as they are until it is one again (a reload that takes a room away, unlike a restart, lets its exchanges finish)"
-            );
-        }
-        room
+    fn room<'r>(rooms: &'r Rooms, route: &str) -> Option<&'r RoomSettings> {
+        RouteName::parse(route).ok().and_then(|name| rooms.get(&name))
     }
 
     // ---- the inbox ----
@@ -477,7 +473,8 @@ impl RoomDriver {
             && let Some(turn) =
                 ledger.turns_of(stored.id).await?.into_iter().find(|t| t.speaker() == current.speaker)
         {
-            self.send_stop_notice(room, &stored, &turn, &by);
+            let why = format!("{by} sent /stop in room {}", room.route);
+            self.send_stop_notice(&stored, &turn, &by, &why);
         }
         Ok(())
     }
@@ -493,17 +490,18 @@ impl RoomDriver {
         Ok(())
     }
 
-    fn send_stop_notice(&self, room: &RoomSettings, stored: &StoredCascade, turn: &StoredTurn, by: &str) {
+    /// Tells the speaker holding the floor that its exchange ends with its turn (`why`).
+    fn send_stop_notice(&self, stored: &StoredCascade, turn: &StoredTurn, by: &str, why: &str) {
         let Ok(agent) = AgentName::parse(&turn.agent) else { return };
         let content = format!(
-            "{by} sent /stop in room {}: this exchange ends with your turn (speaker {}). You may still finish your \
+            "{why}: this exchange ends with your turn (speaker {}). You may still finish your \
              reply to {} — it is posted, but mentions in it queue nobody — or ack it to pass.",
-            room.route, turn.speaker, turn.envelope_trace_id
+            turn.speaker, turn.envelope_trace_id
         );
         let extra = BTreeMap::from([
             ("cascade_id".to_owned(), stored.cascade_id.to_string()),
             ("stopped_by".to_owned(), by.to_owned()),
-            ("route".to_owned(), room.route.to_string()),
+            ("route".to_owned(), stored.route.clone()),
             ("speaker".to_owned(), turn.speaker.to_string()),
         ]);
         let notice = DeliveredNotice {
@@ -522,6 +520,10 @@ impl RoomDriver {
     /// current speaker's time runs out, if it is waited for.
     async fn advance(&mut self, rooms: &Rooms, route: &str) -> anyhow::Result<Option<Duration>> {
         let ledger = self.bridge.inner.ledger.clone();
+        let gone = Self::room(rooms, route).is_none();
+        if gone {
+            self.stop_exchanges_of_gone_room(route).await?;
+        }
         for _ in 0..MAX_STEPS_PER_ROOM {
             let stored = match ledger.active_cascade(route).await? {
                 Some(active) => active,
@@ -530,7 +532,6 @@ impl RoomDriver {
                     None => return Ok(None),
                 },
             };
-            let Some(room) = self.room(rooms, route) else { return Ok(None) };
             let cascade = match stored.cascade() {
                 Ok(cascade) => cascade,
                 Err(e) => {
@@ -540,6 +541,17 @@ impl RoomDriver {
                     return Ok(None);
                 }
             };
+            let room = match Self::room(rooms, route) {
+                Some(room) => Cow::Borrowed(room),
+                // Stopped above: its speaker finishes the turn it has by the usual rules.
+                None if gone && cascade.state() != CascadeState::Running => match stand_in(&stored, &cascade)
+                {
+                    Some(room) => Cow::Owned(room),
+                    None => return Ok(None),
+                },
+                None => return Ok(None),
+            };
+            let room = room.as_ref();
             let Some(current) = cascade.current() else {
                 self.give_floor(room, &stored, cascade).await?;
                 continue;
@@ -602,6 +614,92 @@ impl RoomDriver {
         }
         tracing::warn!(route, "a room took {MAX_STEPS_PER_ROOM} steps in one pass; carrying on shortly");
         Ok(Some(RETRY_FIRST))
+    }
+
+    /// Stops the exchanges of a route that is no room in the configuration the daemon
+    /// started with, as a `/stop` would: the running one ends with the turn its speaker
+    /// has (finished by the usual rules: a reply, an ack, or its time), those waiting end
+    /// unstarted, and the room is told of each. A reload that takes a room away keeps its
+    /// settings until its exchanges end; a restart has no such settings (the ledger keeps
+    /// no roster), so it cannot answer as the room would, and an exchange left open would
+    /// hold its turn, its queue and the messages behind it for good.
+    async fn stop_exchanges_of_gone_room(&mut self, route: &str) -> anyhow::Result<()> {
+        let ledger = self.bridge.inner.ledger.clone();
+        if let Some(active) = ledger.active_cascade(route).await? {
+            self.stop_exchange_of_gone_room(route, &active).await?;
+        }
+        while let Some(waiting) = ledger.next_waiting_cascade(route).await? {
+            if !self.stop_exchange_of_gone_room(route, &waiting).await? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops one exchange of a route that is no room any more. `false`: it was not stopped
+    /// (already stopping, or unreadable, which `advance` reports).
+    async fn stop_exchange_of_gone_room(
+        &mut self,
+        route: &str,
+        stored: &StoredCascade,
+    ) -> anyhow::Result<bool> {
+        let Ok(mut cascade) = stored.cascade() else { return Ok(false) };
+        let Ok(stopping) = cascade.stop(STOPPED_BY_GONE_ROOM, now_text()) else { return Ok(false) };
+        let names =
+            |agents: &[AgentName]| agents.iter().map(AgentName::as_str).collect::<Vec<_>>().join(", ");
+        let still = cascade.stop_record().map(|s| names(&s.still_queued)).unwrap_or_default();
+        let message = self.message_of(stored).await?;
+        let mut update = CascadeUpdate {
+            id: stored.id,
+            decided_on: stored.version,
+            cascade: &cascade,
+            stop_by: Some(STOPPED_BY_GONE_ROOM),
+            outcome: None,
+        };
+        let (post, current) = match &stopping {
+            Stopping::Requested { current } => {
+                let queued =
+                    if still.is_empty() { String::new() } else { format!(" (still queued: {still})") };
+                let text = format!(
+                    "{GONE_ROOM}: {} may finish its turn; nobody else will speak in this exchange{queued}.",
+                    current.agent
+                );
+                (
+                    NewPost { key: format!("{}/gone", stored.cascade_id), answers: &message, text },
+                    Some(current),
+                )
+            }
+            Stopping::Stopped(report) => {
+                let text = if report.turns_used == 0 {
+                    format!("{GONE_ROOM}: this message gets no exchange (it asked for {still}).")
+                } else if still.is_empty() {
+                    format!("{GONE_ROOM}: this exchange ends here.")
+                } else {
+                    format!("{GONE_ROOM}: this exchange ends here (still queued: {still}).")
+                };
+                update.outcome = Some((Outcome::Stopped(report.clone()), Some(text.clone())));
+                (NewPost { key: format!("{}/outcome", stored.cascade_id), answers: &message, text }, None)
+            }
+        };
+        let step = RoomStep { cascade: Some(update), posts: vec![post], ..RoomStep::default() };
+        if self.bridge.inner.ledger.apply_room_step(&step, Utc::now()).await?.is_none() {
+            anyhow::bail!("{} changed while it was being stopped; stopping it again", stored.cascade_id);
+        }
+        match current {
+            Some(current) => {
+                tracing::info!(route, cascade_id = %stored.cascade_id, speaker = current.speaker, agent = %current.agent, still_queued = %still, "route '{route}' is no room in the configuration the daemon started with: its running exchange is stopped (its speaker may finish its turn; nobody else speaks)");
+                let turns = self.bridge.inner.ledger.turns_of(stored.id).await?;
+                if let Some(turn) = turns.into_iter().find(|t| t.speaker() == current.speaker) {
+                    let why =
+                        format!("Route '{route}' is no room in the switchboard's configuration any more");
+                    self.send_stop_notice(stored, &turn, STOPPED_BY_GONE_ROOM, &why);
+                }
+            }
+            None => {
+                tracing::info!(route, cascade_id = %stored.cascade_id, state = %cascade.state(), still_queued = %still, "route '{route}' is no room in the configuration the daemon started with: its exchange is stopped, nobody else speaks");
+            }
+        }
+        Ok(true)
     }
 
     /// Whether the turn's claimed reply was posted, or may have been (its attempts say
@@ -889,6 +987,30 @@ async fn deliver_post(bridge: &Bridge, post: &StoredPost, plan: &ReplyPlan) -> b
             () = bridge.inner.shutdown.cancelled() => return false,
         }
     }
+}
+
+/// The settings an exchange of a route that is no room any more finishes its stopped turn
+/// with: its own chat and limits, and as members the agents it names (by name: their
+/// display names and aliases were the room's). `None` for an exchange that names nobody.
+fn stand_in(stored: &StoredCascade, cascade: &Cascade) -> Option<RoomSettings> {
+    let mut members: Vec<RoomMember> = Vec::new();
+    let named = cascade.turns().iter().map(|t| &t.agent).chain(cascade.queue().iter().map(|q| &q.agent));
+    for agent in named {
+        if !members.iter().any(|m| m.name == *agent) {
+            members.push(RoomMember::new(agent.clone()));
+        }
+    }
+    Some(RoomSettings {
+        route: RouteName::parse(&stored.route).ok()?,
+        chat_id: stored.chat_id,
+        thread_id: stored.thread_id.and_then(|t| i32::try_from(t).ok()),
+        roster: RoomRoster::new(members).ok()?,
+        limits: RoomLimits {
+            cascade_limit: cascade.cascade_limit(),
+            max_iters: u32::try_from(stored.max_iters).unwrap_or(u32::MAX),
+            speaker_timeout: Duration::from_secs(u64::try_from(stored.speaker_timeout_secs).unwrap_or(0)),
+        },
+    })
 }
 
 fn earliest(next: &mut Option<Duration>, candidate: Option<Duration>) {
