@@ -245,6 +245,57 @@ async fn a_message_holding_a_nul_character_is_recorded_and_handed_over_and_intak
     orchestrator.close().await.unwrap();
 }
 
+/// A second before PostgreSQL's earliest time (4714-11-24 BC), which teloxide reads.
+const BEFORE_POSTGRES: i64 = -210_866_803_201;
+/// 10000-01-01T00:00:00Z: the first second past SQLite's four-digit years, which teloxide
+/// reads too.
+const PAST_YEAR_9999: i64 = 253_402_300_800;
+
+/// Messages dated out of the years both ledgers hold (Telegram's `date` is any integer on
+/// the wire; PostgreSQL refuses a time before 4714 BC, SQLite's text cannot be read back
+/// past the year 9999), one of them undecodable, are recorded with their date clamped
+/// into those years and handed to the agent like any other, on either backend; the
+/// message after them too. None stops the daemon.
+#[tokio::test]
+async fn messages_dated_out_of_every_ledgers_years_are_recorded_and_handed_over_and_intake_goes_on() {
+    let fake = FakeTelegram::start().await;
+    let mut daemon = TestDaemon::start(&fake.api_url(), "", &default_routes());
+    let orchestrator = session(&daemon, "orchestrator").await;
+    let dm = ChatSpec::private(OWNER_CHAT);
+    let early =
+        fake.push_message_content(&dm, owner(), json!({"text": "too early", "date": BEFORE_POSTGRES}));
+    let late = fake.push_message_content(&dm, owner(), json!({"text": "too late", "date": PAST_YEAR_9999}));
+    // Undecodable (a lone surrogate): its date is read leniently.
+    let undecodable = fake.push_raw_update_text(&format!(
+        r#"{{"message": {{"message_id": 902, "date": {BEFORE_POSTGRES}, "chat": {{"id": {OWNER_CHAT}, "type": "private", "first_name": "Olga"}}, "text": "\ud800"}}}}"#
+    ));
+    let after = fake.push_text(&dm, owner(), "after them");
+
+    let delivered = orchestrator
+        .wait_for_notifications(3, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\n{}", daemon.logs()));
+    let shown: Vec<(&str, Option<&str>)> =
+        delivered.iter().map(|n| (n.content.as_str(), n.meta_str("ts"))).collect();
+    assert_eq!(shown[0], ("too early", Some("0000-01-01T00:00:00.000Z")));
+    assert_eq!(shown[1], ("too late", Some("9999-12-31T23:59:59.000Z")));
+    assert_eq!(shown[2].0, "after them");
+    let rows = wait_for_rows(&daemon, 4).await;
+    assert_eq!(
+        summary(&rows),
+        [
+            (early.update_id, EnvelopeState::Pending),
+            (late.update_id, EnvelopeState::Pending),
+            (undecodable, EnvelopeState::Undecodable),
+            (after, EnvelopeState::Pending),
+        ]
+    );
+    assert_eq!(rows[2].sent_at, rows[0].sent_at, "the undecodable one is clamped alike");
+    fake.wait_until_confirmed(after, WAIT).await;
+    assert!(daemon.is_running(), "{}", daemon.logs());
+    orchestrator.close().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_reused_update_id_with_new_content_is_stored_and_a_re_poll_is_not() {
     let fake = FakeTelegram::start().await;

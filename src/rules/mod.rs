@@ -3,6 +3,7 @@
 
 pub mod albums;
 pub mod commands;
+pub mod dates;
 pub mod guard;
 pub mod leadership;
 pub mod media;

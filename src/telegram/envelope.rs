@@ -17,6 +17,7 @@ use serde::{Deserialize, Serialize};
 use teloxide::types::{Chat, ChatMigration, Message, MessageEntity, MessageKind, Update, UpdateKind};
 
 use crate::ids::TraceId;
+use crate::rules::dates;
 use crate::rules::routes::Channel;
 use crate::telegram::updates::RawUpdate;
 use crate::telegram::{lenient, parts};
@@ -410,10 +411,7 @@ pub fn undecodable_envelope(raw: &RawUpdate, update_id: Option<i64>) -> Envelope
         attachments: Vec::new(),
         described: None,
         context: Context::default(),
-        sent_at: field("date")
-            .and_then(lenient::integer)
-            .and_then(|secs| DateTime::from_timestamp(secs, 0))
-            .unwrap_or_else(Utc::now),
+        sent_at: field("date").and_then(lenient::integer).map_or_else(Utc::now, dates::from_unix),
     }
 }
 
@@ -481,7 +479,7 @@ fn envelope_from_message(update_id: i64, kind: EnvelopeKind, message: &Message) 
         attachments: parts::attachments(message),
         described: parts::described(message),
         context: Context::of(message),
-        sent_at: message.date,
+        sent_at: dates::within_ledger(message.date),
     }
 }
 
@@ -1072,6 +1070,18 @@ mod tests {
             "old_reaction": [{"type": "emoji", "emoji": "👍"}], "new_reaction": []}})));
         let Inbound::Reaction(removed) = removed else { panic!("{removed:?}") };
         assert!(removed.emoji.is_empty());
+    }
+
+    #[test]
+    fn a_message_or_a_reaction_dated_out_of_the_ledgers_years_is_clamped_into_them() {
+        use crate::rules::dates::from_unix;
+        let early = message(json!({"text": "x", "date": -210_866_803_201_i64}));
+        assert_eq!(early.sent_at, from_unix(i64::MIN));
+        let inbound = classify(&update(json!({"update_id": 73, "message_reaction": {
+            "chat": private_chat(), "message_id": 9, "date": 253_402_300_800_i64, "user": from(),
+            "old_reaction": [], "new_reaction": []}})));
+        let Inbound::Reaction(reaction) = inbound else { panic!("{inbound:?}") };
+        assert_eq!(reaction.date, from_unix(i64::MAX));
     }
 
     #[test]

@@ -450,7 +450,7 @@ pub fn reaction(update_id: i64, updated: &MessageReactionUpdated) -> Reaction {
         user_id,
         user,
         emoji,
-        date: updated.date,
+        date: crate::rules::dates::within_ledger(updated.date),
     }
 }
 
