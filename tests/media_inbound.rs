@@ -226,6 +226,33 @@ async fn a_reaction_to_the_bots_reply_is_a_notice_that_is_no_work() {
     assert_eq!(nth(&orchestrator, 5).await.content, "last");
 }
 
+/// A reaction dated past the year 9999 (Telegram's `date` is any integer on the wire;
+/// SQLite's text cannot be read back past four digits) and one before 4714 BC (which
+/// PostgreSQL refuses) reach the agent with their date clamped, on either backend, and
+/// intake goes on.
+#[tokio::test]
+async fn reactions_dated_out_of_every_ledgers_years_reach_the_agent_clamped_and_intake_goes_on() {
+    let OwnerWaiting { fake, mut daemon, orchestrator, trace } = owner_waiting("deploy it").await;
+    let reply = answer(&fake, &orchestrator, &trace, "deployed").await;
+    let reaction = |date: i64, emoji: &str| {
+        fake.push_raw_update(json!({"message_reaction": {
+            "chat": {"id": OWNER_CHAT, "type": "private", "first_name": "Olga"},
+            "message_id": reply, "date": date,
+            "user": {"id": OWNER_ID, "is_bot": false, "first_name": "Olga", "username": "olga"},
+            "old_reaction": [], "new_reaction": [{"type": "emoji", "emoji": emoji}],
+        }}))
+    };
+    reaction(253_402_300_800, "👍");
+    reaction(-210_866_803_201, "🎉");
+    let late = nth(&orchestrator, 2).await;
+    assert_eq!((meta(&late, "reaction"), meta(&late, "ts")), ("👍", "9999-12-31T23:59:59.000Z"));
+    let early = nth(&orchestrator, 3).await;
+    assert_eq!((meta(&early, "reaction"), meta(&early, "ts")), ("🎉", "0000-01-01T00:00:00.000Z"));
+    fake.push_text(dm(), owner(), "after them");
+    assert_eq!(nth(&orchestrator, 4).await.content, "after them");
+    assert!(daemon.is_running(), "{}", daemon.logs());
+}
+
 /// A group route open to its owner only: a member who may not write to the agent cannot
 /// reach it by reacting to the bot's reply either; the reaction is kept for audit.
 #[tokio::test]
