@@ -629,6 +629,39 @@ async fn a_delivery_holding_a_nul_character_relayed_by_a_standby_is_taken_in_and
     assert!(leader.is_running(), "{}", leader.logs());
 }
 
+/// A delivery dated before 4714 BC (which PostgreSQL refuses) relayed by a standby is
+/// taken in by the leader with its date clamped to 0000-01-01; the leader goes on with the
+/// next delivery and no relayed row is left behind to stop every leader in turn.
+#[tokio::test]
+async fn a_delivery_dated_before_postgres_earliest_time_relayed_by_a_standby_is_taken_in_and_leader_goes_on()
+{
+    let fake = FakeTelegram::start().await;
+    let (mut leader, standby, standby_hook) = webhook_leader_and_relaying_standby(&fake).await;
+    let orchestrator = session(&leader, "orchestrator").await;
+    let first_id = 889_000_000;
+    let mut early: serde_json::Value = serde_json::from_str(&webhook_update(first_id, "too early")).unwrap();
+    early["message"]["date"] = json!(-210_866_803_201_i64);
+    assert_eq!(deliver(&standby_hook, &early.to_string()).await, 200, "{}", standby.logs());
+    assert_eq!(
+        deliver(&standby_hook, &webhook_update(first_id + 1, "after")).await,
+        200,
+        "{}",
+        standby.logs()
+    );
+    let shown = orchestrator
+        .wait_for_notifications(2, WAIT)
+        .await
+        .unwrap_or_else(|e| panic!("{e}\nthe leader's log:\n{}", leader.logs()));
+    assert_eq!(
+        (shown[0].content.as_str(), shown[0].meta_str("ts")),
+        ("too early", Some("0000-01-01T00:00:00.000Z"))
+    );
+    assert_eq!(shown[1].content, "after");
+    assert_each_update_once(&leader.envelopes().await, 2);
+    assert_eq!(relayed_waiting(&leader), 0, "every relayed delivery was taken in and forgotten");
+    assert!(leader.is_running(), "{}", leader.logs());
+}
+
 #[tokio::test]
 async fn deliveries_whose_caller_hangs_up_at_a_standby_are_each_one_envelope_once_retried() {
     let fake = FakeTelegram::start().await;
