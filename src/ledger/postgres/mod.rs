@@ -200,6 +200,12 @@ pub enum PgOpenError {
          `[storage] database`"
     )]
     NoSchema { search_path: String },
+    #[error(
+        "the PostgreSQL database's encoding is {encoding}, not UTF8: it cannot store every character \
+         Telegram sends (an emoji would fail intake on every try, SQLSTATE 22P05); create the ledger's \
+         database with ENCODING 'UTF8' (CREATE DATABASE … ENCODING 'UTF8' TEMPLATE template0)"
+    )]
+    NotUtf8 { encoding: String },
     #[error("applying the PostgreSQL ledger's migrations (`_sqlx_migrations` says which were applied)")]
     Migrate(#[source] ErrorSource),
     #[error(
@@ -258,16 +264,24 @@ impl PgLedger {
     }
 
     /// A search_path whose schemas do not exist leaves `current_schema()` empty, and the
-    /// migrations would fail statement by statement with "no schema has been selected".
+    /// migrations would fail statement by statement with "no schema has been selected". A
+    /// database not in UTF8 is refused too (`PgOpenError::NotUtf8`).
     async fn refuse_without_a_schema(&self) -> Result<(), PgOpenError> {
-        let (schema, search_path): (Option<String>, String) =
-            sqlx::query_as("SELECT current_schema()::text, current_setting('search_path')")
-                .fetch_one(&self.pool)
-                .await
-                .map_err(|error| PgOpenError::Connect(error.into()))?;
+        let (schema, search_path, encoding): (Option<String>, String, String) = sqlx::query_as(
+            "SELECT current_schema()::text, current_setting('search_path'), current_setting('server_encoding')",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|error| PgOpenError::Connect(error.into()))?;
         if schema.is_none() {
             self.pool.close().await;
             return Err(PgOpenError::NoSchema { search_path });
+        }
+        // Any other encoding refuses some character a message may hold (22P05), which
+        // would stop intake on every try; SQLite stores every one.
+        if encoding != "UTF8" {
+            self.pool.close().await;
+            return Err(PgOpenError::NotUtf8 { encoding });
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use sqlx::{Connection, PgConnection, Row};
 use tokio_util::sync::CancellationToken;
 
-use super::test_support::{TestSchema, admin};
+use super::test_support::{TestSchema, admin, server_url};
 use super::*;
 use crate::ids::{AgentName, RouteName, TraceId};
 use crate::ledger::prelude::*;
@@ -104,6 +104,35 @@ async fn a_search_path_without_a_schema_is_refused_naming_it() {
         assert!(message.contains(&missing) && message.contains("CREATE SCHEMA"), "{message}");
     }
     schema.drop().await;
+}
+
+/// A database in an encoding other than UTF8 (which refuses an emoji, 22P05, on every
+/// try) is refused as the ledger opens, in a message that says what to do.
+#[tokio::test]
+async fn a_database_not_in_utf8_is_refused_naming_its_encoding() {
+    let database = format!("sb_test_latin1_{}", std::process::id());
+    let mut admin = admin().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {database}")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE DATABASE {database} ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C'"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let mut url = reqwest::Url::parse(&server_url()).unwrap();
+    url.set_path(&database);
+    let opened = PgLedger::connect(url.as_str()).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE {database} WITH (FORCE)")))
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let Err(error) = opened else { panic!("a ledger opened in a LATIN1 database") };
+    assert!(matches!(error, PgOpenError::NotUtf8 { .. }), "{error:?}");
+    let message = error.to_string();
+    assert!(message.contains("LATIN1") && message.contains("ENCODING 'UTF8'"), "{message}");
 }
 
 #[tokio::test]
