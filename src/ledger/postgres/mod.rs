@@ -258,15 +258,16 @@ impl PgLedger {
     /// may do this as it starts; sqlx serialises concurrent migrators with a lock of its own.
     pub async fn connect(url: &str) -> Result<Self, PgOpenError> {
         let ledger = Self::pool(url).await?;
-        ledger.refuse_without_a_schema().await?;
+        ledger.refuse_an_unfit_database().await?;
         MIGRATOR.run(&ledger.pool).await?;
         Ok(ledger)
     }
 
-    /// A search_path whose schemas do not exist leaves `current_schema()` empty, and the
-    /// migrations would fail statement by statement with "no schema has been selected". A
-    /// database not in UTF8 is refused too (`PgOpenError::NotUtf8`).
-    async fn refuse_without_a_schema(&self) -> Result<(), PgOpenError> {
+    /// Refuses a database the ledger cannot work in. A search_path whose schemas do not
+    /// exist leaves `current_schema()` empty, and the migrations would fail statement by
+    /// statement with "no schema has been selected"; a database not in UTF8 cannot store
+    /// every character a message may hold.
+    async fn refuse_an_unfit_database(&self) -> Result<(), PgOpenError> {
         let (schema, search_path, encoding): (Option<String>, String, String) = sqlx::query_as(
             "SELECT current_schema()::text, current_setting('search_path'), current_setting('server_encoding')",
         )
@@ -290,7 +291,7 @@ impl PgLedger {
     /// ledger, so a mistyped URL or schema never becomes a new, empty one.
     pub async fn connect_existing(url: &str) -> Result<Self, PgOpenError> {
         let ledger = Self::pool(url).await?;
-        ledger.refuse_without_a_schema().await?;
+        ledger.refuse_an_unfit_database().await?;
         let exists: bool = sqlx::query_scalar("SELECT to_regclass('_sqlx_migrations') IS NOT NULL")
             .fetch_one(&ledger.pool)
             .await
