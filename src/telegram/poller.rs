@@ -132,8 +132,10 @@ impl Poller {
             self.backoff.reset();
             return Ok(PollOutcome::Empty);
         }
-        // Telegram confirms every update below the offset: one past the last update.
-        let Some(next_offset) = updates.iter().rev().find_map(|update| update.update_id).map(|id| id + 1)
+        // Telegram confirms every update below the offset: one past the last update (an id
+        // at the type's end, which no real update has, stays there: it is deduplicated).
+        let Some(next_offset) =
+            updates.iter().rev().find_map(|update| update.update_id).map(|id| id.saturating_add(1))
         else {
             let delay = self.backoff.next_delay();
             tracing::warn!(
