@@ -173,11 +173,19 @@ pub struct Pacer {
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
-    /// Sends available now; negative when sends are already reserved into the future.
+    /// Sends available at `at`; negative when sends are already reserved past it.
     tokens: f64,
     at: Instant,
     /// Telegram asked for quiet in this chat until then (a `429`'s `retry_after`).
     held_until: Option<Instant>,
+}
+
+impl Bucket {
+    /// Its tokens at `at`, refilled at one per `interval` seconds since it was counted,
+    /// before any cap.
+    fn tokens_at(&self, at: Instant, interval: f64) -> f64 {
+        self.tokens + at.saturating_duration_since(self.at).as_secs_f64() / interval
+    }
 }
 
 impl Pacer {
@@ -340,8 +348,7 @@ impl Pacer {
         // A bucket counted from a send still to come (see `spent_at`) takes the next send
         // no earlier than that one.
         let from = bucket.at.max(now);
-        let elapsed = from.saturating_duration_since(bucket.at).as_secs_f64();
-        bucket.tokens = (bucket.tokens + elapsed / interval).min(BURST) - 1.0;
+        bucket.tokens = bucket.tokens_at(from, interval).min(BURST) - 1.0;
         bucket.at = from;
         let refill = if bucket.tokens >= 0.0 { 0.0 } else { -bucket.tokens * interval };
         ((from - now) + Duration::from_secs_f64(refill)).max(held)
@@ -360,8 +367,7 @@ impl Pacer {
         if let Some(bucket) = self.buckets.get_mut(&chat_id)
             && at > bucket.at
         {
-            let refilled = bucket.tokens + (at - bucket.at).as_secs_f64() / interval;
-            bucket.tokens = refilled.min(BURST - 1.0);
+            bucket.tokens = bucket.tokens_at(at, interval).min(BURST - 1.0);
             bucket.at = at;
         }
     }
@@ -696,15 +702,15 @@ mod tests {
     }
 
     #[test]
-    fn a_request_under_way_counts_from_the_moment_it_leaves_and_until_then_as_leaving() {
+    fn a_request_under_way_counts_as_arriving_until_its_answer_and_from_its_answer_after() {
         let mut pacer = Pacer::new(PaceLimits { overall_per_sec: 1, ..PaceLimits::default() });
         let t0 = Instant::now();
-        // Cleared at once; its attempt's write is slow.
+        // Cleared at once; its attempt's write, or its way to Telegram, is slow.
         let slow = pacer.clear_to_send(DM, t0).unwrap();
-        // Still under way well past a second: it may leave at any moment.
+        // Still unanswered well past a second: it may arrive at any moment.
         let at = t0 + Duration::from_millis(1_500);
         assert_eq!(pacer.clear_to_send(DM + 1, at), Err(UNDER_WAY_RECHECK));
-        // It leaves at 1.5 s: counted from then, not from its clearance.
+        // Answered at 1.5 s: counted from then, not from its clearance.
         pacer.made(slow, at);
         let held = pacer.clear_to_send(DM + 1, at + Duration::from_millis(100));
         assert_eq!(held, Err(MADE_WINDOW - Duration::from_millis(100)));

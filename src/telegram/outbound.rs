@@ -494,7 +494,7 @@ impl Outbound {
             };
             // Longer than this reply may wait, or the daemon stops: nothing is attempted.
             let turn = match self.take_turn(target.chat_id, budget).await {
-                Ok(cleared) => cleared,
+                Ok(turn) => turn,
                 Err(not_made) => return Ok(not_made.observed()),
             };
             let observed = self.send_attempt(plan, chunk, turn).await?;
@@ -830,8 +830,6 @@ impl Outbound {
     }
 }
 
-/// A send not made because an earlier 429 holds its chat for `pace` more: longer than the
-/// send may wait.
 /// A request's turn in Telegram's budget, cleared by the pacer ([`Outbound::clearance`]).
 /// [`Turn::leave`] says the request is being made; the turn is dropped once its answer
 /// came (or its caller went away meanwhile), which counts the request as made then
