@@ -172,8 +172,7 @@ impl TelegramFiles {
                 hide_token(file_path, self.token.expose())
             ))
         };
-        let climbs = file_path.split('/').any(|segment| segment == "." || segment == "..");
-        if climbs || file_path.contains(['\\', '?', '#']) {
+        if has_dot_segment(file_path) || file_path.contains(['\\', '?', '#']) {
             return Err(refused());
         }
         let url = self.files.join(file_path).map_err(|_| refused())?;
@@ -315,15 +314,15 @@ struct LocalPath {
 fn local_path(token: &str, file_path: &str) -> Result<LocalPath, FetchError> {
     let shown = hide_token(file_path, token);
     let outside = || FetchError::UnsafePath(format!("{shown}, outside the bot's own directory"));
-    let segments: Vec<&str> = file_path.split('/').collect();
     if !file_path.starts_with('/') || file_path.contains('\0') {
         return Err(outside());
     }
-    if segments.iter().any(|segment| *segment == "." || *segment == "..") {
+    if has_dot_segment(file_path) {
         return Err(FetchError::UnsafePath(format!(
             "{shown}, which leads outside the bot's own directory with . or .."
         )));
     }
+    let segments: Vec<&str> = file_path.split('/').collect();
     let test_dc = format!("{token}:T");
     let bot_dir = segments[..segments.len() - 1]
         .iter()
@@ -334,6 +333,12 @@ fn local_path(token: &str, file_path: &str) -> Result<LocalPath, FetchError> {
         dir => dir,
     };
     Ok(LocalPath { path: PathBuf::from(file_path), working_dir, shown })
+}
+
+/// Whether `path` has a `.` or `..` segment, which no path a Bot API server gives has, and
+/// which could lead out of where it should be.
+fn has_dot_segment(path: &str) -> bool {
+    path.split('/').any(|segment| segment == "." || segment == "..")
 }
 
 /// `text` with the bot token replaced by `<token>`: a local server's paths hold it.
